@@ -1,0 +1,1 @@
+/* CPU backend: implementation (inlined into mstar_kv.h's implementation). */
