@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs each test program given and adds up their "N passed, N failed, N skipped"
+# lines into one closing line. A program that crashes or prints no totals
+# counts as one failure. With no video test program (FFmpeg absent) that
+# suite is reported as one skip, with the reason.
+set -u
+passed=0; failed=0; skipped=0
+have_video=0
+for bin in "$@"; do
+  case "$bin" in *tests-video) have_video=1 ;; esac
+  echo "=== $bin"
+  out=$(mktemp)
+  "$bin" 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$out" | tail -n 1)
+  rm -f "$out"
+  if [ -z "$line" ]; then
+    echo "!!! $bin exited with status $rc without a totals line"
+    failed=$((failed + 1)); continue
+  fi
+  read -r p _ f _ s _ <<<"${line//,/}"
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+    echo "!!! $bin exited with status $rc"; failed=$((failed + 1))
+  fi
+done
+if [ "$have_video" -eq 0 ]; then
+  echo "skip [video round trip]: FFmpeg development libraries not found by pkg-config"
+  skipped=$((skipped + 1))
+fi
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
