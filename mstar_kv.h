@@ -444,3 +444,14 @@ MSKV_API mskv_result mskv_session_abort_chunk(mskv_session *s);
 }
 #endif
 #endif /* MSTAR_KV_H */
+
+/* ======================================================================== */
+/*                              IMPLEMENTATION                              */
+/* ======================================================================== */
+#ifdef MSTAR_KV_IMPLEMENTATION
+#ifndef MSTAR_KV_IMPLEMENTED
+#define MSTAR_KV_IMPLEMENTED
+#include "wip/mskv_core_impl.h"
+#include "wip/mskv_cpu_impl.h"
+#endif /* MSTAR_KV_IMPLEMENTED */
+#endif /* MSTAR_KV_IMPLEMENTATION */
