@@ -83,11 +83,15 @@ typedef unsigned long long mskv_u64;
 #define MSKV_DEV static __device__ __forceinline__
 #define MSKV_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
 #define MSKV_RESTRICT __restrict__
+#define MSKV_UNROLL _Pragma("unroll")
 MSKV_DEV int mskv_tid(void) { return (int)threadIdx.x; }
 MSKV_DEV int mskv_bid_x(void) { return (int)blockIdx.x; }
 MSKV_DEV int mskv_bid_y(void) { return (int)blockIdx.y; }
 MSKV_DEV int mskv_bid_z(void) { return (int)blockIdx.z; }
 MSKV_DEV int mskv_nblk_x(void) { return (int)gridDim.x; }
+MSKV_DEV int mskv_nblk_y(void) { return (int)gridDim.y; }
+MSKV_DEV float mskv_u_as_f(mskv_u32 u) { return __uint_as_float(u); }
+MSKV_DEV mskv_u32 mskv_f_as_u(float f) { return __float_as_uint(f); }
 MSKV_DEV void mskv_sync(void) { __syncthreads(); }
 /* A barrier the emulation can drop on purpose (planted-bug tests); always real here. */
 #define MSKV_SYNC_ID(id) __syncthreads()
@@ -327,3 +331,363 @@ MSKV_KERNEL void mskv_page_scatter(unsigned char *pool, const int *pages, int n_
     mskv_copy_bytes(s, d, page_bytes,
                     (((mskv_u64)pool | (mskv_u64)src | (mskv_u64)page_bytes | (mskv_u64)src_stride) & 15) == 0);
 }
+
+/* >>attention ------------------------------------------------------------ */
+MSKV_DEV float mskv_neg_inf(void) { return mskv_u_as_f(0xff800000u); }
+
+/* LSE merge: one warp per row, any dtype out. */
+MSKV_KERNEL void mskv_lse_merge(const float *o_part, const float *lse_part, int n_parts, mskv_i64 part_rows,
+                                mskv_i64 rows, void *o, float *lse) {
+    int lane = mskv_tid() & 31;
+    mskv_i64 row = (mskv_i64)mskv_bid_x() * 4 + (mskv_tid() >> 5);
+    float m = mskv_neg_inf(), sum = 0.0f;
+    float acc[MSKV_D / 32];
+    if (row >= rows) return;
+    for (int p = 0; p < n_parts; p++) m = fmaxf(m, lse_part[p * part_rows + row]);
+    for (int i = 0; i < MSKV_D / 32; i++) acc[i] = 0.0f;
+    if (m != mskv_neg_inf()) {
+        for (int p = 0; p < n_parts; p++) {
+            float l = lse_part[p * part_rows + row], w;
+            if (l == mskv_neg_inf()) continue;  /* an empty part: its o may be anything */
+            w = expf(l - m);
+            sum += w;
+            for (int i = 0; i < MSKV_D / 32; i++) acc[i] += w * o_part[(p * part_rows + row) * MSKV_D + lane + 32 * i];
+        }
+    }
+    for (int i = 0; i < MSKV_D / 32; i++)
+        mskv_store_el(o, row * MSKV_D + lane + 32 * i, sum > 0.0f ? acc[i] / sum : 0.0f);
+    if (lse && lane == 0) lse[row] = sum > 0.0f ? m + logf(sum) : mskv_neg_inf();
+}
+
+#if MSKV_DTYPE != 0
+/* Tiles: BM query rows per block, BN keys per K/V tile (two stages), 4 warps.
+   Prefill: warp w owns rows [16w, 16w+16) and every key of a tile.
+   Decode: the block has 16 rows; warp w takes keys [16w, 16w+16) of each tile;
+   the four partial softmax states are merged through shared memory. */
+#if MSKV_ATTN_WARP_KEYS
+#define MSKV_BM 16
+#define MSKV_BN 64
+#define MSKV_WK 16
+#else
+#define MSKV_BM 64
+#define MSKV_BN (MSKV_D >= 256 ? 32 : 64)
+#define MSKV_WK MSKV_BN
+#endif
+#define MSKV_CH (MSKV_D / 8)          /* 16-byte chunks per row */
+#define MSKV_NT (MSKV_WK / 8)         /* n-tiles of 8 keys per warp and tile */
+#define MSKV_QREG (MSKV_D <= 128)     /* keep Q fragments in registers */
+#define MSKV_ATTN_SMEM (2 * (MSKV_BM * MSKV_D + 4 * MSKV_BN * MSKV_D))
+
+/* Element offset of 16-byte chunk c of row r: XOR swizzle, so the 8 rows an
+   ldmatrix reads fall in 8 different bank groups. */
+MSKV_DEV int mskv_swz(int r, int c) { return (r * MSKV_CH + (c ^ (r & 7))) * 8; }
+
+MSKV_DEV mskv_u32 mskv_pack2(float lo, float hi) {
+#if MSKV_DTYPE == 1
+    return (mskv_u32)mskv_f2h(lo) | ((mskv_u32)mskv_f2h(hi) << 16);
+#else
+    return (mskv_u32)mskv_f2b(lo) | ((mskv_u32)mskv_f2b(hi) << 16);
+#endif
+}
+MSKV_DEV void mskv_mma(float d[4], const mskv_u32 a[4], const mskv_u32 b[2]) {
+#if MSKV_DTYPE == 1
+    mskv_mma_f16(d, a, b);
+#else
+    mskv_mma_bf16(d, a, b);
+#endif
+}
+
+/* Absolute position of compacted index j. */
+MSKV_DEV int mskv_abs_pos(int j, int split, int shift) { return j < split ? j : j + shift; }
+/* The smallest compacted index whose position is >= p (positions increase with j). */
+MSKV_DEV int mskv_first_at(int p, int split, int shift) {
+    if (p < split) return p > 0 ? p : 0;
+    return p - shift > split ? p - shift : split;
+}
+
+struct mskv_tile_ctx {
+    const unsigned char *k_pool, *v_pool;
+    const int *pages;
+    int page_size, kv_heads, kvh, n_hi;
+};
+
+/* Issues the cp.async copies of keys [n0, n0 + BN) of K and V into one stage,
+   each row found through the page table; rows past n_hi are zero-filled (a
+   page's unused slots may hold anything, NaN included). */
+MSKV_DEV void mskv_load_kv(const mskv_tile_ctx &c, mskv_u16 *sk, mskv_u16 *sv, int n0) {
+    for (int idx = mskv_tid(); idx < MSKV_BN * MSKV_CH; idx += 128) {
+        int r = idx / MSKV_CH, ch = idx % MSKV_CH, j = n0 + r, ok = j < c.n_hi;
+        mskv_i64 off = 0;
+        if (ok) {
+            mskv_i64 slot = (mskv_i64)c.pages[j / c.page_size] * c.page_size + j % c.page_size;
+            off = ((slot * c.kv_heads + c.kvh) * MSKV_D + ch * 8) * 2;
+        }
+        mskv_cp_async16(sk + mskv_swz(r, ch), c.k_pool + off, ok ? 16 : 0);
+        mskv_cp_async16(sv + mskv_swz(r, ch), c.v_pool + off, ok ? 16 : 0);
+    }
+}
+
+MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool,
+                           const int *qo_indptr, const int *kv_indptr, const int *kv_indices,
+                           const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,
+                           int q_heads, int kv_heads, int page_size, float scale_log2,
+                           int mask, int window_left, int kv_chunk, int n_splits,
+                           void *o, float *lse, float *o_part, float *lse_part) {
+    MSKV_SMEM(smem);
+    mskv_u16 *sq = (mskv_u16 *)smem;
+    mskv_u16 *sk = sq + MSKV_BM * MSKV_D;       /* [2][BN][D] */
+    mskv_u16 *sv = sk + 2 * MSKV_BN * MSKV_D;   /* [2][BN][D] */
+    const int tid = mskv_tid(), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int b = mskv_bid_y(), kvh = mskv_bid_z() % kv_heads, split = mskv_bid_z() / kv_heads;
+    const int group = q_heads / kv_heads;
+    const int q0 = qo_indptr[b], qo_len = qo_indptr[b + 1] - q0;
+    const int rows = qo_len * group, row0 = mskv_bid_x() * MSKV_BM;
+    const int kvl = kv_len[b], psplit = kv_pos_split[b], pshift = kv_pos_shift[b];
+    const int wrow0 = MSKV_ATTN_WARP_KEYS ? 0 : warp * 16;   /* the warp's first row in the block */
+    const int wkey0 = MSKV_ATTN_WARP_KEYS ? warp * 16 : 0;   /* the warp's first key in a tile */
+    int n_lo, n_hi, n_tiles;
+    float qpos[2];
+    int rvalid[2];
+    float m[2], l[2], oacc[MSKV_D / 8][4];
+    mskv_tile_ctx tc;
+    if (row0 >= rows) return;  /* whole block: before any barrier */
+
+    /* keys this block needs: its split, cut by the mask's reach */
+    n_lo = n_splits > 1 ? split * kv_chunk : 0;
+    n_hi = n_splits > 1 ? (n_lo + kv_chunk < kvl ? n_lo + kv_chunk : kvl) : kvl;
+    {
+        int last = row0 + MSKV_BM - 1 < rows - 1 ? row0 + MSKV_BM - 1 : rows - 1;
+        int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;
+        if (mask >= 1 && qi_last + 1 < n_hi) n_hi = qi_last + 1;
+        if (mask == 2) {
+            int lo = mskv_first_at(mskv_abs_pos(qi_first, psplit, pshift) - window_left, psplit, pshift);
+            if (lo > n_lo) n_lo = lo;
+        }
+    }
+    n_tiles = n_hi > n_lo ? (n_hi - n_lo + MSKV_BN - 1) / MSKV_BN : 0;
+    tc.k_pool = (const unsigned char *)k_pool;
+    tc.v_pool = (const unsigned char *)v_pool;
+    tc.pages = kv_indices + kv_indptr[b];
+    tc.page_size = page_size; tc.kv_heads = kv_heads; tc.kvh = kvh; tc.n_hi = n_hi;
+
+    /* Q tile: row r of the block is query (row0 + r) / group, q head kvh * group + (row0 + r) % group */
+    for (int idx = tid; idx < MSKV_BM * MSKV_CH; idx += 128) {
+        int r = idx / MSKV_CH, ch = idx % MSKV_CH, R = row0 + r, ok = R < rows;
+        mskv_i64 off = 0;
+        if (ok) off = (((mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group) * MSKV_D + ch * 8) * 2;
+        mskv_cp_async16(sq + mskv_swz(r, ch), (const unsigned char *)q + off, ok ? 16 : 0);
+    }
+    mskv_cp_commit();
+    if (n_tiles > 0) mskv_load_kv(tc, sk, sv, n_lo);
+    mskv_cp_commit();
+
+    for (int h = 0; h < 2; h++) {
+        int R = row0 + wrow0 + g + 8 * h;
+        rvalid[h] = R < rows;
+        qpos[h] = (float)mskv_abs_pos(kvl - qo_len + (rvalid[h] ? R : rows - 1) / group, psplit, pshift);
+        m[h] = mskv_neg_inf();
+        l[h] = 0.0f;
+    }
+MSKV_UNROLL
+    for (int i = 0; i < MSKV_D / 8; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
+
+#if MSKV_QREG
+    mskv_u32 qf[MSKV_D / 16][4];
+#endif
+    for (int it = 0; it < n_tiles; it++) {
+        const int st = it & 1, n0 = n_lo + it * MSKV_BN;
+        const mskv_u16 *tk = sk + st * MSKV_BN * MSKV_D, *tv = sv + st * MSKV_BN * MSKV_D;
+        float s[MSKV_NT][4];
+        if (it + 1 < n_tiles) {
+            mskv_load_kv(tc, sk + (st ^ 1) * MSKV_BN * MSKV_D, sv + (st ^ 1) * MSKV_BN * MSKV_D, n0 + MSKV_BN);
+            mskv_cp_commit();
+            mskv_cp_wait<1>();
+        } else {
+            mskv_cp_wait<0>();
+        }
+        MSKV_SYNC_ID(1);  /* this stage (and Q) landed for every thread */
+#if MSKV_QREG
+        if (it == 0) {
+MSKV_UNROLL
+            for (int kk = 0; kk < MSKV_D / 16; kk++)
+                mskv_ldsm_x4(qf[kk], sq + mskv_swz(wrow0 + (lane & 15), 2 * kk + (lane >> 4)));
+        }
+#endif
+        /* S = Q K^T for the warp's 16 rows x WK keys */
+MSKV_UNROLL
+        for (int nt = 0; nt < MSKV_NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+MSKV_UNROLL
+        for (int kk = 0; kk < MSKV_D / 16; kk++) {
+#if MSKV_QREG
+            const mskv_u32 *a = qf[kk];
+#else
+            mskv_u32 a[4];
+            mskv_ldsm_x4(a, sq + mskv_swz(wrow0 + (lane & 15), 2 * kk + (lane >> 4)));
+#endif
+MSKV_UNROLL
+            for (int np = 0; np < MSKV_NT / 2; np++) {
+                mskv_u32 kb[4];
+                mskv_ldsm_x4(kb, tk + mskv_swz(wkey0 + np * 16 + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
+                mskv_mma(s[2 * np], a, kb);
+                mskv_mma(s[2 * np + 1], a, kb + 2);
+            }
+        }
+        /* mask, scale, online softmax (log2 domain) */
+        {
+            float mx[2], alpha[2];
+            mx[0] = m[0]; mx[1] = m[1];
+MSKV_UNROLL
+            for (int nt = 0; nt < MSKV_NT; nt++) {
+MSKV_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    int h = e >> 1, j = n0 + wkey0 + nt * 8 + 2 * t4 + (e & 1);
+                    float kp = (float)mskv_abs_pos(j, psplit, pshift);
+                    int ok = j >= n_lo && j < n_hi;
+                    if (mask >= 1) ok = ok && kp <= qpos[h];
+                    if (mask == 2) ok = ok && qpos[h] - kp <= (float)window_left;
+                    s[nt][e] = ok ? s[nt][e] * scale_log2 : mskv_neg_inf();
+                    mx[h] = fmaxf(mx[h], s[nt][e]);
+                }
+            }
+MSKV_UNROLL
+            for (int h = 0; h < 2; h++) {
+                float mu;
+                mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 1));
+                mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 2));
+                mu = mx[h] == mskv_neg_inf() ? 0.0f : mx[h];  /* nothing seen yet: keep exp2 finite */
+                alpha[h] = mskv_exp2(m[h] - mu);
+                m[h] = mx[h];
+                l[h] *= alpha[h];
+                mx[h] = mu;
+            }
+MSKV_UNROLL
+            for (int i = 0; i < MSKV_D / 8; i++) {
+                oacc[i][0] *= alpha[0]; oacc[i][1] *= alpha[0];
+                oacc[i][2] *= alpha[1]; oacc[i][3] *= alpha[1];
+            }
+MSKV_UNROLL
+            for (int nt = 0; nt < MSKV_NT; nt++) {
+MSKV_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    s[nt][e] = mskv_exp2(s[nt][e] - mx[e >> 1]);
+                    l[e >> 1] += s[nt][e];
+                }
+            }
+        }
+        /* O += P V: P from the S accumulators (C layout == A layout per 16 keys) */
+MSKV_UNROLL
+        for (int ks = 0; ks < MSKV_NT / 2; ks++) {
+            mskv_u32 pa[4];
+            pa[0] = mskv_pack2(s[2 * ks][0], s[2 * ks][1]);
+            pa[1] = mskv_pack2(s[2 * ks][2], s[2 * ks][3]);
+            pa[2] = mskv_pack2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+            pa[3] = mskv_pack2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+MSKV_UNROLL
+            for (int dp = 0; dp < MSKV_D / 16; dp++) {
+                mskv_u32 vb[4];
+                mskv_ldsm_x4_t(vb, tv + mskv_swz(wkey0 + ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
+                mskv_mma(oacc[2 * dp], pa, vb);
+                mskv_mma(oacc[2 * dp + 1], pa, vb + 2);
+            }
+        }
+        MSKV_SYNC_ID(2);  /* everyone is done with this stage before it is refilled */
+    }
+    mskv_cp_wait<0>();
+
+    /* row sums were kept per lane; the 4 lanes of a row add them up */
+    for (int h = 0; h < 2; h++) {
+        l[h] += mskv_shfl_xor(l[h], 1);
+        l[h] += mskv_shfl_xor(l[h], 2);
+    }
+    {
+        const mskv_i64 total_q = qo_indptr[mskv_nblk_y()];
+        const float ln2 = 0.6931471805599453f;
+#if MSKV_ATTN_WARP_KEYS
+        /* merge the 4 warps' states: smem [warp][16][D] f32 o, then m and l */
+        float *mo = (float *)smem, *mm = mo + 4 * 16 * MSKV_D, *ml = mm + 4 * 16;
+        MSKV_SYNC_ID(3);  /* K/V tiles are dead: reuse shared memory */
+MSKV_UNROLL
+        for (int i = 0; i < MSKV_D / 8; i++) {
+            float *p0 = mo + (warp * 16 + g) * MSKV_D + i * 8 + 2 * t4, *p1 = p0 + 8 * MSKV_D;
+            p0[0] = oacc[i][0]; p0[1] = oacc[i][1]; p1[0] = oacc[i][2]; p1[1] = oacc[i][3];
+        }
+        if (t4 == 0) {
+            mm[warp * 16 + g] = m[0]; mm[warp * 16 + g + 8] = m[1];
+            ml[warp * 16 + g] = l[0]; ml[warp * 16 + g + 8] = l[1];
+        }
+        MSKV_SYNC_ID(4);
+        for (int idx = tid; idx < 16 * MSKV_D; idx += 128) {
+            int r = idx / MSKV_D, d = idx % MSKV_D, R = row0 + r;
+            float M = mskv_neg_inf(), L = 0.0f, acc = 0.0f;
+            mskv_i64 orow;
+            if (R >= rows) continue;
+            for (int w = 0; w < 4; w++) M = fmaxf(M, mm[w * 16 + r]);
+            if (M != mskv_neg_inf()) {
+                for (int w = 0; w < 4; w++) {
+                    float f = mskv_exp2(mm[w * 16 + r] - M);
+                    L += f * ml[w * 16 + r];
+                    acc += f * mo[(w * 16 + r) * MSKV_D + d];
+                }
+            }
+            orow = (mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group;
+            if (n_splits > 1) {
+                o_part[((mskv_i64)split * total_q * q_heads + orow) * MSKV_D + d] = L > 0.0f ? acc / L : 0.0f;
+                if (d == 0) lse_part[(mskv_i64)split * total_q * q_heads + orow] = L > 0.0f ? (M + log2f(L)) * ln2 : mskv_neg_inf();
+            } else {
+                mskv_store_el(o, orow * MSKV_D + d, L > 0.0f ? acc / L : 0.0f);
+                if (lse && d == 0) lse[orow] = L > 0.0f ? (M + log2f(L)) * ln2 : mskv_neg_inf();
+            }
+        }
+#else
+        for (int h = 0; h < 2; h++) {
+            int R = row0 + wrow0 + g + 8 * h;
+            float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+            float lv = l[h] > 0.0f ? (m[h] + log2f(l[h])) * ln2 : mskv_neg_inf();
+            mskv_i64 orow;
+            if (!rvalid[h]) continue;
+            orow = (mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group;
+            if (n_splits > 1) {
+                float *dst = o_part + ((mskv_i64)split * total_q * q_heads + orow) * MSKV_D + 2 * t4;
+MSKV_UNROLL
+                for (int i = 0; i < MSKV_D / 8; i++) { dst[i * 8] = oacc[i][2 * h] * inv; dst[i * 8 + 1] = oacc[i][2 * h + 1] * inv; }
+                if (t4 == 0) lse_part[(mskv_i64)split * total_q * q_heads + orow] = lv;
+            } else {
+                mskv_u32 *dst = (mskv_u32 *)((mskv_u16 *)o + orow * MSKV_D + 2 * t4);
+MSKV_UNROLL
+                for (int i = 0; i < MSKV_D / 8; i++) dst[i * 4] = mskv_pack2(oacc[i][2 * h] * inv, oacc[i][2 * h + 1] * inv);
+                if (lse && t4 == 0) lse[orow] = lv;
+            }
+        }
+#endif
+    }
+}
+#endif /* MSKV_DTYPE != 0 */
+
+/* Shared memory the attention kernel of these defines needs (host side
+   mirrors this in the launch wrapper). */
+#define MSKV_ATTN_SMEM_BYTES_OF(bm, bn, d) (2 * ((bm) * (d) + 4 * (bn) * (d)))
+
+#ifndef MSKV_GPU
+/* Host emulation: let a test include this file again with other defines. */
+#undef MSKV_DTYPE
+#undef MSKV_HEAD_DIM
+#undef MSKV_ROPE
+#undef MSKV_ROPE_STYLE
+#undef MSKV_ROPE_D0
+#undef MSKV_ROPE_D1
+#undef MSKV_ROPE_D2
+#undef MSKV_ATTN_WARP_KEYS
+#undef MSKV_D
+#undef MSKV_ESIZE
+#undef MSKV_RD0
+#undef MSKV_RD1
+#undef MSKV_RD2
+#undef MSKV_BM
+#undef MSKV_BN
+#undef MSKV_WK
+#undef MSKV_CH
+#undef MSKV_NT
+#undef MSKV_QREG
+#undef MSKV_ATTN_SMEM
+#undef MSKV_ATTN_SMEM_BYTES_OF
+#endif

@@ -37,6 +37,7 @@ struct alignas(16) mskv_v16 { mskv_u32 x, y, z, w; };
 #define MSKV_KERNEL static inline
 #define MSKV_DEV static inline
 #define MSKV_RESTRICT
+#define MSKV_UNROLL
 #define MSKV_SMEM(name) unsigned char *name = mskv_emu::smem()
 
 namespace mskv_emu {

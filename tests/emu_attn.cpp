@@ -1,0 +1,385 @@
+/* Emulated tests of the attention kernels (mskv_attn, mskv_lse_merge): every
+   layout (prefill, decode), f16/bf16, head_dim 64/128, any page size, GQA,
+   masks on absolute positions, split-KV, against a double-precision reference
+   over the same paged inputs; plus planted bugs that must be caught. */
+#include "mskv_test.h"
+#include "emu/mskv_emu.h"
+#include <algorithm>
+#include <random>
+
+namespace eat_p_bf16_64 {
+#define MSKV_DTYPE 2
+#define MSKV_HEAD_DIM 64
+#define MSKV_ATTN_WARP_KEYS 0
+#include "../kernels.cu"
+}
+namespace eat_d_bf16_64 {
+#define MSKV_DTYPE 2
+#define MSKV_HEAD_DIM 64
+#define MSKV_ATTN_WARP_KEYS 1
+#include "../kernels.cu"
+}
+namespace eat_p_f16_128 {
+#define MSKV_DTYPE 1
+#define MSKV_HEAD_DIM 128
+#define MSKV_ATTN_WARP_KEYS 0
+#include "../kernels.cu"
+}
+namespace eat_d_f16_128 {
+#define MSKV_DTYPE 1
+#define MSKV_HEAD_DIM 128
+#define MSKV_ATTN_WARP_KEYS 1
+#include "../kernels.cu"
+}
+namespace eat_p_bf16_128 {
+#define MSKV_DTYPE 2
+#define MSKV_HEAD_DIM 128
+#define MSKV_ATTN_WARP_KEYS 0
+#include "../kernels.cu"
+}
+namespace eat_p_f16_256 {
+#define MSKV_DTYPE 1
+#define MSKV_HEAD_DIM 256
+#define MSKV_ATTN_WARP_KEYS 0
+#include "../kernels.cu"
+}
+
+typedef void (*eat_attn_fn)(const void *, const void *, const void *, const int *, const int *, const int *,
+                            const int *, const int *, const int *, int, int, int, float, int, int, int, int,
+                            void *, float *, float *, float *);
+typedef void (*eat_merge_fn)(const float *, const float *, int, mskv_i64, mskv_i64, void *, float *);
+
+struct eat_variant {
+    eat_attn_fn attn;
+    eat_merge_fn merge;
+    int dtype, d, bm, bn;
+};
+enum { EAT_P_BF16_64, EAT_D_BF16_64, EAT_P_F16_128, EAT_D_F16_128, EAT_P_BF16_128, EAT_P_F16_256 };
+static const eat_variant eat_variants[] = {
+    {eat_p_bf16_64::mskv_attn, eat_p_bf16_64::mskv_lse_merge, 2, 64, 64, 64},
+    {eat_d_bf16_64::mskv_attn, eat_d_bf16_64::mskv_lse_merge, 2, 64, 16, 64},
+    {eat_p_f16_128::mskv_attn, eat_p_f16_128::mskv_lse_merge, 1, 128, 64, 64},
+    {eat_d_f16_128::mskv_attn, eat_d_f16_128::mskv_lse_merge, 1, 128, 16, 64},
+    {eat_p_bf16_128::mskv_attn, eat_p_bf16_128::mskv_lse_merge, 2, 128, 64, 64},
+    {eat_p_f16_256::mskv_attn, eat_p_f16_256::mskv_lse_merge, 1, 256, 64, 32},
+};
+
+static float eat_to_f(int dtype, mskv_u16 h) { return dtype == 1 ? mskv_emu::h2f(h) : mskv_emu::b2f(h); }
+static mskv_u16 eat_from_f(int dtype, float f) { return dtype == 1 ? mskv_emu::f2h(f) : mskv_emu::f2b(f); }
+
+/* One attention problem: segments with their own qo/kv lengths and position
+   split/shift, pages drawn shuffled from a pool whose every unused slot is NaN. */
+struct eat_case {
+    int variant = EAT_P_BF16_64;
+    int page_size = 16, q_heads = 2, kv_heads = 1, mask = 0, window_left = 0;
+    int kv_chunk = 0;  /* > 0: split-KV with this many keys per split */
+    std::vector<int> qo, kv, split, shift;
+};
+
+struct eat_result {
+    std::vector<float> o, lse, ref_o, ref_lse;
+    int launched = 0;
+};
+
+static int eat_pos(int j, int split, int shift) { return j < split ? j : j + shift; }
+
+static void eat_run(const eat_case &c, uint64_t seed, eat_result &res) {
+    const eat_variant &v = eat_variants[c.variant];
+    const int D = v.d, P = c.page_size, batch = (int)c.qo.size(), group = c.q_heads / c.kv_heads;
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    std::vector<int> qo_indptr(1, 0), kv_indptr(1, 0), kv_indices, kv_len(c.kv), psplit(c.split), pshift(c.shift);
+    int n_ids = 0, max_rows = 0;
+    for (int b = 0; b < batch; b++) {
+        qo_indptr.push_back(qo_indptr.back() + c.qo[b]);
+        n_ids += (c.kv[b] + P - 1) / P;
+        kv_indptr.push_back(n_ids);
+        max_rows = std::max(max_rows, c.qo[b] * group);
+    }
+    const int total_q = qo_indptr.back(), num_pages = n_ids + 3;  /* page 0 and two spare pages stay NaN */
+    std::vector<int> ids;
+    for (int i = 1; i < num_pages; i++) ids.push_back(i);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    kv_indices.assign(ids.begin(), ids.begin() + n_ids);
+    const size_t slot_elems = (size_t)c.kv_heads * D;
+    const mskv_u16 nan16 = v.dtype == 1 ? 0x7e00 : 0x7fc0;
+    std::vector<mskv_u16> kp((size_t)num_pages * P * slot_elems, nan16), vp(kp), q((size_t)total_q * c.q_heads * D);
+    for (int b = 0; b < batch; b++)
+        for (int j = 0; j < c.kv[b]; j++) {
+            size_t slot = (size_t)kv_indices[(size_t)(kv_indptr[b] + j / P)] * P + j % P;
+            for (size_t e = 0; e < slot_elems; e++) {
+                kp[slot * slot_elems + e] = eat_from_f(v.dtype, uni(rng));
+                vp[slot * slot_elems + e] = eat_from_f(v.dtype, uni(rng));
+            }
+        }
+    for (auto &x : q) x = eat_from_f(v.dtype, 2.0f * uni(rng));
+    const float scale = 1.0f / std::sqrt((float)D);
+
+    /* reference, double precision, from the same rounded inputs */
+    res.ref_o.assign(q.size(), 0.0f);
+    res.ref_lse.assign((size_t)total_q * c.q_heads, -INFINITY);
+    for (int b = 0; b < batch; b++)
+        for (int i = 0; i < c.qo[b]; i++)
+            for (int h = 0; h < c.q_heads; h++) {
+                const size_t row = (size_t)(qo_indptr[b] + i) * c.q_heads + h;
+                const int qpos = eat_pos(c.kv[b] - c.qo[b] + i, c.split[b], c.shift[b]);
+                std::vector<double> s, w;
+                std::vector<size_t> at;
+                double mx = -INFINITY;
+                for (int j = 0; j < c.kv[b]; j++) {
+                    int kpos = eat_pos(j, c.split[b], c.shift[b]);
+                    if (c.mask >= 1 && kpos > qpos) continue;
+                    if (c.mask == 2 && qpos - kpos > c.window_left) continue;
+                    size_t base = (((size_t)kv_indices[(size_t)(kv_indptr[b] + j / P)] * P + j % P) * c.kv_heads + h / group) * D;
+                    double dot = 0;
+                    for (int d = 0; d < D; d++) dot += (double)eat_to_f(v.dtype, q[row * D + d]) * eat_to_f(v.dtype, kp[base + d]);
+                    s.push_back(dot * scale);
+                    at.push_back(base);
+                    mx = std::max(mx, dot * scale);
+                }
+                if (s.empty()) continue;
+                double sum = 0;
+                for (double x : s) sum += std::exp(x - mx);
+                for (int d = 0; d < D; d++) {
+                    double acc = 0;
+                    for (size_t k = 0; k < s.size(); k++) acc += std::exp(s[k] - mx) * eat_to_f(v.dtype, vp[at[k] + d]);
+                    res.ref_o[row * D + d] = (float)(acc / sum);
+                }
+                res.ref_lse[row] = (float)(mx + std::log(sum));
+            }
+
+    /* the launch the runtime wrapper makes */
+    int max_kv = 0;
+    for (int x : c.kv) max_kv = std::max(max_kv, x);
+    const int n_splits = c.kv_chunk > 0 ? std::max(1, (max_kv + c.kv_chunk - 1) / c.kv_chunk) : 1;
+    std::vector<mskv_u16> o(q.size(), 0x1234);
+    std::vector<float> lse((size_t)total_q * c.q_heads, 12345.0f);
+    std::vector<float> o_part((size_t)n_splits * q.size(), 777.0f), lse_part((size_t)n_splits * total_q * c.q_heads, 777.0f);
+    const size_t smem = (size_t)2 * (v.bm * D + 4 * v.bn * D);
+    const float scale_log2 = scale * 1.4426950408889634f;
+    res.launched = mskv_emu::launch(mskv_emu::Dim3{(max_rows + v.bm - 1) / v.bm, batch, c.kv_heads * n_splits}, 128, smem, [&] {
+        v.attn(q.data(), kp.data(), vp.data(), qo_indptr.data(), kv_indptr.data(), kv_indices.data(),
+               kv_len.data(), psplit.data(), pshift.data(), c.q_heads, c.kv_heads, P, scale_log2, c.mask,
+               c.window_left, c.kv_chunk, n_splits, o.data(), lse.data(), o_part.data(), lse_part.data());
+    });
+    if (res.launched && n_splits > 1) {
+        const mskv_i64 rows = (mskv_i64)total_q * c.q_heads;
+        res.launched = mskv_emu::launch(mskv_emu::Dim3{(int)((rows + 3) / 4), 1, 1}, 128, 0, [&] {
+            v.merge(o_part.data(), lse_part.data(), n_splits, rows, rows, o.data(), lse.data());
+        });
+    }
+    res.o.resize(o.size());
+    for (size_t i = 0; i < o.size(); i++) res.o[i] = eat_to_f(v.dtype, o[i]);
+    res.lse = lse;
+}
+
+/* Worst error of o and lse against the reference; rows without keys must be
+   exactly o = 0, lse = -inf (a mismatch there counts as error 1e9). */
+static double eat_error(const eat_result &r, int D, double *lse_err) {
+    double e = 0, le = 0;
+    for (size_t row = 0; row < r.ref_lse.size(); row++) {
+        if (std::isinf(r.ref_lse[row])) {
+            if (!(std::isinf(r.lse[row]) && r.lse[row] < 0)) le = 1e9;
+            for (int d = 0; d < D; d++) if (r.o[row * D + d] != 0.0f) e = 1e9;
+            continue;
+        }
+        le = std::max(le, std::isfinite(r.lse[row]) ? (double)std::fabs(r.lse[row] - r.ref_lse[row]) : 1e9);
+        for (int d = 0; d < D; d++) {
+            double x = r.o[row * D + d];
+            e = std::max(e, std::isfinite(x) ? std::fabs(x - r.ref_o[row * D + d]) : 1e9);
+        }
+    }
+    *lse_err = le;
+    return e;
+}
+
+static double eat_tol(int variant) { return eat_variants[variant].dtype == 1 ? 4e-3 : 2e-2; }
+
+/* Runs a case and checks it; returns 1 when it matched. */
+static int eat_check(const eat_case &c, uint64_t seed, const char *what) {
+    eat_result r;
+    double le, e;
+    eat_run(c, seed, r);
+    if (!r.launched) {
+        mt_fail(__FILE__, __LINE__, "%s: emulation error: %s", what, mskv_emu::error().c_str());
+        mskv_emu::clear_error();
+        return 0;
+    }
+    e = eat_error(r, eat_variants[c.variant].d, &le);
+    if (e > eat_tol(c.variant) || le > 2e-3) {
+        mt_fail(__FILE__, __LINE__, "%s: variant %d P=%d heads %d/%d mask %d chunk %d batch %d (first qo %d kv %d): o err %.3g, lse err %.3g",
+                what, c.variant, c.page_size, c.q_heads, c.kv_heads, c.mask, c.kv_chunk, (int)c.qo.size(),
+                c.qo[0], c.kv[0], e, le);
+        return 0;
+    }
+    return 1;
+}
+
+static eat_case eat_one(int variant, int P, int qh, int kvh, int qo, int kv, int mask = 0) {
+    eat_case c;
+    c.variant = variant; c.page_size = P; c.q_heads = qh; c.kv_heads = kvh; c.mask = mask;
+    c.qo = {qo}; c.kv = {kv}; c.split = {kv}; c.shift = {0};
+    return c;
+}
+
+TEST(attn_prefill_matches_reference_for_every_page_size_and_kv_length) {
+    const int sizes[] = {1, 3, 16, 40};
+    for (int P : sizes) {
+        const int lens[] = {0, 1, P - 1, P, P + 1, 100};
+        for (int kv : lens) {
+            if (kv < 0 || (P == 1 && kv == 0 && 0)) continue;
+            eat_check(eat_one(EAT_P_BF16_64, P, 2, 1, 5, kv), 1000 + P * 200 + kv, "prefill");
+        }
+    }
+}
+
+TEST(attn_packs_gqa_groups_of_any_size) {
+    const int groups[] = {1, 2, 3, 4, 6, 8};
+    for (int gq : groups) eat_check(eat_one(EAT_P_BF16_64, 16, 2 * gq, 2, 7, 37, 1), 2000 + gq, "gqa");
+}
+
+TEST(attn_causal_mask_compares_absolute_positions) {
+    /* a released middle: compacted index >= split sits shift positions later */
+    eat_case c = eat_one(EAT_P_BF16_64, 16, 4, 2, 20, 90, 1);
+    c.split = {32}; c.shift = {500};
+    eat_check(c, 3001, "causal, shifted");
+    c = eat_one(EAT_P_BF16_64, 3, 4, 2, 70, 70, 1);
+    eat_check(c, 3002, "causal, square");
+}
+
+TEST(attn_window_mask_keeps_keys_within_window_left) {
+    eat_case c = eat_one(EAT_P_BF16_64, 16, 2, 1, 40, 150, 2);
+    c.window_left = 37;
+    eat_check(c, 4001, "window");
+    c.split = {48}; c.shift = {100}; c.window_left = 130;
+    eat_check(c, 4002, "window, shifted");
+}
+
+TEST(attn_rows_that_see_no_key_get_zero_and_negative_infinity) {
+    /* window 0 with shifted positions: the queries see only themselves; kv 0: nothing */
+    eat_check(eat_one(EAT_P_BF16_64, 16, 2, 1, 4, 0), 5001, "empty sequence");
+    eat_case c = eat_one(EAT_P_BF16_64, 16, 2, 1, 3, 3, 2);
+    c.window_left = 0;
+    eat_check(c, 5002, "window 0");
+}
+
+TEST(attn_batches_segments_with_shuffled_pages) {
+    uint64_t seed = mt_seed();
+    std::mt19937_64 rng(seed);
+    for (int rep = 0; rep < 6; rep++) {
+        eat_case c;
+        const int Ps[] = {1, 3, 16, 40}, groups[] = {1, 2, 3, 4, 6, 8};
+        c.variant = EAT_P_BF16_64;
+        c.page_size = Ps[rng() % 4];
+        c.kv_heads = 1 + (int)(rng() % 2);
+        c.q_heads = c.kv_heads * groups[rng() % 6];
+        c.mask = (int)(rng() % 3);
+        c.window_left = (int)(rng() % 60);
+        int batch = 1 + (int)(rng() % 3);
+        for (int b = 0; b < batch; b++) {
+            int kv = (int)(rng() % 110), qo = kv ? 1 + (int)(rng() % std::min(kv, 24)) : 0;
+            int split = (int)(rng() % (kv + 1));
+            c.qo.push_back(qo); c.kv.push_back(kv); c.split.push_back(split); c.shift.push_back((int)(rng() % 300));
+        }
+        eat_check(c, seed + (uint64_t)rep, "random batch");
+    }
+}
+
+TEST(attn_f16_head_dim_128_matches_reference) {
+    eat_check(eat_one(EAT_P_F16_128, 16, 4, 1, 9, 70, 1), 6001, "f16 d128 causal");
+    eat_check(eat_one(EAT_P_BF16_128, 40, 2, 2, 3, 81), 6002, "bf16 d128");
+}
+
+TEST(attn_head_dim_256_matches_reference) {
+    eat_check(eat_one(EAT_P_F16_256, 16, 2, 1, 3, 40, 1), 6101, "f16 d256");
+}
+
+TEST(attn_decode_layout_matches_reference) {
+    const int Ps[] = {1, 16, 40};
+    for (int P : Ps) {
+        eat_check(eat_one(EAT_D_BF16_64, P, 8, 2, 1, 99), 7000 + P, "decode bf16 d64");
+        eat_check(eat_one(EAT_D_BF16_64, P, 6, 1, 2, P + 1, 1), 7100 + P, "decode bf16 two queries causal");
+    }
+    eat_check(eat_one(EAT_D_F16_128, 16, 4, 1, 1, 130), 7201, "decode f16 d128");
+    eat_check(eat_one(EAT_D_F16_128, 16, 4, 1, 1, 0), 7202, "decode f16 d128 empty");
+}
+
+TEST(attn_split_kv_merged_equals_the_whole) {
+    eat_case c = eat_one(EAT_D_BF16_64, 16, 4, 2, 1, 200);
+    c.kv_chunk = 64;
+    eat_check(c, 8001, "decode split");
+    c = eat_one(EAT_P_BF16_64, 3, 2, 1, 10, 150, 2);
+    c.window_left = 40;  /* some splits see nothing: they must be neutral */
+    c.kv_chunk = 64;
+    eat_check(c, 8002, "prefill split, window");
+    c = eat_one(EAT_D_BF16_64, 40, 4, 1, 1, 150);
+    c.qo = {1, 1}; c.kv = {150, 20}; c.split = {150, 20}; c.shift = {0, 0};
+    c.kv_chunk = 64;
+    eat_check(c, 8003, "decode split, uneven batch");
+}
+
+TEST(attn_passes_under_skewed_warps_and_early_copies) {
+    mskv_emu::cfg().greedy_warps = 1;
+    mskv_emu::cfg().cp_async_eager = 1;
+    eat_check(eat_one(EAT_P_BF16_64, 16, 2, 1, 20, 200, 1), 9001, "skewed prefill");
+    eat_check(eat_one(EAT_D_BF16_64, 16, 4, 1, 1, 200), 9002, "skewed decode");
+    mskv_emu::cfg().greedy_warps = 0;
+    mskv_emu::cfg().cp_async_eager = 0;
+}
+
+/* A planted bug must turn a matching run into a mismatch. */
+static int eat_mismatches(const eat_case &c, uint64_t seed) {
+    eat_result r;
+    double le, e;
+    eat_run(c, seed, r);
+    if (!r.launched) { mskv_emu::clear_error(); return 0; }  /* must be wrong numbers, not a misuse */
+    e = eat_error(r, eat_variants[c.variant].d, &le);
+    return e > eat_tol(c.variant) || le > 2e-3;
+}
+
+TEST(attn_planted_wrong_mma_fragment_layout_is_detected) {
+    eat_case c = eat_one(EAT_P_BF16_64, 16, 2, 1, 20, 100);
+    mskv_emu::cfg().mma_swap_rows = 1;
+    int bad = eat_mismatches(c, 10001);
+    mskv_emu::cfg().mma_swap_rows = 0;
+    EXPECT_TRUE(bad);
+}
+
+TEST(attn_planted_plain_ldmatrix_for_v_is_detected) {
+    eat_case c = eat_one(EAT_P_BF16_64, 16, 2, 1, 20, 100);
+    mskv_emu::cfg().ldsm_trans_off = 1;
+    int bad = eat_mismatches(c, 10002);
+    mskv_emu::cfg().ldsm_trans_off = 0;
+    EXPECT_TRUE(bad);
+}
+
+TEST(attn_planted_missing_barrier_after_the_copy_wait_is_detected) {
+    eat_case c = eat_one(EAT_P_BF16_64, 16, 2, 1, 20, 100);
+    mskv_emu::cfg().skip_barrier = 1;
+    int bad = eat_mismatches(c, 10003);
+    mskv_emu::cfg().skip_barrier = -1;
+    EXPECT_TRUE(bad);
+}
+
+TEST(attn_planted_missing_barrier_before_a_stage_is_refilled_is_detected) {
+    /* the refill races only with slower warps: skew them, land copies at issue */
+    eat_case c = eat_one(EAT_P_BF16_64, 16, 2, 1, 20, 200);
+    mskv_emu::cfg().greedy_warps = 1;
+    mskv_emu::cfg().cp_async_eager = 1;
+    mskv_emu::cfg().skip_barrier = 2;
+    int bad = eat_mismatches(c, 10004);
+    mskv_emu::cfg().skip_barrier = -1;
+    mskv_emu::cfg().greedy_warps = 0;
+    mskv_emu::cfg().cp_async_eager = 0;
+    EXPECT_TRUE(bad);
+}
+
+TEST(attn_planted_missing_barrier_in_the_decode_merge_is_detected) {
+    eat_case c = eat_one(EAT_D_BF16_64, 16, 4, 1, 1, 100);
+    mskv_emu::cfg().greedy_warps = 1;
+    mskv_emu::cfg().skip_barrier = 4;
+    int bad = eat_mismatches(c, 10005);
+    mskv_emu::cfg().skip_barrier = -1;
+    mskv_emu::cfg().greedy_warps = 0;
+    EXPECT_TRUE(bad);
+}
