@@ -1,0 +1,1053 @@
+/* The CPU backend: half conversions, RoPE, K/V write, paged attention and
+   the LSE merge, each against a separate dense reference in double precision
+   that gathers K/V by absolute position (not through the page table). */
+#include <stdlib.h>
+#include "mskv_test.h"
+#include "../mstar_kv.h"
+
+#define TCPU_LONG 2048 /* the longest sequence of the sweeps (cheap enough under ASan too) */
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static uint64_t tcpu_rng_state;
+static void tcpu_srand(uint64_t s) { tcpu_rng_state = s ^ 0x9e3779b97f4a7c15ull; }
+static uint64_t tcpu_rand(void) { /* splitmix64 */
+    uint64_t z = (tcpu_rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double tcpu_uniform(double lo, double hi) { return lo + (hi - lo) * (double)(tcpu_rand() >> 11) / 9007199254740992.0; }
+
+static size_t tcpu_esize(mskv_dtype t) { return t == MSKV_DTYPE_F32 ? 4 : 2; }
+
+/* The value dtype t stores for x, and the element i of a buffer of dtype t. */
+static double tcpu_round(mskv_dtype t, double x) {
+    if (t == MSKV_DTYPE_F16) return mskv_f16_to_f32(mskv_f32_to_f16((float)x));
+    if (t == MSKV_DTYPE_BF16) return mskv_bf16_to_f32(mskv_f32_to_bf16((float)x));
+    return (float)x;
+}
+static void tcpu_put(void *buf, mskv_dtype t, size_t i, double x) {
+    if (t == MSKV_DTYPE_F32) ((float *)buf)[i] = (float)x;
+    else if (t == MSKV_DTYPE_F16) ((uint16_t *)buf)[i] = mskv_f32_to_f16((float)x);
+    else ((uint16_t *)buf)[i] = mskv_f32_to_bf16((float)x);
+}
+static double tcpu_get(const void *buf, mskv_dtype t, size_t i) {
+    if (t == MSKV_DTYPE_F32) return ((const float *)buf)[i];
+    if (t == MSKV_DTYPE_F16) return mskv_f16_to_f32(((const uint16_t *)buf)[i]);
+    return mskv_bf16_to_f32(((const uint16_t *)buf)[i]);
+}
+static double tcpu_tol(mskv_dtype t) { return t == MSKV_DTYPE_F32 ? 1e-5 : t == MSKV_DTYPE_F16 ? 1e-3 : 1e-2; }
+
+/* ---- a hand-built paged fixture ------------------------------------------------- */
+
+typedef struct tcpu_seq { int32_t qo, kv, split, shift; } tcpu_seq;
+
+#define TCPU_MAX_SEQS 16
+
+/* Pools, a plan over them, and the same K/V densely by absolute position. */
+typedef struct tcpu_fix {
+    int32_t P, kvh, D, num_pages, batch;
+    mskv_dtype dt;
+    void *k, *v;               /* pools [num_pages][P][kvh][D] */
+    double *kd, *vd;           /* per sequence [abs pos][kvh][D], rounded to dt */
+    int64_t dense_at[TCPU_MAX_SEQS];
+    tcpu_seq seq[TCPU_MAX_SEQS];
+    mskv_plan plan;
+    int32_t qo_indptr[TCPU_MAX_SEQS + 1], kv_indptr[TCPU_MAX_SEQS + 1], last[TCPU_MAX_SEQS], kv_len[TCPU_MAX_SEQS];
+    int32_t split[TCPU_MAX_SEQS], shift[TCPU_MAX_SEQS];
+    int32_t *indices;
+} tcpu_fix;
+
+static int64_t tcpu_kpos(const tcpu_seq *s, int64_t j) { return j < s->split ? j : j + s->shift; }
+
+/* shuffle: the page table is a random permutation of the pool (fragmented);
+   else pages are handed out in order. Unused slots hold NaN when nan_fill. */
+static int tcpu_fix_init(tcpu_fix *f, int32_t P, int32_t kvh, int32_t D, mskv_dtype dt, const tcpu_seq *seqs,
+                         int32_t batch, int shuffle, int nan_fill, int32_t spare_pages, uint64_t seed) {
+    int32_t b, i, total_pages = 0, at = 0, *perm;
+    int64_t dense_rows = 0, j;
+    size_t e;
+    size_t es = tcpu_esize(dt), row = (size_t)kvh * (size_t)D, pool_elems;
+    memset(f, 0, sizeof(*f));
+    f->P = P; f->kvh = kvh; f->D = D; f->dt = dt; f->batch = batch;
+    for (b = 0; b < batch; b++) {
+        f->seq[b] = seqs[b];
+        total_pages += (seqs[b].kv + P - 1) / P;
+        f->dense_at[b] = dense_rows;
+        dense_rows += seqs[b].kv + seqs[b].shift;
+    }
+    f->num_pages = total_pages + 1 + spare_pages;
+    pool_elems = (size_t)f->num_pages * (size_t)P * row;
+    f->k = malloc(pool_elems * es);
+    f->v = malloc(pool_elems * es);
+    f->kd = (double *)malloc(((size_t)dense_rows * row + 1) * sizeof(double));
+    f->vd = (double *)malloc(((size_t)dense_rows * row + 1) * sizeof(double));
+    f->indices = (int32_t *)malloc(((size_t)total_pages + 1) * sizeof(int32_t));
+    perm = (int32_t *)malloc((size_t)f->num_pages * sizeof(int32_t));
+    if (!f->k || !f->v || !f->kd || !f->vd || !f->indices || !perm) { free(perm); return 0; }
+    for (e = 0; e < pool_elems; e++) {
+        tcpu_put(f->k, dt, e, nan_fill ? NAN : 0.0);
+        tcpu_put(f->v, dt, e, nan_fill ? NAN : 0.0);
+    }
+    /* dense data first, from its own seed, so page placement does not change it */
+    tcpu_srand(seed);
+    for (j = 0; j < dense_rows * (int64_t)row; j++) {
+        f->kd[j] = tcpu_round(dt, tcpu_uniform(-1.0, 1.0));
+        f->vd[j] = tcpu_round(dt, tcpu_uniform(-1.0, 1.0));
+    }
+    for (i = 0; i < f->num_pages - 1; i++) perm[i] = i + 1;
+    tcpu_srand(seed * 31 + 7);
+    if (shuffle)
+        for (i = f->num_pages - 2; i > 0; i--) {
+            int32_t r = (int32_t)(tcpu_rand() % (uint64_t)(i + 1)), t = perm[i];
+            perm[i] = perm[r]; perm[r] = t;
+        }
+    f->qo_indptr[0] = f->kv_indptr[0] = 0;
+    for (b = 0; b < batch; b++) {
+        const tcpu_seq *s = &f->seq[b];
+        int32_t np = (s->kv + P - 1) / P;
+        for (i = 0; i < np; i++) f->indices[f->kv_indptr[b] + i] = perm[at++];
+        f->kv_indptr[b + 1] = f->kv_indptr[b] + np;
+        f->qo_indptr[b + 1] = f->qo_indptr[b] + s->qo;
+        f->last[b] = np ? s->kv - (np - 1) * P : 0;
+        f->kv_len[b] = s->kv;
+        f->split[b] = s->split;
+        f->shift[b] = s->shift;
+        for (j = 0; j < s->kv; j++) {
+            int64_t slot = (int64_t)f->indices[f->kv_indptr[b] + j / P] * P + j % P;
+            const double *kr = f->kd + (size_t)(f->dense_at[b] + tcpu_kpos(s, j)) * row;
+            const double *vr = f->vd + (size_t)(f->dense_at[b] + tcpu_kpos(s, j)) * row;
+            for (i = 0; i < (int32_t)row; i++) {
+                tcpu_put(f->k, dt, (size_t)slot * row + (size_t)i, kr[i]);
+                tcpu_put(f->v, dt, (size_t)slot * row + (size_t)i, vr[i]);
+            }
+        }
+    }
+    free(perm);
+    f->plan.batch = batch;
+    f->plan.total_q = f->qo_indptr[batch];
+    f->plan.num_page_ids = total_pages;
+    f->plan.page_size = P;
+    f->plan.qo_indptr = f->qo_indptr;
+    f->plan.kv_indptr = f->kv_indptr;
+    f->plan.kv_indices = f->indices;
+    f->plan.kv_last_page_len = f->last;
+    f->plan.kv_len = f->kv_len;
+    f->plan.kv_pos_split = f->split;
+    f->plan.kv_pos_shift = f->shift;
+    return 1;
+}
+
+static void tcpu_fix_free(tcpu_fix *f) {
+    free(f->k); free(f->v); free(f->kd); free(f->vd); free(f->indices);
+}
+
+static mskv_pools tcpu_pools(const tcpu_fix *f) {
+    mskv_pools p;
+    p.k = f->k; p.v = f->v; p.dtype = f->dt;
+    p.num_pages = f->num_pages; p.page_size = f->P; p.kv_heads = f->kvh; p.head_dim = f->D;
+    return p;
+}
+
+/* Random queries [total_q][qh][D] in dtype qt (amplitude 2 so softmax is peaked). */
+static void *tcpu_queries(const tcpu_fix *f, int32_t qh, mskv_dtype qt, uint64_t seed) {
+    size_t n = (size_t)f->plan.total_q * (size_t)qh * (size_t)f->D, i;
+    void *q = malloc(n * tcpu_esize(qt) + 4);
+    if (!q) return NULL;
+    tcpu_srand(seed ^ 0x51ull);
+    for (i = 0; i < n; i++) tcpu_put(q, qt, i, tcpu_uniform(-2.0, 2.0));
+    return q;
+}
+
+/* The dense reference: for each query, keys are the present absolute
+   positions [0, split) and [split + shift, kv + shift), read from kd/vd. */
+static void tcpu_reference(const tcpu_fix *f, const mskv_attn *at, const void *q, double *o, double *lse) {
+    int32_t b, i, h, d, D = f->D, group = at->q_heads / f->kvh;
+    double scale = at->scale > 0 ? at->scale : 1.0 / sqrt((double)D);
+    size_t row = (size_t)f->kvh * (size_t)D;
+    int32_t maxkv = 0;
+    double *w;
+    for (b = 0; b < f->batch; b++) maxkv = f->seq[b].kv > maxkv ? f->seq[b].kv : maxkv;
+    w = (double *)malloc(((size_t)maxkv + 1) * sizeof(double));
+    if (!w) return;
+    for (b = 0; b < f->batch; b++) {
+        const tcpu_seq *s = &f->seq[b];
+        int32_t split = s->split < s->kv ? s->split : s->kv;
+        for (i = 0; i < s->qo; i++) {
+            int64_t qp = tcpu_kpos(s, (int64_t)s->kv - s->qo + i);
+            for (h = 0; h < at->q_heads; h++) {
+                size_t qrow = ((size_t)(f->qo_indptr[b] + i) * (size_t)at->q_heads + (size_t)h);
+                double mx = -INFINITY, sum = 0;
+                int32_t n = 0, t, g = h / group;
+                int64_t pos;
+                /* visible positions, in order */
+                for (t = 0; t < 2; t++) {
+                    int64_t p0 = t == 0 ? 0 : (int64_t)split + s->shift, p1 = t == 0 ? split : (int64_t)s->kv + s->shift;
+                    for (pos = p0; pos < p1; pos++) {
+                        const double *kr = f->kd + (size_t)(f->dense_at[b] + pos) * row + (size_t)g * D;
+                        double dot = 0;
+                        if (at->mask != MSKV_MASK_NONE && pos > qp) continue;
+                        if (at->mask == MSKV_MASK_WINDOW && qp - pos > at->window_left) continue;
+                        for (d = 0; d < D; d++) dot += tcpu_get(q, at->q_dtype, qrow * (size_t)D + (size_t)d) * kr[d];
+                        w[n] = dot * scale;
+                        if (w[n] > mx) mx = w[n];
+                        n++;
+                    }
+                }
+                for (d = 0; d < D; d++) o[qrow * (size_t)D + (size_t)d] = 0;
+                if (n == 0) { lse[qrow] = -INFINITY; continue; }
+                n = 0;
+                for (t = 0; t < 2; t++) {
+                    int64_t p0 = t == 0 ? 0 : (int64_t)split + s->shift, p1 = t == 0 ? split : (int64_t)s->kv + s->shift;
+                    for (pos = p0; pos < p1; pos++) {
+                        const double *vr = f->vd + (size_t)(f->dense_at[b] + pos) * row + (size_t)g * D;
+                        double e;
+                        if (at->mask != MSKV_MASK_NONE && pos > qp) continue;
+                        if (at->mask == MSKV_MASK_WINDOW && qp - pos > at->window_left) continue;
+                        e = exp(w[n++] - mx);
+                        sum += e;
+                        for (d = 0; d < D; d++) o[qrow * (size_t)D + (size_t)d] += e * vr[d];
+                    }
+                }
+                for (d = 0; d < D; d++) o[qrow * (size_t)D + (size_t)d] /= sum;
+                lse[qrow] = mx + log(sum);
+            }
+        }
+    }
+    free(w);
+}
+
+/* |x - ref| <= tol * max(1, |ref|) everywhere; reports the first miss. */
+static int tcpu_close(const char *what, const void *o, mskv_dtype ot, const float *lse, const double *ro,
+                      const double *rlse, size_t rows, int32_t D, double tol, int line) {
+    size_t r, i;
+    for (r = 0; r < rows; r++) {
+        if (lse) {
+            double a = lse[r], e = rlse[r];
+            int ok = (e == -INFINITY) ? (a == -INFINITY) : fabs(a - e) <= tol * (fabs(e) > 1 ? fabs(e) : 1);
+            if (!ok) {
+                mt_fail(__FILE__, line, "%s: lse row %zu: expected %.9g, got %.9g", what, r, e, a);
+                return 0;
+            }
+        }
+        for (i = 0; i < (size_t)D; i++) {
+            double a = tcpu_get(o, ot, r * (size_t)D + i), e = ro[r * (size_t)D + i];
+            if (!(fabs(a - e) <= tol * (fabs(e) > 1 ? fabs(e) : 1))) {
+                mt_fail(__FILE__, line, "%s: o row %zu dim %zu: expected %.9g, got %.9g", what, r, i, e, a);
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* Runs attention on the fixture and compares with the reference. */
+static int tcpu_check_case(const char *what, mskv_cpu *cpu, const tcpu_fix *f, const mskv_attn *at, uint64_t seed, int line) {
+    size_t rows = (size_t)f->plan.total_q * (size_t)at->q_heads, n = rows * (size_t)f->D;
+    void *q = tcpu_queries(f, at->q_heads, at->q_dtype, seed);
+    void *o = malloc(n * tcpu_esize(at->q_dtype) + 4);
+    float *lse = (float *)malloc(rows * sizeof(float) + 4);
+    double *ro = (double *)malloc(n * sizeof(double) + 8), *rl = (double *)malloc(rows * sizeof(double) + 8);
+    mskv_pools pools = tcpu_pools(f);
+    mskv_result res;
+    int ok = 0;
+    if (q && o && lse && ro && rl) {
+        res = mskv_cpu_attention_pools(cpu, &pools, &f->plan, at, q, o, lse);
+        if (res != MSKV_SUCCESS) {
+            mt_fail(__FILE__, line, "%s: attention returned %d (%s)", what, (int)res, mskv_result_string(res));
+        } else {
+            tcpu_reference(f, at, q, ro, rl);
+            ok = tcpu_close(what, o, at->q_dtype, lse, ro, rl, rows, f->D, tcpu_tol(f->dt) > tcpu_tol(at->q_dtype) ? tcpu_tol(f->dt) : tcpu_tol(at->q_dtype), line);
+        }
+    } else {
+        mt_fail(__FILE__, line, "%s: out of memory", what);
+    }
+    free(q); free(o); free(lse); free(ro); free(rl);
+    return ok;
+}
+
+static mskv_attn tcpu_attn(int32_t qh, mskv_mask mask, int32_t wl, mskv_dtype qt) {
+    mskv_attn a;
+    memset(&a, 0, sizeof a);
+    a.q_heads = qh; a.mask = mask; a.window_left = wl; a.q_dtype = qt;
+    return a;
+}
+
+static const char *tcpu_mask_name(mskv_mask m) { return m == MSKV_MASK_NONE ? "none" : m == MSKV_MASK_CAUSAL ? "causal" : "window"; }
+
+/* ---- conversions ---------------------------------------------------------------- */
+
+TEST(f16_conversion_rounds_to_nearest_even) {
+    EXPECT_EQ(0x3c00, mskv_f32_to_f16(1.0f));
+    EXPECT_EQ(0xc000, mskv_f32_to_f16(-2.0f));
+    EXPECT_EQ(0x8000, mskv_f32_to_f16(-0.0f));
+    EXPECT_EQ(0x7bff, mskv_f32_to_f16(65504.0f));
+    EXPECT_EQ(0x7bff, mskv_f32_to_f16(65519.0f));
+    EXPECT_EQ(0x7c00, mskv_f32_to_f16(65520.0f));           /* the tie rounds up to inf */
+    EXPECT_EQ(0x7c00, mskv_f32_to_f16(INFINITY));
+    EXPECT_EQ(0x3c00, mskv_f32_to_f16(1.0f + 1.0f / 2048)); /* tie: even mantissa stays */
+    EXPECT_EQ(0x3c02, mskv_f32_to_f16(1.0f + 3.0f / 2048)); /* tie: odd mantissa rounds up */
+    EXPECT_EQ(0x0001, mskv_f32_to_f16(ldexpf(1.0f, -24)));  /* smallest subnormal */
+    EXPECT_EQ(0x0000, mskv_f32_to_f16(ldexpf(1.0f, -25)));  /* tie to even zero */
+    EXPECT_EQ(0x0002, mskv_f32_to_f16(ldexpf(3.0f, -25)));  /* 1.5 units: tie to even 2 */
+    EXPECT_EQ(0x0400, mskv_f32_to_f16(ldexpf(1.0f, -14)));  /* smallest normal */
+    EXPECT_EQ(0x0400, mskv_f32_to_f16(ldexpf(1023.75f, -24))); /* rounds up across into the normals */
+    EXPECT_TRUE((mskv_f32_to_f16(NAN) & 0x7fff) > 0x7c00);
+}
+
+TEST(f16_every_value_round_trips) {
+    uint32_t h, bad = 0;
+    for (h = 0; h < 0x10000; h++) {
+        float f = mskv_f16_to_f32((uint16_t)h);
+        if ((h & 0x7fff) > 0x7c00) { if (!isnan(f)) bad++; continue; }
+        if (mskv_f32_to_f16(f) != h) bad++;
+    }
+    EXPECT_EQ(0, bad);
+    EXPECT_NEAR(ldexp(1.0, -24), mskv_f16_to_f32(1), 0);
+    EXPECT_NEAR(65504.0, mskv_f16_to_f32(0x7bff), 0);
+}
+
+TEST(bf16_conversion_rounds_to_nearest_even) {
+    uint32_t h, bad = 0;
+    EXPECT_EQ(0x3f80, mskv_f32_to_bf16(1.0f));
+    EXPECT_EQ(0x3f80, mskv_f32_to_bf16(1.0f + 1.0f / 256)); /* tie, even stays */
+    EXPECT_EQ(0x3f82, mskv_f32_to_bf16(1.0f + 3.0f / 256)); /* tie, odd rounds up */
+    EXPECT_EQ(0x3f81, mskv_f32_to_bf16(1.0f + 1.0f / 256 + 1.0f / 65536));
+    EXPECT_EQ(0x7f80, mskv_f32_to_bf16(INFINITY));
+    EXPECT_TRUE(isnan(mskv_bf16_to_f32(mskv_f32_to_bf16(NAN))));
+    for (h = 0; h < 0x10000; h++) {
+        float f = mskv_bf16_to_f32((uint16_t)h);
+        if ((h & 0x7fff) > 0x7f80) continue;
+        if (mskv_f32_to_bf16(f) != h) bad++;
+    }
+    EXPECT_EQ(0, bad);
+}
+
+/* ---- RoPE ----------------------------------------------------------------------- */
+
+/* The formula, written out: part k of width w at offset off, pair i turns by
+   pos_k * theta^(-2i/w). */
+static void tcpu_rope_direct(double *x, int32_t D, const int32_t *pos, int nparts, const int32_t *width, int interleaved, double theta) {
+    int k, i, off = 0;
+    (void)D;
+    for (k = 0; k < nparts; k++) {
+        int w = width[k];
+        for (i = 0; i < w / 2; i++) {
+            double ang = pos[k] * pow(theta, -2.0 * i / w), c = cos(ang), s = sin(ang);
+            int e0 = off + (interleaved ? 2 * i : i), e1 = off + (interleaved ? 2 * i + 1 : i + w / 2);
+            double a = x[e0], b = x[e1];
+            x[e0] = a * c - b * s;
+            x[e1] = a * s + b * c;
+        }
+        off += w;
+    }
+}
+
+TEST(rope_matches_direct_formula) {
+    /* (mode, style, theta, dims, expected widths) */
+    struct { mskv_pos_mode mode; mskv_rope_style style; float theta; int32_t dims[3]; int32_t D; int np; int32_t w[3]; } cs[] = {
+        {MSKV_POS_1D, MSKV_ROPE_HALF, 0, {0, 0, 0}, 64, 1, {64, 0, 0}},
+        {MSKV_POS_1D, MSKV_ROPE_INTERLEAVED, 500000.0f, {0, 0, 0}, 128, 1, {128, 0, 0}},
+        {MSKV_POS_1D, MSKV_ROPE_HALF, 10000.0f, {32, 0, 0}, 64, 1, {32, 0, 0}},
+        {MSKV_POS_3D, MSKV_ROPE_HALF, 0, {0, 0, 0}, 128, 3, {44, 42, 42}},
+        {MSKV_POS_3D, MSKV_ROPE_INTERLEAVED, 0, {0, 0, 0}, 64, 3, {24, 20, 20}},
+        {MSKV_POS_3D, MSKV_ROPE_HALF, 256.0f, {16, 24, 16}, 64, 3, {16, 24, 16}},
+    };
+    int c, n = 5, heads = 3;
+    uint64_t seed = mt_seed();
+    for (c = 0; c < (int)(sizeof cs / sizeof cs[0]); c++) {
+        mskv_rope r;
+        int32_t D = cs[c].D, pos[15], t, h, d;
+        float x[5 * 3 * 128];
+        double ref[128];
+        memset(&r, 0, sizeof r);
+        r.mode = cs[c].mode; r.style = cs[c].style; r.theta = cs[c].theta;
+        memcpy(r.dims, cs[c].dims, sizeof r.dims);
+        tcpu_srand(seed + (uint64_t)c);
+        for (t = 0; t < 15; t++) pos[t] = (int32_t)(tcpu_rand() % 5000);
+        for (t = 0; t < n * heads * D; t++) x[t] = (float)tcpu_uniform(-1, 1);
+        {
+            float orig[5 * 3 * 128];
+            memcpy(orig, x, sizeof(float) * (size_t)(n * heads * D));
+            ASSERT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, x, MSKV_DTYPE_F32, n, heads, D, pos));
+            for (t = 0; t < n; t++)
+                for (h = 0; h < heads; h++) {
+                    const int32_t *p = pos + (cs[c].mode == MSKV_POS_3D ? 3 * t : t);
+                    for (d = 0; d < D; d++) ref[d] = orig[(t * heads + h) * D + d];
+                    tcpu_rope_direct(ref, D, p, cs[c].np, cs[c].w, cs[c].style == MSKV_ROPE_INTERLEAVED, cs[c].theta > 0 ? cs[c].theta : 10000.0);
+                    for (d = 0; d < D; d++)
+                        if (fabs(ref[d] - x[(t * heads + h) * D + d]) > 1e-5) {
+                            mt_fail(__FILE__, __LINE__, "case %d token %d head %d dim %d: expected %.8f got %.8f", c, t, h, d,
+                                    ref[d], (double)x[(t * heads + h) * D + d]);
+                            return;
+                        }
+                }
+        }
+    }
+}
+
+static double tcpu_dot_f(const float *a, const float *b, int n) {
+    double s = 0;
+    int i;
+    for (i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+TEST(rope_dot_product_depends_only_on_position_difference) {
+    mskv_rope r;
+    float q[128], k[128], qa[128], ka[128], qb[128], kb[128];
+    int32_t i, axis, D = 128;
+    uint64_t seed = mt_seed();
+    tcpu_srand(seed);
+    for (i = 0; i < D; i++) { q[i] = (float)tcpu_uniform(-1, 1); k[i] = (float)tcpu_uniform(-1, 1); }
+    memset(&r, 0, sizeof r);
+    /* 1-D, both styles: (m, n) and (m + t, n + t) give the same q.k */
+    for (i = 0; i < 2; i++) {
+        int32_t pq = 37, pk = 5, pq2 = 37 + 1000, pk2 = 5 + 1000;
+        r.mode = MSKV_POS_1D;
+        r.style = i ? MSKV_ROPE_INTERLEAVED : MSKV_ROPE_HALF;
+        memcpy(qa, q, sizeof q); memcpy(ka, k, sizeof k); memcpy(qb, q, sizeof q); memcpy(kb, k, sizeof k);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, qa, MSKV_DTYPE_F32, 1, 1, D, &pq));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, ka, MSKV_DTYPE_F32, 1, 1, D, &pk));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, qb, MSKV_DTYPE_F32, 1, 1, D, &pq2));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, kb, MSKV_DTYPE_F32, 1, 1, D, &pk2));
+        EXPECT_NEAR(tcpu_dot_f(qa, ka, D), tcpu_dot_f(qb, kb, D), 1e-4);
+        /* and a different difference gives a different product */
+        pk2 = 6 + 1000;
+        memcpy(kb, k, sizeof k);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, kb, MSKV_DTYPE_F32, 1, 1, D, &pk2));
+        EXPECT_TRUE(fabs(tcpu_dot_f(qa, ka, D) - tcpu_dot_f(qb, kb, D)) > 1e-3);
+    }
+    /* 3-D: a shift along one axis for both leaves q.k unchanged, per axis */
+    r.mode = MSKV_POS_3D;
+    r.style = MSKV_ROPE_HALF;
+    for (axis = 0; axis < 3; axis++) {
+        int32_t pq[3] = {4, 7, 9}, pk[3] = {2, 3, 11}, pq2[3], pk2[3];
+        memcpy(pq2, pq, sizeof pq); memcpy(pk2, pk, sizeof pk);
+        pq2[axis] += 23; pk2[axis] += 23;
+        memcpy(qa, q, sizeof q); memcpy(ka, k, sizeof k); memcpy(qb, q, sizeof q); memcpy(kb, k, sizeof k);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, qa, MSKV_DTYPE_F32, 1, 1, D, pq));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, ka, MSKV_DTYPE_F32, 1, 1, D, pk));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, qb, MSKV_DTYPE_F32, 1, 1, D, pq2));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, kb, MSKV_DTYPE_F32, 1, 1, D, pk2));
+        EXPECT_NEAR(tcpu_dot_f(qa, ka, D), tcpu_dot_f(qb, kb, D), 1e-4);
+        /* shifting only q along this axis changes it: each axis is really rotated */
+        memcpy(qb, q, sizeof q);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, qb, MSKV_DTYPE_F32, 1, 1, D, pq2));
+        EXPECT_TRUE(fabs(tcpu_dot_f(qa, ka, D) - tcpu_dot_f(qb, ka, D)) > 1e-3);
+    }
+}
+
+TEST(rope_rejects_odd_or_oversized_parts) {
+    mskv_rope r;
+    float x[64] = {0};
+    int32_t pos[3] = {1, 2, 3};
+    memset(&r, 0, sizeof r);
+    r.mode = MSKV_POS_3D;
+    r.dims[0] = 30; r.dims[1] = 20; r.dims[2] = 20; /* 70 > 64 */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_rope_apply(&r, x, MSKV_DTYPE_F32, 1, 1, 64, pos));
+    r.dims[0] = 21; r.dims[1] = 20; r.dims[2] = 20;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_rope_apply(&r, x, MSKV_DTYPE_F32, 1, 1, 64, pos));
+    r.mode = MSKV_POS_NONE;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_rope_apply(&r, x, MSKV_DTYPE_F32, 1, 1, 64, pos));
+    r.mode = MSKV_POS_1D;
+    r.dims[0] = 0;
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_rope_apply(&r, x, MSKV_DTYPE_F32, 1, 1, 64, NULL));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_rope_apply(&r, x, MSKV_DTYPE_F32, 1, 1, MSKV_CPU_MAX_HEAD_DIM + 2, pos));
+}
+
+/* ---- K/V write ------------------------------------------------------------------- */
+
+/* A pool of 6 pages of 4 slots, 2 kv heads, dim 8, and a plan of n slots. */
+typedef struct tcpu_wfix {
+    float k[6 * 4 * 2 * 8], v[6 * 4 * 2 * 8];
+    int64_t slots[8];
+    int32_t positions[8];
+    mskv_plan plan;
+    mskv_pools pools;
+} tcpu_wfix;
+
+static void tcpu_wfix_init(tcpu_wfix *w, const int64_t *slots, int32_t n) {
+    int32_t i;
+    memset(w, 0, sizeof(*w));
+    for (i = 0; i < 6 * 4 * 2 * 8; i++) { w->k[i] = -7.0f; w->v[i] = -9.0f; }
+    memcpy(w->slots, slots, (size_t)n * sizeof(int64_t));
+    for (i = 0; i < n; i++) w->positions[i] = 100 + 3 * i;
+    w->plan.total_q = n;
+    w->plan.page_size = 4;
+    w->plan.slot_mapping = w->slots;
+    w->plan.positions = w->positions;
+    w->pools.k = w->k; w->pools.v = w->v; w->pools.dtype = MSKV_DTYPE_F32;
+    w->pools.num_pages = 6; w->pools.page_size = 4; w->pools.kv_heads = 2; w->pools.head_dim = 8;
+}
+
+TEST(write_kv_scatters_rows_through_slot_mapping_and_skips_padding) {
+    static const int64_t slots[5] = {9, -1, 4, 23, 15};
+    tcpu_wfix w;
+    float k[5 * 16], v[5 * 16];
+    int32_t i, s, e;
+    tcpu_wfix_init(&w, slots, 5);
+    for (i = 0; i < 5 * 16; i++) { k[i] = (float)i; v[i] = (float)(1000 + i); }
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_write_kv_pools(&w.pools, &w.plan, k, v, MSKV_DTYPE_F32, NULL));
+    for (s = 0; s < 24; s++) {
+        int32_t src = -1;
+        for (i = 0; i < 5; i++) if (slots[i] == s) src = i;
+        for (e = 0; e < 16; e++) {
+            float ek = src < 0 ? -7.0f : k[src * 16 + e], ev = src < 0 ? -9.0f : v[src * 16 + e];
+            if (w.k[s * 16 + e] != ek || w.v[s * 16 + e] != ev) {
+                mt_fail(__FILE__, __LINE__, "slot %d elem %d: expected k %g v %g, got k %g v %g", s, e, (double)ek,
+                        (double)ev, (double)w.k[s * 16 + e], (double)w.v[s * 16 + e]);
+                return;
+            }
+        }
+    }
+}
+
+TEST(write_kv_converts_between_dtypes) {
+    static const int64_t slots[2] = {5, 18};
+    uint16_t k[2 * 16], v[2 * 16];
+    tcpu_wfix w;
+    int32_t i, e;
+    tcpu_wfix_init(&w, slots, 2);
+    for (i = 0; i < 2 * 16; i++) { k[i] = mskv_f32_to_bf16(0.25f * (float)i - 3.0f); v[i] = mskv_f32_to_bf16((float)i); }
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_write_kv_pools(&w.pools, &w.plan, k, v, MSKV_DTYPE_BF16, NULL));
+    for (i = 0; i < 2; i++)
+        for (e = 0; e < 16; e++) {
+            EXPECT_NEAR(mskv_bf16_to_f32(k[i * 16 + e]), w.k[slots[i] * 16 + e], 0);
+            EXPECT_NEAR(mskv_bf16_to_f32(v[i * 16 + e]), w.v[slots[i] * 16 + e], 0);
+        }
+}
+
+TEST(write_kv_applies_rope_to_k_only) {
+    static const int64_t slots[3] = {4, 11, 22};
+    tcpu_wfix w;
+    float k[3 * 16], v[3 * 16], kr[3 * 16];
+    mskv_rope r;
+    int32_t i, e;
+    tcpu_wfix_init(&w, slots, 3);
+    tcpu_srand(mt_seed());
+    for (i = 0; i < 3 * 16; i++) { k[i] = (float)tcpu_uniform(-1, 1); v[i] = (float)tcpu_uniform(-1, 1); }
+    memset(&r, 0, sizeof r);
+    r.mode = MSKV_POS_1D;
+    r.style = MSKV_ROPE_INTERLEAVED;
+    memcpy(kr, k, sizeof k);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, kr, MSKV_DTYPE_F32, 3, 2, 8, w.positions));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_write_kv_pools(&w.pools, &w.plan, k, v, MSKV_DTYPE_F32, &r));
+    for (i = 0; i < 3; i++)
+        for (e = 0; e < 16; e++) {
+            EXPECT_NEAR(kr[i * 16 + e], w.k[slots[i] * 16 + e], 0);
+            EXPECT_NEAR(v[i * 16 + e], w.v[slots[i] * 16 + e], 0);
+        }
+    EXPECT_TRUE(fabs(kr[16] - k[16]) > 1e-6); /* the rotation did something */
+}
+
+TEST(write_kv_rejects_a_bad_slot_and_writes_nothing) {
+    static const int64_t null_page[3] = {5, 2, 9};  /* slot 2 lies in the null page 0 */
+    static const int64_t past_end[3] = {5, 9, 24};  /* 6 pages * 4 slots = 24 slots */
+    tcpu_wfix w;
+    float k[3 * 16] = {1}, v[3 * 16] = {2}, before[6 * 4 * 2 * 8];
+    tcpu_wfix_init(&w, null_page, 3);
+    memcpy(before, w.k, sizeof before);
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cpu_write_kv_pools(&w.pools, &w.plan, k, v, MSKV_DTYPE_F32, NULL));
+    EXPECT_TRUE(memcmp(before, w.k, sizeof before) == 0);
+    tcpu_wfix_init(&w, past_end, 3);
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cpu_write_kv_pools(&w.pools, &w.plan, k, v, MSKV_DTYPE_F32, NULL));
+    EXPECT_TRUE(memcmp(before, w.k, sizeof before) == 0);
+    w.plan.page_size = 8; /* a plan for another geometry */
+    w.slots[2] = 10;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_write_kv_pools(&w.pools, &w.plan, k, v, MSKV_DTYPE_F32, NULL));
+    EXPECT_TRUE(memcmp(before, w.k, sizeof before) == 0);
+}
+
+/* ---- attention -------------------------------------------------------------------- */
+
+TEST(attention_matches_reference_for_every_page_size_and_length) {
+    static const int32_t Ps[5] = {1, 3, 16, 40, 64};
+    int pi, mi;
+    uint64_t seed = mt_seed();
+    mskv_cpu *cpu = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(NULL, &cpu));
+    for (pi = 0; pi < 5; pi++) {
+        int32_t P = Ps[pi];
+        /* kv lengths 0, 1, P-1, P, P+1, 97, 2048 in one batch; two of them with
+           released positions (split/shift), queries are each sequence's tail */
+        tcpu_seq seqs[7];
+        int32_t lens[7], b;
+        lens[0] = 0; lens[1] = 1; lens[2] = P - 1; lens[3] = P; lens[4] = P + 1; lens[5] = 97; lens[6] = TCPU_LONG;
+        for (b = 0; b < 7; b++) {
+            seqs[b].kv = lens[b];
+            seqs[b].qo = lens[b] < 5 ? lens[b] : 5;
+            seqs[b].split = lens[b];
+            seqs[b].shift = 0;
+        }
+        seqs[4].split = P; seqs[4].shift = 3 * P;      /* one prefix page, then a jump */
+        seqs[5].split = 2 * P < 97 ? 2 * P : 40; seqs[5].shift = 50;
+        for (mi = 0; mi < 3; mi++) {
+            tcpu_fix f;
+            mskv_attn at = tcpu_attn(4, (mskv_mask)mi, 7, MSKV_DTYPE_F32);
+            char what[96];
+            ASSERT_TRUE(tcpu_fix_init(&f, P, 2, 64, MSKV_DTYPE_F32, seqs, 7, 1, 1, 2, seed + (uint64_t)P));
+            snprintf(what, sizeof what, "page size %d mask %s", P, tcpu_mask_name(at.mask));
+            tcpu_check_case(what, mi == 1 ? NULL : cpu, &f, &at, seed + (uint64_t)mi, __LINE__);
+            tcpu_fix_free(&f);
+        }
+    }
+    mskv_cpu_destroy(cpu);
+}
+
+TEST(attention_supports_every_gqa_ratio_and_head_dim) {
+    static const int32_t ratios[6] = {1, 2, 3, 4, 6, 8};
+    static const int32_t dims[2] = {64, 128};
+    tcpu_seq seqs[2] = {{9, 97, 97, 0}, {3, 40, 16, 20}};
+    uint64_t seed = mt_seed();
+    int ri, di, mi;
+    for (di = 0; di < 2; di++)
+        for (ri = 0; ri < 6; ri++)
+            for (mi = 0; mi < 3; mi++) {
+                tcpu_fix f;
+                mskv_attn at = tcpu_attn(2 * ratios[ri], (mskv_mask)mi, 30, MSKV_DTYPE_F32);
+                char what[96];
+                ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, dims[di], MSKV_DTYPE_F32, seqs, 2, 1, 1, 1, seed + (uint64_t)ri));
+                snprintf(what, sizeof what, "ratio %d dim %d mask %s", ratios[ri], dims[di], tcpu_mask_name(at.mask));
+                tcpu_check_case(what, NULL, &f, &at, seed, __LINE__);
+                tcpu_fix_free(&f);
+            }
+}
+
+TEST(attention_matches_reference_in_f16_and_bf16) {
+    static const mskv_dtype types[3] = {MSKV_DTYPE_F32, MSKV_DTYPE_F16, MSKV_DTYPE_BF16};
+    tcpu_seq seqs[4] = {{1, 1, 1, 0}, {6, 17, 17, 0}, {7, 97, 32, 9}, {0, 5, 5, 0}};
+    uint64_t seed = mt_seed();
+    int si, qi, mi;
+    mskv_cpu *cpu = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(NULL, &cpu));
+    for (si = 0; si < 3; si++)
+        for (qi = 0; qi < 3; qi++)
+            for (mi = 0; mi < 3; mi++) {
+                tcpu_fix f;
+                mskv_attn at = tcpu_attn(6, (mskv_mask)mi, 20, types[qi]);
+                char what[96];
+                if (si == 0 && qi == 0) continue; /* the f32 sweeps cover it */
+                ASSERT_TRUE(tcpu_fix_init(&f, 16, 3, 64, types[si], seqs, 4, 1, 1, 1, seed + (uint64_t)(si * 3 + qi)));
+                snprintf(what, sizeof what, "storage %d q %d mask %s", (int)types[si], (int)types[qi], tcpu_mask_name(at.mask));
+                tcpu_check_case(what, cpu, &f, &at, seed, __LINE__);
+                tcpu_fix_free(&f);
+            }
+    mskv_cpu_destroy(cpu);
+}
+
+TEST(attention_matches_reference_over_long_sequences) {
+    uint64_t seed = mt_seed();
+    mskv_cpu *cpu = NULL;
+    mskv_cpu_desc cd;
+    tcpu_fix f;
+    tcpu_seq s1[1] = {{8, TCPU_LONG, TCPU_LONG, 0}};
+    tcpu_seq s2[2] = {{4, TCPU_LONG, 64, 300}, {3, 130, 130, 0}};
+    mskv_attn at;
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 2;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, 128, MSKV_DTYPE_F32, s1, 1, 1, 0, 0, seed));
+    at = tcpu_attn(4, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
+    tcpu_check_case("f32 causal dim 128", cpu, &f, &at, seed, __LINE__);
+    tcpu_fix_free(&f);
+    ASSERT_TRUE(tcpu_fix_init(&f, 40, 1, 64, MSKV_DTYPE_BF16, s1, 1, 1, 0, 0, seed + 1));
+    at = tcpu_attn(3, MSKV_MASK_NONE, 0, MSKV_DTYPE_BF16);
+    tcpu_check_case("bf16 bidirectional", cpu, &f, &at, seed, __LINE__);
+    tcpu_fix_free(&f);
+    ASSERT_TRUE(tcpu_fix_init(&f, 64, 2, 64, MSKV_DTYPE_F16, s2, 2, 1, 0, 0, seed + 2));
+    at = tcpu_attn(4, MSKV_MASK_WINDOW, 500, MSKV_DTYPE_F32);
+    tcpu_check_case("f16 window with released positions", cpu, &f, &at, seed, __LINE__);
+    tcpu_fix_free(&f);
+    mskv_cpu_destroy(cpu);
+}
+
+TEST(attention_applies_a_custom_scale) {
+    tcpu_seq seqs[1] = {{4, 50, 50, 0}};
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(2, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
+    at.scale = 0.37f;
+    ASSERT_TRUE(tcpu_fix_init(&f, 16, 1, 64, MSKV_DTYPE_F32, seqs, 1, 0, 1, 0, mt_seed()));
+    tcpu_check_case("scale 0.37", NULL, &f, &at, mt_seed(), __LINE__);
+    tcpu_fix_free(&f);
+}
+
+/* Runs attention into fresh buffers; returns o (f32) and lse, caller frees. */
+static int tcpu_run(mskv_cpu *cpu, const tcpu_fix *f, const mskv_attn *at, const void *q, float **o, float **lse) {
+    size_t rows = (size_t)f->plan.total_q * (size_t)at->q_heads;
+    mskv_pools pools = tcpu_pools(f);
+    *o = (float *)malloc(rows * (size_t)f->D * sizeof(float) + 4);
+    *lse = (float *)malloc(rows * sizeof(float) + 4);
+    if (!*o || !*lse) return 0;
+    return mskv_cpu_attention_pools(cpu, &pools, &f->plan, at, q, *o, *lse) == MSKV_SUCCESS;
+}
+
+TEST(shuffled_page_table_gives_the_same_result_as_contiguous) {
+    tcpu_seq seqs[3] = {{5, 200, 200, 0}, {2, 33, 16, 7}, {1, 64, 64, 0}};
+    uint64_t seed = mt_seed();
+    tcpu_fix a, b;
+    mskv_attn at = tcpu_attn(4, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
+    float *oa = NULL, *la = NULL, *ob = NULL, *lb = NULL;
+    void *q;
+    size_t rows;
+    ASSERT_TRUE(tcpu_fix_init(&a, 16, 2, 64, MSKV_DTYPE_F32, seqs, 3, 0, 1, 4, seed));
+    ASSERT_TRUE(tcpu_fix_init(&b, 16, 2, 64, MSKV_DTYPE_F32, seqs, 3, 1, 1, 4, seed));
+    rows = (size_t)a.plan.total_q * 4;
+    EXPECT_TRUE(memcmp(a.indices, b.indices, (size_t)a.plan.num_page_ids * 4) != 0); /* really another table */
+    q = tcpu_queries(&a, 4, MSKV_DTYPE_F32, seed);
+    ASSERT_TRUE(q != NULL);
+    EXPECT_TRUE(tcpu_run(NULL, &a, &at, q, &oa, &la));
+    EXPECT_TRUE(tcpu_run(NULL, &b, &at, q, &ob, &lb));
+    /* the same keys in the same order: bit-identical */
+    EXPECT_TRUE(memcmp(oa, ob, rows * 64 * sizeof(float)) == 0);
+    EXPECT_TRUE(memcmp(la, lb, rows * sizeof(float)) == 0);
+    free(q); free(oa); free(la); free(ob); free(lb);
+    tcpu_fix_free(&a); tcpu_fix_free(&b);
+}
+
+TEST(unused_pages_filled_with_nan_change_no_output) {
+    tcpu_seq seqs[2] = {{3, 45, 45, 0}, {2, 17, 17, 0}};
+    uint64_t seed = mt_seed();
+    tcpu_fix a, b;
+    mskv_attn at = tcpu_attn(2, MSKV_MASK_NONE, 0, MSKV_DTYPE_F32);
+    float *oa = NULL, *la = NULL, *ob = NULL, *lb = NULL;
+    void *q;
+    size_t rows, i;
+    int nans = 0;
+    /* same table and data; every slot outside it (spare pages, the null page,
+       the tails of last pages) zero in one and NaN in the other */
+    ASSERT_TRUE(tcpu_fix_init(&a, 16, 1, 64, MSKV_DTYPE_F32, seqs, 2, 1, 0, 5, seed));
+    ASSERT_TRUE(tcpu_fix_init(&b, 16, 1, 64, MSKV_DTYPE_F32, seqs, 2, 1, 1, 5, seed));
+    rows = (size_t)a.plan.total_q * 2;
+    q = tcpu_queries(&a, 2, MSKV_DTYPE_F32, seed);
+    ASSERT_TRUE(q != NULL);
+    EXPECT_TRUE(tcpu_run(NULL, &a, &at, q, &oa, &la));
+    EXPECT_TRUE(tcpu_run(NULL, &b, &at, q, &ob, &lb));
+    for (i = 0; i < rows * 64; i++) nans += isnan(ob[i]) != 0;
+    EXPECT_EQ(0, nans);
+    EXPECT_TRUE(memcmp(oa, ob, rows * 64 * sizeof(float)) == 0);
+    EXPECT_TRUE(memcmp(la, lb, rows * sizeof(float)) == 0);
+    free(q); free(oa); free(la); free(ob); free(lb);
+    tcpu_fix_free(&a); tcpu_fix_free(&b);
+}
+
+TEST(a_query_that_sees_no_key_gets_zero_output_and_minus_infinite_lse) {
+    /* a cross plan against an empty entry: queries, no keys */
+    tcpu_seq seqs[2] = {{3, 0, 0, 0}, {2, 20, 20, 0}};
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(2, MSKV_MASK_NONE, 0, MSKV_DTYPE_F32);
+    float *o = NULL, *lse = NULL;
+    void *q;
+    int i;
+    ASSERT_TRUE(tcpu_fix_init(&f, 16, 1, 64, MSKV_DTYPE_F32, seqs, 2, 1, 1, 1, mt_seed()));
+    q = tcpu_queries(&f, 2, MSKV_DTYPE_F32, mt_seed());
+    ASSERT_TRUE(q != NULL);
+    EXPECT_TRUE(tcpu_run(NULL, &f, &at, q, &o, &lse));
+    for (i = 0; i < 3 * 2 * 64; i++)
+        if (o[i] != 0.0f) { mt_fail(__FILE__, __LINE__, "o[%d] = %g, expected 0", i, (double)o[i]); break; }
+    for (i = 0; i < 3 * 2; i++) EXPECT_TRUE(lse[i] == -INFINITY);
+    for (i = 3 * 2; i < 5 * 2; i++) EXPECT_TRUE(isfinite(lse[i]));
+    free(q); free(o); free(lse);
+    tcpu_fix_free(&f);
+}
+
+TEST(splitting_keys_and_merging_by_lse_equals_attention_over_all_keys) {
+    /* keys of one sequence: pages [0, 3) in part A, [3, 7) in part B */
+    tcpu_seq all[1] = {{6, 100, 100, 0}};
+    uint64_t seed = mt_seed();
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(4, MSKV_MASK_NONE, 0, MSKV_DTYPE_F32);
+    mskv_plan pa, pb;
+    int32_t ia[2], ib[2], la_[1], lb_[1], kva[1], kvb[1], sa[1], sb[1], sh[1] = {0};
+    float *o = NULL, *lse = NULL, *oa, *lsa, *ob, *lsb;
+    mskv_pools pools;
+    void *q;
+    size_t rows = 6 * 4, n = rows * 64, i;
+    ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, 64, MSKV_DTYPE_F32, all, 1, 1, 1, 1, seed));
+    q = tcpu_queries(&f, 4, MSKV_DTYPE_F32, seed);
+    ASSERT_TRUE(q != NULL);
+    EXPECT_TRUE(tcpu_run(NULL, &f, &at, q, &o, &lse));
+    pa = f.plan; pb = f.plan;
+    ia[0] = 0; ia[1] = 3; ib[0] = 0; ib[1] = 4;
+    la_[0] = 16; lb_[0] = 100 - 6 * 16; kva[0] = 48; kvb[0] = 52; sa[0] = 48; sb[0] = 52;
+    pa.kv_indptr = ia; pa.kv_last_page_len = la_; pa.kv_len = kva; pa.kv_pos_split = sa; pa.kv_pos_shift = sh;
+    pb.kv_indptr = ib; pb.kv_last_page_len = lb_; pb.kv_len = kvb; pb.kv_pos_split = sb; pb.kv_pos_shift = sh;
+    pb.kv_indices = f.indices + 3;
+    oa = (float *)malloc(n * 4); ob = (float *)malloc(n * 4); lsa = (float *)malloc(rows * 4); lsb = (float *)malloc(rows * 4);
+    ASSERT_TRUE(oa && ob && lsa && lsb);
+    pools = tcpu_pools(&f);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(NULL, &pools, &pa, &at, q, oa, lsa));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(NULL, &pools, &pb, &at, q, ob, lsb));
+    /* merged in place into part A */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_merge(6, 4, 64, oa, lsa, ob, lsb, oa, lsa));
+    for (i = 0; i < n; i++)
+        if (fabs(oa[i] - o[i]) > 1e-5) { mt_fail(__FILE__, __LINE__, "o[%zu]: expected %.8g got %.8g", i, (double)o[i], (double)oa[i]); break; }
+    for (i = 0; i < rows; i++) EXPECT_NEAR(lse[i], lsa[i], 1e-5 * (fabs(lse[i]) > 1 ? fabs(lse[i]) : 1));
+    free(q); free(o); free(lse); free(oa); free(ob); free(lsa); free(lsb);
+    tcpu_fix_free(&f);
+}
+
+TEST(merging_with_an_empty_part_is_neutral) {
+    float oa[2 * 8], la[2], oe[2 * 8], le[2] = {-INFINITY, -INFINITY}, o[2 * 8], l[2];
+    int i;
+    for (i = 0; i < 16; i++) { oa[i] = (float)i * 0.5f - 3.0f; oe[i] = NAN; } /* an empty part's o is never read */
+    la[0] = 1.5f; la[1] = -20.0f;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_merge(1, 2, 8, oa, la, oe, le, o, l));
+    EXPECT_TRUE(memcmp(oa, o, sizeof o) == 0);
+    EXPECT_NEAR(la[0], l[0], 0);
+    EXPECT_NEAR(la[1], l[1], 0);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_merge(1, 2, 8, oe, le, oa, la, o, l));
+    EXPECT_TRUE(memcmp(oa, o, sizeof o) == 0);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_merge(1, 2, 8, oe, le, oe, le, o, l));
+    for (i = 0; i < 16; i++) EXPECT_TRUE(o[i] == 0.0f);
+    EXPECT_TRUE(l[0] == -INFINITY && l[1] == -INFINITY);
+}
+
+TEST(threaded_attention_is_bit_identical_to_one_thread) {
+    tcpu_seq seqs[3] = {{64, 512, 512, 0}, {1, 300, 300, 0}, {40, 200, 64, 10}};
+    uint64_t seed = mt_seed();
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(8, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
+    mskv_cpu *one = NULL, *three = NULL;
+    mskv_cpu_desc cd;
+    float *o1 = NULL, *l1 = NULL, *o3 = NULL, *l3 = NULL;
+    void *q;
+    size_t rows;
+    memset(&cd, 0, sizeof cd);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &one));
+    cd.num_threads = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &three));
+    ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, 64, MSKV_DTYPE_F32, seqs, 3, 1, 1, 0, seed));
+    rows = (size_t)f.plan.total_q * 8;
+    q = tcpu_queries(&f, 8, MSKV_DTYPE_F32, seed);
+    ASSERT_TRUE(q != NULL);
+    EXPECT_TRUE(tcpu_run(one, &f, &at, q, &o1, &l1));
+    EXPECT_TRUE(tcpu_run(three, &f, &at, q, &o3, &l3));
+    EXPECT_TRUE(memcmp(o1, o3, rows * 64 * sizeof(float)) == 0);
+    EXPECT_TRUE(memcmp(l1, l3, rows * sizeof(float)) == 0);
+    /* and a second call on the same pool reuses its threads */
+    free(o3); free(l3);
+    EXPECT_TRUE(tcpu_run(three, &f, &at, q, &o3, &l3));
+    EXPECT_TRUE(memcmp(o1, o3, rows * 64 * sizeof(float)) == 0);
+    free(q); free(o1); free(l1); free(o3); free(l3);
+    tcpu_fix_free(&f);
+    mskv_cpu_destroy(one);
+    mskv_cpu_destroy(three);
+}
+
+TEST(a_small_workspace_budget_picks_smaller_tiles) {
+    tcpu_seq seqs[1] = {{20, 150, 150, 0}};
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(2, MSKV_MASK_WINDOW, 60, MSKV_DTYPE_F32);
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = NULL;
+    memset(&cd, 0, sizeof cd);
+    cd.workspace_bytes = 1000;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_create(&cd, &cpu));
+    EXPECT_TRUE(cpu == NULL);
+    cd.workspace_bytes = 100000;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_TRUE(tcpu_fix_init(&f, 16, 1, 128, MSKV_DTYPE_F32, seqs, 1, 1, 1, 0, mt_seed()));
+    tcpu_check_case("100 KB workspace", cpu, &f, &at, mt_seed(), __LINE__);
+    tcpu_fix_free(&f);
+    mskv_cpu_destroy(cpu);
+}
+
+/* Counts the calls to a run-time allocator, to show the attention call makes none. */
+typedef struct tcpu_counter { int allocs, frees; } tcpu_counter;
+static void *tcpu_alloc(void *u, size_t n) { ((tcpu_counter *)u)->allocs++; return malloc(n); }
+static void *tcpu_realloc(void *u, void *p, size_t n) { ((tcpu_counter *)u)->allocs++; return realloc(p, n); }
+static void tcpu_freefn(void *u, void *p) { ((tcpu_counter *)u)->frees++; free(p); }
+
+TEST(attention_allocates_nothing_after_create) {
+    tcpu_seq seqs[1] = {{32, 300, 300, 0}};
+    tcpu_counter cnt = {0, 0};
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(4, MSKV_MASK_NONE, 0, MSKV_DTYPE_F32);
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = NULL;
+    int after_create;
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 2;
+    cd.allocator.user = &cnt;
+    cd.allocator.alloc = tcpu_alloc;
+    cd.allocator.realloc = tcpu_realloc;
+    cd.allocator.free = tcpu_freefn;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    after_create = cnt.allocs;
+    EXPECT_GT(after_create, 0);
+    ASSERT_TRUE(tcpu_fix_init(&f, 16, 1, 64, MSKV_DTYPE_F32, seqs, 1, 1, 1, 0, mt_seed()));
+    tcpu_check_case("counted allocator", cpu, &f, &at, mt_seed(), __LINE__);
+    EXPECT_EQ(after_create, cnt.allocs);
+    tcpu_fix_free(&f);
+    mskv_cpu_destroy(cpu);
+    EXPECT_EQ(cnt.allocs, cnt.frees);
+}
+
+TEST(attention_rejects_bad_arguments_and_writes_nothing) {
+    tcpu_seq seqs[2] = {{3, 20, 20, 0}, {2, 5, 5, 0}};
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(4, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32), bad;
+    mskv_pools pools, bp;
+    mskv_plan plan;
+    float o[5 * 4 * 64], lse[5 * 4], q[5 * 4 * 64] = {0};
+    int32_t saved, qo_bad[3] = {0, 3, 10};
+    size_t i;
+    ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, 64, MSKV_DTYPE_F32, seqs, 2, 1, 1, 0, mt_seed()));
+    pools = tcpu_pools(&f);
+    for (i = 0; i < sizeof o / sizeof o[0]; i++) o[i] = 42.0f;
+    for (i = 0; i < sizeof lse / sizeof lse[0]; i++) lse[i] = 42.0f;
+#define TCPU_REJECTS(code, P, PL, A)                                                          \
+    do {                                                                                      \
+        EXPECT_EQ(code, mskv_cpu_attention_pools(NULL, P, PL, A, q, o, lse));                 \
+        for (i = 0; i < sizeof o / sizeof o[0]; i++) if (o[i] != 42.0f) break;                \
+        EXPECT_EQ(sizeof o / sizeof o[0], i);                                                 \
+    } while (0)
+    TCPU_REJECTS(MSKV_ERROR_NULL_POINTER, NULL, &f.plan, &at);
+    TCPU_REJECTS(MSKV_ERROR_NULL_POINTER, &pools, NULL, &at);
+    TCPU_REJECTS(MSKV_ERROR_NULL_POINTER, &pools, &f.plan, (const mskv_attn *)NULL);
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cpu_attention_pools(NULL, &pools, &f.plan, &at, NULL, o, lse));
+    bad = at; bad.q_heads = 3;                       /* not a multiple of 2 kv heads */
+    TCPU_REJECTS(MSKV_ERROR_INVALID_ARGUMENT, &pools, &f.plan, &bad);
+    bad = at; bad.q_dtype = (mskv_dtype)7;
+    TCPU_REJECTS(MSKV_ERROR_INVALID_ARGUMENT, &pools, &f.plan, &bad);
+    bad = at; bad.mask = (mskv_mask)9;
+    TCPU_REJECTS(MSKV_ERROR_INVALID_ARGUMENT, &pools, &f.plan, &bad);
+    bad = at; bad.mask = MSKV_MASK_WINDOW; bad.window_left = -1;
+    TCPU_REJECTS(MSKV_ERROR_INVALID_ARGUMENT, &pools, &f.plan, &bad);
+    bp = pools; bp.head_dim = 0;
+    TCPU_REJECTS(MSKV_ERROR_INVALID_ARGUMENT, &bp, &f.plan, &at);
+    bp = pools; bp.head_dim = MSKV_CPU_MAX_HEAD_DIM + 16;
+    TCPU_REJECTS(MSKV_ERROR_INVALID_ARGUMENT, &bp, &f.plan, &at);
+    bp = pools; bp.dtype = (mskv_dtype)5;
+    TCPU_REJECTS(MSKV_ERROR_INVALID_ARGUMENT, &bp, &f.plan, &at);
+    bp = pools; bp.page_size = 8;                    /* plan built for another page size */
+    TCPU_REJECTS(MSKV_ERROR_INVALID_ARGUMENT, &bp, &f.plan, &at);
+    saved = f.indices[1]; f.indices[1] = f.num_pages; /* a page outside the pool */
+    TCPU_REJECTS(MSKV_ERROR_OUT_OF_RANGE, &pools, &f.plan, &at);
+    f.indices[1] = saved;
+    saved = f.kv_len[0]; f.kv_len[0] = 40;          /* more tokens than its pages hold */
+    TCPU_REJECTS(MSKV_ERROR_INVALID_ARGUMENT, &pools, &f.plan, &at);
+    f.kv_len[0] = saved;
+    plan = f.plan; plan.qo_indptr = qo_bad; plan.total_q = 10; /* causal queries past the sequence */
+    TCPU_REJECTS(MSKV_ERROR_INVALID_ARGUMENT, &pools, &plan, &at);
+#undef TCPU_REJECTS
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(NULL, &pools, &f.plan, &at, q, o, lse)); /* the fixture itself is fine */
+    tcpu_fix_free(&f);
+}
+
+/* ---- through the arena ------------------------------------------------------------- */
+
+/* K/V of absolute position p, head h, dim d: a fixed function, so the
+   reference can regenerate any position without a page table. */
+static float tcpu_kv_at(int kind, int64_t p, int32_t h, int32_t d) {
+    uint64_t s = ((uint64_t)p * 1315423911u) ^ ((uint64_t)h << 40) ^ ((uint64_t)d << 20) ^ (uint64_t)kind << 60;
+    s ^= s >> 29; s *= 0xbf58476d1ce4e5b9ull; s ^= s >> 32;
+    return (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* Writes a step's K/V through the plan (rows keyed by plan positions). */
+static mskv_result tcpu_write_step(mskv_arena *a, const mskv_plan *plan, int32_t kvh, int32_t D) {
+    int32_t t, h, d;
+    size_t n = (size_t)plan->total_q * (size_t)kvh * (size_t)D;
+    float *k = (float *)malloc(n * 4 + 4), *v = (float *)malloc(n * 4 + 4);
+    mskv_result r;
+    if (!k || !v) { free(k); free(v); return MSKV_ERROR_OUT_OF_MEMORY; }
+    for (t = 0; t < plan->total_q; t++)
+        for (h = 0; h < kvh; h++)
+            for (d = 0; d < D; d++) {
+                k[((size_t)t * kvh + h) * D + d] = tcpu_kv_at(0, plan->positions[t], h, d);
+                v[((size_t)t * kvh + h) * D + d] = tcpu_kv_at(1, plan->positions[t], h, d);
+            }
+    r = mskv_cpu_write_kv(a, 0, plan, k, v, MSKV_DTYPE_F32, NULL);
+    free(k); free(v);
+    return r;
+}
+
+TEST(after_release_with_a_protected_prefix_attention_sees_prefix_and_survivors) {
+    enum { P = 16, KVH = 2, D = 64, QH = 4, FIRST = 100, PREFIX = 20, RELEASE = 50, NEW = 8 };
+    mskv_arena_desc ad;
+    mskv_arena *a = NULL;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan_desc pd;
+    mskv_plan plan;
+    mskv_request_info info;
+    mskv_attn at = tcpu_attn(QH, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
+    int64_t released = 0, kept[256], pos;
+    int32_t nkept = 0, i, h, d, j;
+    float q[NEW * QH * D], o[NEW * QH * D], lse[NEW * QH];
+    memset(&ad, 0, sizeof ad);
+    ad.num_pages = 32; ad.page_size = P; ad.num_layers = 1; ad.kv_heads = KVH; ad.head_dim = D; ad.dtype = MSKV_DTYPE_F32;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &req));
+    memset(&pd, 0, sizeof pd);
+    pd.kind = MSKV_PLAN_SELF;
+    pd.pos_mode = MSKV_POS_1D;
+    memset(&plan, 0, sizeof plan);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 4, 256, 64, &plan));
+    /* step 1: 100 tokens written and committed */
+    seg.request = req; seg.n_tokens = FIRST;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &seg, 1, &pd, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_write_step(a, &plan, KVH, D));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_publish(a, &seg, 1, NULL));
+    /* protect 20 tokens (pages 0-1 whole: positions 0..31), release 50 live tokens
+       from position 32: the release point is 82, so pages [32,48) [48,64)
+       [64,80) go and [80,96) stays */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(a, req, PREFIX));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, req, RELEASE, &released));
+    EXPECT_EQ(48, released);
+    /* step 2: 8 new tokens attend causally */
+    seg.n_tokens = NEW;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &seg, 1, &pd, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_write_step(a, &plan, KVH, D));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(a, req, &info));
+    EXPECT_EQ(2, info.prefix_pages);
+    EXPECT_EQ(80, info.live_start);
+    for (pos = 0; pos < 32; pos++) kept[nkept++] = pos;
+    for (pos = 80; pos < FIRST + NEW; pos++) kept[nkept++] = pos;
+    EXPECT_EQ(nkept, plan.kv_len[0]);
+    for (i = 0; i < NEW; i++) EXPECT_EQ(FIRST + i, plan.positions[i]);
+    tcpu_srand(mt_seed());
+    for (i = 0; i < NEW * QH * D; i++) q[i] = (float)tcpu_uniform(-2, 2);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_attention(NULL, a, 0, &plan, &at, q, o, lse));
+    /* the reference: causal over exactly the kept positions */
+    for (i = 0; i < NEW; i++)
+        for (h = 0; h < QH; h++) {
+            double w[256], mx = -INFINITY, sum = 0, ref[D];
+            int64_t qp = FIRST + i;
+            int32_t n = 0;
+            for (j = 0; j < nkept; j++) {
+                double dot = 0;
+                if (kept[j] > qp) continue;
+                for (d = 0; d < D; d++) dot += (double)q[(i * QH + h) * D + d] * tcpu_kv_at(0, kept[j], h / (QH / KVH), d);
+                w[n] = dot / sqrt((double)D);
+                if (w[n] > mx) mx = w[n];
+                n++;
+            }
+            for (d = 0; d < D; d++) ref[d] = 0;
+            n = 0;
+            for (j = 0; j < nkept; j++) {
+                double e;
+                if (kept[j] > qp) continue;
+                e = exp(w[n++] - mx);
+                sum += e;
+                for (d = 0; d < D; d++) ref[d] += e * tcpu_kv_at(1, kept[j], h / (QH / KVH), d);
+            }
+            for (d = 0; d < D; d++)
+                if (fabs(ref[d] / sum - o[(i * QH + h) * D + d]) > 1e-5) {
+                    mt_fail(__FILE__, __LINE__, "query %d head %d dim %d: expected %.8g got %.8g", i, h, d, ref[d] / sum,
+                            (double)o[(i * QH + h) * D + d]);
+                    i = NEW; h = QH;
+                    break;
+                }
+            if (i < NEW) EXPECT_NEAR(mx + log(sum), lse[i * QH + h], 1e-5 * fabs(mx + log(sum)) + 1e-5);
+        }
+    EXPECT_EQ(MSKV_SUCCESS, mskv_commit(a, &seg, 1));
+    mskv_plan_free(a, &plan);
+    mskv_arena_destroy(a);
+}
