@@ -65,6 +65,11 @@
      [n_splits][total_q][q_heads], merged by mskv_lse_merge. A row that sees
      no key: o = 0, lse = -inf.
 
+   mskv_state_merge(o_a, lse_a, o_b, lse_b, rows, o, lse)
+     Merges two partial states (f32 o [rows][D], lse [rows]) into o, lse
+     (f32; may alias either input). Block 128 (one warp per row), grid
+     ceil(rows / 4).
+
    mskv_lse_merge(o_part, lse_part, n_parts, part_rows, rows, o, lse)
      o/lse of each of `rows` rows (row = token * heads + head) from n_parts
      partial states at o_part + p * part_rows * D, lse_part + p * part_rows.
@@ -96,6 +101,7 @@ MSKV_DEV void mskv_sync(void) { __syncthreads(); }
 /* A barrier the emulation can drop on purpose (planted-bug tests); always real here. */
 #define MSKV_SYNC_ID(id) __syncthreads()
 MSKV_DEV float mskv_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+MSKV_DEV void mskv_syncwarp(void) { __syncwarp(); }
 MSKV_DEV float mskv_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 MSKV_DEV float mskv_h2f(mskv_u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 MSKV_DEV mskv_u16 mskv_f2h(float f) { mskv_u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
@@ -132,7 +138,7 @@ struct __align__(16) mskv_v16 { mskv_u32 x, y, z, w; };
 #else
 /* Host C++: tests/emu/mskv_emu.h must be included first; it defines the same
    names (MSKV_KERNEL, MSKV_DEV, MSKV_SMEM, mskv_tid, mskv_sync, MSKV_SYNC_ID,
-   mskv_shfl_xor, mskv_exp2, conversions, mma, ldmatrix, cp.async, mskv_v16). */
+   mskv_shfl_xor, mskv_syncwarp, mskv_exp2, conversions, mma, ldmatrix, cp.async, mskv_v16). */
 #ifndef MSKV_EMU_H
 #error "kernels.cu: include tests/emu/mskv_emu.h before compiling the kernels on the host"
 #endif
@@ -356,6 +362,28 @@ MSKV_KERNEL void mskv_lse_merge(const float *o_part, const float *lse_part, int 
     }
     for (int i = 0; i < MSKV_D / 32; i++)
         mskv_store_el(o, row * MSKV_D + lane + 32 * i, sum > 0.0f ? acc[i] / sum : 0.0f);
+    if (lse && lane == 0) lse[row] = sum > 0.0f ? m + logf(sum) : mskv_neg_inf();
+}
+
+/* Two partial states over disjoint keys -> their union (f32 o, any aliasing
+   of o with o_a or o_b allowed: each element is read before it is written). */
+MSKV_KERNEL void mskv_state_merge(const float *o_a, const float *lse_a, const float *o_b, const float *lse_b,
+                                  mskv_i64 rows, float *o, float *lse) {
+    int lane = mskv_tid() & 31;
+    mskv_i64 row = (mskv_i64)mskv_bid_x() * 4 + (mskv_tid() >> 5);
+    float la, lb, m, wa, wb, sum;
+    if (row >= rows) return;
+    la = lse_a[row]; lb = lse_b[row];
+    m = fmaxf(la, lb);
+    wa = la == mskv_neg_inf() ? 0.0f : expf(la - m);
+    wb = lb == mskv_neg_inf() ? 0.0f : expf(lb - m);
+    sum = wa + wb;
+    for (int d = lane; d < MSKV_D; d += 32) {
+        mskv_i64 i = row * MSKV_D + d;
+        float x = (wa > 0.0f ? wa * o_a[i] : 0.0f) + (wb > 0.0f ? wb * o_b[i] : 0.0f);
+        o[i] = sum > 0.0f ? x / sum : 0.0f;
+    }
+    mskv_syncwarp();  /* every lane has read lse_a/lse_b[row] before it may be overwritten */
     if (lse && lane == 0) lse[row] = sum > 0.0f ? m + logf(sum) : mskv_neg_inf();
 }
 

@@ -285,3 +285,38 @@ TEST(lse_merge_weights_parts_by_their_lse_and_ignores_empty_ones) {
     }
     EXPECT_NEAR(0.0, err, 1e-5);
 }
+
+TEST(state_merge_of_two_parts_matches_the_formula_in_place) {
+    const int D = 64;
+    const mskv_i64 rows = 6;
+    std::mt19937 rng(17);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    std::vector<float> oa((size_t)rows * D), ob(oa.size()), la((size_t)rows), lb((size_t)rows);
+    for (auto &x : oa) x = uni(rng);
+    for (auto &x : ob) x = uni(rng);
+    for (auto &x : la) x = 4.0f * uni(rng);
+    for (auto &x : lb) x = 4.0f * uni(rng);
+    la[1] = -INFINITY;                      /* a empty: the result is b */
+    lb[2] = -INFINITY;                      /* b empty: the result is a */
+    la[3] = lb[3] = -INFINITY;              /* both empty: 0, -inf */
+    std::vector<float> a0(oa), la0(la);
+    ASSERT_TRUE(mskv_emu::launch(Dim3{(int)((rows + 3) / 4), 1, 1}, 128, 0, [&] {
+        ekv_f32::mskv_state_merge(oa.data(), la.data(), ob.data(), lb.data(), rows, oa.data(), la.data());
+    }));
+    double err = 0;
+    for (mskv_i64 r = 0; r < rows; r++) {
+        double m = std::max(la0[(size_t)r], lb[(size_t)r]);
+        double wa = std::isinf(la0[(size_t)r]) ? 0 : std::exp(la0[(size_t)r] - m), wb = std::isinf(lb[(size_t)r]) ? 0 : std::exp(lb[(size_t)r] - m);
+        if (wa + wb == 0) {
+            EXPECT_TRUE(std::isinf(la[(size_t)r]) && la[(size_t)r] < 0);
+            for (int d = 0; d < D; d++) EXPECT_EQ(0, oa[(size_t)r * D + d] != 0.0f);
+            continue;
+        }
+        err = std::max(err, std::fabs(la[(size_t)r] - (m + std::log(wa + wb))));
+        for (int d = 0; d < D; d++) {
+            size_t i = (size_t)r * D + d;
+            err = std::max(err, std::fabs(oa[i] - (wa * a0[i] + wb * ob[i]) / (wa + wb)));
+        }
+    }
+    EXPECT_NEAR(0.0, err, 1e-5);
+}

@@ -56,7 +56,7 @@ struct Config {
 };
 inline Config &cfg() { static Config c; return c; }
 
-enum Op { OP_NONE, OP_SHFL, OP_MMA_F16, OP_MMA_BF16, OP_LDSM, OP_LDSM_T };
+enum Op { OP_NONE, OP_SYNCWARP, OP_SHFL, OP_MMA_F16, OP_MMA_BF16, OP_LDSM, OP_LDSM_T };
 
 struct Pending { unsigned char *dst; unsigned char data[16]; int group; };
 
@@ -177,6 +177,8 @@ inline mskv_u16 f2b(float f) {
 inline void compute(Warp &w) {
     Config &c = cfg();
     switch (w.op) {
+    case OP_SYNCWARP:
+        break;
     case OP_SHFL:
         for (int l = 0; l < 32; l++) w.out[l][0] = w.in[l ^ (int)w.in[l][1]][0];
         break;
@@ -241,6 +243,8 @@ inline float shfl_xor(float v, int m) {
     rendezvous(w, OP_SHFL);
     return u2f(w.out[l][0]);
 }
+
+inline void syncwarp() { rendezvous(my_warp(), OP_SYNCWARP); }
 
 inline void mma(float d[4], const mskv_u32 a[4], const mskv_u32 b[2], bool bf) {
     Warp &w = my_warp();
@@ -368,6 +372,7 @@ MSKV_DEV int mskv_nblk_y(void) { return mskv_emu::st().gy; }
 MSKV_DEV void mskv_sync(void) { mskv_emu::sync(); }
 #define MSKV_SYNC_ID(id) do { if (mskv_emu::cfg().skip_barrier != (id)) mskv_emu::sync(); } while (0)
 MSKV_DEV float mskv_shfl_xor(float v, int m) { return mskv_emu::shfl_xor(v, m); }
+MSKV_DEV void mskv_syncwarp(void) { mskv_emu::syncwarp(); }
 MSKV_DEV float mskv_exp2(float x) { return std::exp2(x); }
 MSKV_DEV float mskv_h2f(mskv_u16 h) { return mskv_emu::h2f(h); }
 MSKV_DEV mskv_u16 mskv_f2h(float f) { return mskv_emu::f2h(f); }
