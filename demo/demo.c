@@ -1,0 +1,904 @@
+/* demo.c - windowed autoregressive video generation on an mstar_kv paged KV
+   cache, streamed to an .mp4.
+
+   A synthetic but honest model (no weights can be downloaded): an analytic
+   scene gives the true latent frames (demo_scene.h); the model produces each
+   window's frames by attention over the KV cache, starting from seeded noise
+   and refining over a few denoise steps; a causal decoder turns latents into
+   RGB frames on a second thread while the next window is denoised, and an
+   encoder writes them (demo_video.h). Everything that touches the cache goes
+   through the public API of mstar_kv.h.
+
+   The model. A token is a 2x2 patch of the 16-channel latent (head_dim 64).
+   Keys encode where a token is (frame, row, column); values are its latent
+   channels. A query encodes where the token came from: head 0 looks at the
+   previous frame (the band's motion, one step back), head 1 at the anchor
+   frame (the prompt frame in kv mode, the first conditioning frame in chained
+   mode, the motion traced back that far). The output is the mean of both
+   heads. The scale makes the softmax pick the exact key, so with a correct
+   cache the result reproduces the scene; a wrong, stale or lost K/V entry
+   shows up as a PSNR drop against the truth.
+
+   Denoising. A window starts from seeded noise. Every step writes the window's
+   K/V into its reserved slots (scratch until the chunk is committed) and
+   attends over the committed context plus the window itself (bidirectional),
+   then replaces the window's latents with the output: a Jacobi sweep in which
+   a window frame becomes exact one step after the frame before it.
+
+   Build (the Makefile does this):
+     cc -std=c99 -O2 $(pkg-config --cflags libavformat libavcodec libswscale libavutil) demo/demo.c \
+        -o build/demo $(pkg-config --libs libavformat libavcodec libswscale libavutil) -ldl -lpthread -lm
+   Without FFmpeg: cc -std=c99 -O2 -DMSKV_DEMO_NO_FFMPEG demo/demo.c -o build/demo -ldl -lpthread -lm */
+#define _POSIX_C_SOURCE 200809L
+#define MSTAR_KV_IMPLEMENTATION
+#include "../mstar_kv.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "demo_scene.h"
+#include "demo_video.h"
+
+#define DEMO_FPS 16
+#define DEMO_PSNR_MIN 40.0       /* dB against the analytic truth, both modes */
+#define DEMO_QUEUE_CAP 2         /* finished windows waiting for the decoder */
+#define DEMO_MAX_FRAMES 100000
+#define DEMO_MAX_SIDE 4096
+
+/* >>cli ----------------------------------------------------------------- */
+
+typedef enum demo_mode { DEMO_MODE_KV = 0, DEMO_MODE_CHAINED = 1 } demo_mode;
+typedef enum demo_backend_kind { DEMO_BACKEND_AUTO = 0, DEMO_BACKEND_CPU = 1, DEMO_BACKEND_CUDA = 2 } demo_backend_kind;
+typedef enum demo_break { DEMO_BREAK_NONE = 0, DEMO_BREAK_PAGE = 1, DEMO_BREAK_STALE = 2 } demo_break;
+
+typedef struct demo_cfg {
+    int frames, width, height, window, overlap, sink, context, steps, threads, page_size;
+    int offload, check, quiet;
+    demo_mode mode;
+    demo_backend_kind backend;
+    uint64_t seed;
+    const char *out;
+    const char *dump_raw;
+    demo_break brk;
+} demo_cfg;
+
+static void demo_help(void) {
+    printf(
+"usage: demo [options]\n"
+"Generates a video window by window with a small synthetic attention model whose\n"
+"memory is an mstar_kv paged KV cache, decodes it with a causal decoder on a second\n"
+"thread and writes an .mp4 (H.264 through FFmpeg; .y4m when built without FFmpeg).\n"
+"\n"
+"  -o FILE              output file (default demo.mp4; a .y4m name writes Y4M)\n"
+"  --frames N           pixel frames (default 81 = 21 latent frames; T latents\n"
+"                       decode to 1 + 4(T-1) frames)\n"
+"  --width N            pixels, a multiple of 16 (default 320)\n"
+"  --height N           pixels, a multiple of 16 (default 192)\n"
+"  --mode kv|chained    kv (default): each window attends to the earlier ones through\n"
+"                       the cache, which keeps --sink chunks and the last --context\n"
+"                       chunks and releases the rest, so memory stays flat;\n"
+"                       chained: each window is denoised on its own, conditioned on\n"
+"                       the previous window's last --overlap latent frames\n"
+"  --window N           latent frames per window (default 3; one chunk in kv mode)\n"
+"  --overlap N          chained mode: conditioning frames (default 1, 1..window-1)\n"
+"  --sink N             kv mode: leading chunks kept for good (default 1; the first\n"
+"                       holds the prompt frame)\n"
+"  --context N          kv mode: most recent chunks kept besides the sink (default 2)\n"
+"  --steps N            denoise steps per window (default 4); a window's j-th new\n"
+"                       frame is exact after j steps, so use at least --window\n"
+"  --backend B          cpu, cuda or auto (default auto: the CPU backend)\n"
+"  --threads N          attention threads (default: online cores, at most 8)\n"
+"  --offload            kv mode: park the cache in host memory between windows and\n"
+"                       reload it (the output is bit-identical: compare latent_hash)\n"
+"  --seed N             scene and noise seed (default 1)\n"
+"  --check              self-check, exit 1 if any part fails: exact frame count;\n"
+"                       windowed decode byte-identical to decoding the whole latent\n"
+"                       stream at once; PSNR against the analytic truth >= %.0f dB;\n"
+"                       kv mode: peak KV pages within the sink + window bound\n"
+"  -q                   no progress line\n"
+"  --help               this text\n"
+"\n"
+"Progress goes to stderr; the summary (key=value fields) to stdout.\n"
+"Exit status: 0 success, 1 failure, 2 usage error.\n", DEMO_PSNR_MIN);
+}
+
+static int demo_usage(const char *fmt, ...) {
+    va_list ap;
+    fputs("demo: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs(" (try --help)\n", stderr);
+    return 2;
+}
+
+static int demo_parse_int(const char *opt, const char *s, long lo, long hi, int *out) {
+    char *end = NULL;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || !end || end == s || *end || v < lo || v > hi)
+        return demo_usage("%s: expected an integer in [%ld, %ld], got '%s'", opt, lo, hi, s);
+    *out = (int)v;
+    return 0;
+}
+
+static int demo_default_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 8 ? 8 : (int)n;
+}
+
+/* 0 = run, 1 = --help shown, 2 = usage error (already reported) */
+static int demo_parse(int argc, char **argv, demo_cfg *c) {
+    int i;
+    const char *brk = getenv("MSKV_DEMO_BREAK");   /* a deliberately broken cache, to see --check fail */
+    memset(c, 0, sizeof(*c));
+    c->frames = 81; c->width = 320; c->height = 192; c->window = 3; c->overlap = -1;
+    c->sink = 1; c->context = 2; c->steps = 4; c->threads = demo_default_threads(); c->page_size = 16;
+    c->seed = 1; c->out = "demo.mp4";
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = NULL;
+        char name[32];
+        const char *eq = strchr(a, '=');
+        int *iv = NULL;
+        long lo = 1, hi = INT_MAX;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { demo_help(); return 1; }
+        if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { c->quiet = 1; continue; }
+        if (!strcmp(a, "--check")) { c->check = 1; continue; }
+        if (!strcmp(a, "--offload")) { c->offload = 1; continue; }
+        if (strncmp(a, "--", 2) != 0 && strcmp(a, "-o") != 0)
+            return demo_usage("unexpected argument '%s'", a);
+        if (eq && (size_t)(eq - a) < sizeof(name)) {
+            memcpy(name, a, (size_t)(eq - a));
+            name[eq - a] = 0;
+            val = eq + 1;
+        } else {
+            snprintf(name, sizeof(name), "%s", a);
+            if (i + 1 >= argc) return demo_usage("%s needs a value", a);
+            val = argv[++i];
+        }
+        if (!strcmp(name, "-o") || !strcmp(name, "--output")) { c->out = val; continue; }
+        if (!strcmp(name, "--dump-raw")) { c->dump_raw = val; continue; }   /* RGB24 frames, for the tests */
+        if (!strcmp(name, "--mode")) {
+            if (!strcmp(val, "kv")) c->mode = DEMO_MODE_KV;
+            else if (!strcmp(val, "chained")) c->mode = DEMO_MODE_CHAINED;
+            else return demo_usage("--mode: expected kv or chained, got '%s'", val);
+            continue;
+        }
+        if (!strcmp(name, "--backend")) {
+            if (!strcmp(val, "cpu")) c->backend = DEMO_BACKEND_CPU;
+            else if (!strcmp(val, "cuda")) c->backend = DEMO_BACKEND_CUDA;
+            else if (!strcmp(val, "auto")) c->backend = DEMO_BACKEND_AUTO;
+            else return demo_usage("--backend: expected cpu, cuda or auto, got '%s'", val);
+            continue;
+        }
+        if (!strcmp(name, "--seed")) {
+            char *end = NULL;
+            errno = 0;
+            c->seed = strtoull(val, &end, 0);
+            if (errno || !end || end == val || *end) return demo_usage("--seed: expected an unsigned integer, got '%s'", val);
+            continue;
+        }
+        if (!strcmp(name, "--frames")) { iv = &c->frames; hi = DEMO_MAX_FRAMES; }
+        else if (!strcmp(name, "--width")) { iv = &c->width; lo = 16; hi = DEMO_MAX_SIDE; }
+        else if (!strcmp(name, "--height")) { iv = &c->height; lo = 16; hi = DEMO_MAX_SIDE; }
+        else if (!strcmp(name, "--window")) { iv = &c->window; hi = 64; }
+        else if (!strcmp(name, "--overlap")) { iv = &c->overlap; lo = 0; hi = 63; }
+        else if (!strcmp(name, "--sink")) { iv = &c->sink; lo = 0; hi = 64; }
+        else if (!strcmp(name, "--context")) { iv = &c->context; lo = 0; hi = 64; }
+        else if (!strcmp(name, "--steps")) { iv = &c->steps; hi = 64; }
+        else if (!strcmp(name, "--threads")) { iv = &c->threads; hi = 256; }
+        else if (!strcmp(name, "--page-size")) { iv = &c->page_size; hi = 65536; }
+        else return demo_usage("unknown option '%s'", name);
+        if (demo_parse_int(name, val, lo, hi, iv) != 0) return 2;
+    }
+    if (c->width % (DEMO_UP * DEMO_P) || c->height % (DEMO_UP * DEMO_P))
+        return demo_usage("--width and --height must be multiples of %d (8x decoder, 2x2 patches), got %dx%d",
+                          DEMO_UP * DEMO_P, c->width, c->height);
+    if (c->overlap < 0) c->overlap = c->mode == DEMO_MODE_CHAINED ? 1 : 0;
+    if (c->mode == DEMO_MODE_KV) {
+        if (c->overlap != 0) return demo_usage("kv mode: windows do not overlap (context comes through the cache); drop --overlap");
+        if (c->sink < 1) return demo_usage("kv mode: --sink must be >= 1 (the model anchors to the prompt frame in the sink)");
+        if (c->context < 1) return demo_usage("kv mode: --context must be >= 1 (each window reads the frame before it)");
+    } else {
+        if (c->overlap < 1 || c->overlap >= c->window)
+            return demo_usage("chained mode: --overlap must be in [1, window-1] = [1, %d] (a window sees only its conditioning frames)", c->window - 1);
+        if (c->window < 2) return demo_usage("chained mode: --window must be >= 2");
+        if (c->offload) return demo_usage("--offload needs --mode kv (chained windows keep nothing between windows)");
+    }
+    if (brk && *brk) {
+        if (!strcmp(brk, "page")) c->brk = DEMO_BREAK_PAGE;
+        else if (!strcmp(brk, "stale")) c->brk = DEMO_BREAK_STALE;
+        else return demo_usage("MSKV_DEMO_BREAK: expected page or stale, got '%s'", brk);
+    }
+    return 0;
+}
+
+/* >>backend ---------------------------------------------------------------
+   The model's only calls into a compute backend. The GPU layer adds a second
+   table here (device store + kernels) without touching the model. */
+typedef struct demo_backend {
+    const char *name;
+    void *impl;
+    mskv_result (*write_kv)(void *impl, mskv_arena *a, const mskv_plan *p, const float *k, const float *v);
+    mskv_result (*attend)(void *impl, mskv_arena *a, const mskv_plan *p, const mskv_attn *attn, const float *q, float *o);
+    void (*destroy)(void *impl);
+} demo_backend;
+
+static mskv_result demo_cpu_write(void *impl, mskv_arena *a, const mskv_plan *p, const float *k, const float *v) {
+    (void)impl;
+    return mskv_cpu_write_kv(a, 0, p, k, v, MSKV_DTYPE_F32, NULL);
+}
+
+static mskv_result demo_cpu_attend(void *impl, mskv_arena *a, const mskv_plan *p, const mskv_attn *attn,
+                                   const float *q, float *o) {
+    return mskv_cpu_attention((mskv_cpu *)impl, a, 0, p, attn, q, o, NULL);
+}
+
+static void demo_cpu_destroy(void *impl) { mskv_cpu_destroy((mskv_cpu *)impl); }
+
+static int demo_backend_open(demo_backend *b, demo_backend_kind kind, int threads, char *why, size_t cap) {
+    memset(b, 0, sizeof(*b));
+    if (kind == DEMO_BACKEND_CUDA) {
+        snprintf(why, cap, "--backend cuda: the CUDA backend is not built into this demo yet; use --backend cpu");
+        return -1;
+    }
+    {
+        mskv_cpu_desc d;
+        mskv_cpu *cpu = NULL;
+        mskv_result r;
+        memset(&d, 0, sizeof(d));
+        d.num_threads = threads;
+        r = mskv_cpu_create(&d, &cpu);
+        if (r != MSKV_SUCCESS) {
+            snprintf(why, cap, "CPU backend: %s", mskv_result_string(r));
+            return -1;
+        }
+        b->name = "cpu";
+        b->impl = cpu;
+        b->write_kv = demo_cpu_write;
+        b->attend = demo_cpu_attend;
+        b->destroy = demo_cpu_destroy;
+    }
+    return 0;
+}
+
+/* >>queue ---------------------------------------------------------------- */
+
+/* One finished window for the decoder thread: latent frames [first, first+n),
+   the first `trim` of them context to decode again and drop. */
+typedef struct demo_job {
+    int64_t window, first, n, trim;
+    float *lat;
+} demo_job;
+
+typedef struct demo_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t not_full, not_empty;
+    demo_job *items[DEMO_QUEUE_CAP];
+    int head, count, closed;
+} demo_queue;
+
+static void demo_queue_push(demo_queue *q, demo_job *j) {
+    pthread_mutex_lock(&q->mu);
+    while (q->count == DEMO_QUEUE_CAP) pthread_cond_wait(&q->not_full, &q->mu);
+    q->items[(q->head + q->count) % DEMO_QUEUE_CAP] = j;
+    q->count++;
+    pthread_cond_signal(&q->not_empty);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static void demo_queue_close(demo_queue *q) {
+    pthread_mutex_lock(&q->mu);
+    q->closed = 1;
+    pthread_cond_broadcast(&q->not_empty);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* NULL once the queue is closed and empty */
+static demo_job *demo_queue_pop(demo_queue *q) {
+    demo_job *j = NULL;
+    pthread_mutex_lock(&q->mu);
+    while (q->count == 0 && !q->closed) pthread_cond_wait(&q->not_empty, &q->mu);
+    if (q->count > 0) {
+        j = q->items[q->head];
+        q->head = (q->head + 1) % DEMO_QUEUE_CAP;
+        q->count--;
+        pthread_cond_signal(&q->not_full);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return j;
+}
+
+/* >>output thread --------------------------------------------------------- */
+
+typedef struct demo_out {
+    const demo_cfg *cfg;
+    const demo_scene *scene;
+    const demo_decoder *dec;
+    demo_writer *writer;
+    FILE *raw;
+    demo_queue *queue;
+    int64_t frames;            /* pixel frames the video has */
+    int64_t next;              /* next pixel frame expected */
+    double sse;                /* squared error against the truth, all channels */
+    unsigned char *kept;       /* --check: every frame written, for the whole-stream comparison */
+    unsigned char *truth;      /* truth frames of the current window */
+    int64_t truth_first, truth_n, truth_cap;
+    float *c3, *tmp, *truth_lat;
+    unsigned char *rgb;
+    int failed;
+    char err[256];
+} demo_out;
+
+static int demo_keep_truth(void *user, int64_t p, const unsigned char *rgb) {
+    demo_out *o = (demo_out *)user;
+    size_t fb = o->scene->g.rgb_bytes;
+    if (o->truth_n == 0) o->truth_first = p;
+    if (p != o->truth_first + o->truth_n || o->truth_n >= o->truth_cap) return -1;
+    memcpy(o->truth + (size_t)o->truth_n * fb, rgb, fb);
+    o->truth_n++;
+    return 0;
+}
+
+static int demo_emit(void *user, int64_t p, const unsigned char *rgb) {
+    demo_out *o = (demo_out *)user;
+    size_t fb = o->scene->g.rgb_bytes, i;
+    const unsigned char *t;
+    if (p != o->next) {
+        snprintf(o->err, sizeof(o->err), "decoder produced frame %lld where %lld was due", (long long)p, (long long)o->next);
+        return -1;
+    }
+    if (p < o->truth_first || p >= o->truth_first + o->truth_n) {
+        snprintf(o->err, sizeof(o->err), "no truth frame for frame %lld", (long long)p);
+        return -1;
+    }
+    t = o->truth + (size_t)(p - o->truth_first) * fb;
+    for (i = 0; i < fb; i++) {
+        double d = (double)rgb[i] - (double)t[i];
+        o->sse += d * d;
+    }
+    if (demo_writer_frame(o->writer, rgb) != 0) {
+        snprintf(o->err, sizeof(o->err), "%s", o->writer->err);
+        return -1;
+    }
+    if (o->raw && fwrite(rgb, 1, fb, o->raw) != fb) {
+        snprintf(o->err, sizeof(o->err), "--dump-raw: write failed");
+        return -1;
+    }
+    if (o->kept) memcpy(o->kept + (size_t)p * fb, rgb, fb);
+    o->next++;
+    return 0;
+}
+
+static void *demo_out_main(void *arg) {
+    demo_out *o = (demo_out *)arg;
+    const demo_geom *g = &o->scene->g;
+    demo_job *j;
+    while ((j = demo_queue_pop(o->queue)) != NULL) {
+        if (!o->failed) {
+            int64_t i;
+            /* the truth through the same decoder, for the PSNR */
+            for (i = 0; i < j->n; i++) demo_scene_truth(o->scene, j->first + i, o->truth_lat + (size_t)i * g->lat_floats);
+            o->truth_n = 0;
+            if (demo_decode(o->dec, o->truth_lat, j->first, j->n, j->trim, o->frames, o->c3, o->tmp, o->rgb,
+                            demo_keep_truth, o) != 0) {
+                snprintf(o->err, sizeof(o->err), "window %lld: decoding the truth failed", (long long)j->window);
+                o->failed = 1;
+            } else if (demo_decode(o->dec, j->lat, j->first, j->n, j->trim, o->frames, o->c3, o->tmp, o->rgb,
+                                   demo_emit, o) != 0) {
+                if (!o->err[0]) snprintf(o->err, sizeof(o->err), "window %lld: decode failed", (long long)j->window);
+                o->failed = 1;
+            }
+        }
+        free(j->lat);
+        free(j);
+    }
+    return NULL;
+}
+
+/* >>model ----------------------------------------------------------------- */
+
+typedef struct demo_run {
+    demo_cfg cfg;
+    demo_geom g;
+    demo_scene scene;
+    demo_feat feat;
+    demo_backend be;
+    mskv_arena *arena;
+    mskv_plan plan;
+    mskv_schedule sched;
+    int64_t T;               /* latent frames in the video */
+    int64_t T_gen;           /* latent frames generated (the last window may pass T) */
+    float *lat;              /* [T_gen][lat_floats] every generated latent frame */
+    float *q, *k, *v, *o, *x;
+    int32_t num_pages, peak_pages, page_bound;
+    int64_t pages_freed, released_tokens, offloads;
+    char err[512];
+} demo_run;
+
+static int demo_fail(demo_run *r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->err, sizeof(r->err), fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+#define DEMO_TRY(r, call, what)                                                         \
+    do {                                                                                \
+        mskv_result demo__res = (call);                                                 \
+        if (demo__res != MSKV_SUCCESS)                                                  \
+            return demo_fail((r), "%s: %s", (what), mskv_result_string(demo__res));     \
+    } while (0)
+
+static double demo_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int demo_live_pages(demo_run *r) {
+    mskv_arena_stats st;
+    if (mskv_arena_stats_get(r->arena, &st) != MSKV_SUCCESS) return -1;
+    if (st.live_pages > r->peak_pages) r->peak_pages = st.live_pages;
+    return st.live_pages;
+}
+
+static int demo_wrap(int64_t v, int n) {
+    int64_t m = v % n;
+    return (int)(m < 0 ? m + n : m);
+}
+
+/* Queries of nfr frames starting at f0: head 0 targets the previous frame,
+   head 1 the anchor frame, both where the token's band was then. */
+static void demo_build_queries(demo_run *r, int64_t f0, int nfr, int64_t anchor) {
+    const demo_geom *g = &r->g;
+    int i, row, col;
+    for (i = 0; i < nfr; i++)
+        for (row = 0; row < g->gh; row++)
+            for (col = 0; col < g->gw; col++) {
+                int64_t f = f0 + i, vel = r->scene.band_v[row];
+                size_t t = (size_t)i * g->tpf + (size_t)row * g->gw + (size_t)col;
+                float *q0 = r->q + t * 2u * (size_t)g->dim, *q1 = q0 + g->dim;
+                demo_feat_encode(&r->feat, f - 1, row, demo_wrap(col - vel, g->gw), q0);
+                demo_feat_encode(&r->feat, anchor, row, demo_wrap(col - vel * (f - anchor), g->gw), q1);
+            }
+}
+
+/* Keys from the plan's 3-D positions (frame relative to base_frame), after
+   checking they are the tokens the model thinks it is writing. */
+static int demo_build_keys(demo_run *r, const mskv_plan *p, int64_t base_frame, int64_t f0, int nfr) {
+    const demo_geom *g = &r->g;
+    int64_t n = (int64_t)nfr * g->tpf, t;
+    char why[256];
+    if (p->total_q != n || p->batch != 1) return demo_fail(r, "plan has %d queries, expected %lld", p->total_q, (long long)n);
+    if (mskv_plan_validate(p, r->num_pages, why, sizeof(why)) != MSKV_SUCCESS)
+        return demo_fail(r, "invalid plan: %s", why);
+    for (t = 0; t < n; t++) {
+        int64_t frame = base_frame + p->positions[3 * t];
+        int row = p->positions[3 * t + 1], col = p->positions[3 * t + 2];
+        if (frame != f0 + t / g->tpf || row != (int)((t % g->tpf) / g->gw) || col != (int)(t % g->gw))
+            return demo_fail(r, "plan position of token %lld is (%lld,%d,%d), expected frame %lld", (long long)t,
+                             (long long)frame, row, col, (long long)(f0 + t / g->tpf));
+        demo_feat_encode(&r->feat, frame, row, col, r->k + (size_t)t * g->dim);
+    }
+    return 0;
+}
+
+/* Denoises the window state r->x (nfr latent frames from f0, the first
+   `clamp` of them given) over the open reservation: session (kv mode) or
+   seg (chained). */
+static int demo_denoise(demo_run *r, mskv_session *sess, const mskv_segment *seg, int64_t base_frame,
+                        int64_t f0, int nfr, int clamp, int64_t anchor, int64_t window) {
+    const demo_geom *g = &r->g;
+    size_t dim = (size_t)g->dim;
+    int64_t n = (int64_t)nfr * g->tpf;
+    mskv_plan_desc pd;
+    mskv_attn at;
+    uint64_t rng = demo_mix64(r->cfg.seed * 0x9E37ull + (uint64_t)window);
+    size_t i;
+    int s, f;
+    memset(&pd, 0, sizeof(pd));
+    pd.kind = MSKV_PLAN_SELF;
+    pd.pos_mode = MSKV_POS_3D;
+    pd.grid_h = g->gh;
+    pd.grid_w = g->gw;
+    memset(&at, 0, sizeof(at));
+    at.q_heads = 2;
+    at.scale = r->feat.scale;
+    at.mask = MSKV_MASK_NONE;     /* bidirectional: the window sees itself */
+    at.q_dtype = MSKV_DTYPE_F32;
+    for (f = clamp; f < nfr; f++)   /* seeded noise */
+        for (i = 0; i < g->lat_floats; i++) r->x[(size_t)f * g->lat_floats + i] = demo_gauss(&rng);
+    demo_build_queries(r, f0, nfr, anchor);
+    for (s = 0; s < r->cfg.steps; s++) {
+        if (sess) DEMO_TRY(r, mskv_session_plan(sess, &pd, &r->plan), "plan");
+        else DEMO_TRY(r, mskv_plan_build(r->arena, seg, 1, &pd, &r->plan), "plan");
+        if (s == 0 && demo_build_keys(r, &r->plan, base_frame, f0, nfr) != 0) return -1;
+        for (f = 0; f < nfr; f++)
+            demo_patchify(g, r->x + (size_t)f * g->lat_floats, r->v + (size_t)f * g->tpf * dim);
+        if (!(r->cfg.brk == DEMO_BREAK_STALE && s > 0))
+            DEMO_TRY(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write K/V");
+        DEMO_TRY(r, r->be.attend(r->be.impl, r->arena, &r->plan, &at, r->q, r->o), "attention");
+        for (i = 0; i < (size_t)n; i++) {   /* the two heads' mean, back into the v buffer */
+            const float *o0 = r->o + i * 2u * dim, *o1 = o0 + dim;
+            size_t d;
+            for (d = 0; d < dim; d++) r->v[i * dim + d] = 0.5f * (o0[d] + o1[d]);
+        }
+        for (f = clamp; f < nfr; f++)
+            demo_unpatchify(g, r->v + (size_t)f * g->tpf * dim, r->x + (size_t)f * g->lat_floats);
+    }
+    /* The clean pass: the slots still hold the K/V of the state before the
+       last step; later windows must read the final frames, so write those
+       (a real model runs one more forward at noise level 0 for this). */
+    if (sess && r->cfg.brk != DEMO_BREAK_STALE) {
+        for (f = 0; f < nfr; f++)
+            demo_patchify(g, r->x + (size_t)f * g->lat_floats, r->v + (size_t)f * g->tpf * dim);
+        DEMO_TRY(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write K/V");
+    }
+    return 0;
+}
+
+/* MSKV_DEMO_BREAK=page: scribble over the V of the request's newest page,
+   the kind of damage a wrong page id or lost offload bytes would do. */
+static int demo_break_page(demo_run *r, mskv_request req) {
+    int32_t pages[4096], count = 0;
+    mskv_store_info si;
+    unsigned char *pool = (unsigned char *)mskv_store_pool(r->arena, 0, 1);
+    float *p;
+    size_t i;
+    mskv_result res = mskv_request_pages(r->arena, req, pages, 4096, &count);
+    if ((res != MSKV_SUCCESS && res != MSKV_ERROR_CAPACITY) || count < 1 || count > 4096 || !pool ||
+        mskv_store_info_get(r->arena, &si) != MSKV_SUCCESS)
+        return demo_fail(r, "MSKV_DEMO_BREAK=page: no page to break");
+    p = (float *)(pool + (size_t)pages[count - 1] * si.page_bytes);
+    for (i = 0; i < si.page_bytes / sizeof(float); i++) p[i] = 3.0f;
+    fprintf(stderr, "demo: MSKV_DEMO_BREAK=page: overwrote the V of page %d\n", (int)pages[count - 1]);
+    return 0;
+}
+
+static int demo_push_window(demo_run *r, demo_queue *q, int64_t k) {
+    mskv_decode_span ds;
+    demo_job *j;
+    DEMO_TRY(r, mskv_schedule_decode_span(&r->sched, k, 1, &ds), "decode span");
+    j = (demo_job *)calloc(1, sizeof(*j));
+    if (!j) return demo_fail(r, "out of memory");
+    j->window = k;
+    j->first = ds.in_start;
+    j->n = ds.in_end - ds.in_start;
+    j->trim = ds.trim;
+    j->lat = (float *)malloc((size_t)j->n * r->g.lat_floats * sizeof(float));
+    if (!j->lat) { free(j); return demo_fail(r, "out of memory"); }
+    memcpy(j->lat, r->lat + (size_t)j->first * r->g.lat_floats, (size_t)j->n * r->g.lat_floats * sizeof(float));
+    demo_queue_push(q, j);
+    return 0;
+}
+
+static void demo_progress(const demo_run *r, int64_t k, int64_t committed_latents, double t0, int live) {
+    int64_t px = committed_latents <= 0 ? 0 : 1 + DEMO_TR * (committed_latents - 1);
+    double dt = demo_now() - t0;
+    if (r->cfg.quiet) return;
+    if (px > r->cfg.frames) px = r->cfg.frames;
+    fprintf(stderr, "%swindow %lld/%lld  frames %lld/%d  %.1f fps  kv pages %d (peak %d)%s",
+            isatty(2) ? "\r" : "", (long long)(k + 1), (long long)r->sched.count, (long long)px, r->cfg.frames,
+            dt > 0 ? (double)px / dt : 0.0, live, r->peak_pages, isatty(2) ? "  " : "\n");
+    fflush(stderr);
+}
+
+static int demo_audit(demo_run *r) {
+    char why[256];
+    if (r->cfg.check && mskv_arena_audit(r->arena, why, sizeof(why)) != MSKV_SUCCESS)
+        return demo_fail(r, "arena audit: %s", why);
+    return 0;
+}
+
+static int demo_run_kv(demo_run *r, demo_queue *q, double t0) {
+    const demo_geom *g = &r->g;
+    mskv_retention ret;
+    mskv_session sess;
+    mskv_request req;
+    mskv_window w;
+    int64_t chunk = (int64_t)r->cfg.window * g->tpf, k;
+    char why[256];
+    memset(&ret, 0, sizeof(ret));
+    ret.chunk_size = chunk;
+    ret.sink_chunks = r->cfg.sink;
+    ret.window_chunks = r->cfg.context;
+    if (mskv_retention_validate(&ret, r->cfg.page_size, why, sizeof(why)) != MSKV_SUCCESS)
+        return demo_fail(r, "retention: %s", why);
+    DEMO_TRY(r, mskv_request_add(r->arena, &req), "add request");
+    DEMO_TRY(r, mskv_session_init(&sess, r->arena, req, &ret), "session");
+    for (k = 0; k < r->sched.count; k++) {
+        int before, after, clamp = k == 0 ? 1 : 0;
+        DEMO_TRY(r, mskv_schedule_window(&r->sched, k, &w), "schedule");
+        if (r->cfg.offload && k > 0) DEMO_TRY(r, mskv_request_reload(r->arena, req), "reload");
+        DEMO_TRY(r, mskv_session_begin_chunk(&sess, chunk), "begin chunk");
+        if (clamp) demo_scene_truth(&r->scene, 0, r->x);   /* the prompt frame */
+        if (demo_denoise(r, &sess, NULL, 0, w.start, r->cfg.window, clamp, 0, k) != 0) return -1;
+        before = demo_live_pages(r);
+        DEMO_TRY(r, mskv_session_commit_chunk(&sess, NULL), "commit chunk");
+        after = demo_live_pages(r);
+        if (before > after) r->pages_freed += before - after;
+        memcpy(r->lat + (size_t)w.start * g->lat_floats, r->x, (size_t)r->cfg.window * g->lat_floats * sizeof(float));
+        if (r->cfg.brk == DEMO_BREAK_PAGE && k == 1 && demo_break_page(r, req) != 0) return -1;
+        if (demo_audit(r) != 0 || demo_push_window(r, q, k) != 0) return -1;
+        demo_progress(r, k, w.commit_end, t0, after);
+        if (r->cfg.offload && k + 1 < r->sched.count) {
+            DEMO_TRY(r, mskv_request_offload(r->arena, req), "offload");
+            r->offloads++;
+        }
+    }
+    r->released_tokens = sess.released_total;
+    DEMO_TRY(r, mskv_request_remove(r->arena, req), "remove request");
+    return 0;
+}
+
+static int demo_run_chained(demo_run *r, demo_queue *q, double t0) {
+    const demo_geom *g = &r->g;
+    mskv_plan_desc pd;
+    mskv_window w;
+    int64_t k;
+    memset(&pd, 0, sizeof(pd));
+    pd.kind = MSKV_PLAN_SELF;
+    pd.pos_mode = MSKV_POS_3D;
+    pd.grid_h = g->gh;
+    pd.grid_w = g->gw;
+    for (k = 0; k < r->sched.count; k++) {
+        mskv_request req;
+        mskv_segment seg;
+        int64_t c0, c1, i;
+        int nnew, live;
+        DEMO_TRY(r, mskv_schedule_window(&r->sched, k, &w), "schedule");
+        /* conditioning: the previous window's tail; for window 0, the prompt frame */
+        c0 = k == 0 ? 0 : w.cond_start;
+        c1 = k == 0 ? 1 : w.cond_end;
+        if (k == 0) demo_scene_truth(&r->scene, 0, r->lat);
+        nnew = (int)(w.end - c1);
+        DEMO_TRY(r, mskv_request_add(r->arena, &req), "add request");
+        seg.request = req;
+        seg.n_tokens = (c1 - c0) * g->tpf;
+        DEMO_TRY(r, mskv_admit(r->arena, &seg, 1), "admit conditioning");
+        DEMO_TRY(r, mskv_plan_build(r->arena, &seg, 1, &pd, &r->plan), "plan conditioning");
+        if (demo_build_keys(r, &r->plan, c0, c0, (int)(c1 - c0)) != 0) return -1;
+        for (i = c0; i < c1; i++)
+            demo_patchify(g, r->lat + (size_t)i * g->lat_floats, r->v + (size_t)(i - c0) * g->tpf * g->dim);
+        DEMO_TRY(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write conditioning K/V");
+        DEMO_TRY(r, mskv_commit(r->arena, &seg, 1), "commit conditioning");
+        DEMO_TRY(r, mskv_publish(r->arena, &seg, 1, NULL), "publish");
+        if (r->cfg.brk == DEMO_BREAK_PAGE && k == 1 && demo_break_page(r, req) != 0) return -1;
+        seg.n_tokens = (int64_t)nnew * g->tpf;
+        DEMO_TRY(r, mskv_admit(r->arena, &seg, 1), "admit window");
+        live = demo_live_pages(r);
+        if (demo_denoise(r, NULL, &seg, c0, c1, nnew, 0, c0, k) != 0) return -1;
+        DEMO_TRY(r, mskv_commit(r->arena, &seg, 1), "commit window");
+        DEMO_TRY(r, mskv_publish(r->arena, &seg, 1, NULL), "publish");
+        memcpy(r->lat + (size_t)c1 * g->lat_floats, r->x, (size_t)nnew * g->lat_floats * sizeof(float));
+        if (demo_audit(r) != 0) return -1;
+        DEMO_TRY(r, mskv_request_remove(r->arena, req), "remove request");
+        r->pages_freed += live;
+        if (demo_push_window(r, q, k) != 0) return -1;
+        demo_progress(r, k, w.commit_end, t0, live);
+    }
+    return 0;
+}
+
+/* >>main ------------------------------------------------------------------ */
+
+typedef struct demo_cmp {
+    const unsigned char *kept;
+    size_t fb;
+    int64_t count, first_bad;
+} demo_cmp;
+
+static int demo_cmp_frame(void *user, int64_t p, const unsigned char *rgb) {
+    demo_cmp *c = (demo_cmp *)user;
+    if (p != c->count || memcmp(c->kept + (size_t)p * c->fb, rgb, c->fb) != 0) {
+        if (c->first_bad < 0) c->first_bad = p;
+    }
+    c->count++;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    demo_run run, *r = &run;
+    demo_decoder dec;
+    demo_queue queue;
+    demo_writer writer;
+    demo_out out;
+    pthread_t thread;
+    mskv_arena_desc ad;
+    mskv_window last;
+    char why[256], path[4096];
+    double t0, secs, psnr = 0.0;
+    int rc, ok = 1, thread_started = 0, writer_open = 0, chk_frames = 1, chk_decode = 1, chk_psnr = 1, chk_pages = 1;
+    int64_t chunk_tokens, max_q;
+    uint64_t lat_hash;
+    memset(r, 0, sizeof(*r));
+    memset(&dec, 0, sizeof(dec));
+    memset(&out, 0, sizeof(out));
+    memset(&writer, 0, sizeof(writer));
+    rc = demo_parse(argc, argv, &r->cfg);
+    if (rc == 1) return 0;
+    if (rc != 0) return 2;
+    if (r->cfg.backend == DEMO_BACKEND_CUDA) {
+        fprintf(stderr, "demo: --backend cuda: the CUDA backend is not built into this demo yet; use --backend cpu\n");
+        return 1;
+    }
+    demo_geom_init(&r->g, r->cfg.width, r->cfg.height);
+    r->T = demo_latents_for_frames(r->cfg.frames);
+    if (mskv_schedule_init(&r->sched, r->T, r->cfg.window, r->cfg.mode == DEMO_MODE_CHAINED ? r->cfg.overlap : 0) != MSKV_SUCCESS ||
+        mskv_schedule_window(&r->sched, r->sched.count - 1, &last) != MSKV_SUCCESS) {
+        fprintf(stderr, "demo: invalid window schedule (window %d, overlap %d)\n", r->cfg.window, r->cfg.overlap);
+        return 2;
+    }
+    r->T_gen = last.end;
+    if (demo_feat_init(&r->feat, &r->g, r->T_gen) != 0)
+        return demo_usage("%dx%d over %lld latent frames needs more than head_dim %d can encode; use a smaller size",
+                          r->cfg.width, r->cfg.height, (long long)r->T_gen, r->g.dim);
+
+    /* the arena: in kv mode exactly the pages the sink + window bound allows,
+       so a cache that failed to release would run out of pages */
+    chunk_tokens = (int64_t)r->cfg.window * r->g.tpf;
+    memset(&ad, 0, sizeof(ad));
+    ad.page_size = r->cfg.page_size;
+    ad.num_layers = 1;
+    ad.kv_heads = 1;
+    ad.head_dim = r->g.dim;
+    ad.dtype = MSKV_DTYPE_F32;
+    if (r->cfg.mode == DEMO_MODE_KV) {
+        int64_t ps = r->cfg.page_size;
+        int64_t bound = (r->cfg.sink * chunk_tokens + ps - 1) / ps + ((r->cfg.context + 1) * chunk_tokens + ps - 1) / ps + 2;
+        r->page_bound = (int32_t)bound;
+    } else {
+        r->page_bound = (int32_t)((chunk_tokens + r->g.tpf + r->cfg.page_size - 1) / r->cfg.page_size + 2);
+    }
+    ad.num_pages = r->page_bound + 1;   /* + the null page */
+    r->num_pages = ad.num_pages;
+    max_q = chunk_tokens;
+    if (demo_scene_init(&r->scene, &r->g, r->cfg.seed) != 0 || demo_decoder_init(&dec, &r->scene) != 0) {
+        fprintf(stderr, "demo: out of memory\n");
+        return 1;
+    }
+    r->lat = (float *)calloc((size_t)r->T_gen * r->g.lat_floats, sizeof(float));
+    r->q = (float *)malloc((size_t)max_q * 2u * r->g.dim * sizeof(float));
+    r->o = (float *)malloc((size_t)max_q * 2u * r->g.dim * sizeof(float));
+    r->k = (float *)malloc((size_t)max_q * r->g.dim * sizeof(float));
+    r->v = (float *)malloc((size_t)max_q * r->g.dim * sizeof(float));
+    r->x = (float *)malloc((size_t)r->cfg.window * r->g.lat_floats * sizeof(float));
+    if (!r->lat || !r->q || !r->o || !r->k || !r->v || !r->x) { fprintf(stderr, "demo: out of memory\n"); return 1; }
+    {
+        mskv_result res = mskv_arena_create(&ad, &r->arena);
+        if (res == MSKV_SUCCESS) res = mskv_plan_alloc(r->arena, 1, (int32_t)max_q, ad.num_pages, &r->plan);
+        if (res != MSKV_SUCCESS) { fprintf(stderr, "demo: arena: %s\n", mskv_result_string(res)); return 1; }
+    }
+    if (demo_backend_open(&r->be, r->cfg.backend, r->cfg.threads, why, sizeof(why)) != 0) {
+        fprintf(stderr, "demo: %s\n", why);
+        return 1;
+    }
+
+    /* output */
+    snprintf(path, sizeof(path), "%s", r->cfg.out);
+#ifdef MSKV_DEMO_NO_FFMPEG
+    if (demo_ends_with(path, ".mp4") && strlen(path) + 1 < sizeof(path)) {
+        strcpy(path + strlen(path) - 4, ".y4m");
+        fprintf(stderr, "demo: built without FFmpeg: writing %s instead of %s\n", path, r->cfg.out);
+    }
+#endif
+    if (demo_writer_open(&writer, path, r->g.width, r->g.height, DEMO_FPS) != 0) {
+        fprintf(stderr, "demo: %s: %s\n", path, writer.err);
+        demo_writer_close(&writer, 0);
+        return 1;
+    }
+    writer_open = 1;
+    out.cfg = &r->cfg;
+    out.scene = &r->scene;
+    out.dec = &dec;
+    out.writer = &writer;
+    out.queue = &queue;
+    out.frames = r->cfg.frames;
+    {
+        size_t span = (size_t)r->cfg.window + 1;   /* a window's latents plus one of context */
+        size_t plane = (size_t)r->g.lw * r->g.lh * 3u;
+        out.truth_cap = (int64_t)span * DEMO_TR + 1;
+        out.truth = (unsigned char *)malloc((size_t)out.truth_cap * r->g.rgb_bytes);
+        out.truth_lat = (float *)malloc(span * r->g.lat_floats * sizeof(float));
+        out.c3 = (float *)malloc(span * plane * sizeof(float));
+        out.tmp = (float *)malloc(plane * sizeof(float));
+        out.rgb = (unsigned char *)malloc(r->g.rgb_bytes);
+        if (r->cfg.check) out.kept = (unsigned char *)malloc((size_t)r->cfg.frames * r->g.rgb_bytes);
+        if (!out.truth || !out.truth_lat || !out.c3 || !out.tmp || !out.rgb || (r->cfg.check && !out.kept)) {
+            fprintf(stderr, "demo: out of memory\n");
+            return 1;
+        }
+    }
+    if (r->cfg.dump_raw && !(out.raw = fopen(r->cfg.dump_raw, "wb"))) {
+        fprintf(stderr, "demo: --dump-raw: cannot open %s\n", r->cfg.dump_raw);
+        return 1;
+    }
+    memset(&queue, 0, sizeof(queue));
+    pthread_mutex_init(&queue.mu, NULL);
+    pthread_cond_init(&queue.not_full, NULL);
+    pthread_cond_init(&queue.not_empty, NULL);
+    if (pthread_create(&thread, NULL, demo_out_main, &out) != 0) {
+        fprintf(stderr, "demo: cannot start the decoder thread\n");
+        return 1;
+    }
+    thread_started = 1;
+
+    /* generate */
+    t0 = demo_now();
+    rc = r->cfg.mode == DEMO_MODE_KV ? demo_run_kv(r, &queue, t0) : demo_run_chained(r, &queue, t0);
+    if (!r->cfg.quiet && isatty(2)) fputc('\n', stderr);
+    demo_queue_close(&queue);
+    if (thread_started) pthread_join(thread, NULL);
+    secs = demo_now() - t0;
+    if (rc != 0) { fprintf(stderr, "demo: %s\n", r->err); ok = 0; }
+    if (out.failed) { fprintf(stderr, "demo: %s\n", out.err); ok = 0; }
+    if (out.raw && fclose(out.raw) != 0) { fprintf(stderr, "demo: --dump-raw: write failed\n"); ok = 0; }
+    if (writer_open && demo_writer_close(&writer, ok) != 0) { fprintf(stderr, "demo: %s: %s\n", path, writer.err); ok = 0; }
+    if (!ok) return 1;
+
+    /* summary */
+    {
+        double mse = out.sse / ((double)out.next * (double)r->g.rgb_bytes);
+        psnr = mse > 0.0 ? 10.0 * log10(255.0 * 255.0 / mse) : INFINITY;
+    }
+    lat_hash = demo_fnv(DEMO_FNV_INIT, r->lat, (size_t)r->T * r->g.lat_floats * sizeof(float));
+    printf("demo: mode=%s backend=%s threads=%d size=%dx%d latent=%dx%dx%d tokens_per_frame=%d head_dim=%d "
+           "window=%d %s=%d steps=%d\n",
+           r->cfg.mode == DEMO_MODE_KV ? "kv" : "chained", r->be.name, r->cfg.threads, r->g.width, r->g.height,
+           r->g.lw, r->g.lh, DEMO_C, r->g.tpf, r->g.dim, r->cfg.window,
+           r->cfg.mode == DEMO_MODE_KV ? "sink" : "overlap", r->cfg.mode == DEMO_MODE_KV ? r->cfg.sink : r->cfg.overlap,
+           r->cfg.steps);
+    printf("demo: frames=%lld latents=%lld windows=%lld seconds=%.2f fps=%.1f\n", (long long)out.next,
+           (long long)r->T, (long long)r->sched.count, secs, secs > 0 ? (double)out.next / secs : 0.0);
+    printf("demo: page_size=%d peak_pages=%d page_bound=%d pages_freed=%lld released_tokens=%lld offloads=%lld\n",
+           r->cfg.page_size, r->peak_pages, r->page_bound, (long long)r->pages_freed, (long long)r->released_tokens,
+           (long long)r->offloads);
+    printf("demo: psnr_db=%.2f psnr_min_db=%.0f latent_hash=%016llx\n", psnr, DEMO_PSNR_MIN, (unsigned long long)lat_hash);
+    printf("demo: wrote %s (%s, %lld frames, %dx%d, %d fps)\n", path, writer.codec, (long long)writer.frames,
+           r->g.width, r->g.height, DEMO_FPS);
+
+    if (r->cfg.check) {
+        demo_cmp c;
+        float *c3 = (float *)malloc((size_t)r->T * r->g.lw * r->g.lh * 3u * sizeof(float));
+        chk_frames = out.next == r->cfg.frames && writer.frames == r->cfg.frames;
+        c.kept = out.kept;
+        c.fb = r->g.rgb_bytes;
+        c.count = 0;
+        c.first_bad = -1;
+        chk_decode = c3 && demo_decode(&dec, r->lat, 0, r->T, 0, r->cfg.frames, c3, out.tmp, out.rgb, demo_cmp_frame, &c) == 0 &&
+                     c.count == r->cfg.frames && c.first_bad < 0;
+        free(c3);
+        chk_psnr = psnr >= DEMO_PSNR_MIN;
+        chk_pages = r->cfg.mode != DEMO_MODE_KV || r->peak_pages <= r->page_bound;
+        printf("check: frames=%lld/%d %s, windowed_decode=%s %s, psnr %.2f >= %.0f %s, kv_pages %d <= %d %s: %s\n",
+               (long long)out.next, r->cfg.frames, chk_frames ? "ok" : "FAIL",
+               chk_decode ? "identical" : "differs", chk_decode ? "ok" : "FAIL",
+               psnr, DEMO_PSNR_MIN, chk_psnr ? "ok" : "FAIL",
+               r->peak_pages, r->page_bound, chk_pages ? "ok" : "FAIL",
+               chk_frames && chk_decode && chk_psnr && chk_pages ? "PASS" : "FAIL");
+    }
+    fflush(stdout);
+    r->be.destroy(r->be.impl);
+    mskv_plan_free(r->arena, &r->plan);
+    mskv_arena_destroy(r->arena);
+    demo_decoder_free(&dec);
+    demo_scene_free(&r->scene);
+    free(r->lat); free(r->q); free(r->o); free(r->k); free(r->v); free(r->x);
+    free(out.truth); free(out.truth_lat); free(out.c3); free(out.tmp); free(out.rgb); free(out.kept);
+    pthread_mutex_destroy(&queue.mu);
+    pthread_cond_destroy(&queue.not_full);
+    pthread_cond_destroy(&queue.not_empty);
+    return chk_frames && chk_decode && chk_psnr && chk_pages ? 0 : 1;
+}
