@@ -1,0 +1,710 @@
+/* Model-based randomised test of the host core.
+
+   A shadow model follows >= 10^5 random operations per seed (add, remove,
+   fork, admit, commit, abort, protect, release, offload, reload,
+   export/import, publish, retire) on a small arena. It predicts each call's
+   result code, and after every operation the audit must pass and every
+   request's counts, page-table length, kv_len, slots and prefix epoch must
+   equal the model's. Physical page ids come from the arena; the model checks
+   they are distinct across requests except pages a fork shares (same
+   absolute page, fully committed, same bytes), that no page is taken from
+   the pending set in FENCED mode, and that the stats add up. Every written
+   token carries a value derived from (writer, position) in the host store,
+   and the bytes are checked after fork, reload and import (and periodically
+   for every request). */
+#include <stdlib.h>
+#include "mskv_test.h"
+#include "../mstar_kv.h"
+
+#define MTM_MAXREQ 8
+#define MTM_MAXPAGES 200
+#define MTM_MAXP 7
+#define MTM_MAXTOK (MTM_MAXPAGES * MTM_MAXP)
+#define MTM_DIM 4
+
+#ifdef MSKV_TEST_SANITIZED
+#define MTM_SEEDS 2
+#else
+#define MTM_SEEDS 4
+#endif
+#define MTM_OPS 100000L
+
+typedef struct mtm_req {
+    int used;
+    mskv_request h;
+    uint32_t uid;                  /* writer id: new tokens carry (uid, position) */
+    int64_t committed, reserved, prefix, live_start;
+    int has_res, offloaded;
+    int epoch_moves;               /* the last operation must have moved the epoch */
+    uint64_t epoch;
+    int32_t ntab;                  /* table length (host pages while offloaded) */
+    int32_t tab[MTM_MAXPAGES];     /* physical ids; -1 = not yet observed */
+    uint32_t exp[MTM_MAXTOK];      /* expected value per compacted index */
+    int check_bytes;
+} mtm_req;
+
+typedef struct mtm {
+    mskv_arena *a;
+    int32_t P, num_pages;
+    int fenced;
+    mtm_req r[MTM_MAXREQ];
+    uint8_t live[MTM_MAXPAGES], pending[MTM_MAXPAGES];
+    uint64_t pend_tag[MTM_MAXPAGES];
+    uint64_t rng;
+    uint32_t next_uid;
+    mskv_request stale[8];
+    int nstale;
+    long op;
+    const char *op_name;
+    int bad;
+    int32_t scratch[MTM_MAXPAGES];
+    long counts[16];               /* successful operations by kind, to show the walk went everywhere */
+} mtm;
+
+static uint64_t mtm_rand(mtm *m) {
+    uint64_t x = m->rng;
+    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+    m->rng = x;
+    return x * 2685821657736338717ull;
+}
+static int64_t mtm_below(mtm *m, int64_t n) { return n <= 0 ? 0 : (int64_t)(mtm_rand(m) % (uint64_t)n); }
+
+/* Reports the first failure of a seed with enough context to replay it. */
+#define MTM_CHECK(m, cond, ...)                                                              \
+    do {                                                                                     \
+        if (!(cond) && !(m)->bad) {                                                          \
+            (m)->bad = 1;                                                                    \
+            mt_fail(__FILE__, __LINE__, "op %ld (%s): %s", (m)->op, (m)->op_name, #cond);   \
+            mt_fail(__FILE__, __LINE__, __VA_ARGS__);                                        \
+        }                                                                                    \
+    } while (0)
+
+/* ---- the model's arithmetic (from DESIGN.md and the header) ---- */
+
+static int32_t mtm_pp(const mtm *m, const mtm_req *q) { return (int32_t)((q->prefix + m->P - 1) / m->P); }
+static int32_t mtm_entries(const mtm *m, const mtm_req *q, int64_t total) {
+    int32_t live = total > q->live_start ? (int32_t)((total - q->live_start + m->P - 1) / m->P) : 0;
+    return mtm_pp(m, q) + live;
+}
+static int64_t mtm_kv_len(const mtm *m, const mtm_req *q) {
+    int64_t total = q->committed + q->reserved, split = (int64_t)mtm_pp(m, q) * m->P;
+    return (total < split ? total : split) + (total > q->live_start ? total - q->live_start : 0);
+}
+static int mtm_gap(const mtm *m, const mtm_req *q) { return q->live_start > (int64_t)mtm_pp(m, q) * m->P; }
+
+/* Compacted index of an absolute position, or the error the slot lookup must give. */
+static mskv_result mtm_compact(const mtm *m, const mtm_req *q, int64_t pos, int64_t *j) {
+    int64_t split = (int64_t)mtm_pp(m, q) * m->P;
+    if (q->offloaded) return MSKV_ERROR_OFFLOADED;
+    if (pos < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (pos >= q->committed + q->reserved) return MSKV_ERROR_NOT_WRITTEN;
+    if (pos < split) { *j = pos; return MSKV_SUCCESS; }
+    if (pos < q->live_start) return MSKV_ERROR_RELEASED;
+    *j = split + pos - q->live_start;
+    return MSKV_SUCCESS;
+}
+static int64_t mtm_abs(const mtm *m, const mtm_req *q, int64_t j) {
+    int64_t split = (int64_t)mtm_pp(m, q) * m->P;
+    return j < split ? j : j - split + q->live_start;
+}
+
+static uint32_t mtm_value(uint32_t uid, int64_t pos) {
+    uint32_t x = uid * 0x9E3779B1u ^ (uint32_t)pos * 0x85EBCA77u;
+    x ^= x >> 15; x *= 0x2C1B3C6Du; x ^= x >> 12;
+    return x & 0x7FFFFu;  /* + small d stays exact in f32 */
+}
+
+static int32_t mtm_free(const mtm *m) {
+    int32_t i, used = 0;
+    for (i = 1; i < m->num_pages; i++) used += m->live[i] || m->pending[i];
+    return m->num_pages - 1 - used;
+}
+
+static int mtm_count_used(const mtm *m) {
+    int i, n = 0;
+    for (i = 0; i < MTM_MAXREQ; i++) n += m->r[i].used;
+    return n;
+}
+
+/* ---- bytes ---- */
+
+static void mtm_write_token(mtm *m, const mtm_req *q, int64_t j) {
+    float *k = (float *)mskv_store_pool(m->a, 0, 0), *v = (float *)mskv_store_pool(m->a, 0, 1);
+    int64_t slot = (int64_t)q->tab[j / m->P] * m->P + j % m->P;
+    int d;
+    for (d = 0; d < MTM_DIM; d++) {
+        k[slot * MTM_DIM + d] = (float)(q->exp[j] + (uint32_t)d);
+        v[slot * MTM_DIM + d] = (float)(q->exp[j] ^ (uint32_t)(d + 1) * 0x101u);
+    }
+}
+
+static void mtm_check_bytes(mtm *m, const mtm_req *q) {
+    const float *k = (const float *)mskv_store_pool(m->a, 0, 0), *v = (const float *)mskv_store_pool(m->a, 0, 1);
+    int64_t j, n = mtm_kv_len(m, q);
+    int d;
+    for (j = 0; j < n && !m->bad; j++) {
+        int64_t slot = (int64_t)q->tab[j / m->P] * m->P + j % m->P;
+        for (d = 0; d < MTM_DIM; d++) {
+            MTM_CHECK(m, k[slot * MTM_DIM + d] == (float)(q->exp[j] + (uint32_t)d) &&
+                             v[slot * MTM_DIM + d] == (float)(q->exp[j] ^ (uint32_t)(d + 1) * 0x101u),
+                      "request %u position %lld (compacted %lld, slot %lld): wrong bytes", q->h.id,
+                      (long long)mtm_abs(m, q, j), (long long)j, (long long)slot);
+        }
+    }
+}
+
+/* ---- verification after every operation ---- */
+
+static void mtm_verify(mtm *m) {
+    char why[256];
+    mskv_arena_stats st;
+    int i;
+    int32_t p, nlive = 0, npend = 0;
+    uint8_t now[MTM_MAXPAGES];
+    why[0] = '\0';
+    MTM_CHECK(m, mskv_arena_audit(m->a, why, sizeof why) == MSKV_SUCCESS, "audit: %s", why);
+    memset(now, 0, sizeof now);
+    for (i = 0; i < MTM_MAXREQ && !m->bad; i++) {
+        mtm_req *q = &m->r[i];
+        mskv_request_info inf;
+        int32_t count = -1, k;
+        if (!q->used) continue;
+        MTM_CHECK(m, mskv_request_info_get(m->a, q->h, &inf) == MSKV_SUCCESS, "info of request %u", q->h.id);
+        if (m->bad) return;
+        MTM_CHECK(m, inf.committed == q->committed && inf.reserved == q->reserved &&
+                         inf.has_reservation == q->has_res && inf.prefix_tokens == q->prefix &&
+                         inf.prefix_pages == mtm_pp(m, q) && inf.live_start == q->live_start &&
+                         inf.location == (q->offloaded ? MSKV_OFFLOADED : MSKV_RESIDENT),
+                  "request %u: library (committed %lld reserved %lld res %d prefix %lld/%d live_start %lld loc %d) "
+                  "model (%lld %lld %d %lld/%d %lld %d)", q->h.id, (long long)inf.committed, (long long)inf.reserved,
+                  inf.has_reservation, (long long)inf.prefix_tokens, inf.prefix_pages, (long long)inf.live_start,
+                  (int)inf.location, (long long)q->committed, (long long)q->reserved, q->has_res, (long long)q->prefix,
+                  mtm_pp(m, q), (long long)q->live_start, q->offloaded);
+        if (q->epoch_moves) MTM_CHECK(m, inf.prefix_epoch != q->epoch, "request %u: epoch did not move", q->h.id);
+        else MTM_CHECK(m, inf.prefix_epoch == q->epoch, "request %u: epoch moved", q->h.id);
+        q->epoch = inf.prefix_epoch;
+        q->epoch_moves = 0;
+        if (q->offloaded) continue;
+        MTM_CHECK(m, inf.num_pages == q->ntab && inf.kv_len == mtm_kv_len(m, q),
+                  "request %u: pages %d kv_len %lld, model %d %lld", q->h.id, inf.num_pages, (long long)inf.kv_len,
+                  q->ntab, (long long)mtm_kv_len(m, q));
+        MTM_CHECK(m, mskv_request_pages(m->a, q->h, m->scratch, MTM_MAXPAGES, &count) == MSKV_SUCCESS && count == q->ntab,
+                  "request %u: table of %d entries, model %d", q->h.id, count, q->ntab);
+        if (m->bad) return;
+        for (k = 0; k < count; k++) {
+            int32_t id = m->scratch[k];
+            MTM_CHECK(m, id > 0 && id < m->num_pages, "request %u entry %d: page %d", q->h.id, k, id);
+            if (m->bad) return;
+            /* entries the operation did not touch keep their ids */
+            MTM_CHECK(m, q->tab[k] < 0 || q->tab[k] == id, "request %u entry %d: page %d became %d", q->h.id, k, q->tab[k], id);
+            /* a new page is never one still waiting for its fence */
+            MTM_CHECK(m, q->tab[k] >= 0 || (!m->live[id] && !m->pending[id]), "request %u got page %d, which was %s",
+                      q->h.id, id, m->live[id] ? "live" : "pending");
+            q->tab[k] = id;
+            now[id] = 1;
+        }
+    }
+    if (m->bad) return;
+    /* pages that left every table become pending (FENCED) or free */
+    for (p = 1; p < m->num_pages; p++) {
+        if (m->live[p] && !now[p] && m->fenced) {
+            m->pending[p] = 1;
+            m->pend_tag[p] = mskv_arena_step(m->a);
+        }
+        if (now[p]) m->pending[p] = 0;
+        m->live[p] = now[p];
+        nlive += now[p];
+        npend += m->pending[p];
+    }
+    MTM_CHECK(m, mskv_arena_stats_get(m->a, &st) == MSKV_SUCCESS, "stats");
+    MTM_CHECK(m, st.live_pages == nlive && st.pending_pages == npend && st.free_pages == m->num_pages - 1 - nlive - npend &&
+                     st.requests == mtm_count_used(m),
+              "stats live %d pending %d free %d requests %d, model %d %d %d %d", st.live_pages, st.pending_pages,
+              st.free_pages, st.requests, nlive, npend, m->num_pages - 1 - nlive - npend, mtm_count_used(m));
+    {
+        int64_t off = 0;
+        for (i = 0; i < MTM_MAXREQ; i++)
+            if (m->r[i].used && m->r[i].offloaded) off += m->r[i].ntab;
+        MTM_CHECK(m, st.offloaded_pages == off, "offloaded pages %lld, model %lld", (long long)st.offloaded_pages, (long long)off);
+    }
+    /* a page in two tables: a fork's shared page, same absolute page, fully committed, same tokens */
+    for (i = 0; i < MTM_MAXREQ && !m->bad; i++) {
+        const mtm_req *q = &m->r[i];
+        int i2, k, k2;
+        if (!q->used || q->offloaded) continue;
+        for (i2 = i + 1; i2 < MTM_MAXREQ && !m->bad; i2++) {
+            const mtm_req *o = &m->r[i2];
+            if (!o->used || o->offloaded) continue;
+            for (k = 0; k < q->ntab; k++)
+                for (k2 = 0; k2 < o->ntab; k2++) {
+                    int64_t a1, a2, t;
+                    if (q->tab[k] != o->tab[k2]) continue;
+                    a1 = mtm_abs(m, q, (int64_t)k * m->P);
+                    a2 = mtm_abs(m, o, (int64_t)k2 * m->P);
+                    MTM_CHECK(m, a1 == a2 && a1 + m->P <= q->committed && a2 + m->P <= o->committed,
+                              "page %d shared by requests %u (from %lld) and %u (from %lld)", q->tab[k], q->h.id,
+                              (long long)a1, o->h.id, (long long)a2);
+                    for (t = 0; t < m->P && !m->bad; t++)
+                        MTM_CHECK(m, q->exp[(int64_t)k * m->P + t] == o->exp[(int64_t)k2 * m->P + t],
+                                  "page %d shared by requests %u and %u with different tokens", q->tab[k], q->h.id, o->h.id);
+                }
+        }
+    }
+    /* slots: the edges of every region and a few random positions */
+    for (i = 0; i < MTM_MAXREQ && !m->bad; i++) {
+        const mtm_req *q = &m->r[i];
+        int64_t probes[10], split = (int64_t)mtm_pp(m, q) * m->P, total = q->committed + q->reserved;
+        int k;
+        if (!q->used) continue;
+        probes[0] = 0; probes[1] = split - 1; probes[2] = split; probes[3] = q->live_start - 1;
+        probes[4] = q->live_start; probes[5] = total - 1; probes[6] = total;
+        probes[7] = mtm_below(m, total + 2); probes[8] = mtm_below(m, total + 2); probes[9] = -1;
+        for (k = 0; k < 10 && !m->bad; k++) {
+            int64_t j = -1, slot = -1;
+            mskv_result want = mtm_compact(m, q, probes[k], &j);
+            mskv_result got = mskv_request_slot(m->a, q->h, probes[k], &slot);
+            if (probes[k] < 0 && want != MSKV_ERROR_OFFLOADED) {
+                MTM_CHECK(m, got != MSKV_SUCCESS, "slot of position -1 succeeded");
+                continue;
+            }
+            MTM_CHECK(m, got == want, "request %u slot(%lld): expected %d, got %d", q->h.id, (long long)probes[k], (int)want, (int)got);
+            if (want == MSKV_SUCCESS)
+                MTM_CHECK(m, slot == (int64_t)q->tab[j / m->P] * m->P + j % m->P, "request %u slot(%lld) = %lld",
+                          q->h.id, (long long)probes[k], (long long)slot);
+        }
+    }
+    for (i = 0; i < MTM_MAXREQ && !m->bad; i++) {
+        mtm_req *q = &m->r[i];
+        if (q->used && !q->offloaded && (q->check_bytes || (m->op & 255) == 0)) mtm_check_bytes(m, q);
+        q->check_bytes = 0;
+    }
+}
+
+/* ---- operations ---- */
+
+static mtm_req *mtm_pick(mtm *m) {
+    int i, n = mtm_count_used(m), k;
+    if (n == 0) return NULL;
+    k = (int)mtm_below(m, n);
+    for (i = 0; i < MTM_MAXREQ; i++)
+        if (m->r[i].used && k-- == 0) return &m->r[i];
+    return NULL;
+}
+
+static mtm_req *mtm_slot_free(mtm *m) {
+    int i;
+    for (i = 0; i < MTM_MAXREQ; i++)
+        if (!m->r[i].used) return &m->r[i];
+    return NULL;
+}
+
+/* Expected result when the model sees `nviol` violated conditions: exactly
+   one names the code; several leave the order open, but the call must fail. */
+/* The digest hashes host copies too, so it is taken only when a failure is predicted. */
+static uint64_t mtm_digest_if(mtm *m, int nviol) { return nviol ? mskv_arena_digest(m->a) : 0; }
+
+static void mtm_expect(mtm *m, mskv_result got, int nviol, mskv_result want, uint64_t digest_before) {
+    if (nviol == 0) MTM_CHECK(m, got == MSKV_SUCCESS, "expected success, got %d (%s)", (int)got, mskv_result_string(got));
+    else if (nviol == 1) MTM_CHECK(m, got == want, "expected %d, got %d", (int)want, (int)got);
+    else MTM_CHECK(m, got != MSKV_SUCCESS, "expected a failure, got success");
+    if (nviol > 0) MTM_CHECK(m, mskv_arena_digest(m->a) == digest_before, "a failed call changed the state");
+}
+
+static void mtm_new_req(mtm *m, mtm_req *q, mskv_request h) {
+    memset(q, 0, sizeof *q);
+    q->used = 1;
+    q->h = h;
+    q->uid = ++m->next_uid;
+    q->epoch_moves = 0;
+}
+
+static void mtm_adopt_epoch(mtm *m, mtm_req *q) {
+    mskv_request_info inf;
+    if (mskv_request_info_get(m->a, q->h, &inf) == MSKV_SUCCESS) q->epoch = inf.prefix_epoch;
+}
+
+static void mtm_op_add(mtm *m) {
+    mtm_req *q = mtm_slot_free(m);
+    mskv_request h;
+    uint64_t d = mtm_digest_if(m, q == NULL);
+    mskv_result e;
+    m->op_name = "add";
+    e = mskv_request_add(m->a, &h);
+    mtm_expect(m, e, q ? 0 : 1, MSKV_ERROR_TOO_MANY_REQUESTS, d);
+    if (e == MSKV_SUCCESS && q) {
+        mtm_new_req(m, q, h);
+        mtm_adopt_epoch(m, q);
+        m->counts[0]++;
+    }
+}
+
+static void mtm_op_remove(mtm *m) {
+    mtm_req *q = mtm_pick(m);
+    m->op_name = "remove";
+    if (!q) return;
+    MTM_CHECK(m, mskv_request_remove(m->a, q->h) == MSKV_SUCCESS, "remove of request %u", q->h.id);
+    if (m->nstale < 8) m->stale[m->nstale++] = q->h;
+    else m->stale[mtm_below(m, 8)] = q->h;
+    q->used = 0;
+    m->counts[1]++;
+}
+
+static void mtm_op_stale(mtm *m) {
+    mskv_segment s;
+    uint64_t d = mskv_arena_digest(m->a);
+    int64_t slot;
+    m->op_name = "stale handle";
+    if (m->nstale == 0) return;
+    s.request = m->stale[mtm_below(m, m->nstale)];
+    s.n_tokens = 1;
+    mtm_expect(m, mskv_admit(m->a, &s, 1), 1, MSKV_ERROR_INVALID_HANDLE, d);
+    mtm_expect(m, mskv_request_remove(m->a, s.request), 1, MSKV_ERROR_INVALID_HANDLE, d);
+    mtm_expect(m, mskv_request_slot(m->a, s.request, 0, &slot), 1, MSKV_ERROR_INVALID_HANDLE, d);
+    mtm_expect(m, mskv_request_reload(m->a, s.request), 1, MSKV_ERROR_INVALID_HANDLE, d);
+}
+
+static void mtm_op_fork(mtm *m) {
+    mtm_req *p = mtm_pick(m), *c = mtm_slot_free(m);
+    mskv_request h;
+    uint64_t d;
+    int nviol = 0;
+    mskv_result want = MSKV_SUCCESS, e;
+    int32_t need;
+    m->op_name = "fork";
+    if (!p) return;
+    need = (p->ntab > 0 && p->committed % m->P != 0) ? 1 : 0;
+    if (p->offloaded) { nviol++; want = MSKV_ERROR_OFFLOADED; }
+    if (p->has_res) { nviol++; want = MSKV_ERROR_RESERVATION_PENDING; }
+    if (!c) { nviol++; want = MSKV_ERROR_TOO_MANY_REQUESTS; }
+    if (!p->offloaded && need > mtm_free(m)) { nviol++; want = MSKV_ERROR_OUT_OF_PAGES; }
+    d = mtm_digest_if(m, nviol);
+    e = mskv_request_fork(m->a, p->h, &h);
+    mtm_expect(m, e, nviol, want, d);
+    if (e != MSKV_SUCCESS || nviol) return;
+    mtm_new_req(m, c, h);
+    c->committed = p->committed;
+    c->prefix = p->prefix;
+    c->live_start = p->live_start;
+    c->ntab = p->ntab;
+    memcpy(c->tab, p->tab, sizeof c->tab);
+    memcpy(c->exp, p->exp, sizeof c->exp);
+    if (need) c->tab[c->ntab - 1] = -1;  /* the partial page is a fresh copy */
+    c->check_bytes = 1;
+    mtm_adopt_epoch(m, c);
+    m->counts[2]++;
+}
+
+static void mtm_op_admit(mtm *m) {
+    mskv_segment s[3];
+    mtm_req *qs[3];
+    int n = 1 + (int)mtm_below(m, 3), k, k2, nviol = 0, sloppy = mtm_below(m, 10) == 0;
+    int64_t need = 0;
+    uint64_t d;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "admit";
+    for (k = 0; k < n; k++) {
+        int tries = 0;
+        do qs[k] = mtm_pick(m);
+        while (!sloppy && qs[k] && (qs[k]->offloaded || qs[k]->has_res) && ++tries < 8);
+        if (!qs[k] || (!sloppy && (qs[k]->offloaded || qs[k]->has_res))) { n = k; break; }
+        for (k2 = 0; k2 < k && !sloppy; k2++)
+            if (qs[k2] == qs[k]) break;
+        if (!sloppy && k2 < k) { n = k; break; }
+        s[k].request = qs[k]->h;
+        s[k].n_tokens = 1 + mtm_below(m, mtm_below(m, 4) == 0 ? 6 * m->P : m->P + 1);
+    }
+    if (n == 0) return;
+    for (k = 0; k < n; k++) {
+        mtm_req *q = qs[k];
+        for (k2 = 0; k2 < k; k2++)
+            if (qs[k2] == q) { nviol++; want = MSKV_ERROR_DUPLICATE; }
+        if (q->offloaded) { nviol++; want = MSKV_ERROR_OFFLOADED; }
+        else if (q->has_res) { nviol++; want = MSKV_ERROR_RESERVATION_PENDING; }
+        else need += mtm_entries(m, q, q->committed + s[k].n_tokens) - q->ntab;
+    }
+    if (nviol == 0 && need > mtm_free(m)) { nviol++; want = MSKV_ERROR_OUT_OF_PAGES; }
+    d = mtm_digest_if(m, nviol);
+    e = mskv_admit(m->a, s, n);
+    mtm_expect(m, e, nviol, want, d);
+    if (e != MSKV_SUCCESS || nviol) return;
+    for (k = 0; k < n; k++) {
+        mtm_req *q = qs[k];
+        int32_t old = q->ntab, t;
+        int64_t pos;
+        q->reserved = s[k].n_tokens;
+        q->has_res = 1;
+        q->ntab = mtm_entries(m, q, q->committed + q->reserved);
+        for (t = old; t < q->ntab; t++) q->tab[t] = -1;
+        /* learn the new ids now so the tokens can be written at their slots */
+        if (mskv_request_pages(m->a, q->h, m->scratch, MTM_MAXPAGES, &t) != MSKV_SUCCESS || t != q->ntab) {
+            MTM_CHECK(m, 0, "request %u: table after admit", q->h.id);
+            return;
+        }
+        for (t = 0; t < old; t++) MTM_CHECK(m, q->tab[t] == m->scratch[t], "admit changed an old entry");
+        for (t = old; t < q->ntab; t++) {
+            MTM_CHECK(m, !m->pending[m->scratch[t]] && !m->live[m->scratch[t]], "admit took page %d, which is not free", m->scratch[t]);
+            q->tab[t] = m->scratch[t];
+        }
+        for (pos = q->committed; pos < q->committed + q->reserved; pos++) {
+            int64_t j = 0;
+            if (mtm_compact(m, q, pos, &j) != MSKV_SUCCESS) continue;
+            q->exp[j] = mtm_value(q->uid, pos);
+            mtm_write_token(m, q, j);
+        }
+    }
+    m->counts[3]++;
+}
+
+/* The requests with an open reservation, each once (sloppy: maybe one without). */
+static int mtm_open_batch(mtm *m, mskv_segment *s, mtm_req **qs, int *nviol) {
+    int i, n = 0;
+    *nviol = 0;
+    for (i = 0; i < MTM_MAXREQ; i++) {
+        mtm_req *q = &m->r[i];
+        if (!q->used) continue;
+        if (q->has_res ? mtm_below(m, 4) != 0 : mtm_below(m, 40) == 0) {
+            if (!q->has_res) (*nviol)++;
+            s[n].request = q->h;
+            s[n].n_tokens = q->reserved;
+            qs[n++] = q;
+        }
+    }
+    return n;
+}
+
+static void mtm_op_commit(mtm *m, int abort_it) {
+    mskv_segment s[MTM_MAXREQ];
+    mtm_req *qs[MTM_MAXREQ];
+    int n, nviol, k;
+    uint64_t d;
+    mskv_result e;
+    m->op_name = abort_it ? "abort" : "commit";
+    n = mtm_open_batch(m, s, qs, &nviol);
+    if (n == 0) return;
+    d = mtm_digest_if(m, nviol);
+    e = abort_it ? mskv_abort(m->a, s, n) : mskv_commit(m->a, s, n);
+    mtm_expect(m, e, nviol, MSKV_ERROR_NO_RESERVATION, d);
+    if (e != MSKV_SUCCESS || nviol) return;
+    for (k = 0; k < n; k++) {
+        mtm_req *q = qs[k];
+        if (!abort_it) q->committed += q->reserved;
+        q->reserved = 0;
+        q->has_res = 0;
+        q->ntab = mtm_entries(m, q, q->committed);
+    }
+    m->counts[abort_it ? 5 : 4]++;
+}
+
+static void mtm_op_protect(mtm *m) {
+    mtm_req *q = mtm_pick(m);
+    int64_t n;
+    int32_t newpp;
+    int nviol = 0;
+    uint64_t d;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "protect";
+    if (!q) return;
+    n = mtm_below(m, 8) == 0 ? q->committed + 1 + mtm_below(m, 3) : mtm_below(m, q->committed + 1);
+    if (mtm_below(m, 3) == 0) n = q->prefix + mtm_below(m, 3) - 1;  /* near the current prefix */
+    if (n < 0) n = 0;
+    newpp = (int32_t)((n + m->P - 1) / m->P);
+    if (q->offloaded) { nviol++; want = MSKV_ERROR_OFFLOADED; }
+    else if (n > q->committed) { nviol++; want = MSKV_ERROR_OUT_OF_RANGE; }
+    else if (n != q->prefix && mtm_gap(m, q) && newpp != mtm_pp(m, q)) nviol += 2;  /* code left open by the header */
+    d = mtm_digest_if(m, nviol);
+    e = mskv_request_protect_prefix(m->a, q->h, n);
+    mtm_expect(m, e, nviol, want, d);
+    if (e != MSKV_SUCCESS || nviol) return;
+    if (n != q->prefix) {
+        if (!mtm_gap(m, q)) q->live_start = (int64_t)newpp * m->P;
+        q->prefix = n;
+        q->epoch_moves = 1;
+    }
+    m->counts[6]++;
+}
+
+static void mtm_op_release(mtm *m) {
+    mtm_req *q = mtm_pick(m);
+    int64_t live, n, got = -1, point;
+    int32_t freed, pp;
+    int nviol = 0;
+    uint64_t d;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "release";
+    if (!q) return;
+    live = q->committed - q->live_start;
+    if (live < 0) live = 0;
+    n = mtm_below(m, 10) == 0 ? live + 1 + mtm_below(m, 4) : mtm_below(m, live + 1);
+    if (q->offloaded) { nviol++; want = MSKV_ERROR_OFFLOADED; }
+    else if (n > live) { nviol++; want = MSKV_ERROR_OUT_OF_RANGE; }
+    d = mtm_digest_if(m, nviol);
+    e = mskv_request_release_oldest(m->a, q->h, n, &got);
+    mtm_expect(m, e, nviol, want, d);
+    if (e != MSKV_SUCCESS || nviol) return;
+    point = q->live_start + n;
+    freed = (int32_t)(point / m->P - q->live_start / m->P);
+    if (freed < 0) freed = 0;
+    MTM_CHECK(m, got == (int64_t)freed * m->P, "released %lld tokens, model %lld", (long long)got, (long long)freed * m->P);
+    if (freed > 0) {
+        pp = mtm_pp(m, q);
+        memmove(q->tab + pp, q->tab + pp + freed, (size_t)(q->ntab - pp - freed) * sizeof(int32_t));
+        memmove(q->exp + (int64_t)pp * m->P, q->exp + (int64_t)(pp + freed) * m->P,
+                (size_t)(q->ntab - pp - freed) * (size_t)m->P * sizeof(uint32_t));
+        q->ntab -= freed;
+        q->live_start += (int64_t)freed * m->P;
+    }
+    m->counts[7]++;
+}
+
+static void mtm_op_offload(mtm *m) {
+    mtm_req *q = mtm_pick(m);
+    int nviol = 0;
+    uint64_t d;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "offload";
+    if (!q) return;
+    if (q->offloaded) { nviol++; want = MSKV_ERROR_OFFLOADED; }
+    else if (q->has_res) { nviol++; want = MSKV_ERROR_RESERVATION_PENDING; }
+    d = mtm_digest_if(m, nviol);
+    e = mskv_request_offload(m->a, q->h);
+    mtm_expect(m, e, nviol, want, d);
+    if (e != MSKV_SUCCESS || nviol) return;
+    q->offloaded = 1;
+    m->counts[8]++;
+}
+
+static void mtm_op_reload(mtm *m) {
+    mtm_req *q = mtm_pick(m);
+    int nviol = 0;
+    int32_t t;
+    uint64_t d;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "reload";
+    if (!q) return;
+    if (!q->offloaded) { nviol++; want = MSKV_ERROR_NOT_OFFLOADED; }
+    else if (q->ntab > mtm_free(m)) { nviol++; want = MSKV_ERROR_OUT_OF_PAGES; }
+    d = mtm_digest_if(m, nviol);
+    e = mskv_request_reload(m->a, q->h);
+    mtm_expect(m, e, nviol, want, d);
+    if (e != MSKV_SUCCESS || nviol) return;
+    q->offloaded = 0;
+    for (t = 0; t < q->ntab; t++) q->tab[t] = -1;
+    q->epoch_moves = 1;
+    q->check_bytes = 1;
+    m->counts[9]++;
+}
+
+static void mtm_op_export_import(mtm *m) {
+    mtm_req *q = mtm_pick(m), *c = mtm_slot_free(m);
+    size_t size = 0;
+    unsigned char *blob;
+    mskv_request h;
+    uint64_t d = mskv_arena_digest(m->a);  /* export must leave everything as it was */
+    mskv_result e;
+    m->op_name = "export/import";
+    if (!q) return;
+    e = mskv_request_export(m->a, q->h, NULL, 0, &size);
+    mtm_expect(m, e, q->has_res, MSKV_ERROR_RESERVATION_PENDING, d);
+    if (e != MSKV_SUCCESS) return;
+    blob = (unsigned char *)malloc(size);
+    if (!blob) return;
+    MTM_CHECK(m, mskv_request_export(m->a, q->h, blob, size, &size) == MSKV_SUCCESS, "export");
+    MTM_CHECK(m, mskv_arena_digest(m->a) == d, "export changed the state");
+    e = mskv_request_import(m->a, blob, size, &h);
+    free(blob);
+    mtm_expect(m, e, c ? 0 : 1, MSKV_ERROR_TOO_MANY_REQUESTS, d);
+    if (e != MSKV_SUCCESS || !c) return;
+    mtm_new_req(m, c, h);
+    c->committed = q->committed;
+    c->prefix = q->prefix;
+    c->live_start = q->live_start;
+    c->ntab = q->ntab;
+    c->offloaded = 1;
+    memcpy(c->exp, q->exp, sizeof c->exp);
+    mtm_adopt_epoch(m, c);
+    m->counts[10]++;
+}
+
+static void mtm_op_publish(mtm *m) {
+    uint64_t before = mskv_arena_step(m->a), ended = ~0ull;
+    m->op_name = "publish";
+    MTM_CHECK(m, mskv_publish(m->a, NULL, 0, &ended) == MSKV_SUCCESS, "publish");
+    MTM_CHECK(m, ended == before && mskv_arena_step(m->a) > before, "fence %llu -> %llu, ended %llu",
+              (unsigned long long)before, (unsigned long long)mskv_arena_step(m->a), (unsigned long long)ended);
+    m->counts[11]++;
+}
+
+static void mtm_op_retire(mtm *m) {
+    uint64_t step = mskv_arena_step(m->a), c = (uint64_t)mtm_below(m, (int64_t)step + 1);
+    int32_t p;
+    m->op_name = "retire";
+    MTM_CHECK(m, mskv_arena_retire(m->a, c) == MSKV_SUCCESS, "retire %llu", (unsigned long long)c);
+    for (p = 1; p < m->num_pages; p++)
+        if (m->pending[p] && m->pend_tag[p] <= c) m->pending[p] = 0;
+    m->counts[12]++;
+}
+
+static void mtm_run_seed(uint64_t seed) {
+    mtm *m = (mtm *)calloc(1, sizeof *m);
+    mskv_arena_desc d;
+    long i;
+    if (!m) { mt_fail(__FILE__, __LINE__, "out of memory"); return; }
+    m->rng = seed * 0x9E3779B97F4A7C15ull + 1;
+    m->P = 1 + (int32_t)mtm_below(m, MTM_MAXP);
+    m->num_pages = 64 + (int32_t)mtm_below(m, MTM_MAXPAGES - 64 + 1);
+    m->fenced = (int)mtm_below(m, 2);
+    memset(&d, 0, sizeof d);
+    d.num_pages = m->num_pages;
+    d.page_size = m->P;
+    d.max_requests = MTM_MAXREQ;
+    d.num_layers = 1; d.kv_heads = 1; d.head_dim = MTM_DIM; d.dtype = MSKV_DTYPE_F32;
+    d.retire_mode = m->fenced ? MSKV_RETIRE_FENCED : MSKV_RETIRE_IMMEDIATE;
+    if (mskv_arena_create(&d, &m->a) != MSKV_SUCCESS) {
+        mt_fail(__FILE__, __LINE__, "arena_create");
+        free(m);
+        return;
+    }
+    printf("  seed %llu: page size %d, %d pages, %s\n", (unsigned long long)seed, (int)m->P, (int)m->num_pages,
+           m->fenced ? "fenced" : "immediate");
+    for (i = 0; i < MTM_OPS && !m->bad; i++) {
+        int64_t pick = mtm_below(m, 100);
+        m->op = i;
+        if (pick < 5) mtm_op_add(m);
+        else if (pick < 8) mtm_op_remove(m);
+        else if (pick < 12) mtm_op_fork(m);
+        else if (pick < 38) mtm_op_admit(m);
+        else if (pick < 52) mtm_op_commit(m, 0);
+        else if (pick < 57) mtm_op_commit(m, 1);
+        else if (pick < 64) mtm_op_protect(m);
+        else if (pick < 76) mtm_op_release(m);
+        else if (pick < 81) mtm_op_offload(m);
+        else if (pick < 87) mtm_op_reload(m);
+        else if (pick < 90) mtm_op_export_import(m);
+        else if (pick < 94) mtm_op_publish(m);
+        else if (pick < 98) { if (m->fenced) mtm_op_retire(m); else mtm_op_publish(m); }
+        else mtm_op_stale(m);
+        if (!m->bad) mtm_verify(m);
+    }
+    if (!m->bad) {
+        /* every kind of operation succeeded many times: the walk was not stuck */
+        static const char *names[13] = {"add", "remove", "fork", "admit", "commit", "abort", "protect",
+                                        "release", "offload", "reload", "export/import", "publish", "retire"};
+        int k;
+        for (k = 0; k < 13; k++) {
+            if (k == 12 && !m->fenced) continue;
+            if (m->counts[k] < 200) mt_fail(__FILE__, __LINE__, "only %ld successful %s operations", m->counts[k], names[k]);
+        }
+    }
+    printf("    successes: add %ld remove %ld fork %ld admit %ld commit %ld abort %ld protect %ld release %ld "
+           "offload %ld reload %ld import %ld publish %ld retire %ld\n", m->counts[0], m->counts[1], m->counts[2],
+           m->counts[3], m->counts[4], m->counts[5], m->counts[6], m->counts[7], m->counts[8], m->counts[9],
+           m->counts[10], m->counts[11], m->counts[12]);
+    mskv_arena_destroy(m->a);
+    free(m);
+}
+
+TEST(model_random_walk_matches_the_shadow_model_after_every_operation) {
+    uint64_t base = mt_seed();
+    int s;
+    for (s = 0; s < MTM_SEEDS && !mt_failed_now(); s++) mtm_run_seed(base + (uint64_t)s * 0x632BE59BD9B4E019ull);
+}
