@@ -1,0 +1,392 @@
+/* test_video.c - the demo end to end: both modes pass their self-check, the
+   .mp4 decodes (through libavformat/libavcodec, no ffmpeg CLI) to the frames
+   the demo produced, page use stays flat however long the video, offload
+   changes nothing, and a broken cache makes the self-check fail.
+
+   Built only when FFmpeg is found, as its own program:
+     gcc -std=c99 -Wall -Wextra -pedantic -Werror -O2 -Itests $(pkg-config --cflags ...) tests/test_video.c \
+         -o build/tests-video $(pkg-config --libs libavformat libavcodec libswscale libavutil) -ldl -lpthread -lm
+   It runs the demo binary build/demo (MSKV_DEMO_BIN overrides the path), so
+   run it from the repository root after `make build/demo`. */
+#define _POSIX_C_SOURCE 200809L
+#define MSKV_TEST_IMPLEMENTATION
+#define MSKV_TEST_MAIN
+#include "mskv_test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <libavcodec/avcodec.h>
+#include <libavformat/avformat.h>
+#include <libavutil/imgutils.h>
+#include <libswscale/swscale.h>
+
+/* the small size every run here uses: 8x4 tokens per latent frame */
+#define TV_W 128
+#define TV_H 64
+#define TV_SMALL "--width 128 --height 64 -q"
+
+static char tv_dir[64];
+static char tv_out[1 << 15];
+
+static const char *tv_demo(void) {
+    const char *p = getenv("MSKV_DEMO_BIN");
+    return p && *p ? p : "build/demo";
+}
+
+static void tv_cleanup(void) {
+    if (strcmp(tv_dir, "/tmp") != 0) rmdir(tv_dir);   /* each test removed its files */
+}
+
+static const char *tv_path(const char *name) {
+    static char buf[4][256];
+    static int next;
+    char *b = buf[next++ & 3];
+    if (!tv_dir[0]) {
+        snprintf(tv_dir, sizeof(tv_dir), "/tmp/mskv_video_XXXXXX");
+        if (!mkdtemp(tv_dir)) snprintf(tv_dir, sizeof(tv_dir), "/tmp");
+        atexit(tv_cleanup);
+    }
+    snprintf(b, sizeof(buf[0]), "%s/%s", tv_dir, name);
+    return b;
+}
+
+/* Runs the demo with args (env: "NAME=value " prefix or ""), output in
+   tv_out (stdout and stderr). Returns its exit status, or -1. */
+static int tv_run(const char *env, const char *args) {
+    char cmd[2048];
+    FILE *p;
+    size_t n = 0;
+    int st;
+    if (access(tv_demo(), X_OK) != 0) {
+        snprintf(tv_out, sizeof(tv_out), "demo binary %s not found (make build/demo first)", tv_demo());
+        return -1;
+    }
+    snprintf(cmd, sizeof(cmd), "%s%s %s 2>&1", env, tv_demo(), args);
+    p = popen(cmd, "r");
+    if (!p) return -1;
+    while (n + 1 < sizeof(tv_out)) {
+        size_t got = fread(tv_out + n, 1, sizeof(tv_out) - 1 - n, p);
+        if (got == 0) break;
+        n += got;
+    }
+    tv_out[n] = 0;
+    st = pclose(p);
+    if (st == -1 || !WIFEXITED(st)) return -1;
+    return WEXITSTATUS(st);
+}
+
+/* tv_run, showing what the demo printed when its exit status is not the expected one */
+static int tv_expect(int expected, const char *env, const char *args) {
+    int rc = tv_run(env, args);
+    if (rc != expected) printf("  %s%s %s exited with %d; it printed:\n%s\n", env, tv_demo(), args, rc, tv_out);
+    return rc;
+}
+
+/* The number after "key=" in the demo's summary, or -1. */
+static double tv_field(const char *key) {
+    const char *s = tv_out;
+    size_t k = strlen(key);
+    while ((s = strstr(s, key)) != NULL) {
+        if ((s == tv_out || s[-1] == ' ') && s[k] == '=') return strtod(s + k + 1, NULL);
+        s += k;
+    }
+    return -1.0;
+}
+
+static int tv_has(const char *text) { return strstr(tv_out, text) != NULL; }
+
+static unsigned char *tv_read_file(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    unsigned char *buf = NULL;
+    long n;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (buf = (unsigned char *)malloc((size_t)n + 1)) != NULL) {
+        if (fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); buf = NULL; }
+        else *size = (size_t)n;
+    }
+    fclose(f);
+    return buf;
+}
+
+/* >>decode ---------------------------------------------------------------- */
+
+typedef struct tv_video {
+    int frames, width, height;
+    enum AVCodecID codec;
+    char format[64];
+    double psnr_min;      /* worst frame against the demo's own frames */
+    int compared;
+    char err[256];
+} tv_video;
+
+static double tv_psnr(const unsigned char *a, const unsigned char *b, size_t n) {
+    double sse = 0.0;
+    size_t i;
+    for (i = 0; i < n; i++) { double d = (double)a[i] - (double)b[i]; sse += d * d; }
+    return sse == 0.0 ? 99.0 : 10.0 * log10(255.0 * 255.0 * (double)n / sse);
+}
+
+static int tv_take_frames(AVCodecContext *ctx, AVFrame *fr, struct SwsContext **sws, unsigned char *rgb,
+                          const unsigned char *raw, size_t raw_size, tv_video *v) {
+    for (;;) {
+        int e = avcodec_receive_frame(ctx, fr);
+        if (e == AVERROR(EAGAIN) || e == AVERROR_EOF) return 0;
+        if (e < 0) { snprintf(v->err, sizeof(v->err), "decode error %d", e); return -1; }
+        v->width = fr->width;
+        v->height = fr->height;
+        if (fr->width == TV_W && fr->height == TV_H && raw) {
+            size_t fb = (size_t)TV_W * TV_H * 3u;
+            uint8_t *dst[1];
+            int dst_stride[1];
+            *sws = sws_getCachedContext(*sws, fr->width, fr->height, (enum AVPixelFormat)fr->format, TV_W, TV_H,
+                                        AV_PIX_FMT_RGB24, SWS_BICUBIC, NULL, NULL, NULL);
+            if (!*sws) { snprintf(v->err, sizeof(v->err), "no converter"); return -1; }
+            dst[0] = rgb;
+            dst_stride[0] = 3 * TV_W;
+            sws_scale(*sws, (const uint8_t *const *)fr->data, fr->linesize, 0, fr->height, dst, dst_stride);
+            if ((size_t)(v->frames + 1) * fb <= raw_size) {
+                double p = tv_psnr(rgb, raw + (size_t)v->frames * fb, fb);
+                if (v->compared == 0 || p < v->psnr_min) v->psnr_min = p;
+                v->compared++;
+            }
+        }
+        v->frames++;
+        av_frame_unref(fr);
+    }
+}
+
+/* Decodes every frame of path's best video stream; compares each with the
+   RGB24 frames in raw_path (NULL: no comparison). 0 on success. */
+static int tv_decode(const char *path, const char *raw_path, tv_video *v) {
+    AVFormatContext *fmt = NULL;
+    AVCodecContext *ctx = NULL;
+    const AVCodec *dec = NULL;
+    AVPacket *pkt = av_packet_alloc();
+    AVFrame *fr = av_frame_alloc();
+    struct SwsContext *sws = NULL;
+    unsigned char *raw = NULL, *rgb = (unsigned char *)malloc((size_t)TV_W * TV_H * 3u);
+    size_t raw_size = 0;
+    int si, rc = -1;
+    memset(v, 0, sizeof(*v));
+    av_log_set_level(AV_LOG_ERROR);
+    if (raw_path && !(raw = tv_read_file(raw_path, &raw_size))) { snprintf(v->err, sizeof(v->err), "no raw frames"); goto done; }
+    if (!pkt || !fr || !rgb) goto done;
+    if (avformat_open_input(&fmt, path, NULL, NULL) < 0 || avformat_find_stream_info(fmt, NULL) < 0) {
+        snprintf(v->err, sizeof(v->err), "cannot open %s", path);
+        goto done;
+    }
+    snprintf(v->format, sizeof(v->format), "%s", fmt->iformat->name);
+    si = av_find_best_stream(fmt, AVMEDIA_TYPE_VIDEO, -1, -1, &dec, 0);
+    if (si < 0 || !dec) { snprintf(v->err, sizeof(v->err), "no video stream"); goto done; }
+    v->codec = fmt->streams[si]->codecpar->codec_id;
+    ctx = avcodec_alloc_context3(dec);
+    if (!ctx || avcodec_parameters_to_context(ctx, fmt->streams[si]->codecpar) < 0) goto done;
+    ctx->thread_count = 1;
+    if (avcodec_open2(ctx, dec, NULL) < 0) { snprintf(v->err, sizeof(v->err), "cannot open decoder"); goto done; }
+    while (av_read_frame(fmt, pkt) >= 0) {
+        int bad = 0;
+        if (pkt->stream_index == si)
+            bad = avcodec_send_packet(ctx, pkt) < 0 || tv_take_frames(ctx, fr, &sws, rgb, raw, raw_size, v) != 0;
+        av_packet_unref(pkt);
+        if (bad) goto done;
+    }
+    if (avcodec_send_packet(ctx, NULL) < 0 || tv_take_frames(ctx, fr, &sws, rgb, raw, raw_size, v) != 0) goto done;
+    rc = 0;
+done:
+    sws_freeContext(sws);
+    avcodec_free_context(&ctx);
+    avformat_close_input(&fmt);
+    av_frame_free(&fr);
+    av_packet_free(&pkt);
+    free(raw);
+    free(rgb);
+    return rc;
+}
+
+/* >>tests ----------------------------------------------------------------- */
+
+TEST(kv_mode_passes_its_self_check) {
+    char args[512];
+    snprintf(args, sizeof(args), "%s --mode kv --frames 41 --check -o %s", TV_SMALL, tv_path("kv.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    EXPECT_TRUE(tv_has("check: ") && tv_has(": PASS"));
+    EXPECT_EQ(41, (long long)tv_field("frames"));
+    remove(tv_path("kv.mp4"));
+}
+
+TEST(chained_mode_passes_its_self_check) {
+    char args[512];
+    snprintf(args, sizeof(args), "%s --mode chained --window 4 --overlap 2 --frames 41 --check -o %s", TV_SMALL,
+             tv_path("chained.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    EXPECT_TRUE(tv_has("check: ") && tv_has(": PASS"));
+    EXPECT_EQ(41, (long long)tv_field("frames"));
+    remove(tv_path("chained.mp4"));
+}
+
+TEST(mp4_decodes_to_the_frames_the_demo_wrote) {
+    char args[512];
+    tv_video v;
+    const AVCodec *x264 = avcodec_find_encoder_by_name("libx264");
+    snprintf(args, sizeof(args), "%s --frames 45 -o %s --dump-raw %s", TV_SMALL, tv_path("rt.mp4"), tv_path("rt.rgb"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    ASSERT_EQ(0, tv_decode(tv_path("rt.mp4"), tv_path("rt.rgb"), &v));
+    EXPECT_TRUE(strstr(v.format, "mp4") != NULL);
+    EXPECT_EQ(x264 ? AV_CODEC_ID_H264 : AV_CODEC_ID_MPEG4, v.codec);
+    EXPECT_EQ(45, v.frames);
+    EXPECT_EQ(TV_W, v.width);
+    EXPECT_EQ(TV_H, v.height);
+    EXPECT_EQ(45, v.compared);
+    /* lossy 4:2:0 coding of a smooth texture: every frame well above 30 dB */
+    EXPECT_GE(v.psnr_min, 30.0);
+    printf("  %d frames, worst frame %.1f dB against the demo's frames\n", v.frames, v.psnr_min);
+    remove(tv_path("rt.mp4"));
+    remove(tv_path("rt.rgb"));
+}
+
+TEST(mp4_has_its_index_before_the_media_data) {
+    char args[512];
+    unsigned char *f;
+    size_t size = 0, at = 0;
+    long long moov = -1, mdat = -1;
+    snprintf(args, sizeof(args), "%s --frames 9 -o %s", TV_SMALL, tv_path("fs.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    f = tv_read_file(tv_path("fs.mp4"), &size);
+    ASSERT_TRUE(f != NULL);
+    while (at + 8 <= size) {   /* top-level boxes: 32-bit size (1 = 64-bit follows, 0 = to the end), type */
+        uint64_t len = ((uint64_t)f[at] << 24) | ((uint64_t)f[at + 1] << 16) | ((uint64_t)f[at + 2] << 8) | f[at + 3];
+        if (!memcmp(f + at + 4, "moov", 4) && moov < 0) moov = (long long)at;
+        if (!memcmp(f + at + 4, "mdat", 4) && mdat < 0) mdat = (long long)at;
+        if (len == 1 && at + 16 <= size) {
+            int i;
+            len = 0;
+            for (i = 0; i < 8; i++) len = (len << 8) | f[at + 8 + i];
+        } else if (len == 0) {
+            len = size - at;
+        }
+        if (len < 8) break;
+        at += (size_t)len;
+    }
+    free(f);
+    EXPECT_EQ((long long)size, (long long)at);
+    ASSERT_GE(moov, 0);
+    ASSERT_GE(mdat, 0);
+    EXPECT_LT(moov, mdat);   /* +faststart */
+    remove(tv_path("fs.mp4"));
+}
+
+TEST(y4m_output_holds_exactly_the_requested_frames) {
+    char args[512];
+    unsigned char *f;
+    size_t size = 0, at, fb = (size_t)TV_W * TV_H * 3u / 2u;
+    int frames = 0;
+    snprintf(args, sizeof(args), "%s --frames 13 -o %s", TV_SMALL, tv_path("out.y4m"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    f = tv_read_file(tv_path("out.y4m"), &size);
+    ASSERT_TRUE(f != NULL);
+    ASSERT_TRUE(size > 10 && !memcmp(f, "YUV4MPEG2 W128 H64 ", 19));
+    for (at = 0; at < size && f[at] != '\n'; at++) {}
+    at++;
+    while (at + 6 <= size && !memcmp(f + at, "FRAME\n", 6)) { at += 6 + fb; frames++; }
+    free(f);
+    EXPECT_EQ((long long)size, (long long)at);
+    EXPECT_EQ(13, frames);
+    remove(tv_path("out.y4m"));
+}
+
+TEST(kv_peak_pages_do_not_grow_with_video_length) {
+    char args[512];
+    double peak81, peak381, freed81, freed381, bound;
+    snprintf(args, sizeof(args), "%s --frames 81 --check -o %s", TV_SMALL, tv_path("short.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    peak81 = tv_field("peak_pages");
+    freed81 = tv_field("pages_freed");
+    snprintf(args, sizeof(args), "%s --frames 381 --check -o %s", TV_SMALL, tv_path("long.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    peak381 = tv_field("peak_pages");
+    freed381 = tv_field("pages_freed");
+    bound = tv_field("page_bound");
+    printf("  peak pages: %.0f for 81 frames, %.0f for 381 (bound %.0f); freed %.0f and %.0f\n", peak81, peak381,
+           bound, freed81, freed381);
+    ASSERT_GT(peak81, 0.0);
+    EXPECT_EQ((long long)peak81, (long long)peak381);
+    EXPECT_LE((long long)peak381, (long long)bound);
+    EXPECT_GT(freed381, freed81);   /* the window really slid: the long run released more */
+    remove(tv_path("short.mp4"));
+    remove(tv_path("long.mp4"));
+}
+
+TEST(offload_round_trip_leaves_the_output_bit_identical) {
+    char args[512];
+    double h1, h2;
+    char hash1[32] = "", hash2[32] = "";
+    const char *s;
+    snprintf(args, sizeof(args), "%s --frames 41 --check -o %s", TV_SMALL, tv_path("off0.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    if ((s = strstr(tv_out, "latent_hash=")) != NULL) sscanf(s + 12, "%31s", hash1);
+    h1 = tv_field("offloads");
+    snprintf(args, sizeof(args), "%s --frames 41 --check --offload -o %s", TV_SMALL, tv_path("off1.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    if ((s = strstr(tv_out, "latent_hash=")) != NULL) sscanf(s + 12, "%31s", hash2);
+    h2 = tv_field("offloads");
+    EXPECT_EQ(0, (long long)h1);
+    EXPECT_GT(h2, 0.0);
+    ASSERT_TRUE(hash1[0] != 0);
+    EXPECT_STREQ(hash1, hash2);
+    remove(tv_path("off0.mp4"));
+    remove(tv_path("off1.mp4"));
+}
+
+TEST(a_scribbled_cache_page_fails_the_self_check) {
+    char args[512];
+    snprintf(args, sizeof(args), "%s --frames 41 --check -o %s", TV_SMALL, tv_path("brk.mp4"));
+    EXPECT_EQ(1, tv_expect(1, "MSKV_DEMO_BREAK=page ", args));
+    EXPECT_TRUE(tv_has("psnr") && tv_has("FAIL"));
+    EXPECT_LT(tv_field("psnr_db"), 40.0);
+    snprintf(args, sizeof(args), "%s --mode chained --frames 41 --check -o %s", TV_SMALL, tv_path("brk.mp4"));
+    EXPECT_EQ(1, tv_expect(1, "MSKV_DEMO_BREAK=page ", args));
+    EXPECT_LT(tv_field("psnr_db"), 40.0);
+    remove(tv_path("brk.mp4"));
+}
+
+TEST(stale_kv_fails_the_self_check) {
+    char args[512];
+    snprintf(args, sizeof(args), "%s --frames 41 --check -o %s", TV_SMALL, tv_path("stale.mp4"));
+    EXPECT_EQ(1, tv_expect(1, "MSKV_DEMO_BREAK=stale ", args));
+    EXPECT_LT(tv_field("psnr_db"), 40.0);
+    remove(tv_path("stale.mp4"));
+}
+
+TEST(too_few_denoise_steps_leave_noise_that_fails_the_self_check) {
+    char args[512];
+    snprintf(args, sizeof(args), "%s --frames 41 --steps 2 --check -o %s", TV_SMALL, tv_path("steps.mp4"));
+    EXPECT_EQ(1, tv_expect(1, "", args));
+    EXPECT_LT(tv_field("psnr_db"), 40.0);
+    remove(tv_path("steps.mp4"));
+}
+
+TEST(usage_errors_exit_2_with_a_one_line_reason) {
+    size_t n;
+    EXPECT_EQ(2, tv_expect(2, "", "--width 100 -o /dev/null"));
+    n = strlen(tv_out);
+    EXPECT_TRUE(n > 0 && strchr(tv_out, '\n') == tv_out + n - 1);
+    EXPECT_TRUE(tv_has("--width"));
+    EXPECT_EQ(2, tv_expect(2, "", "--mode sideways"));
+    EXPECT_EQ(2, tv_expect(2, "", "--frames"));
+    EXPECT_EQ(2, tv_expect(2, "", "--mode kv --overlap 1"));
+}
+
+TEST(cuda_backend_is_refused_with_a_reason_until_it_exists) {
+    EXPECT_EQ(1, tv_expect(1, "", "--backend cuda -q -o /dev/null"));
+    EXPECT_TRUE(tv_has("CUDA"));
+}
+
+TEST(help_exits_0_and_states_the_psnr_threshold) {
+    EXPECT_EQ(0, tv_expect(0, "", "--help"));
+    EXPECT_TRUE(tv_has("--check") && tv_has("40 dB"));
+}
