@@ -5,3 +5,5 @@
 #include "mskv_test.h"
 #define MSTAR_KV_IMPLEMENTATION
 #include "../mstar_kv.h"
+#define MSTAR_KV_CUDA_IMPLEMENTATION
+#include "../mstar_kv_cuda.h"

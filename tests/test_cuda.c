@@ -1,0 +1,1138 @@
+/* The GPU layer (mstar_kv_cuda.h) without a GPU: the embedded kernel copy,
+   the loader on a machine without a driver, NVRTC compiles of every shipped
+   variant (when libnvrtc is installed), the disk cache, and, through an
+   injected mock driver/NVRTC table, the device store's failure paths. */
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L
+#endif
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include "mskv_test.h"
+#include "../mstar_kv.h"
+#include "../mstar_kv_cuda.h"
+
+/* ---- paths next to this file ------------------------------------------------ */
+
+static void tcu_path(char *out, size_t cap, const char *rel) {
+    const char *f = __FILE__, *slash = strrchr(f, '/');
+    if (slash) snprintf(out, cap, "%.*s/%s", (int)(slash - f), f, rel);
+    else snprintf(out, cap, "%s", rel);
+}
+
+static char *tcu_read(const char *path, size_t *size) {
+    FILE *fp = fopen(path, "rb");
+    char *buf;
+    long n;
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    buf = (char *)malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, fp) != (size_t)n) { free(buf); buf = NULL; }
+    fclose(fp);
+    if (buf) { buf[n] = 0; *size = (size_t)n; }
+    return buf;
+}
+
+/* ---- counting allocator -------------------------------------------------------- */
+
+static long tcu_live_allocs;
+static void *tcu_alloc(void *u, size_t n) { void *p = malloc(n); (void)u; if (p) tcu_live_allocs++; return p; }
+static void *tcu_realloc(void *u, void *p, size_t n) {
+    void *q = realloc(p, n);
+    (void)u;
+    if (!p && q) tcu_live_allocs++;
+    return q;
+}
+static void tcu_free(void *u, void *p) { (void)u; if (p) { tcu_live_allocs--; free(p); } }
+static mskv_allocator tcu_allocator(void) {
+    mskv_allocator a;
+    a.user = NULL; a.alloc = tcu_alloc; a.realloc = tcu_realloc; a.free = tcu_free;
+    return a;
+}
+
+/* ---- a logger that keeps the last error --------------------------------------- */
+
+static char tcu_logged[8192];
+static int tcu_corrupt_warnings;
+static void tcu_log(void *u, mskv_log_level lvl, const char *m) {
+    (void)u;
+    if (lvl >= MSKV_LOG_WARN && strstr(m, "corrupt")) tcu_corrupt_warnings++;
+    if (lvl >= MSKV_LOG_ERROR) snprintf(tcu_logged, sizeof tcu_logged, "%s", m);
+}
+
+/* ---- the mock driver and NVRTC ---------------------------------------------------
+   Device memory is host memory; copies are immediate; kernels are emulated on
+   the host from their parameters (so the argument marshalling is checked
+   against the ABI of kernels.cu); a capture records launches and a graph
+   replays them, reading the plan buffers afresh. Counters catch leaks, and
+   fail_* fields make the n-th call of a function fail. */
+
+typedef struct tcm_module { int dtype, head_dim, rope, style, d0, d1, d2; } tcm_module;
+typedef struct tcm_func { int kind; const tcm_module *m; } tcm_func;   /* kind 1 gather, 2 scatter, 3 kv_write */
+typedef struct tcm_launch { const tcm_func *f; unsigned int grid[3]; unsigned char args[10][8]; } tcm_launch;
+typedef struct tcm_graph { int n; tcm_launch l[64]; } tcm_graph;
+
+static struct tcm_state {
+    long dev_live, host_live, streams, events, modules, graphs, execs, ctx_refs, progs;
+    int fail_alloc_at, allocs;          /* n-th cuMemAlloc fails with out of memory (1-based; 0 never) */
+    int fail_dtoh_at, dtohs;
+    int fail_htod_at, htods;
+    int fail_launch_at, launches;
+    int fail_module_load;
+    int compile_error, compiles;
+    int event_busy;                     /* cuEventQuery answers NOT_READY */
+    int event_syncs;
+    int capturing;
+    tcm_graph *capture;
+    tcm_func funcs[64];
+    int nfuncs;
+} tcm;
+
+static void tcm_reset(void) {
+    memset(&tcm, 0, sizeof tcm);
+}
+
+static int tcm_count_fail(int *counter, int at) { return ++*counter == at; }
+
+static mskv_cu_result tcm_cuInit(unsigned int f) { (void)f; return 0; }
+static mskv_cu_result tcm_cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+static mskv_cu_result tcm_cuGetErrorString(mskv_cu_result e, const char **s) {
+    *s = e == 2 ? "mock: out of memory" : e == 200 ? "mock: invalid image" : e == 719 ? "mock: launch failed" : "mock: error";
+    return 0;
+}
+static mskv_cu_result tcm_cuDeviceGetCount(int *n) { *n = 1; return 0; }
+static mskv_cu_result tcm_cuDeviceGet(mskv_cu_device *d, int i) { *d = i; return 0; }
+static mskv_cu_result tcm_cuDeviceGetAttribute(int *v, int a, mskv_cu_device d) {
+    (void)d;
+    *v = a == MSKV_CU_ATTR_CC_MAJOR ? 9 : a == MSKV_CU_ATTR_CC_MINOR ? 0 : a == MSKV_CU_ATTR_MULTIPROCESSOR_COUNT ? 132 : 0;
+    return 0;
+}
+static mskv_cu_result tcm_cuDeviceGetName(char *name, int len, mskv_cu_device d) { (void)d; snprintf(name, (size_t)len, "mock device"); return 0; }
+static mskv_cu_result tcm_cuDevicePrimaryCtxRetain(mskv_cu_context *c, mskv_cu_device d) {
+    (void)d; tcm.ctx_refs++; *c = (mskv_cu_context)(void *)&tcm; return 0;
+}
+static mskv_cu_result tcm_cuDevicePrimaryCtxRelease(mskv_cu_device d) { (void)d; tcm.ctx_refs--; return 0; }
+static mskv_cu_result tcm_cuCtxSetCurrent(mskv_cu_context c) { (void)c; return 0; }
+static mskv_cu_result tcm_cuMemAlloc(mskv_cu_ptr *p, size_t n) {
+    void *q;
+    if (tcm_count_fail(&tcm.allocs, tcm.fail_alloc_at)) return MSKV_CU_ERROR_OUT_OF_MEMORY;
+    q = calloc(1, n);
+    if (!q) return MSKV_CU_ERROR_OUT_OF_MEMORY;
+    tcm.dev_live++;
+    *p = (mskv_cu_ptr)(uintptr_t)q;
+    return 0;
+}
+static mskv_cu_result tcm_cuMemFree(mskv_cu_ptr p) { if (p) { tcm.dev_live--; free((void *)(uintptr_t)p); } return 0; }
+static mskv_cu_result tcm_cuMemAllocHost(void **p, size_t n) {
+    if (tcm_count_fail(&tcm.allocs, tcm.fail_alloc_at)) return MSKV_CU_ERROR_OUT_OF_MEMORY;
+    *p = calloc(1, n);
+    if (!*p) return MSKV_CU_ERROR_OUT_OF_MEMORY;
+    tcm.host_live++;
+    return 0;
+}
+static mskv_cu_result tcm_cuMemFreeHost(void *p) { if (p) { tcm.host_live--; free(p); } return 0; }
+static mskv_cu_result tcm_cuMemcpyHtoDAsync(mskv_cu_ptr d, const void *s, size_t n, mskv_cu_stream st) {
+    (void)st;
+    if (tcm.capturing) return 900;      /* the runtime never captures copies */
+    if (tcm_count_fail(&tcm.htods, tcm.fail_htod_at)) return 999;
+    memcpy((void *)(uintptr_t)d, s, n);
+    return 0;
+}
+static mskv_cu_result tcm_cuMemcpyDtoHAsync(void *d, mskv_cu_ptr s, size_t n, mskv_cu_stream st) {
+    (void)st;
+    if (tcm.capturing) return 900;
+    if (tcm_count_fail(&tcm.dtohs, tcm.fail_dtoh_at)) return 999;
+    memcpy(d, (const void *)(uintptr_t)s, n);
+    return 0;
+}
+static mskv_cu_result tcm_cuMemcpyDtoDAsync(mskv_cu_ptr d, mskv_cu_ptr s, size_t n, mskv_cu_stream st) {
+    (void)st; memmove((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n); return 0;
+}
+static mskv_cu_result tcm_cuMemsetD8Async(mskv_cu_ptr d, unsigned char v, size_t n, mskv_cu_stream st) {
+    (void)st; memset((void *)(uintptr_t)d, v, n); return 0;
+}
+static mskv_cu_result tcm_cuStreamCreate(mskv_cu_stream *s, unsigned int f) {
+    (void)f; tcm.streams++; *s = (mskv_cu_stream)malloc(1); return 0;
+}
+static mskv_cu_result tcm_cuStreamDestroy(mskv_cu_stream s) { tcm.streams--; free((void *)s); return 0; }
+static mskv_cu_result tcm_cuStreamSynchronize(mskv_cu_stream s) { (void)s; return tcm.capturing ? 901 : 0; }
+static mskv_cu_result tcm_cuEventCreate(mskv_cu_event *e, unsigned int f) {
+    (void)f; tcm.events++; *e = (mskv_cu_event)malloc(1); return 0;
+}
+static mskv_cu_result tcm_cuEventRecord(mskv_cu_event e, mskv_cu_stream s) { (void)e; (void)s; return 0; }
+static mskv_cu_result tcm_cuEventQuery(mskv_cu_event e) { (void)e; return tcm.event_busy ? MSKV_CU_ERROR_NOT_READY : 0; }
+static mskv_cu_result tcm_cuEventSynchronize(mskv_cu_event e) { (void)e; tcm.event_syncs++; return 0; }
+static mskv_cu_result tcm_cuEventDestroy(mskv_cu_event e) { tcm.events--; free((void *)e); return 0; }
+
+static int tcm_define(const char *image, const char *name) {
+    const char *p = strstr(image, name);
+    return p ? atoi(p + strlen(name) + 1) : 0;
+}
+static mskv_cu_result tcm_cuModuleLoadData(mskv_cu_module *m, const void *image) {
+    const char *img = (const char *)image;
+    tcm_module *mod;
+    if (tcm.fail_module_load) return MSKV_CU_ERROR_INVALID_IMAGE;
+    if (strncmp(img, "MOCKCUBIN sm_90\n", 16) != 0) return MSKV_CU_ERROR_INVALID_IMAGE;
+    mod = (tcm_module *)calloc(1, sizeof *mod);
+    mod->dtype = tcm_define(img, "-DMSKV_DTYPE");
+    mod->head_dim = tcm_define(img, "-DMSKV_HEAD_DIM");
+    mod->rope = tcm_define(img, "-DMSKV_ROPE");
+    mod->style = tcm_define(img, "-DMSKV_ROPE_STYLE");
+    mod->d0 = tcm_define(img, "-DMSKV_ROPE_D0");
+    mod->d1 = tcm_define(img, "-DMSKV_ROPE_D1");
+    mod->d2 = tcm_define(img, "-DMSKV_ROPE_D2");
+    tcm.modules++;
+    *m = (mskv_cu_module)(void *)mod;
+    return 0;
+}
+static mskv_cu_result tcm_cuModuleUnload(mskv_cu_module m) { tcm.modules--; free((void *)m); return 0; }
+static mskv_cu_result tcm_cuModuleGetFunction(mskv_cu_function *f, mskv_cu_module m, const char *name) {
+    int kind = !strcmp(name, "mskv_page_gather") ? 1 : !strcmp(name, "mskv_page_scatter") ? 2 :
+               !strcmp(name, "mskv_kv_write") ? 3 : 0;
+    if (!kind || tcm.nfuncs == 64) return MSKV_CU_ERROR_NOT_FOUND;
+    tcm.funcs[tcm.nfuncs].kind = kind;
+    tcm.funcs[tcm.nfuncs].m = (const tcm_module *)(const void *)m;
+    *f = (mskv_cu_function)(void *)&tcm.funcs[tcm.nfuncs++];
+    return 0;
+}
+static mskv_cu_result tcm_cuFuncSetAttribute(mskv_cu_function f, int a, int v) { (void)f; (void)a; (void)v; return 0; }
+
+/* parameter sizes of each kernel, in ABI order */
+static const int tcm_sizes[4][10] = {
+    { 0 }, { 8, 8, 4, 8, 8, 8 }, { 8, 8, 4, 8, 8, 8 }, { 8, 8, 8, 4, 4, 8, 8, 8, 8, 4 } };
+static uint64_t tcm_u64(const unsigned char *a) { uint64_t v; memcpy(&v, a, 8); return v; }
+static int tcm_i32(const unsigned char *a) { int v; memcpy(&v, a, 4); return v; }
+
+static void tcm_run(const tcm_launch *l) {
+    const unsigned char (*a)[8] = l->args;
+    if (l->f->kind == 1 || l->f->kind == 2) {
+        unsigned char *pool = (unsigned char *)(uintptr_t)tcm_u64(a[0]);
+        const int *pages = (const int *)(uintptr_t)tcm_u64(a[1]);
+        int n = tcm_i32(a[2]), i;
+        int64_t pb = (int64_t)tcm_u64(a[3]), stride = (int64_t)tcm_u64(a[5]);
+        unsigned char *buf = (unsigned char *)(uintptr_t)tcm_u64(a[4]);
+        for (i = 0; i < n && i < (int)l->grid[1]; i++) {
+            if (l->f->kind == 1) memcpy(buf + i * stride, pool + (int64_t)pages[i] * pb, (size_t)pb);
+            else memcpy(pool + (int64_t)pages[i] * pb, buf + i * stride, (size_t)pb);
+        }
+    } else {
+        const tcm_module *m = l->f->m;
+        mskv_pools pools;
+        mskv_plan plan;
+        mskv_rope rope;
+        float theta;
+        int n = tcm_i32(a[3]), kvh = tcm_i32(a[4]);
+        memcpy(&theta, a[9], 4);
+        memset(&pools, 0, sizeof pools);
+        memset(&plan, 0, sizeof plan);
+        memset(&rope, 0, sizeof rope);
+        /* one-slot pages address exactly like the kernel: (slot * kv_heads + h) * D */
+        pools.k = (void *)(uintptr_t)tcm_u64(a[5]);
+        pools.v = (void *)(uintptr_t)tcm_u64(a[6]);
+        pools.dtype = (mskv_dtype)m->dtype;
+        pools.num_pages = (int32_t)tcm_u64(a[7]);
+        pools.page_size = 1;
+        pools.kv_heads = kvh;
+        pools.head_dim = m->head_dim;
+        plan.total_q = n;
+        plan.page_size = 1;
+        plan.slot_mapping = (int64_t *)(uintptr_t)tcm_u64(a[2]);
+        plan.positions = (int32_t *)(uintptr_t)tcm_u64(a[8]);
+        plan.cap_tokens = n;
+        rope.mode = m->rope == 2 ? MSKV_POS_3D : MSKV_POS_1D;
+        rope.style = m->style ? MSKV_ROPE_INTERLEAVED : MSKV_ROPE_HALF;
+        rope.theta = theta;
+        rope.dims[0] = m->d0; rope.dims[1] = m->d1; rope.dims[2] = m->d2;
+        (void)mskv_cpu_write_kv_pools(&pools, &plan, (const void *)(uintptr_t)tcm_u64(a[0]),
+                                      (const void *)(uintptr_t)tcm_u64(a[1]), (mskv_dtype)m->dtype,
+                                      m->rope ? &rope : NULL);
+    }
+}
+
+static mskv_cu_result tcm_cuLaunchKernel(mskv_cu_function f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
+                                         mskv_cu_stream s, void **params, void **extra) {
+    tcm_launch l;
+    const tcm_func *fn = (const tcm_func *)(const void *)f;
+    int i;
+    (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)s; (void)extra;
+    if (tcm_count_fail(&tcm.launches, tcm.fail_launch_at)) return MSKV_CU_ERROR_LAUNCH_FAILED;
+    memset(&l, 0, sizeof l);
+    l.f = fn;
+    l.grid[0] = gx; l.grid[1] = gy; l.grid[2] = gz;
+    for (i = 0; i < 10 && tcm_sizes[fn->kind][i]; i++) memcpy(l.args[i], params[i], (size_t)tcm_sizes[fn->kind][i]);
+    if (tcm.capturing) {
+        if (tcm.capture->n == 64) return 902;
+        tcm.capture->l[tcm.capture->n++] = l;
+        return 0;
+    }
+    tcm_run(&l);
+    return 0;
+}
+static mskv_cu_result tcm_cuStreamBeginCapture(mskv_cu_stream s, int mode) {
+    (void)s; (void)mode;
+    tcm.capture = (tcm_graph *)calloc(1, sizeof(tcm_graph));
+    tcm.capturing = 1;
+    tcm.graphs++;
+    return 0;
+}
+static mskv_cu_result tcm_cuStreamEndCapture(mskv_cu_stream s, mskv_cu_graph *g) {
+    (void)s;
+    tcm.capturing = 0;
+    *g = (mskv_cu_graph)(void *)tcm.capture;
+    tcm.capture = NULL;
+    return 0;
+}
+static mskv_cu_result tcm_cuGraphInstantiateWithFlags(mskv_cu_graph_exec *e, mskv_cu_graph g, unsigned long long f) {
+    tcm_graph *copy = (tcm_graph *)malloc(sizeof(tcm_graph));
+    (void)f;
+    memcpy(copy, (const void *)g, sizeof(tcm_graph));
+    tcm.execs++;
+    *e = (mskv_cu_graph_exec)(void *)copy;
+    return 0;
+}
+static mskv_cu_result tcm_cuGraphLaunch(mskv_cu_graph_exec e, mskv_cu_stream s) {
+    const tcm_graph *g = (const tcm_graph *)(const void *)e;
+    int i;
+    (void)s;
+    for (i = 0; i < g->n; i++) tcm_run(&g->l[i]);
+    return 0;
+}
+static mskv_cu_result tcm_cuGraphExecDestroy(mskv_cu_graph_exec e) { tcm.execs--; free((void *)e); return 0; }
+static mskv_cu_result tcm_cuGraphDestroy(mskv_cu_graph g) { tcm.graphs--; free((void *)g); return 0; }
+
+typedef struct tcm_prog { char *options; } tcm_prog;
+static mskv_nvrtc_result tcm_nvrtcVersion(int *a, int *b) { *a = 13; *b = 0; return 0; }
+static const char *tcm_nvrtcGetErrorString(mskv_nvrtc_result r) { return r == 6 ? "NVRTC_ERROR_COMPILATION" : "NVRTC_ERROR"; }
+static mskv_nvrtc_result tcm_nvrtcGetNumSupportedArchs(int *n) { *n = 4; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetSupportedArchs(int *a) { a[0] = 75; a[1] = 80; a[2] = 89; a[3] = 90; return 0; }
+static mskv_nvrtc_result tcm_nvrtcCreateProgram(mskv_nvrtc_program *p, const char *src, const char *name, int nh,
+                                                const char *const *h, const char *const *in) {
+    tcm_prog *q = (tcm_prog *)calloc(1, sizeof *q);
+    (void)src; (void)name; (void)nh; (void)h; (void)in;
+    tcm.progs++;
+    *p = (mskv_nvrtc_program)(void *)q;
+    return 0;
+}
+static mskv_nvrtc_result tcm_nvrtcDestroyProgram(mskv_nvrtc_program *p) {
+    tcm_prog *q = (tcm_prog *)(void *)*p;
+    if (q) { free(q->options); free(q); tcm.progs--; }
+    *p = NULL;
+    return 0;
+}
+static mskv_nvrtc_result tcm_nvrtcCompileProgram(mskv_nvrtc_program p, int n, const char *const *opts) {
+    tcm_prog *q = (tcm_prog *)(void *)p;
+    size_t len = 64;
+    int i;
+    tcm.compiles++;
+    for (i = 0; i < n; i++) len += strlen(opts[i]) + 1;
+    q->options = (char *)calloc(1, len);
+    /* the image names the arch and carries the defines, so the mock module knows its variant */
+    snprintf(q->options, len, "MOCKCUBIN %s\n", strstr(opts[0], "sm_90") ? "sm_90" : opts[0]);
+    for (i = 1; i < n; i++) { strcat(q->options, opts[i]); strcat(q->options, "\n"); }
+    return tcm.compile_error ? MSKV_NVRTC_ERROR_COMPILATION : 0;
+}
+static const char *tcm_log_text(void) {
+    return tcm.compile_error ? "kernels.cu(7): error: mock compile failure here\n"
+                             : "ptxas info    : Used 20 registers\nptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n";
+}
+static mskv_nvrtc_result tcm_nvrtcGetProgramLogSize(mskv_nvrtc_program p, size_t *n) { (void)p; *n = strlen(tcm_log_text()) + 1; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetProgramLog(mskv_nvrtc_program p, char *log) { (void)p; strcpy(log, tcm_log_text()); return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetPTXSize(mskv_nvrtc_program p, size_t *n) { *n = strlen(((tcm_prog *)(void *)p)->options) + 1; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetPTX(mskv_nvrtc_program p, char *out) { strcpy(out, ((tcm_prog *)(void *)p)->options); return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetCUBINSize(mskv_nvrtc_program p, size_t *n) { *n = strlen(((tcm_prog *)(void *)p)->options) + 1; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetCUBIN(mskv_nvrtc_program p, char *out) { strcpy(out, ((tcm_prog *)(void *)p)->options); return 0; }
+
+static mskv_cuda_functions tcm_table(void) {
+    mskv_cuda_functions f;
+#define TCM_SET(ret, name, sym, params) f.name = tcm_##name;
+    MSKV_CUDA_DRIVER_FUNCTIONS(TCM_SET)
+    MSKV_CUDA_NVRTC_FUNCTIONS(TCM_SET)
+#undef TCM_SET
+    return f;
+}
+
+static int tcm_nothing_live(void) {
+    return tcm.dev_live == 0 && tcm.host_live == 0 && tcm.streams == 0 && tcm.events == 0 && tcm.modules == 0 &&
+           tcm.graphs == 0 && tcm.execs == 0 && tcm.ctx_refs == 0 && tcm.progs == 0;
+}
+#define TCU_EXPECT_NO_LEAKS()                                                                    \
+    do {                                                                                         \
+        EXPECT_EQ(0, tcm.dev_live); EXPECT_EQ(0, tcm.host_live); EXPECT_EQ(0, tcm.streams);    \
+        EXPECT_EQ(0, tcm.events); EXPECT_EQ(0, tcm.modules); EXPECT_EQ(0, tcm.graphs);         \
+        EXPECT_EQ(0, tcm.execs); EXPECT_EQ(0, tcm.ctx_refs); EXPECT_EQ(0, tcm.progs);          \
+        EXPECT_EQ(0, tcu_live_allocs);                                                           \
+    } while (0)
+
+/* ---- a mock context + store + arena ---------------------------------------------- */
+
+typedef struct tcu_rig {
+    mskv_cuda_functions fn;
+    mskv_cuda_desc cd;
+    mskv_cuda *cu;
+    mskv_cuda_store *st;
+    mskv_arena *a;
+    char cache[256];
+} tcu_rig;
+
+/* 2 layers x 2 heads x 64 dims f32, pages of 4 slots: one page of one layer is 2 KiB */
+static mskv_cuda_store_desc tcu_store_desc(size_t staging) {
+    mskv_cuda_store_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.num_pages = 24; sd.page_size = 4; sd.num_layers = 2; sd.kv_heads = 2; sd.head_dim = 64;
+    sd.dtype = MSKV_DTYPE_F32; sd.staging_bytes = staging;
+    sd.max_batch = 4; sd.max_tokens = 64; sd.max_page_ids = 32; sd.plan_ring = 2;
+    return sd;
+}
+
+static mskv_result tcu_rig_open(tcu_rig *r, size_t staging) {
+    mskv_cuda_store_desc sd = tcu_store_desc(staging);
+    mskv_arena_desc ad;
+    mskv_result e;
+    memset(r, 0, sizeof *r);
+    tcm_reset();
+    tcu_live_allocs = 0;
+    tcu_logged[0] = 0;
+    r->fn = tcm_table();
+    r->cd.functions = &r->fn;
+    r->cd.disable_disk_cache = 1;
+    r->cd.allocator = tcu_allocator();
+    r->cd.log = tcu_log;
+    if ((e = mskv_cuda_create(&r->cd, &r->cu)) != MSKV_SUCCESS) return e;
+    if ((e = mskv_cuda_store_create(r->cu, &sd, &r->st)) != MSKV_SUCCESS) return e;
+    memset(&ad, 0, sizeof ad);
+    ad.allocator = tcu_allocator();
+    if ((e = mskv_cuda_store_arena_desc(r->st, &ad)) != MSKV_SUCCESS) return e;
+    if ((e = mskv_arena_create(&ad, &r->a)) != MSKV_SUCCESS) return e;
+    return mskv_cuda_store_bind(r->st, r->a);
+}
+
+static void tcu_rig_close(tcu_rig *r) {
+    if (r->a) mskv_arena_destroy(r->a);
+    if (r->st) mskv_cuda_store_destroy(r->st);
+    if (r->cu) mskv_cuda_destroy(r->cu);
+    r->a = NULL; r->st = NULL; r->cu = NULL;
+}
+
+static int tcu_audit(mskv_arena *a) {
+    char why[256] = "";
+    if (mskv_arena_audit(a, why, sizeof why) != MSKV_SUCCESS) {
+        mt_fail(__FILE__, __LINE__, "audit failed: %s", why);
+        return 0;
+    }
+    return 1;
+}
+
+static float tcu_value(int64_t pos, int layer, int kind, int h, int d) {
+    return (float)(pos * 1000 + layer * 100 + kind * 50 + h * 64 + d) * 0.25f;
+}
+
+/* A request of n tokens whose K/V went through mskv_cuda_write_kv (layer by layer). */
+static mskv_result tcu_fill(tcu_rig *r, mskv_request *req, int64_t n) {
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_plan_desc pd;
+    mskv_cuda_dplan dp;
+    mskv_result e;
+    mskv_cu_ptr dk = 0, dv = 0;
+    float *k, *v;
+    int64_t t;
+    int l, h, d;
+    size_t bytes = (size_t)n * 2 * 64 * sizeof(float);
+    if ((e = mskv_request_add(r->a, req)) != MSKV_SUCCESS) return e;
+    seg.request = *req;
+    seg.n_tokens = n;
+    if ((e = mskv_admit(r->a, &seg, 1)) != MSKV_SUCCESS) return e;
+    memset(&pd, 0, sizeof pd);
+    memset(&plan, 0, sizeof plan);
+    if ((e = mskv_plan_alloc(r->a, 4, 64, 32, &plan)) != MSKV_SUCCESS) return e;
+    e = mskv_plan_build(r->a, &seg, 1, &pd, &plan);
+    if (e == MSKV_SUCCESS) e = mskv_cuda_plan_upload(r->st, &plan, MSKV_POS_NONE, &dp);
+    k = (float *)malloc(bytes);
+    v = (float *)malloc(bytes);
+    if (e == MSKV_SUCCESS) e = mskv_cuda_malloc(r->cu, bytes, &dk);
+    if (e == MSKV_SUCCESS) e = mskv_cuda_malloc(r->cu, bytes, &dv);
+    for (l = 0; l < 2 && e == MSKV_SUCCESS; l++) {
+        for (t = 0; t < n; t++)
+            for (h = 0; h < 2; h++)
+                for (d = 0; d < 64; d++) {
+                    k[(t * 2 + h) * 64 + d] = tcu_value(t, l, 0, h, d);
+                    v[(t * 2 + h) * 64 + d] = tcu_value(t, l, 1, h, d);
+                }
+        e = mskv_cuda_upload(r->st, dk, k, bytes);
+        if (e == MSKV_SUCCESS) e = mskv_cuda_upload(r->st, dv, v, bytes);
+        if (e == MSKV_SUCCESS) e = mskv_cuda_write_kv(r->st, l, &dp, dk, dv, NULL);
+    }
+    mskv_cuda_free(r->cu, dk);
+    mskv_cuda_free(r->cu, dv);
+    free(k);
+    free(v);
+    mskv_plan_free(r->a, &plan);
+    if (e != MSKV_SUCCESS) return e;
+    if ((e = mskv_commit(r->a, &seg, 1)) != MSKV_SUCCESS) return e;
+    return mskv_cuda_publish(r->st, &seg, 1, NULL);
+}
+
+/* Every token of a resident request holds tcu_value in the device pools. */
+static int tcu_bytes_ok(tcu_rig *r, mskv_request req, int64_t n) {
+    int64_t t, slot;
+    int l, kind, h, d, bad = 0;
+    for (t = 0; t < n; t++) {
+        if (mskv_request_slot(r->a, req, t, &slot) != MSKV_SUCCESS) return 0;
+        for (l = 0; l < 2; l++)
+            for (kind = 0; kind < 2; kind++) {
+                const float *pool = (const float *)(uintptr_t)mskv_cuda_store_pool(r->st, l, kind);
+                for (h = 0; h < 2; h++)
+                    for (d = 0; d < 64; d++)
+                        if (pool[(slot * 2 + h) * 64 + d] != tcu_value(t, l, kind, h, d)) bad++;
+            }
+    }
+    return bad == 0;
+}
+
+/* ---- tests that need no library ---------------------------------------------------- */
+
+TEST(cuda_embedded_copy_equals_kernels_cu) {
+    char path[512], *file, *embedded;
+    size_t fsize = 0, esize = 0;
+    tcu_path(path, sizeof path, "../kernels.cu");
+    file = tcu_read(path, &fsize);
+    if (!file) SKIP("kernels.cu not found at %s", path);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_embedded_source(NULL, 0, &esize));
+    embedded = (char *)malloc(esize + 1);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_embedded_source(embedded, esize + 1, NULL));
+    EXPECT_EQ(fsize, esize);
+    if (fsize == esize && memcmp(file, embedded, fsize) != 0)
+        mt_fail(__FILE__, __LINE__, "the embedded kernels.cu differs: run sh tools/embed_kernels.sh");
+    else if (fsize != esize)
+        mt_fail(__FILE__, __LINE__, "the embedded kernels.cu is stale: run sh tools/embed_kernels.sh");
+    free(file);
+    free(embedded);
+}
+
+TEST(cuda_without_driver_is_unavailable_and_cpu_backend_still_works) {
+    mskv_cuda_desc cd;
+    mskv_cuda *cu = (mskv_cuda *)&cd;
+    mskv_arena_desc ad;
+    mskv_arena *a = NULL;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_plan_desc pd;
+    char why[2048];
+    float k[4 * 8], v[4 * 8];
+    const float *pool;
+    int64_t slot;
+    int i;
+    mskv_result r;
+    memset(&cd, 0, sizeof cd);
+    r = mskv_cuda_probe(&cd, why, sizeof why);
+    if (r == MSKV_SUCCESS) SKIP("a CUDA driver, a device and NVRTC are present on this machine");
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, r);
+    EXPECT_TRUE(strstr(why, "libcuda.so.1") != NULL || strstr(why, "NVRTC") != NULL);
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_create(&cd, &cu));
+    EXPECT_TRUE(cu == NULL);
+    /* the CPU backend in the same process */
+    memset(&ad, 0, sizeof ad);
+    ad.num_pages = 8; ad.page_size = 4; ad.num_layers = 1; ad.kv_heads = 2; ad.head_dim = 4;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &req));
+    seg.request = req; seg.n_tokens = 4;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &seg, 1));
+    memset(&pd, 0, sizeof pd);
+    memset(&plan, 0, sizeof plan);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 1, 4, 4, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &seg, 1, &pd, &plan));
+    for (i = 0; i < 32; i++) { k[i] = (float)i; v[i] = (float)(100 + i); }
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_write_kv(a, 0, &plan, k, v, MSKV_DTYPE_F32, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_slot(a, req, 2, &slot));
+    pool = (const float *)mskv_store_pool(a, 0, 1);
+    ASSERT_TRUE(pool != NULL);
+    EXPECT_NEAR(100 + 2 * 8 + 5, pool[slot * 8 + 5], 0);
+    mskv_plan_free(a, &plan);
+    mskv_arena_destroy(a);
+}
+
+TEST(cuda_toolkit_stub_driver_is_unavailable) {
+    static const char *const stubs[] = { "/usr/local/cuda/lib64/stubs/libcuda.so",
+                                         "/usr/local/cuda/targets/x86_64-linux/lib/stubs/libcuda.so" };
+    mskv_cuda_desc cd;
+    mskv_cuda *cu = NULL;
+    char why[2048];
+    size_t i;
+    FILE *fp = NULL;
+    for (i = 0; i < 2 && !fp; i++) fp = fopen(stubs[i], "rb");
+    if (!fp) SKIP("no CUDA toolkit stub libcuda.so installed");
+    fclose(fp);
+    memset(&cd, 0, sizeof cd);
+    cd.driver_path = stubs[i - 1];
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_probe(&cd, why, sizeof why));
+    EXPECT_TRUE(strstr(why, "stub") != NULL);
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_create(&cd, &cu));
+    EXPECT_TRUE(cu == NULL);
+}
+
+TEST(cuda_spill_report_is_parsed_from_the_ptxas_log) {
+    EXPECT_EQ(-1, mskv_cuda_log_spills("no report here"));
+    EXPECT_EQ(0, mskv_cuda_log_spills("ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"));
+    EXPECT_EQ(40, mskv_cuda_log_spills("a\n 8 bytes stack frame, 24 bytes spill stores, 16 bytes spill loads\n"
+                                       " 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"));
+}
+
+/* ---- NVRTC: every shipped variant, three archs, no spills ------------------------------ */
+
+typedef struct tcu_variant { int dtype, head_dim, rope, style, warp_keys; } tcu_variant;
+
+/* What the runtime compiles: every dtype and head_dim with no RoPE (page
+   copies, kv_write, prefill attention), each RoPE mode and style (kv_write),
+   and the decode attention layout for the 16-bit dtypes. */
+static int tcu_variants(tcu_variant *out, int cap) {
+    int n = 0, dt, hd, rope, style;
+    static const int dims[3] = { 64, 128, 256 };
+    for (dt = 0; dt < 3; dt++)
+        for (hd = 0; hd < 3; hd++) {
+            for (rope = 0; rope < 3; rope++)
+                for (style = 0; style < (rope ? 2 : 1); style++)
+                    if (n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].rope = rope; out[n].style = style; out[n].warp_keys = 0; n++; }
+            if (dt != 0 && n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].rope = 0; out[n].style = 0; out[n].warp_keys = 1; n++; }
+        }
+    return n;
+}
+
+TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
+    static const int archs[3] = { 80, 89, 90 };
+    tcu_variant vs[64];
+    int nv = tcu_variants(vs, 64), i, a, compiled = 0, cached = 0;
+    mskv_cuda_desc cd;
+    char cache[512], why[2048];
+    clock_t t0 = clock();
+    time_t w0 = time(NULL);
+    memset(&cd, 0, sizeof cd);
+    tcu_path(cache, sizeof cache, "../build/nvrtc-cache");
+    cd.cache_dir = cache;
+    cd.log = tcu_log;
+    {
+        /* libnvrtc alone is enough: probe it through a compile of nothing */
+        mskv_cuda_compile_info ci;
+        mskv_cuda_image img;
+        const char *src = "extern \"C\" __global__ void mskv_probe(void) {}\n";
+        mskv_cuda_desc pd = cd;
+        mskv_result r;
+        memset(&ci, 0, sizeof ci);
+        ci.arch = 80;
+        pd.kernel_source = src;
+        pd.disable_disk_cache = 1;
+        r = mskv_cuda_compile(&pd, &ci, &img);
+        mskv_cuda_image_free(&pd, &img);
+        if (r == MSKV_ERROR_CUDA_UNAVAILABLE) {
+            why[0] = 0;
+            mskv_cuda_probe(&pd, why, sizeof why);
+            SKIP("libnvrtc is not installed: %.300s", why);
+        }
+        ASSERT_EQ(MSKV_SUCCESS, r);
+    }
+    for (i = 0; i < nv; i++) {
+        for (a = 0; a < 3; a++) {
+            char o[6][48];
+            const char *opts[7];
+            mskv_cuda_compile_info ci;
+            mskv_cuda_image img;
+            mskv_result r;
+            int64_t spills;
+            snprintf(o[0], 48, "-DMSKV_DTYPE=%d", vs[i].dtype);
+            snprintf(o[1], 48, "-DMSKV_HEAD_DIM=%d", vs[i].head_dim);
+            snprintf(o[2], 48, "-DMSKV_ROPE=%d", vs[i].rope);
+            snprintf(o[3], 48, "-DMSKV_ROPE_STYLE=%d", vs[i].style);
+            snprintf(o[4], 48, "-DMSKV_ATTN_WARP_KEYS=%d", vs[i].warp_keys);
+            snprintf(o[5], 48, "--ptxas-options=-v");
+            opts[0] = o[0]; opts[1] = o[1]; opts[2] = o[2]; opts[3] = o[3]; opts[4] = o[4]; opts[5] = o[5];
+            memset(&ci, 0, sizeof ci);
+            ci.arch = archs[a];
+            ci.options = opts;
+            ci.num_options = 6;
+            r = mskv_cuda_compile(&cd, &ci, &img);
+            if (r != MSKV_SUCCESS) {
+                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d warp_keys %d: %s\n%.2000s", archs[a],
+                        vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].warp_keys,
+                        mskv_result_string(r), img.log ? img.log : "");
+                mskv_cuda_image_free(&cd, &img);
+                continue;
+            }
+            EXPECT_FALSE(img.is_ptx);
+            EXPECT_TRUE(img.size > 4 && memcmp(img.data, "\177ELF", 4) == 0);
+            spills = mskv_cuda_log_spills(img.log);
+            if (spills != 0)
+                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d warp_keys %d: %s (%lld bytes)", archs[a],
+                        vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].warp_keys,
+                        spills < 0 ? "no ptxas report in the log" : "register spills", (long long)spills);
+            if (img.from_disk) cached++; else compiled++;
+            mskv_cuda_image_free(&cd, &img);
+        }
+    }
+    printf("  %d variants x 3 archs: %d compiled, %d from the cache (%s), %.1f s cpu, ~%ld s wall\n", nv, compiled,
+           cached, cache, (double)(clock() - t0) / CLOCKS_PER_SEC, (long)(time(NULL) - w0));
+}
+
+/* ---- the disk cache (mock NVRTC: fast and deterministic) ---------------------------------- */
+
+static void tcu_cache_dir(char *out, size_t cap, const char *what) {
+    char base[400];
+    tcu_path(base, sizeof base, "../build");
+    snprintf(out, cap, "%s/test-cuda-%s-%ld", base, what, (long)getpid());
+}
+
+static void tcu_rm_dir(const char *dir) {
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) mt_fail(__FILE__, __LINE__, "could not remove %s", dir);
+}
+
+static mskv_result tcu_compile_mock(mskv_cuda_desc *cd, mskv_cuda_image *img) {
+    static const char *const opts[2] = { "-DMSKV_DTYPE=1", "-DMSKV_HEAD_DIM=128" };
+    mskv_cuda_compile_info ci;
+    memset(&ci, 0, sizeof ci);
+    ci.arch = 90;
+    ci.options = opts;
+    ci.num_options = 2;
+    return mskv_cuda_compile(cd, &ci, img);
+}
+
+TEST(cuda_disk_cache_miss_compiles_then_hit_reads_without_compiling) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda_image a, b;
+    char dir[512];
+    tcm_reset();
+    memset(&cd, 0, sizeof cd);
+    tcu_cache_dir(dir, sizeof dir, "hit");
+    cd.functions = &fn;
+    cd.cache_dir = dir;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
+    EXPECT_EQ(1, tcm.compiles);
+    EXPECT_FALSE(a.from_disk);
+    ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &b));
+    EXPECT_EQ(1, tcm.compiles);
+    EXPECT_TRUE(b.from_disk);
+    EXPECT_EQ_U64(a.key, b.key);
+    EXPECT_EQ(a.size, b.size);
+    EXPECT_TRUE(a.size == b.size && memcmp(a.data, b.data, a.size) == 0);
+    EXPECT_STREQ(a.log, b.log);
+    mskv_cuda_image_free(&cd, &a);
+    mskv_cuda_image_free(&cd, &b);
+    /* another option, another entry */
+    {
+        static const char *const other[1] = { "-DMSKV_DTYPE=2" };
+        mskv_cuda_compile_info ci;
+        memset(&ci, 0, sizeof ci);
+        ci.arch = 90; ci.options = other; ci.num_options = 1;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_compile(&cd, &ci, &a));
+        EXPECT_FALSE(a.from_disk);
+        EXPECT_EQ(2, tcm.compiles);
+        mskv_cuda_image_free(&cd, &a);
+    }
+    EXPECT_EQ(0, tcm.progs);
+    tcu_rm_dir(dir);
+}
+
+TEST(cuda_corrupt_cache_entry_is_detected_and_rebuilt) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda_image a;
+    char dir[512], path[600];
+    FILE *fp;
+    long size;
+    int round;
+    tcm_reset();
+    memset(&cd, 0, sizeof cd);
+    tcu_cache_dir(dir, sizeof dir, "corrupt");
+    cd.functions = &fn;
+    cd.cache_dir = dir;
+    cd.log = tcu_log;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
+    snprintf(path, sizeof path, "%s", a.path);
+    mskv_cuda_image_free(&cd, &a);
+    for (round = 0; round < 2; round++) {
+        int before = tcm.compiles;
+        tcu_corrupt_warnings = 0;
+        fp = fopen(path, "r+b");
+        ASSERT_TRUE(fp != NULL);
+        fseek(fp, 0, SEEK_END);
+        size = ftell(fp);
+        if (round == 0) {           /* one flipped byte in the image */
+            int c;
+            fseek(fp, size - 20, SEEK_SET);
+            c = fgetc(fp);
+            fseek(fp, size - 20, SEEK_SET);
+            fputc(c ^ 0x40, fp);
+            fclose(fp);
+        } else {                    /* a truncated file */
+            fclose(fp);
+            ASSERT_EQ(0, truncate(path, size / 2));
+        }
+        ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
+        EXPECT_FALSE(a.from_disk);
+        EXPECT_EQ(before + 1, tcm.compiles);
+        EXPECT_EQ(1, tcu_corrupt_warnings);
+        mskv_cuda_image_free(&cd, &a);
+        ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));  /* rebuilt: a hit again */
+        EXPECT_TRUE(a.from_disk);
+        mskv_cuda_image_free(&cd, &a);
+    }
+    tcu_rm_dir(dir);
+}
+
+TEST(cuda_two_processes_writing_one_cache_entry_do_not_corrupt_it) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda_image ref;
+    char dir[512], path[600], cmd[800];
+    pid_t kids[2];
+    int i, status, bad = 0;
+    tcm_reset();
+    memset(&cd, 0, sizeof cd);
+    tcu_cache_dir(dir, sizeof dir, "race");
+    cd.functions = &fn;
+    cd.cache_dir = dir;
+    cd.log = tcu_log;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &ref));
+    snprintf(path, sizeof path, "%s", ref.path);
+    fflush(stdout);
+    for (i = 0; i < 2; i++) {
+        kids[i] = fork();
+        ASSERT_TRUE(kids[i] >= 0);
+        if (kids[i] == 0) {
+            /* each writer removes the entry now and then, so both keep rewriting it
+               while the other reads; a reader must only ever see a whole, valid file */
+            int round, errors = 0;
+            tcu_corrupt_warnings = 0;
+            for (round = 0; round < 150; round++) {
+                mskv_cuda_image img;
+                if (round % 3 == i) unlink(path);
+                if (tcu_compile_mock(&cd, &img) != MSKV_SUCCESS || img.size != ref.size ||
+                    memcmp(img.data, ref.data, ref.size) != 0) errors++;
+                mskv_cuda_image_free(&cd, &img);
+            }
+            _exit(errors || tcu_corrupt_warnings ? 1 : 0);
+        }
+    }
+    for (i = 0; i < 2; i++) {
+        if (waitpid(kids[i], &status, 0) != kids[i] || !WIFEXITED(status) || WEXITSTATUS(status) != 0) bad++;
+    }
+    EXPECT_EQ(0, bad);
+    {
+        mskv_cuda_image img;
+        int before = tcm.compiles;
+        ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &img));
+        EXPECT_TRUE(img.from_disk);
+        EXPECT_EQ(before, tcm.compiles);
+        mskv_cuda_image_free(&cd, &img);
+    }
+    /* no temp file left behind */
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -c tmp > /dev/null", dir);
+    EXPECT_TRUE(system(cmd) != 0);
+    mskv_cuda_image_free(&cd, &ref);
+    tcu_rm_dir(dir);
+}
+
+/* ---- the device store through the mock ---------------------------------------------------- */
+
+TEST(cuda_compile_error_log_reaches_logger_and_caller) {
+    tcu_rig r;
+    mskv_cuda_image img;
+    mskv_request req;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    tcm.compile_error = 1;
+    EXPECT_EQ(MSKV_ERROR_NVRTC, tcu_fill(&r, &req, 6));
+    EXPECT_TRUE(strstr(tcu_logged, "mock compile failure here") != NULL);
+    EXPECT_TRUE(strstr(mskv_cuda_last_error(r.cu), "mock compile failure here") != NULL);
+    EXPECT_EQ(MSKV_ERROR_NVRTC, tcu_compile_mock(&r.cd, &img));
+    EXPECT_TRUE(img.log != NULL && strstr(img.log, "kernels.cu(7): error") != NULL);
+    mskv_cuda_image_free(&r.cd, &img);
+    EXPECT_TRUE(tcu_audit(r.a));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_store_out_of_device_memory_fails_cleanly_at_every_allocation) {
+    mskv_cuda_functions fn;
+    mskv_cuda_desc cd;
+    mskv_cuda *cu = NULL;
+    mskv_cuda_store *st = NULL;
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    int total, k;
+    tcm_reset();
+    tcu_live_allocs = 0;
+    fn = tcm_table();
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    cd.disable_disk_cache = 1;
+    cd.allocator = tcu_allocator();
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_create(&cd, &cu));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_create(cu, &sd, &st));
+    total = tcm.allocs;
+    mskv_cuda_store_destroy(st);
+    EXPECT_TRUE(total >= 5);
+    for (k = 1; k <= total; k++) {
+        long dev = tcm.dev_live, host = tcm.host_live, ev = tcm.events, streams = tcm.streams, allocs = tcu_live_allocs;
+        tcm.allocs = 0;
+        tcm.fail_alloc_at = k;
+        st = (mskv_cuda_store *)&cd;
+        EXPECT_EQ(MSKV_ERROR_OUT_OF_MEMORY, mskv_cuda_store_create(cu, &sd, &st));
+        EXPECT_TRUE(st == NULL);
+        EXPECT_EQ(dev, tcm.dev_live);
+        EXPECT_EQ(host, tcm.host_live);
+        EXPECT_EQ(ev, tcm.events);
+        EXPECT_EQ(streams, tcm.streams);
+        EXPECT_EQ(allocs, tcu_live_allocs);
+        EXPECT_TRUE(strstr(mskv_cuda_last_error(cu), "out of memory") != NULL);
+    }
+    tcm.fail_alloc_at = 0;
+    mskv_cuda_destroy(cu);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_store_rejects_sizes_past_what_kernels_can_index) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda *cu = NULL;
+    mskv_cuda_store *st = NULL;
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    tcm_reset();
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    cd.disable_disk_cache = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_create(&cd, &cu));
+    sd.num_pages = 0x7fffffff; sd.page_size = 0x7fffffff; sd.kv_heads = 1 << 20; sd.head_dim = 256;
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_cuda_store_create(cu, &sd, &st));
+    EXPECT_EQ(0, tcm.allocs);
+    mskv_cuda_destroy(cu);
+    EXPECT_TRUE(tcm_nothing_live());
+}
+
+TEST(cuda_offload_and_reload_round_trip_restores_bytes_in_new_pages) {
+    tcu_rig r;
+    mskv_request req, other;
+    mskv_request_info info;
+    int32_t before[8], after[8], n1 = 0, n2 = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 5000));   /* 2 pages per staging chunk */
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(r.a, req, before, 8, &n1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(r.a, req, &info));
+    EXPECT_EQ(MSKV_OFFLOADED, info.location);
+    /* scribble over the freed pages with another request, so a reload must really copy */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_sync(r.st));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &other, 8));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(r.a, req, after, 8, &n2));
+    EXPECT_EQ(n1, n2);
+    EXPECT_TRUE(memcmp(before, after, sizeof(int32_t) * (size_t)n1) != 0);
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));
+    EXPECT_TRUE(tcu_audit(r.a));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_copy_failing_halfway_through_offload_keeps_request_resident) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_request_info info;
+    mskv_arena_stats s0, s1;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 5000));   /* 5 pages -> 3 chunks */
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s0));
+    tcm.dtohs = 0;
+    tcm.fail_dtoh_at = 2;
+    EXPECT_EQ(MSKV_ERROR_CUDA, mskv_request_offload(r.a, req));
+    EXPECT_EQ(2, tcm.dtohs);
+    tcm.fail_dtoh_at = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(r.a, req, &info));
+    EXPECT_EQ(MSKV_RESIDENT, info.location);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s1));
+    EXPECT_EQ(s0.free_pages, s1.free_pages);
+    EXPECT_EQ(s0.live_pages, s1.live_pages);
+    EXPECT_EQ(s0.offloaded_pages, s1.offloaded_pages);
+    EXPECT_TRUE(tcu_audit(r.a));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));
+    /* and a retry succeeds */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_module_load_failure_is_an_error_and_changes_nothing) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_request_info info;
+    uint64_t digest;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(r.a, &req));
+    tcm.fail_module_load = 1;
+    {
+        mskv_segment seg;
+        seg.request = req; seg.n_tokens = 5;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_commit(r.a, &seg, 1));
+    }
+    digest = mskv_arena_digest(r.a);
+    EXPECT_EQ(MSKV_ERROR_CUDA, mskv_request_offload(r.a, req));
+    EXPECT_TRUE(strstr(mskv_cuda_last_error(r.cu), "cuModuleLoadData") != NULL);
+    EXPECT_EQ_U64(digest, mskv_arena_digest(r.a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(r.a, req, &info));
+    EXPECT_EQ(MSKV_RESIDENT, info.location);
+    EXPECT_EQ(0, tcm.modules);
+    EXPECT_TRUE(tcu_audit(r.a));
+    tcm.fail_module_load = 0;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    EXPECT_EQ(1, tcm.modules);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_failed_launch_during_reload_keeps_request_offloaded) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_request_info info;
+    mskv_arena_stats s0, s1;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 5000));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_sync(r.st));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s0));
+    tcm.launches = 0;
+    tcm.fail_launch_at = 3;     /* in the second chunk's scatters */
+    EXPECT_EQ(MSKV_ERROR_CUDA, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(strstr(mskv_cuda_last_error(r.cu), "cuLaunchKernel") != NULL);
+    tcm.fail_launch_at = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(r.a, req, &info));
+    EXPECT_EQ(MSKV_OFFLOADED, info.location);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s1));
+    EXPECT_EQ(s0.free_pages, s1.free_pages);
+    EXPECT_EQ(s0.offloaded_pages, s1.offloaded_pages);
+    EXPECT_TRUE(tcu_audit(r.a));
+    /* the host copy is intact: the next reload restores every byte */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_pages_freed_in_a_step_wait_for_its_event) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_arena_stats s;
+    uint64_t step = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 12));
+    tcm.event_busy = 1;                     /* the GPU is still running this step */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, req));
+    seg.request = req; seg.n_tokens = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, &step));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(3, s.pending_pages);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_retire(r.st, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(3, s.pending_pages);
+    tcm.event_busy = 0;                     /* its event completed */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_retire(r.st, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(0, s.pending_pages);
+    EXPECT_EQ_U64(step, s.completed_step);
+    EXPECT_TRUE(tcu_audit(r.a));
+    (void)seg;
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_plan_ring_buffer_is_reused_only_after_its_event) {
+    tcu_rig r;
+    mskv_plan plan;
+    mskv_cuda_dplan dp1, dp2;
+    int64_t slots[3] = { 4, 5, 6 };
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));   /* a ring of 2 */
+    memset(&plan, 0, sizeof plan);
+    plan.total_q = 3;
+    plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp2));
+    EXPECT_EQ(0, tcm.event_syncs);
+    slots[1] = 9;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp2));
+    EXPECT_EQ(1, tcm.event_syncs);
+    /* fixed addresses, new contents */
+    EXPECT_EQ_U64(dp1.slot_mapping, dp2.slot_mapping);
+    EXPECT_EQ(9, ((const int64_t *)(uintptr_t)dp2.slot_mapping)[1]);
+    plan.total_q = 65;
+    EXPECT_EQ(MSKV_ERROR_CAPACITY, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp2));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_captured_graph_replays_with_new_plan_contents) {
+    tcu_rig r;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cuda_graph *g = NULL;
+    mskv_cu_ptr dk = 0, dv = 0;
+    int64_t slots[2] = { 4, 5 };
+    float k[2 * 2 * 64], v[2 * 2 * 64];
+    const float *kpool;
+    int i;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    for (i = 0; i < 256; i++) { k[i] = (float)(i + 1); v[i] = -(float)(i + 1); }
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, sizeof k, &dk));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, sizeof v, &dv));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_upload(r.st, dk, k, sizeof k));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_upload(r.st, dv, v, sizeof v));
+    memset(&plan, 0, sizeof plan);
+    plan.total_q = 2;
+    plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 1, &dp, dk, dv, NULL));   /* compiles before capture */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(r.st));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 1, &dp, dk, dv, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(r.st, &g));
+    slots[0] = 40; slots[1] = 41;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(r.st, g));
+    kpool = (const float *)(uintptr_t)mskv_cuda_store_pool(r.st, 1, 0);
+    {
+        int bad = 0;
+        for (i = 0; i < 256; i++) bad += k[i] != kpool[40 * 128 + i];
+        EXPECT_EQ(0, bad);
+    }
+    mskv_cuda_graph_destroy(r.st, g);
+    mskv_cuda_free(r.cu, dk);
+    mskv_cuda_free(r.cu, dv);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_export_import_works_for_a_device_resident_request) {
+    tcu_rig r;
+    mskv_request req, copy;
+    void *blob;
+    size_t size = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(r.a, req, NULL, 0, &size));
+    blob = malloc(size);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(r.a, req, blob, size, &size));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_import(r.a, blob, size, &copy));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, copy));
+    EXPECT_TRUE(tcu_bytes_ok(&r, copy, 10));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 10));
+    EXPECT_TRUE(tcu_audit(r.a));
+    free(blob);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
