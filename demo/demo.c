@@ -58,7 +58,7 @@
 
 typedef enum demo_mode { DEMO_MODE_KV = 0, DEMO_MODE_CHAINED = 1 } demo_mode;
 typedef enum demo_backend_kind { DEMO_BACKEND_AUTO = 0, DEMO_BACKEND_CPU = 1, DEMO_BACKEND_CUDA = 2 } demo_backend_kind;
-typedef enum demo_break { DEMO_BREAK_NONE = 0, DEMO_BREAK_PAGE = 1, DEMO_BREAK_STALE = 2 } demo_break;
+typedef enum demo_break { DEMO_BREAK_NONE = 0, DEMO_BREAK_PAGE = 1, DEMO_BREAK_STALE = 2, DEMO_BREAK_SINK = 3 } demo_break;
 
 typedef struct demo_cfg {
     int frames, width, height, window, overlap, sink, context, steps, threads, page_size;
@@ -218,7 +218,8 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
     if (brk && *brk) {
         if (!strcmp(brk, "page")) c->brk = DEMO_BREAK_PAGE;
         else if (!strcmp(brk, "stale")) c->brk = DEMO_BREAK_STALE;
-        else return demo_usage("MSKV_DEMO_BREAK: expected page or stale, got '%s'", brk);
+        else if (!strcmp(brk, "sink")) c->brk = DEMO_BREAK_SINK;
+        else return demo_usage("MSKV_DEMO_BREAK: expected page, sink or stale, got '%s'", brk);
     }
     return 0;
 }
@@ -549,10 +550,10 @@ static int demo_denoise(demo_run *r, mskv_session *sess, const mskv_segment *seg
     return 0;
 }
 
-/* MSKV_DEMO_BREAK=page: scribble over the V of the request's newest page,
-   the kind of damage a wrong page id or lost offload bytes would do. */
+/* MSKV_DEMO_BREAK=page (sink): scribble over the V of the request's newest
+   (first) page, the kind of damage a wrong page id or lost offload bytes do. */
 static int demo_break_page(demo_run *r, mskv_request req) {
-    int32_t pages[4096], count = 0;
+    int32_t pages[4096], count = 0, victim;
     mskv_store_info si;
     unsigned char *pool = (unsigned char *)mskv_store_pool(r->arena, 0, 1);
     float *p;
@@ -561,9 +562,10 @@ static int demo_break_page(demo_run *r, mskv_request req) {
     if ((res != MSKV_SUCCESS && res != MSKV_ERROR_CAPACITY) || count < 1 || count > 4096 || !pool ||
         mskv_store_info_get(r->arena, &si) != MSKV_SUCCESS)
         return demo_fail(r, "MSKV_DEMO_BREAK=page: no page to break");
-    p = (float *)(pool + (size_t)pages[count - 1] * si.page_bytes);
+    victim = r->cfg.brk == DEMO_BREAK_SINK ? pages[0] : pages[count - 1];
+    p = (float *)(pool + (size_t)victim * si.page_bytes);
     for (i = 0; i < si.page_bytes / sizeof(float); i++) p[i] = 3.0f;
-    fprintf(stderr, "demo: MSKV_DEMO_BREAK=page: overwrote the V of page %d\n", (int)pages[count - 1]);
+    fprintf(stderr, "demo: MSKV_DEMO_BREAK: overwrote the V of page %d\n", (int)victim);
     return 0;
 }
 
@@ -630,7 +632,8 @@ static int demo_run_kv(demo_run *r, demo_queue *q, double t0) {
         after = demo_live_pages(r);
         if (before > after) r->pages_freed += before - after;
         memcpy(r->lat + (size_t)w.start * g->lat_floats, r->x, (size_t)r->cfg.window * g->lat_floats * sizeof(float));
-        if (r->cfg.brk == DEMO_BREAK_PAGE && k == 1 && demo_break_page(r, req) != 0) return -1;
+        if ((r->cfg.brk == DEMO_BREAK_PAGE || r->cfg.brk == DEMO_BREAK_SINK) && k == 1 && demo_break_page(r, req) != 0)
+            return -1;
         if (demo_audit(r) != 0 || demo_push_window(r, q, k) != 0) return -1;
         demo_progress(r, k, w.commit_end, t0, after);
         if (r->cfg.offload && k + 1 < r->sched.count) {
@@ -675,7 +678,8 @@ static int demo_run_chained(demo_run *r, demo_queue *q, double t0) {
         DEMO_TRY(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write conditioning K/V");
         DEMO_TRY(r, mskv_commit(r->arena, &seg, 1), "commit conditioning");
         DEMO_TRY(r, mskv_publish(r->arena, &seg, 1, NULL), "publish");
-        if (r->cfg.brk == DEMO_BREAK_PAGE && k == 1 && demo_break_page(r, req) != 0) return -1;
+        if ((r->cfg.brk == DEMO_BREAK_PAGE || r->cfg.brk == DEMO_BREAK_SINK) && k == 1 && demo_break_page(r, req) != 0)
+            return -1;
         seg.n_tokens = (int64_t)nnew * g->tpf;
         DEMO_TRY(r, mskv_admit(r->arena, &seg, 1), "admit window");
         live = demo_live_pages(r);

@@ -158,7 +158,7 @@ static int demo_ff_open(demo_writer *w, const char *path) {
     w->st->time_base = w->enc->time_base;
     if (!(w->fmt->oformat->flags & AVFMT_NOFILE) &&
         (e = avio_open(&w->fmt->pb, path, AVIO_FLAG_WRITE)) < 0) {
-        demo_av_err(w, path, e);
+        demo_av_err(w, "cannot open for writing", e);
         return -1;
     }
     av_dict_set(&opts, "movflags", "+faststart", 0);

@@ -354,6 +354,14 @@ TEST(a_scribbled_cache_page_fails_the_self_check) {
     remove(tv_path("brk.mp4"));
 }
 
+TEST(a_scribbled_sink_page_fails_the_self_check) {
+    char args[512];
+    snprintf(args, sizeof(args), "%s --frames 41 --check -o %s", TV_SMALL, tv_path("sink.mp4"));
+    EXPECT_EQ(1, tv_expect(1, "MSKV_DEMO_BREAK=sink ", args));
+    EXPECT_LT(tv_field("psnr_db"), 40.0);
+    remove(tv_path("sink.mp4"));
+}
+
 TEST(stale_kv_fails_the_self_check) {
     char args[512];
     snprintf(args, sizeof(args), "%s --frames 41 --check -o %s", TV_SMALL, tv_path("stale.mp4"));
