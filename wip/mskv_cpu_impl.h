@@ -416,6 +416,49 @@ static void mskv__cpu_qk(const float *MSKV__CPU_RESTRICT Q, const float *MSKV__C
 #endif
 }
 
+/* The same scores from K rows (krow[j], dp floats each) for j < kbe (even),
+   r < nrp (multiple of 4): dot products along d. For a few rows (decode),
+   where transposing K would cost more than the products themselves. */
+static void mskv__cpu_qk_rows(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
+                              float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks) {
+    int32_t r, j, d;
+#if MSKV__CPU_SIMD
+    for (r = 0; r < nrp; r += 4) {
+        const float *q0 = Q + (size_t)r * dp, *q1 = q0 + dp, *q2 = q1 + dp, *q3 = q2 + dp;
+        for (j = 0; j < kbe; j += 2) {
+            const float *k0 = krow[j], *k1 = krow[j + 1];
+            mskv__cpu_vf a00 = mskv__cpu_vset(0.0f), a01 = a00, a10 = a00, a11 = a00;
+            mskv__cpu_vf a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+            float t[8];
+            int32_t i;
+            for (d = 0; d < dp; d += MSKV__CPU_VW) {
+                mskv__cpu_vf x0 = mskv__cpu_vld(k0 + d), x1 = mskv__cpu_vld(k1 + d), qv;
+                qv = mskv__cpu_vld(q0 + d); a00 += x0 * qv; a01 += x1 * qv;
+                qv = mskv__cpu_vld(q1 + d); a10 += x0 * qv; a11 += x1 * qv;
+                qv = mskv__cpu_vld(q2 + d); a20 += x0 * qv; a21 += x1 * qv;
+                qv = mskv__cpu_vld(q3 + d); a30 += x0 * qv; a31 += x1 * qv;
+            }
+            for (i = 0; i < 8; i++) t[i] = 0.0f;
+            for (i = 0; i < MSKV__CPU_VW; i++) {
+                t[0] += a00[i]; t[1] += a01[i]; t[2] += a10[i]; t[3] += a11[i];
+                t[4] += a20[i]; t[5] += a21[i]; t[6] += a30[i]; t[7] += a31[i];
+            }
+            S[(size_t)(r + 0) * ks + j] = t[0]; S[(size_t)(r + 0) * ks + j + 1] = t[1];
+            S[(size_t)(r + 1) * ks + j] = t[2]; S[(size_t)(r + 1) * ks + j + 1] = t[3];
+            S[(size_t)(r + 2) * ks + j] = t[4]; S[(size_t)(r + 2) * ks + j + 1] = t[5];
+            S[(size_t)(r + 3) * ks + j] = t[6]; S[(size_t)(r + 3) * ks + j + 1] = t[7];
+        }
+    }
+#else
+    for (r = 0; r < nrp; r++)
+        for (j = 0; j < kbe; j++) {
+            float acc = 0.0f;
+            for (d = 0; d < dp; d++) acc += Q[(size_t)r * dp + d] * krow[j][d];
+            S[(size_t)r * ks + j] = acc;
+        }
+#endif
+}
+
 /* O[r][:] = O[r][:] * alpha[r] + sum_{j < kb} P[r][j] * V_j[:], rows r < nrp
    (multiple of 4), dims < dp (multiple of 16). */
 static void mskv__cpu_pv(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
@@ -505,7 +548,8 @@ static float mskv__cpu_exp_row(float *MSKV__CPU_RESTRICT s, float m, int32_t n) 
 typedef struct mskv__cpu_ws {
     float *q, *o, *kt, *v, *s, *m, *l, *alpha;
     int64_t *qpos;
-    const float **vrow;
+    size_t *el;          /* element offset of each key row of the block */
+    const float **vrow, **krow;
     int32_t rows, keys;  /* tile capacities */
 } mskv__cpu_ws;
 
@@ -516,7 +560,7 @@ typedef struct mskv__cpu_ws {
 static size_t mskv__cpu_ws_bytes(int32_t rows, int32_t keys) {
     size_t f = 2 * (size_t)rows * MSKV__CPU_MAX_DIM + 2 * (size_t)keys * MSKV__CPU_MAX_DIM +
                (size_t)MSKV__CPU_MAX_ROWS * (size_t)keys + 3 * (size_t)MSKV__CPU_MAX_ROWS;
-    return f * 4 + (size_t)MSKV__CPU_MAX_ROWS * 8 + (size_t)keys * sizeof(float *) + 64;
+    return f * 4 + (size_t)MSKV__CPU_MAX_ROWS * 8 + 2 * ((size_t)keys + 1) * sizeof(float *) + (size_t)keys * sizeof(size_t) + 64;
 }
 
 static void mskv__cpu_ws_carve(mskv__cpu_ws *w, void *mem, int32_t rows, int32_t keys) {
@@ -533,7 +577,9 @@ static void mskv__cpu_ws_carve(mskv__cpu_ws *w, void *mem, int32_t rows, int32_t
     w->m = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
     w->l = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
     w->alpha = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
-    w->vrow = (const float **)(void *)p;
+    w->vrow = (const float **)(void *)p; p += ((size_t)keys + 1) * sizeof(float *);
+    w->krow = (const float **)(void *)p; p += ((size_t)keys + 1) * sizeof(float *);
+    w->el = (size_t *)(void *)p;
 }
 
 typedef void (*mskv__cpu_task_fn)(void *ctx, mskv__cpu_ws *ws);
@@ -738,12 +784,13 @@ static void mskv__cpu_item(const mskv__cpu_job *job, mskv__cpu_ws *ws, int32_t b
     const int64_t split = plan->kv_pos_split ? plan->kv_pos_split[b] : kv_len;
     const int64_t shift = plan->kv_pos_shift ? plan->kv_pos_shift[b] : 0;
     const int32_t *pages = plan->kv_indices + plan->kv_indptr[b];
-    const int direct_v = pools->dtype == MSKV_DTYPE_F32 && D == Dp;
-    int32_t r0 = rb * job->rows, nr, nrp, r, d;
+    const int direct = pools->dtype == MSKV_DTYPE_F32 && D == Dp; /* pool rows usable as they are */
+    int32_t r0 = rb * job->rows, nr, nrp, r, d, few_rows;
     int64_t lo = 0, hi = kv_len, j0;
     nr = qo_len * group - r0;
     if (nr > job->rows) nr = job->rows;
     nrp = (nr + 3) & ~3;
+    few_rows = nrp <= 8;
 
     /* rows: (query i, head hh) in row-major order, so positions rise with r */
     for (r = 0; r < nrp; r++) {
@@ -770,16 +817,42 @@ static void mskv__cpu_item(const mskv__cpu_job *job, mskv__cpu_ws *ws, int32_t b
 
     for (j0 = lo; j0 < hi; j0 += KS) {
         int32_t kb = (int32_t)(hi - j0 < KS ? hi - j0 : KS), kbp = (kb + MSKV__CPU_KTILE - 1) & ~(MSKV__CPU_KTILE - 1), jj;
-        /* gather the block: K transposed into kt[d][j], V rows (or pool rows) */
+        int64_t pi = j0 / P, off = j0 % P;
         for (jj = 0; jj < kb; jj++) {
-            int64_t j = j0 + jj;
-            int64_t slot = (int64_t)pages[j / P] * P + j % P;
-            size_t el = ((size_t)slot * (size_t)kvh + (size_t)g) * (size_t)D;
+            ws->el[jj] = (((size_t)pages[pi] * (size_t)P + (size_t)off) * (size_t)kvh + (size_t)g) * (size_t)D;
+            if (++off == P) { off = 0; pi++; }
+        }
+#if defined(__GNUC__)
+        /* The next block's rows are scattered over pages (a row every
+           kv_heads * head_dim elements), which the hardware prefetcher does
+           not follow: request them now, they arrive while this block computes. */
+        for (jj = 0; jj < KS && j0 + kb + jj < hi; jj++) {
+            size_t el = (((size_t)pages[pi] * (size_t)P + (size_t)off) * (size_t)kvh + (size_t)g) * (size_t)D, at;
+            const char *kp = (const char *)pools->k + el * pes, *vp = (const char *)pools->v + el * pes;
+            for (at = 0; at < (size_t)D * pes; at += 64) { __builtin_prefetch(kp + at); __builtin_prefetch(vp + at); }
+            if (++off == P) { off = 0; pi++; }
+        }
+#endif
+        /* gather the block: K transposed into kt[d][j] (or as rows, for few
+           query rows), V as f32 rows (or the pool's own rows) */
+        for (jj = 0; jj < kb; jj++) {
+            size_t el = ws->el[jj];
             float *vtmp = ws->v + (size_t)jj * Dp;
-            mskv__cpu_load(vtmp, (const unsigned char *)pools->k + el * pes, pools->dtype, D);
-            for (d = 0; d < D; d++) ws->kt[(size_t)d * KS + jj] = vtmp[d];
-            for (d = D; d < Dp; d++) ws->kt[(size_t)d * KS + jj] = 0.0f;
-            if (direct_v) {
+            if (few_rows) {
+                if (direct) {
+                    ws->krow[jj] = (const float *)pools->k + el;
+                } else {
+                    float *kr = ws->kt + (size_t)jj * Dp;
+                    mskv__cpu_load(kr, (const unsigned char *)pools->k + el * pes, pools->dtype, D);
+                    for (d = D; d < Dp; d++) kr[d] = 0.0f;
+                    ws->krow[jj] = kr;
+                }
+            } else {
+                mskv__cpu_load(vtmp, (const unsigned char *)pools->k + el * pes, pools->dtype, D);
+                for (d = 0; d < D; d++) ws->kt[(size_t)d * KS + jj] = vtmp[d];
+                for (d = D; d < Dp; d++) ws->kt[(size_t)d * KS + jj] = 0.0f;
+            }
+            if (direct) {
                 ws->vrow[jj] = (const float *)pools->v + el;
             } else {
                 mskv__cpu_load(vtmp, (const unsigned char *)pools->v + el * pes, pools->dtype, D);
@@ -787,10 +860,15 @@ static void mskv__cpu_item(const mskv__cpu_job *job, mskv__cpu_ws *ws, int32_t b
                 ws->vrow[jj] = vtmp;
             }
         }
-        for (d = 0; d < Dp; d++)
-            for (jj = kb; jj < kbp; jj++) ws->kt[(size_t)d * KS + jj] = 0.0f;
-
-        mskv__cpu_qk(ws->q, ws->kt, ws->s, nrp, kbp, Dp, KS);
+        if (few_rows) {
+            /* an odd block computes one spare score, masked below like the padding */
+            ws->krow[kb] = ws->krow[kb - 1];
+            mskv__cpu_qk_rows(ws->q, ws->krow, ws->s, nrp, (kb + 1) & ~1, Dp, KS);
+        } else {
+            for (d = 0; d < Dp; d++)
+                for (jj = kb; jj < kbp; jj++) ws->kt[(size_t)d * KS + jj] = 0.0f;
+            mskv__cpu_qk(ws->q, ws->kt, ws->s, nrp, kbp, Dp, KS);
+        }
 
         for (r = 0; r < nrp; r++) {
             float *srow = ws->s + (size_t)r * KS, mx = -INFINITY, mnew, sum;
@@ -917,9 +995,10 @@ MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *
         float kt_t[KEYS * MSKV__CPU_MAX_DIM], v_t[KEYS * MSKV__CPU_MAX_DIM], s_t[ROWS * KEYS];
         float m_t[ROWS], l_t[ROWS], a_t[ROWS];
         int64_t qp_t[ROWS];
-        const float *vr_t[KEYS];
+        const float *vr_t[KEYS + 1], *kr_t[KEYS + 1];
+        size_t el_t[KEYS];
         stack_ws.q = q_t; stack_ws.o = o_t; stack_ws.kt = kt_t; stack_ws.v = v_t; stack_ws.s = s_t;
-        stack_ws.m = m_t; stack_ws.l = l_t; stack_ws.alpha = a_t; stack_ws.qpos = qp_t; stack_ws.vrow = vr_t;
+        stack_ws.m = m_t; stack_ws.l = l_t; stack_ws.alpha = a_t; stack_ws.qpos = qp_t; stack_ws.vrow = vr_t; stack_ws.krow = kr_t; stack_ws.el = el_t;
         stack_ws.rows = ROWS;
         stack_ws.keys = KEYS;
         job.rows = ROWS;
