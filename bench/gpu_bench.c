@@ -1,0 +1,450 @@
+/* gpu_bench: the GPU kernels' figures, each printed beside its peer measured
+   in the same run, and (--check) their correctness against the CPU backend.
+
+   Figures (one line each):
+     copy      device copy bandwidth, cuMemcpyDtoD (bytes read + written / s): the peer of every GB/s figure
+     chunk     video chunk attention: bf16, head_dim 128, 12 heads, 4,680 queries x 32,760 keys,
+               non-causal, page size 16 and 40: TFLOP/s, and the ratio to PyTorch's
+               scaled_dot_product_attention on the same shape with contiguous K/V (bench/sdpa_peer.py,
+               fastest backend); targets >= 300 TFLOP/s and >= 0.8x
+     decode    64 requests x 4,096 keys, 32 q / 8 kv heads, head_dim 128, page 16: K/V bytes read / s
+               as a fraction of copy bandwidth (target >= 80%); one request of 65,536 keys (split-KV,
+               target >= 60%)
+     kv_write  a 4,680-token chunk (12 kv heads, head_dim 128, bf16): bytes read + written / s as a
+               fraction of copy bandwidth (target >= 75%)
+     latency   one small decode call (1 request, 1 query, 512 keys), launched and synchronised one at
+               a time (target <= 10 us)
+   FLOPs count 4 * head_dim per (query head, key) pair: Q.K and P.V.
+
+   --check: every attention variant (bf16/f16, head_dim 64/128/256, prefill and decode layouts,
+   split-KV) against mskv_cpu_attention_pools over page sizes {1, 16, 40, 64}, GQA {1, 4, 6, 8},
+   kv lengths {0, P-1, P, P+1, 16384}, masks none/causal/window, shuffled page tables, unused pages
+   filled with NaN; and two identical runs must give bit-identical bytes. Exit status 1 on a mismatch.
+
+   Build (no CUDA needed to build; without a GPU it says so and exits 0):
+       cc -std=c99 -O2 -Wall -Wextra -pedantic -Werror bench/gpu_bench.c -o build/gpu_bench -ldl -lpthread -lm
+   Run: build/gpu_bench [--check] [--quick] [--python python3] */
+#define _POSIX_C_SOURCE 200809L
+#define MSTAR_KV_IMPLEMENTATION
+#include "../mstar_kv.h"
+#define MSTAR_KV_CUDA_IMPLEMENTATION
+#include "../mstar_kv_cuda.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double gb_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t gb_state = 0x9e3779b97f4a7c15ull;
+static uint64_t gb_next(void) {
+    gb_state ^= gb_state >> 12; gb_state ^= gb_state << 25; gb_state ^= gb_state >> 27;
+    return gb_state * 0x2545f4914f6cdd1dull;
+}
+static float gb_rand(void) { return (float)(gb_next() >> 40) / 8388608.0f - 1.0f; }
+
+static uint16_t gb_half(mskv_dtype t, float x) { return t == MSKV_DTYPE_F16 ? mskv_f32_to_f16(x) : mskv_f32_to_bf16(x); }
+static float gb_float(mskv_dtype t, uint16_t h) { return t == MSKV_DTYPE_F16 ? mskv_f16_to_f32(h) : mskv_bf16_to_f32(h); }
+
+static int gb_fail(mskv_cuda *cu, const char *what, mskv_result r) {
+    fprintf(stderr, "gpu_bench: %s: %s (%s)\n", what, mskv_result_string(r), cu ? mskv_cuda_last_error(cu) : "");
+    return 1;
+}
+
+/* A problem on the device: a store of one layer, pools filled (NaN bytes
+   where no token lives), a plan (host and device), q, o, lse. */
+typedef struct gb_problem {
+    mskv_cuda_store *st;
+    mskv_dtype dtype;
+    int32_t page_size, kv_heads, q_heads, head_dim, num_pages;
+    mskv_plan plan;
+    mskv_cuda_dplan dplan;
+    int32_t *arrays;           /* plan storage */
+    uint16_t *hk, *hv, *hq;    /* host copies (for the oracle) */
+    size_t pool_elems, q_elems;
+    mskv_cu_ptr q, o, lse;
+} gb_problem;
+
+static void gb_problem_free(mskv_cuda *cu, gb_problem *p) {
+    if (p->st) mskv_cuda_store_destroy(p->st);
+    if (p->q) mskv_cuda_free(cu, p->q);
+    if (p->o) mskv_cuda_free(cu, p->o);
+    if (p->lse) mskv_cuda_free(cu, p->lse);
+    free(p->arrays); free(p->hk); free(p->hv); free(p->hq);
+    memset(p, 0, sizeof(*p));
+}
+
+/* segments b: qo[b] queries over kv[b] keys; pages handed out shuffled
+   (shuffle != 0) or in order; positions split/shift as given (NULL: none). */
+static mskv_result gb_problem_make(mskv_cuda *cu, gb_problem *p, mskv_dtype dtype, int32_t page_size, int32_t kv_heads,
+                                   int32_t q_heads, int32_t head_dim, int32_t batch, const int32_t *qo, const int32_t *kv,
+                                   const int32_t *split, const int32_t *shift, int shuffle, int keep_host) {
+    mskv_cuda_store_desc sd;
+    mskv_result r;
+    int32_t b, n_ids = 0, total_q = 0, i, *ids;
+    size_t slot_elems, n;
+    memset(p, 0, sizeof(*p));
+    for (b = 0; b < batch; b++) { n_ids += (kv[b] + page_size - 1) / page_size; total_q += qo[b]; }
+    p->dtype = dtype; p->page_size = page_size; p->kv_heads = kv_heads; p->q_heads = q_heads; p->head_dim = head_dim;
+    p->num_pages = n_ids + 3;  /* the null page and two spare pages stay NaN */
+    memset(&sd, 0, sizeof(sd));
+    sd.num_pages = p->num_pages; sd.page_size = page_size; sd.num_layers = 1; sd.kv_heads = kv_heads;
+    sd.head_dim = head_dim; sd.dtype = dtype;
+    sd.max_batch = batch > 64 ? batch : 64;
+    sd.max_tokens = total_q > 16384 ? total_q : 16384;
+    sd.max_page_ids = n_ids > 65536 ? n_ids : 65536;
+    if ((r = mskv_cuda_store_create(cu, &sd, &p->st)) != MSKV_SUCCESS) return r;
+    p->arrays = (int32_t *)calloc((size_t)(6 * batch + 4 + n_ids + p->num_pages), sizeof(int32_t));
+    if (!p->arrays) return MSKV_ERROR_OUT_OF_MEMORY;
+    p->plan.batch = batch; p->plan.total_q = total_q; p->plan.num_page_ids = n_ids; p->plan.page_size = page_size;
+    p->plan.qo_indptr = p->arrays;
+    p->plan.kv_indptr = p->plan.qo_indptr + batch + 1;
+    p->plan.kv_last_page_len = p->plan.kv_indptr + batch + 1;
+    p->plan.kv_len = p->plan.kv_last_page_len + batch;
+    p->plan.kv_pos_split = p->plan.kv_len + batch;
+    p->plan.kv_pos_shift = p->plan.kv_pos_split + batch;
+    p->plan.kv_indices = p->plan.kv_pos_shift + batch;
+    ids = p->plan.kv_indices + n_ids;
+    for (i = 1; i < p->num_pages; i++) ids[i - 1] = i;
+    if (shuffle)
+        for (i = p->num_pages - 2; i > 0; i--) {
+            int32_t j = (int32_t)(gb_next() % (uint64_t)(i + 1)), t = ids[i];
+            ids[i] = ids[j]; ids[j] = t;
+        }
+    for (i = 0; i < n_ids; i++) p->plan.kv_indices[i] = ids[i];
+    for (b = 0; b < batch; b++) {
+        int32_t np = (kv[b] + page_size - 1) / page_size;
+        p->plan.qo_indptr[b + 1] = p->plan.qo_indptr[b] + qo[b];
+        p->plan.kv_indptr[b + 1] = p->plan.kv_indptr[b] + np;
+        p->plan.kv_last_page_len[b] = np ? kv[b] - (np - 1) * page_size : 0;
+        p->plan.kv_len[b] = kv[b];
+        p->plan.kv_pos_split[b] = split ? split[b] : kv[b];
+        p->plan.kv_pos_shift[b] = shift ? shift[b] : 0;
+    }
+    slot_elems = (size_t)kv_heads * (size_t)head_dim;
+    p->pool_elems = (size_t)p->num_pages * (size_t)page_size * slot_elems;
+    p->q_elems = (size_t)total_q * (size_t)q_heads * (size_t)head_dim;
+    p->hk = (uint16_t *)malloc(p->pool_elems * 2);
+    p->hv = (uint16_t *)malloc(p->pool_elems * 2);
+    p->hq = (uint16_t *)malloc(p->q_elems * 2 + 2);
+    if (!p->hk || !p->hv || !p->hq) return MSKV_ERROR_OUT_OF_MEMORY;
+    memset(p->hk, 0xff, p->pool_elems * 2);
+    memset(p->hv, 0xff, p->pool_elems * 2);
+    for (b = 0; b < batch; b++) {
+        int64_t j;
+        for (j = 0; j < kv[b]; j++) {
+            size_t slot = (size_t)p->plan.kv_indices[p->plan.kv_indptr[b] + j / page_size] * (size_t)page_size + (size_t)(j % page_size), e;
+            for (e = 0; e < slot_elems; e++) {
+                p->hk[slot * slot_elems + e] = gb_half(dtype, gb_rand());
+                p->hv[slot * slot_elems + e] = gb_half(dtype, gb_rand());
+            }
+        }
+    }
+    for (n = 0; n < p->q_elems; n++) p->hq[n] = gb_half(dtype, 2.0f * gb_rand());
+    if ((r = mskv_cuda_upload(p->st, mskv_cuda_store_pool(p->st, 0, 0), p->hk, p->pool_elems * 2)) != MSKV_SUCCESS) return r;
+    if ((r = mskv_cuda_upload(p->st, mskv_cuda_store_pool(p->st, 0, 1), p->hv, p->pool_elems * 2)) != MSKV_SUCCESS) return r;
+    if ((r = mskv_cuda_malloc(cu, p->q_elems * 2 + 16, &p->q)) != MSKV_SUCCESS) return r;
+    if ((r = mskv_cuda_malloc(cu, p->q_elems * 2 + 16, &p->o)) != MSKV_SUCCESS) return r;
+    if ((r = mskv_cuda_malloc(cu, (size_t)total_q * (size_t)q_heads * 4 + 16, &p->lse)) != MSKV_SUCCESS) return r;
+    if (p->q_elems && (r = mskv_cuda_upload(p->st, p->q, p->hq, p->q_elems * 2)) != MSKV_SUCCESS) return r;
+    if ((r = mskv_cuda_plan_upload(p->st, &p->plan, MSKV_POS_NONE, &p->dplan)) != MSKV_SUCCESS) return r;
+    if (!keep_host) { free(p->hk); free(p->hv); free(p->hq); p->hk = p->hv = p->hq = NULL; }
+    return MSKV_SUCCESS;
+}
+
+static mskv_result gb_attend(gb_problem *p, mskv_mask mask, int32_t window_left) {
+    mskv_attn at;
+    memset(&at, 0, sizeof(at));
+    at.q_heads = p->q_heads; at.mask = mask; at.window_left = window_left; at.q_dtype = p->dtype;
+    return mskv_cuda_attention(p->st, 0, &p->plan, &p->dplan, &at, p->q, p->o, p->lse);
+}
+
+/* seconds per call: warm up, then `iters` calls back to back */
+static double gb_time_attend(gb_problem *p, int iters) {
+    double t0;
+    int i;
+    if (gb_attend(p, MSKV_MASK_NONE, 0) != MSKV_SUCCESS || mskv_cuda_store_sync(p->st) != MSKV_SUCCESS) return -1;
+    t0 = gb_now();
+    for (i = 0; i < iters; i++)
+        if (gb_attend(p, MSKV_MASK_NONE, 0) != MSKV_SUCCESS) return -1;
+    if (mskv_cuda_store_sync(p->st) != MSKV_SUCCESS) return -1;
+    return (gb_now() - t0) / iters;
+}
+
+/* >>figures ------------------------------------------------------------- */
+
+/* bytes read + written per second by cuMemcpyDtoD of 1 GiB (0 on failure) */
+static double gb_copy_bandwidth(mskv_cuda *cu, mskv_cuda_store *st) {
+    const size_t bytes = (size_t)1 << 30;
+    mskv_cu_ptr a = 0, b = 0;
+    double t0, t = 0;
+    int i;
+    if (mskv_cuda_malloc(cu, bytes, &a) != MSKV_SUCCESS || mskv_cuda_malloc(cu, bytes, &b) != MSKV_SUCCESS) goto done;
+    /* the driver table of the context: the public API has no raw device-to-device copy */
+    if (cu->fn.cuMemcpyDtoDAsync(b, a, bytes, mskv_cuda_store_stream(st)) != MSKV_CU_SUCCESS) goto done;
+    mskv_cuda_store_sync(st);
+    t0 = gb_now();
+    for (i = 0; i < 10; i++) cu->fn.cuMemcpyDtoDAsync(b, a, bytes, mskv_cuda_store_stream(st));
+    mskv_cuda_store_sync(st);
+    t = (gb_now() - t0) / 10;
+done:
+    if (a) mskv_cuda_free(cu, a);
+    if (b) mskv_cuda_free(cu, b);
+    return t > 0 ? 2.0 * (double)bytes / t : 0;
+}
+
+/* PyTorch SDPA TFLOP/s on the same shape, from bench/sdpa_peer.py; 0 when unavailable */
+static double gb_sdpa_peer(const char *python, int nq, int nk, int heads, int dim) {
+    char cmd[512], line[256];
+    double tf = 0;
+    FILE *f;
+    snprintf(cmd, sizeof(cmd), "%s bench/sdpa_peer.py --q %d --k %d --heads %d --dim %d 2>&1", python, nq, nk, heads, dim);
+    f = popen(cmd, "r");
+    if (!f) return 0;
+    while (fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "sdpa_tflops %lf", &tf) == 1) continue;
+        fprintf(stderr, "  sdpa_peer: %s", line);
+    }
+    pclose(f);
+    return tf;
+}
+
+static int gb_figures(mskv_cuda *cu, const char *python, int quick) {
+    gb_problem p;
+    mskv_result r;
+    double copy, t;
+    int32_t qo[64], kv[64], i;
+    const int32_t page_sizes[2] = {16, 40};
+    int ps;
+    memset(&p, 0, sizeof(p));
+    /* copy bandwidth (needs a store for its stream) */
+    {
+        int32_t one = 1;
+        if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, 16, 1, 1, 128, 1, &one, &one, NULL, NULL, 0, 0)) != MSKV_SUCCESS)
+            return gb_fail(cu, "setup", r);
+        copy = gb_copy_bandwidth(cu, p.st);
+        gb_problem_free(cu, &p);
+        if (copy <= 0) { fprintf(stderr, "gpu_bench: copy bandwidth could not be measured\n"); return 1; }
+        printf("copy      %.1f GB/s (cuMemcpyDtoD, bytes read + written)\n", copy / 1e9);
+    }
+    /* chunk attention, video shape */
+    {
+        double peer = gb_sdpa_peer(python, 4680, 32760, 12, 128);
+        for (ps = 0; ps < 2; ps++) {
+            double flops = 4.0 * 4680.0 * 32760.0 * 12.0 * 128.0, tf;
+            qo[0] = 4680; kv[0] = 32760;
+            if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, page_sizes[ps], 12, 12, 128, 1, qo, kv, NULL, NULL, 1, 0)) != MSKV_SUCCESS)
+                return gb_fail(cu, "chunk setup", r);
+            t = gb_time_attend(&p, quick ? 3 : 20);
+            if (t < 0) return gb_fail(cu, "chunk attention", MSKV_ERROR_CUDA);
+            tf = flops / t / 1e12;
+            if (peer > 0)
+                printf("chunk     page %d: %.1f TFLOP/s (%.3f ms); SDPA %.1f TFLOP/s; ratio %.2fx (targets >= 300, >= 0.8x)\n",
+                       page_sizes[ps], tf, t * 1e3, peer, tf / peer);
+            else
+                printf("chunk     page %d: %.1f TFLOP/s (%.3f ms); SDPA peer unavailable (see stderr) (target >= 300)\n",
+                       page_sizes[ps], tf, t * 1e3);
+            gb_problem_free(cu, &p);
+        }
+    }
+    /* decode: 64 x 4096, then one request of 65536 keys */
+    for (i = 0; i < 2; i++) {
+        int32_t batch = i == 0 ? 64 : 1, keys = i == 0 ? 4096 : 65536, b;
+        double bytes = 2.0 * batch * keys * 8.0 * 128.0 * 2.0;  /* K and V */
+        for (b = 0; b < batch; b++) { qo[b] = 1; kv[b] = keys; }
+        if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, 16, 8, 32, 128, batch, qo, kv, NULL, NULL, 1, 0)) != MSKV_SUCCESS)
+            return gb_fail(cu, "decode setup", r);
+        t = gb_time_attend(&p, quick ? 10 : 100);
+        if (t < 0) return gb_fail(cu, "decode attention", MSKV_ERROR_CUDA);
+        printf("decode    %d x %d keys: %.1f GB/s of K/V (%.1f us), %.0f%% of copy bandwidth (target >= %d%%)\n",
+               batch, keys, bytes / t / 1e9, t * 1e6, 100.0 * bytes / t / copy, i == 0 ? 80 : 60);
+        gb_problem_free(cu, &p);
+    }
+    /* K/V write of a 4680-token chunk */
+    {
+        const int32_t n = 4680, heads = 12, dim = 128;
+        size_t row_bytes = (size_t)heads * dim * 2, src_bytes = (size_t)n * row_bytes;
+        int64_t *slots = (int64_t *)malloc((size_t)n * 8);
+        mskv_cu_ptr dk = 0, dv = 0;
+        mskv_cuda_dplan dp;
+        mskv_plan plan;
+        int it, iters = quick ? 10 : 100;
+        qo[0] = 1; kv[0] = n + 16;
+        if (!slots) return 1;
+        if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, 16, heads, heads, dim, 1, qo, kv, NULL, NULL, 1, 0)) != MSKV_SUCCESS)
+            return gb_fail(cu, "kv_write setup", r);
+        for (i = 0; i < n; i++) slots[i] = (int64_t)p.plan.kv_indices[i / 16] * 16 + i % 16;
+        memset(&plan, 0, sizeof(plan));
+        plan.total_q = n; plan.page_size = 16; plan.slot_mapping = slots;
+        if ((r = mskv_cuda_malloc(cu, src_bytes, &dk)) != MSKV_SUCCESS || (r = mskv_cuda_malloc(cu, src_bytes, &dv)) != MSKV_SUCCESS ||
+            (r = mskv_cuda_plan_upload(p.st, &plan, MSKV_POS_NONE, &dp)) != MSKV_SUCCESS)
+            return gb_fail(cu, "kv_write setup", r);
+        mskv_cuda_write_kv(p.st, 0, &dp, dk, dv, NULL);
+        mskv_cuda_store_sync(p.st);
+        t = gb_now();
+        for (it = 0; it < iters; it++) mskv_cuda_write_kv(p.st, 0, &dp, dk, dv, NULL);
+        mskv_cuda_store_sync(p.st);
+        t = (gb_now() - t) / iters;
+        printf("kv_write  %d tokens: %.1f GB/s (%.1f us), %.0f%% of copy bandwidth (target >= 75%%)\n",
+               n, 4.0 * (double)src_bytes / t / 1e9, t * 1e6, 100.0 * 4.0 * (double)src_bytes / t / copy);
+        mskv_cuda_free(cu, dk); mskv_cuda_free(cu, dv); free(slots);
+        gb_problem_free(cu, &p);
+    }
+    /* latency of a small decode call, synchronised one at a time */
+    {
+        int it, iters = quick ? 50 : 500;
+        double best = 1e9;
+        qo[0] = 1; kv[0] = 512;
+        if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, 16, 8, 32, 128, 1, qo, kv, NULL, NULL, 1, 0)) != MSKV_SUCCESS)
+            return gb_fail(cu, "latency setup", r);
+        gb_attend(&p, MSKV_MASK_NONE, 0);
+        mskv_cuda_store_sync(p.st);
+        t = gb_now();
+        for (it = 0; it < iters; it++) {
+            double t1 = gb_now();
+            gb_attend(&p, MSKV_MASK_NONE, 0);
+            mskv_cuda_store_sync(p.st);
+            t1 = gb_now() - t1;
+            if (t1 < best) best = t1;
+        }
+        t = (gb_now() - t) / iters;
+        printf("latency   decode 1 x 512 keys: %.1f us mean, %.1f us best, launch + sync (target <= 10 us)\n", t * 1e6, best * 1e6);
+        gb_problem_free(cu, &p);
+    }
+    return 0;
+}
+
+/* >>check --------------------------------------------------------------- */
+
+/* One case on the device and on the CPU backend; returns 1 when they agree
+   and two device runs are bit-identical. */
+static int gb_check_case(mskv_cuda *cu, mskv_cpu *cpu, mskv_dtype dtype, int32_t dim, int32_t P, int32_t kv_heads,
+                         int32_t group, int32_t batch, const int32_t *qo, const int32_t *kv, const int32_t *split,
+                         const int32_t *shift, mskv_mask mask, int32_t window_left, const char *what) {
+    gb_problem p;
+    mskv_pools pools;
+    mskv_attn at;
+    mskv_result r;
+    uint16_t *o1 = NULL, *o2 = NULL, *ref = NULL;
+    float *l1 = NULL, *l2 = NULL, *lref = NULL;
+    size_t n, rows, i;
+    double oe = 0, le = 0, tol = dtype == MSKV_DTYPE_F16 ? 4e-3 : 2.5e-2;
+    int ok = 0;
+    if ((r = gb_problem_make(cu, &p, dtype, P, kv_heads, kv_heads * group, dim, batch, qo, kv, split, shift, 1, 1)) != MSKV_SUCCESS) {
+        gb_fail(cu, what, r);
+        gb_problem_free(cu, &p);
+        return 0;
+    }
+    n = p.q_elems; rows = (size_t)p.plan.total_q * (size_t)p.q_heads;
+    o1 = (uint16_t *)malloc(n * 2 + 2); o2 = (uint16_t *)malloc(n * 2 + 2); ref = (uint16_t *)malloc(n * 2 + 2);
+    l1 = (float *)malloc(rows * 4 + 4); l2 = (float *)malloc(rows * 4 + 4); lref = (float *)malloc(rows * 4 + 4);
+    if (!o1 || !o2 || !ref || !l1 || !l2 || !lref) goto done;
+    pools.k = p.hk; pools.v = p.hv; pools.dtype = dtype; pools.num_pages = p.num_pages; pools.page_size = P;
+    pools.kv_heads = kv_heads; pools.head_dim = dim;
+    memset(&at, 0, sizeof(at));
+    at.q_heads = p.q_heads; at.mask = mask; at.window_left = window_left; at.q_dtype = dtype;
+    if ((r = mskv_cpu_attention_pools(cpu, &pools, &p.plan, &at, p.hq, ref, lref)) != MSKV_SUCCESS) { gb_fail(NULL, "cpu oracle", r); goto done; }
+    if ((r = gb_attend(&p, mask, window_left)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_download(p.st, o1, p.o, n * 2)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_download(p.st, l1, p.lse, rows * 4)) != MSKV_SUCCESS ||
+        (r = gb_attend(&p, mask, window_left)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_download(p.st, o2, p.o, n * 2)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_download(p.st, l2, p.lse, rows * 4)) != MSKV_SUCCESS) { gb_fail(cu, what, r); goto done; }
+    if (memcmp(o1, o2, n * 2) != 0 || memcmp(l1, l2, rows * 4) != 0) {
+        printf("FAIL %s: two identical runs differ\n", what);
+        goto done;
+    }
+    for (i = 0; i < rows; i++) {
+        size_t d;
+        if (isinf(lref[i])) { if (!(isinf(l1[i]) && l1[i] < 0)) le = 1e9; }
+        else le = fmax(le, isfinite(l1[i]) ? fabs((double)l1[i] - lref[i]) : 1e9);
+        for (d = 0; d < (size_t)dim; d++) {
+            double a = gb_float(dtype, o1[i * dim + d]), b = gb_float(dtype, ref[i * dim + d]);
+            oe = fmax(oe, isfinite(a) ? fabs(a - b) : 1e9);
+        }
+    }
+    ok = oe <= tol && le <= 2e-3;
+    if (!ok) printf("FAIL %s: o err %.3g (tol %.3g), lse err %.3g\n", what, oe, tol, le);
+done:
+    free(o1); free(o2); free(ref); free(l1); free(l2); free(lref);
+    gb_problem_free(cu, &p);
+    return ok;
+}
+
+static int gb_check(mskv_cuda *cu, int quick) {
+    const int32_t Ps[4] = {1, 16, 40, 64}, groups[4] = {1, 4, 6, 8}, dims[3] = {64, 128, 256};
+    const mskv_dtype dtypes[2] = {MSKV_DTYPE_BF16, MSKV_DTYPE_F16};
+    mskv_cpu *cpu = NULL;
+    mskv_cpu_desc cd;
+    int cases = 0, failed = 0, di, ti, pi, gi, li, m, qi;
+    memset(&cd, 0, sizeof(cd));
+    cd.num_threads = 8;
+    if (mskv_cpu_create(&cd, &cpu) != MSKV_SUCCESS) cpu = NULL;
+    for (ti = 0; ti < 2; ti++)
+        for (di = 0; di < 3; di++)
+            for (pi = 0; pi < 4; pi++)
+                for (gi = 0; gi < 4; gi++) {
+                    const int32_t P = Ps[pi], lens[5] = {0, P - 1, P, P + 1, 16384};
+                    for (li = 0; li < 5; li++) {
+                        int32_t kv = lens[li];
+                        if (quick && li == 4) continue;
+                        for (m = 0; m < 3; m++)
+                            for (qi = 0; qi < 2; qi++) {  /* decode (1 query) and prefill (up to 300 queries) */
+                                char what[160];
+                                int32_t qo = qi == 0 ? 1 : (kv < 300 ? kv : 300), split = kv / 3, shift = m ? 1000 : 0;
+                                if (kv == 0 && m) continue;      /* masked queries need a position */
+                                if (kv == 0) qo = qi == 0 ? 1 : 7;
+                                if (di == 2 && li == 4 && qi == 1) continue;  /* keep the 256 sweep short */
+                                snprintf(what, sizeof(what), "%s d%d P=%d gqa %d kv %d mask %d qo %d",
+                                         ti ? "f16" : "bf16", dims[di], P, groups[gi], kv, m, qo);
+                                cases++;
+                                if (!gb_check_case(cu, cpu, dtypes[ti], dims[di], P, 2, groups[gi], 1, &qo, &kv, &split, &shift,
+                                                   (mskv_mask)m, 37, what))
+                                    failed++;
+                            }
+                    }
+                }
+    /* a batch of uneven segments (split-KV decides per batch) */
+    {
+        int32_t qo[5] = {1, 1, 1, 1, 1}, kv[5] = {16384, 1, 0, 4095, 700}, split[5] = {100, 1, 0, 4000, 699}, shift[5] = {7, 0, 0, 3, 9};
+        cases++;
+        if (!gb_check_case(cu, cpu, MSKV_DTYPE_BF16, 128, 16, 8, 4, 5, qo, kv, split, shift, MSKV_MASK_CAUSAL, 0, "bf16 d128 decode batch"))
+            failed++;
+    }
+    if (cpu) mskv_cpu_destroy(cpu);
+    printf("check     %d cases, %d failed (attention vs CPU backend, bit-identical reruns)\n", cases, failed);
+    return failed ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    mskv_cuda_desc desc;
+    mskv_cuda *cu = NULL;
+    mskv_cuda_info info;
+    mskv_result r;
+    char why[1024];
+    const char *python = "python3";
+    int check = 0, quick = 0, i, rc;
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--check")) check = 1;
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--python") && i + 1 < argc) python = argv[++i];
+        else { fprintf(stderr, "usage: %s [--check] [--quick] [--python python3]\n", argv[0]); return 2; }
+    }
+    memset(&desc, 0, sizeof(desc));
+    if (mskv_cuda_probe(&desc, why, sizeof(why)) != MSKV_SUCCESS) {
+        printf("gpu_bench: no usable GPU, nothing measured (%s)\n", why);
+        return 0;
+    }
+    if ((r = mskv_cuda_create(&desc, &cu)) != MSKV_SUCCESS) return gb_fail(NULL, "mskv_cuda_create", r);
+    mskv_cuda_info_get(cu, &info);
+    printf("device    %s, sm_%d, %d SMs, driver %d, NVRTC %d\n", info.name, info.arch, info.multiprocessors,
+           info.driver_version, info.nvrtc_version);
+    rc = check ? gb_check(cu, quick) : gb_figures(cu, python, quick);
+    mskv_cuda_destroy(cu);
+    return rc;
+}
