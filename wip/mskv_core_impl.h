@@ -1672,6 +1672,8 @@ MSKV_IMPL mskv_result mskv_session_commit_chunk(mskv_session *s, uint64_t *step_
     if (s->chunk_tokens == 0) return MSKV_ERROR_NO_RESERVATION;
     seg.request = s->request;
     seg.n_tokens = s->chunk_tokens;
+    memset(&before, 0, sizeof before);
+    memset(&after, 0, sizeof after);
     r = mskv_request_info_get(s->arena, s->request, &before);
     if (r == MSKV_SUCCESS) r = mskv_commit(s->arena, &seg, 1);
     if (r != MSKV_SUCCESS) return r;
