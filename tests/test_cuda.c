@@ -389,7 +389,7 @@ static mskv_cuda_store_desc tcu_store_desc(size_t staging) {
     return sd;
 }
 
-static mskv_result tcu_rig_open(tcu_rig *r, size_t staging) {
+static mskv_result tcu_rig_open2(tcu_rig *r, size_t staging, const char *cache_dir) {
     mskv_cuda_store_desc sd = tcu_store_desc(staging);
     mskv_arena_desc ad;
     mskv_result e;
@@ -399,7 +399,8 @@ static mskv_result tcu_rig_open(tcu_rig *r, size_t staging) {
     tcu_logged[0] = 0;
     r->fn = tcm_table();
     r->cd.functions = &r->fn;
-    r->cd.disable_disk_cache = 1;
+    r->cd.disable_disk_cache = cache_dir ? 0 : 1;
+    r->cd.cache_dir = cache_dir;
     r->cd.allocator = tcu_allocator();
     r->cd.log = tcu_log;
     if ((e = mskv_cuda_create(&r->cd, &r->cu)) != MSKV_SUCCESS) return e;
@@ -410,6 +411,9 @@ static mskv_result tcu_rig_open(tcu_rig *r, size_t staging) {
     if ((e = mskv_arena_create(&ad, &r->a)) != MSKV_SUCCESS) return e;
     return mskv_cuda_store_bind(r->st, r->a);
 }
+
+static mskv_result tcu_rig_open(tcu_rig *r, size_t staging) { return tcu_rig_open2(r, staging, NULL); }
+static mskv_result tcu_rig_open_cached(tcu_rig *r, const char *cache_dir) { return tcu_rig_open2(r, 0, cache_dir); }
 
 static void tcu_rig_close(tcu_rig *r) {
     if (r->a) mskv_arena_destroy(r->a);
@@ -838,6 +842,28 @@ TEST(cuda_two_processes_writing_one_cache_entry_do_not_corrupt_it) {
     tcu_rm_dir(dir);
 }
 
+TEST(cuda_warm_start_compiles_nothing) {
+    char dir[512];
+    int run;
+    mskv_cuda_info info[2];
+    tcu_cache_dir(dir, sizeof dir, "warm");
+    for (run = 0; run < 2; run++) {
+        tcu_rig r;
+        mskv_request req;
+        ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open_cached(&r, dir));
+        ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 5));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_info_get(r.cu, &info[run]));
+        tcu_rig_close(&r);
+        TCU_EXPECT_NO_LEAKS();
+    }
+    EXPECT_EQ(1, info[0].compiles);
+    EXPECT_EQ(0, info[0].disk_hits);
+    EXPECT_EQ(0, info[1].compiles);
+    EXPECT_EQ(1, info[1].disk_hits);
+    tcu_rm_dir(dir);
+}
+
 /* ---- the device store through the mock ---------------------------------------------------- */
 
 TEST(cuda_compile_error_log_reaches_logger_and_caller) {
@@ -1135,4 +1161,36 @@ TEST(cuda_export_import_works_for_a_device_resident_request) {
     free(blob);
     tcu_rig_close(&r);
     TCU_EXPECT_NO_LEAKS();
+}
+
+/* ---- the GPU check's own logic, through the mock ------------------------------------------- */
+
+#define MSKV_GPU_CHECK_NO_MAIN
+#include "gpu_check.c"
+
+TEST(cuda_gpu_check_logic_passes_on_the_mock_device) {
+    mskv_cuda_functions fn;
+    mskv_cuda_desc cd;
+    mskv_cuda *cu = NULL;
+    FILE *sink = tmpfile();
+    int failures;
+    tcm_reset();
+    tcu_live_allocs = 0;
+    fn = tcm_table();
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    cd.disable_disk_cache = 1;
+    cd.allocator = tcu_allocator();
+    ASSERT_TRUE(sink != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_create(&cd, &cu));
+    failures = gpc_run(cu, 1, sink);
+    if (failures) {
+        char line[256];
+        rewind(sink);
+        while (fgets(line, sizeof line, sink)) printf("    | %s", line);
+    }
+    EXPECT_EQ(0, failures);
+    mskv_cuda_destroy(cu);
+    fclose(sink);
+    EXPECT_TRUE(tcm_nothing_live());
 }

@@ -1,0 +1,455 @@
+/* gpu_check.c - the GPU check of mstar_kv: runs the device store and kernels
+   of mstar_kv_cuda.h against the CPU backend of mstar_kv.h and prints a short
+   summary. Run it with `make gpu-check` (or `bash tests/gpu_check.sh`) on a
+   machine with an NVIDIA GPU; it needs only -ldl at build time.
+
+   Checks:
+     kv_write    every dtype x head_dim x RoPE mode/style, odd page size:
+                 bit-exact without RoPE, within 2 ulp of the pool dtype with it
+                 (device sinf/cosf against libm)
+     offload     offload/reload/export/import round trips of some requests
+                 while others keep writing (gather/scatter kernels, fences)
+     graph       a captured step replayed with new plan contents and new K/V
+     attention   the hook below (the kernel engineer's checks and benchmarks)
+   Exit status: 0 all passed, 1 a mismatch or error, 77 no usable GPU.
+
+   Attention hook: when tests/gpu_check_attn.h exists, gpu_check.sh compiles
+   with -DMSKV_GPU_CHECK_ATTN and this file includes it; it must define
+       static int gpc_attn_check(mskv_cuda *cu, int quick);
+   returning the number of failures and printing its own summary lines.
+   tests/test_cuda.c includes this file with MSKV_GPU_CHECK_NO_MAIN and runs
+   gpc_run() through its mock driver, so the check's logic is tested on CI. */
+#ifndef MSKV_GPU_CHECK_NO_MAIN
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#define MSTAR_KV_IMPLEMENTATION
+#include "../mstar_kv.h"
+#define MSTAR_KV_CUDA_IMPLEMENTATION
+#include "../mstar_kv_cuda.h"
+#ifdef MSKV_GPU_CHECK_ATTN
+#include "gpu_check_attn.h"
+#endif
+#endif
+
+typedef struct gpc_ctx {
+    mskv_cuda *cu;
+    int quick;             /* fewer variants (the mock run in the tests) */
+    int failures, checks;
+    uint64_t rng;
+    FILE *out;
+} gpc_ctx;
+
+static uint32_t gpc_rand(gpc_ctx *c) {
+    c->rng ^= c->rng << 13; c->rng ^= c->rng >> 7; c->rng ^= c->rng << 17;
+    return (uint32_t)(c->rng >> 11);
+}
+static float gpc_uniform(gpc_ctx *c) { return (float)(gpc_rand(c) % 40001u) / 10000.0f - 2.0f; }
+
+static void gpc_fail(gpc_ctx *c, const char *fmt, const char *what, long long a, long long b) {
+    c->failures++;
+    if (c->failures <= 20) {
+        fprintf(c->out, "  FAIL ");
+        fprintf(c->out, fmt, what, a, b);
+        fprintf(c->out, "\n");
+    }
+}
+
+/* a CPU arena and a device arena with the same geometry, driven identically */
+typedef struct gpc_pair {
+    mskv_arena *cpu, *gpu;
+    mskv_cuda_store *st;
+    mskv_store_info info;
+    mskv_plan pc, pg;      /* plan buffers for each arena */
+} gpc_pair;
+
+static mskv_result gpc_pair_open(gpc_ctx *c, gpc_pair *p, mskv_dtype dt, int32_t hd, int32_t page_size, int32_t pages) {
+    mskv_cuda_store_desc sd;
+    mskv_arena_desc ad;
+    mskv_result r;
+    memset(p, 0, sizeof *p);
+    memset(&sd, 0, sizeof sd);
+    sd.num_pages = pages; sd.page_size = page_size; sd.num_layers = 2; sd.kv_heads = 4; sd.head_dim = hd;
+    sd.dtype = dt; sd.max_batch = 8; sd.max_tokens = 1024; sd.max_page_ids = pages;
+    sd.staging_bytes = (size_t)3 * 2 * 2 * (size_t)page_size * 4 * (size_t)hd * mskv_dtype_size(dt); /* 3 pages per chunk */
+    if ((r = mskv_cuda_store_create(c->cu, &sd, &p->st)) != MSKV_SUCCESS) return r;
+    memset(&ad, 0, sizeof ad);
+    if ((r = mskv_cuda_store_arena_desc(p->st, &ad)) != MSKV_SUCCESS) return r;
+    if ((r = mskv_arena_create(&ad, &p->gpu)) != MSKV_SUCCESS) return r;
+    if ((r = mskv_cuda_store_bind(p->st, p->gpu)) != MSKV_SUCCESS) return r;
+    ad.store_ops = NULL;
+    ad.retire_mode = MSKV_RETIRE_IMMEDIATE;
+    if ((r = mskv_arena_create(&ad, &p->cpu)) != MSKV_SUCCESS) return r;
+    if ((r = mskv_store_info_get(p->cpu, &p->info)) != MSKV_SUCCESS) return r;
+    if ((r = mskv_plan_alloc(p->cpu, 8, 1024, pages, &p->pc)) != MSKV_SUCCESS) return r;
+    return mskv_plan_alloc(p->gpu, 8, 1024, pages, &p->pg);
+}
+
+static void gpc_pair_close(gpc_pair *p) {
+    if (p->cpu) { mskv_plan_free(p->cpu, &p->pc); mskv_arena_destroy(p->cpu); }
+    if (p->gpu) { mskv_plan_free(p->gpu, &p->pg); mskv_arena_destroy(p->gpu); }
+    if (p->st) mskv_cuda_store_destroy(p->st);
+    memset(p, 0, sizeof *p);
+}
+
+/* random K and V rows [n][kv_heads][hd] in the pool dtype */
+static void gpc_fill_rows(gpc_ctx *c, const mskv_store_info *si, int64_t n, void *k, void *v) {
+    int64_t i, count = n * si->kv_heads * si->head_dim;
+    for (i = 0; i < count; i++) {
+        float a = gpc_uniform(c), b = gpc_uniform(c);
+        if (si->dtype == MSKV_DTYPE_F32) { ((float *)k)[i] = a; ((float *)v)[i] = b; }
+        else if (si->dtype == MSKV_DTYPE_F16) { ((uint16_t *)k)[i] = mskv_f32_to_f16(a); ((uint16_t *)v)[i] = mskv_f32_to_f16(b); }
+        else { ((uint16_t *)k)[i] = mskv_f32_to_bf16(a); ((uint16_t *)v)[i] = mskv_f32_to_bf16(b); }
+    }
+}
+
+static float gpc_el(mskv_dtype dt, const unsigned char *p) {
+    uint16_t h;
+    if (dt == MSKV_DTYPE_F32) { float f; memcpy(&f, p, 4); return f; }
+    memcpy(&h, p, 2);
+    return dt == MSKV_DTYPE_F16 ? mskv_f16_to_f32(h) : mskv_bf16_to_f32(h);
+}
+
+/* Compares every committed, unreleased token of req in both arenas (both
+   resident). tol_ulp 0 = bit-exact. Returns mismatching elements. */
+static long gpc_compare(gpc_ctx *c, gpc_pair *p, mskv_request rc, mskv_request rg, int64_t n_tokens, int tol_ulp,
+                        const char *what) {
+    const mskv_store_info *si = &p->info;
+    size_t row = si->slot_bytes, es = si->elem_size;
+    unsigned char *dev = (unsigned char *)malloc(si->pool_bytes);
+    long bad = 0;
+    int32_t l, kind;
+    int64_t t;
+    double eps = si->dtype == MSKV_DTYPE_F32 ? 1.0 / 8388608.0 : si->dtype == MSKV_DTYPE_F16 ? 1.0 / 1024.0 : 1.0 / 128.0;
+    if (!dev) { gpc_fail(c, "%s: out of host memory %lld %lld", what, 0, 0); return 1; }
+    for (l = 0; l < si->num_layers; l++)
+        for (kind = 0; kind < 2; kind++) {
+            const unsigned char *host = (const unsigned char *)mskv_store_pool(p->cpu, l, kind);
+            mskv_result r = mskv_cuda_download(p->st, dev, mskv_cuda_store_pool(p->st, l, kind), si->pool_bytes);
+            if (r != MSKV_SUCCESS) { gpc_fail(c, "%s: download failed %lld %lld", what, (long long)r, 0); bad++; continue; }
+            for (t = 0; t < n_tokens; t++) {
+                int64_t sc, sg;
+                size_t e;
+                mskv_result r1 = mskv_request_slot(p->cpu, rc, t, &sc), r2 = mskv_request_slot(p->gpu, rg, t, &sg);
+                if (r1 != r2) { gpc_fail(c, "%s: slot lookups differ: %lld vs %lld", what, (long long)r1, (long long)r2); bad++; continue; }
+                if (r1 != MSKV_SUCCESS) continue;   /* released in both */
+                if (tol_ulp == 0) {
+                    if (memcmp(host + (size_t)sc * row, dev + (size_t)sg * row, row) != 0) {
+                        if (!bad) gpc_fail(c, "%s: token %lld layer/kind %lld differs", what, (long long)t, (long long)(l * 2 + kind));
+                        bad++;
+                    }
+                    continue;
+                }
+                for (e = 0; e < row / es; e++) {
+                    float x = gpc_el(si->dtype, host + (size_t)sc * row + e * es);
+                    float y = gpc_el(si->dtype, dev + (size_t)sg * row + e * es);
+                    double tol = tol_ulp * eps * (fabs((double)x) > 1.0 ? fabs((double)x) : 1.0);
+                    if (fabs((double)x - (double)y) > tol) {
+                        if (!bad) gpc_fail(c, "%s: token %lld element %lld beyond tolerance", what, (long long)t, (long long)e);
+                        bad++;
+                    }
+                }
+            }
+        }
+    free(dev);
+    c->checks++;
+    return bad;
+}
+
+/* One step on both arenas: admit n tokens for each request, write random K/V
+   into every layer (CPU backend / device kernel), commit, publish. */
+static mskv_result gpc_step(gpc_ctx *c, gpc_pair *p, const mskv_request *rc, const mskv_request *rg, int32_t nreq,
+                            int64_t n, const mskv_rope *rope) {
+    mskv_segment sc[8], sg[8];
+    mskv_plan_desc pd;
+    mskv_cuda_dplan dp;
+    const mskv_store_info *si = &p->info;
+    size_t bytes = (size_t)n * (size_t)nreq * si->slot_bytes;
+    void *k = malloc(bytes), *v = malloc(bytes);
+    mskv_cu_ptr dk = 0, dv = 0;
+    mskv_result r;
+    int32_t i, l;
+    for (i = 0; i < nreq; i++) { sc[i].request = rc[i]; sc[i].n_tokens = n; sg[i].request = rg[i]; sg[i].n_tokens = n; }
+    memset(&pd, 0, sizeof pd);
+    pd.pos_mode = rope ? rope->mode : MSKV_POS_NONE;
+    pd.grid_h = 4; pd.grid_w = 5;
+    if (!k || !v) { free(k); free(v); return MSKV_ERROR_OUT_OF_MEMORY; }
+    r = mskv_admit(p->cpu, sc, nreq);
+    if (r == MSKV_SUCCESS) r = mskv_admit(p->gpu, sg, nreq);
+    if (r == MSKV_SUCCESS) r = mskv_plan_build(p->cpu, sc, nreq, &pd, &p->pc);
+    if (r == MSKV_SUCCESS) r = mskv_plan_build(p->gpu, sg, nreq, &pd, &p->pg);
+    if (r == MSKV_SUCCESS) r = mskv_cuda_plan_upload(p->st, &p->pg, pd.pos_mode, &dp);
+    if (r == MSKV_SUCCESS) r = mskv_cuda_malloc(c->cu, bytes, &dk);
+    if (r == MSKV_SUCCESS) r = mskv_cuda_malloc(c->cu, bytes, &dv);
+    for (l = 0; l < si->num_layers && r == MSKV_SUCCESS; l++) {
+        gpc_fill_rows(c, si, n * nreq, k, v);
+        r = mskv_cpu_write_kv(p->cpu, l, &p->pc, k, v, si->dtype, rope);
+        if (r == MSKV_SUCCESS) r = mskv_cuda_upload(p->st, dk, k, bytes);
+        if (r == MSKV_SUCCESS) r = mskv_cuda_upload(p->st, dv, v, bytes);
+        if (r == MSKV_SUCCESS) r = mskv_cuda_write_kv(p->st, l, &dp, dk, dv, rope);
+    }
+    /* the K/V buffers are reused by the next step: the kernels must be done */
+    if (r == MSKV_SUCCESS) r = mskv_cuda_store_sync(p->st);
+    mskv_cuda_free(c->cu, dk);
+    mskv_cuda_free(c->cu, dv);
+    free(k);
+    free(v);
+    if (r == MSKV_SUCCESS) r = mskv_commit(p->cpu, sc, nreq);
+    if (r == MSKV_SUCCESS) r = mskv_commit(p->gpu, sg, nreq);
+    if (r == MSKV_SUCCESS) r = mskv_publish(p->cpu, sc, nreq, NULL);
+    if (r == MSKV_SUCCESS) r = mskv_cuda_publish(p->st, sg, nreq, NULL);
+    return r;
+}
+
+#define GPC_TRY(c, call, what)                                                                   \
+    do { mskv_result gpc__r = (call);                                                            \
+         if (gpc__r != MSKV_SUCCESS) {                                                           \
+             gpc_fail((c), "%s: failed (%lld) %lld", what, (long long)gpc__r, 0);               \
+             fprintf((c)->out, "       %s (%s)\n", mskv_result_string(gpc__r), mskv_cuda_last_error((c)->cu)); \
+             goto done; } } while (0)
+
+/* kv_write for one (dtype, head_dim, rope) */
+static void gpc_kv_write_case(gpc_ctx *c, mskv_dtype dt, int32_t hd, const mskv_rope *rope, const char *name) {
+    gpc_pair p;
+    mskv_request rc[2], rg[2];
+    int step;
+    GPC_TRY(c, gpc_pair_open(c, &p, dt, hd, 7, 64), name);
+    GPC_TRY(c, mskv_request_add(p.cpu, &rc[0]), name);
+    GPC_TRY(c, mskv_request_add(p.cpu, &rc[1]), name);
+    GPC_TRY(c, mskv_request_add(p.gpu, &rg[0]), name);
+    GPC_TRY(c, mskv_request_add(p.gpu, &rg[1]), name);
+    for (step = 0; step < 3; step++) GPC_TRY(c, gpc_step(c, &p, rc, rg, 2, 19, rope), name);
+    gpc_compare(c, &p, rc[0], rg[0], 57, rope ? 2 : 0, name);
+    gpc_compare(c, &p, rc[1], rg[1], 57, rope ? 2 : 0, name);
+done:
+    gpc_pair_close(&p);
+}
+
+static int gpc_check_kv_write(gpc_ctx *c) {
+    static const int32_t dims[3] = { 64, 128, 256 };
+    int before = c->failures, cases = 0, d, t, m;
+    for (t = 0; t < 3; t++)
+        for (d = 0; d < 3; d++)
+            for (m = 0; m < 5; m++) {
+                mskv_rope rope;
+                char name[96];
+                if (c->quick && (d != 1 || (m != 0 && m != 3))) continue;
+                memset(&rope, 0, sizeof rope);
+                rope.mode = m >= 3 ? MSKV_POS_3D : MSKV_POS_1D;
+                rope.style = (m == 2 || m == 4) ? MSKV_ROPE_INTERLEAVED : MSKV_ROPE_HALF;
+                rope.theta = 10000.0f;
+                snprintf(name, sizeof name, "kv_write dtype %d D %d rope %s", t, (int)dims[d],
+                         m == 0 ? "none" : m == 1 ? "1-D half" : m == 2 ? "1-D interleaved" : m == 3 ? "3-D half" : "3-D interleaved");
+                gpc_kv_write_case(c, (mskv_dtype)t, dims[d], m ? &rope : NULL, name);
+                cases++;
+            }
+    fprintf(c->out, "kv_write      %3d cases   %s\n", cases, c->failures == before ? "ok" : "FAILED");
+    return c->failures - before;
+}
+
+/* Requests 0..3 keep writing; each round one of them is offloaded, another
+   reloaded, one exported and imported back, with releases in between. */
+static int gpc_check_offload(gpc_ctx *c) {
+    gpc_pair p;
+    mskv_request rc[4], rg[4];
+    int before = c->failures, round, i, rounds = c->quick ? 4 : 24, moves = 0;
+    int offl[4] = { 0, 0, 0, 0 };
+    int64_t len = 0;
+    memset(&p, 0, sizeof p);
+    GPC_TRY(c, gpc_pair_open(c, &p, MSKV_DTYPE_BF16, 128, 16, 512), "offload setup");
+    for (i = 0; i < 4; i++) {
+        GPC_TRY(c, mskv_request_add(p.cpu, &rc[i]), "offload setup");
+        GPC_TRY(c, mskv_request_add(p.gpu, &rg[i]), "offload setup");
+    }
+    for (round = 0; round < rounds; round++) {
+        mskv_request wc[4], wg[4];
+        int32_t nw = 0;
+        int victim = round % 4, back = (round + 2) % 4;
+        /* those resident keep writing */
+        for (i = 0; i < 4; i++)
+            if (!offl[i]) { wc[nw] = rc[i]; wg[nw] = rg[i]; nw++; }
+        if (nw) GPC_TRY(c, gpc_step(c, &p, wc, wg, nw, 13, NULL), "offload: writes");
+        if (!offl[victim]) {
+            GPC_TRY(c, mskv_request_offload(p.cpu, rc[victim]), "offload (cpu)");
+            GPC_TRY(c, mskv_request_offload(p.gpu, rg[victim]), "offload (gpu)");
+            offl[victim] = 1;
+            moves++;
+        }
+        if (offl[back]) {
+            GPC_TRY(c, mskv_request_reload(p.cpu, rc[back]), "reload (cpu)");
+            GPC_TRY(c, mskv_request_reload(p.gpu, rg[back]), "reload (gpu)");
+            offl[back] = 0;
+            moves++;
+        }
+        if (round % 5 == 4 && !offl[(round + 1) % 4]) {
+            /* export a resident request, drop it, import it back */
+            int j = (round + 1) % 4;
+            size_t sc = 0, sg = 0;
+            void *bc, *bg;
+            GPC_TRY(c, mskv_request_export(p.cpu, rc[j], NULL, 0, &sc), "export (cpu)");
+            GPC_TRY(c, mskv_request_export(p.gpu, rg[j], NULL, 0, &sg), "export (gpu)");
+            bc = malloc(sc); bg = malloc(sg);
+            if (bc && bg && mskv_request_export(p.cpu, rc[j], bc, sc, &sc) == MSKV_SUCCESS &&
+                mskv_request_export(p.gpu, rg[j], bg, sg, &sg) == MSKV_SUCCESS &&
+                mskv_request_remove(p.cpu, rc[j]) == MSKV_SUCCESS && mskv_request_remove(p.gpu, rg[j]) == MSKV_SUCCESS &&
+                mskv_request_import(p.cpu, bc, sc, &rc[j]) == MSKV_SUCCESS &&
+                mskv_request_import(p.gpu, bg, sg, &rg[j]) == MSKV_SUCCESS &&
+                mskv_request_reload(p.cpu, rc[j]) == MSKV_SUCCESS && mskv_request_reload(p.gpu, rg[j]) == MSKV_SUCCESS) {
+                if (sc != sg || memcmp(bc, bg, sc) != 0) gpc_fail(c, "%s: blobs differ (%lld vs %lld bytes)", "export", (long long)sc, (long long)sg);
+                moves++;
+            } else {
+                gpc_fail(c, "%s: export/import round trip failed %lld %lld", "export", 0, 0);
+            }
+            free(bc); free(bg);
+        }
+        if (round % 7 == 6) {
+            for (i = 0; i < 4; i++)
+                if (!offl[i]) {
+                    int64_t gone = 0;
+                    GPC_TRY(c, mskv_request_release_oldest(p.cpu, rc[i], 20, &gone), "release (cpu)");
+                    GPC_TRY(c, mskv_request_release_oldest(p.gpu, rg[i], 20, &gone), "release (gpu)");
+                }
+        }
+    }
+    for (i = 0; i < 4; i++)
+        if (offl[i]) {
+            GPC_TRY(c, mskv_request_reload(p.cpu, rc[i]), "reload (cpu)");
+            GPC_TRY(c, mskv_request_reload(p.gpu, rg[i]), "reload (gpu)");
+        }
+    for (i = 0; i < 4; i++) {
+        mskv_request_info info;
+        GPC_TRY(c, mskv_request_info_get(p.gpu, rg[i], &info), "info");
+        len = info.committed;
+        gpc_compare(c, &p, rc[i], rg[i], len, 0, "offload round trips");
+    }
+    {
+        char why[256] = "";
+        if (mskv_arena_audit(p.gpu, why, sizeof why) != MSKV_SUCCESS) gpc_fail(c, "audit: %s %lld %lld", why, 0, 0);
+    }
+done:
+    gpc_pair_close(&p);
+    fprintf(c->out, "offload       %3d moves   %s\n", moves, c->failures == before ? "ok" : "FAILED");
+    return c->failures - before;
+}
+
+/* A step captured once, replayed with new plans and new K/V. */
+static int gpc_check_graph(gpc_ctx *c) {
+    gpc_pair p;
+    mskv_request rc, rg;
+    mskv_segment sc, sg;
+    mskv_plan_desc pd;
+    mskv_cuda_dplan dp;
+    mskv_cuda_graph *g = NULL;
+    mskv_cu_ptr dk[2] = { 0, 0 }, dv[2] = { 0, 0 };
+    void *k = NULL, *v = NULL;
+    int before = c->failures, replay, replays = c->quick ? 2 : 6;
+    int32_t l;
+    const int64_t n = 24;
+    size_t bytes;
+    mskv_rope rope;
+    memset(&p, 0, sizeof p);
+    memset(&rope, 0, sizeof rope);
+    rope.mode = MSKV_POS_1D;
+    GPC_TRY(c, gpc_pair_open(c, &p, MSKV_DTYPE_F16, 128, 16, 128), "graph setup");
+    bytes = (size_t)n * p.info.slot_bytes;
+    k = malloc(bytes); v = malloc(bytes);
+    GPC_TRY(c, k && v ? MSKV_SUCCESS : MSKV_ERROR_OUT_OF_MEMORY, "graph setup");
+    GPC_TRY(c, mskv_request_add(p.cpu, &rc), "graph setup");
+    GPC_TRY(c, mskv_request_add(p.gpu, &rg), "graph setup");
+    for (l = 0; l < 2; l++) {
+        GPC_TRY(c, mskv_cuda_malloc(c->cu, bytes, &dk[l]), "graph setup");
+        GPC_TRY(c, mskv_cuda_malloc(c->cu, bytes, &dv[l]), "graph setup");
+    }
+    memset(&pd, 0, sizeof pd);
+    pd.pos_mode = MSKV_POS_1D;
+    sc.request = rc; sc.n_tokens = n; sg.request = rg; sg.n_tokens = n;
+    for (replay = 0; replay <= replays; replay++) {
+        GPC_TRY(c, mskv_admit(p.cpu, &sc, 1), "graph: admit");
+        GPC_TRY(c, mskv_admit(p.gpu, &sg, 1), "graph: admit");
+        GPC_TRY(c, mskv_plan_build(p.cpu, &sc, 1, &pd, &p.pc), "graph: plan");
+        GPC_TRY(c, mskv_plan_build(p.gpu, &sg, 1, &pd, &p.pg), "graph: plan");
+        GPC_TRY(c, mskv_cuda_plan_upload(p.st, &p.pg, MSKV_POS_1D, &dp), "graph: upload");
+        for (l = 0; l < 2; l++) {
+            gpc_fill_rows(c, &p.info, n, k, v);
+            GPC_TRY(c, mskv_cpu_write_kv(p.cpu, l, &p.pc, k, v, p.info.dtype, &rope), "graph: cpu write");
+            GPC_TRY(c, mskv_cuda_upload(p.st, dk[l], k, bytes), "graph: upload k");
+            GPC_TRY(c, mskv_cuda_upload(p.st, dv[l], v, bytes), "graph: upload v");
+        }
+        if (replay == 0) {
+            /* first step: run eagerly (compiles), then capture the same launches */
+            for (l = 0; l < 2; l++) GPC_TRY(c, mskv_cuda_write_kv(p.st, l, &dp, dk[l], dv[l], &rope), "graph: write");
+            GPC_TRY(c, mskv_cuda_capture_begin(p.st), "graph: capture");
+            for (l = 0; l < 2; l++) GPC_TRY(c, mskv_cuda_write_kv(p.st, l, &dp, dk[l], dv[l], &rope), "graph: captured write");
+            GPC_TRY(c, mskv_cuda_capture_end(p.st, &g), "graph: end capture");
+        } else {
+            GPC_TRY(c, mskv_cuda_graph_launch(p.st, g), "graph: launch");
+        }
+        GPC_TRY(c, mskv_cuda_store_sync(p.st), "graph: sync");
+        GPC_TRY(c, mskv_commit(p.cpu, &sc, 1), "graph: commit");
+        GPC_TRY(c, mskv_commit(p.gpu, &sg, 1), "graph: commit");
+        GPC_TRY(c, mskv_publish(p.cpu, &sc, 1, NULL), "graph: publish");
+        GPC_TRY(c, mskv_cuda_publish(p.st, &sg, 1, NULL), "graph: publish");
+    }
+    gpc_compare(c, &p, rc, rg, n * (replays + 1), 2, "graph replay");
+done:
+    if (g) mskv_cuda_graph_destroy(p.st, g);
+    for (l = 0; l < 2; l++) { mskv_cuda_free(c->cu, dk[l]); mskv_cuda_free(c->cu, dv[l]); }
+    free(k); free(v);
+    gpc_pair_close(&p);
+    fprintf(c->out, "graph replay  %3d replays %s\n", replays, c->failures == before ? "ok" : "FAILED");
+    return c->failures - before;
+}
+
+/* Runs every check on a context; returns the number of failures. */
+static int gpc_run(mskv_cuda *cu, int quick, FILE *out) {
+    gpc_ctx c;
+    mskv_cuda_info info;
+    memset(&c, 0, sizeof c);
+    c.cu = cu;
+    c.quick = quick;
+    c.rng = 0x2545F4914F6CDD1Dull;
+    c.out = out;
+    if (mskv_cuda_info_get(cu, &info) == MSKV_SUCCESS)
+        fprintf(out, "device        %s, sm_%d, %d SMs, driver %d, NVRTC %d\n", info.name, (int)info.arch,
+                (int)info.multiprocessors, (int)info.driver_version, (int)info.nvrtc_version);
+    gpc_check_kv_write(&c);
+    gpc_check_offload(&c);
+    gpc_check_graph(&c);
+#ifdef MSKV_GPU_CHECK_ATTN
+    c.failures += gpc_attn_check(cu, quick);
+#else
+    fprintf(out, "attention     (no tests/gpu_check_attn.h yet)\n");
+#endif
+    if (mskv_cuda_info_get(cu, &info) == MSKV_SUCCESS)
+        fprintf(out, "jit           %d compiled, %d from the disk cache\n", (int)info.compiles, (int)info.disk_hits);
+    return c.failures;
+}
+
+#ifndef MSKV_GPU_CHECK_NO_MAIN
+static void gpc_log(void *u, mskv_log_level lvl, const char *m) {
+    (void)u;
+    if (lvl >= MSKV_LOG_WARN) fprintf(stderr, "%s\n", m);
+}
+
+int main(int argc, char **argv) {
+    mskv_cuda_desc cd;
+    mskv_cuda *cu = NULL;
+    char why[2048];
+    int failures, quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    clock_t t0 = clock();
+    time_t w0 = time(NULL);
+    memset(&cd, 0, sizeof cd);
+    cd.log = gpc_log;
+    if (mskv_cuda_probe(&cd, why, sizeof why) != MSKV_SUCCESS || mskv_cuda_create(&cd, &cu) != MSKV_SUCCESS) {
+        printf("gpu check: no usable GPU: %s\n", why);
+        return 77;
+    }
+    failures = gpc_run(cu, quick, stdout);
+    mskv_cuda_destroy(cu);
+    printf("gpu check: %s, %d failure%s, %.1f s cpu, %ld s wall\n", failures ? "FAILED" : "passed", failures,
+           failures == 1 ? "" : "s", (double)(clock() - t0) / CLOCKS_PER_SEC, (long)(time(NULL) - w0));
+    return failures ? 1 : 0;
+}
+#endif
