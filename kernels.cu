@@ -54,8 +54,15 @@
      and a tile of "rows", row = query * group + (q head within the kv head's
      group), so every K/V byte is read once for all of a kv head's q heads.
      Grid (ceil(max over segments of qo_len * group / BM), batch,
-     kv_heads * n_splits); block 128; dynamic smem mskv_attn_smem_bytes()
-     below (BM = 64 prefill, 16 decode; BN = 64 keys, or 32 for D = 256).
+     kv_heads * n_splits); block 128; dynamic shared memory
+     2 * (BM * D + 4 * BN * D) bytes (Q tile, two stages of K and V):
+     BM = 64 rows, BN = 64 keys (32 for D = 256) in the prefill layout,
+     BM = 16, BN = 64 in the decode layout (e.g. 80 KiB prefill at D = 128).
+     K/V tiles are gathered row by row through kv_indices with cp.async
+     (any page size), rows past kv_len zero-filled; S = Q K^T and O += P V
+     with ldmatrix(.trans) fragments and mma; online softmax in exp2.
+     Positions must not decrease with the compacted index (kv_pos_shift >= 0):
+     the mask's reach bounds the key range a block visits.
      mask: 0 none, 1 causal (key pos <= query pos), 2 causal and
      q - k <= window_left, on absolute positions. scale_log2 = scale * log2(e).
      Keys of split s: [s * kv_chunk, (s + 1) * kv_chunk) (kv_chunk a multiple
@@ -274,13 +281,22 @@ MSKV_KERNEL void mskv_kv_write(const void *k_src, const void *v_src, const mskv_
     if (slot < 0 || slot >= pool_slots) return;
     src_off = row * MSKV_D * MSKV_ESIZE;
     dst_off = (slot * kv_heads + h) * MSKV_D * MSKV_ESIZE;
-    mskv_copy_row((const unsigned char *)v_src + src_off, (unsigned char *)v_pool + dst_off, lane);
 #if MSKV_ROPE != 0
+    mskv_copy_row((const unsigned char *)v_src + src_off, (unsigned char *)v_pool + dst_off, lane);
     mskv_rope_row((const unsigned char *)k_src + src_off, (unsigned char *)k_pool + dst_off,
                   positions + (MSKV_ROPE == 2 ? 3 * token : token), theta, lane);
 #else
-    (void)positions; (void)theta;
-    mskv_copy_row((const unsigned char *)k_src + src_off, (unsigned char *)k_pool + dst_off, lane);
+    {
+        /* K and V chunks in one loop, so a 256-byte row pair keeps all 32 lanes busy */
+        const int ch = MSKV_D * MSKV_ESIZE / 16;
+        (void)positions; (void)theta;
+        for (int c = lane; c < 2 * ch; c += 32) {
+            int v = c >= ch, cc = c - (v ? ch : 0);
+            const mskv_v16 *s = (const mskv_v16 *)((const unsigned char *)(v ? v_src : k_src) + src_off);
+            mskv_v16 *d = (mskv_v16 *)((unsigned char *)(v ? v_pool : k_pool) + dst_off);
+            d[cc] = s[cc];
+        }
+    }
 #endif
 }
 
@@ -474,8 +490,7 @@ MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool
     const int wrow0 = MSKV_ATTN_WARP_KEYS ? 0 : warp * 16;   /* the warp's first row in the block */
     const int wkey0 = MSKV_ATTN_WARP_KEYS ? warp * 16 : 0;   /* the warp's first key in a tile */
     int n_lo, n_hi, n_tiles;
-    float qpos[2];
-    int rvalid[2];
+    int qpos[2], rvalid[2];
     float m[2], l[2], oacc[MSKV_D / 8][4];
     mskv_tile_ctx tc;
     if (row0 >= rows) return;  /* whole block: before any barrier */
@@ -512,7 +527,7 @@ MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool
     for (int h = 0; h < 2; h++) {
         int R = row0 + wrow0 + g + 8 * h;
         rvalid[h] = R < rows;
-        qpos[h] = (float)mskv_abs_pos(kvl - qo_len + (rvalid[h] ? R : rows - 1) / group, psplit, pshift);
+        qpos[h] = mskv_abs_pos(kvl - qo_len + (rvalid[h] ? R : rows - 1) / group, psplit, pshift);
         m[h] = mskv_neg_inf();
         l[h] = 0.0f;
     }
@@ -569,10 +584,10 @@ MSKV_UNROLL
 MSKV_UNROLL
                 for (int e = 0; e < 4; e++) {
                     int h = e >> 1, j = n0 + wkey0 + nt * 8 + 2 * t4 + (e & 1);
-                    float kp = (float)mskv_abs_pos(j, psplit, pshift);
+                    int kp = mskv_abs_pos(j, psplit, pshift);
                     int ok = j >= n_lo && j < n_hi;
                     if (mask >= 1) ok = ok && kp <= qpos[h];
-                    if (mask == 2) ok = ok && qpos[h] - kp <= (float)window_left;
+                    if (mask == 2) ok = ok && qpos[h] - kp <= window_left;
                     s[nt][e] = ok ? s[nt][e] * scale_log2 : mskv_neg_inf();
                     mx[h] = fmaxf(mx[h], s[nt][e]);
                 }
