@@ -663,6 +663,30 @@ TEST(attention_matches_reference_over_long_sequences) {
     mskv_cpu_destroy(cpu);
 }
 
+TEST(decode_batches_of_one_query_per_sequence_match_reference) {
+    /* one query per sequence, several kv heads: the backend groups kv heads per item */
+    tcpu_seq seqs[6] = {{1, 1, 1, 0}, {1, 300, 300, 0}, {1, 77, 32, 5}, {1, 16, 16, 0}, {1, 1000, 1000, 0}, {1, 129, 129, 0}};
+    static const mskv_dtype types[3] = {MSKV_DTYPE_F32, MSKV_DTYPE_F16, MSKV_DTYPE_BF16};
+    uint64_t seed = mt_seed();
+    mskv_cpu *cpu = NULL;
+    mskv_cpu_desc cd;
+    int ti, ci;
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 2;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    for (ti = 0; ti < 3; ti++)
+        for (ci = 0; ci < 2; ci++) {
+            tcpu_fix f;
+            mskv_attn at = tcpu_attn(16, ci ? MSKV_MASK_CAUSAL : MSKV_MASK_NONE, 0, types[ti]);
+            char what[64];
+            ASSERT_TRUE(tcpu_fix_init(&f, 16, 4, 128, types[ti], seqs, 6, 1, 1, 1, seed + (uint64_t)ti));
+            snprintf(what, sizeof what, "dtype %d %s", (int)types[ti], ci ? "pool" : "no pool");
+            tcpu_check_case(what, ci ? cpu : NULL, &f, &at, seed, __LINE__);
+            tcpu_fix_free(&f);
+        }
+    mskv_cpu_destroy(cpu);
+}
+
 TEST(attention_applies_a_custom_scale) {
     tcpu_seq seqs[1] = {{4, 50, 50, 0}};
     tcpu_fix f;

@@ -728,6 +728,7 @@ typedef struct mskv__cpu_job {
     mskv_dtype qt;
     mskv_mask mask;
     int32_t q_heads, group, dim, dimp, window_left, rows;
+    int32_t heads_cap;  /* most kv heads per item (few-row segments), so threads still get items */
     float scale;
     /* next work item, (segment, row block, kv head); taken under the pool lock */
     int32_t cur_b, cur_rb, cur_g;
@@ -752,18 +753,30 @@ static int32_t mskv__cpu_rows_of(const mskv__cpu_job *job, int32_t b) {
     return (job->plan->qo_indptr[b + 1] - job->plan->qo_indptr[b]) * job->group;
 }
 
-/* Takes the next item; 0 when none is left. */
-static int mskv__cpu_next(mskv__cpu_job *job, int32_t *b, int32_t *rb, int32_t *g) {
+/* Takes the next item, (segment b, row block rb, kv heads [g, g + ng)); 0 when
+   none is left. A segment with few rows per kv head (decode) takes several
+   kv heads per item, so whole slot rows stream in one pass. */
+static int mskv__cpu_next(mskv__cpu_job *job, int32_t *b, int32_t *rb, int32_t *g, int32_t *ng) {
     int ok = 0;
     int32_t kvh = job->pools->kv_heads;
 #ifndef MSKV_NO_THREADS
     if (job->lock) pthread_mutex_lock(job->lock);
 #endif
     while (job->cur_b < job->plan->batch) {
-        int32_t nrb = (mskv__cpu_rows_of(job, job->cur_b) + job->rows - 1) / job->rows;
+        int32_t rows = mskv__cpu_rows_of(job, job->cur_b), nrp = (rows + 3) & ~3, nrb, step = 1;
+        if (nrp <= 8) {
+            nrb = rows > 0;
+            step = job->rows / (nrp > 0 ? nrp : 4);
+            if (step > job->heads_cap) step = job->heads_cap;
+            if (step < 1) step = 1;
+        } else {
+            nrb = (rows + job->rows - 1) / job->rows;
+        }
         if (job->cur_rb >= nrb) { job->cur_b++; job->cur_rb = 0; job->cur_g = 0; continue; }
         *b = job->cur_b; *rb = job->cur_rb; *g = job->cur_g;
-        if (++job->cur_g == kvh) { job->cur_g = 0; job->cur_rb++; }
+        *ng = kvh - job->cur_g < step ? kvh - job->cur_g : step;
+        job->cur_g += *ng;
+        if (job->cur_g == kvh) { job->cur_g = 0; job->cur_rb++; }
         ok = 1;
         break;
     }
@@ -773,151 +786,185 @@ static int mskv__cpu_next(mskv__cpu_job *job, int32_t *b, int32_t *rb, int32_t *
     return ok;
 }
 
-static void mskv__cpu_item(const mskv__cpu_job *job, mskv__cpu_ws *ws, int32_t b, int32_t rb, int32_t g) {
+/* One work item. Rows are (query i, q head hh of the group) in row-major
+   order per kv head, so positions rise with the row; the ng kv heads' row
+   sets follow each other (nrp rows each) in the tiles. */
+static void mskv__cpu_item(const mskv__cpu_job *job, mskv__cpu_ws *ws, int32_t b, int32_t rb, int32_t g0, int32_t ng) {
     const mskv_plan *plan = job->plan;
     const mskv_pools *pools = job->pools;
     const int32_t D = job->dim, Dp = job->dimp, KS = ws->keys, P = pools->page_size;
     const int32_t kvh = pools->kv_heads, group = job->group;
     const size_t pes = mskv__cpu_esize(pools->dtype), qes = mskv__cpu_esize(job->qt);
     const int32_t qo0 = plan->qo_indptr[b], qo_len = plan->qo_indptr[b + 1] - qo0;
+    int32_t KS_blk = KS;  /* keys per block (S and the tiles keep stride KS) */
     const int64_t kv_len = plan->kv_len[b];
     const int64_t split = plan->kv_pos_split ? plan->kv_pos_split[b] : kv_len;
     const int64_t shift = plan->kv_pos_shift ? plan->kv_pos_shift[b] : 0;
     const int32_t *pages = plan->kv_indices + plan->kv_indptr[b];
     const int direct = pools->dtype == MSKV_DTYPE_F32 && D == Dp; /* pool rows usable as they are */
-    int32_t r0 = rb * job->rows, nr, nrp, r, d, few_rows;
+    int32_t r0 = rb * job->rows, nr, nrp, r, d, gi, few_rows;
     int64_t lo = 0, hi = kv_len, j0;
     nr = qo_len * group - r0;
     if (nr > job->rows) nr = job->rows;
     nrp = (nr + 3) & ~3;
     few_rows = nrp <= 8;
-
-    /* rows: (query i, head hh) in row-major order, so positions rise with r */
-    for (r = 0; r < nrp; r++) {
-        float *qr = ws->q + (size_t)r * Dp;
-        if (r < nr) {
-            int32_t t = r0 + r, i = t / group, head = g * group + t % group;
-            const unsigned char *src = (const unsigned char *)job->q + ((size_t)(qo0 + i) * (size_t)job->q_heads + (size_t)head) * (size_t)D * qes;
-            mskv__cpu_load(qr, src, job->qt, D);
-            for (d = 0; d < D; d++) qr[d] *= job->scale;
-            ws->qpos[r] = mskv__cpu_kpos(kv_len - qo_len + i, split, shift);
-        } else {
-            for (d = 0; d < D; d++) qr[d] = 0.0f;
-            ws->qpos[r] = ws->qpos[nr - 1];
-        }
-        for (d = D; d < Dp; d++) qr[d] = 0.0f;
-        for (d = 0; d < Dp; d++) ws->o[(size_t)r * Dp + d] = 0.0f;
-        ws->m[r] = -INFINITY;
-        ws->l[r] = 0.0f;
+    if (ng > 1) {
+        /* several kv heads: K and V of all of them per block, in the tiles */
+        int32_t fit = (int32_t)((size_t)ws->keys * MSKV__CPU_MAX_DIM / ((size_t)Dp * (size_t)ng)) & ~1;
+        if (fit < KS) KS_blk = fit;
     }
+
+    for (gi = 0; gi < ng; gi++)
+        for (r = 0; r < nrp; r++) {
+            int32_t R = gi * nrp + r;
+            float *qr = ws->q + (size_t)R * Dp;
+            if (r < nr) {
+                int32_t t = r0 + r, i = t / group, head = (g0 + gi) * group + t % group;
+                const unsigned char *src = (const unsigned char *)job->q + ((size_t)(qo0 + i) * (size_t)job->q_heads + (size_t)head) * (size_t)D * qes;
+                mskv__cpu_load(qr, src, job->qt, D);
+                for (d = 0; d < D; d++) qr[d] *= job->scale;
+                ws->qpos[r] = mskv__cpu_kpos(kv_len - qo_len + i, split, shift);
+            } else {
+                for (d = 0; d < D; d++) qr[d] = 0.0f;
+            }
+            for (d = D; d < Dp; d++) qr[d] = 0.0f;
+            for (d = 0; d < Dp; d++) ws->o[(size_t)R * Dp + d] = 0.0f;
+            ws->m[R] = -INFINITY;
+            ws->l[R] = 0.0f;
+        }
     if (job->mask != MSKV_MASK_NONE) {
         hi = mskv__cpu_first_at(ws->qpos[nr - 1] + 1, split, shift, kv_len);
         if (job->mask == MSKV_MASK_WINDOW) lo = mskv__cpu_first_at(ws->qpos[0] - job->window_left, split, shift, kv_len);
     }
 
-    for (j0 = lo; j0 < hi; j0 += KS) {
-        int32_t kb = (int32_t)(hi - j0 < KS ? hi - j0 : KS), kbp = (kb + MSKV__CPU_KTILE - 1) & ~(MSKV__CPU_KTILE - 1), jj;
+    for (j0 = lo; j0 < hi; j0 += KS_blk) {
+        int32_t kb = (int32_t)(hi - j0 < KS_blk ? hi - j0 : KS_blk), kbp = (kb + MSKV__CPU_KTILE - 1) & ~(MSKV__CPU_KTILE - 1), jj;
         int64_t pi = j0 / P, off = j0 % P;
+        /* element offset of each key's slot row (kv head 0) */
         for (jj = 0; jj < kb; jj++) {
-            ws->el[jj] = (((size_t)pages[pi] * (size_t)P + (size_t)off) * (size_t)kvh + (size_t)g) * (size_t)D;
+            ws->el[jj] = ((size_t)pages[pi] * (size_t)P + (size_t)off) * (size_t)kvh * (size_t)D;
             if (++off == P) { off = 0; pi++; }
         }
 #if defined(__GNUC__)
-        /* The next block's rows are scattered over pages (a row every
-           kv_heads * head_dim elements), which the hardware prefetcher does
-           not follow: request them now, they arrive while this block computes. */
-        for (jj = 0; jj < KS && j0 + kb + jj < hi; jj++) {
-            size_t el = (((size_t)pages[pi] * (size_t)P + (size_t)off) * (size_t)kvh + (size_t)g) * (size_t)D, at;
+        /* The next block's rows are scattered over pages, which the hardware
+           prefetcher does not follow: request them now (the item's kv heads
+           are adjacent in a slot row), they arrive while this block computes. */
+        for (jj = 0; jj < KS_blk && j0 + kb + jj < hi; jj++) {
+            size_t el = (((size_t)pages[pi] * (size_t)P + (size_t)off) * (size_t)kvh + (size_t)g0) * (size_t)D, at;
             const char *kp = (const char *)pools->k + el * pes, *vp = (const char *)pools->v + el * pes;
-            for (at = 0; at < (size_t)D * pes; at += 64) { __builtin_prefetch(kp + at); __builtin_prefetch(vp + at); }
+            for (at = 0; at < (size_t)ng * (size_t)D * pes; at += 64) { __builtin_prefetch(kp + at); __builtin_prefetch(vp + at); }
             if (++off == P) { off = 0; pi++; }
         }
 #endif
-        /* gather the block: K transposed into kt[d][j] (or as rows, for few
-           query rows), V as f32 rows (or the pool's own rows) */
-        for (jj = 0; jj < kb; jj++) {
-            size_t el = ws->el[jj];
-            float *vtmp = ws->v + (size_t)jj * Dp;
-            if (few_rows) {
-                if (direct) {
-                    ws->krow[jj] = (const float *)pools->k + el;
+        if (ng > 1 && !direct) {
+            /* all heads' rows of each slot in address order (one contiguous
+               run per slot), so the hardware streams them */
+            for (jj = 0; jj < kb; jj++)
+                for (gi = 0; gi < ng; gi++) {
+                    size_t el = ws->el[jj] + (size_t)(g0 + gi) * (size_t)D, at = ((size_t)gi * KS_blk + (size_t)jj) * Dp;
+                    mskv__cpu_load(ws->kt + at, (const unsigned char *)pools->k + el * pes, pools->dtype, D);
+                    mskv__cpu_load(ws->v + at, (const unsigned char *)pools->v + el * pes, pools->dtype, D);
+                    for (d = D; d < Dp; d++) ws->kt[at + d] = ws->v[at + d] = 0.0f;
+                }
+        }
+        for (gi = 0; gi < ng; gi++) {
+            const size_t goff = (size_t)(g0 + gi) * (size_t)D;
+            float *S = ws->s + (size_t)gi * nrp * KS, *M = ws->m + gi * nrp, *L = ws->l + gi * nrp;
+            float *A = ws->alpha + gi * nrp;
+            const float *Q = ws->q + (size_t)gi * nrp * Dp;
+            /* gather the block: K transposed into kt[d][j] (or as rows, for few
+               query rows), V as f32 rows (or the pool's own rows) */
+            for (jj = 0; jj < kb; jj++) {
+                size_t el = ws->el[jj] + goff;
+                float *vtmp = ws->v + (size_t)jj * Dp;
+                if (ng > 1 && !direct) { /* converted above */
+                    ws->krow[jj] = ws->kt + ((size_t)gi * KS_blk + (size_t)jj) * Dp;
+                    ws->vrow[jj] = ws->v + ((size_t)gi * KS_blk + (size_t)jj) * Dp;
+                    continue;
+                }
+                if (few_rows) {
+                    if (direct) {
+                        ws->krow[jj] = (const float *)pools->k + el;
+                    } else {
+                        float *kr = ws->kt + (size_t)jj * Dp;
+                        mskv__cpu_load(kr, (const unsigned char *)pools->k + el * pes, pools->dtype, D);
+                        for (d = D; d < Dp; d++) kr[d] = 0.0f;
+                        ws->krow[jj] = kr;
+                    }
                 } else {
-                    float *kr = ws->kt + (size_t)jj * Dp;
-                    mskv__cpu_load(kr, (const unsigned char *)pools->k + el * pes, pools->dtype, D);
-                    for (d = D; d < Dp; d++) kr[d] = 0.0f;
-                    ws->krow[jj] = kr;
+                    mskv__cpu_load(vtmp, (const unsigned char *)pools->k + el * pes, pools->dtype, D);
+                    for (d = 0; d < D; d++) ws->kt[(size_t)d * KS + jj] = vtmp[d];
+                    for (d = D; d < Dp; d++) ws->kt[(size_t)d * KS + jj] = 0.0f;
                 }
-            } else {
-                mskv__cpu_load(vtmp, (const unsigned char *)pools->k + el * pes, pools->dtype, D);
-                for (d = 0; d < D; d++) ws->kt[(size_t)d * KS + jj] = vtmp[d];
-                for (d = D; d < Dp; d++) ws->kt[(size_t)d * KS + jj] = 0.0f;
-            }
-            if (direct) {
-                ws->vrow[jj] = (const float *)pools->v + el;
-            } else {
-                mskv__cpu_load(vtmp, (const unsigned char *)pools->v + el * pes, pools->dtype, D);
-                for (d = D; d < Dp; d++) vtmp[d] = 0.0f;
-                ws->vrow[jj] = vtmp;
-            }
-        }
-        if (few_rows) {
-            /* an odd block computes one spare score, masked below like the padding */
-            ws->krow[kb] = ws->krow[kb - 1];
-            mskv__cpu_qk_rows(ws->q, ws->krow, ws->s, nrp, (kb + 1) & ~1, Dp, KS);
-        } else {
-            for (d = 0; d < Dp; d++)
-                for (jj = kb; jj < kbp; jj++) ws->kt[(size_t)d * KS + jj] = 0.0f;
-            mskv__cpu_qk(ws->q, ws->kt, ws->s, nrp, kbp, Dp, KS);
-        }
-
-        for (r = 0; r < nrp; r++) {
-            float *srow = ws->s + (size_t)r * KS, mx = -INFINITY, mnew, sum;
-            int32_t a = 0, z = kb;
-            if (r < nr && job->mask != MSKV_MASK_NONE) {
-                int64_t e = mskv__cpu_first_at(ws->qpos[r] + 1, split, shift, kv_len) - j0;
-                z = (int32_t)(e < 0 ? 0 : e > kb ? kb : e);
-                if (job->mask == MSKV_MASK_WINDOW) {
-                    e = mskv__cpu_first_at(ws->qpos[r] - job->window_left, split, shift, kv_len) - j0;
-                    a = (int32_t)(e < 0 ? 0 : e > kb ? kb : e);
+                if (direct) {
+                    ws->vrow[jj] = (const float *)pools->v + el;
+                } else {
+                    mskv__cpu_load(vtmp, (const unsigned char *)pools->v + el * pes, pools->dtype, D);
+                    for (d = D; d < Dp; d++) vtmp[d] = 0.0f;
+                    ws->vrow[jj] = vtmp;
                 }
             }
-            if (r >= nr || a >= z) { /* nothing visible in this block */
-                for (jj = 0; jj < kbp; jj++) srow[jj] = 0.0f;
-                ws->alpha[r] = 1.0f;
-                continue;
+            if (few_rows) {
+                /* an odd block computes one spare score, masked below like the padding */
+                ws->krow[kb] = ws->krow[kb - 1];
+                mskv__cpu_qk_rows(Q, ws->krow, S, nrp, (kb + 1) & ~1, Dp, KS);
+            } else {
+                for (d = 0; d < Dp; d++)
+                    for (jj = kb; jj < kbp; jj++) ws->kt[(size_t)d * KS + jj] = 0.0f;
+                mskv__cpu_qk(Q, ws->kt, S, nrp, kbp, Dp, KS);
             }
-            for (jj = 0; jj < a; jj++) srow[jj] = -INFINITY;
-            for (jj = z; jj < kbp; jj++) srow[jj] = -INFINITY;
-            for (jj = a; jj < z; jj++) mx = srow[jj] > mx ? srow[jj] : mx;
-            mnew = ws->m[r] > mx ? ws->m[r] : mx;
-            ws->alpha[r] = ws->m[r] == -INFINITY ? 0.0f : expf(ws->m[r] - mnew);
-            sum = mskv__cpu_exp_row(srow, mnew, kbp);
-            ws->l[r] = ws->l[r] * ws->alpha[r] + sum;
-            ws->m[r] = mnew;
-        }
 
-        mskv__cpu_pv(ws->o, ws->s, ws->vrow, ws->alpha, nrp, kb, Dp, KS);
+            /* online softmax: running max M and sum L per row; A rescales O */
+            for (r = 0; r < nrp; r++) {
+                float *srow = S + (size_t)r * KS, mx = -INFINITY, mnew, sum;
+                int32_t a = 0, z = kb;
+                if (r < nr && job->mask != MSKV_MASK_NONE) {
+                    int64_t e = mskv__cpu_first_at(ws->qpos[r] + 1, split, shift, kv_len) - j0;
+                    z = (int32_t)(e < 0 ? 0 : e > kb ? kb : e);
+                    if (job->mask == MSKV_MASK_WINDOW) {
+                        e = mskv__cpu_first_at(ws->qpos[r] - job->window_left, split, shift, kv_len) - j0;
+                        a = (int32_t)(e < 0 ? 0 : e > kb ? kb : e);
+                    }
+                }
+                if (r >= nr || a >= z) { /* nothing visible in this block */
+                    for (jj = 0; jj < kbp; jj++) srow[jj] = 0.0f;
+                    A[r] = 1.0f;
+                    continue;
+                }
+                for (jj = 0; jj < a; jj++) srow[jj] = -INFINITY;
+                for (jj = z; jj < kbp; jj++) srow[jj] = -INFINITY;
+                for (jj = a; jj < z; jj++) mx = srow[jj] > mx ? srow[jj] : mx;
+                mnew = M[r] > mx ? M[r] : mx;
+                A[r] = M[r] == -INFINITY ? 0.0f : expf(M[r] - mnew);
+                sum = mskv__cpu_exp_row(srow, mnew, kbp);
+                L[r] = L[r] * A[r] + sum;
+                M[r] = mnew;
+            }
+
+            mskv__cpu_pv(ws->o + (size_t)gi * nrp * Dp, S, ws->vrow, A, nrp, kb, Dp, KS);
+        }
     }
 
-    for (r = 0; r < nr; r++) {
-        int32_t t = r0 + r, i = t / group, head = g * group + t % group;
-        size_t row = (size_t)(qo0 + i) * (size_t)job->q_heads + (size_t)head;
-        float *orow = ws->o + (size_t)r * Dp;
-        if (ws->l[r] > 0.0f) {
-            float inv = 1.0f / ws->l[r];
-            for (d = 0; d < D; d++) orow[d] *= inv;
-        } else {
-            for (d = 0; d < D; d++) orow[d] = 0.0f;
+    for (gi = 0; gi < ng; gi++)
+        for (r = 0; r < nr; r++) {
+            int32_t R = gi * nrp + r, t = r0 + r, i = t / group, head = (g0 + gi) * group + t % group;
+            size_t row = (size_t)(qo0 + i) * (size_t)job->q_heads + (size_t)head;
+            float *orow = ws->o + (size_t)R * Dp;
+            if (ws->l[R] > 0.0f) {
+                float inv = 1.0f / ws->l[R];
+                for (d = 0; d < D; d++) orow[d] *= inv;
+            } else {
+                for (d = 0; d < D; d++) orow[d] = 0.0f;
+            }
+            mskv__cpu_store((unsigned char *)job->o + row * (size_t)D * qes, job->qt, orow, D);
+            if (job->lse) job->lse[row] = ws->l[R] > 0.0f ? ws->m[R] + logf(ws->l[R]) : -INFINITY;
         }
-        mskv__cpu_store((unsigned char *)job->o + row * (size_t)D * qes, job->qt, orow, D);
-        if (job->lse) job->lse[row] = ws->l[r] > 0.0f ? ws->m[r] + logf(ws->l[r]) : -INFINITY;
-    }
 }
 
 static void mskv__cpu_attn_task(void *ctx, mskv__cpu_ws *ws) {
     mskv__cpu_job *job = (mskv__cpu_job *)ctx;
-    int32_t b, rb, g;
-    while (mskv__cpu_next(job, &b, &rb, &g)) mskv__cpu_item(job, ws, b, rb, g);
+    int32_t b, rb, g, ng;
+    while (mskv__cpu_next(job, &b, &rb, &g, &ng)) mskv__cpu_item(job, ws, b, rb, g, ng);
 }
 
 /* Checks the plan against the pools before anything is read or written. */
@@ -1002,6 +1049,7 @@ MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *
         stack_ws.rows = ROWS;
         stack_ws.keys = KEYS;
         job.rows = ROWS;
+        job.heads_cap = pools->kv_heads;
         mskv__cpu_attn_task(&job, &stack_ws);
         return MSKV_SUCCESS;
     }
@@ -1009,6 +1057,9 @@ MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *
     /* rows per item: as many as the tile holds at this head_dim, at most 64 */
     rows_cap = cpu->ws[0].rows * MSKV__CPU_MAX_DIM / job.dimp;
     job.rows = rows_cap < MSKV__CPU_MAX_ROWS ? rows_cap & ~3 : MSKV__CPU_MAX_ROWS;
+    /* grouping kv heads must still leave about 4 items per thread */
+    job.heads_cap = (int32_t)((int64_t)plan->batch * pools->kv_heads / (4 * (int64_t)cpu->num_threads));
+    if (job.heads_cap < 1) job.heads_cap = 1;
 #ifndef MSKV_NO_THREADS
     if (cpu->num_threads > 1 && flops >= MSKV__CPU_SMALL_FLOPS) {
         pthread_mutex_lock(&cpu->call_lock);
