@@ -58,6 +58,10 @@ typedef struct mtm {
     const char *op_name;
     int bad;
     int32_t scratch[MTM_MAXPAGES];
+    /* caller-owned plan arrays for the admitted batch (<= 3 segments) */
+    int32_t pl_qo[4], pl_kvp[4], pl_idx[3 * MTM_MAXPAGES], pl_last[3], pl_len[3], pl_split[3], pl_shift[3];
+    int32_t pl_pos[3 * 6 * MTM_MAXP];
+    int64_t pl_tok[4], pl_slots[3 * 6 * MTM_MAXP];
     long counts[16];               /* successful operations by kind, to show the walk went everywhere */
 } mtm;
 
@@ -394,6 +398,54 @@ static void mtm_op_fork(mtm *m) {
     m->counts[2]++;
 }
 
+/* The SELF plan of an admitted batch: valid CSR, and every entry what the model says. */
+static void mtm_check_plan(mtm *m, const mskv_segment *s, mtm_req *const *qs, int n) {
+    mskv_plan p;
+    mskv_plan_desc pd;
+    char why[256];
+    int k, q_at = 0, id_at = 0;
+    memset(&p, 0, sizeof p);
+    memset(&pd, 0, sizeof pd);
+    pd.pos_mode = MSKV_POS_1D;
+    p.qo_indptr = m->pl_qo; p.kv_indptr = m->pl_kvp; p.kv_indices = m->pl_idx; p.kv_last_page_len = m->pl_last;
+    p.kv_len = m->pl_len; p.kv_pos_split = m->pl_split; p.kv_pos_shift = m->pl_shift; p.kv_token_indptr = m->pl_tok;
+    p.slot_mapping = m->pl_slots; p.positions = m->pl_pos;
+    p.cap_batch = 3; p.cap_tokens = 3 * 6 * MTM_MAXP; p.cap_page_ids = 3 * MTM_MAXPAGES;
+    m->op_name = "admit: plan";
+    MTM_CHECK(m, mskv_plan_build(m->a, s, n, &pd, &p) == MSKV_SUCCESS, "plan_build of the admitted batch");
+    if (m->bad) return;
+    why[0] = '\0';
+    MTM_CHECK(m, mskv_plan_validate(&p, m->num_pages, why, sizeof why) == MSKV_SUCCESS, "plan_validate: %s", why);
+    MTM_CHECK(m, p.batch == n && p.page_size == m->P, "plan batch %d page size %d", p.batch, p.page_size);
+    for (k = 0; k < n && !m->bad; k++) {
+        const mtm_req *q = qs[k];
+        int64_t len = mtm_kv_len(m, q), i, t;
+        MTM_CHECK(m, p.qo_indptr[k] == q_at && p.kv_indptr[k] == id_at && p.kv_len[k] == len &&
+                         p.kv_indptr[k + 1] - p.kv_indptr[k] == q->ntab,
+                  "segment %d: qo %d kv %d len %d pages %d, model %d %d %lld %d", k, p.qo_indptr[k], p.kv_indptr[k],
+                  p.kv_len[k], p.kv_indptr[k + 1] - p.kv_indptr[k], q_at, id_at, (long long)len, q->ntab);
+        if (m->bad) return;
+        for (t = 0; t < q->ntab; t++) MTM_CHECK(m, p.kv_indices[id_at + t] == q->tab[t], "segment %d entry %d", k, (int)t);
+        MTM_CHECK(m, q->ntab == 0 || p.kv_last_page_len[k] == len - (int64_t)(q->ntab - 1) * m->P, "segment %d last_page_len %d",
+                  k, p.kv_last_page_len[k]);
+        for (i = 0; i < s[k].n_tokens && !m->bad; i++) {
+            int64_t cj = len - s[k].n_tokens + i, abs_pos = cj < p.kv_pos_split[k] ? cj : cj + p.kv_pos_shift[k];
+            int64_t j = 0;
+            MTM_CHECK(m, abs_pos == q->committed + i && p.positions[q_at + i] == abs_pos,
+                      "segment %d query %lld: position %lld (plan %d), model %lld", k, (long long)i, (long long)abs_pos,
+                      p.positions[q_at + i], (long long)(q->committed + i));
+            if (mtm_compact(m, q, q->committed + i, &j) == MSKV_SUCCESS)
+                MTM_CHECK(m, p.slot_mapping[q_at + i] == (int64_t)q->tab[j / m->P] * m->P + j % m->P,
+                          "segment %d query %lld: slot %lld", k, (long long)i, (long long)p.slot_mapping[q_at + i]);
+        }
+        q_at += (int)s[k].n_tokens;
+        id_at += q->ntab;
+    }
+    MTM_CHECK(m, p.total_q == q_at && p.num_page_ids == id_at, "plan totals %d %d, model %d %d", p.total_q, p.num_page_ids,
+              q_at, id_at);
+    m->op_name = "admit";
+}
+
 static void mtm_op_admit(mtm *m) {
     mskv_segment s[3];
     mtm_req *qs[3];
@@ -452,6 +504,7 @@ static void mtm_op_admit(mtm *m) {
             mtm_write_token(m, q, j);
         }
     }
+    mtm_check_plan(m, s, qs, n);
     m->counts[3]++;
 }
 
