@@ -794,3 +794,84 @@ TEST(retention_bound_to_a_request_is_applied_at_publish) {
     EXPECT_TRUE(mts_audit(a));
     mskv_arena_destroy(a);
 }
+
+TEST(windowed_session_in_reset_mode_keeps_only_the_sink_after_each_chunk) {
+    mskv_request r;
+    mskv_session ses;
+    mskv_retention ret;
+    int chunk;
+    mskv_arena *a = mts_make(32, 4);
+    ASSERT_TRUE(a != NULL);
+    memset(&ret, 0, sizeof ret);
+    ret.chunk_size = 8; ret.sink_chunks = 1; ret.window_chunks = 1; ret.reset_at_boundary = 1; ret.exact = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_session_init(&ses, a, r, &ret));
+    for (chunk = 0; chunk < 100; chunk++) {
+        mskv_request_info i;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_begin_chunk(&ses, 8));
+        EXPECT_EQ(chunk == 0 ? 8 : 16, mts_info(a, r).kv_len);  /* the sink + the open chunk */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_commit_chunk(&ses, NULL));
+        i = mts_info(a, r);
+        EXPECT_EQ(8, i.kv_len);
+        EXPECT_EQ(2, i.num_pages);
+        if (chunk > 0) EXPECT_EQ((int64_t)(chunk + 1) * 8, i.live_start);
+        if (!mts_audit(a)) break;
+    }
+    mskv_arena_destroy(a);
+}
+
+TEST(retention_policy_travels_with_an_exported_request) {
+    mskv_request r, y;
+    mskv_retention ret;
+    mskv_segment s;
+    mskv_request_info i;
+    size_t size = 0;
+    unsigned char *blob;
+    mskv_arena *a = mts_make(32, 4), *b = mts_make(32, 4);
+    ASSERT_TRUE(a != NULL && b != NULL);
+    memset(&ret, 0, sizeof ret);
+    ret.chunk_size = 8; ret.sink_chunks = 1; ret.window_chunks = 1; ret.exact = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_set_retention(a, r, &ret));
+    ASSERT_EQ(MSKV_SUCCESS, mts_step(a, r, 8));
+    ASSERT_EQ(MSKV_SUCCESS, mts_step(a, r, 8));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(a, r, NULL, 0, &size));
+    blob = (unsigned char *)malloc(size);
+    ASSERT_TRUE(blob != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(a, r, blob, size, &size));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_import(b, blob, size, &y));
+    free(blob);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(b, y));
+    s.request = y; s.n_tokens = 8;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(b, &s, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(b, &s, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_publish(b, &s, 1, NULL));
+    i = mts_info(b, y);
+    EXPECT_EQ(24, i.committed);
+    EXPECT_EQ(16, i.kv_len);  /* sink [0,8) + window [16,24): the imported request still slides */
+    EXPECT_EQ(16, i.live_start);
+    EXPECT_TRUE(mts_audit(b));
+    mskv_arena_destroy(a);
+    mskv_arena_destroy(b);
+}
+
+TEST(keyed_removal_waits_for_the_fence_like_any_free) {
+    mskv_arena_desc d;
+    mskv_arena *a = NULL;
+    mskv_request e;
+    mskv_arena_stats st;
+    memset(&d, 0, sizeof d);
+    d.num_pages = 16; d.page_size = 4; d.retire_mode = MSKV_RETIRE_FENCED;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_keyed_create(a, 5, 10, &e));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_keyed_seal(a, e));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_keyed_remove(a, 5));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
+    EXPECT_EQ(3, st.pending_pages);
+    EXPECT_EQ(12, st.free_pages);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_retire(a, mskv_arena_step(a)));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
+    EXPECT_EQ(0, st.pending_pages);
+    EXPECT_EQ(15, st.free_pages);
+    mskv_arena_destroy(a);
+}
