@@ -15,11 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#if defined(__GNUC__) && !defined(__clang__)
-/* gcc -O3 flags a false "maybe uninitialized" inside mskv_session_commit_chunk;
-   reported to the core's owner, silenced here only so `make bench` builds */
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #define MSTAR_KV_IMPLEMENTATION
 #include "../mstar_kv.h"
 
