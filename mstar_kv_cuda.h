@@ -412,8 +412,15 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "     and a tile of \"rows\", row = query * group + (q head within the kv head's\n",
     "     group), so every K/V byte is read once for all of a kv head's q heads.\n",
     "     Grid (ceil(max over segments of qo_len * group / BM), batch,\n",
-    "     kv_heads * n_splits); block 128; dynamic smem mskv_attn_smem_bytes()\n",
-    "     below (BM = 64 prefill, 16 decode; BN = 64 keys, or 32 for D = 256).\n",
+    "     kv_heads * n_splits); block 128; dynamic shared memory\n",
+    "     2 * (BM * D + 4 * BN * D) bytes (Q tile, two stages of K and V):\n",
+    "     BM = 64 rows, BN = 64 keys (32 for D = 256) in the prefill layout,\n",
+    "     BM = 16, BN = 64 in the decode layout (e.g. 80 KiB prefill at D = 128).\n",
+    "     K/V tiles are gathered row by row through kv_indices with cp.async\n",
+    "     (any page size), rows past kv_len zero-filled; S = Q K^T and O += P V\n",
+    "     with ldmatrix(.trans) fragments and mma; online softmax in exp2.\n",
+    "     Positions must not decrease with the compacted index (kv_pos_shift >= 0):\n",
+    "     the mask's reach bounds the key range a block visits.\n",
     "     mask: 0 none, 1 causal (key pos <= query pos), 2 causal and\n",
     "     q - k <= window_left, on absolute positions. scale_log2 = scale * log2(e).\n",
     "     Keys of split s: [s * kv_chunk, (s + 1) * kv_chunk) (kv_chunk a multiple\n",
@@ -1988,12 +1995,18 @@ static void mskv__cuda_define(mskv__cuda_defines *d, const char *name, long long
     if (d->n < 16) mskv__cuda_copystr(d->opt[d->n++], sizeof(d->opt[0]), opt);
 }
 
-/* Internal API for launch wrappers (this file's and wip/mskv_cuda_attn_impl.h's):
-     mskv__cuda_function(cu, kernel name, defines, &f)    compiled through the JIT caches
-     mskv__cuda_launch(st, f, grid[3], block[3], smem, args)  on the store's stream
-     mskv_cuda_plan_upload(st, plan, pos_mode, &dplan)     plan arrays in fixed device buffers
-     mskv__cuda_workspace(st, bytes, &ptr)                 a device scratch buffer (grows; never during capture)
-   The names are stable. */
+/* Internal API for launch wrappers (this file's and wip/mskv_cuda_attn_impl.h's);
+   the names are stable:
+     mskv__cuda_defines_base(st, &defs)         every define kernels.cu knows, at the store's
+                                                 dtype and head_dim (RoPE off, prefill layout)
+     mskv__cuda_define(&defs, "NAME", value)    override one (defs.arch_specific: sm_XYa)
+     mskv__cuda_function(cu, "kernel", &defs, &f)  compiled through the memory and disk caches
+     mskv__cuda_launch(st, f, grid, block, smem, args)  on the store's stream; sets the
+                                                 dynamic smem attribute above 48 KiB
+     mskv_cuda_plan_upload(st, plan, pos_mode, &dplan)   plan arrays in fixed device buffers
+     mskv__cuda_workspace(st, bytes, &ptr)      a device scratch buffer (grows, never during a capture)
+     mskv_cuda_store_pool(st, layer, kind)      a layer's K (0) or V (1) pool
+   Failures go through mskv__cuda_fail (cu->err + the logger). */
 static mskv_result mskv__cuda_function(mskv_cuda *cu, const char *kernel, const mskv__cuda_defines *defs, mskv_cu_function *out) {
     char key[16 * 65 + 8];
     const char *opts[16];
@@ -2312,6 +2325,7 @@ static mskv_result mskv__cuda_copy_page(void *user, int32_t src, int32_t dst) {
     mskv_result res;
     int32_t l, kind;
     if (src < 1 || src >= st->d.num_pages || dst < 1 || dst >= st->d.num_pages) return MSKV_ERROR_OUT_OF_RANGE;
+    if (st->capturing) return MSKV_ERROR_BAD_STATE;   /* a fork is not part of a replayable step */
     if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) return res;
     for (l = 0; l < st->d.num_layers; l++)
         for (kind = 0; kind < 2; kind++) {
@@ -2418,7 +2432,11 @@ fail:
 
 MSKV_API void mskv_cuda_store_destroy(mskv_cuda_store *st) {
     if (!st) return;
-    if (mskv__cuda_enter(st->cu) != MSKV_SUCCESS) return;
+    (void)mskv__cuda_enter(st->cu);   /* release what we can even then */
+    if (st->capturing) {
+        mskv_cu_graph g = NULL;
+        if (st->cu->fn.cuStreamEndCapture(st->stream, &g) == MSKV_CU_SUCCESS && g) st->cu->fn.cuGraphDestroy(g);
+    }
     mskv__cuda_store_release(st);
 }
 
@@ -2460,6 +2478,7 @@ MSKV_API mskv_cu_stream mskv_cuda_store_stream(mskv_cuda_store *st) { return st 
 MSKV_API mskv_result mskv_cuda_upload(mskv_cuda_store *st, mskv_cu_ptr dst, const void *src, size_t bytes) {
     mskv_result res;
     if (!st || (bytes && (!src || !dst))) return MSKV_ERROR_NULL_POINTER;
+    if (st->capturing) return MSKV_ERROR_BAD_STATE;
     if (!bytes) return MSKV_SUCCESS;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     MSKV__CU_TRY(st->cu, st->cu->fn.cuMemcpyHtoDAsync(dst, src, bytes, st->stream), "cuMemcpyHtoDAsync");
@@ -2470,6 +2489,7 @@ MSKV_API mskv_result mskv_cuda_upload(mskv_cuda_store *st, mskv_cu_ptr dst, cons
 MSKV_API mskv_result mskv_cuda_download(mskv_cuda_store *st, void *dst, mskv_cu_ptr src, size_t bytes) {
     mskv_result res;
     if (!st || (bytes && (!src || !dst))) return MSKV_ERROR_NULL_POINTER;
+    if (st->capturing) return MSKV_ERROR_BAD_STATE;
     if (!bytes) return MSKV_SUCCESS;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     MSKV__CU_TRY(st->cu, st->cu->fn.cuMemcpyDtoHAsync(dst, src, bytes, st->stream), "cuMemcpyDtoHAsync");
@@ -2543,7 +2563,9 @@ MSKV_API mskv_result mskv_cuda_publish(mskv_cuda_store *st, const mskv_segment *
     uint64_t step = 0;
     mskv_result res;
     if (!st) return MSKV_ERROR_NULL_POINTER;
-    if (!st->arena) return MSKV_ERROR_BAD_STATE;
+    /* no publish inside a capture: its event could not be queried, and the
+       fallback synchronisation would break the capture */
+    if (!st->arena || st->capturing) return MSKV_ERROR_BAD_STATE;
     res = mskv_publish(st->arena, segs, n, &step);
     if (res != MSKV_SUCCESS) return res;
     if (step_out) *step_out = step;
@@ -2560,6 +2582,7 @@ MSKV_API mskv_result mskv_cuda_publish(mskv_cuda_store *st, const mskv_segment *
 MSKV_API mskv_result mskv_cuda_store_sync(mskv_cuda_store *st) {
     mskv_result res;
     if (!st) return MSKV_ERROR_NULL_POINTER;
+    if (st->capturing) return MSKV_ERROR_BAD_STATE;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     MSKV__CU_TRY(st->cu, st->cu->fn.cuStreamSynchronize(st->stream), "cuStreamSynchronize");
     return mskv_cuda_retire(st, 1);

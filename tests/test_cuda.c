@@ -561,6 +561,33 @@ TEST(cuda_without_driver_is_unavailable_and_cpu_backend_still_works) {
     mskv_arena_destroy(a);
 }
 
+#ifndef MSKV_NO_THREADS
+#include <pthread.h>
+typedef struct tcu_probe_arg { mskv_result r; char why[1024]; } tcu_probe_arg;
+static void *tcu_probe_thread(void *p) {
+    tcu_probe_arg *a = (tcu_probe_arg *)p;
+    a->r = mskv_cuda_probe(NULL, a->why, sizeof a->why);
+    return NULL;
+}
+
+TEST(cuda_loader_is_initialised_once_from_many_threads) {
+    pthread_t th[4];
+    tcu_probe_arg args[4];
+    int i, started = 0;
+    for (i = 0; i < 4; i++)
+        if (pthread_create(&th[i], NULL, tcu_probe_thread, &args[i]) == 0) started++;
+        else break;
+    ASSERT_EQ(4, started);
+    for (i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    /* every thread sees the one outcome, with the same reason */
+    for (i = 1; i < 4; i++) {
+        EXPECT_EQ(args[0].r, args[i].r);
+        EXPECT_STREQ(args[0].why, args[i].why);
+    }
+    EXPECT_TRUE(args[0].r == MSKV_SUCCESS || args[0].r == MSKV_ERROR_CUDA_UNAVAILABLE);
+}
+#endif
+
 TEST(cuda_toolkit_stub_driver_is_unavailable) {
     static const char *const stubs[] = { "/usr/local/cuda/lib64/stubs/libcuda.so",
                                          "/usr/local/cuda/targets/x86_64-linux/lib/stubs/libcuda.so" };
