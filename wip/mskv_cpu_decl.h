@@ -42,12 +42,14 @@ MSKV_API mskv_result mskv_rope_apply(const mskv_rope *rope, void *x, mskv_dtype 
 
 /* Thread pool and per-thread scratch for large CPU calls. The caller's thread
    is worker 0; num_threads - 1 threads are started. Calls below a few MFLOP
-   run on the caller alone. Concurrent calls on one mskv_cpu are serialised. */
+   run on the caller alone. Concurrent calls on one mskv_cpu are serialised.
+   Work items are (sequence, block of up to 64 query rows, kv head); a
+   single sequence's keys are not split across threads. */
 typedef struct mskv_cpu mskv_cpu;
 typedef struct mskv_cpu_desc {
     int32_t num_threads;      /* 0 = 1 (MSKV_NO_THREADS: always 1) */
     size_t workspace_bytes;   /* per thread; 0 = the largest tiles (about 280 KB); a
-                                 smaller budget picks smaller tiles (at least about 60 KB) */
+                                 smaller budget picks smaller tiles (at least about 55 KB) */
     mskv_allocator allocator;
 } mskv_cpu_desc;
 /* Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OVERFLOW, OUT_OF_MEMORY, THREAD. */
@@ -81,7 +83,7 @@ typedef struct mskv_attn {
    q: [plan->total_q][q_heads][head_dim]; o: same shape; lse (optional):
    [total_q][q_heads], natural log. A query that sees no key: o = 0, lse = -inf.
    Accumulation in f32. Only the pages in the plan's table are read, and only
-   their first kv_len slots. cpu may be NULL: one thread, small tiles on the
+   their first kv_len slots. o must not overlap q. cpu may be NULL: one thread, small tiles on the
    stack (about 50 KB), no allocation. A masked plan (CAUSAL, WINDOW) needs
    qo_len <= kv_len per segment and kv_pos_shift >= 0.
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (heads, dtype, mask,

@@ -809,7 +809,8 @@ static void mskv__cpu_item(const mskv__cpu_job *job, mskv__cpu_ws *ws, int32_t b
     nrp = (nr + 3) & ~3;
     few_rows = nrp <= 8;
     if (ng > 1) {
-        /* several kv heads: K and V of all of them per block, in the tiles */
+        /* several kv heads: K and V of all of them per block, in the tiles.
+           fit >= 4 * keys / rows >= 4, since ng * nrp <= rows * MAX_DIM / Dp */
         int32_t fit = (int32_t)((size_t)ws->keys * MSKV__CPU_MAX_DIM / ((size_t)Dp * (size_t)ng)) & ~1;
         if (fit < KS) KS_blk = fit;
     }
