@@ -2397,6 +2397,7 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     st->stage_pages = (int32_t)(d.staging_bytes / st->set_bytes);
     if (st->stage_pages < 1) st->stage_pages = 1;
     if (st->stage_pages > d.num_pages) st->stage_pages = d.num_pages;
+    if (st->stage_pages > 65535) st->stage_pages = 65535;   /* the copies' grid.y is the page count */
     st->stage_bytes = (size_t)st->stage_pages * st->set_bytes;
     ids_bytes = (size_t)st->stage_pages * 4;
     mskv__cuda_plan_layout_of(&st->lay, (size_t)d.max_batch, (size_t)d.max_tokens, (size_t)d.max_page_ids);

@@ -86,6 +86,8 @@ static struct tcm_state {
     int compile_error, compiles;
     int event_busy;                     /* cuEventQuery answers NOT_READY */
     int event_syncs;
+    int cc_major, cc_minor;             /* 0: 9.0 */
+    char last_target[64];               /* the --gpu-architecture option of the last compile */
     int capturing;
     tcm_graph *capture;
     tcm_func funcs[64];
@@ -108,7 +110,7 @@ static mskv_cu_result tcm_cuDeviceGetCount(int *n) { *n = 1; return 0; }
 static mskv_cu_result tcm_cuDeviceGet(mskv_cu_device *d, int i) { *d = i; return 0; }
 static mskv_cu_result tcm_cuDeviceGetAttribute(int *v, int a, mskv_cu_device d) {
     (void)d;
-    *v = a == MSKV_CU_ATTR_CC_MAJOR ? 9 : a == MSKV_CU_ATTR_CC_MINOR ? 0 : a == MSKV_CU_ATTR_MULTIPROCESSOR_COUNT ? 132 : 0;
+    *v = a == MSKV_CU_ATTR_CC_MAJOR ? (tcm.cc_major ? tcm.cc_major : 9) : a == MSKV_CU_ATTR_CC_MINOR ? tcm.cc_minor : a == MSKV_CU_ATTR_MULTIPROCESSOR_COUNT ? 132 : 0;
     return 0;
 }
 static mskv_cu_result tcm_cuDeviceGetName(char *name, int len, mskv_cu_device d) { (void)d; snprintf(name, (size_t)len, "mock device"); return 0; }
@@ -176,7 +178,8 @@ static mskv_cu_result tcm_cuModuleLoadData(mskv_cu_module *m, const void *image)
     const char *img = (const char *)image;
     tcm_module *mod;
     if (tcm.fail_module_load) return MSKV_CU_ERROR_INVALID_IMAGE;
-    if (strncmp(img, "MOCKCUBIN sm_90\n", 16) != 0) return MSKV_CU_ERROR_INVALID_IMAGE;
+    if (strncmp(img, "MOCKCUBIN sm_90\n", 16) != 0 && strncmp(img, "MOCKCUBIN compute_90\n", 21) != 0)
+        return MSKV_CU_ERROR_INVALID_IMAGE;
     mod = (tcm_module *)calloc(1, sizeof *mod);
     mod->dtype = tcm_define(img, "-DMSKV_DTYPE");
     mod->head_dim = tcm_define(img, "-DMSKV_HEAD_DIM");
@@ -332,7 +335,8 @@ static mskv_nvrtc_result tcm_nvrtcCompileProgram(mskv_nvrtc_program p, int n, co
     for (i = 0; i < n; i++) len += strlen(opts[i]) + 1;
     q->options = (char *)calloc(1, len);
     /* the image names the arch and carries the defines, so the mock module knows its variant */
-    snprintf(q->options, len, "MOCKCUBIN %s\n", strstr(opts[0], "sm_90") ? "sm_90" : opts[0]);
+    snprintf(tcm.last_target, sizeof tcm.last_target, "%s", opts[0]);
+    snprintf(q->options, len, "MOCKCUBIN %s\n", strstr(opts[0], "=") ? strstr(opts[0], "=") + 1 : opts[0]);
     for (i = 1; i < n; i++) { strcat(q->options, opts[i]); strcat(q->options, "\n"); }
     return tcm.compile_error ? MSKV_NVRTC_ERROR_COMPILATION : 0;
 }
@@ -634,6 +638,32 @@ static int tcu_variants(tcu_variant *out, int cap) {
     return n;
 }
 
+/* The sweep below varies these defines; a define kernels.cu adds later must
+   be added to the sweep (and to this list) or this test fails. */
+TEST(cuda_variant_sweep_covers_every_define_of_kernels_cu) {
+    static const char *const known[] = { "MSKV_DTYPE", "MSKV_HEAD_DIM", "MSKV_ROPE", "MSKV_ROPE_STYLE",
+                                         "MSKV_ROPE_D0", "MSKV_ROPE_D1", "MSKV_ROPE_D2", "MSKV_ATTN_WARP_KEYS",
+                                         /* not variant switches: the emulation guard */
+                                         "MSKV_EMU_H", "MSKV_GPU" };
+    int32_t n = 0, i, seen = 0;
+    const char *const *lines = mskv_cuda_embedded_lines(&n);
+    for (i = 0; i < n; i++) {
+        char name[64];
+        size_t j, len = 0;
+        const char *p = strstr(lines[i], "#ifndef MSKV_");
+        int found = 0;
+        if (!p || p != lines[i]) continue;
+        p += 8;
+        while (p[len] && (p[len] == '_' || (p[len] >= 'A' && p[len] <= 'Z') || (p[len] >= '0' && p[len] <= '9')) && len < 63) len++;
+        memcpy(name, p, len);
+        name[len] = 0;
+        for (j = 0; j < sizeof known / sizeof known[0]; j++) found |= strcmp(known[j], name) == 0;
+        if (!found) mt_fail(__FILE__, __LINE__, "kernels.cu line %d defines %s, which the NVRTC sweep does not vary", (int)i + 1, name);
+        seen++;
+    }
+    EXPECT_LE(8, seen);
+}
+
 TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     static const int archs[3] = { 80, 89, 90 };
     tcu_variant vs[64];
@@ -908,6 +938,42 @@ TEST(cuda_compile_error_log_reaches_logger_and_caller) {
     EXPECT_TRUE(tcu_audit(r.a));
     tcu_rig_close(&r);
     TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_device_newer_than_nvrtc_gets_ptx_for_the_newest_known_arch) {
+    mskv_cuda_functions fn;
+    mskv_cuda_desc cd;
+    mskv_cuda *cu = NULL;
+    mskv_cuda_info info;
+    mskv_cuda_store *st = NULL;
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    mskv_cuda_dplan dp;
+    mskv_plan plan;
+    int64_t slots[1] = { 5 };
+    mskv_cu_ptr k = 0;
+    tcm_reset();
+    tcm.cc_major = 12;                  /* the mock NVRTC knows up to sm_90 */
+    fn = tcm_table();
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    cd.disable_disk_cache = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_create(&cd, &cu));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_info_get(cu, &info));
+    EXPECT_EQ(12, info.cc_major);
+    EXPECT_EQ(90, info.arch);
+    EXPECT_EQ(1, info.ptx_fallback);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_create(cu, &sd, &st));
+    memset(&plan, 0, sizeof plan);
+    plan.total_q = 1;
+    plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(cu, 2 * 64 * 4, &k));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(st, 0, &dp, k, k, NULL));
+    EXPECT_STREQ("--gpu-architecture=compute_90", tcm.last_target);
+    mskv_cuda_free(cu, k);
+    mskv_cuda_store_destroy(st);
+    mskv_cuda_destroy(cu);
+    EXPECT_TRUE(tcm_nothing_live());
 }
 
 TEST(cuda_store_out_of_device_memory_fails_cleanly_at_every_allocation) {
