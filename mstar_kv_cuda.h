@@ -1938,7 +1938,7 @@ MSKV_API mskv_result mskv_cuda_compile(const mskv_cuda_desc *desc, const mskv_cu
     j.source = mskv__cuda_source(desc, &j.source_len);
     if (!j.source) return MSKV_ERROR_OUT_OF_MEMORY;
     res = mskv__cuda_jit_compile(&j, info, out);
-    mskv__cuda_dealloc(&desc->allocator, (void *)(size_t)j.source);
+    mskv__cuda_dealloc(&desc->allocator, (void *)(uintptr_t)j.source);
     return res;
 }
 

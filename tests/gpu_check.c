@@ -5,8 +5,9 @@
 
    Checks:
      kv_write    every dtype x head_dim x RoPE mode/style, odd page size:
-                 bit-exact without RoPE, within 2 ulp of the pool dtype with it
-                 (device sinf/cosf against libm)
+                 bit-exact without RoPE; with it within 2 ulp of the pool dtype
+                 plus the f32 angle error (pos * 4e-6 relative: the device
+                 computes angles in f32, the CPU backend in double)
      offload     offload/reload/export/import round trips of some requests
                  while others keep writing (gather/scatter kernels, fences)
      graph       a captured step replayed with new plan contents and new K/V
@@ -145,7 +146,10 @@ static long gpc_compare(gpc_ctx *c, gpc_pair *p, mskv_request rc, mskv_request r
                 for (e = 0; e < row / es; e++) {
                     float x = gpc_el(si->dtype, host + (size_t)sc * row + e * es);
                     float y = gpc_el(si->dtype, dev + (size_t)sg * row + e * es);
-                    double tol = tol_ulp * eps * (fabs((double)x) > 1.0 ? fabs((double)x) : 1.0);
+                    /* a few ulp of the dtype, plus the angle: the device computes it in
+                       f32 (pos * inv_freq), the CPU backend in double */
+                    double mag = fabs((double)x) > 1.0 ? fabs((double)x) : 1.0;
+                    double tol = (tol_ulp * eps + 4e-6 * (double)(1 + n_tokens)) * mag;
                     if (fabs((double)x - (double)y) > tol) {
                         if (!bad) gpc_fail(c, "%s: token %lld element %lld beyond tolerance", what, (long long)t, (long long)e);
                         bad++;
@@ -297,7 +301,9 @@ static int gpc_check_offload(gpc_ctx *c) {
                 mskv_request_import(p.cpu, bc, sc, &rc[j]) == MSKV_SUCCESS &&
                 mskv_request_import(p.gpu, bg, sg, &rg[j]) == MSKV_SUCCESS &&
                 mskv_request_reload(p.cpu, rc[j]) == MSKV_SUCCESS && mskv_request_reload(p.gpu, rg[j]) == MSKV_SUCCESS) {
-                if (sc != sg || memcmp(bc, bg, sc) != 0) gpc_fail(c, "%s: blobs differ (%lld vs %lld bytes)", "export", (long long)sc, (long long)sg);
+                /* sizes only: unused slots of a partial last page may hold different
+                   stale bytes; the tokens are compared after the reload */
+                if (sc != sg) gpc_fail(c, "%s: blob sizes differ (%lld vs %lld bytes)", "export", (long long)sc, (long long)sg);
                 moves++;
             } else {
                 gpc_fail(c, "%s: export/import round trip failed %lld %lld", "export", 0, 0);
