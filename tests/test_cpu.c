@@ -463,7 +463,7 @@ TEST(rope_rejects_odd_or_oversized_parts) {
 typedef struct tcpu_wfix {
     float k[6 * 4 * 2 * 8], v[6 * 4 * 2 * 8];
     int64_t slots[8];
-    int32_t positions[8];
+    int32_t positions[24];
     mskv_plan plan;
     mskv_pools pools;
 } tcpu_wfix;
@@ -473,7 +473,7 @@ static void tcpu_wfix_init(tcpu_wfix *w, const int64_t *slots, int32_t n) {
     memset(w, 0, sizeof(*w));
     for (i = 0; i < 6 * 4 * 2 * 8; i++) { w->k[i] = -7.0f; w->v[i] = -9.0f; }
     memcpy(w->slots, slots, (size_t)n * sizeof(int64_t));
-    for (i = 0; i < n; i++) w->positions[i] = 100 + 3 * i;
+    for (i = 0; i < 3 * n; i++) w->positions[i] = 100 + 3 * i;
     w->plan.total_q = n;
     w->plan.page_size = 4;
     w->plan.slot_mapping = w->slots;
@@ -540,6 +540,44 @@ TEST(write_kv_applies_rope_to_k_only) {
             EXPECT_NEAR(v[i * 16 + e], w.v[slots[i] * 16 + e], 0);
         }
     EXPECT_TRUE(fabs(kr[16] - k[16]) > 1e-6); /* the rotation did something */
+    /* 3-D: positions [n][3] from the plan */
+    r.mode = MSKV_POS_3D;
+    r.style = MSKV_ROPE_HALF;
+    memcpy(kr, k, sizeof k);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, kr, MSKV_DTYPE_F32, 3, 2, 8, w.positions));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_write_kv_pools(&w.pools, &w.plan, k, v, MSKV_DTYPE_F32, &r));
+    for (i = 0; i < 3; i++)
+        for (e = 0; e < 16; e++) EXPECT_NEAR(kr[i * 16 + e], w.k[slots[i] * 16 + e], 0);
+}
+
+static mskv_result tcpu_no_read(void *u, const int32_t *p, int32_t n, void *dst) { (void)u; (void)p; (void)n; (void)dst; return MSKV_ERROR_UNSUPPORTED; }
+static mskv_result tcpu_no_write(void *u, const int32_t *p, int32_t n, const void *src) { (void)u; (void)p; (void)n; (void)src; return MSKV_ERROR_UNSUPPORTED; }
+static mskv_result tcpu_no_copy(void *u, int32_t s, int32_t d) { (void)u; (void)s; (void)d; return MSKV_ERROR_UNSUPPORTED; }
+static const mskv_store_ops tcpu_elsewhere = {NULL, tcpu_no_read, tcpu_no_write, tcpu_no_copy};
+
+TEST(write_kv_through_an_arena_checks_the_layer_and_the_store) {
+    mskv_arena_desc ad;
+    mskv_arena *a = NULL;
+    static const int64_t slots[1] = {16};
+    tcpu_wfix w;
+    float k[16] = {0}, v[16] = {0};
+    memset(&ad, 0, sizeof ad);
+    ad.num_pages = 6; ad.page_size = 4; ad.num_layers = 2; ad.kv_heads = 2; ad.head_dim = 8;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &a));
+    tcpu_wfix_init(&w, slots, 1);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_write_kv(a, 1, &w.plan, k, v, MSKV_DTYPE_F32, NULL));
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cpu_write_kv(a, 2, &w.plan, k, v, MSKV_DTYPE_F32, NULL));
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cpu_write_kv(a, -1, &w.plan, k, v, MSKV_DTYPE_F32, NULL));
+    mskv_arena_destroy(a);
+    ad.store_ops = &tcpu_elsewhere; /* the bytes live elsewhere (a GPU): no host pools */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &a));
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cpu_write_kv(a, 0, &w.plan, k, v, MSKV_DTYPE_F32, NULL));
+    mskv_arena_destroy(a);
+    ad.store_ops = NULL;
+    ad.num_layers = 0; /* bookkeeping only: there is no layer 0 */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &a));
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cpu_write_kv(a, 0, &w.plan, k, v, MSKV_DTYPE_F32, NULL));
+    mskv_arena_destroy(a);
 }
 
 TEST(write_kv_rejects_a_bad_slot_and_writes_nothing) {
