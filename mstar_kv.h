@@ -182,6 +182,7 @@ typedef struct mskv_arena_desc {
     const mskv_store_ops *store_ops;  /* non-NULL: bytes live elsewhere (no host pools) */
     mskv_retire_mode retire_mode;
     mskv_allocator allocator;
+    mskv_allocator host_allocator;    /* host copies of offloaded requests (pinned or caching); all NULL = allocator */
     mskv_log_fn log;
     void *log_user;
     mskv_event_fn on_event;
@@ -256,9 +257,13 @@ MSKV_API mskv_result mskv_request_remove(mskv_arena *arena, mskv_request req);
 /* A child sharing the parent's full pages (refcounted); the partial last page
    is copied. The parent must be resident without an open reservation. */
 MSKV_API mskv_result mskv_request_fork(mskv_arena *arena, mskv_request parent, mskv_request *child);
+/* Size the request's page table for `tokens` tokens now, so steps up to that
+   length never allocate. Changes no state. */
+MSKV_API mskv_result mskv_request_reserve(mskv_arena *arena, mskv_request req, int64_t tokens);
 MSKV_API mskv_result mskv_request_info_get(mskv_arena *arena, mskv_request req, mskv_request_info *out);
 /* The page table, [prefix pages][live pages]; *count is set to the number of
-   entries even when cap is too small (then MSKV_ERROR_CAPACITY). */
+   entries even when cap is too small (then MSKV_ERROR_CAPACITY); pages == NULL
+   with cap == 0 is a size query. */
 MSKV_API mskv_result mskv_request_pages(mskv_arena *arena, mskv_request req, int32_t *pages, int32_t cap, int32_t *count);
 /* Protect the first n committed tokens (their pages whole) against release.
    Changing the length moves prefix_epoch. With released pages behind the
@@ -347,8 +352,9 @@ MSKV_API mskv_result mskv_admit(mskv_arena *arena, const mskv_segment *segs, int
 MSKV_API mskv_result mskv_commit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
 /* Return reservations without committing; their new pages are freed. */
 MSKV_API mskv_result mskv_abort(mskv_arena *arena, const mskv_segment *segs, int32_t n);
-/* End of step: retention policies release pages, page-stored events are
-   emitted, the fence advances. *step_out (optional) gets the fence that ended. */
+/* End of step: for the given segments' requests, retention policies release
+   pages and page-stored events are emitted; then the fence advances (also
+   with n == 0). *step_out (optional) gets the fence that ended. */
 MSKV_API mskv_result mskv_publish(mskv_arena *arena, const mskv_segment *segs, int32_t n, uint64_t *step_out);
 
 typedef enum mskv_pos_mode {

@@ -142,6 +142,8 @@ static void hb_steps(int32_t nreq, int64_t context, int steps) {
     if (!r || !s || !per_step || !per_plan) exit(1);
     for (i = 0; i < nreq; i++) {
         hb_need(mskv_request_add(a, &r[i]), "add");
+        /* size the table for the whole run up front, as a serving loop would */
+        hb_need(mskv_request_reserve(a, r[i], context + warm + steps), "reserve");
         s[i].request = r[i];
         s[i].n_tokens = context;
     }
@@ -253,11 +255,11 @@ static void hb_offload(int use_cache) {
     memset(&d, 0, sizeof d);
     d.num_pages = pages + 1; d.page_size = P;
     d.num_layers = layers; d.kv_heads = 8; d.head_dim = 128; d.dtype = MSKV_DTYPE_BF16;
-    if (use_cache) {
-        d.allocator.user = &keep;
-        d.allocator.alloc = hb_keep_alloc;
-        d.allocator.realloc = hb_keep_realloc;
-        d.allocator.free = hb_keep_free;
+    if (use_cache) {  /* only the host copies come from the cache, as pinned staging memory would */
+        d.host_allocator.user = &keep;
+        d.host_allocator.alloc = hb_keep_alloc;
+        d.host_allocator.realloc = hb_keep_realloc;
+        d.host_allocator.free = hb_keep_free;
     }
     hb_need(mskv_arena_create(&d, &a), "arena_create");
     hb_need(mskv_store_info_get(a, &si), "store_info");

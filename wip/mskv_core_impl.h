@@ -183,8 +183,9 @@ typedef struct mskv__req {
     uint8_t used, location, keyed, sealed, has_res, has_ret, mark;
     int64_t committed, reserved, prefix_tokens, live_start, published;
     int32_t prefix_pages;
-    int32_t *pages;
-    int32_t num_pages, cap_pages;
+    int32_t *tab;             /* the table's memory */
+    int32_t *pages;           /* tab + head: releases move the head, not the live pages */
+    int32_t head, num_pages, cap_pages;
     uint64_t epoch, key;
     mskv_retention retention;
     unsigned char *host;      /* offloaded copy: host_pages records */
@@ -237,6 +238,11 @@ static mskv_result mskv__err(mskv_arena *a, mskv_result code, const char *fmt, .
     return code;
 }
 
+/* Host copies of offloaded requests come from their own allocator (pinned or caching memory). */
+static const mskv_allocator *mskv__hal(const mskv_arena *a) {
+    return a->desc.host_allocator.alloc ? &a->desc.host_allocator : &a->al;
+}
+
 static void mskv__emit(mskv_arena *a, mskv_event_type type, int32_t ri, int32_t page, int64_t first) {
     mskv_event e;
     if (!a->desc.on_event) return;
@@ -257,7 +263,9 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     if (desc->num_pages < 2 || desc->page_size < 1 || desc->max_requests < 0 || desc->max_requests > 65535 ||
         desc->num_layers < 0 || (unsigned)desc->retire_mode > 1u ||
         (desc->allocator.alloc || desc->allocator.realloc || desc->allocator.free) !=
-            (desc->allocator.alloc && desc->allocator.realloc && desc->allocator.free))
+            (desc->allocator.alloc && desc->allocator.realloc && desc->allocator.free) ||
+        (desc->host_allocator.alloc || desc->host_allocator.realloc || desc->host_allocator.free) !=
+            (desc->host_allocator.alloc && desc->host_allocator.realloc && desc->host_allocator.free))
         return MSKV_ERROR_INVALID_ARGUMENT;
     if ((int64_t)desc->num_pages * desc->page_size > ((int64_t)1 << 62)) return MSKV_ERROR_OVERFLOW;
     nl = desc->num_layers;
@@ -347,8 +355,8 @@ MSKV_IMPL void mskv_arena_destroy(mskv_arena *a) {
     al = a->al;
     if (a->reqs) {
         for (i = 0; i < a->max_req; i++) {
-            mskv__free(&al, a->reqs[i].pages);
-            mskv__free(&al, a->reqs[i].host);
+            mskv__free(&al, a->reqs[i].tab);
+            mskv__free(mskv__hal(a), a->reqs[i].host);
         }
     }
     if (a->pools) {
@@ -516,15 +524,23 @@ static mskv_request mskv__handle(const mskv_arena *a, int32_t ri) {
         }                                                                                         \
     } while (0)
 
+/* Room for `need` entries from the head. Moving the entries to the front or
+   growing the memory changes no logical state, so a failure here is harmless. */
 static mskv_result mskv__reserve_table(mskv_arena *a, mskv__req *q, int32_t need) {
     int32_t cap;
     int32_t *p;
-    if (need <= q->cap_pages) return MSKV_SUCCESS;
+    if (q->head + need <= q->cap_pages) return MSKV_SUCCESS;
+    if (q->head > 0) {
+        if (q->num_pages) memmove(q->tab, q->pages, (size_t)q->num_pages * sizeof(int32_t));
+        q->head = 0;
+        q->pages = q->tab;
+        if (need <= q->cap_pages) return MSKV_SUCCESS;
+    }
     cap = q->cap_pages ? q->cap_pages : 8;
     while (cap < need) cap = cap > (1 << 29) ? need : cap * 2;
-    p = (int32_t *)mskv__realloc(&a->al, q->pages, (size_t)cap * sizeof(int32_t));
+    p = (int32_t *)mskv__realloc(&a->al, q->tab, (size_t)cap * sizeof(int32_t));
     if (!p) return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "page table of %d entries", (int)cap);
-    q->pages = p;
+    q->tab = q->pages = p;
     q->cap_pages = cap;
     return MSKV_SUCCESS;
 }
@@ -537,9 +553,9 @@ static int32_t mskv__new_req(mskv_arena *a) {
     if (a->req_free_top == 0) return -1;
     ri = a->req_free[--a->req_free_top];
     q = &a->reqs[ri];
-    gen = q->gen; pages = q->pages; cap = q->cap_pages;
+    gen = q->gen; pages = q->tab; cap = q->cap_pages;
     memset(q, 0, sizeof *q);
-    q->gen = gen; q->pages = pages; q->cap_pages = cap; /* keep the table's memory: no allocation in steady state */
+    q->gen = gen; q->tab = q->pages = pages; q->cap_pages = cap; /* keep the table's memory: no allocation in steady state */
     q->used = 1;
     q->epoch = ++a->epoch_counter;
     a->nreq++;
@@ -551,11 +567,10 @@ static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t from, int32_t co
 static void mskv__del_req(mskv_arena *a, int32_t ri) {
     mskv__req *q = &a->reqs[ri];
     mskv__drop_pages(a, ri, 0, q->num_pages);
-    if (q->host) {
-        a->offloaded_pages -= q->host_pages;
-        mskv__free(&a->al, q->host);
-        q->host = NULL;
-    }
+    if (q->host) mskv__free(mskv__hal(a), q->host);
+    a->offloaded_pages -= q->host_pages;
+    q->host = NULL;
+    q->host_pages = 0;
     q->used = 0;
     q->gen = (uint16_t)(q->gen + 1);
     a->req_free[a->req_free_top++] = ri;
@@ -567,17 +582,27 @@ static int64_t mskv__entry_pos(const mskv_arena *a, const mskv__req *q, int32_t 
     return i < q->prefix_pages ? (int64_t)i * a->P : q->live_start + (int64_t)(i - q->prefix_pages) * a->P;
 }
 
-/* Remove table entries [from, from+count), unreferencing their pages, and close the gap. */
+/* Remove table entries [from, from+count), unreferencing their pages, and close
+   the gap by moving the shorter side (releases move the few prefix pages, not
+   the long live window). Pages are freed last-first, so the free stack hands
+   them out again in table order: admit + abort + admit gives the same ids. */
 static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t from, int32_t count) {
     mskv__req *q = &a->reqs[ri];
-    int32_t i;
+    int32_t i, after;
     if (count <= 0) return;
-    for (i = from; i < from + count; i++) {
+    for (i = from; a->desc.on_event && i < from + count; i++)
         mskv__emit(a, MSKV_EVENT_PAGE_REMOVED, ri, q->pages[i], mskv__entry_pos(a, q, i));
-        mskv__unref(a, q->pages[i]);
+    for (i = from + count - 1; i >= from; i--) mskv__unref(a, q->pages[i]);
+    after = q->num_pages - from - count;
+    if (from <= after) {
+        if (from) memmove(q->pages + count, q->pages, (size_t)from * sizeof(int32_t));
+        q->head += count;
+        q->pages += count;
+    } else if (after) {
+        memmove(q->pages + from, q->pages + from + count, (size_t)after * sizeof(int32_t));
     }
-    memmove(q->pages + from, q->pages + from + count, (size_t)(q->num_pages - from - count) * sizeof(int32_t));
     q->num_pages -= count;
+    if (q->num_pages == 0) { q->head = 0; q->pages = q->tab; }
 }
 
 MSKV_IMPL mskv_result mskv_request_add(mskv_arena *a, mskv_request *out) {
@@ -698,10 +723,9 @@ MSKV_IMPL mskv_result mskv_request_pages(mskv_arena *a, mskv_request h, int32_t 
     q = &a->reqs[ri];
     if (q->location != MSKV_RESIDENT) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OFFLOADED, "pages: request is offloaded"); }
     *count = q->num_pages;
-    if (cap < q->num_pages || (q->num_pages > 0 && !pages)) {
-        MSKV__UNLOCK(a);
-        return pages || q->num_pages == 0 ? MSKV_ERROR_CAPACITY : MSKV_ERROR_NULL_POINTER;
-    }
+    if (!pages && cap == 0) { MSKV__UNLOCK(a); return MSKV_SUCCESS; } /* a size query */
+    if (!pages) { MSKV__UNLOCK(a); return MSKV_ERROR_NULL_POINTER; }
+    if (cap < q->num_pages) { MSKV__UNLOCK(a); return MSKV_ERROR_CAPACITY; }
     if (q->num_pages) memcpy(pages, q->pages, (size_t)q->num_pages * sizeof(int32_t));
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
@@ -730,6 +754,19 @@ static mskv_result mskv__protect(mskv_arena *a, int32_t ri, int64_t n) {
     q->prefix_pages = pp;
     q->epoch = ++a->epoch_counter;
     return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_request_reserve(mskv_arena *a, mskv_request h, int64_t tokens) {
+    int32_t ri;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    if (tokens < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (tokens > (int64_t)INT32_MAX - a->P) return MSKV_ERROR_OVERFLOW;
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    r = mskv__reserve_table(a, &a->reqs[ri], mskv__ceil_div(tokens, a->P) + 1);
+    MSKV__UNLOCK(a);
+    return r;
 }
 
 MSKV_IMPL mskv_result mskv_request_protect_prefix(mskv_arena *a, mskv_request h, int64_t n) {
@@ -845,11 +882,11 @@ MSKV_IMPL mskv_result mskv_request_offload(mskv_arena *a, mskv_request h) {
     n = q->num_pages;
     if (!mskv__mul((size_t)n, a->record_bytes, &bytes)) { MSKV__UNLOCK(a); return MSKV_ERROR_OVERFLOW; }
     if (bytes > 0) {
-        host = (unsigned char *)mskv__alloc(&a->al, bytes);
+        host = (unsigned char *)mskv__alloc(mskv__hal(a), bytes);
         if (!host) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "offload: %zu host bytes", bytes); }
         r = mskv__read_pages(a, q->pages, n, host);
         if (r != MSKV_SUCCESS) {
-            mskv__free(&a->al, host);
+            mskv__free(mskv__hal(a), host);
             MSKV__UNLOCK(a);
             return mskv__err(a, r, "offload: reading pages failed, request stays resident");
         }
@@ -886,7 +923,7 @@ MSKV_IMPL mskv_result mskv_request_reload(mskv_arena *a, mskv_request h) {
         }
     }
     q->num_pages = n;
-    mskv__free(&a->al, q->host);
+    mskv__free(mskv__hal(a), q->host);
     q->host = NULL;
     q->host_pages = 0;
     q->location = MSKV_RESIDENT;
@@ -1037,13 +1074,13 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
         return mskv__err(a, MSKV_ERROR_DUPLICATE, "import: key exists");
     }
     if (payload > 0) {
-        host = (unsigned char *)mskv__alloc(&a->al, payload);
+        host = (unsigned char *)mskv__alloc(mskv__hal(a), payload);
         if (!host) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "import: %zu host bytes", payload); }
         memcpy(host, b + MSKV__BLOB_HEADER, payload);
     }
     ri = mskv__new_req(a);
     if (ri < 0) {
-        mskv__free(&a->al, host);
+        mskv__free(mskv__hal(a), host);
         MSKV__UNLOCK(a);
         return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "import: no request slot");
     }
@@ -1556,7 +1593,8 @@ MSKV_IMPL mskv_result mskv_keyed_create(mskv_arena *a, uint64_t key, int64_t n_t
     mskv__req *q;
     mskv_result r;
     if (!a || !out) return MSKV_ERROR_NULL_POINTER;
-    if (n_tokens < 1 || n_tokens > (int64_t)INT32_MAX - a->P) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (n_tokens < 1) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (n_tokens > (int64_t)INT32_MAX - a->P) return MSKV_ERROR_OVERFLOW;
     MSKV__LOCK(a);
     if (mskv__find_key(a, key) >= 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_DUPLICATE, "keyed_create: key exists"); }
     need = mskv__ceil_div(n_tokens, a->P);
