@@ -11,6 +11,8 @@
      offload     offload/reload/export/import round trips of some requests
                  while others keep writing (gather/scatter kernels, fences)
      graph       a captured step replayed with new plan contents and new K/V
+     speed       offload/reload bandwidth and kv_write throughput (host-timed,
+                 informative only)
      attention   the hook below (the kernel engineer's checks and benchmarks)
    Exit status: 0 all passed, 1 a mismatch or error, 77 no usable GPU.
 
@@ -21,6 +23,9 @@
    tests/test_cuda.c includes this file with MSKV_GPU_CHECK_NO_MAIN and runs
    gpc_run() through its mock driver, so the check's logic is tested on CI. */
 #ifndef MSKV_GPU_CHECK_NO_MAIN
+#if !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L   /* clock_gettime */
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -408,6 +413,81 @@ done:
     return c->failures - before;
 }
 
+static double gpc_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Offload/reload bandwidth and kv_write throughput on a larger store. */
+static int gpc_speed(gpc_ctx *c) {
+    mskv_cuda_store_desc sd;
+    mskv_cuda_store *st = NULL;
+    mskv_arena_desc ad;
+    mskv_arena *a = NULL;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_plan_desc pd;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr dk = 0, dv = 0;
+    int before = c->failures, i, reps = c->quick ? 1 : 5;
+    int64_t tokens = c->quick ? 256 : 32768;
+    double t0, t_off = 0, t_rel = 0, t_kv = 0;
+    size_t bytes = 0;
+    memset(&sd, 0, sizeof sd);
+    memset(&plan, 0, sizeof plan);
+    sd.num_pages = (int32_t)(tokens / 16) + 8; sd.page_size = 16; sd.num_layers = 4; sd.kv_heads = 8; sd.head_dim = 128;
+    sd.dtype = MSKV_DTYPE_BF16; sd.max_tokens = (int32_t)tokens; sd.max_page_ids = sd.num_pages; sd.staging_bytes = (size_t)64 << 20;
+    GPC_TRY(c, mskv_cuda_store_create(c->cu, &sd, &st), "speed setup");
+    memset(&ad, 0, sizeof ad);
+    GPC_TRY(c, mskv_cuda_store_arena_desc(st, &ad), "speed setup");
+    GPC_TRY(c, mskv_arena_create(&ad, &a), "speed setup");
+    GPC_TRY(c, mskv_cuda_store_bind(st, a), "speed setup");
+    GPC_TRY(c, mskv_request_add(a, &req), "speed setup");
+    seg.request = req; seg.n_tokens = tokens;
+    GPC_TRY(c, mskv_admit(a, &seg, 1), "speed setup");
+    memset(&pd, 0, sizeof pd);
+    GPC_TRY(c, mskv_plan_alloc(a, 1, (int32_t)tokens, sd.num_pages, &plan), "speed setup");
+    GPC_TRY(c, mskv_plan_build(a, &seg, 1, &pd, &plan), "speed setup");
+    GPC_TRY(c, mskv_cuda_plan_upload(st, &plan, MSKV_POS_NONE, &dp), "speed setup");
+    bytes = (size_t)tokens * 8 * 128 * 2;
+    GPC_TRY(c, mskv_cuda_malloc(c->cu, bytes, &dk), "speed setup");
+    GPC_TRY(c, mskv_cuda_malloc(c->cu, bytes, &dv), "speed setup");
+    GPC_TRY(c, mskv_cuda_write_kv(st, 0, &dp, dk, dv, NULL), "speed: warm-up");
+    GPC_TRY(c, mskv_cuda_store_sync(st), "speed: warm-up");
+    t0 = gpc_now();
+    for (i = 0; i < reps * 4; i++) GPC_TRY(c, mskv_cuda_write_kv(st, i % 4, &dp, dk, dv, NULL), "speed: kv_write");
+    GPC_TRY(c, mskv_cuda_store_sync(st), "speed: kv_write");
+    t_kv = (gpc_now() - t0) / (reps * 4);
+    GPC_TRY(c, mskv_commit(a, &seg, 1), "speed setup");
+    GPC_TRY(c, mskv_cuda_publish(st, &seg, 1, NULL), "speed setup");
+    for (i = 0; i < reps; i++) {
+        t0 = gpc_now();
+        GPC_TRY(c, mskv_request_offload(a, req), "speed: offload");
+        t_off += gpc_now() - t0;
+        GPC_TRY(c, mskv_cuda_publish(st, NULL, 0, NULL), "speed: publish");
+        GPC_TRY(c, mskv_cuda_store_sync(st), "speed: sync");
+        t0 = gpc_now();
+        GPC_TRY(c, mskv_request_reload(a, req), "speed: reload");
+        t_rel += gpc_now() - t0;
+    }
+    {
+        double moved = (double)(tokens / 16) * 16.0 * 4 * 2 * 8 * 128 * 2;   /* pages x page bytes x layers x K,V */
+        fprintf(c->out, "speed         kv_write %lld tokens x 8 heads x 128 bf16: %.1f us (%.0f GB/s); "
+                "offload %.1f GB/s, reload %.1f GB/s (%.0f MiB)\n",
+                (long long)tokens, t_kv * 1e6, t_kv > 0 ? 4.0 * (double)bytes / t_kv / 1e9 : 0.0,
+                t_off > 0 ? moved * reps / t_off / 1e9 : 0.0, t_rel > 0 ? moved * reps / t_rel / 1e9 : 0.0,
+                moved / 1048576.0);
+    }
+done:
+    mskv_cuda_free(c->cu, dk);
+    mskv_cuda_free(c->cu, dv);
+    if (a) { mskv_plan_free(a, &plan); mskv_arena_destroy(a); }
+    if (st) mskv_cuda_store_destroy(st);
+    return c->failures - before;
+}
+
 /* Runs every check on a context; returns the number of failures. */
 static int gpc_run(mskv_cuda *cu, int quick, FILE *out) {
     gpc_ctx c;
@@ -423,6 +503,7 @@ static int gpc_run(mskv_cuda *cu, int quick, FILE *out) {
     gpc_check_kv_write(&c);
     gpc_check_offload(&c);
     gpc_check_graph(&c);
+    gpc_speed(&c);
 #ifdef MSKV_GPU_CHECK_ATTN
     c.failures += gpc_attn_check(cu, quick);
 #else
