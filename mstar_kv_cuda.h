@@ -211,6 +211,7 @@ MSKV_API mskv_result mskv_cuda_probe(const mskv_cuda_desc *desc, char *why, size
    Return value: MSKV_SUCCESS, CUDA_UNAVAILABLE (details to the logger and to
    mskv_cuda_probe), OUT_OF_MEMORY, CUDA. */
 MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **out);
+/* Destroy every store of the context first. */
 MSKV_API void mskv_cuda_destroy(mskv_cuda *cu);
 MSKV_API mskv_result mskv_cuda_info_get(mskv_cuda *cu, mskv_cuda_info *out);
 /* Details of the last failure of a call on this context (NVRTC log, driver
