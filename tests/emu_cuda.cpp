@@ -9,6 +9,7 @@
 #include "../mstar_kv.h"
 #define MSTAR_KV_CUDA_IMPLEMENTATION
 #include "../mstar_kv_cuda.h"
+#include <deque>
 #include <random>
 #include <string>
 
@@ -149,9 +150,10 @@ static mskv_cuda_functions ecu_table(void) {
     };
     f.cuModuleUnload = [](mskv_cu_module m) -> mskv_cu_result { delete (ecu_module *)(void *)m; return 0; };
     f.cuModuleGetFunction = [](mskv_cu_function *out, mskv_cu_module m, const char *name) -> mskv_cu_result {
-        /* one small leak per distinct (variant, kernel): the runtime caches functions for the context's life */
-        ecu_func *fn = new ecu_func{name, *(const ecu_module *)(const void *)m};
-        *out = (mskv_cu_function)(void *)fn;
+        /* the runtime caches functions for the context's life; they live until exit */
+        static std::deque<ecu_func> funcs;
+        funcs.push_back(ecu_func{name, *(const ecu_module *)(const void *)m});
+        *out = (mskv_cu_function)(void *)&funcs.back();
         return 0;
     };
     f.cuLaunchKernel = ecu_launch;
