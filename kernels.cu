@@ -578,18 +578,38 @@ MSKV_UNROLL
         /* mask, scale, online softmax (log2 domain) */
         {
             float mx[2], alpha[2];
+            /* is every key of the warp's slice visible to both of this thread's
+               rows? Then no per-element test (positions grow with the index). */
+            const int k_first = n0 + wkey0, k_last = k_first + MSKV_WK - 1;
+            int full = k_first >= n_lo && k_last < n_hi;
+            if (full && mask >= 1) {
+                int qmin = qpos[0] < qpos[1] ? qpos[0] : qpos[1], qmax = qpos[0] < qpos[1] ? qpos[1] : qpos[0];
+                full = mskv_abs_pos(k_last, psplit, pshift) <= qmin &&
+                       (mask != 2 || qmax - mskv_abs_pos(k_first, psplit, pshift) <= window_left);
+            }
             mx[0] = m[0]; mx[1] = m[1];
+            if (full) {
 MSKV_UNROLL
-            for (int nt = 0; nt < MSKV_NT; nt++) {
+                for (int nt = 0; nt < MSKV_NT; nt++) {
 MSKV_UNROLL
-                for (int e = 0; e < 4; e++) {
-                    int h = e >> 1, j = n0 + wkey0 + nt * 8 + 2 * t4 + (e & 1);
-                    int kp = mskv_abs_pos(j, psplit, pshift);
-                    int ok = j >= n_lo && j < n_hi;
-                    if (mask >= 1) ok = ok && kp <= qpos[h];
-                    if (mask == 2) ok = ok && qpos[h] - kp <= window_left;
-                    s[nt][e] = ok ? s[nt][e] * scale_log2 : mskv_neg_inf();
-                    mx[h] = fmaxf(mx[h], s[nt][e]);
+                    for (int e = 0; e < 4; e++) {
+                        s[nt][e] *= scale_log2;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+                    }
+                }
+            } else {
+MSKV_UNROLL
+                for (int nt = 0; nt < MSKV_NT; nt++) {
+MSKV_UNROLL
+                    for (int e = 0; e < 4; e++) {
+                        int h = e >> 1, j = k_first + nt * 8 + 2 * t4 + (e & 1);
+                        int kp = mskv_abs_pos(j, psplit, pshift);
+                        int ok = j >= n_lo && j < n_hi;
+                        if (mask >= 1) ok = ok && kp <= qpos[h];
+                        if (mask == 2) ok = ok && qpos[h] - kp <= window_left;
+                        s[nt][e] = ok ? s[nt][e] * scale_log2 : mskv_neg_inf();
+                        mx[h] = fmaxf(mx[h], s[nt][e]);
+                    }
                 }
             }
 MSKV_UNROLL

@@ -309,3 +309,33 @@ TEST(state_merge_matches_cpu_merge) {
     }
     EXPECT_NEAR(0.0, err, 1e-5);
 }
+
+TEST(attn_matches_cpu_backend_at_tile_boundaries) {
+    /* kv lengths one short of, at and past 16- and 64-key tiles; both layouts */
+    const int lens[] = {15, 16, 17, 63, 64, 65, 127, 128, 129};
+    int failures = 0;
+    for (int variant = 0; variant < 2; variant++)
+        for (int kv : lens)
+            for (int m = 0; m < 2; m++) {
+                eor_case c;
+                c.variant = variant; c.page_size = 16; c.kv_heads = 1; c.q_heads = 2; c.mask = (mskv_mask)m;
+                c.qo = {variant ? 4 : std::min(kv, 70)}; c.kv = {kv}; c.split = {kv}; c.shift = {0};
+                failures += !eor_check(c, (uint64_t)(kv * 4 + m + 77 * variant));
+            }
+    EXPECT_EQ(0, failures);
+}
+
+TEST(attn_window_wider_than_a_tile_matches_cpu_backend) {
+    /* windows of 70 and 130 keys let whole 64-key tiles be visible to some rows and not others */
+    const int windows[] = {70, 130};
+    int failures = 0;
+    for (int w : windows)
+        for (int variant = 0; variant < 2; variant++) {
+            eor_case c;
+            c.variant = variant; c.page_size = 16; c.kv_heads = 1; c.q_heads = 1; c.mask = MSKV_MASK_WINDOW;
+            c.window_left = w;
+            c.qo = {variant ? 16 : 120}; c.kv = {300}; c.split = {150}; c.shift = {5};
+            failures += !eor_check(c, (uint64_t)(w + variant));
+        }
+    EXPECT_EQ(0, failures);
+}
