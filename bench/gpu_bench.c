@@ -413,7 +413,7 @@ static int gb_check(mskv_cuda *cu, int quick) {
                 }
     /* a batch of uneven segments (split-KV decides per batch) */
     {
-        int32_t qo[5] = {1, 1, 1, 1, 1}, kv[5] = {16384, 1, 0, 4095, 700}, split[5] = {100, 1, 0, 4000, 699}, shift[5] = {7, 0, 0, 3, 9};
+        int32_t qo[5] = {1, 1, 1, 1, 1}, kv[5] = {16384, 1, 2, 4095, 700}, split[5] = {100, 1, 1, 4000, 699}, shift[5] = {7, 0, 0, 3, 9};
         cases++;
         if (!gb_check_case(cu, cpu, MSKV_DTYPE_BF16, 128, 16, 8, 4, 5, qo, kv, split, shift, MSKV_MASK_CAUSAL, 0, "bf16 d128 decode batch"))
             failed++;
