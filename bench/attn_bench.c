@@ -226,6 +226,9 @@ int main(void) {
         printf("%-46s %8d %10.2f %10.2f %9.1fx\n", "", 1, t1 * 1e3, flops / t1 * 1e-9, t_naive / t1);
         printf("%-46s %8d %10.2f %10.2f %9.1fx   cores busy %.2f; max |blocked - naive| %.2g\n", "", (int)threads,
                tn * 1e3, flops / tn * 1e-9, t_naive / tn, util, maxdiff);
+        if (threads > 1 && util < 0.75 * (double)threads)
+            printf("%-46s %8s   (the threads got %.2f of %d cores: the machine is busy, the all-thread figure is low)\n", "",
+                   "", util, (int)threads);
         free(naive_o); free(scores);
         mskv_cpu_destroy(one);
         mskv_cpu_destroy(all);
