@@ -23,11 +23,21 @@
 
    Build (no CUDA needed to build; without a GPU it says so and exits 0):
        cc -std=c99 -O2 -Wall -Wextra -pedantic -Werror bench/gpu_bench.c -o build/gpu_bench -ldl -lpthread -lm
-   Run: build/gpu_bench [--check] [--quick] [--python python3] */
+   Run: build/gpu_bench [--check] [--quick] [--python python3]
+   (--quick: fewer iterations, no 16k-key check cases; --mini: the check cut
+   down to what tests/emu_cuda.cpp runs on the emulated device) */
+#ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
+#endif
+/* GB_EMBEDDED: a test program that already holds both implementations
+   includes this file (with GB_NO_MAIN) to run the check on an emulated device */
+#ifndef GB_EMBEDDED
 #define MSTAR_KV_IMPLEMENTATION
+#endif
 #include "../mstar_kv.h"
+#ifndef GB_EMBEDDED
 #define MSTAR_KV_CUDA_IMPLEMENTATION
+#endif
 #include "../mstar_kv_cuda.h"
 #include <math.h>
 #include <stdio.h>
@@ -377,27 +387,30 @@ done:
     return ok;
 }
 
-static int gb_check(mskv_cuda *cu, int quick) {
+/* mini: the sweep cut to bf16, head_dim 64, page sizes 1 and 16, GQA 1 and 4,
+   short sequences (what an emulated device runs in a second or two) */
+static int gb_check(mskv_cuda *cu, int quick, int mini) {
     const int32_t Ps[4] = {1, 16, 40, 64}, groups[4] = {1, 4, 6, 8}, dims[3] = {64, 128, 256};
     const mskv_dtype dtypes[2] = {MSKV_DTYPE_BF16, MSKV_DTYPE_F16};
+    const int n_dtypes = mini ? 1 : 2, n_dims = mini ? 1 : 3, n_ps = mini ? 2 : 4, n_groups = mini ? 2 : 4;
     mskv_cpu *cpu = NULL;
     mskv_cpu_desc cd;
     int cases = 0, failed = 0, di, ti, pi, gi, li, m, qi;
     memset(&cd, 0, sizeof(cd));
     cd.num_threads = 8;
     if (mskv_cpu_create(&cd, &cpu) != MSKV_SUCCESS) cpu = NULL;
-    for (ti = 0; ti < 2; ti++)
-        for (di = 0; di < 3; di++)
-            for (pi = 0; pi < 4; pi++)
-                for (gi = 0; gi < 4; gi++) {
+    for (ti = 0; ti < n_dtypes; ti++)
+        for (di = 0; di < n_dims; di++)
+            for (pi = 0; pi < n_ps; pi++)
+                for (gi = 0; gi < n_groups; gi++) {
                     const int32_t P = Ps[pi], lens[5] = {0, P - 1, P, P + 1, 16384};
                     for (li = 0; li < 5; li++) {
                         int32_t kv = lens[li];
-                        if (quick && li == 4) continue;
+                        if ((quick || mini) && li == 4) continue;
                         for (m = 0; m < 3; m++)
                             for (qi = 0; qi < 2; qi++) {  /* decode (1 query) and prefill (up to 300 queries) */
                                 char what[160];
-                                int32_t qcap = li == 4 ? 64 : 300;  /* the CPU oracle's time at 16k keys */
+                                int32_t qcap = mini ? 24 : li == 4 ? 64 : 300;  /* the CPU oracle's time at 16k keys */
                                 int32_t qo = qi == 0 ? 1 : (kv < qcap ? kv : qcap), split = kv / 3, shift = m ? 1000 : 0;
                                 if (kv == 0 && m) continue;      /* masked queries need a position */
                                 if (kv == 0) qo = qi == 0 ? 1 : 7;
@@ -414,8 +427,10 @@ static int gb_check(mskv_cuda *cu, int quick) {
     /* a batch of uneven segments (split-KV decides per batch) */
     {
         int32_t qo[5] = {1, 1, 1, 1, 1}, kv[5] = {16384, 1, 2, 4095, 700}, split[5] = {100, 1, 1, 4000, 699}, shift[5] = {7, 0, 0, 3, 9};
+        if (mini) { kv[0] = 300; kv[3] = 95; split[3] = 90; }
         cases++;
-        if (!gb_check_case(cu, cpu, MSKV_DTYPE_BF16, 128, 16, 8, 4, 5, qo, kv, split, shift, MSKV_MASK_CAUSAL, 0, "bf16 d128 decode batch"))
+        if (!gb_check_case(cu, cpu, MSKV_DTYPE_BF16, mini ? 64 : 128, 16, mini ? 2 : 8, 4, 5, qo, kv, split, shift,
+                           MSKV_MASK_CAUSAL, 0, "bf16 decode batch"))
             failed++;
     }
     if (cpu) mskv_cpu_destroy(cpu);
@@ -423,21 +438,25 @@ static int gb_check(mskv_cuda *cu, int quick) {
     return failed ? 1 : 0;
 }
 
-int main(int argc, char **argv) {
+/* fn: an injected driver/NVRTC table (tests), NULL = the real libraries */
+static int gb_main(int argc, char **argv, const mskv_cuda_functions *fn) {
     mskv_cuda_desc desc;
     mskv_cuda *cu = NULL;
     mskv_cuda_info info;
     mskv_result r;
     char why[1024];
     const char *python = "python3";
-    int check = 0, quick = 0, i, rc;
+    int check = 0, quick = 0, mini = 0, i, rc;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--check")) check = 1;
         else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--mini")) mini = 1;
         else if (!strcmp(argv[i], "--python") && i + 1 < argc) python = argv[++i];
-        else { fprintf(stderr, "usage: %s [--check] [--quick] [--python python3]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [--check [--quick | --mini]] [--quick] [--python python3]\n", argv[0]); return 2; }
     }
     memset(&desc, 0, sizeof(desc));
+    desc.functions = fn;
+    desc.disable_disk_cache = fn != NULL;
     if (mskv_cuda_probe(&desc, why, sizeof(why)) != MSKV_SUCCESS) {
         printf("gpu_bench: no usable GPU, nothing measured (%s)\n", why);
         return 0;
@@ -446,7 +465,11 @@ int main(int argc, char **argv) {
     mskv_cuda_info_get(cu, &info);
     printf("device    %s, sm_%d, %d SMs, driver %d, NVRTC %d\n", info.name, info.arch, info.multiprocessors,
            info.driver_version, info.nvrtc_version);
-    rc = check ? gb_check(cu, quick) : gb_figures(cu, python, quick);
+    rc = check ? gb_check(cu, quick, mini) : gb_figures(cu, python, quick);
     mskv_cuda_destroy(cu);
     return rc;
 }
+
+#ifndef GB_NO_MAIN
+int main(int argc, char **argv) { return gb_main(argc, argv, NULL); }
+#endif

@@ -12,6 +12,10 @@
 #include <deque>
 #include <random>
 #include <string>
+/* the GPU benchmark's --check, run below on the emulated device */
+#define GB_EMBEDDED
+#define GB_NO_MAIN
+#include "../bench/gpu_bench.c"
 
 namespace ecu_p_bf16_64 {
 #define MSKV_DTYPE 2
@@ -430,4 +434,21 @@ TEST(attn_geometry_falls_back_when_shared_memory_is_short) {
     EXPECT_LE((int)g.smem_bytes, 99 * 1024);
     EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attn_geometry_get(1, 1, 1, 1, 6, 4, 128, 1, 0, &g));
     EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attn_geometry_get(1, 1, 1, 1, 8, 8, 96, 1, 0, &g));
+}
+
+TEST(gpu_bench_check_passes_on_the_emulated_device) {
+    mskv_cuda_functions table = ecu_table();
+    char a0[] = "gpu_bench", a1[] = "--check", a2[] = "--mini";
+    char *argv[] = {a0, a1, a2};
+    EXPECT_EQ(0, gb_main(3, argv, &table));
+}
+
+TEST(gpu_bench_check_fails_on_a_planted_fragment_bug) {
+    mskv_cuda_functions table = ecu_table();
+    char a0[] = "gpu_bench", a1[] = "--check", a2[] = "--mini";
+    char *argv[] = {a0, a1, a2};
+    mskv_emu::cfg().mma_swap_rows = 1;
+    int rc = gb_main(3, argv, &table);
+    mskv_emu::cfg().mma_swap_rows = 0;
+    EXPECT_EQ(1, rc);
 }
