@@ -24,8 +24,8 @@
    Build (no CUDA needed to build; without a GPU it says so and exits 0):
        cc -std=c99 -O2 -Wall -Wextra -pedantic -Werror bench/gpu_bench.c -o build/gpu_bench -ldl -lpthread -lm
    Run: build/gpu_bench [--check] [--quick] [--python python3]
-   (--quick: fewer iterations, no 16k-key check cases; --mini: the check cut
-   down to what tests/emu_cuda.cpp runs on the emulated device) */
+   (--quick: fewer iterations, no 16k-key check cases; --mini: shapes and the
+   check cut down to what tests/emu_cuda.cpp runs on the emulated device) */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
@@ -189,9 +189,33 @@ static double gb_time_attend(gb_problem *p, int iters) {
 
 /* >>figures ------------------------------------------------------------- */
 
-/* bytes read + written per second by cuMemcpyDtoD of 1 GiB (0 on failure) */
-static double gb_copy_bandwidth(mskv_cuda *cu, mskv_cuda_store *st) {
-    const size_t bytes = (size_t)1 << 30;
+/* The shapes of the figures; --mini shrinks them to what an emulated device
+   runs (the code path is the same, the numbers mean nothing there). */
+typedef struct gb_shapes {
+    size_t copy_bytes;
+    int32_t chunk_q, chunk_k, chunk_heads, dim;
+    int32_t dec_batch, dec_keys, dec_long_keys, dec_q_heads, dec_kv_heads;
+    int32_t write_tokens, write_heads, lat_keys;
+    int iters_chunk, iters_dec, iters_write, iters_lat;
+} gb_shapes;
+
+static gb_shapes gb_shapes_of(int quick, int mini) {
+    gb_shapes s;
+    s.copy_bytes = mini ? (size_t)1 << 20 : (size_t)1 << 30;
+    s.chunk_q = mini ? 70 : 4680; s.chunk_k = mini ? 300 : 32760; s.chunk_heads = mini ? 2 : 12;
+    s.dim = mini ? 64 : 128;
+    s.dec_batch = mini ? 3 : 64; s.dec_keys = mini ? 100 : 4096; s.dec_long_keys = mini ? 1500 : 65536;
+    s.dec_q_heads = mini ? 8 : 32; s.dec_kv_heads = mini ? 2 : 8;
+    s.write_tokens = mini ? 50 : 4680; s.write_heads = mini ? 2 : 12; s.lat_keys = mini ? 64 : 512;
+    s.iters_chunk = mini ? 1 : quick ? 3 : 20;
+    s.iters_dec = mini ? 1 : quick ? 10 : 100;
+    s.iters_write = mini ? 1 : quick ? 10 : 100;
+    s.iters_lat = mini ? 2 : quick ? 50 : 500;
+    return s;
+}
+
+/* bytes read + written per second by cuMemcpyDtoD (0 on failure) */
+static double gb_copy_bandwidth(mskv_cuda *cu, mskv_cuda_store *st, size_t bytes) {
     mskv_cu_ptr a = 0, b = 0;
     double t0, t = 0;
     int i;
@@ -225,7 +249,8 @@ static double gb_sdpa_peer(const char *python, int nq, int nk, int heads, int di
     return tf;
 }
 
-static int gb_figures(mskv_cuda *cu, const char *python, int quick) {
+static int gb_figures(mskv_cuda *cu, const char *python, int quick, int mini) {
+    const gb_shapes sh = gb_shapes_of(quick, mini);
     gb_problem p;
     mskv_result r;
     double copy, t;
@@ -236,55 +261,57 @@ static int gb_figures(mskv_cuda *cu, const char *python, int quick) {
     /* copy bandwidth (needs a store for its stream) */
     {
         int32_t one = 1;
-        if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, 16, 1, 1, 128, 1, &one, &one, NULL, NULL, 0, 0)) != MSKV_SUCCESS)
+        if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, 16, 1, 1, sh.dim, 1, &one, &one, NULL, NULL, 0, 0)) != MSKV_SUCCESS)
             return gb_fail(cu, "setup", r);
-        copy = gb_copy_bandwidth(cu, p.st);
+        copy = gb_copy_bandwidth(cu, p.st, sh.copy_bytes);
         gb_problem_free(cu, &p);
         if (copy <= 0) { fprintf(stderr, "gpu_bench: copy bandwidth could not be measured\n"); return 1; }
         printf("copy      %.1f GB/s (cuMemcpyDtoD, bytes read + written)\n", copy / 1e9);
     }
-    /* chunk attention, video shape */
+    /* chunk attention, video shape, non-causal */
     {
-        double peer = gb_sdpa_peer(python, 4680, 32760, 12, 128);
+        double peer = mini ? 0 : gb_sdpa_peer(python, sh.chunk_q, sh.chunk_k, sh.chunk_heads, sh.dim);
         for (ps = 0; ps < 2; ps++) {
-            double flops = 4.0 * 4680.0 * 32760.0 * 12.0 * 128.0, tf;
-            qo[0] = 4680; kv[0] = 32760;
-            if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, page_sizes[ps], 12, 12, 128, 1, qo, kv, NULL, NULL, 1, 0)) != MSKV_SUCCESS)
+            double flops = 4.0 * sh.chunk_q * (double)sh.chunk_k * sh.chunk_heads * sh.dim, tf;
+            qo[0] = sh.chunk_q; kv[0] = sh.chunk_k;
+            if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, page_sizes[ps], sh.chunk_heads, sh.chunk_heads, sh.dim, 1, qo, kv,
+                                     NULL, NULL, 1, 0)) != MSKV_SUCCESS)
                 return gb_fail(cu, "chunk setup", r);
-            t = gb_time_attend(&p, quick ? 3 : 20);
+            t = gb_time_attend(&p, sh.iters_chunk);
             if (t < 0) return gb_fail(cu, "chunk attention", MSKV_ERROR_CUDA);
             tf = flops / t / 1e12;
             if (peer > 0)
-                printf("chunk     page %d: %.1f TFLOP/s (%.3f ms); SDPA %.1f TFLOP/s; ratio %.2fx (targets >= 300, >= 0.8x)\n",
-                       page_sizes[ps], tf, t * 1e3, peer, tf / peer);
+                printf("chunk     %d x %d keys, page %d: %.1f TFLOP/s (%.3f ms); SDPA %.1f TFLOP/s; ratio %.2fx (targets >= 300, >= 0.8x)\n",
+                       sh.chunk_q, sh.chunk_k, page_sizes[ps], tf, t * 1e3, peer, tf / peer);
             else
-                printf("chunk     page %d: %.1f TFLOP/s (%.3f ms); SDPA peer unavailable (see stderr) (target >= 300)\n",
-                       page_sizes[ps], tf, t * 1e3);
+                printf("chunk     %d x %d keys, page %d: %.1f TFLOP/s (%.3f ms); SDPA peer unavailable%s (target >= 300)\n",
+                       sh.chunk_q, sh.chunk_k, page_sizes[ps], tf, t * 1e3, mini ? " (--mini)" : " (see stderr)");
             gb_problem_free(cu, &p);
         }
     }
-    /* decode: 64 x 4096, then one request of 65536 keys */
+    /* decode: a batch, then one long request (split-KV) */
     for (i = 0; i < 2; i++) {
-        int32_t batch = i == 0 ? 64 : 1, keys = i == 0 ? 4096 : 65536, b;
-        double bytes = 2.0 * batch * keys * 8.0 * 128.0 * 2.0;  /* K and V */
+        int32_t batch = i == 0 ? sh.dec_batch : 1, keys = i == 0 ? sh.dec_keys : sh.dec_long_keys, b;
+        double bytes = 2.0 * batch * (double)keys * sh.dec_kv_heads * sh.dim * 2.0;  /* K and V */
         for (b = 0; b < batch; b++) { qo[b] = 1; kv[b] = keys; }
-        if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, 16, 8, 32, 128, batch, qo, kv, NULL, NULL, 1, 0)) != MSKV_SUCCESS)
+        if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, 16, sh.dec_kv_heads, sh.dec_q_heads, sh.dim, batch, qo, kv,
+                                 NULL, NULL, 1, 0)) != MSKV_SUCCESS)
             return gb_fail(cu, "decode setup", r);
-        t = gb_time_attend(&p, quick ? 10 : 100);
+        t = gb_time_attend(&p, sh.iters_dec);
         if (t < 0) return gb_fail(cu, "decode attention", MSKV_ERROR_CUDA);
         printf("decode    %d x %d keys: %.1f GB/s of K/V (%.1f us), %.0f%% of copy bandwidth (target >= %d%%)\n",
                batch, keys, bytes / t / 1e9, t * 1e6, 100.0 * bytes / t / copy, i == 0 ? 80 : 60);
         gb_problem_free(cu, &p);
     }
-    /* K/V write of a 4680-token chunk */
+    /* K/V write of a chunk */
     {
-        const int32_t n = 4680, heads = 12, dim = 128;
+        const int32_t n = sh.write_tokens, heads = sh.write_heads, dim = sh.dim;
         size_t row_bytes = (size_t)heads * dim * 2, src_bytes = (size_t)n * row_bytes;
         int64_t *slots = (int64_t *)malloc((size_t)n * 8);
         mskv_cu_ptr dk = 0, dv = 0;
         mskv_cuda_dplan dp;
         mskv_plan plan;
-        int it, iters = quick ? 10 : 100;
+        int it;
         qo[0] = 1; kv[0] = n + 16;
         if (!slots) return 1;
         if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, 16, heads, heads, dim, 1, qo, kv, NULL, NULL, 1, 0)) != MSKV_SUCCESS)
@@ -293,14 +320,14 @@ static int gb_figures(mskv_cuda *cu, const char *python, int quick) {
         memset(&plan, 0, sizeof(plan));
         plan.total_q = n; plan.page_size = 16; plan.slot_mapping = slots;
         if ((r = mskv_cuda_malloc(cu, src_bytes, &dk)) != MSKV_SUCCESS || (r = mskv_cuda_malloc(cu, src_bytes, &dv)) != MSKV_SUCCESS ||
-            (r = mskv_cuda_plan_upload(p.st, &plan, MSKV_POS_NONE, &dp)) != MSKV_SUCCESS)
+            (r = mskv_cuda_plan_upload(p.st, &plan, MSKV_POS_NONE, &dp)) != MSKV_SUCCESS ||
+            (r = mskv_cuda_write_kv(p.st, 0, &dp, dk, dv, NULL)) != MSKV_SUCCESS)
             return gb_fail(cu, "kv_write setup", r);
-        mskv_cuda_write_kv(p.st, 0, &dp, dk, dv, NULL);
         mskv_cuda_store_sync(p.st);
         t = gb_now();
-        for (it = 0; it < iters; it++) mskv_cuda_write_kv(p.st, 0, &dp, dk, dv, NULL);
+        for (it = 0; it < sh.iters_write; it++) mskv_cuda_write_kv(p.st, 0, &dp, dk, dv, NULL);
         mskv_cuda_store_sync(p.st);
-        t = (gb_now() - t) / iters;
+        t = (gb_now() - t) / sh.iters_write;
         printf("kv_write  %d tokens: %.1f GB/s (%.1f us), %.0f%% of copy bandwidth (target >= 75%%)\n",
                n, 4.0 * (double)src_bytes / t / 1e9, t * 1e6, 100.0 * 4.0 * (double)src_bytes / t / copy);
         mskv_cuda_free(cu, dk); mskv_cuda_free(cu, dv); free(slots);
@@ -308,23 +335,24 @@ static int gb_figures(mskv_cuda *cu, const char *python, int quick) {
     }
     /* latency of a small decode call, synchronised one at a time */
     {
-        int it, iters = quick ? 50 : 500;
+        int it;
         double best = 1e9;
-        qo[0] = 1; kv[0] = 512;
-        if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, 16, 8, 32, 128, 1, qo, kv, NULL, NULL, 1, 0)) != MSKV_SUCCESS)
+        qo[0] = 1; kv[0] = sh.lat_keys;
+        if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, 16, sh.dec_kv_heads, sh.dec_q_heads, sh.dim, 1, qo, kv, NULL, NULL, 1, 0)) != MSKV_SUCCESS)
             return gb_fail(cu, "latency setup", r);
-        gb_attend(&p, MSKV_MASK_NONE, 0);
+        if ((r = gb_attend(&p, MSKV_MASK_NONE, 0)) != MSKV_SUCCESS) return gb_fail(cu, "latency", r);
         mskv_cuda_store_sync(p.st);
         t = gb_now();
-        for (it = 0; it < iters; it++) {
+        for (it = 0; it < sh.iters_lat; it++) {
             double t1 = gb_now();
             gb_attend(&p, MSKV_MASK_NONE, 0);
             mskv_cuda_store_sync(p.st);
             t1 = gb_now() - t1;
             if (t1 < best) best = t1;
         }
-        t = (gb_now() - t) / iters;
-        printf("latency   decode 1 x 512 keys: %.1f us mean, %.1f us best, launch + sync (target <= 10 us)\n", t * 1e6, best * 1e6);
+        t = (gb_now() - t) / sh.iters_lat;
+        printf("latency   decode 1 x %d keys: %.1f us mean, %.1f us best, launch + sync (target <= 10 us)\n",
+               sh.lat_keys, t * 1e6, best * 1e6);
         gb_problem_free(cu, &p);
     }
     return 0;
@@ -465,7 +493,7 @@ static int gb_main(int argc, char **argv, const mskv_cuda_functions *fn) {
     mskv_cuda_info_get(cu, &info);
     printf("device    %s, sm_%d, %d SMs, driver %d, NVRTC %d\n", info.name, info.arch, info.multiprocessors,
            info.driver_version, info.nvrtc_version);
-    rc = check ? gb_check(cu, quick, mini) : gb_figures(cu, python, quick);
+    rc = check ? gb_check(cu, quick, mini) : gb_figures(cu, python, quick, mini);
     mskv_cuda_destroy(cu);
     return rc;
 }

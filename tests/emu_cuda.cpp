@@ -98,6 +98,13 @@ static mskv_cu_result ecu_launch(mskv_cu_function f, unsigned int gx, unsigned i
                                          ecu_ptr<const float *>(a[3]), (mskv_i64)ecu_u64(a[4]), ecu_ptr<float *>(a[5]),
                                          ecu_ptr<float *>(a[6]));
         };
+    } else if (fn->name == "mskv_kv_write") {
+        if (m.dtype != 2 || m.head_dim != 64 || m.rope != 0) return 700;
+        body = [=] {
+            ecu_p_bf16_64::mskv_kv_write(ecu_ptr<const void *>(a[0]), ecu_ptr<const void *>(a[1]), ecu_ptr<const mskv_i64 *>(a[2]),
+                                         ecu_i32(a[3]), ecu_i32(a[4]), ecu_ptr<void *>(a[5]), ecu_ptr<void *>(a[6]),
+                                         (mskv_i64)ecu_u64(a[7]), ecu_ptr<const int *>(a[8]), ecu_f32(a[9]));
+        };
     } else if (fn->name == "mskv_rope") {
         if (m.dtype != 2 || m.head_dim != 64 || m.rope != 1 || m.style != 0 || m.d0 != 0) return 700;
         body = [=] {
@@ -451,4 +458,11 @@ TEST(gpu_bench_check_fails_on_a_planted_fragment_bug) {
     int rc = gb_main(3, argv, &table);
     mskv_emu::cfg().mma_swap_rows = 0;
     EXPECT_EQ(1, rc);
+}
+
+TEST(gpu_bench_figures_run_through_on_the_emulated_device) {
+    mskv_cuda_functions table = ecu_table();
+    char a0[] = "gpu_bench", a1[] = "--mini";
+    char *argv[] = {a0, a1};
+    EXPECT_EQ(0, gb_main(2, argv, &table));
 }
