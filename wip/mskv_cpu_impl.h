@@ -3,13 +3,17 @@
    the public API plus its own static mskv__cpu_* helpers.
 
    Attention is a flash-style loop: a work item is (segment, block of query
-   rows of one KV head, KV head); its rows are all (query token, q head of the
-   GQA group) pairs, so every K/V row is converted once per key block and
-   reused by every row. Scores Q.K^T come from a transposed K block (an axpy
-   over keys, which vectorises without -ffast-math), the softmax is online
-   (running max and sum per row), and P.V accumulates into an f32 row block.
+   rows, KV head); its rows are all (query token, q head of the GQA group)
+   pairs, so every K/V row is converted once per key block and reused by
+   every row. Scores Q.K^T come from a transposed K block (an axpy over keys,
+   which vectorises without -ffast-math), the softmax is online (running max
+   and sum per row), and P.V accumulates into an f32 row block. With 8 rows
+   or fewer (decode), transposing K would cost more than the products: the
+   scores are dot products over K rows instead, and one item takes several
+   KV heads so that whole slot rows stream from memory in address order.
    With GCC/Clang the inner tiles use vector extensions (8 lanes with AVX,
-   else 4), so the speed does not depend on the auto-vectoriser. */
+   else 4), so the speed does not depend on the auto-vectoriser; elsewhere
+   plain loops compute the same thing (MSKV_CPU_NO_SIMD forces them). */
 
 #include <string.h>
 #include <math.h>
