@@ -25,13 +25,25 @@
    then replaces the window's latents with the output: a Jacobi sweep in which
    a window frame becomes exact one step after the frame before it.
 
+   Backends (--backend): the host store and CPU attention of mstar_kv.h, or a
+   device store with the GPU kernels of mstar_kv_cuda.h, which loads the CUDA
+   driver and NVRTC at run time (no toolkit at build time; without a GPU,
+   --backend cuda says why and auto falls back to the CPU). Only the storage
+   and attention calls differ; the model, the cache bookkeeping (through the
+   arena, whose offload/reload use the device store's ops) and --check are
+   the same code for both.
+
    Build (the Makefile does this):
      cc -std=c99 -O2 $(pkg-config --cflags libavformat libavcodec libswscale libavutil) demo/demo.c \
         -o build/demo $(pkg-config --libs libavformat libavcodec libswscale libavutil) -ldl -lpthread -lm
    Without FFmpeg: cc -std=c99 -O2 -DMSKV_DEMO_NO_FFMPEG demo/demo.c -o build/demo -ldl -lpthread -lm */
+#ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
+#endif
 #define MSTAR_KV_IMPLEMENTATION
 #include "../mstar_kv.h"
+#define MSTAR_KV_CUDA_IMPLEMENTATION
+#include "../mstar_kv_cuda.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -65,6 +77,7 @@ typedef struct demo_cfg {
     int offload, check, quiet;
     demo_mode mode;
     demo_backend_kind backend;
+    int dtype;               /* the cache's mskv_dtype; -1 = the backend's default */
     uint64_t seed;
     const char *out;
     const char *dump_raw;
@@ -95,7 +108,12 @@ static void demo_help(void) {
 "  --context N          kv mode: most recent chunks kept besides the sink (default 2)\n"
 "  --steps N            denoise steps per window (default 4); a window's j-th new\n"
 "                       frame is exact after j steps, so use at least --window\n"
-"  --backend B          cpu, cuda or auto (default auto: the CPU backend)\n"
+"  --backend B          cpu, cuda or auto (default): cuda runs the cache and the\n"
+"                       attention on an NVIDIA GPU (mstar_kv_cuda.h: the driver and\n"
+"                       NVRTC are loaded at run time); auto uses it when it is\n"
+"                       usable and falls back to the CPU (saying so on stderr)\n"
+"  --dtype T            the cache's storage: f32, f16 or bf16 (default: f32 on the\n"
+"                       CPU; f16 on the GPU, whose tensor-core kernels need 16 bits)\n"
 "  --threads N          attention threads (default: online cores, at most 8)\n"
 "  --offload            kv mode: park the cache in host memory between windows and\n"
 "                       reload it (the output is bit-identical: compare latent_hash)\n"
@@ -144,7 +162,7 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
     memset(c, 0, sizeof(*c));
     c->frames = 81; c->width = 320; c->height = 192; c->window = 3; c->overlap = -1;
     c->sink = 1; c->context = 2; c->steps = 4; c->threads = demo_default_threads(); c->page_size = 16;
-    c->seed = 1; c->out = "demo.mp4";
+    c->seed = 1; c->out = "demo.mp4"; c->dtype = -1;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *val = NULL;
         char name[32];
@@ -181,6 +199,13 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
             else return demo_usage("--backend: expected cpu, cuda or auto, got '%s'", val);
             continue;
         }
+        if (!strcmp(name, "--dtype")) {
+            if (!strcmp(val, "f32")) c->dtype = MSKV_DTYPE_F32;
+            else if (!strcmp(val, "f16")) c->dtype = MSKV_DTYPE_F16;
+            else if (!strcmp(val, "bf16")) c->dtype = MSKV_DTYPE_BF16;
+            else return demo_usage("--dtype: expected f32, f16 or bf16, got '%s'", val);
+            continue;
+        }
         if (!strcmp(name, "--seed")) {
             char *end = NULL;
             errno = 0;
@@ -215,6 +240,8 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
         if (c->window < 2) return demo_usage("chained mode: --window must be >= 2");
         if (c->offload) return demo_usage("--offload needs --mode kv (chained windows keep nothing between windows)");
     }
+    if (c->backend == DEMO_BACKEND_CUDA && c->dtype == MSKV_DTYPE_F32)
+        return demo_usage("--backend cuda: the GPU attention kernels need --dtype f16 or bf16");
     if (brk && *brk) {
         if (!strcmp(brk, "page")) c->brk = DEMO_BREAK_PAGE;
         else if (!strcmp(brk, "stale")) c->brk = DEMO_BREAK_STALE;
@@ -225,15 +252,74 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
 }
 
 /* >>backend ---------------------------------------------------------------
-   The model's only calls into a compute backend. The GPU layer adds a second
-   table here (device store + kernels) without touching the model. */
+   The model's only calls into a compute backend: the same model code drives
+   the host store (mstar_kv.h's CPU backend) and the device store
+   (mstar_kv_cuda.h), so --check judges both the same way. */
 typedef struct demo_backend {
     const char *name;
+    mskv_dtype dtype;        /* the cache's storage type */
     void *impl;
+    /* the arena's store fields (geometry, store_ops, retire mode) */
+    mskv_result (*arena_desc)(void *impl, mskv_arena_desc *d);
+    mskv_result (*bind)(void *impl, mskv_arena *a);
+    /* after each plan is built: the kernels read the device copy */
+    mskv_result (*plan)(void *impl, const mskv_plan *p);
     mskv_result (*write_kv)(void *impl, mskv_arena *a, const mskv_plan *p, const float *k, const float *v);
     mskv_result (*attend)(void *impl, mskv_arena *a, const mskv_plan *p, const mskv_attn *attn, const float *q, float *o);
+    /* end of a step: publish (n may be 0: a step that only freed pages) */
+    mskv_result (*publish)(void *impl, mskv_arena *a, const mskv_segment *segs, int32_t n);
+    /* a step that the session published itself ended with fence `step` */
+    mskv_result (*fence)(void *impl, uint64_t step);
+    /* before pages are allocated: pages freed by finished steps become free */
+    mskv_result (*retire)(void *impl);
+    /* MSKV_DEMO_BREAK: overwrite the V of one page with 3.0 */
+    mskv_result (*scribble)(void *impl, mskv_arena *a, int32_t page);
+    const char *(*detail)(void *impl);   /* more about the last failure, or "" */
     void (*destroy)(void *impl);
 } demo_backend;
+
+/* What a backend needs to size its store. */
+typedef struct demo_store_shape {
+    int32_t num_pages, page_size, head_dim;
+    int64_t max_tokens;      /* the most tokens one step writes or queries */
+    int dtype;               /* a mskv_dtype, or -1: the backend's default */
+    int threads;
+} demo_store_shape;
+
+static uint16_t demo_half(mskv_dtype t, float x) {
+    return t == MSKV_DTYPE_BF16 ? mskv_f32_to_bf16(x) : mskv_f32_to_f16(x);
+}
+
+static float demo_unhalf(mskv_dtype t, uint16_t h) {
+    return t == MSKV_DTYPE_BF16 ? mskv_bf16_to_f32(h) : mskv_f16_to_f32(h);
+}
+
+/* one element of value x in dtype t at dst */
+static void demo_store_elem(mskv_dtype t, float x, unsigned char *dst) {
+    if (t == MSKV_DTYPE_F32) {
+        memcpy(dst, &x, sizeof(x));
+    } else {
+        uint16_t h = demo_half(t, x);
+        memcpy(dst, &h, sizeof(h));
+    }
+}
+
+/* >>cpu backend: the host store of the arena */
+
+typedef struct demo_cpu {
+    mskv_cpu *cpu;
+    mskv_dtype dtype;
+} demo_cpu;
+
+static mskv_result demo_cpu_arena_desc(void *impl, mskv_arena_desc *d) {
+    d->dtype = ((demo_cpu *)impl)->dtype;
+    d->store_ops = NULL;
+    d->retire_mode = MSKV_RETIRE_IMMEDIATE;
+    return MSKV_SUCCESS;
+}
+
+static mskv_result demo_cpu_bind(void *impl, mskv_arena *a) { (void)impl; (void)a; return MSKV_SUCCESS; }
+static mskv_result demo_cpu_plan(void *impl, const mskv_plan *p) { (void)impl; (void)p; return MSKV_SUCCESS; }
 
 static mskv_result demo_cpu_write(void *impl, mskv_arena *a, const mskv_plan *p, const float *k, const float *v) {
     (void)impl;
@@ -242,35 +328,318 @@ static mskv_result demo_cpu_write(void *impl, mskv_arena *a, const mskv_plan *p,
 
 static mskv_result demo_cpu_attend(void *impl, mskv_arena *a, const mskv_plan *p, const mskv_attn *attn,
                                    const float *q, float *o) {
-    return mskv_cpu_attention((mskv_cpu *)impl, a, 0, p, attn, q, o, NULL);
+    return mskv_cpu_attention(((demo_cpu *)impl)->cpu, a, 0, p, attn, q, o, NULL);
 }
 
-static void demo_cpu_destroy(void *impl) { mskv_cpu_destroy((mskv_cpu *)impl); }
+static mskv_result demo_cpu_publish(void *impl, mskv_arena *a, const mskv_segment *segs, int32_t n) {
+    (void)impl;
+    return mskv_publish(a, segs, n, NULL);
+}
 
-static int demo_backend_open(demo_backend *b, demo_backend_kind kind, int threads, char *why, size_t cap) {
-    memset(b, 0, sizeof(*b));
-    if (kind == DEMO_BACKEND_CUDA) {
-        snprintf(why, cap, "--backend cuda: the CUDA backend is not built into this demo yet; use --backend cpu");
+/* IMMEDIATE retire: freed pages are free at once */
+static mskv_result demo_cpu_fence(void *impl, uint64_t step) { (void)impl; (void)step; return MSKV_SUCCESS; }
+static mskv_result demo_cpu_retire(void *impl) { (void)impl; return MSKV_SUCCESS; }
+
+static mskv_result demo_cpu_scribble(void *impl, mskv_arena *a, int32_t page) {
+    mskv_store_info si;
+    unsigned char *pool = (unsigned char *)mskv_store_pool(a, 0, 1);
+    mskv_result res = mskv_store_info_get(a, &si);
+    size_t i;
+    (void)impl;
+    if (res != MSKV_SUCCESS) return res;
+    if (!pool) return MSKV_ERROR_UNSUPPORTED;
+    if (page < 1 || page >= si.num_pages) return MSKV_ERROR_OUT_OF_RANGE;
+    for (i = 0; i < si.page_bytes / si.elem_size; i++)
+        demo_store_elem(si.dtype, 3.0f, pool + (size_t)page * si.page_bytes + i * si.elem_size);
+    return MSKV_SUCCESS;
+}
+
+static const char *demo_cpu_detail(void *impl) { (void)impl; return ""; }
+
+static void demo_cpu_destroy(void *impl) {
+    demo_cpu *c = (demo_cpu *)impl;
+    if (!c) return;
+    mskv_cpu_destroy(c->cpu);
+    free(c);
+}
+
+static int demo_cpu_open(demo_backend *b, const demo_store_shape *s, char *why, size_t cap) {
+    mskv_cpu_desc d;
+    demo_cpu *c = (demo_cpu *)calloc(1, sizeof(*c));
+    mskv_result r;
+    if (!c) { snprintf(why, cap, "CPU backend: out of memory"); return -1; }
+    memset(&d, 0, sizeof(d));
+    d.num_threads = s->threads;
+    r = mskv_cpu_create(&d, &c->cpu);
+    if (r != MSKV_SUCCESS) {
+        free(c);
+        snprintf(why, cap, "CPU backend: %s", mskv_result_string(r));
         return -1;
     }
-    {
-        mskv_cpu_desc d;
-        mskv_cpu *cpu = NULL;
-        mskv_result r;
-        memset(&d, 0, sizeof(d));
-        d.num_threads = threads;
-        r = mskv_cpu_create(&d, &cpu);
-        if (r != MSKV_SUCCESS) {
-            snprintf(why, cap, "CPU backend: %s", mskv_result_string(r));
+    c->dtype = (mskv_dtype)s->dtype;
+    b->name = "cpu";
+    b->dtype = c->dtype;
+    b->impl = c;
+    b->arena_desc = demo_cpu_arena_desc;
+    b->bind = demo_cpu_bind;
+    b->plan = demo_cpu_plan;
+    b->write_kv = demo_cpu_write;
+    b->attend = demo_cpu_attend;
+    b->publish = demo_cpu_publish;
+    b->fence = demo_cpu_fence;
+    b->retire = demo_cpu_retire;
+    b->scribble = demo_cpu_scribble;
+    b->detail = demo_cpu_detail;
+    b->destroy = demo_cpu_destroy;
+    return 0;
+}
+
+/* >>cuda backend: a device store bound to the arena (FENCED retire), plans
+   uploaded once per step, K/V written and attended on the device. The model
+   works in f32; q, k and v go up and o comes down in the store's 16-bit type
+   (the tensor-core kernels read q in the store's type). */
+
+typedef struct demo_gpu {
+    mskv_cuda *cu;
+    mskv_cuda_store *st;
+    mskv_cuda_dplan dplan;
+    int have_plan;
+    mskv_dtype dtype;
+    int32_t head_dim;
+    int64_t max_tokens;
+    mskv_cu_ptr dq, dk, dv, dout;   /* q and o: [max_tokens][2 heads][dim]; k, v: [max_tokens][dim] */
+    uint16_t *host;                 /* conversion buffer, as large as q */
+    char log[512];                  /* the runtime's last error message */
+} demo_gpu;
+
+/* reasons are printed on one line */
+static void demo_one_line(char *s) {
+    for (; *s; s++)
+        if (*s == '\n' || *s == '\r') *s = ' ';
+}
+
+static void demo_gpu_log(void *user, mskv_log_level level, const char *message) {
+    demo_gpu *g = (demo_gpu *)user;
+    if (level < MSKV_LOG_WARN || !message) return;
+    snprintf(g->log, sizeof(g->log), "%s", message);
+    demo_one_line(g->log);
+}
+
+static void demo_gpu_destroy(void *impl) {
+    demo_gpu *g = (demo_gpu *)impl;
+    if (!g) return;
+    if (g->cu) {
+        if (g->dq) mskv_cuda_free(g->cu, g->dq);
+        if (g->dk) mskv_cuda_free(g->cu, g->dk);
+        if (g->dv) mskv_cuda_free(g->cu, g->dv);
+        if (g->dout) mskv_cuda_free(g->cu, g->dout);
+    }
+    mskv_cuda_store_destroy(g->st);   /* waits for the stream first */
+    mskv_cuda_destroy(g->cu);
+    free(g->host);
+    free(g);
+}
+
+static mskv_result demo_gpu_arena_desc(void *impl, mskv_arena_desc *d) {
+    return mskv_cuda_store_arena_desc(((demo_gpu *)impl)->st, d);
+}
+
+static mskv_result demo_gpu_bind(void *impl, mskv_arena *a) { return mskv_cuda_store_bind(((demo_gpu *)impl)->st, a); }
+
+static mskv_result demo_gpu_plan(void *impl, const mskv_plan *p) {
+    demo_gpu *g = (demo_gpu *)impl;
+    mskv_result r;
+    g->have_plan = 0;
+    if (p->total_q > g->max_tokens) return MSKV_ERROR_CAPACITY;
+    r = mskv_cuda_plan_upload(g->st, p, MSKV_POS_3D, &g->dplan);
+    if (r == MSKV_SUCCESS) g->have_plan = 1;
+    return r;
+}
+
+/* the device plan is the upload of p (the model uploads every plan it builds) */
+static int demo_gpu_plan_is(const demo_gpu *g, const mskv_plan *p) {
+    return g->have_plan && g->dplan.batch == p->batch && g->dplan.total_q == p->total_q &&
+           g->dplan.num_page_ids == p->num_page_ids && g->dplan.step == p->step;
+}
+
+/* n f32 values to the store's type, then to the device */
+static mskv_result demo_gpu_put(demo_gpu *g, mskv_cu_ptr dst, const float *src, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) g->host[i] = demo_half(g->dtype, src[i]);
+    return mskv_cuda_upload(g->st, dst, g->host, n * sizeof(uint16_t));
+}
+
+static mskv_result demo_gpu_write(void *impl, mskv_arena *a, const mskv_plan *p, const float *k, const float *v) {
+    demo_gpu *g = (demo_gpu *)impl;
+    size_t n;
+    mskv_result r;
+    (void)a;
+    if (!demo_gpu_plan_is(g, p)) return MSKV_ERROR_BAD_STATE;
+    n = (size_t)p->total_q * (size_t)g->head_dim;
+    if ((r = demo_gpu_put(g, g->dk, k, n)) != MSKV_SUCCESS) return r;
+    if ((r = demo_gpu_put(g, g->dv, v, n)) != MSKV_SUCCESS) return r;
+    return mskv_cuda_write_kv(g->st, 0, &g->dplan, g->dk, g->dv, NULL);
+}
+
+static mskv_result demo_gpu_attend(void *impl, mskv_arena *a, const mskv_plan *p, const mskv_attn *attn,
+                                   const float *q, float *o) {
+    demo_gpu *g = (demo_gpu *)impl;
+    mskv_attn at = *attn;
+    size_t n, i;
+    mskv_result r;
+    (void)a;
+    if (!demo_gpu_plan_is(g, p)) return MSKV_ERROR_BAD_STATE;
+    if (at.q_heads != 2) return MSKV_ERROR_INVALID_ARGUMENT;   /* the buffers hold two heads */
+    at.q_dtype = g->dtype;
+    n = (size_t)p->total_q * 2u * (size_t)g->head_dim;
+    if ((r = demo_gpu_put(g, g->dq, q, n)) != MSKV_SUCCESS) return r;
+    if ((r = mskv_cuda_attention(g->st, 0, p, &g->dplan, &at, g->dq, g->dout, 0)) != MSKV_SUCCESS) return r;
+    /* on the store's stream, so after the attention */
+    if ((r = mskv_cuda_download(g->st, g->host, g->dout, n * sizeof(uint16_t))) != MSKV_SUCCESS) return r;
+    for (i = 0; i < n; i++) o[i] = demo_unhalf(g->dtype, g->host[i]);
+    return MSKV_SUCCESS;
+}
+
+static mskv_result demo_gpu_publish(void *impl, mskv_arena *a, const mskv_segment *segs, int32_t n) {
+    (void)a;
+    return mskv_cuda_publish(((demo_gpu *)impl)->st, segs, n, NULL);
+}
+
+static mskv_result demo_gpu_fence(void *impl, uint64_t step) {
+    demo_gpu *g = (demo_gpu *)impl;
+    mskv_result r = mskv_cuda_fence_record(g->st, step);
+    return r == MSKV_SUCCESS ? mskv_cuda_retire(g->st, 0) : r;
+}
+
+/* The arena holds exactly the pages the bound allows, so the pages of the
+   previous step are needed now: wait for its fence. (The demo downloads
+   every attention output, so the device is nearly idle here anyway.) */
+static mskv_result demo_gpu_retire(void *impl) { return mskv_cuda_retire(((demo_gpu *)impl)->st, 1); }
+
+static mskv_result demo_gpu_scribble(void *impl, mskv_arena *a, int32_t page) {
+    demo_gpu *g = (demo_gpu *)impl;
+    mskv_store_info si;
+    unsigned char *buf;
+    size_t i;
+    mskv_result r = mskv_store_info_get(a, &si);
+    if (r != MSKV_SUCCESS) return r;
+    if (page < 1 || page >= si.num_pages) return MSKV_ERROR_OUT_OF_RANGE;
+    buf = (unsigned char *)malloc(si.page_bytes);
+    if (!buf) return MSKV_ERROR_OUT_OF_MEMORY;
+    for (i = 0; i < si.page_bytes / si.elem_size; i++) demo_store_elem(si.dtype, 3.0f, buf + i * si.elem_size);
+    r = mskv_cuda_upload(g->st, mskv_cuda_store_pool(g->st, 0, 1) + (mskv_cu_ptr)((size_t)page * si.page_bytes), buf,
+                         si.page_bytes);
+    free(buf);
+    return r;
+}
+
+static const char *demo_gpu_detail(void *impl) {
+    demo_gpu *g = (demo_gpu *)impl;
+    const char *e = g->cu ? mskv_cuda_last_error(g->cu) : "";
+    return e && *e ? e : g->log;
+}
+
+/* 0 = open; -1 = failed, reason in why, *unavailable set when there is no
+   usable CUDA (driver, device or NVRTC missing) */
+static int demo_gpu_open(demo_backend *b, const demo_store_shape *s, char *why, size_t cap, int *unavailable) {
+    mskv_cuda_desc cd;
+    mskv_cuda_store_desc sd;
+    demo_gpu *g = (demo_gpu *)calloc(1, sizeof(*g));
+    size_t q_elems = 0, q_bytes = 0, kv_bytes = 0;
+    mskv_result r;
+    *unavailable = 0;
+    if (!g) { snprintf(why, cap, "CUDA backend: out of memory"); return -1; }
+    g->dtype = (mskv_dtype)s->dtype;
+    g->head_dim = s->head_dim;
+    g->max_tokens = s->max_tokens;
+    if (s->max_tokens < 1 || s->max_tokens > INT32_MAX || s->head_dim < 1 ||
+        (size_t)s->max_tokens > SIZE_MAX / 4u / (size_t)s->head_dim) {
+        free(g);
+        snprintf(why, cap, "CUDA backend: %s", mskv_result_string(MSKV_ERROR_OVERFLOW));
+        return -1;
+    }
+    kv_bytes = (size_t)s->max_tokens * (size_t)s->head_dim * sizeof(uint16_t);
+    q_elems = (size_t)s->max_tokens * 2u * (size_t)s->head_dim;
+    q_bytes = q_elems * sizeof(uint16_t);
+    memset(&cd, 0, sizeof(cd));
+    cd.log = demo_gpu_log;
+    cd.log_user = g;
+#ifdef DEMO_CUDA_FUNCTIONS
+    cd.functions = DEMO_CUDA_FUNCTIONS;   /* demo_emu.cpp: an emulated device */
+    cd.disable_disk_cache = 1;
+#endif
+    r = mskv_cuda_create(&cd, &g->cu);
+    if (r != MSKV_SUCCESS) {
+        *unavailable = r == MSKV_ERROR_CUDA_UNAVAILABLE;
+        /* the runtime's reason: what it tried and what was missing */
+        if (!*unavailable || mskv_cuda_probe(&cd, why, cap) == MSKV_SUCCESS || !why[0])
+            snprintf(why, cap, "%.500s", g->log[0] ? g->log : mskv_result_string(r));
+        demo_one_line(why);
+        demo_gpu_destroy(g);
+        return -1;
+    }
+    memset(&sd, 0, sizeof(sd));
+    sd.num_pages = s->num_pages;
+    sd.page_size = s->page_size;
+    sd.num_layers = 1;
+    sd.kv_heads = 1;
+    sd.head_dim = s->head_dim;
+    sd.dtype = g->dtype;
+    sd.max_batch = 1;
+    sd.max_tokens = (int32_t)s->max_tokens;
+    sd.max_page_ids = s->num_pages;
+    r = mskv_cuda_store_create(g->cu, &sd, &g->st);
+    if (r == MSKV_SUCCESS) r = mskv_cuda_malloc(g->cu, q_bytes, &g->dq);
+    if (r == MSKV_SUCCESS) r = mskv_cuda_malloc(g->cu, q_bytes, &g->dout);
+    if (r == MSKV_SUCCESS) r = mskv_cuda_malloc(g->cu, kv_bytes, &g->dk);
+    if (r == MSKV_SUCCESS) r = mskv_cuda_malloc(g->cu, kv_bytes, &g->dv);
+    if (r == MSKV_SUCCESS && !(g->host = (uint16_t *)malloc(q_bytes))) r = MSKV_ERROR_OUT_OF_MEMORY;
+    if (r != MSKV_SUCCESS) {
+        const char *d = demo_gpu_detail(g);
+        snprintf(why, cap, "device store: %s%s%.400s", mskv_result_string(r), *d ? ": " : "", d);
+        demo_gpu_destroy(g);
+        return -1;
+    }
+    b->name = "cuda";
+    b->dtype = g->dtype;
+    b->impl = g;
+    b->arena_desc = demo_gpu_arena_desc;
+    b->bind = demo_gpu_bind;
+    b->plan = demo_gpu_plan;
+    b->write_kv = demo_gpu_write;
+    b->attend = demo_gpu_attend;
+    b->publish = demo_gpu_publish;
+    b->fence = demo_gpu_fence;
+    b->retire = demo_gpu_retire;
+    b->scribble = demo_gpu_scribble;
+    b->detail = demo_gpu_detail;
+    b->destroy = demo_gpu_destroy;
+    return 0;
+}
+
+/* Opens the backend the options ask for. auto: CUDA when it is usable and
+   the cache type is 16-bit, else the CPU (saying why once, unless quiet).
+   0 = open, -1 = failed (why says why). */
+static int demo_backend_open(demo_backend *b, demo_backend_kind kind, const demo_store_shape *s, int quiet,
+                             char *why, size_t cap) {
+    demo_store_shape cs = *s;
+    int unavailable = 0;
+    char reason[512];
+    memset(b, 0, sizeof(*b));
+    if (kind == DEMO_BACKEND_CUDA || (kind == DEMO_BACKEND_AUTO && s->dtype != MSKV_DTYPE_F32)) {
+        demo_store_shape gs = *s;
+        if (gs.dtype < 0) gs.dtype = MSKV_DTYPE_F16;
+        if (demo_gpu_open(b, &gs, reason, sizeof(reason), &unavailable) == 0) return 0;
+        if (kind == DEMO_BACKEND_CUDA || !unavailable) {
+            snprintf(why, cap, "--backend %s: %s%s", kind == DEMO_BACKEND_CUDA ? "cuda" : "auto",
+                     unavailable ? "CUDA is unavailable: " : "CUDA backend: ", reason);
             return -1;
         }
-        b->name = "cpu";
-        b->impl = cpu;
-        b->write_kv = demo_cpu_write;
-        b->attend = demo_cpu_attend;
-        b->destroy = demo_cpu_destroy;
+        if (!quiet) fprintf(stderr, "demo: CUDA is unavailable (%s); using the CPU backend\n", reason);
+        memset(b, 0, sizeof(*b));
     }
-    return 0;
+    if (cs.dtype < 0) cs.dtype = MSKV_DTYPE_F32;
+    return demo_cpu_open(b, &cs, why, cap);
 }
 
 /* >>queue ---------------------------------------------------------------- */
@@ -442,6 +811,18 @@ static int demo_fail(demo_run *r, const char *fmt, ...) {
             return demo_fail((r), "%s: %s", (what), mskv_result_string(demo__res));     \
     } while (0)
 
+/* a backend call: its details (a driver error, the NVRTC log's first line) too */
+static int demo_fail_be(demo_run *r, const char *what, mskv_result res) {
+    const char *d = r->be.detail ? r->be.detail(r->be.impl) : "";
+    return demo_fail(r, "%s: %s%s%s%s", what, mskv_result_string(res), *d ? " (" : "", d, *d ? ")" : "");
+}
+
+#define DEMO_TRY_BE(r, call, what)                                                      \
+    do {                                                                                \
+        mskv_result demo__res = (call);                                                 \
+        if (demo__res != MSKV_SUCCESS) return demo_fail_be((r), (what), demo__res);     \
+    } while (0)
+
 static double demo_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -525,12 +906,13 @@ static int demo_denoise(demo_run *r, mskv_session *sess, const mskv_segment *seg
     for (s = 0; s < r->cfg.steps; s++) {
         if (sess) DEMO_TRY(r, mskv_session_plan(sess, &pd, &r->plan), "plan");
         else DEMO_TRY(r, mskv_plan_build(r->arena, seg, 1, &pd, &r->plan), "plan");
+        DEMO_TRY_BE(r, r->be.plan(r->be.impl, &r->plan), "upload plan");
         if (s == 0 && demo_build_keys(r, &r->plan, base_frame, f0, nfr) != 0) return -1;
         for (f = 0; f < nfr; f++)
             demo_patchify(g, r->x + (size_t)f * g->lat_floats, r->v + (size_t)f * g->tpf * dim);
         if (!(r->cfg.brk == DEMO_BREAK_STALE && s > 0))
-            DEMO_TRY(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write K/V");
-        DEMO_TRY(r, r->be.attend(r->be.impl, r->arena, &r->plan, &at, r->q, r->o), "attention");
+            DEMO_TRY_BE(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write K/V");
+        DEMO_TRY_BE(r, r->be.attend(r->be.impl, r->arena, &r->plan, &at, r->q, r->o), "attention");
         for (i = 0; i < (size_t)n; i++) {   /* the two heads' mean, back into the v buffer */
             const float *o0 = r->o + i * 2u * dim, *o1 = o0 + dim;
             size_t d;
@@ -545,7 +927,7 @@ static int demo_denoise(demo_run *r, mskv_session *sess, const mskv_segment *seg
     if (sess && r->cfg.brk != DEMO_BREAK_STALE) {
         for (f = 0; f < nfr; f++)
             demo_patchify(g, r->x + (size_t)f * g->lat_floats, r->v + (size_t)f * g->tpf * dim);
-        DEMO_TRY(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write K/V");
+        DEMO_TRY_BE(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write K/V");
     }
     return 0;
 }
@@ -554,17 +936,11 @@ static int demo_denoise(demo_run *r, mskv_session *sess, const mskv_segment *seg
    (first) page, the kind of damage a wrong page id or lost offload bytes do. */
 static int demo_break_page(demo_run *r, mskv_request req) {
     int32_t pages[4096], count = 0, victim;
-    mskv_store_info si;
-    unsigned char *pool = (unsigned char *)mskv_store_pool(r->arena, 0, 1);
-    float *p;
-    size_t i;
     mskv_result res = mskv_request_pages(r->arena, req, pages, 4096, &count);
-    if ((res != MSKV_SUCCESS && res != MSKV_ERROR_CAPACITY) || count < 1 || count > 4096 || !pool ||
-        mskv_store_info_get(r->arena, &si) != MSKV_SUCCESS)
+    if ((res != MSKV_SUCCESS && res != MSKV_ERROR_CAPACITY) || count < 1 || count > 4096)
         return demo_fail(r, "MSKV_DEMO_BREAK=page: no page to break");
     victim = r->cfg.brk == DEMO_BREAK_SINK ? pages[0] : pages[count - 1];
-    p = (float *)(pool + (size_t)victim * si.page_bytes);
-    for (i = 0; i < si.page_bytes / sizeof(float); i++) p[i] = 3.0f;
+    DEMO_TRY_BE(r, r->be.scribble(r->be.impl, r->arena, victim), "MSKV_DEMO_BREAK");
     fprintf(stderr, "demo: MSKV_DEMO_BREAK: overwrote the V of page %d\n", (int)victim);
     return 0;
 }
@@ -611,6 +987,7 @@ static int demo_run_kv(demo_run *r, demo_queue *q, double t0) {
     mskv_request req;
     mskv_window w;
     int64_t chunk = (int64_t)r->cfg.window * g->tpf, k;
+    uint64_t step = 0;
     char why[256];
     memset(&ret, 0, sizeof(ret));
     ret.chunk_size = chunk;
@@ -623,12 +1000,14 @@ static int demo_run_kv(demo_run *r, demo_queue *q, double t0) {
     for (k = 0; k < r->sched.count; k++) {
         int before, after, clamp = k == 0 ? 1 : 0;
         DEMO_TRY(r, mskv_schedule_window(&r->sched, k, &w), "schedule");
+        DEMO_TRY_BE(r, r->be.retire(r->be.impl), "retire");
         if (r->cfg.offload && k > 0) DEMO_TRY(r, mskv_request_reload(r->arena, req), "reload");
         DEMO_TRY(r, mskv_session_begin_chunk(&sess, chunk), "begin chunk");
         if (clamp) demo_scene_truth(&r->scene, 0, r->x);   /* the prompt frame */
         if (demo_denoise(r, &sess, NULL, 0, w.start, r->cfg.window, clamp, 0, k) != 0) return -1;
         before = demo_live_pages(r);
-        DEMO_TRY(r, mskv_session_commit_chunk(&sess, NULL), "commit chunk");
+        DEMO_TRY(r, mskv_session_commit_chunk(&sess, &step), "commit chunk");
+        DEMO_TRY_BE(r, r->be.fence(r->be.impl, step), "fence");
         after = demo_live_pages(r);
         if (before > after) r->pages_freed += before - after;
         memcpy(r->lat + (size_t)w.start * g->lat_floats, r->x, (size_t)r->cfg.window * g->lat_floats * sizeof(float));
@@ -638,6 +1017,8 @@ static int demo_run_kv(demo_run *r, demo_queue *q, double t0) {
         demo_progress(r, k, w.commit_end, t0, after);
         if (r->cfg.offload && k + 1 < r->sched.count) {
             DEMO_TRY(r, mskv_request_offload(r->arena, req), "offload");
+            /* the offload freed the pages: end the step so their fence can retire */
+            DEMO_TRY_BE(r, r->be.publish(r->be.impl, r->arena, NULL, 0), "publish");
             r->offloads++;
         }
     }
@@ -667,28 +1048,33 @@ static int demo_run_chained(demo_run *r, demo_queue *q, double t0) {
         c1 = k == 0 ? 1 : w.cond_end;
         if (k == 0) demo_scene_truth(&r->scene, 0, r->lat);
         nnew = (int)(w.end - c1);
+        DEMO_TRY_BE(r, r->be.retire(r->be.impl), "retire");
         DEMO_TRY(r, mskv_request_add(r->arena, &req), "add request");
         seg.request = req;
         seg.n_tokens = (c1 - c0) * g->tpf;
         DEMO_TRY(r, mskv_admit(r->arena, &seg, 1), "admit conditioning");
         DEMO_TRY(r, mskv_plan_build(r->arena, &seg, 1, &pd, &r->plan), "plan conditioning");
+        DEMO_TRY_BE(r, r->be.plan(r->be.impl, &r->plan), "upload plan");
         if (demo_build_keys(r, &r->plan, c0, c0, (int)(c1 - c0)) != 0) return -1;
         for (i = c0; i < c1; i++)
             demo_patchify(g, r->lat + (size_t)i * g->lat_floats, r->v + (size_t)(i - c0) * g->tpf * g->dim);
-        DEMO_TRY(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write conditioning K/V");
+        DEMO_TRY_BE(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write conditioning K/V");
         DEMO_TRY(r, mskv_commit(r->arena, &seg, 1), "commit conditioning");
-        DEMO_TRY(r, mskv_publish(r->arena, &seg, 1, NULL), "publish");
+        DEMO_TRY_BE(r, r->be.publish(r->be.impl, r->arena, &seg, 1), "publish");
         if ((r->cfg.brk == DEMO_BREAK_PAGE || r->cfg.brk == DEMO_BREAK_SINK) && k == 1 && demo_break_page(r, req) != 0)
             return -1;
         seg.n_tokens = (int64_t)nnew * g->tpf;
+        DEMO_TRY_BE(r, r->be.retire(r->be.impl), "retire");
         DEMO_TRY(r, mskv_admit(r->arena, &seg, 1), "admit window");
         live = demo_live_pages(r);
         if (demo_denoise(r, NULL, &seg, c0, c1, nnew, 0, c0, k) != 0) return -1;
         DEMO_TRY(r, mskv_commit(r->arena, &seg, 1), "commit window");
-        DEMO_TRY(r, mskv_publish(r->arena, &seg, 1, NULL), "publish");
+        DEMO_TRY_BE(r, r->be.publish(r->be.impl, r->arena, &seg, 1), "publish");
         memcpy(r->lat + (size_t)c1 * g->lat_floats, r->x, (size_t)nnew * g->lat_floats * sizeof(float));
         if (demo_audit(r) != 0) return -1;
         DEMO_TRY(r, mskv_request_remove(r->arena, req), "remove request");
+        /* the removal freed the pages: end the step so their fence can retire */
+        DEMO_TRY_BE(r, r->be.publish(r->be.impl, r->arena, NULL, 0), "publish");
         r->pages_freed += live;
         if (demo_push_window(r, q, k) != 0) return -1;
         demo_progress(r, k, w.commit_end, t0, live);
@@ -719,25 +1105,25 @@ int main(int argc, char **argv) {
     demo_queue queue;
     demo_writer writer;
     demo_out out;
+    demo_store_shape shape;
     pthread_t thread;
     mskv_arena_desc ad;
     mskv_window last;
-    char why[256], path[4096];
+    mskv_result res;
+    char why[1024], path[4096];
     double t0, secs, psnr = 0.0;
-    int rc, ok = 1, thread_started = 0, writer_open = 0, chk_frames = 1, chk_decode = 1, chk_psnr = 1, chk_pages = 1;
+    int rc, status = 1, ok = 1, thread_started = 0, writer_open = 0, queue_init = 0, backend_open = 0;
+    int chk_frames = 1, chk_decode = 1, chk_psnr = 1, chk_pages = 1;
     int64_t chunk_tokens, max_q;
     uint64_t lat_hash;
     memset(r, 0, sizeof(*r));
     memset(&dec, 0, sizeof(dec));
     memset(&out, 0, sizeof(out));
     memset(&writer, 0, sizeof(writer));
+    memset(&queue, 0, sizeof(queue));
     rc = demo_parse(argc, argv, &r->cfg);
     if (rc == 1) return 0;
     if (rc != 0) return 2;
-    if (r->cfg.backend == DEMO_BACKEND_CUDA) {
-        fprintf(stderr, "demo: --backend cuda: the CUDA backend is not built into this demo yet; use --backend cpu\n");
-        return 1;
-    }
     demo_geom_init(&r->g, r->cfg.width, r->cfg.height);
     r->T = demo_latents_for_frames(r->cfg.frames);
     if (mskv_schedule_init(&r->sched, r->T, r->cfg.window, r->cfg.mode == DEMO_MODE_CHAINED ? r->cfg.overlap : 0) != MSKV_SUCCESS ||
@@ -753,25 +1139,20 @@ int main(int argc, char **argv) {
     /* the arena: in kv mode exactly the pages the sink + window bound allows,
        so a cache that failed to release would run out of pages */
     chunk_tokens = (int64_t)r->cfg.window * r->g.tpf;
-    memset(&ad, 0, sizeof(ad));
-    ad.page_size = r->cfg.page_size;
-    ad.num_layers = 1;
-    ad.kv_heads = 1;
-    ad.head_dim = r->g.dim;
-    ad.dtype = MSKV_DTYPE_F32;
     if (r->cfg.mode == DEMO_MODE_KV) {
         int64_t ps = r->cfg.page_size;
         int64_t bound = (r->cfg.sink * chunk_tokens + ps - 1) / ps + ((r->cfg.context + 1) * chunk_tokens + ps - 1) / ps + 2;
+        if (bound >= INT32_MAX) { fprintf(stderr, "demo: the KV cache would need %lld pages\n", (long long)bound); return 2; }
         r->page_bound = (int32_t)bound;
     } else {
         r->page_bound = (int32_t)((chunk_tokens + r->g.tpf + r->cfg.page_size - 1) / r->cfg.page_size + 2);
     }
-    ad.num_pages = r->page_bound + 1;   /* + the null page */
-    r->num_pages = ad.num_pages;
+    r->num_pages = r->page_bound + 1;   /* + the null page */
     max_q = chunk_tokens;
+
     if (demo_scene_init(&r->scene, &r->g, r->cfg.seed) != 0 || demo_decoder_init(&dec, &r->scene) != 0) {
         fprintf(stderr, "demo: out of memory\n");
-        return 1;
+        goto done;
     }
     r->lat = (float *)calloc((size_t)r->T_gen * r->g.lat_floats, sizeof(float));
     r->q = (float *)malloc((size_t)max_q * 2u * r->g.dim * sizeof(float));
@@ -779,16 +1160,32 @@ int main(int argc, char **argv) {
     r->k = (float *)malloc((size_t)max_q * r->g.dim * sizeof(float));
     r->v = (float *)malloc((size_t)max_q * r->g.dim * sizeof(float));
     r->x = (float *)malloc((size_t)r->cfg.window * r->g.lat_floats * sizeof(float));
-    if (!r->lat || !r->q || !r->o || !r->k || !r->v || !r->x) { fprintf(stderr, "demo: out of memory\n"); return 1; }
-    {
-        mskv_result res = mskv_arena_create(&ad, &r->arena);
-        if (res == MSKV_SUCCESS) res = mskv_plan_alloc(r->arena, 1, (int32_t)max_q, ad.num_pages, &r->plan);
-        if (res != MSKV_SUCCESS) { fprintf(stderr, "demo: arena: %s\n", mskv_result_string(res)); return 1; }
-    }
-    if (demo_backend_open(&r->be, r->cfg.backend, r->cfg.threads, why, sizeof(why)) != 0) {
+    if (!r->lat || !r->q || !r->o || !r->k || !r->v || !r->x) { fprintf(stderr, "demo: out of memory\n"); goto done; }
+
+    /* the backend first: a device store decides the arena's store fields */
+    memset(&shape, 0, sizeof(shape));
+    shape.num_pages = r->num_pages;
+    shape.page_size = r->cfg.page_size;
+    shape.head_dim = r->g.dim;
+    shape.max_tokens = max_q;
+    shape.dtype = r->cfg.dtype;
+    shape.threads = r->cfg.threads;
+    if (demo_backend_open(&r->be, r->cfg.backend, &shape, r->cfg.quiet, why, sizeof(why)) != 0) {
         fprintf(stderr, "demo: %s\n", why);
-        return 1;
+        goto done;
     }
+    backend_open = 1;
+    memset(&ad, 0, sizeof(ad));
+    ad.num_pages = r->num_pages;
+    ad.page_size = r->cfg.page_size;
+    ad.num_layers = 1;
+    ad.kv_heads = 1;
+    ad.head_dim = r->g.dim;
+    res = r->be.arena_desc(r->be.impl, &ad);
+    if (res == MSKV_SUCCESS) res = mskv_arena_create(&ad, &r->arena);
+    if (res == MSKV_SUCCESS) res = r->be.bind(r->be.impl, r->arena);
+    if (res == MSKV_SUCCESS) res = mskv_plan_alloc(r->arena, 1, (int32_t)max_q, ad.num_pages, &r->plan);
+    if (res != MSKV_SUCCESS) { fprintf(stderr, "demo: arena: %s\n", mskv_result_string(res)); goto done; }
 
     /* output */
     snprintf(path, sizeof(path), "%s", r->cfg.out);
@@ -801,7 +1198,7 @@ int main(int argc, char **argv) {
     if (demo_writer_open(&writer, path, r->g.width, r->g.height, DEMO_FPS) != 0) {
         fprintf(stderr, "demo: %s: %s\n", path, writer.err);
         demo_writer_close(&writer, 0);
-        return 1;
+        goto done;
     }
     writer_open = 1;
     out.cfg = &r->cfg;
@@ -822,20 +1219,20 @@ int main(int argc, char **argv) {
         if (r->cfg.check) out.kept = (unsigned char *)malloc((size_t)r->cfg.frames * r->g.rgb_bytes);
         if (!out.truth || !out.truth_lat || !out.c3 || !out.tmp || !out.rgb || (r->cfg.check && !out.kept)) {
             fprintf(stderr, "demo: out of memory\n");
-            return 1;
+            goto done;
         }
     }
     if (r->cfg.dump_raw && !(out.raw = fopen(r->cfg.dump_raw, "wb"))) {
         fprintf(stderr, "demo: --dump-raw: cannot open %s\n", r->cfg.dump_raw);
-        return 1;
+        goto done;
     }
-    memset(&queue, 0, sizeof(queue));
     pthread_mutex_init(&queue.mu, NULL);
     pthread_cond_init(&queue.not_full, NULL);
     pthread_cond_init(&queue.not_empty, NULL);
+    queue_init = 1;
     if (pthread_create(&thread, NULL, demo_out_main, &out) != 0) {
         fprintf(stderr, "demo: cannot start the decoder thread\n");
-        return 1;
+        goto done;
     }
     thread_started = 1;
 
@@ -844,13 +1241,19 @@ int main(int argc, char **argv) {
     rc = r->cfg.mode == DEMO_MODE_KV ? demo_run_kv(r, &queue, t0) : demo_run_chained(r, &queue, t0);
     if (!r->cfg.quiet && isatty(2)) fputc('\n', stderr);
     demo_queue_close(&queue);
-    if (thread_started) pthread_join(thread, NULL);
+    pthread_join(thread, NULL);
+    thread_started = 0;
     secs = demo_now() - t0;
     if (rc != 0) { fprintf(stderr, "demo: %s\n", r->err); ok = 0; }
     if (out.failed) { fprintf(stderr, "demo: %s\n", out.err); ok = 0; }
-    if (out.raw && fclose(out.raw) != 0) { fprintf(stderr, "demo: --dump-raw: write failed\n"); ok = 0; }
-    if (writer_open && demo_writer_close(&writer, ok) != 0) { fprintf(stderr, "demo: %s: %s\n", path, writer.err); ok = 0; }
-    if (!ok) return 1;
+    if (out.raw) {
+        int bad = fclose(out.raw) != 0;
+        out.raw = NULL;
+        if (bad) { fprintf(stderr, "demo: --dump-raw: write failed\n"); ok = 0; }
+    }
+    writer_open = 0;
+    if (demo_writer_close(&writer, ok) != 0) { fprintf(stderr, "demo: %s: %s\n", path, writer.err); ok = 0; }
+    if (!ok) goto done;
 
     /* summary */
     {
@@ -858,9 +1261,11 @@ int main(int argc, char **argv) {
         psnr = mse > 0.0 ? 10.0 * log10(255.0 * 255.0 / mse) : INFINITY;
     }
     lat_hash = demo_fnv(DEMO_FNV_INIT, r->lat, (size_t)r->T * r->g.lat_floats * sizeof(float));
-    printf("demo: mode=%s backend=%s threads=%d size=%dx%d latent=%dx%dx%d tokens_per_frame=%d head_dim=%d "
+    printf("demo: mode=%s backend=%s dtype=%s threads=%d size=%dx%d latent=%dx%dx%d tokens_per_frame=%d head_dim=%d "
            "window=%d %s=%d steps=%d\n",
-           r->cfg.mode == DEMO_MODE_KV ? "kv" : "chained", r->be.name, r->cfg.threads, r->g.width, r->g.height,
+           r->cfg.mode == DEMO_MODE_KV ? "kv" : "chained", r->be.name,
+           r->be.dtype == MSKV_DTYPE_F16 ? "f16" : r->be.dtype == MSKV_DTYPE_BF16 ? "bf16" : "f32",
+           r->cfg.threads, r->g.width, r->g.height,
            r->g.lw, r->g.lh, DEMO_C, r->g.tpf, r->g.dim, r->cfg.window,
            r->cfg.mode == DEMO_MODE_KV ? "sink" : "overlap", r->cfg.mode == DEMO_MODE_KV ? r->cfg.sink : r->cfg.overlap,
            r->cfg.steps);
@@ -894,15 +1299,26 @@ int main(int argc, char **argv) {
                chk_frames && chk_decode && chk_psnr && chk_pages ? "PASS" : "FAIL");
     }
     fflush(stdout);
-    r->be.destroy(r->be.impl);
+    status = chk_frames && chk_decode && chk_psnr && chk_pages ? 0 : 1;
+
+done:
+    if (thread_started) {   /* only on a failure before the run: nothing was queued */
+        demo_queue_close(&queue);
+        pthread_join(thread, NULL);
+    }
+    if (out.raw) fclose(out.raw);
+    if (writer_open) demo_writer_close(&writer, 0);
+    if (queue_init) {
+        pthread_mutex_destroy(&queue.mu);
+        pthread_cond_destroy(&queue.not_full);
+        pthread_cond_destroy(&queue.not_empty);
+    }
     mskv_plan_free(r->arena, &r->plan);
-    mskv_arena_destroy(r->arena);
+    mskv_arena_destroy(r->arena);   /* before the device store its ops point at */
+    if (backend_open) r->be.destroy(r->be.impl);
     demo_decoder_free(&dec);
     demo_scene_free(&r->scene);
     free(r->lat); free(r->q); free(r->o); free(r->k); free(r->v); free(r->x);
     free(out.truth); free(out.truth_lat); free(out.c3); free(out.tmp); free(out.rgb); free(out.kept);
-    pthread_mutex_destroy(&queue.mu);
-    pthread_cond_destroy(&queue.not_full);
-    pthread_cond_destroy(&queue.not_empty);
-    return chk_frames && chk_decode && chk_psnr && chk_pages ? 0 : 1;
+    return status;
 }

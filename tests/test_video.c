@@ -1,13 +1,17 @@
 /* test_video.c - the demo end to end: both modes pass their self-check, the
    .mp4 decodes (through libavformat/libavcodec, no ffmpeg CLI) to the frames
    the demo produced, page use stays flat however long the video, offload
-   changes nothing, and a broken cache makes the self-check fail.
+   changes nothing, a broken cache makes the self-check fail, and the backend
+   choice: --backend cuda without CUDA says why, auto falls back to the CPU,
+   and (where build/demo-emu exists) the CUDA backend passes the self-check
+   on an emulated device.
 
    Built only when FFmpeg is found, as its own program:
      gcc -std=c99 -Wall -Wextra -pedantic -Werror -O2 -Itests $(pkg-config --cflags ...) tests/test_video.c \
          -o build/tests-video $(pkg-config --libs libavformat libavcodec libswscale libavutil) -ldl -lpthread -lm
    It runs the demo binary build/demo (MSKV_DEMO_BIN overrides the path), so
-   run it from the repository root after `make build/demo`. */
+   run it from the repository root after `make build/demo`; the emulated-GPU
+   tests run build/demo-emu (MSKV_DEMO_EMU_BIN), built as demo/demo_emu.cpp says. */
 #define _POSIX_C_SOURCE 200809L
 #define MSKV_TEST_IMPLEMENTATION
 #define MSKV_TEST_MAIN
@@ -24,6 +28,12 @@
 #include <libavutil/imgutils.h>
 #include <libswscale/swscale.h>
 
+/* only to ask the GPU layer whether CUDA is usable here, as the demo does */
+#define MSTAR_KV_IMPLEMENTATION
+#include "../mstar_kv.h"
+#define MSTAR_KV_CUDA_IMPLEMENTATION
+#include "../mstar_kv_cuda.h"
+
 /* the small size every run here uses: 8x4 tokens per latent frame */
 #define TV_W 128
 #define TV_H 64
@@ -32,9 +42,35 @@
 static char tv_dir[64];
 static char tv_out[1 << 15];
 
+static const char *tv_bin = NULL;   /* NULL: the demo; else the program to run */
+
 static const char *tv_demo(void) {
     const char *p = getenv("MSKV_DEMO_BIN");
+    if (tv_bin) return tv_bin;
     return p && *p ? p : "build/demo";
+}
+
+static const char *tv_emu(void) {
+    const char *p = getenv("MSKV_DEMO_EMU_BIN");
+    return p && *p ? p : "build/demo-emu";
+}
+
+/* 1 when CUDA is usable here (driver, device, NVRTC); else 0 and why */
+static int tv_cuda_usable(char *why, size_t cap) {
+    return mskv_cuda_probe(NULL, why, cap) == MSKV_SUCCESS;
+}
+
+/* the number of lines of tv_out that contain text */
+static int tv_lines_with(const char *text) {
+    int n = 0;
+    const char *s = tv_out;
+    while ((s = strstr(s, text)) != NULL) {
+        const char *eol = strchr(s, '\n');
+        n++;
+        if (!eol) break;
+        s = eol + 1;
+    }
+    return n;
 }
 
 static void tv_cleanup(void) {
@@ -387,11 +423,123 @@ TEST(usage_errors_exit_2_with_a_one_line_reason) {
     EXPECT_EQ(2, tv_expect(2, "", "--mode sideways"));
     EXPECT_EQ(2, tv_expect(2, "", "--frames"));
     EXPECT_EQ(2, tv_expect(2, "", "--mode kv --overlap 1"));
+    EXPECT_EQ(2, tv_expect(2, "", "--dtype f64"));
+    EXPECT_EQ(2, tv_expect(2, "", "--backend cuda --dtype f32"));
+    EXPECT_TRUE(tv_has("f16 or bf16"));
 }
 
-TEST(cuda_backend_is_refused_with_a_reason_until_it_exists) {
+TEST(cuda_backend_without_cuda_exits_1_with_a_one_line_reason) {
+    char why[1024];
+    size_t n;
+    if (tv_cuda_usable(why, sizeof(why))) SKIP("CUDA is usable here: cuda_backend_passes_the_self_check_on_the_gpu covers it");
     EXPECT_EQ(1, tv_expect(1, "", "--backend cuda -q -o /dev/null"));
-    EXPECT_TRUE(tv_has("CUDA"));
+    n = strlen(tv_out);
+    EXPECT_TRUE(n > 0 && strchr(tv_out, '\n') == tv_out + n - 1);
+    EXPECT_TRUE(tv_has("--backend cuda: CUDA is unavailable: "));
+    /* the runtime's reason, not a generic one */
+    EXPECT_TRUE(strstr(tv_out, why) != NULL);
+    printf("  %s", tv_out);
+}
+
+TEST(auto_backend_without_cuda_falls_back_to_the_cpu_and_says_so_once) {
+    char why[1024], args[512];
+    if (tv_cuda_usable(why, sizeof(why))) SKIP("CUDA is usable here: auto picks it");
+    snprintf(args, sizeof(args), "--width 128 --height 64 --frames 41 --check --backend auto -o %s", tv_path("auto.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    EXPECT_EQ(1, tv_lines_with("demo: CUDA is unavailable ("));
+    EXPECT_EQ(1, tv_lines_with("using the CPU backend"));
+    EXPECT_TRUE(tv_has("check: ") && tv_has(": PASS"));
+    EXPECT_TRUE(tv_has(" backend=cpu dtype=f32 "));
+    remove(tv_path("auto.mp4"));
+}
+
+TEST(quiet_auto_fallback_prints_no_note) {
+    char why[1024], args[512];
+    if (tv_cuda_usable(why, sizeof(why))) SKIP("CUDA is usable here: auto picks it");
+    snprintf(args, sizeof(args), "%s --frames 9 --backend auto -o %s", TV_SMALL, tv_path("autoq.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    EXPECT_FALSE(tv_has("CUDA"));
+    EXPECT_TRUE(tv_has(" backend=cpu "));
+    remove(tv_path("autoq.mp4"));
+}
+
+TEST(summary_names_the_cpu_backend_and_its_f32_cache) {
+    char args[512];
+    snprintf(args, sizeof(args), "%s --frames 9 --backend cpu -o %s", TV_SMALL, tv_path("cpu.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    EXPECT_TRUE(tv_has("demo: mode=kv backend=cpu dtype=f32 "));
+    remove(tv_path("cpu.mp4"));
+}
+
+/* The GPU's cache type on the CPU: the same model through 16-bit K/V stays
+   far above the 40 dB threshold (it is not exact: the PSNR is finite). */
+TEST(sixteen_bit_caches_pass_the_self_check_on_the_cpu) {
+    static const char *const types[2] = { "f16", "bf16" };
+    char args[512], want[64];
+    int i;
+    for (i = 0; i < 2; i++) {
+        double psnr;
+        snprintf(args, sizeof(args), "%s --frames 41 --backend cpu --dtype %s --check -o %s", TV_SMALL, types[i],
+                 tv_path("half.mp4"));
+        ASSERT_EQ(0, tv_expect(0, "", args));
+        snprintf(want, sizeof(want), " backend=cpu dtype=%s ", types[i]);
+        EXPECT_TRUE(tv_has(want));
+        psnr = tv_field("psnr_db");
+        printf("  %s cache: %.2f dB\n", types[i], psnr);
+        EXPECT_GE(psnr, 50.0);
+        EXPECT_LT(psnr, 99.0);
+    }
+    remove(tv_path("half.mp4"));
+}
+
+/* kv mode (with offload: the reload goes through the device store's ops) and
+   chained mode, on the device; the GPU check runs the same command lines.
+   Y4M output: the emulated build has no FFmpeg. */
+static void tv_cuda_modes(void) {
+    char args[512];
+    char h1[32] = "", h2[32] = "";
+    const char *s;
+    snprintf(args, sizeof(args), "%s --backend cuda --frames 41 --check -o %s", TV_SMALL, tv_path("gpu.y4m"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    EXPECT_TRUE(tv_has(" backend=cuda dtype=f16 ") && tv_has(": PASS"));
+    if ((s = strstr(tv_out, "latent_hash=")) != NULL) sscanf(s + 12, "%31s", h1);
+    snprintf(args, sizeof(args), "%s --backend cuda --frames 41 --offload --check -o %s", TV_SMALL, tv_path("gpu.y4m"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    EXPECT_GT(tv_field("offloads"), 0.0);
+    if ((s = strstr(tv_out, "latent_hash=")) != NULL) sscanf(s + 12, "%31s", h2);
+    ASSERT_TRUE(h1[0] != 0);
+    EXPECT_STREQ(h1, h2);
+    snprintf(args, sizeof(args), "%s --backend cuda --mode chained --window 4 --overlap 2 --frames 41 --check -o %s",
+             TV_SMALL, tv_path("gpu.y4m"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    EXPECT_TRUE(tv_has(" backend=cuda ") && tv_has(": PASS"));
+    remove(tv_path("gpu.y4m"));
+}
+
+TEST(cuda_backend_passes_the_self_check_on_the_gpu) {
+    char why[1024];
+    if (!tv_cuda_usable(why, sizeof(why))) SKIP("no usable CUDA here: %s", why);
+    tv_cuda_modes();
+}
+
+TEST(cuda_backend_passes_the_self_check_on_the_emulated_device) {
+    if (access(tv_emu(), X_OK) != 0)
+        SKIP("%s not built (g++ -std=c++17 -O2 -DMSKV_DEMO_NO_FFMPEG demo/demo_emu.cpp -o build/demo-emu -ldl -lpthread -lm)",
+             tv_emu());
+    tv_bin = tv_emu();
+    tv_cuda_modes();
+    tv_bin = NULL;
+}
+
+TEST(a_scribbled_device_page_fails_the_self_check_on_the_emulated_device) {
+    char args[512];
+    if (access(tv_emu(), X_OK) != 0) SKIP("%s not built (see the test above)", tv_emu());
+    tv_bin = tv_emu();
+    snprintf(args, sizeof(args), "%s --backend cuda --frames 41 --check -o %s", TV_SMALL, tv_path("gbrk.y4m"));
+    EXPECT_EQ(1, tv_expect(1, "MSKV_DEMO_BREAK=sink ", args));
+    EXPECT_LT(tv_field("psnr_db"), 40.0);
+    tv_bin = NULL;
+    remove(tv_path("gbrk.y4m"));
 }
 
 TEST(help_exits_0_and_states_the_psnr_threshold) {
