@@ -30,9 +30,11 @@ MSKV_API mskv_result mskv_cuda_attn_geometry_get(int32_t batch, int32_t total_q,
 /* Paged attention over a plan for one layer of the store, on the store's
    stream (tensor cores: the store's dtype must be F16 or BF16, and
    attn->q_dtype the same). plan: the host plan (for its sizes); dplan: the
-   same plan uploaded by mskv_cuda_plan_upload. q, o: device
+   same plan uploaded by mskv_cuda_plan_upload (a paged plan: the dense
+   form has no page table). q (16-byte aligned), o: device
    [total_q][q_heads][head_dim]; lse (0 = none): device f32 [total_q][q_heads],
-   natural log. Semantics are mskv_cpu_attention's: masks on absolute
+   natural log. Masked plans need kv_pos_split/shift (positions must not
+   decrease along a sequence: kv_pos_shift >= 0). Semantics are mskv_cpu_attention's: masks on absolute
    positions, GQA, a query that sees no key gets o = 0 and lse = -inf.
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OUT_OF_RANGE (layer),
    UNSUPPORTED (f32 store, head_dim), CUDA, NVRTC (first use compiles). */

@@ -86,6 +86,11 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
     if (plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->total_q == 0 || plan->batch == 0) return MSKV_SUCCESS;
     if (!q || !o) return MSKV_ERROR_NULL_POINTER;
+    /* the kernel reads q with 16-byte copies and writes o in 4-byte pairs */
+    if ((q & 15) || (o & 3) || (lse & 3)) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (!plan->qo_indptr || !plan->kv_indptr || !plan->kv_len) return MSKV_ERROR_NULL_POINTER;
+    /* masks need positions; the device buffers would hold a previous plan's */
+    if (attn->mask != MSKV_MASK_NONE && (!plan->kv_pos_split || !plan->kv_pos_shift)) return MSKV_ERROR_INVALID_ARGUMENT;
     for (b = 0; b < plan->batch; b++) {
         int32_t qo = plan->qo_indptr[b + 1] - plan->qo_indptr[b];
         if (qo > max_qo) max_qo = qo;
