@@ -575,7 +575,7 @@ MSKV_UNROLL
                 mskv_mma(s[2 * np + 1], a, kb + 2);
             }
         }
-        /* mask, scale, online softmax (log2 domain) */
+        /* mask, online softmax: the running max m is kept unscaled, exponents in log2 units */
         {
             float mx[2], alpha[2];
             /* is every key of the warp's slice visible to both of this thread's
@@ -592,10 +592,7 @@ MSKV_UNROLL
 MSKV_UNROLL
                 for (int nt = 0; nt < MSKV_NT; nt++) {
 MSKV_UNROLL
-                    for (int e = 0; e < 4; e++) {
-                        s[nt][e] *= scale_log2;
-                        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
-                    }
+                    for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
                 }
             } else {
 MSKV_UNROLL
@@ -607,7 +604,7 @@ MSKV_UNROLL
                         int ok = j >= n_lo && j < n_hi;
                         if (mask >= 1) ok = ok && kp <= qpos[h];
                         if (mask == 2) ok = ok && qpos[h] - kp <= window_left;
-                        s[nt][e] = ok ? s[nt][e] * scale_log2 : mskv_neg_inf();
+                        s[nt][e] = ok ? s[nt][e] : mskv_neg_inf();
                         mx[h] = fmaxf(mx[h], s[nt][e]);
                     }
                 }
@@ -618,10 +615,10 @@ MSKV_UNROLL
                 mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 1));
                 mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 2));
                 mu = mx[h] == mskv_neg_inf() ? 0.0f : mx[h];  /* nothing seen yet: keep exp2 finite */
-                alpha[h] = mskv_exp2(m[h] - mu);
+                alpha[h] = mskv_exp2((m[h] - mu) * scale_log2);
                 m[h] = mx[h];
                 l[h] *= alpha[h];
-                mx[h] = mu;
+                mx[h] = mu * scale_log2;  /* p = exp2(s * scale_log2 - mx): one fma per score */
             }
 MSKV_UNROLL
             for (int i = 0; i < MSKV_D / 8; i++) {
@@ -632,7 +629,7 @@ MSKV_UNROLL
             for (int nt = 0; nt < MSKV_NT; nt++) {
 MSKV_UNROLL
                 for (int e = 0; e < 4; e++) {
-                    s[nt][e] = mskv_exp2(s[nt][e] - mx[e >> 1]);
+                    s[nt][e] = mskv_exp2(fmaf(s[nt][e], scale_log2, -mx[e >> 1]));
                     l[e >> 1] += s[nt][e];
                 }
             }
@@ -687,7 +684,7 @@ MSKV_UNROLL
             for (int w = 0; w < 4; w++) M = fmaxf(M, mm[w * 16 + r]);
             if (M != mskv_neg_inf()) {
                 for (int w = 0; w < 4; w++) {
-                    float f = mskv_exp2(mm[w * 16 + r] - M);
+                    float f = mskv_exp2((mm[w * 16 + r] - M) * scale_log2);
                     L += f * ml[w * 16 + r];
                     acc += f * mo[(w * 16 + r) * MSKV_D + d];
                 }
@@ -695,17 +692,17 @@ MSKV_UNROLL
             orow = (mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group;
             if (n_splits > 1) {
                 o_part[((mskv_i64)split * total_q * q_heads + orow) * MSKV_D + d] = L > 0.0f ? acc / L : 0.0f;
-                if (d == 0) lse_part[(mskv_i64)split * total_q * q_heads + orow] = L > 0.0f ? (M + log2f(L)) * ln2 : mskv_neg_inf();
+                if (d == 0) lse_part[(mskv_i64)split * total_q * q_heads + orow] = L > 0.0f ? (M * scale_log2 + log2f(L)) * ln2 : mskv_neg_inf();
             } else {
                 mskv_store_el(o, orow * MSKV_D + d, L > 0.0f ? acc / L : 0.0f);
-                if (lse && d == 0) lse[orow] = L > 0.0f ? (M + log2f(L)) * ln2 : mskv_neg_inf();
+                if (lse && d == 0) lse[orow] = L > 0.0f ? (M * scale_log2 + log2f(L)) * ln2 : mskv_neg_inf();
             }
         }
 #else
         for (int h = 0; h < 2; h++) {
             int R = row0 + wrow0 + g + 8 * h;
             float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-            float lv = l[h] > 0.0f ? (m[h] + log2f(l[h])) * ln2 : mskv_neg_inf();
+            float lv = l[h] > 0.0f ? (m[h] * scale_log2 + log2f(l[h])) * ln2 : mskv_neg_inf();
             mskv_i64 orow;
             if (!rvalid[h]) continue;
             orow = (mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group;

@@ -82,6 +82,7 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
     if (st->d.dtype != MSKV_DTYPE_F16 && st->d.dtype != MSKV_DTYPE_BF16) return MSKV_ERROR_UNSUPPORTED;
     if (attn->q_dtype != st->d.dtype) return MSKV_ERROR_INVALID_ARGUMENT;
     if ((int)attn->mask < 0 || (int)attn->mask > 2 || attn->window_left < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (!(attn->scale >= 0.0f) || attn->scale > 3.0e38f) return MSKV_ERROR_INVALID_ARGUMENT;  /* the kernel needs scale > 0 */
     if (plan->batch != dplan->batch || plan->total_q != dplan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->total_q == 0 || plan->batch == 0) return MSKV_SUCCESS;
