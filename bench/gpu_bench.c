@@ -21,9 +21,13 @@
    kv lengths {0, P-1, P, P+1, 16384}, masks none/causal/window, shuffled page tables, unused pages
    filled with NaN; and two identical runs must give bit-identical bytes. Exit status 1 on a mismatch.
 
+   With no option it runs the check without its 16k-key cases, then the
+   figures (tests/gpu_check.sh runs it so); --check: the whole check only;
+   --figures: the figures only. Exit status 1 on a mismatch or an error.
+
    Build (no CUDA needed to build; without a GPU it says so and exits 0):
        cc -std=c99 -O2 -Wall -Wextra -pedantic -Werror bench/gpu_bench.c -o build/gpu_bench -ldl -lpthread -lm
-   Run: build/gpu_bench [--check] [--quick] [--python python3]
+   Run: build/gpu_bench [--check | --figures] [--quick] [--mini] [--python python3]
    (--quick: fewer iterations, no 16k-key check cases; --mini: shapes and the
    check cut down to what tests/emu_cuda.cpp runs on the emulated device) */
 #ifndef _POSIX_C_SOURCE
@@ -477,10 +481,11 @@ static int gb_main(int argc, char **argv, const mskv_cuda_functions *fn) {
     int check = 0, quick = 0, mini = 0, i, rc;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--check")) check = 1;
+        else if (!strcmp(argv[i], "--figures")) check = 2;
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--mini")) mini = 1;
         else if (!strcmp(argv[i], "--python") && i + 1 < argc) python = argv[++i];
-        else { fprintf(stderr, "usage: %s [--check [--quick | --mini]] [--quick] [--python python3]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [--check | --figures] [--quick] [--mini] [--python python3]\n", argv[0]); return 2; }
     }
     memset(&desc, 0, sizeof(desc));
     desc.functions = fn;
@@ -493,7 +498,14 @@ static int gb_main(int argc, char **argv, const mskv_cuda_functions *fn) {
     mskv_cuda_info_get(cu, &info);
     printf("device    %s, sm_%d, %d SMs, driver %d, NVRTC %d\n", info.name, info.arch, info.multiprocessors,
            info.driver_version, info.nvrtc_version);
-    rc = check ? gb_check(cu, quick, mini) : gb_figures(cu, python, quick, mini);
+    /* default (what tests/gpu_check.sh runs): the quick correctness sweep, then the figures */
+    rc = 0;
+    if (check != 2) {
+        double t0 = gb_now();
+        rc = gb_check(cu, quick || !check, mini);
+        printf("check     took %.1f s\n", gb_now() - t0);
+    }
+    if (check != 1 && gb_figures(cu, python, quick, mini) != 0) rc = 1;
     mskv_cuda_destroy(cu);
     return rc;
 }

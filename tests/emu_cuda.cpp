@@ -460,7 +460,7 @@ TEST(gpu_bench_check_fails_on_a_planted_fragment_bug) {
     EXPECT_EQ(1, rc);
 }
 
-TEST(gpu_bench_figures_run_through_on_the_emulated_device) {
+TEST(gpu_bench_default_run_checks_then_prints_figures_on_the_emulated_device) {
     mskv_cuda_functions table = ecu_table();
     char a0[] = "gpu_bench", a1[] = "--mini";
     char *argv[] = {a0, a1};
