@@ -29,7 +29,7 @@ ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
 
-.PHONY: all test tests demo bench gpu-check clean
+.PHONY: all test tests demo bench gpu-check embed clean
 all: tests $(B)/demo
 
 tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo
@@ -57,7 +57,12 @@ $(B)/demo: $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) $(OPT) $(DEMO_DEFS) $(FFMPEG_CFLAGS) demo/demo.c -o $@ $(FFMPEG_LIBS) $(LIBS)
 
 test: tests
+	-sh tools/embed_kernels.sh --check
 	bash tests/run.sh $(TEST_BINS) $(VIDEO_TEST)
+
+# after editing kernels.cu: refresh the copy embedded in mstar_kv_cuda.h
+embed:
+	sh tools/embed_kernels.sh
 
 demo: $(B)/demo
 	./$(B)/demo -o demo.mp4
