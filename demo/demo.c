@@ -629,7 +629,13 @@ static int demo_backend_open(demo_backend *b, demo_backend_kind kind, const demo
     if (kind == DEMO_BACKEND_CUDA || (kind == DEMO_BACKEND_AUTO && s->dtype != MSKV_DTYPE_F32)) {
         demo_store_shape gs = *s;
         if (gs.dtype < 0) gs.dtype = MSKV_DTYPE_F16;
-        if (demo_gpu_open(b, &gs, reason, sizeof(reason), &unavailable) == 0) return 0;
+        if (demo_gpu_open(b, &gs, reason, sizeof(reason), &unavailable) == 0) {
+            mskv_cuda_info info;
+            if (!quiet && mskv_cuda_info_get(((demo_gpu *)b->impl)->cu, &info) == MSKV_SUCCESS)
+                fprintf(stderr, "demo: CUDA backend on %s (sm_%d%s, %d SMs)\n", info.name, (int)info.arch,
+                        info.ptx_fallback ? " PTX" : "", (int)info.multiprocessors);
+            return 0;
+        }
         if (kind == DEMO_BACKEND_CUDA || !unavailable) {
             snprintf(why, cap, "--backend %s: %s%s", kind == DEMO_BACKEND_CUDA ? "cuda" : "auto",
                      unavailable ? "CUDA is unavailable: " : "CUDA backend: ", reason);
