@@ -817,7 +817,8 @@ static int demo_fail(demo_run *r, const char *fmt, ...) {
             return demo_fail((r), "%s: %s", (what), mskv_result_string(demo__res));     \
     } while (0)
 
-/* a backend call: its details (a driver error, the NVRTC log's first line) too */
+/* a call that reaches the backend (directly, or through the store's ops):
+   with its details (the driver error, the NVRTC log) */
 static int demo_fail_be(demo_run *r, const char *what, mskv_result res) {
     const char *d = r->be.detail ? r->be.detail(r->be.impl) : "";
     return demo_fail(r, "%s: %s%s%s%s", what, mskv_result_string(res), *d ? " (" : "", d, *d ? ")" : "");
@@ -1007,7 +1008,7 @@ static int demo_run_kv(demo_run *r, demo_queue *q, double t0) {
         int before, after, clamp = k == 0 ? 1 : 0;
         DEMO_TRY(r, mskv_schedule_window(&r->sched, k, &w), "schedule");
         DEMO_TRY_BE(r, r->be.retire(r->be.impl), "retire");
-        if (r->cfg.offload && k > 0) DEMO_TRY(r, mskv_request_reload(r->arena, req), "reload");
+        if (r->cfg.offload && k > 0) DEMO_TRY_BE(r, mskv_request_reload(r->arena, req), "reload");
         DEMO_TRY(r, mskv_session_begin_chunk(&sess, chunk), "begin chunk");
         if (clamp) demo_scene_truth(&r->scene, 0, r->x);   /* the prompt frame */
         if (demo_denoise(r, &sess, NULL, 0, w.start, r->cfg.window, clamp, 0, k) != 0) return -1;
@@ -1022,7 +1023,7 @@ static int demo_run_kv(demo_run *r, demo_queue *q, double t0) {
         if (demo_audit(r) != 0 || demo_push_window(r, q, k) != 0) return -1;
         demo_progress(r, k, w.commit_end, t0, after);
         if (r->cfg.offload && k + 1 < r->sched.count) {
-            DEMO_TRY(r, mskv_request_offload(r->arena, req), "offload");
+            DEMO_TRY_BE(r, mskv_request_offload(r->arena, req), "offload");
             /* the offload freed the pages: end the step so their fence can retire */
             DEMO_TRY_BE(r, r->be.publish(r->be.impl, r->arena, NULL, 0), "publish");
             r->offloads++;
