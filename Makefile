@@ -32,7 +32,7 @@ endif
 .PHONY: all test tests demo bench gpu-check embed clean
 all: tests $(B)/demo
 
-tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo
+tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx
 
 $(B):
 	mkdir -p $(B)
@@ -52,6 +52,16 @@ $(B)/tests-emu: $(EMU_SRC) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
 	g++ -std=c++17 $(WARN) -O2 -g -Itests $(EMU_SRC) -o $@ $(LIBS)
 $(B)/tests-video: tests/test_video.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(FFMPEG_CFLAGS) tests/test_video.c -o $@ $(FFMPEG_LIBS) $(LIBS)
+
+# MSKV_STATIC builds: a private copy must compile warning-free even where unused
+$(B)/static-check-c: tests/static_check.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 tests/static_check.c -o $@ $(LIBS)
+$(B)/static-check-cxx: tests/static_check.c $(HDRS) | $(B)
+	clang++ -x c++ -std=c++17 $(WARN) -O1 tests/static_check.c -o $@ $(LIBS)
+
+# the demo against the emulated GPU (kernels.cu on the CPU behind the real mstar_kv_cuda.h)
+$(B)/demo-emu: demo/demo_emu.cpp $(wildcard demo/*.c demo/*.h) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
+	g++ -std=c++17 $(WARN) -O2 -DMSKV_DEMO_NO_FFMPEG demo/demo_emu.cpp -o $@ $(LIBS)
 
 $(B)/demo: $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) $(OPT) $(DEMO_DEFS) $(FFMPEG_CFLAGS) demo/demo.c -o $@ $(FFMPEG_LIBS) $(LIBS)

@@ -56,7 +56,11 @@
 #define MSKV_VERSION_PATCH 0
 
 #ifdef MSKV_STATIC
+#if defined(__GNUC__) || defined(__clang__)
+#define MSKV_API static __attribute__((unused)) /* a private copy need not use every function */
+#else
 #define MSKV_API static
+#endif
 #else
 #define MSKV_API extern
 #endif

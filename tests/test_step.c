@@ -709,6 +709,41 @@ TEST(windowed_session_keeps_memory_flat_over_a_long_run) {
     free(b);
 }
 
+/* A sink of several chunks is kept whole while it is still being filled:
+   nothing before the sink's end is released, before or after it is protected. */
+TEST(session_never_releases_a_sink_of_several_chunks_while_it_fills) {
+    mskv_request r;
+    mskv_session ses;
+    mskv_retention ret;
+    int chunk;
+    const int32_t P = 8;
+    mskv_arena *a = mts_make(128, P);
+    ASSERT_TRUE(a != NULL);
+    memset(&ret, 0, sizeof ret);
+    ret.chunk_size = 16; ret.sink_chunks = 3; ret.window_chunks = 1; ret.exact = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_session_init(&ses, a, r, &ret));
+    for (chunk = 0; chunk < 8; chunk++) {
+        mskv_request_info i;
+        int64_t slot, pos;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_begin_chunk(&ses, 16));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_commit_chunk(&ses, NULL));
+        i = mts_info(a, r);
+        /* every sink token committed so far still has a slot */
+        for (pos = 0; pos < 48 && pos < i.committed; pos++)
+            ASSERT_EQ(MSKV_SUCCESS, mskv_request_slot(a, r, pos, &slot));
+        if (chunk < 2) {
+            EXPECT_EQ(0, ses.released_total);
+            EXPECT_EQ(i.committed, i.kv_len);
+        } else {
+            EXPECT_EQ(48, i.prefix_tokens);
+            EXPECT_EQ(chunk == 2 ? 48 : 48 + 16, i.kv_len);  /* the sink + the last chunk */
+        }
+        if (!mts_audit(a)) break;
+    }
+    mskv_arena_destroy(a);
+}
+
 TEST(windowed_session_with_unaligned_chunks_holds_at_most_one_extra_partial_page) {
     mskv_request r;
     mskv_session ses;

@@ -1334,6 +1334,7 @@ static void mskv__apply_retention(mskv_arena *a, int32_t ri) {
     int64_t sink = rt->sink_chunks * rt->chunk_size, keep_from, live;
     if (q->committed >= sink && q->prefix_tokens < sink && q->live_start <= (int64_t)q->prefix_pages * a->P)
         (void)mskv__protect(a, ri, sink);
+    if (q->prefix_tokens < sink) return; /* the sink is not complete (or not protectable): nothing may go yet */
     keep_from = sink + mskv_skipped_tokens(rt, q->committed);
     live = q->committed - q->live_start;
     if (keep_from > q->live_start && live > 0)
