@@ -49,8 +49,8 @@ struct demu_func { std::string name; demu_module mod; };
 int demu_sms = 4;   /* few SMs: the attention splits its keys, as on a big GPU with small steps */
 long demu_launches;
 
-template <typename F> struct demu_stub;
-template <typename R, typename... A> struct demu_stub<R (*)(A...)> {
+template <typename F> struct demu_shim;
+template <typename R, typename... A> struct demu_shim<R (*)(A...)> {
     static R fn(A...) { return R(); }
 };
 
@@ -123,10 +123,10 @@ mskv_cu_result demu_launch(mskv_cu_function f, unsigned int gx, unsigned int gy,
 
 mskv_cuda_functions demu_make_table() {
     mskv_cuda_functions f;
-#define DEMU_STUB(ret, name, sym, params) f.name = demu_stub<decltype(f.name)>::fn;
-    MSKV_CUDA_DRIVER_FUNCTIONS(DEMU_STUB)
-    MSKV_CUDA_NVRTC_FUNCTIONS(DEMU_STUB)
-#undef DEMU_STUB
+#define DEMU_SHIM(ret, name, sym, params) f.name = demu_shim<decltype(f.name)>::fn;
+    MSKV_CUDA_DRIVER_FUNCTIONS(DEMU_SHIM)
+    MSKV_CUDA_NVRTC_FUNCTIONS(DEMU_SHIM)
+#undef DEMU_SHIM
     f.cuDriverGetVersion = [](int *v) -> mskv_cu_result { *v = 13000; return 0; };
     f.cuDeviceGetCount = [](int *n) -> mskv_cu_result { *n = 1; return 0; };
     f.cuDeviceGetAttribute = [](int *v, int at, mskv_cu_device) -> mskv_cu_result {

@@ -1,4 +1,4 @@
-/* The launch wrappers of wip/mskv_cuda_attn_impl.h (mskv_cuda_attention,
+/* The launch wrappers of mstar_kv_cuda.h (mskv_cuda_attention,
    mskv_cuda_merge, mskv_cuda_rope, mskv_cuda_attn_geometry_get) end to end
    without a GPU: an injected driver/NVRTC table whose "device memory" is host
    memory and whose cuLaunchKernel runs the emulated kernels, so the wrappers'
