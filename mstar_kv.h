@@ -1128,6 +1128,14 @@ static int32_t mskv__new_req(mskv_arena *a) {
     return ri;
 }
 
+/* Give back a slot just taken by mskv__new_req, exactly as it was (a failed call changes nothing). */
+static void mskv__undo_new_req(mskv_arena *a, int32_t ri) {
+    a->reqs[ri].used = 0;
+    a->req_free[a->req_free_top++] = ri;
+    a->nreq--;
+    a->epoch_counter--;
+}
+
 static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t from, int32_t count);
 
 static void mskv__del_req(mskv_arena *a, int32_t ri) {
@@ -1231,11 +1239,7 @@ MSKV_IMPL mskv_result mskv_request_fork(mskv_arena *a, mskv_request parent, mskv
         if (r != MSKV_SUCCESS) mskv__untake(a, 1, &fresh);
     }
     if (r != MSKV_SUCCESS) {
-        /* give the slot back exactly as it was taken */
-        c->used = 0;
-        a->req_free[a->req_free_top++] = ci;
-        a->nreq--;
-        a->epoch_counter--;
+        mskv__undo_new_req(a, ci);
         MSKV__UNLOCK(a);
         return r;
     }
@@ -1783,6 +1787,14 @@ MSKV_IMPL mskv_result mskv_request_set_retention(mskv_arena *a, mskv_request h, 
 
 /* // >>step lifecycle (implementation) ----------------------------------- */
 
+/* The argument checks every batch call starts with. */
+#define MSKV__CHECK_SEGS(a, segs, n)                              \
+    do {                                                          \
+        if (!(a)) return MSKV_ERROR_NULL_POINTER;                 \
+        if ((n) < 0) return MSKV_ERROR_INVALID_ARGUMENT;          \
+        if ((n) > 0 && !(segs)) return MSKV_ERROR_NULL_POINTER;   \
+    } while (0)
+
 /* Resolve and mark every segment's request; rejects unknown handles and duplicates.
    On failure all marks are cleared. idx receives the indices when non-NULL. */
 static mskv_result mskv__resolve(mskv_arena *a, const mskv_segment *segs, int32_t n, int32_t *idx, const char *what) {
@@ -1806,9 +1818,7 @@ MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_
     int32_t i, ri;
     int64_t need = 0;
     mskv_result r;
-    if (!a) return MSKV_ERROR_NULL_POINTER;
-    if (n < 0) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (n > 0 && !segs) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_SEGS(a, segs, n);
     MSKV__LOCK(a);
     r = mskv__resolve(a, segs, n, NULL, "admit");
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
@@ -1857,9 +1867,7 @@ static mskv_result mskv__check_open(mskv_arena *a, const mskv_segment *segs, int
 MSKV_IMPL mskv_result mskv_commit(mskv_arena *a, const mskv_segment *segs, int32_t n) {
     int32_t i;
     mskv_result r;
-    if (!a) return MSKV_ERROR_NULL_POINTER;
-    if (n < 0) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (n > 0 && !segs) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_SEGS(a, segs, n);
     MSKV__LOCK(a);
     r = mskv__check_open(a, segs, n, "commit");
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
@@ -1883,9 +1891,7 @@ static void mskv__abort_one(mskv_arena *a, int32_t ri) {
 MSKV_IMPL mskv_result mskv_abort(mskv_arena *a, const mskv_segment *segs, int32_t n) {
     int32_t i;
     mskv_result r;
-    if (!a) return MSKV_ERROR_NULL_POINTER;
-    if (n < 0) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (n > 0 && !segs) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_SEGS(a, segs, n);
     MSKV__LOCK(a);
     r = mskv__check_open(a, segs, n, "abort");
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) mskv__abort_one(a, mskv__lookup(a, segs[i].request));
@@ -1910,9 +1916,7 @@ static void mskv__apply_retention(mskv_arena *a, int32_t ri) {
 MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int32_t n, uint64_t *step_out) {
     int32_t i;
     mskv_result r;
-    if (!a) return MSKV_ERROR_NULL_POINTER;
-    if (n < 0) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (n > 0 && !segs) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_SEGS(a, segs, n);
     MSKV__LOCK(a);
     r = mskv__resolve(a, segs, n, NULL, "publish");
     for (i = 0; r == MSKV_SUCCESS && i < n; i++)
@@ -2171,10 +2175,7 @@ MSKV_IMPL mskv_result mskv_keyed_create(mskv_arena *a, uint64_t key, int64_t n_t
     q = &a->reqs[ri];
     r = mskv__reserve_table(a, q, need);
     if (r != MSKV_SUCCESS) {
-        q->used = 0;
-        a->req_free[a->req_free_top++] = ri;
-        a->nreq--;
-        a->epoch_counter--;
+        mskv__undo_new_req(a, ri);
         MSKV__UNLOCK(a);
         return r;
     }

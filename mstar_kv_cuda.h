@@ -1293,25 +1293,31 @@ static const char *mskv__cuda_cu_name(const mskv_cuda_functions *fn, mskv_cu_res
     return "unknown CUDA error";
 }
 
+/* dlopen the first of names that loads; every failure is appended to why. */
+static void *mskv__cuda_dlopen_first(const char *const *names, int n, const char **used, char *why, size_t cap) {
+    int i;
+    for (i = 0; i < n; i++) {
+        void *lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (lib) { *used = names[i]; return lib; }
+        {
+            const char *e = dlerror();
+            mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", names[i], e ? e : "not found");
+        }
+    }
+    return NULL;
+}
+
 /* Opens a driver library and fills the driver part of fn. Returns
    CUDA_UNAVAILABLE with the reason in why. */
 static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names, void **lib_out,
                                           mskv_cuda_functions *fn, char *why, size_t cap) {
     void *lib = NULL;
-    int i, version = 0, count = 0, missing = 0;
+    int version = 0, count = 0, missing = 0;
     mskv_cu_result r;
     mskv__cuda_getproc_fn getproc = NULL;
     void *p;
     const char *used = NULL;
-    for (i = 0; i < n_names && !lib; i++) {
-        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!lib) {
-            const char *e = dlerror();
-            mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", names[i], e ? e : "not found");
-        } else {
-            used = names[i];
-        }
-    }
+    lib = mskv__cuda_dlopen_first(names, n_names, &used, why, cap);
     if (!lib) {
         mskv__cuda_appendf(why, cap, " (no CUDA driver)");
         return MSKV_ERROR_CUDA_UNAVAILABLE;
@@ -1380,15 +1386,7 @@ static mskv_result mskv__cuda_open_nvrtc(const char *first, void **lib_out, mskv
     if (first && *first) cand[n++] = first;
     if (env && *env) cand[n++] = env;
     for (i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++) cand[n++] = names[i];
-    for (i = 0; i < n && !lib; i++) {
-        lib = dlopen(cand[i], RTLD_NOW | RTLD_LOCAL);
-        if (!lib) {
-            const char *e = dlerror();
-            mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", cand[i], e ? e : "not found");
-        } else {
-            used = cand[i];
-        }
-    }
+    lib = mskv__cuda_dlopen_first(cand, n, &used, why, cap);
     if (!lib) {
         mskv__cuda_appendf(why, cap, " (no NVRTC)");
         return MSKV_ERROR_CUDA_UNAVAILABLE;

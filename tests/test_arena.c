@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include "mskv_test.h"
 #include "../mstar_kv.h"
+#include "mskv_test_util.h"
 
 static mskv_arena *mta_make(int32_t num_pages, int32_t page_size, mskv_retire_mode mode) {
     mskv_arena_desc d;
@@ -15,26 +16,6 @@ static mskv_arena *mta_make(int32_t num_pages, int32_t page_size, mskv_retire_mo
     return a;
 }
 
-/* admit + commit n tokens for one request */
-static mskv_result mta_grow(mskv_arena *a, mskv_request r, int64_t n) {
-    mskv_segment s;
-    mskv_result e;
-    s.request = r;
-    s.n_tokens = n;
-    e = mskv_admit(a, &s, 1);
-    if (e != MSKV_SUCCESS) return e;
-    return mskv_commit(a, &s, 1);
-}
-
-static int mta_audit(mskv_arena *a) {
-    char why[256];
-    why[0] = '\0';
-    if (mskv_arena_audit(a, why, sizeof why) != MSKV_SUCCESS) {
-        mt_fail(__FILE__, __LINE__, "audit failed: %s", why);
-        return 0;
-    }
-    return 1;
-}
 
 static int mta_conserved(mskv_arena *a) {
     mskv_arena_stats st;
@@ -64,7 +45,7 @@ TEST(null_page_is_never_allocated) {
     mskv_arena *a = mta_make(9, 1, MSKV_RETIRE_IMMEDIATE);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mta_grow(a, r, 8));  /* every usable page */
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 8));  /* every usable page */
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(a, r, pages, 16, &count));
     ASSERT_EQ(8, count);
     for (i = 0; i < count; i++) {
@@ -74,8 +55,8 @@ TEST(null_page_is_never_allocated) {
         for (j = 0; j < i; j++) EXPECT_NE(pages[j], pages[i]);
     }
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r2));
-    EXPECT_EQ(MSKV_ERROR_OUT_OF_PAGES, mta_grow(a, r2, 1));
-    EXPECT_TRUE(mta_audit(a));
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_PAGES, mtu_grow(a, r2, 1));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -88,7 +69,7 @@ TEST(conservation_free_live_pending_and_null_make_num_pages) {
     EXPECT_TRUE(mta_conserved(a));
     for (i = 0; i < 3; i++) {
         ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r[i]));
-        ASSERT_EQ(MSKV_SUCCESS, mta_grow(a, r[i], 10 + 7 * i));
+        ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r[i], 10 + 7 * i));
         EXPECT_TRUE(mta_conserved(a));
     }
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
@@ -100,7 +81,7 @@ TEST(conservation_free_live_pending_and_null_make_num_pages) {
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
     EXPECT_EQ(4 + 3, st.pending_pages);
     EXPECT_TRUE(mta_conserved(a));
-    EXPECT_TRUE(mta_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -118,7 +99,7 @@ static void mta_workload(mskv_arena *a, uint64_t seed, int32_t *trace, int trace
             if (mskv_request_add(a, &reqs[k]) == MSKV_SUCCESS) live[k] = 1;
             continue;
         }
-        if (op <= 2) (void)mta_grow(a, reqs[k], (int64_t)((x >> 16) % 9) + 1);
+        if (op <= 2) (void)mtu_grow(a, reqs[k], (int64_t)((x >> 16) % 9) + 1);
         else if (op == 3) (void)mskv_request_release_oldest(a, reqs[k], (int64_t)((x >> 16) % 5), NULL);
         else { (void)mskv_request_remove(a, reqs[k]); live[k] = 0; }
         for (k = 0; k < 4; k++) {
@@ -156,7 +137,7 @@ TEST(fenced_pending_pages_are_not_reused_before_retire) {
     mskv_arena *a = mta_make(5, 1, MSKV_RETIRE_FENCED);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mta_grow(a, r, 4));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 4));
     ASSERT_EQ(MSKV_SUCCESS, mskv_publish(a, NULL, 0, NULL));
     fence = mskv_arena_step(a);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(a, r));
@@ -164,7 +145,7 @@ TEST(fenced_pending_pages_are_not_reused_before_retire) {
     EXPECT_EQ(4, st.pending_pages);
     EXPECT_EQ(0, st.free_pages);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r2));
-    EXPECT_EQ(MSKV_ERROR_OUT_OF_PAGES, mta_grow(a, r2, 1));
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_PAGES, mtu_grow(a, r2, 1));
     if (fence > 0) {  /* an older fence does not release pages freed in this one */
         ASSERT_EQ(MSKV_SUCCESS, mskv_arena_retire(a, fence - 1));
         ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
@@ -175,8 +156,8 @@ TEST(fenced_pending_pages_are_not_reused_before_retire) {
     EXPECT_EQ(0, st.pending_pages);
     EXPECT_EQ(4, st.free_pages);
     EXPECT_EQ_U64(fence, st.completed_step);
-    EXPECT_EQ(MSKV_SUCCESS, mta_grow(a, r2, 4));
-    EXPECT_TRUE(mta_audit(a));
+    EXPECT_EQ(MSKV_SUCCESS, mtu_grow(a, r2, 4));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -186,14 +167,14 @@ TEST(immediate_mode_reuses_freed_pages_at_once) {
     mskv_arena *a = mta_make(5, 2, MSKV_RETIRE_IMMEDIATE);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mta_grow(a, r, 8));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 8));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(a, r));
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
     EXPECT_EQ(0, st.pending_pages);
     EXPECT_EQ(4, st.free_pages);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r2));
-    EXPECT_EQ(MSKV_SUCCESS, mta_grow(a, r2, 8));
-    EXPECT_TRUE(mta_audit(a));
+    EXPECT_EQ(MSKV_SUCCESS, mtu_grow(a, r2, 8));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -222,7 +203,7 @@ TEST(digest_changes_with_the_state_and_only_with_it) {
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
     d0 = mskv_arena_digest(a);
-    ASSERT_EQ(MSKV_SUCCESS, mta_grow(a, r, 6));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 6));
     d1 = mskv_arena_digest(a);
     EXPECT_NE_U64(d0, d1);
     /* read-only calls */
@@ -359,7 +340,7 @@ TEST(runtime_allocator_receives_every_allocation_and_every_free) {
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
     EXPECT_LT(0, c.allocs);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mta_grow(a, r, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 10));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_fork(a, r, &child));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(a, child));
     s.request = r; s.n_tokens = 3;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include "mskv_test.h"
 #include "../mstar_kv.h"
+#include "mskv_test_util.h"
 
 /* One arena in a state where every kind of invalid call is possible:
    no free page left, requests resident / reserved / offloaded / removed,
@@ -24,15 +25,6 @@ typedef struct mtb_fx {
     size_t blob_size, foreign_size;
 } mtb_fx;
 
-static mskv_result mtb_grow(mskv_arena *a, mskv_request r, int64_t n) {
-    mskv_segment s;
-    mskv_result e;
-    s.request = r;
-    s.n_tokens = n;
-    e = mskv_admit(a, &s, 1);
-    if (e != MSKV_SUCCESS) return e;
-    return mskv_commit(a, &s, 1);
-}
 
 static mskv_arena *mtb_arena(int32_t num_pages, int32_t page_size, int32_t max_requests) {
     mskv_arena_desc d;
@@ -60,25 +52,25 @@ static int mtb_setup(mtb_fx *f) {
     memset(f, 0, sizeof *f);
     f->a = mtb_arena(24, 4, 16);
     if (!f->a) return 0;
-    if (mskv_request_add(f->a, &f->ok) || mtb_grow(f->a, f->ok, 20) || mskv_request_protect_prefix(f->a, f->ok, 4) ||
+    if (mskv_request_add(f->a, &f->ok) || mtu_grow(f->a, f->ok, 20) || mskv_request_protect_prefix(f->a, f->ok, 4) ||
         mskv_request_release_oldest(f->a, f->ok, 8, NULL))
         return 0;
-    if (mskv_request_add(f->a, &f->part) || mtb_grow(f->a, f->part, 5)) return 0;
-    if (mskv_request_add(f->a, &f->res) || mtb_grow(f->a, f->res, 5)) return 0;
+    if (mskv_request_add(f->a, &f->part) || mtu_grow(f->a, f->part, 5)) return 0;
+    if (mskv_request_add(f->a, &f->res) || mtu_grow(f->a, f->res, 5)) return 0;
     s.request = f->res; s.n_tokens = 3;
     if (mskv_admit(f->a, &s, 1)) return 0;
-    if (mskv_request_add(f->a, &f->off) || mtb_grow(f->a, f->off, 6) || mskv_request_offload(f->a, f->off)) return 0;
+    if (mskv_request_add(f->a, &f->off) || mtu_grow(f->a, f->off, 6) || mskv_request_offload(f->a, f->off)) return 0;
     if (mskv_request_add(f->a, &f->stale) || mskv_request_remove(f->a, f->stale)) return 0;
     f->unknown.id = 0xFFFFFFFFu;
     if (mskv_keyed_create(f->a, 77, 5, &f->sealed) || mskv_keyed_seal(f->a, f->sealed)) return 0;
     if (mskv_keyed_create(f->a, 78, 3, &f->open)) return 0;
-    if (mskv_arena_stats_get(f->a, &st) || mskv_request_add(f->a, &f->hog) || mtb_grow(f->a, f->hog, (int64_t)st.free_pages * 4))
+    if (mskv_arena_stats_get(f->a, &st) || mskv_request_add(f->a, &f->hog) || mtu_grow(f->a, f->hog, (int64_t)st.free_pages * 4))
         return 0;
     if (mskv_arena_stats_get(f->a, &st) || st.free_pages != 0) return 0;
     f->blob = mtb_export(f->a, f->ok, &f->blob_size);
     other = mtb_arena(24, 8, 0);
     if (!other || !f->blob) return 0;
-    if (mskv_request_add(other, &x) || mtb_grow(other, x, 9)) return 0;
+    if (mskv_request_add(other, &x) || mtu_grow(other, x, 9)) return 0;
     f->foreign = mtb_export(other, x, &f->foreign_size);
     mskv_arena_destroy(other);
     return f->foreign != NULL;
@@ -269,7 +261,7 @@ TEST(bad_input_import_into_a_full_request_table_is_TOO_MANY_REQUESTS) {
     uint64_t d;
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r1));
-    ASSERT_EQ(MSKV_SUCCESS, mtb_grow(a, r1, 5));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r1, 5));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r2));
     blob = mtb_export(a, r1, &size);
     ASSERT_TRUE(blob != NULL);

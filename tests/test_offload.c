@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include "mskv_test.h"
 #include "../mstar_kv.h"
+#include "mskv_test_util.h"
 
 #define MTO_LAYERS 2
 #define MTO_HEADS 2
@@ -23,25 +24,7 @@ static mskv_arena *mto_make(int32_t num_pages, int32_t page_size) {
     return mto_make_dt(num_pages, page_size, MSKV_DTYPE_F32);
 }
 
-static mskv_result mto_grow(mskv_arena *a, mskv_request r, int64_t n) {
-    mskv_segment s;
-    mskv_result e;
-    s.request = r;
-    s.n_tokens = n;
-    e = mskv_admit(a, &s, 1);
-    if (e != MSKV_SUCCESS) return e;
-    return mskv_commit(a, &s, 1);
-}
 
-static int mto_audit(mskv_arena *a) {
-    char why[256];
-    why[0] = '\0';
-    if (mskv_arena_audit(a, why, sizeof why) != MSKV_SUCCESS) {
-        mt_fail(__FILE__, __LINE__, "audit failed: %s", why);
-        return 0;
-    }
-    return 1;
-}
 
 /* A byte pattern per (tag, position, layer, kind, byte): every byte of a slot
    is checked, whatever the dtype. */
@@ -106,7 +89,7 @@ static int mto_same_state(const mskv_request_info *x, const mskv_request_info *y
    [0,6) protected, [8,20) released, [20,27) live. Bytes tagged `tag`. */
 static int mto_shaped(mskv_arena *a, mskv_request *r, uint32_t tag) {
     if (mskv_request_add(a, r) != MSKV_SUCCESS) return 0;
-    if (mto_grow(a, *r, 27) != MSKV_SUCCESS) return 0;
+    if (mtu_grow(a, *r, 27) != MSKV_SUCCESS) return 0;
     if (!mto_write(a, *r, tag, 0, 27)) return 0;
     if (mskv_request_protect_prefix(a, *r, 6) != MSKV_SUCCESS) return 0;
     return mskv_request_release_oldest(a, *r, 12, NULL) == MSKV_SUCCESS;
@@ -135,7 +118,7 @@ TEST(offload_reload_round_trip_restores_state_and_bytes_exactly) {
     EXPECT_EQ(0, st.live_pages);
     EXPECT_EQ(4, st.offloaded_pages);
     EXPECT_EQ(31, st.free_pages);
-    EXPECT_TRUE(mto_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(a, r));
     after = mto_info(a, r);
     EXPECT_TRUE(mto_same_state(&before, &after));
@@ -143,7 +126,7 @@ TEST(offload_reload_round_trip_restores_state_and_bytes_exactly) {
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
     EXPECT_EQ(0, st.offloaded_pages);
     EXPECT_EQ(4, st.live_pages);
-    EXPECT_TRUE(mto_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -157,7 +140,7 @@ TEST(reload_onto_different_page_ids_keeps_the_bytes) {
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(a, r));
     /* another request takes the freed pages (and more) and scribbles on them */
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &other));
-    ASSERT_EQ(MSKV_SUCCESS, mto_grow(a, other, 24));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, other, 24));
     ASSERT_TRUE(mto_write(a, other, 99, 0, 24));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(a, r));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(a, r, after, 8, &na));
@@ -166,7 +149,7 @@ TEST(reload_onto_different_page_ids_keeps_the_bytes) {
     EXPECT_LT(0, moved);
     EXPECT_EQ(0, mto_check_shaped(a, r, 12));
     EXPECT_EQ(0, mto_check(a, other, 99, 0, 24));
-    EXPECT_TRUE(mto_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -251,16 +234,16 @@ TEST(reload_with_too_few_pages_is_OUT_OF_PAGES_changes_nothing_and_succeeds_late
     ASSERT_TRUE(mto_shaped(a, &r, 16));  /* 4 pages */
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(a, r));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &hog));
-    ASSERT_EQ(MSKV_SUCCESS, mto_grow(a, hog, 32));  /* 8 pages: 3 left */
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, hog, 32));  /* 8 pages: 3 left */
     d = mskv_arena_digest(a);
     EXPECT_EQ(MSKV_ERROR_OUT_OF_PAGES, mskv_request_reload(a, r));
     EXPECT_EQ_U64(d, mskv_arena_digest(a));
     EXPECT_EQ(MSKV_OFFLOADED, mto_info(a, r).location);
-    EXPECT_TRUE(mto_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, hog, 4, NULL));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(a, r));
     EXPECT_EQ(0, mto_check_shaped(a, r, 16));
-    EXPECT_TRUE(mto_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -270,7 +253,7 @@ TEST(offload_of_a_forked_child_leaves_the_shared_pages_to_the_parent) {
     mskv_arena *a = mto_make(32, 4);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &p));
-    ASSERT_EQ(MSKV_SUCCESS, mto_grow(a, p, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, p, 10));
     ASSERT_TRUE(mto_write(a, p, 17, 0, 10));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_fork(a, p, &c));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(a, c));
@@ -281,7 +264,7 @@ TEST(offload_of_a_forked_child_leaves_the_shared_pages_to_the_parent) {
     EXPECT_EQ(0, mto_check(a, c, 17, 0, 10));
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
     EXPECT_EQ(6, st.live_pages);  /* the reloaded child owns its own copies */
-    EXPECT_TRUE(mto_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -313,7 +296,7 @@ TEST(export_import_round_trip_into_another_arena_is_exact) {
     yi = mto_info(b, y);
     EXPECT_TRUE(mto_same_state(&ri, &yi));
     EXPECT_EQ(0, mto_check_shaped(b, y, 18));
-    EXPECT_TRUE(mto_audit(b));
+    EXPECT_TRUE(mtu_audit(b));
     free(blob);
     mskv_arena_destroy(a);
     mskv_arena_destroy(b);
@@ -359,7 +342,7 @@ TEST(truncated_blob_of_every_length_is_rejected_and_changes_nothing) {
     mskv_arena *a = mto_make(32, 2);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mto_grow(a, r, 5));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 5));
     ASSERT_TRUE(mto_write(a, r, 21, 0, 5));
     blob = mto_export(a, r, &size);
     ASSERT_TRUE(blob != NULL);
@@ -390,7 +373,7 @@ TEST(blob_with_any_flipped_byte_is_corrupt_and_changes_nothing) {
     mskv_arena *a = mto_make(32, 2);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mto_grow(a, r, 5));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 5));
     ASSERT_TRUE(mto_write(a, r, 22, 0, 5));
     blob = mto_export(a, r, &size);
     ASSERT_TRUE(blob != NULL);
@@ -459,6 +442,6 @@ TEST(remove_of_an_offloaded_request_drops_its_host_copy) {
     EXPECT_EQ(0, st.offloaded_pages);
     EXPECT_EQ(0, st.requests);
     EXPECT_EQ(31, st.free_pages);
-    EXPECT_TRUE(mto_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }

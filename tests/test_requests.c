@@ -2,6 +2,7 @@
    slot lookup, prefix epochs. */
 #include "mskv_test.h"
 #include "../mstar_kv.h"
+#include "mskv_test_util.h"
 
 /* A store of 2 layers x 1 head x 4 dims in f32, so bytes can be checked. */
 static mskv_arena *mtr_make(int32_t num_pages, int32_t page_size, int with_store) {
@@ -15,25 +16,7 @@ static mskv_arena *mtr_make(int32_t num_pages, int32_t page_size, int with_store
     return a;
 }
 
-static mskv_result mtr_grow(mskv_arena *a, mskv_request r, int64_t n) {
-    mskv_segment s;
-    mskv_result e;
-    s.request = r;
-    s.n_tokens = n;
-    e = mskv_admit(a, &s, 1);
-    if (e != MSKV_SUCCESS) return e;
-    return mskv_commit(a, &s, 1);
-}
 
-static int mtr_audit(mskv_arena *a) {
-    char why[256];
-    why[0] = '\0';
-    if (mskv_arena_audit(a, why, sizeof why) != MSKV_SUCCESS) {
-        mt_fail(__FILE__, __LINE__, "audit failed: %s", why);
-        return 0;
-    }
-    return 1;
-}
 
 static float mtr_value(uint32_t tag, int64_t pos, int layer, int kind, int d) {
     return (float)((tag * 7919u + (uint32_t)pos * 131u + (uint32_t)layer * 17u + (uint32_t)kind * 7u + (uint32_t)d) & 0xFFFFFu);
@@ -89,7 +72,7 @@ TEST(removed_request_handle_is_stale) {
     EXPECT_EQ(MSKV_ERROR_INVALID_HANDLE, mskv_request_remove(a, r));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r2));  /* may reuse the slot, never the handle */
     EXPECT_NE(r.id, r2.id);
-    EXPECT_EQ(MSKV_ERROR_INVALID_HANDLE, mtr_grow(a, r, 1));
+    EXPECT_EQ(MSKV_ERROR_INVALID_HANDLE, mtu_grow(a, r, 1));
     EXPECT_EQ(MSKV_SUCCESS, mskv_request_info_get(a, r2, &info));
     mskv_arena_destroy(a);
 }
@@ -119,7 +102,7 @@ TEST(fork_shares_full_pages_and_copies_the_partial_last_page) {
     mskv_arena *a = mtr_make(32, 4, 1);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &p));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, p, 10));  /* pages: 4 + 4 + 2 */
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, p, 10));  /* pages: 4 + 4 + 2 */
     ASSERT_TRUE(mtr_write(a, p, 1, 0, 10));
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &s0));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_fork(a, p, &c));
@@ -134,14 +117,14 @@ TEST(fork_shares_full_pages_and_copies_the_partial_last_page) {
     EXPECT_EQ(10, mtr_info(a, c).committed);
     EXPECT_EQ(0, mtr_check(a, c, 1, 0, 10));  /* the copied page holds the parent's bytes */
     /* each side now writes its own continuation without disturbing the other */
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, c, 3));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, c, 3));
     ASSERT_TRUE(mtr_write(a, c, 2, 10, 13));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, p, 3));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, p, 3));
     ASSERT_TRUE(mtr_write(a, p, 3, 10, 13));
     EXPECT_EQ(0, mtr_check(a, c, 2, 10, 13));
     EXPECT_EQ(0, mtr_check(a, p, 3, 10, 13));
     EXPECT_EQ(0, mtr_check(a, c, 1, 0, 10));
-    EXPECT_TRUE(mtr_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -152,7 +135,7 @@ TEST(fork_of_a_page_aligned_request_shares_every_page) {
     mskv_arena *a = mtr_make(32, 4, 1);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &p));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, p, 12));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, p, 12));
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &s0));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_fork(a, p, &c));
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &s1));
@@ -162,7 +145,7 @@ TEST(fork_of_a_page_aligned_request_shares_every_page) {
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(a, c, cp, 8, &nc));
     ASSERT_EQ(np, nc);
     for (i = 0; i < np; i++) EXPECT_EQ(pp[i], cp[i]);
-    EXPECT_TRUE(mtr_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -172,7 +155,7 @@ TEST(shared_pages_live_until_the_last_owner_drops_them) {
     mskv_arena *a = mtr_make(32, 4, 1);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &p));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, p, 8));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, p, 8));
     ASSERT_TRUE(mtr_write(a, p, 5, 0, 8));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_fork(a, p, &c));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(a, p));
@@ -183,7 +166,7 @@ TEST(shared_pages_live_until_the_last_owner_drops_them) {
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
     EXPECT_EQ(0, st.live_pages);
     EXPECT_EQ(31, st.free_pages);
-    EXPECT_TRUE(mtr_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -193,7 +176,7 @@ TEST(fork_needs_a_resident_parent_without_reservation) {
     mskv_arena *a = mtr_make(32, 4, 1);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &p));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, p, 5));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, p, 5));
     s.request = p; s.n_tokens = 2;
     ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &s, 1));
     EXPECT_EQ(MSKV_ERROR_RESERVATION_PENDING, mskv_request_fork(a, p, &c));
@@ -210,7 +193,7 @@ TEST(release_frees_whole_pages_only) {
     mskv_arena *a = mtr_make(32, 4, 0);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 10));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 3, &released));
     EXPECT_EQ(0, released);  /* page 0 still holds tokens 3 */
     i = mtr_info(a, r);
@@ -223,7 +206,7 @@ TEST(release_frees_whole_pages_only) {
     EXPECT_EQ(8, i.live_start);
     EXPECT_EQ(2, i.kv_len);
     EXPECT_EQ(10, i.committed);
-    EXPECT_TRUE(mtr_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -234,14 +217,14 @@ TEST(release_never_frees_a_page_holding_a_reserved_token) {
     mskv_arena *a = mtr_make(32, 4, 0);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r, 6));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 6));
     s.request = r; s.n_tokens = 5;
     ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &s, 1));
     EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_request_release_oldest(a, r, 7, &released));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 6, &released));
     EXPECT_EQ(4, released);
     EXPECT_EQ(2, mtr_info(a, r).num_pages);  /* [4,8) and [8,12) */
-    EXPECT_TRUE(mtr_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -253,7 +236,7 @@ TEST(release_compacts_the_table_to_prefix_pages_then_live_pages) {
     mskv_arena *a = mtr_make(32, 4, 1);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r, 22));  /* 6 pages, the last holds 2 */
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 22));  /* 6 pages, the last holds 2 */
     ASSERT_TRUE(mtr_write(a, r, 9, 0, 22));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(a, r, 5));  /* touches pages 0 and 1 */
     i = mtr_info(a, r);
@@ -275,7 +258,7 @@ TEST(release_compacts_the_table_to_prefix_pages_then_live_pages) {
     /* absolute positions survive: prefix and live tokens keep their bytes */
     EXPECT_EQ(0, mtr_check(a, r, 9, 0, 8));
     EXPECT_EQ(0, mtr_check(a, r, 9, 16, 22));
-    EXPECT_TRUE(mtr_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -286,10 +269,10 @@ TEST(prefix_pages_survive_every_release) {
     mskv_arena *a = mtr_make(32, 4, 1);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r, 6));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 6));
     ASSERT_TRUE(mtr_write(a, r, 4, 0, 6));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(a, r, 6));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r, 14));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 14));
     ASSERT_TRUE(mtr_write(a, r, 4, 6, 20));
     i = mtr_info(a, r);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 20 - i.live_start, &released));
@@ -299,7 +282,7 @@ TEST(prefix_pages_survive_every_release) {
     EXPECT_EQ(20, i.live_start);
     EXPECT_EQ(8, i.kv_len);
     EXPECT_EQ(0, mtr_check(a, r, 4, 0, 8));  /* 6 and 7 are unprotected but share a protected page */
-    EXPECT_TRUE(mtr_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -310,7 +293,7 @@ TEST(slot_is_page_times_page_size_plus_offset) {
     mskv_arena *a = mtr_make(32, 5, 0);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r, 23));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 23));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(a, r, pages, 16, &n));
     ASSERT_EQ(5, n);
     for (pos = 0; pos < 23; pos++) {
@@ -327,7 +310,7 @@ TEST(slot_of_a_released_position_is_RELEASED_and_past_the_end_NOT_WRITTEN) {
     mskv_arena *a = mtr_make(32, 4, 0);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r, 13));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 13));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 9, NULL));
     EXPECT_EQ(MSKV_ERROR_RELEASED, mskv_request_slot(a, r, 0, &slot));
     EXPECT_EQ(MSKV_ERROR_RELEASED, mskv_request_slot(a, r, 7, &slot));
@@ -348,7 +331,7 @@ TEST(protect_beyond_committed_tokens_is_OUT_OF_RANGE) {
     mskv_arena *a = mtr_make(32, 4, 0);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r, 7));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 7));
     s.request = r; s.n_tokens = 3;
     ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &s, 1));
     d = mskv_arena_digest(a);
@@ -364,14 +347,14 @@ TEST(prefix_epoch_moves_on_protect_with_a_new_length_only) {
     mskv_arena *a = mtr_make(32, 4, 0);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r, 12));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 12));
     e0 = mtr_info(a, r).prefix_epoch;
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(a, r, 6));
     e1 = mtr_info(a, r).prefix_epoch;
     EXPECT_NE_U64(e0, e1);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(a, r, 6));  /* same length */
     EXPECT_EQ_U64(e1, mtr_info(a, r).prefix_epoch);
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r, 5));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 5));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 4, NULL));
     ASSERT_EQ(MSKV_SUCCESS, mskv_publish(a, NULL, 0, NULL));
     EXPECT_EQ_U64(e1, mtr_info(a, r).prefix_epoch);  /* growth, release, publish: same prefix */
@@ -389,7 +372,7 @@ TEST(protect_after_a_release_must_keep_the_same_prefix_pages) {
     mskv_arena *a = mtr_make(32, 4, 0);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r, 20));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 20));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(a, r, 4));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 8, NULL));  /* frees [4,12) */
     d = mskv_arena_digest(a);
@@ -398,7 +381,7 @@ TEST(protect_after_a_release_must_keep_the_same_prefix_pages) {
     EXPECT_EQ_U64(d, mskv_arena_digest(a));
     EXPECT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(a, r, 3));  /* same single prefix page */
     EXPECT_EQ(1, mtr_info(a, r).prefix_pages);
-    EXPECT_TRUE(mtr_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -408,7 +391,7 @@ TEST(page_table_query_reports_the_count_when_the_buffer_is_short) {
     mskv_arena *a = mtr_make(32, 4, 0);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r, 13));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 13));
     EXPECT_EQ(MSKV_ERROR_CAPACITY, mskv_request_pages(a, r, pages, 2, &count));
     EXPECT_EQ(4, count);
     mskv_arena_destroy(a);
@@ -422,7 +405,7 @@ TEST(remove_returns_every_page) {
     ASSERT_TRUE(a != NULL);
     for (i = 0; i < 3; i++) {
         ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r[i]));
-        ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r[i], 5 + 4 * i));
+        ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r[i], 5 + 4 * i));
     }
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(a, r[2], 4));
     for (i = 0; i < 3; i++) ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(a, r[i]));
@@ -431,7 +414,7 @@ TEST(remove_returns_every_page) {
     EXPECT_EQ(0, st.live_pages);
     EXPECT_EQ(0, st.protected_pages);
     EXPECT_EQ(0, st.requests);
-    EXPECT_TRUE(mtr_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -441,7 +424,7 @@ TEST(protected_pages_are_counted_in_stats) {
     mskv_arena *a = mtr_make(40, 4, 0);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mtr_grow(a, r, 20));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 20));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(a, r, 9));
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
     EXPECT_EQ(3, st.protected_pages);

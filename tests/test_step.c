@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include "mskv_test.h"
 #include "../mstar_kv.h"
+#include "mskv_test_util.h"
 
 static mskv_arena *mts_make_desc(int32_t num_pages, int32_t page_size, mskv_event_fn ev, void *ev_user) {
     mskv_arena_desc d;
@@ -33,25 +34,7 @@ static mskv_result mts_step(mskv_arena *a, mskv_request r, int64_t n) {
     return e;
 }
 
-static mskv_result mts_grow(mskv_arena *a, mskv_request r, int64_t n) {
-    mskv_segment s;
-    mskv_result e;
-    s.request = r;
-    s.n_tokens = n;
-    e = mskv_admit(a, &s, 1);
-    if (e != MSKV_SUCCESS) return e;
-    return mskv_commit(a, &s, 1);
-}
 
-static int mts_audit(mskv_arena *a) {
-    char why[256];
-    why[0] = '\0';
-    if (mskv_arena_audit(a, why, sizeof why) != MSKV_SUCCESS) {
-        mt_fail(__FILE__, __LINE__, "audit failed: %s", why);
-        return 0;
-    }
-    return 1;
-}
 
 static int32_t mts_free_pages(mskv_arena *a) {
     mskv_arena_stats st;
@@ -140,7 +123,7 @@ TEST(admit_is_all_or_nothing) {
     s[2].n_tokens = 12;
     EXPECT_EQ(MSKV_SUCCESS, mskv_admit(a, s, 3));
     EXPECT_EQ(0, mts_free_pages(a));
-    EXPECT_TRUE(mts_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -149,11 +132,11 @@ TEST(admit_fills_the_partial_last_page_before_taking_new_ones) {
     mskv_arena *a = mts_make(11, 4);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mts_grow(a, r, 5));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 5));
     EXPECT_EQ(8, mts_free_pages(a));
-    ASSERT_EQ(MSKV_SUCCESS, mts_grow(a, r, 3));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 3));
     EXPECT_EQ(8, mts_free_pages(a));
-    ASSERT_EQ(MSKV_SUCCESS, mts_grow(a, r, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 1));
     EXPECT_EQ(7, mts_free_pages(a));
     mskv_arena_destroy(a);
 }
@@ -216,7 +199,7 @@ TEST(abort_frees_the_reservations_new_pages) {
     mskv_arena *a = mts_make(16, 4);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mts_grow(a, r, 6));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 6));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(a, r, before, 8, &nb));
     s.request = r; s.n_tokens = 9;  /* fills page 1, takes two more */
     ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &s, 1));
@@ -229,7 +212,7 @@ TEST(abort_frees_the_reservations_new_pages) {
     EXPECT_EQ(6, mts_info(a, r).committed);
     EXPECT_EQ(0, mts_info(a, r).reserved);
     EXPECT_EQ(MSKV_ERROR_NO_RESERVATION, mskv_abort(a, &s, 1));
-    EXPECT_TRUE(mts_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -245,7 +228,7 @@ TEST(plan_of_a_batch_is_valid_csr_matching_each_requests_table_and_slots) {
     memset(&pd, 0, sizeof pd);
     for (k = 0; k < 3; k++) {
         ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r[k]));
-        ASSERT_EQ(MSKV_SUCCESS, mts_grow(a, r[k], 7 * k + 3));
+        ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r[k], 7 * k + 3));
         s[k].request = r[k];
         s[k].n_tokens = 1 + 4 * k;
     }
@@ -270,7 +253,7 @@ TEST(plan_maps_compacted_indices_to_absolute_positions_across_the_released_gap) 
     ASSERT_TRUE(a != NULL && b != NULL);
     memset(&pd, 0, sizeof pd);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mts_grow(a, r, 30));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 30));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(a, r, 8));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 13, NULL));  /* frees [8,20) */
     s.request = r; s.n_tokens = 3;
@@ -300,7 +283,7 @@ TEST(plan_positions_are_absolute_minus_offset_in_1d) {
     pd.pos_mode = MSKV_POS_1D;
     pd.pos_offset = 3;
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mts_grow(a, r, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 10));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 8, NULL));
     s.request = r; s.n_tokens = 7;
     ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &s, 1));
@@ -325,7 +308,7 @@ TEST(plan_positions_are_frame_row_col_on_the_grid_in_3d) {
     pd.grid_h = 3; pd.grid_w = 5;  /* 15 tokens per frame */
     pd.pos_offset = 15;            /* e.g. one conditioning frame not counted */
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mts_grow(a, r, 22));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 22));
     s.request = r; s.n_tokens = 40;
     ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &s, 1));
     mts_bind(&p, b, 8, 512, 256);
@@ -384,7 +367,7 @@ TEST(plan_into_too_small_buffers_is_CAPACITY_and_writes_nothing) {
     memset(&pd, 0, sizeof pd);
     for (k = 0; k < 2; k++) {
         ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r[k]));
-        ASSERT_EQ(MSKV_SUCCESS, mts_grow(a, r[k], 9));
+        ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r[k], 9));
         s[k].request = r[k];
         s[k].n_tokens = 5;
     }
@@ -521,7 +504,7 @@ TEST(keyed_entry_is_written_once_sealed_and_then_read_only) {
     EXPECT_EQ(MSKV_ERROR_READ_ONLY, mskv_admit(a, &s, 1));
     EXPECT_EQ(MSKV_SUCCESS, mskv_keyed_find(a, 0xC0FFEEu, &found));
     EXPECT_EQ(e.id, found.id);
-    EXPECT_TRUE(mts_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -574,7 +557,7 @@ TEST(many_requests_plan_cross_attention_against_one_sealed_entry) {
     ASSERT_EQ(4, n);
     for (k = 0; k < 3; k++) {
         ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r[k]));
-        ASSERT_EQ(MSKV_SUCCESS, mts_grow(a, r[k], 5));
+        ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r[k], 5));
         s[k].request = r[k];
         s[k].n_tokens = 2 + k;
         ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &s[k], 1));
@@ -619,7 +602,7 @@ TEST(page_stored_events_come_at_publish_for_pages_that_filled) {
     a = mts_make_desc(32, 4, mts_on_event, &c);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
-    ASSERT_EQ(MSKV_SUCCESS, mts_grow(a, r, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 10));
     EXPECT_EQ(0, c.stored);  /* committed but not yet published */
     seg.request = r; seg.n_tokens = 10;
     ASSERT_EQ(MSKV_SUCCESS, mskv_publish(a, &seg, 1, NULL));
@@ -703,7 +686,7 @@ TEST(windowed_session_keeps_memory_flat_over_a_long_run) {
             EXPECT_EQ(12, i.prefix_tokens);
             EXPECT_EQ((int64_t)(chunk + 1) * 12 - 36, ses.released_total);
         }
-        if (!mts_audit(a)) break;
+        if (!mtu_audit(a)) break;
     }
     mskv_arena_destroy(a);
     free(b);
@@ -739,7 +722,7 @@ TEST(session_never_releases_a_sink_of_several_chunks_while_it_fills) {
             EXPECT_EQ(48, i.prefix_tokens);
             EXPECT_EQ(chunk == 2 ? 48 : 48 + 16, i.kv_len);  /* the sink + the last chunk */
         }
-        if (!mts_audit(a)) break;
+        if (!mtu_audit(a)) break;
     }
     mskv_arena_destroy(a);
 }
@@ -762,7 +745,7 @@ TEST(windowed_session_with_unaligned_chunks_holds_at_most_one_extra_partial_page
         ASSERT_EQ(MSKV_SUCCESS, mskv_session_commit_chunk(&ses, NULL));
         i = mts_info(a, r);
         ASSERT_LE(i.num_pages, 2 + 6 + 1);  /* ceil(30/16) + ceil(90/16) + 1 */
-        if (!mts_audit(a)) break;
+        if (!mtu_audit(a)) break;
     }
     mskv_arena_destroy(a);
 }
@@ -826,7 +809,7 @@ TEST(retention_bound_to_a_request_is_applied_at_publish) {
     EXPECT_EQ(16, i.kv_len);     /* sink [0,8) + window [32,40) */
     EXPECT_EQ(4, i.num_pages);
     EXPECT_EQ(32, i.live_start);
-    EXPECT_TRUE(mts_audit(a));
+    EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
 
@@ -850,7 +833,7 @@ TEST(windowed_session_in_reset_mode_keeps_only_the_sink_after_each_chunk) {
         EXPECT_EQ(8, i.kv_len);
         EXPECT_EQ(2, i.num_pages);
         if (chunk > 0) EXPECT_EQ((int64_t)(chunk + 1) * 8, i.live_start);
-        if (!mts_audit(a)) break;
+        if (!mtu_audit(a)) break;
     }
     mskv_arena_destroy(a);
 }
@@ -885,7 +868,7 @@ TEST(retention_policy_travels_with_an_exported_request) {
     EXPECT_EQ(24, i.committed);
     EXPECT_EQ(16, i.kv_len);  /* sink [0,8) + window [16,24): the imported request still slides */
     EXPECT_EQ(16, i.live_start);
-    EXPECT_TRUE(mts_audit(b));
+    EXPECT_TRUE(mtu_audit(b));
     mskv_arena_destroy(a);
     mskv_arena_destroy(b);
 }

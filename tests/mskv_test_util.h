@@ -1,0 +1,30 @@
+/* Small helpers shared by the host-core test files (one test program, many files). */
+#ifndef MSKV_TEST_UTIL_H
+#define MSKV_TEST_UTIL_H
+#include "mskv_test.h"
+#include "../mstar_kv.h"
+
+/* admit + commit n tokens for one request */
+static inline mskv_result mtu_grow(mskv_arena *a, mskv_request r, int64_t n) {
+    mskv_segment s;
+    mskv_result e;
+    s.request = r;
+    s.n_tokens = n;
+    e = mskv_admit(a, &s, 1);
+    if (e != MSKV_SUCCESS) return e;
+    return mskv_commit(a, &s, 1);
+}
+
+/* the arena's audit; a failure fails the running test with the broken invariant */
+static inline int mtu_audit_at(mskv_arena *a, const char *file, int line) {
+    char why[256];
+    why[0] = '\0';
+    if (mskv_arena_audit(a, why, sizeof why) != MSKV_SUCCESS) {
+        mt_fail(file, line, "audit failed: %s", why);
+        return 0;
+    }
+    return 1;
+}
+#define mtu_audit(a) mtu_audit_at((a), __FILE__, __LINE__)
+
+#endif
