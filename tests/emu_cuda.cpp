@@ -454,6 +454,7 @@ TEST(gpu_bench_check_fails_on_a_planted_fragment_bug) {
     mskv_cuda_functions table = ecu_table();
     char a0[] = "gpu_bench", a1[] = "--check", a2[] = "--mini";
     char *argv[] = {a0, a1, a2};
+    std::printf("  a fragment bug is planted: the gpu_bench FAIL lines that follow are expected\n");
     mskv_emu::cfg().mma_swap_rows = 1;
     int rc = gb_main(3, argv, &table);
     mskv_emu::cfg().mma_swap_rows = 0;
