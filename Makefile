@@ -53,11 +53,12 @@ $(B)/tests-emu: $(EMU_SRC) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
 $(B)/tests-video: tests/test_video.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(FFMPEG_CFLAGS) tests/test_video.c -o $@ $(FFMPEG_LIBS) $(LIBS)
 
-# MSKV_STATIC builds: a private copy must compile warning-free even where unused
+# MSKV_STATIC builds (the C++ one also without threads): a private copy must
+# compile warning-free even where unused
 $(B)/static-check-c: tests/static_check.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) -O1 tests/static_check.c -o $@ $(LIBS)
 $(B)/static-check-cxx: tests/static_check.c $(HDRS) | $(B)
-	clang++ -x c++ -std=c++17 $(WARN) -O1 tests/static_check.c -o $@ $(LIBS)
+	clang++ -x c++ -std=c++17 $(WARN) -O1 -DMSKV_NO_THREADS tests/static_check.c -o $@ $(LIBS)
 
 # the demo against the emulated GPU (kernels.cu on the CPU behind the real mstar_kv_cuda.h)
 $(B)/demo-emu: demo/demo_emu.cpp $(wildcard demo/*.c demo/*.h) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)

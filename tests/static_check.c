@@ -1,6 +1,6 @@
 /* MSKV_STATIC: both headers as a private copy in one file, with every warning
    an error, although this file uses only a few of their functions. Built by
-   `make tests` as C99 and as C++; it runs nothing. */
+   `make tests` as C99, and as C++ with MSKV_NO_THREADS; nothing runs it. */
 #define MSKV_STATIC
 #define MSTAR_KV_IMPLEMENTATION
 #include "../mstar_kv.h"
