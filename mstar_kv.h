@@ -42,6 +42,18 @@
    Conventions: every fallible function returns mskv_result; a failed call
    changes nothing. mskv_result_string() names the failure; the logger callback
    (if set) receives the details. Zero-initialised descriptors mean defaults.
+   Every call that takes a NULL required pointer returns
+   MSKV_ERROR_NULL_POINTER, and a removed or foreign request handle
+   MSKV_ERROR_INVALID_HANDLE; the lists below name the other codes.
+
+   Thread safety: an arena's functions may be called from several threads at
+   once (one internal lock per arena, removed by MSKV_NO_THREADS). Callbacks
+   (logger, events, store ops) run with that lock held and must not call back
+   into the same arena. Schedules, retention arithmetic and plans are plain
+   data. A session (mskv_session) belongs to one thread at a time.
+
+   Sections (search for "// >>"): results, arena, requests, offload, windows,
+   step lifecycle, cpu backend; then the implementation in the same order.
 
    License: MIT, at the end of this file.
 */
@@ -255,11 +267,19 @@ typedef struct mskv_request_info {
     int32_t sealed;
 } mskv_request_info;
 
+/* A new, empty request (one KV stream). TOO_MANY_REQUESTS when every slot of
+   max_requests is in use. */
 MSKV_API mskv_result mskv_request_add(mskv_arena *arena, mskv_request *out);
-/* Every page goes back (pending until the current fence retires). */
+/* Removes a request in any state (an open reservation is dropped, a host copy
+   freed). Every page goes back: pending until the current fence retires in
+   FENCED mode. The handle is stale from now on. */
 MSKV_API mskv_result mskv_request_remove(mskv_arena *arena, mskv_request req);
 /* A child sharing the parent's full pages (refcounted); the partial last page
-   is copied. The parent must be resident without an open reservation. */
+   is copied into a fresh page. The child has the parent's tokens, prefix and
+   released window, a prefix_epoch of its own, and no retention policy.
+   Return value: OFFLOADED, RESERVATION_PENDING (commit or abort first),
+   READ_ONLY (a keyed entry), OUT_OF_PAGES (no page for the copy),
+   TOO_MANY_REQUESTS, OUT_OF_MEMORY, or a store ops error (copy_page). */
 MSKV_API mskv_result mskv_request_fork(mskv_arena *arena, mskv_request parent, mskv_request *child);
 /* Size the request's page table for `tokens` tokens now, so steps up to that
    length never allocate. Changes no state. */
@@ -270,29 +290,48 @@ MSKV_API mskv_result mskv_request_info_get(mskv_arena *arena, mskv_request req, 
    with cap == 0 is a size query. */
 MSKV_API mskv_result mskv_request_pages(mskv_arena *arena, mskv_request req, int32_t *pages, int32_t cap, int32_t *count);
 /* Protect the first n committed tokens (their pages whole) against release.
-   Changing the length moves prefix_epoch. With released pages behind the
-   prefix, n must keep the same prefix pages. */
+   Changing the length moves prefix_epoch; the same length is a no-op.
+   Return value: OUT_OF_RANGE (n > committed), INVALID_ARGUMENT (n < 0),
+   OFFLOADED, READ_ONLY (keyed entry); with released pages behind the prefix
+   the prefix pages cannot change: RELEASED (n reaches released tokens) or
+   BAD_STATE (n would unprotect pages in front of the released ones). */
 MSKV_API mskv_result mskv_request_protect_prefix(mskv_arena *arena, mskv_request req, int64_t n);
-/* Release the n oldest live tokens: the release point is live_start + n
-   (<= committed). Only pages whose every slot lies before it are freed (page
-   floor); *released (optional) gets the tokens actually freed. */
+/* Release the n oldest live tokens: the release point is live_start + n.
+   Only pages whose every slot lies before it are freed (page floor), the
+   table is front-compacted to [prefix pages][live pages], and *released
+   (optional) gets the tokens actually freed (a multiple of page_size).
+   Return value: OUT_OF_RANGE (past the committed live tokens: reserved
+   tokens are never released), INVALID_ARGUMENT (n < 0), OFFLOADED, READ_ONLY. */
 MSKV_API mskv_result mskv_request_release_oldest(mskv_arena *arena, mskv_request req, int64_t n, int64_t *released);
-/* slot = page * page_size + offset of absolute position pos. RELEASED for a
-   released position, NOT_WRITTEN past committed + reserved. */
+/* slot = page * page_size + offset of absolute position pos (committed or
+   reserved). Return value: RELEASED (its page was released), NOT_WRITTEN
+   (pos >= committed + reserved), INVALID_ARGUMENT (pos < 0), OFFLOADED. */
 MSKV_API mskv_result mskv_request_slot(mskv_arena *arena, mskv_request req, int64_t pos, int64_t *slot);
 
 /* // >>offload ------------------------------------------------------------ */
 
 /* Copy every resident page (all layers, K and V) to host memory owned by the
-   request, then free the pages. Needs no open reservation. */
+   request (desc.host_allocator), then free the pages; only once the copy is
+   complete. Token counts, prefix, released window and epoch are kept.
+   Return value: OFFLOADED (already), RESERVATION_PENDING, READ_ONLY (keyed
+   entry), OUT_OF_MEMORY, or the store ops' error (the request stays resident). */
 MSKV_API mskv_result mskv_request_offload(mskv_arena *arena, mskv_request req);
 /* All or nothing: fresh pages (possibly other ids), bytes copied back,
-   prefix_epoch moves. OUT_OF_PAGES changes nothing and keeps the host copy. */
+   prefix_epoch moves, the host copy is freed. Return value: NOT_OFFLOADED,
+   OUT_OF_PAGES (nothing changes, the host copy stays), OUT_OF_MEMORY, or the
+   store ops' error (the request stays offloaded). */
 MSKV_API mskv_result mskv_request_reload(mskv_arena *arena, mskv_request req);
-/* Serialise a request (offloaded or resident) into a versioned, checksummed
-   blob. buf may be NULL to query the size; *size always gets the size needed. */
+/* Serialise a request (offloaded or resident, or a sealed keyed entry) into
+   a versioned, checksummed, little-endian blob: geometry, token counts,
+   prefix, released window, retention, key, and every page's bytes. buf may be
+   NULL to query the size; *size always gets the size needed.
+   Return value: CAPACITY (cap < *size), RESERVATION_PENDING, OVERFLOW. */
 MSKV_API mskv_result mskv_request_export(mskv_arena *arena, mskv_request req, void *buf, size_t cap, size_t *size);
-/* A new, offloaded request from a blob; reload it to use it. */
+/* A new, offloaded request from a blob (possibly written by another process);
+   reload it to use it. Return value: BLOB_TRUNCATED, BLOB_CORRUPT (magic,
+   size, checksum or an impossible state), BLOB_VERSION, BLOB_MISMATCH (page
+   size, layers, heads, head_dim or dtype differ), DUPLICATE (a keyed entry
+   whose key exists), TOO_MANY_REQUESTS, OUT_OF_MEMORY. Nothing changes on error. */
 MSKV_API mskv_result mskv_request_import(mskv_arena *arena, const void *blob, size_t size, mskv_request *out);
 
 /* // >>windows ------------------------------------------------------------ */
@@ -316,8 +355,13 @@ typedef struct mskv_decode_span {
     int64_t trim;              /* leading outputs (in units) to drop: in's context part */
 } mskv_decode_span;
 
+/* INVALID_SPEC unless total >= 0, window >= 1 and 0 <= overlap < window.
+   count = number of windows (0 for total 0; the last one may be padded). */
 MSKV_API mskv_result mskv_schedule_init(mskv_schedule *s, int64_t total, int64_t window, int64_t overlap);
+/* Window k (0 <= k < count, else OUT_OF_RANGE). */
 MSKV_API mskv_result mskv_schedule_window(const mskv_schedule *s, int64_t k, mskv_window *out);
+/* What a causal decoder with ctx units of left context decodes for window k:
+   it decodes [in_start, in_end) and drops the first `trim` units of output. */
 MSKV_API mskv_result mskv_schedule_decode_span(const mskv_schedule *s, int64_t k, int64_t ctx, mskv_decode_span *out);
 
 /* Chunk-window retention: keep `sink_chunks` leading chunks and the last
@@ -350,11 +394,18 @@ typedef struct mskv_segment {
 } mskv_segment;
 
 /* All or nothing: every segment gets its tokens reserved (pages allocated), or
-   none does. A request may appear once; it must be resident with no open reservation. */
+   none does. A request may appear once; it must be resident with no open
+   reservation. Return value: OUT_OF_PAGES (nothing allocated), DUPLICATE,
+   OFFLOADED, RESERVATION_PENDING, READ_ONLY (keyed entry), INVALID_ARGUMENT
+   (n < 0 or a negative token count), OVERFLOW (past 2^31 tokens),
+   OUT_OF_MEMORY (a page table could not grow: see mskv_request_reserve). */
 MSKV_API mskv_result mskv_admit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
-/* Reserved tokens become committed. Every segment must have an open reservation. */
+/* Reserved tokens become committed. Every segment must have an open
+   reservation (else NO_RESERVATION, and nothing is committed). */
 MSKV_API mskv_result mskv_commit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
-/* Return reservations without committing; their new pages are freed. */
+/* Return reservations without committing; the pages they added are freed
+   (pending in FENCED mode: a kernel may have written them). NO_RESERVATION
+   when a segment has none. */
 MSKV_API mskv_result mskv_abort(mskv_arena *arena, const mskv_segment *segs, int32_t n);
 /* End of step: for the given segments' requests, retention policies release
    pages and page-stored events are emitted; then the fence advances (also
@@ -410,7 +461,11 @@ typedef struct mskv_plan_size {
 } mskv_plan_size;
 
 MSKV_API mskv_result mskv_plan_query(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan_size *out);
-/* Fills the plan's arrays. CAPACITY (nothing written) when a cap is too small. */
+/* Fills the plan's arrays for this step's segments. Return value: CAPACITY
+   (nothing written) when a cap is too small, NULL_POINTER for a missing
+   array, OUT_OF_RANGE (a segment has more queries than its sequence has
+   tokens), OFFLOADED, BAD_STATE (CROSS against an entry that is not a sealed
+   keyed entry), INVALID_ARGUMENT (kind, pos_mode, grid). */
 MSKV_API mskv_result mskv_plan_build(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *plan);
 /* Allocate arrays of the given capacities (through the arena's allocator). */
 MSKV_API mskv_result mskv_plan_alloc(mskv_arena *arena, int32_t cap_batch, int32_t cap_tokens, int32_t cap_page_ids, mskv_plan *plan);
