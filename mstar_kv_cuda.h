@@ -41,6 +41,12 @@
    stream, so the offload of a page is ordered after the kernels that wrote
    it. K/V written on another stream must be ordered by the caller.
 
+   Fences: pages freed by anything (release, abort, remove, offload) are
+   tagged with the current step and come back only after that step's event
+   completed. Offload or remove outside a step therefore returns its pages
+   when the step is ended: mskv_cuda_publish(st, NULL, 0, NULL) and then
+   mskv_cuda_retire (the demo does this before a reload that needs them).
+
    CUDA graphs: mskv_cuda_capture_begin/end capture the launches of a step;
    their plan arguments live in fixed device buffers, so upload a new plan
    with mskv_cuda_plan_upload (outside the capture) and replay the graph with
@@ -53,7 +59,7 @@
    `make gpu-check` (tests/gpu_check.sh), runs everything on a real GPU
    against the CPU backend.
 
-   License: MIT, at the end of mstar_kv.h.
+   License: MIT, at the end of this file.
 */
 #ifndef MSTAR_KV_CUDA_H
 #define MSTAR_KV_CUDA_H
