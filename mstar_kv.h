@@ -215,6 +215,7 @@ typedef struct mskv_arena_stats {
     int32_t requests;
     uint64_t step;            /* the current fence (step number) */
     uint64_t completed_step;  /* highest fence retired */
+    uint64_t host_spare_bytes; /* a freed host copy kept for the next offload (mskv_arena_trim) */
 } mskv_arena_stats;
 
 /* Creates an arena. Parameters: desc (zero fields = defaults), out.
@@ -229,6 +230,9 @@ MSKV_API mskv_result mskv_arena_audit(mskv_arena *arena, char *why, size_t why_c
 /* A hash of the whole bookkeeping state (pages, requests, reservations, host
    copies, keys): equal digests mean nothing changed. */
 MSKV_API uint64_t mskv_arena_digest(mskv_arena *arena);
+/* Frees the host memory the arena keeps for reuse (the last host copy a
+   reload or remove gave back; the next offload would have reused it). */
+MSKV_API void mskv_arena_trim(mskv_arena *arena);
 /* Pages freed during fences <= completed become reusable (FENCED mode). */
 MSKV_API mskv_result mskv_arena_retire(mskv_arena *arena, uint64_t completed);
 /* The current fence: pages freed now are tagged with it. */
@@ -311,8 +315,8 @@ MSKV_API mskv_result mskv_request_slot(mskv_arena *arena, mskv_request req, int6
 /* // >>offload ------------------------------------------------------------ */
 
 /* Copy every resident page (all layers, K and V) to host memory owned by the
-   request (desc.host_allocator), then free the pages; only once the copy is
-   complete. Token counts, prefix, released window and epoch are kept.
+   request (desc.host_allocator; a buffer a reload gave back is reused), then
+   free the pages; only once the copy is complete. Token counts, prefix, released window and epoch are kept.
    Return value: OFFLOADED (already), RESERVATION_PENDING, READ_ONLY (keyed
    entry), OUT_OF_MEMORY, or the store ops' error (the request stays resident). */
 MSKV_API mskv_result mskv_request_offload(mskv_arena *arena, mskv_request req);
@@ -810,6 +814,7 @@ typedef struct mskv__req {
     uint64_t epoch, key;
     mskv_retention retention;
     unsigned char *host;      /* offloaded copy: host_pages records */
+    size_t host_cap;          /* bytes allocated at host (it may be a larger reused block) */
     int32_t host_pages;
 } mskv__req;
 
@@ -833,6 +838,8 @@ struct mskv_arena {
     mskv_store_info store;
     size_t record_bytes;       /* one page, all layers, K and V: num_layers * 2 * page_bytes */
     unsigned char **pools;     /* [layer*2 + kind] */
+    unsigned char *spare;      /* one freed host copy kept for the next offload */
+    size_t spare_cap;
 #ifndef MSKV_NO_THREADS
     pthread_mutex_t lock;
     int lock_ok;
@@ -862,6 +869,30 @@ static mskv_result mskv__err(mskv_arena *a, mskv_result code, const char *fmt, .
 /* Host copies of offloaded requests come from their own allocator (pinned or caching memory). */
 static const mskv_allocator *mskv__hal(const mskv_arena *a) {
     return a->desc.host_allocator.alloc ? &a->desc.host_allocator : &a->al;
+}
+
+/* The buffer a reload frees is kept as the arena's one spare, so parking a
+   request again copies into memory that is already mapped instead of paying
+   a page fault per 4 KiB (mskv_arena_trim gives it back). A spare is reused
+   only when at most half of it would go unused. */
+static unsigned char *mskv__host_get(mskv_arena *a, size_t bytes, size_t *cap) {
+    unsigned char *p;
+    if (a->spare && a->spare_cap >= bytes && a->spare_cap / 2 <= bytes) {
+        p = a->spare;
+        *cap = a->spare_cap;
+        a->spare = NULL;
+        a->spare_cap = 0;
+        return p;
+    }
+    *cap = bytes;
+    return (unsigned char *)mskv__alloc(mskv__hal(a), bytes);
+}
+static void mskv__host_put(mskv_arena *a, unsigned char *p, size_t cap) {
+    if (!p) return;
+    if (a->spare && a->spare_cap >= cap) { mskv__free(mskv__hal(a), p); return; }
+    mskv__free(mskv__hal(a), a->spare);
+    a->spare = p;
+    a->spare_cap = cap;
 }
 
 static void mskv__emit(mskv_arena *a, mskv_event_type type, int32_t ri, int32_t page, int64_t first) {
@@ -980,6 +1011,7 @@ MSKV_IMPL void mskv_arena_destroy(mskv_arena *a) {
             mskv__free(mskv__hal(a), a->reqs[i].host);
         }
     }
+    mskv__free(mskv__hal(a), a->spare);
     if (a->pools) {
         for (i = 0; i < a->store.num_layers * 2; i++) mskv__free(&al, a->pools[i]);
         mskv__free(&al, a->pools);
@@ -1061,6 +1093,15 @@ MSKV_IMPL mskv_result mskv_arena_retire(mskv_arena *a, uint64_t completed) {
     return r;
 }
 
+MSKV_IMPL void mskv_arena_trim(mskv_arena *a) {
+    if (!a) return;
+    MSKV__LOCK(a);
+    mskv__free(mskv__hal(a), a->spare);
+    a->spare = NULL;
+    a->spare_cap = 0;
+    MSKV__UNLOCK(a);
+}
+
 MSKV_IMPL uint64_t mskv_arena_step(mskv_arena *a) {
     uint64_t s;
     if (!a) return 0;
@@ -1091,6 +1132,7 @@ MSKV_IMPL mskv_result mskv_arena_stats_get(mskv_arena *a, mskv_arena_stats *out)
     out->requests = a->nreq;
     out->step = a->step;
     out->completed_step = a->completed;
+    out->host_spare_bytes = a->spare_cap;
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
 }
@@ -1196,9 +1238,10 @@ static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t from, int32_t co
 static void mskv__del_req(mskv_arena *a, int32_t ri) {
     mskv__req *q = &a->reqs[ri];
     mskv__drop_pages(a, ri, 0, q->num_pages);
-    if (q->host) mskv__free(mskv__hal(a), q->host);
+    mskv__host_put(a, q->host, q->host_cap);
     a->offloaded_pages -= q->host_pages;
     q->host = NULL;
+    q->host_cap = 0;
     q->host_pages = 0;
     q->used = 0;
     q->gen = (uint16_t)(q->gen + 1);
@@ -1496,7 +1539,7 @@ MSKV_IMPL mskv_result mskv_request_offload(mskv_arena *a, mskv_request h) {
     mskv__req *q;
     mskv_result r;
     unsigned char *host = NULL;
-    size_t bytes;
+    size_t bytes, cap = 0;
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
@@ -1507,11 +1550,14 @@ MSKV_IMPL mskv_result mskv_request_offload(mskv_arena *a, mskv_request h) {
     n = q->num_pages;
     if (!mskv__mul((size_t)n, a->record_bytes, &bytes)) { MSKV__UNLOCK(a); return MSKV_ERROR_OVERFLOW; }
     if (bytes > 0) {
-        host = (unsigned char *)mskv__alloc(mskv__hal(a), bytes);
+        int reused = a->spare != NULL;
+        host = mskv__host_get(a, bytes, &cap);
         if (!host) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "offload: %zu host bytes", bytes); }
+        reused = reused && a->spare == NULL;
         r = mskv__read_pages(a, q->pages, n, host);
         if (r != MSKV_SUCCESS) {
-            mskv__free(mskv__hal(a), host);
+            if (reused) { a->spare = host; a->spare_cap = cap; }   /* as it was */
+            else mskv__free(mskv__hal(a), host);
             MSKV__UNLOCK(a);
             return mskv__err(a, r, "offload: reading pages failed, request stays resident");
         }
@@ -1519,6 +1565,7 @@ MSKV_IMPL mskv_result mskv_request_offload(mskv_arena *a, mskv_request h) {
     /* the copy is complete: only now may the pages go */
     mskv__drop_pages(a, ri, 0, n);
     q->host = host;
+    q->host_cap = cap;
     q->host_pages = n;
     q->location = MSKV_OFFLOADED;
     a->offloaded_pages += n;
@@ -1548,8 +1595,9 @@ MSKV_IMPL mskv_result mskv_request_reload(mskv_arena *a, mskv_request h) {
         }
     }
     q->num_pages = n;
-    mskv__free(mskv__hal(a), q->host);
+    mskv__host_put(a, q->host, q->host_cap);
     q->host = NULL;
+    q->host_cap = 0;
     q->host_pages = 0;
     q->location = MSKV_RESIDENT;
     q->epoch = ++a->epoch_counter;
@@ -1712,6 +1760,7 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     q = &a->reqs[ri];
     q->location = MSKV_OFFLOADED;
     q->host = host;
+    q->host_cap = payload;
     q->host_pages = (int32_t)n;
     q->committed = committed;
     q->prefix_tokens = prefix;

@@ -445,3 +445,58 @@ TEST(remove_of_an_offloaded_request_drops_its_host_copy) {
     EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }
+
+/* ---- host memory reuse ---- */
+
+typedef struct mto_count { long allocs, frees; } mto_count;
+static void *mto_alloc(void *u, size_t n) { ((mto_count *)u)->allocs++; return malloc(n); }
+static void *mto_realloc(void *u, void *p, size_t n) { (void)u; return realloc(p, n); }
+static void mto_free(void *u, void *p) { if (p) ((mto_count *)u)->frees++; free(p); }
+
+/* Parking the same request again reuses the host buffer its reload gave back
+   (no new allocation, so no page faults on the copy); trim returns it. */
+TEST(offload_after_reload_reuses_the_host_buffer_until_trimmed) {
+    mskv_arena_desc d;
+    mskv_arena *a = NULL;
+    mskv_request r;
+    mskv_arena_stats st;
+    mto_count c = {0, 0};
+    int k;
+    memset(&d, 0, sizeof d);
+    d.num_pages = 32; d.page_size = 4;
+    d.num_layers = MTO_LAYERS; d.kv_heads = MTO_HEADS; d.head_dim = MTO_DIM;
+    d.host_allocator.user = &c;
+    d.host_allocator.alloc = mto_alloc;
+    d.host_allocator.realloc = mto_realloc;
+    d.host_allocator.free = mto_free;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 30));
+    for (k = 0; k < 5; k++) {
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(a, r));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(a, r));
+        EXPECT_TRUE(mtu_audit(a));
+    }
+    EXPECT_EQ(1, c.allocs);          /* one host buffer for all five round trips */
+    EXPECT_EQ(0, c.frees);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
+    EXPECT_EQ((int64_t)8 * MTO_LAYERS * 2 * 4 * MTO_HEADS * MTO_DIM * 4, (int64_t)st.host_spare_bytes);
+    mskv_arena_trim(a);
+    EXPECT_EQ(1, c.frees);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
+    EXPECT_EQ(0, (int64_t)st.host_spare_bytes);
+    /* a much smaller request does not take a large spare: it gets its own buffer */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(a, r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(a, r));
+    {
+        mskv_request small;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &small));
+        ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, small, 3));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(a, small));
+        EXPECT_EQ(3, c.allocs);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
+        EXPECT_GT((int64_t)st.host_spare_bytes, 0);   /* the large spare is still kept */
+    }
+    mskv_arena_destroy(a);
+    EXPECT_EQ(c.allocs, c.frees);
+}
