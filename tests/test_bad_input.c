@@ -160,6 +160,11 @@ TEST(bad_input_arena_rejects_an_allocator_with_only_some_functions) {
     d.allocator.alloc = mtb_alloc;  /* realloc and free missing */
     EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out));
     EXPECT_TRUE(out == NULL);
+    memset(&d, 0, sizeof d);
+    d.num_pages = 8; d.page_size = 4;
+    d.host_allocator.alloc = mtb_alloc;  /* the same rule for the host-copy allocator */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out));
+    EXPECT_TRUE(out == NULL);
 }
 
 TEST(bad_input_request_functions_return_their_codes_and_change_nothing) {
@@ -190,6 +195,12 @@ TEST(bad_input_request_functions_return_their_codes_and_change_nothing) {
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_pages(f.a, f.stale, pages, 64, &count));
     MTB(MSKV_ERROR_CAPACITY, mskv_request_pages(f.a, f.ok, pages, 2, &count));
     MTB(MSKV_ERROR_OFFLOADED, mskv_request_pages(f.a, f.off, pages, 64, &count));
+    /* reserve (table capacity) */
+    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_reserve(NULL, f.ok, 64));
+    MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_reserve(f.a, f.stale, 64));
+    MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_reserve(f.a, f.unknown, 64));
+    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_request_reserve(f.a, f.ok, -1));
+    MTB(MSKV_ERROR_OVERFLOW, mskv_request_reserve(f.a, f.ok, (int64_t)1 << 40));
     /* protect */
     MTB(MSKV_ERROR_NULL_POINTER, mskv_request_protect_prefix(NULL, f.ok, 1));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_protect_prefix(f.a, f.stale, 1));
