@@ -316,10 +316,13 @@ MSKV_API mskv_result mskv_cuda_retire(mskv_cuda_store *st, int wait);
 
 /* // >>launches ------------------------------------------------------------- */
 
-/* Copies a plan into the store's fixed device buffers through a ring of
-   pinned host buffers (each reused after its event). pos_mode says how many
-   positions to copy. CAPACITY when a count exceeds the store's buffers;
-   BAD_STATE during a capture. */
+/* Copies a plan into the store's fixed device buffers (through the next
+   pinned ring buffer, reused only after its copies completed); pos_mode says
+   how many positions to copy.
+   Return value: CAPACITY (past the store's max_batch / max_tokens /
+   max_page_ids), OUT_OF_RANGE (a page id outside [1, num_pages) or a slot
+   in the null page or past the pools: the kernels would trust it),
+   INVALID_ARGUMENT (another page size), BAD_STATE (while capturing), CUDA. */
 MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan *plan, mskv_pos_mode pos_mode, mskv_cuda_dplan *out);
 /* Scatters k, v (device, [total_q][kv_heads][head_dim], the store's dtype)
    into layer `layer` through plan->slot_mapping; rope (optional) rotates K on
@@ -2689,6 +2692,21 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     b = (size_t)plan->batch; t = (size_t)plan->total_q; p = (size_t)plan->num_page_ids;
     npos = pos_mode == MSKV_POS_3D ? 3 * t : pos_mode == MSKV_POS_1D ? t : 0;
     if (npos && !plan->positions) return MSKV_ERROR_NULL_POINTER;
+    /* the kernels trust these: a page id or slot outside the pools, or in the
+       null page, is refused here as the CPU backend refuses it */
+    if (p && plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (plan->kv_indices) {
+        size_t i;
+        for (i = 0; i < p; i++)
+            if (plan->kv_indices[i] < 1 || plan->kv_indices[i] >= st->d.num_pages) return MSKV_ERROR_OUT_OF_RANGE;
+    }
+    if (plan->slot_mapping) {
+        size_t i;
+        long long lo = st->d.page_size, hi = (long long)st->d.num_pages * st->d.page_size;
+        for (i = 0; i < t; i++)
+            if (plan->slot_mapping[i] >= 0 && (plan->slot_mapping[i] < lo || plan->slot_mapping[i] >= hi))
+                return MSKV_ERROR_OUT_OF_RANGE;
+    }
     if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) return res;
     mskv__cuda_lock(&st->lock);
     slot = st->ring_next;

@@ -1193,6 +1193,38 @@ TEST(cuda_plan_ring_buffer_is_reused_only_after_its_event) {
     TCU_EXPECT_NO_LEAKS();
 }
 
+/* The kernels trust the plan, so its upload refuses what the CPU backend
+   refuses: a slot in the null page or past the pools, a page id outside
+   [1, num_pages), another page size. Nothing is copied then. */
+TEST(cuda_plan_upload_refuses_null_page_slots_and_foreign_page_ids) {
+    tcu_rig r;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    int64_t slots[3] = { 4, -1, 95 };       /* 24 pages x 4 slots: 95 is the last slot */
+    int32_t qo[2] = { 0, 3 }, kvp[2] = { 0, 2 }, ids[2] = { 1, 23 };
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    memset(&plan, 0, sizeof plan);
+    plan.batch = 1; plan.total_q = 3; plan.num_page_ids = 2; plan.page_size = 4;
+    plan.qo_indptr = qo; plan.kv_indptr = kvp; plan.kv_indices = ids; plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));   /* -1 is padding */
+    slots[0] = 3;                            /* the null page */
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    slots[0] = 96;                           /* past the pools */
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    slots[0] = 4;
+    ids[1] = 24;
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ids[1] = 0;
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ids[1] = 23;
+    plan.page_size = 8;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    plan.page_size = 4;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
 TEST(cuda_captured_graph_replays_with_new_plan_contents) {
     tcu_rig r;
     mskv_plan plan;
