@@ -289,10 +289,13 @@ typedef struct mskv_cuda_dplan {
    [page][slot][kv_head][dim] (the host store's), a stream, staging buffers.
    Sizes are checked against what a kernel can index (64-bit offsets). */
 MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store_desc *desc, mskv_cuda_store **out);
-/* Waits for the stream, then frees everything. */
+/* Waits for the stream, then frees everything. Destroy the arena bound to
+   the store first: its store ops and host allocator point here. */
 MSKV_API void mskv_cuda_store_destroy(mskv_cuda_store *st);
-/* Fills the geometry, store_ops (offload/reload/fork through the device) and
-   MSKV_RETIRE_FENCED into an arena descriptor; other fields are kept. */
+/* Fills the geometry, store_ops (offload/reload/fork through the device),
+   MSKV_RETIRE_FENCED and a pinned host_allocator (offloaded requests' host
+   copies, filled by one DMA each) into an arena descriptor; other fields are
+   kept (set host_allocator afterwards to use your own memory). */
 MSKV_API mskv_result mskv_cuda_store_arena_desc(mskv_cuda_store *st, mskv_arena_desc *desc);
 /* The arena whose fences this store retires (created with the desc above). */
 MSKV_API mskv_result mskv_cuda_store_bind(mskv_cuda_store *st, mskv_arena *arena);
@@ -2208,7 +2211,7 @@ struct mskv_cuda_store {
     size_t stage_bytes;
     int32_t stage_pages;
     mskv_cu_ptr d_stage, d_ids;
-    void *h_stage;                              /* pinned: stage_bytes, then the page ids */
+    void *h_stage;                              /* pinned: the page ids of one chunk */
     /* plans */
     mskv__cuda_plan_layout lay;
     mskv_cu_ptr d_plan;
@@ -2354,16 +2357,18 @@ static mskv_result mskv__cuda_read_pages(void *user, const int32_t *pages, int32
     if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) return res;
     mskv__cuda_lock(&st->lock);
     for (done = 0; done < n; done += c) {
-        int32_t *h_ids = (int32_t *)((char *)st->h_stage + st->stage_bytes);
+        int32_t *h_ids = (int32_t *)st->h_stage;
         c = n - done < st->stage_pages ? n - done : st->stage_pages;
         memcpy(h_ids, pages + done, (size_t)c * 4);
 #define MSKV__ST_TRY(call, what) do { mskv_cu_result mskv__r = (call); \
         if (mskv__r != MSKV_CU_SUCCESS) { res = mskv__cuda_fail(cu, mskv__r, what); goto fail; } } while (0)
         MSKV__ST_TRY(cu->fn.cuMemcpyHtoDAsync(st->d_ids, h_ids, (size_t)c * 4, st->stream), "cuMemcpyHtoDAsync(page ids)");
         if ((res = mskv__cuda_move_pages(st, 0, c)) != MSKV_SUCCESS) goto fail;
-        MSKV__ST_TRY(cu->fn.cuMemcpyDtoHAsync(st->h_stage, st->d_stage, (size_t)c * st->set_bytes, st->stream), "cuMemcpyDtoHAsync(offload)");
+        /* straight into the host copy: pinned (the store's host allocator) it is
+           a DMA at full speed; a pageable buffer (an export) the driver stages */
+        MSKV__ST_TRY(cu->fn.cuMemcpyDtoHAsync((char *)dst + (size_t)done * st->set_bytes, st->d_stage,
+                                              (size_t)c * st->set_bytes, st->stream), "cuMemcpyDtoHAsync(offload)");
         MSKV__ST_TRY(cu->fn.cuStreamSynchronize(st->stream), "cuStreamSynchronize(offload)");
-        memcpy((char *)dst + (size_t)done * st->set_bytes, st->h_stage, (size_t)c * st->set_bytes);
     }
     mskv__cuda_unlock(&st->lock);
     return MSKV_SUCCESS;
@@ -2385,12 +2390,12 @@ static mskv_result mskv__cuda_write_pages(void *user, const int32_t *pages, int3
     if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) return res;
     mskv__cuda_lock(&st->lock);
     for (done = 0; done < n; done += c) {
-        int32_t *h_ids = (int32_t *)((char *)st->h_stage + st->stage_bytes);
+        int32_t *h_ids = (int32_t *)st->h_stage;
         c = n - done < st->stage_pages ? n - done : st->stage_pages;
         memcpy(h_ids, pages + done, (size_t)c * 4);
-        memcpy(st->h_stage, (const char *)src + (size_t)done * st->set_bytes, (size_t)c * st->set_bytes);
         MSKV__ST_TRY(cu->fn.cuMemcpyHtoDAsync(st->d_ids, h_ids, (size_t)c * 4, st->stream), "cuMemcpyHtoDAsync(page ids)");
-        MSKV__ST_TRY(cu->fn.cuMemcpyHtoDAsync(st->d_stage, st->h_stage, (size_t)c * st->set_bytes, st->stream), "cuMemcpyHtoDAsync(reload)");
+        MSKV__ST_TRY(cu->fn.cuMemcpyHtoDAsync(st->d_stage, (const char *)src + (size_t)done * st->set_bytes,
+                                              (size_t)c * st->set_bytes, st->stream), "cuMemcpyHtoDAsync(reload)");
         if ((res = mskv__cuda_move_pages(st, 1, c)) != MSKV_SUCCESS) goto fail;
         MSKV__ST_TRY(cu->fn.cuStreamSynchronize(st->stream), "cuStreamSynchronize(reload)");
     }
@@ -2495,7 +2500,7 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->d_stage, st->stage_bytes), "cuMemAlloc(staging)");
     MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->d_ids, ids_bytes), "cuMemAlloc(page ids)");
     MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->d_plan, st->lay.total), "cuMemAlloc(plan buffers)");
-    MSKV__CR_TRY(cu->fn.cuMemAllocHost(&st->h_stage, st->stage_bytes + ids_bytes), "cuMemAllocHost(staging)");
+    MSKV__CR_TRY(cu->fn.cuMemAllocHost(&st->h_stage, ids_bytes), "cuMemAllocHost(staging ids)");
     for (i = 0; i < st->ring_n; i++) {
         MSKV__CR_TRY(cu->fn.cuMemAllocHost(&st->h_ring[i], st->lay.total), "cuMemAllocHost(plan ring)");
         MSKV__CR_TRY(cu->fn.cuEventCreate(&st->ring_ev[i], MSKV_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
@@ -2526,6 +2531,33 @@ MSKV_API void mskv_cuda_store_destroy(mskv_cuda_store *st) {
     mskv__cuda_store_release(st);
 }
 
+/* The arena's host allocator for offloaded requests: pinned memory, so an
+   offload is one gather kernel and one DMA into the host copy. A 16-byte
+   header keeps the size (realloc needs it). The arena keeps the buffer a
+   reload frees for the next offload, so pinning is paid once, not per offload. */
+static void *mskv__cuda_pinned_alloc(void *user, size_t n) {
+    mskv_cuda_store *st = (mskv_cuda_store *)user;
+    void *p = NULL;
+    if (n > (size_t)-1 - 16 || mskv__cuda_enter(st->cu) != MSKV_SUCCESS) return NULL;
+    if (st->cu->fn.cuMemAllocHost(&p, n + 16) != MSKV_CU_SUCCESS || !p) return NULL;
+    memcpy(p, &n, sizeof n);
+    return (char *)p + 16;
+}
+static void mskv__cuda_pinned_free(void *user, void *p) {
+    mskv_cuda_store *st = (mskv_cuda_store *)user;
+    if (!p || mskv__cuda_enter(st->cu) != MSKV_SUCCESS) return;
+    st->cu->fn.cuMemFreeHost((char *)p - 16);
+}
+static void *mskv__cuda_pinned_realloc(void *user, void *p, size_t n) {
+    size_t old;
+    void *q = mskv__cuda_pinned_alloc(user, n);
+    if (!p || !q) return q;
+    memcpy(&old, (char *)p - 16, sizeof old);
+    memcpy(q, p, old < n ? old : n);
+    mskv__cuda_pinned_free(user, p);
+    return q;
+}
+
 MSKV_API mskv_result mskv_cuda_store_arena_desc(mskv_cuda_store *st, mskv_arena_desc *d) {
     if (!st || !d) return MSKV_ERROR_NULL_POINTER;
     d->num_pages = st->d.num_pages;
@@ -2536,6 +2568,10 @@ MSKV_API mskv_result mskv_cuda_store_arena_desc(mskv_cuda_store *st, mskv_arena_
     d->dtype = st->d.dtype;
     d->store_ops = &st->ops;
     d->retire_mode = MSKV_RETIRE_FENCED;
+    d->host_allocator.user = st;
+    d->host_allocator.alloc = mskv__cuda_pinned_alloc;
+    d->host_allocator.realloc = mskv__cuda_pinned_realloc;
+    d->host_allocator.free = mskv__cuda_pinned_free;
     return MSKV_SUCCESS;
 }
 

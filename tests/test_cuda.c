@@ -1055,6 +1055,32 @@ TEST(cuda_offload_and_reload_round_trip_restores_bytes) {
     TCU_EXPECT_NO_LEAKS();
 }
 
+/* Offloaded requests' host copies are pinned (one DMA fills them), the
+   arena keeps a reloaded one for the next offload, and everything is freed
+   with the arena. */
+TEST(cuda_offload_lands_in_pinned_host_memory_reused_across_round_trips) {
+    tcu_rig r;
+    mskv_request req;
+    int host_before, k;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    host_before = tcm.host_live;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    EXPECT_EQ(host_before + 1, tcm.host_live);          /* the host copy is pinned */
+    for (k = 0; k < 3; k++) {
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_retire(r.st, 1));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+        EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));
+        EXPECT_EQ(host_before + 1, tcm.host_live);      /* kept for the next offload */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+        EXPECT_EQ(host_before + 1, tcm.host_live);      /* the same buffer again */
+    }
+    EXPECT_TRUE(tcu_audit(r.a));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
 TEST(cuda_copy_failing_halfway_through_offload_keeps_request_resident) {
     tcu_rig r;
     mskv_request req;
