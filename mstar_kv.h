@@ -152,7 +152,9 @@ MSKV_API size_t mskv_dtype_size(mskv_dtype t);   /* 4, 2, 2; 0 for an unknown dt
 
 typedef struct mskv_arena mskv_arena;
 
-/* A request handle: index + generation, so a handle kept after remove is caught. */
+/* A request handle: slot index + 16-bit generation, so a handle kept after
+   remove is caught (until its slot has been reused 65,536 times). The zero
+   handle is never valid. */
 typedef struct mskv_request { uint32_t id; } mskv_request;
 
 typedef enum mskv_event_type {
@@ -269,6 +271,7 @@ typedef struct mskv_request_info {
     mskv_location location;
     int32_t keyed;          /* a keyed (cross-attention) entry */
     int32_t sealed;
+    int32_t paused;         /* mskv_request_pause: not admitted until resumed */
 } mskv_request_info;
 
 /* A new, empty request (one KV stream). TOO_MANY_REQUESTS when every slot of
@@ -285,6 +288,13 @@ MSKV_API mskv_result mskv_request_remove(mskv_arena *arena, mskv_request req);
    READ_ONLY (a keyed entry), OUT_OF_PAGES (no page for the copy),
    TOO_MANY_REQUESTS, OUT_OF_MEMORY, or a store ops error (copy_page). */
 MSKV_API mskv_result mskv_request_fork(mskv_arena *arena, mskv_request parent, mskv_request *child);
+/* Pause: the request keeps its pages (or its host copy) and every other
+   operation, but admit refuses it (BAD_STATE) until it is resumed; a
+   scheduler parks a stream without losing its place. Pause needs no open
+   reservation (RESERVATION_PENDING); pausing a paused request, or resuming
+   one that is not, is BAD_STATE. */
+MSKV_API mskv_result mskv_request_pause(mskv_arena *arena, mskv_request req);
+MSKV_API mskv_result mskv_request_resume(mskv_arena *arena, mskv_request req);
 /* Size the request's page table for `tokens` tokens now, so steps up to that
    length never allocate. Changes no state. */
 MSKV_API mskv_result mskv_request_reserve(mskv_arena *arena, mskv_request req, int64_t tokens);
@@ -805,7 +815,7 @@ enum { MSKV__PAGE_NULL = 0, MSKV__PAGE_FREE = 1, MSKV__PAGE_LIVE = 2, MSKV__PAGE
 
 typedef struct mskv__req {
     uint16_t gen;
-    uint8_t used, location, keyed, sealed, has_res, has_ret, mark;
+    uint8_t used, location, keyed, sealed, has_res, has_ret, mark, paused;
     int64_t committed, reserved, prefix_tokens, live_start, published;
     int32_t prefix_pages;
     int32_t *tab;             /* the table's memory */
@@ -1370,6 +1380,7 @@ static void mskv__fill_info(const mskv_arena *a, const mskv__req *q, mskv_reques
     o->location = (mskv_location)q->location;
     o->keyed = q->keyed;
     o->sealed = q->sealed;
+    o->paused = q->paused;
 }
 
 MSKV_IMPL mskv_result mskv_request_info_get(mskv_arena *a, mskv_request h, mskv_request_info *out) {
@@ -1436,6 +1447,23 @@ MSKV_IMPL mskv_result mskv_request_reserve(mskv_arena *a, mskv_request h, int64_
     MSKV__UNLOCK(a);
     return r;
 }
+
+static mskv_result mskv__set_paused(mskv_arena *a, mskv_request h, uint8_t paused) {
+    int32_t ri;
+    mskv__req *q;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    q = &a->reqs[ri];
+    if (q->paused == paused) r = mskv__err(a, MSKV_ERROR_BAD_STATE, paused ? "pause: already paused" : "resume: not paused");
+    else if (paused && q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "pause: commit or abort first");
+    else q->paused = paused;
+    MSKV__UNLOCK(a);
+    return r;
+}
+MSKV_IMPL mskv_result mskv_request_pause(mskv_arena *a, mskv_request h) { return mskv__set_paused(a, h, 1); }
+MSKV_IMPL mskv_result mskv_request_resume(mskv_arena *a, mskv_request h) { return mskv__set_paused(a, h, 0); }
 
 MSKV_IMPL mskv_result mskv_request_protect_prefix(mskv_arena *a, mskv_request h, int64_t n) {
     int32_t ri;
@@ -1933,6 +1961,7 @@ MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_
         else if (q->location != MSKV_RESIDENT) r = mskv__err(a, MSKV_ERROR_OFFLOADED, "admit: segment %d's request is offloaded", (int)i);
         else if (q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "admit: segment %d's request already has a reservation", (int)i);
         else if (q->keyed) r = mskv__err(a, MSKV_ERROR_READ_ONLY, "admit: segment %d is a keyed entry", (int)i);
+        else if (q->paused) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "admit: segment %d's request is paused", (int)i);
         else if (segs[i].n_tokens > (int64_t)INT32_MAX - a->P - q->committed)
             r = mskv__err(a, MSKV_ERROR_OVERFLOW, "admit: segment %d would pass 2^31 tokens", (int)i);
         else need += mskv__entries_for(a, q, q->committed + segs[i].n_tokens) - q->num_pages;
@@ -2515,7 +2544,7 @@ MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
         mskv__hash_u64(&h, (uint64_t)q->gen << 8 | q->used);
         if (!q->used) continue;
         mskv__hash_u64(&h, (uint64_t)q->location | (uint64_t)q->keyed << 8 | (uint64_t)q->sealed << 16 |
-                               (uint64_t)q->has_res << 24 | (uint64_t)q->has_ret << 32);
+                               (uint64_t)q->has_res << 24 | (uint64_t)q->has_ret << 32 | (uint64_t)q->paused << 40);
         mskv__hash_u64(&h, (uint64_t)q->committed);
         mskv__hash_u64(&h, (uint64_t)q->reserved);
         mskv__hash_u64(&h, (uint64_t)q->prefix_tokens);

@@ -195,6 +195,12 @@ TEST(bad_input_request_functions_return_their_codes_and_change_nothing) {
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_pages(f.a, f.stale, pages, 64, &count));
     MTB(MSKV_ERROR_CAPACITY, mskv_request_pages(f.a, f.ok, pages, 2, &count));
     MTB(MSKV_ERROR_OFFLOADED, mskv_request_pages(f.a, f.off, pages, 64, &count));
+    /* pause / resume */
+    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_pause(NULL, f.ok));
+    MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_pause(f.a, f.stale));
+    MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_resume(f.a, f.unknown));
+    MTB(MSKV_ERROR_RESERVATION_PENDING, mskv_request_pause(f.a, f.res));
+    MTB(MSKV_ERROR_BAD_STATE, mskv_request_resume(f.a, f.ok));           /* not paused */
     /* reserve (table capacity) */
     MTB(MSKV_ERROR_NULL_POINTER, mskv_request_reserve(NULL, f.ok, 64));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_reserve(f.a, f.stale, 64));

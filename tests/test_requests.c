@@ -431,3 +431,41 @@ TEST(protected_pages_are_counted_in_stats) {
     EXPECT_EQ(5, st.live_pages);
     mskv_arena_destroy(a);
 }
+
+/* ---- pause / resume ---- */
+
+TEST(paused_request_keeps_its_pages_but_is_not_admitted_until_resumed) {
+    mskv_arena_desc d;
+    mskv_arena *a = NULL;
+    mskv_request r;
+    mskv_segment s;
+    mskv_request_info i;
+    int32_t before[8], after[8], nb = 0, na = 0;
+    memset(&d, 0, sizeof d);
+    d.num_pages = 16; d.page_size = 4;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(a, r, before, 8, &nb));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_pause(a, r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(a, r, &i));
+    EXPECT_EQ(1, i.paused);
+    s.request = r; s.n_tokens = 2;
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_admit(a, &s, 1));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_pause(a, r));
+    /* parked, it can still be offloaded and brought back */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(a, r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(a, r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_resume(a, r));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_resume(a, r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(a, r, after, 8, &na));
+    EXPECT_EQ(nb, na);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &s, 1));
+    EXPECT_EQ(MSKV_ERROR_RESERVATION_PENDING, mskv_request_pause(a, r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(a, &s, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(a, r, &i));
+    EXPECT_EQ(12, i.committed);
+    EXPECT_EQ(0, i.paused);
+    EXPECT_TRUE(mtu_audit(a));
+    mskv_arena_destroy(a);
+}
