@@ -462,7 +462,8 @@ typedef struct mskv_plan {
     int32_t *kv_pos_split;     /* [batch] */
     int32_t *kv_pos_shift;     /* [batch] */
     int64_t *kv_token_indptr;  /* [batch+1] dense path: prefix sums of kv_len */
-    int64_t *slot_mapping;     /* [total_q] page*page_size+offset of each new token; -1 = none (cross/dense) */
+    int64_t *slot_mapping;     /* [total_q] page*page_size+offset of each reserved token; -1 for a
+                                  committed one (its page may be shared) and in CROSS/DENSE plans */
     int32_t *positions;        /* [total_q] (1-D) or [3*total_q] (3-D) */
     /* capacities of the arrays above (caller-owned mode) */
     int32_t cap_batch, cap_tokens, cap_page_ids;
@@ -1611,7 +1612,10 @@ MSKV_IMPL mskv_result mskv_request_reload(mskv_arena *a, mskv_request h) {
     q = &a->reqs[ri];
     if (q->location != MSKV_OFFLOADED) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_NOT_OFFLOADED, "reload: request is resident"); }
     n = q->host_pages;
-    r = mskv__reserve_table(a, q, n);
+    /* out of pages is the common failure: find it before growing the table */
+    r = n > a->free_top ? mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "reload: need %d pages, %d free (%d pending)", (int)n,
+                                    (int)a->free_top, (int)a->pend_count)
+                        : mskv__reserve_table(a, q, n);
     if (r == MSKV_SUCCESS && n > 0) r = mskv__take(a, n, q->pages);
     if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
     if (n > 0 && q->host) {
@@ -1720,6 +1724,8 @@ static int32_t mskv__find_key(const mskv_arena *a, uint64_t key) {
     return -1;
 }
 
+static mskv_result mskv__retention_check(const mskv_retention *r, int32_t page_size, char *why, size_t cap);
+
 MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_t size, mskv_request *out) {
     const unsigned char *b = (const unsigned char *)blob;
     uint64_t total;
@@ -1753,15 +1759,19 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     ret.chunk_size = (int64_t)mskv__get64(b + 88);
     ret.sink_chunks = (int64_t)mskv__get64(b + 96);
     ret.window_chunks = (int64_t)mskv__get64(b + 104);
-    ret.window_tokens = ret.chunk_size * ret.window_chunks;
+    ret.window_tokens = 0;  /* derived below, once the policy is known to be valid */
     ret.reset_at_boundary = (int32_t)mskv__get32(b + 112);
     ret.exact = (int32_t)mskv__get32(b + 116);
     /* a valid checksum over nonsense is still nonsense: check the state is one we could have written */
     if (!mskv__mul((size_t)n, a->record_bytes, &payload) || payload + MSKV__BLOB_HEADER + 8 != total ||
         committed < 0 || committed > INT32_MAX || prefix < 0 || prefix > committed || live < 0 || live % a->P != 0 ||
         pp != (uint32_t)mskv__ceil_div(prefix, a->P) || live < (int64_t)pp * a->P || published < 0 || published > committed ||
-        (flags & ~7u) != 0 || (flags & 1u) != ((flags >> 1) & 1u) /* only sealed keyed entries export */)
+        (live > (int64_t)pp * a->P && live > committed) /* released past the committed tokens */ ||
+        (flags & ~7u) != 0 || (flags & 1u) != ((flags >> 1) & 1u) /* only sealed keyed entries export */ ||
+        ((flags & 1u) && ((flags & 4u) || prefix != 0 || live != 0)) /* keyed entries are never protected or released */ ||
+        ((flags & 4u) && mskv__retention_check(&ret, a->P, NULL, 0) != MSKV_SUCCESS))
         return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: inconsistent header");
+    ret.window_tokens = ret.window_chunks * ret.chunk_size;
     {
         mskv__req probe;
         memset(&probe, 0, sizeof probe);
@@ -2103,6 +2113,8 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
         if (nt < 0) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: segment %d has %lld tokens", (int)i, (long long)nt);
         if (d->kind == MSKV_PLAN_DENSE) {
             if (d->dense_kv_len[i] < 0 || d->dense_kv_len[i] > INT32_MAX) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: dense kv length");
+            if (nt > d->dense_kv_len[i])
+                return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)d->dense_kv_len[i]);
         } else {
             const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
             if (q->location != MSKV_RESIDENT) return mskv__err(a, MSKV_ERROR_OFFLOADED, "plan: segment %d's request is offloaded", (int)i);
@@ -2200,7 +2212,9 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
             } else {
                 pos = j;
             }
-            p->slot_mapping[q_at + i] = desc->kind == MSKV_PLAN_SELF ? (int64_t)q->pages[j / a->P] * a->P + j % a->P : -1;
+            /* only reserved tokens get a slot: a committed page may be shared with a fork */
+            p->slot_mapping[q_at + i] = desc->kind == MSKV_PLAN_SELF && pos >= q->committed
+                                            ? (int64_t)q->pages[j / a->P] * a->P + j % a->P : -1;
             pos -= desc->pos_offset;
             if (desc->pos_mode == MSKV_POS_1D) {
                 p->positions[q_at + i] = (int32_t)pos;
@@ -3139,7 +3153,8 @@ struct mskv_cpu {
     pthread_t *threads;
     int32_t started;
     pthread_mutex_t lock;
-    pthread_mutex_t call_lock;  /* one call at a time per pool */
+    pthread_mutex_t call_lock;  /* one call at a time per pool (also with one thread: one workspace) */
+    int32_t call_lock_ok;
     pthread_cond_t wake, done;
     uint64_t generation;
     int32_t busy, shutdown;
@@ -3188,9 +3203,9 @@ static void mskv__cpu_teardown(mskv_cpu *cpu) {
         pthread_cond_destroy(&cpu->wake);
         pthread_cond_destroy(&cpu->done);
         pthread_mutex_destroy(&cpu->lock);
-        pthread_mutex_destroy(&cpu->call_lock);
         mskv__free(&cpu->allocator, cpu->threads);
     }
+    if (cpu->call_lock_ok) pthread_mutex_destroy(&cpu->call_lock);
 #endif
     mskv__free(&cpu->allocator, cpu->ws_mem);
     mskv__free(&cpu->allocator, cpu->ws);
@@ -3231,6 +3246,12 @@ MSKV_IMPL mskv_result mskv_cpu_create(const mskv_cpu_desc *desc, mskv_cpu **out)
     for (i = 0; i < d.num_threads; i++)
         mskv__cpu_ws_carve(&cpu->ws[i], (unsigned char *)cpu->ws_mem + stride * (size_t)i, rows, keys);
 #ifndef MSKV_NO_THREADS
+    if (pthread_mutex_init(&cpu->call_lock, NULL) != 0) {
+        mskv__cpu_teardown(cpu);
+        mskv__free(&d.allocator, cpu);
+        return MSKV_ERROR_THREAD;
+    }
+    cpu->call_lock_ok = 1;
     if (d.num_threads > 1) {
         mskv__cpu_worker_arg *args;
         int ok = 1;
@@ -3238,7 +3259,6 @@ MSKV_IMPL mskv_result mskv_cpu_create(const mskv_cpu_desc *desc, mskv_cpu **out)
         if (!cpu->threads) { mskv__cpu_teardown(cpu); mskv__free(&d.allocator, cpu); return MSKV_ERROR_OUT_OF_MEMORY; }
         args = (mskv__cpu_worker_arg *)(void *)(cpu->threads + d.num_threads);
         pthread_mutex_init(&cpu->lock, NULL);
-        pthread_mutex_init(&cpu->call_lock, NULL);
         pthread_cond_init(&cpu->wake, NULL);
         pthread_cond_init(&cpu->done, NULL);
         /* thread 0 is the caller; workers 1..n-1 */
@@ -3625,15 +3645,13 @@ MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *
         pthread_mutex_unlock(&cpu->call_lock);
         return MSKV_SUCCESS;
     }
-    if (cpu->num_threads > 1) {
-        /* the caller alone, but still one call at a time on workspace 0 */
-        pthread_mutex_lock(&cpu->call_lock);
-        mskv__cpu_attn_task(&job, &cpu->ws[0]);
-        pthread_mutex_unlock(&cpu->call_lock);
-        return MSKV_SUCCESS;
-    }
-#endif
+    /* the caller alone, but still one call at a time on workspace 0 */
+    pthread_mutex_lock(&cpu->call_lock);
     mskv__cpu_attn_task(&job, &cpu->ws[0]);
+    pthread_mutex_unlock(&cpu->call_lock);
+#else
+    mskv__cpu_attn_task(&job, &cpu->ws[0]);
+#endif
     return MSKV_SUCCESS;
 }
 

@@ -376,8 +376,11 @@ MSKV_API mskv_result mskv_cuda_attn_geometry_get(int32_t batch, int32_t total_q,
    form has no page table). q (16-byte aligned), o: device
    [total_q][q_heads][head_dim]; lse (0 = none): device f32 [total_q][q_heads],
    natural log. Masked plans need kv_pos_split/shift (positions must not
-   decrease along a sequence: kv_pos_shift >= 0). Semantics are mskv_cpu_attention's: masks on absolute
-   positions, GQA, a query that sees no key gets o = 0 and lse = -inf.
+   decrease along a sequence: kv_pos_shift >= 0) and no more queries than
+   keys per segment. Semantics are mskv_cpu_attention's: masks on absolute
+   positions, GQA, a query that sees no key gets o = 0 and lse = -inf. The
+   host plan's table is checked (indptrs, kv_len within its pages): the
+   kernel reads only the pages it was given.
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OUT_OF_RANGE (layer),
    UNSUPPORTED (f32 store, head_dim), CUDA, NVRTC (first use compiles). */
 MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
@@ -2995,10 +2998,22 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
     if (!plan->qo_indptr || !plan->kv_indptr || !plan->kv_len) return MSKV_ERROR_NULL_POINTER;
     /* masks need positions; the device buffers would hold a previous plan's */
     if (attn->mask != MSKV_MASK_NONE && (!plan->kv_pos_split || !plan->kv_pos_shift)) return MSKV_ERROR_INVALID_ARGUMENT;
+    /* the kernel trusts the table: refuse what mskv_cpu_attention refuses,
+       so no block reads past the pages it was given (O(batch)) */
+    if (plan->num_page_ids != dplan->num_page_ids || plan->qo_indptr[0] != 0 || plan->kv_indptr[0] != 0 ||
+        plan->qo_indptr[plan->batch] != plan->total_q || plan->kv_indptr[plan->batch] != plan->num_page_ids)
+        return MSKV_ERROR_INVALID_ARGUMENT;
     for (b = 0; b < plan->batch; b++) {
         int32_t qo = plan->qo_indptr[b + 1] - plan->qo_indptr[b];
+        int32_t np = plan->kv_indptr[b + 1] - plan->kv_indptr[b], kv = plan->kv_len[b];
+        if (qo < 0 || np < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+        if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * st->d.page_size || kv > (int64_t)np * st->d.page_size))
+            return MSKV_ERROR_INVALID_ARGUMENT;
+        if (attn->mask != MSKV_MASK_NONE &&
+            (qo > kv || plan->kv_pos_shift[b] < 0 || plan->kv_pos_split[b] < 0 || plan->kv_pos_split[b] > kv))
+            return MSKV_ERROR_INVALID_ARGUMENT;
         if (qo > max_qo) max_qo = qo;
-        if (plan->kv_len[b] > max_kv) max_kv = plan->kv_len[b];
+        if (kv > max_kv) max_kv = kv;
     }
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     if (st->cu->fn.cuDeviceGetAttribute(&smem_optin, MSKV_CU_ATTR_MAX_SMEM_OPTIN, st->cu->device) != MSKV_CU_SUCCESS)

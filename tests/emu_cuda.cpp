@@ -347,6 +347,40 @@ TEST(cuda_attention_wrapper_rejects_f32_stores_and_foreign_q_dtype) {
     EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cuda_attention(e2.st, 2, &plan, &dp, &at, 1, 1, 0));
 }
 
+/* The kernel trusts the table it is given, so the wrapper refuses what the
+   CPU backend refuses: a kv_len past the sequence's pages, indptrs that do
+   not add up, more queries than keys under a mask. */
+TEST(cuda_attention_wrapper_refuses_a_table_the_kernel_would_overrun) {
+    ecu_env e;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_attn at;
+    int32_t qo[2] = {0, 2}, kvp[2] = {0, 3}, ids[3] = {1, 2, 3}, last[1] = {16}, kvl[1] = {1024}, split[1] = {0}, shift[1] = {0};
+    std::memset(&plan, 0, sizeof plan); std::memset(&dp, 0, sizeof dp); std::memset(&at, 0, sizeof at);
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, 16, 1, 4));
+    at.q_heads = 1; at.q_dtype = MSKV_DTYPE_BF16;
+    plan.batch = 1; plan.total_q = 2; plan.num_page_ids = 3; plan.page_size = 16;
+    plan.qo_indptr = qo; plan.kv_indptr = kvp; plan.kv_indices = ids; plan.kv_last_page_len = last;
+    plan.kv_len = kvl; plan.kv_pos_split = split; plan.kv_pos_shift = shift;
+    dp.batch = 1; dp.total_q = 2; dp.num_page_ids = 3;
+    mskv_cu_ptr buf = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, 4096, &buf));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));  /* 1024 keys, 3 pages */
+    kvl[0] = 32;                                   /* not past page 2: the third page would be empty */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));
+    kvl[0] = 40;
+    kvp[1] = 4;                                    /* indptr past num_page_ids */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));
+    kvp[1] = 3;
+    qo[1] = 3;                                     /* qo_indptr does not end at total_q */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));
+    qo[1] = 2;
+    kvl[0] = 1; kvp[1] = 1; plan.num_page_ids = 1; dp.num_page_ids = 1; last[0] = 1;
+    at.mask = MSKV_MASK_CAUSAL;                    /* 2 queries, 1 key */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));
+    mskv_cuda_free(e.cu, buf);
+}
+
 TEST(cuda_merge_wrapper_matches_cpu_merge) {
     ecu_env e;
     const int n = 3, heads = 2;

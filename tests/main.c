@@ -7,3 +7,14 @@
 #include "../mstar_kv.h"
 #define MSTAR_KV_CUDA_IMPLEMENTATION
 #include "../mstar_kv_cuda.h"
+
+/* For blob tests: sign a hand-edited blob the way export does (the checksum
+   is private to the implementation, which lives in this file). */
+#ifdef __cplusplus
+extern "C" {
+#endif
+uint64_t mtu_blob_checksum(const void *p, size_t n);
+uint64_t mtu_blob_checksum(const void *p, size_t n) { return mskv__checksum(p, n); }
+#ifdef __cplusplus
+}
+#endif

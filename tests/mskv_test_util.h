@@ -27,4 +27,16 @@ static inline int mtu_audit_at(mskv_arena *a, const char *file, int line) {
 }
 #define mtu_audit(a) mtu_audit_at((a), __FILE__, __LINE__)
 
+/* the blob checksum (tests/main.c): re-sign a blob after editing its header */
+#ifdef __cplusplus
+extern "C" {
+#endif
+uint64_t mtu_blob_checksum(const void *p, size_t n);
+#ifdef __cplusplus
+}
+#endif
+static inline void mtu_put64(unsigned char *p, uint64_t v) { int i; for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static inline void mtu_put32(unsigned char *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static inline void mtu_blob_sign(unsigned char *b, size_t n) { mtu_put64(b + n - 8, mtu_blob_checksum(b, n - 8)); }
+
 #endif

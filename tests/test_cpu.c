@@ -1121,3 +1121,67 @@ TEST(after_release_with_a_protected_prefix_attention_sees_prefix_and_survivors) 
     mskv_plan_free(a, &plan);
     mskv_arena_destroy(a);
 }
+
+/* ---- one mskv_cpu, several callers ---- */
+
+#ifndef MSKV_NO_THREADS
+#include <pthread.h>
+typedef struct tcpu_caller {
+    mskv_cpu *cpu;
+    const tcpu_fix *f;
+    const mskv_attn *at;
+    const void *q;
+    const float *want;
+    int mismatches;
+} tcpu_caller;
+
+static void *tcpu_caller_run(void *arg) {
+    tcpu_caller *c = (tcpu_caller *)arg;
+    size_t n = (size_t)c->f->plan.total_q * (size_t)c->at->q_heads * (size_t)c->f->D;
+    int it;
+    for (it = 0; it < 20; it++) {
+        float *o = NULL, *lse = NULL;
+        if (!tcpu_run(c->cpu, c->f, c->at, c->q, &o, &lse) || memcmp(o, c->want, n * sizeof(float)) != 0)
+            c->mismatches++;
+        free(o);
+        free(lse);
+    }
+    return NULL;
+}
+
+/* A single-threaded mskv_cpu has one workspace: two callers at once take
+   turns on it and each gets exactly its serial result. */
+TEST(one_thread_cpu_serialises_concurrent_callers) {
+    tcpu_seq seqs[2] = {{64, 300, 300, 0}, {32, 129, 129, 0}};
+    uint64_t seed = mt_seed();
+    tcpu_fix fa, fb;
+    mskv_attn at = tcpu_attn(2, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = NULL;
+    void *qa, *qb;
+    float *wa = NULL, *wb = NULL, *la = NULL, *lb = NULL;
+    tcpu_caller ca, cb;
+    pthread_t ta, tb;
+    memset(&cd, 0, sizeof cd);   /* one thread: the caller's */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_TRUE(tcpu_fix_init(&fa, 16, 1, 64, MSKV_DTYPE_F32, seqs, 1, 0, 0, 0, seed));
+    ASSERT_TRUE(tcpu_fix_init(&fb, 16, 1, 64, MSKV_DTYPE_F32, seqs + 1, 1, 1, 0, 0, seed + 1));
+    qa = tcpu_queries(&fa, 2, MSKV_DTYPE_F32, seed + 2);
+    qb = tcpu_queries(&fb, 2, MSKV_DTYPE_F32, seed + 3);
+    ASSERT_TRUE(qa && qb);
+    ASSERT_TRUE(tcpu_run(cpu, &fa, &at, qa, &wa, &la));
+    ASSERT_TRUE(tcpu_run(cpu, &fb, &at, qb, &wb, &lb));
+    ca.cpu = cpu; ca.f = &fa; ca.at = &at; ca.q = qa; ca.want = wa; ca.mismatches = 0;
+    cb.cpu = cpu; cb.f = &fb; cb.at = &at; cb.q = qb; cb.want = wb; cb.mismatches = 0;
+    ASSERT_EQ(0, pthread_create(&ta, NULL, tcpu_caller_run, &ca));
+    ASSERT_EQ(0, pthread_create(&tb, NULL, tcpu_caller_run, &cb));
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    EXPECT_EQ(0, ca.mismatches);
+    EXPECT_EQ(0, cb.mismatches);
+    free(qa); free(qb); free(wa); free(wb); free(la); free(lb);
+    tcpu_fix_free(&fa);
+    tcpu_fix_free(&fb);
+    mskv_cpu_destroy(cpu);
+}
+#endif

@@ -500,3 +500,71 @@ TEST(offload_after_reload_reuses_the_host_buffer_until_trimmed) {
     mskv_arena_destroy(a);
     EXPECT_EQ(c.allocs, c.frees);
 }
+
+/* ---- signed blobs with impossible states ---- */
+
+/* A blob whose checksum is right but whose state could never have been
+   exported is still corrupt: import refuses it and nothing changes. */
+TEST(import_refuses_a_correctly_signed_blob_with_an_impossible_state) {
+    mskv_arena *a = mto_make(32, 4);
+    mskv_request r, k, out;
+    unsigned char *blob, *edit;
+    size_t size = 0, ksize = 0;
+    uint64_t digest;
+    ASSERT_TRUE(a != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(a, r, NULL, 0, &size));
+    blob = (unsigned char *)malloc(size);
+    edit = (unsigned char *)malloc(size);
+    ASSERT_TRUE(blob && edit);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(a, r, blob, size, &size));
+    digest = mskv_arena_digest(a);
+    /* the signing is right: an unedited copy re-signed imports */
+    memcpy(edit, blob, size);
+    mtu_blob_sign(edit, size);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_import(a, edit, size, &out));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(a, out));
+    digest = mskv_arena_digest(a);
+    /* released past the committed tokens: live_start 12 > committed 10, no pages */
+    memcpy(edit, blob, 128);
+    mtu_put64(edit + 72, 12);
+    mtu_put32(edit + 44, 0);
+    mtu_put64(edit + 16, 136);
+    mtu_blob_sign(edit, 136);
+    EXPECT_EQ(MSKV_ERROR_BLOB_CORRUPT, mskv_request_import(a, edit, 136, &out));
+    /* a retention policy that does not validate (chunk size 0) */
+    memcpy(edit, blob, size);
+    mtu_put32(edit + 48, 4);
+    mtu_put64(edit + 88, 0);
+    mtu_put64(edit + 104, 1);
+    mtu_blob_sign(edit, size);
+    EXPECT_EQ(MSKV_ERROR_BLOB_CORRUPT, mskv_request_import(a, edit, size, &out));
+    /* an overflowing one (chunk 2^62 x window 2^40) is refused before any arithmetic */
+    mtu_put64(edit + 88, (uint64_t)1 << 62);
+    mtu_put64(edit + 104, (uint64_t)1 << 40);
+    mtu_blob_sign(edit, size);
+    EXPECT_EQ(MSKV_ERROR_BLOB_CORRUPT, mskv_request_import(a, edit, size, &out));
+    EXPECT_EQ_U64(digest, mskv_arena_digest(a));
+    EXPECT_TRUE(mtu_audit(a));
+    /* a keyed entry may carry no retention policy, prefix or released window */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_keyed_create(a, 5, 6, &k));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_keyed_seal(a, k));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(a, k, NULL, 0, &ksize));
+    free(edit);
+    edit = (unsigned char *)malloc(ksize);
+    ASSERT_TRUE(edit != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(a, k, edit, ksize, &ksize));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_keyed_remove(a, 5));
+    digest = mskv_arena_digest(a);
+    mtu_put32(edit + 48, 7);                    /* keyed | sealed | retention */
+    mtu_put64(edit + 88, 4);
+    mtu_put64(edit + 104, 1);
+    mtu_blob_sign(edit, ksize);
+    EXPECT_EQ(MSKV_ERROR_BLOB_CORRUPT, mskv_request_import(a, edit, ksize, &out));
+    EXPECT_EQ_U64(digest, mskv_arena_digest(a));
+    EXPECT_TRUE(mtu_audit(a));
+    free(blob);
+    free(edit);
+    mskv_arena_destroy(a);
+}

@@ -893,3 +893,59 @@ TEST(keyed_removal_waits_for_the_fence_like_any_free) {
     EXPECT_EQ(15, st.free_pages);
     mskv_arena_destroy(a);
 }
+
+/* A dense plan, like the paged ones, cannot have more queries than its
+   sequence has tokens (queries are the tail of their sequence). */
+TEST(dense_plan_refuses_more_queries_than_keys) {
+    mskv_request r;
+    mskv_segment s;
+    mskv_plan p;
+    mskv_plan_desc pd;
+    mskv_plan_size sz;
+    int64_t len = 2;
+    mskv_arena *a = mts_make(16, 4);
+    ASSERT_TRUE(a != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    memset(&pd, 0, sizeof pd);
+    pd.kind = MSKV_PLAN_DENSE;
+    pd.dense_kv_len = &len;
+    s.request = r; s.n_tokens = 5;
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_plan_query(a, &s, 1, &pd, &sz));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 1, 8, 0, &p));
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_plan_build(a, &s, 1, &pd, &p));
+    s.n_tokens = 2;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &s, 1, &pd, &p));
+    mskv_plan_free(a, &p);
+    mskv_arena_destroy(a);
+}
+
+/* Only reserved tokens get a slot: re-planning committed tokens (whose full
+   pages a fork may share) gives -1, so nothing can write into them. */
+TEST(plan_gives_slots_only_to_reserved_tokens) {
+    mskv_request r, c;
+    mskv_segment s;
+    mskv_plan p;
+    int32_t j;
+    mskv_arena *a = mts_make(32, 4);
+    ASSERT_TRUE(a != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 8));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_fork(a, r, &c));   /* both pages shared */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 1, 16, 16, &p));
+    s.request = r; s.n_tokens = 6;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &s, 1, NULL, &p));
+    for (j = 0; j < 6; j++) EXPECT_EQ(-1, p.slot_mapping[j]);
+    s.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &s, 1));
+    s.n_tokens = 5;                                          /* 2 committed + 3 reserved */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &s, 1, NULL, &p));
+    EXPECT_EQ(-1, p.slot_mapping[0]);
+    EXPECT_EQ(-1, p.slot_mapping[1]);
+    for (j = 2; j < 5; j++) {
+        int64_t slot = -2;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_slot(a, r, 8 + j - 2, &slot));
+        EXPECT_EQ(slot, p.slot_mapping[j]);
+    }
+    mskv_plan_free(a, &p);
+    mskv_arena_destroy(a);
+}
