@@ -292,7 +292,8 @@ MSKV_API mskv_result mskv_request_fork(mskv_arena *arena, mskv_request parent, m
    operation, but admit refuses it (BAD_STATE) until it is resumed; a
    scheduler parks a stream without losing its place. Pause needs no open
    reservation (RESERVATION_PENDING); pausing a paused request, or resuming
-   one that is not, is BAD_STATE. */
+   one that is not, is BAD_STATE. Pausing is scheduling state: a fork or an
+   imported blob starts unpaused. */
 MSKV_API mskv_result mskv_request_pause(mskv_arena *arena, mskv_request req);
 MSKV_API mskv_result mskv_request_resume(mskv_arena *arena, mskv_request req);
 /* Size the request's page table for `tokens` tokens now, so steps up to that

@@ -2995,7 +2995,8 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
     if (!q || !o) return MSKV_ERROR_NULL_POINTER;
     /* the kernel reads q with 16-byte copies and writes o in 4-byte pairs */
     if ((q & 15) || (o & 3) || (lse & 3)) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (!plan->qo_indptr || !plan->kv_indptr || !plan->kv_len) return MSKV_ERROR_NULL_POINTER;
+    if (!plan->qo_indptr || !plan->kv_indptr || !plan->kv_len || (plan->num_page_ids > 0 && !plan->kv_indices))
+        return MSKV_ERROR_NULL_POINTER;   /* an array missing at upload would leave the previous plan's there */
     /* masks need positions; the device buffers would hold a previous plan's */
     if (attn->mask != MSKV_MASK_NONE && (!plan->kv_pos_split || !plan->kv_pos_shift)) return MSKV_ERROR_INVALID_ARGUMENT;
     /* the kernel trusts the table: refuse what mskv_cpu_attention refuses,
