@@ -762,6 +762,29 @@ static mskv_result tcu_compile_mock(mskv_cuda_desc *cd, mskv_cuda_image *img) {
     return mskv_cuda_compile(cd, &ci, img);
 }
 
+/* A cache directory too long for its entries' paths turns the disk cache
+   off (compiling still works) rather than reading or writing a cut path. */
+TEST(cuda_disk_cache_with_a_too_long_directory_is_off_not_truncated) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda_image a;
+    char dir[700];
+    memset(dir, 'd', sizeof dir - 1);
+    dir[0] = '/';
+    dir[sizeof dir - 1] = 0;
+    tcm_reset();
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    cd.cache_dir = dir;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
+    EXPECT_FALSE(a.from_disk);
+    EXPECT_STREQ("", a.path);
+    mskv_cuda_image_free(&cd, &a);
+    ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
+    EXPECT_EQ(2, tcm.compiles);                 /* nothing was cached */
+    mskv_cuda_image_free(&cd, &a);
+}
+
 TEST(cuda_disk_cache_miss_compiles_then_hit_reads_without_compiling) {
     mskv_cuda_functions fn = tcm_table();
     mskv_cuda_desc cd;
@@ -1285,9 +1308,85 @@ TEST(cuda_captured_graph_replays_with_new_plan_contents) {
         for (i = 0; i < 256; i++) bad += k[i] != kpool[40 * 128 + i];
         EXPECT_EQ(0, bad);
     }
+    /* a plan of another shape: the token count is a launch argument and the
+       grid was sized at capture, so replaying would write stale slots */
+    plan.total_q = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_graph_launch(r.st, g));
+    EXPECT_TRUE(strstr(mskv_cuda_last_error(r.cu), "capture again") != NULL);
+    plan.total_q = 2;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(r.st, g));
     mskv_cuda_graph_destroy(r.st, g);
     mskv_cuda_free(r.cu, dk);
     mskv_cuda_free(r.cu, dv);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A plan uploaded without a slot mapping (or without positions) leaves
+   nothing for K/V write to use: refused, not the previous plan's slots. */
+TEST(cuda_write_kv_refuses_a_plan_uploaded_without_slots_or_positions) {
+    tcu_rig r;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr dk = 0;
+    mskv_rope rope;
+    int64_t slots[2] = { 4, 5 };
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 2 * 2 * 64 * 4, &dk));
+    memset(&plan, 0, sizeof plan);
+    plan.total_q = 2;
+    plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    plan.slot_mapping = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cuda_write_kv(r.st, 0, &dp, dk, dk, NULL));
+    plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    memset(&rope, 0, sizeof rope);
+    rope.mode = MSKV_POS_1D;
+    dp.pos_mode = MSKV_POS_1D;                 /* claims positions it does not have */
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cuda_write_kv(r.st, 0, &dp, dk, dk, &rope));
+    mskv_cuda_free(r.cu, dk);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* RoPE parts become -D defines the kernel trusts: widths the CPU refuses
+   (odd, negative, wider than the head) are refused before any compile. */
+TEST(cuda_rope_paths_refuse_widths_the_cpu_refuses) {
+    tcu_rig r;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr dk = 0;
+    mskv_rope rope;
+    int64_t slots[1] = { 4 };
+    int32_t pos[3] = { 0, 0, 0 };
+    int i;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 2 * 64 * 4, &dk));
+    memset(&plan, 0, sizeof plan);
+    plan.total_q = 1;
+    plan.slot_mapping = slots;
+    plan.positions = pos;
+    for (i = 0; i < 4; i++) {
+        memset(&rope, 0, sizeof rope);
+        rope.mode = i < 2 ? MSKV_POS_1D : MSKV_POS_3D;
+        if (i == 0) rope.dims[0] = 128;                  /* head_dim is 64 */
+        if (i == 1) rope.dims[0] = 7;                    /* odd */
+        if (i == 2) { rope.dims[0] = -6; }               /* negative */
+        if (i == 3) { rope.dims[0] = 32; rope.dims[1] = 32; rope.dims[2] = 2; } /* 66 > 64 */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, rope.mode, &dp));
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_write_kv(r.st, 0, &dp, dk, dk, &rope));
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_rope(r.st, &rope, dk, 1, 2, dk));
+        {   /* the CPU refuses the same rope */
+            float row[64];
+            memset(row, 0, sizeof row);
+            EXPECT_NE(MSKV_SUCCESS, mskv_rope_apply(&rope, row, MSKV_DTYPE_F32, 1, 1, 64, pos));
+        }
+    }
+    mskv_cuda_free(r.cu, dk);
     tcu_rig_close(&r);
     TCU_EXPECT_NO_LEAKS();
 }
