@@ -125,8 +125,10 @@ static int demo_ff_open(demo_writer *w, const char *path) {
     av_log_set_level(AV_LOG_ERROR);
     if (!codec) codec = avcodec_find_encoder(AV_CODEC_ID_MPEG4);
     if (!codec) { snprintf(w->err, sizeof(w->err), "no H.264 or MPEG-4 encoder in this FFmpeg"); return -1; }
-    e = avformat_alloc_output_context2(&w->fmt, NULL, NULL, path);
-    if (e < 0 || !w->fmt) e = avformat_alloc_output_context2(&w->fmt, NULL, "mp4", path);
+    {   /* guess quietly (allocating with an unknown extension logs an error), else mp4 */
+        const AVOutputFormat *of = av_guess_format(NULL, path, NULL);
+        e = avformat_alloc_output_context2(&w->fmt, of, of ? NULL : "mp4", path);
+    }
     if (e < 0 || !w->fmt) { demo_av_err(w, "output format", e); return -1; }
     w->st = avformat_new_stream(w->fmt, NULL);
     w->enc = avcodec_alloc_context3(codec);

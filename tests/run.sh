@@ -3,9 +3,16 @@
 # lines into one closing line. A program that crashes or prints no totals
 # counts as one failure. With no video test program (FFmpeg absent) that
 # suite is reported as one skip, with the reason.
+# With --build-status FILE first, a nonzero status in FILE (the build of the
+# test programs failed) counts as one more failure.
 set -u
 passed=0; failed=0; skipped=0
 have_video=0
+build_failed=0
+if [ "${1:-}" = "--build-status" ]; then
+  [ "$(cat "$2" 2>/dev/null || echo 1)" = 0 ] || build_failed=1
+  shift 2
+fi
 for bin in "$@"; do
   case "$bin" in *tests-video) have_video=1 ;; esac
   echo "=== $bin"
@@ -27,6 +34,10 @@ done
 if [ "$have_video" -eq 0 ]; then
   echo "skip [video round trip]: FFmpeg development libraries not found by pkg-config"
   skipped=$((skipped + 1))
+fi
+if [ "$build_failed" -ne 0 ]; then
+  echo "!!! building the test programs failed (see above): a program may be missing or out of date"
+  failed=$((failed + 1))
 fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
