@@ -1276,7 +1276,9 @@ int main(int argc, char **argv) {
     pthread_join(thread, NULL);
     thread_started = 0;
     secs = demo_now() - t0;
-    if (rc != 0) { fprintf(stderr, "demo: %s\n", r->err); ok = 0; }
+    /* when the output failed, the generator only stopped because of it: one reason */
+    if (rc != 0 && !out.failed) { fprintf(stderr, "demo: %s\n", r->err); ok = 0; }
+    if (rc != 0) ok = 0;
     if (out.failed) { fprintf(stderr, "demo: %s\n", out.err); ok = 0; }
     if (out.raw) {
         int bad = fclose(out.raw) != 0;

@@ -453,6 +453,20 @@ TEST(a_failed_run_leaves_no_broken_output_file) {
     remove(tv_path("keep.mp4"));
 }
 
+/* When the output fails (here: the file size limit), the generator stops
+   within a queue's length of windows instead of generating the whole video,
+   and the run exits 1 with the output's reason. */
+TEST(an_output_failure_stops_the_generator_early) {
+    char args[512];
+    snprintf(args, sizeof(args), "--width 128 --height 64 --frames 401 -o %s", tv_path("lim.y4m"));
+    EXPECT_EQ(1, tv_expect(1, "trap '' XFSZ; ulimit -f 16; ", args));
+    EXPECT_TRUE(tv_has("window 1/34"));
+    EXPECT_FALSE(tv_has("window 10/34"));       /* the queue holds 2: it stops within a few windows */
+    EXPECT_FALSE(tv_has("window 34/34"));
+    EXPECT_TRUE(tv_has("write"));
+    remove(tv_path("lim.y4m"));
+}
+
 TEST(usage_errors_exit_2_with_a_one_line_reason) {
     size_t n;
     EXPECT_EQ(2, tv_expect(2, "", "--width 100 -o /dev/null"));
