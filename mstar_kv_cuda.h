@@ -41,6 +41,11 @@
    stream, so the offload of a page is ordered after the kernels that wrote
    it. K/V written on another stream must be ordered by the caller.
 
+   Thread safety: a context (mskv_cuda) may be shared by threads (loading
+   and the JIT cache are locked). A store has one stream and one attention
+   workspace: drive it, and the launches on it, from one thread at a time
+   (its bookkeeping locks only guard against the arena's callbacks).
+
    Fences: pages freed by anything (release, abort, remove, offload) are
    tagged with the current step and come back only after that step's event
    completed. Offload or remove outside a step therefore returns its pages
