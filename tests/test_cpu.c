@@ -278,6 +278,34 @@ static const char *tcpu_mask_name(mskv_mask m) { return m == MSKV_MASK_NONE ? "n
 
 /* ---- conversions ---------------------------------------------------------------- */
 
+static double tcpu_f16_value(uint16_t h) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e ? ldexp(1.0 + m / 1024.0, e - 15) : ldexp((double)m, -24);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* Every rounding boundary of f16: for each pair of neighbours (subnormals
+   included) the float just below their midpoint rounds down, just above
+   rounds up, and the midpoint itself goes to the even one. */
+TEST(f16_conversion_rounds_every_midpoint_to_nearest_even) {
+    uint32_t h;
+    int bad = 0;
+    for (h = 0; h < 0x7bff; h++) {
+        int sgn;
+        for (sgn = 0; sgn < 2; sgn++) {
+            uint16_t lo = (uint16_t)(h | (sgn ? 0x8000u : 0u)), hi = (uint16_t)((h + 1) | (sgn ? 0x8000u : 0u));
+            float mid = (float)((tcpu_f16_value(lo) + tcpu_f16_value(hi)) / 2);  /* exact: 12 significant bits */
+            float toward0 = nextafterf(mid, 0.0f), away = nextafterf(mid, sgn ? -INFINITY : INFINITY);
+            uint16_t even = (h & 1) ? hi : lo;
+            if (h == 0 && sgn == 0 && mskv_f32_to_f16(nextafterf(0.0f, 1.0f)) != 0) bad++;  /* tiniest float: 0 */
+            bad += mskv_f32_to_f16(toward0) != lo;
+            bad += mskv_f32_to_f16(away) != hi;
+            bad += mskv_f32_to_f16(mid) != even;
+        }
+    }
+    EXPECT_EQ(0, bad);
+}
+
 TEST(f16_conversion_rounds_to_nearest_even) {
     EXPECT_EQ(0x3c00, mskv_f32_to_f16(1.0f));
     EXPECT_EQ(0xc000, mskv_f32_to_f16(-2.0f));
@@ -906,6 +934,11 @@ TEST(threaded_attention_is_bit_identical_to_one_thread) {
     mskv_cpu_destroy(three);
 }
 
+static size_t tcpu_largest_alloc;
+static void *tcpu_alloc_sized(void *u, size_t n) { (void)u; if (n > tcpu_largest_alloc) tcpu_largest_alloc = n; return malloc(n); }
+static void *tcpu_realloc_sized(void *u, void *p, size_t n) { (void)u; if (n > tcpu_largest_alloc) tcpu_largest_alloc = n; return realloc(p, n); }
+static void tcpu_free_sized(void *u, void *p) { (void)u; free(p); }
+
 TEST(a_small_workspace_budget_picks_smaller_tiles) {
     tcpu_seq seqs[1] = {{20, 150, 150, 0}};
     tcpu_fix f;
@@ -917,7 +950,14 @@ TEST(a_small_workspace_budget_picks_smaller_tiles) {
     EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_create(&cd, &cpu));
     EXPECT_TRUE(cpu == NULL);
     cd.workspace_bytes = 100000;
+    cd.allocator.alloc = tcpu_alloc_sized;
+    cd.allocator.realloc = tcpu_realloc_sized;
+    cd.allocator.free = tcpu_free_sized;
+    tcpu_largest_alloc = 0;
     ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    /* one thread: its workspace is the largest block, within the budget (rounded to 64 bytes) */
+    EXPECT_LE((long long)tcpu_largest_alloc, 100000 + 64);
+    EXPECT_GT((long long)tcpu_largest_alloc, 10000);
     ASSERT_TRUE(tcpu_fix_init(&f, 16, 1, 128, MSKV_DTYPE_F32, seqs, 1, 1, 1, 0, mt_seed()));
     tcpu_check_case("100 KB workspace", cpu, &f, &at, mt_seed(), __LINE__);
     tcpu_fix_free(&f);
