@@ -2434,7 +2434,7 @@ static mskv_result mskv__cuda_read_pages(void *user, const int32_t *pages, int32
     mskv__cuda_unlock(&st->lock);
     return MSKV_SUCCESS;
 fail:
-    /* queued work must not touch the pinned buffer after we return */
+    /* queued copies must not touch the ids buffer or the host copy after we return */
     cu->fn.cuStreamSynchronize(st->stream);
     mskv__cuda_unlock(&st->lock);
     return res;
