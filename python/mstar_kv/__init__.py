@@ -12,6 +12,7 @@ from ._errors import ERROR_CLASSES, MskvError, TensorError, error_for
 from ._errors import *  # noqa: F401,F403  (one class per result code: OutOfPagesError, ...)
 
 library_path = _ffi.library_path
+RESIDENT, OFFLOADED = _ffi.CONSTANTS["MSKV_RESIDENT"], _ffi.CONSTANTS["MSKV_OFFLOADED"]   # RequestInfo.location
 __version__ = "0.1.0"
 
 
