@@ -68,9 +68,9 @@ class Cuda:
 
     def close(self):
         """Closes every store of this context, then the context."""
-        for st in list(self._stores):
+        for st in list(getattr(self, "_stores", ())):
             st.close()
-        if self._ptr:
+        if getattr(self, "_ptr", None):
             _ffi.lib.mskv_cuda_destroy(self._ptr)
             self._ptr = None
 
@@ -160,9 +160,9 @@ class CudaStore:
 
     def close(self):
         """Closes the store's arenas, then the store."""
-        for a in list(self._arenas):
+        for a in list(getattr(self, "_arenas", ())):
             a.close()
-        if self._ptr:
+        if getattr(self, "_ptr", None):
             _ffi.lib.mskv_cuda_store_destroy(self._ptr)
             self._ptr = None
 

@@ -54,8 +54,8 @@ def _c_contiguous(shape, strides, itemsize):
 
 
 def _from_numpy(a):
-    dt = _TYPESTR.get(a.dtype.str, a.dtype.str)
-    return Buf(a.ctypes.data if a.size else a.__array_interface__["data"][0], a.shape, dt, "cpu",
+    dt = _TYPESTR.get(a.dtype.str, a.dtype.name)
+    return Buf(a.__array_interface__["data"][0], a.shape, dt, "cpu",
                readonly=not a.flags.writeable, contiguous=a.flags.c_contiguous, keep=a)
 
 

@@ -31,6 +31,16 @@ def cc():
     pytest.skip("no C compiler on PATH (CC, cc, gcc, clang)")
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The closing line every test program of the repository prints, so
+    tests/run.sh adds these counts to the others (an error counts as a failure)."""
+    stats = terminalreporter.stats
+    n = {k: len([r for r in stats.get(k, []) if getattr(r, "when", "call") in ("call", "setup", "teardown")])
+         for k in ("passed", "failed", "error", "skipped")}
+    terminalreporter.write_line("%d passed, %d failed, %d skipped" % (n["passed"], n["failed"] + n["error"],
+                                                                     n["skipped"]))
+
+
 class Tripwire:
     """Stands in for the loaded library: any C function used raises."""
 
