@@ -39,7 +39,10 @@
 
    Streams and ordering: every launch and copy of a store runs on the store's
    stream, so the offload of a page is ordered after the kernels that wrote
-   it. K/V written on another stream must be ordered by the caller.
+   it. K/V written on another stream must be ordered by the caller, or the
+   store moved onto that stream (mskv_cuda_store_set_stream: a framework's
+   current stream). mskv_cuda_store_desc.pools adopts pools the caller
+   allocated (a framework's tensors) instead of allocating them.
 
    Thread safety: a context (mskv_cuda) may be shared by threads (loading
    and the JIT cache are locked). A store has one stream and one attention
