@@ -304,8 +304,11 @@ typedef struct mskv_cuda_dplan {
 } mskv_cuda_dplan;
 
 /* Device pools, one per layer for K and one for V, layout
-   [page][slot][kv_head][dim] (the host store's), a stream, staging buffers.
-   Sizes are checked against what a kernel can index (64-bit offsets). */
+   [page][slot][kv_head][dim] (the host store's; allocated, or the caller's
+   desc->pools), a stream, staging buffers. Sizes are checked against what a
+   kernel can index (64-bit offsets). Return value: SUCCESS, NULL_POINTER,
+   INVALID_ARGUMENT (a geometry field, or an adopted pool that is 0 or not
+   16-byte aligned), OVERFLOW, OUT_OF_MEMORY, CUDA. */
 MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store_desc *desc, mskv_cuda_store **out);
 /* Waits for the stream, then frees everything. Destroy the arena bound to
    the store first: its store ops and host allocator point here. */

@@ -95,7 +95,9 @@ class Arena:
     (2 * num_layers * num_pages * page_size * kv_heads * head_dim elements).
 
     Use it as a context manager, or call close(). Every failed call raises
-    the MskvError subclass of its result code."""
+    the MskvError subclass of its result code. on_event(Event) is called for
+    page-stored / page-removed events with the arena's lock held: it must not
+    call the arena."""
 
     def __init__(self, num_pages, page_size, num_layers=0, kv_heads=0, head_dim=0, dtype="f32",
                  max_requests=0, retire="immediate", on_event=None, _desc=None, _keep=None):
