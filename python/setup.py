@@ -21,8 +21,9 @@ def header_dir():
     for d in (HERE / "include", HERE.parent):
         if all((d / h).is_file() for h in HEADERS):
             return d
-    sys.exit("mstar_kv: mstar_kv.h and mstar_kv_cuda.h were not found in python/include/ "
-             "or next to python/: run `pip install ./python` from the repository root")
+    sys.exit("mstar_kv: mstar_kv.h and mstar_kv_cuda.h were not found in python/include/ or next to "
+             "python/: run `pip install ./python` from a checkout of the repository (pip 21.3 or newer builds "
+             "in place; an older pip copies python/ away from the headers), or install an sdist")
 
 
 class build_shared_library(build_ext):

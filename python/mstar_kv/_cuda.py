@@ -10,7 +10,7 @@ import sys
 import weakref
 
 from . import _ffi, _tensors
-from ._core import Arena, Plan, _attn_struct, _check, _enum, _name, POS_MODES, DTYPES, dtype_code
+from ._core import DTYPES, POS_MODES, Arena, _attn_struct, _enum, _name, dtype_code
 from ._errors import MskvError, TensorError, error_for
 from ._ffi import mskv_arena_desc, mskv_cuda_desc, mskv_cuda_dplan, mskv_cuda_info, mskv_cuda_store_desc
 

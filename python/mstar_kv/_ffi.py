@@ -11,7 +11,7 @@ import glob
 import importlib.machinery
 import os
 import re
-from ctypes import (POINTER, Structure, c_char, c_char_p, c_float, c_int, c_int32, c_int64,
+from ctypes import (Structure, c_char, c_char_p, c_float, c_int, c_int32, c_int64,
                     c_size_t, c_uint32, c_uint64, c_void_p)
 
 # ---- constants (the test compares each with the header's value) -----------------

@@ -285,3 +285,26 @@ def test_session_keeps_sink_and_window_and_releases_the_rest(arena):
             s.commit_chunk()
         assert s.chunks_done == 6 and s.released_total == 3 * 8
     assert r.info().kv_len == 24
+
+
+def test_dense_plan_gives_token_offsets_and_no_slots(arena):
+    a, b = arena.add_request(), arena.add_request()
+    plan = arena.plan_build([(a, 3), (b, 2)], mk.Plan(2, 8, 8), kind="dense", dense_kv_len=[10, 4])
+    assert plan.kv_token_indptr.tolist() == [0, 10, 14]
+    assert plan.qo_indptr.tolist() == [0, 3, 5] and plan.kv_len.tolist() == [10, 4]
+    assert (plan.slot_mapping == -1).all()
+
+
+def test_fenced_arena_keeps_freed_pages_pending_until_their_step_retires():
+    with mk.Arena(num_pages=16, page_size=4, retire="fenced") as a:
+        r = a.add_request()
+        a.admit([(r, 8)])
+        a.commit([(r, 8)])
+        a.publish([(r, 8)])
+        r.remove()
+        assert a.stats().pending_pages == 2
+        fence = a.publish()
+        assert a.stats().pending_pages == 2
+        a.retire(fence)
+        s = a.stats()
+        assert s.pending_pages == 0 and s.completed_step == fence and s.free_pages == 15
