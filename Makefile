@@ -32,9 +32,11 @@ endif
 TEST_BINS += $(B)/tests-python
 
 # The Python package (python/): a venv under build/ (no system pip, so no
-# "externally-managed-environment"), NumPy and pytest from PyPI, the package
-# installed the way a user installs it (pip install ./python), and a test
-# program that runs its pytest suite and prints the common totals line.
+# "externally-managed-environment") with NumPy, pytest and the build tools
+# from PyPI (wheel: a setuptools older than 70.1 needs it to build without
+# isolation), the package installed the way a user installs it (pip install
+# ./python), and a test program that runs its pytest suite and prints the
+# common totals line.
 PYTHON  ?= python3
 VENV    := $(B)/venv
 PY_SRC  := $(wildcard python/mstar_kv/*.py python/mstar_kv/*.c) python/setup.py python/pyproject.toml
@@ -79,7 +81,7 @@ $(B)/demo: $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
 
 $(VENV)/ready: | $(B)
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q --disable-pip-version-check numpy pytest setuptools
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check numpy pytest setuptools wheel
 	touch $@
 $(B)/python-installed: $(VENV)/ready $(PY_SRC) mstar_kv.h mstar_kv_cuda.h
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation ./python
