@@ -2194,17 +2194,17 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     if (mskv__checksum(b, size - 8) != mskv__get64(b + size - 8)) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: checksum mismatch");
     version = mskv__get32(b + 8);
     hdr = mskv__get32(b + 12);
-    if (version == MSKV__BLOB_VERSION_GROUPS && total >= MSKV__BLOB_HEADER + 16) {
-        uint32_t ng = mskv__get32(b + MSKV__BLOB_HEADER);
-        if (ng < 2 || ng > MSKV_MAX_GROUPS || mskv__get32(b + MSKV__BLOB_HEADER + 4) != 0) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: %u layer groups", (unsigned)ng);
+    if (version == MSKV__BLOB_VERSION_GROUPS) {
+        uint32_t ng = total >= MSKV__BLOB_HEADER + 16 ? mskv__get32(b + MSKV__BLOB_HEADER) : 0;
+        if (ng < 2 || ng > MSKV_MAX_GROUPS || mskv__get32(b + MSKV__BLOB_HEADER + 4) != 0 ||
+            hdr != mskv__blob_header((int32_t)ng) || total < (uint64_t)hdr + 8)
+            return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: inconsistent layer-group header");
         blob_groups = (int32_t)ng;
-    }
-    hdr_want = mskv__blob_header(blob_groups);
-    if ((version != MSKV__BLOB_VERSION && version != MSKV__BLOB_VERSION_GROUPS) || hdr != hdr_want ||
-        (version == MSKV__BLOB_VERSION_GROUPS && blob_groups == 1))
+    } else if (version != MSKV__BLOB_VERSION || hdr != MSKV__BLOB_HEADER) {
         return mskv__err(a, MSKV_ERROR_BLOB_VERSION, "import: blob version %u, this library reads %u and %u", (unsigned)version,
                          MSKV__BLOB_VERSION, MSKV__BLOB_VERSION_GROUPS);
-    if (total < hdr_want + 8) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: shorter than its header");
+    }
+    hdr_want = mskv__blob_header(blob_groups);
     if (mskv__get32(b + 24) != (uint32_t)a->P || mskv__get32(b + 28) != (uint32_t)a->store.num_layers ||
         mskv__get32(b + 32) != (uint32_t)a->store.kv_heads || mskv__get32(b + 36) != (uint32_t)a->store.head_dim ||
         mskv__get32(b + 40) != (uint32_t)(a->store.num_layers ? a->store.dtype : 0) || blob_groups != a->G)
