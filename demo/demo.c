@@ -25,6 +25,11 @@
    then replaces the window's latents with the output: a Jacobi sweep in which
    a window frame becomes exact one step after the frame before it.
 
+   Guidance (--cfg SCALE, kv mode): two branches, a request each, bound into
+   a lockstep group and planned as one batch; their outputs combine as
+   o_uncond + SCALE (o_cond - o_uncond). See demo_run_cfg for why the guided
+   video is still the analytic truth.
+
    Backends (--backend): the host store and CPU attention of mstar_kv.h, or a
    device store with the GPU kernels of mstar_kv_cuda.h, which loads the CUDA
    driver and NVRTC at run time (no toolkit at build time; without a GPU,
