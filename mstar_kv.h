@@ -618,7 +618,8 @@ MSKV_API mskv_result mskv_lockstep_create(mskv_arena *arena, const mskv_request 
    Return value: SUCCESS, NULL_POINTER, INVALID_HANDLE (unknown or stale). */
 MSKV_API mskv_result mskv_lockstep_dissolve(mskv_arena *arena, mskv_lockstep ls);
 /* The members in order; *count gets their number even when cap is too
-   small (then CAPACITY). Return value: also NULL_POINTER, INVALID_HANDLE. */
+   small (then CAPACITY). Return value: also NULL_POINTER, INVALID_ARGUMENT
+   (cap < 0), INVALID_HANDLE. */
 MSKV_API mskv_result mskv_lockstep_members(mskv_arena *arena, mskv_lockstep ls, mskv_request *out, int32_t cap, int32_t *count);
 /* The batch of one lockstep step: a segment of n_tokens per member, in
    member order, for mskv_admit / mskv_plan_build / mskv_commit /
@@ -639,7 +640,8 @@ MSKV_API mskv_result mskv_lockstep_reload(mskv_arena *arena, mskv_lockstep ls);
 MSKV_API mskv_result mskv_lockstep_remove(mskv_arena *arena, mskv_lockstep ls);
 /* mskv_request_release_oldest_in_group(group, n) for every member, all or
    nothing (every member is checked first); *released (optional) gets the
-   tokens freed, summed over the members. */
+   tokens freed, summed over the members. Return value: as that call's
+   (OUT_OF_RANGE when any member has fewer live tokens), INVALID_HANDLE. */
 MSKV_API mskv_result mskv_lockstep_release_oldest(mskv_arena *arena, mskv_lockstep ls, int32_t group, int64_t n, int64_t *released);
 
 /* Preemption: makes at least pages_needed pages free (or pending on a fence
