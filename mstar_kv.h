@@ -53,7 +53,8 @@
    data. A session (mskv_session) belongs to one thread at a time.
 
    Sections (search for "// >>"): results, arena, requests, offload, windows,
-   step lifecycle, cpu backend; then the implementation in the same order.
+   step lifecycle, scheduling, cpu backend; then the implementation in the
+   same order.
 
    License: MIT, at the end of this file.
 */
@@ -152,6 +153,8 @@ MSKV_API size_t mskv_dtype_size(mskv_dtype t);   /* 4, 2, 2; 0 for an unknown dt
 
 typedef struct mskv_arena mskv_arena;
 
+#define MSKV_MAX_GROUPS 32     /* layer groups per arena (mskv_arena_desc.num_groups) */
+
 /* A request handle: slot index + 16-bit generation, so a handle kept after
    remove is caught (until its slot has been reused 65,536 times). The zero
    handle is never valid. */
@@ -168,6 +171,7 @@ typedef struct mskv_event {
     int32_t page;          /* physical page id */
     int64_t first_token;   /* absolute position of the page's first slot */
     uint64_t step;         /* the fence of the step in which it happened */
+    int32_t group;         /* the layer group whose table held the page */
 } mskv_event;
 
 typedef void (*mskv_event_fn)(void *user, const mskv_event *event);
@@ -181,6 +185,9 @@ typedef struct mskv_store_ops {
     mskv_result (*read_pages)(void *user, const int32_t *pages, int32_t n, void *dst);
     mskv_result (*write_pages)(void *user, const int32_t *pages, int32_t n, const void *src);
     mskv_result (*copy_page)(void *user, int32_t src_page, int32_t dst_page);
+    /* Optional (NULL: nothing runs asynchronously): return once no kernel or
+       copy that may touch a page is still running (mskv_arena_flush). */
+    mskv_result (*flush)(void *user);
 } mskv_store_ops;
 
 typedef enum mskv_retire_mode {
@@ -197,6 +204,11 @@ typedef struct mskv_arena_desc {
     int32_t kv_heads;
     int32_t head_dim;
     mskv_dtype dtype;
+    /* Layer groups (0 = 1, at most MSKV_MAX_GROUPS): every request keeps a
+       page table per group, all drawn from these pages. num_layers is then
+       the layers of one group (the largest): layer l of group g lives in pool
+       l, on pages that group g owns. See "Layer groups" in the README. */
+    int32_t num_groups;
     const mskv_store_ops *store_ops;  /* non-NULL: bytes live elsewhere (no host pools) */
     mskv_retire_mode retire_mode;
     mskv_allocator allocator;
@@ -239,6 +251,25 @@ MSKV_API void mskv_arena_trim(mskv_arena *arena);
 MSKV_API mskv_result mskv_arena_retire(mskv_arena *arena, uint64_t completed);
 /* The current fence: pages freed now are tagged with it. */
 MSKV_API uint64_t mskv_arena_step(mskv_arena *arena);
+/* Drops every request (keyed entries and offloaded ones too; lockstep groups
+   are dissolved) and returns every page, as if each were removed: a page a
+   kernel may still read goes to pending like any free (FENCED mode), and
+   comes back at its fence or at mskv_arena_flush. Every request handle is
+   stale afterwards. Fences and epochs keep counting up (a GPU's recorded
+   events stay valid); the kept host buffer stays (mskv_arena_trim). When no
+   page is pending afterwards, the free list and request slots are reordered
+   as in a new arena, so the same calls hand out the same page ids again.
+   Parameters: arena. Return value: SUCCESS, NULL_POINTER.
+   Thread safety: like every arena call; another thread's handles go stale. */
+MSKV_API mskv_result mskv_arena_reset(mskv_arena *arena);
+/* Waits until no kernel may read a pending page, then makes every pending
+   page free: with store_ops, its flush op waits for the device (the GPU
+   store's waits for its stream); without, the caller's word that its work
+   is done (the CPU backend returns only when it is). The current fence
+   counts as completed. Parameters: arena. Return value: SUCCESS,
+   NULL_POINTER, or the flush op's error (then nothing changes).
+   Thread safety: like every arena call; the flush op runs under the lock. */
+MSKV_API mskv_result mskv_arena_flush(mskv_arena *arena);
 
 /* Host store geometry and pools (NULL pools when num_layers == 0 or store_ops). */
 typedef struct mskv_store_info {
@@ -272,14 +303,27 @@ typedef struct mskv_request_info {
     int32_t keyed;          /* a keyed (cross-attention) entry */
     int32_t sealed;
     int32_t paused;         /* mskv_request_pause: not admitted until resumed */
+    int32_t lockstep;       /* a member of a lockstep group (mskv_lockstep_create) */
+    uint64_t last_admitted; /* the arena's admit count at its last admit, 0 = never (mskv_make_room) */
 } mskv_request_info;
+
+/* Layer groups (mskv_arena_desc.num_groups > 1). A request's tokens are the
+   same in every group (committed, reserved); what is per group is its page
+   table, protected prefix, released window, prefix_epoch and retention. The
+   calls below without a group act on group 0 (the only group of a one-group
+   arena); their *_in_group twins take the group (0 <= group < num_groups,
+   else INVALID_ARGUMENT) and otherwise behave, and fail, exactly alike.
+   Calls on the whole request (admit, commit, abort, publish, fork, offload,
+   reload, export, import, remove, reserve) act on every group at once, all
+   or nothing. */
 
 /* A new, empty request (one KV stream). TOO_MANY_REQUESTS when every slot of
    max_requests is in use. */
 MSKV_API mskv_result mskv_request_add(mskv_arena *arena, mskv_request *out);
 /* Removes a request in any state (an open reservation is dropped, a host copy
    freed). Every page goes back: pending until the current fence retires in
-   FENCED mode. The handle is stale from now on. */
+   FENCED mode. The handle is stale from now on. BAD_STATE for a member of a
+   lockstep group (mskv_lockstep_remove, or dissolve the group first). */
 MSKV_API mskv_result mskv_request_remove(mskv_arena *arena, mskv_request req);
 /* A child sharing the parent's full pages (refcounted); the partial last page
    is copied into a fresh page. The child has the parent's tokens, prefix and
@@ -316,12 +360,24 @@ MSKV_API mskv_result mskv_request_protect_prefix(mskv_arena *arena, mskv_request
    table is front-compacted to [prefix pages][live pages], and *released
    (optional) gets the tokens actually freed (a multiple of page_size).
    Return value: OUT_OF_RANGE (past the committed live tokens: reserved
-   tokens are never released), INVALID_ARGUMENT (n < 0), OFFLOADED, READ_ONLY. */
+   tokens are never released), INVALID_ARGUMENT (n < 0), OFFLOADED, READ_ONLY,
+   BAD_STATE (a lockstep member: mskv_lockstep_release_oldest). */
 MSKV_API mskv_result mskv_request_release_oldest(mskv_arena *arena, mskv_request req, int64_t n, int64_t *released);
 /* slot = page * page_size + offset of absolute position pos (committed or
    reserved). Return value: RELEASED (its page was released), NOT_WRITTEN
    (pos >= committed + reserved), INVALID_ARGUMENT (pos < 0), OFFLOADED. */
 MSKV_API mskv_result mskv_request_slot(mskv_arena *arena, mskv_request req, int64_t pos, int64_t *slot);
+
+/* The group's view: info (tokens, and the group's prefix, window, pages,
+   kv_len and epoch), page table, slot, protect, release and retention.
+   Parameters: as the calls above, plus group. Return value: theirs, plus
+   INVALID_ARGUMENT for a group outside [0, num_groups).
+   Thread safety: like every arena call. */
+MSKV_API mskv_result mskv_request_info_in_group(mskv_arena *arena, mskv_request req, int32_t group, mskv_request_info *out);
+MSKV_API mskv_result mskv_request_pages_in_group(mskv_arena *arena, mskv_request req, int32_t group, int32_t *pages, int32_t cap, int32_t *count);
+MSKV_API mskv_result mskv_request_slot_in_group(mskv_arena *arena, mskv_request req, int32_t group, int64_t pos, int64_t *slot);
+MSKV_API mskv_result mskv_request_protect_prefix_in_group(mskv_arena *arena, mskv_request req, int32_t group, int64_t n);
+MSKV_API mskv_result mskv_request_release_oldest_in_group(mskv_arena *arena, mskv_request req, int32_t group, int64_t n, int64_t *released);
 
 /* // >>offload ------------------------------------------------------------ */
 
@@ -329,12 +385,14 @@ MSKV_API mskv_result mskv_request_slot(mskv_arena *arena, mskv_request req, int6
    request (desc.host_allocator; a buffer a reload gave back is reused), then
    free the pages; only once the copy is complete. Token counts, prefix, released window and epoch are kept.
    Return value: OFFLOADED (already), RESERVATION_PENDING, READ_ONLY (keyed
-   entry), OUT_OF_MEMORY, or the store ops' error (the request stays resident). */
+   entry), OUT_OF_MEMORY, or the store ops' error (the request stays resident),
+   BAD_STATE (a lockstep member: mskv_lockstep_offload). */
 MSKV_API mskv_result mskv_request_offload(mskv_arena *arena, mskv_request req);
 /* All or nothing: fresh pages (possibly other ids), bytes copied back,
    prefix_epoch moves, the host copy is freed. Return value: NOT_OFFLOADED,
    OUT_OF_PAGES (nothing changes, the host copy stays), OUT_OF_MEMORY, or the
-   store ops' error (the request stays offloaded). */
+   store ops' error (the request stays offloaded), BAD_STATE (a lockstep
+   member: mskv_lockstep_reload). */
 MSKV_API mskv_result mskv_request_reload(mskv_arena *arena, mskv_request req);
 /* Serialise a request (offloaded or resident, or a sealed keyed entry) into
    a versioned, checksummed, little-endian blob: geometry, token counts,
@@ -399,6 +457,9 @@ MSKV_API mskv_result mskv_retention_validate(const mskv_retention *r, int32_t pa
 MSKV_API int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed);
 /* Bind a retention policy to a request (NULL clears it); publish applies it. */
 MSKV_API mskv_result mskv_request_set_retention(mskv_arena *arena, mskv_request req, const mskv_retention *r);
+/* The same for one layer group (e.g. a window for the chunk-window layers,
+   none for the full-attention ones). */
+MSKV_API mskv_result mskv_request_set_retention_in_group(mskv_arena *arena, mskv_request req, int32_t group, const mskv_retention *r);
 
 /* // >>step lifecycle ----------------------------------------------------- */
 
@@ -413,7 +474,9 @@ typedef struct mskv_segment {
    reservation. Return value: OUT_OF_PAGES (nothing allocated), DUPLICATE,
    OFFLOADED, RESERVATION_PENDING, READ_ONLY (keyed entry), INVALID_ARGUMENT
    (n < 0 or a negative token count), OVERFLOW (past 2^31 tokens),
-   OUT_OF_MEMORY (a page table could not grow: see mskv_request_reserve). */
+   OUT_OF_MEMORY (a page table could not grow: see mskv_request_reserve),
+   BAD_STATE (a paused request, or some but not all members of a lockstep
+   group: admit, commit, abort and publish take a lockstep group whole). */
 MSKV_API mskv_result mskv_admit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
 /* Reserved tokens become committed. Every segment must have an open
    reservation (else NO_RESERVATION, and nothing is committed). */
@@ -426,6 +489,10 @@ MSKV_API mskv_result mskv_abort(mskv_arena *arena, const mskv_segment *segs, int
    pages and page-stored events are emitted; then the fence advances (also
    with n == 0). *step_out (optional) gets the fence that ended. */
 MSKV_API mskv_result mskv_publish(mskv_arena *arena, const mskv_segment *segs, int32_t n, uint64_t *step_out);
+/* The pages mskv_admit(segs, n) would take now (every layer group), into
+   *pages; nothing changes. What to ask mskv_make_room for when admit says
+   OUT_OF_PAGES. Return value: as mskv_admit's checks (no OUT_OF_PAGES). */
+MSKV_API mskv_result mskv_admit_query(mskv_arena *arena, const mskv_segment *segs, int32_t n, int64_t *pages);
 
 typedef enum mskv_pos_mode {
     MSKV_POS_NONE = 0,   /* no position plan */
@@ -446,6 +513,7 @@ typedef struct mskv_plan_desc {
     mskv_pos_mode pos_mode;
     int64_t pos_offset;
     int32_t grid_h, grid_w;      /* tokens per frame = grid_h * grid_w (3-D) */
+    int32_t group;               /* the layer group whose tables the plan reads (SELF, CROSS) */
 } mskv_plan_desc;
 
 /* The kernels' view of one step. Arrays are caller-owned (fixed capacity, so
@@ -517,6 +585,91 @@ MSKV_API mskv_result mskv_session_begin_chunk(mskv_session *s, int64_t n_tokens)
 MSKV_API mskv_result mskv_session_plan(mskv_session *s, const mskv_plan_desc *desc, mskv_plan *plan);
 MSKV_API mskv_result mskv_session_commit_chunk(mskv_session *s, uint64_t *step_out);
 MSKV_API mskv_result mskv_session_abort_chunk(mskv_session *s);
+
+/* // >>scheduling --------------------------------------------------------- */
+
+/* Lockstep groups: requests that must move together, such as the
+   conditional and unconditional branches of classifier-free guidance
+   (separate requests: their hidden states differ). The batch calls (admit,
+   commit, abort, publish) refuse a batch that holds some but not all of a
+   group's members (BAD_STATE), so a group is admitted, committed and
+   published (its members' retention releases pages) in one call, all or
+   nothing; mskv_lockstep_segments gives the batch, which one mskv_plan_build
+   plans (member i is the plan's segment i). Offload, reload, remove and
+   release of a member go through the mskv_lockstep_* calls below, all or
+   nothing; the single-request calls refuse members (BAD_STATE). Everything
+   else stays per request: protect_prefix (a branch's prompt may have its
+   own length), retention, pause (a paused member keeps its group from being
+   admitted), fork (the child is no member), export. A handle with a
+   generation, like a request's. */
+typedef struct mskv_lockstep { uint32_t id; } mskv_lockstep;
+
+#define MSKV_MAX_LOCKSTEP 16   /* members of one lockstep group */
+
+/* Binds n (2..MSKV_MAX_LOCKSTEP) requests, in this order, into a group.
+   They must all be resident or all offloaded, without open reservations,
+   and in no other group. Parameters: arena, members, n, out.
+   Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (n), INVALID_HANDLE,
+   DUPLICATE (a request twice), READ_ONLY (a keyed entry),
+   RESERVATION_PENDING, BAD_STATE (already a member, or mixed locations).
+   Thread safety: like every arena call. */
+MSKV_API mskv_result mskv_lockstep_create(mskv_arena *arena, const mskv_request *members, int32_t n, mskv_lockstep *out);
+/* Unbinds the group; the members stay as they are, now independent.
+   Return value: SUCCESS, NULL_POINTER, INVALID_HANDLE (unknown or stale). */
+MSKV_API mskv_result mskv_lockstep_dissolve(mskv_arena *arena, mskv_lockstep ls);
+/* The members in order; *count gets their number even when cap is too
+   small (then CAPACITY). Return value: also NULL_POINTER, INVALID_ARGUMENT
+   (cap < 0), INVALID_HANDLE. */
+MSKV_API mskv_result mskv_lockstep_members(mskv_arena *arena, mskv_lockstep ls, mskv_request *out, int32_t cap, int32_t *count);
+/* The batch of one lockstep step: a segment of n_tokens per member, in
+   member order, for mskv_admit / mskv_plan_build / mskv_commit /
+   mskv_publish (or part of a larger batch). Return value: SUCCESS,
+   NULL_POINTER, INVALID_ARGUMENT (n_tokens < 0), INVALID_HANDLE, CAPACITY. */
+MSKV_API mskv_result mskv_lockstep_segments(mskv_arena *arena, mskv_lockstep ls, int64_t n_tokens, mskv_segment *segs, int32_t cap, int32_t *count);
+/* Offloads every member, all or nothing: every member's pages are copied
+   to host memory first, and only when every copy succeeded are any pages
+   freed (a host allocation or store failure for one member leaves all of
+   them resident). Return value: as mskv_request_offload. */
+MSKV_API mskv_result mskv_lockstep_offload(mskv_arena *arena, mskv_lockstep ls);
+/* Reloads every member, all or nothing (OUT_OF_PAGES when the pages of all
+   of them do not fit; a store failure for one leaves all offloaded).
+   Return value: as mskv_request_reload. */
+MSKV_API mskv_result mskv_lockstep_reload(mskv_arena *arena, mskv_lockstep ls);
+/* Removes every member and the group. Return value: SUCCESS, NULL_POINTER,
+   INVALID_HANDLE. */
+MSKV_API mskv_result mskv_lockstep_remove(mskv_arena *arena, mskv_lockstep ls);
+/* mskv_request_release_oldest_in_group(group, n) for every member, all or
+   nothing (every member is checked first); *released (optional) gets the
+   tokens freed, summed over the members. Return value: as that call's
+   (OUT_OF_RANGE when any member has fewer live tokens), INVALID_HANDLE. */
+MSKV_API mskv_result mskv_lockstep_release_oldest(mskv_arena *arena, mskv_lockstep ls, int32_t group, int64_t n, int64_t *released);
+
+/* Preemption: makes at least pages_needed pages free (or pending on a fence
+   in FENCED mode: they come back at the fence or at mskv_arena_flush) by
+   offloading idle requests, least recently admitted first (the admit count,
+   not a clock: the same calls park the same requests; ties go to the lower
+   request slot). Idle means resident, no open reservation, not paused (a
+   paused request is parked by its scheduler, not here), not a keyed entry,
+   and not in batch (the step being admitted). A lockstep group is parked
+   whole or not at all, as one candidate as recent as its most recent
+   member. A candidate is passed over when its host copy (its pages in every
+   group, times the page record) would not fit in what is left of
+   host_budget_bytes, or when parking it would free no page (every page
+   shared with a request that stays). All or nothing: when the candidates
+   cannot make room, nothing is parked (OUT_OF_PAGES); when they can, every
+   one is copied to host memory before any page is freed. parked gets the
+   parked requests in the order chosen, *n_parked their number (0 when
+   there was room already). reload (mskv_request_reload,
+   mskv_lockstep_reload) brings them back.
+   Parameters: arena; pages_needed (e.g. from mskv_admit_query);
+   host_budget_bytes; batch, n_batch (may be NULL, 0); parked, cap (may be
+   NULL, 0); n_parked.
+   Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (a negative count),
+   INVALID_HANDLE, DUPLICATE (a request twice in batch), OUT_OF_PAGES,
+   CAPACITY (cap < the requests to park: *n_parked says how many; nothing
+   parked), OUT_OF_MEMORY or a store ops' error (nothing parked).
+   Thread safety: like every arena call. */
+MSKV_API mskv_result mskv_make_room(mskv_arena *arena, int64_t pages_needed, uint64_t host_budget_bytes, const mskv_segment *batch, int32_t n_batch, mskv_request *parked, int32_t cap, int32_t *n_parked);
 
 /* // >>cpu backend -------------------------------------------------------- */
 /* The host side of everything the GPU kernels do, and their test oracle:
@@ -815,25 +968,39 @@ static void mskv__hash_u64(mskv__hash *h, uint64_t v) {
 
 enum { MSKV__PAGE_NULL = 0, MSKV__PAGE_FREE = 1, MSKV__PAGE_LIVE = 2, MSKV__PAGE_PENDING = 3 };
 
+/* One layer group's part of a request: its pages, prefix and window. */
+typedef struct mskv__tab {
+    int64_t prefix_tokens, live_start;
+    int32_t prefix_pages;
+    int32_t *mem;             /* the table's memory */
+    int32_t *pages;           /* mem + head: releases move the head, not the live pages */
+    int32_t head, num_pages, cap_pages;
+    int32_t host_pages;       /* offloaded: this group's records in the host copy */
+    uint64_t epoch;
+    uint8_t has_ret;
+    mskv_retention retention;
+} mskv__tab;
+
 typedef struct mskv__req {
     uint16_t gen;
-    uint8_t used, location, keyed, sealed, has_res, has_ret, mark, paused;
-    int64_t committed, reserved, prefix_tokens, live_start, published;
-    int32_t prefix_pages;
-    int32_t *tab;             /* the table's memory */
-    int32_t *pages;           /* tab + head: releases move the head, not the live pages */
-    int32_t head, num_pages, cap_pages;
-    uint64_t epoch, key;
-    mskv_retention retention;
-    unsigned char *host;      /* offloaded copy: host_pages records */
+    uint8_t used, location, keyed, sealed, has_res, mark, paused;
+    int64_t committed, reserved, published;   /* tokens: the same in every group */
+    mskv__tab *t;             /* [num_groups], fixed per slot */
+    uint64_t key;
+    uint64_t last_admit;      /* the arena's admit count at its last admit; 0 = never */
+    unsigned char *host;      /* offloaded copy: every group's records, group after group */
     size_t host_cap;          /* bytes allocated at host (it may be a larger reused block) */
-    int32_t host_pages;
+    int32_t lock;             /* lockstep slot + 1; 0 = none */
+    int32_t lock_next;        /* the next member's index; -1 after the last */
 } mskv__req;
+
+typedef struct mskv__lockstep { uint16_t gen; uint8_t used; int32_t first, count; } mskv__lockstep;
+typedef struct mskv__rank { uint64_t key; int32_t ri; } mskv__rank;
 
 struct mskv_arena {
     mskv_arena_desc desc;
     mskv_allocator al;
-    int32_t P, num_pages, max_req;
+    int32_t P, num_pages, max_req, G;
     uint8_t *state;
     int32_t *refcount;
     int32_t *free_stack;
@@ -841,11 +1008,18 @@ struct mskv_arena {
     int32_t *pend_page;        /* FIFO ring of pending pages; fences are nondecreasing */
     uint64_t *pend_fence;
     int32_t pend_head, pend_count;
-    int32_t *scratch;          /* audit / stats workspace, num_pages entries */
+    int32_t *scratch;          /* audit / stats / make_room workspace, num_pages entries */
     mskv__req *reqs;
+    mskv__tab *tabs;           /* [max_req][G] */
     int32_t *req_free;
     int32_t req_free_top, nreq;
+    mskv__lockstep *ls;        /* lockstep groups: at most max_req / 2 (two members each) */
+    int32_t *ls_free;
+    int32_t max_ls, ls_free_top, nls;
+    mskv__rank *rank;          /* make_room: candidates, max_req entries */
+    int32_t *pick;             /* make_room / lockstep calls: request indices, max_req entries */
     uint64_t step, completed, epoch_counter;
+    uint64_t admits;           /* successful admit calls: the order make_room parks in */
     int64_t offloaded_pages;
     mskv_store_info store;
     size_t record_bytes;       /* one page, all layers, K and V: num_layers * 2 * page_bytes */
@@ -907,7 +1081,7 @@ static void mskv__host_put(mskv_arena *a, unsigned char *p, size_t cap) {
     a->spare_cap = cap;
 }
 
-static void mskv__emit(mskv_arena *a, mskv_event_type type, int32_t ri, int32_t page, int64_t first) {
+static void mskv__emit(mskv_arena *a, mskv_event_type type, int32_t ri, int32_t g, int32_t page, int64_t first) {
     mskv_event e;
     if (!a->desc.on_event) return;
     e.type = type;
@@ -915,7 +1089,23 @@ static void mskv__emit(mskv_arena *a, mskv_event_type type, int32_t ri, int32_t 
     e.page = page;
     e.first_token = first;
     e.step = a->step;
+    e.group = g;
     a->desc.on_event(a->desc.event_user, &e);
+}
+
+/* Every page free, handed out in id order (page 1 first), as in a new arena;
+   request slots likewise (their generations are kept). */
+static void mskv__fresh_lists(mskv_arena *a) {
+    int32_t i;
+    for (i = 1; i < a->num_pages; i++) {
+        a->state[i] = MSKV__PAGE_FREE;
+        a->free_stack[a->num_pages - 1 - i] = i;
+    }
+    a->free_top = a->num_pages - 1;
+    for (i = 0; i < a->max_req; i++) a->req_free[i] = a->max_req - 1 - i;
+    a->req_free_top = a->max_req;
+    for (i = 0; i < a->max_ls; i++) a->ls_free[i] = a->max_ls - 1 - i;
+    a->ls_free_top = a->max_ls;
 }
 
 MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out) {
@@ -926,6 +1116,7 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     *out = NULL;
     if (desc->num_pages < 2 || desc->page_size < 1 || desc->max_requests < 0 || desc->max_requests > 65535 ||
         desc->num_layers < 0 || (unsigned)desc->retire_mode > 1u ||
+        desc->num_groups < 0 || desc->num_groups > MSKV_MAX_GROUPS ||
         (desc->allocator.alloc || desc->allocator.realloc || desc->allocator.free) !=
             (desc->allocator.alloc && desc->allocator.realloc && desc->allocator.free) ||
         (desc->host_allocator.alloc || desc->host_allocator.realloc || desc->host_allocator.free) !=
@@ -951,6 +1142,8 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     a->P = desc->page_size;
     a->num_pages = desc->num_pages;
     a->max_req = desc->max_requests ? desc->max_requests : 256;
+    a->G = desc->num_groups ? desc->num_groups : 1;
+    a->max_ls = a->max_req / 2 > 0 ? a->max_req / 2 : 1;
 #ifndef MSKV_NO_THREADS
     if (pthread_mutex_init(&a->lock, NULL) != 0) {
         mskv__free(&a->al, a);
@@ -966,7 +1159,12 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     a->pend_fence = (uint64_t *)mskv__alloc(&a->al, n * sizeof(uint64_t));
     a->scratch = (int32_t *)mskv__alloc(&a->al, n * sizeof(int32_t));
     a->reqs = (mskv__req *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(mskv__req));
+    a->tabs = (mskv__tab *)mskv__alloc(&a->al, (size_t)a->max_req * (size_t)a->G * sizeof(mskv__tab));
     a->req_free = (int32_t *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(int32_t));
+    a->ls = (mskv__lockstep *)mskv__alloc(&a->al, (size_t)a->max_ls * sizeof(mskv__lockstep));
+    a->ls_free = (int32_t *)mskv__alloc(&a->al, (size_t)a->max_ls * sizeof(int32_t));
+    a->rank = (mskv__rank *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(mskv__rank));
+    a->pick = (int32_t *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(int32_t));
     if (nl > 0 && !desc->store_ops) {
         a->pools = (unsigned char **)mskv__alloc(&a->al, (size_t)nl * 2 * sizeof(unsigned char *));
         if (a->pools) {
@@ -978,23 +1176,25 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
             }
         }
     }
+    if (a->reqs) memset(a->reqs, 0, (size_t)a->max_req * sizeof(mskv__req));
+    if (a->tabs) memset(a->tabs, 0, (size_t)a->max_req * (size_t)a->G * sizeof(mskv__tab));
     if (!a->state || !a->refcount || !a->free_stack || !a->pend_page || !a->pend_fence || !a->scratch ||
-        !a->reqs || !a->req_free || (nl > 0 && !desc->store_ops && (!a->pools || !a->pools[nl * 2 - 1]))) {
+        !a->reqs || !a->tabs || !a->req_free || !a->ls || !a->ls_free || !a->rank || !a->pick ||
+        (nl > 0 && !desc->store_ops && (!a->pools || !a->pools[nl * 2 - 1]))) {
         a->store.num_layers = (a->pools ? nl : 0);
         mskv_arena_destroy(a);
         return MSKV_ERROR_OUT_OF_MEMORY;
     }
-    memset(a->reqs, 0, (size_t)a->max_req * sizeof(mskv__req));
-    for (i = 0; i < a->max_req; i++) { a->req_free[i] = a->max_req - 1 - i; a->reqs[i].gen = 1; }
-    a->req_free_top = a->max_req;
+    for (i = 0; i < a->max_req; i++) {
+        a->reqs[i].gen = 1;
+        a->reqs[i].t = a->tabs + (size_t)i * (size_t)a->G;
+        a->reqs[i].lock_next = -1;
+    }
+    memset(a->ls, 0, (size_t)a->max_ls * sizeof(mskv__lockstep));
+    for (i = 0; i < a->max_ls; i++) a->ls[i].gen = 1;
     memset(a->refcount, 0, n * sizeof(int32_t));
     a->state[0] = MSKV__PAGE_NULL;
-    /* the stack pops page 1 first, then 2, ...: a fresh arena allocates in id order */
-    for (i = 1; i < a->num_pages; i++) {
-        a->state[i] = MSKV__PAGE_FREE;
-        a->free_stack[a->num_pages - 1 - i] = i;
-    }
-    a->free_top = a->num_pages - 1;
+    mskv__fresh_lists(a);   /* the stack pops page 1 first, then 2, ...: a fresh arena allocates in id order */
     a->step = 1;
     a->completed = 0;
     a->store.num_layers = nl;
@@ -1018,10 +1218,10 @@ MSKV_IMPL void mskv_arena_destroy(mskv_arena *a) {
     if (!a) return;
     al = a->al;
     if (a->reqs) {
-        for (i = 0; i < a->max_req; i++) {
-            mskv__free(&al, a->reqs[i].tab);
-            mskv__free(mskv__hal(a), a->reqs[i].host);
-        }
+        for (i = 0; i < a->max_req; i++) mskv__free(mskv__hal(a), a->reqs[i].host);
+    }
+    if (a->tabs) {
+        for (i = 0; i < a->max_req * a->G; i++) mskv__free(&al, a->tabs[i].mem);
     }
     mskv__free(mskv__hal(a), a->spare);
     if (a->pools) {
@@ -1038,7 +1238,12 @@ MSKV_IMPL void mskv_arena_destroy(mskv_arena *a) {
     mskv__free(&al, a->pend_fence);
     mskv__free(&al, a->scratch);
     mskv__free(&al, a->reqs);
+    mskv__free(&al, a->tabs);
     mskv__free(&al, a->req_free);
+    mskv__free(&al, a->ls);
+    mskv__free(&al, a->ls_free);
+    mskv__free(&al, a->rank);
+    mskv__free(&al, a->pick);
     mskv__free(&al, a);
 }
 
@@ -1128,11 +1333,11 @@ MSKV_IMPL mskv_result mskv_arena_stats_get(mskv_arena *a, mskv_arena_stats *out)
     if (!a || !out) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     memset(a->scratch, 0, (size_t)a->num_pages * sizeof(int32_t));
-    for (i = 0; i < a->max_req; i++) {
-        const mskv__req *q = &a->reqs[i];
-        if (!q->used) continue;
-        for (j = 0; j < q->prefix_pages && j < q->num_pages; j++)
-            if (!a->scratch[q->pages[j]]) { a->scratch[q->pages[j]] = 1; prot++; }
+    for (i = 0; i < a->max_req * a->G; i++) {
+        const mskv__tab *t = &a->tabs[i];
+        if (!a->reqs[i / a->G].used) continue;
+        for (j = 0; j < t->prefix_pages && j < t->num_pages; j++)
+            if (!a->scratch[t->pages[j]]) { a->scratch[t->pages[j]] = 1; prot++; }
     }
     for (i = 1; i < a->num_pages; i++) live += a->state[i] == MSKV__PAGE_LIVE;
     out->num_pages = a->num_pages;
@@ -1164,15 +1369,22 @@ MSKV_IMPL void *mskv_store_pool(mskv_arena *a, int32_t layer, int kind) {
 
 static int32_t mskv__ceil_div(int64_t x, int64_t d) { return (int32_t)((x + d - 1) / d); }
 
-/* Table entries needed to cover absolute tokens [0, total) given the request's prefix and gap. */
-static int32_t mskv__entries_for(const mskv_arena *a, const mskv__req *q, int64_t total) {
-    int64_t live = (int64_t)mskv__ceil_div(total, a->P) - q->live_start / a->P;
-    return q->prefix_pages + (int32_t)(live > 0 ? live : 0);
+/* Table entries needed to cover absolute tokens [0, total) given the group's prefix and gap. */
+static int32_t mskv__entries_for(const mskv_arena *a, const mskv__tab *t, int64_t total) {
+    int64_t live = (int64_t)mskv__ceil_div(total, a->P) - t->live_start / a->P;
+    return t->prefix_pages + (int32_t)(live > 0 ? live : 0);
 }
-static int64_t mskv__kv_len(const mskv_arena *a, const mskv__req *q) {
+static int64_t mskv__kv_len(const mskv_arena *a, const mskv__req *q, const mskv__tab *t) {
     int64_t end = q->committed + q->reserved;
-    int64_t split = (int64_t)q->prefix_pages * a->P;
-    return split + (end - q->live_start); /* without a gap live_start == split: len == end */
+    int64_t split = (int64_t)t->prefix_pages * a->P;
+    return split + (end - t->live_start); /* without a gap live_start == split: len == end */
+}
+/* Pages a resident request holds over every group (shared ones too). */
+static int64_t mskv__held_pages(const mskv_arena *a, const mskv__req *q) {
+    int64_t n = 0;
+    int32_t g;
+    for (g = 0; g < a->G; g++) n += q->location == MSKV_RESIDENT ? q->t[g].num_pages : q->t[g].host_pages;
+    return n;
 }
 
 /* Resolve a handle to an index; -1 when unknown or stale. */
@@ -1199,40 +1411,57 @@ static mskv_request mskv__handle(const mskv_arena *a, int32_t ri) {
         }                                                                                         \
     } while (0)
 
+/* The *_in_group calls' group check (before the lock). */
+#define MSKV__CHECK_GROUP(a, g)                                                                   \
+    do {                                                                                          \
+        if ((g) < 0 || (g) >= (a)->G)                                                             \
+            return mskv__err((a), MSKV_ERROR_INVALID_ARGUMENT, "layer group %d is not in [0, %d)", (int)(g), (int)(a)->G); \
+    } while (0)
+
 /* Room for `need` entries from the head. Moving the entries to the front or
    growing the memory changes no logical state, so a failure here is harmless. */
-static mskv_result mskv__reserve_table(mskv_arena *a, mskv__req *q, int32_t need) {
+static mskv_result mskv__reserve_table(mskv_arena *a, mskv__tab *t, int32_t need) {
     int32_t cap;
     int32_t *p;
-    if (q->head + need <= q->cap_pages) return MSKV_SUCCESS;
-    if (q->head > 0) {
-        if (q->num_pages) memmove(q->tab, q->pages, (size_t)q->num_pages * sizeof(int32_t));
-        q->head = 0;
-        q->pages = q->tab;
-        if (need <= q->cap_pages) return MSKV_SUCCESS;
+    if (t->head + need <= t->cap_pages) return MSKV_SUCCESS;
+    if (t->head > 0) {
+        if (t->num_pages) memmove(t->mem, t->pages, (size_t)t->num_pages * sizeof(int32_t));
+        t->head = 0;
+        t->pages = t->mem;
+        if (need <= t->cap_pages) return MSKV_SUCCESS;
     }
-    cap = q->cap_pages ? q->cap_pages : 8;
+    cap = t->cap_pages ? t->cap_pages : 8;
     while (cap < need) cap = cap > (1 << 29) ? need : cap * 2;
-    p = (int32_t *)mskv__realloc(&a->al, q->tab, (size_t)cap * sizeof(int32_t));
+    p = (int32_t *)mskv__realloc(&a->al, t->mem, (size_t)cap * sizeof(int32_t));
     if (!p) return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "page table of %d entries", (int)cap);
-    q->tab = q->pages = p;
-    q->cap_pages = cap;
+    t->mem = t->pages = p;
+    t->cap_pages = cap;
     return MSKV_SUCCESS;
 }
 
 static int32_t mskv__new_req(mskv_arena *a) {
-    int32_t ri;
+    int32_t ri, g;
     mskv__req *q;
+    mskv__tab *t;
     uint16_t gen;
-    int32_t *pages, cap;
     if (a->req_free_top == 0) return -1;
     ri = a->req_free[--a->req_free_top];
     q = &a->reqs[ri];
-    gen = q->gen; pages = q->tab; cap = q->cap_pages;
+    gen = q->gen;
+    t = q->t;
     memset(q, 0, sizeof *q);
-    q->gen = gen; q->tab = q->pages = pages; q->cap_pages = cap; /* keep the table's memory: no allocation in steady state */
+    q->gen = gen;
+    q->t = t;
+    q->lock_next = -1;
     q->used = 1;
-    q->epoch = ++a->epoch_counter;
+    ++a->epoch_counter;
+    for (g = 0; g < a->G; g++) {
+        int32_t *mem = t[g].mem, cap = t[g].cap_pages;
+        memset(&t[g], 0, sizeof t[g]);
+        t[g].mem = t[g].pages = mem;   /* keep the table's memory: no allocation in steady state */
+        t[g].cap_pages = cap;
+        t[g].epoch = a->epoch_counter;
+    }
     a->nreq++;
     return ri;
 }
@@ -1245,16 +1474,28 @@ static void mskv__undo_new_req(mskv_arena *a, int32_t ri) {
     a->epoch_counter--;
 }
 
-static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t from, int32_t count);
+static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t g, int32_t from, int32_t count);
 
+/* Drop every group's pages, the last group first: one request's admit, then
+   drop, then admit gives the same page ids. */
+static void mskv__drop_all(mskv_arena *a, int32_t ri) {
+    int32_t g;
+    for (g = a->G - 1; g >= 0; g--) mskv__drop_pages(a, ri, g, 0, a->reqs[ri].t[g].num_pages);
+}
+
+/* Callers unlink a lockstep member first. */
 static void mskv__del_req(mskv_arena *a, int32_t ri) {
     mskv__req *q = &a->reqs[ri];
-    mskv__drop_pages(a, ri, 0, q->num_pages);
+    int32_t g;
+    MSKV_ASSERT(q->lock == 0);
+    mskv__drop_all(a, ri);
     mskv__host_put(a, q->host, q->host_cap);
-    a->offloaded_pages -= q->host_pages;
+    for (g = 0; g < a->G; g++) {
+        a->offloaded_pages -= q->t[g].host_pages;
+        q->t[g].host_pages = 0;
+    }
     q->host = NULL;
     q->host_cap = 0;
-    q->host_pages = 0;
     q->used = 0;
     q->gen = (uint16_t)(q->gen + 1);
     a->req_free[a->req_free_top++] = ri;
@@ -1262,31 +1503,32 @@ static void mskv__del_req(mskv_arena *a, int32_t ri) {
 }
 
 /* Absolute position of the first slot of table entry i. */
-static int64_t mskv__entry_pos(const mskv_arena *a, const mskv__req *q, int32_t i) {
-    return i < q->prefix_pages ? (int64_t)i * a->P : q->live_start + (int64_t)(i - q->prefix_pages) * a->P;
+static int64_t mskv__entry_pos(const mskv_arena *a, const mskv__tab *t, int32_t i) {
+    return i < t->prefix_pages ? (int64_t)i * a->P : t->live_start + (int64_t)(i - t->prefix_pages) * a->P;
 }
 
-/* Remove table entries [from, from+count), unreferencing their pages, and close
-   the gap by moving the shorter side (releases move the few prefix pages, not
-   the long live window). Pages are freed last-first, so the free stack hands
-   them out again in table order: admit + abort + admit gives the same ids. */
-static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t from, int32_t count) {
-    mskv__req *q = &a->reqs[ri];
+/* Remove group g's table entries [from, from+count), unreferencing their
+   pages, and close the gap by moving the shorter side (releases move the few
+   prefix pages, not the long live window). Pages are freed last-first, so the
+   free stack hands them out again in table order: admit + abort + admit gives
+   the same ids. */
+static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t g, int32_t from, int32_t count) {
+    mskv__tab *t = &a->reqs[ri].t[g];
     int32_t i, after;
     if (count <= 0) return;
     for (i = from; a->desc.on_event && i < from + count; i++)
-        mskv__emit(a, MSKV_EVENT_PAGE_REMOVED, ri, q->pages[i], mskv__entry_pos(a, q, i));
-    for (i = from + count - 1; i >= from; i--) mskv__unref(a, q->pages[i]);
-    after = q->num_pages - from - count;
+        mskv__emit(a, MSKV_EVENT_PAGE_REMOVED, ri, g, t->pages[i], mskv__entry_pos(a, t, i));
+    for (i = from + count - 1; i >= from; i--) mskv__unref(a, t->pages[i]);
+    after = t->num_pages - from - count;
     if (from <= after) {
-        if (from) memmove(q->pages + count, q->pages, (size_t)from * sizeof(int32_t));
-        q->head += count;
-        q->pages += count;
+        if (from) memmove(t->pages + count, t->pages, (size_t)from * sizeof(int32_t));
+        t->head += count;
+        t->pages += count;
     } else if (after) {
-        memmove(q->pages + from, q->pages + from + count, (size_t)after * sizeof(int32_t));
+        memmove(t->pages + from, t->pages + from + count, (size_t)after * sizeof(int32_t));
     }
-    q->num_pages -= count;
-    if (q->num_pages == 0) { q->head = 0; q->pages = q->tab; }
+    t->num_pages -= count;
+    if (t->num_pages == 0) { t->head = 0; t->pages = t->mem; }
 }
 
 MSKV_IMPL mskv_result mskv_request_add(mskv_arena *a, mskv_request *out) {
@@ -1303,14 +1545,22 @@ MSKV_IMPL mskv_result mskv_request_add(mskv_arena *a, mskv_request *out) {
     return MSKV_SUCCESS;
 }
 
+/* The single-request calls that free or move pages refuse lockstep members. */
+static mskv_result mskv__check_solo(mskv_arena *a, const mskv__req *q, const char *what) {
+    if (q->lock) return mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: the request is a lockstep member (use mskv_lockstep_%s)", what, what);
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_request_remove(mskv_arena *a, mskv_request h) {
     int32_t ri;
+    mskv_result r;
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
-    mskv__del_req(a, ri);
+    r = mskv__check_solo(a, &a->reqs[ri], "remove");
+    if (r == MSKV_SUCCESS) mskv__del_req(a, ri);
     MSKV__UNLOCK(a);
-    return MSKV_SUCCESS;
+    return r;
 }
 
 static void mskv__copy_page_bytes(mskv_arena *a, int32_t src, int32_t dst, mskv_result *r) {
@@ -1325,8 +1575,25 @@ static void mskv__copy_page_bytes(mskv_arena *a, int32_t src, int32_t dst, mskv_
     *r = MSKV_SUCCESS;
 }
 
+/* Fresh pages for the partial last page of each of the parent's groups,
+   with the bytes copied: all or none (on failure nothing is taken). */
+static mskv_result mskv__fork_copies(mskv_arena *a, const mskv__req *p, int32_t *fresh, int32_t *n) {
+    int32_t g, k = 0, i = 0;
+    mskv_result r;
+    int partial = p->committed % a->P != 0;
+    for (g = 0; g < a->G; g++) k += partial && p->t[g].num_pages > 0;
+    *n = k;
+    r = mskv__take(a, k, fresh);
+    if (r != MSKV_SUCCESS) return r;
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++)
+        if (partial && p->t[g].num_pages > 0)
+            mskv__copy_page_bytes(a, p->t[g].pages[p->t[g].num_pages - 1], fresh[i++], &r);
+    if (r != MSKV_SUCCESS) mskv__untake(a, k, fresh);
+    return r;
+}
+
 MSKV_IMPL mskv_result mskv_request_fork(mskv_arena *a, mskv_request parent, mskv_request *child) {
-    int32_t pi, ci, i, partial, fresh = 0;
+    int32_t pi, ci, i, g, k = 0, fresh[MSKV_MAX_GROUPS];
     mskv__req *p, *c;
     mskv_result r;
     if (!a || !child) return MSKV_ERROR_NULL_POINTER;
@@ -1337,79 +1604,90 @@ MSKV_IMPL mskv_result mskv_request_fork(mskv_arena *a, mskv_request parent, mskv
       : p->has_res ? MSKV_ERROR_RESERVATION_PENDING
       : p->keyed ? MSKV_ERROR_READ_ONLY : MSKV_SUCCESS;
     if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return mskv__err(a, r, "fork: %s", mskv_result_string(r)); }
-    partial = (p->num_pages > 0 && p->committed % a->P != 0);
     ci = mskv__new_req(a);
     if (ci < 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "fork: no request slot"); }
     p = &a->reqs[pi];
     c = &a->reqs[ci];
-    r = mskv__reserve_table(a, c, p->num_pages);
-    if (r == MSKV_SUCCESS && partial) r = mskv__take(a, 1, &fresh);
-    if (r == MSKV_SUCCESS && partial) {
-        mskv__copy_page_bytes(a, p->pages[p->num_pages - 1], fresh, &r);
-        if (r != MSKV_SUCCESS) mskv__untake(a, 1, &fresh);
-    }
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++) r = mskv__reserve_table(a, &c->t[g], p->t[g].num_pages);
+    if (r == MSKV_SUCCESS) r = mskv__fork_copies(a, p, fresh, &k);
     if (r != MSKV_SUCCESS) {
         mskv__undo_new_req(a, ci);
         MSKV__UNLOCK(a);
         return r;
     }
-    for (i = 0; i < p->num_pages; i++) {
-        c->pages[i] = p->pages[i];
-        if (!(partial && i == p->num_pages - 1)) a->refcount[p->pages[i]]++;
+    for (g = 0, k = 0; g < a->G; g++) {
+        const mskv__tab *pt = &p->t[g];
+        mskv__tab *ct = &c->t[g];
+        int partial = pt->num_pages > 0 && p->committed % a->P != 0;
+        for (i = 0; i < pt->num_pages; i++) {
+            ct->pages[i] = pt->pages[i];
+            if (!(partial && i == pt->num_pages - 1)) a->refcount[pt->pages[i]]++;
+        }
+        if (partial) ct->pages[pt->num_pages - 1] = fresh[k++];
+        ct->num_pages = pt->num_pages;
+        ct->prefix_tokens = pt->prefix_tokens;
+        ct->prefix_pages = pt->prefix_pages;
+        ct->live_start = pt->live_start;
     }
-    if (partial) c->pages[p->num_pages - 1] = fresh;
-    c->num_pages = p->num_pages;
     c->committed = p->committed;
-    c->prefix_tokens = p->prefix_tokens;
-    c->prefix_pages = p->prefix_pages;
-    c->live_start = p->live_start;
     c->published = p->published;
     *child = mskv__handle(a, ci);
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
 }
 
-static void mskv__fill_info(const mskv_arena *a, const mskv__req *q, mskv_request_info *o) {
+static void mskv__fill_info(const mskv_arena *a, const mskv__req *q, int32_t g, mskv_request_info *o) {
+    const mskv__tab *t = &q->t[g];
     o->committed = q->committed;
     o->reserved = q->reserved;
     o->has_reservation = q->has_res;
-    o->prefix_tokens = q->prefix_tokens;
-    o->prefix_pages = q->prefix_pages;
-    o->live_start = q->live_start;
-    o->num_pages = q->location == MSKV_RESIDENT ? q->num_pages : q->host_pages;
-    o->kv_len = mskv__kv_len(a, q);
-    o->prefix_epoch = q->epoch;
+    o->prefix_tokens = t->prefix_tokens;
+    o->prefix_pages = t->prefix_pages;
+    o->live_start = t->live_start;
+    o->num_pages = q->location == MSKV_RESIDENT ? t->num_pages : t->host_pages;
+    o->kv_len = mskv__kv_len(a, q, t);
+    o->prefix_epoch = t->epoch;
     o->location = (mskv_location)q->location;
     o->keyed = q->keyed;
     o->sealed = q->sealed;
     o->paused = q->paused;
+    o->lockstep = q->lock != 0;
+    o->last_admitted = q->last_admit;
 }
 
-MSKV_IMPL mskv_result mskv_request_info_get(mskv_arena *a, mskv_request h, mskv_request_info *out) {
+MSKV_IMPL mskv_result mskv_request_info_in_group(mskv_arena *a, mskv_request h, int32_t g, mskv_request_info *out) {
     int32_t ri;
     if (!a || !out) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
-    mskv__fill_info(a, &a->reqs[ri], out);
+    mskv__fill_info(a, &a->reqs[ri], g, out);
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
 }
+MSKV_IMPL mskv_result mskv_request_info_get(mskv_arena *a, mskv_request h, mskv_request_info *out) {
+    return mskv_request_info_in_group(a, h, 0, out);
+}
 
-MSKV_IMPL mskv_result mskv_request_pages(mskv_arena *a, mskv_request h, int32_t *pages, int32_t cap, int32_t *count) {
+MSKV_IMPL mskv_result mskv_request_pages_in_group(mskv_arena *a, mskv_request h, int32_t g, int32_t *pages, int32_t cap, int32_t *count) {
     int32_t ri;
-    const mskv__req *q;
+    const mskv__tab *t;
     if (!a || !count) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
-    q = &a->reqs[ri];
-    if (q->location != MSKV_RESIDENT) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OFFLOADED, "pages: request is offloaded"); }
-    *count = q->num_pages;
+    t = &a->reqs[ri].t[g];
+    if (a->reqs[ri].location != MSKV_RESIDENT) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OFFLOADED, "pages: request is offloaded"); }
+    *count = t->num_pages;
     if (!pages && cap == 0) { MSKV__UNLOCK(a); return MSKV_SUCCESS; } /* a size query */
     if (!pages) { MSKV__UNLOCK(a); return MSKV_ERROR_NULL_POINTER; }
-    if (cap < q->num_pages) { MSKV__UNLOCK(a); return MSKV_ERROR_CAPACITY; }
-    if (q->num_pages) memcpy(pages, q->pages, (size_t)q->num_pages * sizeof(int32_t));
+    if (cap < t->num_pages) { MSKV__UNLOCK(a); return MSKV_ERROR_CAPACITY; }
+    if (t->num_pages) memcpy(pages, t->pages, (size_t)t->num_pages * sizeof(int32_t));
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
+}
+MSKV_IMPL mskv_result mskv_request_pages(mskv_arena *a, mskv_request h, int32_t *pages, int32_t cap, int32_t *count) {
+    return mskv_request_pages_in_group(a, h, 0, pages, cap, count);
 }
 
 /* Checks shared by the mutators: resident, and writable unless allow_keyed. */
@@ -1419,33 +1697,34 @@ static mskv_result mskv__check_mutable(mskv_arena *a, const mskv__req *q, const 
     return MSKV_SUCCESS;
 }
 
-static mskv_result mskv__protect(mskv_arena *a, int32_t ri, int64_t n) {
-    mskv__req *q = &a->reqs[ri];
+static mskv_result mskv__protect(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
+    mskv__tab *t = &a->reqs[ri].t[g];
     int32_t pp = mskv__ceil_div(n, a->P);
-    int gap = q->live_start > (int64_t)q->prefix_pages * a->P;
-    if (n == q->prefix_tokens) return MSKV_SUCCESS;
-    if (gap && pp > q->prefix_pages)
+    int gap = t->live_start > (int64_t)t->prefix_pages * a->P;
+    if (n == t->prefix_tokens) return MSKV_SUCCESS;
+    if (gap && pp > t->prefix_pages)
         return mskv__err(a, MSKV_ERROR_RELEASED, "protect %lld: tokens from %lld on were released", (long long)n,
-                         (long long)q->prefix_pages * a->P);
-    if (gap && pp < q->prefix_pages)
+                         (long long)t->prefix_pages * a->P);
+    if (gap && pp < t->prefix_pages)
         return mskv__err(a, MSKV_ERROR_BAD_STATE, "protect %lld: cannot unprotect pages in front of released ones",
                          (long long)n);
-    if (!gap) q->live_start = (int64_t)pp * a->P;
-    q->prefix_tokens = n;
-    q->prefix_pages = pp;
-    q->epoch = ++a->epoch_counter;
+    if (!gap) t->live_start = (int64_t)pp * a->P;
+    t->prefix_tokens = n;
+    t->prefix_pages = pp;
+    t->epoch = ++a->epoch_counter;
     return MSKV_SUCCESS;
 }
 
 MSKV_IMPL mskv_result mskv_request_reserve(mskv_arena *a, mskv_request h, int64_t tokens) {
-    int32_t ri;
+    int32_t ri, g;
     mskv_result r = MSKV_SUCCESS;
     if (!a) return MSKV_ERROR_NULL_POINTER;
     if (tokens < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (tokens > (int64_t)INT32_MAX - a->P) return MSKV_ERROR_OVERFLOW;
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
-    r = mskv__reserve_table(a, &a->reqs[ri], mskv__ceil_div(tokens, a->P) + 1);
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++)
+        r = mskv__reserve_table(a, &a->reqs[ri].t[g], mskv__ceil_div(tokens, a->P) + 1);
     MSKV__UNLOCK(a);
     return r;
 }
@@ -1467,10 +1746,11 @@ static mskv_result mskv__set_paused(mskv_arena *a, mskv_request h, uint8_t pause
 MSKV_IMPL mskv_result mskv_request_pause(mskv_arena *a, mskv_request h) { return mskv__set_paused(a, h, 1); }
 MSKV_IMPL mskv_result mskv_request_resume(mskv_arena *a, mskv_request h) { return mskv__set_paused(a, h, 0); }
 
-MSKV_IMPL mskv_result mskv_request_protect_prefix(mskv_arena *a, mskv_request h, int64_t n) {
+MSKV_IMPL mskv_result mskv_request_protect_prefix_in_group(mskv_arena *a, mskv_request h, int32_t g, int64_t n) {
     int32_t ri;
     mskv_result r;
     if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     r = mskv__check_mutable(a, &a->reqs[ri], "protect");
@@ -1478,73 +1758,93 @@ MSKV_IMPL mskv_result mskv_request_protect_prefix(mskv_arena *a, mskv_request h,
     if (r == MSKV_SUCCESS && n > a->reqs[ri].committed)
         r = mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "protect %lld: only %lld tokens are committed", (long long)n,
                       (long long)a->reqs[ri].committed);
-    if (r == MSKV_SUCCESS) r = mskv__protect(a, ri, n);
+    if (r == MSKV_SUCCESS) r = mskv__protect(a, ri, g, n);
     MSKV__UNLOCK(a);
     return r;
 }
+MSKV_IMPL mskv_result mskv_request_protect_prefix(mskv_arena *a, mskv_request h, int64_t n) {
+    return mskv_request_protect_prefix_in_group(a, h, 0, n);
+}
 
-static int64_t mskv__release(mskv_arena *a, int32_t ri, int64_t n) {
-    mskv__req *q = &a->reqs[ri];
-    int64_t point = q->live_start + n;
-    int32_t count = (int32_t)(point / a->P - q->live_start / a->P);
+static int64_t mskv__release(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
+    mskv__tab *t = &a->reqs[ri].t[g];
+    int64_t point = t->live_start + n;
+    int32_t count = (int32_t)(point / a->P - t->live_start / a->P);
     if (count <= 0) return 0;
-    mskv__drop_pages(a, ri, q->prefix_pages, count);
-    q->live_start += (int64_t)count * a->P;
+    mskv__drop_pages(a, ri, g, t->prefix_pages, count);
+    t->live_start += (int64_t)count * a->P;
     return (int64_t)count * a->P;
 }
 
-MSKV_IMPL mskv_result mskv_request_release_oldest(mskv_arena *a, mskv_request h, int64_t n, int64_t *released) {
-    int32_t ri;
-    mskv_result r;
-    int64_t live, got = 0;
-    if (!a) return MSKV_ERROR_NULL_POINTER;
-    MSKV__LOCK(a);
-    MSKV__GET(a, h, ri);
-    r = mskv__check_mutable(a, &a->reqs[ri], "release");
-    live = a->reqs[ri].committed - a->reqs[ri].live_start;
+/* What release_oldest(n) of group g checks, without the lockstep rule. */
+static mskv_result mskv__check_release(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
+    const mskv__req *q = &a->reqs[ri];
+    int64_t live = q->committed - q->t[g].live_start;
+    mskv_result r = mskv__check_mutable(a, q, "release");
     if (live < 0) live = 0;
     if (r == MSKV_SUCCESS && n < 0) r = mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "release: negative count");
     if (r == MSKV_SUCCESS && n > live)
         r = mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "release %lld: only %lld committed live tokens", (long long)n,
                       (long long)live);
-    if (r == MSKV_SUCCESS) got = mskv__release(a, ri, n);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_request_release_oldest_in_group(mskv_arena *a, mskv_request h, int32_t g, int64_t n, int64_t *released) {
+    int32_t ri;
+    mskv_result r;
+    int64_t got = 0;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    r = mskv__check_release(a, ri, g, n);
+    if (r == MSKV_SUCCESS) r = mskv__check_solo(a, &a->reqs[ri], "release_oldest");
+    if (r == MSKV_SUCCESS) got = mskv__release(a, ri, g, n);
     if (r == MSKV_SUCCESS && released) *released = got;
     MSKV__UNLOCK(a);
     return r;
 }
+MSKV_IMPL mskv_result mskv_request_release_oldest(mskv_arena *a, mskv_request h, int64_t n, int64_t *released) {
+    return mskv_request_release_oldest_in_group(a, h, 0, n, released);
+}
 
-/* Compacted index of an absolute position, with the position's status. */
-static mskv_result mskv__compact_index(const mskv_arena *a, const mskv__req *q, int64_t pos, int64_t *j) {
-    int64_t split = (int64_t)q->prefix_pages * a->P;
+/* Compacted index of an absolute position in group table t, with the position's status. */
+static mskv_result mskv__compact_index(const mskv_arena *a, const mskv__req *q, const mskv__tab *t, int64_t pos, int64_t *j) {
+    int64_t split = (int64_t)t->prefix_pages * a->P;
     if (pos < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (pos >= q->committed + q->reserved) return MSKV_ERROR_NOT_WRITTEN;
     if (pos < split) { *j = pos; return MSKV_SUCCESS; }
-    if (pos < q->live_start) return MSKV_ERROR_RELEASED;
-    *j = split + (pos - q->live_start);
+    if (pos < t->live_start) return MSKV_ERROR_RELEASED;
+    *j = split + (pos - t->live_start);
     return MSKV_SUCCESS;
 }
 
-MSKV_IMPL mskv_result mskv_request_slot(mskv_arena *a, mskv_request h, int64_t pos, int64_t *slot) {
+MSKV_IMPL mskv_result mskv_request_slot_in_group(mskv_arena *a, mskv_request h, int32_t g, int64_t pos, int64_t *slot) {
     int32_t ri;
     int64_t j = 0;
     mskv_result r;
     const mskv__req *q;
     if (!a || !slot) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
     if (q->location != MSKV_RESIDENT) r = MSKV_ERROR_OFFLOADED;
-    else r = mskv__compact_index(a, q, pos, &j);
-    if (r == MSKV_SUCCESS) *slot = (int64_t)q->pages[j / a->P] * a->P + j % a->P;
+    else r = mskv__compact_index(a, q, &q->t[g], pos, &j);
+    if (r == MSKV_SUCCESS) *slot = (int64_t)q->t[g].pages[j / a->P] * a->P + j % a->P;
     else r = mskv__err(a, r, "slot of position %lld: %s", (long long)pos, mskv_result_string(r));
     MSKV__UNLOCK(a);
     return r;
+}
+MSKV_IMPL mskv_result mskv_request_slot(mskv_arena *a, mskv_request h, int64_t pos, int64_t *slot) {
+    return mskv_request_slot_in_group(a, h, 0, pos, slot);
 }
 
 /* // >>offload (implementation) ------------------------------------------ */
 
 static mskv_result mskv__read_pages(mskv_arena *a, const int32_t *pages, int32_t n, unsigned char *dst) {
     int32_t i, l;
+    if (n == 0) return MSKV_SUCCESS;
     if (a->desc.store_ops) return a->desc.store_ops->read_pages(a->desc.store_ops->user, pages, n, dst);
     if (!a->pools) return MSKV_SUCCESS;
     for (i = 0; i < n; i++)
@@ -1555,6 +1855,7 @@ static mskv_result mskv__read_pages(mskv_arena *a, const int32_t *pages, int32_t
 }
 static mskv_result mskv__write_pages(mskv_arena *a, const int32_t *pages, int32_t n, const unsigned char *src) {
     int32_t i, l;
+    if (n == 0) return MSKV_SUCCESS;
     if (a->desc.store_ops) return a->desc.store_ops->write_pages(a->desc.store_ops->user, pages, n, src);
     if (!a->pools) return MSKV_SUCCESS;
     for (i = 0; i < n; i++)
@@ -1564,82 +1865,150 @@ static mskv_result mskv__write_pages(mskv_arena *a, const int32_t *pages, int32_
     return MSKV_SUCCESS;
 }
 
+/* Every group's pages, group after group, into dst (the host copy's layout). */
+static mskv_result mskv__read_request(mskv_arena *a, const mskv__req *q, unsigned char *dst) {
+    int32_t g;
+    size_t at = 0;
+    mskv_result r = MSKV_SUCCESS;
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++) {
+        r = mskv__read_pages(a, q->t[g].pages, q->t[g].num_pages, dst + at);
+        at += (size_t)q->t[g].num_pages * a->record_bytes;
+    }
+    return r;
+}
+
+/* Parking (offload) of the requests idx[0..n) is all or nothing, in two
+   phases. Copy: each request's pages go into a host buffer, held in its host
+   field while it stays resident; on any failure every buffer goes back (the
+   arena's spare as it was) and nothing has changed. */
+static mskv_result mskv__park_copy(mskv_arena *a, const int32_t *idx, int32_t n, const char *what) {
+    unsigned char *spare = a->spare;
+    size_t spare_cap = a->spare_cap, bytes = 0;
+    mskv_result r = MSKV_SUCCESS;
+    int32_t i, j;
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
+        mskv__req *q = &a->reqs[idx[i]];
+        if (!mskv__mul((size_t)mskv__held_pages(a, q), a->record_bytes, &bytes)) {
+            r = MSKV_ERROR_OVERFLOW;
+            break;
+        }
+        if (bytes == 0) continue;
+        q->host = mskv__host_get(a, bytes, &q->host_cap);
+        if (!q->host) { r = mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "%s: %zu host bytes", what, bytes); break; }
+        r = mskv__read_request(a, q, q->host);
+        if (r != MSKV_SUCCESS) { i++; r = mskv__err(a, r, "%s: reading pages failed, the requests stay resident", what); break; }
+    }
+    if (r == MSKV_SUCCESS) return r;
+    for (j = 0; j < i; j++) {
+        mskv__req *q = &a->reqs[idx[j]];
+        if (q->host && q->host != spare) mskv__free(mskv__hal(a), q->host);
+        q->host = NULL;
+        q->host_cap = 0;
+    }
+    a->spare = spare;
+    a->spare_cap = spare_cap;
+    return r;
+}
+
+/* Parking, phase 2: every copy is complete, so the pages may go. */
+static void mskv__park_commit(mskv_arena *a, const int32_t *idx, int32_t n) {
+    int32_t i, g;
+    for (i = 0; i < n; i++) {
+        mskv__req *q = &a->reqs[idx[i]];
+        for (g = 0; g < a->G; g++) {
+            q->t[g].host_pages = q->t[g].num_pages;
+            a->offloaded_pages += q->t[g].num_pages;
+        }
+        mskv__drop_all(a, idx[i]);
+        q->location = MSKV_OFFLOADED;
+    }
+}
+
+/* Reload of the offloaded requests idx[0..n), all or nothing: pages for all
+   of them, bytes written back; on any failure the pages go back exactly
+   (the free stack as it was) and the host copies stay. */
+static mskv_result mskv__unpark(mskv_arena *a, const int32_t *idx, int32_t n, const char *what) {
+    int64_t need = 0;
+    int32_t i, g;
+    mskv_result r = MSKV_SUCCESS;
+    for (i = 0; i < n; i++) need += mskv__held_pages(a, &a->reqs[idx[i]]);
+    /* out of pages is the common failure: find it before growing the tables */
+    if (need > a->free_top)
+        return mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "%s: need %lld pages, %d free (%d pending)", what, (long long)need,
+                         (int)a->free_top, (int)a->pend_count);
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++)
+        for (g = 0; r == MSKV_SUCCESS && g < a->G; g++)
+            r = mskv__reserve_table(a, &a->reqs[idx[i]].t[g], a->reqs[idx[i]].t[g].host_pages);
+    if (r != MSKV_SUCCESS) return r;
+    for (i = 0; i < n; i++)
+        for (g = 0; g < a->G; g++) {
+            mskv__tab *t = &a->reqs[idx[i]].t[g];
+            r = mskv__take(a, t->host_pages, t->pages);
+            MSKV_ASSERT(r == MSKV_SUCCESS); /* the total was checked above */
+        }
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
+        const mskv__req *q = &a->reqs[idx[i]];
+        size_t at = 0;
+        for (g = 0; r == MSKV_SUCCESS && g < a->G; g++) {
+            if (q->host) r = mskv__write_pages(a, q->t[g].pages, q->t[g].host_pages, q->host + at);
+            at += (size_t)q->t[g].host_pages * a->record_bytes;
+        }
+    }
+    if (r != MSKV_SUCCESS) {
+        for (i = n - 1; i >= 0; i--)
+            for (g = a->G - 1; g >= 0; g--) mskv__untake(a, a->reqs[idx[i]].t[g].host_pages, a->reqs[idx[i]].t[g].pages);
+        return mskv__err(a, r, "%s: writing pages failed, the requests stay offloaded", what);
+    }
+    for (i = 0; i < n; i++) {
+        mskv__req *q = &a->reqs[idx[i]];
+        ++a->epoch_counter;
+        for (g = 0; g < a->G; g++) {
+            q->t[g].num_pages = q->t[g].host_pages;
+            a->offloaded_pages -= q->t[g].host_pages;
+            q->t[g].host_pages = 0;
+            q->t[g].epoch = a->epoch_counter;
+        }
+        mskv__host_put(a, q->host, q->host_cap);
+        q->host = NULL;
+        q->host_cap = 0;
+        q->location = MSKV_RESIDENT;
+    }
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_request_offload(mskv_arena *a, mskv_request h) {
-    int32_t ri, n;
+    int32_t ri;
     mskv__req *q;
     mskv_result r;
-    unsigned char *host = NULL;
-    size_t bytes, cap = 0;
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
     r = mskv__check_mutable(a, q, "offload");
     if (r == MSKV_SUCCESS && q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "offload: commit or abort first");
-    if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
-    n = q->num_pages;
-    if (!mskv__mul((size_t)n, a->record_bytes, &bytes)) { MSKV__UNLOCK(a); return MSKV_ERROR_OVERFLOW; }
-    if (bytes > 0) {
-        int reused = a->spare != NULL;
-        host = mskv__host_get(a, bytes, &cap);
-        if (!host) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "offload: %zu host bytes", bytes); }
-        reused = reused && a->spare == NULL;
-        r = mskv__read_pages(a, q->pages, n, host);
-        if (r != MSKV_SUCCESS) {
-            if (reused) { a->spare = host; a->spare_cap = cap; }   /* as it was */
-            else mskv__free(mskv__hal(a), host);
-            MSKV__UNLOCK(a);
-            return mskv__err(a, r, "offload: reading pages failed, request stays resident");
-        }
-    }
-    /* the copy is complete: only now may the pages go */
-    mskv__drop_pages(a, ri, 0, n);
-    q->host = host;
-    q->host_cap = cap;
-    q->host_pages = n;
-    q->location = MSKV_OFFLOADED;
-    a->offloaded_pages += n;
+    if (r == MSKV_SUCCESS) r = mskv__check_solo(a, q, "offload");
+    if (r == MSKV_SUCCESS) r = mskv__park_copy(a, &ri, 1, "offload");
+    if (r == MSKV_SUCCESS) mskv__park_commit(a, &ri, 1);   /* the copy is complete: only now may the pages go */
     MSKV__UNLOCK(a);
-    return MSKV_SUCCESS;
+    return r;
 }
 
 MSKV_IMPL mskv_result mskv_request_reload(mskv_arena *a, mskv_request h) {
-    int32_t ri, n;
+    int32_t ri;
     mskv__req *q;
-    mskv_result r;
+    mskv_result r = MSKV_SUCCESS;
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
-    if (q->location != MSKV_OFFLOADED) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_NOT_OFFLOADED, "reload: request is resident"); }
-    n = q->host_pages;
-    /* out of pages is the common failure: find it before growing the table */
-    r = n > a->free_top ? mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "reload: need %d pages, %d free (%d pending)", (int)n,
-                                    (int)a->free_top, (int)a->pend_count)
-                        : mskv__reserve_table(a, q, n);
-    if (r == MSKV_SUCCESS && n > 0) r = mskv__take(a, n, q->pages);
-    if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
-    if (n > 0 && q->host) {
-        r = mskv__write_pages(a, q->pages, n, q->host);
-        if (r != MSKV_SUCCESS) {
-            mskv__untake(a, n, q->pages);
-            MSKV__UNLOCK(a);
-            return mskv__err(a, r, "reload: writing pages failed, request stays offloaded");
-        }
-    }
-    q->num_pages = n;
-    mskv__host_put(a, q->host, q->host_cap);
-    q->host = NULL;
-    q->host_cap = 0;
-    q->host_pages = 0;
-    q->location = MSKV_RESIDENT;
-    q->epoch = ++a->epoch_counter;
-    a->offloaded_pages -= n;
+    if (q->location != MSKV_OFFLOADED) r = mskv__err(a, MSKV_ERROR_NOT_OFFLOADED, "reload: request is resident");
+    if (r == MSKV_SUCCESS) r = mskv__check_solo(a, q, "reload");
+    if (r == MSKV_SUCCESS) r = mskv__unpark(a, &ri, 1, "reload");
     MSKV__UNLOCK(a);
-    return MSKV_SUCCESS;
+    return r;
 }
 
-/* Blob format, little-endian, version 1:
+/* Blob format, little-endian, version 1 (one layer group):
      0  "MSKVBLOB"       8  u32 version      12 u32 header bytes (128)
     16  u64 total bytes (header + payload + 8-byte checksum; at this offset in every version)
     24  u32 page_size   28 u32 num_layers   32 u32 kv_heads   36 u32 head_dim
@@ -1650,9 +2019,20 @@ MSKV_IMPL mskv_result mskv_request_reload(mskv_arena *a, mskv_request h) {
    120  u64 key
    128  payload: pages records of [layer][K,V][page bytes]
    end  u64 checksum of everything before it
+   Version 2 (G > 1 layer groups): the same first 128 bytes describe group 0;
+   then u32 G, u32 0; then for groups 1..G-1 a 64-byte record: u32 pages,
+   u32 prefix_pages, u32 flags (4 retention), u32 0, i64 prefix_tokens,
+   i64 live_start, retention as above (40 bytes). Header bytes = 136 + 64 (G-1);
+   the payload holds group 0's records, then group 1's, ...
    The checksum is verified before the version, so a damaged header reads as corrupt. */
 #define MSKV__BLOB_VERSION 1u
+#define MSKV__BLOB_VERSION_GROUPS 2u
 #define MSKV__BLOB_HEADER 128u
+#define MSKV__BLOB_GROUP 64u
+
+static size_t mskv__blob_header(int32_t groups) {
+    return groups == 1 ? MSKV__BLOB_HEADER : MSKV__BLOB_HEADER + 8u + MSKV__BLOB_GROUP * (size_t)(groups - 1);
+}
 
 static void mskv__put32(unsigned char *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
 static void mskv__put64(unsigned char *p, uint64_t v) { int i; for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
@@ -1666,10 +2046,63 @@ static uint64_t mskv__checksum(const void *p, size_t n) {
     return mskv__hash_final(&h);
 }
 
+static void mskv__put_retention(unsigned char *p, const mskv_retention *r) {
+    mskv__put64(p, (uint64_t)r->chunk_size);
+    mskv__put64(p + 8, (uint64_t)r->sink_chunks);
+    mskv__put64(p + 16, (uint64_t)r->window_chunks);
+    mskv__put32(p + 24, (uint32_t)r->reset_at_boundary);
+    mskv__put32(p + 28, (uint32_t)r->exact);
+}
+static void mskv__get_retention(const unsigned char *p, mskv_retention *r) {
+    r->chunk_size = (int64_t)mskv__get64(p);
+    r->sink_chunks = (int64_t)mskv__get64(p + 8);
+    r->window_chunks = (int64_t)mskv__get64(p + 16);
+    r->window_tokens = 0;  /* derived once the policy is known to be valid */
+    r->reset_at_boundary = (int32_t)mskv__get32(p + 24);
+    r->exact = (int32_t)mskv__get32(p + 28);
+}
+
+static void mskv__blob_header_write(const mskv_arena *a, const mskv__req *q, unsigned char *b, size_t total) {
+    const mskv__tab *t = &q->t[0];
+    int32_t g;
+    int res = q->location == MSKV_RESIDENT;
+    memset(b, 0, mskv__blob_header(a->G));
+    memcpy(b, "MSKVBLOB", 8);
+    mskv__put32(b + 8, a->G == 1 ? MSKV__BLOB_VERSION : MSKV__BLOB_VERSION_GROUPS);
+    mskv__put32(b + 12, (uint32_t)mskv__blob_header(a->G));
+    mskv__put64(b + 16, (uint64_t)total);
+    mskv__put32(b + 24, (uint32_t)a->P);
+    mskv__put32(b + 28, (uint32_t)a->store.num_layers);
+    mskv__put32(b + 32, (uint32_t)a->store.kv_heads);
+    mskv__put32(b + 36, (uint32_t)a->store.head_dim);
+    mskv__put32(b + 40, (uint32_t)(a->store.num_layers ? a->store.dtype : 0));
+    mskv__put32(b + 44, (uint32_t)(res ? t->num_pages : t->host_pages));
+    mskv__put32(b + 48, (uint32_t)(q->keyed | q->sealed << 1 | t->has_ret << 2));
+    mskv__put32(b + 52, (uint32_t)t->prefix_pages);
+    mskv__put64(b + 56, (uint64_t)q->committed);
+    mskv__put64(b + 64, (uint64_t)t->prefix_tokens);
+    mskv__put64(b + 72, (uint64_t)t->live_start);
+    mskv__put64(b + 80, (uint64_t)q->published);
+    mskv__put_retention(b + 88, &t->retention);
+    mskv__put64(b + 120, q->key);
+    if (a->G == 1) return;
+    mskv__put32(b + 128, (uint32_t)a->G);
+    for (g = 1; g < a->G; g++) {
+        unsigned char *p = b + MSKV__BLOB_HEADER + 8 + MSKV__BLOB_GROUP * (size_t)(g - 1);
+        t = &q->t[g];
+        mskv__put32(p, (uint32_t)(res ? t->num_pages : t->host_pages));
+        mskv__put32(p + 4, (uint32_t)t->prefix_pages);
+        mskv__put32(p + 8, (uint32_t)t->has_ret << 2);
+        mskv__put64(p + 16, (uint64_t)t->prefix_tokens);
+        mskv__put64(p + 24, (uint64_t)t->live_start);
+        mskv__put_retention(p + 32, &t->retention);
+    }
+}
+
 MSKV_IMPL mskv_result mskv_request_export(mskv_arena *a, mskv_request h, void *buf, size_t cap, size_t *size) {
-    int32_t ri, n;
+    int32_t ri;
     const mskv__req *q;
-    size_t payload, total;
+    size_t payload, total, hdr = mskv__blob_header(a ? a->G : 1);
     unsigned char *b = (unsigned char *)buf;
     mskv_result r = MSKV_SUCCESS;
     if (!a || !size) return MSKV_ERROR_NULL_POINTER;
@@ -1677,8 +2110,7 @@ MSKV_IMPL mskv_result mskv_request_export(mskv_arena *a, mskv_request h, void *b
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
     if (q->has_res) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "export: commit or abort first"); }
-    n = q->location == MSKV_RESIDENT ? q->num_pages : q->host_pages;
-    if (!mskv__mul((size_t)n, a->record_bytes, &payload) || !mskv__add(payload, MSKV__BLOB_HEADER + 8, &total)) {
+    if (!mskv__mul((size_t)mskv__held_pages(a, q), a->record_bytes, &payload) || !mskv__add(payload, hdr + 8, &total)) {
         MSKV__UNLOCK(a);
         return MSKV_ERROR_OVERFLOW;
     }
@@ -1686,33 +2118,11 @@ MSKV_IMPL mskv_result mskv_request_export(mskv_arena *a, mskv_request h, void *b
     if (!buf) { MSKV__UNLOCK(a); return MSKV_SUCCESS; }
     if (cap < total) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_CAPACITY, "export: need %zu bytes, have %zu", total, cap); }
     if (payload > 0) {
-        if (q->location == MSKV_RESIDENT) r = mskv__read_pages(a, q->pages, n, b + MSKV__BLOB_HEADER);
-        else memcpy(b + MSKV__BLOB_HEADER, q->host, payload);
+        if (q->location == MSKV_RESIDENT) r = mskv__read_request(a, q, b + hdr);
+        else memcpy(b + hdr, q->host, payload);
     }
     if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return mskv__err(a, r, "export: reading pages failed"); }
-    memset(b, 0, MSKV__BLOB_HEADER);
-    memcpy(b, "MSKVBLOB", 8);
-    mskv__put32(b + 8, MSKV__BLOB_VERSION);
-    mskv__put32(b + 12, MSKV__BLOB_HEADER);
-    mskv__put64(b + 16, (uint64_t)total);
-    mskv__put32(b + 24, (uint32_t)a->P);
-    mskv__put32(b + 28, (uint32_t)a->store.num_layers);
-    mskv__put32(b + 32, (uint32_t)a->store.kv_heads);
-    mskv__put32(b + 36, (uint32_t)a->store.head_dim);
-    mskv__put32(b + 40, (uint32_t)(a->store.num_layers ? a->store.dtype : 0));
-    mskv__put32(b + 44, (uint32_t)n);
-    mskv__put32(b + 48, (uint32_t)(q->keyed | q->sealed << 1 | q->has_ret << 2));
-    mskv__put32(b + 52, (uint32_t)q->prefix_pages);
-    mskv__put64(b + 56, (uint64_t)q->committed);
-    mskv__put64(b + 64, (uint64_t)q->prefix_tokens);
-    mskv__put64(b + 72, (uint64_t)q->live_start);
-    mskv__put64(b + 80, (uint64_t)q->published);
-    mskv__put64(b + 88, (uint64_t)q->retention.chunk_size);
-    mskv__put64(b + 96, (uint64_t)q->retention.sink_chunks);
-    mskv__put64(b + 104, (uint64_t)q->retention.window_chunks);
-    mskv__put32(b + 112, (uint32_t)q->retention.reset_at_boundary);
-    mskv__put32(b + 116, (uint32_t)q->retention.exact);
-    mskv__put64(b + 120, q->key);
+    mskv__blob_header_write(a, q, b, total);
     mskv__put64(b + total - 8, mskv__checksum(b, total - 8));
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
@@ -1727,16 +2137,56 @@ static int32_t mskv__find_key(const mskv_arena *a, uint64_t key) {
 
 static mskv_result mskv__retention_check(const mskv_retention *r, int32_t page_size, char *why, size_t cap);
 
+/* One group's part of a blob header, as read. */
+typedef struct mskv__blob_group { uint32_t n, pp, flags; int64_t prefix, live; mskv_retention ret; } mskv__blob_group;
+
+static void mskv__blob_group_read(const unsigned char *b, int32_t g, mskv__blob_group *o) {
+    if (g == 0) {
+        o->n = mskv__get32(b + 44);
+        o->flags = mskv__get32(b + 48) & 4u;
+        o->pp = mskv__get32(b + 52);
+        o->prefix = (int64_t)mskv__get64(b + 64);
+        o->live = (int64_t)mskv__get64(b + 72);
+        mskv__get_retention(b + 88, &o->ret);
+    } else {
+        const unsigned char *p = b + MSKV__BLOB_HEADER + 8 + MSKV__BLOB_GROUP * (size_t)(g - 1);
+        o->n = mskv__get32(p);
+        o->pp = mskv__get32(p + 4);
+        o->flags = mskv__get32(p + 8);
+        o->prefix = (int64_t)mskv__get64(p + 16);
+        o->live = (int64_t)mskv__get64(p + 24);
+        mskv__get_retention(p + 32, &o->ret);
+        if (mskv__get32(p + 12) != 0) o->flags |= 0x80000000u;   /* reserved field: must be 0 */
+    }
+}
+
+/* A group's state is one this library could have written (a valid checksum
+   over nonsense is still nonsense). */
+static int mskv__blob_group_ok(const mskv_arena *a, const mskv__blob_group *x, int64_t committed, uint32_t flags) {
+    mskv__tab probe;
+    if (x->prefix < 0 || x->prefix > committed || x->live < 0 || x->live % a->P != 0 ||
+        x->pp != (uint32_t)mskv__ceil_div(x->prefix, a->P) || x->live < (int64_t)x->pp * a->P ||
+        (x->live > (int64_t)x->pp * a->P && x->live > committed) /* released past the committed tokens */ ||
+        (x->flags & ~4u) != 0 ||
+        ((flags & 1u) && ((x->flags & 4u) || x->prefix != 0 || x->live != 0)) /* keyed entries are never protected or released */ ||
+        ((x->flags & 4u) && mskv__retention_check(&x->ret, a->P, NULL, 0) != MSKV_SUCCESS))
+        return 0;
+    memset(&probe, 0, sizeof probe);
+    probe.prefix_pages = (int32_t)x->pp;
+    probe.live_start = x->live;
+    return (uint32_t)mskv__entries_for(a, &probe, committed) == x->n;
+}
+
 MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_t size, mskv_request *out) {
     const unsigned char *b = (const unsigned char *)blob;
     uint64_t total;
-    uint32_t n, flags, pp;
-    int64_t committed, prefix, live, published;
-    size_t payload;
-    int32_t ri;
+    uint32_t flags, version, hdr;
+    int64_t committed, published;
+    size_t payload = 0, hdr_want, sum = 0;
+    int32_t ri, g, blob_groups = 1;
     mskv__req *q;
     unsigned char *host = NULL;
-    mskv_retention ret;
+    mskv__blob_group grp[MSKV_MAX_GROUPS];
     if (!a || !blob || !out) return MSKV_ERROR_NULL_POINTER;
     if (size < MSKV__BLOB_HEADER + 8) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "import: %zu bytes is shorter than a header", size);
     if (memcmp(b, "MSKVBLOB", 8) != 0) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: bad magic");
@@ -1744,42 +2194,39 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     if (total > size) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "import: blob says %llu bytes, got %zu", (unsigned long long)total, size);
     if (total < size || total < MSKV__BLOB_HEADER + 8) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: size field %llu does not match %zu", (unsigned long long)total, size);
     if (mskv__checksum(b, size - 8) != mskv__get64(b + size - 8)) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: checksum mismatch");
-    if (mskv__get32(b + 8) != MSKV__BLOB_VERSION || mskv__get32(b + 12) != MSKV__BLOB_HEADER)
-        return mskv__err(a, MSKV_ERROR_BLOB_VERSION, "import: blob version %u, this library reads %u", (unsigned)mskv__get32(b + 8), MSKV__BLOB_VERSION);
+    version = mskv__get32(b + 8);
+    hdr = mskv__get32(b + 12);
+    if (version == MSKV__BLOB_VERSION_GROUPS) {
+        uint32_t ng = total >= MSKV__BLOB_HEADER + 16 ? mskv__get32(b + MSKV__BLOB_HEADER) : 0;
+        if (ng < 2 || ng > MSKV_MAX_GROUPS || mskv__get32(b + MSKV__BLOB_HEADER + 4) != 0 ||
+            hdr != mskv__blob_header((int32_t)ng) || total < (uint64_t)hdr + 8)
+            return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: inconsistent layer-group header");
+        blob_groups = (int32_t)ng;
+    } else if (version != MSKV__BLOB_VERSION || hdr != MSKV__BLOB_HEADER) {
+        return mskv__err(a, MSKV_ERROR_BLOB_VERSION, "import: blob version %u, this library reads %u and %u", (unsigned)version,
+                         MSKV__BLOB_VERSION, MSKV__BLOB_VERSION_GROUPS);
+    }
+    hdr_want = mskv__blob_header(blob_groups);
     if (mskv__get32(b + 24) != (uint32_t)a->P || mskv__get32(b + 28) != (uint32_t)a->store.num_layers ||
         mskv__get32(b + 32) != (uint32_t)a->store.kv_heads || mskv__get32(b + 36) != (uint32_t)a->store.head_dim ||
-        mskv__get32(b + 40) != (uint32_t)(a->store.num_layers ? a->store.dtype : 0))
-        return mskv__err(a, MSKV_ERROR_BLOB_MISMATCH, "import: page size/layers/heads/dim/dtype differ from the arena");
-    n = mskv__get32(b + 44);
+        mskv__get32(b + 40) != (uint32_t)(a->store.num_layers ? a->store.dtype : 0) || blob_groups != a->G)
+        return mskv__err(a, MSKV_ERROR_BLOB_MISMATCH, "import: page size/layers/heads/dim/dtype/layer groups differ from the arena");
     flags = mskv__get32(b + 48);
-    pp = mskv__get32(b + 52);
     committed = (int64_t)mskv__get64(b + 56);
-    prefix = (int64_t)mskv__get64(b + 64);
-    live = (int64_t)mskv__get64(b + 72);
     published = (int64_t)mskv__get64(b + 80);
-    ret.chunk_size = (int64_t)mskv__get64(b + 88);
-    ret.sink_chunks = (int64_t)mskv__get64(b + 96);
-    ret.window_chunks = (int64_t)mskv__get64(b + 104);
-    ret.window_tokens = 0;  /* derived below, once the policy is known to be valid */
-    ret.reset_at_boundary = (int32_t)mskv__get32(b + 112);
-    ret.exact = (int32_t)mskv__get32(b + 116);
-    /* a valid checksum over nonsense is still nonsense: check the state is one we could have written */
-    if (!mskv__mul((size_t)n, a->record_bytes, &payload) || payload + MSKV__BLOB_HEADER + 8 != total ||
-        committed < 0 || committed > INT32_MAX || prefix < 0 || prefix > committed || live < 0 || live % a->P != 0 ||
-        pp != (uint32_t)mskv__ceil_div(prefix, a->P) || live < (int64_t)pp * a->P || published < 0 || published > committed ||
-        (live > (int64_t)pp * a->P && live > committed) /* released past the committed tokens */ ||
-        (flags & ~7u) != 0 || (flags & 1u) != ((flags >> 1) & 1u) /* only sealed keyed entries export */ ||
-        ((flags & 1u) && ((flags & 4u) || prefix != 0 || live != 0)) /* keyed entries are never protected or released */ ||
-        ((flags & 4u) && mskv__retention_check(&ret, a->P, NULL, 0) != MSKV_SUCCESS))
+    if (committed < 0 || committed > INT32_MAX || published < 0 || published > committed ||
+        (flags & ~7u) != 0 || (flags & 1u) != ((flags >> 1) & 1u) /* only sealed keyed entries export */)
         return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: inconsistent header");
-    ret.window_tokens = ret.window_chunks * ret.chunk_size;
-    {
-        mskv__req probe;
-        memset(&probe, 0, sizeof probe);
-        probe.committed = committed; probe.prefix_pages = (int32_t)pp; probe.live_start = live;
-        if ((uint32_t)mskv__entries_for(a, &probe, committed) != n)
-            return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: page count does not match the token counts");
+    for (g = 0; g < a->G; g++) {
+        size_t bytes;
+        mskv__blob_group_read(b, g, &grp[g]);
+        if (!mskv__blob_group_ok(a, &grp[g], committed, flags) || !mskv__mul((size_t)grp[g].n, a->record_bytes, &bytes) ||
+            !mskv__add(payload, bytes, &payload))
+            return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: inconsistent header (layer group %d)", (int)g);
+        grp[g].ret.window_tokens = grp[g].ret.window_chunks * grp[g].ret.chunk_size;
     }
+    if (!mskv__add(payload, hdr_want + 8, &sum) || sum != total)
+        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: page count does not match the size");
     MSKV__LOCK(a);
     if ((flags & 1u) && mskv__find_key(a, mskv__get64(b + 120)) >= 0) {
         MSKV__UNLOCK(a);
@@ -1788,7 +2235,7 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     if (payload > 0) {
         host = (unsigned char *)mskv__alloc(mskv__hal(a), payload);
         if (!host) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "import: %zu host bytes", payload); }
-        memcpy(host, b + MSKV__BLOB_HEADER, payload);
+        memcpy(host, b + hdr_want, payload);
     }
     ri = mskv__new_req(a);
     if (ri < 0) {
@@ -1800,18 +2247,21 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     q->location = MSKV_OFFLOADED;
     q->host = host;
     q->host_cap = payload;
-    q->host_pages = (int32_t)n;
     q->committed = committed;
-    q->prefix_tokens = prefix;
-    q->prefix_pages = (int32_t)pp;
-    q->live_start = live;
     q->published = published;
     q->keyed = (uint8_t)(flags & 1u);
     q->sealed = (uint8_t)((flags >> 1) & 1u);
     q->key = mskv__get64(b + 120);
-    q->has_ret = (uint8_t)((flags >> 2) & 1u);
-    if (q->has_ret) q->retention = ret;
-    a->offloaded_pages += n;
+    for (g = 0; g < a->G; g++) {
+        mskv__tab *t = &q->t[g];
+        t->host_pages = (int32_t)grp[g].n;
+        t->prefix_tokens = grp[g].prefix;
+        t->prefix_pages = (int32_t)grp[g].pp;
+        t->live_start = grp[g].live;
+        t->has_ret = (uint8_t)((grp[g].flags >> 2) & 1u);
+        if (t->has_ret) t->retention = grp[g].ret;
+        a->offloaded_pages += grp[g].n;
+    }
     *out = mskv__handle(a, ri);
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
@@ -1905,27 +2355,32 @@ MSKV_IMPL int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_compu
     return raw / r->chunk_size * r->chunk_size;
 }
 
-MSKV_IMPL mskv_result mskv_request_set_retention(mskv_arena *a, mskv_request h, const mskv_retention *r) {
+MSKV_IMPL mskv_result mskv_request_set_retention_in_group(mskv_arena *a, mskv_request h, int32_t g, const mskv_retention *r) {
     int32_t ri;
     mskv_result res = MSKV_SUCCESS;
     char why[160];
     if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     if (a->reqs[ri].keyed) res = mskv__err(a, MSKV_ERROR_READ_ONLY, "retention: keyed entries are never released");
     else if (r && (res = mskv__retention_check(r, a->P, why, sizeof why)) != MSKV_SUCCESS)
         res = mskv__err(a, res, "retention: %s", why);
     if (res == MSKV_SUCCESS) {
-        a->reqs[ri].has_ret = r != NULL;
+        mskv__tab *t = &a->reqs[ri].t[g];
+        t->has_ret = r != NULL;
         if (r) {
-            a->reqs[ri].retention = *r;
-            a->reqs[ri].retention.window_tokens = r->window_chunks * r->chunk_size;
+            t->retention = *r;
+            t->retention.window_tokens = r->window_chunks * r->chunk_size;
         } else {
-            memset(&a->reqs[ri].retention, 0, sizeof(mskv_retention));
+            memset(&t->retention, 0, sizeof(mskv_retention));
         }
     }
     MSKV__UNLOCK(a);
     return res;
+}
+MSKV_IMPL mskv_result mskv_request_set_retention(mskv_arena *a, mskv_request h, const mskv_retention *r) {
+    return mskv_request_set_retention_in_group(a, h, 0, r);
 }
 
 /* // >>step lifecycle (implementation) ----------------------------------- */
@@ -1938,9 +2393,15 @@ MSKV_IMPL mskv_result mskv_request_set_retention(mskv_arena *a, mskv_request h, 
         if ((n) > 0 && !(segs)) return MSKV_ERROR_NULL_POINTER;   \
     } while (0)
 
-/* Resolve and mark every segment's request; rejects unknown handles and duplicates.
-   On failure all marks are cleared. idx receives the indices when non-NULL. */
-static mskv_result mskv__resolve(mskv_arena *a, const mskv_segment *segs, int32_t n, int32_t *idx, const char *what) {
+static void mskv__unmark(mskv_arena *a, const mskv_segment *segs, int32_t n) {
+    int32_t i, ri;
+    for (i = 0; i < n; i++)
+        if ((ri = mskv__lookup(a, segs[i].request)) >= 0) a->reqs[ri].mark = 0;
+}
+
+/* Mark every segment's request; rejects unknown handles and duplicates, and
+   then leaves no mark. */
+static mskv_result mskv__mark(mskv_arena *a, const mskv_segment *segs, int32_t n, const char *what) {
     int32_t i, ri;
     mskv_result r = MSKV_SUCCESS;
     for (i = 0; i < n; i++) {
@@ -1948,26 +2409,38 @@ static mskv_result mskv__resolve(mskv_arena *a, const mskv_segment *segs, int32_
         if (ri < 0) { r = mskv__err(a, MSKV_ERROR_INVALID_HANDLE, "%s: segment %d has an unknown or removed request", what, (int)i); break; }
         if (a->reqs[ri].mark) { r = mskv__err(a, MSKV_ERROR_DUPLICATE, "%s: segment %d repeats a request", what, (int)i); break; }
         a->reqs[ri].mark = 1;
-        if (idx) idx[i] = ri;
     }
-    {
-        int32_t j;
-        for (j = 0; j < i; j++) a->reqs[mskv__lookup(a, segs[j].request)].mark = 0;
-    }
+    if (r != MSKV_SUCCESS) mskv__unmark(a, segs, i);
     return r;
 }
 
-MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_t n) {
-    int32_t i, ri;
-    int64_t need = 0;
-    mskv_result r;
-    MSKV__CHECK_SEGS(a, segs, n);
-    MSKV__LOCK(a);
-    r = mskv__resolve(a, segs, n, NULL, "admit");
+/* Checks every segment's request (unknown handles, duplicates) and, when
+   whole, that the batch holds every member of each lockstep group it
+   touches. Leaves no mark. */
+static mskv_result mskv__resolve(mskv_arena *a, const mskv_segment *segs, int32_t n, int whole, const char *what) {
+    int32_t i, m;
+    mskv_result r = mskv__mark(a, segs, n, what);
+    if (r != MSKV_SUCCESS) return r;
+    for (i = 0; whole && a->nls > 0 && r == MSKV_SUCCESS && i < n; i++) {
+        const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
+        if (!q->lock) continue;
+        for (m = a->ls[q->lock - 1].first; m >= 0; m = a->reqs[m].lock_next)
+            if (!a->reqs[m].mark) {
+                r = mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: segment %d's lockstep group is not whole in the batch", what, (int)i);
+                break;
+            }
+    }
+    mskv__unmark(a, segs, n);
+    return r;
+}
+
+/* admit's checks, and the pages it would take (every group's new entries). */
+static mskv_result mskv__admit_need(mskv_arena *a, const mskv_segment *segs, int32_t n, int64_t *need) {
+    int32_t i, g;
+    mskv_result r = mskv__resolve(a, segs, n, 1, "admit");
+    *need = 0;
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
-        const mskv__req *q;
-        ri = mskv__lookup(a, segs[i].request);
-        q = &a->reqs[ri];
+        const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
         if (segs[i].n_tokens < 0) r = mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "admit: segment %d has %lld tokens", (int)i, (long long)segs[i].n_tokens);
         else if (q->location != MSKV_RESIDENT) r = mskv__err(a, MSKV_ERROR_OFFLOADED, "admit: segment %d's request is offloaded", (int)i);
         else if (q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "admit: segment %d's request already has a reservation", (int)i);
@@ -1975,23 +2448,52 @@ MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_
         else if (q->paused) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "admit: segment %d's request is paused", (int)i);
         else if (segs[i].n_tokens > (int64_t)INT32_MAX - a->P - q->committed)
             r = mskv__err(a, MSKV_ERROR_OVERFLOW, "admit: segment %d would pass 2^31 tokens", (int)i);
-        else need += mskv__entries_for(a, q, q->committed + segs[i].n_tokens) - q->num_pages;
+        else
+            for (g = 0; g < a->G; g++) *need += mskv__entries_for(a, &q->t[g], q->committed + segs[i].n_tokens) - q->t[g].num_pages;
     }
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_admit_query(mskv_arena *a, const mskv_segment *segs, int32_t n, int64_t *pages) {
+    mskv_result r;
+    int64_t need = 0;
+    MSKV__CHECK_SEGS(a, segs, n);
+    if (!pages) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    r = mskv__admit_need(a, segs, n, &need);
+    if (r == MSKV_SUCCESS) *pages = need;
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_t n) {
+    int32_t i, g;
+    int64_t need = 0;
+    mskv_result r;
+    MSKV__CHECK_SEGS(a, segs, n);
+    MSKV__LOCK(a);
+    r = mskv__admit_need(a, segs, n, &need);
     if (r == MSKV_SUCCESS && need > a->free_top)
         r = mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "admit: need %lld pages, %d free (%d pending)", (long long)need, (int)a->free_top, (int)a->pend_count);
     /* grow tables first: growing changes no state, and cannot fail half-way through pages */
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
         mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
-        r = mskv__reserve_table(a, q, mskv__entries_for(a, q, q->committed + segs[i].n_tokens));
+        for (g = 0; r == MSKV_SUCCESS && g < a->G; g++)
+            r = mskv__reserve_table(a, &q->t[g], mskv__entries_for(a, &q->t[g], q->committed + segs[i].n_tokens));
     }
+    if (r == MSKV_SUCCESS && n > 0) a->admits++;
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
         mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
-        int32_t add = mskv__entries_for(a, q, q->committed + segs[i].n_tokens) - q->num_pages;
-        if (add > 0) r = mskv__take(a, add, q->pages + q->num_pages);
-        MSKV_ASSERT(r == MSKV_SUCCESS); /* the total was checked above */
-        q->num_pages += add;
+        for (g = 0; g < a->G; g++) {
+            mskv__tab *t = &q->t[g];
+            int32_t add = mskv__entries_for(a, t, q->committed + segs[i].n_tokens) - t->num_pages;
+            if (add > 0) r = mskv__take(a, add, t->pages + t->num_pages);
+            MSKV_ASSERT(r == MSKV_SUCCESS); /* the total was checked above */
+            t->num_pages += add;
+        }
         q->reserved = segs[i].n_tokens;
         q->has_res = 1;
+        q->last_admit = a->admits;
     }
     MSKV__UNLOCK(a);
     return r;
@@ -1999,7 +2501,7 @@ MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_
 
 static mskv_result mskv__check_open(mskv_arena *a, const mskv_segment *segs, int32_t n, const char *what) {
     int32_t i;
-    mskv_result r = mskv__resolve(a, segs, n, NULL, what);
+    mskv_result r = mskv__resolve(a, segs, n, 1, what);
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
         const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
         if (!q->has_res) r = mskv__err(a, MSKV_ERROR_NO_RESERVATION, "%s: segment %d's request has no reservation", what, (int)i);
@@ -2026,8 +2528,11 @@ MSKV_IMPL mskv_result mskv_commit(mskv_arena *a, const mskv_segment *segs, int32
 
 static void mskv__abort_one(mskv_arena *a, int32_t ri) {
     mskv__req *q = &a->reqs[ri];
-    int32_t keep = mskv__entries_for(a, q, q->committed);
-    mskv__drop_pages(a, ri, keep, q->num_pages - keep);
+    int32_t g;
+    for (g = a->G - 1; g >= 0; g--) {
+        int32_t keep = mskv__entries_for(a, &q->t[g], q->committed);
+        mskv__drop_pages(a, ri, g, keep, q->t[g].num_pages - keep);
+    }
     q->reserved = 0;
     q->has_res = 0;
 }
@@ -2043,26 +2548,27 @@ MSKV_IMPL mskv_result mskv_abort(mskv_arena *a, const mskv_segment *segs, int32_
     return r;
 }
 
-/* Apply a request's retention policy: protect the sink once complete, release what left the window. */
-static void mskv__apply_retention(mskv_arena *a, int32_t ri) {
+/* Apply group g's retention policy: protect the sink once complete, release what left the window. */
+static void mskv__apply_retention(mskv_arena *a, int32_t ri, int32_t g) {
     mskv__req *q = &a->reqs[ri];
-    const mskv_retention *rt = &q->retention;
+    mskv__tab *t = &q->t[g];
+    const mskv_retention *rt = &t->retention;
     int64_t sink = rt->sink_chunks * rt->chunk_size, keep_from, live;
-    if (q->committed >= sink && q->prefix_tokens < sink && q->live_start <= (int64_t)q->prefix_pages * a->P)
-        (void)mskv__protect(a, ri, sink);
-    if (q->prefix_tokens < sink) return; /* the sink is not complete (or not protectable): nothing may go yet */
+    if (q->committed >= sink && t->prefix_tokens < sink && t->live_start <= (int64_t)t->prefix_pages * a->P)
+        (void)mskv__protect(a, ri, g, sink);
+    if (t->prefix_tokens < sink) return; /* the sink is not complete (or not protectable): nothing may go yet */
     keep_from = sink + mskv_skipped_tokens(rt, q->committed);
-    live = q->committed - q->live_start;
-    if (keep_from > q->live_start && live > 0)
-        (void)mskv__release(a, ri, keep_from - q->live_start < live ? keep_from - q->live_start : live);
+    live = q->committed - t->live_start;
+    if (keep_from > t->live_start && live > 0)
+        (void)mskv__release(a, ri, g, keep_from - t->live_start < live ? keep_from - t->live_start : live);
 }
 
 MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int32_t n, uint64_t *step_out) {
-    int32_t i;
+    int32_t i, g;
     mskv_result r;
     MSKV__CHECK_SEGS(a, segs, n);
     MSKV__LOCK(a);
-    r = mskv__resolve(a, segs, n, NULL, "publish");
+    r = mskv__resolve(a, segs, n, 1, "publish");
     for (i = 0; r == MSKV_SUCCESS && i < n; i++)
         if (a->reqs[mskv__lookup(a, segs[i].request)].location != MSKV_RESIDENT)
             r = mskv__err(a, MSKV_ERROR_OFFLOADED, "publish: segment %d's request is offloaded", (int)i);
@@ -2070,15 +2576,17 @@ MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int3
         int32_t ri = mskv__lookup(a, segs[i].request);
         mskv__req *q = &a->reqs[ri];
         int64_t pg;
-        /* pages that filled with committed tokens since the last publish */
-        for (pg = q->published / a->P; a->desc.on_event && (pg + 1) * a->P <= q->committed; pg++) {
-            int64_t j = 0;
-            if ((pg + 1) * a->P <= q->published) continue;
-            if (mskv__compact_index(a, q, pg * a->P, &j) == MSKV_SUCCESS)
-                mskv__emit(a, MSKV_EVENT_PAGE_STORED, ri, q->pages[j / a->P], pg * a->P);
-        }
+        /* pages that filled with committed tokens since the last publish, in every group */
+        for (g = 0; g < a->G && a->desc.on_event; g++)
+            for (pg = q->published / a->P; (pg + 1) * a->P <= q->committed; pg++) {
+                int64_t j = 0;
+                if ((pg + 1) * a->P <= q->published) continue;
+                if (mskv__compact_index(a, q, &q->t[g], pg * a->P, &j) == MSKV_SUCCESS)
+                    mskv__emit(a, MSKV_EVENT_PAGE_STORED, ri, g, q->t[g].pages[j / a->P], pg * a->P);
+            }
         q->published = q->committed;
-        if (q->has_ret) mskv__apply_retention(a, ri);
+        for (g = 0; g < a->G; g++)
+            if (q->t[g].has_ret) mskv__apply_retention(a, ri, g);
     }
     if (r == MSKV_SUCCESS) {
         if (step_out) *step_out = a->step;
@@ -2099,6 +2607,7 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
     const mskv__req *x = NULL;
     if ((unsigned)d->kind > 2u || (unsigned)d->pos_mode > 2u) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: bad kind or pos_mode");
     if (d->pos_mode == MSKV_POS_3D && (d->grid_h < 1 || d->grid_w < 1)) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: 3-D positions need grid_h, grid_w >= 1");
+    if (d->group < 0 || d->group >= a->G) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: layer group %d is not in [0, %d)", (int)d->group, (int)a->G);
     if (d->kind == MSKV_PLAN_CROSS) {
         ri = mskv__lookup(a, d->cross);
         if (ri < 0) return mskv__err(a, MSKV_ERROR_INVALID_HANDLE, "plan: unknown cross entry");
@@ -2108,7 +2617,7 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
         *cross_ri = ri;
     }
     if (d->kind == MSKV_PLAN_DENSE && n > 0 && !d->dense_kv_len) return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: dense_kv_len");
-    if (d->kind != MSKV_PLAN_DENSE) r = mskv__resolve(a, segs, n, NULL, "plan");
+    if (d->kind != MSKV_PLAN_DENSE) r = mskv__resolve(a, segs, n, 0, "plan");
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
         int64_t nt = segs[i].n_tokens;
         if (nt < 0) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: segment %d has %lld tokens", (int)i, (long long)nt);
@@ -2119,9 +2628,9 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
         } else {
             const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
             if (q->location != MSKV_RESIDENT) return mskv__err(a, MSKV_ERROR_OFFLOADED, "plan: segment %d's request is offloaded", (int)i);
-            if (nt > mskv__kv_len(a, q))
-                return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)mskv__kv_len(a, q));
-            ids += d->kind == MSKV_PLAN_SELF ? q->num_pages : x->num_pages;
+            if (nt > mskv__kv_len(a, q, &q->t[d->group]))
+                return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)mskv__kv_len(a, q, &q->t[d->group]));
+            ids += d->kind == MSKV_PLAN_SELF ? q->t[d->group].num_pages : x->t[d->group].num_pages;
         }
         tq += nt;
     }
@@ -2181,16 +2690,17 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
     for (b = 0; b < n; b++) {
         const mskv__req *q = desc->kind == MSKV_PLAN_DENSE ? NULL : &a->reqs[mskv__lookup(a, segs[b].request)];
         const mskv__req *kv = desc->kind == MSKV_PLAN_CROSS ? &a->reqs[cross] : q;
+        const mskv__tab *qt = q ? &q->t[desc->group] : NULL, *kt = kv ? &kv->t[desc->group] : NULL;
         int32_t nq = (int32_t)segs[b].n_tokens;
         int64_t len, own_len, split, shift;
         if (kv) {
-            len = mskv__kv_len(a, kv);
-            split = (int64_t)kv->prefix_pages * a->P;
+            len = mskv__kv_len(a, kv, kt);
+            split = (int64_t)kt->prefix_pages * a->P;
             if (split > len) split = len;
-            shift = kv->live_start - (int64_t)kv->prefix_pages * a->P;
-            if (kv->num_pages) memcpy(p->kv_indices + id_at, kv->pages, (size_t)kv->num_pages * sizeof(int32_t));
-            id_at += kv->num_pages;
-            p->kv_last_page_len[b] = kv->num_pages ? (int32_t)(len - (int64_t)(kv->num_pages - 1) * a->P) : 0;
+            shift = kt->live_start - (int64_t)kt->prefix_pages * a->P;
+            if (kt->num_pages) memcpy(p->kv_indices + id_at, kt->pages, (size_t)kt->num_pages * sizeof(int32_t));
+            id_at += kt->num_pages;
+            p->kv_last_page_len[b] = kt->num_pages ? (int32_t)(len - (int64_t)(kt->num_pages - 1) * a->P) : 0;
         } else {
             len = desc->dense_kv_len[b];
             split = len;
@@ -2204,18 +2714,18 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
         tok_at += len;
         p->kv_token_indptr[b + 1] = tok_at;
         /* the segment's own tokens: the tail of its own stream (SELF, CROSS) or of the dense sequence */
-        own_len = q ? mskv__kv_len(a, q) : len;
+        own_len = q ? mskv__kv_len(a, q, qt) : len;
         for (i = 0; i < nq; i++) {
             int64_t j = own_len - nq + i, pos;
             if (q) {
-                int64_t qsplit = (int64_t)q->prefix_pages * a->P;
-                pos = j < qsplit ? j : j + (q->live_start - qsplit);
+                int64_t qsplit = (int64_t)qt->prefix_pages * a->P;
+                pos = j < qsplit ? j : j + (qt->live_start - qsplit);
             } else {
                 pos = j;
             }
             /* only reserved tokens get a slot: a committed page may be shared with a fork */
             p->slot_mapping[q_at + i] = desc->kind == MSKV_PLAN_SELF && pos >= q->committed
-                                            ? (int64_t)q->pages[j / a->P] * a->P + j % a->P : -1;
+                                            ? (int64_t)qt->pages[j / a->P] * a->P + j % a->P : -1;
             pos -= desc->pos_offset;
             if (desc->pos_mode == MSKV_POS_1D) {
                 p->positions[q_at + i] = (int32_t)pos;
@@ -2307,29 +2817,36 @@ MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, 
 
 /* Keyed entries */
 
+/* A keyed entry has pages in every layer group: each group's cross-attention
+   layers keep their K/V on the group's pages. */
 MSKV_IMPL mskv_result mskv_keyed_create(mskv_arena *a, uint64_t key, int64_t n_tokens, mskv_request *out) {
-    int32_t ri, need;
+    int32_t ri, need, g;
     mskv__req *q;
-    mskv_result r;
+    mskv_result r = MSKV_SUCCESS;
     if (!a || !out) return MSKV_ERROR_NULL_POINTER;
     if (n_tokens < 1) return MSKV_ERROR_INVALID_ARGUMENT;
     if (n_tokens > (int64_t)INT32_MAX - a->P) return MSKV_ERROR_OVERFLOW;
     MSKV__LOCK(a);
     if (mskv__find_key(a, key) >= 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_DUPLICATE, "keyed_create: key exists"); }
     need = mskv__ceil_div(n_tokens, a->P);
-    if (need > a->free_top) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "keyed_create: need %d pages, %d free", (int)need, (int)a->free_top); }
+    if ((int64_t)need * a->G > a->free_top) {
+        MSKV__UNLOCK(a);
+        return mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "keyed_create: need %lld pages, %d free", (long long)need * a->G, (int)a->free_top);
+    }
     ri = mskv__new_req(a);
     if (ri < 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "keyed_create: no request slot"); }
     q = &a->reqs[ri];
-    r = mskv__reserve_table(a, q, need);
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++) r = mskv__reserve_table(a, &q->t[g], need);
     if (r != MSKV_SUCCESS) {
         mskv__undo_new_req(a, ri);
         MSKV__UNLOCK(a);
         return r;
     }
-    r = mskv__take(a, need, q->pages);
-    MSKV_ASSERT(r == MSKV_SUCCESS);
-    q->num_pages = need;
+    for (g = 0; g < a->G; g++) {
+        r = mskv__take(a, need, q->t[g].pages);
+        MSKV_ASSERT(r == MSKV_SUCCESS);
+        q->t[g].num_pages = need;
+    }
     q->keyed = 1;
     q->key = key;
     q->reserved = n_tokens;
@@ -2376,7 +2893,7 @@ MSKV_IMPL mskv_result mskv_keyed_remove(mskv_arena *a, uint64_t key) {
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     ri = mskv__find_key(a, key);
-    if (ri >= 0) mskv__del_req(a, ri);
+    if (ri >= 0) mskv__del_req(a, ri);   /* keyed entries are never lockstep members */
     MSKV__UNLOCK(a);
     return ri >= 0 ? MSKV_SUCCESS : mskv__err(a, MSKV_ERROR_NOT_FOUND, "keyed_remove: no such key");
 }
@@ -2452,10 +2969,332 @@ MSKV_IMPL mskv_result mskv_session_abort_chunk(mskv_session *s) {
     return r;
 }
 
+/* // >>scheduling (implementation) ---------------------------------------- */
+
+/* Lockstep groups */
+
+static int32_t mskv__ls_lookup(const mskv_arena *a, mskv_lockstep h) {
+    uint32_t s = h.id & 0xFFFFu;
+    if (s == 0 || s > (uint32_t)a->max_ls) return -1;
+    s -= 1;
+    if (!a->ls[s].used || a->ls[s].gen != (uint16_t)(h.id >> 16)) return -1;
+    return (int32_t)s;
+}
+
+#define MSKV__GET_LS(a, h, s)                                                                     \
+    do {                                                                                          \
+        (s) = mskv__ls_lookup((a), (h));                                                          \
+        if ((s) < 0) {                                                                            \
+            mskv_result mskv__e = mskv__err((a), MSKV_ERROR_INVALID_HANDLE, "lockstep handle 0x%08x is unknown or dissolved", (unsigned)(h).id); \
+            MSKV__UNLOCK(a);                                                                      \
+            return mskv__e;                                                                       \
+        }                                                                                         \
+    } while (0)
+
+/* The members' request indices, in order, into idx; their number. */
+static int32_t mskv__ls_members(const mskv_arena *a, int32_t s, int32_t *idx) {
+    int32_t n = 0, ri;
+    for (ri = a->ls[s].first; ri >= 0; ri = a->reqs[ri].lock_next) idx[n++] = ri;
+    return n;
+}
+
+static void mskv__ls_unlink(mskv_arena *a, int32_t s) {
+    int32_t ri = a->ls[s].first, next;
+    while (ri >= 0) {
+        next = a->reqs[ri].lock_next;
+        a->reqs[ri].lock = 0;
+        a->reqs[ri].lock_next = -1;
+        ri = next;
+    }
+    a->ls[s].used = 0;
+    a->ls[s].gen = (uint16_t)(a->ls[s].gen + 1);
+    a->ls[s].first = -1;
+    a->ls[s].count = 0;
+    a->ls_free[a->ls_free_top++] = s;
+    a->nls--;
+}
+
+static mskv_lockstep mskv__ls_handle(const mskv_arena *a, int32_t s) {
+    mskv_lockstep h;
+    h.id = ((uint32_t)a->ls[s].gen << 16) | (uint32_t)(s + 1);
+    return h;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_create(mskv_arena *a, const mskv_request *members, int32_t n, mskv_lockstep *out) {
+    int32_t i, s, idx[MSKV_MAX_LOCKSTEP];
+    mskv_result r = MSKV_SUCCESS;
+    if (!a || !members || !out) return MSKV_ERROR_NULL_POINTER;
+    if (n < 2 || n > MSKV_MAX_LOCKSTEP)
+        return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "lockstep_create: %d members, not in [2, %d]", (int)n, MSKV_MAX_LOCKSTEP);
+    MSKV__LOCK(a);
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
+        const mskv__req *q;
+        idx[i] = mskv__lookup(a, members[i]);
+        if (idx[i] < 0) { r = mskv__err(a, MSKV_ERROR_INVALID_HANDLE, "lockstep_create: member %d is unknown or removed", (int)i); break; }
+        q = &a->reqs[idx[i]];
+        if (q->mark) r = mskv__err(a, MSKV_ERROR_DUPLICATE, "lockstep_create: member %d repeats a request", (int)i);
+        else if (q->keyed) r = mskv__err(a, MSKV_ERROR_READ_ONLY, "lockstep_create: member %d is a keyed entry", (int)i);
+        else if (q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "lockstep_create: member %d has an open reservation", (int)i);
+        else if (q->lock) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "lockstep_create: member %d is in another lockstep group", (int)i);
+        else if (q->location != a->reqs[idx[0]].location)
+            r = mskv__err(a, MSKV_ERROR_BAD_STATE, "lockstep_create: members must all be resident or all offloaded");
+        else a->reqs[idx[i]].mark = 1;
+    }
+    for (s = 0; s < i && s < n; s++) if (idx[s] >= 0) a->reqs[idx[s]].mark = 0;
+    if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
+    MSKV_ASSERT(a->ls_free_top > 0);   /* two members each: max_requests / 2 groups always fit */
+    s = a->ls_free[--a->ls_free_top];
+    a->ls[s].used = 1;
+    a->ls[s].first = idx[0];
+    a->ls[s].count = n;
+    for (i = 0; i < n; i++) {
+        a->reqs[idx[i]].lock = s + 1;
+        a->reqs[idx[i]].lock_next = i + 1 < n ? idx[i + 1] : -1;
+    }
+    a->nls++;
+    *out = mskv__ls_handle(a, s);
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_dissolve(mskv_arena *a, mskv_lockstep h) {
+    int32_t s;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    mskv__ls_unlink(a, s);
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_members(mskv_arena *a, mskv_lockstep h, mskv_request *out, int32_t cap, int32_t *count) {
+    int32_t s, i, n, idx[MSKV_MAX_LOCKSTEP];
+    if (!a || !count) return MSKV_ERROR_NULL_POINTER;
+    if (cap < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (cap > 0 && !out) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    n = mskv__ls_members(a, s, idx);
+    *count = n;
+    if (cap < n) { MSKV__UNLOCK(a); return MSKV_ERROR_CAPACITY; }
+    for (i = 0; i < n; i++) out[i] = mskv__handle(a, idx[i]);
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_segments(mskv_arena *a, mskv_lockstep h, int64_t n_tokens, mskv_segment *segs, int32_t cap, int32_t *count) {
+    int32_t s, i, n, idx[MSKV_MAX_LOCKSTEP];
+    if (!a || !count) return MSKV_ERROR_NULL_POINTER;
+    if (n_tokens < 0 || cap < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (cap > 0 && !segs) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    n = mskv__ls_members(a, s, idx);
+    *count = n;
+    if (cap < n) { MSKV__UNLOCK(a); return MSKV_ERROR_CAPACITY; }
+    for (i = 0; i < n; i++) {
+        segs[i].request = mskv__handle(a, idx[i]);
+        segs[i].n_tokens = n_tokens;
+    }
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_offload(mskv_arena *a, mskv_lockstep h) {
+    int32_t s, i, n, idx[MSKV_MAX_LOCKSTEP];
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    n = mskv__ls_members(a, s, idx);
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
+        r = mskv__check_mutable(a, &a->reqs[idx[i]], "lockstep_offload");
+        if (r == MSKV_SUCCESS && a->reqs[idx[i]].has_res)
+            r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "lockstep_offload: commit or abort first");
+    }
+    if (r == MSKV_SUCCESS) r = mskv__park_copy(a, idx, n, "lockstep_offload");
+    if (r == MSKV_SUCCESS) mskv__park_commit(a, idx, n);   /* every copy is complete: only now may pages go */
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_reload(mskv_arena *a, mskv_lockstep h) {
+    int32_t s, i, n, idx[MSKV_MAX_LOCKSTEP];
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    n = mskv__ls_members(a, s, idx);
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++)
+        if (a->reqs[idx[i]].location != MSKV_OFFLOADED)
+            r = mskv__err(a, MSKV_ERROR_NOT_OFFLOADED, "lockstep_reload: member %d is resident", (int)i);
+    if (r == MSKV_SUCCESS) r = mskv__unpark(a, idx, n, "lockstep_reload");
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_remove(mskv_arena *a, mskv_lockstep h) {
+    int32_t s, i, n, idx[MSKV_MAX_LOCKSTEP];
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    n = mskv__ls_members(a, s, idx);
+    mskv__ls_unlink(a, s);
+    for (i = 0; i < n; i++) mskv__del_req(a, idx[i]);
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_release_oldest(mskv_arena *a, mskv_lockstep h, int32_t g, int64_t n, int64_t *released) {
+    int32_t s, i, m, idx[MSKV_MAX_LOCKSTEP];
+    int64_t got = 0;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    m = mskv__ls_members(a, s, idx);
+    for (i = 0; r == MSKV_SUCCESS && i < m; i++) r = mskv__check_release(a, idx[i], g, n);
+    for (i = 0; r == MSKV_SUCCESS && i < m; i++) got += mskv__release(a, idx[i], g, n);
+    if (r == MSKV_SUCCESS && released) *released = got;
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+/* Preemption */
+
+static int mskv__rank_cmp(const void *x, const void *y) {
+    const mskv__rank *p = (const mskv__rank *)x, *q = (const mskv__rank *)y;
+    if (p->key != q->key) return p->key < q->key ? -1 : 1;
+    return p->ri < q->ri ? -1 : p->ri > q->ri;
+}
+
+/* The requests make_room may park: one entry per standalone request or per
+   lockstep group (its first member), keyed by the most recent admit among
+   them. Expects the batch marked. */
+static int32_t mskv__candidates(mskv_arena *a) {
+    int32_t ri, m, nc = 0;
+    for (ri = 0; ri < a->max_req; ri++) {
+        const mskv__req *q = &a->reqs[ri];
+        uint64_t key = 0;
+        int idle = 1;
+        if (!q->used || (q->lock && a->ls[q->lock - 1].first != ri)) continue;
+        for (m = ri; m >= 0; m = q->lock ? a->reqs[m].lock_next : -1) {
+            const mskv__req *x = &a->reqs[m];
+            if (x->location != MSKV_RESIDENT || x->has_res || x->paused || x->keyed || x->mark) idle = 0;
+            if (x->last_admit > key) key = x->last_admit;
+        }
+        if (!idle) continue;
+        a->rank[nc].key = key;
+        a->rank[nc].ri = ri;
+        nc++;
+    }
+    qsort(a->rank, (size_t)nc, sizeof(mskv__rank), mskv__rank_cmp);
+    return nc;
+}
+
+/* Pages freed if request ri (and, for a lockstep group, its partners) let
+   go of its pages now, counting down a->scratch (the references left);
+   undo counts them back up. */
+static int64_t mskv__sim_drop(mskv_arena *a, int32_t ri, int undo) {
+    int64_t freed = 0;
+    int32_t m, g, i;
+    for (m = ri; m >= 0; m = a->reqs[ri].lock ? a->reqs[m].lock_next : -1)
+        for (g = 0; g < a->G; g++) {
+            const mskv__tab *t = &a->reqs[m].t[g];
+            for (i = 0; i < t->num_pages; i++) {
+                if (undo) a->scratch[t->pages[i]]++;
+                else if (--a->scratch[t->pages[i]] == 0) freed++;
+            }
+        }
+    return freed;
+}
+
+/* Chooses whom to park, least recently admitted first, into a->pick; their
+   number into *np. 0 when that makes room. */
+static int mskv__choose(mskv_arena *a, int64_t need, uint64_t budget, int32_t *np) {
+    int32_t c, nc = mskv__candidates(a), m;
+    int64_t avail = (int64_t)a->free_top + a->pend_count;
+    *np = 0;
+    memcpy(a->scratch, a->refcount, (size_t)a->num_pages * sizeof(int32_t));
+    for (c = 0; c < nc && avail < need; c++) {
+        int32_t ri = a->rank[c].ri;
+        uint64_t bytes = 0;
+        int64_t pages = 0, freed;
+        for (m = ri; m >= 0; m = a->reqs[ri].lock ? a->reqs[m].lock_next : -1) pages += mskv__held_pages(a, &a->reqs[m]);
+        if (a->record_bytes && (uint64_t)pages > UINT64_MAX / a->record_bytes) continue;
+        bytes = (uint64_t)pages * a->record_bytes;
+        if (bytes > budget) continue;               /* its host copy would not fit */
+        freed = mskv__sim_drop(a, ri, 0);
+        if (freed == 0) { (void)mskv__sim_drop(a, ri, 1); continue; }   /* every page shared with one who stays */
+        budget -= bytes;
+        avail += freed;
+        for (m = ri; m >= 0; m = a->reqs[ri].lock ? a->reqs[m].lock_next : -1) a->pick[(*np)++] = m;
+    }
+    return avail >= need;
+}
+
+MSKV_IMPL mskv_result mskv_make_room(mskv_arena *a, int64_t need, uint64_t budget, const mskv_segment *batch, int32_t nb,
+                                     mskv_request *parked, int32_t cap, int32_t *n_parked) {
+    int32_t np = 0, i;
+    int ok;
+    mskv_result r;
+    if (!a || !n_parked) return MSKV_ERROR_NULL_POINTER;
+    if (need < 0 || nb < 0 || cap < 0) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "make_room: a negative count");
+    if ((nb > 0 && !batch) || (cap > 0 && !parked)) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    r = mskv__mark(a, batch, nb, "make_room");
+    if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
+    ok = mskv__choose(a, need, budget, &np);
+    mskv__unmark(a, batch, nb);
+    if (!ok)
+        r = mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "make_room: %lld pages needed; parking every idle request that fits %llu host bytes leaves fewer",
+                      (long long)need, (unsigned long long)budget);
+    else if (np > cap)
+        r = mskv__err(a, MSKV_ERROR_CAPACITY, "make_room: %d requests to park, room for %d", (int)np, (int)cap);
+    if (r == MSKV_SUCCESS) r = mskv__park_copy(a, a->pick, np, "make_room");
+    if (r == MSKV_SUCCESS) {
+        mskv__park_commit(a, a->pick, np);   /* every copy is complete: only now may pages go */
+        for (i = 0; i < np; i++) parked[i] = mskv__handle(a, a->pick[i]);
+    }
+    if (r == MSKV_SUCCESS || r == MSKV_ERROR_CAPACITY) *n_parked = np;
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+/* Reset and flush (declared with the arena) */
+
+MSKV_IMPL mskv_result mskv_arena_reset(mskv_arena *a) {
+    int32_t i;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    for (i = 0; i < a->max_ls; i++)
+        if (a->ls[i].used) mskv__ls_unlink(a, i);
+    for (i = 0; i < a->max_req; i++)
+        if (a->reqs[i].used) mskv__del_req(a, i);
+    if (a->pend_count == 0) {
+        MSKV_ASSERT(a->free_top == a->num_pages - 1);
+        mskv__fresh_lists(a);
+    }
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_arena_flush(mskv_arena *a) {
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    if (a->desc.store_ops && a->desc.store_ops->flush) r = a->desc.store_ops->flush(a->desc.store_ops->user);
+    if (r == MSKV_SUCCESS) (void)mskv__retire(a, a->step);
+    else r = mskv__err(a, r, "flush: the store could not wait for its work; nothing was retired");
+    MSKV__UNLOCK(a);
+    return r;
+}
+
 /* // >>audit ------------------------------------------------------------- */
 
 MSKV_IMPL mskv_result mskv_arena_audit(mskv_arena *a, char *why, size_t cap) {
-    int32_t i, j, nfree = 0, nlive = 0, npend = 0, nreq = 0;
+    int32_t i, j, nfree = 0, nlive = 0, npend = 0, nreq = 0, nls = 0, nmembers = 0, lmembers = 0;
     int64_t off = 0;
     mskv_result r = MSKV_SUCCESS;
     if (!a) return MSKV_ERROR_NULL_POINTER;
@@ -2494,35 +3333,63 @@ MSKV_IMPL mskv_result mskv_arena_audit(mskv_arena *a, char *why, size_t cap) {
     memset(a->scratch, 0, (size_t)a->num_pages * sizeof(int32_t));
     for (i = 0; i < a->max_req; i++) {
         const mskv__req *q = &a->reqs[i];
-        int64_t end;
+        int64_t end, held = 0;
+        int32_t g;
         if (!q->used) continue;
         nreq++;
+        nmembers += q->lock != 0;
         end = q->committed + q->reserved;
         if (q->committed < 0 || q->reserved < 0 || (q->reserved > 0 && !q->has_res)) MSKV__FAIL("request %d: bad token counts", (int)i);
-        if (q->prefix_tokens < 0 || q->prefix_tokens > q->committed) MSKV__FAIL("request %d: prefix %lld beyond committed %lld", (int)i, (long long)q->prefix_tokens, (long long)q->committed);
-        if (q->prefix_pages != mskv__ceil_div(q->prefix_tokens, a->P)) MSKV__FAIL("request %d: prefix pages %d do not cover the prefix", (int)i, (int)q->prefix_pages);
-        if (q->live_start % a->P != 0 || q->live_start < (int64_t)q->prefix_pages * a->P) MSKV__FAIL("request %d: live_start %lld misplaced", (int)i, (long long)q->live_start);
-        if (q->live_start > (int64_t)q->prefix_pages * a->P && q->live_start > q->committed) MSKV__FAIL("request %d: released past the committed tokens", (int)i);
         if (q->published > q->committed) MSKV__FAIL("request %d: published past committed", (int)i);
         if (q->keyed && q->sealed && q->has_res) MSKV__FAIL("request %d: sealed entry with a reservation", (int)i);
-        if (q->location == MSKV_OFFLOADED) {
-            if (q->num_pages != 0 || q->has_res) MSKV__FAIL("request %d: offloaded but holds pages or a reservation", (int)i);
-            if (q->host_pages != mskv__entries_for(a, q, end)) MSKV__FAIL("request %d: host copy has %d pages, expected %d", (int)i, (int)q->host_pages, (int)mskv__entries_for(a, q, end));
-            if ((q->host == NULL) != (q->host_pages == 0 || a->record_bytes == 0)) MSKV__FAIL("request %d: host copy missing", (int)i);
-            off += q->host_pages;
-            continue;
+        if (q->last_admit > a->admits) MSKV__FAIL("request %d: admitted after the last admit", (int)i);
+        if (q->location == MSKV_OFFLOADED && q->has_res) MSKV__FAIL("request %d: offloaded with a reservation", (int)i);
+        if (q->location == MSKV_RESIDENT && q->host) MSKV__FAIL("request %d: resident but holds a host copy", (int)i);
+        for (g = 0; g < a->G; g++) {
+            const mskv__tab *t = &q->t[g];
+            int32_t want = mskv__entries_for(a, t, end);
+            if (t->prefix_tokens < 0 || t->prefix_tokens > q->committed) MSKV__FAIL("request %d group %d: prefix %lld beyond committed %lld", (int)i, (int)g, (long long)t->prefix_tokens, (long long)q->committed);
+            if (t->prefix_pages != mskv__ceil_div(t->prefix_tokens, a->P)) MSKV__FAIL("request %d group %d: prefix pages %d do not cover the prefix", (int)i, (int)g, (int)t->prefix_pages);
+            if (t->live_start % a->P != 0 || t->live_start < (int64_t)t->prefix_pages * a->P) MSKV__FAIL("request %d group %d: live_start %lld misplaced", (int)i, (int)g, (long long)t->live_start);
+            if (t->live_start > (int64_t)t->prefix_pages * a->P && t->live_start > q->committed) MSKV__FAIL("request %d group %d: released past the committed tokens", (int)i, (int)g);
+            if (q->location == MSKV_OFFLOADED) {
+                if (t->num_pages != 0) MSKV__FAIL("request %d group %d: offloaded but holds pages", (int)i, (int)g);
+                if (t->host_pages != want) MSKV__FAIL("request %d group %d: host copy has %d pages, expected %d", (int)i, (int)g, (int)t->host_pages, (int)want);
+                held += t->host_pages;
+                continue;
+            }
+            if (t->host_pages) MSKV__FAIL("request %d group %d: resident but holds a host copy", (int)i, (int)g);
+            if (t->num_pages != want) MSKV__FAIL("request %d group %d: table has %d pages, tokens need %d", (int)i, (int)g, (int)t->num_pages, (int)want);
+            for (j = 0; j < t->num_pages; j++) {
+                int32_t p = t->pages[j], k;
+                if (p <= 0 || p >= a->num_pages) MSKV__FAIL("request %d group %d: table entry %d is page %d (null or out of range)", (int)i, (int)g, (int)j, (int)p);
+                if (a->state[p] != MSKV__PAGE_LIVE) MSKV__FAIL("request %d group %d: table holds page %d which is not live", (int)i, (int)g, (int)p);
+                for (k = 0; k < j; k++) if (t->pages[k] == p) MSKV__FAIL("request %d group %d: page %d twice in its table", (int)i, (int)g, (int)p);
+                a->scratch[p]++;
+            }
         }
-        if (q->host || q->host_pages) MSKV__FAIL("request %d: resident but holds a host copy", (int)i);
-        if (q->num_pages != mskv__entries_for(a, q, end)) MSKV__FAIL("request %d: table has %d pages, tokens need %d", (int)i, (int)q->num_pages, (int)mskv__entries_for(a, q, end));
-        for (j = 0; j < q->num_pages; j++) {
-            int32_t p = q->pages[j], k;
-            if (p <= 0 || p >= a->num_pages) MSKV__FAIL("request %d: table entry %d is page %d (null or out of range)", (int)i, (int)j, (int)p);
-            if (a->state[p] != MSKV__PAGE_LIVE) MSKV__FAIL("request %d: table holds page %d which is not live", (int)i, (int)p);
-            for (k = 0; k < j; k++) if (q->pages[k] == p) MSKV__FAIL("request %d: page %d twice in its table", (int)i, (int)p);
-            a->scratch[p]++;
+        if (q->location == MSKV_OFFLOADED) {
+            if ((q->host == NULL) != (held == 0 || a->record_bytes == 0)) MSKV__FAIL("request %d: host copy missing", (int)i);
+            off += held;
         }
     }
     if (nreq != a->nreq || nreq + a->req_free_top != a->max_req) MSKV__FAIL("request count %d disagrees (%d used, %d free slots)", (int)nreq, (int)a->nreq, (int)a->req_free_top);
+    /* lockstep groups: members linked both ways, moving together */
+    for (i = 0; i < a->max_ls; i++) {
+        const mskv__lockstep *l = &a->ls[i];
+        int32_t m, count = 0;
+        if (!l->used) continue;
+        nls++;
+        for (m = l->first; m >= 0 && count <= MSKV_MAX_LOCKSTEP; m = a->reqs[m].lock_next, count++) {
+            const mskv__req *x = &a->reqs[m], *y = &a->reqs[l->first];
+            if (m >= a->max_req || !x->used || x->lock != i + 1) MSKV__FAIL("lockstep group %d: member %d is not linked to it", (int)i, (int)m);
+            if (x->location != y->location || x->has_res != y->has_res) MSKV__FAIL("lockstep group %d: members disagree on location or reservation", (int)i);
+        }
+        if (count != l->count || count < 2) MSKV__FAIL("lockstep group %d: %d members linked, %d recorded", (int)i, (int)count, (int)l->count);
+        lmembers += count;
+    }
+    if (nls != a->nls || nls + a->ls_free_top != a->max_ls || lmembers != nmembers)
+        MSKV__FAIL("lockstep groups disagree: %d used of %d recorded, %d members of %d", (int)nls, (int)a->nls, (int)lmembers, (int)nmembers);
     if (off != a->offloaded_pages) MSKV__FAIL("offloaded pages %lld != sum of host copies %lld", (long long)a->offloaded_pages, (long long)off);
     for (i = 1; i < a->num_pages; i++)
         if (a->state[i] == MSKV__PAGE_LIVE && a->refcount[i] != a->scratch[i])
@@ -2543,6 +3410,7 @@ MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
     mskv__hash_u64(&h, a->step);
     mskv__hash_u64(&h, a->completed);
     mskv__hash_u64(&h, a->epoch_counter);
+    mskv__hash_u64(&h, a->admits);
     mskv__hash_u64(&h, (uint64_t)a->free_top);
     mskv__hash_update(&h, a->free_stack, (size_t)a->free_top * sizeof(int32_t));
     for (i = 0; i < a->pend_count; i++) {
@@ -2556,23 +3424,36 @@ MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
     mskv__hash_update(&h, a->req_free, (size_t)a->req_free_top * sizeof(int32_t));
     for (i = 0; i < a->max_req; i++) {
         const mskv__req *q = &a->reqs[i];
+        int32_t g;
+        int64_t held = 0;
         mskv__hash_u64(&h, (uint64_t)q->gen << 8 | q->used);
         if (!q->used) continue;
         mskv__hash_u64(&h, (uint64_t)q->location | (uint64_t)q->keyed << 8 | (uint64_t)q->sealed << 16 |
-                               (uint64_t)q->has_res << 24 | (uint64_t)q->has_ret << 32 | (uint64_t)q->paused << 40);
+                               (uint64_t)q->has_res << 24 | (uint64_t)q->paused << 40);
         mskv__hash_u64(&h, (uint64_t)q->committed);
         mskv__hash_u64(&h, (uint64_t)q->reserved);
-        mskv__hash_u64(&h, (uint64_t)q->prefix_tokens);
-        mskv__hash_u64(&h, (uint64_t)q->live_start);
         mskv__hash_u64(&h, (uint64_t)q->published);
-        mskv__hash_u64(&h, (uint64_t)q->prefix_pages);
-        mskv__hash_u64(&h, q->epoch);
         mskv__hash_u64(&h, q->key);
-        mskv__hash_update(&h, &q->retention, sizeof q->retention);
-        mskv__hash_u64(&h, (uint64_t)q->num_pages);
-        if (q->num_pages) mskv__hash_update(&h, q->pages, (size_t)q->num_pages * sizeof(int32_t));
-        mskv__hash_u64(&h, (uint64_t)q->host_pages);
-        if (q->host) mskv__hash_update(&h, q->host, (size_t)q->host_pages * a->record_bytes);
+        mskv__hash_u64(&h, q->last_admit);
+        mskv__hash_u64(&h, (uint64_t)(uint32_t)q->lock << 32 | (uint32_t)q->lock_next);
+        for (g = 0; g < a->G; g++) {
+            const mskv__tab *t = &q->t[g];
+            mskv__hash_u64(&h, (uint64_t)t->prefix_tokens);
+            mskv__hash_u64(&h, (uint64_t)t->live_start);
+            mskv__hash_u64(&h, (uint64_t)t->prefix_pages);
+            mskv__hash_u64(&h, t->epoch);
+            mskv__hash_u64(&h, t->has_ret);
+            mskv__hash_update(&h, &t->retention, sizeof t->retention);
+            mskv__hash_u64(&h, (uint64_t)t->num_pages);
+            if (t->num_pages) mskv__hash_update(&h, t->pages, (size_t)t->num_pages * sizeof(int32_t));
+            mskv__hash_u64(&h, (uint64_t)t->host_pages);
+            held += t->host_pages;
+        }
+        if (q->host) mskv__hash_update(&h, q->host, (size_t)held * a->record_bytes);
+    }
+    for (i = 0; i < a->max_ls; i++) {
+        mskv__hash_u64(&h, (uint64_t)a->ls[i].gen << 8 | a->ls[i].used);
+        if (a->ls[i].used) mskv__hash_u64(&h, (uint64_t)(uint32_t)a->ls[i].first << 32 | (uint32_t)a->ls[i].count);
     }
     MSKV__UNLOCK(a);
     return mskv__hash_final(&h);

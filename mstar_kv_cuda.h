@@ -53,7 +53,9 @@
    tagged with the current step and come back only after that step's event
    completed. Offload or remove outside a step therefore returns its pages
    when the step is ended: mskv_cuda_publish(st, NULL, 0, NULL) and then
-   mskv_cuda_retire (the demo does this before a reload that needs them).
+   mskv_cuda_retire (the demo does this before a reload that needs them),
+   or at once with mskv_arena_flush (the store's flush op waits for its
+   stream; e.g. after mskv_arena_reset or mskv_make_room).
 
    CUDA graphs: mskv_cuda_capture_begin/end capture the launches of a step;
    their plan arguments live in fixed device buffers, so upload a new plan
@@ -2514,6 +2516,18 @@ static mskv_result mskv__cuda_copy_page(void *user, int32_t src, int32_t dst) {
     return MSKV_SUCCESS;
 }
 
+/* store_ops.flush (mskv_arena_flush): everything queued on the store's
+   stream has finished, so no kernel reads a pending page any more */
+static mskv_result mskv__cuda_flush(void *user) {
+    mskv_cuda_store *st = (mskv_cuda_store *)user;
+    mskv_cuda *cu = st->cu;
+    mskv_result res;
+    if (st->capturing) return MSKV_ERROR_BAD_STATE;   /* a capture cannot be waited for */
+    if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) return res;
+    MSKV__CU_TRY(cu, cu->fn.cuStreamSynchronize(st->stream), "cuStreamSynchronize(flush)");
+    return MSKV_SUCCESS;
+}
+
 static void mskv__cuda_store_release(mskv_cuda_store *st) {
     mskv_cuda *cu = st->cu;
     int i;
@@ -2618,6 +2632,7 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     st->ops.read_pages = mskv__cuda_read_pages;
     st->ops.write_pages = mskv__cuda_write_pages;
     st->ops.copy_page = mskv__cuda_copy_page;
+    st->ops.flush = mskv__cuda_flush;
     *out = st;
     return MSKV_SUCCESS;
 fail:

@@ -86,6 +86,7 @@ static struct tcm_state {
     int compile_error, compiles;
     int event_busy;                     /* cuEventQuery answers NOT_READY */
     int event_syncs;
+    int stream_syncs, stream_sync_fails; /* cuStreamSynchronize calls; fail them while set */
     int cc_major, cc_minor;             /* 0: 9.0 */
     mskv_cu_stream launch_stream, copy_stream, synced_stream;   /* the last launch's, copy's, wait's */
     char last_target[64];               /* the --gpu-architecture option of the last compile */
@@ -162,7 +163,11 @@ static mskv_cu_result tcm_cuStreamCreate(mskv_cu_stream *s, unsigned int f) {
     (void)f; tcm.streams++; *s = (mskv_cu_stream)malloc(1); return 0;
 }
 static mskv_cu_result tcm_cuStreamDestroy(mskv_cu_stream s) { tcm.streams--; free((void *)s); return 0; }
-static mskv_cu_result tcm_cuStreamSynchronize(mskv_cu_stream s) { tcm.synced_stream = s; return tcm.capturing ? 901 : 0; }
+static mskv_cu_result tcm_cuStreamSynchronize(mskv_cu_stream s) {
+    tcm.synced_stream = s;
+    tcm.stream_syncs++;
+    return tcm.capturing ? 901 : tcm.stream_sync_fails ? 999 : 0;
+}
 static mskv_cu_result tcm_cuEventCreate(mskv_cu_event *e, unsigned int f) {
     (void)f; tcm.events++; *e = (mskv_cu_event)malloc(1); return 0;
 }
@@ -1216,6 +1221,45 @@ TEST(cuda_pages_freed_in_a_step_wait_for_its_event) {
     EXPECT_EQ_U64(step, s.completed_step);
     EXPECT_TRUE(tcu_audit(r.a));
     (void)seg;
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* mskv_arena_flush reaches the device store through its flush op: the
+   stream is synchronised first, then every pending page is free, even those
+   of steps whose events were never recorded or have not answered yet. */
+TEST(cuda_arena_flush_waits_for_the_store_stream_then_frees_every_pending_page) {
+    tcu_rig r;
+    mskv_request a, b;
+    mskv_arena_stats s;
+    uint64_t digest;
+    int syncs;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &a, 12));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &b, 8));
+    tcm.event_busy = 1;                     /* the GPU is still running */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));   /* a recorded, unfinished fence */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, b));               /* freed in the current step */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(5, s.pending_pages);
+    /* a failed wait frees nothing */
+    tcm.stream_sync_fails = 1;
+    digest = mskv_arena_digest(r.a);
+    EXPECT_EQ(MSKV_ERROR_CUDA, mskv_arena_flush(r.a));
+    EXPECT_EQ_U64(digest, mskv_arena_digest(r.a));
+    tcm.stream_sync_fails = 0;
+    syncs = tcm.stream_syncs;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_flush(r.a));
+    EXPECT_EQ(syncs + 1, tcm.stream_syncs);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(0, s.pending_pages);
+    EXPECT_EQ(23, s.free_pages);
+    EXPECT_TRUE(tcu_audit(r.a));
+    /* the late event of the recorded fence retires nothing twice */
+    tcm.event_busy = 0;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_retire(r.st, 0));
+    EXPECT_TRUE(tcu_audit(r.a));
     tcu_rig_close(&r);
     TCU_EXPECT_NO_LEAKS();
 }
