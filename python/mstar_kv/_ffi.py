@@ -62,12 +62,12 @@ class mskv_allocator(Structure):
 
 class mskv_event(Structure):
     _fields_ = [("type", c_int), ("request", mskv_request), ("page", c_int32), ("first_token", c_int64),
-                ("step", c_uint64)]
+                ("step", c_uint64), ("group", c_int32)]
 
 
 class mskv_store_ops(Structure):
     _fields_ = [("user", c_void_p), ("read_pages", c_void_p), ("write_pages", c_void_p),
-                ("copy_page", c_void_p)]
+                ("copy_page", c_void_p), ("flush", c_void_p)]
 
 
 class mskv_arena_desc(Structure):
@@ -79,6 +79,7 @@ class mskv_arena_desc(Structure):
         ("kv_heads", c_int32),
         ("head_dim", c_int32),
         ("dtype", c_int),
+        ("num_groups", c_int32),
         ("store_ops", c_void_p),
         ("retire_mode", c_int),
         ("allocator", mskv_allocator),
@@ -132,6 +133,8 @@ class mskv_request_info(Structure):
         ("keyed", c_int32),
         ("sealed", c_int32),
         ("paused", c_int32),
+        ("lockstep", c_int32),
+        ("last_admitted", c_uint64),
     ]
 
 
@@ -177,6 +180,7 @@ class mskv_plan_desc(Structure):
         ("pos_mode", c_int),
         ("pos_offset", c_int64),
         ("grid_h", c_int32), ("grid_w", c_int32),
+        ("group", c_int32),
     ]
 
 
