@@ -26,9 +26,11 @@
      MSKV_NO_THREADS             no pthreads: no internal lock, no worker threads
 
    Example:
-       mskv_arena_desc d = {0};            // zero means defaults
+       mskv_arena_desc d = MSKV_ZERO_INIT;  // zero means defaults ({0} in C)
        d.num_pages = 1024; d.page_size = 16;
        d.num_layers = 1; d.kv_heads = 8; d.head_dim = 128; d.dtype = MSKV_DTYPE_BF16;
+       // host K/V pools: 2 * layers * pages * page_size * heads * dim * 2 B = 64 MiB
+       // (num_layers = 0 or a device store's store_ops: none)
        mskv_arena *a; mskv_request r;
        if (mskv_arena_create(&d, &a) != MSKV_SUCCESS) ...;
        mskv_request_add(a, &r);
@@ -41,7 +43,8 @@
 
    Conventions: every fallible function returns mskv_result; a failed call
    changes nothing. mskv_result_string() names the failure; the logger callback
-   (if set) receives the details. Zero-initialised descriptors mean defaults.
+   (if set) receives the details. Zero-initialised descriptors mean defaults
+   (MSKV_ZERO_INIT zero-initialises in C and C++ alike).
    Every call that takes a NULL required pointer returns
    MSKV_ERROR_NULL_POINTER, and a removed or foreign request handle
    MSKV_ERROR_INVALID_HANDLE; the lists below name the other codes.
@@ -76,6 +79,17 @@
 #endif
 #else
 #define MSKV_API extern
+#endif
+
+/* Zero-initialises any struct of this library (zero means defaults):
+       mskv_arena_desc d = MSKV_ZERO_INIT;
+   {0} in C; {} in C++, where g++ and clang++ -Wextra warn about {0} in any
+   struct of several members (-Wmissing-field-initializers). Plain {0} also
+   compiles as C++ (no public struct starts with an enum member). */
+#ifdef __cplusplus
+#define MSKV_ZERO_INIT {}
+#else
+#define MSKV_ZERO_INIT {0}
 #endif
 
 #ifdef __cplusplus
@@ -166,7 +180,7 @@ typedef enum mskv_event_type {
 } mskv_event_type;
 
 typedef struct mskv_event {
-    mskv_event_type type;
+    int32_t type;          /* an mskv_event_type (an enum first would make {0} an error in C++) */
     mskv_request request;
     int32_t page;          /* physical page id */
     int64_t first_token;   /* absolute position of the page's first slot */
@@ -199,7 +213,13 @@ typedef struct mskv_arena_desc {
     int32_t num_pages;      /* pages in all, including the null page 0; >= 2 */
     int32_t page_size;      /* tokens per page; >= 1, any value */
     int32_t max_requests;   /* 0 = 256; at most 65535 */
-    /* Host K/V store: num_layers == 0 means bookkeeping only (no bytes). */
+    /* Host K/V store. With num_layers > 0 and no store_ops, create allocates
+       and zeroes the K and V pools of every layer at once:
+         2 * num_layers * num_pages * page_size * kv_heads * head_dim * dtype size
+       bytes (30 layers, 12 kv heads, head_dim 128, bf16, 4,096 pages of 16:
+       12.1 GB, and tens of seconds of zeroing). num_layers == 0 means
+       bookkeeping only (no bytes); with store_ops the bytes live in that
+       store (the GPU's) and the arena allocates no pools. */
     int32_t num_layers;
     int32_t kv_heads;
     int32_t head_dim;
@@ -233,7 +253,11 @@ typedef struct mskv_arena_stats {
 } mskv_arena_stats;
 
 /* Creates an arena. Parameters: desc (zero fields = defaults), out.
-   Return value: MSKV_SUCCESS, or INVALID_ARGUMENT / OVERFLOW / OUT_OF_MEMORY.
+   Allocates the page bookkeeping and, unless num_layers is 0 or store_ops is
+   set, the host K/V pools (the size is at num_layers above; it can be most of
+   a machine's memory: the CPU backend computes on them, a GPU model wants
+   store_ops instead). Return value: MSKV_SUCCESS, or INVALID_ARGUMENT /
+   OVERFLOW / OUT_OF_MEMORY (the pools did not fit; nothing is kept).
    Thread safety: the arena's functions may be called from several threads. */
 MSKV_API mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out);
 MSKV_API void mskv_arena_destroy(mskv_arena *arena);
@@ -507,7 +531,7 @@ typedef enum mskv_plan_kind {
 } mskv_plan_kind;
 
 typedef struct mskv_plan_desc {
-    mskv_plan_kind kind;
+    int32_t kind;                /* an mskv_plan_kind (an enum first would make {0} an error in C++) */
     mskv_request cross;          /* for MSKV_PLAN_CROSS */
     const int64_t *dense_kv_len; /* for MSKV_PLAN_DENSE: kv tokens per segment */
     mskv_pos_mode pos_mode;
@@ -701,7 +725,7 @@ typedef enum mskv_rope_style {
    by its own axis' position. Dims past the rotated parts are left alone.
    Widths must be even and add up to at most head_dim. */
 typedef struct mskv_rope {
-    mskv_rope_style style;
+    int32_t style;            /* an mskv_rope_style (an enum first would make {0} an error in C++) */
     mskv_pos_mode mode;       /* MSKV_POS_1D or MSKV_POS_3D */
     float theta;              /* 0 = 10000 */
     int32_t dims[3];

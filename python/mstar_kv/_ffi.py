@@ -61,7 +61,7 @@ class mskv_allocator(Structure):
 
 
 class mskv_event(Structure):
-    _fields_ = [("type", c_int), ("request", mskv_request), ("page", c_int32), ("first_token", c_int64),
+    _fields_ = [("type", c_int32), ("request", mskv_request), ("page", c_int32), ("first_token", c_int64),
                 ("step", c_uint64), ("group", c_int32)]
 
 
@@ -174,7 +174,7 @@ class mskv_segment(Structure):
 
 class mskv_plan_desc(Structure):
     _fields_ = [
-        ("kind", c_int),
+        ("kind", c_int32),
         ("cross", mskv_request),
         ("dense_kv_len", c_void_p),
         ("pos_mode", c_int),
@@ -219,7 +219,7 @@ class mskv_session(Structure):
 
 
 class mskv_rope(Structure):
-    _fields_ = [("style", c_int), ("mode", c_int), ("theta", c_float), ("dims", c_int32 * 3)]
+    _fields_ = [("style", c_int32), ("mode", c_int), ("theta", c_float), ("dims", c_int32 * 3)]
 
 
 class mskv_cpu_desc(Structure):
