@@ -22,15 +22,16 @@
                        else ~/.cache/mstar_kv); mskv_cuda_desc.cache_dir wins
 
    Example:
-       mskv_cuda_desc cd = {0};
+       mskv_cuda_desc cd = MSKV_ZERO_INIT;
        mskv_cuda *cu;
        if (mskv_cuda_create(&cd, &cu) != MSKV_SUCCESS) ... use the CPU backend;
-       mskv_cuda_store_desc sd = {0};
+       mskv_cuda_store_desc sd = MSKV_ZERO_INIT;
        sd.num_pages = 4096; sd.page_size = 16; sd.num_layers = 32;
        sd.kv_heads = 8; sd.head_dim = 128; sd.dtype = MSKV_DTYPE_BF16;
        mskv_cuda_store *st;  mskv_cuda_store_create(cu, &sd, &st);
-       mskv_arena_desc ad = {0};
-       mskv_cuda_store_arena_desc(st, &ad);   // geometry, store_ops, FENCED retire
+       mskv_arena_desc ad = MSKV_ZERO_INIT;
+       mskv_cuda_store_arena_desc(st, &ad);   // geometry, store_ops (so no host
+                                              // pools: the K/V live on the device), FENCED retire
        mskv_arena *a;  mskv_arena_create(&ad, &a);  mskv_cuda_store_bind(st, a);
        per step: mskv_admit, mskv_plan_build, mskv_cuda_plan_upload,
                  mskv_cuda_write_kv (per layer), attention, mskv_commit,
@@ -1349,8 +1350,10 @@ static void *mskv__cuda_dlopen_first(const char *const *names, int n, const char
         void *lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
         if (lib) { *used = names[i]; return lib; }
         {
+            /* glibc's message starts with the name already; others may not */
             const char *e = dlerror();
-            mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", names[i], e ? e : "not found");
+            if (e && strstr(e, names[i])) mskv__cuda_appendf(why, cap, "%s%s", why[0] ? "; " : "", e);
+            else mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", names[i], e ? e : "not found");
         }
     }
     return NULL;

@@ -618,6 +618,22 @@ TEST(cuda_toolkit_stub_driver_is_unavailable) {
     EXPECT_TRUE(cu == NULL);
 }
 
+/* dlerror() already names the library ("x.so: cannot open shared object
+   file: ..."): the reason says each name once, not "x.so: x.so: ...". */
+TEST(cuda_unavailable_reason_names_each_library_once) {
+    static const char path[] = "/nonexistent-mskv-dir/libcuda-missing.so.1";
+    mskv_cuda_desc cd;
+    char why[2048];
+    const char *first;
+    memset(&cd, 0, sizeof cd);
+    cd.driver_path = path;
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_probe(&cd, why, sizeof why));
+    first = strstr(why, path);
+    ASSERT_TRUE(first != NULL);
+    EXPECT_TRUE(strstr(first + 1, path) == NULL);
+    if (strstr(first + 1, path)) printf("  reason: %s\n", why);
+}
+
 TEST(cuda_spill_report_is_parsed_from_the_ptxas_log) {
     EXPECT_EQ(-1, mskv_cuda_log_spills("no report here"));
     EXPECT_EQ(0, mskv_cuda_log_spills("ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"));
