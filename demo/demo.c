@@ -54,6 +54,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -80,6 +81,7 @@ typedef enum demo_break { DEMO_BREAK_NONE = 0, DEMO_BREAK_PAGE = 1, DEMO_BREAK_S
 typedef struct demo_cfg {
     int frames, width, height, window, overlap, sink, context, steps, threads, page_size;
     int offload, check, quiet;
+    double progress;         /* --progress: least seconds between denoise-step lines */
     double cfg;              /* --cfg: the guidance scale; 0 = one branch */
     demo_mode mode;
     demo_backend_kind backend;
@@ -97,7 +99,8 @@ static void demo_help(void) {
 "memory is an mstar_kv paged KV cache, decodes it with a causal decoder on a second\n"
 "thread and writes an .mp4 (H.264 through FFmpeg; .y4m when built without FFmpeg).\n"
 "\n"
-"  -o FILE              output file (default demo.mp4; a .y4m name writes Y4M)\n"
+"  -o FILE              output file, a .mp4 or .y4m name (default demo.mp4; .y4m\n"
+"                       writes uncompressed Y4M; without FFmpeg .mp4 becomes .y4m)\n"
 "  --frames N           pixel frames (default 81 = 21 latent frames; T latents\n"
 "                       decode to 1 + 4(T-1) frames)\n"
 "  --width N            pixels, a multiple of 16 (default 320)\n"
@@ -112,8 +115,9 @@ static void demo_help(void) {
 "  --sink N             kv mode: leading chunks kept for good (default 1; the first\n"
 "                       holds the prompt frame)\n"
 "  --context N          kv mode: most recent chunks kept besides the sink (default 2)\n"
-"  --steps N            denoise steps per window (default 4); a window's j-th new\n"
-"                       frame is exact after j steps, so use at least --window\n"
+"  --steps N            denoise steps per window (default --window + 1, so 4); a\n"
+"                       window's j-th new frame is exact after j steps, so fewer\n"
+"                       than --window leave noise behind (--check then fails)\n"
 "  --backend B          cpu, cuda or auto (default): cuda runs the cache and the\n"
 "                       attention on an NVIDIA GPU (mstar_kv_cuda.h: the driver and\n"
 "                       NVRTC are loaded at run time); auto uses it when it is\n"
@@ -121,6 +125,7 @@ static void demo_help(void) {
 "  --dtype T            the cache's storage: f32, f16 or bf16 (default: f32 on the\n"
 "                       CPU; f16 on the GPU, whose tensor-core kernels need 16 bits)\n"
 "  --threads N          attention threads (default: online cores, at most 8)\n"
+"  --page-size N        tokens per KV cache page (default 16; any N >= 1)\n"
 "  --cfg SCALE          kv mode: classifier-free guidance with two branches in\n"
 "                       lockstep, o = o_uncond + SCALE (o_cond - o_uncond), SCALE in\n"
 "                       (0, 100]; the conditional branch sees the prompt frame / SCALE,\n"
@@ -128,16 +133,25 @@ static void demo_help(void) {
 "                       the truth (--check judges it the same way)\n"
 "  --offload            kv mode: park the cache in host memory between windows and\n"
 "                       reload it (the output is bit-identical: compare latent_hash)\n"
-"  --seed N             scene and noise seed (default 1)\n"
+"  --seed N             scene and noise seed, an unsigned 64-bit integer (default 1)\n"
 "  --check              self-check, exit 1 if any part fails: exact frame count;\n"
 "                       windowed decode byte-identical to decoding the whole latent\n"
 "                       stream at once; PSNR against the analytic truth >= %.0f dB in every frame;\n"
 "                       kv mode: peak KV pages within the sink + window bound\n"
-"  -q                   no progress line\n"
+"  --dump-raw FILE      also write every frame as raw RGB24 (what the tests compare)\n", DEMO_PSNR_MIN);
+    printf(
+"  --progress S         at least S seconds between denoise-step progress lines\n"
+"                       (default 1; 0: every step); a line per window regardless\n"
+"  -q                   no progress lines and no estimate\n"
 "  --help               this text\n"
 "\n"
-"Progress goes to stderr; the summary (key=value fields) to stdout.\n"
-"Exit status: 0 success, 1 failure, 2 usage error.\n", DEMO_PSNR_MIN);
+"Progress goes to stderr: after the first denoise step an estimate of the whole\n"
+"run, then a line per window and, at most every --progress seconds, per step.\n"
+"The summary (key=value fields) goes to stdout. Ctrl-C (SIGINT), SIGTERM or\n"
+"SIGHUP stops at the next denoise step and finishes the output with the frames\n"
+"written so far (a playable file; none at all if no frame was done), then the\n"
+"demo dies of that signal; a second one kills it at once.\n"
+"Exit status: 0 success, 1 failure, 2 usage error.\n");
 }
 
 static int demo_usage(const char *fmt, ...) {
@@ -172,8 +186,8 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
     const char *brk = getenv("MSKV_DEMO_BREAK");   /* a deliberately broken cache, to see --check fail */
     memset(c, 0, sizeof(*c));
     c->frames = 81; c->width = 320; c->height = 192; c->window = 3; c->overlap = -1;
-    c->sink = 1; c->context = 2; c->steps = 4; c->threads = demo_default_threads(); c->page_size = 16;
-    c->seed = 1; c->out = "demo.mp4"; c->dtype = -1;
+    c->sink = 1; c->context = 2; c->steps = 0; c->threads = demo_default_threads(); c->page_size = 16;
+    c->seed = 1; c->out = "demo.mp4"; c->dtype = -1; c->progress = 1.0;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *val = NULL;
         char name[32];
@@ -195,8 +209,24 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
             if (i + 1 >= argc) return demo_usage("%s needs a value", a);
             val = argv[++i];
         }
-        if (!strcmp(name, "-o") || !strcmp(name, "--output")) { c->out = val; continue; }
-        if (!strcmp(name, "--dump-raw")) { c->dump_raw = val; continue; }   /* RGB24 frames, for the tests */
+        if (!strcmp(name, "-o") || !strcmp(name, "--output")) {
+            if (!*val) return demo_usage("%s: an empty file name", name);
+            c->out = val;
+            continue;
+        }
+        if (!strcmp(name, "--dump-raw")) {   /* RGB24 frames, for the tests */
+            if (!*val) return demo_usage("--dump-raw: an empty file name");
+            c->dump_raw = val;
+            continue;
+        }
+        if (!strcmp(name, "--progress")) {
+            char *end = NULL;
+            errno = 0;
+            c->progress = strtod(val, &end);
+            if (errno || !end || end == val || *end || !(c->progress >= 0.0 && c->progress <= 86400.0))
+                return demo_usage("--progress: expected seconds in [0, 86400], got '%s'", val);
+            continue;
+        }
         if (!strcmp(name, "--mode")) {
             if (!strcmp(val, "kv")) c->mode = DEMO_MODE_KV;
             else if (!strcmp(val, "chained")) c->mode = DEMO_MODE_CHAINED;
@@ -228,6 +258,8 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
         if (!strcmp(name, "--seed")) {
             char *end = NULL;
             errno = 0;
+            /* strtoull takes "-1" (and " 1", "+1") and wraps: digits only */
+            if (*val < '0' || *val > '9') return demo_usage("--seed: expected an unsigned integer, got '%s'", val);
             c->seed = strtoull(val, &end, 0);
             if (errno || !end || end == val || *end) return demo_usage("--seed: expected an unsigned integer, got '%s'", val);
             continue;
@@ -245,6 +277,9 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
         else return demo_usage("unknown option '%s'", name);
         if (demo_parse_int(name, val, lo, hi, iv) != 0) return 2;
     }
+    if (!demo_ends_with(c->out, ".mp4") && !demo_ends_with(c->out, ".y4m"))
+        return demo_usage("-o: expected a .mp4 or .y4m file name, got '%s'", c->out);
+    if (c->steps == 0) c->steps = c->window + 1;   /* a window's last new frame is exact after --window steps */
     if (c->width % (DEMO_UP * DEMO_P) || c->height % (DEMO_UP * DEMO_P))
         return demo_usage("--width and --height must be multiples of %d (8x decoder, 2x2 patches), got %dx%d",
                           DEMO_UP * DEMO_P, c->width, c->height);
@@ -669,6 +704,31 @@ static int demo_backend_open(demo_backend *b, demo_backend_kind kind, const demo
     return demo_cpu_open(b, &cs, why, cap);
 }
 
+/* >>signals -------------------------------------------------------------- */
+
+/* The signal that asked the run to stop (SIGINT, SIGTERM, SIGHUP), 0 = none.
+   The generator looks at it after every denoise step. */
+static volatile sig_atomic_t demo_signal = 0;
+
+static void demo_on_signal(int sig) { demo_signal = sig; }
+
+/* One signal stops the run cleanly (the output gets the frames done so
+   far); SA_RESETHAND: a second one of the same kind kills at once. */
+static void demo_catch_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = demo_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;   /* RESTART: no EINTR in the output's writes */
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
+static const char *demo_signal_name(int sig) {
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
+}
+
 /* >>queue ---------------------------------------------------------------- */
 
 /* One finished window for the decoder thread: latent frames [first, first+n),
@@ -800,7 +860,7 @@ static void *demo_out_main(void *arg) {
     const demo_geom *g = &o->scene->g;
     demo_job *j;
     while ((j = demo_queue_pop(o->queue)) != NULL) {
-        if (!o->failed) {
+        if (!o->failed && !demo_signal) {   /* stopped: the file ends with the frames done so far */
             int64_t i;
             /* the truth through the same decoder, for the PSNR */
             for (i = 0; i < j->n; i++) demo_scene_truth(o->scene, j->first + i, o->truth_lat + (size_t)i * g->lat_floats);
@@ -841,6 +901,12 @@ typedef struct demo_run {
     float *prompt[2];        /* --cfg: each branch's own prompt frame (conditional, unconditional) */
     int32_t num_pages, peak_pages, page_bound;
     int64_t pages_freed, released_tokens, offloads;
+    double t_start;          /* when generation began */
+    double units_total, units_done;   /* denoise work, weighted by context (demo_window_units) */
+    double last_line;        /* when the last progress line was printed */
+    int estimated;           /* the estimate was printed */
+    int stale_noted;         /* MSKV_DEMO_BREAK=stale said what it does */
+    int interrupted;         /* a signal stopped the generator */
     char err[512];
 } demo_run;
 
@@ -888,6 +954,71 @@ static int demo_live_pages(demo_run *r) {
 static int demo_wrap(int64_t v, int n) {
     int64_t m = v % n;
     return (int)(m < 0 ? m + n : m);
+}
+
+/* >>progress --------------------------------------------------------------
+   A denoise step costs about as much as the keys its queries attend to: in
+   kv mode the window itself plus the kept chunks (sink + context, fewer at
+   the start); in chained mode the window. The estimate and the time left
+   weigh the steps that way. */
+static double demo_window_units(const demo_run *r, int64_t k) {
+    int64_t kept = (int64_t)r->cfg.sink + r->cfg.context;
+    if (r->cfg.mode == DEMO_MODE_CHAINED) return 1.0;
+    return 1.0 + (double)(k < kept ? k : kept);
+}
+
+static void demo_progress_init(demo_run *r) {
+    int64_t k;
+    r->units_total = 0.0;
+    for (k = 0; k < r->sched.count; k++) r->units_total += (double)r->cfg.steps * demo_window_units(r, k);
+    r->units_done = 0.0;
+    r->t_start = r->last_line = demo_now();
+}
+
+static const char *demo_duration(double s, char *buf, size_t cap) {
+    if (s < 90.0) snprintf(buf, cap, "%.1f s", s);
+    else if (s < 90.0 * 60.0) snprintf(buf, cap, "%.0f min", s / 60.0);
+    else snprintf(buf, cap, "%.1f h", s / 3600.0);
+    return buf;
+}
+
+/* After denoise step s of window k: the estimate of the whole run after the
+   first step, then a line at most every --progress seconds. */
+static void demo_step_done(demo_run *r, int64_t k, int s) {
+    double now = demo_now(), elapsed = now - r->t_start;
+    char a[32], b[32];
+    r->units_done += demo_window_units(r, k);
+    if (r->cfg.quiet) return;
+    if (!r->estimated) {
+        r->estimated = 1;
+        r->last_line = now;
+        fprintf(stderr, "demo: estimate: the first denoise step took %s; %lld windows x %d steps: about %s in all "
+                "(Ctrl-C stops early and keeps the frames done)\n", demo_duration(elapsed, a, sizeof(a)),
+                (long long)r->sched.count, r->cfg.steps,
+                demo_duration(elapsed / r->units_done * r->units_total, b, sizeof(b)));
+        return;
+    }
+    /* the window's last step: its window line follows at once */
+    if (s + 1 == r->cfg.steps || now - r->last_line < r->cfg.progress) return;
+    r->last_line = now;
+    fprintf(stderr, "%swindow %lld/%lld  step %d/%d  %s elapsed, about %s left%s", isatty(2) ? "\r" : "",
+            (long long)(k + 1), (long long)r->sched.count, s + 1, r->cfg.steps, demo_duration(elapsed, a, sizeof(a)),
+            demo_duration(elapsed / r->units_done * (r->units_total - r->units_done), b, sizeof(b)),
+            isatty(2) ? "  " : "\n");
+    fflush(stderr);
+}
+
+/* A line per window: where the video is, the speed, the cache's pages. */
+static void demo_progress(demo_run *r, int64_t k, int64_t committed_latents, int live) {
+    int64_t px = committed_latents <= 0 ? 0 : 1 + DEMO_TR * (committed_latents - 1);
+    double now = demo_now(), dt = now - r->t_start;
+    if (r->cfg.quiet) return;
+    r->last_line = now;
+    if (px > r->cfg.frames) px = r->cfg.frames;
+    fprintf(stderr, "%swindow %lld/%lld  frames %lld/%d  %.1f fps  kv pages %d (peak %d)%s",
+            isatty(2) ? "\r" : "", (long long)(k + 1), (long long)r->sched.count, (long long)px, r->cfg.frames,
+            dt > 0 ? (double)px / dt : 0.0, live, r->peak_pages, isatty(2) ? "  " : "\n");
+    fflush(stderr);
 }
 
 /* Queries of nfr frames starting at f0: head 0 targets the previous frame,
@@ -996,10 +1127,19 @@ static int demo_denoise(demo_run *r, mskv_session *sess, const mskv_segment *seg
         demo_values(r, nfr, clamp);
         if (!(r->cfg.brk == DEMO_BREAK_STALE && s > 0))
             DEMO_TRY_BE(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write K/V");
+        else if (!r->stale_noted) {
+            r->stale_noted = 1;
+            fprintf(stderr, "demo: MSKV_DEMO_BREAK: K/V written at the first denoise step only (stale afterwards)\n");
+        }
         DEMO_TRY_BE(r, r->be.attend(r->be.impl, r->arena, &r->plan, &at, r->q, r->o), "attention");
         demo_outputs(r, (size_t)n);
         for (f = clamp; f < nfr; f++)
             demo_unpatchify(g, r->v + (size_t)f * g->tpf * dim, r->x + (size_t)f * g->lat_floats);
+        demo_step_done(r, window, s);
+        if (demo_signal) {   /* stop here: what was committed before is already on its way out */
+            r->interrupted = 1;
+            return demo_fail(r, "interrupted by %s", demo_signal_name((int)demo_signal));
+        }
     }
     /* The clean pass: the slots still hold the K/V of the state before the
        last step; later windows must read the final frames, so write those
@@ -1045,17 +1185,6 @@ static int demo_push_window(demo_run *r, demo_queue *q, int64_t k) {
     return 0;
 }
 
-static void demo_progress(const demo_run *r, int64_t k, int64_t committed_latents, double t0, int live) {
-    int64_t px = committed_latents <= 0 ? 0 : 1 + DEMO_TR * (committed_latents - 1);
-    double dt = demo_now() - t0;
-    if (r->cfg.quiet) return;
-    if (px > r->cfg.frames) px = r->cfg.frames;
-    fprintf(stderr, "%swindow %lld/%lld  frames %lld/%d  %.1f fps  kv pages %d (peak %d)%s",
-            isatty(2) ? "\r" : "", (long long)(k + 1), (long long)r->sched.count, (long long)px, r->cfg.frames,
-            dt > 0 ? (double)px / dt : 0.0, live, r->peak_pages, isatty(2) ? "  " : "\n");
-    fflush(stderr);
-}
-
 static int demo_audit(demo_run *r) {
     char why[256];
     if (r->cfg.check && mskv_arena_audit(r->arena, why, sizeof(why)) != MSKV_SUCCESS)
@@ -1063,7 +1192,7 @@ static int demo_audit(demo_run *r) {
     return 0;
 }
 
-static int demo_run_kv(demo_run *r, demo_queue *q, double t0) {
+static int demo_run_kv(demo_run *r, demo_queue *q) {
     const demo_geom *g = &r->g;
     mskv_retention ret;
     mskv_session sess;
@@ -1097,7 +1226,7 @@ static int demo_run_kv(demo_run *r, demo_queue *q, double t0) {
         if ((r->cfg.brk == DEMO_BREAK_PAGE || r->cfg.brk == DEMO_BREAK_SINK) && k == 1 && demo_break_page(r, req) != 0)
             return -1;
         if (demo_audit(r) != 0 || demo_push_window(r, q, k) != 0) return -1;
-        demo_progress(r, k, w.commit_end, t0, after);
+        demo_progress(r, k, w.commit_end, after);
         if (r->cfg.offload && k + 1 < r->sched.count) {
             DEMO_TRY_BE(r, mskv_request_offload(r->arena, req), "offload");
             /* the offload freed the pages: end the step so their fence can retire */
@@ -1119,7 +1248,7 @@ static int demo_run_kv(demo_run *r, demo_queue *q, double t0) {
    it unchanged. Both branches commit the guided frames; they are admitted,
    planned (one plan, branch b = segment b), committed, published (their
    windows slide together), offloaded and reloaded as one lockstep group. */
-static int demo_run_cfg(demo_run *r, demo_queue *q, double t0) {
+static int demo_run_cfg(demo_run *r, demo_queue *q) {
     const demo_geom *g = &r->g;
     mskv_retention ret;
     mskv_request br[2];
@@ -1165,7 +1294,7 @@ static int demo_run_cfg(demo_run *r, demo_queue *q, double t0) {
         if ((r->cfg.brk == DEMO_BREAK_PAGE || r->cfg.brk == DEMO_BREAK_SINK) && k == 1 && demo_break_page(r, br[1]) != 0)
             return -1;
         if (demo_audit(r) != 0 || demo_push_window(r, q, k) != 0) return -1;
-        demo_progress(r, k, w.commit_end, t0, after);
+        demo_progress(r, k, w.commit_end, after);
         if (r->cfg.offload && k + 1 < r->sched.count) {
             DEMO_TRY_BE(r, mskv_lockstep_offload(r->arena, ls), "offload");
             /* the offload freed the pages: end the step so their fence can retire */
@@ -1182,7 +1311,7 @@ static int demo_run_cfg(demo_run *r, demo_queue *q, double t0) {
     return 0;
 }
 
-static int demo_run_chained(demo_run *r, demo_queue *q, double t0) {
+static int demo_run_chained(demo_run *r, demo_queue *q) {
     const demo_geom *g = &r->g;
     mskv_plan_desc pd;
     mskv_window w;
@@ -1232,7 +1361,7 @@ static int demo_run_chained(demo_run *r, demo_queue *q, double t0) {
         DEMO_TRY_BE(r, r->be.publish(r->be.impl, r->arena, NULL, 0), "publish");
         r->pages_freed += live;
         if (demo_push_window(r, q, k) != 0) return -1;
-        demo_progress(r, k, w.commit_end, t0, live);
+        demo_progress(r, k, w.commit_end, live);
     }
     return 0;
 }
@@ -1254,32 +1383,26 @@ static int demo_cmp_frame(void *user, int64_t p, const unsigned char *rgb) {
     return 0;
 }
 
-int main(int argc, char **argv) {
-    demo_run run, *r = &run;
+/* Everything main holds, so each step below is a function of one thing. */
+typedef struct demo_app {
+    demo_run run;
     demo_decoder dec;
     demo_queue queue;
     demo_writer writer;
     demo_out out;
-    demo_store_shape shape;
     pthread_t thread;
-    mskv_arena_desc ad;
+    char path[4096];         /* the output file (.y4m instead of .mp4 without FFmpeg) */
+    double secs;             /* generation wall time */
+    int thread_started, writer_open, queue_init, backend_open;
+} demo_app;
+
+/* The geometry, the window schedule and the page budget (in kv mode exactly
+   what the sink + window bound allows, so a cache that failed to release
+   would run out of pages). 0, or 2 (a usage error, reported). */
+static int demo_size_run(demo_app *app) {
+    demo_run *r = &app->run;
     mskv_window last;
-    mskv_result res;
-    char why[1024], path[4096], cfg_field[48] = "";
-    double t0, secs, psnr = 0.0, worst_psnr = 0.0;
-    int rc, status = 1, ok = 1, thread_started = 0, writer_open = 0, queue_init = 0, backend_open = 0;
-    int chk_frames = 1, chk_decode = 1, chk_psnr = 1, chk_pages = 1;
-    int64_t chunk_tokens, max_q;
-    uint64_t lat_hash;
-    memset(r, 0, sizeof(*r));
-    memset(&dec, 0, sizeof(dec));
-    memset(&out, 0, sizeof(out));
-    out.worst_frame = -1;
-    memset(&writer, 0, sizeof(writer));
-    memset(&queue, 0, sizeof(queue));
-    rc = demo_parse(argc, argv, &r->cfg);
-    if (rc == 1) return 0;
-    if (rc != 0) return 2;
+    int64_t chunk_tokens;
     demo_geom_init(&r->g, r->cfg.width, r->cfg.height);
     r->T = demo_latents_for_frames(r->cfg.frames);
     if (mskv_schedule_init(&r->sched, r->T, r->cfg.window, r->cfg.mode == DEMO_MODE_CHAINED ? r->cfg.overlap : 0) != MSKV_SUCCESS ||
@@ -1291,9 +1414,6 @@ int main(int argc, char **argv) {
     if (demo_feat_init(&r->feat, &r->g, r->T_gen) != 0)
         return demo_usage("%dx%d over %lld latent frames needs more than head_dim %d can encode; use a smaller size",
                           r->cfg.width, r->cfg.height, (long long)r->T_gen, r->g.dim);
-
-    /* the arena: in kv mode exactly the pages the sink + window bound allows,
-       so a cache that failed to release would run out of pages */
     chunk_tokens = (int64_t)r->cfg.window * r->g.tpf;
     r->nb = r->cfg.cfg > 0.0 ? 2 : 1;   /* --cfg: a cache per branch */
     if (r->cfg.mode == DEMO_MODE_KV) {
@@ -1305,11 +1425,16 @@ int main(int argc, char **argv) {
         r->page_bound = (int32_t)((chunk_tokens + r->g.tpf + r->cfg.page_size - 1) / r->cfg.page_size + 2);
     }
     r->num_pages = r->page_bound + 1;   /* + the null page */
-    max_q = chunk_tokens * r->nb;
+    return 0;
+}
 
-    if (demo_scene_init(&r->scene, &r->g, r->cfg.seed) != 0 || demo_decoder_init(&dec, &r->scene) != 0) {
+/* The model's buffers, the scene and the decoder. 0, or 1 (reported). */
+static int demo_alloc(demo_app *app) {
+    demo_run *r = &app->run;
+    int64_t max_q = (int64_t)r->cfg.window * r->g.tpf * r->nb;
+    if (demo_scene_init(&r->scene, &r->g, r->cfg.seed) != 0 || demo_decoder_init(&app->dec, &r->scene) != 0) {
         fprintf(stderr, "demo: out of memory\n");
-        goto done;
+        return 1;
     }
     r->lat = (float *)calloc((size_t)r->T_gen * r->g.lat_floats, sizeof(float));
     r->q = (float *)malloc((size_t)max_q * 2u * r->g.dim * sizeof(float));
@@ -1321,10 +1446,20 @@ int main(int argc, char **argv) {
     r->prompt[1] = (float *)malloc(r->g.lat_floats * sizeof(float));
     if (!r->lat || !r->q || !r->o || !r->k || !r->v || !r->x || !r->prompt[0] || !r->prompt[1]) {
         fprintf(stderr, "demo: out of memory\n");
-        goto done;
+        return 1;
     }
+    return 0;
+}
 
-    /* the backend first: a device store decides the arena's store fields */
+/* The backend first (a device store decides the arena's store fields), then
+   the arena and the plan. 0, or 1 (reported). */
+static int demo_open_cache(demo_app *app) {
+    demo_run *r = &app->run;
+    demo_store_shape shape;
+    mskv_arena_desc ad;
+    mskv_result res;
+    char why[1024];
+    int64_t max_q = (int64_t)r->cfg.window * r->g.tpf * r->nb;
     memset(&shape, 0, sizeof(shape));
     shape.num_pages = r->num_pages;
     shape.page_size = r->cfg.page_size;
@@ -1335,9 +1470,9 @@ int main(int argc, char **argv) {
     shape.threads = r->cfg.threads;
     if (demo_backend_open(&r->be, r->cfg.backend, &shape, r->cfg.quiet, why, sizeof(why)) != 0) {
         fprintf(stderr, "demo: %s\n", why);
-        goto done;
+        return 1;
     }
-    backend_open = 1;
+    app->backend_open = 1;
     memset(&ad, 0, sizeof(ad));
     ad.num_pages = r->num_pages;
     ad.page_size = r->cfg.page_size;
@@ -1348,88 +1483,108 @@ int main(int argc, char **argv) {
     if (res == MSKV_SUCCESS) res = mskv_arena_create(&ad, &r->arena);
     if (res == MSKV_SUCCESS) res = r->be.bind(r->be.impl, r->arena);
     if (res == MSKV_SUCCESS) res = mskv_plan_alloc(r->arena, r->nb, (int32_t)max_q, ad.num_pages, &r->plan);
-    if (res != MSKV_SUCCESS) { fprintf(stderr, "demo: arena: %s\n", mskv_result_string(res)); goto done; }
+    if (res != MSKV_SUCCESS) { fprintf(stderr, "demo: arena: %s\n", mskv_result_string(res)); return 1; }
+    return 0;
+}
 
-    /* output */
-    snprintf(path, sizeof(path), "%s", r->cfg.out);
+/* The output file, the decoder thread's buffers and the thread itself.
+   Every other output opens first: a run that cannot start leaves -o
+   untouched. 0, or 1 (reported). */
+static int demo_open_output(demo_app *app) {
+    demo_run *r = &app->run;
+    demo_out *out = &app->out;
+    size_t span = (size_t)r->cfg.window + 1;   /* a window's latents plus one of context */
+    size_t plane = (size_t)r->g.lw * r->g.lh * 3u;
+    snprintf(app->path, sizeof(app->path), "%s", r->cfg.out);
 #ifdef MSKV_DEMO_NO_FFMPEG
-    if (demo_ends_with(path, ".mp4") && strlen(path) + 1 < sizeof(path)) {
-        strcpy(path + strlen(path) - 4, ".y4m");
-        fprintf(stderr, "demo: built without FFmpeg: writing %s instead of %s\n", path, r->cfg.out);
+    if (demo_ends_with(app->path, ".mp4") && strlen(app->path) + 1 < sizeof(app->path)) {
+        strcpy(app->path + strlen(app->path) - 4, ".y4m");
+        fprintf(stderr, "demo: built without FFmpeg: writing %s instead of %s\n", app->path, r->cfg.out);
     }
 #endif
-    /* every other output first: a run that cannot start leaves -o untouched */
-    if (r->cfg.dump_raw && !(out.raw = fopen(r->cfg.dump_raw, "wb"))) {
+    if (r->cfg.dump_raw && !(out->raw = fopen(r->cfg.dump_raw, "wb"))) {
         fprintf(stderr, "demo: --dump-raw: cannot open %s\n", r->cfg.dump_raw);
-        goto done;
+        return 1;
     }
-    if (demo_writer_open(&writer, path, r->g.width, r->g.height, DEMO_FPS) != 0) {
-        fprintf(stderr, "demo: %s: %s\n", path, writer.err);
-        demo_writer_close(&writer, 0);
-        goto done;
+    if (demo_writer_open(&app->writer, app->path, r->g.width, r->g.height, DEMO_FPS) != 0) {
+        fprintf(stderr, "demo: %s: %s\n", app->path, app->writer.err);
+        demo_writer_close(&app->writer, 0);
+        return 1;
     }
-    writer_open = 1;
-    out.cfg = &r->cfg;
-    out.scene = &r->scene;
-    out.dec = &dec;
-    out.writer = &writer;
-    out.queue = &queue;
-    out.frames = r->cfg.frames;
-    {
-        size_t span = (size_t)r->cfg.window + 1;   /* a window's latents plus one of context */
-        size_t plane = (size_t)r->g.lw * r->g.lh * 3u;
-        out.truth_cap = (int64_t)span * DEMO_TR + 1;
-        out.truth = (unsigned char *)malloc((size_t)out.truth_cap * r->g.rgb_bytes);
-        out.truth_lat = (float *)malloc(span * r->g.lat_floats * sizeof(float));
-        out.c3 = (float *)malloc(span * plane * sizeof(float));
-        out.tmp = (float *)malloc(plane * sizeof(float));
-        out.rgb = (unsigned char *)malloc(r->g.rgb_bytes);
-        if (r->cfg.check) out.kept = (unsigned char *)malloc((size_t)r->cfg.frames * r->g.rgb_bytes);
-        if (!out.truth || !out.truth_lat || !out.c3 || !out.tmp || !out.rgb || (r->cfg.check && !out.kept)) {
-            fprintf(stderr, "demo: out of memory\n");
-            goto done;
-        }
+    app->writer_open = 1;
+    out->cfg = &r->cfg;
+    out->scene = &r->scene;
+    out->dec = &app->dec;
+    out->writer = &app->writer;
+    out->queue = &app->queue;
+    out->frames = r->cfg.frames;
+    out->truth_cap = (int64_t)span * DEMO_TR + 1;
+    out->truth = (unsigned char *)malloc((size_t)out->truth_cap * r->g.rgb_bytes);
+    out->truth_lat = (float *)malloc(span * r->g.lat_floats * sizeof(float));
+    out->c3 = (float *)malloc(span * plane * sizeof(float));
+    out->tmp = (float *)malloc(plane * sizeof(float));
+    out->rgb = (unsigned char *)malloc(r->g.rgb_bytes);
+    if (r->cfg.check) out->kept = (unsigned char *)malloc((size_t)r->cfg.frames * r->g.rgb_bytes);
+    if (!out->truth || !out->truth_lat || !out->c3 || !out->tmp || !out->rgb || (r->cfg.check && !out->kept)) {
+        fprintf(stderr, "demo: out of memory\n");
+        return 1;
     }
-    pthread_mutex_init(&queue.mu, NULL);
-    pthread_cond_init(&queue.not_full, NULL);
-    pthread_cond_init(&queue.not_empty, NULL);
-    queue_init = 1;
-    if (pthread_create(&thread, NULL, demo_out_main, &out) != 0) {
+    pthread_mutex_init(&app->queue.mu, NULL);
+    pthread_cond_init(&app->queue.not_full, NULL);
+    pthread_cond_init(&app->queue.not_empty, NULL);
+    app->queue_init = 1;
+    if (pthread_create(&app->thread, NULL, demo_out_main, out) != 0) {
         fprintf(stderr, "demo: cannot start the decoder thread\n");
-        goto done;
+        return 1;
     }
-    thread_started = 1;
+    app->thread_started = 1;
+    return 0;
+}
 
-    /* generate */
-    t0 = demo_now();
-    rc = r->cfg.mode == DEMO_MODE_CHAINED ? demo_run_chained(r, &queue, t0)
-       : r->nb > 1 ? demo_run_cfg(r, &queue, t0) : demo_run_kv(r, &queue, t0);
+/* Generates the video, waits for the decoder thread and finishes the file.
+   A run stopped by a signal keeps what was written (a playable file), or
+   removes the file when no frame was. 0, or 1 (reported). */
+static int demo_generate(demo_app *app) {
+    demo_run *r = &app->run;
+    int rc, ok = 1;
+    demo_progress_init(r);
+    rc = r->cfg.mode == DEMO_MODE_CHAINED ? demo_run_chained(r, &app->queue)
+       : r->nb > 1 ? demo_run_cfg(r, &app->queue) : demo_run_kv(r, &app->queue);
     if (!r->cfg.quiet && isatty(2)) fputc('\n', stderr);
-    demo_queue_close(&queue);
-    pthread_join(thread, NULL);
-    thread_started = 0;
-    secs = demo_now() - t0;
+    demo_queue_close(&app->queue);
+    pthread_join(app->thread, NULL);
+    app->thread_started = 0;
+    app->secs = demo_now() - r->t_start;
     /* when the output failed, the generator only stopped because of it: one reason */
-    if (rc != 0 && !out.failed) { fprintf(stderr, "demo: %s\n", r->err); ok = 0; }
-    if (rc != 0) ok = 0;
-    if (out.failed) { fprintf(stderr, "demo: %s\n", out.err); ok = 0; }
-    if (out.raw) {
-        int bad = fclose(out.raw) != 0;
-        out.raw = NULL;
+    if (rc != 0 && !r->interrupted && !app->out.failed) { fprintf(stderr, "demo: %s\n", r->err); ok = 0; }
+    if (rc != 0 && !r->interrupted) ok = 0;
+    if (app->out.failed) { fprintf(stderr, "demo: %s\n", app->out.err); ok = 0; }
+    if (app->out.raw) {
+        int bad = fclose(app->out.raw) != 0;
+        app->out.raw = NULL;
         if (bad) { fprintf(stderr, "demo: --dump-raw: write failed\n"); ok = 0; }
     }
-    writer_open = 0;
-    if (demo_writer_close(&writer, ok) != 0) { fprintf(stderr, "demo: %s: %s\n", path, writer.err); ok = 0; }
-    if (!ok) { remove(path); goto done; }   /* no half-written, unplayable file */
-
-    /* summary */
-    {
-        double mse = out.sse / ((double)out.next * (double)r->g.rgb_bytes);
-        double wmse = out.worst_sse / (double)r->g.rgb_bytes;
-        psnr = mse > 0.0 ? 10.0 * log10(255.0 * 255.0 / mse) : INFINITY;
-        worst_psnr = wmse > 0.0 ? 10.0 * log10(255.0 * 255.0 / wmse) : INFINITY;
+    if (ok && r->interrupted && app->writer.frames == 0) ok = 0;   /* nothing to keep */
+    app->writer_open = 0;
+    if (demo_writer_close(&app->writer, ok) != 0) { fprintf(stderr, "demo: %s: %s\n", app->path, app->writer.err); ok = 0; }
+    if (r->interrupted) {
+        if (ok) fprintf(stderr, "demo: %s: wrote %s (%s, %lld of %d frames, %dx%d, %d fps)\n", r->err, app->path,
+                        app->writer.codec, (long long)app->writer.frames, r->cfg.frames, r->g.width, r->g.height, DEMO_FPS);
+        else fprintf(stderr, "demo: %s before a frame was written: removed %s\n", r->err, app->path);
     }
-    lat_hash = demo_fnv(DEMO_FNV_INIT, r->lat, (size_t)r->T * r->g.lat_floats * sizeof(float));
+    if (!ok) { remove(app->path); return 1; }   /* no half-written, unplayable file */
+    return r->interrupted ? 1 : 0;
+}
+
+/* The summary (key=value fields on stdout). */
+static void demo_report(demo_app *app, double *worst_psnr) {
+    demo_run *r = &app->run;
+    char cfg_field[48] = "";
+    double mse = app->out.sse / ((double)app->out.next * (double)r->g.rgb_bytes);
+    double wmse = app->out.worst_sse / (double)r->g.rgb_bytes;
+    double psnr = mse > 0.0 ? 10.0 * log10(255.0 * 255.0 / mse) : INFINITY;
+    uint64_t lat_hash = demo_fnv(DEMO_FNV_INIT, r->lat, (size_t)r->T * r->g.lat_floats * sizeof(float));
+    *worst_psnr = wmse > 0.0 ? 10.0 * log10(255.0 * 255.0 / wmse) : INFINITY;
     if (r->nb > 1) snprintf(cfg_field, sizeof(cfg_field), " cfg=%g branches=2", r->cfg.cfg);
     printf("demo: mode=%s backend=%s dtype=%s threads=%d size=%dx%d latent=%dx%dx%d tokens_per_frame=%d head_dim=%d "
            "window=%d %s=%d steps=%d%s\n",
@@ -1439,57 +1594,96 @@ int main(int argc, char **argv) {
            r->g.lw, r->g.lh, DEMO_C, r->g.tpf, r->g.dim, r->cfg.window,
            r->cfg.mode == DEMO_MODE_KV ? "sink" : "overlap", r->cfg.mode == DEMO_MODE_KV ? r->cfg.sink : r->cfg.overlap,
            r->cfg.steps, cfg_field);
-    printf("demo: frames=%lld latents=%lld windows=%lld seconds=%.2f fps=%.1f\n", (long long)out.next,
-           (long long)r->T, (long long)r->sched.count, secs, secs > 0 ? (double)out.next / secs : 0.0);
+    printf("demo: frames=%lld latents=%lld windows=%lld seconds=%.2f fps=%.1f\n", (long long)app->out.next,
+           (long long)r->T, (long long)r->sched.count, app->secs, app->secs > 0 ? (double)app->out.next / app->secs : 0.0);
     printf("demo: page_size=%d peak_pages=%d page_bound=%d pages_freed=%lld released_tokens=%lld offloads=%lld\n",
            r->cfg.page_size, r->peak_pages, r->page_bound, (long long)r->pages_freed, (long long)r->released_tokens,
            (long long)r->offloads);
     printf("demo: psnr_db=%.2f worst_frame_psnr_db=%.2f worst_frame=%lld psnr_min_db=%.0f latent_hash=%016llx\n", psnr,
-           worst_psnr, (long long)out.worst_frame, DEMO_PSNR_MIN, (unsigned long long)lat_hash);
-    printf("demo: wrote %s (%s, %lld frames, %dx%d, %d fps)\n", path, writer.codec, (long long)writer.frames,
+           *worst_psnr, (long long)app->out.worst_frame, DEMO_PSNR_MIN, (unsigned long long)lat_hash);
+    printf("demo: wrote %s (%s, %lld frames, %dx%d, %d fps)\n", app->path, app->writer.codec, (long long)app->writer.frames,
            r->g.width, r->g.height, DEMO_FPS);
+}
 
-    if (r->cfg.check) {
-        demo_cmp c;
-        float *c3 = (float *)malloc((size_t)r->T * r->g.lw * r->g.lh * 3u * sizeof(float));
-        chk_frames = out.next == r->cfg.frames && writer.frames == r->cfg.frames;
-        c.kept = out.kept;
-        c.fb = r->g.rgb_bytes;
-        c.count = 0;
-        c.first_bad = -1;
-        chk_decode = c3 && demo_decode(&dec, r->lat, 0, r->T, 0, r->cfg.frames, c3, out.tmp, out.rgb, demo_cmp_frame, &c) == 0 &&
-                     c.count == r->cfg.frames && c.first_bad < 0;
-        free(c3);
-        chk_psnr = worst_psnr >= DEMO_PSNR_MIN;   /* every frame, not the mean: a few ruined frames must fail */
-        chk_pages = r->cfg.mode != DEMO_MODE_KV || r->peak_pages <= r->page_bound;
-        printf("check: frames=%lld/%d %s, windowed_decode=%s %s, psnr %.2f (worst frame %lld) >= %.0f %s, kv_pages %d <= %d %s: %s\n",
-               (long long)out.next, r->cfg.frames, chk_frames ? "ok" : "FAIL",
-               chk_decode ? "identical" : "differs", chk_decode ? "ok" : "FAIL",
-               worst_psnr, (long long)out.worst_frame, DEMO_PSNR_MIN, chk_psnr ? "ok" : "FAIL",
-               r->peak_pages, r->page_bound, chk_pages ? "ok" : "FAIL",
-               chk_frames && chk_decode && chk_psnr && chk_pages ? "PASS" : "FAIL");
-    }
-    fflush(stdout);
-    status = chk_frames && chk_decode && chk_psnr && chk_pages ? 0 : 1;
+/* --check: frame count, the windowed decode against decoding the whole
+   latent stream at once, PSNR per frame, pages within the bound.
+   0 = pass, 1 = fail. */
+static int demo_self_check(demo_app *app, double worst_psnr) {
+    demo_run *r = &app->run;
+    demo_out *out = &app->out;
+    demo_cmp c;
+    float *c3 = (float *)malloc((size_t)r->T * r->g.lw * r->g.lh * 3u * sizeof(float));
+    int chk_frames, chk_decode, chk_psnr, chk_pages;
+    chk_frames = out->next == r->cfg.frames && app->writer.frames == r->cfg.frames;
+    c.kept = out->kept;
+    c.fb = r->g.rgb_bytes;
+    c.count = 0;
+    c.first_bad = -1;
+    chk_decode = c3 && demo_decode(&app->dec, r->lat, 0, r->T, 0, r->cfg.frames, c3, out->tmp, out->rgb, demo_cmp_frame, &c) == 0 &&
+                 c.count == r->cfg.frames && c.first_bad < 0;
+    free(c3);
+    chk_psnr = worst_psnr >= DEMO_PSNR_MIN;   /* every frame, not the mean: a few ruined frames must fail */
+    chk_pages = r->cfg.mode != DEMO_MODE_KV || r->peak_pages <= r->page_bound;
+    printf("check: frames=%lld/%d %s, windowed_decode=%s %s, psnr %.2f (worst frame %lld) >= %.0f %s, kv_pages %d <= %d %s: %s\n",
+           (long long)out->next, r->cfg.frames, chk_frames ? "ok" : "FAIL",
+           chk_decode ? "identical" : "differs", chk_decode ? "ok" : "FAIL",
+           worst_psnr, (long long)out->worst_frame, DEMO_PSNR_MIN, chk_psnr ? "ok" : "FAIL",
+           r->peak_pages, r->page_bound, chk_pages ? "ok" : "FAIL",
+           chk_frames && chk_decode && chk_psnr && chk_pages ? "PASS" : "FAIL");
+    return chk_frames && chk_decode && chk_psnr && chk_pages ? 0 : 1;
+}
 
-done:
-    if (thread_started) {   /* only on a failure before the run: nothing was queued */
-        demo_queue_close(&queue);
-        pthread_join(thread, NULL);
+static void demo_close(demo_app *app) {
+    demo_run *r = &app->run;
+    demo_out *out = &app->out;
+    if (app->thread_started) {   /* only on a failure before the run: nothing was queued */
+        demo_queue_close(&app->queue);
+        pthread_join(app->thread, NULL);
     }
-    if (out.raw) fclose(out.raw);
-    if (writer_open) { demo_writer_close(&writer, 0); remove(path); }
-    if (queue_init) {
-        pthread_mutex_destroy(&queue.mu);
-        pthread_cond_destroy(&queue.not_full);
-        pthread_cond_destroy(&queue.not_empty);
+    if (out->raw) fclose(out->raw);
+    if (app->writer_open) { demo_writer_close(&app->writer, 0); remove(app->path); }
+    if (app->queue_init) {
+        pthread_mutex_destroy(&app->queue.mu);
+        pthread_cond_destroy(&app->queue.not_full);
+        pthread_cond_destroy(&app->queue.not_empty);
     }
     mskv_plan_free(r->arena, &r->plan);
     mskv_arena_destroy(r->arena);   /* before the device store its ops point at */
-    if (backend_open) r->be.destroy(r->be.impl);
-    demo_decoder_free(&dec);
+    if (app->backend_open) r->be.destroy(r->be.impl);
+    demo_decoder_free(&app->dec);
     demo_scene_free(&r->scene);
     free(r->lat); free(r->q); free(r->o); free(r->k); free(r->v); free(r->x); free(r->prompt[0]); free(r->prompt[1]);
-    free(out.truth); free(out.truth_lat); free(out.c3); free(out.tmp); free(out.rgb); free(out.kept);
+    free(out->truth); free(out->truth_lat); free(out->c3); free(out->tmp); free(out->rgb); free(out->kept);
+}
+
+int main(int argc, char **argv) {
+    static demo_app app;   /* static: large, and zero */
+    double worst_psnr = 0.0;
+    int status;
+    app.out.worst_frame = -1;
+    status = demo_parse(argc, argv, &app.run.cfg);
+    if (status == 1) return 0;
+    if (status != 0) return 2;
+    status = demo_size_run(&app);
+    if (status == 0) status = demo_alloc(&app);
+    if (status == 0) status = demo_open_cache(&app);
+    if (status == 0) {
+        demo_catch_signals();   /* from here on a signal finishes the file instead of leaving it broken */
+        status = demo_open_output(&app);
+    }
+    if (status == 0) status = demo_generate(&app);
+    if (status == 0) {
+        demo_report(&app, &worst_psnr);
+        if (app.run.cfg.check) status = demo_self_check(&app, worst_psnr);
+        fflush(stdout);
+    }
+    demo_close(&app);
+    if (app.run.interrupted) {   /* die of the signal, so a shell or a script sees the interruption */
+        int sig = (int)demo_signal;
+        fflush(stderr);
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return 128 + sig;
+    }
     return status;
 }

@@ -21,6 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -413,13 +415,13 @@ TEST(a_broken_cfg_branch_fails_the_self_check) {
 
 TEST(cfg_usage_errors_exit_2_with_a_one_line_reason) {
     size_t n;
-    EXPECT_EQ(2, tv_expect(2, "", "--cfg 0 -o /dev/null"));
+    EXPECT_EQ(2, tv_expect(2, "", "--cfg 0 -o /nonexistent-dir/usage.mp4"));
     n = strlen(tv_out);
     EXPECT_TRUE(n > 0 && strchr(tv_out, '\n') == tv_out + n - 1);
     EXPECT_TRUE(tv_has("--cfg"));
-    EXPECT_EQ(2, tv_expect(2, "", "--cfg 101 -o /dev/null"));
-    EXPECT_EQ(2, tv_expect(2, "", "--cfg x -o /dev/null"));
-    EXPECT_EQ(2, tv_expect(2, "", "--cfg 3 --mode chained -o /dev/null"));
+    EXPECT_EQ(2, tv_expect(2, "", "--cfg 101 -o /nonexistent-dir/usage.mp4"));
+    EXPECT_EQ(2, tv_expect(2, "", "--cfg x -o /nonexistent-dir/usage.mp4"));
+    EXPECT_EQ(2, tv_expect(2, "", "--cfg 3 --mode chained -o /nonexistent-dir/usage.mp4"));
 }
 
 TEST(a_scribbled_cache_page_fails_the_self_check) {
@@ -460,10 +462,11 @@ TEST(too_few_denoise_steps_leave_noise_that_fails_the_self_check) {
 
 /* The PSNR check is per frame: a few bad frames in a long, otherwise exact
    video fail it even when the mean over the video is above the threshold
-   (here: the first window gets fewer denoise steps than it has new frames). */
+   (here: the first window gets fewer denoise steps than it has new frames,
+   4 where the default, --window + 1, would give 8). */
 TEST(a_few_bad_frames_fail_the_self_check_even_when_the_mean_passes) {
     char args[512];
-    snprintf(args, sizeof(args), "%s --frames 100 --mode chained --window 7 --overlap 3 --check -o %s", TV_SMALL,
+    snprintf(args, sizeof(args), "%s --frames 100 --mode chained --window 7 --overlap 3 --steps 4 --check -o %s", TV_SMALL,
              tv_path("few.mp4"));
     EXPECT_EQ(1, tv_expect(1, "", args));
     EXPECT_GE(tv_field("psnr_db"), 40.0);           /* the mean alone would pass */
@@ -506,7 +509,7 @@ TEST(an_output_failure_stops_the_generator_early) {
 
 TEST(usage_errors_exit_2_with_a_one_line_reason) {
     size_t n;
-    EXPECT_EQ(2, tv_expect(2, "", "--width 100 -o /dev/null"));
+    EXPECT_EQ(2, tv_expect(2, "", "--width 100 -o /nonexistent-dir/usage.mp4"));
     n = strlen(tv_out);
     EXPECT_TRUE(n > 0 && strchr(tv_out, '\n') == tv_out + n - 1);
     EXPECT_TRUE(tv_has("--width"));
@@ -519,16 +522,18 @@ TEST(usage_errors_exit_2_with_a_one_line_reason) {
 }
 
 TEST(cuda_backend_without_cuda_exits_1_with_a_one_line_reason) {
-    char why[1024];
+    char why[1024], args[512];
     size_t n;
     if (tv_cuda_usable(why, sizeof(why))) SKIP("CUDA is usable here: cuda_backend_passes_the_self_check_on_the_gpu covers it");
-    EXPECT_EQ(1, tv_expect(1, "", "--backend cuda -q -o /dev/null"));
+    snprintf(args, sizeof(args), "--backend cuda -q -o %s", tv_path("cuda.mp4"));
+    EXPECT_EQ(1, tv_expect(1, "", args));
     n = strlen(tv_out);
     EXPECT_TRUE(n > 0 && strchr(tv_out, '\n') == tv_out + n - 1);
     EXPECT_TRUE(tv_has("--backend cuda: CUDA is unavailable: "));
     /* the runtime's reason, not a generic one */
     EXPECT_TRUE(strstr(tv_out, why) != NULL);
     printf("  %s", tv_out);
+    EXPECT_NE(0, access(tv_path("cuda.mp4"), F_OK));   /* nothing was written */
 }
 
 TEST(auto_backend_without_cuda_falls_back_to_the_cpu_and_says_so_once) {
@@ -649,4 +654,237 @@ TEST(cfg_guidance_passes_the_self_check_on_the_emulated_device) {
 TEST(help_exits_0_and_states_the_psnr_threshold) {
     EXPECT_EQ(0, tv_expect(0, "", "--help"));
     EXPECT_TRUE(tv_has("--check") && tv_has("40 dB"));
+}
+
+/* >>newcomer's path: usage, progress, interruption ---------------------------- */
+
+/* the usage error's output is one line that names what was wrong */
+static void tv_expect_usage_error(const char *args, const char *names) {
+    size_t n;
+    EXPECT_EQ(2, tv_expect(2, "", args));
+    n = strlen(tv_out);
+    EXPECT_TRUE(n > 0 && strchr(tv_out, '\n') == tv_out + n - 1);
+    EXPECT_TRUE(tv_has(names));
+}
+
+TEST(a_negative_seed_is_a_usage_error) {
+    tv_expect_usage_error("--seed -1 -o /nonexistent-dir/usage.mp4", "--seed");
+    tv_expect_usage_error("--seed ' 1' -o /nonexistent-dir/usage.mp4", "--seed");
+    tv_expect_usage_error("--seed 18446744073709551616 -o /nonexistent-dir/usage.mp4", "--seed");
+}
+
+TEST(an_empty_output_name_is_a_usage_error) {
+    tv_expect_usage_error("-o ''", "-o");
+    tv_expect_usage_error("--output= --frames 9", "--output");
+    tv_expect_usage_error("--dump-raw '' -o /nonexistent-dir/usage.mp4", "--dump-raw");
+}
+
+TEST(an_output_name_without_mp4_or_y4m_is_a_usage_error) {
+    tv_expect_usage_error("-o /nonexistent-dir/out.avi", ".mp4 or .y4m");
+    tv_expect_usage_error("-o /nonexistent-dir/out", ".mp4 or .y4m");
+    tv_expect_usage_error("-o /dev/null", ".mp4 or .y4m");
+}
+
+/* --window 6 without --steps: the default follows the window (--window + 1),
+   so the check passes instead of failing by design */
+TEST(the_default_denoise_steps_follow_the_window) {
+    char args[512];
+    snprintf(args, sizeof(args), "%s --frames 41 --window 6 --check -o %s", TV_SMALL, tv_path("win6.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    EXPECT_TRUE(tv_has(" window=6 ") && tv_has(" steps=7") && tv_has(": PASS"));
+    snprintf(args, sizeof(args), "%s --frames 41 --mode chained --window 5 --overlap 2 --check -o %s", TV_SMALL,
+             tv_path("win6.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    EXPECT_TRUE(tv_has(" steps=6") && tv_has(": PASS"));
+    remove(tv_path("win6.mp4"));
+}
+
+/* Every option demo.c's parser compares against is in --help (read from the
+   source, so an option added later without its line fails here). */
+TEST(every_option_the_demo_parses_is_in_its_help) {
+    size_t size = 0;
+    unsigned char *src = tv_read_file("demo/demo.c", &size);
+    const char *s;
+    char help[sizeof(tv_out)];
+    int options = 0;
+    if (!src) SKIP("demo/demo.c not found: run from the repository root");
+    ASSERT_EQ(0, tv_expect(0, "", "--help"));
+    memcpy(help, tv_out, sizeof(help));
+    src[size] = 0;
+    for (s = (const char *)src; (s = strstr(s, "strcmp(name, \"")) != NULL; s++) {
+        char opt[40], want[48];
+        size_t len = 0;
+        s += 14;
+        while (s[len] && s[len] != '"' && len + 1 < sizeof(opt)) { opt[len] = s[len]; len++; }
+        opt[len] = 0;
+        if (!strcmp(opt, "--output")) continue;   /* the long name of -o */
+        snprintf(want, sizeof(want), "  %s ", opt);
+        if (!strstr(help, want)) mt_fail(__FILE__, __LINE__, "demo.c parses %s, --help does not list it", opt);
+        options++;
+    }
+    free(src);
+    EXPECT_GE(options, 18);
+    EXPECT_TRUE(strstr(help, "  --page-size ") && strstr(help, "  --dump-raw ") && strstr(help, "  --progress "));
+}
+
+/* page, sink and stale each say once what they broke (stale used to be silent) */
+TEST(every_deliberate_cache_break_prints_one_note) {
+    static const char *const kinds[3] = { "page", "sink", "stale" };
+    char args[512], env[64];
+    int i;
+    snprintf(args, sizeof(args), "%s --frames 41 -o %s", TV_SMALL, tv_path("note.mp4"));
+    for (i = 0; i < 3; i++) {
+        snprintf(env, sizeof(env), "MSKV_DEMO_BREAK=%s ", kinds[i]);
+        EXPECT_EQ(0, tv_expect(0, env, args));   /* without --check a broken cache is not a failure */
+        if (tv_lines_with("demo: MSKV_DEMO_BREAK: ") != 1)
+            mt_fail(__FILE__, __LINE__, "MSKV_DEMO_BREAK=%s printed %d notes:\n%s", kinds[i],
+                    tv_lines_with("demo: MSKV_DEMO_BREAK: "), tv_out);
+    }
+    remove(tv_path("note.mp4"));
+}
+
+/* After the first denoise step: one estimate of the whole run (instead of
+   that step's line). Then a line per step (--progress 0), except a window's
+   last step, whose window line follows at once. */
+TEST(progress_gives_an_estimate_then_a_line_per_denoise_step) {
+    char args[512];
+    snprintf(args, sizeof(args), "--width 128 --height 64 --frames 21 --progress 0 -o %s", tv_path("prog.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));   /* 6 latents: 2 windows of 4 steps */
+    EXPECT_EQ(1, tv_lines_with("demo: estimate: the first denoise step took "));
+    EXPECT_EQ(1, tv_lines_with("2 windows x 4 steps: about "));
+    EXPECT_EQ(5, tv_lines_with(" left\n"));
+    EXPECT_EQ(0, tv_lines_with("window 1/2  step 1/4  "));
+    EXPECT_EQ(1, tv_lines_with("window 1/2  step 2/4  "));
+    EXPECT_EQ(1, tv_lines_with("window 2/2  step 1/4  "));
+    EXPECT_EQ(1, tv_lines_with("window 2/2  step 3/4  "));
+    EXPECT_EQ(0, tv_lines_with("step 4/4"));
+    EXPECT_EQ(2, tv_lines_with(" kv pages "));
+    remove(tv_path("prog.mp4"));
+}
+
+/* The default --progress 1: step lines at most one a second, however fast
+   the steps (the summary's seconds bound how many there may be). */
+TEST(progress_lines_are_at_least_the_interval_apart) {
+    char args[512];
+    double secs;
+    snprintf(args, sizeof(args), "--width 128 --height 64 --frames 121 -o %s", tv_path("prog.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));   /* 31 latents: 11 windows x 4 steps */
+    secs = tv_field("seconds");
+    ASSERT_GE(secs, 0.0);
+    EXPECT_LE((double)tv_lines_with(" left\n"), secs + 1.0);
+    EXPECT_EQ(11, tv_lines_with(" kv pages "));
+    remove(tv_path("prog.mp4"));
+}
+
+/* The demo with argv (NULL-terminated), its stdout and stderr into *fd. */
+static pid_t tv_spawn(char *const argv[], int *fd) {
+    int p[2];
+    pid_t pid;
+    if (pipe(p) != 0) return -1;
+    pid = fork();
+    if (pid == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        close(p[0]);
+        close(p[1]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(p[1]);
+    if (pid < 0) { close(p[0]); return -1; }
+    *fd = p[0];
+    return pid;
+}
+
+/* Appends what fd gives to tv_out until text appears (1) or the end (0). */
+static int tv_read_until(int fd, size_t *n, const char *text) {
+    for (;;) {
+        ssize_t got;
+        if (text && strstr(tv_out, text)) return 1;
+        if (*n + 1 >= sizeof(tv_out)) *n = 0;   /* keep reading; the tail is what counts */
+        got = read(fd, tv_out + *n, sizeof(tv_out) - 1 - *n);
+        if (got <= 0) return 0;
+        *n += (size_t)got;
+        tv_out[*n] = 0;
+    }
+}
+
+/* Runs a long demo, sends sig once "wait_for" has been printed, and returns
+   the wait status (-1 when it could not run); the output is in tv_out. */
+static int tv_interrupt(int sig, const char *size, const char *frames, const char *out, const char *raw,
+                        const char *wait_for, int *saw) {
+    char w[8], h[8];
+    char *argv[16];
+    int fd = -1, st = 0, a = 0;
+    size_t n = 0;
+    pid_t pid;
+    if (access(tv_demo(), X_OK) != 0) return -1;
+    if (sscanf(size, "%7[0-9]x%7[0-9]", w, h) != 2) return -1;
+    argv[a++] = (char *)tv_demo();
+    argv[a++] = (char *)"--width"; argv[a++] = w;
+    argv[a++] = (char *)"--height"; argv[a++] = h;
+    argv[a++] = (char *)"--frames"; argv[a++] = (char *)frames;
+    argv[a++] = (char *)"-o"; argv[a++] = (char *)out;
+    if (raw) { argv[a++] = (char *)"--dump-raw"; argv[a++] = (char *)raw; }
+    argv[a] = NULL;
+    tv_out[0] = 0;
+    pid = tv_spawn(argv, &fd);
+    if (pid < 0) return -1;
+    *saw = tv_read_until(fd, &n, wait_for);
+    kill(pid, sig);
+    tv_read_until(fd, &n, NULL);
+    close(fd);
+    if (waitpid(pid, &st, 0) != pid) return -1;
+    return st;
+}
+
+/* Ctrl-C or SIGTERM in the middle of a run: the demo stops at the next
+   denoise step, finishes the .mp4 with the frames written so far (the
+   encoder flushed, the index written), says how many, and dies of the
+   signal. The file decodes to exactly those frames, the ones it produced. */
+static void tv_signal_keeps_a_playable_file(int sig) {
+    tv_video v;
+    const char *s;
+    long written = -1, of = -1;
+    int saw = 0, st;
+    /* window 4 is queued only once window 1 is decoded: some frames are done */
+    st = tv_interrupt(sig, "128x64", "4001", tv_path("sig.mp4"), tv_path("sig.rgb"), "window 4/", &saw);
+    ASSERT_TRUE(st != -1);
+    EXPECT_TRUE(saw);
+    EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == sig);
+    if (!(WIFSIGNALED(st) && WTERMSIG(st) == sig)) printf("  status %d; it printed:\n%s\n", st, tv_out);
+    s = strstr(tv_out, sig == SIGINT ? "demo: interrupted by SIGINT: wrote " : "demo: interrupted by SIGTERM: wrote ");
+    ASSERT_TRUE(s != NULL);
+    s = strstr(s, "libx264, ");
+    ASSERT_TRUE(s != NULL && sscanf(s, "libx264, %ld of %ld frames", &written, &of) == 2);
+    EXPECT_EQ(4001, of);
+    EXPECT_GE(written, 9);       /* window 1's frames at least */
+    EXPECT_LT(written, 4001);
+    ASSERT_EQ(0, tv_decode(tv_path("sig.mp4"), tv_path("sig.rgb"), &v));
+    EXPECT_EQ(written, v.frames);
+    EXPECT_EQ(written, v.compared);
+    EXPECT_GE(v.psnr_min, 30.0);
+    printf("  %s after %ld frames: the .mp4 decodes to all %d, worst %.1f dB against the demo's own\n",
+           sig == SIGINT ? "SIGINT" : "SIGTERM", written, v.frames, v.psnr_min);
+    remove(tv_path("sig.mp4"));
+    remove(tv_path("sig.rgb"));
+}
+
+TEST(ctrl_c_finishes_the_mp4_with_the_frames_written_so_far) { tv_signal_keeps_a_playable_file(SIGINT); }
+
+TEST(sigterm_finishes_the_mp4_with_the_frames_written_so_far) { tv_signal_keeps_a_playable_file(SIGTERM); }
+
+/* Stopped before a single frame was written: no file at all (an .mp4 with no
+   frames would not play). The size makes a denoise step long enough that
+   the signal lands inside the first window. */
+TEST(a_signal_before_the_first_frame_leaves_no_file) {
+    int saw = 0, st;
+    st = tv_interrupt(SIGTERM, "1024x512", "9", tv_path("early.mp4"), NULL, "demo: estimate: ", &saw);
+    ASSERT_TRUE(st != -1);
+    EXPECT_TRUE(saw);
+    EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM);
+    EXPECT_TRUE(tv_has("demo: interrupted by SIGTERM before a frame was written: removed "));
+    EXPECT_NE(0, access(tv_path("early.mp4"), F_OK));
+    if (!tv_has("removed")) printf("  it printed:\n%s\n", tv_out);
+    remove(tv_path("early.mp4"));
 }
