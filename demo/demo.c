@@ -709,8 +709,38 @@ static int demo_backend_open(demo_backend *b, demo_backend_kind kind, const demo
 /* The signal that asked the run to stop (SIGINT, SIGTERM, SIGHUP), 0 = none.
    The generator looks at it after every denoise step. */
 static volatile sig_atomic_t demo_signal = 0;
+/* The output file while it holds no frame yet (demo_frames_out == 0): a
+   signal then removes it and the demo dies at once, instead of waiting for
+   a denoise step that takes minutes at large sizes to end. */
+static char demo_armed_path[4096];
+static volatile sig_atomic_t demo_path_armed = 0, demo_frames_out = 0;
 
-static void demo_on_signal(int sig) { demo_signal = sig; }
+static void demo_write_str(const char *s) {   /* write(2) is async-signal-safe, stdio is not */
+    size_t n = strlen(s);
+    while (n > 0) {
+        ssize_t w = write(2, s, n);
+        if (w <= 0) return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static const char *demo_signal_name(int sig) {
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
+}
+
+static void demo_on_signal(int sig) {
+    demo_signal = sig;
+    if (demo_path_armed && !demo_frames_out) {
+        unlink(demo_armed_path);
+        demo_write_str("\ndemo: interrupted by ");
+        demo_write_str(demo_signal_name(sig));
+        demo_write_str(" before a frame was written: removed ");
+        demo_write_str(demo_armed_path);
+        demo_write_str("\n");
+        raise(sig);   /* SA_RESETHAND made it fatal: delivered as the handler returns */
+    }
+}
 
 /* One signal stops the run cleanly (the output gets the frames done so
    far); SA_RESETHAND: a second one of the same kind kills at once. */
@@ -725,9 +755,6 @@ static void demo_catch_signals(void) {
     sigaction(SIGHUP, &sa, NULL);
 }
 
-static const char *demo_signal_name(int sig) {
-    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
-}
 
 /* >>queue ---------------------------------------------------------------- */
 
@@ -846,6 +873,7 @@ static int demo_emit(void *user, int64_t p, const unsigned char *rgb) {
         snprintf(o->err, sizeof(o->err), "%s", o->writer->err);
         return -1;
     }
+    demo_frames_out = 1;   /* from now on a signal finishes the file instead of removing it */
     if (o->raw && fwrite(rgb, 1, fb, o->raw) != fb) {
         snprintf(o->err, sizeof(o->err), "--dump-raw: write failed");
         return -1;
@@ -967,11 +995,21 @@ static double demo_window_units(const demo_run *r, int64_t k) {
     return 1.0 + (double)(k < kept ? k : kept);
 }
 
+/* Says how much work is coming before the first step, which alone can take
+   minutes at large sizes. */
 static void demo_progress_init(demo_run *r) {
-    int64_t k;
+    int64_t k, tokens = (int64_t)r->cfg.window * r->g.tpf, keys = 0;
     r->units_total = 0.0;
-    for (k = 0; k < r->sched.count; k++) r->units_total += (double)r->cfg.steps * demo_window_units(r, k);
+    for (k = 0; k < r->sched.count; k++) {
+        double u = demo_window_units(r, k);
+        r->units_total += (double)r->cfg.steps * u;
+        if ((int64_t)u * tokens > keys) keys = (int64_t)u * tokens;
+    }
     r->units_done = 0.0;
+    if (!r->cfg.quiet)
+        fprintf(stderr, "demo: %lld windows x %d denoise steps, each %lld tokens%s attending to up to %lld; "
+                "an estimate follows the first step\n", (long long)r->sched.count, r->cfg.steps, (long long)tokens,
+                r->nb > 1 ? " per branch" : "", (long long)keys);
     r->t_start = r->last_line = demo_now();
 }
 
@@ -1512,6 +1550,8 @@ static int demo_open_output(demo_app *app) {
         return 1;
     }
     app->writer_open = 1;
+    snprintf(demo_armed_path, sizeof(demo_armed_path), "%s", app->path);
+    demo_path_armed = 1;
     out->cfg = &r->cfg;
     out->scene = &r->scene;
     out->dec = &app->dec;
@@ -1565,6 +1605,7 @@ static int demo_generate(demo_app *app) {
         if (bad) { fprintf(stderr, "demo: --dump-raw: write failed\n"); ok = 0; }
     }
     if (ok && r->interrupted && app->writer.frames == 0) ok = 0;   /* nothing to keep */
+    demo_path_armed = 0;
     app->writer_open = 0;
     if (demo_writer_close(&app->writer, ok) != 0) { fprintf(stderr, "demo: %s: %s\n", app->path, app->writer.err); ok = 0; }
     if (r->interrupted) {
@@ -1641,6 +1682,7 @@ static void demo_close(demo_app *app) {
         pthread_join(app->thread, NULL);
     }
     if (out->raw) fclose(out->raw);
+    demo_path_armed = 0;
     if (app->writer_open) { demo_writer_close(&app->writer, 0); remove(app->path); }
     if (app->queue_init) {
         pthread_mutex_destroy(&app->queue.mu);

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <time.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -750,6 +751,7 @@ TEST(progress_gives_an_estimate_then_a_line_per_denoise_step) {
     char args[512];
     snprintf(args, sizeof(args), "--width 128 --height 64 --frames 21 --progress 0 -o %s", tv_path("prog.mp4"));
     ASSERT_EQ(0, tv_expect(0, "", args));   /* 6 latents: 2 windows of 4 steps */
+    EXPECT_EQ(1, tv_lines_with("demo: 2 windows x 4 denoise steps, each 96 tokens attending to up to 192; "));
     EXPECT_EQ(1, tv_lines_with("demo: estimate: the first denoise step took "));
     EXPECT_EQ(1, tv_lines_with("2 windows x 4 steps: about "));
     EXPECT_EQ(5, tv_lines_with(" left\n"));
@@ -809,10 +811,18 @@ static int tv_read_until(int fd, size_t *n, const char *text) {
     }
 }
 
+static double tv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* Runs a long demo, sends sig once "wait_for" has been printed, and returns
-   the wait status (-1 when it could not run); the output is in tv_out. */
+   the wait status (-1 when it could not run); the output is in tv_out,
+   the seconds from the signal to the exit in *after (optional). */
 static int tv_interrupt(int sig, const char *size, const char *frames, const char *out, const char *raw,
-                        const char *wait_for, int *saw) {
+                        const char *wait_for, int *saw, double *after) {
+    double t_kill;
     char w[8], h[8];
     char *argv[16];
     int fd = -1, st = 0, a = 0;
@@ -831,10 +841,12 @@ static int tv_interrupt(int sig, const char *size, const char *frames, const cha
     pid = tv_spawn(argv, &fd);
     if (pid < 0) return -1;
     *saw = tv_read_until(fd, &n, wait_for);
+    t_kill = tv_now();
     kill(pid, sig);
     tv_read_until(fd, &n, NULL);
     close(fd);
     if (waitpid(pid, &st, 0) != pid) return -1;
+    if (after) *after = tv_now() - t_kill;
     return st;
 }
 
@@ -848,7 +860,7 @@ static void tv_signal_keeps_a_playable_file(int sig) {
     long written = -1, of = -1;
     int saw = 0, st;
     /* window 4 is queued only once window 1 is decoded: some frames are done */
-    st = tv_interrupt(sig, "128x64", "4001", tv_path("sig.mp4"), tv_path("sig.rgb"), "window 4/", &saw);
+    st = tv_interrupt(sig, "128x64", "4001", tv_path("sig.mp4"), tv_path("sig.rgb"), "window 4/", &saw, NULL);
     ASSERT_TRUE(st != -1);
     EXPECT_TRUE(saw);
     EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == sig);
@@ -875,16 +887,21 @@ TEST(ctrl_c_finishes_the_mp4_with_the_frames_written_so_far) { tv_signal_keeps_a
 TEST(sigterm_finishes_the_mp4_with_the_frames_written_so_far) { tv_signal_keeps_a_playable_file(SIGTERM); }
 
 /* Stopped before a single frame was written: no file at all (an .mp4 with no
-   frames would not play). The size makes a denoise step long enough that
-   the signal lands inside the first window. */
-TEST(a_signal_before_the_first_frame_leaves_no_file) {
+   frames would not play), and at once, not at the end of the denoise step
+   in progress: at 3072x3072 the first step takes minutes on a 2-core CPU
+   (over 10 s at 500 GFLOP/s), so waiting for it would show. */
+TEST(a_signal_before_the_first_frame_removes_the_file_at_once) {
     int saw = 0, st;
-    st = tv_interrupt(SIGTERM, "1024x512", "9", tv_path("early.mp4"), NULL, "demo: estimate: ", &saw);
+    double after = -1.0;
+    st = tv_interrupt(SIGTERM, "3072x3072", "81", tv_path("early.mp4"), NULL, "an estimate follows the first step",
+                      &saw, &after);
     ASSERT_TRUE(st != -1);
     EXPECT_TRUE(saw);
     EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM);
     EXPECT_TRUE(tv_has("demo: interrupted by SIGTERM before a frame was written: removed "));
     EXPECT_NE(0, access(tv_path("early.mp4"), F_OK));
+    EXPECT_LT(after, 5.0);
+    printf("  gone %.2f s after the signal\n", after);
     if (!tv_has("removed")) printf("  it printed:\n%s\n", tv_out);
     remove(tv_path("early.mp4"));
 }
