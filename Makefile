@@ -5,6 +5,10 @@
 #   make bench    build and run the benchmarks
 #   make gpu-check  the GPU check (needs an NVIDIA GPU)
 #   make python   install the Python package into build/venv (make test runs its tests)
+#   make install PREFIX=/usr/local   the two headers into $(PREFIX)/include and
+#                 mstar_kv.pc into $(PREFIX)/lib/pkgconfig (DESTDIR is honoured);
+#                 make uninstall removes them
+#   make install-python   pip install ./python (into the active venv; PIP_FLAGS adds options)
 
 CC      ?= cc
 WARN    := -Wall -Wextra -pedantic -Werror
@@ -29,7 +33,7 @@ TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tes
 ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
-TEST_BINS += $(B)/tests-python
+TEST_BINS += $(B)/tests-python $(B)/tests-user
 
 # The Python package (python/): a venv under build/ (no system pip, so no
 # "externally-managed-environment") with NumPy, pytest and the build tools
@@ -41,7 +45,7 @@ PYTHON  ?= python3
 VENV    := $(B)/venv
 PY_SRC  := $(wildcard python/mstar_kv/*.py python/mstar_kv/*.c) python/setup.py python/pyproject.toml
 
-.PHONY: all test tests demo bench gpu-check embed clean python
+.PHONY: all test tests demo bench gpu-check embed clean python install uninstall install-python
 all: tests $(B)/demo
 
 tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx
@@ -92,12 +96,20 @@ $(B)/tests-python: $(B)/python-installed
 	chmod +x $@
 python: $(B)/python-installed
 
+# README blocks, struct initialisation and make install, as a user meets them
+$(B)/tests-user: tests/user_checks.py | $(B)
+	printf '#!/bin/sh\n# made by make: tests/user_checks.py (README C blocks, struct initialisation, make install)\ncd "%s" && exec "%s" tests/user_checks.py "$$@"\n' \
+	    "$(CURDIR)" "$(PYTHON)" > $@
+	chmod +x $@
+
 # Build what builds (-k), then run everything: a compile error is one more
-# failure in the totals line, not a run that ends without one.
+# failure in the totals line, not a run that ends without one. JOBS compiles
+# and test programs at a time (default: the online cores).
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test:
-	@mkdir -p $(B); $(MAKE) -k tests; echo $$? > $(B)/build-status
+	@mkdir -p $(B); $(MAKE) -k -j$(JOBS) -Otarget tests; echo $$? > $(B)/build-status
 	-sh tools/embed_kernels.sh --check
-	bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST)
+	bash tests/run.sh -j $(JOBS) --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST)
 
 # after editing kernels.cu: refresh the copy embedded in mstar_kv_cuda.h
 embed:
@@ -117,6 +129,29 @@ bench: $(B)/host_bench $(B)/attn_bench
 
 gpu-check:
 	bash tests/gpu_check.sh
+
+# Install: the headers are the library. kernels.cu is not installed: the
+# GPU header carries it embedded (mskv_cuda_desc.kernel_source takes another).
+PREFIX ?= /usr/local
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(PREFIX)/lib/pkgconfig
+VERSION := $(shell awk '/^.define MSKV_VERSION_(MAJOR|MINOR|PATCH) /{v = v (v == "" ? "" : ".") $$3} END {print v}' mstar_kv.h)
+PIP_FLAGS ?=
+# relative to prefix when it can be (a relocated tree still works)
+PC_INCLUDEDIR = $(if $(filter $(PREFIX)/include,$(INCLUDEDIR)),$${prefix}/include,$(INCLUDEDIR))
+
+install:
+	mkdir -p "$(DESTDIR)$(INCLUDEDIR)" "$(DESTDIR)$(PKGCONFIGDIR)"
+	cp mstar_kv.h mstar_kv_cuda.h "$(DESTDIR)$(INCLUDEDIR)/"
+	printf 'prefix=%s\nincludedir=%s\n\nName: mstar_kv\nDescription: %s\nVersion: %s\nCflags: -I$${includedir}\nLibs: -ldl -lpthread -lm\n' \
+	    "$(PREFIX)" '$(PC_INCLUDEDIR)' "paged KV cache for windowed video diffusion and LLM decode (single-header C, optional CUDA layer)" \
+	    "$(VERSION)" > "$(DESTDIR)$(PKGCONFIGDIR)/mstar_kv.pc"
+
+uninstall:
+	rm -f "$(DESTDIR)$(INCLUDEDIR)/mstar_kv.h" "$(DESTDIR)$(INCLUDEDIR)/mstar_kv_cuda.h" "$(DESTDIR)$(PKGCONFIGDIR)/mstar_kv.pc"
+
+install-python:
+	$(PYTHON) -m pip install $(PIP_FLAGS) ./python
 
 clean:
 	rm -rf $(B)
