@@ -3,34 +3,103 @@
 # lines into one closing line. A program that crashes or prints no totals
 # counts as one failure. With no video test program (FFmpeg absent) that
 # suite is reported as one skip, with the reason.
-# With --build-status FILE first, a nonzero status in FILE (the build of the
-# test programs failed) counts as one more failure.
+#
+#   bash tests/run.sh [-j N] [--build-status FILE] PROGRAM...
+#
+# -j N runs up to N programs at a time (default 1). With one at a time a
+# program's output streams as it runs; with more, each program's output is
+# printed whole when it finishes, so it never interleaves with another's.
+# Either way every program ends with a line giving its totals and wall time,
+# and the run ends with the times of all of them, then the totals line.
+# With --build-status FILE, a nonzero status in FILE (the build of the test
+# programs failed) counts as one more failure.
 set -u
-passed=0; failed=0; skipped=0
-have_video=0
+jobs=1
 build_failed=0
-if [ "${1:-}" = "--build-status" ]; then
-  [ "$(cat "$2" 2>/dev/null || echo 1)" = 0 ] || build_failed=1
-  shift 2
-fi
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -j) jobs=$2; shift 2 ;;
+    -j*) jobs=${1#-j}; shift ;;
+    --build-status) [ "$(cat "$2" 2>/dev/null || echo 1)" = 0 ] || build_failed=1; shift 2 ;;
+    *) break ;;
+  esac
+done
+case "$jobs" in ''|*[!0-9]*|0) echo "run.sh: -j expects a positive number, got '$jobs'"; exit 2 ;; esac
+
+now() { if [ -n "${EPOCHREALTIME:-}" ]; then echo "${EPOCHREALTIME/,/.}"; else date +%s.%N; fi; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+t_start=$(now)
+have_video=0
+n=0
 for bin in "$@"; do
   case "$bin" in *tests-video) have_video=1 ;; esac
-  echo "=== $bin"
-  out=$(mktemp)
-  "$bin" 2>&1 | tee "$out"
-  rc=${PIPESTATUS[0]}
-  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$out" | tail -n 1)
-  rm -f "$out"
+done
+
+# one program: its output in $work/N.out, then "rc start end" in $work/N.done
+run_one() {
+  local i=$1 bin=$2 t0 rc
+  t0=$(now)
+  if [ "$jobs" -eq 1 ]; then
+    "$bin" 2>&1 | tee "$work/$i.out"
+    rc=${PIPESTATUS[0]}
+  else
+    "$bin" > "$work/$i.out" 2>&1
+    rc=$?
+  fi
+  echo "$rc $t0 $(now)" > "$work/$i.done.tmp"
+  mv "$work/$i.done.tmp" "$work/$i.done"
+}
+
+passed=0; failed=0; skipped=0
+times=""
+# reads a finished program's result, prints its closing line and adds it up
+finish() {
+  local i=$1 bin=$2 rc t0 t1 line p f s dt
+  read -r rc t0 t1 < "$work/$i.done"
+  dt=$(secs "$t0" "$t1")
+  if [ "$jobs" -gt 1 ]; then echo "=== $bin"; cat "$work/$i.out"; fi
+  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$work/$i.out" | tail -n 1)
+  times="$times $(basename "$bin") ${dt}s,"
   if [ -z "$line" ]; then
-    echo "!!! $bin exited with status $rc without a totals line"
-    failed=$((failed + 1)); continue
+    echo "!!! $bin exited with status $rc without a totals line (${dt} s)"
+    failed=$((failed + 1)); return
   fi
   read -r p _ f _ s _ <<<"${line//,/}"
   passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
     echo "!!! $bin exited with status $rc"; failed=$((failed + 1))
   fi
+  echo "=== $bin: $line in ${dt} s"
+}
+
+running=()   # "index:program" of the programs started and not yet reported
+for bin in "$@"; do
+  while [ "${#running[@]}" -ge "$jobs" ]; do
+    wait -n 2>/dev/null || true
+    left=()
+    for r in "${running[@]}"; do
+      if [ -f "$work/${r%%:*}.done" ]; then finish "${r%%:*}" "${r#*:}"; else left+=("$r"); fi
+    done
+    [ "${#left[@]}" -lt "${#running[@]}" ] || sleep 0.2   # nothing finished yet
+    running=("${left[@]+"${left[@]}"}")
+  done
+  n=$((n + 1))
+  if [ "$jobs" -eq 1 ]; then
+    echo "=== $bin"
+    run_one "$n" "$bin"
+    finish "$n" "$bin"
+  else
+    echo "--- started $bin"
+    run_one "$n" "$bin" &
+    running+=("$n:$bin")
+  fi
 done
+wait
+for r in "${running[@]+"${running[@]}"}"; do finish "${r%%:*}" "${r#*:}"; done
+
 if [ "$have_video" -eq 0 ]; then
   echo "skip [video round trip]: FFmpeg development libraries not found by pkg-config"
   skipped=$((skipped + 1))
@@ -39,5 +108,6 @@ if [ "$build_failed" -ne 0 ]; then
   echo "!!! building the test programs failed (see above): a program may be missing or out of date"
   failed=$((failed + 1))
 fi
+echo "--- wall time per program:${times%,}; all $# in $(secs "$t_start" "$(now)") s, $jobs at a time"
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
