@@ -1372,8 +1372,11 @@ static int mskv__cuda_nvrtc_candidates(char (*paths)[512], int max) {
 /* Opens a library; NULL and the loader's reason in err otherwise. */
 static void *mskv__cuda_lib_open(const char *name, char *err, size_t cap) {
 #ifdef _WIN32
-    /* a path: its own folder first for the DLLs it needs */
-    HMODULE h = LoadLibraryExA(name, NULL, strchr(name, '\\') || strchr(name, '/') ? LOAD_WITH_ALTERED_SEARCH_PATH : 0);
+    /* an absolute path (the only kind the flag allows): its own folder first
+       for the DLLs it needs */
+    int absolute = (name[0] && name[1] == ':' && (name[2] == '\\' || name[2] == '/')) ||
+                   (name[0] == '\\' && name[1] == '\\');
+    HMODULE h = LoadLibraryExA(name, NULL, absolute ? LOAD_WITH_ALTERED_SEARCH_PATH : 0);
     if (!h) {
         DWORD code = GetLastError();
         char msg[256];

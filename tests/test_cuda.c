@@ -622,6 +622,25 @@ TEST(cuda_toolkit_stub_driver_is_unavailable) {
     EXPECT_TRUE(cu == NULL);
 }
 
+/* A library that loads but exports no cuInit is refused by name, and the
+   probe says which library (the loader's open, lookup and close). */
+TEST(cuda_driver_path_to_a_library_without_cuinit_is_unavailable_and_says_why) {
+#ifdef _WIN32
+    static const char *const lib = "C:\\windows\\system32\\kernel32.dll";   /* absolute: its own folder first */
+#else
+    static const char *const lib = "libm.so.6";
+#endif
+    mskv_cuda_desc cd;
+    mskv_cuda *cu = NULL;
+    char why[2048];
+    memset(&cd, 0, sizeof cd);
+    cd.driver_path = lib;
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_probe(&cd, why, sizeof why));
+    EXPECT_TRUE(strstr(why, lib) != NULL && strstr(why, "not a CUDA driver (no cuInit)") != NULL);
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_create(&cd, &cu));
+    EXPECT_TRUE(cu == NULL);
+}
+
 TEST(cuda_spill_report_is_parsed_from_the_ptxas_log) {
     EXPECT_EQ(-1, mskv_cuda_log_spills("no report here"));
     EXPECT_EQ(0, mskv_cuda_log_spills("ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"));
