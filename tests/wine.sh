@@ -25,10 +25,13 @@ fi
 
 stop_server() { "$server" -k >/dev/null 2>&1; "$server" -w >/dev/null 2>&1; }
 
-# The first start builds the prefix (about 700 MB, several seconds).
+# The first start builds the prefix (about 700 MB, several seconds); the
+# server writes the registry when it exits, so wait for it.
 if [ ! -f "$WINEPREFIX/system.reg" ]; then
   mkdir -p "$(dirname "$WINEPREFIX")"
-  if ! "$wine" wineboot --init >"$WINEPREFIX.log" 2>&1 || [ ! -f "$WINEPREFIX/system.reg" ]; then
+  "$wine" wineboot --init >"$WINEPREFIX.log" 2>&1
+  "$server" -w >/dev/null 2>&1
+  if [ ! -f "$WINEPREFIX/system.reg" ]; then
     stop_server
     echo "wine could not create its prefix $WINEPREFIX: $(tail -n 1 "$WINEPREFIX.log" 2>/dev/null)"; exit 1
   fi
@@ -42,7 +45,8 @@ if [ "${1:-}" = "--check" ]; then
   echo "wine cannot run a program here: $(printf '%s' "$out" | tail -n 1)"; exit 1
 fi
 
-"$wine" "$@"
-rc=$?
+# the C runtime writes text as CRLF: plain newlines for the totals line's readers
+"$wine" "$@" 2>&1 | tr -d '\r'
+rc=${PIPESTATUS[0]}
 stop_server
 exit $rc
