@@ -647,6 +647,22 @@ MSKV_API mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, 
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+/* the >>platform section's system headers, here outside extern "C" */
+#if defined(_WIN32) && !defined(MSKV_NO_THREADS)
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN  /* keeps winsock.h out, so an application may include winsock2.h */
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#include <process.h>         /* _beginthreadex: threads that may use the C runtime */
+#if defined(_WIN32_WINNT) && _WIN32_WINNT < 0x0600
+#error "mstar_kv needs Windows Vista or newer (_WIN32_WINNT >= 0x0600) for SRWLOCK and CONDITION_VARIABLE"
+#endif
+#elif !defined(MSKV_NO_THREADS)
+#include <pthread.h>
+#endif
 
 #if defined(MSKV_MALLOC) || defined(MSKV_REALLOC) || defined(MSKV_FREE)
 #if !defined(MSKV_MALLOC) || !defined(MSKV_REALLOC) || !defined(MSKV_FREE)
@@ -827,22 +843,6 @@ static void mskv__hash_u64(mskv__hash *h, uint64_t v) {
 #define MSKV__MAYBE_UNUSED __attribute__((unused))
 #else
 #define MSKV__MAYBE_UNUSED
-#endif
-
-#if defined(_WIN32) && !defined(MSKV_NO_THREADS)
-#ifndef WIN32_LEAN_AND_MEAN
-#define WIN32_LEAN_AND_MEAN  /* keeps winsock.h out, so an application may include winsock2.h */
-#endif
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
-#include <process.h>         /* _beginthreadex: threads that may use the C runtime */
-#if defined(_WIN32_WINNT) && _WIN32_WINNT < 0x0600
-#error "mstar_kv needs Windows Vista or newer (_WIN32_WINNT >= 0x0600) for SRWLOCK and CONDITION_VARIABLE"
-#endif
-#elif !defined(MSKV_NO_THREADS)
-#include <pthread.h>
 #endif
 
 /* A thread runs fn(arg); the object must stay where it is until joined. */

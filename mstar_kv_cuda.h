@@ -431,6 +431,24 @@ MSKV_API mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, 
 #include <stdlib.h>
 #include <string.h>
 
+/* the >>platform section's system headers, here outside extern "C" */
+#ifdef _WIN32
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#else
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#endif
+
 #ifndef MSTAR_KV_IMPLEMENTED
 #error "define MSTAR_KV_IMPLEMENTATION and include mstar_kv.h in the same file, before MSTAR_KV_CUDA_IMPLEMENTATION (this layer reuses its platform wrappers)"
 #endif
@@ -1285,25 +1303,12 @@ static uint64_t mskv__cuda_mix(uint64_t h) {
    on _WIN32, dlopen and POSIX files elsewhere. */
 
 #ifdef _WIN32
-#ifndef WIN32_LEAN_AND_MEAN
-#define WIN32_LEAN_AND_MEAN
-#endif
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
 #define MSKV__CUDA_SEP "\\"
 /* the driver ships with the display driver (System32); NVRTC's DLL is named
    after its ABI: 13.x, 12.x, and 11.2-11.8 */
 static const char *const mskv__cuda_driver_names[] = { "nvcuda.dll" };
 static const char *const mskv__cuda_nvrtc_names[] = { "nvrtc64_130_0.dll", "nvrtc64_120_0.dll", "nvrtc64_112_0.dll" };
 #else
-#include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <unistd.h>
-#include <sys/stat.h>
-#include <sys/types.h>
 #define MSKV__CUDA_SEP "/"
 /* libcuda.so.1 first: the unversioned name may be the toolkit's stub */
 static const char *const mskv__cuda_driver_names[] = { "libcuda.so.1", "libcuda.so" };
