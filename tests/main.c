@@ -80,6 +80,7 @@ static mskv__once_flag mtu_once_flag = MSKV__ONCE_INIT;
 void mtu_once(void (*fn)(void)) { mskv__once(&mtu_once_flag, fn); }
 
 unsigned long mtu_pid(void) { return mskv__cuda_pid(); }
+int mtu_nvrtc_candidates(char (*paths)[512], int max) { return mskv__cuda_nvrtc_candidates(paths, max); }
 
 int mtu_setenv(const char *name, const char *value) {
 #ifdef _WIN32

@@ -49,6 +49,7 @@ void mtu_barrier_wait(mtu_barrier *b);
 void mtu_barrier_free(mtu_barrier *b);
 void mtu_once(void (*fn)(void));                                /* one once flag for the program */
 unsigned long mtu_pid(void);
+int mtu_nvrtc_candidates(char (*paths)[512], int max);      /* the GPU layer's NVRTC names after the caller's */
 int mtu_setenv(const char *name, const char *value);           /* value NULL: unset; 0 on success */
 int mtu_rm_dir(const char *dir);                                /* a directory and its files; 0 on success */
 int mtu_dir_count(const char *dir, const char *substring);     /* entries whose name contains it; -1 unreadable */

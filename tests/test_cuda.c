@@ -1109,18 +1109,6 @@ TEST(cuda_disk_cache_defaults_to_the_platform_user_cache_directory) {
     tcu_rm_dir(base);
 }
 
-/* An unavailable probe's reason, from a machine without a driver. */
-static mskv_result tcu_probe_reason(char *why, size_t cap) {
-    mskv_cuda_desc cd;
-    tcu_env saved;
-    mskv_result r;
-    memset(&cd, 0, sizeof cd);
-    tcu_env_save(&saved, "CUDA_PATH");
-    mtu_setenv("CUDA_PATH", "C:\\mskv-no-cuda");   /* Windows looks for NVRTC under it too */
-    r = mskv_cuda_probe(&cd, why, cap);
-    tcu_env_restore(&saved);
-    return r;
-}
 
 /* The driver is looked for under its platform name, and the reason says what
    the system loader answered. */
@@ -1130,37 +1118,40 @@ TEST(cuda_unavailable_reason_names_the_platform_driver_and_the_loaders_answer) {
 #else
     const char *code = "cannot open shared object file";
 #endif
+    mskv_cuda_desc cd;
     char why[4096];
-    if (tcu_probe_reason(why, sizeof why) == MSKV_SUCCESS) SKIP("a CUDA driver, a device and NVRTC are present on this machine");
+    memset(&cd, 0, sizeof cd);
+    if (mskv_cuda_probe(&cd, why, sizeof why) == MSKV_SUCCESS) SKIP("a CUDA driver, a device and NVRTC are present on this machine");
     if (!strstr(why, "(no CUDA driver)")) SKIP("a CUDA driver loads here: %.200s", why);
     EXPECT_TRUE(strstr(why, TCU_DRIVER_NAME) == why);          /* tried first */
     EXPECT_TRUE(strstr(why, code) != NULL);
 }
 
-/* NVRTC under every ABI name, in order; on Windows also in
+/* NVRTC is looked for under every ABI name (newest first, through the
+   system's own search), then in the toolkit's folders: on Windows
    %CUDA_PATH%\bin\x64 (CUDA 13) before %CUDA_PATH%\bin. */
-TEST(cuda_unavailable_reason_lists_every_nvrtc_name_the_platform_tries) {
+TEST(cuda_nvrtc_is_looked_for_under_every_abi_name_then_in_the_toolkit_folders) {
 #ifdef _WIN32
-    static const char *const nvrtc[] = { "nvrtc64_130_0.dll", "nvrtc64_120_0.dll", "nvrtc64_112_0.dll",
-                                         "C:\\mskv-no-cuda\\bin\\x64\\nvrtc64_130_0.dll",
-                                         "C:\\mskv-no-cuda\\bin\\x64\\nvrtc64_112_0.dll",
-                                         "C:\\mskv-no-cuda\\bin\\nvrtc64_130_0.dll",
-                                         "C:\\mskv-no-cuda\\bin\\nvrtc64_112_0.dll" };
+    static const char *const want[] = {
+        "nvrtc64_130_0.dll", "nvrtc64_120_0.dll", "nvrtc64_112_0.dll",
+        "C:\\cuda\\bin\\x64\\nvrtc64_130_0.dll", "C:\\cuda\\bin\\x64\\nvrtc64_120_0.dll",
+        "C:\\cuda\\bin\\x64\\nvrtc64_112_0.dll", "C:\\cuda\\bin\\nvrtc64_130_0.dll",
+        "C:\\cuda\\bin\\nvrtc64_120_0.dll", "C:\\cuda\\bin\\nvrtc64_112_0.dll" };
 #else
-    static const char *const nvrtc[] = { "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2",
-                                         "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so.11.2" };
+    static const char *const want[] = {
+        "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so",
+        "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so.12",
+        "/usr/local/cuda/lib64/libnvrtc.so.11.2", "/usr/local/cuda/lib64/libnvrtc.so" };
 #endif
-    char why[4096];
-    const char *last = NULL;
-    size_t i;
-    if (tcu_probe_reason(why, sizeof why) == MSKV_SUCCESS) SKIP("a CUDA driver, a device and NVRTC are present on this machine");
-    if (!strstr(why, "(no NVRTC)")) SKIP("NVRTC loads here, so no attempt is listed");
-    for (i = 0; i < sizeof nvrtc / sizeof nvrtc[0]; i++) {
-        const char *at = strstr(why, nvrtc[i]);
-        if (!at) { mt_fail(__FILE__, __LINE__, "%s is not in: %s", nvrtc[i], why); continue; }
-        if (last && at <= last) mt_fail(__FILE__, __LINE__, "%s is not tried after %s", nvrtc[i], nvrtc[i - 1]);
-        last = at;
-    }
+    char paths[12][512];
+    tcu_env saved;
+    int i, n;
+    tcu_env_save(&saved, "CUDA_PATH");
+    mtu_setenv("CUDA_PATH", "C:\\cuda");
+    n = mtu_nvrtc_candidates(paths, 12);
+    tcu_env_restore(&saved);
+    ASSERT_EQ((int)(sizeof want / sizeof want[0]), n);
+    for (i = 0; i < n; i++) EXPECT_STREQ(want[i], paths[i]);
 }
 
 TEST(cuda_warm_start_compiles_nothing) {
