@@ -4,8 +4,9 @@
    launch wrappers of the kernels in kernels.cu (embedded below).
 
    Nothing here needs the CUDA toolkit, its headers or a GPU at compile time:
-   libcuda and libnvrtc are opened with dlopen when a context is created, and a
-   machine without them gets MSKV_ERROR_CUDA_UNAVAILABLE (the CPU backend of
+   libcuda and libnvrtc (nvcuda.dll and nvrtc64_*.dll on Windows) are opened
+   at run time (dlopen, LoadLibrary) when a context is created, and a machine
+   without them gets MSKV_ERROR_CUDA_UNAVAILABLE (the CPU backend of
    mstar_kv.h keeps working).
 
    Do this in exactly one C or C++ file, after mstar_kv.h:
@@ -13,13 +14,20 @@
        #include "mstar_kv.h"
        #define MSTAR_KV_CUDA_IMPLEMENTATION
        #include "mstar_kv_cuda.h"
+   (this layer reuses the platform wrappers of mstar_kv.h's implementation).
    Build:
        cc -std=c99 -O2 app.c -ldl -lpthread -lm
+   Windows: cl /O2 app.c, or x86_64-w64-mingw32-gcc -std=c99 -O2 app.c.
 
    Run-time environment:
-     MSKV_NVRTC_PATH   a libnvrtc to try first (after mskv_cuda_desc.nvrtc_path)
+     MSKV_NVRTC_PATH   a libnvrtc to try first (after mskv_cuda_desc.nvrtc_path);
+                       then libnvrtc.so.13/.12/.11.2/.so, also under
+                       /usr/local/cuda/lib64 (Windows: nvrtc64_130_0.dll,
+                       nvrtc64_120_0.dll, nvrtc64_112_0.dll, also under
+                       %CUDA_PATH%\bin\x64 and %CUDA_PATH%\bin)
      MSKV_CACHE_DIR    the kernel cache directory (else $XDG_CACHE_HOME/mstar_kv,
-                       else ~/.cache/mstar_kv); mskv_cuda_desc.cache_dir wins
+                       else ~/.cache/mstar_kv; Windows: %LOCALAPPDATA%\mstar_kv);
+                       mskv_cuda_desc.cache_dir wins
 
    Example:
        mskv_cuda_desc cd = {0};
@@ -126,7 +134,7 @@ typedef struct mskv_nvrtc_prog_st *mskv_nvrtc_program; /* nvrtcProgram */
    X(return type, name, versioned symbol exported by the library, parameters).
    Driver functions are resolved through cuGetProcAddress_v2 by their base
    name at ABI version 12.0 when the driver has it, else by the versioned
-   symbol with dlsym. */
+   symbol with dlsym (GetProcAddress on Windows). */
 #define MSKV_CUDA_DRIVER_FUNCTIONS(X)                                                          \
     X(mskv_cu_result, cuInit, "cuInit", (unsigned int flags))                                  \
     X(mskv_cu_result, cuDriverGetVersion, "cuDriverGetVersion", (int *version))                \
@@ -448,14 +456,27 @@ MSKV_API mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* the >>platform section's system headers, here outside extern "C" */
+#ifdef _WIN32
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#else
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#ifndef MSKV_NO_THREADS
-#include <pthread.h>
+#endif
+
+#ifndef MSTAR_KV_IMPLEMENTED
+#error "define MSTAR_KV_IMPLEMENTATION and include mstar_kv.h in the same file, before MSTAR_KV_CUDA_IMPLEMENTATION (this layer reuses its platform wrappers)"
 #endif
 
 #ifdef __cplusplus
@@ -1299,17 +1320,237 @@ static uint64_t mskv__cuda_mix(uint64_t h) {
     return h;
 }
 
-#ifndef MSKV_NO_THREADS
-typedef pthread_mutex_t mskv__cuda_mutex;
-#define MSKV__CUDA_MUTEX_INIT PTHREAD_MUTEX_INITIALIZER
-static void mskv__cuda_lock(mskv__cuda_mutex *m) { pthread_mutex_lock(m); }
-static void mskv__cuda_unlock(mskv__cuda_mutex *m) { pthread_mutex_unlock(m); }
+/* // >>platform -------------------------------------------------------------
+   What this layer needs from the operating system beyond mstar_kv.h's
+   platform section, whose mutex it reuses (the implementation of mstar_kv.h
+   is in the same file): loading a library, the driver's and NVRTC's names,
+   the environment, the cache directory, and for the disk cache whole-file
+   reads and a temp file renamed over the entry. LoadLibrary and Win32 files
+   on _WIN32, dlopen and POSIX files elsewhere. */
+
+#ifdef _WIN32
+#define MSKV__CUDA_SEP "\\"
+/* the driver ships with the display driver (System32); NVRTC's DLL is named
+   after its ABI: 13.x, 12.x, and 11.2-11.8 */
+static const char *const mskv__cuda_driver_names[] = { "nvcuda.dll" };
+static const char *const mskv__cuda_nvrtc_names[] = { "nvrtc64_130_0.dll", "nvrtc64_120_0.dll", "nvrtc64_112_0.dll" };
 #else
-typedef int mskv__cuda_mutex;
-#define MSKV__CUDA_MUTEX_INIT 0
-static void mskv__cuda_lock(mskv__cuda_mutex *m) { (void)m; }
-static void mskv__cuda_unlock(mskv__cuda_mutex *m) { (void)m; }
+#define MSKV__CUDA_SEP "/"
+/* libcuda.so.1 first: the unversioned name may be the toolkit's stub */
+static const char *const mskv__cuda_driver_names[] = { "libcuda.so.1", "libcuda.so" };
+static const char *const mskv__cuda_nvrtc_names[] = { "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so" };
 #endif
+#define MSKV__CUDA_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+typedef mskv__mutex mskv__cuda_mutex;
+#define MSKV__CUDA_MUTEX_INIT MSKV__MUTEX_INIT
+static void mskv__cuda_lock(mskv__cuda_mutex *m) { mskv__mutex_lock(m); }
+static void mskv__cuda_unlock(mskv__cuda_mutex *m) { mskv__mutex_unlock(m); }
+
+/* 1 and the value (cut to cap) when the variable is set and not empty */
+static int mskv__cuda_getenv(const char *name, char *out, size_t cap) {
+#ifdef _WIN32
+    /* the process environment itself: no CRT copy, no deprecation warning */
+    char tmp[32768];
+    DWORD n = GetEnvironmentVariableA(name, tmp, (DWORD)sizeof(tmp));
+    if (n == 0 || n >= sizeof(tmp)) return 0;
+    mskv__cuda_copystr(out, cap, tmp);
+    return 1;
+#else
+    const char *e = getenv(name);
+    if (!e || !*e) return 0;
+    mskv__cuda_copystr(out, cap, e);
+    return 1;
+#endif
+}
+
+/* The default cache directory, "" when there is none; one too long for out
+   comes back cut to the brim, which the caller's length check turns off. */
+static void mskv__cuda_default_cache_dir(char *out, size_t cap) {
+    out[0] = 0;
+#ifdef _WIN32
+    if (mskv__cuda_getenv("LOCALAPPDATA", out, cap)) mskv__cuda_appendf(out, cap, "\\mstar_kv");
+#else
+    if (mskv__cuda_getenv("XDG_CACHE_HOME", out, cap)) mskv__cuda_appendf(out, cap, "/mstar_kv");
+    else if (mskv__cuda_getenv("HOME", out, cap)) mskv__cuda_appendf(out, cap, "/.cache/mstar_kv");
+#endif
+}
+
+/* NVRTC's names after the caller's choices: bare names (the loader's own
+   search), then the toolkit's default place. Fills up to max paths. */
+static int mskv__cuda_nvrtc_candidates(char (*paths)[512], int max) {
+    int n = 0, i;
+#ifdef _WIN32
+    /* CUDA 13 keeps its DLLs in bin\x64, earlier releases in bin; the
+       installer puts them on PATH, but not every environment keeps it */
+    static const char *const sub[2] = { "\\bin\\x64", "\\bin" };
+    char root[400];
+    int have_root = mskv__cuda_getenv("CUDA_PATH", root, sizeof(root)), s;
+    for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && n < max; i++)
+        mskv__cuda_copystr(paths[n++], sizeof(paths[0]), mskv__cuda_nvrtc_names[i]);
+    for (s = 0; s < 2 && have_root; s++)
+        for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && n < max; i++)
+            snprintf(paths[n++], sizeof(paths[0]), "%s%s\\%s", root, sub[s], mskv__cuda_nvrtc_names[i]);
+#else
+    for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && n < max; i++)
+        mskv__cuda_copystr(paths[n++], sizeof(paths[0]), mskv__cuda_nvrtc_names[i]);
+    for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && n < max; i++)
+        snprintf(paths[n++], sizeof(paths[0]), "/usr/local/cuda/lib64/%s", mskv__cuda_nvrtc_names[i]);
+#endif
+    return n;
+}
+
+/* Opens a library; NULL and the loader's reason in err otherwise. */
+static void *mskv__cuda_lib_open(const char *name, char *err, size_t cap) {
+#ifdef _WIN32
+    /* an absolute path (the only kind the flag allows): its own folder first
+       for the DLLs it needs */
+    int absolute = (name[0] && name[1] == ':' && (name[2] == '\\' || name[2] == '/')) ||
+                   (name[0] == '\\' && name[1] == '\\');
+    HMODULE h = LoadLibraryExA(name, NULL, absolute ? LOAD_WITH_ALTERED_SEARCH_PATH : 0);
+    if (!h) {
+        DWORD code = GetLastError();
+        char msg[256];
+        DWORD len = FormatMessageA(FORMAT_MESSAGE_FROM_SYSTEM | FORMAT_MESSAGE_IGNORE_INSERTS, NULL, code, 0, msg,
+                                   (DWORD)sizeof(msg), NULL);
+        while (len > 0 && (msg[len - 1] == '\r' || msg[len - 1] == '\n' || msg[len - 1] == ' ')) len--;
+        msg[len] = 0;
+        snprintf(err, cap, "%s (Windows error %lu)", len ? msg : "LoadLibrary failed", (unsigned long)code);
+    }
+    return (void *)h;
+#else
+    void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *e = dlerror();
+        mskv__cuda_copystr(err, cap, e ? e : "not found");
+    }
+    return lib;
+#endif
+}
+
+/* A function's address; dlsym and GetProcAddress disagree on its type, and
+   going through memcpy keeps ISO C quiet either way. */
+static void *mskv__cuda_sym(void *lib, const char *name) {
+#ifdef _WIN32
+    FARPROC f = GetProcAddress((HMODULE)lib, name);
+    void *p = NULL;
+    memcpy(&p, &f, sizeof(p) < sizeof(f) ? sizeof(p) : sizeof(f));
+    return p;
+#else
+    return dlsym(lib, name);
+#endif
+}
+
+static void mskv__cuda_lib_close(void *lib) {
+#ifdef _WIN32
+    FreeLibrary((HMODULE)lib);
+#else
+    dlclose(lib);
+#endif
+}
+
+static unsigned long mskv__cuda_pid(void) {
+#ifdef _WIN32
+    return (unsigned long)GetCurrentProcessId();
+#else
+    return (unsigned long)getpid();
+#endif
+}
+
+static int mskv__cuda_is_sep(char c) {
+#ifdef _WIN32
+    return c == '\\' || c == '/';
+#else
+    return c == '/';
+#endif
+}
+
+/* One directory; an existing one (or a failure) is for the caller's next step to find out. */
+static void mskv__cuda_mkdir(const char *path) {
+#ifdef _WIN32
+    CreateDirectoryA(path, NULL);
+#else
+    mkdir(path, 0755);
+#endif
+}
+
+/* Reads a whole file; NULL when absent or unreadable. */
+static unsigned char *mskv__cuda_read_file(const mskv_allocator *a, const char *path, size_t *size) {
+    unsigned char *buf;
+    size_t got = 0, want;
+#ifdef _WIN32
+    /* FILE_SHARE_DELETE: a writer may rename a new entry over this one meanwhile */
+    HANDLE h = CreateFileA(path, GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, NULL,
+                           OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL, NULL);
+    LARGE_INTEGER sz;
+    if (h == INVALID_HANDLE_VALUE) return NULL;
+    if (!GetFileSizeEx(h, &sz) || sz.QuadPart < 0 || (uint64_t)sz.QuadPart >= (uint64_t)SIZE_MAX) { CloseHandle(h); return NULL; }
+    want = (size_t)sz.QuadPart;
+    buf = (unsigned char *)mskv__cuda_alloc(a, want + 1);
+    if (!buf) { CloseHandle(h); return NULL; }
+    while (got < want) {
+        DWORD r = 0, ask = want - got > 0x40000000u ? 0x40000000u : (DWORD)(want - got);
+        if (!ReadFile(h, buf + got, ask, &r, NULL) || r == 0) break;
+        got += r;
+    }
+    CloseHandle(h);
+#else
+    int fd = open(path, O_RDONLY);
+    struct stat sb;
+    if (fd < 0) return NULL;
+    if (fstat(fd, &sb) != 0 || sb.st_size < 0) { close(fd); return NULL; }
+    want = (size_t)sb.st_size;
+    buf = (unsigned char *)mskv__cuda_alloc(a, want + 1);
+    if (!buf) { close(fd); return NULL; }
+    while (got < want) {
+        ssize_t r = read(fd, buf + got, want - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+#endif
+    *size = got;
+    return buf;
+}
+
+/* Writes the parts to a new file tmp (failing if it exists), then renames it
+   over path in one step, so a reader sees the old entry or the new one,
+   never half of one. Nothing is left behind on failure. */
+static int mskv__cuda_write_replace(const char *tmp, const char *path, const void *const *part, const size_t *len, int nparts) {
+    int i, ok = 1;
+#ifdef _WIN32
+    HANDLE h = CreateFileA(tmp, GENERIC_WRITE, 0, NULL, CREATE_NEW, FILE_ATTRIBUTE_NORMAL, NULL);
+    if (h == INVALID_HANDLE_VALUE) return 0;
+    for (i = 0; i < nparts && ok; i++) {
+        const char *p = (const char *)part[i];
+        size_t n = len[i];
+        while (n && ok) {
+            DWORD w = 0, ask = n > 0x40000000u ? 0x40000000u : (DWORD)n;
+            if (!WriteFile(h, p, ask, &w, NULL) || w == 0) ok = 0;
+            p += w; n -= w;
+        }
+    }
+    if (!CloseHandle(h)) ok = 0;
+    if (!ok || !MoveFileExA(tmp, path, MOVEFILE_REPLACE_EXISTING)) { DeleteFileA(tmp); return 0; }
+#else
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) return 0;
+    for (i = 0; i < nparts && ok; i++) {
+        const char *p = (const char *)part[i];
+        size_t n = len[i];
+        while (n && ok) {
+            ssize_t w = write(fd, p, n);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) ok = 0;
+            else { p += w; n -= (size_t)w; }
+        }
+    }
+    if (close(fd) != 0) ok = 0;
+    if (!ok || rename(tmp, path) != 0) { unlink(tmp); return 0; }
+#endif
+    return 1;
+}
 
 /* // >>loader ---------------------------------------------------------------
    The libraries are opened once per process under one lock; the table is
@@ -1321,18 +1562,13 @@ typedef struct mskv__cuda_global {
     int driver_tried, nvrtc_ok;
     mskv_result driver_result;
     char driver_why[768];
-    char nvrtc_why[1024];
+    char nvrtc_why[2048];      /* up to 14 candidates, each with the loader's reason */
     void *libcuda, *libnvrtc;
     mskv_cuda_functions fn;
 } mskv__cuda_global;
 
 static mskv__cuda_mutex mskv__cuda_g_lock = MSKV__CUDA_MUTEX_INIT;
 static mskv__cuda_global mskv__cuda_g;   /* zero: nothing loaded */
-
-/* dlsym returns an object pointer; going through memcpy keeps ISO C quiet */
-static void *mskv__cuda_sym(void *lib, const char *name) {
-    return dlsym(lib, name);
-}
 
 #define MSKV__CUDA_SET_FN(member, ptr) memcpy((void *)&(member), &(ptr), sizeof(void *))
 
@@ -1342,16 +1578,14 @@ static const char *mskv__cuda_cu_name(const mskv_cuda_functions *fn, mskv_cu_res
     return "unknown CUDA error";
 }
 
-/* dlopen the first of names that loads; every failure is appended to why. */
-static void *mskv__cuda_dlopen_first(const char *const *names, int n, const char **used, char *why, size_t cap) {
+/* Opens the first of names that loads; every failure is appended to why. */
+static void *mskv__cuda_open_first(const char *const *names, int n, const char **used, char *why, size_t cap) {
     int i;
     for (i = 0; i < n; i++) {
-        void *lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        char err[512] = "";
+        void *lib = mskv__cuda_lib_open(names[i], err, sizeof(err));
         if (lib) { *used = names[i]; return lib; }
-        {
-            const char *e = dlerror();
-            mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", names[i], e ? e : "not found");
-        }
+        mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", names[i], err);
     }
     return NULL;
 }
@@ -1366,7 +1600,7 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
     mskv__cuda_getproc_fn getproc = NULL;
     void *p;
     const char *used = NULL;
-    lib = mskv__cuda_dlopen_first(names, n_names, &used, why, cap);
+    lib = mskv__cuda_open_first(names, n_names, &used, why, cap);
     if (!lib) {
         mskv__cuda_appendf(why, cap, " (no CUDA driver)");
         return MSKV_ERROR_CUDA_UNAVAILABLE;
@@ -1379,7 +1613,7 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
     if (p) MSKV__CUDA_SET_FN(fn->cuDriverGetVersion, p);
     if (!fn->cuInit || !fn->cuDriverGetVersion) {
         mskv__cuda_appendf(why, cap, "%s%s: not a CUDA driver (no cuInit)", why[0] ? "; " : "", used);
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     r = fn->cuInit(0);
@@ -1388,7 +1622,7 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
                            mskv__cuda_cu_name(fn, r),
                            r == MSKV_CU_ERROR_STUB_LIBRARY ? ": the toolkit's stub, not a driver" :
                            r == MSKV_CU_ERROR_NO_DEVICE ? ": no CUDA device" : "");
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     fn->cuDriverGetVersion(&version);
@@ -1407,14 +1641,14 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
     MSKV_CUDA_DRIVER_FUNCTIONS(MSKV__CUDA_RESOLVE)
 #undef MSKV__CUDA_RESOLVE
     if (missing) {
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     r = fn->cuDeviceGetCount(&count);
     if (r != MSKV_CU_SUCCESS || count <= 0) {
         mskv__cuda_appendf(why, cap, "%s%s: no CUDA device (cuDeviceGetCount: %d, %d devices)",
                            why[0] ? "; " : "", used, r, count);
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     *lib_out = lib;
@@ -1423,19 +1657,16 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
 
 static mskv_result mskv__cuda_open_nvrtc(const char *first, void **lib_out, mskv_cuda_functions *fn,
                                          char *why, size_t cap) {
-    static const char *const names[] = {
-        "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so",
-        "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so.12",
-        "/usr/local/cuda/lib64/libnvrtc.so.11.2", "/usr/local/cuda/lib64/libnvrtc.so" };
-    const char *env = getenv("MSKV_NVRTC_PATH");
-    const char *cand[10];
-    int n = 0, i, missing = 0;
+    char env[1024], paths[12][512];
+    const char *cand[14];
+    int n = 0, i, np, missing = 0;
     void *lib = NULL, *p;
     const char *used = NULL;
     if (first && *first) cand[n++] = first;
-    if (env && *env) cand[n++] = env;
-    for (i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++) cand[n++] = names[i];
-    lib = mskv__cuda_dlopen_first(cand, n, &used, why, cap);
+    if (mskv__cuda_getenv("MSKV_NVRTC_PATH", env, sizeof(env))) cand[n++] = env;
+    np = mskv__cuda_nvrtc_candidates(paths, 12);
+    for (i = 0; i < np; i++) cand[n++] = paths[i];
+    lib = mskv__cuda_open_first(cand, n, &used, why, cap);
     if (!lib) {
         mskv__cuda_appendf(why, cap, " (no NVRTC)");
         return MSKV_ERROR_CUDA_UNAVAILABLE;
@@ -1447,7 +1678,7 @@ static mskv_result mskv__cuda_open_nvrtc(const char *first, void **lib_out, mskv
     MSKV_CUDA_NVRTC_FUNCTIONS(MSKV__CUDA_RESOLVE_NVRTC)
 #undef MSKV__CUDA_RESOLVE_NVRTC
     if (missing) {
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     *lib_out = lib;
@@ -1461,11 +1692,11 @@ static mskv_result mskv__cuda_load(int want_driver, int want_nvrtc, const char *
     mskv__cuda_global *g = &mskv__cuda_g;
     mskv__cuda_lock(&mskv__cuda_g_lock);
     if (want_driver && !g->driver_tried) {
-        static const char *const names[] = { "libcuda.so.1", "libcuda.so" };
         mskv_cuda_functions tmp;
         memset(&tmp, 0, sizeof(tmp));
         g->driver_why[0] = 0;
-        g->driver_result = mskv__cuda_open_driver(names, 2, &g->libcuda, &tmp, g->driver_why, sizeof(g->driver_why));
+        g->driver_result = mskv__cuda_open_driver(mskv__cuda_driver_names, MSKV__CUDA_COUNT(mskv__cuda_driver_names),
+                                                  &g->libcuda, &tmp, g->driver_why, sizeof(g->driver_why));
         if (g->driver_result == MSKV_SUCCESS) {
 #define MSKV__CUDA_COPY(ret, name, sym, params) g->fn.name = tmp.name;
             MSKV_CUDA_DRIVER_FUNCTIONS(MSKV__CUDA_COPY)
@@ -1605,16 +1836,11 @@ static char *mskv__cuda_source(const mskv_cuda_desc *d, size_t *len) {
 }
 
 static void mskv__cuda_cache_dir(const mskv_cuda_desc *d, char *out, size_t cap) {
-    const char *e;
     out[0] = 0;
     if (d->disable_disk_cache) return;
     if (d->cache_dir && *d->cache_dir) { mskv__cuda_copystr(out, cap, d->cache_dir); return; }
-    e = getenv("MSKV_CACHE_DIR");
-    if (e && *e) { mskv__cuda_copystr(out, cap, e); return; }
-    e = getenv("XDG_CACHE_HOME");
-    if (e && *e) { snprintf(out, cap, "%s/mstar_kv", e); return; }
-    e = getenv("HOME");
-    if (e && *e) { snprintf(out, cap, "%s/.cache/mstar_kv", e); return; }
+    if (mskv__cuda_getenv("MSKV_CACHE_DIR", out, cap)) return;
+    mskv__cuda_default_cache_dir(out, cap);
 }
 
 /* A directory too long for "<dir>/<16 hex>.cubin" in the same buffer size
@@ -1639,7 +1865,7 @@ MSKV_API mskv_result mskv_cuda_probe(const mskv_cuda_desc *desc, char *why, size
         memset(&tmp, 0, sizeof(tmp));
         r = mskv__cuda_open_driver(&desc->driver_path, 1, &lib, &tmp, buf, sizeof(buf));
         mskv__cuda_appendf(why, why_cap, "%s", buf);
-        if (lib) dlclose(lib);
+        if (lib) mskv__cuda_lib_close(lib);
         if (r != MSKV_SUCCESS) return r;
         return mskv__cuda_load(0, 1, desc->nvrtc_path, NULL, why, why_cap);
     }
@@ -1651,7 +1877,7 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
     mskv_cuda *cu;
     mskv_result res;
     mskv_cu_result r;
-    char why[1536] = "";
+    char why[3072] = "";
     size_t len = 0;
     int major = 0, minor = 0, n = 0, i, best = 0, found = 0;
     int *archs = NULL;
@@ -1775,7 +2001,7 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
 unavailable:
     mskv__cuda_log(desc->log, desc->log_user, MSKV_LOG_ERROR, "mstar_kv cuda unavailable: %s", why);
 fail:
-    if (cu->own_driver) dlclose(cu->own_driver);
+    if (cu->own_driver) mskv__cuda_lib_close(cu->own_driver);
     mskv__cuda_dealloc(&desc->allocator, cu);
     return res;
 }
@@ -1794,7 +2020,7 @@ MSKV_API void mskv_cuda_destroy(mskv_cuda *cu) {
     }
     cu->fn.cuDevicePrimaryCtxRelease(cu->device);
     mskv__cuda_dealloc(&a, cu->source);
-    if (cu->own_driver) dlclose(cu->own_driver);
+    if (cu->own_driver) mskv__cuda_lib_close(cu->own_driver);
     mskv__cuda_dealloc(&a, cu);
 }
 
@@ -1851,44 +2077,13 @@ static void mskv__cuda_mkdirs(const char *path) {
     if (n >= sizeof(tmp)) return;
     memcpy(tmp, path, n + 1);
     for (i = 1; i <= n; i++) {
-        if (tmp[i] == '/' || tmp[i] == 0) {
+        if (mskv__cuda_is_sep(tmp[i]) || tmp[i] == 0) {
             char c = tmp[i];
             tmp[i] = 0;
-            mkdir(tmp, 0755);
+            mskv__cuda_mkdir(tmp);
             tmp[i] = c;
         }
     }
-}
-
-static int mskv__cuda_write_all(int fd, const void *data, size_t n) {
-    const char *p = (const char *)data;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) { if (errno == EINTR) continue; return 0; }
-        p += w; n -= (size_t)w;
-    }
-    return 1;
-}
-
-/* Reads a whole file; NULL when absent or unreadable. */
-static unsigned char *mskv__cuda_read_file(const mskv_allocator *a, const char *path, size_t *size) {
-    int fd = open(path, O_RDONLY);
-    struct stat sb;
-    unsigned char *buf;
-    size_t got = 0;
-    if (fd < 0) return NULL;
-    if (fstat(fd, &sb) != 0 || sb.st_size < 0) { close(fd); return NULL; }
-    buf = (unsigned char *)mskv__cuda_alloc(a, (size_t)sb.st_size + 1);
-    if (!buf) { close(fd); return NULL; }
-    while (got < (size_t)sb.st_size) {
-        ssize_t r = read(fd, buf + got, (size_t)sb.st_size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    *size = got;
-    return buf;
 }
 
 typedef struct mskv__cuda_key { uint64_t key, check; } mskv__cuda_key;
@@ -1952,12 +2147,13 @@ corrupt:
 
 static int mskv__cuda_cache_write(const char *dir, const char *path, mskv__cuda_key k, int is_ptx,
                                   const mskv_cuda_image *img) {
-    static unsigned long counter;
+    static unsigned long counter;     /* under the loader's lock: threads may compile at once */
+    unsigned long serial;
     unsigned char hdr[MSKV__CUDA_HDR_BYTES];
     char tmp[600];
-    size_t lsz = img->log ? strlen(img->log) : 0;
+    size_t lsz = img->log ? strlen(img->log) : 0, len[3];
+    const void *part[3];
     uint64_t h = 1469598103934665603ull;
-    int fd, ok;
     mskv__cuda_mkdirs(dir);
     memcpy(hdr, "MSKVJIT", 8);
     mskv__cuda_put64(hdr + 8, ((uint64_t)(unsigned)is_ptx << 32) | MSKV__CUDA_CACHE_FORMAT);
@@ -1969,15 +2165,15 @@ static int mskv__cuda_cache_write(const char *dir, const char *path, mskv__cuda_
     if (lsz) h = mskv__cuda_hash(img->log, lsz, h);
     mskv__cuda_put64(hdr + 48, mskv__cuda_mix(h));
     /* pid + a counter + the address of a stack object: unique across processes and threads */
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld.%lu.%lx", path, (long)getpid(), ++counter,
-             (unsigned long)(size_t)&fd);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
-    if (fd < 0) return 0;
-    ok = mskv__cuda_write_all(fd, hdr, sizeof(hdr)) && mskv__cuda_write_all(fd, img->data, img->size) &&
-         (!lsz || mskv__cuda_write_all(fd, img->log, lsz));
-    if (close(fd) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) { unlink(tmp); return 0; }
-    return 1;
+    mskv__cuda_lock(&mskv__cuda_g_lock);
+    serial = ++counter;
+    mskv__cuda_unlock(&mskv__cuda_g_lock);
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%lu.%lu.%lx", path, mskv__cuda_pid(), serial,
+             (unsigned long)(size_t)&h);
+    part[0] = hdr; len[0] = sizeof(hdr);
+    part[1] = img->data; len[1] = img->size;
+    part[2] = img->log; len[2] = lsz;
+    return mskv__cuda_write_replace(tmp, path, part, len, lsz ? 3 : 2);
 }
 
 typedef struct mskv__cuda_jit {
@@ -2011,7 +2207,7 @@ static mskv_result mskv__cuda_jit_compile(const mskv__cuda_jit *j, const mskv_cu
     img->key = k.key;
     img->is_ptx = info->ptx ? 1 : 0;
     if (j->cache_dir[0]) {
-        snprintf(img->path, sizeof(img->path), "%s/%016llx.%s", j->cache_dir, (unsigned long long)k.key,
+        snprintf(img->path, sizeof(img->path), "%s" MSKV__CUDA_SEP "%016llx.%s", j->cache_dir, (unsigned long long)k.key,
                  info->ptx ? "ptx" : "cubin");
         hit = mskv__cuda_cache_read(a, img->path, k, img->is_ptx, img);
         if (hit == 1) { img->from_disk = 1; return MSKV_SUCCESS; }

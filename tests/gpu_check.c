@@ -413,11 +413,24 @@ done:
     return c->failures - before;
 }
 
+#ifdef _WIN32
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#include <windows.h>   /* QueryPerformanceCounter: Windows has no clock_gettime */
+static double gpc_now(void) {
+    LARGE_INTEGER f, t;
+    QueryPerformanceFrequency(&f);
+    QueryPerformanceCounter(&t);
+    return (double)t.QuadPart / (double)f.QuadPart;
+}
+#else
 static double gpc_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+#endif
 
 /* Offload/reload bandwidth and kv_write throughput on a larger store. */
 static int gpc_speed(gpc_ctx *c) {

@@ -7,12 +7,22 @@
 #endif
 #include <stdlib.h>
 #include <time.h>
+#ifndef _WIN32
 #include <unistd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#endif
 #include "mskv_test.h"
+#include "mskv_test_util.h"
 #include "../mstar_kv.h"
 #include "../mstar_kv_cuda.h"
+
+/* the driver library the loader tries first on this platform */
+#ifdef _WIN32
+#define TCU_DRIVER_NAME "nvcuda.dll"
+#else
+#define TCU_DRIVER_NAME "libcuda.so.1"
+#endif
 
 /* ---- paths next to this file ------------------------------------------------ */
 
@@ -548,7 +558,7 @@ TEST(cuda_without_driver_is_unavailable_and_cpu_backend_still_works) {
     r = mskv_cuda_probe(&cd, why, sizeof why);
     if (r == MSKV_SUCCESS) SKIP("a CUDA driver, a device and NVRTC are present on this machine");
     EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, r);
-    EXPECT_TRUE(strstr(why, "libcuda.so.1") != NULL || strstr(why, "NVRTC") != NULL);
+    EXPECT_TRUE(strstr(why, TCU_DRIVER_NAME) != NULL || strstr(why, "NVRTC") != NULL);
     EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_create(&cd, &cu));
     EXPECT_TRUE(cu == NULL);
     /* the CPU backend in the same process */
@@ -573,23 +583,21 @@ TEST(cuda_without_driver_is_unavailable_and_cpu_backend_still_works) {
 }
 
 #ifndef MSKV_NO_THREADS
-#include <pthread.h>
 typedef struct tcu_probe_arg { mskv_result r; char why[1024]; } tcu_probe_arg;
-static void *tcu_probe_thread(void *p) {
+static void tcu_probe_thread(void *p) {
     tcu_probe_arg *a = (tcu_probe_arg *)p;
     a->r = mskv_cuda_probe(NULL, a->why, sizeof a->why);
-    return NULL;
 }
 
 TEST(cuda_loader_is_initialised_once_from_many_threads) {
-    pthread_t th[4];
+    mtu_thread *th[4];
     tcu_probe_arg args[4];
     int i, started = 0;
     for (i = 0; i < 4; i++)
-        if (pthread_create(&th[i], NULL, tcu_probe_thread, &args[i]) == 0) started++;
+        if ((th[i] = mtu_thread_start(tcu_probe_thread, &args[i])) != NULL) started++;
         else break;
+    for (i = 0; i < started; i++) mtu_thread_join(th[i]);
     ASSERT_EQ(4, started);
-    for (i = 0; i < 4; i++) pthread_join(th[i], NULL);
     /* every thread sees the one outcome, with the same reason */
     for (i = 1; i < 4; i++) {
         EXPECT_EQ(args[0].r, args[i].r);
@@ -607,6 +615,9 @@ TEST(cuda_toolkit_stub_driver_is_unavailable) {
     char why[2048];
     size_t i;
     FILE *fp = NULL;
+#ifdef _WIN32
+    SKIP("Windows: the toolkit ships its driver stub as an import library (cuda.lib), not as a DLL");
+#endif
     for (i = 0; i < 2 && !fp; i++) fp = fopen(stubs[i], "rb");
     if (!fp) SKIP("no CUDA toolkit stub libcuda.so installed");
     fclose(fp);
@@ -614,6 +625,25 @@ TEST(cuda_toolkit_stub_driver_is_unavailable) {
     cd.driver_path = stubs[i - 1];
     EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_probe(&cd, why, sizeof why));
     EXPECT_TRUE(strstr(why, "stub") != NULL);
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_create(&cd, &cu));
+    EXPECT_TRUE(cu == NULL);
+}
+
+/* A library that loads but exports no cuInit is refused by name, and the
+   probe says which library (the loader's open, lookup and close). */
+TEST(cuda_driver_path_to_a_library_without_cuinit_is_unavailable_and_says_why) {
+#ifdef _WIN32
+    static const char *const lib = "C:\\windows\\system32\\kernel32.dll";   /* absolute: its own folder first */
+#else
+    static const char *const lib = "libm.so.6";
+#endif
+    mskv_cuda_desc cd;
+    mskv_cuda *cu = NULL;
+    char why[2048];
+    memset(&cd, 0, sizeof cd);
+    cd.driver_path = lib;
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_probe(&cd, why, sizeof why));
+    EXPECT_TRUE(strstr(why, lib) != NULL && strstr(why, "not a CUDA driver (no cuInit)") != NULL);
     EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_create(&cd, &cu));
     EXPECT_TRUE(cu == NULL);
 }
@@ -750,13 +780,25 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
 static void tcu_cache_dir(char *out, size_t cap, const char *what) {
     char base[400];
     tcu_path(base, sizeof base, "../build");
-    snprintf(out, cap, "%s/test-cuda-%s-%ld", base, what, (long)getpid());
+    snprintf(out, cap, "%s/test-cuda-%s-%lu", base, what, mtu_pid());
 }
 
 static void tcu_rm_dir(const char *dir) {
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) mt_fail(__FILE__, __LINE__, "could not remove %s", dir);
+    if (mtu_rm_dir(dir) != 0) mt_fail(__FILE__, __LINE__, "could not remove %s", dir);
+}
+
+/* Keeps the first n bytes of a file. */
+static int tcu_truncate(const char *path, long n) {
+    size_t size = 0;
+    char *buf = tcu_read(path, &size);
+    FILE *fp;
+    int ok;
+    if (!buf || (size_t)n > size) { free(buf); return 0; }
+    fp = fopen(path, "wb");
+    ok = fp && fwrite(buf, 1, (size_t)n, fp) == (size_t)n;
+    if (fp && fclose(fp) != 0) ok = 0;
+    free(buf);
+    return ok;
 }
 
 static mskv_result tcu_compile_mock(mskv_cuda_desc *cd, mskv_cuda_image *img) {
@@ -862,7 +904,7 @@ TEST(cuda_corrupt_cache_entry_is_detected_and_rebuilt) {
             fclose(fp);
         } else {                    /* a truncated file */
             fclose(fp);
-            ASSERT_EQ(0, truncate(path, size / 2));
+            ASSERT_TRUE(tcu_truncate(path, size / 2));
         }
         ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
         EXPECT_FALSE(a.from_disk);
@@ -877,10 +919,13 @@ TEST(cuda_corrupt_cache_entry_is_detected_and_rebuilt) {
 }
 
 TEST(cuda_two_processes_writing_one_cache_entry_do_not_corrupt_it) {
+#ifdef _WIN32
+    SKIP("needs fork(); the same entry written by two threads at once is checked on every platform");
+#else
     mskv_cuda_functions fn = tcm_table();
     mskv_cuda_desc cd;
     mskv_cuda_image ref;
-    char dir[512], path[600], cmd[800];
+    char dir[512], path[600];
     pid_t kids[2];
     int i, status, bad = 0;
     tcm_reset();
@@ -922,11 +967,198 @@ TEST(cuda_two_processes_writing_one_cache_entry_do_not_corrupt_it) {
         EXPECT_EQ(before, tcm.compiles);
         mskv_cuda_image_free(&cd, &img);
     }
-    /* no temp file left behind */
-    snprintf(cmd, sizeof cmd, "ls '%s' | grep -c tmp > /dev/null", dir);
-    EXPECT_TRUE(system(cmd) != 0);
+    EXPECT_EQ(0, mtu_dir_count(dir, ".tmp."));   /* no temp file left behind */
     mskv_cuda_image_free(&cd, &ref);
     tcu_rm_dir(dir);
+#endif
+}
+
+/* The mock NVRTC without the mock's counters: safe to call from several threads. */
+static mskv_nvrtc_result tcu_mt_create(mskv_nvrtc_program *p, const char *src, const char *name, int nh,
+                                       const char *const *h, const char *const *in) {
+    (void)src; (void)name; (void)nh; (void)h; (void)in;
+    *p = (mskv_nvrtc_program)calloc(1, sizeof(tcm_prog));
+    return *p ? 0 : 1;
+}
+static mskv_nvrtc_result tcu_mt_destroy(mskv_nvrtc_program *p) {
+    tcm_prog *q = (tcm_prog *)(void *)*p;
+    if (q) { free(q->options); free(q); }
+    *p = NULL;
+    return 0;
+}
+static mskv_nvrtc_result tcu_mt_compile(mskv_nvrtc_program p, int n, const char *const *opts) {
+    tcm_prog *q = (tcm_prog *)(void *)p;
+    size_t len = 16;
+    int i;
+    for (i = 0; i < n; i++) len += strlen(opts[i]) + 1;
+    q->options = (char *)calloc(1, len);
+    if (!q->options) return 1;
+    strcpy(q->options, "MOCKCUBIN\n");
+    for (i = 0; i < n; i++) { strcat(q->options, opts[i]); strcat(q->options, "\n"); }
+    return 0;
+}
+
+typedef struct tcu_writer {
+    mskv_cuda_desc cd;
+    const mskv_cuda_image *ref;
+    const char *path;
+    int index, errors;
+} tcu_writer;
+
+static void tcu_writer_run(void *arg) {
+    tcu_writer *w = (tcu_writer *)arg;
+    int round;
+    for (round = 0; round < 150; round++) {
+        mskv_cuda_image img;
+        if (round % 3 == w->index) remove(w->path);
+        if (tcu_compile_mock(&w->cd, &img) != MSKV_SUCCESS || img.size != w->ref->size ||
+            memcmp(img.data, w->ref->data, w->ref->size) != 0) w->errors++;
+        mskv_cuda_image_free(&w->cd, &img);
+    }
+}
+
+static int tcu_warned_corrupt;
+static void tcu_count_corrupt(void *u, mskv_log_level lvl, const char *m) {
+    (void)u;
+    if (lvl >= MSKV_LOG_WARN && strstr(m, "corrupt")) tcu_warned_corrupt = 1;  /* any writer: a flag, not a count */
+}
+
+/* Two threads of one process share the pid in their temp names, and on
+   Windows a reader holds the entry open while the other thread renames a new
+   one over it: every read still gets a whole, valid entry. */
+TEST(cuda_two_threads_writing_one_cache_entry_do_not_corrupt_it) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda_image ref;
+    tcu_writer w[2];
+    mtu_thread *th[2];
+    char dir[512], path[600];
+    int i, started = 0;
+    fn.nvrtcCreateProgram = tcu_mt_create;
+    fn.nvrtcDestroyProgram = tcu_mt_destroy;
+    fn.nvrtcCompileProgram = tcu_mt_compile;
+    memset(&cd, 0, sizeof cd);
+    tcu_cache_dir(dir, sizeof dir, "threads");
+    cd.functions = &fn;
+    cd.cache_dir = dir;
+    cd.log = tcu_count_corrupt;
+    tcu_warned_corrupt = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &ref));
+    snprintf(path, sizeof path, "%s", ref.path);
+    for (i = 0; i < 2; i++) {
+        w[i].cd = cd; w[i].ref = &ref; w[i].path = path; w[i].index = i; w[i].errors = 0;
+        if ((th[i] = mtu_thread_start(tcu_writer_run, &w[i])) == NULL) break;
+        started++;
+    }
+    for (i = 0; i < started; i++) mtu_thread_join(th[i]);
+    ASSERT_EQ(2, started);
+    EXPECT_EQ(0, w[0].errors);
+    EXPECT_EQ(0, w[1].errors);
+    EXPECT_EQ(0, tcu_warned_corrupt);
+    EXPECT_EQ(0, mtu_dir_count(dir, ".tmp."));   /* no temp file left behind */
+    mskv_cuda_image_free(&cd, &ref);
+    tcu_rm_dir(dir);
+}
+
+/* Saves an environment variable for tcu_env_restore. */
+typedef struct tcu_env { const char *name; char value[1024]; int set; } tcu_env;
+static void tcu_env_save(tcu_env *e, const char *name) {
+    const char *v = getenv(name);
+    e->name = name;
+    e->set = v != NULL;
+    snprintf(e->value, sizeof e->value, "%s", v ? v : "");
+}
+static void tcu_env_restore(const tcu_env *e) { mtu_setenv(e->name, e->set ? e->value : NULL); }
+
+/* With no cache_dir and no $MSKV_CACHE_DIR, entries go to the platform's
+   per-user cache: %LOCALAPPDATA%\mstar_kv on Windows, $XDG_CACHE_HOME/mstar_kv
+   elsewhere (the directory is created). */
+TEST(cuda_disk_cache_defaults_to_the_platform_user_cache_directory) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda_image a, b;
+    tcu_env saved[2];
+    char base[512], want[700];
+#ifdef _WIN32
+    const char *var = "LOCALAPPDATA";
+#else
+    const char *var = "XDG_CACHE_HOME";
+#endif
+    tcm_reset();
+    tcu_env_save(&saved[0], "MSKV_CACHE_DIR");
+    tcu_env_save(&saved[1], var);
+    tcu_cache_dir(base, sizeof base, "default");
+    ASSERT_EQ(0, mtu_setenv("MSKV_CACHE_DIR", NULL));
+    ASSERT_EQ(0, mtu_setenv(var, base));
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    EXPECT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
+    EXPECT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &b));
+    tcu_env_restore(&saved[0]);
+    tcu_env_restore(&saved[1]);
+#ifdef _WIN32
+    snprintf(want, sizeof want, "%s\\mstar_kv\\%016llx.cubin", base, (unsigned long long)a.key);
+#else
+    snprintf(want, sizeof want, "%s/mstar_kv/%016llx.cubin", base, (unsigned long long)a.key);
+#endif
+    EXPECT_STREQ(want, a.path);
+    EXPECT_FALSE(a.from_disk);
+    EXPECT_TRUE(b.from_disk);                  /* written there, read back from there */
+    EXPECT_EQ(1, tcm.compiles);
+    mskv_cuda_image_free(&cd, &a);
+    mskv_cuda_image_free(&cd, &b);
+#ifdef _WIN32
+    snprintf(want, sizeof want, "%s\\mstar_kv", base);
+#else
+    snprintf(want, sizeof want, "%s/mstar_kv", base);
+#endif
+    tcu_rm_dir(want);
+    tcu_rm_dir(base);
+}
+
+
+/* The driver is looked for under its platform name, and the reason says what
+   the system loader answered. */
+TEST(cuda_unavailable_reason_names_the_platform_driver_and_the_loaders_answer) {
+#ifdef _WIN32
+    const char *code = "(Windows error 126)";      /* ERROR_MOD_NOT_FOUND */
+#else
+    const char *code = "cannot open shared object file";
+#endif
+    mskv_cuda_desc cd;
+    char why[4096];
+    memset(&cd, 0, sizeof cd);
+    if (mskv_cuda_probe(&cd, why, sizeof why) == MSKV_SUCCESS) SKIP("a CUDA driver, a device and NVRTC are present on this machine");
+    if (!strstr(why, "(no CUDA driver)")) SKIP("a CUDA driver loads here: %.200s", why);
+    EXPECT_TRUE(strstr(why, TCU_DRIVER_NAME) == why);          /* tried first */
+    EXPECT_TRUE(strstr(why, code) != NULL);
+}
+
+/* NVRTC is looked for under every ABI name (newest first, through the
+   system's own search), then in the toolkit's folders: on Windows
+   %CUDA_PATH%\bin\x64 (CUDA 13) before %CUDA_PATH%\bin. */
+TEST(cuda_nvrtc_is_looked_for_under_every_abi_name_then_in_the_toolkit_folders) {
+#ifdef _WIN32
+    static const char *const want[] = {
+        "nvrtc64_130_0.dll", "nvrtc64_120_0.dll", "nvrtc64_112_0.dll",
+        "C:\\cuda\\bin\\x64\\nvrtc64_130_0.dll", "C:\\cuda\\bin\\x64\\nvrtc64_120_0.dll",
+        "C:\\cuda\\bin\\x64\\nvrtc64_112_0.dll", "C:\\cuda\\bin\\nvrtc64_130_0.dll",
+        "C:\\cuda\\bin\\nvrtc64_120_0.dll", "C:\\cuda\\bin\\nvrtc64_112_0.dll" };
+#else
+    static const char *const want[] = {
+        "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so",
+        "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so.12",
+        "/usr/local/cuda/lib64/libnvrtc.so.11.2", "/usr/local/cuda/lib64/libnvrtc.so" };
+#endif
+    char paths[12][512];
+    tcu_env saved;
+    int i, n;
+    tcu_env_save(&saved, "CUDA_PATH");
+    mtu_setenv("CUDA_PATH", "C:\\cuda");
+    n = mtu_nvrtc_candidates(paths, 12);
+    tcu_env_restore(&saved);
+    ASSERT_EQ((int)(sizeof want / sizeof want[0]), n);
+    for (i = 0; i < n; i++) EXPECT_STREQ(want[i], paths[i]);
 }
 
 TEST(cuda_warm_start_compiles_nothing) {
