@@ -86,9 +86,14 @@ $(B)/host_bench: bench/host_bench.c $(HDRS) | $(B)
 $(B)/attn_bench: bench/attn_bench.c $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) -O3 -march=native bench/attn_bench.c -o $@ $(LIBS)
 
-bench: $(B)/host_bench $(B)/attn_bench
+# -O2 without -march=native: valgrind (callgrind) must be able to run it
+$(B)/cuda_host_bench: bench/cuda_host_bench.c $(HDRS) | $(B)
+	$(CC) -std=c99 $(WARN) -O2 -g bench/cuda_host_bench.c -o $@ $(LIBS)
+
+bench: $(B)/host_bench $(B)/attn_bench $(B)/cuda_host_bench
 	./$(B)/host_bench
 	./$(B)/attn_bench
+	./$(B)/cuda_host_bench
 
 gpu-check:
 	bash tests/gpu_check.sh
