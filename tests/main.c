@@ -5,6 +5,24 @@
 #include "mskv_test.h"
 #define MSTAR_KV_IMPLEMENTATION
 #include "../mstar_kv.h"
+
+/* The GPU layer builds every message through MSKV_CUDA_VSNPRINTF: counted
+   here, so a test can tell that the per-call launch path formats nothing. */
+#include <stdarg.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+long mtu_format_count(void);
+static long mtu_formats;
+static int mtu_vsnprintf(char *buf, size_t cap, const char *fmt, va_list ap) {
+    mtu_formats++;
+    return vsnprintf(buf, cap, fmt, ap);
+}
+long mtu_format_count(void) { return mtu_formats; }
+#ifdef __cplusplus
+}
+#endif
+#define MSKV_CUDA_VSNPRINTF mtu_vsnprintf
 #define MSTAR_KV_CUDA_IMPLEMENTATION
 #include "../mstar_kv_cuda.h"
 
