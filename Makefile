@@ -25,6 +25,8 @@ VIDEO_TEST := $(B)/tests-video
 endif
 
 TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan
+# what tests/test_cuda.c's NVRTC search tests run: a fresh process per layout, a stand-in libnvrtc
+LOADER_AIDS := $(B)/nvrtc-find $(B)/fake-nvrtc/libnvrtc.so
 ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
@@ -32,11 +34,18 @@ endif
 .PHONY: all test tests demo bench gpu-check embed clean
 all: tests $(B)/demo
 
-tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx
+tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx $(LOADER_AIDS)
 
 $(B):
 	mkdir -p $(B)
 
+$(B)/nvrtc-find: tests/nvrtc_find.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 tests/nvrtc_find.c -o $@ $(LIBS)
+$(B)/fake-nvrtc/libnvrtc.so: tests/fake_nvrtc.c | $(B)
+	mkdir -p $(B)/fake-nvrtc
+	gcc -std=c99 $(WARN) -O1 -shared -fPIC tests/fake_nvrtc.c -o $@
+
+$(TEST_BINS): | $(LOADER_AIDS)
 $(B)/tests-gcc-c99: $(TEST_SRC) $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(TEST_SRC) -o $@ $(LIBS)
 $(B)/tests-gcc-cxx: $(TEST_SRC) $(HDRS) | $(B)

@@ -22,7 +22,11 @@
                        and a variant's first compile format anything
 
    Run-time environment:
-     MSKV_NVRTC_PATH   a libnvrtc to try first (after mskv_cuda_desc.nvrtc_path)
+     MSKV_NVRTC_PATH   a libnvrtc to try first (after mskv_cuda_desc.nvrtc_path);
+                       then NVRTC from PyPI (nvidia-cuda-nvrtc, -cu12) in
+                       $VIRTUAL_ENV, $CONDA_PREFIX or $PYTHONPATH, the system's
+                       libnvrtc.so.13/.12 (/usr/local/cuda too), and the
+                       wheels in the user's and system's site-packages
      MSKV_CACHE_DIR    the kernel cache directory (else $XDG_CACHE_HOME/mstar_kv,
                        else ~/.cache/mstar_kv); mskv_cuda_desc.cache_dir wins
 
@@ -226,6 +230,13 @@ typedef struct mskv_cuda_info {
    MSKV_ERROR_CUDA_UNAVAILABLE with what was tried in why (optional).
    Thread safety: any thread; the libraries are loaded once. */
 MSKV_API mskv_result mskv_cuda_probe(const mskv_cuda_desc *desc, char *why, size_t why_cap);
+/* The driver and its devices alone, without NVRTC: tells "no GPU" from "a
+   GPU that cannot JIT" (the GPU check fails on the second). Return value:
+   MSKV_SUCCESS with *devices (> 0) and *driver_version (1000*major +
+   10*minor; both optional), or MSKV_ERROR_CUDA_UNAVAILABLE with why.
+   Thread safety: any thread. */
+MSKV_API mskv_result mskv_cuda_probe_driver(const mskv_cuda_desc *desc, int32_t *devices, int32_t *driver_version,
+                                            char *why, size_t why_cap);
 /* Loads the libraries (once per process), opens the device's primary context.
    Return value: MSKV_SUCCESS, CUDA_UNAVAILABLE (details to the logger and to
    mskv_cuda_probe), OUT_OF_MEMORY, CUDA. */
@@ -438,6 +449,7 @@ MSKV_API mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, 
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #ifndef MSKV_NO_THREADS
@@ -1330,7 +1342,8 @@ typedef struct mskv__cuda_global {
     int driver_tried, nvrtc_ok;
     mskv_result driver_result;
     char driver_why[768];
-    char nvrtc_why[1024];
+    char nvrtc_why[1536];
+    char nvrtc_used[512];           /* the libnvrtc that loaded */
     void *libcuda, *libnvrtc;
     mskv_cuda_functions fn;
 } mskv__cuda_global;
@@ -1430,29 +1443,112 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
     return MSKV_SUCCESS;
 }
 
-static mskv_result mskv__cuda_open_nvrtc(const char *first, void **lib_out, mskv_cuda_functions *fn,
-                                         char *why, size_t cap) {
+/* Where PyPI's NVRTC wheels put the library below a site-packages
+   directory: nvidia-cuda-nvrtc 13.x, then nvidia-cuda-nvrtc-cu12 (each
+   library finds its builtins beside it through its $ORIGIN run path). */
+static const char *const mskv__cuda_nvrtc_wheels[2] = {
+    "nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12" };
+
+/* The NVRTC search: candidates are tried in order until one loads; every
+   failure goes to why. */
+typedef struct mskv__cuda_finder {
+    void *lib;
+    char used[512];
+    char *why;
+    size_t cap;
+} mskv__cuda_finder;
+
+static void mskv__cuda_try_lib(mskv__cuda_finder *f, const char *path) {
+    const char *e;
+    if (f->lib) return;
+    f->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (f->lib) { mskv__cuda_copystr(f->used, sizeof(f->used), path); return; }
+    e = dlerror();
+    mskv__cuda_appendf(f->why, f->cap, "%s%s: %s", f->why[0] ? "; " : "", path, e ? e : "not found");
+}
+
+/* The wheels' libraries in one site-packages directory (len bytes of site);
+   only files that exist are tried, so absent wheels add nothing to why. */
+static void mskv__cuda_try_site(mskv__cuda_finder *f, const char *site, size_t len) {
+    char path[512];
+    int i;
+    for (i = 0; i < 2 && !f->lib; i++) {
+        if (len == 0 || len + strlen(mskv__cuda_nvrtc_wheels[i]) + 2 > sizeof(path)) continue;
+        memcpy(path, site, len);
+        path[len] = '/';
+        memcpy(path + len + 1, mskv__cuda_nvrtc_wheels[i], strlen(mskv__cuda_nvrtc_wheels[i]) + 1);
+        if (access(path, F_OK) == 0) mskv__cuda_try_lib(f, path);
+    }
+}
+
+/* <prefix>/lib/python3.X/<leaf> for each Python version X present (and
+   <prefix>/lib/python3/<leaf>): a venv, a conda environment, ~/.local,
+   /usr/local, /usr. One directory read per prefix. */
+static void mskv__cuda_try_prefix(mskv__cuda_finder *f, const char *prefix, const char *leaf) {
+    char dir[512], site[512];
+    DIR *d;
+    struct dirent *e;
+    if (f->lib || !prefix || !*prefix || strlen(prefix) + 5 >= sizeof(dir)) return;
+    mskv__cuda_format(dir, sizeof(dir), "%s/lib", prefix);
+    if ((d = opendir(dir)) == NULL) return;
+    while (!f->lib && (e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "python3", 7) != 0) continue;
+        if (strlen(dir) + strlen(e->d_name) + strlen(leaf) + 3 > sizeof(site)) continue;
+        mskv__cuda_format(site, sizeof(site), "%s/%s/%s", dir, e->d_name, leaf);
+        mskv__cuda_try_site(f, site, strlen(site));
+    }
+    closedir(d);
+}
+
+/* Opens NVRTC and fills the NVRTC part of fn. The order: the caller's path,
+   $MSKV_NVRTC_PATH; the wheels of the active Python environment ($VIRTUAL_ENV,
+   $CONDA_PREFIX, $PYTHONPATH: what that environment's other CUDA code runs
+   with); the system's (the loader's search path, /usr/local/cuda); the
+   wheels in the user's and the system's site-packages. */
+static mskv_result mskv__cuda_open_nvrtc(const char *first, void **lib_out, char *used, size_t used_cap,
+                                         mskv_cuda_functions *fn, char *why, size_t cap) {
     static const char *const names[] = {
         "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so",
         "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so.12",
         "/usr/local/cuda/lib64/libnvrtc.so.11.2", "/usr/local/cuda/lib64/libnvrtc.so" };
-    const char *env = getenv("MSKV_NVRTC_PATH");
-    const char *cand[10];
-    int n = 0, i, missing = 0;
-    void *lib = NULL, *p;
-    const char *used = NULL;
-    if (first && *first) cand[n++] = first;
-    if (env && *env) cand[n++] = env;
-    for (i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++) cand[n++] = names[i];
-    lib = mskv__cuda_dlopen_first(cand, n, &used, why, cap);
-    if (!lib) {
-        mskv__cuda_appendf(why, cap, " (no NVRTC)");
+    mskv__cuda_finder f;
+    const char *e;
+    void *lib, *p;
+    int i, missing = 0;
+    memset(&f, 0, sizeof(f));
+    f.why = why;
+    f.cap = cap;
+    if (first && *first) mskv__cuda_try_lib(&f, first);
+    if ((e = getenv("MSKV_NVRTC_PATH")) != NULL && *e) mskv__cuda_try_lib(&f, e);
+    mskv__cuda_try_prefix(&f, getenv("VIRTUAL_ENV"), "site-packages");
+    mskv__cuda_try_prefix(&f, getenv("CONDA_PREFIX"), "site-packages");
+    for (e = getenv("PYTHONPATH"); e && *e && !f.lib; e += *e == ':') {
+        size_t n = strcspn(e, ":");
+        mskv__cuda_try_site(&f, e, n);
+        e += n;
+    }
+    for (i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++) mskv__cuda_try_lib(&f, names[i]);
+    if (!f.lib && (e = getenv("HOME")) != NULL && *e && strlen(e) < 400) {
+        char local[512];
+        mskv__cuda_format(local, sizeof(local), "%s/.local", e);
+        mskv__cuda_try_prefix(&f, local, "site-packages");
+    }
+    mskv__cuda_try_prefix(&f, "/usr/local", "dist-packages");
+    mskv__cuda_try_prefix(&f, "/usr/local", "site-packages");
+    mskv__cuda_try_prefix(&f, "/usr", "dist-packages");
+    mskv__cuda_try_prefix(&f, "/usr", "site-packages");
+    if (!f.lib) {
+        mskv__cuda_appendf(why, cap, "%sno NVRTC wheel (%s, %s) in $VIRTUAL_ENV, $CONDA_PREFIX, $PYTHONPATH or the "
+                           "user and system site-packages (no NVRTC)", why[0] ? "; " : "",
+                           mskv__cuda_nvrtc_wheels[0], mskv__cuda_nvrtc_wheels[1]);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
+    lib = f.lib;
+    if (used) mskv__cuda_copystr(used, used_cap, f.used);
 #define MSKV__CUDA_RESOLVE_NVRTC(ret, name, sym, params)                                   \
     p = mskv__cuda_sym(lib, sym);                                                          \
     if (p) MSKV__CUDA_SET_FN(fn->name, p);                                                 \
-    else { missing++; mskv__cuda_appendf(why, cap, "%s%s: no %s", why[0] ? "; " : "", used, sym); }
+    else { missing++; mskv__cuda_appendf(why, cap, "%s%s: no %s", why[0] ? "; " : "", f.used, sym); }
     MSKV_CUDA_NVRTC_FUNCTIONS(MSKV__CUDA_RESOLVE_NVRTC)
 #undef MSKV__CUDA_RESOLVE_NVRTC
     if (missing) {
@@ -1491,7 +1587,8 @@ static mskv_result mskv__cuda_load(int want_driver, int want_nvrtc, const char *
         mskv_cuda_functions tmp;
         memset(&tmp, 0, sizeof(tmp));
         g->nvrtc_why[0] = 0;
-        if (mskv__cuda_open_nvrtc(nvrtc_path, &g->libnvrtc, &tmp, g->nvrtc_why, sizeof(g->nvrtc_why)) == MSKV_SUCCESS) {
+        if (mskv__cuda_open_nvrtc(nvrtc_path, &g->libnvrtc, g->nvrtc_used, sizeof(g->nvrtc_used), &tmp, g->nvrtc_why,
+                                  sizeof(g->nvrtc_why)) == MSKV_SUCCESS) {
 #define MSKV__CUDA_COPY(ret, name, sym, params) g->fn.name = tmp.name;
             MSKV_CUDA_NVRTC_FUNCTIONS(MSKV__CUDA_COPY)
 #undef MSKV__CUDA_COPY
@@ -1706,6 +1803,40 @@ MSKV_API mskv_result mskv_cuda_probe(const mskv_cuda_desc *desc, char *why, size
     return mskv__cuda_load(1, 1, desc->nvrtc_path, NULL, why, why_cap);
 }
 
+MSKV_API mskv_result mskv_cuda_probe_driver(const mskv_cuda_desc *desc, int32_t *devices, int32_t *driver_version,
+                                            char *why, size_t why_cap) {
+    mskv_cuda_desc zero;
+    mskv_cuda_functions fn;
+    void *lib = NULL;
+    int count = 0, version = 0;
+    mskv_result r = MSKV_SUCCESS;
+    if (why && why_cap) why[0] = 0;
+    if (devices) *devices = 0;
+    if (driver_version) *driver_version = 0;
+    if (!desc) { memset(&zero, 0, sizeof(zero)); desc = &zero; }
+    memset(&fn, 0, sizeof(fn));
+    if (desc->functions) {
+        fn = *desc->functions;
+        if (fn.cuInit(0) != MSKV_CU_SUCCESS) r = MSKV_ERROR_CUDA_UNAVAILABLE;
+    } else if (desc->driver_path) {
+        char buf[768] = "";
+        r = mskv__cuda_open_driver(&desc->driver_path, 1, &lib, &fn, buf, sizeof(buf));
+        mskv__cuda_appendf(why, why_cap, "%s", buf);
+    } else {
+        r = mskv__cuda_load(1, 0, NULL, &fn, why, why_cap);
+    }
+    if (r == MSKV_SUCCESS && (fn.cuDeviceGetCount(&count) != MSKV_CU_SUCCESS || count <= 0)) {
+        mskv__cuda_appendf(why, why_cap, "%sno CUDA device", why && why[0] ? "; " : "");
+        r = MSKV_ERROR_CUDA_UNAVAILABLE;
+    }
+    if (r == MSKV_SUCCESS && fn.cuDriverGetVersion(&version) != MSKV_CU_SUCCESS) version = 0;
+    if (lib) dlclose(lib);
+    if (r != MSKV_SUCCESS) return r;
+    if (devices) *devices = count;
+    if (driver_version) *driver_version = version;
+    return MSKV_SUCCESS;
+}
+
 MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **out) {
     mskv_cuda_desc zero;
     mskv_cuda *cu;
@@ -1829,10 +1960,18 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
                            (int)sizeof(cu->cache_dir) - 25);
     }
     cu->desc.disable_disk_cache = cu->cache_dir[0] ? 0 : 1;
-    mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_INFO, "mstar_kv cuda: %s, sm_%d%s, driver %d, NVRTC %d, cache %s",
-                   cu->info.name, (int)cu->info.arch, cu->info.ptx_fallback ? " (PTX)" : "",
-                   (int)cu->info.driver_version, (int)cu->info.nvrtc_version,
-                   cu->cache_dir[0] ? cu->cache_dir : "off");
+    {
+        char nvrtc[512] = "injected";
+        if (!desc->functions) {
+            mskv__cuda_lock(&mskv__cuda_g_lock);
+            mskv__cuda_copystr(nvrtc, sizeof(nvrtc), mskv__cuda_g.nvrtc_used);
+            mskv__cuda_unlock(&mskv__cuda_g_lock);
+        }
+        mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_INFO, "mstar_kv cuda: %s, sm_%d%s, driver %d, NVRTC %d (%s), cache %s",
+                       cu->info.name, (int)cu->info.arch, cu->info.ptx_fallback ? " (PTX)" : "",
+                       (int)cu->info.driver_version, (int)cu->info.nvrtc_version, nvrtc,
+                       cu->cache_dir[0] ? cu->cache_dir : "off");
+    }
     *out = cu;
     return MSKV_SUCCESS;
 unavailable:

@@ -785,6 +785,88 @@ static void tcu_rm_dir(const char *dir) {
     if (system(cmd) != 0) mt_fail(__FILE__, __LINE__, "could not remove %s", dir);
 }
 
+/* ---- finding NVRTC where PyPI's wheels put it ---------------------------------------------------
+   The loader runs once per process, so each layout is tried by a fresh
+   build/nvrtc-find (the Python-environment variables cleared but the one
+   under test), over a stand-in libnvrtc linked where the wheel puts its
+   library: nvidia-cuda-nvrtc-cu12 at nvidia/cuda_nvrtc/lib/libnvrtc.so.12,
+   nvidia-cuda-nvrtc 13.x at nvidia/cu13/lib/libnvrtc.so.13 (their contents,
+   listed from the wheels). The environment's wheel comes before a system
+   libnvrtc, so these pass on a machine that has one too. */
+
+/* <root>/<site>/<wheel> -> build/fake-nvrtc/libnvrtc.so */
+static int tcu_fake_wheel(const char *root, const char *site, const char *wheel) {
+    char fake_rel[512], cwd[512], fake[1100], link[900], cmd[1000];
+    tcu_path(fake_rel, sizeof fake_rel, "../build/fake-nvrtc/libnvrtc.so");
+    if (access(fake_rel, R_OK) != 0 || !getcwd(cwd, sizeof cwd)) {
+        mt_fail(__FILE__, __LINE__, "%s is missing: make builds it with the tests", fake_rel);
+        return 0;
+    }
+    /* the link's target is read from the link's directory: make it absolute */
+    if (fake_rel[0] == '/') snprintf(fake, sizeof fake, "%s", fake_rel);
+    else snprintf(fake, sizeof fake, "%s/%s", cwd, fake_rel);
+    snprintf(link, sizeof link, "%s/%s/%s", root, site, wheel);
+    snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\"", link);
+    if (system(cmd) != 0 || symlink(fake, link) != 0) {
+        mt_fail(__FILE__, __LINE__, "could not link %s", link);
+        return 0;
+    }
+    return 1;
+}
+
+/* The output of build/nvrtc-find with only name=value of the search's environment set. */
+static int tcu_find_nvrtc(const char *name, const char *value, char *out, size_t cap) {
+    char prog[512], cmd[1400];
+    FILE *p;
+    size_t n;
+    tcu_path(prog, sizeof prog, "../build/nvrtc-find");
+    if (access(prog, X_OK) != 0) {
+        mt_fail(__FILE__, __LINE__, "%s is missing: make builds it with the tests", prog);
+        return 0;
+    }
+    snprintf(cmd, sizeof cmd, "env -u MSKV_NVRTC_PATH -u VIRTUAL_ENV -u CONDA_PREFIX -u PYTHONPATH %s='%s' '%s' 2>&1",
+             name, value, prog);
+    p = popen(cmd, "r");
+    if (!p) return 0;
+    n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    pclose(p);
+    return 1;
+}
+
+static void tcu_expect_fake_nvrtc(const char *name, const char *value) {
+    char out[2048];
+    if (!tcu_find_nvrtc(name, value, out, sizeof out)) return;
+    if (!strstr(out, "fake libnvrtc of the mstar_kv loader tests"))
+        mt_fail(__FILE__, __LINE__, "with %s=%s the wheel's NVRTC was not loaded:\n%s", name, value, out);
+}
+
+TEST(cuda_nvrtc_is_found_in_the_cu12_wheel_of_a_virtualenv) {
+    char root[512];
+    tcu_cache_dir(root, sizeof root, "venv");
+    if (tcu_fake_wheel(root, "lib/python3.11/site-packages", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12"))
+        tcu_expect_fake_nvrtc("VIRTUAL_ENV", root);
+    tcu_rm_dir(root);
+}
+
+TEST(cuda_nvrtc_is_found_in_the_cu13_wheel_of_a_conda_environment) {
+    char root[512];
+    tcu_cache_dir(root, sizeof root, "conda");
+    if (tcu_fake_wheel(root, "lib/python3.12/site-packages", "nvidia/cu13/lib/libnvrtc.so.13"))
+        tcu_expect_fake_nvrtc("CONDA_PREFIX", root);
+    tcu_rm_dir(root);
+}
+
+TEST(cuda_nvrtc_is_found_in_a_wheel_on_the_pythonpath) {
+    char root[512], path[1200];
+    tcu_cache_dir(root, sizeof root, "pythonpath");
+    if (tcu_fake_wheel(root, "site", "nvidia/cu13/lib/libnvrtc.so.13")) {
+        snprintf(path, sizeof path, "%s/elsewhere:%s/site", root, root);
+        tcu_expect_fake_nvrtc("PYTHONPATH", path);
+    }
+    tcu_rm_dir(root);
+}
+
 static mskv_result tcu_compile_mock(mskv_cuda_desc *cd, mskv_cuda_image *img) {
     static const char *const opts[2] = { "-DMSKV_DTYPE=1", "-DMSKV_HEAD_DIM=128" };
     mskv_cuda_compile_info ci;
@@ -1672,4 +1754,54 @@ TEST(cuda_gpu_check_logic_passes_on_the_mock_device) {
     mskv_cuda_destroy(cu);
     fclose(sink);
     EXPECT_TRUE(tcm_nothing_live());
+}
+
+/* Without NVRTC a GPU cannot run the kernels: the check fails (not "no GPU",
+   which exits 77 and reads as nothing to check) and its first line is the
+   fix, the wheel matching the driver's CUDA major version. */
+TEST(cuda_gpu_check_fails_with_the_fix_when_a_gpu_has_no_nvrtc) {
+    static const struct { int driver; const char *wheel; } cases[2] = {
+        { 12080, "pip install nvidia-cuda-nvrtc-cu12 " }, { 13000, "pip install nvidia-cuda-nvrtc " } };
+    int i;
+    for (i = 0; i < 2; i++) {
+        FILE *sink = tmpfile();
+        char line[512] = "";
+        ASSERT_TRUE(sink != NULL);
+        EXPECT_EQ(1, gpc_no_context(sink, "libnvrtc.so.13: not found", 1, cases[i].driver, 0));
+        rewind(sink);
+        EXPECT_TRUE(fgets(line, sizeof line, sink) != NULL);
+        EXPECT_TRUE(strncmp(line, "gpu check: FAIL", 15) == 0);
+        if (!strstr(line, cases[i].wheel))
+            mt_fail(__FILE__, __LINE__, "driver %d: the first line does not say \"%s\": %s", cases[i].driver, cases[i].wheel, line);
+        fclose(sink);
+    }
+}
+
+TEST(cuda_gpu_check_exits_77_only_without_a_gpu) {
+    FILE *sink = tmpfile();
+    ASSERT_TRUE(sink != NULL);
+    EXPECT_EQ(77, gpc_no_context(sink, "libcuda.so.1: not found", 0, 0, 0));
+    EXPECT_EQ(77, gpc_no_context(sink, "libcuda.so.1: not found", 0, 0, 1));
+    EXPECT_EQ(1, gpc_no_context(sink, "cuDevicePrimaryCtxRetain failed", 2, 13000, 1));
+    fclose(sink);
+}
+
+TEST(cuda_probe_driver_counts_devices_without_nvrtc) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    int32_t devices = -1, version = -1;
+    char why[1024];
+    tcm_reset();
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_probe_driver(&cd, &devices, &version, why, sizeof why));
+    EXPECT_EQ(1, devices);
+    EXPECT_EQ(13000, version);
+    EXPECT_EQ(0, tcm.compiles);
+    /* a library that is no driver */
+    memset(&cd, 0, sizeof cd);
+    cd.driver_path = "libc.so.6";
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_probe_driver(&cd, &devices, &version, why, sizeof why));
+    EXPECT_EQ(0, devices);
+    EXPECT_TRUE(strstr(why, "not a CUDA driver") != NULL);
 }
