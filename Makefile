@@ -81,7 +81,7 @@ $(B)/demo: $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
 test:
 	@mkdir -p $(B); $(MAKE) -k tests; echo $$? > $(B)/build-status
 	-sh tools/embed_kernels.sh --check
-	bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST)
+	bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST) tests/test_sdpa_peer.py
 
 # after editing kernels.cu: refresh the copy embedded in mstar_kv_cuda.h
 embed:
