@@ -653,21 +653,36 @@ TEST(cuda_spill_report_is_parsed_from_the_ptxas_log) {
 
 /* ---- NVRTC: every shipped variant, three archs, no spills ------------------------------ */
 
-typedef struct tcu_variant { int dtype, head_dim, rope, style, warp_keys; } tcu_variant;
+typedef struct tcu_variant { int dtype, head_dim, rope, style, warp_keys, d[3]; } tcu_variant;
 
 /* What the runtime compiles: every dtype and head_dim with no RoPE (page
-   copies, kv_write, prefill attention), each RoPE mode and style (kv_write),
-   and the decode attention layout for the 16-bit dtypes. */
+   copies, kv_write, prefill attention), each RoPE mode and style at the
+   default part widths (kv_write, rope), and the decode attention layout for
+   the 16-bit dtypes. Then each mode and style at widths of the caller's:
+   1-D over half the head, 3-D parts that leave a tail unrotated; once per
+   dtype, the head_dim turning with it (a width is a -D define: a variant of
+   its own, compiled on first use). */
 static int tcu_variants(tcu_variant *out, int cap) {
     int n = 0, dt, hd, rope, style;
     static const int dims[3] = { 64, 128, 256 };
+    memset(out, 0, (size_t)cap * sizeof *out);
     for (dt = 0; dt < 3; dt++)
         for (hd = 0; hd < 3; hd++) {
             for (rope = 0; rope < 3; rope++)
                 for (style = 0; style < (rope ? 2 : 1); style++)
-                    if (n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].rope = rope; out[n].style = style; out[n].warp_keys = 0; n++; }
-            if (dt != 0 && n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].rope = 0; out[n].style = 0; out[n].warp_keys = 1; n++; }
+                    if (n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].rope = rope; out[n].style = style; n++; }
+            if (dt != 0 && n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].warp_keys = 1; n++; }
         }
+    for (dt = 0; dt < 3; dt++)
+        for (rope = 1; rope < 3; rope++)
+            for (style = 0; style < 2; style++) {
+                int D = dims[(dt + rope + style) % 3];
+                if (n == cap) return n;
+                out[n].dtype = dt; out[n].head_dim = D; out[n].rope = rope; out[n].style = style;
+                if (rope == 1) out[n].d[0] = D / 2;
+                else { out[n].d[0] = D / 4; out[n].d[1] = D / 4 - 2 * (D / 64); out[n].d[2] = out[n].d[1]; }
+                n++;
+            }
     return n;
 }
 
@@ -699,8 +714,8 @@ TEST(cuda_variant_sweep_covers_every_define_of_kernels_cu) {
 
 TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     static const int archs[3] = { 80, 89, 90 };
-    tcu_variant vs[64];
-    int nv = tcu_variants(vs, 64), i, a, compiled = 0, cached = 0;
+    tcu_variant vs[80];
+    int nv = tcu_variants(vs, 80), i, a, k, compiled = 0, cached = 0;
     mskv_cuda_desc cd;
     char cache[512], why[2048];
     clock_t t0 = clock();
@@ -731,8 +746,8 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     }
     for (i = 0; i < nv; i++) {
         for (a = 0; a < 3; a++) {
-            char o[6][48];
-            const char *opts[7];
+            char o[9][48];
+            const char *opts[9];
             mskv_cuda_compile_info ci;
             mskv_cuda_image img;
             mskv_result r;
@@ -743,16 +758,19 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
             snprintf(o[3], 48, "-DMSKV_ROPE_STYLE=%d", vs[i].style);
             snprintf(o[4], 48, "-DMSKV_ATTN_WARP_KEYS=%d", vs[i].warp_keys);
             snprintf(o[5], 48, "--ptxas-options=-v");
-            opts[0] = o[0]; opts[1] = o[1]; opts[2] = o[2]; opts[3] = o[3]; opts[4] = o[4]; opts[5] = o[5];
+            snprintf(o[6], 48, "-DMSKV_ROPE_D0=%d", vs[i].d[0]);
+            snprintf(o[7], 48, "-DMSKV_ROPE_D1=%d", vs[i].d[1]);
+            snprintf(o[8], 48, "-DMSKV_ROPE_D2=%d", vs[i].d[2]);
+            for (k = 0; k < 9; k++) opts[k] = o[k];
             memset(&ci, 0, sizeof ci);
             ci.arch = archs[a];
             ci.options = opts;
-            ci.num_options = 6;
+            ci.num_options = vs[i].d[0] ? 9 : 6;   /* default widths: the defines' own defaults */
             r = mskv_cuda_compile(&cd, &ci, &img);
             if (r != MSKV_SUCCESS) {
-                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d warp_keys %d: %s\n%.2000s", archs[a],
-                        vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].warp_keys,
-                        mskv_result_string(r), img.log ? img.log : "");
+                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s\n%.2000s",
+                        archs[a], vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].d[0], vs[i].d[1],
+                        vs[i].d[2], vs[i].warp_keys, mskv_result_string(r), img.log ? img.log : "");
                 mskv_cuda_image_free(&cd, &img);
                 continue;
             }
@@ -760,8 +778,9 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
             EXPECT_TRUE(img.size > 4 && memcmp(img.data, "\177ELF", 4) == 0);
             spills = mskv_cuda_log_spills(img.log);
             if (spills != 0)
-                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d warp_keys %d: %s (%lld bytes)", archs[a],
-                        vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].warp_keys,
+                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s (%lld bytes)",
+                        archs[a], vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].d[0], vs[i].d[1], vs[i].d[2],
+                        vs[i].warp_keys,
                         spills < 0 ? "no ptxas report in the log" : "register spills", (long long)spills);
             if (img.from_disk) cached++; else compiled++;
             mskv_cuda_image_free(&cd, &img);
