@@ -51,9 +51,11 @@
    it. K/V written on another stream must be ordered by the caller.
 
    Thread safety: a context (mskv_cuda) may be shared by threads (loading
-   and the JIT cache are locked). A store has one stream and one attention
-   workspace: drive it, and the launches on it, from one thread at a time
-   (its bookkeeping locks only guard against the arena's callbacks).
+   and the JIT cache are locked). A store has one stream, one attention
+   workspace, and an unlocked cache of the kernels it launched with their
+   parameter blocks (so a call takes no lock): drive it, and the launches on
+   it, from one thread at a time (its bookkeeping locks only guard against
+   the arena's callbacks, whose page copies use the context's locked lookup).
 
    Fences: pages freed by anything (release, abort, remove, offload) are
    tagged with the current step and come back only after that step's event
