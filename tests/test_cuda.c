@@ -1533,10 +1533,10 @@ TEST(cuda_rope_paths_refuse_widths_the_cpu_refuses) {
 
 typedef struct tcu_hot {
     tcu_rig r;
-    mskv_plan dec, pre;                 /* 1 query over 1000 keys (split: two launches); 64 over 200 */
+    mskv_plan dec, pre;                 /* 1 query over 8000 keys (split: two launches); 64 over 200 */
     int32_t dqo[2], dkvp[2], dlast[1], dkvl[1], dsplit[1], dshift[1];
     int32_t pqo[2], pkvp[2], plast[1], pkvl[1], psplit[1], pshift[1], pos[64 * 3];
-    int32_t ids[63];
+    int32_t ids[500];
     int64_t slots[64];
     mskv_cuda_dplan dp;
     mskv_attn attn;
@@ -1564,15 +1564,15 @@ static mskv_result tcu_hot_open(tcu_hot *h) {
     h->r.cd.log = tcu_log;
     if ((e = mskv_cuda_create(&h->r.cd, &h->r.cu)) != MSKV_SUCCESS) return e;
     memset(&sd, 0, sizeof sd);
-    sd.num_pages = 80; sd.page_size = 16; sd.num_layers = 2; sd.kv_heads = 2; sd.head_dim = 128;
-    sd.dtype = MSKV_DTYPE_BF16; sd.max_batch = 4; sd.max_tokens = 64; sd.max_page_ids = 64; sd.plan_ring = 2;
+    sd.num_pages = 504; sd.page_size = 16; sd.num_layers = 2; sd.kv_heads = 2; sd.head_dim = 128;
+    sd.dtype = MSKV_DTYPE_BF16; sd.max_batch = 4; sd.max_tokens = 64; sd.max_page_ids = 500; sd.plan_ring = 2;
     if ((e = mskv_cuda_store_create(h->r.cu, &sd, &h->r.st)) != MSKV_SUCCESS) return e;
-    for (i = 0; i < 63; i++) h->ids[i] = i + 1;
-    h->dqo[1] = 1; h->dkvp[1] = 63; h->dlast[0] = 8; h->dkvl[0] = 1000; h->dshift[0] = 999;
+    for (i = 0; i < 500; i++) h->ids[i] = i + 1;
+    h->dqo[1] = 1; h->dkvp[1] = 500; h->dlast[0] = 16; h->dkvl[0] = 8000; h->dshift[0] = 7999;
     h->pqo[1] = 64; h->pkvp[1] = 13; h->plast[0] = 8; h->pkvl[0] = 200; h->pshift[0] = 136;
     for (i = 0; i < 64; i++) h->slots[i] = 16 + 136 + i;
     for (i = 0; i < 64 * 3; i++) h->pos[i] = i % 7;
-    h->dec.batch = 1; h->dec.total_q = 1; h->dec.num_page_ids = 63; h->dec.page_size = 16;
+    h->dec.batch = 1; h->dec.total_q = 1; h->dec.num_page_ids = 500; h->dec.page_size = 16;
     h->dec.qo_indptr = h->dqo; h->dec.kv_indptr = h->dkvp; h->dec.kv_indices = h->ids; h->dec.kv_last_page_len = h->dlast;
     h->dec.kv_len = h->dkvl; h->dec.kv_pos_split = h->dsplit; h->dec.kv_pos_shift = h->dshift;
     h->pre = h->dec;
