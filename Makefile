@@ -37,6 +37,8 @@ ifneq ($(shell command -v $(MINGW)g++ 2>/dev/null),)
 WIN_CHECKS += $(B)/static-check-mingw-cxx.exe
 endif
 endif
+# what tests/test_cuda.c's NVRTC search tests run: a fresh process per layout, a stand-in libnvrtc
+LOADER_AIDS := $(B)/nvrtc-find $(B)/fake-nvrtc/libnvrtc.so
 ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
@@ -55,11 +57,18 @@ PY_SRC  := $(wildcard python/mstar_kv/*.py python/mstar_kv/*.c) python/setup.py 
 .PHONY: all test tests demo bench gpu-check embed clean python
 all: tests $(B)/demo
 
-tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx $(WIN_TEST) $(WIN_CHECKS)
+tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx $(WIN_TEST) $(WIN_CHECKS) $(LOADER_AIDS)
 
 $(B):
 	mkdir -p $(B)
 
+$(B)/nvrtc-find: tests/nvrtc_find.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 tests/nvrtc_find.c -o $@ $(LIBS)
+$(B)/fake-nvrtc/libnvrtc.so: tests/fake_nvrtc.c | $(B)
+	mkdir -p $(B)/fake-nvrtc
+	gcc -std=c99 $(WARN) -O1 -shared -fPIC tests/fake_nvrtc.c -o $@
+
+$(TEST_BINS): | $(LOADER_AIDS)
 $(B)/tests-gcc-c99: $(TEST_SRC) $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(TEST_SRC) -o $@ $(LIBS)
 $(B)/tests-gcc-cxx: $(TEST_SRC) $(HDRS) | $(B)
@@ -119,7 +128,7 @@ python: $(B)/python-installed
 test:
 	@mkdir -p $(B); $(MAKE) -k tests; echo $$? > $(B)/build-status
 	-sh tools/embed_kernels.sh --check
-	bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST) $(WIN_TEST)
+	bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST) $(WIN_TEST) tests/test_sdpa_peer.py
 
 # after editing kernels.cu: refresh the copy embedded in mstar_kv_cuda.h
 embed:
@@ -133,9 +142,14 @@ $(B)/host_bench: bench/host_bench.c $(HDRS) | $(B)
 $(B)/attn_bench: bench/attn_bench.c $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) -O3 -march=native bench/attn_bench.c -o $@ $(LIBS)
 
-bench: $(B)/host_bench $(B)/attn_bench
+# -O2 without -march=native: valgrind (callgrind) must be able to run it
+$(B)/cuda_host_bench: bench/cuda_host_bench.c $(HDRS) | $(B)
+	$(CC) -std=c99 $(WARN) -O2 -g bench/cuda_host_bench.c -o $@ $(LIBS)
+
+bench: $(B)/host_bench $(B)/attn_bench $(B)/cuda_host_bench
 	./$(B)/host_bench
 	./$(B)/attn_bench
+	./$(B)/cuda_host_bench
 
 gpu-check:
 	bash tests/gpu_check.sh

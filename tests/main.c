@@ -8,6 +8,24 @@
 #include "mskv_test.h"
 #define MSTAR_KV_IMPLEMENTATION
 #include "../mstar_kv.h"
+
+/* The GPU layer builds every message through MSKV_CUDA_VSNPRINTF: counted
+   here, so a test can tell that the per-call launch path formats nothing. */
+#include <stdarg.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+long mtu_format_count(void);
+static long mtu_formats;
+static int mtu_vsnprintf(char *buf, size_t cap, const char *fmt, va_list ap) {
+    mtu_formats++;
+    return vsnprintf(buf, cap, fmt, ap);
+}
+long mtu_format_count(void) { return mtu_formats; }
+#ifdef __cplusplus
+}
+#endif
+#define MSKV_CUDA_VSNPRINTF mtu_vsnprintf
 #define MSTAR_KV_CUDA_IMPLEMENTATION
 #include "../mstar_kv_cuda.h"
 #include "mskv_test_util.h"
@@ -119,9 +137,12 @@ static int mtu_each_entry(const char *dir, void (*fn)(const char *name, const ch
     return 0;
 }
 
+int mtu_rm_dir(const char *dir);
+/* a file or link goes at once; a folder (remove refuses it while it has
+   entries) goes with everything below it */
 static void mtu_remove_entry(const char *name, const char *path, void *user) {
     (void)name;
-    if (remove(path) != 0) ++*(int *)user;
+    if (remove(path) != 0 && mtu_rm_dir(path) != 0) ++*(int *)user;
 }
 int mtu_rm_dir(const char *dir) {
     int failed = 0;
