@@ -1,6 +1,7 @@
 # Convenience only: every program here builds with one cc line (see README.md).
 #   make test     build the tests as C99 and C++ with gcc and clang, and under
-#                 ASan+UBSan, then run them all (the command CI runs)
+#                 ASan+UBSan, then run them all (the command CI runs); with
+#                 mingw-w64 also for Windows, run under wine
 #   make demo     build and run the video demo (writes demo.mp4)
 #   make bench    build and run the benchmarks
 #   make gpu-check  the GPU check (needs an NVIDIA GPU)
@@ -30,6 +31,18 @@ VIDEO_TEST := $(B)/tests-video
 endif
 
 TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan
+# Windows: built when the mingw-w64 cross compilers are installed (tests/run.sh
+# runs the test program under wine, and says so with a skip when it cannot)
+MINGW := x86_64-w64-mingw32-
+ifneq ($(shell command -v $(MINGW)gcc 2>/dev/null),)
+WIN_TEST := $(B)/tests-mingw.exe
+WIN_CHECKS := $(B)/static-check-mingw-c.exe
+ifneq ($(shell command -v $(MINGW)g++ 2>/dev/null),)
+WIN_CHECKS += $(B)/static-check-mingw-cxx.exe
+endif
+endif
+# what tests/test_cuda.c's NVRTC search tests run: a fresh process per layout, a stand-in libnvrtc
+LOADER_AIDS := $(B)/nvrtc-find $(B)/fake-nvrtc/libnvrtc.so
 ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
@@ -48,11 +61,18 @@ PY_SRC  := $(wildcard python/mstar_kv/*.py python/mstar_kv/*.c) python/setup.py 
 .PHONY: all test tests demo bench gpu-check embed clean python install uninstall install-python
 all: tests $(B)/demo
 
-tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx
+tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx $(WIN_TEST) $(WIN_CHECKS) $(LOADER_AIDS)
 
 $(B):
 	mkdir -p $(B)
 
+$(B)/nvrtc-find: tests/nvrtc_find.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 tests/nvrtc_find.c -o $@ $(LIBS)
+$(B)/fake-nvrtc/libnvrtc.so: tests/fake_nvrtc.c | $(B)
+	mkdir -p $(B)/fake-nvrtc
+	gcc -std=c99 $(WARN) -O1 -shared -fPIC tests/fake_nvrtc.c -o $@
+
+$(TEST_BINS): | $(LOADER_AIDS)
 $(B)/tests-gcc-c99: $(TEST_SRC) $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(TEST_SRC) -o $@ $(LIBS)
 $(B)/tests-gcc-cxx: $(TEST_SRC) $(HDRS) | $(B)
@@ -75,6 +95,17 @@ $(B)/static-check-c: tests/static_check.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) -O1 tests/static_check.c -o $@ $(LIBS)
 $(B)/static-check-cxx: tests/static_check.c $(HDRS) | $(B)
 	clang++ -x c++ -std=c++17 $(WARN) -O1 -DMSKV_NO_THREADS tests/static_check.c -o $@ $(LIBS)
+
+# Windows, cross-compiled: the same test program (linked statically, so wine
+# needs no MinGW DLLs; the random walk at one seed, the native builds run it
+# in full), and the MSKV_STATIC check as C99 without threads (the GPU layer's
+# Windows calls alone) and as C++ with Win32 threads
+$(B)/tests-mingw.exe: $(TEST_SRC) $(HDRS) | $(B)
+	$(MINGW)gcc -std=c99 $(WARN) -O2 -DMSKV_TEST_QUICK -Itests $(TEST_SRC) -o $@ -static
+$(B)/static-check-mingw-c.exe: tests/static_check.c $(HDRS) | $(B)
+	$(MINGW)gcc -std=c99 $(WARN) -O1 -DMSKV_NO_THREADS tests/static_check.c -o $@ -static
+$(B)/static-check-mingw-cxx.exe: tests/static_check.c $(HDRS) | $(B)
+	$(MINGW)g++ -x c++ -std=c++17 $(WARN) -O1 tests/static_check.c -o $@ -static
 
 # the demo against the emulated GPU (kernels.cu on the CPU behind the real mstar_kv_cuda.h)
 $(B)/demo-emu: demo/demo_emu.cpp $(wildcard demo/*.c demo/*.h) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
@@ -109,7 +140,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test:
 	@mkdir -p $(B); $(MAKE) -k -j$(JOBS) -Otarget tests; echo $$? > $(B)/build-status
 	-sh tools/embed_kernels.sh --check
-	bash tests/run.sh -j $(JOBS) --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST)
+	bash tests/run.sh -j $(JOBS) --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST) $(WIN_TEST) tests/test_sdpa_peer.py
 
 # after editing kernels.cu: refresh the copy embedded in mstar_kv_cuda.h
 embed:
@@ -123,9 +154,14 @@ $(B)/host_bench: bench/host_bench.c $(HDRS) | $(B)
 $(B)/attn_bench: bench/attn_bench.c $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) -O3 -march=native bench/attn_bench.c -o $@ $(LIBS)
 
-bench: $(B)/host_bench $(B)/attn_bench
+# -O2 without -march=native: valgrind (callgrind) must be able to run it
+$(B)/cuda_host_bench: bench/cuda_host_bench.c $(HDRS) | $(B)
+	$(CC) -std=c99 $(WARN) -O2 -g bench/cuda_host_bench.c -o $@ $(LIBS)
+
+bench: $(B)/host_bench $(B)/attn_bench $(B)/cuda_host_bench
 	./$(B)/host_bench
 	./$(B)/attn_bench
+	./$(B)/cuda_host_bench
 
 gpu-check:
 	bash tests/gpu_check.sh

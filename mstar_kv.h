@@ -15,6 +15,10 @@
    and include it plainly everywhere else. Build:
        cc -std=c99 -O2 app.c -lpthread -lm
    (with mstar_kv_cuda.h as well: cc -std=c99 -O2 app.c -ldl -lpthread -lm)
+   Windows: cl /O2 app.c, or x86_64-w64-mingw32-gcc -std=c99 -O2 app.c; Win32
+   threads and locks (Vista or newer), no pthreads. The implementation file
+   includes <windows.h> with WIN32_LEAN_AND_MEAN and NOMINMAX (unless already
+   defined): include your own Windows headers before it when you need more.
 
    Options, defined before the implementation include:
      MSKV_STATIC                 make every function static (private copy per file)
@@ -23,7 +27,7 @@
                                  A run-time allocator (mskv_allocator) in a
                                  descriptor overrides them for that object.
      MSKV_ASSERT(x)              internal consistency checks (default: assert.h)
-     MSKV_NO_THREADS             no pthreads: no internal lock, no worker threads
+     MSKV_NO_THREADS             no threads: no internal lock, no worker threads
 
    Example:
        mskv_arena_desc d = MSKV_ZERO_INIT;  // zero means defaults ({0} in C)
@@ -57,7 +61,8 @@
 
    Sections (search for "// >>"): results, arena, requests, offload, windows,
    step lifecycle, scheduling, cpu backend; then the implementation in the
-   same order.
+   same order, after its internals and the platform wrappers (threads,
+   locks: the one place where Windows and POSIX differ).
 
    License: MIT, at the end of this file.
 */
@@ -818,7 +823,20 @@ MSKV_API mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, 
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
-#ifndef MSKV_NO_THREADS
+/* the >>platform section's system headers, here outside extern "C" */
+#if defined(_WIN32) && !defined(MSKV_NO_THREADS)
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN  /* keeps winsock.h out, so an application may include winsock2.h */
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#include <process.h>         /* _beginthreadex: threads that may use the C runtime */
+#if defined(_WIN32_WINNT) && _WIN32_WINNT < 0x0600
+#error "mstar_kv needs Windows Vista or newer (_WIN32_WINNT >= 0x0600) for SRWLOCK and CONDITION_VARIABLE"
+#endif
+#elif !defined(MSKV_NO_THREADS)
 #include <pthread.h>
 #endif
 
@@ -988,6 +1006,133 @@ static void mskv__hash_u64(mskv__hash *h, uint64_t v) {
     mskv__hash_update(h, b, 8);
 }
 
+/* // >>platform ------------------------------------------------------------
+   Every difference between operating systems lives here, as small static
+   wrappers: a mutex, a condition variable, threads and a once flag. Win32
+   (SRWLOCK, CONDITION_VARIABLE, _beginthreadex, INIT_ONCE: Vista or newer)
+   on _WIN32, pthreads elsewhere. With MSKV_NO_THREADS the lock and the once
+   flag still work for the one thread there is, and no thread can be started.
+   mstar_kv_cuda.h's own platform section (library loading, files) reuses
+   these. Not every build uses every wrapper, hence MSKV__MAYBE_UNUSED. */
+
+#if defined(__GNUC__) || defined(__clang__)
+#define MSKV__MAYBE_UNUSED __attribute__((unused))
+#else
+#define MSKV__MAYBE_UNUSED
+#endif
+
+/* A thread runs fn(arg); the object must stay where it is until joined. */
+#if defined(MSKV_NO_THREADS)
+typedef int mskv__mutex;
+typedef int mskv__cond;
+typedef int mskv__once_flag;
+typedef struct mskv__thread { void (*fn)(void *); void *arg; } mskv__thread;
+#define MSKV__MUTEX_INIT 0
+#define MSKV__ONCE_INIT 0
+#elif defined(_WIN32)
+typedef SRWLOCK mskv__mutex;
+typedef CONDITION_VARIABLE mskv__cond;
+typedef INIT_ONCE mskv__once_flag;
+typedef struct mskv__thread { void (*fn)(void *); void *arg; HANDLE handle; } mskv__thread;
+#define MSKV__MUTEX_INIT SRWLOCK_INIT
+#define MSKV__ONCE_INIT INIT_ONCE_STATIC_INIT
+#else
+typedef pthread_mutex_t mskv__mutex;
+typedef pthread_cond_t mskv__cond;
+typedef pthread_once_t mskv__once_flag;
+typedef struct mskv__thread { void (*fn)(void *); void *arg; pthread_t id; } mskv__thread;
+#define MSKV__MUTEX_INIT PTHREAD_MUTEX_INITIALIZER
+#define MSKV__ONCE_INIT PTHREAD_ONCE_INIT
+#endif
+
+#if defined(MSKV_NO_THREADS)
+
+static MSKV__MAYBE_UNUSED int mskv__mutex_init(mskv__mutex *m) { *m = 0; return 1; }
+static MSKV__MAYBE_UNUSED void mskv__mutex_destroy(mskv__mutex *m) { (void)m; }
+static MSKV__MAYBE_UNUSED void mskv__mutex_lock(mskv__mutex *m) { (void)m; }
+static MSKV__MAYBE_UNUSED void mskv__mutex_unlock(mskv__mutex *m) { (void)m; }
+static MSKV__MAYBE_UNUSED int mskv__cond_init(mskv__cond *c) { *c = 0; return 1; }
+static MSKV__MAYBE_UNUSED void mskv__cond_destroy(mskv__cond *c) { (void)c; }
+/* nothing else could change the condition: a caller never waits without threads */
+static MSKV__MAYBE_UNUSED void mskv__cond_wait(mskv__cond *c, mskv__mutex *m) { (void)c; (void)m; }
+static MSKV__MAYBE_UNUSED void mskv__cond_signal(mskv__cond *c) { (void)c; }
+static MSKV__MAYBE_UNUSED void mskv__cond_broadcast(mskv__cond *c) { (void)c; }
+static MSKV__MAYBE_UNUSED int mskv__thread_start(mskv__thread *t, void (*fn)(void *), void *arg) {
+    t->fn = fn;
+    t->arg = arg;
+    return 0;
+}
+static MSKV__MAYBE_UNUSED void mskv__thread_join(mskv__thread *t) { (void)t; }
+static MSKV__MAYBE_UNUSED void mskv__once(mskv__once_flag *flag, void (*fn)(void)) {
+    if (!*flag) { *flag = 1; fn(); }
+}
+
+#elif defined(_WIN32)
+
+static MSKV__MAYBE_UNUSED int mskv__mutex_init(mskv__mutex *m) { InitializeSRWLock(m); return 1; }
+static MSKV__MAYBE_UNUSED void mskv__mutex_destroy(mskv__mutex *m) { (void)m; }  /* an SRWLOCK owns nothing */
+static MSKV__MAYBE_UNUSED void mskv__mutex_lock(mskv__mutex *m) { AcquireSRWLockExclusive(m); }
+static MSKV__MAYBE_UNUSED void mskv__mutex_unlock(mskv__mutex *m) { ReleaseSRWLockExclusive(m); }
+static MSKV__MAYBE_UNUSED int mskv__cond_init(mskv__cond *c) { InitializeConditionVariable(c); return 1; }
+static MSKV__MAYBE_UNUSED void mskv__cond_destroy(mskv__cond *c) { (void)c; }
+static MSKV__MAYBE_UNUSED void mskv__cond_wait(mskv__cond *c, mskv__mutex *m) { SleepConditionVariableSRW(c, m, INFINITE, 0); }
+static MSKV__MAYBE_UNUSED void mskv__cond_signal(mskv__cond *c) { WakeConditionVariable(c); }
+static MSKV__MAYBE_UNUSED void mskv__cond_broadcast(mskv__cond *c) { WakeAllConditionVariable(c); }
+static unsigned __stdcall mskv__thread_entry(void *p) {
+    mskv__thread *t = (mskv__thread *)p;
+    t->fn(t->arg);
+    return 0;
+}
+static MSKV__MAYBE_UNUSED int mskv__thread_start(mskv__thread *t, void (*fn)(void *), void *arg) {
+    t->fn = fn;
+    t->arg = arg;
+    t->handle = (HANDLE)_beginthreadex(NULL, 0, mskv__thread_entry, t, 0, NULL);
+    return t->handle != NULL;
+}
+static MSKV__MAYBE_UNUSED void mskv__thread_join(mskv__thread *t) {
+    WaitForSingleObject(t->handle, INFINITE);
+    CloseHandle(t->handle);
+}
+/* INIT_ONCE hands the callback one pointer: the function travels in a box */
+typedef struct mskv__once_box { void (*fn)(void); } mskv__once_box;
+static BOOL CALLBACK mskv__once_entry(PINIT_ONCE once, PVOID box, PVOID *ctx) {
+    (void)once;
+    (void)ctx;
+    ((const mskv__once_box *)box)->fn();
+    return TRUE;
+}
+static MSKV__MAYBE_UNUSED void mskv__once(mskv__once_flag *flag, void (*fn)(void)) {
+    mskv__once_box box;
+    box.fn = fn;
+    InitOnceExecuteOnce(flag, mskv__once_entry, &box, NULL);
+}
+
+#else
+
+static MSKV__MAYBE_UNUSED int mskv__mutex_init(mskv__mutex *m) { return pthread_mutex_init(m, NULL) == 0; }
+static MSKV__MAYBE_UNUSED void mskv__mutex_destroy(mskv__mutex *m) { pthread_mutex_destroy(m); }
+static MSKV__MAYBE_UNUSED void mskv__mutex_lock(mskv__mutex *m) { pthread_mutex_lock(m); }
+static MSKV__MAYBE_UNUSED void mskv__mutex_unlock(mskv__mutex *m) { pthread_mutex_unlock(m); }
+static MSKV__MAYBE_UNUSED int mskv__cond_init(mskv__cond *c) { return pthread_cond_init(c, NULL) == 0; }
+static MSKV__MAYBE_UNUSED void mskv__cond_destroy(mskv__cond *c) { pthread_cond_destroy(c); }
+static MSKV__MAYBE_UNUSED void mskv__cond_wait(mskv__cond *c, mskv__mutex *m) { pthread_cond_wait(c, m); }
+static MSKV__MAYBE_UNUSED void mskv__cond_signal(mskv__cond *c) { pthread_cond_signal(c); }
+static MSKV__MAYBE_UNUSED void mskv__cond_broadcast(mskv__cond *c) { pthread_cond_broadcast(c); }
+static void *mskv__thread_entry(void *p) {
+    mskv__thread *t = (mskv__thread *)p;
+    t->fn(t->arg);
+    return NULL;
+}
+static MSKV__MAYBE_UNUSED int mskv__thread_start(mskv__thread *t, void (*fn)(void *), void *arg) {
+    t->fn = fn;
+    t->arg = arg;
+    return pthread_create(&t->id, NULL, mskv__thread_entry, t) == 0;
+}
+static MSKV__MAYBE_UNUSED void mskv__thread_join(mskv__thread *t) { pthread_join(t->id, NULL); }
+static MSKV__MAYBE_UNUSED void mskv__once(mskv__once_flag *flag, void (*fn)(void)) { pthread_once(flag, fn); }
+
+#endif
+
 /* // >>arena (implementation) -------------------------------------------- */
 
 enum { MSKV__PAGE_NULL = 0, MSKV__PAGE_FREE = 1, MSKV__PAGE_LIVE = 2, MSKV__PAGE_PENDING = 3 };
@@ -1050,19 +1195,12 @@ struct mskv_arena {
     unsigned char **pools;     /* [layer*2 + kind] */
     unsigned char *spare;      /* one freed host copy kept for the next offload */
     size_t spare_cap;
-#ifndef MSKV_NO_THREADS
-    pthread_mutex_t lock;
+    mskv__mutex lock;
     int lock_ok;
-#endif
 };
 
-#ifndef MSKV_NO_THREADS
-#define MSKV__LOCK(a) pthread_mutex_lock(&(a)->lock)
-#define MSKV__UNLOCK(a) pthread_mutex_unlock(&(a)->lock)
-#else
-#define MSKV__LOCK(a) ((void)0)
-#define MSKV__UNLOCK(a) ((void)0)
-#endif
+#define MSKV__LOCK(a) mskv__mutex_lock(&(a)->lock)
+#define MSKV__UNLOCK(a) mskv__mutex_unlock(&(a)->lock)
 
 static mskv_result mskv__err(mskv_arena *a, mskv_result code, const char *fmt, ...) {
     if (a && a->desc.log) {
@@ -1168,13 +1306,11 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     a->max_req = desc->max_requests ? desc->max_requests : 256;
     a->G = desc->num_groups ? desc->num_groups : 1;
     a->max_ls = a->max_req / 2 > 0 ? a->max_req / 2 : 1;
-#ifndef MSKV_NO_THREADS
-    if (pthread_mutex_init(&a->lock, NULL) != 0) {
+    if (!mskv__mutex_init(&a->lock)) {
         mskv__free(&a->al, a);
         return MSKV_ERROR_THREAD;
     }
     a->lock_ok = 1;
-#endif
     n = (size_t)a->num_pages;
     a->state = (uint8_t *)mskv__alloc(&a->al, n);
     a->refcount = (int32_t *)mskv__alloc(&a->al, n * sizeof(int32_t));
@@ -1252,9 +1388,7 @@ MSKV_IMPL void mskv_arena_destroy(mskv_arena *a) {
         for (i = 0; i < a->store.num_layers * 2; i++) mskv__free(&al, a->pools[i]);
         mskv__free(&al, a->pools);
     }
-#ifndef MSKV_NO_THREADS
-    if (a->lock_ok) pthread_mutex_destroy(&a->lock);
-#endif
+    if (a->lock_ok) mskv__mutex_destroy(&a->lock);
     mskv__free(&al, a->state);
     mskv__free(&al, a->refcount);
     mskv__free(&al, a->free_stack);
@@ -3507,12 +3641,9 @@ MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
 #include <string.h>
 #include <math.h>
 #include <stdlib.h>
-#ifndef MSKV_NO_THREADS
-#include <pthread.h>
-#endif
 
-#ifdef __cplusplus
-#define MSKV__CPU_RESTRICT __restrict
+#if defined(__cplusplus) || defined(_MSC_VER)
+#define MSKV__CPU_RESTRICT __restrict  /* MSVC's C has no restrict before /std:c11 */
 #else
 #define MSKV__CPU_RESTRICT restrict
 #endif
@@ -4056,12 +4187,12 @@ struct mskv_cpu {
     void *ws_mem;
     mskv__cpu_ws *ws;
 #ifndef MSKV_NO_THREADS
-    pthread_t *threads;
+    mskv__thread *threads;
     int32_t started;
-    pthread_mutex_t lock;
-    pthread_mutex_t call_lock;  /* one call at a time per pool (also with one thread: one workspace) */
+    mskv__mutex lock;
+    mskv__mutex call_lock;  /* one call at a time per pool (also with one thread: one workspace) */
     int32_t call_lock_ok;
-    pthread_cond_t wake, done;
+    mskv__cond wake, done;
     uint64_t generation;
     int32_t busy, shutdown;
     mskv__cpu_task_fn task;
@@ -4072,26 +4203,25 @@ struct mskv_cpu {
 #ifndef MSKV_NO_THREADS
 typedef struct mskv__cpu_worker_arg { mskv_cpu *cpu; int32_t index; } mskv__cpu_worker_arg;
 
-static void *mskv__cpu_worker(void *arg) {
+static void mskv__cpu_worker(void *arg) {
     mskv_cpu *cpu = ((mskv__cpu_worker_arg *)arg)->cpu;
     int32_t index = ((mskv__cpu_worker_arg *)arg)->index;
     uint64_t seen = 0;
     for (;;) {
         mskv__cpu_task_fn fn;
         void *ctx;
-        pthread_mutex_lock(&cpu->lock);
-        while (!cpu->shutdown && cpu->generation == seen) pthread_cond_wait(&cpu->wake, &cpu->lock);
-        if (cpu->shutdown) { pthread_mutex_unlock(&cpu->lock); break; }
+        mskv__mutex_lock(&cpu->lock);
+        while (!cpu->shutdown && cpu->generation == seen) mskv__cond_wait(&cpu->wake, &cpu->lock);
+        if (cpu->shutdown) { mskv__mutex_unlock(&cpu->lock); break; }
         seen = cpu->generation;
         fn = cpu->task;
         ctx = cpu->task_ctx;
-        pthread_mutex_unlock(&cpu->lock);
+        mskv__mutex_unlock(&cpu->lock);
         fn(ctx, &cpu->ws[index]);
-        pthread_mutex_lock(&cpu->lock);
-        if (--cpu->busy == 0) pthread_cond_signal(&cpu->done);
-        pthread_mutex_unlock(&cpu->lock);
+        mskv__mutex_lock(&cpu->lock);
+        if (--cpu->busy == 0) mskv__cond_signal(&cpu->done);
+        mskv__mutex_unlock(&cpu->lock);
     }
-    return NULL;
 }
 #endif
 
@@ -4099,19 +4229,19 @@ static void mskv__cpu_teardown(mskv_cpu *cpu) {
 #ifndef MSKV_NO_THREADS
     int32_t i;
     if (cpu->started > 0) {
-        pthread_mutex_lock(&cpu->lock);
+        mskv__mutex_lock(&cpu->lock);
         cpu->shutdown = 1;
-        pthread_cond_broadcast(&cpu->wake);
-        pthread_mutex_unlock(&cpu->lock);
-        for (i = 0; i < cpu->started; i++) pthread_join(cpu->threads[i], NULL);
+        mskv__cond_broadcast(&cpu->wake);
+        mskv__mutex_unlock(&cpu->lock);
+        for (i = 0; i < cpu->started; i++) mskv__thread_join(&cpu->threads[i]);
     }
     if (cpu->threads) {
-        pthread_cond_destroy(&cpu->wake);
-        pthread_cond_destroy(&cpu->done);
-        pthread_mutex_destroy(&cpu->lock);
+        mskv__cond_destroy(&cpu->wake);
+        mskv__cond_destroy(&cpu->done);
+        mskv__mutex_destroy(&cpu->lock);
         mskv__free(&cpu->allocator, cpu->threads);
     }
-    if (cpu->call_lock_ok) pthread_mutex_destroy(&cpu->call_lock);
+    if (cpu->call_lock_ok) mskv__mutex_destroy(&cpu->call_lock);
 #endif
     mskv__free(&cpu->allocator, cpu->ws_mem);
     mskv__free(&cpu->allocator, cpu->ws);
@@ -4152,7 +4282,7 @@ MSKV_IMPL mskv_result mskv_cpu_create(const mskv_cpu_desc *desc, mskv_cpu **out)
     for (i = 0; i < d.num_threads; i++)
         mskv__cpu_ws_carve(&cpu->ws[i], (unsigned char *)cpu->ws_mem + stride * (size_t)i, rows, keys);
 #ifndef MSKV_NO_THREADS
-    if (pthread_mutex_init(&cpu->call_lock, NULL) != 0) {
+    if (!mskv__mutex_init(&cpu->call_lock)) {
         mskv__cpu_teardown(cpu);
         mskv__free(&d.allocator, cpu);
         return MSKV_ERROR_THREAD;
@@ -4161,17 +4291,17 @@ MSKV_IMPL mskv_result mskv_cpu_create(const mskv_cpu_desc *desc, mskv_cpu **out)
     if (d.num_threads > 1) {
         mskv__cpu_worker_arg *args;
         int ok = 1;
-        cpu->threads = (pthread_t *)mskv__alloc(&d.allocator, (sizeof(pthread_t) + sizeof(*args)) * (size_t)d.num_threads);
+        cpu->threads = (mskv__thread *)mskv__alloc(&d.allocator, (sizeof(mskv__thread) + sizeof(*args)) * (size_t)d.num_threads);
         if (!cpu->threads) { mskv__cpu_teardown(cpu); mskv__free(&d.allocator, cpu); return MSKV_ERROR_OUT_OF_MEMORY; }
         args = (mskv__cpu_worker_arg *)(void *)(cpu->threads + d.num_threads);
-        pthread_mutex_init(&cpu->lock, NULL);
-        pthread_cond_init(&cpu->wake, NULL);
-        pthread_cond_init(&cpu->done, NULL);
+        mskv__mutex_init(&cpu->lock);
+        mskv__cond_init(&cpu->wake);
+        mskv__cond_init(&cpu->done);
         /* thread 0 is the caller; workers 1..n-1 */
         for (i = 1; i < d.num_threads && ok; i++) {
             args[i].cpu = cpu;
             args[i].index = i;
-            if (pthread_create(&cpu->threads[cpu->started], NULL, mskv__cpu_worker, &args[i]) != 0) ok = 0;
+            if (!mskv__thread_start(&cpu->threads[cpu->started], mskv__cpu_worker, &args[i])) ok = 0;
             else cpu->started++;
         }
         if (!ok) { mskv__cpu_teardown(cpu); mskv__free(&d.allocator, cpu); return MSKV_ERROR_THREAD; }
@@ -4205,7 +4335,7 @@ typedef struct mskv__cpu_job {
     /* next work item, (segment, row block, kv head); taken under the pool lock */
     int32_t cur_b, cur_rb, cur_g;
 #ifndef MSKV_NO_THREADS
-    pthread_mutex_t *lock;
+    mskv__mutex *lock;
 #endif
 } mskv__cpu_job;
 
@@ -4232,7 +4362,7 @@ static int mskv__cpu_next(mskv__cpu_job *job, int32_t *b, int32_t *rb, int32_t *
     int ok = 0;
     int32_t kvh = job->pools->kv_heads;
 #ifndef MSKV_NO_THREADS
-    if (job->lock) pthread_mutex_lock(job->lock);
+    if (job->lock) mskv__mutex_lock(job->lock);
 #endif
     while (job->cur_b < job->plan->batch) {
         int32_t rows = mskv__cpu_rows_of(job, job->cur_b), nrp = (rows + 3) & ~3, nrb, step = 1;
@@ -4253,7 +4383,7 @@ static int mskv__cpu_next(mskv__cpu_job *job, int32_t *b, int32_t *rb, int32_t *
         break;
     }
 #ifndef MSKV_NO_THREADS
-    if (job->lock) pthread_mutex_unlock(job->lock);
+    if (job->lock) mskv__mutex_unlock(job->lock);
 #endif
     return ok;
 }
@@ -4535,26 +4665,26 @@ MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *
     if (job.heads_cap < 1) job.heads_cap = 1;
 #ifndef MSKV_NO_THREADS
     if (cpu->num_threads > 1 && flops >= MSKV__CPU_SMALL_FLOPS) {
-        pthread_mutex_lock(&cpu->call_lock);
+        mskv__mutex_lock(&cpu->call_lock);
         job.lock = &cpu->lock;
-        pthread_mutex_lock(&cpu->lock);
+        mskv__mutex_lock(&cpu->lock);
         cpu->task = mskv__cpu_attn_task;
         cpu->task_ctx = &job;
         cpu->busy = cpu->started;
         cpu->generation++;
-        pthread_cond_broadcast(&cpu->wake);
-        pthread_mutex_unlock(&cpu->lock);
+        mskv__cond_broadcast(&cpu->wake);
+        mskv__mutex_unlock(&cpu->lock);
         mskv__cpu_attn_task(&job, &cpu->ws[0]);
-        pthread_mutex_lock(&cpu->lock);
-        while (cpu->busy > 0) pthread_cond_wait(&cpu->done, &cpu->lock);
-        pthread_mutex_unlock(&cpu->lock);
-        pthread_mutex_unlock(&cpu->call_lock);
+        mskv__mutex_lock(&cpu->lock);
+        while (cpu->busy > 0) mskv__cond_wait(&cpu->done, &cpu->lock);
+        mskv__mutex_unlock(&cpu->lock);
+        mskv__mutex_unlock(&cpu->call_lock);
         return MSKV_SUCCESS;
     }
     /* the caller alone, but still one call at a time on workspace 0 */
-    pthread_mutex_lock(&cpu->call_lock);
+    mskv__mutex_lock(&cpu->call_lock);
     mskv__cpu_attn_task(&job, &cpu->ws[0]);
-    pthread_mutex_unlock(&cpu->call_lock);
+    mskv__mutex_unlock(&cpu->call_lock);
 #else
     mskv__cpu_attn_task(&job, &cpu->ws[0]);
 #endif

@@ -4,8 +4,9 @@
    launch wrappers of the kernels in kernels.cu (embedded below).
 
    Nothing here needs the CUDA toolkit, its headers or a GPU at compile time:
-   libcuda and libnvrtc are opened with dlopen when a context is created, and a
-   machine without them gets MSKV_ERROR_CUDA_UNAVAILABLE (the CPU backend of
+   libcuda and libnvrtc (nvcuda.dll and nvrtc64_*.dll on Windows) are opened
+   at run time (dlopen, LoadLibrary) when a context is created, and a machine
+   without them gets MSKV_ERROR_CUDA_UNAVAILABLE (the CPU backend of
    mstar_kv.h keeps working).
 
    Do this in exactly one C or C++ file, after mstar_kv.h:
@@ -13,13 +14,28 @@
        #include "mstar_kv.h"
        #define MSTAR_KV_CUDA_IMPLEMENTATION
        #include "mstar_kv_cuda.h"
+   (this layer reuses the platform wrappers of mstar_kv.h's implementation).
    Build:
        cc -std=c99 -O2 app.c -ldl -lpthread -lm
+   Windows: cl /O2 app.c, or x86_64-w64-mingw32-gcc -std=c99 -O2 app.c.
+
+   Compile-time options (define before the implementation):
+     MSKV_CUDA_VSNPRINTF  the vsnprintf every message of this layer is built
+                       with (default: the C library's); only failures, logs
+                       and a variant's first compile format anything
 
    Run-time environment:
-     MSKV_NVRTC_PATH   a libnvrtc to try first (after mskv_cuda_desc.nvrtc_path)
+     MSKV_NVRTC_PATH   a libnvrtc to try first (after mskv_cuda_desc.nvrtc_path);
+                       then NVRTC from PyPI (nvidia-cuda-nvrtc, -cu12) in
+                       $VIRTUAL_ENV, $CONDA_PREFIX or $PYTHONPATH, the system's
+                       libnvrtc.so.13/.12/.11.2/.so (/usr/local/cuda/lib64 too),
+                       and the wheels in the user's and system's site-packages
+                       (Windows: nvrtc64_130_0.dll, nvrtc64_120_0.dll,
+                       nvrtc64_112_0.dll, also under %CUDA_PATH%\bin\x64 and
+                       %CUDA_PATH%\bin)
      MSKV_CACHE_DIR    the kernel cache directory (else $XDG_CACHE_HOME/mstar_kv,
-                       else ~/.cache/mstar_kv); mskv_cuda_desc.cache_dir wins
+                       else ~/.cache/mstar_kv; Windows: %LOCALAPPDATA%\mstar_kv);
+                       mskv_cuda_desc.cache_dir wins
 
    Example:
        mskv_cuda_desc cd = MSKV_ZERO_INIT;
@@ -46,9 +62,11 @@
    allocated (a framework's tensors) instead of allocating them.
 
    Thread safety: a context (mskv_cuda) may be shared by threads (loading
-   and the JIT cache are locked). A store has one stream and one attention
-   workspace: drive it, and the launches on it, from one thread at a time
-   (its bookkeeping locks only guard against the arena's callbacks).
+   and the JIT cache are locked). A store has one stream, one attention
+   workspace, and an unlocked cache of the kernels it launched with their
+   parameter blocks (so a call takes no lock): drive it, and the launches on
+   it, from one thread at a time (its bookkeeping locks only guard against
+   the arena's callbacks, whose page copies use the context's locked lookup).
 
    Fences: pages freed by anything (release, abort, remove, offload) are
    tagged with the current step and come back only after that step's event
@@ -127,7 +145,7 @@ typedef struct mskv_nvrtc_prog_st *mskv_nvrtc_program; /* nvrtcProgram */
    X(return type, name, versioned symbol exported by the library, parameters).
    Driver functions are resolved through cuGetProcAddress_v2 by their base
    name at ABI version 12.0 when the driver has it, else by the versioned
-   symbol with dlsym. */
+   symbol with dlsym (GetProcAddress on Windows). */
 #define MSKV_CUDA_DRIVER_FUNCTIONS(X)                                                          \
     X(mskv_cu_result, cuInit, "cuInit", (unsigned int flags))                                  \
     X(mskv_cu_result, cuDriverGetVersion, "cuDriverGetVersion", (int *version))                \
@@ -227,6 +245,13 @@ typedef struct mskv_cuda_info {
    MSKV_ERROR_CUDA_UNAVAILABLE with what was tried in why (optional).
    Thread safety: any thread; the libraries are loaded once. */
 MSKV_API mskv_result mskv_cuda_probe(const mskv_cuda_desc *desc, char *why, size_t why_cap);
+/* The driver and its devices alone, without NVRTC: tells "no GPU" from "a
+   GPU that cannot JIT" (the GPU check fails on the second). Return value:
+   MSKV_SUCCESS with *devices (> 0) and *driver_version (1000*major +
+   10*minor; both optional), or MSKV_ERROR_CUDA_UNAVAILABLE with why.
+   Thread safety: any thread. */
+MSKV_API mskv_result mskv_cuda_probe_driver(const mskv_cuda_desc *desc, int32_t *devices, int32_t *driver_version,
+                                            char *why, size_t why_cap);
 /* Loads the libraries (once per process), opens the device's primary context.
    Return value: MSKV_SUCCESS, CUDA_UNAVAILABLE (details to the logger and to
    mskv_cuda_probe), OUT_OF_MEMORY, CUDA. */
@@ -362,9 +387,16 @@ MSKV_API mskv_result mskv_cuda_retire(mskv_cuda_store *st, int wait);
    in the null page or past the pools: the kernels would trust it),
    INVALID_ARGUMENT (another page size), BAD_STATE (while capturing), CUDA. */
 MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan *plan, mskv_pos_mode pos_mode, mskv_cuda_dplan *out);
-/* Scatters k, v (device, [total_q][kv_heads][head_dim], the store's dtype)
-   into layer `layer` through plan->slot_mapping; rope (optional) rotates K on
-   the way in at plan->positions. */
+/* Scatters k, v (device, [total_q][kv_heads][head_dim], the store's dtype,
+   16-byte aligned) into layer `layer` through plan->slot_mapping; rope
+   (optional) rotates K on the way in at plan->positions.
+   Return value: SUCCESS, NULL_POINTER, OUT_OF_RANGE (layer), UNSUPPORTED
+   (head_dim), INVALID_ARGUMENT (k or v not 16-byte aligned: the kernel reads
+   16-byte vectors; a rope the CPU refuses or of another position mode),
+   OVERFLOW, CUDA, NVRTC (first use compiles).
+   Cost: the first call of a variant compiles or loads it; later calls only
+   check, look the kernel up by an integer key and launch (no allocation, no
+   string, one cuCtxSetCurrent). The same holds for the wrappers below. */
 MSKV_API mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan, mskv_cu_ptr k, mskv_cu_ptr v, const mskv_rope *rope);
 
 /* // >>graphs --------------------------------------------------------------- */
@@ -449,14 +481,28 @@ MSKV_API mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* the >>platform section's system headers, here outside extern "C" */
+#ifdef _WIN32
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#else
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#ifndef MSKV_NO_THREADS
-#include <pthread.h>
+#endif
+
+#ifndef MSTAR_KV_IMPLEMENTED
+#error "define MSTAR_KV_IMPLEMENTATION and include mstar_kv.h in the same file, before MSTAR_KV_CUDA_IMPLEMENTATION (this layer reuses its platform wrappers)"
 #endif
 
 #ifdef __cplusplus
@@ -1258,7 +1304,33 @@ static void *mskv__cuda_calloc(const mskv_allocator *a, size_t n) {
     return p;
 }
 
+#ifndef MSKV_CUDA_VSNPRINTF
+#define MSKV_CUDA_VSNPRINTF vsnprintf
+#endif
+#if defined(__MINGW32__) && defined(__MINGW_PRINTF_FORMAT)
+/* MinGW's printf family is msvcrt's or its own C99 one: check against the one in use */
+#define MSKV__CUDA_PRINTF(f, a) __attribute__((format(__MINGW_PRINTF_FORMAT, f, a)))
+#elif defined(__GNUC__)
+#define MSKV__CUDA_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define MSKV__CUDA_PRINTF(f, a)
+#endif
+
+/* Every formatted string of this file is built here (one place to swap the
+   formatter, and to count it: the per-call launch path formats nothing). */
+static void mskv__cuda_vformat(char *buf, size_t cap, const char *fmt, va_list ap) {
+    if (buf && cap) MSKV_CUDA_VSNPRINTF(buf, cap, fmt, ap);
+}
+static void mskv__cuda_format(char *buf, size_t cap, const char *fmt, ...) MSKV__CUDA_PRINTF(3, 4);
+static void mskv__cuda_format(char *buf, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    mskv__cuda_vformat(buf, cap, fmt, ap);
+    va_end(ap);
+}
+
 /* snprintf that appends to buf and never overflows */
+static void mskv__cuda_appendf(char *buf, size_t cap, const char *fmt, ...) MSKV__CUDA_PRINTF(3, 4);
 static void mskv__cuda_appendf(char *buf, size_t cap, const char *fmt, ...) {
     size_t len;
     va_list ap;
@@ -1266,7 +1338,7 @@ static void mskv__cuda_appendf(char *buf, size_t cap, const char *fmt, ...) {
     len = strlen(buf);
     if (len + 1 >= cap) return;
     va_start(ap, fmt);
-    vsnprintf(buf + len, cap - len, fmt, ap);
+    mskv__cuda_vformat(buf + len, cap - len, fmt, ap);
     va_end(ap);
 }
 
@@ -1300,17 +1372,315 @@ static uint64_t mskv__cuda_mix(uint64_t h) {
     return h;
 }
 
-#ifndef MSKV_NO_THREADS
-typedef pthread_mutex_t mskv__cuda_mutex;
-#define MSKV__CUDA_MUTEX_INIT PTHREAD_MUTEX_INITIALIZER
-static void mskv__cuda_lock(mskv__cuda_mutex *m) { pthread_mutex_lock(m); }
-static void mskv__cuda_unlock(mskv__cuda_mutex *m) { pthread_mutex_unlock(m); }
+/* // >>platform -------------------------------------------------------------
+   What this layer needs from the operating system beyond mstar_kv.h's
+   platform section, whose mutex it reuses (the implementation of mstar_kv.h
+   is in the same file): loading a library, the driver's and NVRTC's names,
+   the environment, the cache directory, and for the disk cache whole-file
+   reads and a temp file renamed over the entry. LoadLibrary and Win32 files
+   on _WIN32, dlopen and POSIX files elsewhere. */
+
+#ifdef _WIN32
+#define MSKV__CUDA_SEP "\\"
+/* the driver ships with the display driver (System32); NVRTC's DLL is named
+   after its ABI: 13.x, 12.x, and 11.2-11.8 */
+static const char *const mskv__cuda_driver_names[] = { "nvcuda.dll" };
+static const char *const mskv__cuda_nvrtc_names[] = { "nvrtc64_130_0.dll", "nvrtc64_120_0.dll", "nvrtc64_112_0.dll" };
 #else
-typedef int mskv__cuda_mutex;
-#define MSKV__CUDA_MUTEX_INIT 0
-static void mskv__cuda_lock(mskv__cuda_mutex *m) { (void)m; }
-static void mskv__cuda_unlock(mskv__cuda_mutex *m) { (void)m; }
+#define MSKV__CUDA_SEP "/"
+/* libcuda.so.1 first: the unversioned name may be the toolkit's stub */
+static const char *const mskv__cuda_driver_names[] = { "libcuda.so.1", "libcuda.so" };
+static const char *const mskv__cuda_nvrtc_names[] = { "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so" };
 #endif
+#define MSKV__CUDA_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+typedef mskv__mutex mskv__cuda_mutex;
+#define MSKV__CUDA_MUTEX_INIT MSKV__MUTEX_INIT
+static void mskv__cuda_lock(mskv__cuda_mutex *m) { mskv__mutex_lock(m); }
+static void mskv__cuda_unlock(mskv__cuda_mutex *m) { mskv__mutex_unlock(m); }
+
+/* 1 and the value (cut to cap) when the variable is set and not empty */
+static int mskv__cuda_getenv(const char *name, char *out, size_t cap) {
+#ifdef _WIN32
+    /* the process environment itself: no CRT copy, no deprecation warning */
+    char tmp[32768];
+    DWORD n = GetEnvironmentVariableA(name, tmp, (DWORD)sizeof(tmp));
+    if (n == 0 || n >= sizeof(tmp)) return 0;
+    mskv__cuda_copystr(out, cap, tmp);
+    return 1;
+#else
+    const char *e = getenv(name);
+    if (!e || !*e) return 0;
+    mskv__cuda_copystr(out, cap, e);
+    return 1;
+#endif
+}
+
+/* The default cache directory, "" when there is none; one too long for out
+   comes back cut to the brim, which the caller's length check turns off. */
+static void mskv__cuda_default_cache_dir(char *out, size_t cap) {
+    out[0] = 0;
+#ifdef _WIN32
+    if (mskv__cuda_getenv("LOCALAPPDATA", out, cap)) mskv__cuda_appendf(out, cap, "\\mstar_kv");
+#else
+    if (mskv__cuda_getenv("XDG_CACHE_HOME", out, cap)) mskv__cuda_appendf(out, cap, "/mstar_kv");
+    else if (mskv__cuda_getenv("HOME", out, cap)) mskv__cuda_appendf(out, cap, "/.cache/mstar_kv");
+#endif
+}
+
+/* NVRTC's names after the caller's choices (at most MSKV__CUDA_NVRTC_MAX).
+   Windows: the bare DLL names (the loader's search: PATH), then the
+   toolkit's folders. POSIX: PyPI's wheels in the active Python environment
+   ($VIRTUAL_ENV, $CONDA_PREFIX, $PYTHONPATH: what that environment's other
+   CUDA code runs with), the bare names (the loader's search path), the
+   toolkit's default place, then the wheels in the user's and the system's
+   site-packages. Only wheel files that exist are listed, so absent wheels
+   add nothing to the reasons. */
+#define MSKV__CUDA_NVRTC_MAX 24
+#ifdef _WIN32
+#define MSKV__CUDA_NVRTC_NOT_FOUND " (no NVRTC)"
+static int mskv__cuda_nvrtc_candidates(char (*paths)[512], int max) {
+    /* CUDA 13 keeps its DLLs in bin\x64, earlier releases in bin; the
+       installer puts them on PATH, but not every environment keeps it */
+    static const char *const sub[2] = { "\\bin\\x64", "\\bin" };
+    char root[400];
+    int n = 0, i, s, have_root = mskv__cuda_getenv("CUDA_PATH", root, sizeof(root));
+    for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && n < max; i++)
+        mskv__cuda_copystr(paths[n++], sizeof(paths[0]), mskv__cuda_nvrtc_names[i]);
+    for (s = 0; s < 2 && have_root; s++)
+        for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && n < max; i++)
+            mskv__cuda_format(paths[n++], sizeof(paths[0]), "%s%s\\%s", root, sub[s], mskv__cuda_nvrtc_names[i]);
+    return n;
+}
+#else
+#define MSKV__CUDA_NVRTC_NOT_FOUND \
+    "; no NVRTC wheel (nvidia/cu13/lib/libnvrtc.so.13, nvidia/cuda_nvrtc/lib/libnvrtc.so.12) in " \
+    "$VIRTUAL_ENV, $CONDA_PREFIX, $PYTHONPATH or the user and system site-packages (no NVRTC)"
+/* Where PyPI's NVRTC wheels put the library below a site-packages
+   directory: nvidia-cuda-nvrtc 13.x, then nvidia-cuda-nvrtc-cu12 (each
+   library finds its builtins beside it through its $ORIGIN run path). */
+static const char *const mskv__cuda_nvrtc_wheels[2] = {
+    "nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12" };
+
+typedef struct mskv__cuda_paths { char (*p)[512]; int n, max; } mskv__cuda_paths;
+
+static void mskv__cuda_paths_add(mskv__cuda_paths *ps, const char *path) {
+    if (ps->n < ps->max && strlen(path) < sizeof(ps->p[0])) mskv__cuda_copystr(ps->p[ps->n++], sizeof(ps->p[0]), path);
+}
+
+/* The wheels' libraries that exist in one site-packages directory (len bytes of site). */
+static void mskv__cuda_paths_site(mskv__cuda_paths *ps, const char *site, size_t len) {
+    char path[512];
+    int i;
+    for (i = 0; i < 2; i++) {
+        size_t w = strlen(mskv__cuda_nvrtc_wheels[i]);
+        if (len == 0 || len + w + 2 > sizeof(path)) continue;
+        memcpy(path, site, len);
+        path[len] = '/';
+        memcpy(path + len + 1, mskv__cuda_nvrtc_wheels[i], w + 1);
+        if (access(path, F_OK) == 0) mskv__cuda_paths_add(ps, path);
+    }
+}
+
+/* <prefix>/lib/python3.X/<leaf> for each Python version X present: a venv, a
+   conda environment, ~/.local, /usr/local, /usr. One directory read per prefix. */
+static void mskv__cuda_paths_prefix(mskv__cuda_paths *ps, const char *prefix, const char *leaf) {
+    char dir[512], site[512];
+    DIR *d;
+    struct dirent *e;
+    if (!prefix || !*prefix || strlen(prefix) + 5 >= sizeof(dir)) return;
+    mskv__cuda_format(dir, sizeof(dir), "%s/lib", prefix);
+    if ((d = opendir(dir)) == NULL) return;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "python3", 7) != 0) continue;
+        if (strlen(dir) + strlen(e->d_name) + strlen(leaf) + 3 > sizeof(site)) continue;
+        mskv__cuda_format(site, sizeof(site), "%s/%s/%s", dir, e->d_name, leaf);
+        mskv__cuda_paths_site(ps, site, strlen(site));
+    }
+    closedir(d);
+}
+
+static int mskv__cuda_nvrtc_candidates(char (*paths)[512], int max) {
+    mskv__cuda_paths ps;
+    char env[1024], home[512];
+    const char *e;
+    int i;
+    ps.p = paths; ps.n = 0; ps.max = max;
+    if (mskv__cuda_getenv("VIRTUAL_ENV", env, sizeof(env))) mskv__cuda_paths_prefix(&ps, env, "site-packages");
+    if (mskv__cuda_getenv("CONDA_PREFIX", env, sizeof(env))) mskv__cuda_paths_prefix(&ps, env, "site-packages");
+    if (mskv__cuda_getenv("PYTHONPATH", env, sizeof(env))) {
+        for (e = env; *e; e += *e == ':') {
+            size_t n = strcspn(e, ":");
+            mskv__cuda_paths_site(&ps, e, n);
+            e += n;
+        }
+    }
+    for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names); i++) mskv__cuda_paths_add(&ps, mskv__cuda_nvrtc_names[i]);
+    for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && ps.n < max; i++)
+        mskv__cuda_format(paths[ps.n++], sizeof(paths[0]), "/usr/local/cuda/lib64/%s", mskv__cuda_nvrtc_names[i]);
+    if (mskv__cuda_getenv("HOME", env, sizeof(env)) && strlen(env) < 400) {
+        mskv__cuda_format(home, sizeof(home), "%s/.local", env);
+        mskv__cuda_paths_prefix(&ps, home, "site-packages");
+    }
+    mskv__cuda_paths_prefix(&ps, "/usr/local", "dist-packages");
+    mskv__cuda_paths_prefix(&ps, "/usr/local", "site-packages");
+    mskv__cuda_paths_prefix(&ps, "/usr", "dist-packages");
+    mskv__cuda_paths_prefix(&ps, "/usr", "site-packages");
+    return ps.n;
+}
+#endif
+
+/* Opens a library; NULL and the loader's reason in err otherwise. */
+static void *mskv__cuda_lib_open(const char *name, char *err, size_t cap) {
+#ifdef _WIN32
+    /* an absolute path (the only kind the flag allows): its own folder first
+       for the DLLs it needs */
+    int absolute = (name[0] && name[1] == ':' && (name[2] == '\\' || name[2] == '/')) ||
+                   (name[0] == '\\' && name[1] == '\\');
+    HMODULE h = LoadLibraryExA(name, NULL, absolute ? LOAD_WITH_ALTERED_SEARCH_PATH : 0);
+    if (!h) {
+        DWORD code = GetLastError();
+        char msg[256];
+        DWORD len = FormatMessageA(FORMAT_MESSAGE_FROM_SYSTEM | FORMAT_MESSAGE_IGNORE_INSERTS, NULL, code, 0, msg,
+                                   (DWORD)sizeof(msg), NULL);
+        while (len > 0 && (msg[len - 1] == '\r' || msg[len - 1] == '\n' || msg[len - 1] == ' ')) len--;
+        msg[len] = 0;
+        mskv__cuda_format(err, cap, "%s (Windows error %lu)", len ? msg : "LoadLibrary failed", (unsigned long)code);
+    }
+    return (void *)h;
+#else
+    void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *e = dlerror();
+        mskv__cuda_copystr(err, cap, e ? e : "not found");
+    }
+    return lib;
+#endif
+}
+
+/* A function's address; dlsym and GetProcAddress disagree on its type, and
+   going through memcpy keeps ISO C quiet either way. */
+static void *mskv__cuda_sym(void *lib, const char *name) {
+#ifdef _WIN32
+    FARPROC f = GetProcAddress((HMODULE)lib, name);
+    void *p = NULL;
+    memcpy(&p, &f, sizeof(p) < sizeof(f) ? sizeof(p) : sizeof(f));
+    return p;
+#else
+    return dlsym(lib, name);
+#endif
+}
+
+static void mskv__cuda_lib_close(void *lib) {
+#ifdef _WIN32
+    FreeLibrary((HMODULE)lib);
+#else
+    dlclose(lib);
+#endif
+}
+
+static unsigned long mskv__cuda_pid(void) {
+#ifdef _WIN32
+    return (unsigned long)GetCurrentProcessId();
+#else
+    return (unsigned long)getpid();
+#endif
+}
+
+static int mskv__cuda_is_sep(char c) {
+#ifdef _WIN32
+    return c == '\\' || c == '/';
+#else
+    return c == '/';
+#endif
+}
+
+/* One directory; an existing one (or a failure) is for the caller's next step to find out. */
+static void mskv__cuda_mkdir(const char *path) {
+#ifdef _WIN32
+    CreateDirectoryA(path, NULL);
+#else
+    mkdir(path, 0755);
+#endif
+}
+
+/* Reads a whole file; NULL when absent or unreadable. */
+static unsigned char *mskv__cuda_read_file(const mskv_allocator *a, const char *path, size_t *size) {
+    unsigned char *buf;
+    size_t got = 0, want;
+#ifdef _WIN32
+    /* FILE_SHARE_DELETE: a writer may rename a new entry over this one meanwhile */
+    HANDLE h = CreateFileA(path, GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, NULL,
+                           OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL, NULL);
+    LARGE_INTEGER sz;
+    if (h == INVALID_HANDLE_VALUE) return NULL;
+    if (!GetFileSizeEx(h, &sz) || sz.QuadPart < 0 || (uint64_t)sz.QuadPart >= (uint64_t)SIZE_MAX) { CloseHandle(h); return NULL; }
+    want = (size_t)sz.QuadPart;
+    buf = (unsigned char *)mskv__cuda_alloc(a, want + 1);
+    if (!buf) { CloseHandle(h); return NULL; }
+    while (got < want) {
+        DWORD r = 0, ask = want - got > 0x40000000u ? 0x40000000u : (DWORD)(want - got);
+        if (!ReadFile(h, buf + got, ask, &r, NULL) || r == 0) break;
+        got += r;
+    }
+    CloseHandle(h);
+#else
+    int fd = open(path, O_RDONLY);
+    struct stat sb;
+    if (fd < 0) return NULL;
+    if (fstat(fd, &sb) != 0 || sb.st_size < 0) { close(fd); return NULL; }
+    want = (size_t)sb.st_size;
+    buf = (unsigned char *)mskv__cuda_alloc(a, want + 1);
+    if (!buf) { close(fd); return NULL; }
+    while (got < want) {
+        ssize_t r = read(fd, buf + got, want - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+#endif
+    *size = got;
+    return buf;
+}
+
+/* Writes the parts to a new file tmp (failing if it exists), then renames it
+   over path in one step, so a reader sees the old entry or the new one,
+   never half of one. Nothing is left behind on failure. */
+static int mskv__cuda_write_replace(const char *tmp, const char *path, const void *const *part, const size_t *len, int nparts) {
+    int i, ok = 1;
+#ifdef _WIN32
+    HANDLE h = CreateFileA(tmp, GENERIC_WRITE, 0, NULL, CREATE_NEW, FILE_ATTRIBUTE_NORMAL, NULL);
+    if (h == INVALID_HANDLE_VALUE) return 0;
+    for (i = 0; i < nparts && ok; i++) {
+        const char *p = (const char *)part[i];
+        size_t n = len[i];
+        while (n && ok) {
+            DWORD w = 0, ask = n > 0x40000000u ? 0x40000000u : (DWORD)n;
+            if (!WriteFile(h, p, ask, &w, NULL) || w == 0) ok = 0;
+            p += w; n -= w;
+        }
+    }
+    if (!CloseHandle(h)) ok = 0;
+    if (!ok || !MoveFileExA(tmp, path, MOVEFILE_REPLACE_EXISTING)) { DeleteFileA(tmp); return 0; }
+#else
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) return 0;
+    for (i = 0; i < nparts && ok; i++) {
+        const char *p = (const char *)part[i];
+        size_t n = len[i];
+        while (n && ok) {
+            ssize_t w = write(fd, p, n);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) ok = 0;
+            else { p += w; n -= (size_t)w; }
+        }
+    }
+    if (close(fd) != 0) ok = 0;
+    if (!ok || rename(tmp, path) != 0) { unlink(tmp); return 0; }
+#endif
+    return 1;
+}
 
 /* // >>loader ---------------------------------------------------------------
    The libraries are opened once per process under one lock; the table is
@@ -1322,18 +1692,14 @@ typedef struct mskv__cuda_global {
     int driver_tried, nvrtc_ok;
     mskv_result driver_result;
     char driver_why[768];
-    char nvrtc_why[1024];
+    char nvrtc_why[2048];      /* every candidate tried, each with the loader's reason */
+    char nvrtc_used[512];      /* the libnvrtc that loaded */
     void *libcuda, *libnvrtc;
     mskv_cuda_functions fn;
 } mskv__cuda_global;
 
 static mskv__cuda_mutex mskv__cuda_g_lock = MSKV__CUDA_MUTEX_INIT;
 static mskv__cuda_global mskv__cuda_g;   /* zero: nothing loaded */
-
-/* dlsym returns an object pointer; going through memcpy keeps ISO C quiet */
-static void *mskv__cuda_sym(void *lib, const char *name) {
-    return dlsym(lib, name);
-}
 
 #define MSKV__CUDA_SET_FN(member, ptr) memcpy((void *)&(member), &(ptr), sizeof(void *))
 
@@ -1343,18 +1709,16 @@ static const char *mskv__cuda_cu_name(const mskv_cuda_functions *fn, mskv_cu_res
     return "unknown CUDA error";
 }
 
-/* dlopen the first of names that loads; every failure is appended to why. */
-static void *mskv__cuda_dlopen_first(const char *const *names, int n, const char **used, char *why, size_t cap) {
+/* Opens the first of names that loads; every failure is appended to why. */
+static void *mskv__cuda_open_first(const char *const *names, int n, const char **used, char *why, size_t cap) {
     int i;
     for (i = 0; i < n; i++) {
-        void *lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        char err[512] = "";
+        void *lib = mskv__cuda_lib_open(names[i], err, sizeof(err));
         if (lib) { *used = names[i]; return lib; }
-        {
-            /* glibc's message starts with the name already; others may not */
-            const char *e = dlerror();
-            if (e && strstr(e, names[i])) mskv__cuda_appendf(why, cap, "%s%s", why[0] ? "; " : "", e);
-            else mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", names[i], e ? e : "not found");
-        }
+        /* dlerror's message starts with the name already (LoadLibrary's does not) */
+        if (strstr(err, names[i])) mskv__cuda_appendf(why, cap, "%s%s", why[0] ? "; " : "", err);
+        else mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", names[i], err);
     }
     return NULL;
 }
@@ -1369,7 +1733,7 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
     mskv__cuda_getproc_fn getproc = NULL;
     void *p;
     const char *used = NULL;
-    lib = mskv__cuda_dlopen_first(names, n_names, &used, why, cap);
+    lib = mskv__cuda_open_first(names, n_names, &used, why, cap);
     if (!lib) {
         mskv__cuda_appendf(why, cap, " (no CUDA driver)");
         return MSKV_ERROR_CUDA_UNAVAILABLE;
@@ -1382,7 +1746,7 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
     if (p) MSKV__CUDA_SET_FN(fn->cuDriverGetVersion, p);
     if (!fn->cuInit || !fn->cuDriverGetVersion) {
         mskv__cuda_appendf(why, cap, "%s%s: not a CUDA driver (no cuInit)", why[0] ? "; " : "", used);
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     r = fn->cuInit(0);
@@ -1391,7 +1755,7 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
                            mskv__cuda_cu_name(fn, r),
                            r == MSKV_CU_ERROR_STUB_LIBRARY ? ": the toolkit's stub, not a driver" :
                            r == MSKV_CU_ERROR_NO_DEVICE ? ": no CUDA device" : "");
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     fn->cuDriverGetVersion(&version);
@@ -1410,39 +1774,37 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
     MSKV_CUDA_DRIVER_FUNCTIONS(MSKV__CUDA_RESOLVE)
 #undef MSKV__CUDA_RESOLVE
     if (missing) {
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     r = fn->cuDeviceGetCount(&count);
     if (r != MSKV_CU_SUCCESS || count <= 0) {
         mskv__cuda_appendf(why, cap, "%s%s: no CUDA device (cuDeviceGetCount: %d, %d devices)",
                            why[0] ? "; " : "", used, r, count);
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     *lib_out = lib;
     return MSKV_SUCCESS;
 }
 
-static mskv_result mskv__cuda_open_nvrtc(const char *first, void **lib_out, mskv_cuda_functions *fn,
-                                         char *why, size_t cap) {
-    static const char *const names[] = {
-        "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so",
-        "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so.12",
-        "/usr/local/cuda/lib64/libnvrtc.so.11.2", "/usr/local/cuda/lib64/libnvrtc.so" };
-    const char *env = getenv("MSKV_NVRTC_PATH");
-    const char *cand[10];
-    int n = 0, i, missing = 0;
+static mskv_result mskv__cuda_open_nvrtc(const char *first, void **lib_out, char *used_out, size_t used_cap,
+                                         mskv_cuda_functions *fn, char *why, size_t cap) {
+    char env[1024], paths[MSKV__CUDA_NVRTC_MAX][512];
+    const char *cand[MSKV__CUDA_NVRTC_MAX + 2];
+    int n = 0, i, np, missing = 0;
     void *lib = NULL, *p;
     const char *used = NULL;
     if (first && *first) cand[n++] = first;
-    if (env && *env) cand[n++] = env;
-    for (i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++) cand[n++] = names[i];
-    lib = mskv__cuda_dlopen_first(cand, n, &used, why, cap);
+    if (mskv__cuda_getenv("MSKV_NVRTC_PATH", env, sizeof(env))) cand[n++] = env;
+    np = mskv__cuda_nvrtc_candidates(paths, MSKV__CUDA_NVRTC_MAX);
+    for (i = 0; i < np; i++) cand[n++] = paths[i];
+    lib = mskv__cuda_open_first(cand, n, &used, why, cap);
     if (!lib) {
-        mskv__cuda_appendf(why, cap, " (no NVRTC)");
+        mskv__cuda_appendf(why, cap, "%s", MSKV__CUDA_NVRTC_NOT_FOUND);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
+    if (used_out) mskv__cuda_copystr(used_out, used_cap, used);
 #define MSKV__CUDA_RESOLVE_NVRTC(ret, name, sym, params)                                   \
     p = mskv__cuda_sym(lib, sym);                                                          \
     if (p) MSKV__CUDA_SET_FN(fn->name, p);                                                 \
@@ -1450,7 +1812,7 @@ static mskv_result mskv__cuda_open_nvrtc(const char *first, void **lib_out, mskv
     MSKV_CUDA_NVRTC_FUNCTIONS(MSKV__CUDA_RESOLVE_NVRTC)
 #undef MSKV__CUDA_RESOLVE_NVRTC
     if (missing) {
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     *lib_out = lib;
@@ -1464,11 +1826,11 @@ static mskv_result mskv__cuda_load(int want_driver, int want_nvrtc, const char *
     mskv__cuda_global *g = &mskv__cuda_g;
     mskv__cuda_lock(&mskv__cuda_g_lock);
     if (want_driver && !g->driver_tried) {
-        static const char *const names[] = { "libcuda.so.1", "libcuda.so" };
         mskv_cuda_functions tmp;
         memset(&tmp, 0, sizeof(tmp));
         g->driver_why[0] = 0;
-        g->driver_result = mskv__cuda_open_driver(names, 2, &g->libcuda, &tmp, g->driver_why, sizeof(g->driver_why));
+        g->driver_result = mskv__cuda_open_driver(mskv__cuda_driver_names, MSKV__CUDA_COUNT(mskv__cuda_driver_names),
+                                                  &g->libcuda, &tmp, g->driver_why, sizeof(g->driver_why));
         if (g->driver_result == MSKV_SUCCESS) {
 #define MSKV__CUDA_COPY(ret, name, sym, params) g->fn.name = tmp.name;
             MSKV_CUDA_DRIVER_FUNCTIONS(MSKV__CUDA_COPY)
@@ -1485,7 +1847,8 @@ static mskv_result mskv__cuda_load(int want_driver, int want_nvrtc, const char *
         mskv_cuda_functions tmp;
         memset(&tmp, 0, sizeof(tmp));
         g->nvrtc_why[0] = 0;
-        if (mskv__cuda_open_nvrtc(nvrtc_path, &g->libnvrtc, &tmp, g->nvrtc_why, sizeof(g->nvrtc_why)) == MSKV_SUCCESS) {
+        if (mskv__cuda_open_nvrtc(nvrtc_path, &g->libnvrtc, g->nvrtc_used, sizeof(g->nvrtc_used), &tmp, g->nvrtc_why,
+                                  sizeof(g->nvrtc_why)) == MSKV_SUCCESS) {
 #define MSKV__CUDA_COPY(ret, name, sym, params) g->fn.name = tmp.name;
             MSKV_CUDA_NVRTC_FUNCTIONS(MSKV__CUDA_COPY)
 #undef MSKV__CUDA_COPY
@@ -1503,13 +1866,61 @@ static mskv_result mskv__cuda_load(int want_driver, int want_nvrtc, const char *
 
 /* // >>context implementation ---------------------------------------------- */
 
-#define MSKV__CUDA_MAX_FUNCS 24
+/* Kernel variants. A variant is one value for each -D switch of kernels.cu
+   (the list below, with the bits its value may take) plus the arch flag,
+   packed into a 64-bit key; a function is one kernel of a variant. The
+   per-call path compares integers only: each store keeps a lock-free cache
+   of the functions it launches (a store is driven by one thread at a time),
+   and a miss goes to the context's list under its lock. Option strings are
+   made only when a variant is compiled, the first time it is used.
+   X(id, name, bits); values are >= 0. */
+#define MSKV__CUDA_DEFINE_LIST(X)                   \
+    X(DTYPE, "MSKV_DTYPE", 2)                       \
+    X(HEAD_DIM, "MSKV_HEAD_DIM", 9)                 \
+    X(ROPE, "MSKV_ROPE", 2)                         \
+    X(ROPE_STYLE, "MSKV_ROPE_STYLE", 1)             \
+    X(ROPE_D0, "MSKV_ROPE_D0", 9)                   \
+    X(ROPE_D1, "MSKV_ROPE_D1", 9)                   \
+    X(ROPE_D2, "MSKV_ROPE_D2", 9)                   \
+    X(ATTN_WARP_KEYS, "MSKV_ATTN_WARP_KEYS", 1)
+
+/* The kernels the wrappers launch: X(id, name in kernels.cu). */
+#define MSKV__CUDA_KERNEL_LIST(X)                   \
+    X(KV_WRITE, "mskv_kv_write")                    \
+    X(PAGE_GATHER, "mskv_page_gather")              \
+    X(PAGE_SCATTER, "mskv_page_scatter")            \
+    X(ATTN, "mskv_attn")                            \
+    X(LSE_MERGE, "mskv_lse_merge")                  \
+    X(STATE_MERGE, "mskv_state_merge")              \
+    X(ROPE, "mskv_rope")
+
+enum {
+#define MSKV__CUDA_DEF_ID(id, name, bits) MSKV__D_##id,
+    MSKV__CUDA_DEFINE_LIST(MSKV__CUDA_DEF_ID)
+#undef MSKV__CUDA_DEF_ID
+    MSKV__CUDA_NDEFS
+};
+enum {
+#define MSKV__CUDA_KERNEL_ID(id, name) MSKV__K_##id,
+    MSKV__CUDA_KERNEL_LIST(MSKV__CUDA_KERNEL_ID)
+#undef MSKV__CUDA_KERNEL_ID
+    MSKV__CUDA_NKERNELS
+};
+/* key bits: the defines from bit 0, the arch flag, the kernel (6 bits); bit 63 marks a used cache slot */
+enum {
+    MSKV__CUDA_DEF_BITS = 0
+#define MSKV__CUDA_DEF_SUM(id, name, bits) + bits
+    MSKV__CUDA_DEFINE_LIST(MSKV__CUDA_DEF_SUM)
+#undef MSKV__CUDA_DEF_SUM
+    , MSKV__CUDA_KEY_KERNEL_SHIFT = MSKV__CUDA_DEF_BITS + 1
+};
+typedef char mskv__cuda_key_fits[MSKV__CUDA_KEY_KERNEL_SHIFT + 6 <= 63 && MSKV__CUDA_NKERNELS <= 64 ? 1 : -1];
 
 typedef struct mskv__cuda_variant {
-    char *key;                        /* options joined by '\n' + arch flag */
+    uint64_t key;                     /* mskv__cuda_variant_key of its defines */
     mskv_cu_module module;
-    int32_t nfuncs;
-    struct { char name[64]; mskv_cu_function f; } funcs[MSKV__CUDA_MAX_FUNCS];
+    mskv_cu_function funcs[MSKV__CUDA_NKERNELS];    /* by kernel id, fetched on first use */
+    unsigned int smem_limit[MSKV__CUDA_NKERNELS];   /* dynamic smem allowed so far (0: the default 48 KiB) */
     struct mskv__cuda_variant *next;
 } mskv__cuda_variant;
 
@@ -1525,17 +1936,19 @@ struct mskv_cuda {
     mskv_cu_device device;
     mskv_cu_context ctx;
     mskv_cuda_info info;
+    int32_t smem_optin;               /* shared memory a block may opt in to (0: unknown) */
     mskv__cuda_mutex lock;
     mskv__cuda_variant *variants;
     char err[4096];
 };
 
+static void mskv__cuda_log(mskv_log_fn log, void *user, mskv_log_level lvl, const char *fmt, ...) MSKV__CUDA_PRINTF(4, 5);
 static void mskv__cuda_log(mskv_log_fn log, void *user, mskv_log_level lvl, const char *fmt, ...) {
     char buf[1024];
     va_list ap;
     if (!log) return;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
+    mskv__cuda_vformat(buf, sizeof(buf), fmt, ap);
     va_end(ap);
     log(user, lvl, buf);
 }
@@ -1543,16 +1956,17 @@ static void mskv__cuda_log(mskv_log_fn log, void *user, mskv_log_level lvl, cons
 /* Records a driver failure in cu->err and the logger; returns the mapped code. */
 static mskv_result mskv__cuda_fail(mskv_cuda *cu, mskv_cu_result r, const char *what) {
     mskv_result code = r == MSKV_CU_ERROR_OUT_OF_MEMORY ? MSKV_ERROR_OUT_OF_MEMORY : MSKV_ERROR_CUDA;
-    snprintf(cu->err, sizeof(cu->err), "%s failed: CUDA error %d (%s)", what, r, mskv__cuda_cu_name(&cu->fn, r));
+    mskv__cuda_format(cu->err, sizeof(cu->err), "%s failed: CUDA error %d (%s)", what, r, mskv__cuda_cu_name(&cu->fn, r));
     if (cu->log) cu->log(cu->log_user, MSKV_LOG_ERROR, cu->err);
     return code;
 }
 
 /* Records a refusal (not a driver error) in cu->err and the logger. */
+static void mskv__cuda_failf(mskv_cuda *cu, const char *fmt, ...) MSKV__CUDA_PRINTF(2, 3);
 static void mskv__cuda_failf(mskv_cuda *cu, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(cu->err, sizeof(cu->err), fmt, ap);
+    mskv__cuda_vformat(cu->err, sizeof(cu->err), fmt, ap);
     va_end(ap);
     if (cu->log) cu->log(cu->log_user, MSKV_LOG_ERROR, cu->err);
 }
@@ -1608,16 +2022,11 @@ static char *mskv__cuda_source(const mskv_cuda_desc *d, size_t *len) {
 }
 
 static void mskv__cuda_cache_dir(const mskv_cuda_desc *d, char *out, size_t cap) {
-    const char *e;
     out[0] = 0;
     if (d->disable_disk_cache) return;
     if (d->cache_dir && *d->cache_dir) { mskv__cuda_copystr(out, cap, d->cache_dir); return; }
-    e = getenv("MSKV_CACHE_DIR");
-    if (e && *e) { mskv__cuda_copystr(out, cap, e); return; }
-    e = getenv("XDG_CACHE_HOME");
-    if (e && *e) { snprintf(out, cap, "%s/mstar_kv", e); return; }
-    e = getenv("HOME");
-    if (e && *e) { snprintf(out, cap, "%s/.cache/mstar_kv", e); return; }
+    if (mskv__cuda_getenv("MSKV_CACHE_DIR", out, cap)) return;
+    mskv__cuda_default_cache_dir(out, cap);
 }
 
 /* A directory too long for "<dir>/<16 hex>.cubin" in the same buffer size
@@ -1642,11 +2051,45 @@ MSKV_API mskv_result mskv_cuda_probe(const mskv_cuda_desc *desc, char *why, size
         memset(&tmp, 0, sizeof(tmp));
         r = mskv__cuda_open_driver(&desc->driver_path, 1, &lib, &tmp, buf, sizeof(buf));
         mskv__cuda_appendf(why, why_cap, "%s", buf);
-        if (lib) dlclose(lib);
+        if (lib) mskv__cuda_lib_close(lib);
         if (r != MSKV_SUCCESS) return r;
         return mskv__cuda_load(0, 1, desc->nvrtc_path, NULL, why, why_cap);
     }
     return mskv__cuda_load(1, 1, desc->nvrtc_path, NULL, why, why_cap);
+}
+
+MSKV_API mskv_result mskv_cuda_probe_driver(const mskv_cuda_desc *desc, int32_t *devices, int32_t *driver_version,
+                                            char *why, size_t why_cap) {
+    mskv_cuda_desc zero;
+    mskv_cuda_functions fn;
+    void *lib = NULL;
+    int count = 0, version = 0;
+    mskv_result r = MSKV_SUCCESS;
+    if (why && why_cap) why[0] = 0;
+    if (devices) *devices = 0;
+    if (driver_version) *driver_version = 0;
+    if (!desc) { memset(&zero, 0, sizeof(zero)); desc = &zero; }
+    memset(&fn, 0, sizeof(fn));
+    if (desc->functions) {
+        fn = *desc->functions;
+        if (fn.cuInit(0) != MSKV_CU_SUCCESS) r = MSKV_ERROR_CUDA_UNAVAILABLE;
+    } else if (desc->driver_path) {
+        char buf[768] = "";
+        r = mskv__cuda_open_driver(&desc->driver_path, 1, &lib, &fn, buf, sizeof(buf));
+        mskv__cuda_appendf(why, why_cap, "%s", buf);
+    } else {
+        r = mskv__cuda_load(1, 0, NULL, &fn, why, why_cap);
+    }
+    if (r == MSKV_SUCCESS && (fn.cuDeviceGetCount(&count) != MSKV_CU_SUCCESS || count <= 0)) {
+        mskv__cuda_appendf(why, why_cap, "%sno CUDA device", why && why[0] ? "; " : "");
+        r = MSKV_ERROR_CUDA_UNAVAILABLE;
+    }
+    if (r == MSKV_SUCCESS && fn.cuDriverGetVersion(&version) != MSKV_CU_SUCCESS) version = 0;
+    if (lib) mskv__cuda_lib_close(lib);
+    if (r != MSKV_SUCCESS) return r;
+    if (devices) *devices = count;
+    if (driver_version) *driver_version = version;
+    return MSKV_SUCCESS;
 }
 
 MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **out) {
@@ -1654,7 +2097,7 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
     mskv_cuda *cu;
     mskv_result res;
     mskv_cu_result r;
-    char why[1536] = "";
+    char why[3072] = "";
     size_t len = 0;
     int major = 0, minor = 0, n = 0, i, best = 0, found = 0;
     int *archs = NULL;
@@ -1679,7 +2122,7 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
         cu->fn = *desc->functions;
         r = cu->fn.cuInit(0);
         if (r != MSKV_CU_SUCCESS) {
-            snprintf(why, sizeof(why), "cuInit failed with %d (%s)", r, mskv__cuda_cu_name(&cu->fn, r));
+            mskv__cuda_format(why, sizeof(why), "cuInit failed with %d (%s)", r, mskv__cuda_cu_name(&cu->fn, r));
             res = MSKV_ERROR_CUDA_UNAVAILABLE;
             goto unavailable;
         }
@@ -1699,7 +2142,7 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
     }
     r = cu->fn.cuDeviceGetCount(&n);
     if (r != MSKV_CU_SUCCESS || n <= 0 || desc->device < 0 || desc->device >= n) {
-        snprintf(why, sizeof(why), "no CUDA device %d (cuDeviceGetCount: %d, %d devices)", (int)desc->device, r, n);
+        mskv__cuda_format(why, sizeof(why), "no CUDA device %d (cuDeviceGetCount: %d, %d devices)", (int)desc->device, r, n);
         res = MSKV_ERROR_CUDA_UNAVAILABLE;
         goto unavailable;
     }
@@ -1713,9 +2156,12 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
         goto fail;
     }
     cu->info.name[sizeof(cu->info.name) - 1] = 0;
+    /* asked once here, not per attention call (0 = unknown: the geometry assumes 99 KiB) */
+    if (cu->fn.cuDeviceGetAttribute(&cu->smem_optin, MSKV_CU_ATTR_MAX_SMEM_OPTIN, cu->device) != MSKV_CU_SUCCESS)
+        cu->smem_optin = 0;
     cu->info.device = desc->device;
     if (cu->fn.nvrtcVersion(&major, &minor) != 0) {
-        snprintf(why, sizeof(why), "nvrtcVersion failed");
+        mskv__cuda_format(why, sizeof(why), "nvrtcVersion failed");
         res = MSKV_ERROR_CUDA_UNAVAILABLE;
         goto unavailable;
     }
@@ -1735,7 +2181,7 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
         mskv__cuda_dealloc(&cu->allocator, archs);
         if (!found) {
             if (!best) {
-                snprintf(why, sizeof(why), "NVRTC %d.%d supports no architecture at or below sm_%d",
+                mskv__cuda_format(why, sizeof(why), "NVRTC %d.%d supports no architecture at or below sm_%d",
                          major, minor, (int)cu->info.arch);
                 res = MSKV_ERROR_CUDA_UNAVAILABLE;
                 goto unavailable;
@@ -1769,16 +2215,24 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
                            (int)sizeof(cu->cache_dir) - 25);
     }
     cu->desc.disable_disk_cache = cu->cache_dir[0] ? 0 : 1;
-    mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_INFO, "mstar_kv cuda: %s, sm_%d%s, driver %d, NVRTC %d, cache %s",
-                   cu->info.name, (int)cu->info.arch, cu->info.ptx_fallback ? " (PTX)" : "",
-                   (int)cu->info.driver_version, (int)cu->info.nvrtc_version,
-                   cu->cache_dir[0] ? cu->cache_dir : "off");
+    {
+        char nvrtc[512] = "injected";
+        if (!desc->functions) {
+            mskv__cuda_lock(&mskv__cuda_g_lock);
+            mskv__cuda_copystr(nvrtc, sizeof(nvrtc), mskv__cuda_g.nvrtc_used);
+            mskv__cuda_unlock(&mskv__cuda_g_lock);
+        }
+        mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_INFO, "mstar_kv cuda: %s, sm_%d%s, driver %d, NVRTC %d (%s), cache %s",
+                       cu->info.name, (int)cu->info.arch, cu->info.ptx_fallback ? " (PTX)" : "",
+                       (int)cu->info.driver_version, (int)cu->info.nvrtc_version, nvrtc,
+                       cu->cache_dir[0] ? cu->cache_dir : "off");
+    }
     *out = cu;
     return MSKV_SUCCESS;
 unavailable:
     mskv__cuda_log(desc->log, desc->log_user, MSKV_LOG_ERROR, "mstar_kv cuda unavailable: %s", why);
 fail:
-    if (cu->own_driver) dlclose(cu->own_driver);
+    if (cu->own_driver) mskv__cuda_lib_close(cu->own_driver);
     mskv__cuda_dealloc(&desc->allocator, cu);
     return res;
 }
@@ -1792,12 +2246,11 @@ MSKV_API void mskv_cuda_destroy(mskv_cuda *cu) {
     for (v = cu->variants; v; v = next) {
         next = v->next;
         if (v->module) cu->fn.cuModuleUnload(v->module);
-        mskv__cuda_dealloc(&a, v->key);
         mskv__cuda_dealloc(&a, v);
     }
     cu->fn.cuDevicePrimaryCtxRelease(cu->device);
     mskv__cuda_dealloc(&a, cu->source);
-    if (cu->own_driver) dlclose(cu->own_driver);
+    if (cu->own_driver) mskv__cuda_lib_close(cu->own_driver);
     mskv__cuda_dealloc(&a, cu);
 }
 
@@ -1854,44 +2307,13 @@ static void mskv__cuda_mkdirs(const char *path) {
     if (n >= sizeof(tmp)) return;
     memcpy(tmp, path, n + 1);
     for (i = 1; i <= n; i++) {
-        if (tmp[i] == '/' || tmp[i] == 0) {
+        if (mskv__cuda_is_sep(tmp[i]) || tmp[i] == 0) {
             char c = tmp[i];
             tmp[i] = 0;
-            mkdir(tmp, 0755);
+            mskv__cuda_mkdir(tmp);
             tmp[i] = c;
         }
     }
-}
-
-static int mskv__cuda_write_all(int fd, const void *data, size_t n) {
-    const char *p = (const char *)data;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) { if (errno == EINTR) continue; return 0; }
-        p += w; n -= (size_t)w;
-    }
-    return 1;
-}
-
-/* Reads a whole file; NULL when absent or unreadable. */
-static unsigned char *mskv__cuda_read_file(const mskv_allocator *a, const char *path, size_t *size) {
-    int fd = open(path, O_RDONLY);
-    struct stat sb;
-    unsigned char *buf;
-    size_t got = 0;
-    if (fd < 0) return NULL;
-    if (fstat(fd, &sb) != 0 || sb.st_size < 0) { close(fd); return NULL; }
-    buf = (unsigned char *)mskv__cuda_alloc(a, (size_t)sb.st_size + 1);
-    if (!buf) { close(fd); return NULL; }
-    while (got < (size_t)sb.st_size) {
-        ssize_t r = read(fd, buf + got, (size_t)sb.st_size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    *size = got;
-    return buf;
 }
 
 typedef struct mskv__cuda_key { uint64_t key, check; } mskv__cuda_key;
@@ -1955,12 +2377,13 @@ corrupt:
 
 static int mskv__cuda_cache_write(const char *dir, const char *path, mskv__cuda_key k, int is_ptx,
                                   const mskv_cuda_image *img) {
-    static unsigned long counter;
+    static unsigned long counter;     /* under the loader's lock: threads may compile at once */
+    unsigned long serial;
     unsigned char hdr[MSKV__CUDA_HDR_BYTES];
     char tmp[600];
-    size_t lsz = img->log ? strlen(img->log) : 0;
+    size_t lsz = img->log ? strlen(img->log) : 0, len[3];
+    const void *part[3];
     uint64_t h = 1469598103934665603ull;
-    int fd, ok;
     mskv__cuda_mkdirs(dir);
     memcpy(hdr, "MSKVJIT", 8);
     mskv__cuda_put64(hdr + 8, ((uint64_t)(unsigned)is_ptx << 32) | MSKV__CUDA_CACHE_FORMAT);
@@ -1972,15 +2395,15 @@ static int mskv__cuda_cache_write(const char *dir, const char *path, mskv__cuda_
     if (lsz) h = mskv__cuda_hash(img->log, lsz, h);
     mskv__cuda_put64(hdr + 48, mskv__cuda_mix(h));
     /* pid + a counter + the address of a stack object: unique across processes and threads */
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld.%lu.%lx", path, (long)getpid(), ++counter,
-             (unsigned long)(size_t)&fd);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
-    if (fd < 0) return 0;
-    ok = mskv__cuda_write_all(fd, hdr, sizeof(hdr)) && mskv__cuda_write_all(fd, img->data, img->size) &&
-         (!lsz || mskv__cuda_write_all(fd, img->log, lsz));
-    if (close(fd) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) { unlink(tmp); return 0; }
-    return 1;
+    mskv__cuda_lock(&mskv__cuda_g_lock);
+    serial = ++counter;
+    mskv__cuda_unlock(&mskv__cuda_g_lock);
+    mskv__cuda_format(tmp, sizeof(tmp), "%s.tmp.%lu.%lu.%lx", path, mskv__cuda_pid(), serial,
+             (unsigned long)(size_t)&h);
+    part[0] = hdr; len[0] = sizeof(hdr);
+    part[1] = img->data; len[1] = img->size;
+    part[2] = img->log; len[2] = lsz;
+    return mskv__cuda_write_replace(tmp, path, part, len, lsz ? 3 : 2);
 }
 
 typedef struct mskv__cuda_jit {
@@ -2008,13 +2431,13 @@ static mskv_result mskv__cuda_jit_compile(const mskv__cuda_jit *j, const mskv_cu
     memset(img, 0, sizeof(*img));
     if (info->num_options < 0 || (info->num_options && !info->options) || info->arch <= 0)
         return MSKV_ERROR_INVALID_ARGUMENT;
-    snprintf(target, sizeof(target), "--gpu-architecture=%s_%d%s", info->ptx ? "compute" : "sm",
+    mskv__cuda_format(target, sizeof(target), "--gpu-architecture=%s_%d%s", info->ptx ? "compute" : "sm",
              (int)info->arch, info->arch_specific ? "a" : "");
     k = mskv__cuda_key_of(j->source, j->source_len, info->options, info->num_options, target, j->nvrtc_version);
     img->key = k.key;
     img->is_ptx = info->ptx ? 1 : 0;
     if (j->cache_dir[0]) {
-        snprintf(img->path, sizeof(img->path), "%s/%016llx.%s", j->cache_dir, (unsigned long long)k.key,
+        mskv__cuda_format(img->path, sizeof(img->path), "%s" MSKV__CUDA_SEP "%016llx.%s", j->cache_dir, (unsigned long long)k.key,
                  info->ptx ? "ptx" : "cubin");
         hit = mskv__cuda_cache_read(a, img->path, k, img->is_ptx, img);
         if (hit == 1) { img->from_disk = 1; return MSKV_SUCCESS; }
@@ -2129,127 +2552,155 @@ MSKV_API int64_t mskv_cuda_log_spills(const char *log) {
     return seen ? total : -1;
 }
 
-/* Kernel variants: a small set of -D options, built by the wrappers. Start
-   from mskv__cuda_defines_base (every define kernels.cu knows, at the store's
-   dtype and head_dim) and override with mskv__cuda_define, so equal variants
-   get equal keys and share one module. */
+static const char *const mskv__cuda_define_names[MSKV__CUDA_NDEFS] = {
+#define MSKV__CUDA_DEF_NAME(id, name, bits) name,
+    MSKV__CUDA_DEFINE_LIST(MSKV__CUDA_DEF_NAME)
+#undef MSKV__CUDA_DEF_NAME
+};
+static const unsigned char mskv__cuda_define_bits[MSKV__CUDA_NDEFS] = {
+#define MSKV__CUDA_DEF_WIDTH(id, name, bits) bits,
+    MSKV__CUDA_DEFINE_LIST(MSKV__CUDA_DEF_WIDTH)
+#undef MSKV__CUDA_DEF_WIDTH
+};
+static const char *const mskv__cuda_kernel_names[MSKV__CUDA_NKERNELS] = {
+#define MSKV__CUDA_KERNEL_NAME(id, name) name,
+    MSKV__CUDA_KERNEL_LIST(MSKV__CUDA_KERNEL_NAME)
+#undef MSKV__CUDA_KERNEL_NAME
+};
+
 typedef struct mskv__cuda_defines {
-    int32_t n;
+    int32_t value[MSKV__CUDA_NDEFS];
     int32_t arch_specific;            /* compile for sm_XYa */
-    char opt[16][64];
+    int32_t bad;                      /* a value did not fit its bits: no such variant */
 } mskv__cuda_defines;
 
-/* sets -Dname=value, replacing an earlier value of the same name */
-static void mskv__cuda_define(mskv__cuda_defines *d, const char *name, long long value) {
-    char opt[64];
-    size_t nl;
-    int i;
-    snprintf(opt, sizeof(opt), "-D%s=%lld", name, value);
-    nl = strlen(name);
-    for (i = 0; i < d->n; i++)
-        if (strncmp(d->opt[i] + 2, name, nl) == 0 && d->opt[i][2 + nl] == '=') {
-            mskv__cuda_copystr(d->opt[i], sizeof(d->opt[0]), opt);
-            return;
-        }
-    if (d->n < 16) mskv__cuda_copystr(d->opt[d->n++], sizeof(d->opt[0]), opt);
+/* sets -D<name of id>=value */
+static void mskv__cuda_define(mskv__cuda_defines *d, int id, int32_t value) {
+    if (value < 0 || value >= (1 << mskv__cuda_define_bits[id])) d->bad = 1;
+    else d->value[id] = value;
 }
 
-/* Internal API for launch wrappers (this file's and the attention wrappers');
-   the names are stable:
-     mskv__cuda_defines_base(st, &defs)         every define kernels.cu knows, at the store's
-                                                 dtype and head_dim (RoPE off, prefill layout)
-     mskv__cuda_define(&defs, "NAME", value)    override one (defs.arch_specific: sm_XYa)
-     mskv__cuda_function(cu, "kernel", &defs, &f)  compiled through the memory and disk caches
-     mskv__cuda_launch(st, f, grid, block, smem, args)  on the store's stream; sets the
-                                                 dynamic smem attribute above 48 KiB
-     mskv_cuda_plan_upload(st, plan, pos_mode, &dplan)   plan arrays in fixed device buffers
-     mskv__cuda_workspace(st, bytes, &ptr)      a device scratch buffer (grows, never during a capture)
-     mskv_cuda_store_pool(st, layer, kind)      a layer's K (0) or V (1) pool
-   Failures go through mskv__cuda_fail (cu->err + the logger). */
-static mskv_result mskv__cuda_function(mskv_cuda *cu, const char *kernel, const mskv__cuda_defines *defs, mskv_cu_function *out) {
-    char key[16 * 65 + 8];
-    const char *opts[16];
-    mskv__cuda_variant *v;
+static uint64_t mskv__cuda_variant_key(const mskv__cuda_defines *d) {
+    uint64_t k = 0;
+    int i, shift = 0;
+    for (i = 0; i < MSKV__CUDA_NDEFS; i++) {
+        k |= (uint64_t)(uint32_t)d->value[i] << shift;
+        shift += mskv__cuda_define_bits[i];
+    }
+    return k | (uint64_t)(d->arch_specific ? 1 : 0) << MSKV__CUDA_DEF_BITS;
+}
+
+/* The -D options of a variant, sorted by their text as the string-keyed
+   versions did (so their disk-cache entries stay valid). Compile time only. */
+typedef struct mskv__cuda_options {
+    char text[MSKV__CUDA_NDEFS][48];
+    const char *opts[MSKV__CUDA_NDEFS];
+} mskv__cuda_options;
+
+static void mskv__cuda_options_of(const mskv__cuda_defines *d, mskv__cuda_options *o) {
+    int i, j;
+    for (i = 0; i < MSKV__CUDA_NDEFS; i++) {
+        mskv__cuda_format(o->text[i], sizeof(o->text[i]), "-D%s=%d", mskv__cuda_define_names[i], (int)d->value[i]);
+        o->opts[i] = o->text[i];
+    }
+    for (i = 1; i < MSKV__CUDA_NDEFS; i++)
+        for (j = i; j > 0 && strcmp(o->opts[j - 1], o->opts[j]) > 0; j--) {
+            const char *t = o->opts[j]; o->opts[j] = o->opts[j - 1]; o->opts[j - 1] = t;
+        }
+}
+
+/* Compiles (through the disk cache) and loads a new variant. Under cu->lock. */
+static mskv_result mskv__cuda_variant_load(mskv_cuda *cu, const mskv__cuda_defines *defs, uint64_t key, int kernel,
+                                           mskv__cuda_variant **out) {
+    mskv__cuda_options o;
     mskv_cuda_compile_info ci;
     mskv_cuda_image img;
     mskv__cuda_jit j;
+    mskv__cuda_variant *v;
     mskv_cu_result r;
-    mskv_result res = MSKV_SUCCESS;
-    int i;
-    int32_t order[16], a2, b2;
-    key[0] = 0;
-    /* the key and the options in sorted order: the same set, the same variant */
-    for (i = 0; i < defs->n && i < 16; i++) order[i] = i;
-    for (a2 = 1; a2 < defs->n; a2++)
-        for (b2 = a2; b2 > 0 && strcmp(defs->opt[order[b2 - 1]], defs->opt[order[b2]]) > 0; b2--) {
-            int32_t t = order[b2]; order[b2] = order[b2 - 1]; order[b2 - 1] = t;
-        }
-    for (i = 0; i < defs->n; i++) { mskv__cuda_appendf(key, sizeof(key), "%s\n", defs->opt[order[i]]); opts[i] = defs->opt[order[i]]; }
-    if (defs->arch_specific) mskv__cuda_appendf(key, sizeof(key), "arch-specific\n");
-    mskv__cuda_lock(&cu->lock);
-    for (v = cu->variants; v; v = v->next)
-        if (strcmp(v->key, key) == 0) break;
-    if (!v) {
-        memset(&ci, 0, sizeof(ci));
-        ci.arch = cu->info.arch;
-        ci.arch_specific = defs->arch_specific;
-        ci.ptx = cu->info.ptx_fallback;
-        ci.options = opts;
-        ci.num_options = defs->n;
-        memset(&j, 0, sizeof(j));
-        j.fn = &cu->fn;
-        j.allocator = &cu->allocator;
-        j.log = cu->log;
-        j.log_user = cu->log_user;
-        j.cache_dir = cu->cache_dir;
-        j.source = cu->source;
-        j.source_len = strlen(cu->source);
-        j.nvrtc_version = cu->info.nvrtc_version;
-        res = mskv__cuda_jit_compile(&j, &ci, &img);
-        if (res != MSKV_SUCCESS) {
-            snprintf(cu->err, sizeof(cu->err), "NVRTC failed for %s: %s", kernel, img.log ? img.log : "");
-            mskv_cuda_image_free(&cu->desc, &img);
-            mskv__cuda_unlock(&cu->lock);
-            return res;
-        }
-        if (img.from_disk) cu->info.disk_hits++;
-        else cu->info.compiles++;
-        v = (mskv__cuda_variant *)mskv__cuda_calloc(&cu->allocator, sizeof(*v));
-        if (v) v->key = mskv__cuda_strdup(&cu->allocator, key, strlen(key));
-        if (!v || !v->key) {
-            if (v) mskv__cuda_dealloc(&cu->allocator, v);
-            mskv_cuda_image_free(&cu->desc, &img);
-            mskv__cuda_unlock(&cu->lock);
-            return MSKV_ERROR_OUT_OF_MEMORY;
-        }
-        r = cu->fn.cuCtxSetCurrent(cu->ctx);
-        if (r == MSKV_CU_SUCCESS) r = cu->fn.cuModuleLoadData(&v->module, img.data);
+    mskv_result res;
+    mskv__cuda_options_of(defs, &o);
+    memset(&ci, 0, sizeof(ci));
+    ci.arch = cu->info.arch;
+    ci.arch_specific = defs->arch_specific;
+    ci.ptx = cu->info.ptx_fallback;
+    ci.options = o.opts;
+    ci.num_options = MSKV__CUDA_NDEFS;
+    memset(&j, 0, sizeof(j));
+    j.fn = &cu->fn;
+    j.allocator = &cu->allocator;
+    j.log = cu->log;
+    j.log_user = cu->log_user;
+    j.cache_dir = cu->cache_dir;
+    j.source = cu->source;
+    j.source_len = strlen(cu->source);
+    j.nvrtc_version = cu->info.nvrtc_version;
+    res = mskv__cuda_jit_compile(&j, &ci, &img);
+    if (res != MSKV_SUCCESS) {
+        mskv__cuda_format(cu->err, sizeof(cu->err), "NVRTC failed for %s: %s", mskv__cuda_kernel_names[kernel],
+                          img.log ? img.log : "");
         mskv_cuda_image_free(&cu->desc, &img);
-        if (r != MSKV_CU_SUCCESS) {
-            res = mskv__cuda_fail(cu, r, "cuModuleLoadData");
-            mskv__cuda_dealloc(&cu->allocator, v->key);
-            mskv__cuda_dealloc(&cu->allocator, v);
-            mskv__cuda_unlock(&cu->lock);
-            return res;
-        }
-        v->next = cu->variants;
-        cu->variants = v;
+        return res;
     }
-    for (i = 0; i < v->nfuncs; i++)
-        if (strcmp(v->funcs[i].name, kernel) == 0) { *out = v->funcs[i].f; break; }
-    if (i == v->nfuncs) {
-        if (strlen(kernel) >= sizeof(v->funcs[0].name) || v->nfuncs == MSKV__CUDA_MAX_FUNCS) {
-            mskv__cuda_unlock(&cu->lock);
-            return MSKV_ERROR_INVALID_ARGUMENT;
-        }
-        r = cu->fn.cuModuleGetFunction(out, v->module, kernel);
+    v = (mskv__cuda_variant *)mskv__cuda_calloc(&cu->allocator, sizeof(*v));
+    if (!v) {
+        mskv_cuda_image_free(&cu->desc, &img);
+        return MSKV_ERROR_OUT_OF_MEMORY;
+    }
+    r = cu->fn.cuCtxSetCurrent(cu->ctx);
+    if (r == MSKV_CU_SUCCESS) r = cu->fn.cuModuleLoadData(&v->module, img.data);
+    if (r != MSKV_CU_SUCCESS) {
+        mskv_cuda_image_free(&cu->desc, &img);
+        mskv__cuda_dealloc(&cu->allocator, v);
+        return mskv__cuda_fail(cu, r, "cuModuleLoadData");
+    }
+    if (img.from_disk) cu->info.disk_hits++;
+    else cu->info.compiles++;
+    mskv_cuda_image_free(&cu->desc, &img);
+    v->key = key;
+    v->next = cu->variants;
+    cu->variants = v;
+    *out = v;
+    return MSKV_SUCCESS;
+}
+
+/* Internal API for launch wrappers (this file's and the attention wrappers'):
+     st->defs                                   every define kernels.cu knows, at the store's
+                                                 dtype and head_dim (RoPE off, prefill layout):
+                                                 copy it, then override
+     mskv__cuda_define(&defs, MSKV__D_X, value) override one (defs.arch_specific: sm_XYa)
+     mskv__cuda_store_function(st, MSKV__K_X, &defs, &f)  the function, from the store's
+                                                 lock-free cache (the store's own thread), else
+                                                 compiled / fetched through the context
+     mskv__cuda_function(cu, MSKV__K_X, &defs, &f)  the same through the context alone
+                                                 (locked: for callers on other threads)
+     st->args[MSKV__K_X], mskv__cuda_arg_*      the store's parameter block of a kernel
+                                                 (pointers prepared once; write the values)
+     mskv__cuda_launch(st, f, grid, block, smem, args)  on the store's stream; raises the
+                                                 dynamic smem limit above 48 KiB once
+     mskv_cuda_plan_upload(st, plan, pos_mode, &dplan)   plan arrays in fixed device buffers
+     mskv__cuda_workspace(st, bytes, &ptr)      a device scratch buffer (grows, never during a capture)
+     mskv_cuda_store_pool(st, layer, kind)      a layer's K (0) or V (1) pool
+   A new -D switch or kernel goes into MSKV__CUDA_DEFINE_LIST / _KERNEL_LIST.
+   Failures go through mskv__cuda_fail (cu->err + the logger). */
+static mskv_result mskv__cuda_function(mskv_cuda *cu, int kernel, const mskv__cuda_defines *defs, mskv_cu_function *out) {
+    uint64_t key;
+    mskv__cuda_variant *v;
+    mskv_result res = MSKV_SUCCESS;
+    *out = NULL;
+    if (defs->bad || kernel < 0 || kernel >= MSKV__CUDA_NKERNELS) return MSKV_ERROR_INVALID_ARGUMENT;
+    key = mskv__cuda_variant_key(defs);
+    mskv__cuda_lock(&cu->lock);
+    for (v = cu->variants; v && v->key != key; v = v->next) {}
+    if (!v) res = mskv__cuda_variant_load(cu, defs, key, kernel, &v);
+    if (res == MSKV_SUCCESS && !v->funcs[kernel]) {
+        mskv_cu_result r = cu->fn.cuModuleGetFunction(&v->funcs[kernel], v->module, mskv__cuda_kernel_names[kernel]);
         if (r != MSKV_CU_SUCCESS) {
-            res = mskv__cuda_fail(cu, r, kernel);
-        } else {
-            mskv__cuda_copystr(v->funcs[v->nfuncs].name, sizeof(v->funcs[0].name), kernel);
-            v->funcs[v->nfuncs++].f = *out;
+            v->funcs[kernel] = NULL;
+            res = mskv__cuda_fail(cu, r, mskv__cuda_kernel_names[kernel]);
         }
     }
+    if (res == MSKV_SUCCESS) *out = v->funcs[kernel];
     mskv__cuda_unlock(&cu->lock);
     return res;
 }
@@ -2279,6 +2730,28 @@ struct mskv_cuda_graph {
     mskv__cuda_shape shape;     /* of the plan uploaded when it was captured */
     int64_t kv_cover;           /* keys its split-KV launches reach (INT64_MAX: no split) */
 };
+
+#define MSKV__CUDA_FCACHE 32        /* a power of two; a store launches a handful of functions */
+#define MSKV__CUDA_SMEM_SEEN 8
+#define MSKV__CUDA_MAX_ARGS 24
+
+typedef struct mskv__cuda_fslot {
+    uint64_t key;                   /* variant key | kernel << MSKV__CUDA_KEY_KERNEL_SHIFT | 1 << 63; 0 = empty */
+    mskv_cu_function f;
+} mskv__cuda_fslot;
+
+/* A kernel's launch parameters: ptr[i] points at val[i] from the store's
+   creation on, so a call writes only values (cuLaunchKernel copies them). */
+typedef struct mskv__cuda_args {
+    void *ptr[MSKV__CUDA_MAX_ARGS];
+    union { uint64_t u; double d; void *p; } val[MSKV__CUDA_MAX_ARGS];
+    int32_t once;                   /* the values fixed for the store's life are written */
+} mskv__cuda_args;
+
+static void mskv__cuda_arg_ptr(mskv__cuda_args *a, int i, mskv_cu_ptr v) { memcpy(&a->val[i], &v, sizeof(v)); }
+static void mskv__cuda_arg_i32(mskv__cuda_args *a, int i, int32_t v) { memcpy(&a->val[i], &v, sizeof(v)); }
+static void mskv__cuda_arg_i64(mskv__cuda_args *a, int i, int64_t v) { memcpy(&a->val[i], &v, sizeof(v)); }
+static void mskv__cuda_arg_f32(mskv__cuda_args *a, int i, float v) { memcpy(&a->val[i], &v, sizeof(v)); }
 
 struct mskv_cuda_store {
     mskv_cuda *cu;
@@ -2314,6 +2787,12 @@ struct mskv_cuda_store {
     mskv__cuda_shape cur;       /* the plan uploaded last */
     int64_t cap_kv_cover;       /* during a capture: the smallest split-KV key reach */
     mskv__cuda_mutex lock;
+    /* the per-call launch path (the store's own thread only) */
+    mskv__cuda_defines defs;                    /* the base variant: store dtype and head_dim */
+    mskv__cuda_fslot fcache[MSKV__CUDA_FCACHE]; /* functions by key, open addressing */
+    struct { mskv_cu_function f; unsigned int limit; } smem_seen[MSKV__CUDA_SMEM_SEEN];
+    int32_t smem_next;
+    mskv__cuda_args args[MSKV__CUDA_NKERNELS];  /* one parameter block per kernel */
 };
 
 static size_t mskv__cuda_align16(size_t x) { return (x + 15) & ~(size_t)15; }
@@ -2333,15 +2812,67 @@ static void mskv__cuda_plan_layout_of(mskv__cuda_plan_layout *l, size_t b, size_
     l->total = o;
 }
 
+/* The function from the store's cache, else through the context (and then
+   cached). The store's own thread only. */
+static mskv_result mskv__cuda_store_function(mskv_cuda_store *st, int kernel, const mskv__cuda_defines *defs,
+                                             mskv_cu_function *out) {
+    uint64_t key;
+    uint32_t h, i;
+    mskv__cuda_fslot *slot = NULL;
+    mskv_result res;
+    if (defs->bad || kernel < 0 || kernel >= MSKV__CUDA_NKERNELS) return MSKV_ERROR_INVALID_ARGUMENT;
+    key = mskv__cuda_variant_key(defs) | (uint64_t)kernel << MSKV__CUDA_KEY_KERNEL_SHIFT | (uint64_t)1 << 63;
+    h = (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 59);
+    for (i = 0; i < MSKV__CUDA_FCACHE; i++) {
+        slot = &st->fcache[(h + i) & (MSKV__CUDA_FCACHE - 1)];
+        if (slot->key == key) { *out = slot->f; return MSKV_SUCCESS; }
+        if (!slot->key) break;
+    }
+    res = mskv__cuda_function(st->cu, kernel, defs, out);
+    if (res == MSKV_SUCCESS && i < MSKV__CUDA_FCACHE) { slot->key = key; slot->f = *out; }
+    return res;
+}
+
+/* Allows f `smem` bytes of dynamic shared memory. The limit is the
+   function's, shared by every store: it is only ever raised (under the
+   context lock), and each store remembers what it saw, so a launch asks the
+   driver once per function and size. */
+static mskv_result mskv__cuda_smem_allow(mskv_cuda_store *st, mskv_cu_function f, unsigned int smem) {
+    mskv_cuda *cu = st->cu;
+    mskv__cuda_variant *v;
+    mskv_cu_result r = MSKV_CU_SUCCESS;
+    unsigned int limit = 0;
+    int i, k = 0;
+    for (i = 0; i < MSKV__CUDA_SMEM_SEEN; i++)
+        if (st->smem_seen[i].f == f && st->smem_seen[i].limit >= smem) return MSKV_SUCCESS;
+    mskv__cuda_lock(&cu->lock);
+    for (v = cu->variants; v; v = v->next) {
+        for (k = 0; k < MSKV__CUDA_NKERNELS && v->funcs[k] != f; k++) {}
+        if (k < MSKV__CUDA_NKERNELS) break;
+    }
+    if (v && v->smem_limit[k] >= smem) limit = v->smem_limit[k];
+    else {
+        r = cu->fn.cuFuncSetAttribute(f, MSKV_CU_FUNC_ATTR_MAX_DYNAMIC_SMEM, (int)smem);
+        if (r == MSKV_CU_SUCCESS && v) limit = v->smem_limit[k] = smem;
+    }
+    mskv__cuda_unlock(&cu->lock);
+    if (r != MSKV_CU_SUCCESS) return mskv__cuda_fail(cu, r, "cuFuncSetAttribute(dynamic shared memory)");
+    if (limit) {
+        i = st->smem_next;
+        st->smem_next = (i + 1) % MSKV__CUDA_SMEM_SEEN;
+        st->smem_seen[i].f = f;
+        st->smem_seen[i].limit = limit;
+    }
+    return MSKV_SUCCESS;
+}
+
 static mskv_result mskv__cuda_launch(mskv_cuda_store *st, mskv_cu_function f, const unsigned int grid[3],
                                      const unsigned int block[3], unsigned int smem, void **args) {
     mskv_cuda *cu = st->cu;
     mskv_cu_result r;
+    mskv_result res;
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return MSKV_SUCCESS;
-    if (smem > 48 * 1024) {
-        r = cu->fn.cuFuncSetAttribute(f, MSKV_CU_FUNC_ATTR_MAX_DYNAMIC_SMEM, (int)smem);
-        if (r != MSKV_CU_SUCCESS) return mskv__cuda_fail(cu, r, "cuFuncSetAttribute(dynamic shared memory)");
-    }
+    if (smem > 48 * 1024 && (res = mskv__cuda_smem_allow(st, f, smem)) != MSKV_SUCCESS) return res;
     r = cu->fn.cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, st->stream, args, NULL);
     if (r != MSKV_CU_SUCCESS) return mskv__cuda_fail(cu, r, "cuLaunchKernel");
     return MSKV_SUCCESS;
@@ -2377,32 +2908,25 @@ MSKV__CUDA_MAYBE_UNUSED static mskv_result mskv__cuda_workspace(mskv_cuda_store 
    copies, which ignore it, run then). */
 static void mskv__cuda_defines_base(const mskv_cuda_store *st, mskv__cuda_defines *d) {
     int32_t hd = st->d.head_dim;
-    memset(d, 0, sizeof(*d));
-    mskv__cuda_define(d, "MSKV_DTYPE", (long long)st->d.dtype);
-    mskv__cuda_define(d, "MSKV_HEAD_DIM", hd == 64 || hd == 128 || hd == 256 ? hd : 128);
-    mskv__cuda_define(d, "MSKV_ROPE", 0);
-    mskv__cuda_define(d, "MSKV_ROPE_STYLE", 0);
-    mskv__cuda_define(d, "MSKV_ROPE_D0", 0);
-    mskv__cuda_define(d, "MSKV_ROPE_D1", 0);
-    mskv__cuda_define(d, "MSKV_ROPE_D2", 0);
-    mskv__cuda_define(d, "MSKV_ATTN_WARP_KEYS", 0);
+    memset(d, 0, sizeof(*d));      /* every other define 0 */
+    mskv__cuda_define(d, MSKV__D_DTYPE, (int32_t)st->d.dtype);
+    mskv__cuda_define(d, MSKV__D_HEAD_DIM, hd == 64 || hd == 128 || hd == 256 ? hd : 128);
 }
 
 /* The RoPE defines of a mskv_rope (dims of 0 mean the defaults kernels.cu
    derives itself, so they are passed as 0). */
 static void mskv__cuda_defines_rope(mskv__cuda_defines *d, const mskv_rope *rope) {
     if (!rope) return;
-    mskv__cuda_define(d, "MSKV_ROPE", rope->mode == MSKV_POS_3D ? 2 : 1);
-    mskv__cuda_define(d, "MSKV_ROPE_STYLE", rope->style == MSKV_ROPE_INTERLEAVED ? 1 : 0);
-    mskv__cuda_define(d, "MSKV_ROPE_D0", rope->dims[0]);
-    mskv__cuda_define(d, "MSKV_ROPE_D1", rope->mode == MSKV_POS_3D ? rope->dims[1] : 0);
-    mskv__cuda_define(d, "MSKV_ROPE_D2", rope->mode == MSKV_POS_3D ? rope->dims[2] : 0);
+    mskv__cuda_define(d, MSKV__D_ROPE, rope->mode == MSKV_POS_3D ? 2 : 1);
+    mskv__cuda_define(d, MSKV__D_ROPE_STYLE, rope->style == MSKV_ROPE_INTERLEAVED ? 1 : 0);
+    mskv__cuda_define(d, MSKV__D_ROPE_D0, rope->dims[0]);
+    mskv__cuda_define(d, MSKV__D_ROPE_D1, rope->mode == MSKV_POS_3D ? rope->dims[1] : 0);
+    mskv__cuda_define(d, MSKV__D_ROPE_D2, rope->mode == MSKV_POS_3D ? rope->dims[2] : 0);
 }
 
 /* gather (dir 0) or scatter (dir 1) c pages (ids already in d_ids) between
    every layer's pools and the staging buffer, page-major */
 static mskv_result mskv__cuda_move_pages(mskv_cuda_store *st, int dir, int32_t c) {
-    mskv__cuda_defines defs;
     mskv_cu_function f;
     mskv_result res;
     long long pb = (long long)st->page_bytes, stride = (long long)st->set_bytes;
@@ -2410,8 +2934,8 @@ static mskv_result mskv__cuda_move_pages(mskv_cuda_store *st, int dir, int32_t c
     int32_t l, kind;
     unsigned int grid[3], block[3] = { 256, 1, 1 };
     size_t blocks = (st->page_bytes + 4095) / 4096;
-    mskv__cuda_defines_base(st, &defs);
-    res = mskv__cuda_function(st->cu, dir ? "mskv_page_scatter" : "mskv_page_gather", &defs, &f);
+    /* the arena's callbacks may run beside the store's thread: the context's locked lookup */
+    res = mskv__cuda_function(st->cu, dir ? MSKV__K_PAGE_SCATTER : MSKV__K_PAGE_GATHER, &st->defs, &f);
     if (res != MSKV_SUCCESS) return res;
     grid[0] = (unsigned int)(blocks > 65535 ? 65535 : blocks);
     grid[1] = (unsigned int)c;
@@ -2631,6 +3155,12 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     MSKV__CR_TRY(cu->fn.cuMemsetD8Async(st->d_plan, 0, st->lay.total, st->stream), "cuMemsetD8Async(plan)");
     MSKV__CR_TRY(cu->fn.cuStreamSynchronize(st->stream), "cuStreamSynchronize");
 #undef MSKV__CR_TRY
+    mskv__cuda_defines_base(st, &st->defs);
+    {
+        int k, a;
+        for (k = 0; k < MSKV__CUDA_NKERNELS; k++)
+            for (a = 0; a < MSKV__CUDA_MAX_ARGS; a++) st->args[k].ptr[a] = &st->args[k].val[a];
+    }
     st->ops.user = st;
     st->ops.read_pages = mskv__cuda_read_pages;
     st->ops.write_pages = mskv__cuda_write_pages;
@@ -2969,45 +3499,54 @@ static mskv_result mskv__cuda_check_rope(const mskv_rope *rope, int32_t head_dim
 
 MSKV_API mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan,
                                         mskv_cu_ptr k, mskv_cu_ptr v, const mskv_rope *rope) {
+    static const unsigned int block[3] = { 128, 1, 1 };
     mskv__cuda_defines defs;
+    mskv__cuda_args *a;
     mskv_cu_function f;
     mskv_result res;
-    mskv_cu_ptr k_pool, v_pool, slots, pos;
-    long long pool_slots;
-    int n_tokens, kv_heads;
-    float theta;
-    size_t rows, blocks;
-    unsigned int grid[3], block[3] = { 128, 1, 1 };
-    void *args[10];
+    size_t blocks;
+    unsigned int grid[3];
     if (!st || !plan) return MSKV_ERROR_NULL_POINTER;
     if (layer < 0 || layer >= st->d.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
     if (st->d.head_dim != 64 && st->d.head_dim != 128 && st->d.head_dim != 256) return MSKV_ERROR_UNSUPPORTED;
     if (plan->total_q == 0) return MSKV_SUCCESS;
     if (!k || !v || !plan->slot_mapping) return MSKV_ERROR_NULL_POINTER;
+    if ((k | v) & 15) {
+        /* the kernel reads rows as 16-byte vectors: a misaligned address would
+           fault on the device and leave the context unusable */
+        mskv__cuda_failf(st->cu, "mskv_cuda_write_kv: k (0x%llx) and v (0x%llx) must be 16-byte aligned",
+                         (unsigned long long)k, (unsigned long long)v);
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    }
     if (rope) {
         if ((res = mskv__cuda_check_rope(rope, st->d.head_dim)) != MSKV_SUCCESS) return res;
         if (plan->pos_mode != rope->mode) return MSKV_ERROR_INVALID_ARGUMENT;
         if (!plan->positions) return MSKV_ERROR_NULL_POINTER;
     }
-    if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
-    mskv__cuda_defines_base(st, &defs);
-    mskv__cuda_defines_rope(&defs, rope);
-    if ((res = mskv__cuda_function(st->cu, "mskv_kv_write", &defs, &f)) != MSKV_SUCCESS) return res;
-    k_pool = mskv_cuda_store_pool(st, layer, 0);
-    v_pool = mskv_cuda_store_pool(st, layer, 1);
-    slots = plan->slot_mapping;
-    pos = rope ? plan->positions : 0;
-    n_tokens = plan->total_q;
-    kv_heads = st->d.kv_heads;
-    pool_slots = (long long)st->d.num_pages * st->d.page_size;
-    theta = rope && rope->theta > 0 ? rope->theta : 10000.0f;
-    rows = (size_t)n_tokens * (size_t)kv_heads;
-    blocks = (rows + 3) / 4;
+    blocks = ((size_t)plan->total_q * (size_t)st->d.kv_heads + 3) / 4;
     if (blocks > 0x7fffffffu) return MSKV_ERROR_OVERFLOW;
+    if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
+    defs = st->defs;
+    mskv__cuda_defines_rope(&defs, rope);
+    if ((res = mskv__cuda_store_function(st, MSKV__K_KV_WRITE, &defs, &f)) != MSKV_SUCCESS) return res;
     grid[0] = (unsigned int)blocks; grid[1] = 1; grid[2] = 1;
-    args[0] = &k; args[1] = &v; args[2] = &slots; args[3] = &n_tokens; args[4] = &kv_heads;
-    args[5] = &k_pool; args[6] = &v_pool; args[7] = &pool_slots; args[8] = &pos; args[9] = &theta;
-    return mskv__cuda_launch(st, f, grid, block, 0, args);
+    /* kernels.cu: mskv_kv_write(k_src, v_src, slot_mapping, n_tokens, kv_heads, k_pool, v_pool,
+       pool_slots, positions, theta) */
+    a = &st->args[MSKV__K_KV_WRITE];
+    if (!a->once) {
+        mskv__cuda_arg_i32(a, 4, st->d.kv_heads);
+        mskv__cuda_arg_i64(a, 7, (int64_t)st->d.num_pages * st->d.page_size);
+        a->once = 1;
+    }
+    mskv__cuda_arg_ptr(a, 0, k);
+    mskv__cuda_arg_ptr(a, 1, v);
+    mskv__cuda_arg_ptr(a, 2, plan->slot_mapping);
+    mskv__cuda_arg_i32(a, 3, plan->total_q);
+    mskv__cuda_arg_ptr(a, 5, mskv_cuda_store_pool(st, layer, 0));
+    mskv__cuda_arg_ptr(a, 6, mskv_cuda_store_pool(st, layer, 1));
+    mskv__cuda_arg_ptr(a, 8, rope ? plan->positions : 0);
+    mskv__cuda_arg_f32(a, 9, rope && rope->theta > 0 ? rope->theta : 10000.0f);
+    return mskv__cuda_launch(st, f, grid, block, 0, a->ptr);
 }
 
 /* // >>graphs implementation ------------------------------------------------ */
@@ -3086,9 +3625,9 @@ MSKV_API void mskv_cuda_graph_destroy(mskv_cuda_store *st, mskv_cuda_graph *g) {
 #undef MSKV__ST_TRY
 
 /* // >>attention wrappers implementation ------------------------------------ */
-/* GPU attention, merge and RoPE launch wrappers (they use the internal launch API above:
-   mskv__cuda_function, mskv__cuda_launch, mskv__cuda_workspace,
-   mskv__cuda_defines_base / _rope / mskv__cuda_define). */
+/* GPU attention, merge and RoPE launch wrappers (they use the internal launch
+   API above: st->defs, mskv__cuda_define, mskv__cuda_store_function,
+   st->args + mskv__cuda_arg_*, mskv__cuda_launch, mskv__cuda_workspace). */
 
 /* must match kernels.cu: MSKV_BM, MSKV_BN and MSKV_ATTN_SMEM */
 static uint32_t mskv__attn_smem(int32_t bm, int32_t bn, int32_t d) {
@@ -3151,19 +3690,15 @@ MSKV_API mskv_result mskv_cuda_attn_geometry_get(int32_t batch, int32_t total_q,
     return MSKV_SUCCESS;
 }
 
-MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
-                                         const mskv_cuda_dplan *dplan, const mskv_attn *attn,
-                                         mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse) {
-    mskv_cuda_attn_geometry g;
-    mskv__cuda_defines defs;
-    mskv_cu_function f, fm;
-    mskv_result res;
-    mskv_cu_ptr k_pool, v_pool, ws = 0, o_part = 0, lse_part = 0, null_ptr = 0;
-    int32_t b, max_qo = 0, max_kv = 0, smem_optin = 0;
-    int q_heads, kv_heads, page_size, mask, window_left, kv_chunk, n_splits;
-    float scale, scale_log2;
-    unsigned int block[3] = {128, 1, 1};
-    void *args[21];
+/* The host-side checks of mskv_cuda_attention, kernel-independent: the
+   kernel trusts the table, so refuse what mskv_cpu_attention refuses and no
+   block reads past the pages it was given (O(batch)). *empty: nothing to do.
+   Gives the longest segment's queries and keys. */
+static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
+                                    const mskv_cuda_dplan *dplan, const mskv_attn *attn, mskv_cu_ptr q,
+                                    mskv_cu_ptr o, mskv_cu_ptr lse, int *empty, int32_t *max_qo, int32_t *max_kv) {
+    int32_t b;
+    *empty = 0;
     if (!st || !plan || !dplan || !attn) return MSKV_ERROR_NULL_POINTER;
     if (layer < 0 || layer >= st->d.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
     if (st->d.dtype != MSKV_DTYPE_F16 && st->d.dtype != MSKV_DTYPE_BF16) return MSKV_ERROR_UNSUPPORTED;
@@ -3172,7 +3707,7 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
     if (!(attn->scale >= 0.0f) || attn->scale > 3.0e38f) return MSKV_ERROR_INVALID_ARGUMENT;  /* the kernel needs scale > 0 */
     if (plan->batch != dplan->batch || plan->total_q != dplan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (plan->total_q == 0 || plan->batch == 0) return MSKV_SUCCESS;
+    if (plan->total_q == 0 || plan->batch == 0) { *empty = 1; return MSKV_SUCCESS; }
     if (!q || !o) return MSKV_ERROR_NULL_POINTER;
     /* the kernel reads q with 16-byte copies and writes o in 4-byte pairs */
     if ((q & 15) || (o & 3) || (lse & 3)) return MSKV_ERROR_INVALID_ARGUMENT;
@@ -3180,11 +3715,11 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
         return MSKV_ERROR_NULL_POINTER;   /* an array missing at upload would leave the previous plan's there */
     /* masks need positions; the device buffers would hold a previous plan's */
     if (attn->mask != MSKV_MASK_NONE && (!plan->kv_pos_split || !plan->kv_pos_shift)) return MSKV_ERROR_INVALID_ARGUMENT;
-    /* the kernel trusts the table: refuse what mskv_cpu_attention refuses,
-       so no block reads past the pages it was given (O(batch)) */
     if (plan->num_page_ids != dplan->num_page_ids || plan->qo_indptr[0] != 0 || plan->kv_indptr[0] != 0 ||
         plan->qo_indptr[plan->batch] != plan->total_q || plan->kv_indptr[plan->batch] != plan->num_page_ids)
         return MSKV_ERROR_INVALID_ARGUMENT;
+    *max_qo = 0;
+    *max_kv = 0;
     for (b = 0; b < plan->batch; b++) {
         int32_t qo = plan->qo_indptr[b + 1] - plan->qo_indptr[b];
         int32_t np = plan->kv_indptr[b + 1] - plan->kv_indptr[b], kv = plan->kv_len[b];
@@ -3194,87 +3729,138 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
         if (attn->mask != MSKV_MASK_NONE &&
             (qo > kv || plan->kv_pos_shift[b] < 0 || plan->kv_pos_split[b] < 0 || plan->kv_pos_split[b] > kv))
             return MSKV_ERROR_INVALID_ARGUMENT;
-        if (qo > max_qo) max_qo = qo;
-        if (kv > max_kv) max_kv = kv;
+        if (qo > *max_qo) *max_qo = qo;
+        if (kv > *max_kv) *max_kv = kv;
     }
+    return MSKV_SUCCESS;
+}
+
+MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
+                                         const mskv_cuda_dplan *dplan, const mskv_attn *attn,
+                                         mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse) {
+    static const unsigned int block[3] = {128, 1, 1};
+    mskv_cuda_attn_geometry g;
+    mskv__cuda_defines defs;
+    mskv__cuda_args *a, *m;
+    mskv_cu_function f, fm = NULL;
+    mskv_result res;
+    mskv_cu_ptr ws = 0, o_part = 0, lse_part = 0;
+    int32_t max_qo = 0, max_kv = 0;
+    int empty;
+    float scale;
+    res = mskv__attn_check(st, layer, plan, dplan, attn, q, o, lse, &empty, &max_qo, &max_kv);
+    if (res != MSKV_SUCCESS || empty) return res;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
-    if (st->cu->fn.cuDeviceGetAttribute(&smem_optin, MSKV_CU_ATTR_MAX_SMEM_OPTIN, st->cu->device) != MSKV_CU_SUCCESS)
-        smem_optin = 0;
+
+    /* ---- the part that follows kernels.cu: geometry, variants, workspace,
+       then each kernel's parameter values in its parameter order ---------- */
     res = mskv_cuda_attn_geometry_get(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
-                                      st->d.head_dim, st->cu->info.multiprocessors, smem_optin, &g);
+                                      st->d.head_dim, st->cu->info.multiprocessors, st->cu->smem_optin, &g);
     if (res != MSKV_SUCCESS) return res;
+    defs = st->defs;
+    mskv__cuda_define(&defs, MSKV__D_ATTN_WARP_KEYS, g.decode);
+    /* both functions before any launch: a compile failure launches nothing */
+    if ((res = mskv__cuda_store_function(st, MSKV__K_ATTN, &defs, &f)) != MSKV_SUCCESS) return res;
+    if (g.n_splits > 1 && (res = mskv__cuda_store_function(st, MSKV__K_LSE_MERGE, &defs, &fm)) != MSKV_SUCCESS)
+        return res;
     if (g.n_splits > 1) {
         int64_t cover = (int64_t)g.n_splits * g.kv_chunk;
-        if (st->capturing && cover < st->cap_kv_cover) st->cap_kv_cover = cover;
         if ((res = mskv__cuda_workspace(st, g.workspace_bytes, &ws)) != MSKV_SUCCESS) return res;
+        if (st->capturing && cover < st->cap_kv_cover) st->cap_kv_cover = cover;
         o_part = ws;
         lse_part = ws + (mskv_cu_ptr)((size_t)g.n_splits * (size_t)plan->total_q * (size_t)attn->q_heads * (size_t)st->d.head_dim * 4);
     }
-    mskv__cuda_defines_base(st, &defs);
-    mskv__cuda_define(&defs, "MSKV_ATTN_WARP_KEYS", g.decode);
-    if ((res = mskv__cuda_function(st->cu, "mskv_attn", &defs, &f)) != MSKV_SUCCESS) return res;
-    k_pool = mskv_cuda_store_pool(st, layer, 0);
-    v_pool = mskv_cuda_store_pool(st, layer, 1);
-    q_heads = attn->q_heads; kv_heads = st->d.kv_heads; page_size = st->d.page_size;
     scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)st->d.head_dim);
-    scale_log2 = scale * 1.44269504088896341f;
-    mask = (int)attn->mask; window_left = attn->window_left;
-    kv_chunk = g.kv_chunk; n_splits = g.n_splits;
-    args[0] = &q; args[1] = &k_pool; args[2] = &v_pool;
-    args[3] = (void *)&dplan->qo_indptr; args[4] = (void *)&dplan->kv_indptr; args[5] = (void *)&dplan->kv_indices;
-    args[6] = (void *)&dplan->kv_len; args[7] = (void *)&dplan->kv_pos_split; args[8] = (void *)&dplan->kv_pos_shift;
-    args[9] = &q_heads; args[10] = &kv_heads; args[11] = &page_size; args[12] = &scale_log2;
-    args[13] = &mask; args[14] = &window_left; args[15] = &kv_chunk; args[16] = &n_splits;
-    args[17] = &o; args[18] = lse ? &lse : &null_ptr; args[19] = &o_part; args[20] = &lse_part;
-    res = mskv__cuda_launch(st, f, g.grid, block, g.smem_bytes, args);
+    /* mskv_attn(q, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices, kv_len, kv_pos_split,
+       kv_pos_shift, q_heads, kv_heads, page_size, scale_log2, mask, window_left, kv_chunk,
+       n_splits, o, lse, o_part, lse_part) */
+    a = &st->args[MSKV__K_ATTN];
+    if (!a->once) {
+        mskv__cuda_arg_i32(a, 10, st->d.kv_heads);
+        mskv__cuda_arg_i32(a, 11, st->d.page_size);
+        a->once = 1;
+    }
+    mskv__cuda_arg_ptr(a, 0, q);
+    mskv__cuda_arg_ptr(a, 1, mskv_cuda_store_pool(st, layer, 0));
+    mskv__cuda_arg_ptr(a, 2, mskv_cuda_store_pool(st, layer, 1));
+    mskv__cuda_arg_ptr(a, 3, dplan->qo_indptr);
+    mskv__cuda_arg_ptr(a, 4, dplan->kv_indptr);
+    mskv__cuda_arg_ptr(a, 5, dplan->kv_indices);
+    mskv__cuda_arg_ptr(a, 6, dplan->kv_len);
+    mskv__cuda_arg_ptr(a, 7, dplan->kv_pos_split);
+    mskv__cuda_arg_ptr(a, 8, dplan->kv_pos_shift);
+    mskv__cuda_arg_i32(a, 9, attn->q_heads);
+    mskv__cuda_arg_f32(a, 12, scale * 1.44269504088896341f);
+    mskv__cuda_arg_i32(a, 13, (int32_t)attn->mask);
+    mskv__cuda_arg_i32(a, 14, attn->window_left);
+    mskv__cuda_arg_i32(a, 15, g.kv_chunk);
+    mskv__cuda_arg_i32(a, 16, g.n_splits);
+    mskv__cuda_arg_ptr(a, 17, o);
+    mskv__cuda_arg_ptr(a, 18, lse);
+    mskv__cuda_arg_ptr(a, 19, o_part);
+    mskv__cuda_arg_ptr(a, 20, lse_part);
+    res = mskv__cuda_launch(st, f, g.grid, block, g.smem_bytes, a->ptr);
     if (res != MSKV_SUCCESS || g.n_splits == 1) return res;
     {
-        long long rows = (long long)plan->total_q * attn->q_heads, part_rows = rows;
+        /* mskv_lse_merge(o_part, lse_part, n_splits, part_rows, rows, o, lse) */
+        int64_t rows = (int64_t)plan->total_q * attn->q_heads;
         unsigned int grid[3];
-        void *margs[7];
         grid[0] = (unsigned int)((rows + 3) / 4); grid[1] = 1; grid[2] = 1;
-        if ((res = mskv__cuda_function(st->cu, "mskv_lse_merge", &defs, &fm)) != MSKV_SUCCESS) return res;
-        margs[0] = &o_part; margs[1] = &lse_part; margs[2] = &n_splits; margs[3] = &part_rows; margs[4] = &rows;
-        margs[5] = &o; margs[6] = lse ? &lse : &null_ptr;
-        return mskv__cuda_launch(st, fm, grid, block, 0, margs);
+        m = &st->args[MSKV__K_LSE_MERGE];
+        mskv__cuda_arg_ptr(m, 0, o_part);
+        mskv__cuda_arg_ptr(m, 1, lse_part);
+        mskv__cuda_arg_i32(m, 2, g.n_splits);
+        mskv__cuda_arg_i64(m, 3, rows);
+        mskv__cuda_arg_i64(m, 4, rows);
+        mskv__cuda_arg_ptr(m, 5, o);
+        mskv__cuda_arg_ptr(m, 6, lse);
+        return mskv__cuda_launch(st, fm, grid, block, 0, m->ptr);
     }
+    /* ---- end of the kernel-specific part -------------------------------- */
 }
 
 MSKV_API mskv_result mskv_cuda_merge(mskv_cuda_store *st, int64_t n, int32_t heads, int32_t head_dim,
                                      mskv_cu_ptr o_a, mskv_cu_ptr lse_a, mskv_cu_ptr o_b, mskv_cu_ptr lse_b,
                                      mskv_cu_ptr o, mskv_cu_ptr lse) {
+    static const unsigned int block[3] = {128, 1, 1};
     mskv__cuda_defines defs;
+    mskv__cuda_args *a;
     mskv_cu_function f;
     mskv_result res;
-    long long rows;
-    unsigned int grid[3], block[3] = {128, 1, 1};
-    void *args[7];
+    int64_t rows;
+    unsigned int grid[3];
     if (!st) return MSKV_ERROR_NULL_POINTER;
     if (n < 0 || heads <= 0 || (head_dim != 64 && head_dim != 128 && head_dim != 256)) return MSKV_ERROR_INVALID_ARGUMENT;
     if (n == 0) return MSKV_SUCCESS;
     if (!o_a || !lse_a || !o_b || !lse_b || !o || !lse) return MSKV_ERROR_NULL_POINTER;
     if (n > (int64_t)0x7fffffff * 4 / heads) return MSKV_ERROR_OVERFLOW;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
-    mskv__cuda_defines_base(st, &defs);
-    mskv__cuda_define(&defs, "MSKV_DTYPE", 0);
-    mskv__cuda_define(&defs, "MSKV_HEAD_DIM", head_dim);
-    if ((res = mskv__cuda_function(st->cu, "mskv_state_merge", &defs, &f)) != MSKV_SUCCESS) return res;
-    rows = (long long)n * heads;
+    defs = st->defs;
+    mskv__cuda_define(&defs, MSKV__D_DTYPE, 0);
+    mskv__cuda_define(&defs, MSKV__D_HEAD_DIM, head_dim);
+    if ((res = mskv__cuda_store_function(st, MSKV__K_STATE_MERGE, &defs, &f)) != MSKV_SUCCESS) return res;
+    rows = n * heads;
     grid[0] = (unsigned int)((rows + 3) / 4); grid[1] = 1; grid[2] = 1;
-    args[0] = &o_a; args[1] = &lse_a; args[2] = &o_b; args[3] = &lse_b; args[4] = &rows; args[5] = &o; args[6] = &lse;
-    return mskv__cuda_launch(st, f, grid, block, 0, args);
+    /* mskv_state_merge(o_a, lse_a, o_b, lse_b, rows, o, lse) */
+    a = &st->args[MSKV__K_STATE_MERGE];
+    mskv__cuda_arg_ptr(a, 0, o_a);
+    mskv__cuda_arg_ptr(a, 1, lse_a);
+    mskv__cuda_arg_ptr(a, 2, o_b);
+    mskv__cuda_arg_ptr(a, 3, lse_b);
+    mskv__cuda_arg_i64(a, 4, rows);
+    mskv__cuda_arg_ptr(a, 5, o);
+    mskv__cuda_arg_ptr(a, 6, lse);
+    return mskv__cuda_launch(st, f, grid, block, 0, a->ptr);
 }
 
 MSKV_API mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, mskv_cu_ptr x, int64_t n,
                                     int32_t heads, mskv_cu_ptr positions) {
+    static const unsigned int block[3] = {128, 1, 1};
     mskv__cuda_defines defs;
+    mskv__cuda_args *a;
     mskv_cu_function f;
     mskv_result res;
-    long long nn = (long long)n;
-    int h = heads;
-    float theta;
-    unsigned int grid[3], block[3] = {128, 1, 1};
-    void *args[5];
+    unsigned int grid[3];
     if (!st || !rope) return MSKV_ERROR_NULL_POINTER;
     if (n < 0 || heads <= 0 || (rope->mode != MSKV_POS_1D && rope->mode != MSKV_POS_3D)) return MSKV_ERROR_INVALID_ARGUMENT;
     if (st->d.head_dim != 64 && st->d.head_dim != 128 && st->d.head_dim != 256) return MSKV_ERROR_UNSUPPORTED;
@@ -3283,13 +3869,18 @@ MSKV_API mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, 
     if (!x || !positions) return MSKV_ERROR_NULL_POINTER;
     if (n > (int64_t)0x7fffffff * 4 / heads) return MSKV_ERROR_OVERFLOW;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
-    mskv__cuda_defines_base(st, &defs);
+    defs = st->defs;
     mskv__cuda_defines_rope(&defs, rope);
-    if ((res = mskv__cuda_function(st->cu, "mskv_rope", &defs, &f)) != MSKV_SUCCESS) return res;
-    theta = rope->theta > 0.0f ? rope->theta : 10000.0f;
-    grid[0] = (unsigned int)((nn * h + 3) / 4); grid[1] = 1; grid[2] = 1;
-    args[0] = &x; args[1] = &nn; args[2] = &h; args[3] = &positions; args[4] = &theta;
-    return mskv__cuda_launch(st, f, grid, block, 0, args);
+    if ((res = mskv__cuda_store_function(st, MSKV__K_ROPE, &defs, &f)) != MSKV_SUCCESS) return res;
+    grid[0] = (unsigned int)((n * heads + 3) / 4); grid[1] = 1; grid[2] = 1;
+    /* mskv_rope(x, n, heads, positions, theta) */
+    a = &st->args[MSKV__K_ROPE];
+    mskv__cuda_arg_ptr(a, 0, x);
+    mskv__cuda_arg_i64(a, 1, n);
+    mskv__cuda_arg_i32(a, 2, heads);
+    mskv__cuda_arg_ptr(a, 3, positions);
+    mskv__cuda_arg_f32(a, 4, rope->theta > 0.0f ? rope->theta : 10000.0f);
+    return mskv__cuda_launch(st, f, grid, block, 0, a->ptr);
 }
 
 #ifdef __cplusplus

@@ -6,6 +6,7 @@
    the CPU backend. */
 #include "mskv_test.h"
 #include "emu/mskv_emu.h"
+#define MSTAR_KV_IMPLEMENTATION      /* the GPU layer's implementation reuses the core's platform wrappers */
 #include "../mstar_kv.h"
 #define MSTAR_KV_CUDA_IMPLEMENTATION
 #include "../mstar_kv_cuda.h"

@@ -4,8 +4,7 @@
    the merge. Pools start as NaN everywhere, page tables are shuffled. */
 #include "mskv_test.h"
 #include "emu/mskv_emu.h"
-#define MSTAR_KV_IMPLEMENTATION
-#include "../mstar_kv.h"
+#include "../mstar_kv.h"   /* implemented in emu_cuda.cpp, beside the GPU layer that needs it */
 #include <algorithm>
 #include <random>
 

@@ -2,15 +2,18 @@
 # Runs each test program given and adds up their "N passed, N failed, N skipped"
 # lines into one closing line. A program that crashes or prints no totals
 # counts as one failure. With no video test program (FFmpeg absent) that
-# suite is reported as one skip, with the reason.
+# suite is reported as one skip, with the reason. A Windows program (*.exe)
+# runs under wine (tests/wine.sh); without one (no mingw-w64), or where wine
+# cannot run, that is one skip with the reason.
 #
 #   bash tests/run.sh [-j N] [--build-status FILE] PROGRAM...
 #
-# -j N runs up to N programs at a time (default 1). With one at a time a
-# program's output streams as it runs; with more, each program's output is
-# printed whole when it finishes, so it never interleaves with another's.
-# Either way every program ends with a line giving its totals and wall time,
-# and the run ends with the times of all of them, then the totals line.
+# -j N runs up to N programs at a time (default 1), started in the order
+# given (put the long ones first). With one at a time a program's output
+# streams as it runs; with more, each program's output is printed whole when
+# it finishes, so it never interleaves with another's. Either way every
+# program ends with a line giving its totals and wall time, and the run ends
+# with the times of all of them, then the totals line.
 # With --build-status FILE, a nonzero status in FILE (the build of the test
 # programs failed) counts as one more failure.
 set -u
@@ -29,32 +32,32 @@ case "$jobs" in ''|*[!0-9]*|0) echo "run.sh: -j expects a positive number, got '
 now() { if [ -n "${EPOCHREALTIME:-}" ]; then echo "${EPOCHREALTIME/,/.}"; else date +%s.%N; fi; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
+here=$(dirname "$0")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 t_start=$(now)
+passed=0; failed=0; skipped=0
 have_video=0
-n=0
-for bin in "$@"; do
-  case "$bin" in *tests-video) have_video=1 ;; esac
-done
+have_windows=0
+times=""
 
 # one program: its output in $work/N.out, then "rc start end" in $work/N.done
 run_one() {
   local i=$1 bin=$2 t0 rc
+  local run=("$bin")
+  case "$bin" in *.exe) run=(bash "$here/wine.sh" "$bin") ;; esac
   t0=$(now)
   if [ "$jobs" -eq 1 ]; then
-    "$bin" 2>&1 | tee "$work/$i.out"
+    "${run[@]}" 2>&1 | tee "$work/$i.out"
     rc=${PIPESTATUS[0]}
   else
-    "$bin" > "$work/$i.out" 2>&1
+    "${run[@]}" > "$work/$i.out" 2>&1
     rc=$?
   fi
   echo "$rc $t0 $(now)" > "$work/$i.done.tmp"
   mv "$work/$i.done.tmp" "$work/$i.done"
 }
 
-passed=0; failed=0; skipped=0
-times=""
 # reads a finished program's result, prints its closing line and adds it up
 finish() {
   local i=$1 bin=$2 rc t0 t1 line p f s dt
@@ -75,39 +78,60 @@ finish() {
   echo "=== $bin: $line in ${dt} s"
 }
 
-running=()   # "index:program" of the programs started and not yet reported
-for bin in "$@"; do
-  while [ "${#running[@]}" -ge "$jobs" ]; do
-    wait -n 2>/dev/null || true
-    left=()
-    for r in "${running[@]}"; do
-      if [ -f "$work/${r%%:*}.done" ]; then finish "${r%%:*}" "${r#*:}"; else left+=("$r"); fi
-    done
-    [ "${#left[@]}" -lt "${#running[@]}" ] || sleep 0.2   # nothing finished yet
-    running=("${left[@]+"${left[@]}"}")
+# reports the programs that have finished; the others stay in "running"
+reap() {
+  local left=() r
+  for r in "${running[@]+"${running[@]}"}"; do
+    if [ -f "$work/${r%%:*}.done" ]; then finish "${r%%:*}" "${r#*:}"; else left+=("$r"); fi
   done
+  [ "${#left[@]}" -lt "${#running[@]}" ] || sleep 0.2   # nothing finished yet
+  running=("${left[@]+"${left[@]}"}")
+}
+
+running=()   # "index:program" of the programs started and not yet reported
+n=0
+for bin in "$@"; do
+  case "$bin" in
+    *tests-video) have_video=1 ;;
+    *.exe)
+      have_windows=1
+      if ! why=$(bash "$here/wine.sh" --check 2>&1); then
+        echo "skip [Windows tests under wine]: $why"
+        skipped=$((skipped + 1)); continue
+      fi ;;
+  esac
   n=$((n + 1))
   if [ "$jobs" -eq 1 ]; then
     echo "=== $bin"
     run_one "$n" "$bin"
     finish "$n" "$bin"
-  else
-    echo "--- started $bin"
-    run_one "$n" "$bin" &
-    running+=("$n:$bin")
+    continue
   fi
+  while [ "${#running[@]}" -ge "$jobs" ]; do
+    wait -n 2>/dev/null || true
+    reap
+  done
+  echo "--- started $bin"
+  run_one "$n" "$bin" &
+  running+=("$n:$bin")
 done
-wait
-for r in "${running[@]+"${running[@]}"}"; do finish "${r%%:*}" "${r#*:}"; done
+while [ "${#running[@]}" -gt 0 ]; do
+  wait -n 2>/dev/null || true
+  reap
+done
 
 if [ "$have_video" -eq 0 ]; then
   echo "skip [video round trip]: FFmpeg development libraries not found by pkg-config"
+  skipped=$((skipped + 1))
+fi
+if [ "$have_windows" -eq 0 ]; then
+  echo "skip [Windows tests under wine]: no Windows test program (mingw-w64 not found: Debian's gcc-mingw-w64-x86-64)"
   skipped=$((skipped + 1))
 fi
 if [ "$build_failed" -ne 0 ]; then
   echo "!!! building the test programs failed (see above): a program may be missing or out of date"
   failed=$((failed + 1))
 fi
-echo "--- wall time per program:${times%,}; all $# in $(secs "$t_start" "$(now)") s, $jobs at a time"
+echo "--- wall time per program:${times%,}; all in $(secs "$t_start" "$(now)") s, $jobs at a time"
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -3,6 +3,7 @@
    that gathers K/V by absolute position (not through the page table). */
 #include <stdlib.h>
 #include "mskv_test.h"
+#include "mskv_test_util.h"
 #include "../mstar_kv.h"
 
 #define TCPU_LONG 2048 /* the longest sequence of the sweeps (cheap enough under ASan too) */
@@ -1165,7 +1166,6 @@ TEST(after_release_with_a_protected_prefix_attention_sees_prefix_and_survivors) 
 /* ---- one mskv_cpu, several callers ---- */
 
 #ifndef MSKV_NO_THREADS
-#include <pthread.h>
 typedef struct tcpu_caller {
     mskv_cpu *cpu;
     const tcpu_fix *f;
@@ -1175,7 +1175,7 @@ typedef struct tcpu_caller {
     int mismatches;
 } tcpu_caller;
 
-static void *tcpu_caller_run(void *arg) {
+static void tcpu_caller_run(void *arg) {
     tcpu_caller *c = (tcpu_caller *)arg;
     size_t n = (size_t)c->f->plan.total_q * (size_t)c->at->q_heads * (size_t)c->f->D;
     int it;
@@ -1186,7 +1186,6 @@ static void *tcpu_caller_run(void *arg) {
         free(o);
         free(lse);
     }
-    return NULL;
 }
 
 /* A single-threaded mskv_cpu has one workspace: two callers at once take
@@ -1201,7 +1200,7 @@ TEST(one_thread_cpu_serialises_concurrent_callers) {
     void *qa, *qb;
     float *wa = NULL, *wb = NULL, *la = NULL, *lb = NULL;
     tcpu_caller ca, cb;
-    pthread_t ta, tb;
+    mtu_thread *ta, *tb;
     memset(&cd, 0, sizeof cd);   /* one thread: the caller's */
     ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
     ASSERT_TRUE(tcpu_fix_init(&fa, 16, 1, 64, MSKV_DTYPE_F32, seqs, 1, 0, 0, 0, seed));
@@ -1213,10 +1212,13 @@ TEST(one_thread_cpu_serialises_concurrent_callers) {
     ASSERT_TRUE(tcpu_run(cpu, &fb, &at, qb, &wb, &lb));
     ca.cpu = cpu; ca.f = &fa; ca.at = &at; ca.q = qa; ca.want = wa; ca.mismatches = 0;
     cb.cpu = cpu; cb.f = &fb; cb.at = &at; cb.q = qb; cb.want = wb; cb.mismatches = 0;
-    ASSERT_EQ(0, pthread_create(&ta, NULL, tcpu_caller_run, &ca));
-    ASSERT_EQ(0, pthread_create(&tb, NULL, tcpu_caller_run, &cb));
-    pthread_join(ta, NULL);
-    pthread_join(tb, NULL);
+    ta = mtu_thread_start(tcpu_caller_run, &ca);
+    ASSERT_TRUE(ta != NULL);
+    tb = mtu_thread_start(tcpu_caller_run, &cb);
+    if (!tb) mtu_thread_join(ta);
+    ASSERT_TRUE(tb != NULL);
+    mtu_thread_join(ta);
+    mtu_thread_join(tb);
     EXPECT_EQ(0, ca.mismatches);
     EXPECT_EQ(0, cb.mismatches);
     free(qa); free(qb); free(wa); free(wb); free(la); free(lb);

@@ -7,12 +7,27 @@
 #endif
 #include <stdlib.h>
 #include <time.h>
+#ifndef _WIN32
 #include <unistd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#endif
 #include "mskv_test.h"
+#include "mskv_test_util.h"
 #include "../mstar_kv.h"
 #include "../mstar_kv_cuda.h"
+
+/* the driver library the loader tries first on this platform */
+#ifdef _WIN32
+#define TCU_DRIVER_NAME "nvcuda.dll"
+#else
+#define TCU_DRIVER_NAME "libcuda.so.1"
+#endif
+/* main.c: how many messages the GPU layer has formatted (its MSKV_CUDA_VSNPRINTF) */
+#ifdef __cplusplus
+extern "C"
+#endif
+long mtu_format_count(void);
 
 /* ---- paths next to this file ------------------------------------------------ */
 
@@ -39,11 +54,12 @@ static char *tcu_read(const char *path, size_t *size) {
 
 /* ---- counting allocator -------------------------------------------------------- */
 
-static long tcu_live_allocs;
-static void *tcu_alloc(void *u, size_t n) { void *p = malloc(n); (void)u; if (p) tcu_live_allocs++; return p; }
+static long tcu_live_allocs, tcu_total_allocs;   /* live blocks; every alloc and realloc call */
+static void *tcu_alloc(void *u, size_t n) { void *p = malloc(n); (void)u; tcu_total_allocs++; if (p) tcu_live_allocs++; return p; }
 static void *tcu_realloc(void *u, void *p, size_t n) {
     void *q = realloc(p, n);
     (void)u;
+    tcu_total_allocs++;
     if (!p && q) tcu_live_allocs++;
     return q;
 }
@@ -72,12 +88,14 @@ static void tcu_log(void *u, mskv_log_level lvl, const char *m) {
    fail_* fields make the n-th call of a function fail. */
 
 typedef struct tcm_module { int dtype, head_dim, rope, style, d0, d1, d2; } tcm_module;
-typedef struct tcm_func { int kind; const tcm_module *m; } tcm_func;   /* kind 1 gather, 2 scatter, 3 kv_write */
+/* kind 1 gather, 2 scatter, 3 kv_write; 4 and up (attention, merges, rope) are launched, not run */
+typedef struct tcm_func { int kind; const tcm_module *m; } tcm_func;
 typedef struct tcm_launch { const tcm_func *f; unsigned int grid[3]; unsigned char args[10][8]; } tcm_launch;
 typedef struct tcm_graph { int n; tcm_launch l[64]; } tcm_graph;
 
 static struct tcm_state {
     long dev_live, host_live, streams, events, modules, graphs, execs, ctx_refs, progs;
+    long calls;                         /* every driver and NVRTC call */
     int fail_alloc_at, allocs;          /* n-th cuMemAlloc fails with out of memory (1-based; 0 never) */
     int fail_dtoh_at, dtohs;
     int fail_htod_at, htods;
@@ -102,26 +120,30 @@ static void tcm_reset(void) {
 
 static int tcm_count_fail(int *counter, int at) { return ++*counter == at; }
 
-static mskv_cu_result tcm_cuInit(unsigned int f) { (void)f; return 0; }
-static mskv_cu_result tcm_cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+static mskv_cu_result tcm_cuInit(unsigned int f) { tcm.calls++; (void)f; return 0; }
+static mskv_cu_result tcm_cuDriverGetVersion(int *v) { tcm.calls++; *v = 13000; return 0; }
 static mskv_cu_result tcm_cuGetErrorString(mskv_cu_result e, const char **s) {
+    tcm.calls++;
     *s = e == 2 ? "mock: out of memory" : e == 200 ? "mock: invalid image" : e == 719 ? "mock: launch failed" : "mock: error";
     return 0;
 }
-static mskv_cu_result tcm_cuDeviceGetCount(int *n) { *n = 1; return 0; }
-static mskv_cu_result tcm_cuDeviceGet(mskv_cu_device *d, int i) { *d = i; return 0; }
+static mskv_cu_result tcm_cuDeviceGetCount(int *n) { tcm.calls++; *n = 1; return 0; }
+static mskv_cu_result tcm_cuDeviceGet(mskv_cu_device *d, int i) { tcm.calls++; *d = i; return 0; }
 static mskv_cu_result tcm_cuDeviceGetAttribute(int *v, int a, mskv_cu_device d) {
+    tcm.calls++;
     (void)d;
     *v = a == MSKV_CU_ATTR_CC_MAJOR ? (tcm.cc_major ? tcm.cc_major : 9) : a == MSKV_CU_ATTR_CC_MINOR ? tcm.cc_minor : a == MSKV_CU_ATTR_MULTIPROCESSOR_COUNT ? 132 : 0;
     return 0;
 }
-static mskv_cu_result tcm_cuDeviceGetName(char *name, int len, mskv_cu_device d) { (void)d; snprintf(name, (size_t)len, "mock device"); return 0; }
+static mskv_cu_result tcm_cuDeviceGetName(char *name, int len, mskv_cu_device d) { tcm.calls++; (void)d; snprintf(name, (size_t)len, "mock device"); return 0; }
 static mskv_cu_result tcm_cuDevicePrimaryCtxRetain(mskv_cu_context *c, mskv_cu_device d) {
+    tcm.calls++;
     (void)d; tcm.ctx_refs++; *c = (mskv_cu_context)(void *)&tcm; return 0;
 }
-static mskv_cu_result tcm_cuDevicePrimaryCtxRelease(mskv_cu_device d) { (void)d; tcm.ctx_refs--; return 0; }
-static mskv_cu_result tcm_cuCtxSetCurrent(mskv_cu_context c) { (void)c; return 0; }
+static mskv_cu_result tcm_cuDevicePrimaryCtxRelease(mskv_cu_device d) { tcm.calls++; (void)d; tcm.ctx_refs--; return 0; }
+static mskv_cu_result tcm_cuCtxSetCurrent(mskv_cu_context c) { tcm.calls++; (void)c; return 0; }
 static mskv_cu_result tcm_cuMemAlloc(mskv_cu_ptr *p, size_t n) {
+    tcm.calls++;
     void *q;
     if (tcm_count_fail(&tcm.allocs, tcm.fail_alloc_at)) return MSKV_CU_ERROR_OUT_OF_MEMORY;
     q = calloc(1, n);
@@ -130,16 +152,18 @@ static mskv_cu_result tcm_cuMemAlloc(mskv_cu_ptr *p, size_t n) {
     *p = (mskv_cu_ptr)(uintptr_t)q;
     return 0;
 }
-static mskv_cu_result tcm_cuMemFree(mskv_cu_ptr p) { if (p) { tcm.dev_live--; free((void *)(uintptr_t)p); } return 0; }
+static mskv_cu_result tcm_cuMemFree(mskv_cu_ptr p) { tcm.calls++; if (p) { tcm.dev_live--; free((void *)(uintptr_t)p); } return 0; }
 static mskv_cu_result tcm_cuMemAllocHost(void **p, size_t n) {
+    tcm.calls++;
     if (tcm_count_fail(&tcm.allocs, tcm.fail_alloc_at)) return MSKV_CU_ERROR_OUT_OF_MEMORY;
     *p = calloc(1, n);
     if (!*p) return MSKV_CU_ERROR_OUT_OF_MEMORY;
     tcm.host_live++;
     return 0;
 }
-static mskv_cu_result tcm_cuMemFreeHost(void *p) { if (p) { tcm.host_live--; free(p); } return 0; }
+static mskv_cu_result tcm_cuMemFreeHost(void *p) { tcm.calls++; if (p) { tcm.host_live--; free(p); } return 0; }
 static mskv_cu_result tcm_cuMemcpyHtoDAsync(mskv_cu_ptr d, const void *s, size_t n, mskv_cu_stream st) {
+    tcm.calls++;
     tcm.copy_stream = st;
     if (tcm.capturing) return 900;      /* the runtime never captures copies */
     if (tcm_count_fail(&tcm.htods, tcm.fail_htod_at)) return 999;
@@ -147,6 +171,7 @@ static mskv_cu_result tcm_cuMemcpyHtoDAsync(mskv_cu_ptr d, const void *s, size_t
     return 0;
 }
 static mskv_cu_result tcm_cuMemcpyDtoHAsync(void *d, mskv_cu_ptr s, size_t n, mskv_cu_stream st) {
+    tcm.calls++;
     tcm.copy_stream = st;
     if (tcm.capturing) return 900;
     if (tcm_count_fail(&tcm.dtohs, tcm.fail_dtoh_at)) return 999;
@@ -154,33 +179,39 @@ static mskv_cu_result tcm_cuMemcpyDtoHAsync(void *d, mskv_cu_ptr s, size_t n, ms
     return 0;
 }
 static mskv_cu_result tcm_cuMemcpyDtoDAsync(mskv_cu_ptr d, mskv_cu_ptr s, size_t n, mskv_cu_stream st) {
+    tcm.calls++;
     (void)st; memmove((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n); return 0;
 }
 static mskv_cu_result tcm_cuMemsetD8Async(mskv_cu_ptr d, unsigned char v, size_t n, mskv_cu_stream st) {
+    tcm.calls++;
     (void)st; memset((void *)(uintptr_t)d, v, n); return 0;
 }
 static mskv_cu_result tcm_cuStreamCreate(mskv_cu_stream *s, unsigned int f) {
+    tcm.calls++;
     (void)f; tcm.streams++; *s = (mskv_cu_stream)malloc(1); return 0;
 }
-static mskv_cu_result tcm_cuStreamDestroy(mskv_cu_stream s) { tcm.streams--; free((void *)s); return 0; }
+static mskv_cu_result tcm_cuStreamDestroy(mskv_cu_stream s) { tcm.calls++; tcm.streams--; free((void *)s); return 0; }
 static mskv_cu_result tcm_cuStreamSynchronize(mskv_cu_stream s) {
+    tcm.calls++;
     tcm.synced_stream = s;
     tcm.stream_syncs++;
     return tcm.capturing ? 901 : tcm.stream_sync_fails ? 999 : 0;
 }
 static mskv_cu_result tcm_cuEventCreate(mskv_cu_event *e, unsigned int f) {
+    tcm.calls++;
     (void)f; tcm.events++; *e = (mskv_cu_event)malloc(1); return 0;
 }
-static mskv_cu_result tcm_cuEventRecord(mskv_cu_event e, mskv_cu_stream s) { (void)e; (void)s; return 0; }
-static mskv_cu_result tcm_cuEventQuery(mskv_cu_event e) { (void)e; return tcm.event_busy ? MSKV_CU_ERROR_NOT_READY : 0; }
-static mskv_cu_result tcm_cuEventSynchronize(mskv_cu_event e) { (void)e; tcm.event_syncs++; return 0; }
-static mskv_cu_result tcm_cuEventDestroy(mskv_cu_event e) { tcm.events--; free((void *)e); return 0; }
+static mskv_cu_result tcm_cuEventRecord(mskv_cu_event e, mskv_cu_stream s) { tcm.calls++; (void)e; (void)s; return 0; }
+static mskv_cu_result tcm_cuEventQuery(mskv_cu_event e) { tcm.calls++; (void)e; return tcm.event_busy ? MSKV_CU_ERROR_NOT_READY : 0; }
+static mskv_cu_result tcm_cuEventSynchronize(mskv_cu_event e) { tcm.calls++; (void)e; tcm.event_syncs++; return 0; }
+static mskv_cu_result tcm_cuEventDestroy(mskv_cu_event e) { tcm.calls++; tcm.events--; free((void *)e); return 0; }
 
 static int tcm_define(const char *image, const char *name) {
     const char *p = strstr(image, name);
     return p ? atoi(p + strlen(name) + 1) : 0;
 }
 static mskv_cu_result tcm_cuModuleLoadData(mskv_cu_module *m, const void *image) {
+    tcm.calls++;
     const char *img = (const char *)image;
     tcm_module *mod;
     if (tcm.fail_module_load) return MSKV_CU_ERROR_INVALID_IMAGE;
@@ -198,17 +229,20 @@ static mskv_cu_result tcm_cuModuleLoadData(mskv_cu_module *m, const void *image)
     *m = (mskv_cu_module)(void *)mod;
     return 0;
 }
-static mskv_cu_result tcm_cuModuleUnload(mskv_cu_module m) { tcm.modules--; free((void *)m); return 0; }
+static mskv_cu_result tcm_cuModuleUnload(mskv_cu_module m) { tcm.calls++; tcm.modules--; free((void *)m); return 0; }
 static mskv_cu_result tcm_cuModuleGetFunction(mskv_cu_function *f, mskv_cu_module m, const char *name) {
+    tcm.calls++;
     int kind = !strcmp(name, "mskv_page_gather") ? 1 : !strcmp(name, "mskv_page_scatter") ? 2 :
-               !strcmp(name, "mskv_kv_write") ? 3 : 0;
+               !strcmp(name, "mskv_kv_write") ? 3 : !strcmp(name, "mskv_attn") ? 4 :
+               !strcmp(name, "mskv_lse_merge") ? 5 : !strcmp(name, "mskv_state_merge") ? 6 :
+               !strcmp(name, "mskv_rope") ? 7 : 0;
     if (!kind || tcm.nfuncs == 64) return MSKV_CU_ERROR_NOT_FOUND;
     tcm.funcs[tcm.nfuncs].kind = kind;
     tcm.funcs[tcm.nfuncs].m = (const tcm_module *)(const void *)m;
     *f = (mskv_cu_function)(void *)&tcm.funcs[tcm.nfuncs++];
     return 0;
 }
-static mskv_cu_result tcm_cuFuncSetAttribute(mskv_cu_function f, int a, int v) { (void)f; (void)a; (void)v; return 0; }
+static mskv_cu_result tcm_cuFuncSetAttribute(mskv_cu_function f, int a, int v) { tcm.calls++; (void)f; (void)a; (void)v; return 0; }
 
 /* parameter sizes of each kernel, in ABI order */
 static const int tcm_sizes[4][10] = {
@@ -265,6 +299,7 @@ static void tcm_run(const tcm_launch *l) {
 static mskv_cu_result tcm_cuLaunchKernel(mskv_cu_function f, unsigned int gx, unsigned int gy, unsigned int gz,
                                          unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
                                          mskv_cu_stream s, void **params, void **extra) {
+    tcm.calls++;
     tcm_launch l;
     const tcm_func *fn = (const tcm_func *)(const void *)f;
     int i;
@@ -274,6 +309,7 @@ static mskv_cu_result tcm_cuLaunchKernel(mskv_cu_function f, unsigned int gx, un
     memset(&l, 0, sizeof l);
     l.f = fn;
     l.grid[0] = gx; l.grid[1] = gy; l.grid[2] = gz;
+    if (fn->kind > 3) return 0;
     for (i = 0; i < 10 && tcm_sizes[fn->kind][i]; i++) memcpy(l.args[i], params[i], (size_t)tcm_sizes[fn->kind][i]);
     if (tcm.capturing) {
         if (tcm.capture->n == 64) return 902;
@@ -284,6 +320,7 @@ static mskv_cu_result tcm_cuLaunchKernel(mskv_cu_function f, unsigned int gx, un
     return 0;
 }
 static mskv_cu_result tcm_cuStreamBeginCapture(mskv_cu_stream s, int mode) {
+    tcm.calls++;
     (void)s; (void)mode;
     tcm.capture = (tcm_graph *)calloc(1, sizeof(tcm_graph));
     tcm.capturing = 1;
@@ -291,6 +328,7 @@ static mskv_cu_result tcm_cuStreamBeginCapture(mskv_cu_stream s, int mode) {
     return 0;
 }
 static mskv_cu_result tcm_cuStreamEndCapture(mskv_cu_stream s, mskv_cu_graph *g) {
+    tcm.calls++;
     (void)s;
     tcm.capturing = 0;
     *g = (mskv_cu_graph)(void *)tcm.capture;
@@ -298,6 +336,7 @@ static mskv_cu_result tcm_cuStreamEndCapture(mskv_cu_stream s, mskv_cu_graph *g)
     return 0;
 }
 static mskv_cu_result tcm_cuGraphInstantiateWithFlags(mskv_cu_graph_exec *e, mskv_cu_graph g, unsigned long long f) {
+    tcm.calls++;
     tcm_graph *copy = (tcm_graph *)malloc(sizeof(tcm_graph));
     (void)f;
     memcpy(copy, (const void *)g, sizeof(tcm_graph));
@@ -306,22 +345,24 @@ static mskv_cu_result tcm_cuGraphInstantiateWithFlags(mskv_cu_graph_exec *e, msk
     return 0;
 }
 static mskv_cu_result tcm_cuGraphLaunch(mskv_cu_graph_exec e, mskv_cu_stream s) {
+    tcm.calls++;
     const tcm_graph *g = (const tcm_graph *)(const void *)e;
     int i;
     (void)s;
     for (i = 0; i < g->n; i++) tcm_run(&g->l[i]);
     return 0;
 }
-static mskv_cu_result tcm_cuGraphExecDestroy(mskv_cu_graph_exec e) { tcm.execs--; free((void *)e); return 0; }
-static mskv_cu_result tcm_cuGraphDestroy(mskv_cu_graph g) { tcm.graphs--; free((void *)g); return 0; }
+static mskv_cu_result tcm_cuGraphExecDestroy(mskv_cu_graph_exec e) { tcm.calls++; tcm.execs--; free((void *)e); return 0; }
+static mskv_cu_result tcm_cuGraphDestroy(mskv_cu_graph g) { tcm.calls++; tcm.graphs--; free((void *)g); return 0; }
 
 typedef struct tcm_prog { char *options; } tcm_prog;
-static mskv_nvrtc_result tcm_nvrtcVersion(int *a, int *b) { *a = 13; *b = 0; return 0; }
+static mskv_nvrtc_result tcm_nvrtcVersion(int *a, int *b) { tcm.calls++; *a = 13; *b = 0; return 0; }
 static const char *tcm_nvrtcGetErrorString(mskv_nvrtc_result r) { return r == 6 ? "NVRTC_ERROR_COMPILATION" : "NVRTC_ERROR"; }
-static mskv_nvrtc_result tcm_nvrtcGetNumSupportedArchs(int *n) { *n = 4; return 0; }
-static mskv_nvrtc_result tcm_nvrtcGetSupportedArchs(int *a) { a[0] = 75; a[1] = 80; a[2] = 89; a[3] = 90; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetNumSupportedArchs(int *n) { tcm.calls++; *n = 4; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetSupportedArchs(int *a) { tcm.calls++; a[0] = 75; a[1] = 80; a[2] = 89; a[3] = 90; return 0; }
 static mskv_nvrtc_result tcm_nvrtcCreateProgram(mskv_nvrtc_program *p, const char *src, const char *name, int nh,
                                                 const char *const *h, const char *const *in) {
+    tcm.calls++;
     tcm_prog *q = (tcm_prog *)calloc(1, sizeof *q);
     (void)src; (void)name; (void)nh; (void)h; (void)in;
     tcm.progs++;
@@ -329,12 +370,14 @@ static mskv_nvrtc_result tcm_nvrtcCreateProgram(mskv_nvrtc_program *p, const cha
     return 0;
 }
 static mskv_nvrtc_result tcm_nvrtcDestroyProgram(mskv_nvrtc_program *p) {
+    tcm.calls++;
     tcm_prog *q = (tcm_prog *)(void *)*p;
     if (q) { free(q->options); free(q); tcm.progs--; }
     *p = NULL;
     return 0;
 }
 static mskv_nvrtc_result tcm_nvrtcCompileProgram(mskv_nvrtc_program p, int n, const char *const *opts) {
+    tcm.calls++;
     tcm_prog *q = (tcm_prog *)(void *)p;
     size_t len = 64;
     int i;
@@ -351,12 +394,12 @@ static const char *tcm_log_text(void) {
     return tcm.compile_error ? "kernels.cu(7): error: mock compile failure here\n"
                              : "ptxas info    : Used 20 registers\nptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n";
 }
-static mskv_nvrtc_result tcm_nvrtcGetProgramLogSize(mskv_nvrtc_program p, size_t *n) { (void)p; *n = strlen(tcm_log_text()) + 1; return 0; }
-static mskv_nvrtc_result tcm_nvrtcGetProgramLog(mskv_nvrtc_program p, char *log) { (void)p; strcpy(log, tcm_log_text()); return 0; }
-static mskv_nvrtc_result tcm_nvrtcGetPTXSize(mskv_nvrtc_program p, size_t *n) { *n = strlen(((tcm_prog *)(void *)p)->options) + 1; return 0; }
-static mskv_nvrtc_result tcm_nvrtcGetPTX(mskv_nvrtc_program p, char *out) { strcpy(out, ((tcm_prog *)(void *)p)->options); return 0; }
-static mskv_nvrtc_result tcm_nvrtcGetCUBINSize(mskv_nvrtc_program p, size_t *n) { *n = strlen(((tcm_prog *)(void *)p)->options) + 1; return 0; }
-static mskv_nvrtc_result tcm_nvrtcGetCUBIN(mskv_nvrtc_program p, char *out) { strcpy(out, ((tcm_prog *)(void *)p)->options); return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetProgramLogSize(mskv_nvrtc_program p, size_t *n) { tcm.calls++; (void)p; *n = strlen(tcm_log_text()) + 1; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetProgramLog(mskv_nvrtc_program p, char *log) { tcm.calls++; (void)p; strcpy(log, tcm_log_text()); return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetPTXSize(mskv_nvrtc_program p, size_t *n) { tcm.calls++; *n = strlen(((tcm_prog *)(void *)p)->options) + 1; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetPTX(mskv_nvrtc_program p, char *out) { tcm.calls++; strcpy(out, ((tcm_prog *)(void *)p)->options); return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetCUBINSize(mskv_nvrtc_program p, size_t *n) { tcm.calls++; *n = strlen(((tcm_prog *)(void *)p)->options) + 1; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetCUBIN(mskv_nvrtc_program p, char *out) { tcm.calls++; strcpy(out, ((tcm_prog *)(void *)p)->options); return 0; }
 
 static mskv_cuda_functions tcm_table(void) {
     mskv_cuda_functions f;
@@ -548,7 +591,7 @@ TEST(cuda_without_driver_is_unavailable_and_cpu_backend_still_works) {
     r = mskv_cuda_probe(&cd, why, sizeof why);
     if (r == MSKV_SUCCESS) SKIP("a CUDA driver, a device and NVRTC are present on this machine");
     EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, r);
-    EXPECT_TRUE(strstr(why, "libcuda.so.1") != NULL || strstr(why, "NVRTC") != NULL);
+    EXPECT_TRUE(strstr(why, TCU_DRIVER_NAME) != NULL || strstr(why, "NVRTC") != NULL);
     EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_create(&cd, &cu));
     EXPECT_TRUE(cu == NULL);
     /* the CPU backend in the same process */
@@ -573,23 +616,21 @@ TEST(cuda_without_driver_is_unavailable_and_cpu_backend_still_works) {
 }
 
 #ifndef MSKV_NO_THREADS
-#include <pthread.h>
 typedef struct tcu_probe_arg { mskv_result r; char why[1024]; } tcu_probe_arg;
-static void *tcu_probe_thread(void *p) {
+static void tcu_probe_thread(void *p) {
     tcu_probe_arg *a = (tcu_probe_arg *)p;
     a->r = mskv_cuda_probe(NULL, a->why, sizeof a->why);
-    return NULL;
 }
 
 TEST(cuda_loader_is_initialised_once_from_many_threads) {
-    pthread_t th[4];
+    mtu_thread *th[4];
     tcu_probe_arg args[4];
     int i, started = 0;
     for (i = 0; i < 4; i++)
-        if (pthread_create(&th[i], NULL, tcu_probe_thread, &args[i]) == 0) started++;
+        if ((th[i] = mtu_thread_start(tcu_probe_thread, &args[i])) != NULL) started++;
         else break;
+    for (i = 0; i < started; i++) mtu_thread_join(th[i]);
     ASSERT_EQ(4, started);
-    for (i = 0; i < 4; i++) pthread_join(th[i], NULL);
     /* every thread sees the one outcome, with the same reason */
     for (i = 1; i < 4; i++) {
         EXPECT_EQ(args[0].r, args[i].r);
@@ -607,6 +648,9 @@ TEST(cuda_toolkit_stub_driver_is_unavailable) {
     char why[2048];
     size_t i;
     FILE *fp = NULL;
+#ifdef _WIN32
+    SKIP("Windows: the toolkit ships its driver stub as an import library (cuda.lib), not as a DLL");
+#endif
     for (i = 0; i < 2 && !fp; i++) fp = fopen(stubs[i], "rb");
     if (!fp) SKIP("no CUDA toolkit stub libcuda.so installed");
     fclose(fp);
@@ -634,6 +678,25 @@ TEST(cuda_unavailable_reason_names_each_library_once) {
     if (strstr(first + 1, path)) printf("  reason: %s\n", why);
 }
 
+/* A library that loads but exports no cuInit is refused by name, and the
+   probe says which library (the loader's open, lookup and close). */
+TEST(cuda_driver_path_to_a_library_without_cuinit_is_unavailable_and_says_why) {
+#ifdef _WIN32
+    static const char *const lib = "C:\\windows\\system32\\kernel32.dll";   /* absolute: its own folder first */
+#else
+    static const char *const lib = "libm.so.6";
+#endif
+    mskv_cuda_desc cd;
+    mskv_cuda *cu = NULL;
+    char why[2048];
+    memset(&cd, 0, sizeof cd);
+    cd.driver_path = lib;
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_probe(&cd, why, sizeof why));
+    EXPECT_TRUE(strstr(why, lib) != NULL && strstr(why, "not a CUDA driver (no cuInit)") != NULL);
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_create(&cd, &cu));
+    EXPECT_TRUE(cu == NULL);
+}
+
 TEST(cuda_spill_report_is_parsed_from_the_ptxas_log) {
     EXPECT_EQ(-1, mskv_cuda_log_spills("no report here"));
     EXPECT_EQ(0, mskv_cuda_log_spills("ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"));
@@ -643,21 +706,36 @@ TEST(cuda_spill_report_is_parsed_from_the_ptxas_log) {
 
 /* ---- NVRTC: every shipped variant, three archs, no spills ------------------------------ */
 
-typedef struct tcu_variant { int dtype, head_dim, rope, style, warp_keys; } tcu_variant;
+typedef struct tcu_variant { int dtype, head_dim, rope, style, warp_keys, d[3]; } tcu_variant;
 
 /* What the runtime compiles: every dtype and head_dim with no RoPE (page
-   copies, kv_write, prefill attention), each RoPE mode and style (kv_write),
-   and the decode attention layout for the 16-bit dtypes. */
+   copies, kv_write, prefill attention), each RoPE mode and style at the
+   default part widths (kv_write, rope), and the decode attention layout for
+   the 16-bit dtypes. Then each mode and style at widths of the caller's:
+   1-D over half the head, 3-D parts that leave a tail unrotated; once per
+   dtype, the head_dim turning with it (a width is a -D define: a variant of
+   its own, compiled on first use). */
 static int tcu_variants(tcu_variant *out, int cap) {
     int n = 0, dt, hd, rope, style;
     static const int dims[3] = { 64, 128, 256 };
+    memset(out, 0, (size_t)cap * sizeof *out);
     for (dt = 0; dt < 3; dt++)
         for (hd = 0; hd < 3; hd++) {
             for (rope = 0; rope < 3; rope++)
                 for (style = 0; style < (rope ? 2 : 1); style++)
-                    if (n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].rope = rope; out[n].style = style; out[n].warp_keys = 0; n++; }
-            if (dt != 0 && n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].rope = 0; out[n].style = 0; out[n].warp_keys = 1; n++; }
+                    if (n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].rope = rope; out[n].style = style; n++; }
+            if (dt != 0 && n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].warp_keys = 1; n++; }
         }
+    for (dt = 0; dt < 3; dt++)
+        for (rope = 1; rope < 3; rope++)
+            for (style = 0; style < 2; style++) {
+                int D = dims[(dt + rope + style) % 3];
+                if (n == cap) return n;
+                out[n].dtype = dt; out[n].head_dim = D; out[n].rope = rope; out[n].style = style;
+                if (rope == 1) out[n].d[0] = D / 2;
+                else { out[n].d[0] = D / 4; out[n].d[1] = D / 4 - 2 * (D / 64); out[n].d[2] = out[n].d[1]; }
+                n++;
+            }
     return n;
 }
 
@@ -689,8 +767,8 @@ TEST(cuda_variant_sweep_covers_every_define_of_kernels_cu) {
 
 TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     static const int archs[3] = { 80, 89, 90 };
-    tcu_variant vs[64];
-    int nv = tcu_variants(vs, 64), i, a, compiled = 0, cached = 0;
+    tcu_variant vs[80];
+    int nv = tcu_variants(vs, 80), i, a, k, compiled = 0, cached = 0;
     mskv_cuda_desc cd;
     char cache[512], why[2048];
     clock_t t0 = clock();
@@ -721,8 +799,8 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     }
     for (i = 0; i < nv; i++) {
         for (a = 0; a < 3; a++) {
-            char o[6][48];
-            const char *opts[7];
+            char o[9][48];
+            const char *opts[9];
             mskv_cuda_compile_info ci;
             mskv_cuda_image img;
             mskv_result r;
@@ -733,16 +811,19 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
             snprintf(o[3], 48, "-DMSKV_ROPE_STYLE=%d", vs[i].style);
             snprintf(o[4], 48, "-DMSKV_ATTN_WARP_KEYS=%d", vs[i].warp_keys);
             snprintf(o[5], 48, "--ptxas-options=-v");
-            opts[0] = o[0]; opts[1] = o[1]; opts[2] = o[2]; opts[3] = o[3]; opts[4] = o[4]; opts[5] = o[5];
+            snprintf(o[6], 48, "-DMSKV_ROPE_D0=%d", vs[i].d[0]);
+            snprintf(o[7], 48, "-DMSKV_ROPE_D1=%d", vs[i].d[1]);
+            snprintf(o[8], 48, "-DMSKV_ROPE_D2=%d", vs[i].d[2]);
+            for (k = 0; k < 9; k++) opts[k] = o[k];
             memset(&ci, 0, sizeof ci);
             ci.arch = archs[a];
             ci.options = opts;
-            ci.num_options = 6;
+            ci.num_options = vs[i].d[0] ? 9 : 6;   /* default widths: the defines' own defaults */
             r = mskv_cuda_compile(&cd, &ci, &img);
             if (r != MSKV_SUCCESS) {
-                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d warp_keys %d: %s\n%.2000s", archs[a],
-                        vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].warp_keys,
-                        mskv_result_string(r), img.log ? img.log : "");
+                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s\n%.2000s",
+                        archs[a], vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].d[0], vs[i].d[1],
+                        vs[i].d[2], vs[i].warp_keys, mskv_result_string(r), img.log ? img.log : "");
                 mskv_cuda_image_free(&cd, &img);
                 continue;
             }
@@ -750,8 +831,9 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
             EXPECT_TRUE(img.size > 4 && memcmp(img.data, "\177ELF", 4) == 0);
             spills = mskv_cuda_log_spills(img.log);
             if (spills != 0)
-                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d warp_keys %d: %s (%lld bytes)", archs[a],
-                        vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].warp_keys,
+                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s (%lld bytes)",
+                        archs[a], vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].d[0], vs[i].d[1], vs[i].d[2],
+                        vs[i].warp_keys,
                         spills < 0 ? "no ptxas report in the log" : "register spills", (long long)spills);
             if (img.from_disk) cached++; else compiled++;
             mskv_cuda_image_free(&cd, &img);
@@ -766,14 +848,116 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
 static void tcu_cache_dir(char *out, size_t cap, const char *what) {
     char base[400];
     tcu_path(base, sizeof base, "../build");
-    snprintf(out, cap, "%s/test-cuda-%s-%ld", base, what, (long)getpid());
+    snprintf(out, cap, "%s/test-cuda-%s-%lu", base, what, mtu_pid());
 }
 
 static void tcu_rm_dir(const char *dir) {
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) mt_fail(__FILE__, __LINE__, "could not remove %s", dir);
+    if (mtu_rm_dir(dir) != 0) mt_fail(__FILE__, __LINE__, "could not remove %s", dir);
 }
+
+/* Keeps the first n bytes of a file. */
+static int tcu_truncate(const char *path, long n) {
+    size_t size = 0;
+    char *buf = tcu_read(path, &size);
+    FILE *fp;
+    int ok;
+    if (!buf || (size_t)n > size) { free(buf); return 0; }
+    fp = fopen(path, "wb");
+    ok = fp && fwrite(buf, 1, (size_t)n, fp) == (size_t)n;
+    if (fp && fclose(fp) != 0) ok = 0;
+    free(buf);
+    return ok;
+}
+
+/* ---- finding NVRTC where PyPI's wheels put it ---------------------------------------------------
+   The loader runs once per process, so each layout is tried by a fresh
+   build/nvrtc-find (the Python-environment variables cleared but the one
+   under test), over a stand-in libnvrtc linked where the wheel puts its
+   library: nvidia-cuda-nvrtc-cu12 at nvidia/cuda_nvrtc/lib/libnvrtc.so.12,
+   nvidia-cuda-nvrtc 13.x at nvidia/cu13/lib/libnvrtc.so.13 (their contents,
+   listed from the wheels). The environment's wheel comes before a system
+   libnvrtc, so these pass on a machine that has one too. */
+
+#ifndef _WIN32
+/* <root>/<site>/<wheel> -> build/fake-nvrtc/libnvrtc.so */
+static int tcu_fake_wheel(const char *root, const char *site, const char *wheel) {
+    char fake_rel[512], cwd[512], fake[1100], link[900], cmd[1000];
+    tcu_path(fake_rel, sizeof fake_rel, "../build/fake-nvrtc/libnvrtc.so");
+    if (access(fake_rel, R_OK) != 0 || !getcwd(cwd, sizeof cwd)) {
+        mt_fail(__FILE__, __LINE__, "%s is missing: make builds it with the tests", fake_rel);
+        return 0;
+    }
+    /* the link's target is read from the link's directory: make it absolute */
+    if (fake_rel[0] == '/') snprintf(fake, sizeof fake, "%s", fake_rel);
+    else snprintf(fake, sizeof fake, "%s/%s", cwd, fake_rel);
+    snprintf(link, sizeof link, "%s/%s/%s", root, site, wheel);
+    snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\"", link);
+    if (system(cmd) != 0 || symlink(fake, link) != 0) {
+        mt_fail(__FILE__, __LINE__, "could not link %s", link);
+        return 0;
+    }
+    return 1;
+}
+
+/* The output of build/nvrtc-find with only name=value of the search's environment set. */
+static int tcu_find_nvrtc(const char *name, const char *value, char *out, size_t cap) {
+    char prog[512], cmd[1400];
+    FILE *p;
+    size_t n;
+    tcu_path(prog, sizeof prog, "../build/nvrtc-find");
+    if (access(prog, X_OK) != 0) {
+        mt_fail(__FILE__, __LINE__, "%s is missing: make builds it with the tests", prog);
+        return 0;
+    }
+    snprintf(cmd, sizeof cmd, "env -u MSKV_NVRTC_PATH -u VIRTUAL_ENV -u CONDA_PREFIX -u PYTHONPATH %s='%s' '%s' 2>&1",
+             name, value, prog);
+    p = popen(cmd, "r");
+    if (!p) return 0;
+    n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    pclose(p);
+    return 1;
+}
+
+static void tcu_expect_fake_nvrtc(const char *name, const char *value) {
+    char out[2048];
+    if (!tcu_find_nvrtc(name, value, out, sizeof out)) return;
+    if (!strstr(out, "fake libnvrtc of the mstar_kv loader tests"))
+        mt_fail(__FILE__, __LINE__, "with %s=%s the wheel's NVRTC was not loaded:\n%s", name, value, out);
+}
+
+TEST(cuda_nvrtc_is_found_in_the_cu12_wheel_of_a_virtualenv) {
+    char root[512];
+    tcu_cache_dir(root, sizeof root, "venv");
+    if (tcu_fake_wheel(root, "lib/python3.11/site-packages", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12"))
+        tcu_expect_fake_nvrtc("VIRTUAL_ENV", root);
+    tcu_rm_dir(root);
+}
+
+TEST(cuda_nvrtc_is_found_in_the_cu13_wheel_of_a_conda_environment) {
+    char root[512];
+    tcu_cache_dir(root, sizeof root, "conda");
+    if (tcu_fake_wheel(root, "lib/python3.12/site-packages", "nvidia/cu13/lib/libnvrtc.so.13"))
+        tcu_expect_fake_nvrtc("CONDA_PREFIX", root);
+    tcu_rm_dir(root);
+}
+
+TEST(cuda_nvrtc_is_found_in_a_wheel_on_the_pythonpath) {
+    char root[512], path[1200];
+    tcu_cache_dir(root, sizeof root, "pythonpath");
+    if (tcu_fake_wheel(root, "site", "nvidia/cu13/lib/libnvrtc.so.13")) {
+        snprintf(path, sizeof path, "%s/elsewhere:%s/site", root, root);
+        tcu_expect_fake_nvrtc("PYTHONPATH", path);
+    }
+    tcu_rm_dir(root);
+}
+#else
+/* PyPI's NVRTC wheels and their layouts are searched on POSIX only */
+#define TCU_WHEEL_SKIP SKIP("the NVRTC wheel layouts are searched on POSIX only (Windows uses PATH and %%CUDA_PATH%%)")
+TEST(cuda_nvrtc_is_found_in_the_cu12_wheel_of_a_virtualenv) { TCU_WHEEL_SKIP; }
+TEST(cuda_nvrtc_is_found_in_the_cu13_wheel_of_a_conda_environment) { TCU_WHEEL_SKIP; }
+TEST(cuda_nvrtc_is_found_in_a_wheel_on_the_pythonpath) { TCU_WHEEL_SKIP; }
+#endif
 
 static mskv_result tcu_compile_mock(mskv_cuda_desc *cd, mskv_cuda_image *img) {
     static const char *const opts[2] = { "-DMSKV_DTYPE=1", "-DMSKV_HEAD_DIM=128" };
@@ -878,7 +1062,7 @@ TEST(cuda_corrupt_cache_entry_is_detected_and_rebuilt) {
             fclose(fp);
         } else {                    /* a truncated file */
             fclose(fp);
-            ASSERT_EQ(0, truncate(path, size / 2));
+            ASSERT_TRUE(tcu_truncate(path, size / 2));
         }
         ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
         EXPECT_FALSE(a.from_disk);
@@ -893,10 +1077,13 @@ TEST(cuda_corrupt_cache_entry_is_detected_and_rebuilt) {
 }
 
 TEST(cuda_two_processes_writing_one_cache_entry_do_not_corrupt_it) {
+#ifdef _WIN32
+    SKIP("needs fork(); the same entry written by two threads at once is checked on every platform");
+#else
     mskv_cuda_functions fn = tcm_table();
     mskv_cuda_desc cd;
     mskv_cuda_image ref;
-    char dir[512], path[600], cmd[800];
+    char dir[512], path[600];
     pid_t kids[2];
     int i, status, bad = 0;
     tcm_reset();
@@ -938,11 +1125,198 @@ TEST(cuda_two_processes_writing_one_cache_entry_do_not_corrupt_it) {
         EXPECT_EQ(before, tcm.compiles);
         mskv_cuda_image_free(&cd, &img);
     }
-    /* no temp file left behind */
-    snprintf(cmd, sizeof cmd, "ls '%s' | grep -c tmp > /dev/null", dir);
-    EXPECT_TRUE(system(cmd) != 0);
+    EXPECT_EQ(0, mtu_dir_count(dir, ".tmp."));   /* no temp file left behind */
     mskv_cuda_image_free(&cd, &ref);
     tcu_rm_dir(dir);
+#endif
+}
+
+/* The mock NVRTC without the mock's counters: safe to call from several threads. */
+static mskv_nvrtc_result tcu_mt_create(mskv_nvrtc_program *p, const char *src, const char *name, int nh,
+                                       const char *const *h, const char *const *in) {
+    (void)src; (void)name; (void)nh; (void)h; (void)in;
+    *p = (mskv_nvrtc_program)calloc(1, sizeof(tcm_prog));
+    return *p ? 0 : 1;
+}
+static mskv_nvrtc_result tcu_mt_destroy(mskv_nvrtc_program *p) {
+    tcm_prog *q = (tcm_prog *)(void *)*p;
+    if (q) { free(q->options); free(q); }
+    *p = NULL;
+    return 0;
+}
+static mskv_nvrtc_result tcu_mt_compile(mskv_nvrtc_program p, int n, const char *const *opts) {
+    tcm_prog *q = (tcm_prog *)(void *)p;
+    size_t len = 16;
+    int i;
+    for (i = 0; i < n; i++) len += strlen(opts[i]) + 1;
+    q->options = (char *)calloc(1, len);
+    if (!q->options) return 1;
+    strcpy(q->options, "MOCKCUBIN\n");
+    for (i = 0; i < n; i++) { strcat(q->options, opts[i]); strcat(q->options, "\n"); }
+    return 0;
+}
+
+typedef struct tcu_writer {
+    mskv_cuda_desc cd;
+    const mskv_cuda_image *ref;
+    const char *path;
+    int index, errors;
+} tcu_writer;
+
+static void tcu_writer_run(void *arg) {
+    tcu_writer *w = (tcu_writer *)arg;
+    int round;
+    for (round = 0; round < 150; round++) {
+        mskv_cuda_image img;
+        if (round % 3 == w->index) remove(w->path);
+        if (tcu_compile_mock(&w->cd, &img) != MSKV_SUCCESS || img.size != w->ref->size ||
+            memcmp(img.data, w->ref->data, w->ref->size) != 0) w->errors++;
+        mskv_cuda_image_free(&w->cd, &img);
+    }
+}
+
+static int tcu_warned_corrupt;
+static void tcu_count_corrupt(void *u, mskv_log_level lvl, const char *m) {
+    (void)u;
+    if (lvl >= MSKV_LOG_WARN && strstr(m, "corrupt")) tcu_warned_corrupt = 1;  /* any writer: a flag, not a count */
+}
+
+/* Two threads of one process share the pid in their temp names, and on
+   Windows a reader holds the entry open while the other thread renames a new
+   one over it: every read still gets a whole, valid entry. */
+TEST(cuda_two_threads_writing_one_cache_entry_do_not_corrupt_it) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda_image ref;
+    tcu_writer w[2];
+    mtu_thread *th[2];
+    char dir[512], path[600];
+    int i, started = 0;
+    fn.nvrtcCreateProgram = tcu_mt_create;
+    fn.nvrtcDestroyProgram = tcu_mt_destroy;
+    fn.nvrtcCompileProgram = tcu_mt_compile;
+    memset(&cd, 0, sizeof cd);
+    tcu_cache_dir(dir, sizeof dir, "threads");
+    cd.functions = &fn;
+    cd.cache_dir = dir;
+    cd.log = tcu_count_corrupt;
+    tcu_warned_corrupt = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &ref));
+    snprintf(path, sizeof path, "%s", ref.path);
+    for (i = 0; i < 2; i++) {
+        w[i].cd = cd; w[i].ref = &ref; w[i].path = path; w[i].index = i; w[i].errors = 0;
+        if ((th[i] = mtu_thread_start(tcu_writer_run, &w[i])) == NULL) break;
+        started++;
+    }
+    for (i = 0; i < started; i++) mtu_thread_join(th[i]);
+    ASSERT_EQ(2, started);
+    EXPECT_EQ(0, w[0].errors);
+    EXPECT_EQ(0, w[1].errors);
+    EXPECT_EQ(0, tcu_warned_corrupt);
+    EXPECT_EQ(0, mtu_dir_count(dir, ".tmp."));   /* no temp file left behind */
+    mskv_cuda_image_free(&cd, &ref);
+    tcu_rm_dir(dir);
+}
+
+/* Saves an environment variable for tcu_env_restore. */
+typedef struct tcu_env { const char *name; char value[1024]; int set; } tcu_env;
+static void tcu_env_save(tcu_env *e, const char *name) {
+    const char *v = getenv(name);
+    e->name = name;
+    e->set = v != NULL;
+    snprintf(e->value, sizeof e->value, "%s", v ? v : "");
+}
+static void tcu_env_restore(const tcu_env *e) { mtu_setenv(e->name, e->set ? e->value : NULL); }
+
+/* With no cache_dir and no $MSKV_CACHE_DIR, entries go to the platform's
+   per-user cache: %LOCALAPPDATA%\mstar_kv on Windows, $XDG_CACHE_HOME/mstar_kv
+   elsewhere (the directory is created). */
+TEST(cuda_disk_cache_defaults_to_the_platform_user_cache_directory) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda_image a, b;
+    tcu_env saved[2];
+    char base[512], want[700];
+#ifdef _WIN32
+    const char *var = "LOCALAPPDATA";
+#else
+    const char *var = "XDG_CACHE_HOME";
+#endif
+    tcm_reset();
+    tcu_env_save(&saved[0], "MSKV_CACHE_DIR");
+    tcu_env_save(&saved[1], var);
+    tcu_cache_dir(base, sizeof base, "default");
+    ASSERT_EQ(0, mtu_setenv("MSKV_CACHE_DIR", NULL));
+    ASSERT_EQ(0, mtu_setenv(var, base));
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    EXPECT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
+    EXPECT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &b));
+    tcu_env_restore(&saved[0]);
+    tcu_env_restore(&saved[1]);
+#ifdef _WIN32
+    snprintf(want, sizeof want, "%s\\mstar_kv\\%016llx.cubin", base, (unsigned long long)a.key);
+#else
+    snprintf(want, sizeof want, "%s/mstar_kv/%016llx.cubin", base, (unsigned long long)a.key);
+#endif
+    EXPECT_STREQ(want, a.path);
+    EXPECT_FALSE(a.from_disk);
+    EXPECT_TRUE(b.from_disk);                  /* written there, read back from there */
+    EXPECT_EQ(1, tcm.compiles);
+    mskv_cuda_image_free(&cd, &a);
+    mskv_cuda_image_free(&cd, &b);
+#ifdef _WIN32
+    snprintf(want, sizeof want, "%s\\mstar_kv", base);
+#else
+    snprintf(want, sizeof want, "%s/mstar_kv", base);
+#endif
+    tcu_rm_dir(want);
+    tcu_rm_dir(base);
+}
+
+
+/* The driver is looked for under its platform name, and the reason says what
+   the system loader answered. */
+TEST(cuda_unavailable_reason_names_the_platform_driver_and_the_loaders_answer) {
+#ifdef _WIN32
+    const char *code = "(Windows error 126)";      /* ERROR_MOD_NOT_FOUND */
+#else
+    const char *code = "cannot open shared object file";
+#endif
+    mskv_cuda_desc cd;
+    char why[4096];
+    memset(&cd, 0, sizeof cd);
+    if (mskv_cuda_probe(&cd, why, sizeof why) == MSKV_SUCCESS) SKIP("a CUDA driver, a device and NVRTC are present on this machine");
+    if (!strstr(why, "(no CUDA driver)")) SKIP("a CUDA driver loads here: %.200s", why);
+    EXPECT_TRUE(strstr(why, TCU_DRIVER_NAME) == why);          /* tried first */
+    EXPECT_TRUE(strstr(why, code) != NULL);
+}
+
+/* NVRTC is looked for under every ABI name (newest first, through the
+   system's own search), then in the toolkit's folders: on Windows
+   %CUDA_PATH%\bin\x64 (CUDA 13) before %CUDA_PATH%\bin. */
+TEST(cuda_nvrtc_is_looked_for_under_every_abi_name_then_in_the_toolkit_folders) {
+#ifdef _WIN32
+    static const char *const want[] = {
+        "nvrtc64_130_0.dll", "nvrtc64_120_0.dll", "nvrtc64_112_0.dll",
+        "C:\\cuda\\bin\\x64\\nvrtc64_130_0.dll", "C:\\cuda\\bin\\x64\\nvrtc64_120_0.dll",
+        "C:\\cuda\\bin\\x64\\nvrtc64_112_0.dll", "C:\\cuda\\bin\\nvrtc64_130_0.dll",
+        "C:\\cuda\\bin\\nvrtc64_120_0.dll", "C:\\cuda\\bin\\nvrtc64_112_0.dll" };
+#else
+    static const char *const want[] = {
+        "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so",
+        "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so.12",
+        "/usr/local/cuda/lib64/libnvrtc.so.11.2", "/usr/local/cuda/lib64/libnvrtc.so" };
+#endif
+    char paths[12][512];
+    tcu_env saved;
+    int i, n;
+    tcu_env_save(&saved, "CUDA_PATH");
+    mtu_setenv("CUDA_PATH", "C:\\cuda");
+    n = mtu_nvrtc_candidates(paths, 12);
+    tcu_env_restore(&saved);
+    ASSERT_EQ((int)(sizeof want / sizeof want[0]), n);
+    for (i = 0; i < n; i++) EXPECT_STREQ(want[i], paths[i]);
 }
 
 TEST(cuda_warm_start_compiles_nothing) {
@@ -1619,6 +1993,204 @@ TEST(cuda_store_refuses_missing_or_misaligned_adopted_pools) {
     EXPECT_TRUE(tcm_nothing_live());
 }
 
+/* ---- the per-call launch path ---------------------------------------------------------------
+   Once a wrapper's kernel is loaded, a call checks its arguments, looks the
+   function up by an integer key in the store's cache and writes the
+   parameter values: no allocation, no formatted string, no driver call but
+   cuCtxSetCurrent and the launches. */
+
+typedef struct tcu_hot {
+    tcu_rig r;
+    mskv_plan dec, pre;                 /* 1 query over 8000 keys (split: two launches); 64 over 200 */
+    int32_t dqo[2], dkvp[2], dlast[1], dkvl[1], dsplit[1], dshift[1];
+    int32_t pqo[2], pkvp[2], plast[1], pkvl[1], psplit[1], pshift[1], pos[64 * 3];
+    int32_t ids[500];
+    int64_t slots[64];
+    mskv_cuda_dplan dp;
+    mskv_attn attn;
+    mskv_rope rope3;
+    mskv_cu_ptr q, o, lse, k, v, part;
+} tcu_hot;
+
+enum { TCU_ATTN_DECODE, TCU_ATTN_PREFILL, TCU_WRITE_KV, TCU_WRITE_KV_ROPE, TCU_MERGE, TCU_ROPE, TCU_HOT_CASES };
+static const char *const tcu_hot_names[TCU_HOT_CASES] = { "attention (decode, split)", "attention (prefill)",
+                                                          "write_kv", "write_kv (3-D RoPE)", "merge", "rope" };
+static const int tcu_hot_launches[TCU_HOT_CASES] = { 2, 1, 1, 1, 1, 1 };
+
+/* A bf16 store of head_dim 128 (attention tiles above 48 KiB of shared memory) on the mock. */
+static mskv_result tcu_hot_open(tcu_hot *h) {
+    mskv_cuda_store_desc sd;
+    mskv_result e;
+    int i;
+    memset(h, 0, sizeof *h);
+    tcm_reset();
+    tcu_live_allocs = 0;
+    h->r.fn = tcm_table();
+    h->r.cd.functions = &h->r.fn;
+    h->r.cd.disable_disk_cache = 1;
+    h->r.cd.allocator = tcu_allocator();
+    h->r.cd.log = tcu_log;
+    if ((e = mskv_cuda_create(&h->r.cd, &h->r.cu)) != MSKV_SUCCESS) return e;
+    memset(&sd, 0, sizeof sd);
+    sd.num_pages = 504; sd.page_size = 16; sd.num_layers = 2; sd.kv_heads = 2; sd.head_dim = 128;
+    sd.dtype = MSKV_DTYPE_BF16; sd.max_batch = 4; sd.max_tokens = 64; sd.max_page_ids = 500; sd.plan_ring = 2;
+    if ((e = mskv_cuda_store_create(h->r.cu, &sd, &h->r.st)) != MSKV_SUCCESS) return e;
+    for (i = 0; i < 500; i++) h->ids[i] = i + 1;
+    h->dqo[1] = 1; h->dkvp[1] = 500; h->dlast[0] = 16; h->dkvl[0] = 8000; h->dshift[0] = 7999;
+    h->pqo[1] = 64; h->pkvp[1] = 13; h->plast[0] = 8; h->pkvl[0] = 200; h->pshift[0] = 136;
+    for (i = 0; i < 64; i++) h->slots[i] = 16 + 136 + i;
+    for (i = 0; i < 64 * 3; i++) h->pos[i] = i % 7;
+    h->dec.batch = 1; h->dec.total_q = 1; h->dec.num_page_ids = 500; h->dec.page_size = 16;
+    h->dec.qo_indptr = h->dqo; h->dec.kv_indptr = h->dkvp; h->dec.kv_indices = h->ids; h->dec.kv_last_page_len = h->dlast;
+    h->dec.kv_len = h->dkvl; h->dec.kv_pos_split = h->dsplit; h->dec.kv_pos_shift = h->dshift;
+    h->pre = h->dec;
+    h->pre.total_q = 64; h->pre.num_page_ids = 13;
+    h->pre.qo_indptr = h->pqo; h->pre.kv_indptr = h->pkvp; h->pre.kv_last_page_len = h->plast;
+    h->pre.kv_len = h->pkvl; h->pre.kv_pos_split = h->psplit; h->pre.kv_pos_shift = h->pshift;
+    h->pre.slot_mapping = h->slots; h->pre.positions = h->pos;
+    h->attn.q_heads = 4; h->attn.mask = MSKV_MASK_CAUSAL; h->attn.q_dtype = MSKV_DTYPE_BF16;
+    h->rope3.mode = MSKV_POS_3D; h->rope3.dims[0] = 44; h->rope3.dims[1] = 42; h->rope3.dims[2] = 42;
+#define TCU_HOT_MALLOC(p, n) if ((e = mskv_cuda_malloc(h->r.cu, (n), &(p))) != MSKV_SUCCESS) return e
+    TCU_HOT_MALLOC(h->q, 64 * 4 * 128 * 2);
+    TCU_HOT_MALLOC(h->o, 64 * 4 * 128 * 2);
+    TCU_HOT_MALLOC(h->lse, 64 * 4 * 4);
+    TCU_HOT_MALLOC(h->k, 64 * 2 * 128 * 2);
+    TCU_HOT_MALLOC(h->v, 64 * 2 * 128 * 2);
+    TCU_HOT_MALLOC(h->part, 4 * 2 * (4 * 128 + 4) * 4);
+#undef TCU_HOT_MALLOC
+    return MSKV_SUCCESS;
+}
+
+static void tcu_hot_close(tcu_hot *h) {
+    mskv_cuda_free(h->r.cu, h->q); mskv_cuda_free(h->r.cu, h->o); mskv_cuda_free(h->r.cu, h->lse);
+    mskv_cuda_free(h->r.cu, h->k); mskv_cuda_free(h->r.cu, h->v); mskv_cuda_free(h->r.cu, h->part);
+    tcu_rig_close(&h->r);
+}
+
+/* Uploads the plan a case reads (outside the counted calls). */
+static mskv_result tcu_hot_prepare(tcu_hot *h, int which) {
+    if (which == TCU_ATTN_DECODE) return mskv_cuda_plan_upload(h->r.st, &h->dec, MSKV_POS_NONE, &h->dp);
+    return mskv_cuda_plan_upload(h->r.st, &h->pre, MSKV_POS_3D, &h->dp);
+}
+
+static mskv_result tcu_hot_call(tcu_hot *h, int which, int i) {
+    mskv_cuda_store *st = h->r.st;
+    mskv_cu_ptr lse_b = h->part + 4 * 2 * 4 * 128 * 4;
+    switch (which) {
+    case TCU_ATTN_DECODE: return mskv_cuda_attention(st, i & 1, &h->dec, &h->dp, &h->attn, h->q, h->o, h->lse);
+    case TCU_ATTN_PREFILL: return mskv_cuda_attention(st, i & 1, &h->pre, &h->dp, &h->attn, h->q, h->o, h->lse);
+    case TCU_WRITE_KV: return mskv_cuda_write_kv(st, i & 1, &h->dp, h->k, h->v, NULL);
+    case TCU_WRITE_KV_ROPE: return mskv_cuda_write_kv(st, i & 1, &h->dp, h->k, h->v, &h->rope3);
+    case TCU_MERGE: return mskv_cuda_merge(st, 4, 2, 128, h->part, lse_b, h->part + 4 * 2 * 128 * 4, lse_b + 32, h->part, lse_b);
+    default: return mskv_cuda_rope(st, &h->rope3, h->k, 64, 2, h->dp.positions);
+    }
+}
+
+typedef struct tcu_counts { long allocs, formats, driver, launches; } tcu_counts;
+static tcu_counts tcu_counts_now(void) {
+    tcu_counts c;
+    c.allocs = tcu_total_allocs; c.formats = mtu_format_count(); c.driver = tcm.calls; c.launches = tcm.launches;
+    return c;
+}
+
+/* What 20 calls of a case cost once its first call has loaded the kernel;
+   *first: what that first call cost. */
+static int tcu_hot_measure(tcu_hot *h, int which, tcu_counts *first, tcu_counts *steady) {
+    tcu_counts c0, c1, c2;
+    int i, bad = 0;
+    if (tcu_hot_prepare(h, which) != MSKV_SUCCESS) return 0;
+    c0 = tcu_counts_now();
+    bad += tcu_hot_call(h, which, 0) != MSKV_SUCCESS;
+    c1 = tcu_counts_now();
+    for (i = 1; i <= 20; i++) bad += tcu_hot_call(h, which, i) != MSKV_SUCCESS;
+    c2 = tcu_counts_now();
+    first->allocs = c1.allocs - c0.allocs; first->formats = c1.formats - c0.formats;
+    first->driver = c1.driver - c0.driver; first->launches = c1.launches - c0.launches;
+    steady->allocs = c2.allocs - c1.allocs; steady->formats = c2.formats - c1.formats;
+    steady->driver = c2.driver - c1.driver; steady->launches = c2.launches - c1.launches;
+    if (bad) mt_fail(__FILE__, __LINE__, "%s: %d calls failed: %s", tcu_hot_names[which], bad, mskv_cuda_last_error(h->r.cu));
+    return bad == 0;
+}
+
+TEST(cuda_launch_wrappers_allocate_nothing_once_their_kernel_is_loaded) {
+    tcu_hot h;
+    tcu_counts first, steady;
+    int w;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open(&h));
+    for (w = 0; w < TCU_HOT_CASES; w++) {
+        if (!tcu_hot_measure(&h, w, &first, &steady)) continue;
+        if (steady.allocs != 0) mt_fail(__FILE__, __LINE__, "%s: %ld allocations in 20 calls", tcu_hot_names[w], steady.allocs);
+    }
+    tcu_hot_close(&h);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_launch_wrappers_format_no_string_once_their_kernel_is_loaded) {
+    tcu_hot h;
+    tcu_counts first, steady;
+    int w;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open(&h));
+    for (w = 0; w < TCU_HOT_CASES; w++) {
+        if (!tcu_hot_measure(&h, w, &first, &steady)) continue;
+        /* the counter counts: a first compile builds its option strings */
+        if (w == TCU_ATTN_DECODE) EXPECT_GT(first.formats, 0);
+        if (steady.formats != 0) mt_fail(__FILE__, __LINE__, "%s: %ld strings formatted in 20 calls", tcu_hot_names[w], steady.formats);
+    }
+    tcu_hot_close(&h);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_launch_wrappers_call_the_driver_only_to_launch) {
+    tcu_hot h;
+    tcu_counts first, steady;
+    int w;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open(&h));
+    for (w = 0; w < TCU_HOT_CASES; w++) {
+        if (!tcu_hot_measure(&h, w, &first, &steady)) continue;
+        if (steady.launches != 20 * tcu_hot_launches[w])
+            mt_fail(__FILE__, __LINE__, "%s: %ld launches in 20 calls, expected %d", tcu_hot_names[w], steady.launches,
+                    20 * tcu_hot_launches[w]);
+        /* each call: cuCtxSetCurrent, then its launches */
+        if (steady.driver != steady.launches + 20)
+            mt_fail(__FILE__, __LINE__, "%s: %ld driver calls for %ld launches in 20 calls", tcu_hot_names[w],
+                    steady.driver, steady.launches);
+    }
+    tcu_hot_close(&h);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The kernel reads K and V rows as 16-byte vectors: a misaligned source
+   would fault on the device and leave the context unusable, so the wrapper
+   refuses it, says why, and launches nothing. */
+TEST(cuda_write_kv_refuses_k_or_v_not_16_byte_aligned) {
+    tcu_rig r;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr dk = 0, dv = 0;
+    int64_t slots[2] = { 4, 5 };
+    long launches;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 2 * 2 * 64 * 4 + 16, &dk));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 2 * 2 * 64 * 4 + 16, &dv));
+    memset(&plan, 0, sizeof plan);
+    plan.total_q = 2;
+    plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, dk, dv, NULL));
+    launches = tcm.launches;
+    tcu_logged[0] = 0;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_write_kv(r.st, 0, &dp, dk + 4, dv, NULL));
+    EXPECT_TRUE(strstr(tcu_logged, "16-byte aligned") != NULL);
+    EXPECT_TRUE(strstr(mskv_cuda_last_error(r.cu), "16-byte aligned") != NULL);
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_write_kv(r.st, 0, &dp, dk, dv + 8, NULL));
+    EXPECT_EQ(launches, tcm.launches);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, dk + 16, dv + 16, NULL));
+    mskv_cuda_free(r.cu, dk);
+    mskv_cuda_free(r.cu, dv);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
 TEST(cuda_export_import_works_for_a_device_resident_request) {
     tcu_rig r;
     mskv_request req, copy;
@@ -1669,4 +2241,58 @@ TEST(cuda_gpu_check_logic_passes_on_the_mock_device) {
     mskv_cuda_destroy(cu);
     fclose(sink);
     EXPECT_TRUE(tcm_nothing_live());
+}
+
+/* Without NVRTC a GPU cannot run the kernels: the check fails (not "no GPU",
+   which exits 77 and reads as nothing to check) and its first line is the
+   fix, the wheel matching the driver's CUDA major version. */
+TEST(cuda_gpu_check_fails_with_the_fix_when_a_gpu_has_no_nvrtc) {
+    static const struct { int driver; const char *wheel; } cases[2] = {
+        { 12080, "pip install nvidia-cuda-nvrtc-cu12 " }, { 13000, "pip install nvidia-cuda-nvrtc " } };
+    int i;
+    for (i = 0; i < 2; i++) {
+        FILE *sink = tmpfile();
+        char line[512] = "";
+        ASSERT_TRUE(sink != NULL);
+        EXPECT_EQ(1, gpc_no_context(sink, "libnvrtc.so.13: not found", 1, cases[i].driver, 0));
+        rewind(sink);
+        EXPECT_TRUE(fgets(line, sizeof line, sink) != NULL);
+        EXPECT_TRUE(strncmp(line, "gpu check: FAIL", 15) == 0);
+        if (!strstr(line, cases[i].wheel))
+            mt_fail(__FILE__, __LINE__, "driver %d: the first line does not say \"%s\": %s", cases[i].driver, cases[i].wheel, line);
+        fclose(sink);
+    }
+}
+
+TEST(cuda_gpu_check_exits_77_only_without_a_gpu) {
+    FILE *sink = tmpfile();
+    ASSERT_TRUE(sink != NULL);
+    EXPECT_EQ(77, gpc_no_context(sink, "libcuda.so.1: not found", 0, 0, 0));
+    EXPECT_EQ(77, gpc_no_context(sink, "libcuda.so.1: not found", 0, 0, 1));
+    EXPECT_EQ(1, gpc_no_context(sink, "cuDevicePrimaryCtxRetain failed", 2, 13000, 1));
+    fclose(sink);
+}
+
+TEST(cuda_probe_driver_counts_devices_without_nvrtc) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    int32_t devices = -1, version = -1;
+    char why[1024];
+    tcm_reset();
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_probe_driver(&cd, &devices, &version, why, sizeof why));
+    EXPECT_EQ(1, devices);
+    EXPECT_EQ(13000, version);
+    EXPECT_EQ(0, tcm.compiles);
+    /* a library that is no driver */
+    memset(&cd, 0, sizeof cd);
+#ifdef _WIN32
+    cd.driver_path = "kernel32.dll";
+#else
+    cd.driver_path = "libc.so.6";
+#endif
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_probe_driver(&cd, &devices, &version, why, sizeof why));
+    EXPECT_EQ(0, devices);
+    EXPECT_TRUE(strstr(why, "not a CUDA driver") != NULL);
 }
