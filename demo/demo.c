@@ -145,12 +145,13 @@ static void demo_help(void) {
 "  -q                   no progress lines and no estimate\n"
 "  --help               this text\n"
 "\n"
-"Progress goes to stderr: after the first denoise step an estimate of the whole\n"
-"run, then a line per window and, at most every --progress seconds, per step.\n"
-"The summary (key=value fields) goes to stdout. Ctrl-C (SIGINT), SIGTERM or\n"
-"SIGHUP stops at the next denoise step and finishes the output with the frames\n"
-"written so far (a playable file; none at all if no frame was done), then the\n"
-"demo dies of that signal; a second one kills it at once.\n"
+"Progress goes to stderr: the work to come, after the first denoise step an\n"
+"estimate of the whole run, then a line per window and, at most every --progress\n"
+"seconds, one per step. The summary (key=value fields) goes to stdout.\n"
+"Ctrl-C (SIGINT), SIGTERM or SIGHUP stops at the end of the denoise step in\n"
+"progress and finishes the output with the frames written so far (a playable\n"
+"file), then the demo dies of that signal; before the first frame it removes\n"
+"the output and dies at once. A second signal kills it at once.\n"
 "Exit status: 0 success, 1 failure, 2 usage error.\n");
 }
 
