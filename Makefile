@@ -145,12 +145,17 @@ $(B)/tests-user: tests/user_checks.py | $(B)
 
 # Build what builds (-k), then run everything: a compile error is one more
 # failure in the totals line, not a run that ends without one. JOBS compiles
-# and test programs at a time (default: the online cores).
+# and test programs at a time (default: the online cores). Programs start in
+# RUN_ORDER, longest first: on a fresh clone tests-gcc-c99 by far (its NVRTC
+# sweep compiles every kernel variant, minutes of one core), and the others
+# together fit beside it.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+RUN_FIRST := $(B)/tests-gcc-c99
+RUN_ORDER := $(RUN_FIRST) $(filter-out $(RUN_FIRST),$(TEST_BINS)) $(VIDEO_TEST) $(WIN_TEST) tests/test_sdpa_peer.py
 test:
 	@mkdir -p $(B); $(MAKE) -k -j$(JOBS) -Otarget tests; echo $$? > $(B)/build-status
 	-sh tools/embed_kernels.sh --check
-	bash tests/run.sh -j $(JOBS) --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST) $(WIN_TEST) tests/test_sdpa_peer.py
+	bash tests/run.sh -j $(JOBS) --build-status $(B)/build-status $(RUN_ORDER)
 
 # after editing kernels.cu: refresh the copy embedded in mstar_kv_cuda.h
 embed:

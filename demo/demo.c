@@ -1015,7 +1015,8 @@ static void demo_progress_init(demo_run *r) {
 }
 
 static const char *demo_duration(double s, char *buf, size_t cap) {
-    if (s < 90.0) snprintf(buf, cap, "%.1f s", s);
+    if (s < 1.0) snprintf(buf, cap, "%.0f ms", s * 1000.0);
+    else if (s < 90.0) snprintf(buf, cap, "%.1f s", s);
     else if (s < 90.0 * 60.0) snprintf(buf, cap, "%.0f min", s / 60.0);
     else snprintf(buf, cap, "%.1f h", s / 3600.0);
     return buf;
