@@ -153,9 +153,9 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 RUN_FIRST := $(B)/tests-gcc-c99
 RUN_ORDER := $(RUN_FIRST) $(filter-out $(RUN_FIRST),$(TEST_BINS)) $(VIDEO_TEST) $(WIN_TEST) tests/test_sdpa_peer.py
 test:
-	@mkdir -p $(B); $(MAKE) -k -j$(JOBS) -Otarget tests; echo $$? > $(B)/build-status
+	@mkdir -p $(B); date +%s.%N > $(B)/build-start; $(MAKE) -k -j$(JOBS) -Otarget --no-print-directory tests; echo $$? > $(B)/build-status
 	-sh tools/embed_kernels.sh --check
-	bash tests/run.sh -j $(JOBS) --build-status $(B)/build-status $(RUN_ORDER)
+	bash tests/run.sh -j $(JOBS) --build-status $(B)/build-status --started "$$(cat $(B)/build-start)" $(RUN_ORDER)
 
 # after editing kernels.cu: refresh the copy embedded in mstar_kv_cuda.h
 embed:

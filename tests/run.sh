@@ -6,7 +6,7 @@
 # runs under wine (tests/wine.sh); without one (no mingw-w64), or where wine
 # cannot run, that is one skip with the reason.
 #
-#   bash tests/run.sh [-j N] [--build-status FILE] PROGRAM...
+#   bash tests/run.sh [-j N] [--build-status FILE] [--started EPOCH] PROGRAM...
 #
 # -j N runs up to N programs at a time (default 1), started in the order
 # given (put the long ones first). With one at a time a program's output
@@ -15,15 +15,18 @@
 # program ends with a line giving its totals and wall time, and the run ends
 # with the times of all of them, then the totals line.
 # With --build-status FILE, a nonzero status in FILE (the build of the test
-# programs failed) counts as one more failure.
+# programs failed) counts as one more failure. With --started EPOCH (when
+# the build began, in seconds), the last times line gives the whole time.
 set -u
 jobs=1
 build_failed=0
+started=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -j) jobs=$2; shift 2 ;;
     -j*) jobs=${1#-j}; shift ;;
     --build-status) [ "$(cat "$2" 2>/dev/null || echo 1)" = 0 ] || build_failed=1; shift 2 ;;
+    --started) started=$2; shift 2 ;;
     *) break ;;
   esac
 done
@@ -132,6 +135,10 @@ if [ "$build_failed" -ne 0 ]; then
   echo "!!! building the test programs failed (see above): a program may be missing or out of date"
   failed=$((failed + 1))
 fi
-echo "--- wall time per program:${times%,}; all in $(secs "$t_start" "$(now)") s, $jobs at a time"
+t_end=$(now)
+echo "--- wall time per program:${times%,}; all in $(secs "$t_start" "$t_end") s, $jobs at a time"
+if [ -n "$started" ]; then
+  echo "--- build $(secs "$started" "$t_start") s + run $(secs "$t_start" "$t_end") s = $(secs "$started" "$t_end") s"
+fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

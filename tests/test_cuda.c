@@ -765,11 +765,79 @@ TEST(cuda_variant_sweep_covers_every_define_of_kernels_cu) {
     EXPECT_LE(8, seen);
 }
 
+/* One compile of the sweep and what came of it. */
+typedef struct tcu_sweep_job {
+    tcu_variant v;
+    int arch;
+    mskv_result r;
+    int is_ptx, elf, from_disk;
+    int64_t spills;
+    char log[2048];                 /* NVRTC's log when the compile failed */
+} tcu_sweep_job;
+
+typedef struct tcu_sweep {
+    const mskv_cuda_desc *cd;
+    tcu_sweep_job *jobs;
+    int n, next;
+    mtu_mutex *mu;
+} tcu_sweep;
+
+static void tcu_sweep_one(const mskv_cuda_desc *cd, tcu_sweep_job *j) {
+    char o[9][48];
+    const char *opts[9];
+    mskv_cuda_compile_info ci;
+    mskv_cuda_image img;
+    int k;
+    snprintf(o[0], 48, "-DMSKV_DTYPE=%d", j->v.dtype);
+    snprintf(o[1], 48, "-DMSKV_HEAD_DIM=%d", j->v.head_dim);
+    snprintf(o[2], 48, "-DMSKV_ROPE=%d", j->v.rope);
+    snprintf(o[3], 48, "-DMSKV_ROPE_STYLE=%d", j->v.style);
+    snprintf(o[4], 48, "-DMSKV_ATTN_WARP_KEYS=%d", j->v.warp_keys);
+    snprintf(o[5], 48, "--ptxas-options=-v");
+    snprintf(o[6], 48, "-DMSKV_ROPE_D0=%d", j->v.d[0]);
+    snprintf(o[7], 48, "-DMSKV_ROPE_D1=%d", j->v.d[1]);
+    snprintf(o[8], 48, "-DMSKV_ROPE_D2=%d", j->v.d[2]);
+    for (k = 0; k < 9; k++) opts[k] = o[k];
+    memset(&ci, 0, sizeof ci);
+    ci.arch = j->arch;
+    ci.options = opts;
+    ci.num_options = j->v.d[0] ? 9 : 6;   /* default widths: the defines' own defaults */
+    j->r = mskv_cuda_compile(cd, &ci, &img);
+    if (j->r != MSKV_SUCCESS) {
+        snprintf(j->log, sizeof j->log, "%s", img.log ? img.log : "");
+    } else {
+        j->is_ptx = img.is_ptx;
+        j->elf = img.size > 4 && memcmp(img.data, "\177ELF", 4) == 0;
+        j->spills = mskv_cuda_log_spills(img.log);
+        j->from_disk = img.from_disk;
+    }
+    mskv_cuda_image_free(cd, &img);
+}
+
+/* A worker: takes the next job until none is left. */
+static void tcu_sweep_worker(void *arg) {
+    tcu_sweep *s = (tcu_sweep *)arg;
+    for (;;) {
+        int i;
+        mtu_mutex_lock(s->mu);
+        i = s->next++;
+        mtu_mutex_unlock(s->mu);
+        if (i >= s->n) return;
+        tcu_sweep_one(s->cd, &s->jobs[i]);
+    }
+}
+
+/* The compiles run on two threads (NVRTC compiles programs concurrently):
+   on a fresh clone they are minutes of CPU, the longest part of make test,
+   and a second core is there once the other test programs are done. */
 TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     static const int archs[3] = { 80, 89, 90 };
+    static tcu_sweep_job jobs[80 * 3];
     tcu_variant vs[80];
-    int nv = tcu_variants(vs, 80), i, a, k, compiled = 0, cached = 0;
+    int nv = tcu_variants(vs, 80), i, a, n = 0, compiled = 0, cached = 0, started = 0;
     mskv_cuda_desc cd;
+    tcu_sweep sweep;
+    mtu_thread *th[2];
     char cache[512], why[2048];
     clock_t t0 = clock();
     time_t w0 = time(NULL);
@@ -781,8 +849,7 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
 #endif
     memset(&cd, 0, sizeof cd);
     tcu_path(cache, sizeof cache, "../build/nvrtc-cache");
-    cd.cache_dir = cache;
-    cd.log = tcu_log;
+    cd.cache_dir = cache;   /* no logger: the jobs keep what they need, and tcu_log's buffers are not for threads */
     {
         /* libnvrtc alone is enough: probe it through a compile of nothing */
         mskv_cuda_compile_info ci;
@@ -803,50 +870,39 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
         }
         ASSERT_EQ(MSKV_SUCCESS, r);
     }
-    for (i = 0; i < nv; i++) {
-        for (a = 0; a < 3; a++) {
-            char o[9][48];
-            const char *opts[9];
-            mskv_cuda_compile_info ci;
-            mskv_cuda_image img;
-            mskv_result r;
-            int64_t spills;
-            snprintf(o[0], 48, "-DMSKV_DTYPE=%d", vs[i].dtype);
-            snprintf(o[1], 48, "-DMSKV_HEAD_DIM=%d", vs[i].head_dim);
-            snprintf(o[2], 48, "-DMSKV_ROPE=%d", vs[i].rope);
-            snprintf(o[3], 48, "-DMSKV_ROPE_STYLE=%d", vs[i].style);
-            snprintf(o[4], 48, "-DMSKV_ATTN_WARP_KEYS=%d", vs[i].warp_keys);
-            snprintf(o[5], 48, "--ptxas-options=-v");
-            snprintf(o[6], 48, "-DMSKV_ROPE_D0=%d", vs[i].d[0]);
-            snprintf(o[7], 48, "-DMSKV_ROPE_D1=%d", vs[i].d[1]);
-            snprintf(o[8], 48, "-DMSKV_ROPE_D2=%d", vs[i].d[2]);
-            for (k = 0; k < 9; k++) opts[k] = o[k];
-            memset(&ci, 0, sizeof ci);
-            ci.arch = archs[a];
-            ci.options = opts;
-            ci.num_options = vs[i].d[0] ? 9 : 6;   /* default widths: the defines' own defaults */
-            r = mskv_cuda_compile(&cd, &ci, &img);
-            if (r != MSKV_SUCCESS) {
-                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s\n%.2000s",
-                        archs[a], vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].d[0], vs[i].d[1],
-                        vs[i].d[2], vs[i].warp_keys, mskv_result_string(r), img.log ? img.log : "");
-                mskv_cuda_image_free(&cd, &img);
-                continue;
-            }
-            EXPECT_FALSE(img.is_ptx);
-            EXPECT_TRUE(img.size > 4 && memcmp(img.data, "\177ELF", 4) == 0);
-            spills = mskv_cuda_log_spills(img.log);
-            if (spills != 0)
-                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s (%lld bytes)",
-                        archs[a], vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].d[0], vs[i].d[1], vs[i].d[2],
-                        vs[i].warp_keys,
-                        spills < 0 ? "no ptxas report in the log" : "register spills", (long long)spills);
-            if (img.from_disk) cached++; else compiled++;
-            mskv_cuda_image_free(&cd, &img);
+    memset(jobs, 0, sizeof jobs);
+    for (i = 0; i < nv; i++)
+        for (a = 0; a < 3; a++) { jobs[n].v = vs[i]; jobs[n].arch = archs[a]; n++; }
+    memset(&sweep, 0, sizeof sweep);
+    sweep.cd = &cd;
+    sweep.jobs = jobs;
+    sweep.n = n;
+    sweep.mu = mtu_mutex_new();
+    ASSERT_TRUE(sweep.mu != NULL);
+    for (i = 0; i < 2; i++)
+        if ((th[started] = mtu_thread_start(tcu_sweep_worker, &sweep)) != NULL) started++;
+    if (started == 0) tcu_sweep_worker(&sweep);   /* no thread: all of it here */
+    for (i = 0; i < started; i++) mtu_thread_join(th[i]);
+    mtu_mutex_free(sweep.mu);
+    for (i = 0; i < n; i++) {
+        const tcu_sweep_job *j = &jobs[i];
+        if (j->r != MSKV_SUCCESS) {
+            mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s\n%.2000s",
+                    j->arch, j->v.dtype, j->v.head_dim, j->v.rope, j->v.style, j->v.d[0], j->v.d[1], j->v.d[2],
+                    j->v.warp_keys, mskv_result_string(j->r), j->log);
+            continue;
         }
+        EXPECT_FALSE(j->is_ptx);
+        EXPECT_TRUE(j->elf);
+        if (j->spills != 0)
+            mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s (%lld bytes)",
+                    j->arch, j->v.dtype, j->v.head_dim, j->v.rope, j->v.style, j->v.d[0], j->v.d[1], j->v.d[2],
+                    j->v.warp_keys, j->spills < 0 ? "no ptxas report in the log" : "register spills", (long long)j->spills);
+        if (j->from_disk) cached++; else compiled++;
     }
-    printf("  %d variants x 3 archs: %d compiled, %d from the cache (%s), %.1f s cpu, ~%ld s wall\n", nv, compiled,
-           cached, cache, (double)(clock() - t0) / CLOCKS_PER_SEC, (long)(time(NULL) - w0));
+    printf("  %d variants x 3 archs: %d compiled, %d from the cache (%s), %d threads, %.1f s cpu, ~%ld s wall\n", nv,
+           compiled, cached, cache, started ? started : 1, (double)(clock() - t0) / CLOCKS_PER_SEC,
+           (long)(time(NULL) - w0));
 }
 
 /* ---- the disk cache (mock NVRTC: fast and deterministic) ---------------------------------- */
