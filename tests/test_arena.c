@@ -272,7 +272,7 @@ TEST(result_string_names_every_code_and_never_returns_null) {
         MSKV_ERROR_OVERFLOW, MSKV_ERROR_TOO_MANY_REQUESTS, MSKV_ERROR_BLOB_TRUNCATED,
         MSKV_ERROR_BLOB_CORRUPT, MSKV_ERROR_BLOB_VERSION, MSKV_ERROR_BLOB_MISMATCH,
         MSKV_ERROR_AUDIT_FAILED, MSKV_ERROR_UNSUPPORTED, MSKV_ERROR_THREAD, MSKV_ERROR_IO,
-        MSKV_ERROR_CUDA_UNAVAILABLE, MSKV_ERROR_CUDA, MSKV_ERROR_NVRTC};
+        MSKV_ERROR_CUDA_UNAVAILABLE, MSKV_ERROR_CUDA, MSKV_ERROR_NVRTC, MSKV_ERROR_PEER, MSKV_ERROR_TIMEOUT};
     size_t i, j, n = sizeof codes / sizeof codes[0];
     for (i = 0; i < n; i++) {
         const char *s = mskv_result_string(codes[i]);
