@@ -76,7 +76,7 @@ typedef struct mskv_ucp_worker_st *mskv_ucp_worker;     /* ucp_worker_h */
 typedef struct mskv_ucp_listener_st *mskv_ucp_listener; /* ucp_listener_h */
 typedef struct mskv_ucp_ep_st *mskv_ucp_ep;             /* ucp_ep_h */
 typedef struct mskv_ucp_conn_request_st *mskv_ucp_conn_request; /* ucp_conn_request_h */
-typedef int mskv_ucs_status;                            /* ucs_status_t; 0 = UCS_OK */
+typedef int8_t mskv_ucs_status;                         /* ucs_status_t: a packed enum, one byte; 0 = UCS_OK */
 typedef void *mskv_ucs_status_ptr;                      /* ucs_status_ptr_t */
 typedef uint64_t mskv_ucp_tag;                          /* ucp_tag_t */
 typedef uint64_t mskv_ucp_datatype;                     /* ucp_datatype_t */

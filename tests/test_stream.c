@@ -6,6 +6,7 @@
 #include "../mstar_kv.h"
 #include "mskv_test_util.h"
 #include "mskv_test_states.h"
+#include "../mstar_kv_ucx.h"
 
 /* The whole blob of a request (malloc'd), NULL on failure. */
 static unsigned char *mst_export(mskv_arena *a, mskv_request r, size_t *size) {
@@ -348,4 +349,26 @@ TEST(streaming_pages_behind_store_ops_is_UNSUPPORTED) {
     memset(hdr, 0, sizeof hdr);
     EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_request_import_begin(a, hdr, sizeof hdr, &got, &L));
     mskv_arena_destroy(a);
+}
+
+/* The transport over these streams (mstar_kv_ucx.h, tested with two
+   processes in tests/test_ucx.c) loads UCX at run time; without it every
+   call that needs it is UNSUPPORTED and says why. */
+TEST(ucx_layer_without_its_library_is_UNSUPPORTED_with_the_reason) {
+    char why[512];
+    mskv_ucx_desc d;
+    mskv_ucx *u = NULL;
+    memset(&d, 0, sizeof d);
+#ifdef _WIN32
+    d.library = NULL;
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_ucx_probe(NULL, why, sizeof why));
+    EXPECT_TRUE(strstr(why, "UCX is not available on Windows") != NULL);
+#else
+    d.library = "libucp-absent.so.0";
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_ucx_probe(d.library, why, sizeof why));
+    EXPECT_TRUE(strstr(why, "libucp-absent.so.0") != NULL);
+#endif
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_ucx_listen(&d, "127.0.0.1", 0, &u));
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_ucx_connect(&d, "127.0.0.1", 1, &u));
+    EXPECT_TRUE(u == NULL);
 }
