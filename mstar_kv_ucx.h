@@ -274,8 +274,9 @@ MSKV_API mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request 
    in *out (a streamed import: every page admitted at once, all or
    nothing). On any failure nothing was imported and the code says why:
    OUT_OF_PAGES and the other import codes (the sender gets the same code),
-   BLOB_CORRUPT (the checksum did not match what arrived), PEER, TIMEOUT
-   (also when no offer comes within timeout_ms). */
+   BLOB_CORRUPT (the checksum did not match what arrived), PEER, TIMEOUT.
+   TIMEOUT before any offer arrived leaves the connection usable (call
+   again to wait longer); after PEER or a later TIMEOUT it is closed. */
 MSKV_API mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request *out);
 /* Closes the connection and the listener, frees everything. NULL is a no-op. */
 MSKV_API void mskv_ucx_destroy(mskv_ucx *u);
@@ -664,6 +665,23 @@ static mskv_result mskv__ucx_complete(mskv_ucx *u, mskv__ucx_op *op, const char 
     return MSKV_SUCCESS;
 }
 
+/* Withdraws one in-flight receive (the connection stays as it is). */
+static void mskv__ucx_cancel(mskv_ucx *u, mskv__ucx_op *op) {
+    int spins;
+    if (!op->busy) return;
+    if (op->req && !op->done) u->fn.ucp_request_cancel(u->worker, op->req);
+    for (spins = 0; spins < 1000000 && !op->done; spins++) u->fn.ucp_worker_progress(u->worker);
+    if (op->done) mskv__ucx_finish(u, op);
+    else op->busy = 0;   /* UCX never finished it: its request is leaked rather than freed under it */
+}
+
+static int mskv__ucx_any_busy(const mskv_ucx *u) {
+    int i;
+    for (i = 0; i < (int)(sizeof u->ops / sizeof u->ops[0]); i++)
+        if (u->ops[i].busy) return 1;
+    return 0;
+}
+
 /* The connection is given up: the endpoint closed at once (in-flight sends
    complete with an error), pending receives cancelled, and every op's
    callback run before its memory may be reused. */
@@ -683,14 +701,7 @@ static void mskv__ucx_break(mskv_ucx *u) {
         }
         u->ep = NULL;
     }
-    for (i = 0; i < (int)(sizeof u->ops / sizeof u->ops[0]); i++) {
-        mskv__ucx_op *op = &u->ops[i];
-        if (!op->busy) continue;
-        if (op->req && !op->done) u->fn.ucp_request_cancel(u->worker, op->req);
-        for (spins = 0; spins < 1000000 && !op->done; spins++) u->fn.ucp_worker_progress(u->worker);
-        if (op->done) mskv__ucx_finish(u, op);
-        else op->busy = 0;   /* UCX never finished it: its request is leaked rather than freed under it */
-    }
+    for (i = 0; i < (int)(sizeof u->ops / sizeof u->ops[0]); i++) mskv__ucx_cancel(u, &u->ops[i]);
     u->broken = 1;
 }
 
@@ -1060,7 +1071,7 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
         if (r == MSKV_SUCCESS) {
             r = mskv__ucx_send_steps(u, &x, offer);
             /* a refusal or a failed import ends the exchange in step; anything else leaves it unknown */
-            if (r == MSKV_ERROR_PEER || r == MSKV_ERROR_TIMEOUT) mskv__ucx_break(u);
+            if (r == MSKV_ERROR_PEER || r == MSKV_ERROR_TIMEOUT || mskv__ucx_any_busy(u)) mskv__ucx_break(u);
         }
         if (!x.staged) {
             e = mskv_request_export_end(arena, req);
@@ -1164,6 +1175,11 @@ MSKV_IMPL mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request
     x.arena = arena;
     mskv__ucx_recv_op(u, op, MSKV__UCX_TAG(MSKV__UCX_OFFER, 0), offer, sizeof offer, MSKV_UCP_DATATYPE_CONTIG_BYTE);
     r = mskv__ucx_complete(u, op, "waiting for an offer");
+    if (r == MSKV_ERROR_TIMEOUT && !u->failed) {
+        /* nobody sent anything: the connection is as good as before */
+        mskv__ucx_cancel(u, op);
+        return r;
+    }
     if (r == MSKV_SUCCESS) r = mskv__ucx_offer_read(u, offer, op->info.length, &x);
     if (r != MSKV_SUCCESS) { mskv__ucx_break(u); return r; }
     r = mskv__ucx_import(u, &x, offer + MSKV__UCX_OFFER_FIXED);
