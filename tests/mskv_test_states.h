@@ -39,6 +39,79 @@ static inline mskv_arena *mts_arena(int32_t num_pages, int32_t page_size, int32_
     return mskv_arena_create(&d, &a) == MSKV_SUCCESS ? a : NULL;
 }
 
+/* A store standing in for a GPU's (store_ops): page records in host
+   memory the arena cannot see, so blobs of it are staged. One per arena,
+   found by arena (a few at a time per process). */
+typedef struct mts_store {
+    mskv_arena *arena;
+    unsigned char *mem;
+    size_t record, page_bytes;
+    mskv_store_ops ops;
+} mts_store;
+static mts_store mts_stores[4];
+
+static inline mskv_result mts_store_read(void *u, const int32_t *p, int32_t n, void *dst) {
+    mts_store *s = (mts_store *)u;
+    int32_t i;
+    for (i = 0; i < n; i++) memcpy((unsigned char *)dst + (size_t)i * s->record, s->mem + (size_t)p[i] * s->record, s->record);
+    return MSKV_SUCCESS;
+}
+static inline mskv_result mts_store_write(void *u, const int32_t *p, int32_t n, const void *src) {
+    mts_store *s = (mts_store *)u;
+    int32_t i;
+    for (i = 0; i < n; i++) memcpy(s->mem + (size_t)p[i] * s->record, (const unsigned char *)src + (size_t)i * s->record, s->record);
+    return MSKV_SUCCESS;
+}
+static inline mskv_result mts_store_copy(void *u, int32_t from, int32_t to) {
+    mts_store *s = (mts_store *)u;
+    memcpy(s->mem + (size_t)to * s->record, s->mem + (size_t)from * s->record, s->record);
+    return MSKV_SUCCESS;
+}
+
+/* The arena of mts_arena with its pages behind store_ops; NULL when all
+   slots are in use. Destroy it with mts_arena_destroy. */
+static inline mskv_arena *mts_arena_ops(int32_t num_pages, int32_t page_size, int32_t groups) {
+    mskv_arena_desc d;
+    mts_store *s = NULL;
+    int i;
+    for (i = 0; i < 4 && !s; i++)
+        if (!mts_stores[i].arena) s = &mts_stores[i];
+    if (!s) return NULL;
+    memset(s, 0, sizeof *s);
+    s->page_bytes = (size_t)page_size * MTS_HEADS * MTS_DIM * 2;   /* bf16 */
+    s->record = 2 * MTS_LAYERS * s->page_bytes;
+    s->mem = (unsigned char *)calloc((size_t)num_pages, s->record);
+    s->ops.user = s;
+    s->ops.read_pages = mts_store_read;
+    s->ops.write_pages = mts_store_write;
+    s->ops.copy_page = mts_store_copy;
+    memset(&d, 0, sizeof d);
+    d.num_pages = num_pages;
+    d.page_size = page_size;
+    d.num_layers = MTS_LAYERS;
+    d.kv_heads = MTS_HEADS;
+    d.head_dim = MTS_DIM;
+    d.dtype = MSKV_DTYPE_BF16;
+    d.num_groups = groups;
+    d.store_ops = &s->ops;
+    if (!s->mem || mskv_arena_create(&d, &s->arena) != MSKV_SUCCESS) { free(s->mem); memset(s, 0, sizeof *s); return NULL; }
+    return s->arena;
+}
+
+static inline mts_store *mts_store_of(const mskv_arena *a) {
+    int i;
+    for (i = 0; a && i < 4; i++)
+        if (mts_stores[i].arena == a) return &mts_stores[i];
+    return NULL;
+}
+
+/* Destroys an arena of mts_arena or mts_arena_ops. */
+static inline void mts_arena_destroy(mskv_arena *a) {
+    mts_store *s = mts_store_of(a);
+    mskv_arena_destroy(a);
+    if (s) { free(s->mem); memset(s, 0, sizeof *s); }
+}
+
 /* Every byte of every page the request holds: a pattern of (tag, group,
    table entry, pool, byte), so a page in the wrong place shows. */
 static inline int mts_fill(mskv_arena *a, mskv_request r, int32_t groups, uint32_t tag) {
@@ -54,7 +127,9 @@ static inline int mts_fill(mskv_arena *a, mskv_request r, int32_t groups, uint32
         if (!pages || mskv_request_pages_in_group(a, r, g, pages, n, &n) != MSKV_SUCCESS) { free(pages); return 0; }
         for (i = 0; i < n; i++)
             for (pool = 0; pool < 2 * si.num_layers; pool++) {
-                unsigned char *p = (unsigned char *)mskv_store_pool(a, pool / 2, pool % 2) + (size_t)pages[i] * si.page_bytes;
+                mts_store *st = mts_store_of(a);
+                unsigned char *p = st ? st->mem + (size_t)pages[i] * st->record + (size_t)pool * st->page_bytes
+                                      : (unsigned char *)mskv_store_pool(a, pool / 2, pool % 2) + (size_t)pages[i] * si.page_bytes;
                 for (b = 0; b < si.page_bytes; b++) {
                     uint32_t x = tag * 2654435761u ^ (uint32_t)g * 97u ^ (uint32_t)i * 40503u ^ (uint32_t)pool * 977u ^ (uint32_t)b * 7u;
                     x ^= x >> 13;

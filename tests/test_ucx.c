@@ -42,6 +42,7 @@ typedef struct mtx_case {
     const char *tls;       /* UCX_TLS */
     mtx_fault fault;
     uint32_t flags;        /* mskv_ucx_send's */
+    int sender_ops, receiver_ops;   /* that side's pages behind store_ops (staged through host memory) */
 } mtx_case;
 
 /* What one side saw, sent from the child to the parent through a pipe. */
@@ -115,7 +116,7 @@ static void mtx_audit(mskv_arena *a, mtx_report *rep, const char *side) {
    gone after a move, else byte-identical to before and usable. */
 static void mtx_sender(const mtx_case *c, uint16_t port, mtx_report *rep) {
     mskv_ucx_desc d = mtx_desc(c);
-    mskv_arena *a = mts_arena(mtx_pages(c), c->page_size, mtx_groups(c));
+    mskv_arena *a = c->sender_ops ? mts_arena_ops(mtx_pages(c), c->page_size, mtx_groups(c)) : mts_arena(mtx_pages(c), c->page_size, mtx_groups(c));
     mskv_ucx *u = NULL;
     mskv_request r;
     mskv_request_info info;
@@ -142,7 +143,7 @@ out:
     mskv_ucx_destroy(u);
     free(before);
     free(after);
-    mskv_arena_destroy(a);
+    mts_arena_destroy(a);
 }
 
 /* The receiver: listens, tells the sender its port, receives, then checks:
@@ -150,7 +151,8 @@ out:
 static void mtx_receiver(const mtx_case *c, int port_fd, mtx_report *rep) {
     mskv_ucx_desc d = mtx_desc(c);
     int32_t pages = c->fault == MTX_FEW_PAGES ? mtx_pages(c) / 4 : mtx_pages(c);
-    mskv_arena *a = mts_arena(pages, c->page_size, mtx_groups(c)), *ref = mts_arena(mtx_pages(c), c->page_size, mtx_groups(c));
+    mskv_arena *a = c->receiver_ops ? mts_arena_ops(pages, c->page_size, mtx_groups(c)) : mts_arena(pages, c->page_size, mtx_groups(c));
+    mskv_arena *ref = mts_arena(mtx_pages(c), c->page_size, mtx_groups(c));
     mskv_ucx *u = NULL;
     mskv_request r, want;
     mskv_arena_stats s0, s1;
@@ -182,7 +184,7 @@ out:
     mskv_ucx_destroy(u);
     free(expect);
     free(got);
-    mskv_arena_destroy(a);
+    mts_arena_destroy(a);
     mskv_arena_destroy(ref);
 }
 
@@ -320,6 +322,30 @@ static void mtx_expect_fault(const mtx_case *c, mskv_result sender_wants, mskv_r
     if (!receiver_killed && (r.result != receiver_wants || !r.ok))
         mt_fail(__FILE__, line, "UCX_TLS=%s: receiver got %s (%s), wanted %s", c->tls, mskv_result_string(r.result), r.ok ? "checks ok" : r.why,
                 mskv_result_string(receiver_wants));
+}
+
+TEST(ucx_stages_pages_behind_store_ops_through_host_memory_on_that_side_only) {
+    mtx_case c = mtx_make(MTS_GAP, 3000, "tcp");
+    MTX_NEED_UCX();
+    c.sender_ops = 1;
+    mtx_expect_moved(&c);
+    c.sender_ops = 0;
+    c.receiver_ops = 1;
+    c.state = MTS_GROUPS;
+    mtx_expect_moved(&c);
+    c.sender_ops = 1;
+    c.state = MTS_KEYED;
+    mtx_expect_moved(&c);
+}
+
+TEST(ucx_receiver_staging_through_host_memory_still_keeps_nothing_on_a_fault) {
+    mtx_case c = mtx_make(MTS_PLAIN, 3000, "tcp");
+    MTX_NEED_UCX();
+    c.receiver_ops = 1;
+    c.fault = MTX_FLIP;
+    mtx_expect_fault(&c, MSKV_ERROR_BLOB_CORRUPT, MSKV_ERROR_BLOB_CORRUPT, __LINE__);
+    c.fault = MTX_FEW_PAGES;
+    mtx_expect_fault(&c, MSKV_ERROR_OUT_OF_PAGES, MSKV_ERROR_OUT_OF_PAGES, __LINE__);
 }
 
 TEST(ucx_receiver_killed_mid_transfer_is_PEER_for_the_sender_whose_request_stays_intact) {
