@@ -319,8 +319,9 @@ TEST(blob_ranges_outside_the_blob_are_OUT_OF_RANGE_and_need_an_open_transfer) {
     EXPECT_EQ(1, rg[0].layer * 2 + rg[0].kind == 0 && rg[0].offset == L.header_bytes + 4 * L.range_bytes);
     EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_request_blob_ranges(a, r, 5, 4, rg));
     EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_request_blob_ranges(a, r, -1, 1, rg));
-    EXPECT_EQ(MSKV_ERROR_CAPACITY, mskv_request_export_begin(a, r, hdr, 10, &L));
     EXPECT_EQ(MSKV_SUCCESS, mskv_request_export_end(a, r));
+    EXPECT_EQ(MSKV_ERROR_CAPACITY, mskv_request_export_begin(a, r, hdr, 10, &L));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_export_end(a, r));   /* a failed begin opened nothing */
     mskv_arena_destroy(a);
 }
 
