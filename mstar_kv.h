@@ -966,6 +966,8 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     a->pend_fence = (uint64_t *)mskv__alloc(&a->al, n * sizeof(uint64_t));
     a->scratch = (int32_t *)mskv__alloc(&a->al, n * sizeof(int32_t));
     a->reqs = (mskv__req *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(mskv__req));
+    /* zeroed at once: on a later failure mskv_arena_destroy frees every request's table and host copy */
+    if (a->reqs) memset(a->reqs, 0, (size_t)a->max_req * sizeof(mskv__req));
     a->req_free = (int32_t *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(int32_t));
     if (nl > 0 && !desc->store_ops) {
         a->pools = (unsigned char **)mskv__alloc(&a->al, (size_t)nl * 2 * sizeof(unsigned char *));
@@ -984,7 +986,6 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
         mskv_arena_destroy(a);
         return MSKV_ERROR_OUT_OF_MEMORY;
     }
-    memset(a->reqs, 0, (size_t)a->max_req * sizeof(mskv__req));
     for (i = 0; i < a->max_req; i++) { a->req_free[i] = a->max_req - 1 - i; a->reqs[i].gen = 1; }
     a->req_free_top = a->max_req;
     memset(a->refcount, 0, n * sizeof(int32_t));

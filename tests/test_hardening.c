@@ -1,0 +1,115 @@
+/* Hardening: the defects an independent fuzz run found (issue 9) and the
+   same classes of bug found by re-reading the core, one rule per test; then
+   stale-plan detection and the debug mode (poisoned free pages, the byte
+   audit, per-page checksums of host copies). */
+#include <stdlib.h>
+#include "mskv_test.h"
+#include "../mstar_kv.h"
+#include "mskv_test_util.h"
+
+/* ---- an allocator that fails on request and checks every free ------------------
+   Fresh blocks are filled with garbage, so memory the library forgot to
+   initialise is not accidentally zero; a free of a pointer it never handed
+   out (or handed out and freed already) is counted, not performed. */
+
+#define MTH_MAX_LIVE 4096
+static struct mth_heap {
+    void *live[MTH_MAX_LIVE];
+    int nlive;
+    long calls;          /* allocations attempted (alloc + realloc of NULL or not) */
+    long fail_at;        /* the calls-th attempt fails when calls == fail_at (1-based; 0 never) */
+    int fail_from;       /* fail every attempt from fail_at on */
+    long bad_frees;
+} mth;
+
+static void mth_reset(void) { memset(&mth, 0, sizeof mth); }
+static int mth_find(void *p) {
+    int i;
+    for (i = 0; i < mth.nlive; i++)
+        if (mth.live[i] == p) return i;
+    return -1;
+}
+static int mth_should_fail(void) {
+    mth.calls++;
+    return mth.fail_at > 0 && (mth.calls == mth.fail_at || (mth.fail_from && mth.calls > mth.fail_at));
+}
+static void *mth_alloc(void *u, size_t n) {
+    void *p;
+    (void)u;
+    if (mth_should_fail() || mth.nlive == MTH_MAX_LIVE) return NULL;
+    p = malloc(n);
+    if (!p) return NULL;
+    memset(p, 0xA5, n);
+    mth.live[mth.nlive++] = p;
+    return p;
+}
+static void mth_free(void *u, void *p) {
+    int i;
+    (void)u;
+    if (!p) return;
+    i = mth_find(p);
+    if (i < 0) { mth.bad_frees++; return; }
+    mth.live[i] = mth.live[--mth.nlive];
+    free(p);
+}
+static void *mth_realloc(void *u, void *p, size_t n) {
+    int i;
+    void *q;
+    (void)u;
+    if (!p) return mth_alloc(u, n);
+    i = mth_find(p);
+    if (i < 0) { mth.bad_frees++; return NULL; }
+    if (mth_should_fail()) return NULL;
+    q = realloc(p, n);
+    if (!q) return NULL;
+    mth.live[i] = q;
+    return q;
+}
+static mskv_allocator mth_allocator(void) {
+    mskv_allocator a;
+    a.user = NULL; a.alloc = mth_alloc; a.realloc = mth_realloc; a.free = mth_free;
+    return a;
+}
+
+static mskv_arena_desc mth_desc(int32_t num_pages, int32_t page_size, int32_t num_layers) {
+    mskv_arena_desc d;
+    memset(&d, 0, sizeof d);
+    d.num_pages = num_pages; d.page_size = page_size; d.max_requests = 8;
+    d.num_layers = num_layers; d.kv_heads = num_layers ? 2 : 0; d.head_dim = num_layers ? 8 : 0;
+    d.dtype = MSKV_DTYPE_F32;
+    return d;
+}
+
+/* ---- defect 1 --------------------------------------------------------------------- */
+
+TEST(arena_create_out_of_memory_at_any_allocation_returns_out_of_memory_and_frees_only_what_it_allocated) {
+    long n, sites = 0;
+    int mode;
+    for (mode = 0; mode < 2; mode++) {
+        for (n = 1; n < 100; n++) {
+            mskv_arena_desc d = mth_desc(16, 4, 3);
+            mskv_arena *a = NULL;
+            mskv_result r;
+            mth_reset();
+            mth.fail_at = n;
+            mth.fail_from = mode;
+            d.allocator = mth_allocator();
+            r = mskv_arena_create(&d, &a);
+            EXPECT_EQ(0, mth.bad_frees);
+            if (r == MSKV_SUCCESS) {
+                ASSERT_TRUE(a != NULL);
+                EXPECT_TRUE(mtu_audit(a));
+                mskv_arena_destroy(a);
+                EXPECT_EQ(0, mth.nlive);
+                EXPECT_EQ(0, mth.bad_frees);
+                break;
+            }
+            EXPECT_EQ(MSKV_ERROR_OUT_OF_MEMORY, r);
+            EXPECT_TRUE(a == NULL);
+            EXPECT_EQ(0, mth.nlive);   /* nothing leaked */
+            if (mode == 0) sites++;
+        }
+        EXPECT_LT(n, 100);
+    }
+    EXPECT_LE(9, sites);   /* the arena, its tables, the pools: every one was made to fail */
+}
