@@ -1728,6 +1728,13 @@ static int32_t mskv__find_key(const mskv_arena *a, uint64_t key) {
 
 static mskv_result mskv__retention_check(const mskv_retention *r, int32_t page_size, char *why, size_t cap);
 
+static int mskv__all_zero(const unsigned char *p, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (p[i]) return 0;
+    return 1;
+}
+
 MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_t size, mskv_request *out) {
     const unsigned char *b = (const unsigned char *)blob;
     uint64_t total;
@@ -1762,6 +1769,10 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     ret.sink_chunks = (int64_t)mskv__get64(b + 96);
     ret.window_chunks = (int64_t)mskv__get64(b + 104);
     ret.window_tokens = 0;  /* derived below, once the policy is known to be valid */
+    /* a field its flags leave unused was written as zero: anything else is not our blob
+       (and was never validated, whatever arithmetic it would feed) */
+    if ((!(flags & 4u) && !mskv__all_zero(b + 88, 32)) || (!(flags & 1u) && !mskv__all_zero(b + 120, 8)))
+        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: a field its flags leave unused is not zero");
     ret.reset_at_boundary = (int32_t)mskv__get32(b + 112);
     ret.exact = (int32_t)mskv__get32(b + 116);
     /* a valid checksum over nonsense is still nonsense: check the state is one we could have written */
@@ -1773,7 +1784,7 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
         ((flags & 1u) && ((flags & 4u) || prefix != 0 || live != 0)) /* keyed entries are never protected or released */ ||
         ((flags & 4u) && mskv__retention_check(&ret, a->P, NULL, 0) != MSKV_SUCCESS))
         return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: inconsistent header");
-    ret.window_tokens = ret.window_chunks * ret.chunk_size;
+    if (flags & 4u) ret.window_tokens = ret.window_chunks * ret.chunk_size; /* bounded by the check above */
     {
         mskv__req probe;
         memset(&probe, 0, sizeof probe);

@@ -113,3 +113,69 @@ TEST(arena_create_out_of_memory_at_any_allocation_returns_out_of_memory_and_free
     }
     EXPECT_LE(9, sites);   /* the arena, its tables, the pools: every one was made to fail */
 }
+
+/* ---- defect 2 --------------------------------------------------------------------- */
+
+static unsigned char *mth_export(mskv_arena *a, mskv_request r, size_t *size) {
+    unsigned char *b;
+    if (mskv_request_export(a, r, NULL, 0, size) != MSKV_SUCCESS) return NULL;
+    b = (unsigned char *)malloc(*size);
+    if (b && mskv_request_export(a, r, b, *size, size) != MSKV_SUCCESS) { free(b); b = NULL; }
+    return b;
+}
+
+/* A signed blob with the retention flag clear but 2^49 in chunk_size and
+   window_chunks: those fields were never validated, and their product
+   overflowed a signed multiply. */
+TEST(import_refuses_retention_fields_in_a_blob_without_the_retention_flag) {
+    mskv_arena_desc d = mth_desc(16, 4, 1);
+    mskv_arena *a = NULL;
+    mskv_request r, y;
+    unsigned char *blob;
+    size_t size;
+    uint64_t before;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 6));
+    blob = mth_export(a, r, &size);
+    ASSERT_TRUE(blob != NULL);
+    mtu_put64(blob + 88, (uint64_t)1 << 49);   /* chunk_size */
+    mtu_put64(blob + 104, (uint64_t)1 << 49);  /* window_chunks */
+    mtu_blob_sign(blob, size);
+    before = mskv_arena_digest(a);
+    EXPECT_EQ(MSKV_ERROR_BLOB_CORRUPT, mskv_request_import(a, blob, size, &y));
+    EXPECT_EQ_U64(before, mskv_arena_digest(a));
+    EXPECT_TRUE(mtu_audit(a));
+    free(blob);
+    mskv_arena_destroy(a);
+}
+
+/* Every byte of the retention block (88..119) and of the key (120..127)
+   must be zero unless the flag that gives it a meaning is set. */
+TEST(import_refuses_any_nonzero_byte_of_a_field_its_flags_leave_unused) {
+    mskv_arena_desc d = mth_desc(16, 4, 1);
+    mskv_arena *a = NULL;
+    mskv_request r, y;
+    unsigned char *blob;
+    size_t size, at;
+    uint64_t before;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 6));
+    blob = mth_export(a, r, &size);
+    ASSERT_TRUE(blob != NULL);
+    before = mskv_arena_digest(a);
+    for (at = 88; at < 128; at++) {
+        unsigned char keep = blob[at];
+        blob[at] = 1;
+        mtu_blob_sign(blob, size);
+        if (mskv_request_import(a, blob, size, &y) != MSKV_ERROR_BLOB_CORRUPT) mt_fail(__FILE__, __LINE__, "byte %d set to 1 was accepted", (int)at);
+        blob[at] = keep;
+    }
+    mtu_blob_sign(blob, size);
+    EXPECT_EQ_U64(before, mskv_arena_digest(a));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_import(a, blob, size, &y));  /* the untouched blob still imports */
+    EXPECT_TRUE(mtu_audit(a));
+    free(blob);
+    mskv_arena_destroy(a);
+}
