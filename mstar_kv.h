@@ -606,7 +606,8 @@ typedef struct mskv_attn {
    stack (about 50 KB), no allocation. A masked plan (CAUSAL, WINDOW) needs
    qo_len <= kv_len per segment and kv_pos_shift >= 0.
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (heads, dtype, mask,
-   an inconsistent plan), OUT_OF_RANGE (a page outside the pool),
+   an inconsistent plan: indptrs that decrease or pass total_q or
+   num_page_ids, which bound the arrays read), OUT_OF_RANGE (a page outside the pool),
    UNSUPPORTED (no host pools). Nothing is written on failure. */
 MSKV_API mskv_result mskv_cpu_attention(mskv_cpu *cpu, mskv_arena *arena, int32_t layer, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
 
@@ -2294,9 +2295,13 @@ MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, 
         MSKV__BAD("a plan array is NULL");
     if (p->qo_indptr[0] != 0 || p->kv_indptr[0] != 0) MSKV__BAD("indptr[0] must be 0");
     for (b = 0; b < p->batch; b++) {
-        int32_t np = p->kv_indptr[b + 1] - p->kv_indptr[b], last = p->kv_last_page_len[b];
+        int64_t np = (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
+        int32_t last = p->kv_last_page_len[b];
         if (p->qo_indptr[b + 1] < p->qo_indptr[b]) MSKV__BAD("qo_indptr decreases at %d", (int)b);
         if (np < 0) MSKV__BAD("kv_indptr decreases at %d", (int)b);
+        /* kv_indices holds num_page_ids ids: nothing past them is read */
+        if (p->kv_indptr[b + 1] > p->num_page_ids)
+            MSKV__BAD("kv_indptr[%d] = %d is past num_page_ids %d", (int)b + 1, (int)p->kv_indptr[b + 1], (int)p->num_page_ids);
         if (np > 0 && (last < 1 || last > P)) MSKV__BAD("kv_last_page_len[%d] = %d outside [1, %d]", (int)b, (int)last, (int)P);
         if (np == 0 && last != 0) MSKV__BAD("kv_last_page_len[%d] = %d for a sequence without pages", (int)b, (int)last);
         if (np > 0 && (int64_t)p->kv_len[b] != (int64_t)(np - 1) * P + last) MSKV__BAD("kv_len[%d] = %d does not match its pages", (int)b, (int)p->kv_len[b]);
@@ -3549,20 +3554,22 @@ static void mskv__cpu_attn_task(void *ctx, mskv__cpu_ws *ws) {
 
 /* Checks the plan against the pools before anything is read or written. */
 static mskv_result mskv__cpu_check_plan(const mskv_pools *pools, const mskv_plan *plan, const mskv_attn *attn, double *flops) {
-    int32_t b, P = pools->page_size;
+    int32_t b, i, P = pools->page_size;
     int64_t work = 0;
-    if (plan->batch < 0 || plan->total_q < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (plan->batch < 0 || plan->total_q < 0 || plan->num_page_ids < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->page_size != P) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->batch == 0) { *flops = 0; return plan->total_q == 0 ? MSKV_SUCCESS : MSKV_ERROR_INVALID_ARGUMENT; }
-    if (!plan->qo_indptr || !plan->kv_indptr || !plan->kv_len || (!plan->kv_indices && plan->kv_indptr[plan->batch] > 0))
+    if (!plan->qo_indptr || !plan->kv_indptr || !plan->kv_len || (!plan->kv_indices && plan->num_page_ids > 0))
         return MSKV_ERROR_NULL_POINTER;
+    /* kv_indices holds num_page_ids ids and no more: every indptr is checked
+       against that count before an id is read (a plan may use a prefix of them) */
     if (plan->qo_indptr[0] != 0 || plan->kv_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q)
         return MSKV_ERROR_INVALID_ARGUMENT;
     for (b = 0; b < plan->batch; b++) {
-        int32_t qo = plan->qo_indptr[b + 1] - plan->qo_indptr[b];
-        int32_t np = plan->kv_indptr[b + 1] - plan->kv_indptr[b], i;
+        int64_t qo = (int64_t)plan->qo_indptr[b + 1] - plan->qo_indptr[b];
+        int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
         int64_t kv = plan->kv_len[b], split, shift;
-        if (qo < 0 || np < 0 || kv < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+        if (qo < 0 || np < 0 || kv < 0 || plan->kv_indptr[b + 1] > plan->num_page_ids) return MSKV_ERROR_INVALID_ARGUMENT;
         if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * P || kv > (int64_t)np * P)) return MSKV_ERROR_INVALID_ARGUMENT;
         if (plan->kv_last_page_len && np > 0 && plan->kv_last_page_len[b] != kv - (int64_t)(np - 1) * P)
             return MSKV_ERROR_INVALID_ARGUMENT;

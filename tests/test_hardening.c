@@ -179,3 +179,71 @@ TEST(import_refuses_any_nonzero_byte_of_a_field_its_flags_leave_unused) {
     free(blob);
     mskv_arena_destroy(a);
 }
+
+/* ---- defect 3 --------------------------------------------------------------------- */
+
+/* A one-segment plan over page 1 whose kv_indptr[1] claims `np` page ids
+   while num_page_ids says 3: the table must be refused before any id past
+   the third is read. */
+typedef struct mth_bad_table {
+    mskv_plan p;
+    int32_t qo[2], kvp[2], last[1], len[1], split[1], shift[1];
+    int64_t tok[2], slots[1];
+    int32_t pos[1];
+} mth_bad_table;
+
+static void mth_bad_table_init(mth_bad_table *t, int32_t *indices, int32_t np, int32_t page_size) {
+    memset(t, 0, sizeof *t);
+    t->qo[1] = 1;
+    t->kvp[1] = np;
+    t->len[0] = np * page_size;
+    t->last[0] = page_size;
+    t->split[0] = t->len[0];
+    t->tok[1] = t->len[0];
+    t->slots[0] = -1;
+    t->p.batch = 1; t->p.total_q = 1; t->p.num_page_ids = 3; t->p.page_size = page_size;
+    t->p.qo_indptr = t->qo; t->p.kv_indptr = t->kvp; t->p.kv_indices = indices; t->p.kv_last_page_len = t->last;
+    t->p.kv_len = t->len; t->p.kv_pos_split = t->split; t->p.kv_pos_shift = t->shift; t->p.kv_token_indptr = t->tok;
+    t->p.slot_mapping = t->slots; t->p.positions = t->pos;
+}
+
+TEST(cpu_attention_refuses_a_kv_indptr_past_the_plans_page_id_count) {
+    mskv_arena_desc d = mth_desc(8, 1, 1);
+    mskv_arena *a = NULL;
+    mskv_attn at;
+    mth_bad_table t;
+    int32_t *many = (int32_t *)malloc(1000 * sizeof(int32_t)), *three = (int32_t *)malloc(3 * sizeof(int32_t));
+    float q[2 * 8], o[2 * 8];
+    int i;
+    ASSERT_TRUE(many && three);
+    for (i = 0; i < 1000; i++) many[i] = 1;  /* valid ids past the end: only the count check can refuse them */
+    for (i = 0; i < 3; i++) three[i] = 1 + i;
+    memset(&at, 0, sizeof at);
+    at.q_heads = 2;
+    memset(q, 0, sizeof q);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    mth_bad_table_init(&t, many, 1000, 1);
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_attention(NULL, a, 0, &t.p, &at, q, o, NULL));
+    mth_bad_table_init(&t, three, 1000, 1);   /* under ASan: no read past the three ids */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_attention(NULL, a, 0, &t.p, &at, q, o, NULL));
+    mth_bad_table_init(&t, three, 3, 1);      /* the consistent table is accepted */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention(NULL, a, 0, &t.p, &at, q, o, NULL));
+    free(many);
+    free(three);
+    mskv_arena_destroy(a);
+}
+
+TEST(plan_validate_refuses_a_kv_indptr_past_the_page_id_count_before_reading_ids) {
+    mth_bad_table t;
+    char why[128];
+    int32_t *three = (int32_t *)malloc(3 * sizeof(int32_t));
+    ASSERT_TRUE(three != NULL);
+    three[0] = 1; three[1] = 2; three[2] = 3;
+    mth_bad_table_init(&t, three, 1000, 1);
+    why[0] = 0;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_plan_validate(&t.p, 8, why, sizeof why));
+    EXPECT_TRUE(strstr(why, "num_page_ids") != NULL);
+    mth_bad_table_init(&t, three, 3, 1);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_plan_validate(&t.p, 8, why, sizeof why));
+    free(three);
+}
