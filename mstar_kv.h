@@ -608,6 +608,7 @@ typedef struct mskv_attn {
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (heads, dtype, mask,
    an inconsistent plan: indptrs that decrease or pass total_q or
    num_page_ids, which bound the arrays read), OUT_OF_RANGE (a page outside the pool),
+   OVERFLOW (a segment with 2^31 rows or more: queries x q_heads / kv_heads),
    UNSUPPORTED (no host pools). Nothing is written on failure. */
 MSKV_API mskv_result mskv_cpu_attention(mskv_cpu *cpu, mskv_arena *arena, int32_t layer, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
 
@@ -3570,6 +3571,8 @@ static mskv_result mskv__cpu_check_plan(const mskv_pools *pools, const mskv_plan
         int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
         int64_t kv = plan->kv_len[b], split, shift;
         if (qo < 0 || np < 0 || kv < 0 || plan->kv_indptr[b + 1] > plan->num_page_ids) return MSKV_ERROR_INVALID_ARGUMENT;
+        /* a segment's rows (query x q head of a group) are counted in int32, with room to round up */
+        if (qo * (attn->q_heads / pools->kv_heads) > (int64_t)INT32_MAX - 256) return MSKV_ERROR_OVERFLOW;
         if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * P || kv > (int64_t)np * P)) return MSKV_ERROR_INVALID_ARGUMENT;
         if (plan->kv_last_page_len && np > 0 && plan->kv_last_page_len[b] != kv - (int64_t)(np - 1) * P)
             return MSKV_ERROR_INVALID_ARGUMENT;

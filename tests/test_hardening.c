@@ -247,3 +247,25 @@ TEST(plan_validate_refuses_a_kv_indptr_past_the_page_id_count_before_reading_ids
     EXPECT_EQ(MSKV_SUCCESS, mskv_plan_validate(&t.p, 8, why, sizeof why));
     free(three);
 }
+
+/* ---- defect 4 --------------------------------------------------------------------- */
+
+/* 2^28 q heads over one kv head: 8 queries make 2^31 rows of one kv head,
+   which overflowed an int32 row count before any check. */
+TEST(cpu_attention_with_more_rows_per_kv_head_than_int32_holds_is_OVERFLOW) {
+    mskv_arena_desc d = mth_desc(8, 1, 1);
+    mskv_arena *a = NULL;
+    mskv_attn at;
+    mth_bad_table t;
+    int32_t ids[3] = {1, 2, 3};
+    float q[16], o[16];
+    d.kv_heads = 1;
+    memset(&at, 0, sizeof at);
+    at.q_heads = 1 << 28;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    mth_bad_table_init(&t, ids, 3, 1);
+    t.qo[1] = 8;
+    t.p.total_q = 8;
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_cpu_attention(NULL, a, 0, &t.p, &at, q, o, NULL));
+    mskv_arena_destroy(a);
+}
