@@ -370,10 +370,13 @@ typedef struct mskv_decode_span {
     int64_t trim;              /* leading outputs (in units) to drop: in's context part */
 } mskv_decode_span;
 
-/* INVALID_SPEC unless total >= 0, window >= 1 and 0 <= overlap < window.
+/* INVALID_SPEC unless total >= 0, window >= 1 and 0 <= overlap < window;
+   OVERFLOW when the last (padded) window would end past INT64_MAX.
    count = number of windows (0 for total 0; the last one may be padded). */
 MSKV_API mskv_result mskv_schedule_init(mskv_schedule *s, int64_t total, int64_t window, int64_t overlap);
-/* Window k (0 <= k < count, else OUT_OF_RANGE). */
+/* Window k (0 <= k < count, else OUT_OF_RANGE). A schedule that
+   mskv_schedule_init would not have made (edited fields) is INVALID_SPEC,
+   or OVERFLOW as init would say. */
 MSKV_API mskv_result mskv_schedule_window(const mskv_schedule *s, int64_t k, mskv_window *out);
 /* What a causal decoder with ctx units of left context decodes for window k:
    it decodes [in_start, in_end) and drops the first `trim` units of output. */
@@ -480,8 +483,11 @@ MSKV_API mskv_result mskv_plan_query(mskv_arena *arena, const mskv_segment *segs
 /* Fills the plan's arrays for this step's segments. Return value: CAPACITY
    (nothing written) when a cap is too small, NULL_POINTER for a missing
    array, OUT_OF_RANGE (a segment has more queries than its sequence has
-   tokens), OFFLOADED, BAD_STATE (CROSS against an entry that is not a sealed
-   keyed entry), INVALID_ARGUMENT (kind, pos_mode, grid). */
+   tokens, or a 1-D position / 3-D frame does not fit in int32: positions
+   are exact or refused, never truncated), OVERFLOW (position - pos_offset
+   does not fit in int64), OFFLOADED, BAD_STATE (CROSS against an entry that
+   is not a sealed keyed entry), INVALID_ARGUMENT (kind, pos_mode, grid).
+   mskv_plan_query returns the same codes. Nothing is written on failure. */
 MSKV_API mskv_result mskv_plan_build(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *plan);
 /* Allocate arrays of the given capacities (through the arena's allocator). */
 MSKV_API mskv_result mskv_plan_alloc(mskv_arena *arena, int32_t cap_batch, int32_t cap_tokens, int32_t cap_page_ids, mskv_plan *plan);
@@ -1834,22 +1840,30 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
 /* // >>windows (implementation) ------------------------------------------ */
 
 MSKV_IMPL mskv_result mskv_schedule_init(mskv_schedule *s, int64_t total, int64_t window, int64_t overlap) {
+    int64_t stride, count;
     if (!s) return MSKV_ERROR_NULL_POINTER;
     if (total < 0 || window < 1 || overlap < 0 || overlap >= window) return MSKV_ERROR_INVALID_SPEC;
+    stride = window - overlap;
+    if (total == 0) count = 0;
+    else if (total <= window) count = 1;
+    else count = 1 + (total - window + stride - 1) / stride;   /* the sum is below total: no overflow */
+    /* the last window starts before total (so its start fits), but it may end past INT64_MAX */
+    if (count > 0 && (count - 1) * stride > INT64_MAX - window) return MSKV_ERROR_OVERFLOW;
     s->total = total;
     s->window = window;
     s->overlap = overlap;
-    s->stride = window - overlap;
-    if (total == 0) s->count = 0;
-    else if (total <= window) s->count = 1;
-    else s->count = 1 + (total - window + s->stride - 1) / s->stride;
+    s->stride = stride;
+    s->count = count;
     return MSKV_SUCCESS;
 }
 
 MSKV_IMPL mskv_result mskv_schedule_window(const mskv_schedule *s, int64_t k, mskv_window *w) {
+    mskv_schedule chk;
+    mskv_result r;
     if (!s || !w) return MSKV_ERROR_NULL_POINTER;
-    if (s->window < 1 || s->overlap < 0 || s->overlap >= s->window || s->stride != s->window - s->overlap)
-        return MSKV_ERROR_INVALID_SPEC;
+    /* the struct is the caller's: only a schedule schedule_init would make is safe to compute with */
+    if ((r = mskv_schedule_init(&chk, s->total, s->window, s->overlap)) != MSKV_SUCCESS) return r;
+    if (chk.stride != s->stride || chk.count != s->count) return MSKV_ERROR_INVALID_SPEC;
     if (k < 0 || k >= s->count) return MSKV_ERROR_OUT_OF_RANGE;
     w->index = k;
     w->start = k * s->stride;
@@ -2105,6 +2119,35 @@ MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int3
 
 /* Plans */
 
+/* floor(x / d) for d >= 1 and every int64 x */
+static int64_t mskv__floordiv(int64_t x, int64_t d) {
+    int64_t q = x / d;
+    return x % d != 0 && x < 0 ? q - 1 : q;
+}
+
+/* Absolute position of compacted index j of a request's stream. */
+static int64_t mskv__abs_pos(const mskv_arena *a, const mskv__req *q, int64_t j) {
+    int64_t split = (int64_t)q->prefix_pages * a->P;
+    return j < split ? j : j + (q->live_start - split);
+}
+
+/* A position plan entry must be exact: OVERFLOW when pos - pos_offset does
+   not fit in 64 bits, OUT_OF_RANGE when the 1-D position or the 3-D frame
+   does not fit in int32 (rows and columns always do). */
+static mskv_result mskv__pos_check(mskv_arena *a, const mskv_plan_desc *d, int64_t pos, int32_t seg) {
+    int64_t rel, v;
+    if (d->pos_mode == MSKV_POS_NONE) return MSKV_SUCCESS;
+    if ((d->pos_offset < 0 && pos > INT64_MAX + d->pos_offset) || (d->pos_offset > 0 && pos < INT64_MIN + d->pos_offset))
+        return mskv__err(a, MSKV_ERROR_OVERFLOW, "plan: segment %d: position %lld - pos_offset %lld overflows", (int)seg,
+                         (long long)pos, (long long)d->pos_offset);
+    rel = pos - d->pos_offset;
+    v = d->pos_mode == MSKV_POS_1D ? rel : mskv__floordiv(rel, (int64_t)d->grid_h * d->grid_w);
+    if (v < INT32_MIN || v > INT32_MAX)
+        return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d: %s %lld does not fit in int32", (int)seg,
+                         d->pos_mode == MSKV_POS_1D ? "position" : "frame", (long long)v);
+    return MSKV_SUCCESS;
+}
+
 static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int32_t n, const mskv_plan_desc *d,
                                     mskv_plan_size *sz, int32_t *cross_ri) {
     int32_t i, ri;
@@ -2126,17 +2169,27 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
         int64_t nt = segs[i].n_tokens;
         if (nt < 0) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: segment %d has %lld tokens", (int)i, (long long)nt);
+        int64_t first, last;  /* the positions of the segment's first and last query */
         if (d->kind == MSKV_PLAN_DENSE) {
             if (d->dense_kv_len[i] < 0 || d->dense_kv_len[i] > INT32_MAX) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: dense kv length");
             if (nt > d->dense_kv_len[i])
                 return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)d->dense_kv_len[i]);
+            first = d->dense_kv_len[i] - nt;
+            last = d->dense_kv_len[i] - 1;
         } else {
             const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
+            int64_t len = mskv__kv_len(a, q);
             if (q->location != MSKV_RESIDENT) return mskv__err(a, MSKV_ERROR_OFFLOADED, "plan: segment %d's request is offloaded", (int)i);
-            if (nt > mskv__kv_len(a, q))
-                return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)mskv__kv_len(a, q));
+            if (nt > len)
+                return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)len);
             ids += d->kind == MSKV_PLAN_SELF ? q->num_pages : x->num_pages;
+            first = mskv__abs_pos(a, q, len - nt);
+            last = mskv__abs_pos(a, q, len - 1);
         }
+        /* positions rise along a segment: its two ends bound every entry (the
+           last first: an overflow, from a negative offset, shows there) */
+        if (nt > 0 && ((r = mskv__pos_check(a, d, last, i)) != MSKV_SUCCESS || (r = mskv__pos_check(a, d, first, i)) != MSKV_SUCCESS))
+            return r;
         tq += nt;
     }
     if (r != MSKV_SUCCESS) return r;
@@ -2161,7 +2214,6 @@ MSKV_IMPL mskv_result mskv_plan_query(mskv_arena *a, const mskv_segment *segs, i
     return r;
 }
 
-static int32_t mskv__floordiv(int64_t x, int64_t d) { return (int32_t)(x >= 0 ? x / d : -((-x + d - 1) / d)); }
 
 MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *p) {
     mskv_plan_desc zero;
@@ -2220,24 +2272,19 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
         /* the segment's own tokens: the tail of its own stream (SELF, CROSS) or of the dense sequence */
         own_len = q ? mskv__kv_len(a, q) : len;
         for (i = 0; i < nq; i++) {
-            int64_t j = own_len - nq + i, pos;
-            if (q) {
-                int64_t qsplit = (int64_t)q->prefix_pages * a->P;
-                pos = j < qsplit ? j : j + (q->live_start - qsplit);
-            } else {
-                pos = j;
-            }
+            int64_t j = own_len - nq + i, pos = q ? mskv__abs_pos(a, q, j) : j;
             /* only reserved tokens get a slot: a committed page may be shared with a fork */
             p->slot_mapping[q_at + i] = desc->kind == MSKV_PLAN_SELF && pos >= q->committed
                                             ? (int64_t)q->pages[j / a->P] * a->P + j % a->P : -1;
-            pos -= desc->pos_offset;
+            if (desc->pos_mode == MSKV_POS_NONE) continue;
+            pos -= desc->pos_offset;   /* checked by mskv__plan_sizes: exact, and in int32 */
             if (desc->pos_mode == MSKV_POS_1D) {
                 p->positions[q_at + i] = (int32_t)pos;
-            } else if (desc->pos_mode == MSKV_POS_3D) {
+            } else {
                 int64_t tpf = (int64_t)desc->grid_h * desc->grid_w;
-                int32_t f = mskv__floordiv(pos, tpf);
-                int64_t rem = pos - (int64_t)f * tpf;
-                p->positions[3 * (q_at + i) + 0] = f;
+                int64_t f = mskv__floordiv(pos, tpf);
+                int64_t rem = pos % tpf < 0 ? pos % tpf + tpf : pos % tpf;  /* f * tpf itself may not fit */
+                p->positions[3 * (q_at + i) + 0] = (int32_t)f;
                 p->positions[3 * (q_at + i) + 1] = (int32_t)(rem / desc->grid_w);
                 p->positions[3 * (q_at + i) + 2] = (int32_t)(rem % desc->grid_w);
             }
