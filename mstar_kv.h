@@ -221,7 +221,9 @@ typedef struct mskv_arena_stats {
 } mskv_arena_stats;
 
 /* Creates an arena. Parameters: desc (zero fields = defaults), out.
-   Return value: MSKV_SUCCESS, or INVALID_ARGUMENT / OVERFLOW / OUT_OF_MEMORY.
+   Return value: MSKV_SUCCESS, or INVALID_ARGUMENT (any field out of its
+   domain, checked whatever the other fields say: a bad dtype without layers
+   too, store_ops missing a function) / OVERFLOW / OUT_OF_MEMORY.
    Thread safety: the arena's functions may be called from several threads. */
 MSKV_API mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out);
 MSKV_API void mskv_arena_destroy(mskv_arena *arena);
@@ -926,24 +928,32 @@ static void mskv__emit(mskv_arena *a, mskv_event_type type, int32_t ri, int32_t 
     a->desc.on_event(a->desc.event_user, &e);
 }
 
+/* Every field is checked on its own, whatever the others say (a dtype is a
+   dtype even when there is no host store to use it). */
+static mskv_result mskv__arena_desc_check(const mskv_arena_desc *d) {
+    if (d->num_pages < 2 || d->page_size < 1 || d->max_requests < 0 || d->max_requests > 65535 || d->num_layers < 0 ||
+        d->kv_heads < 0 || d->head_dim < 0 || mskv_dtype_size(d->dtype) == 0 || (unsigned)d->retire_mode > 1u ||
+        (d->num_layers > 0 && (d->kv_heads < 1 || d->head_dim < 1)) ||
+        (d->store_ops && (!d->store_ops->read_pages || !d->store_ops->write_pages || !d->store_ops->copy_page)) ||
+        (d->allocator.alloc || d->allocator.realloc || d->allocator.free) !=
+            (d->allocator.alloc && d->allocator.realloc && d->allocator.free) ||
+        (d->host_allocator.alloc || d->host_allocator.realloc || d->host_allocator.free) !=
+            (d->host_allocator.alloc && d->host_allocator.realloc && d->host_allocator.free))
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    if ((int64_t)d->num_pages * d->page_size > ((int64_t)1 << 62)) return MSKV_ERROR_OVERFLOW;
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out) {
     mskv_arena *a;
     size_t n, sz, page_bytes = 0, pool_bytes = 0, rec = 0;
     int32_t i, nl;
+    mskv_result r;
     if (!desc || !out) return MSKV_ERROR_NULL_POINTER;
     *out = NULL;
-    if (desc->num_pages < 2 || desc->page_size < 1 || desc->max_requests < 0 || desc->max_requests > 65535 ||
-        desc->num_layers < 0 || (unsigned)desc->retire_mode > 1u ||
-        (desc->allocator.alloc || desc->allocator.realloc || desc->allocator.free) !=
-            (desc->allocator.alloc && desc->allocator.realloc && desc->allocator.free) ||
-        (desc->host_allocator.alloc || desc->host_allocator.realloc || desc->host_allocator.free) !=
-            (desc->host_allocator.alloc && desc->host_allocator.realloc && desc->host_allocator.free))
-        return MSKV_ERROR_INVALID_ARGUMENT;
-    if ((int64_t)desc->num_pages * desc->page_size > ((int64_t)1 << 62)) return MSKV_ERROR_OVERFLOW;
+    if ((r = mskv__arena_desc_check(desc)) != MSKV_SUCCESS) return r;
     nl = desc->num_layers;
     if (nl > 0) {
-        if (desc->kv_heads < 1 || desc->head_dim < 1 || mskv_dtype_size(desc->dtype) == 0)
-            return MSKV_ERROR_INVALID_ARGUMENT;
         if (!mskv__mul((size_t)desc->kv_heads, (size_t)desc->head_dim, &sz) ||
             !mskv__mul(sz, mskv_dtype_size(desc->dtype), &sz) ||
             !mskv__mul(sz, (size_t)desc->page_size, &page_bytes) ||

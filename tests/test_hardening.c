@@ -389,3 +389,42 @@ TEST(schedule_window_of_a_hand_made_schedule_recomputes_it_instead_of_overflowin
     s.total = -1;
     EXPECT_EQ(MSKV_ERROR_INVALID_SPEC, mskv_schedule_window(&s, 0, &w));
 }
+
+/* ---- defect 6 --------------------------------------------------------------------- */
+
+static mskv_result mth_nop_read(void *u, const int32_t *p, int32_t n, void *d) { (void)u; (void)p; (void)n; (void)d; return MSKV_SUCCESS; }
+static mskv_result mth_nop_write(void *u, const int32_t *p, int32_t n, const void *s) { (void)u; (void)p; (void)n; (void)s; return MSKV_SUCCESS; }
+static mskv_result mth_nop_copy(void *u, int32_t s, int32_t d) { (void)u; (void)s; (void)d; return MSKV_SUCCESS; }
+
+TEST(arena_create_validates_every_descriptor_field_whatever_num_layers_says) {
+    mskv_arena_desc d;
+    mskv_arena *a = NULL;
+    mskv_store_ops ops;
+    d = mth_desc(8, 4, 0);
+    d.dtype = (mskv_dtype)9;          /* no host store, but still not a dtype */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &a));
+    d.dtype = (mskv_dtype)-1;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &a));
+    d = mth_desc(8, 4, 0);
+    d.kv_heads = -1;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &a));
+    d = mth_desc(8, 4, 0);
+    d.head_dim = -5;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &a));
+    /* store ops are called by offload, reload and fork: all three or the descriptor is wrong */
+    memset(&ops, 0, sizeof ops);
+    ops.read_pages = mth_nop_read; ops.write_pages = mth_nop_write;
+    d = mth_desc(8, 4, 1);
+    d.store_ops = &ops;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &a));
+    EXPECT_TRUE(a == NULL);
+    ops.copy_page = mth_nop_copy;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    mskv_arena_destroy(a);
+    a = NULL;
+    /* geometry given without layers is unused, and allowed */
+    d = mth_desc(8, 4, 0);
+    d.kv_heads = 8; d.head_dim = 64; d.dtype = MSKV_DTYPE_BF16;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    mskv_arena_destroy(a);
+}
