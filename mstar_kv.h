@@ -369,7 +369,7 @@ typedef struct mskv_window {
 
 typedef struct mskv_decode_span {
     int64_t in_start, in_end;  /* units to decode: the commit span plus up to ctx units of left context */
-    int64_t trim;              /* leading outputs (in units) to drop: in's context part */
+    int64_t trim;              /* units of context in front of the commit span: commit_start - in_start */
 } mskv_decode_span;
 
 /* INVALID_SPEC unless total >= 0, window >= 1 and 0 <= overlap < window;
@@ -381,7 +381,17 @@ MSKV_API mskv_result mskv_schedule_init(mskv_schedule *s, int64_t total, int64_t
    or OVERFLOW as init would say. */
 MSKV_API mskv_result mskv_schedule_window(const mskv_schedule *s, int64_t k, mskv_window *out);
 /* What a causal decoder with ctx units of left context decodes for window k:
-   it decodes [in_start, in_end) and drops the first `trim` units of output. */
+   it decodes [in_start, in_end) as one stream and drops what the first
+   `trim` units produced. For a causal video decoder with temporal ratio r
+   (a stream's first latent frame gives 1 output frame, every later one r):
+   when trim > 0 drop the first 1 + r*(trim - 1) output frames; when
+   trim == 0 (window 0, in_start == 0) drop nothing. What remains is exactly
+   the whole stream's frames of the commit span: r*(commit_start - 1) + 1 ..
+   r*(commit_end - 1) (from 0 for window 0), so the windows' outputs
+   concatenate to the 1 + r*(total - 1) frames of one whole-stream decode,
+   provided ctx covers the decoder's left receptive field in latents (at
+   least 1: with ctx == 0 a later window's first latent would decode as a
+   stream start). */
 MSKV_API mskv_result mskv_schedule_decode_span(const mskv_schedule *s, int64_t k, int64_t ctx, mskv_decode_span *out);
 
 /* Chunk-window retention: keep `sink_chunks` leading chunks and the last
@@ -400,7 +410,15 @@ typedef struct mskv_retention {
    the reason goes into why (optional). */
 MSKV_API mskv_result mskv_retention_validate(const mskv_retention *r, int32_t page_size, char *why, size_t why_cap);
 /* Tokens after the sink that are no longer needed once num_computed tokens
-   exist: kept = [0, sink) + [sink + skipped, num_computed). Pure; 0 on an invalid policy. */
+   exist: kept = [0, sink) + [sink + skipped, num_computed); *out gets the
+   count (a whole number of chunks). Pure. Return value: SUCCESS,
+   NULL_POINTER (r or out), INVALID_SPEC (the policy is invalid:
+   mskv_retention_validate says why), INVALID_ARGUMENT (num_computed < 0);
+   *out is written only on success. */
+MSKV_API mskv_result mskv_skipped_tokens_get(const mskv_retention *r, int64_t num_computed, int64_t *out);
+/* Deprecated (0 used to mean both "nothing to skip" and "invalid"): the
+   same count, or a negative value, the mskv_result code of
+   mskv_skipped_tokens_get, when the call is invalid. */
 MSKV_API int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed);
 /* Bind a retention policy to a request (NULL clears it); publish applies it. */
 MSKV_API mskv_result mskv_request_set_retention(mskv_arena *arena, mskv_request req, const mskv_retention *r);
@@ -1931,16 +1949,26 @@ MSKV_IMPL mskv_result mskv_retention_validate(const mskv_retention *r, int32_t p
     return mskv__retention_check(r, page_size, why, cap);
 }
 
-MSKV_IMPL int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed) {
+MSKV_IMPL mskv_result mskv_skipped_tokens_get(const mskv_retention *r, int64_t num_computed, int64_t *out) {
     int64_t sink, after, raw;
-    if (mskv__retention_check(r, 0, NULL, 0) != MSKV_SUCCESS || num_computed < 0) return 0;
+    mskv_result res;
+    if (!r || !out) return MSKV_ERROR_NULL_POINTER;
+    if ((res = mskv__retention_check(r, 0, NULL, 0)) != MSKV_SUCCESS) return res;
+    if (num_computed < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    /* a valid policy bounds chunk (2^40) and chunk counts (2^20): these products fit */
     sink = r->sink_chunks * r->chunk_size;
-    if (num_computed <= sink) return 0;
     after = num_computed - sink;
-    if (r->reset_at_boundary) return after / r->chunk_size * r->chunk_size;
-    raw = after - r->window_chunks * r->chunk_size;
-    if (raw <= 0) return 0;
-    return raw / r->chunk_size * r->chunk_size;
+    if (after <= 0) raw = 0;
+    else if (r->reset_at_boundary) raw = after;
+    else raw = after - r->window_chunks * r->chunk_size;
+    *out = raw <= 0 ? 0 : raw / r->chunk_size * r->chunk_size;
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed) {
+    int64_t n = 0;
+    mskv_result res = mskv_skipped_tokens_get(r, num_computed, &n);
+    return res == MSKV_SUCCESS ? n : (int64_t)res;
 }
 
 MSKV_IMPL mskv_result mskv_request_set_retention(mskv_arena *a, mskv_request h, const mskv_retention *r) {
@@ -2085,11 +2113,12 @@ MSKV_IMPL mskv_result mskv_abort(mskv_arena *a, const mskv_segment *segs, int32_
 static void mskv__apply_retention(mskv_arena *a, int32_t ri) {
     mskv__req *q = &a->reqs[ri];
     const mskv_retention *rt = &q->retention;
-    int64_t sink = rt->sink_chunks * rt->chunk_size, keep_from, live;
+    int64_t sink = rt->sink_chunks * rt->chunk_size, keep_from, live, skip = 0;
     if (q->committed >= sink && q->prefix_tokens < sink && q->live_start <= (int64_t)q->prefix_pages * a->P)
         (void)mskv__protect(a, ri, sink);
     if (q->prefix_tokens < sink) return; /* the sink is not complete (or not protectable): nothing may go yet */
-    keep_from = sink + mskv_skipped_tokens(rt, q->committed);
+    if (mskv_skipped_tokens_get(rt, q->committed, &skip) != MSKV_SUCCESS) return; /* validated when bound: cannot happen */
+    keep_from = sink + skip;
     live = q->committed - q->live_start;
     if (keep_from > q->live_start && live > 0)
         (void)mskv__release(a, ri, keep_from - q->live_start < live ? keep_from - q->live_start : live);

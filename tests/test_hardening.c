@@ -428,3 +428,72 @@ TEST(arena_create_validates_every_descriptor_field_whatever_num_layers_says) {
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
     mskv_arena_destroy(a);
 }
+
+/* ---- defect 7 --------------------------------------------------------------------- */
+
+/* A brute-force causal video decoder with temporal ratio r and a left
+   receptive field of c latent frames. Decoding latents [a, b) as one
+   stream: the first gives one "start" frame; latent a + i (i >= 1) gives r
+   frames, each a function of the latents it sees, a + i - c .. a + i, where
+   those before a are padding. A frame is identified by a hash of exactly
+   what it depends on. */
+#define MTH_MAX_FRAMES 256
+static int mth_decode(int64_t a, int64_t b, int r, int c, uint64_t *out) {
+    int n = 0, j, d;
+    int64_t i;
+    out[n++] = 0x5151u + (uint64_t)a * 7919u;   /* a stream start, seeing latent a alone */
+    for (i = 1; i < b - a; i++)
+        for (j = 1; j <= r; j++) {
+            uint64_t h = (uint64_t)j * 1000003u;
+            for (d = 0; d <= c; d++) {
+                int64_t idx = a + i - d;
+                h = h * 31u + (idx < a ? 1u : (uint64_t)idx + 7u);
+            }
+            out[n++] = h;
+        }
+    return n;
+}
+
+/* Streams the schedule window by window, dropping 1 + r(trim - 1) frames
+   when trim > 0 as the header says; 1 when the concatenation equals one
+   whole-stream decode of 1 + r(total - 1) frames. */
+static int mth_stream_matches(int64_t total, int64_t window, int64_t overlap, int64_t ctx, int r, int c) {
+    uint64_t whole[MTH_MAX_FRAMES], part[MTH_MAX_FRAMES], got[MTH_MAX_FRAMES];
+    mskv_schedule s;
+    int64_t k;
+    int nwhole, ngot = 0, i;
+    if (mskv_schedule_init(&s, total, window, overlap) != MSKV_SUCCESS) return -1;
+    nwhole = mth_decode(0, total, r, c, whole);
+    if (nwhole != 1 + r * (total - 1)) return -1;
+    for (k = 0; k < s.count; k++) {
+        mskv_decode_span ds;
+        int npart, drop;
+        if (mskv_schedule_decode_span(&s, k, ctx, &ds) != MSKV_SUCCESS) return -1;
+        npart = mth_decode(ds.in_start, ds.in_end, r, c, part);
+        drop = ds.trim > 0 ? 1 + r * (int)(ds.trim - 1) : 0;
+        for (i = drop; i < npart && ngot < MTH_MAX_FRAMES; i++) got[ngot++] = part[i];
+    }
+    return ngot == nwhole && memcmp(got, whole, (size_t)nwhole * sizeof(uint64_t)) == 0;
+}
+
+TEST(decode_span_trim_drops_one_plus_r_times_trim_minus_one_frames_of_a_causal_decoder) {
+    static const int ratios[3] = {1, 2, 4};
+    int ri, c, mismatches_short_ctx = 0;
+    int64_t total, window, overlap, ctx;
+    for (ri = 0; ri < 3; ri++)
+        for (c = 1; c <= 3; c++)
+            for (total = 1; total <= 20; total++)
+                for (window = 1; window <= 8; window++)
+                    for (overlap = 0; overlap < window; overlap++) {
+                        for (ctx = c; ctx <= c + 2; ctx += 2)
+                            if (mth_stream_matches(total, window, overlap, ctx, ratios[ri], c) != 1) {
+                                mt_fail(__FILE__, __LINE__, "r %d, field %d: total %lld window %lld overlap %lld ctx %lld: "
+                                        "the trimmed windows are not the whole stream", ratios[ri], c, (long long)total,
+                                        (long long)window, (long long)overlap, (long long)ctx);
+                                return;
+                            }
+                        /* the model can tell: context short of the receptive field breaks the stream */
+                        mismatches_short_ctx += mth_stream_matches(total, window, overlap, c - 1, ratios[ri], c) == 0;
+                    }
+    EXPECT_LT(0, mismatches_short_ctx);
+}
