@@ -1241,7 +1241,8 @@ static mskv_request mskv__handle(const mskv_arena *a, int32_t ri) {
 static mskv_result mskv__reserve_table(mskv_arena *a, mskv__req *q, int32_t need) {
     int32_t cap;
     int32_t *p;
-    if (q->head + need <= q->cap_pages) return MSKV_SUCCESS;
+    size_t bytes;
+    if ((int64_t)q->head + need <= q->cap_pages) return MSKV_SUCCESS;  /* need may be near INT32_MAX */
     if (q->head > 0) {
         if (q->num_pages) memmove(q->tab, q->pages, (size_t)q->num_pages * sizeof(int32_t));
         q->head = 0;
@@ -1250,7 +1251,8 @@ static mskv_result mskv__reserve_table(mskv_arena *a, mskv__req *q, int32_t need
     }
     cap = q->cap_pages ? q->cap_pages : 8;
     while (cap < need) cap = cap > (1 << 29) ? need : cap * 2;
-    p = (int32_t *)mskv__realloc(&a->al, q->tab, (size_t)cap * sizeof(int32_t));
+    if (!mskv__mul((size_t)cap, sizeof(int32_t), &bytes)) return mskv__err(a, MSKV_ERROR_OVERFLOW, "page table of %d entries", (int)cap);
+    p = (int32_t *)mskv__realloc(&a->al, q->tab, bytes);
     if (!p) return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "page table of %d entries", (int)cap);
     q->tab = q->pages = p;
     q->cap_pages = cap;

@@ -20,6 +20,7 @@ static struct mth_heap {
     long fail_at;        /* the calls-th attempt fails when calls == fail_at (1-based; 0 never) */
     int fail_from;       /* fail every attempt from fail_at on */
     long bad_frees;
+    size_t max_bytes;    /* a block larger than this fails (0: no limit) */
 } mth;
 
 static void mth_reset(void) { memset(&mth, 0, sizeof mth); }
@@ -36,7 +37,7 @@ static int mth_should_fail(void) {
 static void *mth_alloc(void *u, size_t n) {
     void *p;
     (void)u;
-    if (mth_should_fail() || mth.nlive == MTH_MAX_LIVE) return NULL;
+    if (mth_should_fail() || mth.nlive == MTH_MAX_LIVE || (mth.max_bytes && n > mth.max_bytes)) return NULL;
     p = malloc(n);
     if (!p) return NULL;
     memset(p, 0xA5, n);
@@ -59,7 +60,7 @@ static void *mth_realloc(void *u, void *p, size_t n) {
     if (!p) return mth_alloc(u, n);
     i = mth_find(p);
     if (i < 0) { mth.bad_frees++; return NULL; }
-    if (mth_should_fail()) return NULL;
+    if (mth_should_fail() || (mth.max_bytes && n > mth.max_bytes)) return NULL;
     q = realloc(p, n);
     if (!q) return NULL;
     mth.live[i] = q;
@@ -496,4 +497,30 @@ TEST(decode_span_trim_drops_one_plus_r_times_trim_minus_one_frames_of_a_causal_d
                         mismatches_short_ctx += mth_stream_matches(total, window, overlap, c - 1, ratios[ri], c) == 0;
                     }
     EXPECT_LT(0, mismatches_short_ctx);
+}
+
+/* ---- found by re-reading the core: page tables ------------------------------------ */
+
+/* A table whose live pages start past its memory's front (after a release)
+   asked to hold INT32_MAX entries: head + need overflowed an int32. */
+TEST(request_reserve_of_the_largest_table_after_a_release_fails_cleanly) {
+    mskv_arena_desc d = mth_desc(16, 1, 0);
+    mskv_arena *a = NULL;
+    mskv_request r;
+    uint64_t before;
+    mth_reset();
+    mth.max_bytes = (size_t)1 << 30;   /* an 8 GiB table is refused */
+    d.allocator = mth_allocator();
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 4));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 2, NULL));  /* the table's head moves */
+    before = mskv_arena_digest(a);
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_MEMORY, mskv_request_reserve(a, r, (int64_t)INT32_MAX - 1));
+    EXPECT_EQ_U64(before, mskv_arena_digest(a));
+    EXPECT_TRUE(mtu_audit(a));
+    EXPECT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 3));  /* still usable */
+    EXPECT_TRUE(mtu_audit(a));
+    mskv_arena_destroy(a);
+    EXPECT_EQ(0, mth.nlive);
 }
