@@ -524,3 +524,33 @@ TEST(request_reserve_of_the_largest_table_after_a_release_fails_cleanly) {
     mskv_arena_destroy(a);
     EXPECT_EQ(0, mth.nlive);
 }
+
+/* ---- found by re-reading the core: plans, descriptors, the LSE merge --------------- */
+
+/* The host store's pools are counted in int32 (layer * 2 + kind): a
+   descriptor whose pool count does not fit is refused, pools or not. */
+TEST(arena_create_refuses_more_layers_than_int32_pool_indices_hold) {
+    mskv_arena_desc d = mth_desc(2, 1, 1);
+    mskv_arena *a = NULL;
+    mskv_store_ops ops;
+    memset(&ops, 0, sizeof ops);
+    ops.read_pages = mth_nop_read; ops.write_pages = mth_nop_write; ops.copy_page = mth_nop_copy;
+    d.kv_heads = 1; d.head_dim = 1;
+    d.store_ops = &ops;
+    d.num_layers = (int32_t)(INT32_MAX / 2) + 1;
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_arena_create(&d, &a));
+    EXPECT_TRUE(a == NULL);
+    d.num_layers = INT32_MAX;
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_arena_create(&d, &a));
+    d.num_layers = INT32_MAX / 2;   /* the largest count: bytes live elsewhere, so nothing is allocated for them */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    mskv_arena_destroy(a);
+}
+
+/* n x heads rows counted in int64 wrapped to 0 and the merge "succeeded". */
+TEST(cpu_merge_of_more_elements_than_int64_counts_is_OVERFLOW) {
+    float o[8] = {0}, l[1] = {0};
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_cpu_merge((int64_t)1 << 62, 4, 8, o, l, o, l, o, l));
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_cpu_merge(INT64_MAX / 8 + 1, 1, 8, o, l, o, l, o, l));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_merge(1, 1, 8, o, l, o, l, o, l));
+}
