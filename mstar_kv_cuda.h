@@ -333,7 +333,10 @@ MSKV_API mskv_result mskv_cuda_retire(mskv_cuda_store *st, int wait);
    Return value: CAPACITY (past the store's max_batch / max_tokens /
    max_page_ids), OUT_OF_RANGE (a page id outside [1, num_pages) or a slot
    in the null page or past the pools: the kernels would trust it),
-   INVALID_ARGUMENT (another page size), BAD_STATE (while capturing), CUDA. */
+   INVALID_ARGUMENT (another page size, a pos_mode it does not know, or a
+   table whose indptrs do not run from 0 to total_q / num_page_ids without
+   decreasing, or a kv_len past its pages: a replayed graph trusts it),
+   BAD_STATE (while capturing), CUDA. */
 MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan *plan, mskv_pos_mode pos_mode, mskv_cuda_dplan *out);
 /* Scatters k, v (device, [total_q][kv_heads][head_dim], the store's dtype)
    into layer `layer` through plan->slot_mapping; rope (optional) rotates K on
@@ -2545,10 +2548,14 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
         mskv__cuda_dealloc(&cu->allocator, st);
         return MSKV_ERROR_OVERFLOW;
     }
-    st->stage_pages = (int32_t)(d.staging_bytes / st->set_bytes);
-    if (st->stage_pages < 1) st->stage_pages = 1;
-    if (st->stage_pages > d.num_pages) st->stage_pages = d.num_pages;
-    if (st->stage_pages > 65535) st->stage_pages = 65535;   /* the copies' grid.y is the page count */
+    {
+        /* clamped while still a size_t: narrowed first, 2^32 + 2 pages would become 2 */
+        size_t pages = d.staging_bytes / st->set_bytes;
+        if (pages < 1) pages = 1;
+        if (pages > (size_t)d.num_pages) pages = (size_t)d.num_pages;
+        if (pages > 65535) pages = 65535;   /* the copies' grid.y is the page count */
+        st->stage_pages = (int32_t)pages;
+    }
     st->stage_bytes = (size_t)st->stage_pages * st->set_bytes;
     ids_bytes = (size_t)st->stage_pages * 4;
     mskv__cuda_plan_layout_of(&st->lay, (size_t)d.max_batch, (size_t)d.max_tokens, (size_t)d.max_page_ids);
@@ -2774,6 +2781,29 @@ MSKV_API mskv_result mskv_cuda_store_sync(mskv_cuda_store *st) {
 
 /* // >>launches implementation ---------------------------------------------- */
 
+/* The table arrays a plan carries, checked as the kernels (and the graphs
+   that replay them with whatever was uploaded) will index them: indptrs
+   from 0, never decreasing, ending at total_q and num_page_ids (they index
+   q, o and the page ids), and no kv_len past its pages. Missing arrays are
+   not checked (nor uploaded). */
+static mskv_result mskv__cuda_check_table(const mskv_plan *plan, int32_t page_size) {
+    int32_t b;
+    if (plan->qo_indptr) {
+        if (plan->qo_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
+        for (b = 0; b < plan->batch; b++)
+            if (plan->qo_indptr[b + 1] < plan->qo_indptr[b]) return MSKV_ERROR_INVALID_ARGUMENT;
+    }
+    if (plan->kv_indptr) {
+        if (plan->kv_indptr[0] != 0 || plan->kv_indptr[plan->batch] != plan->num_page_ids) return MSKV_ERROR_INVALID_ARGUMENT;
+        for (b = 0; b < plan->batch; b++) {
+            int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
+            if (np < 0 || (plan->kv_len && (plan->kv_len[b] < 0 || plan->kv_len[b] > np * page_size)))
+                return MSKV_ERROR_INVALID_ARGUMENT;
+        }
+    }
+    return MSKV_SUCCESS;
+}
+
 MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan *plan, mskv_pos_mode pos_mode, mskv_cuda_dplan *out) {
     mskv_cuda *cu;
     mskv_result res;
@@ -2787,9 +2817,11 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     if (plan->batch < 0 || plan->total_q < 0 || plan->num_page_ids < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->batch > st->d.max_batch || plan->total_q > st->d.max_tokens || plan->num_page_ids > st->d.max_page_ids)
         return MSKV_ERROR_CAPACITY;
+    if ((unsigned)pos_mode > 2u) return MSKV_ERROR_INVALID_ARGUMENT;
     b = (size_t)plan->batch; t = (size_t)plan->total_q; p = (size_t)plan->num_page_ids;
     npos = pos_mode == MSKV_POS_3D ? 3 * t : pos_mode == MSKV_POS_1D ? t : 0;
     if (npos && !plan->positions) return MSKV_ERROR_NULL_POINTER;
+    if ((res = mskv__cuda_check_table(plan, st->d.page_size)) != MSKV_SUCCESS) return res;
     /* the kernels trust these: a page id or slot outside the pools, or in the
        null page, is refused here as the CPU backend refuses it */
     if (p && plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
@@ -2848,7 +2880,7 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     if (plan->qo_indptr) {
         int32_t i;
         for (i = 0; i < plan->batch; i++) {
-            int32_t qo = plan->qo_indptr[i + 1] - plan->qo_indptr[i];
+            int32_t qo = plan->qo_indptr[i + 1] - plan->qo_indptr[i];   /* checked: 0 <= qo <= total_q */
             if (qo > st->cur.max_qo) st->cur.max_qo = qo;
             if (plan->kv_len && plan->kv_len[i] > st->cur.max_kv) st->cur.max_kv = plan->kv_len[i];
         }
@@ -3111,9 +3143,10 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
         plan->qo_indptr[plan->batch] != plan->total_q || plan->kv_indptr[plan->batch] != plan->num_page_ids)
         return MSKV_ERROR_INVALID_ARGUMENT;
     for (b = 0; b < plan->batch; b++) {
-        int32_t qo = plan->qo_indptr[b + 1] - plan->qo_indptr[b];
-        int32_t np = plan->kv_indptr[b + 1] - plan->kv_indptr[b], kv = plan->kv_len[b];
-        if (qo < 0 || np < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+        int64_t qo64 = (int64_t)plan->qo_indptr[b + 1] - plan->qo_indptr[b];
+        int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
+        int32_t qo = (int32_t)qo64, kv = plan->kv_len[b];
+        if (qo64 < 0 || qo64 > plan->total_q || np < 0) return MSKV_ERROR_INVALID_ARGUMENT;
         if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * st->d.page_size || kv > (int64_t)np * st->d.page_size))
             return MSKV_ERROR_INVALID_ARGUMENT;
         if (attn->mask != MSKV_MASK_NONE &&

@@ -1442,3 +1442,52 @@ TEST(cuda_gpu_check_logic_passes_on_the_mock_device) {
     fclose(sink);
     EXPECT_TRUE(tcm_nothing_live());
 }
+
+/* ---- hardening (issue 9): host-side checks of the store and the plan upload -------- */
+
+/* The staging page count was narrowed from size_t to int32: 2^32 + 2
+   pages' worth of staging became 2 pages (3 copies for a 5-page request)
+   instead of every page of the store (one copy). */
+TEST(cuda_store_staging_past_int32_pages_is_clamped_not_truncated) {
+    tcu_rig r;
+    mskv_request req;
+    int before;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, (((size_t)1 << 32) + 2) * 8192));   /* 8 KiB: one page of every layer */
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    before = tcm.dtohs;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    EXPECT_EQ(before + 1, tcm.dtohs);   /* 5 pages, one chunk */
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The uploaded buffers are what a captured graph replays with, unchecked:
+   upload refuses indptrs that do not add up (they index q, o and the page
+   ids) and a kv_len past its pages, and a pos_mode it does not know. */
+TEST(cuda_plan_upload_refuses_a_table_that_a_replay_would_overrun) {
+    tcu_rig r;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    int64_t slots[3] = { 4, 5, 6 };
+    int32_t qo[3] = { 0, 1, 3 }, kvp[3] = { 0, 1, 2 }, ids[2] = { 1, 2 }, len[2] = { 4, 3 };
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    memset(&plan, 0, sizeof plan);
+    plan.batch = 2; plan.total_q = 3; plan.num_page_ids = 2; plan.page_size = 4;
+    plan.qo_indptr = qo; plan.kv_indptr = kvp; plan.kv_indices = ids; plan.kv_len = len; plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    qo[2] = 5;                                       /* past total_q */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    qo[1] = -2147483647; qo[2] = 3;                  /* decreasing; the difference overflowed an int */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    qo[1] = 1;
+    kvp[2] = 3;                                      /* past num_page_ids */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    kvp[2] = 2;
+    len[1] = 5;                                      /* one page holds 4 */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    len[1] = 3;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, (mskv_pos_mode)7, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
