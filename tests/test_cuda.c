@@ -1491,3 +1491,166 @@ TEST(cuda_plan_upload_refuses_a_table_that_a_replay_would_overrun) {
     tcu_rig_close(&r);
     TCU_EXPECT_NO_LEAKS();
 }
+
+/* An arena-built plan is checked against the store's bound arena at upload,
+   and the uploaded one again by every launch that reads it: pages released
+   (or aborted, offloaded, removed) after the build make it STALE_PLAN;
+   tokens only added keep it valid. */
+TEST(cuda_wrappers_refuse_a_plan_whose_pages_changed_since_it_was_built) {
+    tcu_rig r;
+    mskv_request req, other;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr buf = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &other, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 64 * 2 * 64 * 4 * 2, &buf));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    /* another request losing pages changes nothing for this plan */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(r.a, other, 8, NULL));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    /* the plan's own reservation aborted: its last page goes */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(r.a, &seg, 1));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    /* a fresh plan after growth only: valid, and stays valid while the request grows */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(r.a, &seg, 1));
+    seg.n_tokens = 7;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(r.a, &seg, 1));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    /* released, then offloaded, then removed: stale each time */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(r.a, req, 4, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    seg.n_tokens = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, req));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    EXPECT_TRUE(tcu_audit(r.a));
+    mskv_cuda_free(r.cu, buf);
+    mskv_plan_free(r.a, &plan);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A graph replays whatever was uploaded last: a stale upload is refused. */
+TEST(cuda_graph_replay_refuses_a_stale_uploaded_plan) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cuda_graph *g = NULL;
+    mskv_cu_ptr buf = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 64 * 2 * 64 * 4 * 2, &buf));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));   /* compiles the variant first */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(r.st));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(r.st, &g));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(r.st, g));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(r.a, &seg, 1));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_graph_launch(r.st, g));
+    mskv_cuda_graph_destroy(r.st, g);
+    mskv_cuda_free(r.cu, buf);
+    mskv_plan_free(r.a, &plan);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A plan's arena is the one to check it against: a store bound to none
+   cannot, and refuses an arena-built plan (a caller-made one is fine). */
+TEST(cuda_unbound_store_refuses_an_arena_built_plan) {
+    tcu_rig r;
+    mskv_cuda_store *loose = NULL;
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_create(r.cu, &sd, &loose));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(r.a, &req));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_plan_upload(loose, &plan, MSKV_POS_NONE, &dp));
+    plan.generation = 0;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(loose, &plan, MSKV_POS_NONE, &dp));
+    mskv_plan_free(r.a, &plan);
+    mskv_cuda_store_destroy(loose);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The attention wrapper checks the host plan it is given and the uploaded
+   plan the kernel reads (a bf16 store: attention runs on tensor cores). */
+TEST(cuda_attention_refuses_a_stale_host_plan_or_a_stale_upload) {
+    tcu_rig r;
+    mskv_cuda_store *st = NULL;
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    mskv_arena_desc ad;
+    mskv_arena *a = NULL;
+    mskv_request req, other;
+    mskv_segment seg, so;
+    mskv_plan plan, fresh;
+    mskv_cuda_dplan dp, dfresh;
+    mskv_attn at;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    sd.dtype = MSKV_DTYPE_BF16;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_create(r.cu, &sd, &st));
+    memset(&ad, 0, sizeof ad);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_arena_desc(st, &ad));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_bind(st, a));
+    memset(&at, 0, sizeof at);
+    at.q_heads = 2; at.q_dtype = MSKV_DTYPE_BF16;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &req));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &other));
+    seg.request = req; seg.n_tokens = 6;
+    so.request = other; so.n_tokens = 6;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &so, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 4, 64, 32, &fresh));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(a, &seg, 1));
+    /* the host plan is stale */
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_attention(st, 0, &plan, &dp, &at, 16, 16, 0));
+    /* a fresh host plan of the same shape (another request), over the stale upload */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &so, 1, NULL, &fresh));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_plan_check(a, &fresh));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_attention(st, 0, &fresh, &dp, &at, 16, 16, 0));
+    /* uploaded, it passes the checks (whether the mock driver then has an attention kernel is another matter) */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(st, &fresh, MSKV_POS_NONE, &dfresh));
+    EXPECT_NE(MSKV_ERROR_STALE_PLAN, mskv_cuda_attention(st, 0, &fresh, &dfresh, &at, 16, 16, 0));
+    mskv_plan_free(a, &plan);
+    mskv_plan_free(a, &fresh);
+    mskv_arena_destroy(a);
+    mskv_cuda_store_destroy(st);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
