@@ -2500,6 +2500,27 @@ static mskv_result mskv__cuda_copy_page(void *user, int32_t src, int32_t dst) {
     return MSKV_SUCCESS;
 }
 
+/* store_ops.fill_pages (the arena's debug poisoning of pages that became
+   free): every byte of the pages, every layer, K and V, on the store's
+   stream, so after everything that used them and before their next owner. */
+static mskv_result mskv__cuda_fill_pages(void *user, const int32_t *pages, int32_t n, unsigned char byte) {
+    mskv_cuda_store *st = (mskv_cuda_store *)user;
+    mskv_cuda *cu = st->cu;
+    mskv_result res;
+    int32_t i, l, kind;
+    if ((res = mskv__cuda_check_pages(st, pages, n)) != MSKV_SUCCESS) return res;
+    if (st->capturing) return MSKV_ERROR_BAD_STATE;   /* the memsets would join the graph */
+    if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) return res;
+    for (i = 0; i < n; i++)
+        for (l = 0; l < st->d.num_layers; l++)
+            for (kind = 0; kind < 2; kind++) {
+                mskv_cu_ptr pool = mskv_cuda_store_pool(st, l, kind);
+                MSKV__CU_TRY(cu, cu->fn.cuMemsetD8Async(pool + (mskv_cu_ptr)pages[i] * st->page_bytes, byte, st->page_bytes,
+                                                        st->stream), "cuMemsetD8Async(poison)");
+            }
+    return MSKV_SUCCESS;
+}
+
 static void mskv__cuda_store_release(mskv_cuda_store *st) {
     mskv_cuda *cu = st->cu;
     int i;
@@ -2594,6 +2615,7 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     st->ops.read_pages = mskv__cuda_read_pages;
     st->ops.write_pages = mskv__cuda_write_pages;
     st->ops.copy_page = mskv__cuda_copy_page;
+    st->ops.fill_pages = mskv__cuda_fill_pages;
     *out = st;
     return MSKV_SUCCESS;
 fail:

@@ -87,6 +87,7 @@ static struct tcm_state {
     int event_busy;                     /* cuEventQuery answers NOT_READY */
     int event_syncs;
     int cc_major, cc_minor;             /* 0: 9.0 */
+    unsigned char *last_host;           /* the block of the last cuMemAllocHost */
     char last_target[64];               /* the --gpu-architecture option of the last compile */
     int capturing;
     tcm_graph *capture;
@@ -134,6 +135,7 @@ static mskv_cu_result tcm_cuMemAllocHost(void **p, size_t n) {
     *p = calloc(1, n);
     if (!*p) return MSKV_CU_ERROR_OUT_OF_MEMORY;
     tcm.host_live++;
+    tcm.last_host = (unsigned char *)*p;
     return 0;
 }
 static mskv_cu_result tcm_cuMemFreeHost(void *p) { if (p) { tcm.host_live--; free(p); } return 0; }
@@ -393,6 +395,8 @@ static mskv_cuda_store_desc tcu_store_desc(size_t staging) {
     return sd;
 }
 
+static uint32_t tcu_next_debug;   /* the debug checks of the next rig's arena */
+
 static mskv_result tcu_rig_open2(tcu_rig *r, size_t staging, const char *cache_dir) {
     mskv_cuda_store_desc sd = tcu_store_desc(staging);
     mskv_arena_desc ad;
@@ -412,6 +416,8 @@ static mskv_result tcu_rig_open2(tcu_rig *r, size_t staging, const char *cache_d
     memset(&ad, 0, sizeof ad);
     ad.allocator = tcu_allocator();
     if ((e = mskv_cuda_store_arena_desc(r->st, &ad)) != MSKV_SUCCESS) return e;
+    ad.debug = tcu_next_debug;
+    tcu_next_debug = 0;
     if ((e = mskv_arena_create(&ad, &r->a)) != MSKV_SUCCESS) return e;
     return mskv_cuda_store_bind(r->st, r->a);
 }
@@ -1651,6 +1657,74 @@ TEST(cuda_attention_refuses_a_stale_host_plan_or_a_stale_upload) {
     mskv_plan_free(a, &fresh);
     mskv_arena_destroy(a);
     mskv_cuda_store_destroy(st);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* ---- debug mode on the device store ---- */
+
+/* every byte of device page p, every layer and kind, equals v */
+static int tcu_device_page_is(tcu_rig *r, int32_t p, unsigned char v) {
+    int l, kind;
+    size_t k, pb = (size_t)4 * 2 * 64 * 4;
+    for (l = 0; l < 2; l++)
+        for (kind = 0; kind < 2; kind++) {
+            const unsigned char *b = (const unsigned char *)(uintptr_t)mskv_cuda_store_pool(r->st, l, kind) + (size_t)p * pb;
+            for (k = 0; k < pb; k++)
+                if (b[k] != v) return 0;
+        }
+    return 1;
+}
+
+/* Freed device pages are poisoned by the store's fill (memsets on its
+   stream) once their fence retired, and the byte audit reads them back
+   through the store: a write into one is caught. */
+TEST(cuda_freed_device_pages_are_poisoned_after_their_fence_and_a_write_into_one_is_caught) {
+    tcu_rig r;
+    mskv_request req;
+    int32_t pages[8], n = 0;
+    char why[256];
+    tcu_next_debug = MSKV_DEBUG_ALL;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    EXPECT_TRUE(tcu_device_page_is(&r, 20, MSKV_POISON_BYTE));   /* free since creation */
+    EXPECT_TRUE(tcu_device_page_is(&r, 0, 0));                   /* the null page */
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(r.a, req, pages, 8, &n));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(r.a, req, 8, NULL));
+    EXPECT_FALSE(tcu_device_page_is(&r, pages[0], MSKV_POISON_BYTE));   /* pending: kernels may still read it */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));     /* the fence completes and retires */
+    EXPECT_TRUE(tcu_device_page_is(&r, pages[0], MSKV_POISON_BYTE));
+    EXPECT_TRUE(tcu_device_page_is(&r, pages[1], MSKV_POISON_BYTE));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit_bytes(r.a, why, sizeof why));
+    ((unsigned char *)(uintptr_t)mskv_cuda_store_pool(r.st, 1, 1))[(size_t)pages[1] * 2048 + 5] = 0;   /* a stray write */
+    why[0] = 0;
+    EXPECT_EQ(MSKV_ERROR_AUDIT_FAILED, mskv_arena_audit_bytes(r.a, why, sizeof why));
+    EXPECT_TRUE(strstr(why, "written after it was freed") != NULL);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The pinned host copy of an offloaded request carries a checksum per page:
+   a changed byte makes reload refuse it and change nothing. */
+TEST(cuda_corrupted_pinned_host_copy_is_refused_at_reload) {
+    tcu_rig r;
+    mskv_request req;
+    unsigned char *copy;
+    uint64_t before;
+    tcu_next_debug = MSKV_DEBUG_CHECKSUMS;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    copy = tcm.last_host + 16;   /* the pinned allocator keeps its size in front */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));
+    copy[8192 * 3 + 100] ^= 0x40;
+    before = mskv_arena_digest(r.a);
+    EXPECT_EQ(MSKV_ERROR_HOST_COPY_CORRUPT, mskv_request_reload(r.a, req));
+    EXPECT_EQ_U64(before, mskv_arena_digest(r.a));
+    copy[8192 * 3 + 100] ^= 0x40;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));
+    EXPECT_TRUE(tcu_audit(r.a));
     tcu_rig_close(&r);
     TCU_EXPECT_NO_LEAKS();
 }
