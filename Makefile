@@ -4,6 +4,7 @@
 #   make demo     build and run the video demo (writes demo.mp4)
 #   make bench    build and run the benchmarks
 #   make gpu-check  the GPU check (needs an NVIDIA GPU)
+#   make python   install the Python package into build/venv (make test runs its tests)
 
 CC      ?= cc
 WARN    := -Wall -Wextra -pedantic -Werror
@@ -28,8 +29,19 @@ TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tes
 ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
+TEST_BINS += $(B)/tests-python
 
-.PHONY: all test tests demo bench gpu-check embed clean
+# The Python package (python/): a venv under build/ (no system pip, so no
+# "externally-managed-environment") with NumPy, pytest and the build tools
+# from PyPI (wheel: a setuptools older than 70.1 needs it to build without
+# isolation), the package installed the way a user installs it (pip install
+# ./python), and a test program that runs its pytest suite and prints the
+# common totals line.
+PYTHON  ?= python3
+VENV    := $(B)/venv
+PY_SRC  := $(wildcard python/mstar_kv/*.py python/mstar_kv/*.c) python/setup.py python/pyproject.toml
+
+.PHONY: all test tests demo bench gpu-check embed clean python
 all: tests $(B)/demo
 
 tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx
@@ -69,6 +81,19 @@ $(B)/demo-emu: demo/demo_emu.cpp $(wildcard demo/*.c demo/*.h) kernels.cu $(HDRS
 
 $(B)/demo: $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) $(OPT) $(DEMO_DEFS) $(FFMPEG_CFLAGS) demo/demo.c -o $@ $(FFMPEG_LIBS) $(LIBS)
+
+$(VENV)/ready: | $(B)
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check numpy pytest setuptools wheel
+	touch $@
+$(B)/python-installed: $(VENV)/ready $(PY_SRC) mstar_kv.h mstar_kv_cuda.h
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation ./python
+	touch $@
+$(B)/tests-python: $(B)/python-installed
+	printf '#!/bin/sh\n# made by make: the Python package tests against the copy installed in %s\ncd "%s" && exec env -u MSKV_LIBRARY "%s/bin/python" -m pytest -q -p no:cacheprovider python/tests "$$@"\n' \
+	    "$(VENV)" "$(CURDIR)" "$(CURDIR)/$(VENV)" > $@
+	chmod +x $@
+python: $(B)/python-installed
 
 # Build what builds (-k), then run everything: a compile error is one more
 # failure in the totals line, not a run that ends without one.
