@@ -446,6 +446,7 @@ static mskv_cuda_store_desc tcu_store_desc(size_t staging) {
 }
 
 static uint32_t tcu_next_debug;   /* the debug checks of the next rig's arena */
+static int32_t tcu_next_groups;   /* the layer groups of the next rig's arena (0: one) */
 
 static mskv_result tcu_rig_open2(tcu_rig *r, size_t staging, const char *cache_dir) {
     mskv_cuda_store_desc sd = tcu_store_desc(staging);
@@ -467,7 +468,9 @@ static mskv_result tcu_rig_open2(tcu_rig *r, size_t staging, const char *cache_d
     ad.allocator = tcu_allocator();
     if ((e = mskv_cuda_store_arena_desc(r->st, &ad)) != MSKV_SUCCESS) return e;
     ad.debug = tcu_next_debug;
+    ad.num_groups = tcu_next_groups;
     tcu_next_debug = 0;
+    tcu_next_groups = 0;
     if ((e = mskv_arena_create(&ad, &r->a)) != MSKV_SUCCESS) return e;
     return mskv_cuda_store_bind(r->st, r->a);
 }
@@ -2385,6 +2388,40 @@ TEST(cuda_wrappers_refuse_a_plan_whose_pages_changed_since_it_was_built) {
     EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, req));
     EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    EXPECT_TRUE(tcu_audit(r.a));
+    mskv_cuda_free(r.cu, buf);
+    mskv_plan_free(r.a, &plan);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The uploaded plan is checked against the tables of its own layer group:
+   pages leaving another group's table leave it valid, its group's make it
+   STALE_PLAN. */
+TEST(cuda_uploaded_plan_of_a_layer_group_goes_stale_with_that_groups_table_only) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_plan_desc pd;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr buf = 0;
+    tcu_next_groups = 2;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 64 * 2 * 64 * 4 * 2, &buf));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    memset(&pd, 0, sizeof pd);
+    pd.group = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, &pd, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest_in_group(r.a, req, 0, 4, NULL));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest_in_group(r.a, req, 1, 4, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
     EXPECT_TRUE(tcu_audit(r.a));
     mskv_cuda_free(r.cu, buf);
     mskv_plan_free(r.a, &plan);
