@@ -2152,6 +2152,61 @@ TEST(cuda_launch_wrappers_call_the_driver_only_to_launch) {
     TCU_EXPECT_NO_LEAKS();
 }
 
+/* The stale-plan checks in the wrappers (the host plan, and the uploaded
+   one) cost no allocation, no string, no message and no driver call, also
+   when another request lost pages since the build (the check then looks
+   at each of the plan's requests). */
+static long tcu_arena_logs;
+static void tcu_count_log(void *u, mskv_log_level level, const char *msg) { (void)u; (void)level; (void)msg; tcu_arena_logs++; }
+
+TEST(cuda_launch_wrappers_check_an_arena_plan_without_allocating_formatting_or_calling_the_driver) {
+    tcu_hot h;
+    mskv_arena_desc ad;
+    mskv_request r, other;
+    mskv_segment seg;
+    mskv_plan plan;
+    tcu_counts c0, c1;
+    long logs;
+    int i, bad = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open(&h));
+    memset(&ad, 0, sizeof ad);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_arena_desc(h.r.st, &ad));
+    ad.allocator = tcu_allocator();
+    ad.log = tcu_count_log;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &h.r.a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_bind(h.r.st, h.r.a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(h.r.a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(h.r.a, r, 136));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(h.r.a, &other));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(h.r.a, other, 32));
+    seg.request = r; seg.n_tokens = 64;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(h.r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(h.r.a, 1, 64, 500, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(h.r.a, &seg, 1, NULL, &plan));
+    ASSERT_TRUE(plan.generation != 0);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(h.r.st, &plan, MSKV_POS_NONE, &h.dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(h.r.a, other, 16, NULL));   /* the generation moves */
+    /* first calls load the kernels */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(h.r.st, 0, &h.dp, h.k, h.v, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attention(h.r.st, 0, &plan, &h.dp, &h.attn, h.q, h.o, h.lse));
+    c0 = tcu_counts_now();
+    logs = tcu_arena_logs;
+    for (i = 0; i < 20; i++) {
+        bad += mskv_cuda_write_kv(h.r.st, i & 1, &h.dp, h.k, h.v, NULL) != MSKV_SUCCESS;
+        bad += mskv_cuda_attention(h.r.st, i & 1, &plan, &h.dp, &h.attn, h.q, h.o, h.lse) != MSKV_SUCCESS;
+    }
+    c1 = tcu_counts_now();
+    EXPECT_EQ(0, bad);
+    EXPECT_EQ(0, (int)(c1.allocs - c0.allocs));
+    EXPECT_EQ(0, (int)(c1.formats - c0.formats));
+    EXPECT_EQ(0, (int)(tcu_arena_logs - logs));
+    EXPECT_EQ(40, (int)(c1.launches - c0.launches));
+    EXPECT_EQ(40 + 40, (int)(c1.driver - c0.driver));   /* each call: cuCtxSetCurrent, then its launch */
+    mskv_plan_free(h.r.a, &plan);
+    tcu_hot_close(&h);
+    TCU_EXPECT_NO_LEAKS();
+}
+
 /* The kernel reads K and V rows as 16-byte vectors: a misaligned source
    would fault on the device and leave the context unusable, so the wrapper
    refuses it, says why, and launches nothing. */
