@@ -84,7 +84,7 @@ demo: $(B)/demo
 $(B)/host_bench: bench/host_bench.c $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) -O3 -march=native bench/host_bench.c -o $@ $(LIBS)
 $(B)/attn_bench: bench/attn_bench.c $(HDRS) | $(B)
-	$(CC) -std=c99 $(WARN) -O3 -march=native bench/attn_bench.c -o $@ $(LIBS)
+	$(CC) -std=c99 $(WARN) -O2 bench/attn_bench.c -o $@ $(LIBS)
 
 bench: $(B)/host_bench $(B)/attn_bench
 	./$(B)/host_bench
