@@ -3164,64 +3164,92 @@ static MSKV__CPU_AVX512 void mskv__cpu_cvt_avx512(float *MSKV__CPU_RESTRICT dst,
     mskv__cpu_cvt_portable(dst + i, src + i, bf16, n - i);
 }
 
-/* 64 rows (4 vectors) x 4 outputs i, or 32 rows x 8, or 16 rows x 8: 16 or 8
-   accumulators, enough to hide the FMA latency; i left over one at a time. */
+/* The micro-kernels spell out their accumulators (M4/M8 repeat a statement
+   per register): arrays indexed in loops stay in memory at -O2. */
+#define MSKV__M4(M) M(0) M(1) M(2) M(3)
+#define MSKV__M6(M) M(0) M(1) M(2) M(3) M(4) M(5)
+#define MSKV__M8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+
+/* 64 rows (4 vectors) x 4 outputs: 16 accumulators. */
+static MSKV__CPU_AVX512 void mskv__cpu_gemm512_4x4(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                                   const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                                   const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+#define MSKV__DECL(u) __m512 c##u##0, c##u##1, c##u##2, c##u##3;
+#define MSKV__INIT(u) \
+    c##u##0 = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp), a0) : z; \
+    c##u##1 = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp + 16), a1) : z; \
+    c##u##2 = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp + 32), a2) : z; \
+    c##u##3 = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp + 48), a3) : z;
+#define MSKV__STEP(u) { __m512 s = _mm512_set1_ps(a[(u) * ais]); \
+    c##u##0 = _mm512_fmadd_ps(s, y0, c##u##0); c##u##1 = _mm512_fmadd_ps(s, y1, c##u##1); \
+    c##u##2 = _mm512_fmadd_ps(s, y2, c##u##2); c##u##3 = _mm512_fmadd_ps(s, y3, c##u##3); }
+#define MSKV__STORE(u) \
+    _mm512_storeu_ps(C + (u) * rp, c##u##0); _mm512_storeu_ps(C + (u) * rp + 16, c##u##1); \
+    _mm512_storeu_ps(C + (u) * rp + 32, c##u##2); _mm512_storeu_ps(C + (u) * rp + 48, c##u##3);
+    const __m512 z = _mm512_setzero_ps();
+    const __m512 a0 = alpha ? _mm512_loadu_ps(alpha) : z, a1 = alpha ? _mm512_loadu_ps(alpha + 16) : z;
+    const __m512 a2 = alpha ? _mm512_loadu_ps(alpha + 32) : z, a3 = alpha ? _mm512_loadu_ps(alpha + 48) : z;
+    int32_t k;
+    MSKV__M4(MSKV__DECL)
+    MSKV__M4(MSKV__INIT)
+    for (k = 0; k < kd; k++) {
+        const float *b = B + (size_t)k * rp, *a = A + k * aks;
+        __m512 y0 = _mm512_loadu_ps(b), y1 = _mm512_loadu_ps(b + 16), y2 = _mm512_loadu_ps(b + 32), y3 = _mm512_loadu_ps(b + 48);
+        MSKV__M4(MSKV__STEP)
+    }
+    MSKV__M4(MSKV__STORE)
+#undef MSKV__DECL
+#undef MSKV__INIT
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+/* 16 rows (1 vector) x 8 outputs: 8 accumulators. */
+static MSKV__CPU_AVX512 void mskv__cpu_gemm512_1x8(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                                   const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                                   const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+#define MSKV__DECL(u) __m512 c##u = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp), a0) : z;
+#define MSKV__STEP(u) c##u = _mm512_fmadd_ps(_mm512_set1_ps(a[(u) * ais]), y0, c##u);
+#define MSKV__STORE(u) _mm512_storeu_ps(C + (u) * rp, c##u);
+    const __m512 z = _mm512_setzero_ps(), a0 = alpha ? _mm512_loadu_ps(alpha) : z;
+    int32_t k;
+    MSKV__M8(MSKV__DECL)
+    for (k = 0; k < kd; k++) {
+        const float *a = A + k * aks;
+        __m512 y0 = _mm512_loadu_ps(B + (size_t)k * rp);
+        MSKV__M8(MSKV__STEP)
+    }
+    MSKV__M8(MSKV__STORE)
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+/* One output, one vector of rows (the tails). */
+static MSKV__CPU_AVX512 void mskv__cpu_gemm512_1x1(const float *MSKV__CPU_RESTRICT A, ptrdiff_t aks, const float *MSKV__CPU_RESTRICT B,
+                                                   float *MSKV__CPU_RESTRICT C, const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+    __m512 c = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C), _mm512_loadu_ps(alpha)) : _mm512_setzero_ps();
+    int32_t k;
+    for (k = 0; k < kd; k++) c = _mm512_fmadd_ps(_mm512_set1_ps(A[k * aks]), _mm512_loadu_ps(B + (size_t)k * rp), c);
+    _mm512_storeu_ps(C, c);
+}
+
 static MSKV__CPU_AVX512 void mskv__cpu_gemm_avx512(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
                                                    const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
                                                    const float *MSKV__CPU_RESTRICT alpha, int32_t n, int32_t kd, int32_t rp) {
-    int32_t v0, nv = rp / 16;
-    for (v0 = 0; v0 < nv;) {
-        int32_t w = nv - v0 >= 4 ? 4 : nv - v0 >= 2 ? 2 : 1, ni = w == 4 ? 4 : 8, i, k, u, x;
-        const float *b0 = B + v0 * 16;
-        float *c0 = C + v0 * 16;
-        __m512 al[4];
-        for (x = 0; x < w; x++) al[x] = alpha ? _mm512_loadu_ps(alpha + v0 * 16 + x * 16) : _mm512_setzero_ps();
-        for (i = 0; i < n; i += ni) {
-            __m512 acc[8][4];
-            int32_t nu = n - i < ni ? 1 : ni;  /* the tail one output at a time */
-            if (nu == 1) ni = 1;
-            for (u = 0; u < nu; u++)
-                for (x = 0; x < w; x++)
-                    acc[u][x] = alpha ? _mm512_mul_ps(_mm512_loadu_ps(c0 + (size_t)(i + u) * rp + x * 16), al[x]) : _mm512_setzero_ps();
-            if (w == 4 && nu == 4) {
-                for (k = 0; k < kd; k++) {
-                    const float *b = b0 + (size_t)k * rp, *a = A + i * ais + k * aks;
-                    __m512 y0 = _mm512_loadu_ps(b), y1 = _mm512_loadu_ps(b + 16), y2 = _mm512_loadu_ps(b + 32), y3 = _mm512_loadu_ps(b + 48);
-                    for (u = 0; u < 4; u++) {
-                        __m512 s = _mm512_set1_ps(a[u * ais]);
-                        acc[u][0] = _mm512_fmadd_ps(s, y0, acc[u][0]);
-                        acc[u][1] = _mm512_fmadd_ps(s, y1, acc[u][1]);
-                        acc[u][2] = _mm512_fmadd_ps(s, y2, acc[u][2]);
-                        acc[u][3] = _mm512_fmadd_ps(s, y3, acc[u][3]);
-                    }
-                }
-            } else if (w == 2 && nu == 8) {
-                for (k = 0; k < kd; k++) {
-                    const float *b = b0 + (size_t)k * rp, *a = A + i * ais + k * aks;
-                    __m512 y0 = _mm512_loadu_ps(b), y1 = _mm512_loadu_ps(b + 16);
-                    for (u = 0; u < 8; u++) {
-                        __m512 s = _mm512_set1_ps(a[u * ais]);
-                        acc[u][0] = _mm512_fmadd_ps(s, y0, acc[u][0]);
-                        acc[u][1] = _mm512_fmadd_ps(s, y1, acc[u][1]);
-                    }
-                }
-            } else if (w == 1 && nu == 8) {
-                for (k = 0; k < kd; k++) {
-                    const float *b = b0 + (size_t)k * rp, *a = A + i * ais + k * aks;
-                    __m512 y0 = _mm512_loadu_ps(b);
-                    for (u = 0; u < 8; u++) acc[u][0] = _mm512_fmadd_ps(_mm512_set1_ps(a[u * ais]), y0, acc[u][0]);
-                }
-            } else {
-                for (k = 0; k < kd; k++) {
-                    const float *b = b0 + (size_t)k * rp;
-                    __m512 s = _mm512_set1_ps(A[i * ais + k * aks]);
-                    for (x = 0; x < w; x++) acc[0][x] = _mm512_fmadd_ps(s, _mm512_loadu_ps(b + x * 16), acc[0][x]);
-                }
-            }
-            for (u = 0; u < nu; u++)
-                for (x = 0; x < w; x++) _mm512_storeu_ps(c0 + (size_t)(i + u) * rp + x * 16, acc[u][x]);
-        }
-        v0 += w;
+    int32_t v = 0, i, x;
+    for (; v + 64 <= rp; v += 64) {
+        for (i = 0; i + 4 <= n; i += 4)
+            mskv__cpu_gemm512_4x4(A + i * ais, ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+        for (; i < n; i++)
+            for (x = 0; x < 64; x += 16)
+                mskv__cpu_gemm512_1x1(A + i * ais, aks, B + v + x, C + (size_t)i * rp + v + x, alpha ? alpha + v + x : NULL, kd, rp);
+    }
+    for (; v < rp; v += 16) {
+        for (i = 0; i + 8 <= n; i += 8)
+            mskv__cpu_gemm512_1x8(A + i * ais, ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+        for (; i < n; i++)
+            mskv__cpu_gemm512_1x1(A + i * ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
     }
 }
 
@@ -3255,54 +3283,51 @@ static MSKV__CPU_AVX512 void mskv__cpu_softmax_avx512(float *MSKV__CPU_RESTRICT 
 
 static MSKV__CPU_AVX512 void mskv__cpu_qk_rows_avx512(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
                                                       float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks) {
-    int32_t r, j, d, u;
+#define MSKV__DECL(u) __m512 c##u##0 = _mm512_setzero_ps(), c##u##1 = c##u##0;
+#define MSKV__STEP(u) { __m512 q = _mm512_loadu_ps(Q + (size_t)(r + (u)) * dp + d); \
+    c##u##0 = _mm512_fmadd_ps(q, x0, c##u##0); c##u##1 = _mm512_fmadd_ps(q, x1, c##u##1); }
+#define MSKV__STORE(u) S[(size_t)(r + (u)) * ks + j] = _mm512_reduce_add_ps(c##u##0); \
+    S[(size_t)(r + (u)) * ks + j + 1] = _mm512_reduce_add_ps(c##u##1);
+    int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (j = 0; j < kbe; j += 2) {
             const float *k0 = krow[j], *k1 = krow[j + 1];
-            __m512 acc[4][2];
-            for (u = 0; u < 4; u++) acc[u][0] = acc[u][1] = _mm512_setzero_ps();
+            MSKV__M4(MSKV__DECL)
             for (d = 0; d < dp; d += 16) {
                 __m512 x0 = _mm512_loadu_ps(k0 + d), x1 = _mm512_loadu_ps(k1 + d);
-                for (u = 0; u < 4; u++) {
-                    __m512 q = _mm512_loadu_ps(Q + (size_t)(r + u) * dp + d);
-                    acc[u][0] = _mm512_fmadd_ps(q, x0, acc[u][0]);
-                    acc[u][1] = _mm512_fmadd_ps(q, x1, acc[u][1]);
-                }
+                MSKV__M4(MSKV__STEP)
             }
-            for (u = 0; u < 4; u++) {
-                S[(size_t)(r + u) * ks + j] = _mm512_reduce_add_ps(acc[u][0]);
-                S[(size_t)(r + u) * ks + j + 1] = _mm512_reduce_add_ps(acc[u][1]);
-            }
+            MSKV__M4(MSKV__STORE)
         }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
 }
 
 static MSKV__CPU_AVX512 void mskv__cpu_pv_rows_avx512(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
                                                       const float *const *MSKV__CPU_RESTRICT vrow, const float *MSKV__CPU_RESTRICT alpha,
                                                       int32_t nrp, int32_t kb, int32_t dp, int32_t ks) {
-    int32_t r, j, d, u;
+#define MSKV__DECL(u) __m512 c##u##0 = _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)(r + (u)) * dp + d), _mm512_set1_ps(alpha[r + (u)])), \
+    c##u##1 = two ? _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)(r + (u)) * dp + d + 16), _mm512_set1_ps(alpha[r + (u)])) : c##u##0;
+#define MSKV__STEP(u) { __m512 p = _mm512_set1_ps(P[(size_t)(r + (u)) * ks + j]); \
+    c##u##0 = _mm512_fmadd_ps(p, y0, c##u##0); c##u##1 = _mm512_fmadd_ps(p, y1, c##u##1); }
+#define MSKV__STORE(u) _mm512_storeu_ps(O + (size_t)(r + (u)) * dp + d, c##u##0); \
+    if (two) _mm512_storeu_ps(O + (size_t)(r + (u)) * dp + d + 16, c##u##1);
+    int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (d = 0; d < dp; d += 32) {
-            int32_t two = d + 32 <= dp;
-            __m512 acc[4][2];
-            for (u = 0; u < 4; u++) {
-                __m512 al = _mm512_set1_ps(alpha[r + u]);
-                acc[u][0] = _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)(r + u) * dp + d), al);
-                acc[u][1] = two ? _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)(r + u) * dp + d + 16), al) : _mm512_setzero_ps();
-            }
+            const int two = d + 32 <= dp;  /* else the last 16 dims (c*1 then run spare) */
+            MSKV__M4(MSKV__DECL)
             for (j = 0; j < kb; j++) {
                 const float *vr = vrow[j] + d;
                 __m512 y0 = _mm512_loadu_ps(vr), y1 = two ? _mm512_loadu_ps(vr + 16) : y0;
-                for (u = 0; u < 4; u++) {
-                    __m512 p = _mm512_set1_ps(P[(size_t)(r + u) * ks + j]);
-                    acc[u][0] = _mm512_fmadd_ps(p, y0, acc[u][0]);
-                    acc[u][1] = _mm512_fmadd_ps(p, y1, acc[u][1]);
-                }
+                MSKV__M4(MSKV__STEP)
             }
-            for (u = 0; u < 4; u++) {
-                _mm512_storeu_ps(O + (size_t)(r + u) * dp + d, acc[u][0]);
-                if (two) _mm512_storeu_ps(O + (size_t)(r + u) * dp + d + 16, acc[u][1]);
-            }
+            MSKV__M4(MSKV__STORE)
         }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
 }
 
 static MSKV__CPU_AVX512 float mskv__cpu_exp_row_avx512(float *MSKV__CPU_RESTRICT s, float m, int32_t n) {
@@ -3367,52 +3392,75 @@ static MSKV__CPU_AVX2 void mskv__cpu_cvt_avx2(float *MSKV__CPU_RESTRICT dst, con
     mskv__cpu_cvt_portable(dst + i, src + i, bf16, n - i);
 }
 
-/* 16 rows (2 vectors) x 6 outputs i = 12 accumulators of the 16 registers,
-   or 8 rows x 8; i left over one at a time. */
+/* 16 rows (2 vectors) x 6 outputs: 12 accumulators of the 16 registers. */
+static MSKV__CPU_AVX2 void mskv__cpu_gemm256_2x6(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                                 const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                                 const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+#define MSKV__DECL(u) __m256 c##u##0 = alpha ? _mm256_mul_ps(_mm256_loadu_ps(C + (u) * rp), a0) : z, \
+    c##u##1 = alpha ? _mm256_mul_ps(_mm256_loadu_ps(C + (u) * rp + 8), a1) : z;
+#define MSKV__STEP(u) { __m256 s = _mm256_broadcast_ss(a + (u) * ais); \
+    c##u##0 = _mm256_fmadd_ps(s, y0, c##u##0); c##u##1 = _mm256_fmadd_ps(s, y1, c##u##1); }
+#define MSKV__STORE(u) _mm256_storeu_ps(C + (u) * rp, c##u##0); _mm256_storeu_ps(C + (u) * rp + 8, c##u##1);
+    const __m256 z = _mm256_setzero_ps();
+    const __m256 a0 = alpha ? _mm256_loadu_ps(alpha) : z, a1 = alpha ? _mm256_loadu_ps(alpha + 8) : z;
+    int32_t k;
+    MSKV__M6(MSKV__DECL)
+    for (k = 0; k < kd; k++) {
+        const float *b = B + (size_t)k * rp, *a = A + k * aks;
+        __m256 y0 = _mm256_loadu_ps(b), y1 = _mm256_loadu_ps(b + 8);
+        MSKV__M6(MSKV__STEP)
+    }
+    MSKV__M6(MSKV__STORE)
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+/* 8 rows (1 vector) x 8 outputs: 8 accumulators. */
+static MSKV__CPU_AVX2 void mskv__cpu_gemm256_1x8(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                                 const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                                 const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+#define MSKV__DECL(u) __m256 c##u = alpha ? _mm256_mul_ps(_mm256_loadu_ps(C + (u) * rp), a0) : z;
+#define MSKV__STEP(u) c##u = _mm256_fmadd_ps(_mm256_broadcast_ss(a + (u) * ais), y0, c##u);
+#define MSKV__STORE(u) _mm256_storeu_ps(C + (u) * rp, c##u);
+    const __m256 z = _mm256_setzero_ps(), a0 = alpha ? _mm256_loadu_ps(alpha) : z;
+    int32_t k;
+    MSKV__M8(MSKV__DECL)
+    for (k = 0; k < kd; k++) {
+        const float *a = A + k * aks;
+        __m256 y0 = _mm256_loadu_ps(B + (size_t)k * rp);
+        MSKV__M8(MSKV__STEP)
+    }
+    MSKV__M8(MSKV__STORE)
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+static MSKV__CPU_AVX2 void mskv__cpu_gemm256_1x1(const float *MSKV__CPU_RESTRICT A, ptrdiff_t aks, const float *MSKV__CPU_RESTRICT B,
+                                                 float *MSKV__CPU_RESTRICT C, const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+    __m256 c = alpha ? _mm256_mul_ps(_mm256_loadu_ps(C), _mm256_loadu_ps(alpha)) : _mm256_setzero_ps();
+    int32_t k;
+    for (k = 0; k < kd; k++) c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k * aks), _mm256_loadu_ps(B + (size_t)k * rp), c);
+    _mm256_storeu_ps(C, c);
+}
+
 static MSKV__CPU_AVX2 void mskv__cpu_gemm_avx2(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
                                                const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
                                                const float *MSKV__CPU_RESTRICT alpha, int32_t n, int32_t kd, int32_t rp) {
-    int32_t v0, nv = rp / 8;
-    for (v0 = 0; v0 < nv;) {
-        int32_t w = nv - v0 >= 2 ? 2 : 1, ni = w == 2 ? 6 : 8, i, k, u, x;
-        const float *b0 = B + v0 * 8;
-        float *c0 = C + v0 * 8;
-        __m256 al[2];
-        for (x = 0; x < w; x++) al[x] = alpha ? _mm256_loadu_ps(alpha + v0 * 8 + x * 8) : _mm256_setzero_ps();
-        for (i = 0; i < n; i += ni) {
-            __m256 acc[8][2];
-            int32_t nu = n - i < ni ? 1 : ni;
-            if (nu == 1) ni = 1;
-            for (u = 0; u < nu; u++)
-                for (x = 0; x < w; x++)
-                    acc[u][x] = alpha ? _mm256_mul_ps(_mm256_loadu_ps(c0 + (size_t)(i + u) * rp + x * 8), al[x]) : _mm256_setzero_ps();
-            if (w == 2 && nu == 6) {
-                for (k = 0; k < kd; k++) {
-                    const float *b = b0 + (size_t)k * rp, *a = A + i * ais + k * aks;
-                    __m256 y0 = _mm256_loadu_ps(b), y1 = _mm256_loadu_ps(b + 8);
-                    for (u = 0; u < 6; u++) {
-                        __m256 s = _mm256_broadcast_ss(a + u * ais);
-                        acc[u][0] = _mm256_fmadd_ps(s, y0, acc[u][0]);
-                        acc[u][1] = _mm256_fmadd_ps(s, y1, acc[u][1]);
-                    }
-                }
-            } else if (w == 1 && nu == 8) {
-                for (k = 0; k < kd; k++) {
-                    const float *a = A + i * ais + k * aks;
-                    __m256 y0 = _mm256_loadu_ps(b0 + (size_t)k * rp);
-                    for (u = 0; u < 8; u++) acc[u][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + u * ais), y0, acc[u][0]);
-                }
-            } else {
-                for (k = 0; k < kd; k++) {
-                    const float *b = b0 + (size_t)k * rp;
-                    __m256 s = _mm256_broadcast_ss(A + i * ais + k * aks);
-                    for (x = 0; x < w; x++) acc[0][x] = _mm256_fmadd_ps(s, _mm256_loadu_ps(b + x * 8), acc[0][x]);
-                }
-            }
-            for (u = 0; u < nu; u++)
-                for (x = 0; x < w; x++) _mm256_storeu_ps(c0 + (size_t)(i + u) * rp + x * 8, acc[u][x]);
-        }
-        v0 += w;
+    int32_t v = 0, i, x;
+    for (; v + 16 <= rp; v += 16) {
+        for (i = 0; i + 6 <= n; i += 6)
+            mskv__cpu_gemm256_2x6(A + i * ais, ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+        for (; i < n; i++)
+            for (x = 0; x < 16; x += 8)
+                mskv__cpu_gemm256_1x1(A + i * ais, aks, B + v + x, C + (size_t)i * rp + v + x, alpha ? alpha + v + x : NULL, kd, rp);
+    }
+    for (; v < rp; v += 8) {
+        for (i = 0; i + 8 <= n; i += 8)
+            mskv__cpu_gemm256_1x8(A + i * ais, ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+        for (; i < n; i++)
+            mskv__cpu_gemm256_1x1(A + i * ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
     }
 }
 
@@ -3447,53 +3495,50 @@ static MSKV__CPU_AVX2 void mskv__cpu_softmax_avx2(float *MSKV__CPU_RESTRICT S, i
 
 static MSKV__CPU_AVX2 void mskv__cpu_qk_rows_avx2(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
                                                   float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks) {
-    int32_t r, j, d, u;
+#define MSKV__DECL(u) __m256 c##u##0 = _mm256_setzero_ps(), c##u##1 = c##u##0;
+#define MSKV__STEP(u) { __m256 q = _mm256_loadu_ps(Q + (size_t)(r + (u)) * dp + d); \
+    c##u##0 = _mm256_fmadd_ps(q, x0, c##u##0); c##u##1 = _mm256_fmadd_ps(q, x1, c##u##1); }
+#define MSKV__STORE(u) S[(size_t)(r + (u)) * ks + j] = mskv__cpu_hsum256(c##u##0); \
+    S[(size_t)(r + (u)) * ks + j + 1] = mskv__cpu_hsum256(c##u##1);
+    int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (j = 0; j < kbe; j += 2) {
             const float *k0 = krow[j], *k1 = krow[j + 1];
-            __m256 acc[4][2];
-            for (u = 0; u < 4; u++) acc[u][0] = acc[u][1] = _mm256_setzero_ps();
+            MSKV__M4(MSKV__DECL)
             for (d = 0; d < dp; d += 8) {
                 __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
-                for (u = 0; u < 4; u++) {
-                    __m256 q = _mm256_loadu_ps(Q + (size_t)(r + u) * dp + d);
-                    acc[u][0] = _mm256_fmadd_ps(q, x0, acc[u][0]);
-                    acc[u][1] = _mm256_fmadd_ps(q, x1, acc[u][1]);
-                }
+                MSKV__M4(MSKV__STEP)
             }
-            for (u = 0; u < 4; u++) {
-                S[(size_t)(r + u) * ks + j] = mskv__cpu_hsum256(acc[u][0]);
-                S[(size_t)(r + u) * ks + j + 1] = mskv__cpu_hsum256(acc[u][1]);
-            }
+            MSKV__M4(MSKV__STORE)
         }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
 }
 
 static MSKV__CPU_AVX2 void mskv__cpu_pv_rows_avx2(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
                                                   const float *const *MSKV__CPU_RESTRICT vrow, const float *MSKV__CPU_RESTRICT alpha,
                                                   int32_t nrp, int32_t kb, int32_t dp, int32_t ks) {
-    int32_t r, j, d, u;
+#define MSKV__DECL(u) __m256 c##u##0 = _mm256_mul_ps(_mm256_loadu_ps(O + (size_t)(r + (u)) * dp + d), _mm256_set1_ps(alpha[r + (u)])), \
+    c##u##1 = _mm256_mul_ps(_mm256_loadu_ps(O + (size_t)(r + (u)) * dp + d + 8), _mm256_set1_ps(alpha[r + (u)]));
+#define MSKV__STEP(u) { __m256 p = _mm256_broadcast_ss(P + (size_t)(r + (u)) * ks + j); \
+    c##u##0 = _mm256_fmadd_ps(p, y0, c##u##0); c##u##1 = _mm256_fmadd_ps(p, y1, c##u##1); }
+#define MSKV__STORE(u) _mm256_storeu_ps(O + (size_t)(r + (u)) * dp + d, c##u##0); \
+    _mm256_storeu_ps(O + (size_t)(r + (u)) * dp + d + 8, c##u##1);
+    int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (d = 0; d < dp; d += 16) {
-            __m256 acc[4][2];
-            for (u = 0; u < 4; u++) {
-                __m256 al = _mm256_set1_ps(alpha[r + u]);
-                acc[u][0] = _mm256_mul_ps(_mm256_loadu_ps(O + (size_t)(r + u) * dp + d), al);
-                acc[u][1] = _mm256_mul_ps(_mm256_loadu_ps(O + (size_t)(r + u) * dp + d + 8), al);
-            }
+            MSKV__M4(MSKV__DECL)
             for (j = 0; j < kb; j++) {
                 const float *vr = vrow[j] + d;
                 __m256 y0 = _mm256_loadu_ps(vr), y1 = _mm256_loadu_ps(vr + 8);
-                for (u = 0; u < 4; u++) {
-                    __m256 p = _mm256_broadcast_ss(P + (size_t)(r + u) * ks + j);
-                    acc[u][0] = _mm256_fmadd_ps(p, y0, acc[u][0]);
-                    acc[u][1] = _mm256_fmadd_ps(p, y1, acc[u][1]);
-                }
+                MSKV__M4(MSKV__STEP)
             }
-            for (u = 0; u < 4; u++) {
-                _mm256_storeu_ps(O + (size_t)(r + u) * dp + d, acc[u][0]);
-                _mm256_storeu_ps(O + (size_t)(r + u) * dp + d + 8, acc[u][1]);
-            }
+            MSKV__M4(MSKV__STORE)
         }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
 }
 
 static MSKV__CPU_AVX2 float mskv__cpu_exp_row_avx2(float *MSKV__CPU_RESTRICT s, float m, int32_t n) {
