@@ -3000,7 +3000,7 @@ typedef void (*mskv__cpu_gemm_fn)(const float *MSKV__CPU_RESTRICT A, ptrdiff_t a
    m/l are the running max and sum, alpha[r] the factor for the old O. */
 typedef void (*mskv__cpu_softmax_fn)(float *MSKV__CPU_RESTRICT S, int32_t rp, int32_t kb, const int32_t *a,
                                      const int32_t *z, int full, float *m, float *l, float *alpha);
-/* S[r][j] = Q[r] . krow[j] for r < nrp (multiple of 4), j < kbe (even); dp
+/* S[r][j] = Q[r] . krow[j] for r < nrp (multiple of 4), j < kbe (multiple of 4); dp
    (multiple of 16) floats per row; S stride ks. */
 typedef void (*mskv__cpu_qk_rows_fn)(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
                                      float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks);
@@ -3034,6 +3034,12 @@ typedef struct mskv__cpu_kern {
 #define MSKV__EXP_C5 (1.0f / 120)
 #define MSKV__EXP_C4 (1.0f / 24)
 #define MSKV__EXP_C3 (1.0f / 6)
+
+/* The micro-kernels spell out their accumulators (M4/M6/M8 repeat a statement
+   per register): arrays indexed in loops stay in memory at -O2. */
+#define MSKV__M4(M) M(0) M(1) M(2) M(3)
+#define MSKV__M6(M) M(0) M(1) M(2) M(3) M(4) M(5)
+#define MSKV__M8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
 
 /* ---- portable path: plain loops, any compiler ---- */
 
@@ -3164,12 +3170,6 @@ static MSKV__CPU_AVX512 void mskv__cpu_cvt_avx512(float *MSKV__CPU_RESTRICT dst,
     mskv__cpu_cvt_portable(dst + i, src + i, bf16, n - i);
 }
 
-/* The micro-kernels spell out their accumulators (M4/M8 repeat a statement
-   per register): arrays indexed in loops stay in memory at -O2. */
-#define MSKV__M4(M) M(0) M(1) M(2) M(3)
-#define MSKV__M6(M) M(0) M(1) M(2) M(3) M(4) M(5)
-#define MSKV__M8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
-
 /* 64 rows (4 vectors) x 4 outputs: 16 accumulators. */
 static MSKV__CPU_AVX512 void mskv__cpu_gemm512_4x4(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
                                                    const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
@@ -3281,20 +3281,35 @@ static MSKV__CPU_AVX512 void mskv__cpu_softmax_avx512(float *MSKV__CPU_RESTRICT 
     }
 }
 
+/* [sum a, sum b, sum c, sum d] of four vectors. */
+static MSKV__CPU_AVX512 __m128 mskv__cpu_sum4x512(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  /* a b a b per 128 bits */
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));  /* c d c d */
+    __m512 x = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd)))); /* a b c d */
+    x = _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0x4e));
+    x = _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
+    return _mm512_castps512_ps128(x);
+}
+
+/* 4 rows x 4 keys of dot products: 16 accumulators, then each row's four
+   sums reduced together (unpack and add, then across the 128-bit lanes) at
+   a third of the cost of four separate horizontal sums. kbe is a multiple of 4. */
 static MSKV__CPU_AVX512 void mskv__cpu_qk_rows_avx512(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
                                                       float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks) {
-#define MSKV__DECL(u) __m512 c##u##0 = _mm512_setzero_ps(), c##u##1 = c##u##0;
+#define MSKV__DECL(u) __m512 c##u##0 = _mm512_setzero_ps(), c##u##1 = c##u##0, c##u##2 = c##u##0, c##u##3 = c##u##0;
 #define MSKV__STEP(u) { __m512 q = _mm512_loadu_ps(Q + (size_t)(r + (u)) * dp + d); \
-    c##u##0 = _mm512_fmadd_ps(q, x0, c##u##0); c##u##1 = _mm512_fmadd_ps(q, x1, c##u##1); }
-#define MSKV__STORE(u) S[(size_t)(r + (u)) * ks + j] = _mm512_reduce_add_ps(c##u##0); \
-    S[(size_t)(r + (u)) * ks + j + 1] = _mm512_reduce_add_ps(c##u##1);
+    c##u##0 = _mm512_fmadd_ps(q, x0, c##u##0); c##u##1 = _mm512_fmadd_ps(q, x1, c##u##1); \
+    c##u##2 = _mm512_fmadd_ps(q, x2, c##u##2); c##u##3 = _mm512_fmadd_ps(q, x3, c##u##3); }
+#define MSKV__STORE(u) _mm_storeu_ps(S + (size_t)(r + (u)) * ks + j, mskv__cpu_sum4x512(c##u##0, c##u##1, c##u##2, c##u##3));
     int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
-        for (j = 0; j < kbe; j += 2) {
-            const float *k0 = krow[j], *k1 = krow[j + 1];
+        for (j = 0; j < kbe; j += 4) {
+            const float *k0 = krow[j], *k1 = krow[j + 1], *k2 = krow[j + 2], *k3 = krow[j + 3];
             MSKV__M4(MSKV__DECL)
             for (d = 0; d < dp; d += 16) {
                 __m512 x0 = _mm512_loadu_ps(k0 + d), x1 = _mm512_loadu_ps(k1 + d);
+                __m512 x2 = _mm512_loadu_ps(k2 + d), x3 = _mm512_loadu_ps(k3 + d);
                 MSKV__M4(MSKV__STEP)
             }
             MSKV__M4(MSKV__STORE)
@@ -3493,27 +3508,39 @@ static MSKV__CPU_AVX2 void mskv__cpu_softmax_avx2(float *MSKV__CPU_RESTRICT S, i
     }
 }
 
+/* 4 rows x 2 keys of dot products; the 8 sums reduced together with
+   horizontal adds. kbe is even. */
 static MSKV__CPU_AVX2 void mskv__cpu_qk_rows_avx2(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
                                                   float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks) {
 #define MSKV__DECL(u) __m256 c##u##0 = _mm256_setzero_ps(), c##u##1 = c##u##0;
 #define MSKV__STEP(u) { __m256 q = _mm256_loadu_ps(Q + (size_t)(r + (u)) * dp + d); \
     c##u##0 = _mm256_fmadd_ps(q, x0, c##u##0); c##u##1 = _mm256_fmadd_ps(q, x1, c##u##1); }
-#define MSKV__STORE(u) S[(size_t)(r + (u)) * ks + j] = mskv__cpu_hsum256(c##u##0); \
-    S[(size_t)(r + (u)) * ks + j + 1] = mskv__cpu_hsum256(c##u##1);
     int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (j = 0; j < kbe; j += 2) {
             const float *k0 = krow[j], *k1 = krow[j + 1];
+            __m256 g0, g1;
+            __m128 s0, s1;
+            float t[8];
             MSKV__M4(MSKV__DECL)
             for (d = 0; d < dp; d += 8) {
                 __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
                 MSKV__M4(MSKV__STEP)
             }
-            MSKV__M4(MSKV__STORE)
+            /* rows 0,1 then 2,3: [r k0, r k1, r' k0, r' k1] per 128 bits, then the halves added */
+            g0 = _mm256_hadd_ps(_mm256_hadd_ps(c00, c01), _mm256_hadd_ps(c10, c11));
+            g1 = _mm256_hadd_ps(_mm256_hadd_ps(c20, c21), _mm256_hadd_ps(c30, c31));
+            s0 = _mm_add_ps(_mm256_castps256_ps128(g0), _mm256_extractf128_ps(g0, 1));
+            s1 = _mm_add_ps(_mm256_castps256_ps128(g1), _mm256_extractf128_ps(g1, 1));
+            _mm_storeu_ps(t, s0);
+            _mm_storeu_ps(t + 4, s1);
+            S[(size_t)r * ks + j] = t[0]; S[(size_t)r * ks + j + 1] = t[1];
+            S[(size_t)(r + 1) * ks + j] = t[2]; S[(size_t)(r + 1) * ks + j + 1] = t[3];
+            S[(size_t)(r + 2) * ks + j] = t[4]; S[(size_t)(r + 2) * ks + j + 1] = t[5];
+            S[(size_t)(r + 3) * ks + j] = t[6]; S[(size_t)(r + 3) * ks + j + 1] = t[7];
         }
 #undef MSKV__DECL
 #undef MSKV__STEP
-#undef MSKV__STORE
 }
 
 static MSKV__CPU_AVX2 void mskv__cpu_pv_rows_avx2(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
@@ -3589,57 +3616,85 @@ static void mskv__cpu_cvt_neon(float *MSKV__CPU_RESTRICT dst, const uint16_t *MS
     mskv__cpu_cvt_portable(dst + i, src + i, bf16, n - i);
 }
 
-/* 16 rows (4 vectors) x 4 outputs i, or 8 rows x 8, or 4 rows x 8. */
+/* 16 rows (4 vectors) x 4 outputs: 16 accumulators. */
+static void mskv__cpu_gemm_neon_4x4(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                    const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                    const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+#define MSKV__DECL(u) float32x4_t c##u##0, c##u##1, c##u##2, c##u##3;
+#define MSKV__INIT(u) \
+    c##u##0 = alpha ? vmulq_f32(vld1q_f32(C + (u) * rp), a0) : z; \
+    c##u##1 = alpha ? vmulq_f32(vld1q_f32(C + (u) * rp + 4), a1) : z; \
+    c##u##2 = alpha ? vmulq_f32(vld1q_f32(C + (u) * rp + 8), a2) : z; \
+    c##u##3 = alpha ? vmulq_f32(vld1q_f32(C + (u) * rp + 12), a3) : z;
+#define MSKV__STEP(u) { float s = a[(u) * ais]; \
+    c##u##0 = vfmaq_n_f32(c##u##0, y0, s); c##u##1 = vfmaq_n_f32(c##u##1, y1, s); \
+    c##u##2 = vfmaq_n_f32(c##u##2, y2, s); c##u##3 = vfmaq_n_f32(c##u##3, y3, s); }
+#define MSKV__STORE(u) \
+    vst1q_f32(C + (u) * rp, c##u##0); vst1q_f32(C + (u) * rp + 4, c##u##1); \
+    vst1q_f32(C + (u) * rp + 8, c##u##2); vst1q_f32(C + (u) * rp + 12, c##u##3);
+    const float32x4_t z = vdupq_n_f32(0.0f);
+    const float32x4_t a0 = alpha ? vld1q_f32(alpha) : z, a1 = alpha ? vld1q_f32(alpha + 4) : z;
+    const float32x4_t a2 = alpha ? vld1q_f32(alpha + 8) : z, a3 = alpha ? vld1q_f32(alpha + 12) : z;
+    int32_t k;
+    MSKV__M4(MSKV__DECL)
+    MSKV__M4(MSKV__INIT)
+    for (k = 0; k < kd; k++) {
+        const float *b = B + (size_t)k * rp, *a = A + k * aks;
+        float32x4_t y0 = vld1q_f32(b), y1 = vld1q_f32(b + 4), y2 = vld1q_f32(b + 8), y3 = vld1q_f32(b + 12);
+        MSKV__M4(MSKV__STEP)
+    }
+    MSKV__M4(MSKV__STORE)
+#undef MSKV__DECL
+#undef MSKV__INIT
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+/* 4 rows (1 vector) x 8 outputs: 8 accumulators. */
+static void mskv__cpu_gemm_neon_1x8(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                    const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                    const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+#define MSKV__DECL(u) float32x4_t c##u = alpha ? vmulq_f32(vld1q_f32(C + (u) * rp), a0) : z;
+#define MSKV__STEP(u) c##u = vfmaq_n_f32(c##u, y0, a[(u) * ais]);
+#define MSKV__STORE(u) vst1q_f32(C + (u) * rp, c##u);
+    const float32x4_t z = vdupq_n_f32(0.0f), a0 = alpha ? vld1q_f32(alpha) : z;
+    int32_t k;
+    MSKV__M8(MSKV__DECL)
+    for (k = 0; k < kd; k++) {
+        const float *a = A + k * aks;
+        float32x4_t y0 = vld1q_f32(B + (size_t)k * rp);
+        MSKV__M8(MSKV__STEP)
+    }
+    MSKV__M8(MSKV__STORE)
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+static void mskv__cpu_gemm_neon_1x1(const float *MSKV__CPU_RESTRICT A, ptrdiff_t aks, const float *MSKV__CPU_RESTRICT B,
+                                    float *MSKV__CPU_RESTRICT C, const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+    float32x4_t c = alpha ? vmulq_f32(vld1q_f32(C), vld1q_f32(alpha)) : vdupq_n_f32(0.0f);
+    int32_t k;
+    for (k = 0; k < kd; k++) c = vfmaq_n_f32(c, vld1q_f32(B + (size_t)k * rp), A[k * aks]);
+    vst1q_f32(C, c);
+}
+
 static void mskv__cpu_gemm_neon(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
                                 const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
                                 const float *MSKV__CPU_RESTRICT alpha, int32_t n, int32_t kd, int32_t rp) {
-    int32_t v0, nv = rp / 4;
-    for (v0 = 0; v0 < nv;) {
-        int32_t w = nv - v0 >= 4 ? 4 : nv - v0 >= 2 ? 2 : 1, ni = w == 4 ? 4 : 8, i, k, u, x;
-        const float *b0 = B + v0 * 4;
-        float *c0 = C + v0 * 4;
-        float32x4_t al[4];
-        for (x = 0; x < w; x++) al[x] = alpha ? vld1q_f32(alpha + v0 * 4 + x * 4) : vdupq_n_f32(0.0f);
-        for (i = 0; i < n; i += ni) {
-            float32x4_t acc[8][4];
-            int32_t nu = n - i < ni ? 1 : ni;
-            if (nu == 1) ni = 1;
-            for (u = 0; u < nu; u++)
-                for (x = 0; x < w; x++)
-                    acc[u][x] = alpha ? vmulq_f32(vld1q_f32(c0 + (size_t)(i + u) * rp + x * 4), al[x]) : vdupq_n_f32(0.0f);
-            if (w == 4 && nu == 4) {
-                for (k = 0; k < kd; k++) {
-                    const float *b = b0 + (size_t)k * rp, *a = A + i * ais + k * aks;
-                    float32x4_t y0 = vld1q_f32(b), y1 = vld1q_f32(b + 4), y2 = vld1q_f32(b + 8), y3 = vld1q_f32(b + 12);
-                    for (u = 0; u < 4; u++) {
-                        float s = a[u * ais];
-                        acc[u][0] = vfmaq_n_f32(acc[u][0], y0, s);
-                        acc[u][1] = vfmaq_n_f32(acc[u][1], y1, s);
-                        acc[u][2] = vfmaq_n_f32(acc[u][2], y2, s);
-                        acc[u][3] = vfmaq_n_f32(acc[u][3], y3, s);
-                    }
-                }
-            } else if (nu == 8) {
-                for (k = 0; k < kd; k++) {
-                    const float *b = b0 + (size_t)k * rp, *a = A + i * ais + k * aks;
-                    float32x4_t y0 = vld1q_f32(b), y1 = w == 2 ? vld1q_f32(b + 4) : y0;
-                    for (u = 0; u < 8; u++) {
-                        float s = a[u * ais];
-                        acc[u][0] = vfmaq_n_f32(acc[u][0], y0, s);
-                        if (w == 2) acc[u][1] = vfmaq_n_f32(acc[u][1], y1, s);
-                    }
-                }
-            } else {
-                for (k = 0; k < kd; k++) {
-                    const float *b = b0 + (size_t)k * rp;
-                    float s = A[i * ais + k * aks];
-                    for (x = 0; x < w; x++) acc[0][x] = vfmaq_n_f32(acc[0][x], vld1q_f32(b + x * 4), s);
-                }
-            }
-            for (u = 0; u < nu; u++)
-                for (x = 0; x < w; x++) vst1q_f32(c0 + (size_t)(i + u) * rp + x * 4, acc[u][x]);
-        }
-        v0 += w;
+    int32_t v = 0, i, x;
+    for (; v + 16 <= rp; v += 16) {
+        for (i = 0; i + 4 <= n; i += 4)
+            mskv__cpu_gemm_neon_4x4(A + i * ais, ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+        for (; i < n; i++)
+            for (x = 0; x < 16; x += 4)
+                mskv__cpu_gemm_neon_1x1(A + i * ais, aks, B + v + x, C + (size_t)i * rp + v + x, alpha ? alpha + v + x : NULL, kd, rp);
+    }
+    for (; v < rp; v += 4) {
+        for (i = 0; i + 8 <= n; i += 8)
+            mskv__cpu_gemm_neon_1x8(A + i * ais, ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+        for (; i < n; i++)
+            mskv__cpu_gemm_neon_1x1(A + i * ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
     }
 }
 
@@ -3673,50 +3728,55 @@ static void mskv__cpu_softmax_neon(float *MSKV__CPU_RESTRICT S, int32_t rp, int3
 
 static void mskv__cpu_qk_rows_neon(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
                                    float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks) {
-    int32_t r, j, d, u;
+#define MSKV__DECL(u) float32x4_t c##u##0 = vdupq_n_f32(0.0f), c##u##1 = c##u##0;
+#define MSKV__STEP(u) { float32x4_t q = vld1q_f32(Q + (size_t)(r + (u)) * dp + d); \
+    c##u##0 = vfmaq_f32(c##u##0, q, x0); c##u##1 = vfmaq_f32(c##u##1, q, x1); }
+#define MSKV__STORE(u) S[(size_t)(r + (u)) * ks + j] = vaddvq_f32(c##u##0); \
+    S[(size_t)(r + (u)) * ks + j + 1] = vaddvq_f32(c##u##1);
+    int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (j = 0; j < kbe; j += 2) {
             const float *k0 = krow[j], *k1 = krow[j + 1];
-            float32x4_t acc[4][2];
-            for (u = 0; u < 4; u++) acc[u][0] = acc[u][1] = vdupq_n_f32(0.0f);
+            MSKV__M4(MSKV__DECL)
             for (d = 0; d < dp; d += 4) {
                 float32x4_t x0 = vld1q_f32(k0 + d), x1 = vld1q_f32(k1 + d);
-                for (u = 0; u < 4; u++) {
-                    float32x4_t q = vld1q_f32(Q + (size_t)(r + u) * dp + d);
-                    acc[u][0] = vfmaq_f32(acc[u][0], q, x0);
-                    acc[u][1] = vfmaq_f32(acc[u][1], q, x1);
-                }
+                MSKV__M4(MSKV__STEP)
             }
-            for (u = 0; u < 4; u++) {
-                S[(size_t)(r + u) * ks + j] = vaddvq_f32(acc[u][0]);
-                S[(size_t)(r + u) * ks + j + 1] = vaddvq_f32(acc[u][1]);
-            }
+            MSKV__M4(MSKV__STORE)
         }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
 }
 
 static void mskv__cpu_pv_rows_neon(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
                                    const float *const *MSKV__CPU_RESTRICT vrow, const float *MSKV__CPU_RESTRICT alpha,
                                    int32_t nrp, int32_t kb, int32_t dp, int32_t ks) {
-    int32_t r, j, d, u, x;
+#define MSKV__DECL(u) float32x4_t c##u##0 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d), alpha[r + (u)]), \
+    c##u##1 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d + 4), alpha[r + (u)]), \
+    c##u##2 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d + 8), alpha[r + (u)]), \
+    c##u##3 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d + 12), alpha[r + (u)]);
+#define MSKV__STEP(u) { float p = P[(size_t)(r + (u)) * ks + j]; \
+    c##u##0 = vfmaq_n_f32(c##u##0, y0, p); c##u##1 = vfmaq_n_f32(c##u##1, y1, p); \
+    c##u##2 = vfmaq_n_f32(c##u##2, y2, p); c##u##3 = vfmaq_n_f32(c##u##3, y3, p); }
+#define MSKV__STORE(u) vst1q_f32(O + (size_t)(r + (u)) * dp + d, c##u##0); \
+    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 4, c##u##1); \
+    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 8, c##u##2); \
+    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 12, c##u##3);
+    int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (d = 0; d < dp; d += 16) {
-            float32x4_t acc[4][4];
-            for (u = 0; u < 4; u++)
-                for (x = 0; x < 4; x++) acc[u][x] = vmulq_n_f32(vld1q_f32(O + (size_t)(r + u) * dp + d + 4 * x), alpha[r + u]);
+            MSKV__M4(MSKV__DECL)
             for (j = 0; j < kb; j++) {
                 const float *vr = vrow[j] + d;
                 float32x4_t y0 = vld1q_f32(vr), y1 = vld1q_f32(vr + 4), y2 = vld1q_f32(vr + 8), y3 = vld1q_f32(vr + 12);
-                for (u = 0; u < 4; u++) {
-                    float p = P[(size_t)(r + u) * ks + j];
-                    acc[u][0] = vfmaq_n_f32(acc[u][0], y0, p);
-                    acc[u][1] = vfmaq_n_f32(acc[u][1], y1, p);
-                    acc[u][2] = vfmaq_n_f32(acc[u][2], y2, p);
-                    acc[u][3] = vfmaq_n_f32(acc[u][3], y3, p);
-                }
+                MSKV__M4(MSKV__STEP)
             }
-            for (u = 0; u < 4; u++)
-                for (x = 0; x < 4; x++) vst1q_f32(O + (size_t)(r + u) * dp + d + 4 * x, acc[u][x]);
+            MSKV__M4(MSKV__STORE)
         }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
 }
 
 static float mskv__cpu_exp_row_neon(float *MSKV__CPU_RESTRICT s, float m, int32_t n) {
@@ -3870,7 +3930,7 @@ typedef struct mskv__cpu_ws {
 static size_t mskv__cpu_ws_bytes(int32_t rows, int32_t keys, int32_t chunks) {
     size_t f = 2 * (size_t)rows * MSKV__CPU_MAX_DIM + 2 * (size_t)keys * MSKV__CPU_MAX_DIM +
                (size_t)MSKV__CPU_MAX_ROWS * (size_t)keys + 3 * (size_t)MSKV__CPU_MAX_ROWS + (size_t)chunks * MSKV__CPU_PART;
-    return f * 4 + (size_t)MSKV__CPU_MAX_ROWS * (2 * 8 + 2 * 4) + 2 * ((size_t)keys + 1) * sizeof(float *) +
+    return f * 4 + (size_t)MSKV__CPU_MAX_ROWS * (2 * 8 + 2 * 4) + 2 * ((size_t)keys + 4) * sizeof(float *) +
            (size_t)keys * sizeof(size_t) + 64;
 }
 
@@ -3893,8 +3953,8 @@ static void mskv__cpu_ws_carve(mskv__cpu_ws *w, void *mem, int32_t rows, int32_t
     w->alpha = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
     w->a = (int32_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
     w->z = (int32_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
-    w->vrow = (const float **)(void *)p; p += ((size_t)keys + 1) * sizeof(float *);
-    w->krow = (const float **)(void *)p; p += ((size_t)keys + 1) * sizeof(float *);
+    w->vrow = (const float **)(void *)p; p += ((size_t)keys + 4) * sizeof(float *);
+    w->krow = (const float **)(void *)p; p += ((size_t)keys + 4) * sizeof(float *);  /* + spares for key groups */
     w->el = (size_t *)(void *)p;
 }
 
@@ -4409,9 +4469,9 @@ static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
                     ws->vrow[jj] = ws->v + ((size_t)gi * KB + (size_t)jj) * Dp;
                 }
             }
-            /* an odd block computes one spare score, masked below like the padding */
-            ws->krow[kb] = ws->krow[kb - 1];
-            kn->qk_rows(ws->q + (size_t)gi * nrp * Dp, ws->krow, S, nrp, (kb + 1) & ~1, Dp, KS);
+            /* up to 3 spare scores fill the kernels' key groups, masked below like the padding */
+            for (jj = kb; jj < ((kb + 3) & ~3); jj++) ws->krow[jj] = ws->krow[kb - 1];
+            kn->qk_rows(ws->q + (size_t)gi * nrp * Dp, ws->krow, S, nrp, (kb + 3) & ~3, Dp, KS);
             /* online softmax: running max M and sum L per row; A rescales O */
             for (r = 0; r < nrp; r++) {
                 float *srow = S + (size_t)r * KS, mx = -INFINITY, mnew, sum;
@@ -4613,7 +4673,7 @@ MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *
         float m_t[ROWS], l_t[ROWS], a_t[ROWS];
         int64_t lo_t[ROWS], hi_t[ROWS];
         int32_t ba_t[ROWS], bz_t[ROWS];
-        const float *vr_t[KEYS + 1], *kr_t[KEYS + 1];
+        const float *vr_t[KEYS + 4], *kr_t[KEYS + 4];
         size_t el_t[KEYS];
         char why[160];
         mskv__cpu_ws ws;
