@@ -4,6 +4,7 @@
 #   make demo     build and run the video demo (writes demo.mp4)
 #   make bench    build and run the benchmarks
 #   make gpu-check  the GPU check (needs an NVIDIA GPU)
+#   make check-neon the CPU backend's NEON path, cross-built and run under qemu
 
 CC      ?= cc
 WARN    := -Wall -Wextra -pedantic -Werror
@@ -29,7 +30,7 @@ ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
 
-.PHONY: all test tests demo bench gpu-check embed clean
+.PHONY: all test tests demo bench gpu-check embed clean check-neon
 all: tests $(B)/demo
 
 tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx
@@ -92,6 +93,13 @@ bench: $(B)/host_bench $(B)/attn_bench
 
 gpu-check:
 	bash tests/gpu_check.sh
+
+# The CPU backend's NEON path from an x86 machine: the CPU tests cross-built
+# for arm64 and run under qemu (apt-get install gcc-aarch64-linux-gnu
+# libc6-dev-arm64-cross qemu-user). Not part of make test: minutes under qemu.
+check-neon: | $(B)
+	aarch64-linux-gnu-gcc -std=c99 $(WARN) -O2 -Itests tests/main.c tests/test_cpu.c -o $(B)/tests-cpu-arm64 $(LIBS)
+	qemu-aarch64 -L /usr/aarch64-linux-gnu $(B)/tests-cpu-arm64 --filter path
 
 clean:
 	rm -rf $(B)
