@@ -229,7 +229,8 @@ class mskv_rope(Structure):
 
 
 class mskv_cpu_desc(Structure):
-    _fields_ = [("num_threads", c_int32), ("workspace_bytes", c_size_t), ("allocator", mskv_allocator)]
+    _fields_ = [("num_threads", c_int32), ("workspace_bytes", c_size_t), ("allocator", mskv_allocator),
+                ("isa", c_int), ("log", c_void_p), ("log_user", c_void_p)]
 
 
 class mskv_attn(Structure):
