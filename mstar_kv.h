@@ -3367,7 +3367,7 @@ static void mskv__cpu_item(const mskv__cpu_job *job, mskv__cpu_ws *ws, int32_t b
     const int64_t kv_len = plan->kv_len[b];
     const int64_t split = plan->kv_pos_split ? plan->kv_pos_split[b] : kv_len;
     const int64_t shift = plan->kv_pos_shift ? plan->kv_pos_shift[b] : 0;
-    const int32_t *pages = plan->kv_indices + plan->kv_indptr[b];
+    const int32_t *pages = plan->kv_indices ? plan->kv_indices + plan->kv_indptr[b] : NULL; /* NULL: a plan without page ids */
     const int direct = pools->dtype == MSKV_DTYPE_F32 && D == Dp; /* pool rows usable as they are */
     int32_t r0 = rb * job->rows, nr, nrp, r, d, gi, few_rows;
     int64_t lo = 0, hi = kv_len, j0;

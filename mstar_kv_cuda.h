@@ -2848,8 +2848,9 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     if (plan->qo_indptr) {
         int32_t i;
         for (i = 0; i < plan->batch; i++) {
-            int32_t qo = plan->qo_indptr[i + 1] - plan->qo_indptr[i];
-            if (qo > st->cur.max_qo) st->cur.max_qo = qo;
+            /* the table is checked at launch, not here: a nonsense plan's steps may not fit int32 */
+            int64_t qo = (int64_t)plan->qo_indptr[i + 1] - plan->qo_indptr[i];
+            if (qo > st->cur.max_qo) st->cur.max_qo = qo > INT32_MAX ? INT32_MAX : (int32_t)qo;
             if (plan->kv_len && plan->kv_len[i] > st->cur.max_kv) st->cur.max_kv = plan->kv_len[i];
         }
     }
