@@ -4,6 +4,9 @@
 #   make demo     build and run the video demo (writes demo.mp4)
 #   make bench    build and run the benchmarks
 #   make gpu-check  the GPU check (needs an NVIDIA GPU)
+#   make fuzz     every libFuzzer harness of tests/fuzz for FUZZ_SECONDS each
+#                 (make test runs them for 20 s each)
+#   make stress   the ThreadSanitizer stress with 10x the operations of make test
 
 CC      ?= cc
 WARN    := -Wall -Wextra -pedantic -Werror
@@ -29,10 +32,19 @@ ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
 
-.PHONY: all test tests demo bench gpu-check embed clean
+# Hardening (issue 9): libFuzzer harnesses, a ThreadSanitizer build of the
+# thread tests plus a stress, and allocation-failure injection under ASan.
+FUZZ_SECONDS ?= 20
+FUZZ_NAMES := import ops plans arith
+FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz-%)
+FUZZ_CC := clang -std=c99 $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+TSAN_SRC := tests/main.c tests/test_threads.c tests/stress_threads.c
+HARDEN_BINS := $(FUZZ_BINS) $(B)/gen-corpus $(B)/tests-tsan $(B)/alloc-fail
+
+.PHONY: all test tests demo bench gpu-check embed clean fuzz stress fuzz-corpus
 all: tests $(B)/demo
 
-tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx
+tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx $(HARDEN_BINS)
 
 $(B):
 	mkdir -p $(B)
@@ -53,6 +65,19 @@ $(B)/tests-emu: $(EMU_SRC) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
 $(B)/tests-video: tests/test_video.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(FFMPEG_CFLAGS) tests/test_video.c -o $@ $(FFMPEG_LIBS) $(LIBS)
 
+$(B)/fuzz-%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/mskv_mock_cuda.h $(HDRS) | $(B)
+	$(FUZZ_CC) $< -o $@ $(LIBS)
+$(B)/gen-corpus: tests/fuzz/gen_corpus.c tests/fuzz/fuzz_common.h $(HDRS) | $(B)
+	clang -std=c99 $(WARN) -O1 -g $< -o $@ $(LIBS)
+# the thread tests under TSan: a tenth of the plain build's operations (TSan
+# sees a missing lock from the ordering of accesses, without having to lose
+# the race), and the stress of stress_threads.c (MSKV_STRESS_OPS per thread)
+$(B)/tests-tsan: $(TSAN_SRC) $(HDRS) | $(B)
+	clang -std=c99 $(WARN) -O1 -g -fsanitize=thread -DMTT_OPS=100000L -Itests $(TSAN_SRC) -o $@ $(LIBS)
+$(B)/alloc-fail: tests/alloc_fail.c tests/mskv_mock_cuda.h $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+	    -Itests tests/alloc_fail.c -o $@ $(LIBS)
+
 # MSKV_STATIC builds (the C++ one also without threads): a private copy must
 # compile warning-free even where unused
 $(B)/static-check-c: tests/static_check.c $(HDRS) | $(B)
@@ -72,7 +97,18 @@ $(B)/demo: $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
 test:
 	@mkdir -p $(B); $(MAKE) -k tests; echo $$? > $(B)/build-status
 	-sh tools/embed_kernels.sh --check
-	bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST)
+	FUZZ_SECONDS=20 B=$(B) bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST) \
+	    $(B)/tests-tsan $(B)/alloc-fail tests/fuzz/run.sh
+
+fuzz: $(FUZZ_BINS) $(B)/gen-corpus
+	FUZZ_SECONDS=$(FUZZ_SECONDS) B=$(B) bash tests/fuzz/run.sh
+
+stress: $(B)/tests-tsan
+	MSKV_STRESS_OPS=1000000 ./$(B)/tests-tsan --filter stress
+
+# refresh the committed seeds of the import fuzzer (after a blob format change)
+fuzz-corpus: $(B)/gen-corpus
+	./$(B)/gen-corpus tests/fuzz/corpus/import
 
 # after editing kernels.cu: refresh the copy embedded in mstar_kv_cuda.h
 embed:
