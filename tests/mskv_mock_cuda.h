@@ -8,7 +8,8 @@
 
    Use: include after mstar_kv_cuda.h, call mmc_table() and pass the table as
    mskv_cuda_desc.functions; mmc.fail_alloc_at = N makes the N-th device or
-   pinned allocation fail (mmc.fail_from = 1: that one and every later one). */
+   pinned allocation fail (mmc.fail_from = 1: that one and every later one),
+   or mmc.hook decides (a test that counts host and device allocations as one). */
 #ifndef MSKV_MOCK_CUDA_H
 #define MSKV_MOCK_CUDA_H
 #include <stdlib.h>
@@ -20,6 +21,7 @@ static struct mmc_state {
     long allocs, launches;
     long fail_alloc_at;   /* 1-based; 0 = never */
     int fail_from;
+    int (*hook)(void);    /* non-NULL: returns 1 to fail this allocation (the counters above are not used) */
 } mmc;
 
 static inline void mmc_reset(void) { memset(&mmc, 0, sizeof mmc); }
@@ -28,6 +30,7 @@ static inline int mmc_nothing_live(void) {
            mmc.progs == 0 && mmc.graphs == 0 && mmc.execs == 0;
 }
 static int mmc_alloc_fails(void) {
+    if (mmc.hook) return mmc.hook();
     mmc.allocs++;
     return mmc.fail_alloc_at > 0 && (mmc.allocs == mmc.fail_alloc_at || (mmc.fail_from && mmc.allocs > mmc.fail_alloc_at));
 }
