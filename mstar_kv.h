@@ -606,7 +606,9 @@ typedef struct mskv_attn {
    stack (about 50 KB), no allocation. A masked plan (CAUSAL, WINDOW) needs
    qo_len <= kv_len per segment and kv_pos_shift >= 0.
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (heads, dtype, mask,
-   an inconsistent plan), OUT_OF_RANGE (a page outside the pool),
+   an inconsistent plan: indptrs that decrease or pass total_q or
+   num_page_ids, which bound the arrays read), OUT_OF_RANGE (a page outside the pool),
+   OVERFLOW (a segment with 2^31 rows or more: queries x q_heads / kv_heads),
    UNSUPPORTED (no host pools). Nothing is written on failure. */
 MSKV_API mskv_result mskv_cpu_attention(mskv_cpu *cpu, mskv_arena *arena, int32_t layer, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
 
@@ -966,6 +968,8 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     a->pend_fence = (uint64_t *)mskv__alloc(&a->al, n * sizeof(uint64_t));
     a->scratch = (int32_t *)mskv__alloc(&a->al, n * sizeof(int32_t));
     a->reqs = (mskv__req *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(mskv__req));
+    /* zeroed at once: on a later failure mskv_arena_destroy frees every request's table and host copy */
+    if (a->reqs) memset(a->reqs, 0, (size_t)a->max_req * sizeof(mskv__req));
     a->req_free = (int32_t *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(int32_t));
     if (nl > 0 && !desc->store_ops) {
         a->pools = (unsigned char **)mskv__alloc(&a->al, (size_t)nl * 2 * sizeof(unsigned char *));
@@ -984,7 +988,6 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
         mskv_arena_destroy(a);
         return MSKV_ERROR_OUT_OF_MEMORY;
     }
-    memset(a->reqs, 0, (size_t)a->max_req * sizeof(mskv__req));
     for (i = 0; i < a->max_req; i++) { a->req_free[i] = a->max_req - 1 - i; a->reqs[i].gen = 1; }
     a->req_free_top = a->max_req;
     memset(a->refcount, 0, n * sizeof(int32_t));
@@ -1727,6 +1730,13 @@ static int32_t mskv__find_key(const mskv_arena *a, uint64_t key) {
 
 static mskv_result mskv__retention_check(const mskv_retention *r, int32_t page_size, char *why, size_t cap);
 
+static int mskv__all_zero(const unsigned char *p, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (p[i]) return 0;
+    return 1;
+}
+
 MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_t size, mskv_request *out) {
     const unsigned char *b = (const unsigned char *)blob;
     uint64_t total;
@@ -1761,6 +1771,10 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     ret.sink_chunks = (int64_t)mskv__get64(b + 96);
     ret.window_chunks = (int64_t)mskv__get64(b + 104);
     ret.window_tokens = 0;  /* derived below, once the policy is known to be valid */
+    /* a field its flags leave unused was written as zero: anything else is not our blob
+       (and was never validated, whatever arithmetic it would feed) */
+    if ((!(flags & 4u) && !mskv__all_zero(b + 88, 32)) || (!(flags & 1u) && !mskv__all_zero(b + 120, 8)))
+        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: a field its flags leave unused is not zero");
     ret.reset_at_boundary = (int32_t)mskv__get32(b + 112);
     ret.exact = (int32_t)mskv__get32(b + 116);
     /* a valid checksum over nonsense is still nonsense: check the state is one we could have written */
@@ -1772,7 +1786,7 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
         ((flags & 1u) && ((flags & 4u) || prefix != 0 || live != 0)) /* keyed entries are never protected or released */ ||
         ((flags & 4u) && mskv__retention_check(&ret, a->P, NULL, 0) != MSKV_SUCCESS))
         return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: inconsistent header");
-    ret.window_tokens = ret.window_chunks * ret.chunk_size;
+    if (flags & 4u) ret.window_tokens = ret.window_chunks * ret.chunk_size; /* bounded by the check above */
     {
         mskv__req probe;
         memset(&probe, 0, sizeof probe);
@@ -2282,9 +2296,13 @@ MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, 
         MSKV__BAD("a plan array is NULL");
     if (p->qo_indptr[0] != 0 || p->kv_indptr[0] != 0) MSKV__BAD("indptr[0] must be 0");
     for (b = 0; b < p->batch; b++) {
-        int32_t np = p->kv_indptr[b + 1] - p->kv_indptr[b], last = p->kv_last_page_len[b];
+        int64_t np = (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
+        int32_t last = p->kv_last_page_len[b];
         if (p->qo_indptr[b + 1] < p->qo_indptr[b]) MSKV__BAD("qo_indptr decreases at %d", (int)b);
         if (np < 0) MSKV__BAD("kv_indptr decreases at %d", (int)b);
+        /* kv_indices holds num_page_ids ids: nothing past them is read */
+        if (p->kv_indptr[b + 1] > p->num_page_ids)
+            MSKV__BAD("kv_indptr[%d] = %d is past num_page_ids %d", (int)b + 1, (int)p->kv_indptr[b + 1], (int)p->num_page_ids);
         if (np > 0 && (last < 1 || last > P)) MSKV__BAD("kv_last_page_len[%d] = %d outside [1, %d]", (int)b, (int)last, (int)P);
         if (np == 0 && last != 0) MSKV__BAD("kv_last_page_len[%d] = %d for a sequence without pages", (int)b, (int)last);
         if (np > 0 && (int64_t)p->kv_len[b] != (int64_t)(np - 1) * P + last) MSKV__BAD("kv_len[%d] = %d does not match its pages", (int)b, (int)p->kv_len[b]);
@@ -3537,20 +3555,24 @@ static void mskv__cpu_attn_task(void *ctx, mskv__cpu_ws *ws) {
 
 /* Checks the plan against the pools before anything is read or written. */
 static mskv_result mskv__cpu_check_plan(const mskv_pools *pools, const mskv_plan *plan, const mskv_attn *attn, double *flops) {
-    int32_t b, P = pools->page_size;
+    int32_t b, i, P = pools->page_size;
     int64_t work = 0;
-    if (plan->batch < 0 || plan->total_q < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (plan->batch < 0 || plan->total_q < 0 || plan->num_page_ids < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->page_size != P) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->batch == 0) { *flops = 0; return plan->total_q == 0 ? MSKV_SUCCESS : MSKV_ERROR_INVALID_ARGUMENT; }
-    if (!plan->qo_indptr || !plan->kv_indptr || !plan->kv_len || (!plan->kv_indices && plan->kv_indptr[plan->batch] > 0))
+    if (!plan->qo_indptr || !plan->kv_indptr || !plan->kv_len || (!plan->kv_indices && plan->num_page_ids > 0))
         return MSKV_ERROR_NULL_POINTER;
+    /* kv_indices holds num_page_ids ids and no more: every indptr is checked
+       against that count before an id is read (a plan may use a prefix of them) */
     if (plan->qo_indptr[0] != 0 || plan->kv_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q)
         return MSKV_ERROR_INVALID_ARGUMENT;
     for (b = 0; b < plan->batch; b++) {
-        int32_t qo = plan->qo_indptr[b + 1] - plan->qo_indptr[b];
-        int32_t np = plan->kv_indptr[b + 1] - plan->kv_indptr[b], i;
+        int64_t qo = (int64_t)plan->qo_indptr[b + 1] - plan->qo_indptr[b];
+        int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
         int64_t kv = plan->kv_len[b], split, shift;
-        if (qo < 0 || np < 0 || kv < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+        if (qo < 0 || np < 0 || kv < 0 || plan->kv_indptr[b + 1] > plan->num_page_ids) return MSKV_ERROR_INVALID_ARGUMENT;
+        /* a segment's rows (query x q head of a group) are counted in int32, with room to round up */
+        if (qo * (attn->q_heads / pools->kv_heads) > (int64_t)INT32_MAX - 256) return MSKV_ERROR_OVERFLOW;
         if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * P || kv > (int64_t)np * P)) return MSKV_ERROR_INVALID_ARGUMENT;
         if (plan->kv_last_page_len && np > 0 && plan->kv_last_page_len[b] != kv - (int64_t)(np - 1) * P)
             return MSKV_ERROR_INVALID_ARGUMENT;
