@@ -360,9 +360,8 @@ static void af_sweep(int runtime, int from) {
     af_run run;
     memset(&af, 0, sizeof af);
     af.runtime = runtime;
-    af_scenario(&run);   /* a clean run: how many allocations there are */
     memset(&run, 0, sizeof run);
-    af_scenario(&run);
+    af_scenario(&run);   /* a clean run: how many allocations there are */
     ASSERT_FALSE(run.broken);
     total = af.count;
     ASSERT_EQ(0, af.live);
@@ -376,7 +375,7 @@ static void af_sweep(int runtime, int from) {
         if (n <= total && af.failed == 0) { mt_fail(__FILE__, __LINE__, "allocation %ld was never asked for", n); return; }
         injected_steps += run.injected_steps;
     }
-    printf("  %s, %s: %ld allocation sites reached (every allocation of the scenario refused in turn), %ld failed calls retried\n",
+    printf("  %s, %s: %ld allocation sites reached (the allocations of one run, each refused in turn), %ld failed calls retried with success\n",
            runtime ? "run-time allocators" : "MSKV_MALLOC macros", from ? "fail from the N-th on" : "fail only the N-th",
            total, injected_steps);
 }
