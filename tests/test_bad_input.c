@@ -1,15 +1,25 @@
 /* The bad-input table: every public function of the host core with each
-   invalid argument returns its specific error code, and the state is
-   unchanged (the arena's digest before and after are equal, the audit
-   passes). */
+   invalid argument returns its specific error code, and what the call could
+   have changed is unchanged. A row says which:
+     MTB      the call reaches the fixture's arena: its digest before and
+              after are equal and the audit passes;
+     MTB_OUT  the call reaches no arena (a NULL arena, pure arithmetic): the
+              object it would have written is byte for byte unchanged (an
+              arena_create row: no arena was handed out);
+     MTB_CODE the call has nothing it could change (a NULL object, a const
+              input): the code alone.
+   Each test prints how many rows of each kind it ran. */
 #include <stdlib.h>
 #include "mskv_test.h"
 #include "../mstar_kv.h"
 #include "mskv_test_util.h"
 
-/* One arena in a state where every kind of invalid call is possible:
-   no free page left, requests resident / reserved / offloaded / removed,
-   keyed entries sealed and open, a valid blob and one from another layout. */
+/* counts the fixture arena's allocator calls: plan_free and friends must not free what is not theirs */
+static long mtb_frees;
+static void *mtb_calloc(void *u, size_t n) { (void)u; return malloc(n); }
+static void *mtb_crealloc(void *u, void *p, size_t n) { (void)u; return realloc(p, n); }
+static void mtb_cfree(void *u, void *p) { (void)u; if (p) mtb_frees++; free(p); }
+
 typedef struct mtb_fx {
     mskv_arena *a;
     mskv_request ok;      /* 20 committed, prefix 4, [4,12) released: 3 pages */
@@ -32,6 +42,7 @@ static mskv_arena *mtb_arena(int32_t num_pages, int32_t page_size, int32_t max_r
     memset(&d, 0, sizeof d);
     d.num_pages = num_pages; d.page_size = page_size; d.max_requests = max_requests;
     d.num_layers = 1; d.kv_heads = 1; d.head_dim = 4; d.dtype = MSKV_DTYPE_F32;
+    d.allocator.alloc = mtb_calloc; d.allocator.realloc = mtb_crealloc; d.allocator.free = mtb_cfree;
     if (mskv_arena_create(&d, &a) != MSKV_SUCCESS) return NULL;
     return a;
 }
@@ -76,20 +87,29 @@ static int mtb_setup(mtb_fx *f) {
     return f->foreign != NULL;
 }
 
+static int mtb_rows_state, mtb_rows_code;
+
 static void mtb_teardown(mtb_fx *f) {
     free(f->blob);
     free(f->foreign);
     mskv_arena_destroy(f->a);
+    printf("  bad-input rows so far: %d with a check that the state is unchanged, %d checking the code only\n",
+           mtb_rows_state, mtb_rows_code);
+}
+
+static void mtb_code(int line, const char *call, mskv_result want, mskv_result got) {
+    if (got != want)
+        mt_fail(__FILE__, line, "%s: expected %d (%s), got %d (%s)", call, (int)want, mskv_result_string(want), (int)got,
+                mskv_result_string(got));
 }
 
 static void mtb_check(mtb_fx *f, int line, const char *call, mskv_result want, mskv_result got, uint64_t digest) {
     char why[256];
-    if (got != want)
-        mt_fail(__FILE__, line, "%s: expected %d (%s), got %d (%s)", call, (int)want, mskv_result_string(want), (int)got,
-                mskv_result_string(got));
+    mtb_code(line, call, want, got);
     if (mskv_arena_digest(f->a) != digest) mt_fail(__FILE__, line, "%s changed the state", call);
     why[0] = '\0';
     if (mskv_arena_audit(f->a, why, sizeof why) != MSKV_SUCCESS) mt_fail(__FILE__, line, "%s: audit after: %s", call, why);
+    mtb_rows_state++;
 }
 
 #define MTB(want, call)                                                  \
@@ -97,6 +117,25 @@ static void mtb_check(mtb_fx *f, int line, const char *call, mskv_result want, m
         uint64_t mtb__d = mskv_arena_digest(f.a);                        \
         mskv_result mtb__e = (call);                                     \
         mtb_check(&f, __LINE__, #call, (want), mtb__e, mtb__d);          \
+    } while (0)
+
+/* obj: what the call would have written (the caller's variable) */
+#define MTB_OUT(want, call, obj)                                         \
+    do {                                                                 \
+        unsigned char mtb__b[sizeof(obj)];                               \
+        mskv_result mtb__e;                                              \
+        memcpy(mtb__b, &(obj), sizeof(obj));                             \
+        mtb__e = (call);                                                 \
+        mtb_code(__LINE__, #call, (want), mtb__e);                       \
+        if (memcmp(mtb__b, &(obj), sizeof(obj)) != 0)                    \
+            mt_fail(__FILE__, __LINE__, "%s changed %s", #call, #obj);   \
+        mtb_rows_state++;                                                \
+    } while (0)
+
+#define MTB_CODE(want, call)                                             \
+    do {                                                                 \
+        mtb_code(__LINE__, #call, (want), (call));                       \
+        mtb_rows_code++;                                                 \
     } while (0)
 
 #define MTB_FIXTURE(f)                                                   \
@@ -115,38 +154,37 @@ TEST(bad_input_arena_functions_return_their_codes_and_change_nothing) {
     MTB_FIXTURE(f);
     memset(&d, 0, sizeof d);
     d.num_pages = 8; d.page_size = 4;
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_arena_create(NULL, &out));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_arena_create(&d, NULL));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_arena_create(NULL, &out), out);
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_arena_create(&d, NULL));
     d.num_pages = 1;
-    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out));
+    MTB_OUT(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out), out);
     d.num_pages = 8; d.page_size = 0;
-    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out));
+    MTB_OUT(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out), out);
     d.page_size = 4; d.max_requests = 65536;
-    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out));
+    MTB_OUT(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out), out);
     d.max_requests = 0; d.retire_mode = (mskv_retire_mode)7;
-    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out));
+    MTB_OUT(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out), out);
     d.retire_mode = MSKV_RETIRE_IMMEDIATE; d.num_layers = -1;
-    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out));
+    MTB_OUT(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out), out);
     d.num_layers = 1; d.kv_heads = 0; d.head_dim = 4;
-    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out));
+    MTB_OUT(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out), out);
     d.kv_heads = 1; d.dtype = (mskv_dtype)9;
-    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out));
+    MTB_OUT(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &out), out);
     d.dtype = MSKV_DTYPE_F32;
     d.num_pages = 0x7FFFFFFF; d.page_size = 0x7FFFFFFF; d.kv_heads = 0x7FFFFFFF; d.head_dim = 0x7FFFFFFF;
-    MTB(MSKV_ERROR_OVERFLOW, mskv_arena_create(&d, &out));
+    MTB_OUT(MSKV_ERROR_OVERFLOW, mskv_arena_create(&d, &out), out);
     EXPECT_TRUE(out == NULL);
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_arena_stats_get(NULL, &st));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_arena_stats_get(NULL, &st), st);
     MTB(MSKV_ERROR_NULL_POINTER, mskv_arena_stats_get(f.a, NULL));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_arena_audit(NULL, NULL, 0));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_arena_retire(NULL, 0));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_arena_audit(NULL, NULL, 0));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_arena_retire(NULL, 0));
     MTB(MSKV_ERROR_OUT_OF_RANGE, mskv_arena_retire(f.a, mskv_arena_step(f.a) + 1));  /* a fence not reached yet */
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_store_info_get(NULL, &si));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_store_info_get(NULL, &si), si);
     MTB(MSKV_ERROR_NULL_POINTER, mskv_store_info_get(f.a, NULL));
     EXPECT_TRUE(mskv_store_pool(NULL, 0, 0) == NULL);
     EXPECT_TRUE(mskv_store_pool(f.a, 1, 0) == NULL);
     EXPECT_EQ(0, (int)mskv_arena_step(NULL));
     EXPECT_EQ_U64(0, mskv_arena_digest(NULL));
-    mskv_arena_destroy(NULL);  /* harmless */
     mtb_teardown(&f);
 }
 
@@ -174,20 +212,20 @@ TEST(bad_input_request_functions_return_their_codes_and_change_nothing) {
     int64_t slot = 0, rel = 0;
     MTB_FIXTURE(f);
     /* add / remove */
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_add(NULL, &c));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_request_add(NULL, &c), c);
     MTB(MSKV_ERROR_NULL_POINTER, mskv_request_add(f.a, NULL));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_remove(NULL, f.ok));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_request_remove(NULL, f.ok));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_remove(f.a, f.stale));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_remove(f.a, f.unknown));
     /* fork */
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_fork(NULL, f.ok, &c));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_request_fork(NULL, f.ok, &c), c);
     MTB(MSKV_ERROR_NULL_POINTER, mskv_request_fork(f.a, f.ok, NULL));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_fork(f.a, f.stale, &c));
     MTB(MSKV_ERROR_RESERVATION_PENDING, mskv_request_fork(f.a, f.res, &c));
     MTB(MSKV_ERROR_OFFLOADED, mskv_request_fork(f.a, f.off, &c));
     MTB(MSKV_ERROR_OUT_OF_PAGES, mskv_request_fork(f.a, f.part, &c));  /* the partial page needs a copy */
     /* info / pages */
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_info_get(NULL, f.ok, &info));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_request_info_get(NULL, f.ok, &info), info);
     MTB(MSKV_ERROR_NULL_POINTER, mskv_request_info_get(f.a, f.ok, NULL));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_info_get(f.a, f.stale, &info));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_info_get(f.a, f.unknown, &info));
@@ -196,19 +234,19 @@ TEST(bad_input_request_functions_return_their_codes_and_change_nothing) {
     MTB(MSKV_ERROR_CAPACITY, mskv_request_pages(f.a, f.ok, pages, 2, &count));
     MTB(MSKV_ERROR_OFFLOADED, mskv_request_pages(f.a, f.off, pages, 64, &count));
     /* pause / resume */
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_pause(NULL, f.ok));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_request_pause(NULL, f.ok));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_pause(f.a, f.stale));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_resume(f.a, f.unknown));
     MTB(MSKV_ERROR_RESERVATION_PENDING, mskv_request_pause(f.a, f.res));
     MTB(MSKV_ERROR_BAD_STATE, mskv_request_resume(f.a, f.ok));           /* not paused */
     /* reserve (table capacity) */
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_reserve(NULL, f.ok, 64));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_request_reserve(NULL, f.ok, 64));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_reserve(f.a, f.stale, 64));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_reserve(f.a, f.unknown, 64));
     MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_request_reserve(f.a, f.ok, -1));
     MTB(MSKV_ERROR_OVERFLOW, mskv_request_reserve(f.a, f.ok, (int64_t)1 << 40));
     /* protect */
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_protect_prefix(NULL, f.ok, 1));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_request_protect_prefix(NULL, f.ok, 1));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_protect_prefix(f.a, f.stale, 1));
     MTB(MSKV_ERROR_OUT_OF_RANGE, mskv_request_protect_prefix(f.a, f.part, 6));    /* beyond committed */
     MTB(MSKV_ERROR_OUT_OF_RANGE, mskv_request_protect_prefix(f.a, f.res, 6));     /* reserved is not committed */
@@ -216,7 +254,7 @@ TEST(bad_input_request_functions_return_their_codes_and_change_nothing) {
     MTB(MSKV_ERROR_OFFLOADED, mskv_request_protect_prefix(f.a, f.off, 2));
     MTB(MSKV_ERROR_READ_ONLY, mskv_request_protect_prefix(f.a, f.sealed, 2));
     /* release */
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_release_oldest(NULL, f.ok, 1, &rel));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_request_release_oldest(NULL, f.ok, 1, &rel), rel);
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_release_oldest(f.a, f.stale, 1, &rel));
     MTB(MSKV_ERROR_OUT_OF_RANGE, mskv_request_release_oldest(f.a, f.ok, 9, &rel));  /* live is [12,20) */
     MTB(MSKV_ERROR_OUT_OF_RANGE, mskv_request_release_oldest(f.a, f.res, 6, &rel)); /* reserved tokens are not releasable */
@@ -224,7 +262,7 @@ TEST(bad_input_request_functions_return_their_codes_and_change_nothing) {
     MTB(MSKV_ERROR_OFFLOADED, mskv_request_release_oldest(f.a, f.off, 1, &rel));
     MTB(MSKV_ERROR_READ_ONLY, mskv_request_release_oldest(f.a, f.sealed, 4, &rel));
     /* slot */
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_slot(NULL, f.ok, 0, &slot));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_request_slot(NULL, f.ok, 0, &slot), slot);
     MTB(MSKV_ERROR_NULL_POINTER, mskv_request_slot(f.a, f.ok, 0, NULL));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_slot(f.a, f.stale, 0, &slot));
     MTB(MSKV_ERROR_RELEASED, mskv_request_slot(f.a, f.ok, 4, &slot));
@@ -241,20 +279,20 @@ TEST(bad_input_offload_and_blob_functions_return_their_codes_and_change_nothing)
     size_t size = 0;
     unsigned char small[8];
     MTB_FIXTURE(f);
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_offload(NULL, f.ok));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_request_offload(NULL, f.ok));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_offload(f.a, f.stale));
     MTB(MSKV_ERROR_RESERVATION_PENDING, mskv_request_offload(f.a, f.res));
     MTB(MSKV_ERROR_OFFLOADED, mskv_request_offload(f.a, f.off));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_reload(NULL, f.off));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_request_reload(NULL, f.off));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_reload(f.a, f.stale));
     MTB(MSKV_ERROR_NOT_OFFLOADED, mskv_request_reload(f.a, f.ok));
     MTB(MSKV_ERROR_OUT_OF_PAGES, mskv_request_reload(f.a, f.off));  /* no page is free */
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_export(NULL, f.ok, NULL, 0, &size));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_request_export(NULL, f.ok, NULL, 0, &size), size);
     MTB(MSKV_ERROR_NULL_POINTER, mskv_request_export(f.a, f.ok, NULL, 0, NULL));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_export(f.a, f.stale, NULL, 0, &size));
     MTB(MSKV_ERROR_RESERVATION_PENDING, mskv_request_export(f.a, f.res, NULL, 0, &size));
     MTB(MSKV_ERROR_CAPACITY, mskv_request_export(f.a, f.ok, small, sizeof small, &size));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_import(NULL, f.blob, f.blob_size, &y));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_request_import(NULL, f.blob, f.blob_size, &y), y);
     MTB(MSKV_ERROR_NULL_POINTER, mskv_request_import(f.a, NULL, f.blob_size, &y));
     MTB(MSKV_ERROR_NULL_POINTER, mskv_request_import(f.a, f.blob, f.blob_size, NULL));
     MTB(MSKV_ERROR_BLOB_TRUNCATED, mskv_request_import(f.a, f.blob, 0, &y));
@@ -300,31 +338,31 @@ TEST(bad_input_window_functions_return_their_codes) {
     char why[64];
     MTB_FIXTURE(f);
     memset(&r, 0, sizeof r);
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_schedule_init(NULL, 10, 4, 1));
-    MTB(MSKV_ERROR_INVALID_SPEC, mskv_schedule_init(&s, -1, 4, 1));
-    MTB(MSKV_ERROR_INVALID_SPEC, mskv_schedule_init(&s, 10, 0, 0));
-    MTB(MSKV_ERROR_INVALID_SPEC, mskv_schedule_init(&s, 10, 4, 4));
-    MTB(MSKV_ERROR_INVALID_SPEC, mskv_schedule_init(&s, 10, 4, -1));
-    MTB(MSKV_SUCCESS, mskv_schedule_init(&s, 10, 4, 1));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_schedule_window(NULL, 0, &w));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_schedule_window(&s, 0, NULL));
-    MTB(MSKV_ERROR_OUT_OF_RANGE, mskv_schedule_window(&s, s.count, &w));
-    MTB(MSKV_ERROR_OUT_OF_RANGE, mskv_schedule_window(&s, -1, &w));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_schedule_init(NULL, 10, 4, 1));
+    MTB_OUT(MSKV_ERROR_INVALID_SPEC, mskv_schedule_init(&s, -1, 4, 1), s);
+    MTB_OUT(MSKV_ERROR_INVALID_SPEC, mskv_schedule_init(&s, 10, 0, 0), s);
+    MTB_OUT(MSKV_ERROR_INVALID_SPEC, mskv_schedule_init(&s, 10, 4, 4), s);
+    MTB_OUT(MSKV_ERROR_INVALID_SPEC, mskv_schedule_init(&s, 10, 4, -1), s);
+    MTB_CODE(MSKV_SUCCESS, mskv_schedule_init(&s, 10, 4, 1));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_schedule_window(NULL, 0, &w), w);
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_schedule_window(&s, 0, NULL));
+    MTB_OUT(MSKV_ERROR_OUT_OF_RANGE, mskv_schedule_window(&s, s.count, &w), w);
+    MTB_OUT(MSKV_ERROR_OUT_OF_RANGE, mskv_schedule_window(&s, -1, &w), w);
     broken = s;
     broken.stride = 7;  /* a schedule not made by schedule_init */
-    MTB(MSKV_ERROR_INVALID_SPEC, mskv_schedule_window(&broken, 0, &w));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_schedule_decode_span(&s, 0, 1, NULL));
-    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_schedule_decode_span(&s, 0, -1, &ds));
-    MTB(MSKV_ERROR_OUT_OF_RANGE, mskv_schedule_decode_span(&s, s.count, 1, &ds));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_retention_validate(NULL, 4, why, sizeof why));
-    MTB(MSKV_ERROR_INVALID_SPEC, mskv_retention_validate(&r, 4, why, sizeof why));  /* chunk_size 0 */
+    MTB_OUT(MSKV_ERROR_INVALID_SPEC, mskv_schedule_window(&broken, 0, &w), w);
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_schedule_decode_span(&s, 0, 1, NULL));
+    MTB_OUT(MSKV_ERROR_INVALID_ARGUMENT, mskv_schedule_decode_span(&s, 0, -1, &ds), ds);
+    MTB_OUT(MSKV_ERROR_OUT_OF_RANGE, mskv_schedule_decode_span(&s, s.count, 1, &ds), ds);
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_retention_validate(NULL, 4, why, sizeof why));
+    MTB_CODE(MSKV_ERROR_INVALID_SPEC, mskv_retention_validate(&r, 4, why, sizeof why));  /* chunk_size 0 */
     r.chunk_size = 8; r.window_chunks = 2; r.sink_chunks = -1;
-    MTB(MSKV_ERROR_INVALID_SPEC, mskv_retention_validate(&r, 4, why, sizeof why));
+    MTB_CODE(MSKV_ERROR_INVALID_SPEC, mskv_retention_validate(&r, 4, why, sizeof why));
     r.sink_chunks = 1; r.window_tokens = 15;
-    MTB(MSKV_ERROR_INVALID_SPEC, mskv_retention_validate(&r, 4, why, sizeof why));
+    MTB_CODE(MSKV_ERROR_INVALID_SPEC, mskv_retention_validate(&r, 4, why, sizeof why));
     MTB(MSKV_ERROR_INVALID_SPEC, mskv_request_set_retention(f.a, f.ok, &r));
     r.window_tokens = 16;
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_set_retention(NULL, f.ok, &r));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_request_set_retention(NULL, f.ok, &r));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_set_retention(f.a, f.stale, &r));
     MTB(MSKV_ERROR_READ_ONLY, mskv_request_set_retention(f.a, f.sealed, &r));
     EXPECT_EQ(0, mskv_skipped_tokens(NULL, 100));
@@ -337,7 +375,7 @@ TEST(bad_input_step_functions_return_their_codes_and_change_nothing) {
     MTB_FIXTURE(f);
     s[0].request = f.ok; s[0].n_tokens = 1;
     s[1] = s[0];
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_admit(NULL, s, 1));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_admit(NULL, s, 1));
     MTB(MSKV_ERROR_NULL_POINTER, mskv_admit(f.a, NULL, 1));
     MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_admit(f.a, s, -1));
     MTB(MSKV_ERROR_DUPLICATE, mskv_admit(f.a, s, 2));
@@ -354,7 +392,7 @@ TEST(bad_input_step_functions_return_their_codes_and_change_nothing) {
     s[1].request = f.part;  /* ok needs a page, part fits in its partial page: the batch still fails whole */
     MTB(MSKV_ERROR_OUT_OF_PAGES, mskv_admit(f.a, s, 2));
     s[0].request = f.ok;
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_commit(NULL, s, 1));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_commit(NULL, s, 1));
     MTB(MSKV_ERROR_NULL_POINTER, mskv_commit(f.a, NULL, 1));
     MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_commit(f.a, s, -1));
     MTB(MSKV_ERROR_NO_RESERVATION, mskv_commit(f.a, s, 1));
@@ -365,14 +403,14 @@ TEST(bad_input_step_functions_return_their_codes_and_change_nothing) {
     s[1].request = f.ok;  /* one segment without a reservation: nothing is committed */
     MTB(MSKV_ERROR_NO_RESERVATION, mskv_commit(f.a, s, 2));
     MTB(MSKV_ERROR_NO_RESERVATION, mskv_abort(f.a, s, 2));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_abort(NULL, s, 1));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_abort(NULL, s, 1));
     s[1].request = f.open;  /* a keyed entry is sealed, not committed */
     MTB(MSKV_ERROR_READ_ONLY, mskv_commit(f.a, s + 1, 1));
     s[1].request = f.off;
     MTB(MSKV_ERROR_OFFLOADED, mskv_publish(f.a, s + 1, 1, &ended));
     s[1].request = f.stale;
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_publish(f.a, s + 1, 1, &ended));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_publish(NULL, NULL, 0, &ended));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_publish(NULL, NULL, 0, &ended), ended);
     MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_publish(f.a, s, -1, &ended));
     mtb_teardown(&f);
 }
@@ -393,7 +431,7 @@ TEST(bad_input_plan_functions_return_their_codes_and_change_nothing) {
     p.cap_batch = 2; p.cap_tokens = 8; p.cap_page_ids = 16;
     s[0].request = f.res; s[0].n_tokens = 3;
     s[1] = s[0];
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_plan_query(NULL, s, 1, &pd, &sz));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_plan_query(NULL, s, 1, &pd, &sz), sz);
     MTB(MSKV_ERROR_NULL_POINTER, mskv_plan_query(f.a, s, 1, &pd, NULL));
     MTB(MSKV_ERROR_NULL_POINTER, mskv_plan_query(f.a, NULL, 1, &pd, &sz));
     MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_plan_query(f.a, s, -1, &pd, &sz));
@@ -429,12 +467,22 @@ TEST(bad_input_plan_functions_return_their_codes_and_change_nothing) {
     p.cap_batch = 2;
     MTB(MSKV_ERROR_NULL_POINTER, mskv_plan_build(f.a, s, 2, &pd, NULL));
     MTB(MSKV_ERROR_NULL_POINTER, mskv_plan_alloc(f.a, 1, 1, 1, NULL));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_plan_alloc(NULL, 1, 1, 1, &owned));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_plan_alloc(NULL, 1, 1, 1, &owned), owned);
     MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_plan_alloc(f.a, -1, 1, 1, &owned));
     MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_plan_alloc(f.a, 1, -1, 1, &owned));
     MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_plan_alloc(f.a, 1, 1, -1, &owned));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_plan_validate(NULL, 24, why, sizeof why));
-    mskv_plan_free(f.a, NULL);  /* harmless */
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_plan_validate(NULL, 24, why, sizeof why));
+    {   /* plan_free frees only what plan_alloc gave: nothing for NULL or a caller-owned plan */
+        long frees = mtb_frees;
+        uint64_t d = mskv_arena_digest(f.a);
+        mskv_plan_free(f.a, NULL);
+        mskv_plan_free(f.a, &p);
+        EXPECT_EQ(frees, mtb_frees);
+        EXPECT_EQ_U64(d, mskv_arena_digest(f.a));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(f.a, 1, 1, 1, &owned));
+        mskv_plan_free(f.a, &owned);
+        EXPECT_LT(frees, mtb_frees);   /* the counter sees a real free */
+    }
     mtb_teardown(&f);
 }
 
@@ -447,34 +495,34 @@ TEST(bad_input_keyed_and_session_functions_return_their_codes_and_change_nothing
     memset(&r, 0, sizeof r);
     memset(&p, 0, sizeof p);
     r.chunk_size = 4; r.sink_chunks = 1; r.window_chunks = 1;
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_keyed_create(NULL, 1, 4, &e));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_keyed_create(NULL, 1, 4, &e), e);
     MTB(MSKV_ERROR_NULL_POINTER, mskv_keyed_create(f.a, 1, 4, NULL));
     MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_keyed_create(f.a, 1, 0, &e));
     MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_keyed_create(f.a, 1, -4, &e));
     MTB(MSKV_ERROR_DUPLICATE, mskv_keyed_create(f.a, 77, 4, &e));
     MTB(MSKV_ERROR_DUPLICATE, mskv_keyed_create(f.a, 78, 4, &e));
     MTB(MSKV_ERROR_OUT_OF_PAGES, mskv_keyed_create(f.a, 79, 4, &e));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_keyed_seal(NULL, f.open));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_keyed_seal(NULL, f.open));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_keyed_seal(f.a, f.stale));
     MTB(MSKV_ERROR_BAD_STATE, mskv_keyed_seal(f.a, f.ok));
     MTB(MSKV_ERROR_READ_ONLY, mskv_keyed_seal(f.a, f.sealed));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_keyed_find(NULL, 77, &e));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_keyed_find(NULL, 77, &e), e);
     MTB(MSKV_ERROR_NULL_POINTER, mskv_keyed_find(f.a, 77, NULL));
     MTB(MSKV_ERROR_NOT_FOUND, mskv_keyed_find(f.a, 79, &e));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_keyed_remove(NULL, 77));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_keyed_remove(NULL, 77));
     MTB(MSKV_ERROR_NOT_FOUND, mskv_keyed_remove(f.a, 79));
     MTB(MSKV_ERROR_READ_ONLY, mskv_request_offload(f.a, f.sealed));  /* keyed entries stay put */
     MTB(MSKV_ERROR_NULL_POINTER, mskv_session_init(NULL, f.a, f.ok, &r));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_session_init(&ses, NULL, f.ok, &r));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_session_init(&ses, NULL, f.ok, &r), ses);
     MTB(MSKV_ERROR_NULL_POINTER, mskv_session_init(&ses, f.a, f.ok, NULL));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_session_init(&ses, f.a, f.stale, &r));
     r.chunk_size = 0;
     MTB(MSKV_ERROR_INVALID_SPEC, mskv_session_init(&ses, f.a, f.part, &r));
     r.chunk_size = 4;
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_session_begin_chunk(NULL, 4));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_session_commit_chunk(NULL, NULL));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_session_abort_chunk(NULL));
-    MTB(MSKV_ERROR_NULL_POINTER, mskv_session_plan(NULL, NULL, &p));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_session_begin_chunk(NULL, 4));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_session_commit_chunk(NULL, NULL));
+    MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_session_abort_chunk(NULL));
+    MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_session_plan(NULL, NULL, &p), p);
     /* a bound session on `part`, without an open chunk */
     ASSERT_EQ(MSKV_SUCCESS, mskv_session_init(&ses, f.a, f.part, &r));
     MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_session_begin_chunk(&ses, 0));
