@@ -221,7 +221,9 @@ typedef struct mskv_arena_stats {
 } mskv_arena_stats;
 
 /* Creates an arena. Parameters: desc (zero fields = defaults), out.
-   Return value: MSKV_SUCCESS, or INVALID_ARGUMENT / OVERFLOW / OUT_OF_MEMORY.
+   Return value: MSKV_SUCCESS, or INVALID_ARGUMENT (any field out of its
+   domain, checked whatever the other fields say: a bad dtype without layers
+   too, store_ops missing a function) / OVERFLOW / OUT_OF_MEMORY.
    Thread safety: the arena's functions may be called from several threads. */
 MSKV_API mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out);
 MSKV_API void mskv_arena_destroy(mskv_arena *arena);
@@ -367,16 +369,29 @@ typedef struct mskv_window {
 
 typedef struct mskv_decode_span {
     int64_t in_start, in_end;  /* units to decode: the commit span plus up to ctx units of left context */
-    int64_t trim;              /* leading outputs (in units) to drop: in's context part */
+    int64_t trim;              /* units of context in front of the commit span: commit_start - in_start */
 } mskv_decode_span;
 
-/* INVALID_SPEC unless total >= 0, window >= 1 and 0 <= overlap < window.
+/* INVALID_SPEC unless total >= 0, window >= 1 and 0 <= overlap < window;
+   OVERFLOW when the last (padded) window would end past INT64_MAX.
    count = number of windows (0 for total 0; the last one may be padded). */
 MSKV_API mskv_result mskv_schedule_init(mskv_schedule *s, int64_t total, int64_t window, int64_t overlap);
-/* Window k (0 <= k < count, else OUT_OF_RANGE). */
+/* Window k (0 <= k < count, else OUT_OF_RANGE). A schedule that
+   mskv_schedule_init would not have made (edited fields) is INVALID_SPEC,
+   or OVERFLOW as init would say. */
 MSKV_API mskv_result mskv_schedule_window(const mskv_schedule *s, int64_t k, mskv_window *out);
 /* What a causal decoder with ctx units of left context decodes for window k:
-   it decodes [in_start, in_end) and drops the first `trim` units of output. */
+   it decodes [in_start, in_end) as one stream and drops what the first
+   `trim` units produced. For a causal video decoder with temporal ratio r
+   (a stream's first latent frame gives 1 output frame, every later one r):
+   when trim > 0 drop the first 1 + r*(trim - 1) output frames; when
+   trim == 0 (window 0, in_start == 0) drop nothing. What remains is exactly
+   the whole stream's frames of the commit span: r*(commit_start - 1) + 1 ..
+   r*(commit_end - 1) (from 0 for window 0), so the windows' outputs
+   concatenate to the 1 + r*(total - 1) frames of one whole-stream decode,
+   provided ctx covers the decoder's left receptive field in latents (at
+   least 1: with ctx == 0 a later window's first latent would decode as a
+   stream start). */
 MSKV_API mskv_result mskv_schedule_decode_span(const mskv_schedule *s, int64_t k, int64_t ctx, mskv_decode_span *out);
 
 /* Chunk-window retention: keep `sink_chunks` leading chunks and the last
@@ -395,7 +410,15 @@ typedef struct mskv_retention {
    the reason goes into why (optional). */
 MSKV_API mskv_result mskv_retention_validate(const mskv_retention *r, int32_t page_size, char *why, size_t why_cap);
 /* Tokens after the sink that are no longer needed once num_computed tokens
-   exist: kept = [0, sink) + [sink + skipped, num_computed). Pure; 0 on an invalid policy. */
+   exist: kept = [0, sink) + [sink + skipped, num_computed); *out gets the
+   count (a whole number of chunks). Pure. Return value: SUCCESS,
+   NULL_POINTER (r or out), INVALID_SPEC (the policy is invalid:
+   mskv_retention_validate says why), INVALID_ARGUMENT (num_computed < 0);
+   *out is written only on success. */
+MSKV_API mskv_result mskv_skipped_tokens_get(const mskv_retention *r, int64_t num_computed, int64_t *out);
+/* Deprecated (0 used to mean both "nothing to skip" and "invalid"): the
+   same count, or a negative value, the mskv_result code of
+   mskv_skipped_tokens_get, when the call is invalid. */
 MSKV_API int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed);
 /* Bind a retention policy to a request (NULL clears it); publish applies it. */
 MSKV_API mskv_result mskv_request_set_retention(mskv_arena *arena, mskv_request req, const mskv_retention *r);
@@ -480,8 +503,11 @@ MSKV_API mskv_result mskv_plan_query(mskv_arena *arena, const mskv_segment *segs
 /* Fills the plan's arrays for this step's segments. Return value: CAPACITY
    (nothing written) when a cap is too small, NULL_POINTER for a missing
    array, OUT_OF_RANGE (a segment has more queries than its sequence has
-   tokens), OFFLOADED, BAD_STATE (CROSS against an entry that is not a sealed
-   keyed entry), INVALID_ARGUMENT (kind, pos_mode, grid). */
+   tokens, or a 1-D position / 3-D frame does not fit in int32: positions
+   are exact or refused, never truncated), OVERFLOW (position - pos_offset
+   does not fit in int64), OFFLOADED, BAD_STATE (CROSS against an entry that
+   is not a sealed keyed entry), INVALID_ARGUMENT (kind, pos_mode, grid).
+   mskv_plan_query returns the same codes. Nothing is written on failure. */
 MSKV_API mskv_result mskv_plan_build(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *plan);
 /* Allocate arrays of the given capacities (through the arena's allocator). */
 MSKV_API mskv_result mskv_plan_alloc(mskv_arena *arena, int32_t cap_batch, int32_t cap_tokens, int32_t cap_page_ids, mskv_plan *plan);
@@ -920,24 +946,32 @@ static void mskv__emit(mskv_arena *a, mskv_event_type type, int32_t ri, int32_t 
     a->desc.on_event(a->desc.event_user, &e);
 }
 
+/* Every field is checked on its own, whatever the others say (a dtype is a
+   dtype even when there is no host store to use it). */
+static mskv_result mskv__arena_desc_check(const mskv_arena_desc *d) {
+    if (d->num_pages < 2 || d->page_size < 1 || d->max_requests < 0 || d->max_requests > 65535 || d->num_layers < 0 ||
+        d->kv_heads < 0 || d->head_dim < 0 || mskv_dtype_size(d->dtype) == 0 || (unsigned)d->retire_mode > 1u ||
+        (d->num_layers > 0 && (d->kv_heads < 1 || d->head_dim < 1)) ||
+        (d->store_ops && (!d->store_ops->read_pages || !d->store_ops->write_pages || !d->store_ops->copy_page)) ||
+        (d->allocator.alloc || d->allocator.realloc || d->allocator.free) !=
+            (d->allocator.alloc && d->allocator.realloc && d->allocator.free) ||
+        (d->host_allocator.alloc || d->host_allocator.realloc || d->host_allocator.free) !=
+            (d->host_allocator.alloc && d->host_allocator.realloc && d->host_allocator.free))
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    if ((int64_t)d->num_pages * d->page_size > ((int64_t)1 << 62)) return MSKV_ERROR_OVERFLOW;
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out) {
     mskv_arena *a;
     size_t n, sz, page_bytes = 0, pool_bytes = 0, rec = 0;
     int32_t i, nl;
+    mskv_result r;
     if (!desc || !out) return MSKV_ERROR_NULL_POINTER;
     *out = NULL;
-    if (desc->num_pages < 2 || desc->page_size < 1 || desc->max_requests < 0 || desc->max_requests > 65535 ||
-        desc->num_layers < 0 || (unsigned)desc->retire_mode > 1u ||
-        (desc->allocator.alloc || desc->allocator.realloc || desc->allocator.free) !=
-            (desc->allocator.alloc && desc->allocator.realloc && desc->allocator.free) ||
-        (desc->host_allocator.alloc || desc->host_allocator.realloc || desc->host_allocator.free) !=
-            (desc->host_allocator.alloc && desc->host_allocator.realloc && desc->host_allocator.free))
-        return MSKV_ERROR_INVALID_ARGUMENT;
-    if ((int64_t)desc->num_pages * desc->page_size > ((int64_t)1 << 62)) return MSKV_ERROR_OVERFLOW;
+    if ((r = mskv__arena_desc_check(desc)) != MSKV_SUCCESS) return r;
     nl = desc->num_layers;
     if (nl > 0) {
-        if (desc->kv_heads < 1 || desc->head_dim < 1 || mskv_dtype_size(desc->dtype) == 0)
-            return MSKV_ERROR_INVALID_ARGUMENT;
         if (!mskv__mul((size_t)desc->kv_heads, (size_t)desc->head_dim, &sz) ||
             !mskv__mul(sz, mskv_dtype_size(desc->dtype), &sz) ||
             !mskv__mul(sz, (size_t)desc->page_size, &page_bytes) ||
@@ -1834,22 +1868,30 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
 /* // >>windows (implementation) ------------------------------------------ */
 
 MSKV_IMPL mskv_result mskv_schedule_init(mskv_schedule *s, int64_t total, int64_t window, int64_t overlap) {
+    int64_t stride, count;
     if (!s) return MSKV_ERROR_NULL_POINTER;
     if (total < 0 || window < 1 || overlap < 0 || overlap >= window) return MSKV_ERROR_INVALID_SPEC;
+    stride = window - overlap;
+    if (total == 0) count = 0;
+    else if (total <= window) count = 1;
+    else count = 1 + (total - window + stride - 1) / stride;   /* the sum is below total: no overflow */
+    /* the last window starts before total (so its start fits), but it may end past INT64_MAX */
+    if (count > 0 && (count - 1) * stride > INT64_MAX - window) return MSKV_ERROR_OVERFLOW;
     s->total = total;
     s->window = window;
     s->overlap = overlap;
-    s->stride = window - overlap;
-    if (total == 0) s->count = 0;
-    else if (total <= window) s->count = 1;
-    else s->count = 1 + (total - window + s->stride - 1) / s->stride;
+    s->stride = stride;
+    s->count = count;
     return MSKV_SUCCESS;
 }
 
 MSKV_IMPL mskv_result mskv_schedule_window(const mskv_schedule *s, int64_t k, mskv_window *w) {
+    mskv_schedule chk;
+    mskv_result r;
     if (!s || !w) return MSKV_ERROR_NULL_POINTER;
-    if (s->window < 1 || s->overlap < 0 || s->overlap >= s->window || s->stride != s->window - s->overlap)
-        return MSKV_ERROR_INVALID_SPEC;
+    /* the struct is the caller's: only a schedule schedule_init would make is safe to compute with */
+    if ((r = mskv_schedule_init(&chk, s->total, s->window, s->overlap)) != MSKV_SUCCESS) return r;
+    if (chk.stride != s->stride || chk.count != s->count) return MSKV_ERROR_INVALID_SPEC;
     if (k < 0 || k >= s->count) return MSKV_ERROR_OUT_OF_RANGE;
     w->index = k;
     w->start = k * s->stride;
@@ -1907,16 +1949,26 @@ MSKV_IMPL mskv_result mskv_retention_validate(const mskv_retention *r, int32_t p
     return mskv__retention_check(r, page_size, why, cap);
 }
 
-MSKV_IMPL int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed) {
+MSKV_IMPL mskv_result mskv_skipped_tokens_get(const mskv_retention *r, int64_t num_computed, int64_t *out) {
     int64_t sink, after, raw;
-    if (mskv__retention_check(r, 0, NULL, 0) != MSKV_SUCCESS || num_computed < 0) return 0;
+    mskv_result res;
+    if (!r || !out) return MSKV_ERROR_NULL_POINTER;
+    if ((res = mskv__retention_check(r, 0, NULL, 0)) != MSKV_SUCCESS) return res;
+    if (num_computed < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    /* a valid policy bounds chunk (2^40) and chunk counts (2^20): these products fit */
     sink = r->sink_chunks * r->chunk_size;
-    if (num_computed <= sink) return 0;
     after = num_computed - sink;
-    if (r->reset_at_boundary) return after / r->chunk_size * r->chunk_size;
-    raw = after - r->window_chunks * r->chunk_size;
-    if (raw <= 0) return 0;
-    return raw / r->chunk_size * r->chunk_size;
+    if (after <= 0) raw = 0;
+    else if (r->reset_at_boundary) raw = after;
+    else raw = after - r->window_chunks * r->chunk_size;
+    *out = raw <= 0 ? 0 : raw / r->chunk_size * r->chunk_size;
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed) {
+    int64_t n = 0;
+    mskv_result res = mskv_skipped_tokens_get(r, num_computed, &n);
+    return res == MSKV_SUCCESS ? n : (int64_t)res;
 }
 
 MSKV_IMPL mskv_result mskv_request_set_retention(mskv_arena *a, mskv_request h, const mskv_retention *r) {
@@ -2061,11 +2113,12 @@ MSKV_IMPL mskv_result mskv_abort(mskv_arena *a, const mskv_segment *segs, int32_
 static void mskv__apply_retention(mskv_arena *a, int32_t ri) {
     mskv__req *q = &a->reqs[ri];
     const mskv_retention *rt = &q->retention;
-    int64_t sink = rt->sink_chunks * rt->chunk_size, keep_from, live;
+    int64_t sink = rt->sink_chunks * rt->chunk_size, keep_from, live, skip = 0;
     if (q->committed >= sink && q->prefix_tokens < sink && q->live_start <= (int64_t)q->prefix_pages * a->P)
         (void)mskv__protect(a, ri, sink);
     if (q->prefix_tokens < sink) return; /* the sink is not complete (or not protectable): nothing may go yet */
-    keep_from = sink + mskv_skipped_tokens(rt, q->committed);
+    if (mskv_skipped_tokens_get(rt, q->committed, &skip) != MSKV_SUCCESS) return; /* validated when bound: cannot happen */
+    keep_from = sink + skip;
     live = q->committed - q->live_start;
     if (keep_from > q->live_start && live > 0)
         (void)mskv__release(a, ri, keep_from - q->live_start < live ? keep_from - q->live_start : live);
@@ -2105,6 +2158,35 @@ MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int3
 
 /* Plans */
 
+/* floor(x / d) for d >= 1 and every int64 x */
+static int64_t mskv__floordiv(int64_t x, int64_t d) {
+    int64_t q = x / d;
+    return x % d != 0 && x < 0 ? q - 1 : q;
+}
+
+/* Absolute position of compacted index j of a request's stream. */
+static int64_t mskv__abs_pos(const mskv_arena *a, const mskv__req *q, int64_t j) {
+    int64_t split = (int64_t)q->prefix_pages * a->P;
+    return j < split ? j : j + (q->live_start - split);
+}
+
+/* A position plan entry must be exact: OVERFLOW when pos - pos_offset does
+   not fit in 64 bits, OUT_OF_RANGE when the 1-D position or the 3-D frame
+   does not fit in int32 (rows and columns always do). */
+static mskv_result mskv__pos_check(mskv_arena *a, const mskv_plan_desc *d, int64_t pos, int32_t seg) {
+    int64_t rel, v;
+    if (d->pos_mode == MSKV_POS_NONE) return MSKV_SUCCESS;
+    if ((d->pos_offset < 0 && pos > INT64_MAX + d->pos_offset) || (d->pos_offset > 0 && pos < INT64_MIN + d->pos_offset))
+        return mskv__err(a, MSKV_ERROR_OVERFLOW, "plan: segment %d: position %lld - pos_offset %lld overflows", (int)seg,
+                         (long long)pos, (long long)d->pos_offset);
+    rel = pos - d->pos_offset;
+    v = d->pos_mode == MSKV_POS_1D ? rel : mskv__floordiv(rel, (int64_t)d->grid_h * d->grid_w);
+    if (v < INT32_MIN || v > INT32_MAX)
+        return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d: %s %lld does not fit in int32", (int)seg,
+                         d->pos_mode == MSKV_POS_1D ? "position" : "frame", (long long)v);
+    return MSKV_SUCCESS;
+}
+
 static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int32_t n, const mskv_plan_desc *d,
                                     mskv_plan_size *sz, int32_t *cross_ri) {
     int32_t i, ri;
@@ -2126,17 +2208,27 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
         int64_t nt = segs[i].n_tokens;
         if (nt < 0) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: segment %d has %lld tokens", (int)i, (long long)nt);
+        int64_t first, last;  /* the positions of the segment's first and last query */
         if (d->kind == MSKV_PLAN_DENSE) {
             if (d->dense_kv_len[i] < 0 || d->dense_kv_len[i] > INT32_MAX) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: dense kv length");
             if (nt > d->dense_kv_len[i])
                 return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)d->dense_kv_len[i]);
+            first = d->dense_kv_len[i] - nt;
+            last = d->dense_kv_len[i] - 1;
         } else {
             const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
+            int64_t len = mskv__kv_len(a, q);
             if (q->location != MSKV_RESIDENT) return mskv__err(a, MSKV_ERROR_OFFLOADED, "plan: segment %d's request is offloaded", (int)i);
-            if (nt > mskv__kv_len(a, q))
-                return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)mskv__kv_len(a, q));
+            if (nt > len)
+                return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)len);
             ids += d->kind == MSKV_PLAN_SELF ? q->num_pages : x->num_pages;
+            first = mskv__abs_pos(a, q, len - nt);
+            last = mskv__abs_pos(a, q, len - 1);
         }
+        /* positions rise along a segment: its two ends bound every entry (the
+           last first: an overflow, from a negative offset, shows there) */
+        if (nt > 0 && ((r = mskv__pos_check(a, d, last, i)) != MSKV_SUCCESS || (r = mskv__pos_check(a, d, first, i)) != MSKV_SUCCESS))
+            return r;
         tq += nt;
     }
     if (r != MSKV_SUCCESS) return r;
@@ -2161,7 +2253,6 @@ MSKV_IMPL mskv_result mskv_plan_query(mskv_arena *a, const mskv_segment *segs, i
     return r;
 }
 
-static int32_t mskv__floordiv(int64_t x, int64_t d) { return (int32_t)(x >= 0 ? x / d : -((-x + d - 1) / d)); }
 
 MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *p) {
     mskv_plan_desc zero;
@@ -2220,24 +2311,19 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
         /* the segment's own tokens: the tail of its own stream (SELF, CROSS) or of the dense sequence */
         own_len = q ? mskv__kv_len(a, q) : len;
         for (i = 0; i < nq; i++) {
-            int64_t j = own_len - nq + i, pos;
-            if (q) {
-                int64_t qsplit = (int64_t)q->prefix_pages * a->P;
-                pos = j < qsplit ? j : j + (q->live_start - qsplit);
-            } else {
-                pos = j;
-            }
+            int64_t j = own_len - nq + i, pos = q ? mskv__abs_pos(a, q, j) : j;
             /* only reserved tokens get a slot: a committed page may be shared with a fork */
             p->slot_mapping[q_at + i] = desc->kind == MSKV_PLAN_SELF && pos >= q->committed
                                             ? (int64_t)q->pages[j / a->P] * a->P + j % a->P : -1;
-            pos -= desc->pos_offset;
+            if (desc->pos_mode == MSKV_POS_NONE) continue;
+            pos -= desc->pos_offset;   /* checked by mskv__plan_sizes: exact, and in int32 */
             if (desc->pos_mode == MSKV_POS_1D) {
                 p->positions[q_at + i] = (int32_t)pos;
-            } else if (desc->pos_mode == MSKV_POS_3D) {
+            } else {
                 int64_t tpf = (int64_t)desc->grid_h * desc->grid_w;
-                int32_t f = mskv__floordiv(pos, tpf);
-                int64_t rem = pos - (int64_t)f * tpf;
-                p->positions[3 * (q_at + i) + 0] = f;
+                int64_t f = mskv__floordiv(pos, tpf);
+                int64_t rem = pos % tpf < 0 ? pos % tpf + tpf : pos % tpf;  /* f * tpf itself may not fit */
+                p->positions[3 * (q_at + i) + 0] = (int32_t)f;
                 p->positions[3 * (q_at + i) + 1] = (int32_t)(rem / desc->grid_w);
                 p->positions[3 * (q_at + i) + 2] = (int32_t)(rem % desc->grid_w);
             }

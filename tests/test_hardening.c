@@ -269,3 +269,231 @@ TEST(cpu_attention_with_more_rows_per_kv_head_than_int32_holds_is_OVERFLOW) {
     EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_cpu_attention(NULL, a, 0, &t.p, &at, q, o, NULL));
     mskv_arena_destroy(a);
 }
+
+/* ---- defect 5 --------------------------------------------------------------------- */
+
+/* One request of 10 committed tokens + 6 reserved, page size 4; a plan of
+   its 6 new tokens (absolute positions 10..15). */
+typedef struct mth_pos_fx {
+    mskv_arena *a;
+    mskv_request r;
+    mskv_segment seg;
+    mskv_plan p;
+} mth_pos_fx;
+
+static int mth_pos_open(mth_pos_fx *f) {
+    mskv_arena_desc d = mth_desc(16, 4, 0);
+    memset(f, 0, sizeof *f);
+    if (mskv_arena_create(&d, &f->a) || mskv_request_add(f->a, &f->r) || mtu_grow(f->a, f->r, 10)) return 0;
+    f->seg.request = f->r;
+    f->seg.n_tokens = 6;
+    return mskv_admit(f->a, &f->seg, 1) == MSKV_SUCCESS && mskv_plan_alloc(f->a, 1, 6, 8, &f->p) == MSKV_SUCCESS;
+}
+static void mth_pos_close(mth_pos_fx *f) {
+    mskv_plan_free(f->a, &f->p);
+    mskv_arena_destroy(f->a);
+}
+
+/* Builds with pos_offset and mode; on failure checks that the plan's
+   positions and the arena are untouched and that plan_query agrees. */
+static mskv_result mth_pos_build(mth_pos_fx *f, mskv_pos_mode mode, int64_t offset, int32_t gh, int32_t gw) {
+    mskv_plan_desc pd;
+    mskv_plan_size sz;
+    mskv_result r, rq;
+    uint64_t before = mskv_arena_digest(f->a);
+    int i;
+    memset(&pd, 0, sizeof pd);
+    pd.pos_mode = mode; pd.pos_offset = offset; pd.grid_h = gh; pd.grid_w = gw;
+    for (i = 0; i < 18; i++) f->p.positions[i] = -7;
+    rq = mskv_plan_query(f->a, &f->seg, 1, &pd, &sz);
+    r = mskv_plan_build(f->a, &f->seg, 1, &pd, &f->p);
+    EXPECT_EQ(r, rq);
+    if (r != MSKV_SUCCESS) {
+        for (i = 0; i < 18; i++)
+            if (f->p.positions[i] != -7) { mt_fail(__FILE__, __LINE__, "a failed build wrote positions[%d]", i); break; }
+        EXPECT_EQ_U64(before, mskv_arena_digest(f->a));
+    }
+    return r;
+}
+
+TEST(plan_positions_whose_offset_overflows_int64_are_OVERFLOW) {
+    mth_pos_fx f;
+    ASSERT_TRUE(mth_pos_open(&f));
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mth_pos_build(&f, MSKV_POS_1D, INT64_MIN, 0, 0));
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mth_pos_build(&f, MSKV_POS_3D, INT64_MIN, 3, 5));
+    /* the last position, 15, minus (INT64_MIN + 16) is INT64_MAX: no overflow, but no int32 either */
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mth_pos_build(&f, MSKV_POS_1D, INT64_MIN + 16, 0, 0));
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mth_pos_build(&f, MSKV_POS_1D, INT64_MIN + 15, 0, 0));
+    mth_pos_close(&f);
+}
+
+TEST(plan_positions_outside_int32_are_OUT_OF_RANGE_not_truncated) {
+    mth_pos_fx f;
+    int i;
+    ASSERT_TRUE(mth_pos_open(&f));
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mth_pos_build(&f, MSKV_POS_1D, INT64_MAX, 0, 0));
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mth_pos_build(&f, MSKV_POS_3D, INT64_MAX, 3, 5));
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mth_pos_build(&f, MSKV_POS_3D, INT64_MIN + 16, 1, 1));
+    /* frame 2^40 (grid 3 x 5): it used to become frame 0 */
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mth_pos_build(&f, MSKV_POS_3D, -(((int64_t)1 << 40) * 15), 3, 5));
+    /* the int32 edges themselves are exact */
+    ASSERT_EQ(MSKV_SUCCESS, mth_pos_build(&f, MSKV_POS_1D, 15 - (int64_t)INT32_MAX, 0, 0));
+    for (i = 0; i < 6; i++) EXPECT_EQ((int64_t)INT32_MAX - 5 + i, f.p.positions[i]);
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mth_pos_build(&f, MSKV_POS_1D, 15 - (int64_t)INT32_MAX - 1, 0, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mth_pos_build(&f, MSKV_POS_1D, 10 - (int64_t)INT32_MIN, 0, 0));
+    for (i = 0; i < 6; i++) EXPECT_EQ((int64_t)INT32_MIN + i, f.p.positions[i]);
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mth_pos_build(&f, MSKV_POS_1D, 10 - (int64_t)INT32_MIN + 1, 0, 0));
+    /* 3-D: frame INT32_MIN of a 1 x 1 grid is the lowest, one below it is refused */
+    ASSERT_EQ(MSKV_SUCCESS, mth_pos_build(&f, MSKV_POS_3D, 10 - (int64_t)INT32_MIN, 1, 1));
+    EXPECT_EQ(INT32_MIN, f.p.positions[0]);
+    EXPECT_EQ(0, f.p.positions[1]);
+    EXPECT_EQ(0, f.p.positions[2]);
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mth_pos_build(&f, MSKV_POS_3D, 10 - (int64_t)INT32_MIN + 1, 1, 1));
+    /* a negative frame is a floor division: position -1 of a 3 x 5 grid is frame -1, row 2, column 4 */
+    ASSERT_EQ(MSKV_SUCCESS, mth_pos_build(&f, MSKV_POS_3D, 11, 3, 5));
+    EXPECT_EQ(-1, f.p.positions[0]);
+    EXPECT_EQ(2, f.p.positions[1]);
+    EXPECT_EQ(4, f.p.positions[2]);
+    mth_pos_close(&f);
+}
+
+TEST(schedule_whose_last_window_would_end_past_int64_is_OVERFLOW) {
+    mskv_schedule s;
+    mskv_window w;
+    int64_t big = (int64_t)1 << 62;
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_schedule_init(&s, INT64_MAX, big, 0));
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_schedule_init(&s, big + 1, big, 0));
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_schedule_init(&s, INT64_MAX, INT64_MAX - 1, 3));
+    /* the largest that fits: 2^63 - 1 = 7 x 1317624576693539401, so the
+       seventh window ends exactly at INT64_MAX (padded by 5 past total) */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_schedule_init(&s, INT64_MAX - 5, INT64_MAX / 7, 0));
+    ASSERT_EQ(7, s.count);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_schedule_window(&s, 6, &w));
+    EXPECT_EQ(INT64_MAX, w.end);
+    EXPECT_EQ(INT64_MAX - 5, w.commit_end);
+    EXPECT_EQ(5, w.pad);
+}
+
+TEST(schedule_window_of_a_hand_made_schedule_recomputes_it_instead_of_overflowing) {
+    mskv_schedule s;
+    mskv_window w;
+    mskv_decode_span ds;
+    int64_t big = (int64_t)1 << 62;
+    s.total = INT64_MAX; s.window = big; s.overlap = 0; s.stride = big; s.count = 2;
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_schedule_window(&s, 1, &w));
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_schedule_decode_span(&s, 1, 4, &ds));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_schedule_init(&s, 100, 10, 2));
+    s.count++;   /* a window past the schedule's end */
+    EXPECT_EQ(MSKV_ERROR_INVALID_SPEC, mskv_schedule_window(&s, s.count - 1, &w));
+    s.count--;
+    s.total = -1;
+    EXPECT_EQ(MSKV_ERROR_INVALID_SPEC, mskv_schedule_window(&s, 0, &w));
+}
+
+/* ---- defect 6 --------------------------------------------------------------------- */
+
+static mskv_result mth_nop_read(void *u, const int32_t *p, int32_t n, void *d) { (void)u; (void)p; (void)n; (void)d; return MSKV_SUCCESS; }
+static mskv_result mth_nop_write(void *u, const int32_t *p, int32_t n, const void *s) { (void)u; (void)p; (void)n; (void)s; return MSKV_SUCCESS; }
+static mskv_result mth_nop_copy(void *u, int32_t s, int32_t d) { (void)u; (void)s; (void)d; return MSKV_SUCCESS; }
+
+TEST(arena_create_validates_every_descriptor_field_whatever_num_layers_says) {
+    mskv_arena_desc d;
+    mskv_arena *a = NULL;
+    mskv_store_ops ops;
+    d = mth_desc(8, 4, 0);
+    d.dtype = (mskv_dtype)9;          /* no host store, but still not a dtype */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &a));
+    d.dtype = (mskv_dtype)-1;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &a));
+    d = mth_desc(8, 4, 0);
+    d.kv_heads = -1;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &a));
+    d = mth_desc(8, 4, 0);
+    d.head_dim = -5;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &a));
+    /* store ops are called by offload, reload and fork: all three or the descriptor is wrong */
+    memset(&ops, 0, sizeof ops);
+    ops.read_pages = mth_nop_read; ops.write_pages = mth_nop_write;
+    d = mth_desc(8, 4, 1);
+    d.store_ops = &ops;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &a));
+    EXPECT_TRUE(a == NULL);
+    ops.copy_page = mth_nop_copy;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    mskv_arena_destroy(a);
+    a = NULL;
+    /* geometry given without layers is unused, and allowed */
+    d = mth_desc(8, 4, 0);
+    d.kv_heads = 8; d.head_dim = 64; d.dtype = MSKV_DTYPE_BF16;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    mskv_arena_destroy(a);
+}
+
+/* ---- defect 7 --------------------------------------------------------------------- */
+
+/* A brute-force causal video decoder with temporal ratio r and a left
+   receptive field of c latent frames. Decoding latents [a, b) as one
+   stream: the first gives one "start" frame; latent a + i (i >= 1) gives r
+   frames, each a function of the latents it sees, a + i - c .. a + i, where
+   those before a are padding. A frame is identified by a hash of exactly
+   what it depends on. */
+#define MTH_MAX_FRAMES 256
+static int mth_decode(int64_t a, int64_t b, int r, int c, uint64_t *out) {
+    int n = 0, j, d;
+    int64_t i;
+    out[n++] = 0x5151u + (uint64_t)a * 7919u;   /* a stream start, seeing latent a alone */
+    for (i = 1; i < b - a; i++)
+        for (j = 1; j <= r; j++) {
+            uint64_t h = (uint64_t)j * 1000003u;
+            for (d = 0; d <= c; d++) {
+                int64_t idx = a + i - d;
+                h = h * 31u + (idx < a ? 1u : (uint64_t)idx + 7u);
+            }
+            out[n++] = h;
+        }
+    return n;
+}
+
+/* Streams the schedule window by window, dropping 1 + r(trim - 1) frames
+   when trim > 0 as the header says; 1 when the concatenation equals one
+   whole-stream decode of 1 + r(total - 1) frames. */
+static int mth_stream_matches(int64_t total, int64_t window, int64_t overlap, int64_t ctx, int r, int c) {
+    uint64_t whole[MTH_MAX_FRAMES], part[MTH_MAX_FRAMES], got[MTH_MAX_FRAMES];
+    mskv_schedule s;
+    int64_t k;
+    int nwhole, ngot = 0, i;
+    if (mskv_schedule_init(&s, total, window, overlap) != MSKV_SUCCESS) return -1;
+    nwhole = mth_decode(0, total, r, c, whole);
+    if (nwhole != 1 + r * (total - 1)) return -1;
+    for (k = 0; k < s.count; k++) {
+        mskv_decode_span ds;
+        int npart, drop;
+        if (mskv_schedule_decode_span(&s, k, ctx, &ds) != MSKV_SUCCESS) return -1;
+        npart = mth_decode(ds.in_start, ds.in_end, r, c, part);
+        drop = ds.trim > 0 ? 1 + r * (int)(ds.trim - 1) : 0;
+        for (i = drop; i < npart && ngot < MTH_MAX_FRAMES; i++) got[ngot++] = part[i];
+    }
+    return ngot == nwhole && memcmp(got, whole, (size_t)nwhole * sizeof(uint64_t)) == 0;
+}
+
+TEST(decode_span_trim_drops_one_plus_r_times_trim_minus_one_frames_of_a_causal_decoder) {
+    static const int ratios[3] = {1, 2, 4};
+    int ri, c, mismatches_short_ctx = 0;
+    int64_t total, window, overlap, ctx;
+    for (ri = 0; ri < 3; ri++)
+        for (c = 1; c <= 3; c++)
+            for (total = 1; total <= 20; total++)
+                for (window = 1; window <= 8; window++)
+                    for (overlap = 0; overlap < window; overlap++) {
+                        for (ctx = c; ctx <= c + 2; ctx += 2)
+                            if (mth_stream_matches(total, window, overlap, ctx, ratios[ri], c) != 1) {
+                                mt_fail(__FILE__, __LINE__, "r %d, field %d: total %lld window %lld overlap %lld ctx %lld: "
+                                        "the trimmed windows are not the whole stream", ratios[ri], c, (long long)total,
+                                        (long long)window, (long long)overlap, (long long)ctx);
+                                return;
+                            }
+                        /* the model can tell: context short of the receptive field breaks the stream */
+                        mismatches_short_ctx += mth_stream_matches(total, window, overlap, c - 1, ratios[ri], c) == 0;
+                    }
+    EXPECT_LT(0, mismatches_short_ctx);
+}
