@@ -650,7 +650,9 @@ MSKV_API mskv_result mskv_cpu_write_kv_pools(const mskv_pools *pools, const mskv
 
 /* Merge two partial results over disjoint key sets into (o, lse) over their union:
    [n][heads][head_dim] f32 and [n][heads]. Empty parts (lse = -inf) are neutral;
-   both empty gives o = 0, lse = -inf. o/lse may alias a or b. */
+   both empty gives o = 0, lse = -inf. o/lse may alias a or b. Return value:
+   SUCCESS, INVALID_ARGUMENT (n < 0, heads or head_dim < 1), OVERFLOW
+   (n * heads * head_dim past int64), NULL_POINTER. */
 MSKV_API mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, const float *o_a, const float *lse_a, const float *o_b, const float *lse_b, float *o, float *lse);
 
 #ifdef __cplusplus
@@ -2993,6 +2995,7 @@ MSKV_IMPL mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim,
     int64_t r, rows;
     int32_t d;
     if (n < 0 || heads <= 0 || head_dim <= 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (n > INT64_MAX / heads / head_dim) return MSKV_ERROR_OVERFLOW;   /* n * heads * head_dim elements */
     if (n == 0) return MSKV_SUCCESS;
     if (!o_a || !lse_a || !o_b || !lse_b || !o || !lse) return MSKV_ERROR_NULL_POINTER;
     rows = n * heads;
