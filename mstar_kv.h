@@ -45,6 +45,15 @@
    Every call that takes a NULL required pointer returns
    MSKV_ERROR_NULL_POINTER, and a removed or foreign request handle
    MSKV_ERROR_INVALID_HANDLE; the lists below name the other codes.
+   When several things are wrong at once, the code is the first that
+   applies in this order: NULL_POINTER; INVALID_HANDLE and DUPLICATE (a
+   batch's segments are all looked up first, in order); INVALID_ARGUMENT (a
+   value outside its domain); the request's state: OFFLOADED or
+   NOT_OFFLOADED, then RESERVATION_PENDING or NO_RESERVATION, then READ_ONLY,
+   then BAD_STATE (a batch: segment by segment, each segment's first
+   problem); values against that state: OUT_OF_RANGE, RELEASED, NOT_WRITTEN,
+   OVERFLOW; last the resources: TOO_MANY_REQUESTS, OUT_OF_PAGES,
+   OUT_OF_MEMORY.
 
    Thread safety: an arena's functions may be called from several threads at
    once (one internal lock per arena, removed by MSKV_NO_THREADS). Callbacks
@@ -1572,7 +1581,8 @@ MSKV_IMPL mskv_result mskv_request_slot(mskv_arena *a, mskv_request h, int64_t p
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
-    if (q->location != MSKV_RESIDENT) r = MSKV_ERROR_OFFLOADED;
+    if (pos < 0) r = MSKV_ERROR_INVALID_ARGUMENT;   /* a value outside its domain before the state (the header's order) */
+    else if (q->location != MSKV_RESIDENT) r = MSKV_ERROR_OFFLOADED;
     else r = mskv__compact_index(a, q, pos, &j);
     if (r == MSKV_SUCCESS) *slot = (int64_t)q->pages[j / a->P] * a->P + j % a->P;
     else r = mskv__err(a, r, "slot of position %lld: %s", (long long)pos, mskv_result_string(r));
@@ -1613,8 +1623,9 @@ MSKV_IMPL mskv_result mskv_request_offload(mskv_arena *a, mskv_request h) {
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
-    r = mskv__check_mutable(a, q, "offload");
-    if (r == MSKV_SUCCESS && q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "offload: commit or abort first");
+    /* the header's order of state codes: location, reservation, keyed */
+    r = q->location == MSKV_RESIDENT && q->has_res ? mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "offload: commit or abort first")
+                                                   : mskv__check_mutable(a, q, "offload");
     if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
     n = q->num_pages;
     if (!mskv__mul((size_t)n, a->record_bytes, &bytes)) { MSKV__UNLOCK(a); return MSKV_ERROR_OVERFLOW; }
