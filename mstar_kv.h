@@ -112,6 +112,7 @@ typedef enum mskv_result {
     MSKV_ERROR_NO_RESERVATION = -23,   /* commit or abort without an open reservation */
     MSKV_ERROR_READ_ONLY = -24,        /* a sealed keyed entry, or a forbidden change to it */
     MSKV_ERROR_BAD_STATE = -25,        /* any other operation the request's state forbids */
+    MSKV_ERROR_STALE_PLAN = -26,       /* pages left a request's table after the plan was built (release, offload, remove, abort) */
     /* resources */
     MSKV_ERROR_OUT_OF_PAGES = -40,     /* not enough free pages: nothing was allocated */
     MSKV_ERROR_OUT_OF_MEMORY = -41,    /* the allocator returned NULL */
@@ -502,6 +503,13 @@ typedef struct mskv_plan {
     int32_t cap_batch, cap_tokens, cap_page_ids;
     uint64_t step;             /* the fence the plan was built in */
     void *owned;               /* set by mskv_plan_alloc */
+    /* Stale-plan check (mskv_plan_check), filled by mskv_plan_build: */
+    mskv_request *requests;    /* [batch] optional (mskv_plan_alloc provides it): each segment's request, so
+                                  only pages leaving these requests make the plan stale; NULL: any
+                                  request's pages leaving make it stale */
+    mskv_request cross;        /* a CROSS plan's keyed entry (its pages are the ones read); else 0 */
+    uint64_t generation;       /* the arena's page-table generation at build; 0 = never checked (a
+                                  plan not built by an arena, or a DENSE plan) */
 } mskv_plan;
 
 typedef struct mskv_plan_size {
@@ -524,6 +532,21 @@ MSKV_API void mskv_plan_free(mskv_arena *arena, mskv_plan *plan);
 /* Checks the CSR invariants: monotone indptrs, indices in [1, num_pages),
    last_page_len rule, kv_len consistent with pages. why gets the broken rule. */
 MSKV_API mskv_result mskv_plan_validate(const mskv_plan *plan, int32_t num_pages, char *why, size_t why_cap);
+/* Whether a plan built by mskv_plan_build still describes its requests'
+   pages. A plan is stale once pages left the table of one of its requests
+   (release, retention at publish, offload, abort, remove: those pages may
+   now hold another request's tokens); a request that only grew (admit,
+   commit) keeps its plans valid. The arena counts every loss of pages in
+   one generation, and each request remembers the generation of its last
+   loss: the check is one compare while nothing lost pages since the build,
+   else one per segment (plan->requests; without that array any loss in the
+   arena makes the plan stale). A plan with generation 0 (made by the caller,
+   or DENSE) is never stale. mskv_cpu_write_kv, mskv_cpu_attention and the
+   GPU wrappers call this first; check it yourself before handing a plan to
+   your own kernels. Return value: SUCCESS, STALE_PLAN (also for a removed
+   request, or a generation this arena never had), NULL_POINTER.
+   Thread safety: takes the arena's lock. */
+MSKV_API mskv_result mskv_plan_check(mskv_arena *arena, const mskv_plan *plan);
 
 /* Keyed, write-once K/V (cross-attention, e.g. text-encoder output): created
    with its tokens reserved, written through a plan, sealed, then read by any
@@ -616,7 +639,8 @@ MSKV_API void mskv_cpu_destroy(mskv_cpu *cpu);
    at plan->positions ([total_q] for 1-D, [total_q][3] for 3-D).
    Every slot is checked first (inside the pool, not the null page 0):
    OUT_OF_RANGE and nothing written otherwise. UNSUPPORTED when the arena has
-   no host pools. */
+   no host pools. STALE_PLAN when the plan's pages changed since it was
+   built (mskv_plan_check). */
 MSKV_API mskv_result mskv_cpu_write_kv(mskv_arena *arena, int32_t layer, const mskv_plan *plan, const void *k, const void *v, mskv_dtype src_dtype, const mskv_rope *rope);
 
 typedef enum mskv_mask {
@@ -644,6 +668,8 @@ typedef struct mskv_attn {
    an inconsistent plan: indptrs that decrease or pass total_q or
    num_page_ids, which bound the arrays read), OUT_OF_RANGE (a page outside the pool),
    OVERFLOW (a segment with 2^31 rows or more: queries x q_heads / kv_heads),
+   STALE_PLAN (pages left one of the plan's requests since it was built:
+   mskv_plan_check; the _pools form takes caller-made plans and never checks),
    UNSUPPORTED (no host pools). Nothing is written on failure. */
 MSKV_API mskv_result mskv_cpu_attention(mskv_cpu *cpu, mskv_arena *arena, int32_t layer, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
 
@@ -659,9 +685,9 @@ MSKV_API mskv_result mskv_cpu_write_kv_pools(const mskv_pools *pools, const mskv
 
 /* Merge two partial results over disjoint key sets into (o, lse) over their union:
    [n][heads][head_dim] f32 and [n][heads]. Empty parts (lse = -inf) are neutral;
-   both empty gives o = 0, lse = -inf. o/lse may alias a or b. Return value:
-   SUCCESS, INVALID_ARGUMENT (n < 0, heads or head_dim < 1), OVERFLOW
-   (n * heads * head_dim past int64), NULL_POINTER. */
+   both empty gives o = 0, lse = -inf. o/lse may alias a or b.
+   Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (n < 0, heads or
+   head_dim < 1), OVERFLOW (n * heads * head_dim past int64). */
 MSKV_API mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, const float *o_a, const float *lse_a, const float *o_b, const float *lse_b, float *o, float *lse);
 
 #ifdef __cplusplus
@@ -730,6 +756,7 @@ MSKV_IMPL const char *mskv_result_string(mskv_result r) {
     case MSKV_ERROR_NO_RESERVATION: return "request has no open reservation";
     case MSKV_ERROR_READ_ONLY: return "keyed entry is read-only";
     case MSKV_ERROR_BAD_STATE: return "operation not allowed in the request's state";
+    case MSKV_ERROR_STALE_PLAN: return "stale plan: pages left one of its requests' tables since it was built";
     case MSKV_ERROR_OUT_OF_PAGES: return "out of pages";
     case MSKV_ERROR_OUT_OF_MEMORY: return "out of memory";
     case MSKV_ERROR_OVERFLOW: return "size overflow";
@@ -858,6 +885,7 @@ typedef struct mskv__req {
     uint16_t gen;
     uint8_t used, location, keyed, sealed, has_res, has_ret, mark, paused;
     int64_t committed, reserved, prefix_tokens, live_start, published;
+    uint64_t shrunk;          /* the arena's generation when pages last left this table */
     int32_t prefix_pages;
     int32_t *tab;             /* the table's memory */
     int32_t *pages;           /* tab + head: releases move the head, not the live pages */
@@ -885,6 +913,7 @@ struct mskv_arena {
     int32_t *req_free;
     int32_t req_free_top, nreq;
     uint64_t step, completed, epoch_counter;
+    uint64_t generation;       /* moves whenever pages leave any request's table (plans record it) */
     int64_t offloaded_pages;
     mskv_store_info store;
     size_t record_bytes;       /* one page, all layers, K and V: num_layers * 2 * page_bytes */
@@ -970,6 +999,7 @@ static mskv_result mskv__arena_desc_check(const mskv_arena_desc *d) {
             (d->host_allocator.alloc && d->host_allocator.realloc && d->host_allocator.free))
         return MSKV_ERROR_INVALID_ARGUMENT;
     if ((int64_t)d->num_pages * d->page_size > ((int64_t)1 << 62)) return MSKV_ERROR_OVERFLOW;
+    if (d->num_layers > INT32_MAX / 2) return MSKV_ERROR_OVERFLOW;  /* pools are indexed layer * 2 + kind in int32 */
     return MSKV_SUCCESS;
 }
 
@@ -1045,6 +1075,7 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     a->free_top = a->num_pages - 1;
     a->step = 1;
     a->completed = 0;
+    a->generation = 1;   /* 0 in a plan means "not built by an arena" */
     a->store.num_layers = nl;
     a->store.kv_heads = nl ? desc->kv_heads : 0;
     a->store.head_dim = nl ? desc->head_dim : 0;
@@ -1252,7 +1283,8 @@ static mskv_request mskv__handle(const mskv_arena *a, int32_t ri) {
 static mskv_result mskv__reserve_table(mskv_arena *a, mskv__req *q, int32_t need) {
     int32_t cap;
     int32_t *p;
-    if (q->head + need <= q->cap_pages) return MSKV_SUCCESS;
+    size_t bytes;
+    if ((int64_t)q->head + need <= q->cap_pages) return MSKV_SUCCESS;  /* need may be near INT32_MAX */
     if (q->head > 0) {
         if (q->num_pages) memmove(q->tab, q->pages, (size_t)q->num_pages * sizeof(int32_t));
         q->head = 0;
@@ -1261,7 +1293,8 @@ static mskv_result mskv__reserve_table(mskv_arena *a, mskv__req *q, int32_t need
     }
     cap = q->cap_pages ? q->cap_pages : 8;
     while (cap < need) cap = cap > (1 << 29) ? need : cap * 2;
-    p = (int32_t *)mskv__realloc(&a->al, q->tab, (size_t)cap * sizeof(int32_t));
+    if (!mskv__mul((size_t)cap, sizeof(int32_t), &bytes)) return mskv__err(a, MSKV_ERROR_OVERFLOW, "page table of %d entries", (int)cap);
+    p = (int32_t *)mskv__realloc(&a->al, q->tab, bytes);
     if (!p) return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "page table of %d entries", (int)cap);
     q->tab = q->pages = p;
     q->cap_pages = cap;
@@ -1322,6 +1355,8 @@ static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t from, int32_t co
     mskv__req *q = &a->reqs[ri];
     int32_t i, after;
     if (count <= 0) return;
+    /* the one place pages leave a table: plans built before now that read them are stale */
+    q->shrunk = ++a->generation;
     for (i = from; a->desc.on_event && i < from + count; i++)
         mskv__emit(a, MSKV_EVENT_PAGE_REMOVED, ri, q->pages[i], mskv__entry_pos(a, q, i));
     for (i = from + count - 1; i >= from; i--) mskv__unref(a, q->pages[i]);
@@ -2293,6 +2328,10 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
     p->num_page_ids = sz.num_page_ids;
     p->page_size = a->P;
     p->step = a->step;
+    p->generation = desc->kind == MSKV_PLAN_DENSE ? 0 : a->generation;   /* a dense plan reads no pages */
+    p->cross.id = desc->kind == MSKV_PLAN_CROSS ? desc->cross.id : 0;
+    if (p->requests && desc->kind != MSKV_PLAN_DENSE)   /* cap_batch entries, checked above */
+        for (b = 0; b < n; b++) p->requests[b] = segs[b].request;
     p->qo_indptr[0] = 0;
     p->kv_indptr[0] = 0;
     p->kv_token_indptr[0] = 0;
@@ -2349,15 +2388,20 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
 }
 
 MSKV_IMPL mskv_result mskv_plan_alloc(mskv_arena *a, int32_t cap_batch, int32_t cap_tokens, int32_t cap_page_ids, mskv_plan *p) {
-    size_t b, t, ids, total = 0, off = 0;
+    size_t b, t, ids, total = 0, off = 0, eights, fours;
     unsigned char *mem;
     if (!a || !p) return MSKV_ERROR_NULL_POINTER;
     if (cap_batch < 0 || cap_tokens < 0 || cap_page_ids < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     b = (size_t)cap_batch;
     t = (size_t)cap_tokens;
     ids = (size_t)cap_page_ids;
-    /* 8-byte arrays first, then 4-byte ones: natural alignment without padding */
-    total = (b + 1) * 8 + t * 8 + (b + 1) * 4 * 2 + ids * 4 + b * 4 * 4 + t * 4 * 3;
+    /* 8-byte arrays first, then 4-byte ones: natural alignment without padding.
+       Elements: (b + 1) + t eights; 2 (b + 1) + ids + 5 b + 3 t fours (the
+       requests' handles are 4 bytes). Checked: with a 32-bit size_t they overflow. */
+    if (!mskv__add(b + 1, t, &eights) || !mskv__mul(eights, 8, &eights) || !mskv__mul(b, 7, &fours) ||
+        !mskv__add(fours, 2, &fours) || !mskv__add(fours, ids, &fours) || !mskv__mul(t, 3, &total) ||
+        !mskv__add(fours, total, &fours) || !mskv__mul(fours, 4, &fours) || !mskv__add(eights, fours, &total))
+        return mskv__err(a, MSKV_ERROR_OVERFLOW, "plan_alloc: capacities %d, %d, %d", (int)cap_batch, (int)cap_tokens, (int)cap_page_ids);
     mem = (unsigned char *)mskv__alloc(&a->al, total);
     if (!mem) return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "plan_alloc: %zu bytes", total);
     memset(p, 0, sizeof *p);
@@ -2371,6 +2415,7 @@ MSKV_IMPL mskv_result mskv_plan_alloc(mskv_arena *a, int32_t cap_batch, int32_t 
     p->kv_len = (int32_t *)(void *)(mem + off); off += b * 4;
     p->kv_pos_split = (int32_t *)(void *)(mem + off); off += b * 4;
     p->kv_pos_shift = (int32_t *)(void *)(mem + off); off += b * 4;
+    p->requests = (mskv_request *)(void *)(mem + off); off += b * sizeof(mskv_request);
     p->positions = (int32_t *)(void *)(mem + off); off += t * 4 * 3;
     MSKV_ASSERT(off == total);
     p->cap_batch = cap_batch;
@@ -2420,6 +2465,31 @@ MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, 
 #undef MSKV__BAD
     mskv__why(why, cap, "ok");
     return MSKV_SUCCESS;
+}
+
+/* A request a plan reads: still there, and no page left it since generation g. */
+static int mskv__plan_req_current(const mskv_arena *a, mskv_request h, uint64_t g) {
+    int32_t ri = mskv__lookup(a, h);
+    return ri >= 0 && a->reqs[ri].shrunk <= g;
+}
+
+MSKV_IMPL mskv_result mskv_plan_check(mskv_arena *a, const mskv_plan *p) {
+    int ok = 1;
+    int32_t b;
+    if (!a || !p) return MSKV_ERROR_NULL_POINTER;
+    if (p->generation == 0) return MSKV_SUCCESS;
+    MSKV__LOCK(a);
+    if (p->generation != a->generation) {   /* something lost pages since the build: whose? */
+        if (p->generation > a->generation) ok = 0;              /* not a generation of this arena */
+        else if (p->cross.id) ok = mskv__plan_req_current(a, p->cross, p->generation);
+        else if (!p->requests) ok = 0;
+        else
+            for (b = 0; ok && b < p->batch; b++) ok = mskv__plan_req_current(a, p->requests[b], p->generation);
+    }
+    MSKV__UNLOCK(a);
+    return ok ? MSKV_SUCCESS
+              : mskv__err(a, MSKV_ERROR_STALE_PLAN, "plan built at generation %llu is stale: pages left one of its requests since",
+                          (unsigned long long)p->generation);
 }
 
 /* Keyed entries */
@@ -2660,6 +2730,7 @@ MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
     mskv__hash_u64(&h, a->step);
     mskv__hash_u64(&h, a->completed);
     mskv__hash_u64(&h, a->epoch_counter);
+    mskv__hash_u64(&h, a->generation);
     mskv__hash_u64(&h, (uint64_t)a->free_top);
     mskv__hash_update(&h, a->free_stack, (size_t)a->free_top * sizeof(int32_t));
     for (i = 0; i < a->pend_count; i++) {
@@ -2684,6 +2755,7 @@ MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
         mskv__hash_u64(&h, (uint64_t)q->published);
         mskv__hash_u64(&h, (uint64_t)q->prefix_pages);
         mskv__hash_u64(&h, q->epoch);
+        mskv__hash_u64(&h, q->shrunk);
         mskv__hash_u64(&h, q->key);
         mskv__hash_update(&h, &q->retention, sizeof q->retention);
         mskv__hash_u64(&h, (uint64_t)q->num_pages);
@@ -2991,6 +3063,7 @@ MSKV_IMPL mskv_result mskv_cpu_write_kv(mskv_arena *arena, int32_t layer, const 
     if (!arena || !plan) return MSKV_ERROR_NULL_POINTER;
     if ((res = mskv_store_info_get(arena, &si)) != MSKV_SUCCESS) return res;
     if (layer < 0 || layer >= si.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
+    if ((res = mskv_plan_check(arena, plan)) != MSKV_SUCCESS) return res;
     kp = mskv_store_pool(arena, layer, 0);
     vp = mskv_store_pool(arena, layer, 1);
     if (!kp || !vp) return MSKV_ERROR_UNSUPPORTED; /* bookkeeping-only arena, or bytes live elsewhere */
@@ -3006,7 +3079,7 @@ MSKV_IMPL mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim,
     int64_t r, rows;
     int32_t d;
     if (n < 0 || heads <= 0 || head_dim <= 0) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (n > INT64_MAX / heads / head_dim) return MSKV_ERROR_OVERFLOW;   /* n * heads * head_dim elements */
+    if (n > INT64_MAX / heads / head_dim) return MSKV_ERROR_OVERFLOW;  /* elements are counted in int64 */
     if (n == 0) return MSKV_SUCCESS;
     if (!o_a || !lse_a || !o_b || !lse_b || !o || !lse) return MSKV_ERROR_NULL_POINTER;
     rows = n * heads;
@@ -3783,9 +3856,10 @@ MSKV_IMPL mskv_result mskv_cpu_attention(mskv_cpu *cpu, mskv_arena *arena, int32
     mskv_store_info si;
     mskv_pools pools;
     mskv_result res;
-    if (!arena) return MSKV_ERROR_NULL_POINTER;
+    if (!arena || !plan) return MSKV_ERROR_NULL_POINTER;
     if ((res = mskv_store_info_get(arena, &si)) != MSKV_SUCCESS) return res;
     if (layer < 0 || layer >= si.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
+    if ((res = mskv_plan_check(arena, plan)) != MSKV_SUCCESS) return res;
     pools.k = mskv_store_pool(arena, layer, 0);
     pools.v = mskv_store_pool(arena, layer, 1);
     if (!pools.k || !pools.v) return MSKV_ERROR_UNSUPPORTED;

@@ -333,11 +333,19 @@ MSKV_API mskv_result mskv_cuda_retire(mskv_cuda_store *st, int wait);
    Return value: CAPACITY (past the store's max_batch / max_tokens /
    max_page_ids), OUT_OF_RANGE (a page id outside [1, num_pages) or a slot
    in the null page or past the pools: the kernels would trust it),
-   INVALID_ARGUMENT (another page size), BAD_STATE (while capturing), CUDA. */
+   INVALID_ARGUMENT (another page size, a pos_mode it does not know, or a
+   table whose indptrs do not run from 0 to total_q / num_page_ids without
+   decreasing, or a kv_len past its pages: a replayed graph trusts it),
+   STALE_PLAN (an arena-built plan whose pages changed since it was built:
+   mskv_plan_check against the bound arena), BAD_STATE (while capturing, or
+   an arena-built plan on a store bound to no arena), CUDA.
+   mskv_cuda_write_kv, mskv_cuda_attention and mskv_cuda_graph_launch check
+   the uploaded plan again (STALE_PLAN): they read it until the next upload. */
 MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan *plan, mskv_pos_mode pos_mode, mskv_cuda_dplan *out);
 /* Scatters k, v (device, [total_q][kv_heads][head_dim], the store's dtype)
    into layer `layer` through plan->slot_mapping; rope (optional) rotates K on
-   the way in at plan->positions. */
+   the way in at plan->positions. STALE_PLAN when the plan uploaded last is
+   an arena-built plan whose pages changed since it was built. */
 MSKV_API mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan, mskv_cu_ptr k, mskv_cu_ptr v, const mskv_rope *rope);
 
 /* // >>graphs --------------------------------------------------------------- */
@@ -390,7 +398,9 @@ MSKV_API mskv_result mskv_cuda_attn_geometry_get(int32_t batch, int32_t total_q,
    host plan's table is checked (indptrs, kv_len within its pages): the
    kernel reads only the pages it was given.
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OUT_OF_RANGE (layer),
-   UNSUPPORTED (f32 store, head_dim), CUDA, NVRTC (first use compiles). */
+   UNSUPPORTED (f32 store, head_dim), STALE_PLAN (plan, or the plan uploaded
+   last, is an arena-built plan whose pages changed since it was built),
+   CUDA, NVRTC (first use compiles). */
 MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
                                          const mskv_cuda_dplan *dplan, const mskv_attn *attn,
                                          mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
@@ -2281,6 +2291,8 @@ struct mskv_cuda_store {
     int capturing;
     int32_t graphs;             /* live graphs: the workspace they captured must stay */
     mskv__cuda_shape cur;       /* the plan uploaded last */
+    mskv_plan up_check;         /* what mskv_plan_check needs of the plan uploaded last (generation 0: none) */
+    mskv_request *up_requests;  /* [max_batch]: its requests */
     int64_t cap_kv_cover;       /* during a capture: the smallest split-KV key reach */
     mskv__cuda_mutex lock;
 };
@@ -2505,6 +2517,7 @@ static void mskv__cuda_store_release(mskv_cuda_store *st) {
     if (st->d_stage) cu->fn.cuMemFree(st->d_stage);
     if (st->pools) cu->fn.cuMemFree(st->pools);
     if (st->stream) cu->fn.cuStreamDestroy(st->stream);
+    mskv__cuda_dealloc(&cu->allocator, st->up_requests);
     mskv__cuda_dealloc(&cu->allocator, st);
 }
 
@@ -2545,10 +2558,14 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
         mskv__cuda_dealloc(&cu->allocator, st);
         return MSKV_ERROR_OVERFLOW;
     }
-    st->stage_pages = (int32_t)(d.staging_bytes / st->set_bytes);
-    if (st->stage_pages < 1) st->stage_pages = 1;
-    if (st->stage_pages > d.num_pages) st->stage_pages = d.num_pages;
-    if (st->stage_pages > 65535) st->stage_pages = 65535;   /* the copies' grid.y is the page count */
+    {
+        /* clamped while still a size_t: narrowed first, 2^32 + 2 pages would become 2 */
+        size_t pages = d.staging_bytes / st->set_bytes;
+        if (pages < 1) pages = 1;
+        if (pages > (size_t)d.num_pages) pages = (size_t)d.num_pages;
+        if (pages > 65535) pages = 65535;   /* the copies' grid.y is the page count */
+        st->stage_pages = (int32_t)pages;
+    }
     st->stage_bytes = (size_t)st->stage_pages * st->set_bytes;
     ids_bytes = (size_t)st->stage_pages * 4;
     mskv__cuda_plan_layout_of(&st->lay, (size_t)d.max_batch, (size_t)d.max_tokens, (size_t)d.max_page_ids);
@@ -2556,6 +2573,8 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) { mskv__cuda_dealloc(&cu->allocator, st); return res; }
 #define MSKV__CR_TRY(call, what) do { mskv_cu_result mskv__r = (call); \
         if (mskv__r != MSKV_CU_SUCCESS) { res = mskv__cuda_fail(cu, mskv__r, what); goto fail; } } while (0)
+    st->up_requests = (mskv_request *)mskv__cuda_calloc(&cu->allocator, (size_t)d.max_batch * sizeof(mskv_request));
+    if (!st->up_requests) { res = MSKV_ERROR_OUT_OF_MEMORY; goto fail; }
     MSKV__CR_TRY(cu->fn.cuStreamCreate(&st->stream, MSKV_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->pools, all), "cuMemAlloc(K/V pools)");
     MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->d_stage, st->stage_bytes), "cuMemAlloc(staging)");
@@ -2774,6 +2793,29 @@ MSKV_API mskv_result mskv_cuda_store_sync(mskv_cuda_store *st) {
 
 /* // >>launches implementation ---------------------------------------------- */
 
+/* The table arrays a plan carries, checked as the kernels (and the graphs
+   that replay them with whatever was uploaded) will index them: indptrs
+   from 0, never decreasing, ending at total_q and num_page_ids (they index
+   q, o and the page ids), and no kv_len past its pages. Missing arrays are
+   not checked (nor uploaded). */
+static mskv_result mskv__cuda_check_table(const mskv_plan *plan, int32_t page_size) {
+    int32_t b;
+    if (plan->qo_indptr) {
+        if (plan->qo_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
+        for (b = 0; b < plan->batch; b++)
+            if (plan->qo_indptr[b + 1] < plan->qo_indptr[b]) return MSKV_ERROR_INVALID_ARGUMENT;
+    }
+    if (plan->kv_indptr) {
+        if (plan->kv_indptr[0] != 0 || plan->kv_indptr[plan->batch] != plan->num_page_ids) return MSKV_ERROR_INVALID_ARGUMENT;
+        for (b = 0; b < plan->batch; b++) {
+            int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
+            if (np < 0 || (plan->kv_len && (plan->kv_len[b] < 0 || plan->kv_len[b] > np * page_size)))
+                return MSKV_ERROR_INVALID_ARGUMENT;
+        }
+    }
+    return MSKV_SUCCESS;
+}
+
 MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan *plan, mskv_pos_mode pos_mode, mskv_cuda_dplan *out) {
     mskv_cuda *cu;
     mskv_result res;
@@ -2787,9 +2829,14 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     if (plan->batch < 0 || plan->total_q < 0 || plan->num_page_ids < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->batch > st->d.max_batch || plan->total_q > st->d.max_tokens || plan->num_page_ids > st->d.max_page_ids)
         return MSKV_ERROR_CAPACITY;
+    if ((unsigned)pos_mode > 2u) return MSKV_ERROR_INVALID_ARGUMENT;
     b = (size_t)plan->batch; t = (size_t)plan->total_q; p = (size_t)plan->num_page_ids;
     npos = pos_mode == MSKV_POS_3D ? 3 * t : pos_mode == MSKV_POS_1D ? t : 0;
     if (npos && !plan->positions) return MSKV_ERROR_NULL_POINTER;
+    if ((res = mskv__cuda_check_table(plan, st->d.page_size)) != MSKV_SUCCESS) return res;
+    /* an arena's plan is checked against that arena: the one the store is bound to */
+    if (plan->generation && !st->arena) return MSKV_ERROR_BAD_STATE;
+    if (plan->generation && (res = mskv_plan_check(st->arena, plan)) != MSKV_SUCCESS) return res;
     /* the kernels trust these: a page id or slot outside the pools, or in the
        null page, is refused here as the CPU backend refuses it */
     if (p && plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
@@ -2841,6 +2888,15 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     st->ring_used[slot] = 1;
     st->ring_next = (slot + 1) % st->ring_n;
     mskv__cuda_unlock(&st->lock);
+    /* launches read these buffers until the next upload: remember what to check them by */
+    memset(&st->up_check, 0, sizeof st->up_check);
+    st->up_check.batch = plan->batch;
+    st->up_check.generation = plan->generation;
+    st->up_check.cross = plan->cross;
+    if (plan->requests && plan->batch > 0) {
+        memcpy(st->up_requests, plan->requests, b * sizeof(mskv_request));
+        st->up_check.requests = st->up_requests;
+    }
     st->cur.batch = plan->batch;
     st->cur.total_q = plan->total_q;
     st->cur.max_qo = 0;
@@ -2848,9 +2904,8 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     if (plan->qo_indptr) {
         int32_t i;
         for (i = 0; i < plan->batch; i++) {
-            /* the table is checked at launch, not here: a nonsense plan's steps may not fit int32 */
-            int64_t qo = (int64_t)plan->qo_indptr[i + 1] - plan->qo_indptr[i];
-            if (qo > st->cur.max_qo) st->cur.max_qo = qo > INT32_MAX ? INT32_MAX : (int32_t)qo;
+            int32_t qo = plan->qo_indptr[i + 1] - plan->qo_indptr[i];   /* checked: 0 <= qo <= total_q */
+            if (qo > st->cur.max_qo) st->cur.max_qo = qo;
             if (plan->kv_len && plan->kv_len[i] > st->cur.max_kv) st->cur.max_kv = plan->kv_len[i];
         }
     }
@@ -2874,6 +2929,15 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     out->slot_mapping = plan->slot_mapping ? st->d_plan + st->lay.slot_mapping : 0;
     out->positions = npos ? st->d_plan + st->lay.positions : 0;
     return MSKV_SUCCESS;
+}
+
+/* The plan in the device buffers (the last upload) still describes the
+   bound arena's pages: a launch over a stale one would read pages that may
+   hold another request's tokens now. */
+static mskv_result mskv__cuda_uploaded_current(const mskv_cuda_store *st) {
+    if (!st->up_check.generation) return MSKV_SUCCESS;   /* a caller-made plan */
+    if (!st->arena) return MSKV_ERROR_BAD_STATE;
+    return mskv_plan_check(st->arena, &st->up_check);
 }
 
 /* The rotated parts become -D defines the kernels trust: refuse what
@@ -2915,6 +2979,7 @@ MSKV_API mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, cons
         if (plan->pos_mode != rope->mode) return MSKV_ERROR_INVALID_ARGUMENT;
         if (!plan->positions) return MSKV_ERROR_NULL_POINTER;
     }
+    if ((res = mskv__cuda_uploaded_current(st)) != MSKV_SUCCESS) return res;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     mskv__cuda_defines_base(st, &defs);
     mskv__cuda_defines_rope(&defs, rope);
@@ -2994,6 +3059,7 @@ MSKV_API mskv_result mskv_cuda_graph_launch(mskv_cuda_store *st, mskv_cuda_graph
                          (int)g->shape.batch, (int)g->shape.total_q, (int)g->shape.max_qo, (long long)g->kv_cover);
         return MSKV_ERROR_INVALID_ARGUMENT;
     }
+    if ((res = mskv__cuda_uploaded_current(st)) != MSKV_SUCCESS) return res;   /* the replay reads the last upload */
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     MSKV__CU_TRY(st->cu, st->cu->fn.cuGraphLaunch(g->exec, st->stream), "cuGraphLaunch");
     return MSKV_SUCCESS;
@@ -3112,9 +3178,10 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
         plan->qo_indptr[plan->batch] != plan->total_q || plan->kv_indptr[plan->batch] != plan->num_page_ids)
         return MSKV_ERROR_INVALID_ARGUMENT;
     for (b = 0; b < plan->batch; b++) {
-        int32_t qo = plan->qo_indptr[b + 1] - plan->qo_indptr[b];
-        int32_t np = plan->kv_indptr[b + 1] - plan->kv_indptr[b], kv = plan->kv_len[b];
-        if (qo < 0 || np < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+        int64_t qo64 = (int64_t)plan->qo_indptr[b + 1] - plan->qo_indptr[b];
+        int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
+        int32_t qo = (int32_t)qo64, kv = plan->kv_len[b];
+        if (qo64 < 0 || qo64 > plan->total_q || np < 0) return MSKV_ERROR_INVALID_ARGUMENT;
         if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * st->d.page_size || kv > (int64_t)np * st->d.page_size))
             return MSKV_ERROR_INVALID_ARGUMENT;
         if (attn->mask != MSKV_MASK_NONE &&
@@ -3123,6 +3190,10 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
         if (qo > max_qo) max_qo = qo;
         if (kv > max_kv) max_kv = kv;
     }
+    /* both the host plan and the uploaded one the kernel reads must be current */
+    if (plan->generation && !st->arena) return MSKV_ERROR_BAD_STATE;
+    if (plan->generation && (res = mskv_plan_check(st->arena, plan)) != MSKV_SUCCESS) return res;
+    if ((res = mskv__cuda_uploaded_current(st)) != MSKV_SUCCESS) return res;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     if (st->cu->fn.cuDeviceGetAttribute(&smem_optin, MSKV_CU_ATTR_MAX_SMEM_OPTIN, st->cu->device) != MSKV_CU_SUCCESS)
         smem_optin = 0;

@@ -761,8 +761,10 @@ TEST(bad_input_cpu_backend_functions_return_their_codes_and_write_nothing) {
     mtb_ops_missing_copy.copy_page = mtb_cp;
     bd.store_ops = &mtb_ops_missing_copy;
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&bd, &bare));
-    MTB_OUT(MSKV_ERROR_UNSUPPORTED, mskv_cpu_attention(NULL, bare, 0, &p, &at, q, o, lse), o);
-    MTB_CODE(MSKV_ERROR_UNSUPPORTED, mskv_cpu_write_kv(bare, 0, &p, k, v, MSKV_DTYPE_F32, NULL));
+    bad = p;
+    bad.generation = 0;   /* a caller-made plan: not another arena's (that would be STALE_PLAN) */
+    MTB_OUT(MSKV_ERROR_UNSUPPORTED, mskv_cpu_attention(NULL, bare, 0, &bad, &at, q, o, lse), o);
+    MTB_CODE(MSKV_ERROR_UNSUPPORTED, mskv_cpu_write_kv(bare, 0, &bad, k, v, MSKV_DTYPE_F32, NULL));
     mtb_ops_missing_copy.copy_page = NULL;
     mskv_arena_destroy(bare);
     /* raw pools: every field of mskv_pools */

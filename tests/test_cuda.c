@@ -1442,3 +1442,215 @@ TEST(cuda_gpu_check_logic_passes_on_the_mock_device) {
     fclose(sink);
     EXPECT_TRUE(tcm_nothing_live());
 }
+
+/* ---- hardening (issue 9): host-side checks of the store and the plan upload -------- */
+
+/* The staging page count was narrowed from size_t to int32: 2^32 + 2
+   pages' worth of staging became 2 pages (3 copies for a 5-page request)
+   instead of every page of the store (one copy). */
+TEST(cuda_store_staging_past_int32_pages_is_clamped_not_truncated) {
+    tcu_rig r;
+    mskv_request req;
+    int before;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, (((size_t)1 << 32) + 2) * 8192));   /* 8 KiB: one page of every layer */
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    before = tcm.dtohs;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    EXPECT_EQ(before + 1, tcm.dtohs);   /* 5 pages, one chunk */
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The uploaded buffers are what a captured graph replays with, unchecked:
+   upload refuses indptrs that do not add up (they index q, o and the page
+   ids) and a kv_len past its pages, and a pos_mode it does not know. */
+TEST(cuda_plan_upload_refuses_a_table_that_a_replay_would_overrun) {
+    tcu_rig r;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    int64_t slots[3] = { 4, 5, 6 };
+    int32_t qo[3] = { 0, 1, 3 }, kvp[3] = { 0, 1, 2 }, ids[2] = { 1, 2 }, len[2] = { 4, 3 };
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    memset(&plan, 0, sizeof plan);
+    plan.batch = 2; plan.total_q = 3; plan.num_page_ids = 2; plan.page_size = 4;
+    plan.qo_indptr = qo; plan.kv_indptr = kvp; plan.kv_indices = ids; plan.kv_len = len; plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    qo[2] = 5;                                       /* past total_q */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    qo[1] = -2147483647; qo[2] = 3;                  /* decreasing; the difference overflowed an int */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    qo[1] = 1;
+    kvp[2] = 3;                                      /* past num_page_ids */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    kvp[2] = 2;
+    len[1] = 5;                                      /* one page holds 4 */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    len[1] = 3;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, (mskv_pos_mode)7, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* An arena-built plan is checked against the store's bound arena at upload,
+   and the uploaded one again by every launch that reads it: pages released
+   (or aborted, offloaded, removed) after the build make it STALE_PLAN;
+   tokens only added keep it valid. */
+TEST(cuda_wrappers_refuse_a_plan_whose_pages_changed_since_it_was_built) {
+    tcu_rig r;
+    mskv_request req, other;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr buf = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &other, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 64 * 2 * 64 * 4 * 2, &buf));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    /* another request losing pages changes nothing for this plan */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(r.a, other, 8, NULL));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    /* the plan's own reservation aborted: its last page goes */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(r.a, &seg, 1));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    /* a fresh plan after growth only: valid, and stays valid while the request grows */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(r.a, &seg, 1));
+    seg.n_tokens = 7;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(r.a, &seg, 1));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    /* released, then offloaded, then removed: stale each time */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(r.a, req, 4, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    seg.n_tokens = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, req));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    EXPECT_TRUE(tcu_audit(r.a));
+    mskv_cuda_free(r.cu, buf);
+    mskv_plan_free(r.a, &plan);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A graph replays whatever was uploaded last: a stale upload is refused. */
+TEST(cuda_graph_replay_refuses_a_stale_uploaded_plan) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cuda_graph *g = NULL;
+    mskv_cu_ptr buf = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 64 * 2 * 64 * 4 * 2, &buf));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));   /* compiles the variant first */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(r.st));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(r.st, &g));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(r.st, g));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(r.a, &seg, 1));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_graph_launch(r.st, g));
+    mskv_cuda_graph_destroy(r.st, g);
+    mskv_cuda_free(r.cu, buf);
+    mskv_plan_free(r.a, &plan);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A plan's arena is the one to check it against: a store bound to none
+   cannot, and refuses an arena-built plan (a caller-made one is fine). */
+TEST(cuda_unbound_store_refuses_an_arena_built_plan) {
+    tcu_rig r;
+    mskv_cuda_store *loose = NULL;
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_create(r.cu, &sd, &loose));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(r.a, &req));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_plan_upload(loose, &plan, MSKV_POS_NONE, &dp));
+    plan.generation = 0;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(loose, &plan, MSKV_POS_NONE, &dp));
+    mskv_plan_free(r.a, &plan);
+    mskv_cuda_store_destroy(loose);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The attention wrapper checks the host plan it is given and the uploaded
+   plan the kernel reads (a bf16 store: attention runs on tensor cores). */
+TEST(cuda_attention_refuses_a_stale_host_plan_or_a_stale_upload) {
+    tcu_rig r;
+    mskv_cuda_store *st = NULL;
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    mskv_arena_desc ad;
+    mskv_arena *a = NULL;
+    mskv_request req, other;
+    mskv_segment seg, so;
+    mskv_plan plan, fresh;
+    mskv_cuda_dplan dp, dfresh;
+    mskv_attn at;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    sd.dtype = MSKV_DTYPE_BF16;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_create(r.cu, &sd, &st));
+    memset(&ad, 0, sizeof ad);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_arena_desc(st, &ad));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_bind(st, a));
+    memset(&at, 0, sizeof at);
+    at.q_heads = 2; at.q_dtype = MSKV_DTYPE_BF16;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &req));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &other));
+    seg.request = req; seg.n_tokens = 6;
+    so.request = other; so.n_tokens = 6;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &so, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 4, 64, 32, &fresh));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(a, &seg, 1));
+    /* the host plan is stale */
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_attention(st, 0, &plan, &dp, &at, 16, 16, 0));
+    /* a fresh host plan of the same shape (another request), over the stale upload */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &so, 1, NULL, &fresh));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_plan_check(a, &fresh));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_attention(st, 0, &fresh, &dp, &at, 16, 16, 0));
+    /* uploaded, it passes the checks (whether the mock driver then has an attention kernel is another matter) */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(st, &fresh, MSKV_POS_NONE, &dfresh));
+    EXPECT_NE(MSKV_ERROR_STALE_PLAN, mskv_cuda_attention(st, 0, &fresh, &dfresh, &at, 16, 16, 0));
+    mskv_plan_free(a, &plan);
+    mskv_plan_free(a, &fresh);
+    mskv_arena_destroy(a);
+    mskv_cuda_store_destroy(st);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}

@@ -36,11 +36,12 @@ TEST(cpu_attention_over_a_plan_without_page_ids_computes_no_pointer_from_null) {
     mskv_arena_destroy(a);
 }
 
-/* fuzz_plans: mskv_cuda_plan_upload records the longest segment for graph
-   replay from qo_indptr steps it has not checked; a step past int32
-   (qo_indptr {-2^31 + 1, 2}) overflowed. Upload checks what it documents
-   (capacities, page ids, slots) and leaves the table to the launch. */
-TEST(cuda_plan_upload_of_a_plan_whose_query_steps_do_not_fit_int32_is_defined) {
+/* fuzz_plans: mskv_cuda_plan_upload measured the longest segment (for graph
+   replay) from qo_indptr steps it had not checked; a step past int32
+   (qo_indptr {-2^31 + 1, 2}) overflowed. Upload now checks the table a
+   replayed graph trusts (h9-core): such a plan is refused, with no
+   arithmetic on it first. */
+TEST(cuda_plan_upload_refuses_a_plan_whose_query_steps_do_not_fit_int32) {
     mskv_cuda_functions fn = mmc_table();
     mskv_cuda_desc cd;
     mskv_cuda_store_desc sd;
@@ -66,6 +67,10 @@ TEST(cuda_plan_upload_of_a_plan_whose_query_steps_do_not_fit_int32_is_defined) {
     p.batch = 1; p.total_q = 0; p.page_size = 4;
     p.qo_indptr = qo; p.kv_indptr = kvp; p.kv_len = kvl; p.kv_last_page_len = last;
     p.kv_pos_split = split; p.kv_pos_shift = shift; p.kv_token_indptr = tok;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(st, &p, MSKV_POS_NONE, &dp));
+    qo[0] = 0; qo[1] = INT32_MAX;   /* from 0, but past total_q */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(st, &p, MSKV_POS_NONE, &dp));
+    qo[1] = 0;                      /* the same plan made consistent uploads */
     EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(st, &p, MSKV_POS_NONE, &dp));
     EXPECT_EQ(1, dp.batch);
     mskv_cuda_store_destroy(st);

@@ -20,6 +20,7 @@ static struct mth_heap {
     long fail_at;        /* the calls-th attempt fails when calls == fail_at (1-based; 0 never) */
     int fail_from;       /* fail every attempt from fail_at on */
     long bad_frees;
+    size_t max_bytes;    /* a block larger than this fails (0: no limit) */
 } mth;
 
 static void mth_reset(void) { memset(&mth, 0, sizeof mth); }
@@ -36,7 +37,7 @@ static int mth_should_fail(void) {
 static void *mth_alloc(void *u, size_t n) {
     void *p;
     (void)u;
-    if (mth_should_fail() || mth.nlive == MTH_MAX_LIVE) return NULL;
+    if (mth_should_fail() || mth.nlive == MTH_MAX_LIVE || (mth.max_bytes && n > mth.max_bytes)) return NULL;
     p = malloc(n);
     if (!p) return NULL;
     memset(p, 0xA5, n);
@@ -59,7 +60,7 @@ static void *mth_realloc(void *u, void *p, size_t n) {
     if (!p) return mth_alloc(u, n);
     i = mth_find(p);
     if (i < 0) { mth.bad_frees++; return NULL; }
-    if (mth_should_fail()) return NULL;
+    if (mth_should_fail() || (mth.max_bytes && n > mth.max_bytes)) return NULL;
     q = realloc(p, n);
     if (!q) return NULL;
     mth.live[i] = q;
@@ -496,4 +497,283 @@ TEST(decode_span_trim_drops_one_plus_r_times_trim_minus_one_frames_of_a_causal_d
                         mismatches_short_ctx += mth_stream_matches(total, window, overlap, c - 1, ratios[ri], c) == 0;
                     }
     EXPECT_LT(0, mismatches_short_ctx);
+}
+
+/* ---- found by re-reading the core: page tables ------------------------------------ */
+
+/* A table whose live pages start past its memory's front (after a release)
+   asked to hold INT32_MAX entries: head + need overflowed an int32. */
+TEST(request_reserve_of_the_largest_table_after_a_release_fails_cleanly) {
+    mskv_arena_desc d = mth_desc(16, 1, 0);
+    mskv_arena *a = NULL;
+    mskv_request r;
+    uint64_t before;
+    mth_reset();
+    mth.max_bytes = (size_t)1 << 30;   /* an 8 GiB table is refused */
+    d.allocator = mth_allocator();
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 4));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 2, NULL));  /* the table's head moves */
+    before = mskv_arena_digest(a);
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_MEMORY, mskv_request_reserve(a, r, (int64_t)INT32_MAX - 1));
+    EXPECT_EQ_U64(before, mskv_arena_digest(a));
+    EXPECT_TRUE(mtu_audit(a));
+    EXPECT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 3));  /* still usable */
+    EXPECT_TRUE(mtu_audit(a));
+    mskv_arena_destroy(a);
+    EXPECT_EQ(0, mth.nlive);
+}
+
+/* ---- found by re-reading the core: plans, descriptors, the LSE merge --------------- */
+
+/* The host store's pools are counted in int32 (layer * 2 + kind): a
+   descriptor whose pool count does not fit is refused, pools or not. */
+TEST(arena_create_refuses_more_layers_than_int32_pool_indices_hold) {
+    mskv_arena_desc d = mth_desc(2, 1, 1);
+    mskv_arena *a = NULL;
+    mskv_store_ops ops;
+    memset(&ops, 0, sizeof ops);
+    ops.read_pages = mth_nop_read; ops.write_pages = mth_nop_write; ops.copy_page = mth_nop_copy;
+    d.kv_heads = 1; d.head_dim = 1;
+    d.store_ops = &ops;
+    d.num_layers = (int32_t)(INT32_MAX / 2) + 1;
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_arena_create(&d, &a));
+    EXPECT_TRUE(a == NULL);
+    d.num_layers = INT32_MAX;
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_arena_create(&d, &a));
+    d.num_layers = INT32_MAX / 2;   /* the largest count: bytes live elsewhere, so nothing is allocated for them */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    mskv_arena_destroy(a);
+}
+
+/* n x heads rows counted in int64 wrapped to 0 and the merge "succeeded". */
+TEST(cpu_merge_of_more_elements_than_int64_counts_is_OVERFLOW) {
+    float o[8] = {0}, l[1] = {0};
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_cpu_merge((int64_t)1 << 62, 4, 8, o, l, o, l, o, l));
+    EXPECT_EQ(MSKV_ERROR_OVERFLOW, mskv_cpu_merge(INT64_MAX / 8 + 1, 1, 8, o, l, o, l, o, l));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_merge(1, 1, 8, o, l, o, l, o, l));
+}
+
+/* ---- stale plans ------------------------------------------------------------------- */
+
+/* An arena with a host store (page size 4, one layer, 2 kv heads x 8 dims,
+   f32), two requests a and b of 10 committed tokens each and 3 reserved (a
+   fourth page each), and a plan of a's 3 new tokens from mskv_plan_alloc. */
+typedef struct mth_sp {
+    mskv_arena *a;
+    mskv_request ra, rb;
+    mskv_segment seg;
+    mskv_plan p;
+    float k[3 * 16], v[3 * 16], q[3 * 2 * 8], o[3 * 2 * 8];
+    mskv_attn at;
+} mth_sp;
+
+static int mth_sp_open(mth_sp *f, mskv_retire_mode mode) {
+    mskv_arena_desc d = mth_desc(16, 4, 1);
+    mskv_segment sb;
+    int i;
+    memset(f, 0, sizeof *f);
+    d.retire_mode = mode;
+    for (i = 0; i < 48; i++) { f->k[i] = (float)i; f->v[i] = (float)-i; }
+    for (i = 0; i < 48; i++) f->q[i] = 0.1f * (float)i;
+    f->at.q_heads = 2;
+    if (mskv_arena_create(&d, &f->a) || mskv_request_add(f->a, &f->ra) || mskv_request_add(f->a, &f->rb) ||
+        mtu_grow(f->a, f->ra, 10) || mtu_grow(f->a, f->rb, 10))
+        return 0;
+    f->seg.request = f->ra; f->seg.n_tokens = 3;
+    sb.request = f->rb; sb.n_tokens = 3;
+    return mskv_admit(f->a, &f->seg, 1) == MSKV_SUCCESS && mskv_admit(f->a, &sb, 1) == MSKV_SUCCESS &&
+           mskv_plan_alloc(f->a, 2, 8, 8, &f->p) == MSKV_SUCCESS &&
+           mskv_plan_build(f->a, &f->seg, 1, NULL, &f->p) == MSKV_SUCCESS;
+}
+static void mth_sp_close(mth_sp *f) {
+    mskv_plan_free(f->a, &f->p);
+    mskv_arena_destroy(f->a);
+}
+/* the plan's three uses agree: 1 when all succeed, 0 when all are STALE_PLAN, -1 otherwise */
+static int mth_sp_uses(mth_sp *f, const mskv_plan *p) {
+    mskv_result c = mskv_plan_check(f->a, p);
+    mskv_result w = mskv_cpu_write_kv(f->a, 0, p, f->k, f->v, MSKV_DTYPE_F32, NULL);
+    mskv_result t = mskv_cpu_attention(NULL, f->a, 0, p, &f->at, f->q, f->o, NULL);
+    if (c == MSKV_SUCCESS && w == MSKV_SUCCESS && t == MSKV_SUCCESS) return 1;
+    if (c == MSKV_ERROR_STALE_PLAN && w == MSKV_ERROR_STALE_PLAN && t == MSKV_ERROR_STALE_PLAN) return 0;
+    mt_fail(__FILE__, __LINE__, "check %d, write_kv %d, attention %d", (int)c, (int)w, (int)t);
+    return -1;
+}
+
+TEST(plan_is_stale_once_its_request_releases_pages) {
+    mth_sp f;
+    ASSERT_TRUE(mth_sp_open(&f, MSKV_RETIRE_IMMEDIATE));
+    EXPECT_EQ(1, mth_sp_uses(&f, &f.p));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(f.a, f.ra, 4, NULL));
+    EXPECT_EQ(0, mth_sp_uses(&f, &f.p));
+    mth_sp_close(&f);
+}
+
+TEST(plan_is_stale_once_its_request_is_offloaded) {
+    mth_sp f;
+    mskv_segment s;
+    ASSERT_TRUE(mth_sp_open(&f, MSKV_RETIRE_FENCED));
+    s.request = f.ra; s.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(f.a, &s, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(f.a, f.ra));
+    EXPECT_EQ(0, mth_sp_uses(&f, &f.p));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(f.a, f.ra));   /* other pages now: still stale */
+    EXPECT_EQ(0, mth_sp_uses(&f, &f.p));
+    mth_sp_close(&f);
+}
+
+TEST(plan_is_stale_once_its_request_is_removed) {
+    mth_sp f;
+    mskv_request again;
+    ASSERT_TRUE(mth_sp_open(&f, MSKV_RETIRE_IMMEDIATE));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(f.a, f.ra));
+    EXPECT_EQ(0, mth_sp_uses(&f, &f.p));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(f.a, &again));    /* the slot, reused, is another request */
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(f.a, again, 12));
+    EXPECT_EQ(0, mth_sp_uses(&f, &f.p));
+    mth_sp_close(&f);
+}
+
+TEST(plan_is_stale_once_its_reservation_is_aborted) {
+    mth_sp f;
+    ASSERT_TRUE(mth_sp_open(&f, MSKV_RETIRE_FENCED));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(f.a, &f.seg, 1));   /* the reserved tokens' page goes */
+    EXPECT_EQ(0, mth_sp_uses(&f, &f.p));
+    mth_sp_close(&f);
+}
+
+/* The issue's case: immediate retirement hands a released page to the next
+   admit, so the old plan would read (and write) another request's tokens. */
+TEST(plan_of_released_pages_is_refused_before_it_reads_another_requests_tokens) {
+    mth_sp f;
+    mskv_request c;
+    ASSERT_TRUE(mth_sp_open(&f, MSKV_RETIRE_IMMEDIATE));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(f.a, &f.seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(f.a, &c));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(f.a, c, 4));   /* takes the freed page */
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cpu_write_kv(f.a, 0, &f.p, f.k, f.v, MSKV_DTYPE_F32, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cpu_attention(NULL, f.a, 0, &f.p, &f.at, f.q, f.o, NULL));
+    mth_sp_close(&f);
+}
+
+TEST(plan_stays_valid_while_its_requests_only_grow) {
+    mth_sp f;
+    mskv_segment s;
+    ASSERT_TRUE(mth_sp_open(&f, MSKV_RETIRE_IMMEDIATE));
+    s.request = f.ra; s.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(f.a, &s, 1));
+    s.n_tokens = 9;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(f.a, &s, 1));     /* new pages */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(f.a, &s, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(f.a, f.ra, 8));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_publish(f.a, &s, 1, NULL));
+    EXPECT_EQ(1, mth_sp_uses(&f, &f.p));
+    mth_sp_close(&f);
+}
+
+/* With the plan's requests known (mskv_plan_alloc gives the array), pages
+   leaving another request do not touch it: the check looks at its own. */
+TEST(plan_stays_valid_when_another_request_loses_pages) {
+    mth_sp f;
+    mskv_segment sb;
+    ASSERT_TRUE(mth_sp_open(&f, MSKV_RETIRE_IMMEDIATE));
+    sb.request = f.rb; sb.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(f.a, &sb, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(f.a, f.rb, 8, NULL));
+    EXPECT_EQ(1, mth_sp_uses(&f, &f.p));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(f.a, f.rb));
+    EXPECT_EQ(1, mth_sp_uses(&f, &f.p));
+    mth_sp_close(&f);
+}
+
+/* A caller-owned plan without the requests array cannot tell whose pages
+   left, so it takes any loss as its own: never a stale plan let through. */
+TEST(plan_without_its_requests_array_is_stale_once_any_request_loses_pages) {
+    mth_sp f;
+    mskv_plan p;
+    mskv_segment sb;
+    ASSERT_TRUE(mth_sp_open(&f, MSKV_RETIRE_IMMEDIATE));
+    p = f.p;
+    p.requests = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(f.a, &f.seg, 1, NULL, &p));
+    EXPECT_EQ(1, mth_sp_uses(&f, &p));
+    sb.request = f.rb; sb.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(f.a, &sb, 1));
+    EXPECT_EQ(0, mth_sp_uses(&f, &p));
+    EXPECT_EQ(1, mth_sp_uses(&f, &f.p));   /* the same plan with the array is still valid */
+    mth_sp_close(&f);
+}
+
+/* While no table lost pages the check is one compare: it reads no segment
+   (here the segments' handles are garbage and are never looked at). */
+TEST(plan_check_reads_no_segment_while_no_table_lost_pages) {
+    mth_sp f;
+    mskv_request garbage[2];
+    mskv_plan p;
+    ASSERT_TRUE(mth_sp_open(&f, MSKV_RETIRE_IMMEDIATE));
+    p = f.p;
+    garbage[0].id = 0xDEADBEEFu; garbage[1].id = 0;
+    p.requests = garbage;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_plan_check(f.a, &p));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(f.a, f.rb, 4, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_plan_check(f.a, &p));   /* now it looks, and finds no such request */
+    mth_sp_close(&f);
+}
+
+TEST(plan_with_a_generation_this_arena_never_had_is_stale) {
+    mth_sp f;
+    mskv_plan p;
+    ASSERT_TRUE(mth_sp_open(&f, MSKV_RETIRE_IMMEDIATE));
+    p = f.p;
+    p.generation += 1000;
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_plan_check(f.a, &p));
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_plan_check(NULL, &p));
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_plan_check(f.a, NULL));
+    mth_sp_close(&f);
+}
+
+/* Plans the arena did not build carry generation 0 and are never checked;
+   the raw-pool functions take no arena and check nothing. */
+TEST(caller_made_plans_and_raw_pool_calls_are_not_checked) {
+    mth_sp f;
+    mskv_plan p;
+    mskv_pools pools;
+    mskv_store_info si;
+    ASSERT_TRUE(mth_sp_open(&f, MSKV_RETIRE_IMMEDIATE));
+    p = f.p;
+    p.generation = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(f.a, f.ra, 4, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_plan_check(f.a, &f.p));
+    EXPECT_EQ(1, mth_sp_uses(&f, &p));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_store_info_get(f.a, &si));
+    memset(&pools, 0, sizeof pools);
+    pools.k = mskv_store_pool(f.a, 0, 0); pools.v = mskv_store_pool(f.a, 0, 1);
+    pools.dtype = si.dtype; pools.num_pages = si.num_pages; pools.page_size = si.page_size;
+    pools.kv_heads = si.kv_heads; pools.head_dim = si.head_dim;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(NULL, &pools, &f.p, &f.at, f.q, f.o, NULL));
+    mth_sp_close(&f);
+}
+
+/* A CROSS plan reads the keyed entry's pages: only their loss makes it stale. */
+TEST(cross_plan_is_stale_once_its_keyed_entry_is_removed_not_when_the_querying_request_shrinks) {
+    mth_sp f;
+    mskv_request e;
+    mskv_plan_desc pd;
+    mskv_segment s;
+    ASSERT_TRUE(mth_sp_open(&f, MSKV_RETIRE_IMMEDIATE));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_keyed_create(f.a, 42, 6, &e));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_keyed_seal(f.a, e));
+    memset(&pd, 0, sizeof pd);
+    pd.kind = MSKV_PLAN_CROSS; pd.cross = e;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(f.a, &f.seg, 1, &pd, &f.p));
+    EXPECT_EQ(1, mth_sp_uses(&f, &f.p));
+    s.request = f.ra; s.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(f.a, &s, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(f.a, f.ra, 8, NULL));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_plan_check(f.a, &f.p));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_keyed_remove(f.a, 42));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_plan_check(f.a, &f.p));
+    mth_sp_close(&f);
 }
