@@ -111,9 +111,16 @@ static void fa_retention(fz_in *in) {
         FZ_CHECK(r.chunk_size > 0 && r.sink_chunks >= 0 && r.window_chunks >= 0 &&
                  (r.window_tokens == 0 || r.window_tokens == r.window_chunks * r.chunk_size), "an invalid policy accepted");
     for (i = 0; i < 4; i++) {
-        int64_t n = i < 2 ? fz_wild64(in) : (int64_t)fz_raw(in, 2), got;
-        got = mskv_skipped_tokens(&r, n);
-        if (mskv_retention_validate(&r, 0, NULL, 0) != MSKV_SUCCESS || n < 0) continue;
+        int64_t n = i < 2 ? fz_wild64(in) : (int64_t)fz_raw(in, 2), got = -7, old;
+        mskv_result g = mskv_skipped_tokens_get(&r, n, &got);
+        old = mskv_skipped_tokens(&r, n);
+        if (mskv_retention_validate(&r, 0, NULL, 0) != MSKV_SUCCESS || n < 0) {
+            /* an invalid call is told apart from "nothing to skip" by both entry points */
+            FZ_CHECK(g != MSKV_SUCCESS && got == -7 && old == (int64_t)g, "skipped tokens of an invalid call: %d, %lld",
+                     (int)g, (long long)old);
+            continue;
+        }
+        FZ_CHECK(g == MSKV_SUCCESS && old == got, "skipped_tokens_get: %s", mskv_result_string(g));
         FZ_CHECK(got >= 0 && got % r.chunk_size == 0, "skipped %lld is not a whole number of chunks", (long long)got);
         FZ_CHECK(got == 0 || r.sink_chunks * r.chunk_size + got <= n, "skipped past the computed tokens");
         if (r.chunk_size > 0 && n / r.chunk_size <= FA_SMALL) {

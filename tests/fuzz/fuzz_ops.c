@@ -185,12 +185,76 @@ static void fo_cpu_calls(fo_state *s, int op) {
     (void)last;
 }
 
+/* The functions that take no arena, with wild sizes: buffers are allocated
+   at the size the arguments declare when that is small; otherwise only
+   arguments the call must refuse before touching memory are passed. */
+static void fo_pure_calls(fo_state *s) {
+    uint8_t which = fz_u8(&s->in) % 6;
+    int64_t n = fz_u8(&s->in) < 200 ? (int64_t)(fz_u8(&s->in) % 6) : fz_wild64(&s->in);
+    int32_t heads = fz_u8(&s->in) < 200 ? (int32_t)(fz_u8(&s->in) % 4) : fz_wild32(&s->in);
+    int32_t dim = fz_u8(&s->in) < 200 ? (int32_t)(fz_u8(&s->in) % 9) : fz_wild32(&s->in);
+    int small = n >= 0 && n <= 8 && heads >= 0 && heads <= 4 && dim >= 0 && dim <= 300;
+    /* sizes whose element count does not fit int64 must be refused, never multiplied out */
+    int huge = n > 0 && heads > 0 && dim > 0 && n > INT64_MAX / heads / dim;
+    mskv_result r;
+    FZ_CHECK(mskv_result_string((mskv_result)fz_wild32(&s->in)) != NULL, "result string");
+    (void)mskv_dtype_size((mskv_dtype)fz_wild32(&s->in));
+    if (which == 0) {
+        uint32_t bits = (uint32_t)fz_raw(&s->in, 4);
+        float x;
+        memcpy(&x, &bits, 4);
+        (void)mskv_f16_to_f32(mskv_f32_to_f16(x));
+        (void)mskv_bf16_to_f32(mskv_f32_to_bf16(x));
+    } else if (which == 1 && (small || huge)) {
+        size_t rows = small ? (size_t)n * (size_t)heads : 1, el = small ? rows * (size_t)dim : 1;
+        float *oa = (float *)calloc(el + !el, 4), *ob = (float *)calloc(el + !el, 4);
+        float *la = (float *)calloc(rows + !rows, 4), *lb = (float *)calloc(rows + !rows, 4);
+        r = mskv_cpu_merge(n, heads, dim, oa, la, ob, lb, oa, la);
+        FZ_CHECK(!huge || r != MSKV_SUCCESS, "merge of %lld x %d x %d elements succeeded", (long long)n, (int)heads, (int)dim);
+        free(oa); free(ob); free(la); free(lb);
+    } else if (which == 2 && (small || huge)) {
+        mskv_rope rope;
+        mskv_dtype dt = (mskv_dtype)(fz_u8(&s->in) % 4);
+        size_t es = mskv_dtype_size(dt) ? mskv_dtype_size(dt) : 4;
+        size_t el = small ? (size_t)n * (size_t)heads * (size_t)dim : 1;
+        unsigned char *x = (unsigned char *)calloc(el + !el, es);
+        int32_t *pos = (int32_t *)calloc(small ? (size_t)n * 3 + 1 : 1, 4);
+        memset(&rope, 0, sizeof rope);
+        rope.mode = (mskv_pos_mode)(fz_u8(&s->in) % 3);
+        rope.style = (mskv_rope_style)(fz_u8(&s->in) % 3);
+        if (fz_u8(&s->in) < 60) { rope.dims[0] = fz_wild32(&s->in); rope.dims[1] = fz_wild32(&s->in); rope.dims[2] = fz_wild32(&s->in); }
+        rope.theta = fz_u8(&s->in) < 200 ? 0.0f : (float)fz_wild32(&s->in);
+        r = mskv_rope_apply(&rope, x, dt, n, heads, dim, pos);
+        FZ_CHECK(!huge || r != MSKV_SUCCESS, "rope over %lld x %d x %d elements succeeded", (long long)n, (int)heads, (int)dim);
+        free(x); free(pos);
+    } else if (which == 3) {
+        mskv_schedule sc;
+        mskv_window w;
+        mskv_decode_span ds;
+        if (mskv_schedule_init(&sc, fz_wild64(&s->in), fz_wild64(&s->in), fz_wild64(&s->in)) == MSKV_SUCCESS) {
+            (void)mskv_schedule_window(&sc, fz_wild64(&s->in), &w);
+            (void)mskv_schedule_decode_span(&sc, fz_wild64(&s->in), fz_wild64(&s->in), &ds);
+        }
+    } else if (which == 4) {
+        mskv_retention ret;
+        int64_t skip = 0;
+        char why[64];
+        fo_retention(s, &ret);
+        (void)mskv_retention_validate(&ret, fz_wild32(&s->in), why, fz_u8(&s->in) % 65);
+        (void)mskv_skipped_tokens_get(&ret, fz_wild64(&s->in), &skip);
+        (void)mskv_skipped_tokens(&ret, fz_wild64(&s->in));
+    } else if (which == 5) {
+        (void)mskv_arena_step(s->a);
+        (void)mskv_arena_digest(s->a);
+    }
+}
+
 static void fo_step(fo_state *s) {
     mskv_result last = MSKV_SUCCESS;
     mskv_request r, h;
     mskv_segment segs[4];
     int n, i;
-    uint8_t op = fz_u8(&s->in) % 44;
+    uint8_t op = fz_u8(&s->in) % 45;
     switch (op) {
     case 0: case 1:
         FO_CALL(s, "request_add", mskv_request_add(s->a, &r));
@@ -407,6 +471,7 @@ static void fo_step(fo_state *s) {
         (void)mskv_cpu_create(&cd, &s->cpu);
         break;
     }
+    case 43: fo_pure_calls(s); break;
     default: {
         int pi = fz_u8(&s->in) % FO_PLANS;
         fo_free_plan(s, pi);

@@ -106,6 +106,15 @@ static void fp_make(fz_in *in, fp_plan *f) {
     p->slot_mapping = (int64_t *)fp_array(in, nq, 8, 1);
     p->positions = (int32_t *)fp_array(in, nq * (f->pos == MSKV_POS_3D ? 3 : 1), 4, 1);
     p->cap_batch = (int32_t)nb; p->cap_tokens = (int32_t)nq; p->cap_page_ids = (int32_t)ni;
+    /* mostly a caller-made plan (generation 0, never stale); sometimes one that claims an arena's
+       generation, with or without its requests array (handles that may name nothing) */
+    if (fz_u8(in) < 64) {
+        p->generation = (uint64_t)(fz_u8(in) % 4);
+        if (fz_u8(in) & 1) {
+            p->requests = (mskv_request *)calloc(nb > 0 ? (size_t)nb : 1, sizeof(mskv_request));
+            for (b = 0; b < nb; b++) p->requests[b].id = fz_u8(in) < 200 ? (uint32_t)(1u << 16 | fz_u8(in) % 4) : (uint32_t)fz_raw(in, 4);
+        }
+    }
     /* contents: mostly a plausible CSR (prefix sums of small steps), then wild edits */
     if (p->qo_indptr) for (b = 0; b <= nb; b++) p->qo_indptr[b] = b == 0 ? fp_value(in, 0) : fp_add32(p->qo_indptr[b - 1], fp_value(in, 2));
     if (p->kv_indptr) for (b = 0; b <= nb; b++) p->kv_indptr[b] = b == 0 ? fp_value(in, 0) : fp_add32(p->kv_indptr[b - 1], fp_value(in, 2));
@@ -125,6 +134,7 @@ static void fp_drop(fp_plan *f) {
     mskv_plan *p = &f->p;
     free(p->qo_indptr); free(p->kv_indptr); free(p->kv_indices); free(p->kv_last_page_len); free(p->kv_len);
     free(p->kv_pos_split); free(p->kv_pos_shift); free(p->kv_token_indptr); free(p->slot_mapping); free(p->positions);
+    free(p->requests);
 }
 
 static void fp_rope(fz_in *in, mskv_rope *r, mskv_pos_mode pos) {

@@ -117,7 +117,7 @@ static void gc_states(const char *dir, int gi) {
     GC(mskv_request_remove(a, r));
 
     GC(mskv_request_add(a, &r));
-    gc_grow(a, r, (int64_t)(g->num_pages / 2) * P);
+    gc_grow(a, r, (int64_t)(g->num_pages / 4) * P);
     gc_write(dir, "large", gi, a, r);
     GC(mskv_request_remove(a, r));
     mskv_arena_destroy(a);

@@ -9,6 +9,7 @@
 #   FUZZ_SECONDS=N  seconds per harness     B=DIR     the build directory
 #   FUZZ_SEED=N     libFuzzer's seed (else its own, printed)
 #   FUZZ_ONLY=NAME  one harness
+#   FUZZ_KEEP=DIR   keep the inputs found in DIR/NAME (to grow the committed corpus with -merge=1)
 set -u
 secs=${FUZZ_SECONDS:-20}
 B=${B:-build}
@@ -22,6 +23,7 @@ for name in import ops plans arith; do
     echo "FAIL fuzz-$name: $bin was not built"; failed=$((failed + 1)); continue
   fi
   work=$(mktemp -d); out=$(mktemp)
+  if [ -n "${FUZZ_KEEP:-}" ]; then rmdir "$work"; work=$FUZZ_KEEP/$name; mkdir -p "$work"; fi
   dirs=("$work" "$here/corpus/$name")
   if [ "$name" = import ] && [ -x "$B/gen-corpus" ]; then
     mkdir -p "$work/seeds"
@@ -36,7 +38,7 @@ for name in import ops plans arith; do
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out" | tail -n 1)
   seed=$(sed -n 's/^INFO: Seed: *//p' "$out" | head -n 1)
   cov=$(grep -oE 'cov: [0-9]+' "$out" | tail -n 1)
-  rate=$(awk -v r="${runs:-0}" -v a="$t0" -v b="$t1" 'BEGIN { d = b - a; printf "%.0f", d > 0 ? r / d : 0 }')
+  rate=$(awk -v r="${runs:-0}" -v a="$t0" -v b="$t1" 'BEGIN { d = b - a; printf "%.0f", (d > 0 ? r / d : 0) }')
   if [ "$rc" -eq 0 ] && [ -n "$runs" ]; then
     echo "ok   fuzz-$name: ${runs} executions in $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}') s (${rate}/s), ${cov:-cov: ?}, seed ${seed:-?}"
     passed=$((passed + 1))
@@ -45,7 +47,8 @@ for name in import ops plans arith; do
     grep -E 'FUZZ FINDING|ERROR: |runtime error|SUMMARY|^    #[0-9] |Test unit written' "$out" | head -n 30
     failed=$((failed + 1))
   fi
-  rm -rf "$work" "$out"
+  [ -n "${FUZZ_KEEP:-}" ] || rm -rf "$work"
+  rm -f "$out"
 done
 echo "$passed passed, $failed failed, 0 skipped"
 [ "$failed" -eq 0 ]
