@@ -47,13 +47,13 @@
    MSKV_ERROR_INVALID_HANDLE; the lists below name the other codes.
    When several things are wrong at once, the code is the first that
    applies in this order: NULL_POINTER; INVALID_HANDLE and DUPLICATE (a
-   batch's segments are all looked up first, in order); INVALID_ARGUMENT (a
-   value outside its domain); the request's state: OFFLOADED or
-   NOT_OFFLOADED, then RESERVATION_PENDING or NO_RESERVATION, then READ_ONLY,
-   then BAD_STATE (a batch: segment by segment, each segment's first
-   problem); values against that state: OUT_OF_RANGE, RELEASED, NOT_WRITTEN,
-   OVERFLOW; last the resources: TOO_MANY_REQUESTS, OUT_OF_PAGES,
-   OUT_OF_MEMORY.
+   batch's segments are all looked up first, in order); INVALID_ARGUMENT or
+   OVERFLOW for a value wrong by itself (out of its domain, too large); the
+   request's state: OFFLOADED or NOT_OFFLOADED, then RESERVATION_PENDING or
+   NO_RESERVATION, then READ_ONLY, then BAD_STATE or a key that exists
+   (DUPLICATE) (a batch: segment by segment, each segment's first problem);
+   values against that state: OUT_OF_RANGE, RELEASED, NOT_WRITTEN, OVERFLOW;
+   last the resources: TOO_MANY_REQUESTS, OUT_OF_PAGES, OUT_OF_MEMORY.
 
    Thread safety: an arena's functions may be called from several threads at
    once (one internal lock per arena, removed by MSKV_NO_THREADS). Callbacks
@@ -2504,6 +2504,8 @@ MSKV_IMPL mskv_result mskv_keyed_create(mskv_arena *a, uint64_t key, int64_t n_t
     MSKV__LOCK(a);
     if (mskv__find_key(a, key) >= 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_DUPLICATE, "keyed_create: key exists"); }
     need = mskv__ceil_div(n_tokens, a->P);
+    /* the header's order of resources: a request slot before pages */
+    if (a->req_free_top == 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "keyed_create: no request slot"); }
     if (need > a->free_top) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "keyed_create: need %d pages, %d free", (int)need, (int)a->free_top); }
     ri = mskv__new_req(a);
     if (ri < 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "keyed_create: no request slot"); }

@@ -19,7 +19,12 @@
    protect at the same length, a release that frees no page). The walk also
    pauses and resumes, reserves, publishes segments (page-stored events name
    pages of those requests, each once, in order; page-removed events match
-   release, abort and remove), and builds 3-D position and dense plans. */
+   release, abort and remove), builds 3-D position and dense plans, binds
+   retention policies that publish applies (sink protected, whole chunks
+   released: the model computes the skipped tokens chunk by chunk), and
+   creates, seals, finds and removes keyed entries that cross plans read.
+   (Sessions are protect/release/admit over the same core; their own rules
+   are tested in test_windows.c and driven by the fuzzers.) */
 #include <stdlib.h>
 #include "mskv_test.h"
 #include "../mstar_kv.h"
@@ -50,6 +55,10 @@ typedef struct mtm_req {
     uint32_t exp[MTM_MAXTOK];      /* expected value per compacted index */
     int check_bytes;
     int paused;
+    int keyed, sealed;             /* a keyed entry (kept out of the general operations) */
+    uint64_t key;
+    int has_ret;                   /* a retention policy applied at publish */
+    mskv_retention ret;
     int64_t stored_upto;           /* page-stored events so far covered [0, stored_upto) */
 } mtm_req;
 
@@ -76,6 +85,7 @@ typedef struct mtm {
     long digest_checks;
     long removed_events;           /* PAGE_REMOVED events since the counter was reset */
     mskv_event stored[256];        /* PAGE_STORED events of the current publish */
+    uint64_t release_tag;          /* nonzero: pages that left a table in this operation wait for this fence */
     int nstored;
 } mtm;
 
@@ -198,6 +208,9 @@ static void mtm_verify(mtm *m) {
                   inf.has_reservation, (long long)inf.prefix_tokens, inf.prefix_pages, (long long)inf.live_start,
                   (int)inf.location, (long long)q->committed, (long long)q->reserved, q->has_res, (long long)q->prefix,
                   mtm_pp(m, q), (long long)q->live_start, q->offloaded);
+        MTM_CHECK(m, inf.keyed == q->keyed && inf.sealed == q->sealed && inf.paused == q->paused,
+                  "request %u: keyed %d sealed %d paused %d, model %d %d %d", q->h.id, inf.keyed, inf.sealed, inf.paused,
+                  q->keyed, q->sealed, q->paused);
         if (q->epoch_moves) MTM_CHECK(m, inf.prefix_epoch != q->epoch, "request %u: epoch did not move", q->h.id);
         else MTM_CHECK(m, inf.prefix_epoch == q->epoch, "request %u: epoch moved", q->h.id);
         q->epoch = inf.prefix_epoch;
@@ -227,7 +240,7 @@ static void mtm_verify(mtm *m) {
     for (p = 1; p < m->num_pages; p++) {
         if (m->live[p] && !now[p] && m->fenced) {
             m->pending[p] = 1;
-            m->pend_tag[p] = mskv_arena_step(m->a);
+            m->pend_tag[p] = m->release_tag ? m->release_tag : mskv_arena_step(m->a);
         }
         if (now[p]) m->pending[p] = 0;
         m->live[p] = now[p];
@@ -297,11 +310,28 @@ static void mtm_verify(mtm *m) {
 /* ---- operations ---- */
 
 static mtm_req *mtm_pick(mtm *m) {
-    int i, n = mtm_count_used(m), k;
+    int i, n = 0, k;
+    for (i = 0; i < MTM_MAXREQ; i++) n += m->r[i].used && !m->r[i].keyed;
     if (n == 0) return NULL;
     k = (int)mtm_below(m, n);
     for (i = 0; i < MTM_MAXREQ; i++)
-        if (m->r[i].used && k-- == 0) return &m->r[i];
+        if (m->r[i].used && !m->r[i].keyed && k-- == 0) return &m->r[i];
+    return NULL;
+}
+
+static mtm_req *mtm_pick_keyed(mtm *m, int sealed_only) {
+    int i, n = 0, k;
+    for (i = 0; i < MTM_MAXREQ; i++) n += m->r[i].used && m->r[i].keyed && (m->r[i].sealed || !sealed_only);
+    if (n == 0) return NULL;
+    k = (int)mtm_below(m, n);
+    for (i = 0; i < MTM_MAXREQ; i++)
+        if (m->r[i].used && m->r[i].keyed && (m->r[i].sealed || !sealed_only) && k-- == 0) return &m->r[i];
+    return NULL;
+}
+static mtm_req *mtm_find_key(mtm *m, uint64_t key) {
+    int i;
+    for (i = 0; i < MTM_MAXREQ; i++)
+        if (m->r[i].used && m->r[i].keyed && m->r[i].key == key) return &m->r[i];
     return NULL;
 }
 
@@ -547,7 +577,7 @@ static int mtm_open_batch(mtm *m, mskv_segment *s, mtm_req **qs, int *nviol) {
     *nviol = 0;
     for (i = 0; i < MTM_MAXREQ; i++) {
         mtm_req *q = &m->r[i];
-        if (!q->used) continue;
+        if (!q->used || q->keyed) continue;
         if (q->has_res ? mtm_below(m, 4) != 0 : mtm_below(m, 40) == 0) {
             if (!q->has_res) (*nviol)++;
             s[n].request = q->h;
@@ -619,6 +649,22 @@ static void mtm_op_protect(mtm *m) {
     m->counts[6]++;
 }
 
+/* Pages a release of n live tokens frees (page floor), and the model's table after it. */
+static int32_t mtm_freed_by(const mtm *m, const mtm_req *q, int64_t n) {
+    int64_t point = q->live_start + n;
+    int32_t freed = (int32_t)(point / m->P - q->live_start / m->P);
+    return freed < 0 ? 0 : freed;
+}
+static void mtm_model_release(mtm *m, mtm_req *q, int32_t freed) {
+    int32_t pp = mtm_pp(m, q);
+    if (freed <= 0) return;
+    memmove(q->tab + pp, q->tab + pp + freed, (size_t)(q->ntab - pp - freed) * sizeof(int32_t));
+    memmove(q->exp + (int64_t)pp * m->P, q->exp + (int64_t)(pp + freed) * m->P,
+            (size_t)(q->ntab - pp - freed) * (size_t)m->P * sizeof(uint32_t));
+    q->ntab -= freed;
+    q->live_start += (int64_t)freed * m->P;
+}
+
 static void mtm_op_release(mtm *m) {
     mtm_req *q = mtm_pick(m);
     int64_t live, n, got = -1, point;
@@ -633,9 +679,7 @@ static void mtm_op_release(mtm *m) {
     n = mtm_below(m, 10) == 0 ? live + 1 + mtm_below(m, 4) : mtm_below(m, live + 1);
     if (q->offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
     if (n > live) MTM_VIOL(MSKV_ERROR_OUT_OF_RANGE);
-    point = q->live_start + n;
-    freed = (int32_t)(point / m->P - q->live_start / m->P);
-    if (freed < 0) freed = 0;
+    freed = mtm_freed_by(m, q, n);
     d = mtm_digest(m);
     m->removed_events = 0;
     e = mskv_request_release_oldest(m->a, q->h, n, &got);
@@ -643,14 +687,8 @@ static void mtm_op_release(mtm *m) {
     if (e != MSKV_SUCCESS || nviol) return;
     MTM_CHECK(m, m->removed_events == freed, "%ld page-removed events for %d released pages", m->removed_events, (int)freed);
     MTM_CHECK(m, got == (int64_t)freed * m->P, "released %lld tokens, model %lld", (long long)got, (long long)freed * m->P);
-    if (freed > 0) {
-        pp = mtm_pp(m, q);
-        memmove(q->tab + pp, q->tab + pp + freed, (size_t)(q->ntab - pp - freed) * sizeof(int32_t));
-        memmove(q->exp + (int64_t)pp * m->P, q->exp + (int64_t)(pp + freed) * m->P,
-                (size_t)(q->ntab - pp - freed) * (size_t)m->P * sizeof(uint32_t));
-        q->ntab -= freed;
-        q->live_start += (int64_t)freed * m->P;
-    }
+    mtm_model_release(m, q, freed);
+    (void)pp; (void)point;
     m->counts[7]++;
 }
 
@@ -719,6 +757,8 @@ static void mtm_op_export_import(mtm *m) {
     c->ntab = q->ntab;
     c->offloaded = 1;
     c->stored_upto = q->stored_upto;
+    c->has_ret = q->has_ret;   /* a blob carries the policy; a fork does not */
+    c->ret = q->ret;
     memcpy(c->exp, q->exp, sizeof c->exp);
     mtm_adopt_epoch(m, c);
     m->counts[10]++;
@@ -790,6 +830,31 @@ static void mtm_op_reserve(mtm *m) {
     if (e == MSKV_SUCCESS) m->counts[15]++;
 }
 
+/* Chunk-window retention at publish, from DESIGN.md and the header: once the
+   sink is complete it is protected (when no release has left a gap), then
+   everything past the sink except the window goes, a whole chunk at a time
+   (skipped tokens), released like release_oldest (page floor). */
+static int64_t mtm_skipped(const mskv_retention *r, int64_t n) {
+    int64_t sink = r->sink_chunks * r->chunk_size, s = 0;
+    if (n <= sink) return 0;
+    while (s + r->chunk_size <= n - sink && (r->reset_at_boundary || n - sink - (s + r->chunk_size) >= r->window_chunks * r->chunk_size))
+        s += r->chunk_size;
+    return s;
+}
+static void mtm_model_retention(mtm *m, mtm_req *q) {
+    int64_t sink = q->ret.sink_chunks * q->ret.chunk_size, keep_from, live;
+    if (q->committed >= sink && q->prefix < sink && !mtm_gap(m, q)) {
+        q->live_start = (int64_t)((sink + m->P - 1) / m->P) * m->P;
+        q->prefix = sink;
+        q->epoch_moves = 1;
+    }
+    if (q->prefix < sink) return;
+    keep_from = sink + mtm_skipped(&q->ret, q->committed);
+    live = q->committed - q->live_start;
+    if (keep_from > q->live_start && live > 0)
+        mtm_model_release(m, q, mtm_freed_by(m, q, keep_from - q->live_start < live ? keep_from - q->live_start : live));
+}
+
 /* Publish with segments: page-stored events name pages of those requests,
    full of committed tokens, each page once, in order. */
 static void mtm_op_publish_segments(mtm *m) {
@@ -800,7 +865,7 @@ static void mtm_op_publish_segments(mtm *m) {
     mskv_result want = MSKV_SUCCESS, e;
     m->op_name = "publish segments";
     for (i = 0; i < MTM_MAXREQ; i++)
-        if (m->r[i].used && mtm_below(m, 2)) {
+        if (m->r[i].used && !m->r[i].keyed && mtm_below(m, 2)) {
             qs[n] = &m->r[i];
             s[n].request = m->r[i].h;
             s[n].n_tokens = 0;
@@ -826,6 +891,9 @@ static void mtm_op_publish_segments(mtm *m) {
                   (long long)ev->first_token, (long long)q->stored_upto, (long long)q->committed);
         q->stored_upto = ev->first_token + m->P;
     }
+    for (i = 0; i < n; i++)
+        if (qs[i]->has_ret) mtm_model_retention(m, qs[i]);
+    m->release_tag = ended;   /* retention releases inside the step that publish ends */
     m->counts[16]++;
 }
 
@@ -892,6 +960,152 @@ static void mtm_op_plans(mtm *m) {
     m->counts[17 + (pd.kind == MSKV_PLAN_DENSE)]++;
 }
 
+static void mtm_op_set_retention(mtm *m) {
+    mtm_req *q = mtm_pick(m);
+    mskv_retention r;
+    int nviol = 0, clear;
+    uint64_t d;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "set_retention";
+    if (!q) return;
+    memset(&r, 0, sizeof r);
+    clear = mtm_below(m, 8) == 0;
+    r.chunk_size = (int64_t)m->P * (1 + mtm_below(m, 3));
+    r.sink_chunks = mtm_below(m, 3);
+    r.window_chunks = 1 + mtm_below(m, 3);
+    r.reset_at_boundary = mtm_below(m, 4) == 0;
+    r.exact = (int32_t)mtm_below(m, 2);
+    if (mtm_below(m, 6) == 0 && m->P > 1) { r.chunk_size += 1; r.exact = 1; }   /* exact eviction needs page-aligned chunks */
+    if (!clear && r.exact && r.chunk_size % m->P != 0) MTM_VIOL(MSKV_ERROR_INVALID_SPEC);
+    d = mtm_digest(m);
+    e = mskv_request_set_retention(m->a, q->h, clear ? NULL : &r);
+    mtm_expect(m, e, nviol, want, d, MTM_EITHER);
+    if (e != MSKV_SUCCESS || nviol) return;
+    q->has_ret = !clear;
+    if (!clear) q->ret = r;
+    m->counts[19]++;
+}
+
+static void mtm_op_keyed_create(mtm *m) {
+    mtm_req *c = mtm_slot_free(m);
+    uint64_t key = (uint64_t)mtm_below(m, 4) + 100, d;
+    int64_t n = mtm_below(m, 10) == 0 ? 0 : 1 + mtm_below(m, 3 * m->P), pos;
+    int32_t need = (int32_t)((n + m->P - 1) / m->P), t, count = 0;
+    int nviol = 0;
+    mskv_request h;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "keyed_create";
+    if (n < 1) MTM_VIOL(MSKV_ERROR_INVALID_ARGUMENT);
+    if (mtm_find_key(m, key)) MTM_VIOL(MSKV_ERROR_DUPLICATE);
+    if (!c) MTM_VIOL(MSKV_ERROR_TOO_MANY_REQUESTS);
+    if (need > mtm_free(m)) MTM_VIOL(MSKV_ERROR_OUT_OF_PAGES);
+    d = mtm_digest(m);
+    e = mskv_keyed_create(m->a, key, n, &h);
+    mtm_expect(m, e, nviol, want, d, MTM_CHANGES);
+    if (e != MSKV_SUCCESS || nviol) return;
+    mtm_new_req(m, c, h);
+    c->keyed = 1;
+    c->key = key;
+    c->reserved = n;
+    c->has_res = 1;
+    c->ntab = need;
+    mtm_adopt_epoch(m, c);
+    /* its tokens are written before it is sealed: learn the pages, write (uid, position) */
+    if (mskv_request_pages(m->a, h, m->scratch, MTM_MAXPAGES, &count) != MSKV_SUCCESS || count != need) {
+        MTM_CHECK(m, 0, "keyed entry %u: table of %d, model %d", h.id, count, need);
+        return;
+    }
+    for (t = 0; t < need; t++) {
+        MTM_CHECK(m, !m->pending[m->scratch[t]] && !m->live[m->scratch[t]], "keyed_create took page %d, not free", m->scratch[t]);
+        c->tab[t] = m->scratch[t];
+    }
+    for (pos = 0; pos < n; pos++) {
+        c->exp[pos] = mtm_value(c->uid, pos);
+        mtm_write_token(m, c, pos);
+    }
+    m->counts[20]++;
+}
+
+static void mtm_op_keyed_other(mtm *m) {
+    mtm_req *q = mtm_pick_keyed(m, 0), *f;
+    uint64_t key = (uint64_t)mtm_below(m, 5) + 100, d = mtm_digest(m);
+    mskv_request h;
+    mskv_result e;
+    int64_t pick = mtm_below(m, 3);
+    if (pick == 0) {
+        m->op_name = "keyed_seal";
+        if (!q) return;
+        e = mskv_keyed_seal(m->a, q->h);
+        mtm_expect(m, e, q->sealed, MSKV_ERROR_READ_ONLY, d, MTM_CHANGES);
+        if (e != MSKV_SUCCESS || q->sealed) return;
+        q->sealed = 1;
+        q->committed = q->reserved;
+        q->reserved = 0;
+        q->has_res = 0;
+        m->counts[21]++;
+    } else if (pick == 1) {
+        m->op_name = "keyed_find";
+        f = mtm_find_key(m, key);
+        h.id = 0;
+        e = mskv_keyed_find(m->a, key, &h);
+        mtm_expect(m, e, f ? 0 : 1, MSKV_ERROR_NOT_FOUND, d, MTM_SAME);
+        if (f) MTM_CHECK(m, h.id == f->h.id, "keyed_find(%llu) = %u, model %u", (unsigned long long)key, h.id, f->h.id);
+    } else {
+        m->op_name = "keyed_remove";
+        f = mtm_find_key(m, key);
+        m->removed_events = 0;
+        e = mskv_keyed_remove(m->a, key);
+        mtm_expect(m, e, f ? 0 : 1, MSKV_ERROR_NOT_FOUND, d, MTM_CHANGES);
+        if (e != MSKV_SUCCESS || !f) return;
+        MTM_CHECK(m, m->removed_events == f->ntab, "keyed_remove: %ld page-removed events for %d pages", m->removed_events, f->ntab);
+        if (m->nstale < 8) m->stale[m->nstale++] = f->h;
+        f->used = 0;
+        m->counts[22]++;
+    }
+}
+
+/* A cross plan: a request's last tokens attend over a keyed entry's pages. */
+static void mtm_op_cross(mtm *m) {
+    mtm_req *q = mtm_pick(m), *x = mtm_pick_keyed(m, 0);
+    mskv_segment s;
+    mskv_plan p;
+    mskv_plan_desc pd;
+    int64_t len, nq, i;
+    int nviol = 0, t;
+    uint64_t d;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "cross plan";
+    if (!q || !x || q->offloaded) return;
+    len = mtm_kv_len(m, q);
+    if (len < 1) return;
+    nq = 1 + mtm_below(m, len < 6 * m->P ? len : 6 * m->P);
+    memset(&p, 0, sizeof p);
+    p.qo_indptr = m->pl_qo; p.kv_indptr = m->pl_kvp; p.kv_indices = m->pl_idx; p.kv_last_page_len = m->pl_last;
+    p.kv_len = m->pl_len; p.kv_pos_split = m->pl_split; p.kv_pos_shift = m->pl_shift; p.kv_token_indptr = m->pl_tok;
+    p.slot_mapping = m->pl_slots; p.positions = m->pl_pos;
+    p.cap_batch = 3; p.cap_tokens = 3 * 6 * MTM_MAXP; p.cap_page_ids = 3 * MTM_MAXPAGES;
+    s.request = q->h;
+    s.n_tokens = nq;
+    memset(&pd, 0, sizeof pd);
+    pd.kind = MSKV_PLAN_CROSS;
+    pd.cross = x->h;
+    pd.pos_mode = MSKV_POS_1D;
+    if (!x->sealed) MTM_VIOL(MSKV_ERROR_BAD_STATE);
+    d = mtm_digest(m);
+    e = mskv_plan_build(m->a, &s, 1, &pd, &p);
+    mtm_expect(m, e, nviol, want, d, MTM_SAME);
+    if (e != MSKV_SUCCESS || nviol) return;
+    MTM_CHECK(m, p.batch == 1 && p.total_q == nq && p.kv_len[0] == x->committed && p.num_page_ids == x->ntab &&
+                     p.kv_last_page_len[0] == x->committed - (int64_t)(x->ntab - 1) * m->P,
+              "cross plan: %d keys over %d pages, the entry has %lld over %d", p.kv_len[0], p.num_page_ids,
+              (long long)x->committed, x->ntab);
+    for (t = 0; t < x->ntab && !m->bad; t++) MTM_CHECK(m, p.kv_indices[t] == x->tab[t], "cross plan page %d", t);
+    for (i = 0; i < nq && !m->bad; i++)
+        MTM_CHECK(m, p.slot_mapping[i] == -1 && p.positions[i] == mtm_abs(m, q, len - nq + i),
+                  "cross plan query %lld: slot %lld position %d", (long long)i, (long long)p.slot_mapping[i], p.positions[i]);
+    m->counts[23]++;
+}
+
 static void mtm_run_seed(uint64_t seed) {
     mtm *m = (mtm *)calloc(1, sizeof *m);
     mskv_arena_desc d;
@@ -919,6 +1133,7 @@ static void mtm_run_seed(uint64_t seed) {
     for (i = 0; i < MTM_OPS && !m->bad; i++) {
         int64_t pick = mtm_below(m, 100);
         m->op = i;
+        m->release_tag = 0;
         if (pick < 5) mtm_op_add(m);
         else if (pick < 8) mtm_op_remove(m);
         else if (pick < 12) mtm_op_fork(m);
@@ -933,29 +1148,39 @@ static void mtm_run_seed(uint64_t seed) {
         else if (pick < 87) mtm_op_publish(m);
         else if (pick < 89) mtm_op_publish_segments(m);
         else if (pick < 91) mtm_op_pause(m);
-        else if (pick < 93) mtm_op_reserve(m);
-        else if (pick < 95) mtm_op_plans(m);
+        else if (pick < 92) mtm_op_reserve(m);
+        else if (pick < 93) mtm_op_plans(m);
+        else if (pick < 95) {
+            int64_t k = mtm_below(m, 4);
+            if (k == 0) mtm_op_set_retention(m);
+            else if (k == 1) mtm_op_keyed_create(m);
+            else if (k == 2) mtm_op_keyed_other(m);
+            else mtm_op_cross(m);
+        }
         else if (pick < 98) { if (m->fenced) mtm_op_retire(m); else mtm_op_publish(m); }
         else mtm_op_stale(m);
         if (!m->bad) mtm_verify(m);
     }
     if (!m->bad) {
         /* every kind of operation succeeded many times: the walk was not stuck */
-        static const char *names[19] = {"add", "remove", "fork", "admit", "commit", "abort", "protect", "release",
+        static const char *names[24] = {"add", "remove", "fork", "admit", "commit", "abort", "protect", "release",
                                         "offload", "reload", "export/import", "publish", "retire", "pause", "resume",
-                                        "reserve", "publish with segments", "3-D plan", "dense plan"};
+                                        "reserve", "publish with segments", "3-D plan", "dense plan", "set_retention",
+                                        "keyed_create", "keyed_seal", "keyed_remove", "cross plan"};
         int k;
-        for (k = 0; k < 19; k++) {
+        for (k = 0; k < 24; k++) {
             if (k == 12 && !m->fenced) continue;
-            if (m->counts[k] < (k >= 13 ? 50 : 200)) mt_fail(__FILE__, __LINE__, "only %ld successful %s operations", m->counts[k], names[k]);
+            if (m->counts[k] < (k >= 19 ? 10 : k >= 13 ? 50 : 200)) mt_fail(__FILE__, __LINE__, "only %ld successful %s operations", m->counts[k], names[k]);
         }
     }
     printf("    successes: add %ld remove %ld fork %ld admit %ld commit %ld abort %ld protect %ld release %ld "
            "offload %ld reload %ld import %ld publish %ld retire %ld pause %ld resume %ld reserve %ld "
-           "publish-with-segments %ld 3-D %ld dense %ld; %ld digest checks\n", m->counts[0], m->counts[1], m->counts[2],
+           "publish-with-segments %ld 3-D %ld dense %ld retention %ld keyed create %ld seal %ld remove %ld cross %ld; "
+           "%ld digest checks\n", m->counts[0], m->counts[1], m->counts[2],
            m->counts[3], m->counts[4], m->counts[5], m->counts[6], m->counts[7], m->counts[8], m->counts[9],
            m->counts[10], m->counts[11], m->counts[12], m->counts[13], m->counts[14], m->counts[15], m->counts[16],
-           m->counts[17], m->counts[18], m->digest_checks);
+           m->counts[17], m->counts[18], m->counts[19], m->counts[20], m->counts[21], m->counts[22], m->counts[23],
+           m->digest_checks);
     mskv_arena_destroy(m->a);
     free(m);
 }
