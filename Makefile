@@ -4,6 +4,7 @@
 #   make demo     build and run the video demo (writes demo.mp4)
 #   make bench    build and run the benchmarks
 #   make gpu-check  the GPU check (needs an NVIDIA GPU)
+#   make python   install the Python package into build/venv (make test runs its tests)
 #   make fuzz     every libFuzzer harness of tests/fuzz for FUZZ_SECONDS each
 #                 (make test runs them for 20 s each)
 #   make stress   the ThreadSanitizer stress with 10x the operations of make test
@@ -27,10 +28,11 @@ DEMO_DEFS :=
 VIDEO_TEST := $(B)/tests-video
 endif
 
-TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan
+TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan $(B)/tests-debug
 ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
+TEST_BINS += $(B)/tests-python
 
 # Hardening (issue 9): libFuzzer harnesses, a ThreadSanitizer build of the
 # thread tests plus a stress, and allocation-failure injection under ASan.
@@ -41,7 +43,17 @@ FUZZ_CC := clang -std=c99 $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fn
 TSAN_SRC := tests/main.c tests/test_threads.c tests/stress_threads.c
 HARDEN_BINS := $(FUZZ_BINS) $(B)/gen-corpus $(B)/tests-tsan $(B)/alloc-fail
 
-.PHONY: all test tests demo bench gpu-check embed clean fuzz stress fuzz-corpus
+# The Python package (python/): a venv under build/ (no system pip, so no
+# "externally-managed-environment") with NumPy, pytest and the build tools
+# from PyPI (wheel: a setuptools older than 70.1 needs it to build without
+# isolation), the package installed the way a user installs it (pip install
+# ./python), and a test program that runs its pytest suite and prints the
+# common totals line.
+PYTHON  ?= python3
+VENV    := $(B)/venv
+PY_SRC  := $(wildcard python/mstar_kv/*.py python/mstar_kv/*.c) python/setup.py python/pyproject.toml
+
+.PHONY: all test tests demo bench gpu-check embed clean python fuzz stress fuzz-corpus
 all: tests $(B)/demo
 
 tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx $(HARDEN_BINS)
@@ -60,6 +72,9 @@ $(B)/tests-clang-cxx: $(TEST_SRC) $(HDRS) | $(B)
 $(B)/tests-asan: $(TEST_SRC) $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
 	    -fno-omit-frame-pointer -DMSKV_TEST_SANITIZED -Itests $(TEST_SRC) -o $@ $(LIBS)
+# MSKV_DEBUG is compile time: its own small program (under ASan + UBSan)
+$(B)/tests-debug: tests/debug_check.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Itests tests/debug_check.c -o $@ $(LIBS)
 $(B)/tests-emu: $(EMU_SRC) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
 	g++ -std=c++17 $(WARN) -O2 -g -Itests $(EMU_SRC) -o $@ $(LIBS)
 $(B)/tests-video: tests/test_video.c $(HDRS) | $(B)
@@ -91,6 +106,19 @@ $(B)/demo-emu: demo/demo_emu.cpp $(wildcard demo/*.c demo/*.h) kernels.cu $(HDRS
 
 $(B)/demo: $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) $(OPT) $(DEMO_DEFS) $(FFMPEG_CFLAGS) demo/demo.c -o $@ $(FFMPEG_LIBS) $(LIBS)
+
+$(VENV)/ready: | $(B)
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check numpy pytest setuptools wheel
+	touch $@
+$(B)/python-installed: $(VENV)/ready $(PY_SRC) mstar_kv.h mstar_kv_cuda.h
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation ./python
+	touch $@
+$(B)/tests-python: $(B)/python-installed
+	printf '#!/bin/sh\n# made by make: the Python package tests against the copy installed in %s\ncd "%s" && exec env -u MSKV_LIBRARY "%s/bin/python" -m pytest -q -p no:cacheprovider python/tests "$$@"\n' \
+	    "$(VENV)" "$(CURDIR)" "$(CURDIR)/$(VENV)" > $@
+	chmod +x $@
+python: $(B)/python-installed
 
 # Build what builds (-k), then run everything: a compile error is one more
 # failure in the totals line, not a run that ends without one.

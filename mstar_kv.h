@@ -24,6 +24,10 @@
                                  descriptor overrides them for that object.
      MSKV_ASSERT(x)              internal consistency checks (default: assert.h)
      MSKV_NO_THREADS             no pthreads: no internal lock, no worker threads
+     MSKV_DEBUG                  every arena runs with every debug check
+                                 (mskv_arena_desc.debug = MSKV_DEBUG_ALL, whatever
+                                 its descriptor says): poisoned free pages,
+                                 checksummed host copies
 
    Example:
        mskv_arena_desc d = {0};            // zero means defaults
@@ -124,6 +128,7 @@ typedef enum mskv_result {
     MSKV_ERROR_BLOB_VERSION = -62,     /* written by an incompatible version */
     MSKV_ERROR_BLOB_MISMATCH = -63,    /* page size, layers, heads, dim or dtype differ from the arena */
     MSKV_ERROR_AUDIT_FAILED = -64,     /* an invariant does not hold (a library bug, or memory corruption) */
+    MSKV_ERROR_HOST_COPY_CORRUPT = -65, /* a host copy's bytes changed since offload or import (debug checksums) */
     /* platform */
     MSKV_ERROR_UNSUPPORTED = -80,
     MSKV_ERROR_THREAD = -81,
@@ -185,18 +190,36 @@ typedef void (*mskv_event_fn)(void *user, const mskv_event *event);
 /* Where the K/V bytes of pages live when they are not in the arena's own host
    store (the GPU layer provides this). Host copies use the page-major layout
    [page][layer][K then V][slot][kv_head][dim]. Every function is synchronous
-   with respect to the bytes it returns or consumes. */
+   with respect to the bytes it returns or consumes. fill_pages is optional
+   (debug poisoning: every byte of the pages, all layers, K and V, set to
+   `byte`; NULL = write_pages from a host record of that byte, page by page). */
 typedef struct mskv_store_ops {
     void *user;
     mskv_result (*read_pages)(void *user, const int32_t *pages, int32_t n, void *dst);
     mskv_result (*write_pages)(void *user, const int32_t *pages, int32_t n, const void *src);
     mskv_result (*copy_page)(void *user, int32_t src_page, int32_t dst_page);
+    mskv_result (*fill_pages)(void *user, const int32_t *pages, int32_t n, unsigned char byte);
 } mskv_store_ops;
 
 typedef enum mskv_retire_mode {
     MSKV_RETIRE_IMMEDIATE = 0, /* freed pages are reusable at once (CPU backend) */
     MSKV_RETIRE_FENCED = 1     /* freed pages wait until mskv_arena_retire(fence) (GPU) */
 } mskv_retire_mode;
+
+/* Debug checks (mskv_arena_desc.debug; all of them with MSKV_DEBUG). With
+   none, nothing of them runs: no extra pass, allocation or copy.
+   POISON: a page that becomes free (after its fence) has every byte set to
+     MSKV_POISON_BYTE, which reads as NaN in f32, f16 and bf16, so a read
+     through a stale table shows; pages free at creation are poisoned too
+     (the null page stays zero). mskv_arena_audit_bytes then finds any write
+     into a free page.
+   CHECKSUMS: offload and import record a checksum of every page of the host
+     copy; reload (and export) verify them and refuse a copy whose bytes
+     changed (MSKV_ERROR_HOST_COPY_CORRUPT, nothing changes). */
+#define MSKV_DEBUG_POISON 1u
+#define MSKV_DEBUG_CHECKSUMS 2u
+#define MSKV_DEBUG_ALL 3u
+#define MSKV_POISON_BYTE 0xFFu   /* 0xFFFFFFFF (f32) and 0xFFFF (f16, bf16) are NaNs */
 
 typedef struct mskv_arena_desc {
     int32_t num_pages;      /* pages in all, including the null page 0; >= 2 */
@@ -215,6 +238,7 @@ typedef struct mskv_arena_desc {
     void *log_user;
     mskv_event_fn on_event;
     void *event_user;
+    uint32_t debug;                   /* MSKV_DEBUG_* checks (0 = none, unless MSKV_DEBUG) */
 } mskv_arena_desc;
 
 typedef struct mskv_arena_stats {
@@ -241,6 +265,13 @@ MSKV_API mskv_result mskv_arena_stats_get(mskv_arena *arena, mskv_arena_stats *o
 /* Checks every invariant; on failure returns MSKV_ERROR_AUDIT_FAILED and writes
    which one broke into why (why may be NULL). */
 MSKV_API mskv_result mskv_arena_audit(mskv_arena *arena, char *why, size_t why_cap);
+/* mskv_arena_audit, then the bytes the debug checks make checkable: every
+   free page still holds the poison (a write into a freed page is caught),
+   every host copy still matches its checksums. Reads every free page (through
+   store_ops for a device store) and every host copy: O(bytes), for tests and
+   debugging. Return value: SUCCESS, AUDIT_FAILED (why says which page),
+   UNSUPPORTED (the arena runs no debug check: there is nothing to compare). */
+MSKV_API mskv_result mskv_arena_audit_bytes(mskv_arena *arena, char *why, size_t why_cap);
 /* A hash of the whole bookkeeping state (pages, requests, reservations, host
    copies, keys): equal digests mean nothing changed. */
 MSKV_API uint64_t mskv_arena_digest(mskv_arena *arena);
@@ -341,18 +372,23 @@ MSKV_API mskv_result mskv_request_slot(mskv_arena *arena, mskv_request req, int6
    request (desc.host_allocator; a buffer a reload gave back is reused), then
    free the pages; only once the copy is complete. Token counts, prefix, released window and epoch are kept.
    Return value: OFFLOADED (already), RESERVATION_PENDING, READ_ONLY (keyed
-   entry), OUT_OF_MEMORY, or the store ops' error (the request stays resident). */
+   entry), OUT_OF_MEMORY, or the store ops' error (the request stays resident).
+   With MSKV_DEBUG_CHECKSUMS a checksum of every page is kept with the copy. */
 MSKV_API mskv_result mskv_request_offload(mskv_arena *arena, mskv_request req);
 /* All or nothing: fresh pages (possibly other ids), bytes copied back,
    prefix_epoch moves, the host copy is freed. Return value: NOT_OFFLOADED,
-   OUT_OF_PAGES (nothing changes, the host copy stays), OUT_OF_MEMORY, or the
-   store ops' error (the request stays offloaded). */
+   OUT_OF_PAGES (nothing changes, the host copy stays), OUT_OF_MEMORY,
+   HOST_COPY_CORRUPT (MSKV_DEBUG_CHECKSUMS: a page of the host copy changed
+   since offload or import; nothing changes), or the store ops' error (the
+   request stays offloaded). */
 MSKV_API mskv_result mskv_request_reload(mskv_arena *arena, mskv_request req);
 /* Serialise a request (offloaded or resident, or a sealed keyed entry) into
    a versioned, checksummed, little-endian blob: geometry, token counts,
    prefix, released window, retention, key, and every page's bytes. buf may be
    NULL to query the size; *size always gets the size needed.
-   Return value: CAPACITY (cap < *size), RESERVATION_PENDING, OVERFLOW. */
+   Return value: CAPACITY (cap < *size), RESERVATION_PENDING, OVERFLOW,
+   HOST_COPY_CORRUPT (an offloaded request whose host copy changed, with
+   MSKV_DEBUG_CHECKSUMS: a blob signed over changed bytes would import). */
 MSKV_API mskv_result mskv_request_export(mskv_arena *arena, mskv_request req, void *buf, size_t cap, size_t *size);
 /* A new, offloaded request from a blob (possibly written by another process);
    reload it to use it. Return value: BLOB_TRUNCATED, BLOB_CORRUPT (magic,
@@ -766,6 +802,7 @@ MSKV_IMPL const char *mskv_result_string(mskv_result r) {
     case MSKV_ERROR_BLOB_VERSION: return "blob version not supported";
     case MSKV_ERROR_BLOB_MISMATCH: return "blob layout differs from the arena";
     case MSKV_ERROR_AUDIT_FAILED: return "audit failed: an invariant does not hold";
+    case MSKV_ERROR_HOST_COPY_CORRUPT: return "a host copy changed since it was made (checksum mismatch)";
     case MSKV_ERROR_UNSUPPORTED: return "unsupported";
     case MSKV_ERROR_THREAD: return "thread error";
     case MSKV_ERROR_IO: return "I/O error";
@@ -870,6 +907,12 @@ static uint64_t mskv__hash_final(const mskv__hash *h) {
     x ^= x >> 33; x *= 0xFF51AFD7ED558CCDull; x ^= x >> 33; x *= 0xC4CEB9FE1A85EC53ull; x ^= x >> 33;
     return x;
 }
+static uint64_t mskv__checksum(const void *p, size_t n) {
+    mskv__hash h;
+    mskv__hash_init(&h);
+    mskv__hash_update(&h, p, n);
+    return mskv__hash_final(&h);
+}
 static void mskv__hash_u64(mskv__hash *h, uint64_t v) {
     unsigned char b[8];
     int i;
@@ -895,6 +938,7 @@ typedef struct mskv__req {
     unsigned char *host;      /* offloaded copy: host_pages records */
     size_t host_cap;          /* bytes allocated at host (it may be a larger reused block) */
     int32_t host_pages;
+    uint64_t *sums;           /* MSKV_DEBUG_CHECKSUMS: a checksum per record of host */
 } mskv__req;
 
 struct mskv_arena {
@@ -920,6 +964,9 @@ struct mskv_arena {
     unsigned char **pools;     /* [layer*2 + kind] */
     unsigned char *spare;      /* one freed host copy kept for the next offload */
     size_t spare_cap;
+    uint32_t debug;            /* MSKV_DEBUG_* in force */
+    uint8_t *poisoned;         /* POISON: [num_pages], 1 while a free page holds the poison */
+    unsigned char *dbg_rec;    /* POISON: a record of poison, then a record of scratch for the audit */
 #ifndef MSKV_NO_THREADS
     pthread_mutex_t lock;
     int lock_ok;
@@ -993,6 +1040,7 @@ static mskv_result mskv__arena_desc_check(const mskv_arena_desc *d) {
         d->kv_heads < 0 || d->head_dim < 0 || mskv_dtype_size(d->dtype) == 0 || (unsigned)d->retire_mode > 1u ||
         (d->num_layers > 0 && (d->kv_heads < 1 || d->head_dim < 1)) ||
         (d->store_ops && (!d->store_ops->read_pages || !d->store_ops->write_pages || !d->store_ops->copy_page)) ||
+        (d->debug & ~MSKV_DEBUG_ALL) != 0 ||
         (d->allocator.alloc || d->allocator.realloc || d->allocator.free) !=
             (d->allocator.alloc && d->allocator.realloc && d->allocator.free) ||
         (d->host_allocator.alloc || d->host_allocator.realloc || d->host_allocator.free) !=
@@ -1001,6 +1049,39 @@ static mskv_result mskv__arena_desc_check(const mskv_arena_desc *d) {
     if ((int64_t)d->num_pages * d->page_size > ((int64_t)1 << 62)) return MSKV_ERROR_OVERFLOW;
     if (d->num_layers > INT32_MAX / 2) return MSKV_ERROR_OVERFLOW;  /* pools are indexed layer * 2 + kind in int32 */
     return MSKV_SUCCESS;
+}
+
+/* MSKV_DEBUG_POISON: pages that just became free get the poison in every
+   byte, and are marked so that mskv_arena_audit_bytes expects it there. A
+   store that fails to poison leaves its pages unmarked (and says so). */
+static void mskv__poison(mskv_arena *a, const int32_t *pages, int32_t n) {
+    const mskv_store_ops *ops = a->desc.store_ops;
+    int32_t i, l;
+    mskv_result r = MSKV_SUCCESS;
+    if (!(a->debug & MSKV_DEBUG_POISON) || n <= 0 || a->record_bytes == 0) return;
+    if (!ops) {
+        for (i = 0; i < n; i++) {
+            for (l = 0; l < a->store.num_layers * 2; l++)
+                memset(a->pools[l] + (size_t)pages[i] * a->store.page_bytes, (int)MSKV_POISON_BYTE, a->store.page_bytes);
+            a->poisoned[pages[i]] = 1;
+        }
+        return;
+    }
+    if (ops->fill_pages) {
+        r = ops->fill_pages(ops->user, pages, n, (unsigned char)MSKV_POISON_BYTE);
+        for (i = 0; i < n; i++) a->poisoned[pages[i]] = r == MSKV_SUCCESS;
+    } else {
+        for (i = 0; i < n; i++) {
+            mskv_result ri = ops->write_pages(ops->user, pages + i, 1, a->dbg_rec);
+            a->poisoned[pages[i]] = ri == MSKV_SUCCESS;
+            if (ri != MSKV_SUCCESS) r = ri;
+        }
+    }
+    if (r != MSKV_SUCCESS && a->desc.log) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "debug: poisoning freed pages failed (%s); the byte audit skips them", mskv_result_string(r));
+        a->desc.log(a->desc.log_user, MSKV_LOG_WARN, msg);
+    }
 }
 
 MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out) {
@@ -1017,7 +1098,7 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
             !mskv__mul(sz, mskv_dtype_size(desc->dtype), &sz) ||
             !mskv__mul(sz, (size_t)desc->page_size, &page_bytes) ||
             !mskv__mul(page_bytes, (size_t)desc->num_pages, &pool_bytes) ||
-            !mskv__mul(page_bytes, (size_t)nl * 2, &rec))
+            !mskv__mul(page_bytes, (size_t)nl * 2, &rec) || !mskv__mul(rec, 2, &sz) /* the debug records */)
             return MSKV_ERROR_OVERFLOW;
     }
     a = (mskv_arena *)mskv__alloc(&desc->allocator, sizeof *a);
@@ -1057,8 +1138,19 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
             }
         }
     }
+    a->debug = desc->debug;
+#ifdef MSKV_DEBUG
+    a->debug = MSKV_DEBUG_ALL;
+#endif
+    if (a->debug & MSKV_DEBUG_POISON) {
+        a->poisoned = (uint8_t *)mskv__alloc(&a->al, n);
+        a->dbg_rec = (unsigned char *)mskv__alloc(&a->al, rec * 2);   /* checked above */
+        if (a->poisoned) memset(a->poisoned, 0, n);
+        if (a->dbg_rec) memset(a->dbg_rec, (int)MSKV_POISON_BYTE, rec);
+    }
     if (!a->state || !a->refcount || !a->free_stack || !a->pend_page || !a->pend_fence || !a->scratch ||
-        !a->reqs || !a->req_free || (nl > 0 && !desc->store_ops && (!a->pools || !a->pools[nl * 2 - 1]))) {
+        !a->reqs || !a->req_free || (nl > 0 && !desc->store_ops && (!a->pools || !a->pools[nl * 2 - 1])) ||
+        ((a->debug & MSKV_DEBUG_POISON) && (!a->poisoned || !a->dbg_rec))) {
         a->store.num_layers = (a->pools ? nl : 0);
         mskv_arena_destroy(a);
         return MSKV_ERROR_OUT_OF_MEMORY;
@@ -1087,6 +1179,7 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     a->store.page_bytes = page_bytes;
     a->store.pool_bytes = pool_bytes;
     a->record_bytes = rec;
+    if (a->debug & MSKV_DEBUG_POISON) mskv__poison(a, a->free_stack, a->free_top);
     *out = a;
     return MSKV_SUCCESS;
 }
@@ -1100,8 +1193,11 @@ MSKV_IMPL void mskv_arena_destroy(mskv_arena *a) {
         for (i = 0; i < a->max_req; i++) {
             mskv__free(&al, a->reqs[i].tab);
             mskv__free(mskv__hal(a), a->reqs[i].host);
+            mskv__free(&al, a->reqs[i].sums);
         }
     }
+    mskv__free(&al, a->poisoned);
+    mskv__free(&al, a->dbg_rec);
     mskv__free(mskv__hal(a), a->spare);
     if (a->pools) {
         for (i = 0; i < a->store.num_layers * 2; i++) mskv__free(&al, a->pools[i]);
@@ -1128,6 +1224,7 @@ static void mskv__unref(mskv_arena *a, int32_t page) {
     if (a->desc.retire_mode == MSKV_RETIRE_IMMEDIATE) {
         a->state[page] = MSKV__PAGE_FREE;
         a->free_stack[a->free_top++] = page;
+        if (a->debug & MSKV_DEBUG_POISON) mskv__poison(a, &page, 1);
     } else {
         int32_t at = (a->pend_head + a->pend_count) % a->num_pages;
         a->state[page] = MSKV__PAGE_PENDING;
@@ -1147,6 +1244,7 @@ static mskv_result mskv__take(mskv_arena *a, int64_t n, int32_t *out) {
         int32_t p = a->free_stack[--a->free_top];
         a->state[p] = MSKV__PAGE_LIVE;
         a->refcount[p] = 1;
+        if (a->poisoned) a->poisoned[p] = 0;
         out[i] = p;
     }
     return MSKV_SUCCESS;
@@ -1159,6 +1257,8 @@ static void mskv__untake(mskv_arena *a, int64_t n, const int32_t *pages) {
         a->refcount[pages[i]] = 0;
         a->free_stack[a->free_top++] = pages[i];
     }
+    /* the failed step that took them may have written some bytes already */
+    if (a->debug & MSKV_DEBUG_POISON) mskv__poison(a, pages, (int32_t)n);
 }
 
 static mskv_result mskv__retire(mskv_arena *a, uint64_t completed) {
@@ -1166,6 +1266,7 @@ static mskv_result mskv__retire(mskv_arena *a, uint64_t completed) {
         int32_t p = a->pend_page[a->pend_head];
         a->state[p] = MSKV__PAGE_FREE;
         a->free_stack[a->free_top++] = p;
+        if (a->debug & MSKV_DEBUG_POISON) mskv__poison(a, &p, 1);   /* only now: a kernel may have read it until its fence */
         a->pend_head = (a->pend_head + 1) % a->num_pages;
         a->pend_count--;
     }
@@ -1332,6 +1433,8 @@ static void mskv__del_req(mskv_arena *a, int32_t ri) {
     mskv__req *q = &a->reqs[ri];
     mskv__drop_pages(a, ri, 0, q->num_pages);
     mskv__host_put(a, q->host, q->host_cap);
+    mskv__free(&a->al, q->sums);
+    q->sums = NULL;
     a->offloaded_pages -= q->host_pages;
     q->host = NULL;
     q->host_cap = 0;
@@ -1648,11 +1751,31 @@ static mskv_result mskv__write_pages(mskv_arena *a, const int32_t *pages, int32_
     return MSKV_SUCCESS;
 }
 
+/* MSKV_DEBUG_CHECKSUMS: one checksum per record of a host copy, taken when
+   the copy is made and compared before its bytes are used again. */
+static uint64_t *mskv__sums_of(mskv_arena *a, const unsigned char *host, int32_t n) {
+    uint64_t *sums;
+    size_t bytes;
+    int32_t i;
+    if (!mskv__mul((size_t)n, sizeof(uint64_t), &bytes)) return NULL;
+    sums = (uint64_t *)mskv__alloc(&a->al, bytes);
+    for (i = 0; sums && i < n; i++) sums[i] = mskv__checksum(host + (size_t)i * a->record_bytes, a->record_bytes);
+    return sums;
+}
+/* The first record of q's host copy whose bytes changed; -1 when none (or no sums). */
+static int32_t mskv__sums_bad(const mskv_arena *a, const mskv__req *q) {
+    int32_t i;
+    for (i = 0; q->sums && i < q->host_pages; i++)
+        if (mskv__checksum(q->host + (size_t)i * a->record_bytes, a->record_bytes) != q->sums[i]) return i;
+    return -1;
+}
+
 MSKV_IMPL mskv_result mskv_request_offload(mskv_arena *a, mskv_request h) {
     int32_t ri, n;
     mskv__req *q;
     mskv_result r;
     unsigned char *host = NULL;
+    uint64_t *sums = NULL;
     size_t bytes, cap = 0;
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
@@ -1670,6 +1793,8 @@ MSKV_IMPL mskv_result mskv_request_offload(mskv_arena *a, mskv_request h) {
         if (!host) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "offload: %zu host bytes", bytes); }
         reused = reused && a->spare == NULL;
         r = mskv__read_pages(a, q->pages, n, host);
+        if (r == MSKV_SUCCESS && (a->debug & MSKV_DEBUG_CHECKSUMS) && !(sums = mskv__sums_of(a, host, n)))
+            r = mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "offload: the host copy's checksums");
         if (r != MSKV_SUCCESS) {
             if (reused) { a->spare = host; a->spare_cap = cap; }   /* as it was */
             else mskv__free(mskv__hal(a), host);
@@ -1680,6 +1805,7 @@ MSKV_IMPL mskv_result mskv_request_offload(mskv_arena *a, mskv_request h) {
     /* the copy is complete: only now may the pages go */
     mskv__drop_pages(a, ri, 0, n);
     q->host = host;
+    q->sums = sums;
     q->host_cap = cap;
     q->host_pages = n;
     q->location = MSKV_OFFLOADED;
@@ -1697,6 +1823,10 @@ MSKV_IMPL mskv_result mskv_request_reload(mskv_arena *a, mskv_request h) {
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
     if (q->location != MSKV_OFFLOADED) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_NOT_OFFLOADED, "reload: request is resident"); }
+    if (q->sums && (n = mskv__sums_bad(a, q)) >= 0) {
+        MSKV__UNLOCK(a);
+        return mskv__err(a, MSKV_ERROR_HOST_COPY_CORRUPT, "reload: page %d of the host copy changed since it was made", (int)n);
+    }
     n = q->host_pages;
     /* out of pages is the common failure: find it before growing the table */
     r = n > a->free_top ? mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "reload: need %d pages, %d free (%d pending)", (int)n,
@@ -1714,7 +1844,9 @@ MSKV_IMPL mskv_result mskv_request_reload(mskv_arena *a, mskv_request h) {
     }
     q->num_pages = n;
     mskv__host_put(a, q->host, q->host_cap);
+    mskv__free(&a->al, q->sums);
     q->host = NULL;
+    q->sums = NULL;
     q->host_cap = 0;
     q->host_pages = 0;
     q->location = MSKV_RESIDENT;
@@ -1744,12 +1876,6 @@ static void mskv__put64(unsigned char *p, uint64_t v) { int i; for (i = 0; i < 8
 static uint32_t mskv__get32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t mskv__get64(const unsigned char *p) { return mskv__rd64(p); }
 
-static uint64_t mskv__checksum(const void *p, size_t n) {
-    mskv__hash h;
-    mskv__hash_init(&h);
-    mskv__hash_update(&h, p, n);
-    return mskv__hash_final(&h);
-}
 
 MSKV_IMPL mskv_result mskv_request_export(mskv_arena *a, mskv_request h, void *buf, size_t cap, size_t *size) {
     int32_t ri, n;
@@ -1762,6 +1888,10 @@ MSKV_IMPL mskv_result mskv_request_export(mskv_arena *a, mskv_request h, void *b
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
     if (q->has_res) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "export: commit or abort first"); }
+    if (buf && q->location == MSKV_OFFLOADED && q->sums && (n = mskv__sums_bad(a, q)) >= 0) {
+        MSKV__UNLOCK(a);   /* a signed blob of changed bytes would import as valid */
+        return mskv__err(a, MSKV_ERROR_HOST_COPY_CORRUPT, "export: page %d of the host copy changed since it was made", (int)n);
+    }
     n = q->location == MSKV_RESIDENT ? q->num_pages : q->host_pages;
     if (!mskv__mul((size_t)n, a->record_bytes, &payload) || !mskv__add(payload, MSKV__BLOB_HEADER + 8, &total)) {
         MSKV__UNLOCK(a);
@@ -1828,6 +1958,7 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     int32_t ri;
     mskv__req *q;
     unsigned char *host = NULL;
+    uint64_t *sums = NULL;
     mskv_retention ret;
     if (!a || !blob || !out) return MSKV_ERROR_NULL_POINTER;
     if (size < MSKV__BLOB_HEADER + 8) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "import: %zu bytes is shorter than a header", size);
@@ -1885,16 +2016,23 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
         host = (unsigned char *)mskv__alloc(mskv__hal(a), payload);
         if (!host) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "import: %zu host bytes", payload); }
         memcpy(host, b + MSKV__BLOB_HEADER, payload);
+        if ((a->debug & MSKV_DEBUG_CHECKSUMS) && !(sums = mskv__sums_of(a, host, (int32_t)n))) {
+            mskv__free(mskv__hal(a), host);
+            MSKV__UNLOCK(a);
+            return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "import: the host copy's checksums");
+        }
     }
     ri = mskv__new_req(a);
     if (ri < 0) {
         mskv__free(mskv__hal(a), host);
+        mskv__free(&a->al, sums);
         MSKV__UNLOCK(a);
         return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "import: no request slot");
     }
     q = &a->reqs[ri];
     q->location = MSKV_OFFLOADED;
     q->host = host;
+    q->sums = sums;
     q->host_cap = payload;
     q->host_pages = (int32_t)n;
     q->committed = committed;
@@ -2719,6 +2857,44 @@ MSKV_IMPL mskv_result mskv_arena_audit(mskv_arena *a, char *why, size_t cap) {
     mskv__why(why, cap, "ok");
 done:
 #undef MSKV__FAIL
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_arena_audit_bytes(mskv_arena *a, char *why, size_t cap) {
+    mskv_result r;
+    int32_t p, i;
+    size_t k;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    if ((r = mskv_arena_audit(a, why, cap)) != MSKV_SUCCESS) return r;
+    if (!a->debug) {
+        mskv__why(why, cap, "the arena runs no debug check (mskv_arena_desc.debug, MSKV_DEBUG)");
+        return MSKV_ERROR_UNSUPPORTED;
+    }
+    MSKV__LOCK(a);
+    for (p = 1; r == MSKV_SUCCESS && (a->debug & MSKV_DEBUG_POISON) && a->record_bytes && p < a->num_pages; p++) {
+        unsigned char *rec = a->dbg_rec + a->record_bytes;
+        if (a->state[p] != MSKV__PAGE_FREE || !a->poisoned[p]) continue;
+        if ((r = mskv__read_pages(a, &p, 1, rec)) != MSKV_SUCCESS) {   /* a device store's through its ops */
+            mskv__why(why, cap, "reading free page %d failed: %s", (int)p, mskv_result_string(r));
+            break;
+        }
+        for (k = 0; k < a->record_bytes; k++)
+            if (rec[k] != MSKV_POISON_BYTE) {
+                mskv__why(why, cap, "free page %d was written after it was freed (byte %zu of layer %zu %s)", (int)p,
+                          k % a->store.page_bytes, k / a->store.page_bytes / 2, (k / a->store.page_bytes) % 2 ? "V" : "K");
+                r = MSKV_ERROR_AUDIT_FAILED;
+                break;
+            }
+    }
+    for (i = 0; r == MSKV_SUCCESS && (a->debug & MSKV_DEBUG_CHECKSUMS) && i < a->max_req; i++) {
+        int32_t bad = a->reqs[i].used ? mskv__sums_bad(a, &a->reqs[i]) : -1;
+        if (bad >= 0) {
+            mskv__why(why, cap, "request %d: page %d of its host copy changed since it was made", (int)i, (int)bad);
+            r = MSKV_ERROR_AUDIT_FAILED;
+        }
+    }
+    if (r == MSKV_SUCCESS) mskv__why(why, cap, "ok");
     MSKV__UNLOCK(a);
     return r;
 }

@@ -39,7 +39,10 @@
 
    Streams and ordering: every launch and copy of a store runs on the store's
    stream, so the offload of a page is ordered after the kernels that wrote
-   it. K/V written on another stream must be ordered by the caller.
+   it. K/V written on another stream must be ordered by the caller, or the
+   store moved onto that stream (mskv_cuda_store_set_stream: a framework's
+   current stream). mskv_cuda_store_desc.pools adopts pools the caller
+   allocated (a framework's tensors) instead of allocating them.
 
    Thread safety: a context (mskv_cuda) may be shared by threads (loading
    and the JIT cache are locked). A store has one stream and one attention
@@ -281,6 +284,13 @@ typedef struct mskv_cuda_store_desc {
     int32_t max_batch, max_tokens, max_page_ids;
     size_t staging_bytes;           /* offload/reload staging (0 = 16 MiB; at least one page of every layer) */
     int32_t plan_ring;              /* pinned plan buffers (0 = 3) */
+    /* Pools the caller allocated (a framework's tensors, so a model keeps its
+       K/V where it already lives), adopted instead of allocated: pools[layer*2
+       + kind] (kind 0 = K, 1 = V), 2 * num_layers device pointers, each
+       num_pages * page_size * kv_heads * head_dim elements of dtype, 16-byte
+       aligned. The store zeroes them on create and never frees them: keep
+       them alive until mskv_cuda_store_destroy. NULL: the store allocates. */
+    const mskv_cu_ptr *pools;
 } mskv_cuda_store_desc;
 
 /* A plan's arrays in the store's fixed device buffers (same addresses on
@@ -294,8 +304,11 @@ typedef struct mskv_cuda_dplan {
 } mskv_cuda_dplan;
 
 /* Device pools, one per layer for K and one for V, layout
-   [page][slot][kv_head][dim] (the host store's), a stream, staging buffers.
-   Sizes are checked against what a kernel can index (64-bit offsets). */
+   [page][slot][kv_head][dim] (the host store's; allocated, or the caller's
+   desc->pools), a stream, staging buffers. Sizes are checked against what a
+   kernel can index (64-bit offsets). Return value: SUCCESS, NULL_POINTER,
+   INVALID_ARGUMENT (a geometry field, or an adopted pool that is 0 or not
+   16-byte aligned), OVERFLOW, OUT_OF_MEMORY, CUDA. */
 MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store_desc *desc, mskv_cuda_store **out);
 /* Waits for the stream, then frees everything. Destroy the arena bound to
    the store first: its store ops and host allocator point here. */
@@ -310,6 +323,17 @@ MSKV_API mskv_result mskv_cuda_store_bind(mskv_cuda_store *st, mskv_arena *arena
 MSKV_API const mskv_store_ops *mskv_cuda_store_ops(mskv_cuda_store *st);
 MSKV_API mskv_cu_ptr mskv_cuda_store_pool(mskv_cuda_store *st, int32_t layer, int kind);
 MSKV_API mskv_cu_stream mskv_cuda_store_stream(mskv_cuda_store *st);
+/* The legacy default stream (handle 0 in the runtime API, e.g. PyTorch's
+   default stream), for mskv_cuda_store_set_stream. */
+#define MSKV_CU_STREAM_LEGACY ((mskv_cu_stream)(uintptr_t)1)
+/* Runs the store's launches and copies on the caller's stream from now on
+   (a framework's current stream), so they are ordered with the caller's own
+   kernels without events; NULL goes back to the store's own stream. Work
+   queued on the previous stream is waited for first, so fences and offloads
+   stay ordered. The store never destroys a caller's stream: set another one
+   before destroying it. Return value: SUCCESS, NULL_POINTER, BAD_STATE (while
+   capturing), CUDA (the wait failed; the stream is unchanged). */
+MSKV_API mskv_result mskv_cuda_store_set_stream(mskv_cuda_store *st, mskv_cu_stream stream);
 /* Copies on the store's stream; return when the bytes have arrived. */
 MSKV_API mskv_result mskv_cuda_upload(mskv_cuda_store *st, mskv_cu_ptr dst, const void *src, size_t bytes);
 MSKV_API mskv_result mskv_cuda_download(mskv_cuda_store *st, void *dst, mskv_cu_ptr src, size_t bytes);
@@ -2265,8 +2289,10 @@ struct mskv_cuda_store {
     mskv_cuda *cu;
     mskv_cuda_store_desc d;
     size_t page_bytes, pool_bytes, set_bytes;   /* set: one page of every layer, K and V */
-    mskv_cu_ptr pools;                          /* (layer*2 + kind) * pool_bytes */
-    mskv_cu_stream stream;
+    mskv_cu_ptr pools;                          /* own pools, (layer*2 + kind) * pool_bytes; 0 when adopted */
+    mskv_cu_ptr *pool_at;                       /* [layer*2 + kind]: own or adopted */
+    mskv_cu_stream stream;                      /* where launches and copies go */
+    mskv_cu_stream own_stream;
     mskv_store_ops ops;
     mskv_arena *arena;
     /* offload/reload staging */
@@ -2500,6 +2526,27 @@ static mskv_result mskv__cuda_copy_page(void *user, int32_t src, int32_t dst) {
     return MSKV_SUCCESS;
 }
 
+/* store_ops.fill_pages (the arena's debug poisoning of pages that became
+   free): every byte of the pages, every layer, K and V, on the store's
+   stream, so after everything that used them and before their next owner. */
+static mskv_result mskv__cuda_fill_pages(void *user, const int32_t *pages, int32_t n, unsigned char byte) {
+    mskv_cuda_store *st = (mskv_cuda_store *)user;
+    mskv_cuda *cu = st->cu;
+    mskv_result res;
+    int32_t i, l, kind;
+    if ((res = mskv__cuda_check_pages(st, pages, n)) != MSKV_SUCCESS) return res;
+    if (st->capturing) return MSKV_ERROR_BAD_STATE;   /* the memsets would join the graph */
+    if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) return res;
+    for (i = 0; i < n; i++)
+        for (l = 0; l < st->d.num_layers; l++)
+            for (kind = 0; kind < 2; kind++) {
+                mskv_cu_ptr pool = mskv_cuda_store_pool(st, l, kind);
+                MSKV__CU_TRY(cu, cu->fn.cuMemsetD8Async(pool + (mskv_cu_ptr)pages[i] * st->page_bytes, byte, st->page_bytes,
+                                                        st->stream), "cuMemsetD8Async(poison)");
+            }
+    return MSKV_SUCCESS;
+}
+
 static void mskv__cuda_store_release(mskv_cuda_store *st) {
     mskv_cuda *cu = st->cu;
     int i;
@@ -2516,7 +2563,8 @@ static void mskv__cuda_store_release(mskv_cuda_store *st) {
     if (st->d_ids) cu->fn.cuMemFree(st->d_ids);
     if (st->d_stage) cu->fn.cuMemFree(st->d_stage);
     if (st->pools) cu->fn.cuMemFree(st->pools);
-    if (st->stream) cu->fn.cuStreamDestroy(st->stream);
+    if (st->own_stream) cu->fn.cuStreamDestroy(st->own_stream);
+    if (st->pool_at) mskv__cuda_dealloc(&cu->allocator, st->pool_at);
     mskv__cuda_dealloc(&cu->allocator, st->up_requests);
     mskv__cuda_dealloc(&cu->allocator, st);
 }
@@ -2534,6 +2582,11 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     if (!es || d.num_pages < 2 || d.page_size < 1 || d.num_layers < 1 || d.kv_heads < 1 || d.head_dim < 1 ||
         d.max_batch < 0 || d.max_tokens < 0 || d.max_page_ids < 0 || d.plan_ring < 0 || d.plan_ring > MSKV__CUDA_MAX_RING)
         return MSKV_ERROR_INVALID_ARGUMENT;
+    if (d.pools) {
+        /* the kernels read 16-byte vectors from the pools */
+        for (i = 0; i < 2 * d.num_layers; i++)
+            if (!d.pools[i] || (d.pools[i] & 15u) != 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    }
     if (!d.max_batch) d.max_batch = 64;
     if (!d.max_tokens) d.max_tokens = 16384;
     if (!d.max_page_ids) d.max_page_ids = 65536;
@@ -2543,6 +2596,7 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     if (!st) return MSKV_ERROR_OUT_OF_MEMORY;
     st->cu = cu;
     st->d = d;
+    st->d.pools = NULL;   /* the caller's array need not outlive this call */
     {
         mskv__cuda_mutex m = MSKV__CUDA_MUTEX_INIT;
         st->lock = m;
@@ -2568,15 +2622,24 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     }
     st->stage_bytes = (size_t)st->stage_pages * st->set_bytes;
     ids_bytes = (size_t)st->stage_pages * 4;
+    st->pool_at = (mskv_cu_ptr *)mskv__cuda_calloc(&cu->allocator, sizeof(mskv_cu_ptr) * 2 * (size_t)d.num_layers);
+    if (!st->pool_at) { mskv__cuda_dealloc(&cu->allocator, st); return MSKV_ERROR_OUT_OF_MEMORY; }
     mskv__cuda_plan_layout_of(&st->lay, (size_t)d.max_batch, (size_t)d.max_tokens, (size_t)d.max_page_ids);
     st->ring_n = d.plan_ring;
-    if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) { mskv__cuda_dealloc(&cu->allocator, st); return res; }
+    if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) {
+        mskv__cuda_dealloc(&cu->allocator, st->pool_at);
+        mskv__cuda_dealloc(&cu->allocator, st);
+        return res;
+    }
 #define MSKV__CR_TRY(call, what) do { mskv_cu_result mskv__r = (call); \
         if (mskv__r != MSKV_CU_SUCCESS) { res = mskv__cuda_fail(cu, mskv__r, what); goto fail; } } while (0)
     st->up_requests = (mskv_request *)mskv__cuda_calloc(&cu->allocator, (size_t)d.max_batch * sizeof(mskv_request));
     if (!st->up_requests) { res = MSKV_ERROR_OUT_OF_MEMORY; goto fail; }
-    MSKV__CR_TRY(cu->fn.cuStreamCreate(&st->stream, MSKV_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->pools, all), "cuMemAlloc(K/V pools)");
+    MSKV__CR_TRY(cu->fn.cuStreamCreate(&st->own_stream, MSKV_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    st->stream = st->own_stream;
+    if (!d.pools) MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->pools, all), "cuMemAlloc(K/V pools)");
+    for (i = 0; i < 2 * d.num_layers; i++)
+        st->pool_at[i] = d.pools ? d.pools[i] : st->pools + (mskv_cu_ptr)((size_t)i * st->pool_bytes);
     MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->d_stage, st->stage_bytes), "cuMemAlloc(staging)");
     MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->d_ids, ids_bytes), "cuMemAlloc(page ids)");
     MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->d_plan, st->lay.total), "cuMemAlloc(plan buffers)");
@@ -2586,7 +2649,8 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
         MSKV__CR_TRY(cu->fn.cuEventCreate(&st->ring_ev[i], MSKV_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     }
     /* zeroed pools: the null page reads as zeros, and so does any unwritten slot */
-    MSKV__CR_TRY(cu->fn.cuMemsetD8Async(st->pools, 0, all, st->stream), "cuMemsetD8Async(pools)");
+    for (i = 0; i < 2 * d.num_layers; i++)
+        MSKV__CR_TRY(cu->fn.cuMemsetD8Async(st->pool_at[i], 0, st->pool_bytes, st->stream), "cuMemsetD8Async(pools)");
     MSKV__CR_TRY(cu->fn.cuMemsetD8Async(st->d_plan, 0, st->lay.total, st->stream), "cuMemsetD8Async(plan)");
     MSKV__CR_TRY(cu->fn.cuStreamSynchronize(st->stream), "cuStreamSynchronize");
 #undef MSKV__CR_TRY
@@ -2594,6 +2658,7 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     st->ops.read_pages = mskv__cuda_read_pages;
     st->ops.write_pages = mskv__cuda_write_pages;
     st->ops.copy_page = mskv__cuda_copy_page;
+    st->ops.fill_pages = mskv__cuda_fill_pages;
     *out = st;
     return MSKV_SUCCESS;
 fail:
@@ -2672,10 +2737,24 @@ MSKV_API const mskv_store_ops *mskv_cuda_store_ops(mskv_cuda_store *st) { return
 
 MSKV_API mskv_cu_ptr mskv_cuda_store_pool(mskv_cuda_store *st, int32_t layer, int kind) {
     if (!st || layer < 0 || layer >= st->d.num_layers || kind < 0 || kind > 1) return 0;
-    return st->pools + (mskv_cu_ptr)(((size_t)layer * 2 + (size_t)kind) * st->pool_bytes);
+    return st->pool_at[layer * 2 + kind];
 }
 
 MSKV_API mskv_cu_stream mskv_cuda_store_stream(mskv_cuda_store *st) { return st ? st->stream : NULL; }
+
+MSKV_API mskv_result mskv_cuda_store_set_stream(mskv_cuda_store *st, mskv_cu_stream stream) {
+    mskv_result res;
+    if (!st) return MSKV_ERROR_NULL_POINTER;
+    if (st->capturing) return MSKV_ERROR_BAD_STATE;   /* the capture belongs to the current stream */
+    if (!stream) stream = st->own_stream;
+    if (stream == st->stream) return MSKV_SUCCESS;
+    if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
+    /* what is queued on the old stream (kernels writing pages, offload copies)
+       must be done before the new stream reuses the same pages and buffers */
+    MSKV__CU_TRY(st->cu, st->cu->fn.cuStreamSynchronize(st->stream), "cuStreamSynchronize(set stream)");
+    st->stream = stream;
+    return MSKV_SUCCESS;
+}
 
 MSKV_API mskv_result mskv_cuda_upload(mskv_cuda_store *st, mskv_cu_ptr dst, const void *src, size_t bytes) {
     mskv_result res;

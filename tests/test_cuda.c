@@ -87,6 +87,8 @@ static struct tcm_state {
     int event_busy;                     /* cuEventQuery answers NOT_READY */
     int event_syncs;
     int cc_major, cc_minor;             /* 0: 9.0 */
+    unsigned char *last_host;           /* the block of the last cuMemAllocHost */
+    mskv_cu_stream launch_stream, copy_stream, synced_stream;   /* the last launch's, copy's, wait's */
     char last_target[64];               /* the --gpu-architecture option of the last compile */
     int capturing;
     tcm_graph *capture;
@@ -134,18 +136,19 @@ static mskv_cu_result tcm_cuMemAllocHost(void **p, size_t n) {
     *p = calloc(1, n);
     if (!*p) return MSKV_CU_ERROR_OUT_OF_MEMORY;
     tcm.host_live++;
+    tcm.last_host = (unsigned char *)*p;
     return 0;
 }
 static mskv_cu_result tcm_cuMemFreeHost(void *p) { if (p) { tcm.host_live--; free(p); } return 0; }
 static mskv_cu_result tcm_cuMemcpyHtoDAsync(mskv_cu_ptr d, const void *s, size_t n, mskv_cu_stream st) {
-    (void)st;
+    tcm.copy_stream = st;
     if (tcm.capturing) return 900;      /* the runtime never captures copies */
     if (tcm_count_fail(&tcm.htods, tcm.fail_htod_at)) return 999;
     memcpy((void *)(uintptr_t)d, s, n);
     return 0;
 }
 static mskv_cu_result tcm_cuMemcpyDtoHAsync(void *d, mskv_cu_ptr s, size_t n, mskv_cu_stream st) {
-    (void)st;
+    tcm.copy_stream = st;
     if (tcm.capturing) return 900;
     if (tcm_count_fail(&tcm.dtohs, tcm.fail_dtoh_at)) return 999;
     memcpy(d, (const void *)(uintptr_t)s, n);
@@ -161,7 +164,7 @@ static mskv_cu_result tcm_cuStreamCreate(mskv_cu_stream *s, unsigned int f) {
     (void)f; tcm.streams++; *s = (mskv_cu_stream)malloc(1); return 0;
 }
 static mskv_cu_result tcm_cuStreamDestroy(mskv_cu_stream s) { tcm.streams--; free((void *)s); return 0; }
-static mskv_cu_result tcm_cuStreamSynchronize(mskv_cu_stream s) { (void)s; return tcm.capturing ? 901 : 0; }
+static mskv_cu_result tcm_cuStreamSynchronize(mskv_cu_stream s) { tcm.synced_stream = s; return tcm.capturing ? 901 : 0; }
 static mskv_cu_result tcm_cuEventCreate(mskv_cu_event *e, unsigned int f) {
     (void)f; tcm.events++; *e = (mskv_cu_event)malloc(1); return 0;
 }
@@ -262,7 +265,8 @@ static mskv_cu_result tcm_cuLaunchKernel(mskv_cu_function f, unsigned int gx, un
     tcm_launch l;
     const tcm_func *fn = (const tcm_func *)(const void *)f;
     int i;
-    (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)s; (void)extra;
+    (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)extra;
+    tcm.launch_stream = s;
     if (tcm_count_fail(&tcm.launches, tcm.fail_launch_at)) return MSKV_CU_ERROR_LAUNCH_FAILED;
     memset(&l, 0, sizeof l);
     l.f = fn;
@@ -393,6 +397,8 @@ static mskv_cuda_store_desc tcu_store_desc(size_t staging) {
     return sd;
 }
 
+static uint32_t tcu_next_debug;   /* the debug checks of the next rig's arena */
+
 static mskv_result tcu_rig_open2(tcu_rig *r, size_t staging, const char *cache_dir) {
     mskv_cuda_store_desc sd = tcu_store_desc(staging);
     mskv_arena_desc ad;
@@ -412,6 +418,8 @@ static mskv_result tcu_rig_open2(tcu_rig *r, size_t staging, const char *cache_d
     memset(&ad, 0, sizeof ad);
     ad.allocator = tcu_allocator();
     if ((e = mskv_cuda_store_arena_desc(r->st, &ad)) != MSKV_SUCCESS) return e;
+    ad.debug = tcu_next_debug;
+    tcu_next_debug = 0;
     if ((e = mskv_arena_create(&ad, &r->a)) != MSKV_SUCCESS) return e;
     return mskv_cuda_store_bind(r->st, r->a);
 }
@@ -1391,6 +1399,172 @@ TEST(cuda_rope_paths_refuse_widths_the_cpu_refuses) {
     TCU_EXPECT_NO_LEAKS();
 }
 
+/* A framework runs its kernels on its own stream (PyTorch: the current
+   stream): after mskv_cuda_store_set_stream the store's launches and copies
+   go there, offloads included; NULL gives the store its own stream back, and
+   the caller's stream is never destroyed by the store. */
+TEST(cuda_store_runs_on_the_callers_stream_after_set_stream) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_cu_stream own, theirs = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    own = mskv_cuda_store_stream(r.st);
+    ASSERT_EQ(0, r.fn.cuStreamCreate(&theirs, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, theirs));
+    EXPECT_TRUE(mskv_cuda_store_stream(r.st) == theirs);
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 9));
+    EXPECT_TRUE(tcm.launch_stream == theirs);          /* K/V write */
+    EXPECT_TRUE(tcm.copy_stream == theirs);            /* plan upload */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    EXPECT_TRUE(tcm.launch_stream == theirs);          /* page gather */
+    EXPECT_TRUE(tcm.copy_stream == theirs);            /* the DMA to the host copy */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 9));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, NULL));
+    EXPECT_TRUE(mskv_cuda_store_stream(r.st) == own);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, MSKV_CU_STREAM_LEGACY));
+    EXPECT_TRUE(mskv_cuda_store_stream(r.st) == MSKV_CU_STREAM_LEGACY);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, NULL));
+    tcu_rig_close(&r);
+    EXPECT_EQ(1, tcm.streams);                         /* theirs is still alive */
+    r.fn.cuStreamDestroy(theirs);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* Work queued on the old stream (kernels writing pages) must be done before
+   the new stream touches the same pages: the switch waits for it. */
+TEST(cuda_set_stream_waits_for_the_previous_stream_first) {
+    tcu_rig r;
+    mskv_cu_stream own, theirs = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    own = mskv_cuda_store_stream(r.st);
+    ASSERT_EQ(0, r.fn.cuStreamCreate(&theirs, 0));
+    tcm.synced_stream = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, theirs));
+    EXPECT_TRUE(tcm.synced_stream == own);
+    tcm.synced_stream = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, theirs));   /* the same: nothing to wait for */
+    EXPECT_TRUE(tcm.synced_stream == NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, NULL));
+    EXPECT_TRUE(tcm.synced_stream == theirs);
+    tcu_rig_close(&r);
+    r.fn.cuStreamDestroy(theirs);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_set_stream_is_refused_while_capturing) {
+    tcu_rig r;
+    mskv_cu_stream own, theirs = NULL;
+    mskv_cuda_graph *g = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    own = mskv_cuda_store_stream(r.st);
+    ASSERT_EQ(0, r.fn.cuStreamCreate(&theirs, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(r.st));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_store_set_stream(r.st, theirs));
+    EXPECT_TRUE(mskv_cuda_store_stream(r.st) == own);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(r.st, &g));
+    mskv_cuda_graph_destroy(r.st, g);
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cuda_store_set_stream(NULL, theirs));
+    tcu_rig_close(&r);
+    r.fn.cuStreamDestroy(theirs);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A store over 4 pools (2 layers, K and V) the caller allocated. */
+static mskv_result tcu_rig_open_adopted(tcu_rig *r, mskv_cu_ptr pools[4]) {
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    mskv_arena_desc ad;
+    mskv_result e;
+    size_t pool_bytes = (size_t)24 * 4 * 2 * 64 * 4;
+    int i;
+    memset(r, 0, sizeof *r);
+    tcm_reset();
+    tcu_live_allocs = 0;
+    r->fn = tcm_table();
+    r->cd.functions = &r->fn;
+    r->cd.disable_disk_cache = 1;
+    r->cd.allocator = tcu_allocator();
+    if ((e = mskv_cuda_create(&r->cd, &r->cu)) != MSKV_SUCCESS) return e;
+    for (i = 0; i < 4; i++) {
+        if ((e = mskv_cuda_malloc(r->cu, pool_bytes, &pools[i])) != MSKV_SUCCESS) return e;
+        memset((void *)(uintptr_t)pools[i], 0xAB, pool_bytes);
+    }
+    sd.pools = pools;
+    if ((e = mskv_cuda_store_create(r->cu, &sd, &r->st)) != MSKV_SUCCESS) return e;
+    memset(&ad, 0, sizeof ad);
+    ad.allocator = tcu_allocator();
+    if ((e = mskv_cuda_store_arena_desc(r->st, &ad)) != MSKV_SUCCESS) return e;
+    if ((e = mskv_arena_create(&ad, &r->a)) != MSKV_SUCCESS) return e;
+    return mskv_cuda_store_bind(r->st, r->a);
+}
+
+/* So a model keeps its K/V in its own tensors: the store adopts the pools,
+   zeroes them, writes and offloads through them, and leaves them to the
+   caller when it is destroyed. */
+TEST(cuda_store_adopts_caller_pools_and_leaves_them_to_the_caller) {
+    tcu_rig r;
+    mskv_cu_ptr pools[4];
+    mskv_request req;
+    long dev_before;
+    int i;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open_adopted(&r, pools));
+    for (i = 0; i < 4; i++) {
+        EXPECT_TRUE(mskv_cuda_store_pool(r.st, i / 2, i % 2) == pools[i]);
+        EXPECT_EQ(0, ((const unsigned char *)(uintptr_t)pools[i])[100]);   /* zeroed on create */
+    }
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));                  /* written into the caller's memory */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    for (i = 0; i < 4; i++) memset((void *)(uintptr_t)pools[i], 0xAB, (size_t)24 * 4 * 2 * 64 * 4);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));
+    EXPECT_TRUE(tcu_audit(r.a));
+    mskv_arena_destroy(r.a);
+    dev_before = tcm.dev_live;
+    mskv_cuda_store_destroy(r.st);
+    EXPECT_EQ(4, tcm.dev_live);                              /* only the caller's pools are left */
+    EXPECT_TRUE(dev_before > 4);
+    for (i = 0; i < 4; i++) mskv_cuda_free(r.cu, pools[i]);
+    mskv_cuda_destroy(r.cu);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_store_refuses_missing_or_misaligned_adopted_pools) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda *cu = NULL;
+    mskv_cuda_store *st = NULL;
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    mskv_cu_ptr pools[4];
+    int i;
+    tcm_reset();
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    cd.disable_disk_cache = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_create(&cd, &cu));
+    for (i = 0; i < 4; i++) ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(cu, (size_t)24 * 4 * 2 * 64 * 4 + 16, &pools[i]));
+    sd.pools = pools;
+    tcm.allocs = 0;
+    pools[3] += 4;                                           /* not 16-byte aligned */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_store_create(cu, &sd, &st));
+    pools[3] -= 4;
+    {
+        mskv_cu_ptr keep = pools[1];
+        pools[1] = 0;                                        /* a missing pool */
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_store_create(cu, &sd, &st));
+        pools[1] = keep;
+    }
+    EXPECT_TRUE(st == NULL);
+    EXPECT_EQ(0, tcm.allocs);                                /* refused before allocating anything */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_create(cu, &sd, &st));
+    mskv_cuda_store_destroy(st);
+    for (i = 0; i < 4; i++) mskv_cuda_free(cu, pools[i]);
+    mskv_cuda_destroy(cu);
+    EXPECT_TRUE(tcm_nothing_live());
+}
+
 TEST(cuda_export_import_works_for_a_device_resident_request) {
     tcu_rig r;
     mskv_request req, copy;
@@ -1651,6 +1825,74 @@ TEST(cuda_attention_refuses_a_stale_host_plan_or_a_stale_upload) {
     mskv_plan_free(a, &fresh);
     mskv_arena_destroy(a);
     mskv_cuda_store_destroy(st);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* ---- debug mode on the device store ---- */
+
+/* every byte of device page p, every layer and kind, equals v */
+static int tcu_device_page_is(tcu_rig *r, int32_t p, unsigned char v) {
+    int l, kind;
+    size_t k, pb = (size_t)4 * 2 * 64 * 4;
+    for (l = 0; l < 2; l++)
+        for (kind = 0; kind < 2; kind++) {
+            const unsigned char *b = (const unsigned char *)(uintptr_t)mskv_cuda_store_pool(r->st, l, kind) + (size_t)p * pb;
+            for (k = 0; k < pb; k++)
+                if (b[k] != v) return 0;
+        }
+    return 1;
+}
+
+/* Freed device pages are poisoned by the store's fill (memsets on its
+   stream) once their fence retired, and the byte audit reads them back
+   through the store: a write into one is caught. */
+TEST(cuda_freed_device_pages_are_poisoned_after_their_fence_and_a_write_into_one_is_caught) {
+    tcu_rig r;
+    mskv_request req;
+    int32_t pages[8], n = 0;
+    char why[256];
+    tcu_next_debug = MSKV_DEBUG_ALL;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    EXPECT_TRUE(tcu_device_page_is(&r, 20, MSKV_POISON_BYTE));   /* free since creation */
+    EXPECT_TRUE(tcu_device_page_is(&r, 0, 0));                   /* the null page */
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(r.a, req, pages, 8, &n));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(r.a, req, 8, NULL));
+    EXPECT_FALSE(tcu_device_page_is(&r, pages[0], MSKV_POISON_BYTE));   /* pending: kernels may still read it */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));     /* the fence completes and retires */
+    EXPECT_TRUE(tcu_device_page_is(&r, pages[0], MSKV_POISON_BYTE));
+    EXPECT_TRUE(tcu_device_page_is(&r, pages[1], MSKV_POISON_BYTE));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit_bytes(r.a, why, sizeof why));
+    ((unsigned char *)(uintptr_t)mskv_cuda_store_pool(r.st, 1, 1))[(size_t)pages[1] * 2048 + 5] = 0;   /* a stray write */
+    why[0] = 0;
+    EXPECT_EQ(MSKV_ERROR_AUDIT_FAILED, mskv_arena_audit_bytes(r.a, why, sizeof why));
+    EXPECT_TRUE(strstr(why, "written after it was freed") != NULL);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The pinned host copy of an offloaded request carries a checksum per page:
+   a changed byte makes reload refuse it and change nothing. */
+TEST(cuda_corrupted_pinned_host_copy_is_refused_at_reload) {
+    tcu_rig r;
+    mskv_request req;
+    unsigned char *copy;
+    uint64_t before;
+    tcu_next_debug = MSKV_DEBUG_CHECKSUMS;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    copy = tcm.last_host + 16;   /* the pinned allocator keeps its size in front */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));
+    copy[8192 * 3 + 100] ^= 0x40;
+    before = mskv_arena_digest(r.a);
+    EXPECT_EQ(MSKV_ERROR_HOST_COPY_CORRUPT, mskv_request_reload(r.a, req));
+    EXPECT_EQ_U64(before, mskv_arena_digest(r.a));
+    copy[8192 * 3 + 100] ^= 0x40;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));
+    EXPECT_TRUE(tcu_audit(r.a));
     tcu_rig_close(&r);
     TCU_EXPECT_NO_LEAKS();
 }

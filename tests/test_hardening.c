@@ -777,3 +777,327 @@ TEST(cross_plan_is_stale_once_its_keyed_entry_is_removed_not_when_the_querying_r
     EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_plan_check(f.a, &f.p));
     mth_sp_close(&f);
 }
+
+/* ---- debug mode: poisoned free pages, the byte audit, checksummed host copies ------ */
+
+/* page_size 4, one layer, 2 kv heads x 8 dims: a page of one pool is 4 x 16 elements */
+static mskv_arena *mth_debug_arena(uint32_t debug, mskv_dtype dt, mskv_retire_mode mode) {
+    mskv_arena_desc d = mth_desc(16, 4, 1);
+    mskv_arena *a = NULL;
+    d.debug = debug;
+    d.dtype = dt;
+    d.retire_mode = mode;
+    return mskv_arena_create(&d, &a) == MSKV_SUCCESS ? a : NULL;
+}
+
+/* every byte of page p of both pools equals v (-1: none does) */
+static int mth_page_is(mskv_arena *a, int32_t p, int v) {
+    mskv_store_info si;
+    int kind, all = 1, none = 1;
+    size_t k;
+    if (mskv_store_info_get(a, &si) != MSKV_SUCCESS) return 0;
+    for (kind = 0; kind < 2; kind++) {
+        const unsigned char *b = (const unsigned char *)mskv_store_pool(a, 0, kind) + (size_t)p * si.page_bytes;
+        for (k = 0; k < si.page_bytes; k++) {
+            if (b[k] != (unsigned char)(v < 0 ? MSKV_POISON_BYTE : (unsigned)v)) all = 0;
+            else none = 0;
+        }
+    }
+    return v < 0 ? none : all;
+}
+
+/* the first page of r's table */
+static int32_t mth_first_page(mskv_arena *a, mskv_request r) {
+    int32_t pages[16], n = 0;
+    return mskv_request_pages(a, r, pages, 16, &n) == MSKV_SUCCESS && n > 0 ? pages[0] : -1;
+}
+
+/* writes K = V = 1.0 into every committed token of r (slots from the arena) */
+static int mth_write_ones(mskv_arena *a, mskv_request r, int64_t n) {
+    mskv_store_info si;
+    int64_t t, slot;
+    int kind;
+    size_t e;
+    if (mskv_store_info_get(a, &si) != MSKV_SUCCESS) return 0;
+    for (t = 0; t < n; t++) {
+        if (mskv_request_slot(a, r, t, &slot) != MSKV_SUCCESS) return 0;
+        for (kind = 0; kind < 2; kind++)
+            for (e = 0; e < 16; e++) {
+                unsigned char *at = (unsigned char *)mskv_store_pool(a, 0, kind) + (size_t)slot * si.slot_bytes + e * si.elem_size;
+                if (si.dtype == MSKV_DTYPE_F32) { float one = 1.0f; memcpy(at, &one, 4); }
+                else { uint16_t h = si.dtype == MSKV_DTYPE_F16 ? mskv_f32_to_f16(1.0f) : mskv_f32_to_bf16(1.0f); memcpy(at, &h, 2); }
+            }
+    }
+    return 1;
+}
+
+/* element e of page p of pool kind, as a float whatever the dtype */
+static float mth_elem(mskv_arena *a, int kind, int32_t p, size_t e) {
+    mskv_store_info si;
+    const unsigned char *b;
+    float f;
+    uint16_t h;
+    if (mskv_store_info_get(a, &si) != MSKV_SUCCESS) return 0.0f;
+    b = (const unsigned char *)mskv_store_pool(a, 0, kind) + (size_t)p * si.page_bytes + e * si.elem_size;
+    if (si.dtype == MSKV_DTYPE_F32) { memcpy(&f, b, 4); return f; }
+    memcpy(&h, b, 2);
+    return si.dtype == MSKV_DTYPE_F16 ? mskv_f16_to_f32(h) : mskv_bf16_to_f32(h);
+}
+
+TEST(poisoned_pages_read_nan_in_every_float_dtype) {
+    static const mskv_dtype dts[3] = {MSKV_DTYPE_F32, MSKV_DTYPE_F16, MSKV_DTYPE_BF16};
+    int i, kind;
+    size_t e;
+    for (i = 0; i < 3; i++) {
+        mskv_arena *a = mth_debug_arena(MSKV_DEBUG_POISON, dts[i], MSKV_RETIRE_IMMEDIATE);
+        mskv_request r;
+        int32_t page;
+        ASSERT_TRUE(a != NULL);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+        ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 8));
+        ASSERT_TRUE(mth_write_ones(a, r, 8));
+        page = mth_first_page(a, r);
+        EXPECT_NEAR(1.0, mth_elem(a, 0, page, 0), 0);   /* live: the written ones */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 4, NULL));
+        for (kind = 0; kind < 2; kind++)
+            for (e = 0; e < 4 * 16; e++)
+                if (!(mth_elem(a, kind, page, e) != mth_elem(a, kind, page, e))) {
+                    mt_fail(__FILE__, __LINE__, "dtype %d: element %zu of the freed page reads %g, not NaN", (int)dts[i], e,
+                            (double)mth_elem(a, kind, page, e));
+                    break;
+                }
+        mskv_arena_destroy(a);
+    }
+}
+
+TEST(pages_free_at_creation_are_poisoned_and_the_null_page_stays_zero) {
+    mskv_arena *a = mth_debug_arena(MSKV_DEBUG_POISON, MSKV_DTYPE_F32, MSKV_RETIRE_IMMEDIATE);
+    int32_t p;
+    char why[256];
+    ASSERT_TRUE(a != NULL);
+    EXPECT_TRUE(mth_page_is(a, 0, 0));
+    for (p = 1; p < 16; p++) EXPECT_TRUE(mth_page_is(a, p, (int)MSKV_POISON_BYTE));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit_bytes(a, why, sizeof why));
+    mskv_arena_destroy(a);
+}
+
+/* In FENCED mode a freed page may still be read by a kernel until its
+   fence: it keeps its bytes while pending, and is poisoned at retirement. */
+TEST(fenced_pages_are_poisoned_when_their_fence_retires_not_before) {
+    mskv_arena *a = mth_debug_arena(MSKV_DEBUG_POISON, MSKV_DTYPE_F32, MSKV_RETIRE_FENCED);
+    mskv_request r;
+    int32_t page;
+    uint64_t step = 0;
+    ASSERT_TRUE(a != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 8));
+    ASSERT_TRUE(mth_write_ones(a, r, 8));
+    page = mth_first_page(a, r);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 4, NULL));
+    EXPECT_TRUE(mth_page_is(a, page, -1));                 /* pending: the data is still there */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_publish(a, NULL, 0, &step));
+    EXPECT_TRUE(mth_page_is(a, page, -1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_retire(a, step));
+    EXPECT_TRUE(mth_page_is(a, page, (int)MSKV_POISON_BYTE));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit_bytes(a, NULL, 0));
+    mskv_arena_destroy(a);
+}
+
+/* What the bookkeeping audit cannot see: a stale table writing into a page
+   after it was freed (here through the raw-pool writer, which checks no plan). */
+TEST(a_write_into_a_freed_page_is_caught_by_the_byte_audit) {
+    mskv_arena *a = mth_debug_arena(MSKV_DEBUG_POISON, MSKV_DTYPE_F32, MSKV_RETIRE_IMMEDIATE);
+    mskv_request r;
+    mskv_store_info si;
+    mskv_pools pools;
+    mskv_plan p;
+    int64_t slot;
+    float k[16], v[16];
+    char why[256];
+    int i;
+    ASSERT_TRUE(a != NULL);
+    for (i = 0; i < 16; i++) k[i] = v[i] = 2.0f;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 8));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_slot(a, r, 1, &slot));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 4, NULL));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit_bytes(a, why, sizeof why));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_store_info_get(a, &si));
+    memset(&pools, 0, sizeof pools);
+    pools.k = mskv_store_pool(a, 0, 0); pools.v = mskv_store_pool(a, 0, 1);
+    pools.dtype = si.dtype; pools.num_pages = si.num_pages; pools.page_size = si.page_size;
+    pools.kv_heads = si.kv_heads; pools.head_dim = si.head_dim;
+    memset(&p, 0, sizeof p);
+    p.total_q = 1; p.page_size = 4; p.slot_mapping = &slot;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_write_kv_pools(&pools, &p, k, v, MSKV_DTYPE_F32, NULL));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(a, NULL, 0));   /* the bookkeeping is fine */
+    why[0] = 0;
+    EXPECT_EQ(MSKV_ERROR_AUDIT_FAILED, mskv_arena_audit_bytes(a, why, sizeof why));
+    EXPECT_TRUE(strstr(why, "free page") != NULL && strstr(why, "written after it was freed") != NULL);
+    mskv_arena_destroy(a);
+}
+
+/* ---- host copies with checksums ---- */
+
+/* host allocator that remembers the last block, so a test can reach a host copy */
+static unsigned char *mth_last_host;
+static size_t mth_last_host_size;
+static void *mth_host_alloc(void *u, size_t n) { (void)u; mth_last_host = (unsigned char *)malloc(n); mth_last_host_size = n; return mth_last_host; }
+static void *mth_host_realloc(void *u, void *p, size_t n) { (void)u; return realloc(p, n); }
+static void mth_host_free(void *u, void *p) { (void)u; free(p); }
+
+static mskv_arena *mth_sum_arena(uint32_t debug) {
+    mskv_arena_desc d = mth_desc(16, 4, 1);
+    mskv_arena *a = NULL;
+    d.debug = debug;
+    d.host_allocator.alloc = mth_host_alloc; d.host_allocator.realloc = mth_host_realloc; d.host_allocator.free = mth_host_free;
+    return mskv_arena_create(&d, &a) == MSKV_SUCCESS ? a : NULL;
+}
+
+TEST(a_corrupted_host_copy_is_refused_at_reload_and_nothing_changes) {
+    mskv_arena *a = mth_sum_arena(MSKV_DEBUG_CHECKSUMS);
+    mskv_request r;
+    unsigned char *copy, keep, blob[4096];
+    size_t size = 0;
+    uint64_t before;
+    char why[256];
+    ASSERT_TRUE(a != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 10));
+    ASSERT_TRUE(mth_write_ones(a, r, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(a, r));
+    copy = mth_last_host;
+    ASSERT_TRUE(copy != NULL && mth_last_host_size >= 3 * 2 * 4 * 64);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit_bytes(a, why, sizeof why));
+    keep = copy[2 * 512 + 77];         /* the third page's record */
+    copy[2 * 512 + 77] ^= 0x10;
+    before = mskv_arena_digest(a);
+    EXPECT_EQ(MSKV_ERROR_HOST_COPY_CORRUPT, mskv_request_reload(a, r));
+    EXPECT_EQ_U64(before, mskv_arena_digest(a));
+    EXPECT_EQ(MSKV_ERROR_HOST_COPY_CORRUPT, mskv_request_export(a, r, blob, sizeof blob, &size));
+    why[0] = 0;
+    EXPECT_EQ(MSKV_ERROR_AUDIT_FAILED, mskv_arena_audit_bytes(a, why, sizeof why));
+    EXPECT_TRUE(strstr(why, "page 2 of its host copy") != NULL);
+    EXPECT_TRUE(mtu_audit(a));
+    copy[2 * 512 + 77] = keep;          /* the copy as it was: it reloads */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_reload(a, r));
+    EXPECT_TRUE(mtu_audit(a));
+    mskv_arena_destroy(a);
+}
+
+TEST(an_imported_host_copy_is_checksummed_like_an_offloaded_one) {
+    mskv_arena *src = mth_sum_arena(0), *a = mth_sum_arena(MSKV_DEBUG_CHECKSUMS);
+    mskv_request r, y;
+    unsigned char *blob;
+    size_t size;
+    ASSERT_TRUE(src && a);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(src, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(src, r, 6));
+    ASSERT_TRUE(mth_write_ones(src, r, 6));
+    blob = mth_export(src, r, &size);
+    ASSERT_TRUE(blob != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_import(a, blob, size, &y));
+    mth_last_host[5] ^= 1;
+    EXPECT_EQ(MSKV_ERROR_HOST_COPY_CORRUPT, mskv_request_reload(a, y));
+    mth_last_host[5] ^= 1;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_reload(a, y));
+    free(blob);
+    mskv_arena_destroy(src);
+    mskv_arena_destroy(a);
+}
+
+/* ---- with the debug checks off, none of them runs ---- */
+
+typedef struct mth_ops_count { long reads, writes, copies, fills; } mth_ops_count;
+static mskv_result mth_cnt_read(void *u, const int32_t *p, int32_t n, void *d) {
+    (void)p; ((mth_ops_count *)u)->reads++; memset(d, 0x11, (size_t)n * 2 * 4 * 64); return MSKV_SUCCESS;
+}
+static mskv_result mth_cnt_write(void *u, const int32_t *p, int32_t n, const void *s) { (void)p; (void)n; (void)s; ((mth_ops_count *)u)->writes++; return MSKV_SUCCESS; }
+static mskv_result mth_cnt_copy(void *u, int32_t s, int32_t d) { (void)s; (void)d; ((mth_ops_count *)u)->copies++; return MSKV_SUCCESS; }
+static mskv_result mth_cnt_fill(void *u, const int32_t *p, int32_t n, unsigned char b) { (void)p; (void)n; (void)b; ((mth_ops_count *)u)->fills++; return MSKV_SUCCESS; }
+
+TEST(with_the_debug_checks_off_nothing_is_poisoned_checksummed_or_copied) {
+    mskv_arena *a;
+    mskv_arena_desc d = mth_desc(16, 4, 1);
+    mskv_store_ops ops;
+    mth_ops_count cnt;
+    mskv_request r;
+    int32_t page;
+    uint64_t step = 0;
+    /* host store: a freed page keeps its bytes; the byte audit has nothing to compare */
+    a = mth_debug_arena(0, MSKV_DTYPE_F32, MSKV_RETIRE_IMMEDIATE);
+    ASSERT_TRUE(a != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 8));
+    ASSERT_TRUE(mth_write_ones(a, r, 8));
+    page = mth_first_page(a, r);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 4, NULL));
+    EXPECT_TRUE(mth_page_is(a, page, -1));
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_arena_audit_bytes(a, NULL, 0));
+    mskv_arena_destroy(a);
+    /* a device store: no fill and no extra write at creation or at retirement; offload allocates the copy only */
+    memset(&cnt, 0, sizeof cnt);
+    memset(&ops, 0, sizeof ops);
+    ops.user = &cnt; ops.read_pages = mth_cnt_read; ops.write_pages = mth_cnt_write; ops.copy_page = mth_cnt_copy;
+    ops.fill_pages = mth_cnt_fill;
+    d.store_ops = &ops;
+    d.retire_mode = MSKV_RETIRE_FENCED;
+    mth_reset();
+    d.allocator = mth_allocator();
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 8));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 4, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_publish(a, NULL, 0, &step));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_retire(a, step));
+    mth.calls = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(a, r));
+    EXPECT_EQ(1, mth.calls);   /* the host copy, nothing beside it */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(a, r));
+    EXPECT_EQ(0, cnt.fills);
+    EXPECT_EQ(1, cnt.writes);  /* the reload's own */
+    EXPECT_EQ(1, cnt.reads);   /* the offload's own */
+    mskv_arena_destroy(a);
+    /* the same with the checks on: fills at creation and retirement, a checksum array per copy */
+    memset(&cnt, 0, sizeof cnt);
+    d.debug = MSKV_DEBUG_ALL;
+    mth_reset();
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    EXPECT_EQ(1, cnt.fills);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 8));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 4, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_publish(a, NULL, 0, &step));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_retire(a, step));
+    EXPECT_EQ(2, cnt.fills);
+    mth.calls = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(a, r));
+    EXPECT_EQ(2, mth.calls);
+    mskv_arena_destroy(a);
+}
+
+/* A store without fill_pages is poisoned through write_pages, page by page. */
+TEST(a_store_without_fill_pages_is_poisoned_through_write_pages) {
+    mskv_arena *a;
+    mskv_arena_desc d = mth_desc(6, 4, 1);
+    mskv_store_ops ops;
+    mth_ops_count cnt;
+    memset(&cnt, 0, sizeof cnt);
+    memset(&ops, 0, sizeof ops);
+    ops.user = &cnt; ops.read_pages = mth_cnt_read; ops.write_pages = mth_cnt_write; ops.copy_page = mth_cnt_copy;
+    d.store_ops = &ops;
+    d.debug = MSKV_DEBUG_POISON;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    EXPECT_EQ(5, cnt.writes);   /* pages 1..5 */
+    mskv_arena_destroy(a);
+}
+
+TEST(debug_flags_outside_MSKV_DEBUG_ALL_are_refused) {
+    mskv_arena_desc d = mth_desc(6, 4, 1);
+    mskv_arena *a = NULL;
+    d.debug = MSKV_DEBUG_ALL + 1;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &a));
+    d.debug = 0x80000000u;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_arena_create(&d, &a));
+    EXPECT_TRUE(a == NULL);
+}
