@@ -1,6 +1,6 @@
 /* libFuzzer harness: mskv_request_import on arbitrary bytes.
    Input: one byte of configuration, then the blob. The byte picks the arena
-   geometry (low bits), FENCED retirement (0x40), and (0x80) re-signs the
+   geometry (low bits), the debug checks (0x20), FENCED retirement (0x40), and (0x80) re-signs the
    blob, its size field and checksum made to match, so mutations reach the
    state checks behind the checksum instead of stopping at it.
    A failed import must change nothing. A successful one must pass the audit,
@@ -88,9 +88,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mskv_result r;
     int fenced;
     if (size < 1) return 0;
-    g = &fz_geoms[(data[0] & 0x3F) % FZ_NGEOM];
+    g = &fz_geoms[(data[0] & 0x1F) % FZ_NGEOM];
     fenced = (data[0] & 0x40) != 0;
     d = fz_desc(g, fenced);
+    if (data[0] & 0x20) d.debug = MSKV_DEBUG_POISON | MSKV_DEBUG_CHECKSUMS;   /* checksummed host copies, poisoned free pages */
     if (mskv_arena_create(&d, &a) != MSKV_SUCCESS) FZ_FAIL("arena_create");
     size--;
     blob = (uint8_t *)malloc(size ? size : 1);   /* exactly the blob: an over-read is an ASan report */
@@ -158,6 +159,11 @@ done:
         FZ_CHECK(mskv_arena_stats_get(a, &st) == MSKV_SUCCESS, "stats");
         FZ_CHECK(st.free_pages == st.num_pages - 1 && st.requests == 0 && st.offloaded_pages == 0,
                  "pages not conserved: %d free of %d, %d requests", st.free_pages, st.num_pages, st.requests);
+    }
+    if (d.debug) {
+        char why[256];
+        why[0] = '\0';
+        FZ_CHECK(mskv_arena_audit_bytes(a, why, sizeof why) == MSKV_SUCCESS, "audit_bytes: %s", why);
     }
     mskv_arena_destroy(a);
     free(blob);

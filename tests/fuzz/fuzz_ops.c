@@ -244,8 +244,13 @@ static void fo_pure_calls(fo_state *s) {
         (void)mskv_skipped_tokens_get(&ret, fz_wild64(&s->in), &skip);
         (void)mskv_skipped_tokens(&ret, fz_wild64(&s->in));
     } else if (which == 5) {
+        char why[256];
+        uint64_t d = mskv_arena_digest(s->a);
         (void)mskv_arena_step(s->a);
-        (void)mskv_arena_digest(s->a);
+        why[0] = '\0';
+        r = mskv_arena_audit_bytes(s->a, why, sizeof why);
+        FZ_CHECK(r == MSKV_SUCCESS || r == MSKV_ERROR_UNSUPPORTED, "audit_bytes: %s (%s)", mskv_result_string(r), why);
+        FZ_CHECK(mskv_arena_digest(s->a) == d, "audit_bytes changed the bookkeeping");
     }
 }
 
@@ -494,6 +499,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     s.g = &fz_geoms[(i & 0x3F) % FZ_NGEOM];
     d = fz_desc(s.g, (i & 0x40) != 0);
     d.max_requests = 12;   /* below FO_REQS: TOO_MANY_REQUESTS is reachable */
+    /* with the debug checks too: poisoned free pages must stay poisoned (no call
+       writes a freed page), and host copies keep their checksums */
+    if (i & 0x80) d.debug = MSKV_DEBUG_POISON | MSKV_DEBUG_CHECKSUMS;
     d.on_event = fo_on_event;
     d.event_user = &s;
     d.log = fo_on_log;
