@@ -152,6 +152,8 @@ TEST(bad_input_arena_functions_return_their_codes_and_change_nothing) {
     mskv_arena_stats st;
     mskv_store_info si;
     MTB_FIXTURE(f);
+    memset(&st, 0xA5, sizeof st);   /* an out-parameter a failed call must not touch */
+    memset(&si, 0xA5, sizeof si);
     memset(&d, 0, sizeof d);
     d.num_pages = 8; d.page_size = 4;
     MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_arena_create(NULL, &out), out);
@@ -211,6 +213,8 @@ TEST(bad_input_request_functions_return_their_codes_and_change_nothing) {
     int32_t pages[64], count = 0;
     int64_t slot = 0, rel = 0;
     MTB_FIXTURE(f);
+    memset(&c, 0xA5, sizeof c);   /* an out-parameter a failed call must not touch */
+    memset(&info, 0xA5, sizeof info);
     /* add / remove */
     MTB_OUT(MSKV_ERROR_NULL_POINTER, mskv_request_add(NULL, &c), c);
     MTB(MSKV_ERROR_NULL_POINTER, mskv_request_add(f.a, NULL));
@@ -279,6 +283,7 @@ TEST(bad_input_offload_and_blob_functions_return_their_codes_and_change_nothing)
     size_t size = 0;
     unsigned char small[8];
     MTB_FIXTURE(f);
+    memset(&y, 0xA5, sizeof y);   /* an out-parameter a failed call must not touch */
     MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_request_offload(NULL, f.ok));
     MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_offload(f.a, f.stale));
     MTB(MSKV_ERROR_RESERVATION_PENDING, mskv_request_offload(f.a, f.res));
@@ -337,6 +342,9 @@ TEST(bad_input_window_functions_return_their_codes) {
     mskv_retention r;
     char why[64];
     MTB_FIXTURE(f);
+    memset(&s, 0xA5, sizeof s);   /* an out-parameter a failed call must not touch */
+    memset(&w, 0xA5, sizeof w);
+    memset(&ds, 0xA5, sizeof ds);
     memset(&r, 0, sizeof r);
     MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_schedule_init(NULL, 10, 4, 1));
     MTB_OUT(MSKV_ERROR_INVALID_SPEC, mskv_schedule_init(&s, -1, 4, 1), s);
@@ -373,6 +381,7 @@ TEST(bad_input_step_functions_return_their_codes_and_change_nothing) {
     mskv_segment s[2];
     uint64_t ended;
     MTB_FIXTURE(f);
+    memset(&ended, 0xA5, sizeof ended);   /* an out-parameter a failed call must not touch */
     s[0].request = f.ok; s[0].n_tokens = 1;
     s[1] = s[0];
     MTB_CODE(MSKV_ERROR_NULL_POINTER, mskv_admit(NULL, s, 1));
@@ -424,6 +433,8 @@ TEST(bad_input_plan_functions_return_their_codes_and_change_nothing) {
     int64_t tok[3], slots[8];
     char why[64];
     MTB_FIXTURE(f);
+    memset(&sz, 0xA5, sizeof sz);   /* an out-parameter a failed call must not touch */
+    memset(&owned, 0xA5, sizeof owned);
     memset(&pd, 0, sizeof pd);
     memset(&p, 0, sizeof p);
     p.qo_indptr = qo; p.kv_indptr = kvp; p.kv_indices = idx; p.kv_last_page_len = last; p.kv_len = kvlen;
@@ -492,6 +503,8 @@ TEST(bad_input_keyed_and_session_functions_return_their_codes_and_change_nothing
     mskv_retention r;
     mskv_plan p;
     MTB_FIXTURE(f);
+    memset(&e, 0xA5, sizeof e);   /* an out-parameter a failed call must not touch */
+    memset(&ses, 0xA5, sizeof ses);
     memset(&r, 0, sizeof r);
     memset(&p, 0, sizeof p);
     r.chunk_size = 4; r.sink_chunks = 1; r.window_chunks = 1;

@@ -1146,9 +1146,9 @@ static void mtm_run_seed(uint64_t seed) {
         else if (pick < 82) mtm_op_reload(m);
         else if (pick < 85) mtm_op_export_import(m);
         else if (pick < 87) mtm_op_publish(m);
-        else if (pick < 89) mtm_op_publish_segments(m);
-        else if (pick < 91) mtm_op_pause(m);
-        else if (pick < 92) mtm_op_reserve(m);
+        else if (pick < 88) mtm_op_publish_segments(m);
+        else if (pick < 90) mtm_op_pause(m);
+        else if (pick < 91) mtm_op_reserve(m);
         else if (pick < 93) mtm_op_plans(m);
         else if (pick < 95) {
             int64_t k = mtm_below(m, 4);
