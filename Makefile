@@ -6,6 +6,10 @@
 #   make bench    build and run the benchmarks
 #   make gpu-check  the GPU check (needs an NVIDIA GPU)
 #   make python   install the Python package into build/venv (make test runs its tests)
+#   make check-neon the CPU backend's NEON path, cross-built and run under qemu
+#   make fuzz     every libFuzzer harness of tests/fuzz for FUZZ_SECONDS each
+#                 (make test runs them for 20 s each)
+#   make stress   the ThreadSanitizer stress with 10x the operations of make test
 
 CC      ?= cc
 WARN    := -Wall -Wextra -pedantic -Werror
@@ -26,7 +30,7 @@ DEMO_DEFS :=
 VIDEO_TEST := $(B)/tests-video
 endif
 
-TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan
+TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan $(B)/tests-debug
 # Windows: built when the mingw-w64 cross compilers are installed (tests/run.sh
 # runs the test program under wine, and says so with a skip when it cannot)
 MINGW := x86_64-w64-mingw32-
@@ -48,6 +52,15 @@ TEST_BINS += $(B)/tests-python
 TEST_BINS += $(B)/tests-ucx $(B)/tests-ucx-abi
 UCX_HEADERS := $(if $(wildcard /usr/include/ucp/api/ucp.h),-DMSKV_HAVE_UCX_HEADERS)
 
+# Hardening (issue 9): libFuzzer harnesses, a ThreadSanitizer build of the
+# thread tests plus a stress, and allocation-failure injection under ASan.
+FUZZ_SECONDS ?= 20
+FUZZ_NAMES := import ops plans arith
+FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz-%)
+FUZZ_CC := clang -std=c99 $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+TSAN_SRC := tests/main.c tests/test_threads.c tests/stress_threads.c
+HARDEN_BINS := $(FUZZ_BINS) $(B)/gen-corpus $(B)/tests-tsan $(B)/alloc-fail
+
 # The Python package (python/): a venv under build/ (no system pip, so no
 # "externally-managed-environment") with NumPy, pytest and the build tools
 # from PyPI (wheel: a setuptools older than 70.1 needs it to build without
@@ -58,10 +71,10 @@ PYTHON  ?= python3
 VENV    := $(B)/venv
 PY_SRC  := $(wildcard python/mstar_kv/*.py python/mstar_kv/*.c) python/setup.py python/pyproject.toml
 
-.PHONY: all test tests demo bench gpu-check embed clean python
+.PHONY: all test tests demo bench gpu-check embed clean python check-neon fuzz stress fuzz-corpus
 all: tests $(B)/demo
 
-tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx $(WIN_TEST) $(WIN_CHECKS) $(LOADER_AIDS)
+tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx $(WIN_TEST) $(WIN_CHECKS) $(LOADER_AIDS) $(HARDEN_BINS)
 
 $(B):
 	mkdir -p $(B)
@@ -84,6 +97,9 @@ $(B)/tests-clang-cxx: $(TEST_SRC) $(HDRS) | $(B)
 $(B)/tests-asan: $(TEST_SRC) $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
 	    -fno-omit-frame-pointer -DMSKV_TEST_SANITIZED -Itests $(TEST_SRC) -o $@ $(LIBS)
+# MSKV_DEBUG is compile time: its own small program (under ASan + UBSan)
+$(B)/tests-debug: tests/debug_check.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Itests tests/debug_check.c -o $@ $(LIBS)
 $(B)/tests-emu: $(EMU_SRC) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
 	g++ -std=c++17 $(WARN) -O2 -g -Itests $(EMU_SRC) -o $@ $(LIBS)
 $(B)/tests-ucx: tests/test_ucx.c tests/mskv_test_states.h $(HDRS) | $(B)
@@ -92,6 +108,19 @@ $(B)/tests-ucx-abi: tests/test_ucx_abi.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) -O1 $(UCX_HEADERS) -Itests tests/test_ucx_abi.c -o $@
 $(B)/tests-video: tests/test_video.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(FFMPEG_CFLAGS) tests/test_video.c -o $@ $(FFMPEG_LIBS) $(LIBS)
+
+$(B)/fuzz-%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/mskv_mock_cuda.h $(HDRS) | $(B)
+	$(FUZZ_CC) $< -o $@ $(LIBS)
+$(B)/gen-corpus: tests/fuzz/gen_corpus.c tests/fuzz/fuzz_common.h $(HDRS) | $(B)
+	clang -std=c99 $(WARN) -O1 -g $< -o $@ $(LIBS)
+# the thread tests under TSan: a tenth of the plain build's operations (TSan
+# sees a missing lock from the ordering of accesses, without having to lose
+# the race), and the stress of stress_threads.c (MSKV_STRESS_OPS per thread)
+$(B)/tests-tsan: $(TSAN_SRC) $(HDRS) | $(B)
+	clang -std=c99 $(WARN) -O1 -g -fsanitize=thread -DMTT_OPS=100000L -Itests $(TSAN_SRC) -o $@ $(LIBS)
+$(B)/alloc-fail: tests/alloc_fail.c tests/mskv_mock_cuda.h $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+	    -Itests tests/alloc_fail.c -o $@ $(LIBS)
 
 # MSKV_STATIC builds (the C++ one also without threads): a private copy must
 # compile warning-free even where unused
@@ -136,7 +165,18 @@ python: $(B)/python-installed
 test:
 	@mkdir -p $(B); $(MAKE) -k tests; echo $$? > $(B)/build-status
 	-sh tools/embed_kernels.sh --check
-	bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST) $(WIN_TEST) tests/test_sdpa_peer.py
+	FUZZ_SECONDS=20 B=$(B) bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST) $(WIN_TEST) tests/test_sdpa_peer.py \
+	    $(B)/tests-tsan $(B)/alloc-fail tests/fuzz/run.sh
+
+fuzz: $(FUZZ_BINS) $(B)/gen-corpus
+	FUZZ_SECONDS=$(FUZZ_SECONDS) B=$(B) bash tests/fuzz/run.sh
+
+stress: $(B)/tests-tsan
+	MSKV_STRESS_OPS=1000000 ./$(B)/tests-tsan --filter stress
+
+# refresh the committed seeds of the import fuzzer (after a blob format change)
+fuzz-corpus: $(B)/gen-corpus
+	./$(B)/gen-corpus tests/fuzz/corpus/import
 
 # after editing kernels.cu: refresh the copy embedded in mstar_kv_cuda.h
 embed:
@@ -148,7 +188,7 @@ demo: $(B)/demo
 $(B)/host_bench: bench/host_bench.c $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) -O3 -march=native bench/host_bench.c -o $@ $(LIBS)
 $(B)/attn_bench: bench/attn_bench.c $(HDRS) | $(B)
-	$(CC) -std=c99 $(WARN) -O3 -march=native bench/attn_bench.c -o $@ $(LIBS)
+	$(CC) -std=c99 $(WARN) -O2 bench/attn_bench.c -o $@ $(LIBS)
 
 # -O2 without -march=native: valgrind (callgrind) must be able to run it
 $(B)/cuda_host_bench: bench/cuda_host_bench.c $(HDRS) | $(B)
@@ -165,6 +205,13 @@ bench: $(B)/host_bench $(B)/attn_bench $(B)/cuda_host_bench $(B)/ucx_bench
 
 gpu-check:
 	bash tests/gpu_check.sh
+
+# The CPU backend's NEON path from an x86 machine: the CPU tests cross-built
+# for arm64 and run under qemu (apt-get install gcc-aarch64-linux-gnu
+# libc6-dev-arm64-cross qemu-user). Not part of make test: minutes under qemu.
+check-neon: | $(B)
+	aarch64-linux-gnu-gcc -std=c99 $(WARN) -O2 -Itests tests/main.c tests/test_cpu.c -o $(B)/tests-cpu-arm64 $(LIBS)
+	qemu-aarch64 -L /usr/aarch64-linux-gnu $(B)/tests-cpu-arm64 --filter path
 
 clean:
 	rm -rf $(B)

@@ -373,3 +373,57 @@ TEST(ucx_layer_without_its_library_is_UNSUPPORTED_with_the_reason) {
     EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_ucx_connect(&d, "127.0.0.1", 1, &u));
     EXPECT_TRUE(u == NULL);
 }
+
+/* The debug checks of issue 9 meet streaming: an aborted import leaves its
+   pages poisoned again, and a changed host copy is never streamed out. */
+TEST(streamed_import_abort_leaves_every_page_poisoned_again_in_debug_mode) {
+    mskv_arena *a = mst_arena_for(MTS_PLAIN, 64), *b;
+    mskv_arena_desc d;
+    mskv_request r, got;
+    mskv_blob_layout L;
+    mskv_blob_range rg;
+    unsigned char *blob;
+    size_t n = 0;
+    char why[256];
+    ASSERT_TRUE(a != NULL);
+    memset(&d, 0, sizeof d);
+    d.num_pages = 64; d.page_size = 4; d.num_layers = MTS_LAYERS; d.kv_heads = MTS_HEADS; d.head_dim = MTS_DIM;
+    d.dtype = MSKV_DTYPE_BF16;
+    d.debug = MSKV_DEBUG_POISON;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &b));
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_PLAIN, 30, 2, &r));
+    blob = mst_export(a, r, &n);
+    ASSERT_TRUE(blob != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_import_begin(b, blob, n, &got, &L));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_blob_ranges(b, got, 3, 1, &rg));
+    memcpy(rg.data, blob + rg.offset, rg.bytes);   /* one range arrived, then the peer went away */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_import_abort(b, got));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit_bytes(b, why, sizeof why));
+    mtu_audit(b);
+    free(blob);
+    mskv_arena_destroy(a);
+    mskv_arena_destroy(b);
+}
+
+TEST(streamed_export_of_a_changed_host_copy_is_HOST_COPY_CORRUPT_in_debug_mode) {
+    mskv_arena_desc d;
+    mskv_arena *a;
+    mskv_request r;
+    mskv_blob_layout L;
+    mskv_blob_range rg;
+    unsigned char hdr[MSKV_BLOB_HEADER_MAX];
+    memset(&d, 0, sizeof d);
+    d.num_pages = 64; d.page_size = 4; d.num_layers = MTS_LAYERS; d.kv_heads = MTS_HEADS; d.head_dim = MTS_DIM;
+    d.dtype = MSKV_DTYPE_BF16;
+    d.debug = MSKV_DEBUG_CHECKSUMS;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_OFFLOADED, 30, 2, &r));
+    /* the ranges of an open export show where the host copy lies: change one byte of it */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export_begin(a, r, hdr, sizeof hdr, &L));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_blob_ranges(a, r, 1, 1, &rg));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export_end(a, r));
+    ((unsigned char *)rg.data)[0] ^= 1;
+    EXPECT_EQ(MSKV_ERROR_HOST_COPY_CORRUPT, mskv_request_export_begin(a, r, hdr, sizeof hdr, &L));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_export_end(a, r));   /* nothing was opened */
+    mskv_arena_destroy(a);
+}
