@@ -7,18 +7,22 @@
 #   make bench    build and run the benchmarks
 #   make gpu-check  the GPU check (needs an NVIDIA GPU)
 #   make python   install the Python package into build/venv (make test runs its tests)
-#   make install PREFIX=/usr/local   the two headers into $(PREFIX)/include and
+#   make install PREFIX=/usr/local   the three headers into $(PREFIX)/include and
 #                 mstar_kv.pc into $(PREFIX)/lib/pkgconfig (DESTDIR is honoured);
 #                 make uninstall removes them
 #   make install-python   pip install ./python (into the active venv; PIP_FLAGS adds options)
+#   make check-neon the CPU backend's NEON path, cross-built and run under qemu
+#   make fuzz     every libFuzzer harness of tests/fuzz for FUZZ_SECONDS each
+#                 (make test runs them for 20 s each)
+#   make stress   the ThreadSanitizer stress with 10x the operations of make test
 
 CC      ?= cc
 WARN    := -Wall -Wextra -pedantic -Werror
 OPT     := -O2 -g
 LIBS    := -ldl -lpthread -lm
 B       := build
-HDRS    := mstar_kv.h $(wildcard mstar_kv_cuda.h) tests/mskv_test.h tests/mskv_test_util.h
-TEST_SRC := tests/main.c $(filter-out tests/test_video%.c,$(wildcard tests/test_*.c))
+HDRS    := mstar_kv.h $(wildcard mstar_kv_cuda.h) $(wildcard mstar_kv_ucx.h) tests/mskv_test.h tests/mskv_test_util.h tests/mskv_test_states.h
+TEST_SRC := tests/main.c $(filter-out tests/test_video%.c tests/test_ucx%.c,$(wildcard tests/test_*.c))
 EMU_SRC := $(wildcard tests/emu_*.cpp)
 FFMPEG_PKGS := libavformat libavcodec libswscale libavutil
 FFMPEG_CFLAGS := $(shell pkg-config --cflags $(FFMPEG_PKGS) 2>/dev/null)
@@ -31,7 +35,7 @@ DEMO_DEFS :=
 VIDEO_TEST := $(B)/tests-video
 endif
 
-TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-asan
+TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-asan $(B)/tests-debug
 # Windows: built when the mingw-w64 cross compilers are installed (tests/run.sh
 # runs the test program under wine, and says so with a skip when it cannot)
 MINGW := x86_64-w64-mingw32-
@@ -48,6 +52,19 @@ ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
 TEST_BINS += $(B)/tests-python $(B)/tests-user
+# UCX migration: two processes over loopback (skips without libucp.so.0), and
+# the mirrored UCP types against the real headers (skips without libucx-dev)
+TEST_BINS += $(B)/tests-ucx $(B)/tests-ucx-abi
+UCX_HEADERS := $(if $(wildcard /usr/include/ucp/api/ucp.h),-DMSKV_HAVE_UCX_HEADERS)
+
+# Hardening (issue 9): libFuzzer harnesses, a ThreadSanitizer build of the
+# thread tests plus a stress, and allocation-failure injection under ASan.
+FUZZ_SECONDS ?= 20
+FUZZ_NAMES := import ops plans arith
+FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz-%)
+FUZZ_CC := clang -std=c99 $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+TSAN_SRC := tests/main.c tests/test_threads.c tests/stress_threads.c
+HARDEN_BINS := $(FUZZ_BINS) $(B)/gen-corpus $(B)/tests-tsan $(B)/alloc-fail
 
 # The Python package (python/): a venv under build/ (no system pip, so no
 # "externally-managed-environment") with NumPy, pytest and the build tools
@@ -59,11 +76,11 @@ PYTHON  ?= python3
 VENV    := $(B)/venv
 PY_SRC  := $(wildcard python/mstar_kv/*.py python/mstar_kv/*.c) python/setup.py python/pyproject.toml
 
-.PHONY: all test tests demo bench gpu-check embed clean python install uninstall install-python
+.PHONY: all test tests demo bench gpu-check embed clean python install uninstall install-python check-neon fuzz stress fuzz-corpus
 all: tests $(B)/demo
 
 tests: $(TEST_BINS) $(B)/tests-clang-cxx.checked $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx \
-       $(WIN_TEST) $(WIN_CHECKS) $(LOADER_AIDS)
+       $(WIN_TEST) $(WIN_CHECKS) $(LOADER_AIDS) $(HARDEN_BINS)
 
 $(B):
 	mkdir -p $(B)
@@ -94,10 +111,30 @@ $(B)/tests-clang-cxx.checked: $(TEST_SRC) $(HDRS) | $(B)
 $(B)/tests-asan: $(TEST_SRC) $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
 	    -fno-omit-frame-pointer -DMSKV_TEST_SANITIZED $(NO_SWEEP) -Itests $(TEST_SRC) -o $@ $(LIBS)
+# MSKV_DEBUG is compile time: its own small program (under ASan + UBSan)
+$(B)/tests-debug: tests/debug_check.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Itests tests/debug_check.c -o $@ $(LIBS)
 $(B)/tests-emu: $(EMU_SRC) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
 	g++ -std=c++17 $(WARN) -O2 -g -Itests $(EMU_SRC) -o $@ $(LIBS)
+$(B)/tests-ucx: tests/test_ucx.c tests/mskv_test_states.h $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) $(OPT) -Itests tests/test_ucx.c -o $@ $(LIBS)
+$(B)/tests-ucx-abi: tests/test_ucx_abi.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 $(UCX_HEADERS) -Itests tests/test_ucx_abi.c -o $@
 $(B)/tests-video: tests/test_video.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(FFMPEG_CFLAGS) tests/test_video.c -o $@ $(FFMPEG_LIBS) $(LIBS)
+
+$(B)/fuzz-%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/mskv_mock_cuda.h $(HDRS) | $(B)
+	$(FUZZ_CC) $< -o $@ $(LIBS)
+$(B)/gen-corpus: tests/fuzz/gen_corpus.c tests/fuzz/fuzz_common.h $(HDRS) | $(B)
+	clang -std=c99 $(WARN) -O1 -g $< -o $@ $(LIBS)
+# the thread tests under TSan: a tenth of the plain build's operations (TSan
+# sees a missing lock from the ordering of accesses, without having to lose
+# the race), and the stress of stress_threads.c (MSKV_STRESS_OPS per thread)
+$(B)/tests-tsan: $(TSAN_SRC) $(HDRS) | $(B)
+	clang -std=c99 $(WARN) -O1 -g -fsanitize=thread -DMTT_OPS=100000L -Itests $(TSAN_SRC) -o $@ $(LIBS)
+$(B)/alloc-fail: tests/alloc_fail.c tests/mskv_mock_cuda.h $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+	    -Itests tests/alloc_fail.c -o $@ $(LIBS)
 
 # MSKV_STATIC builds (the C++ one also without threads): a private copy must
 # compile warning-free even where unused
@@ -147,15 +184,27 @@ $(B)/tests-user: tests/user_checks.py | $(B)
 # failure in the totals line, not a run that ends without one. JOBS compiles
 # and test programs at a time (default: the online cores). Programs start in
 # RUN_ORDER, longest first: on a fresh clone tests-gcc-c99 by far (its NVRTC
-# sweep compiles every kernel variant, minutes of one core), and the others
-# together fit beside it.
+# sweep compiles every kernel variant, minutes of one core), then the fixed
+# 4 x 20 s of the fuzzers and the TSan build; the others together fit beside
+# them.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 RUN_FIRST := $(B)/tests-gcc-c99
-RUN_ORDER := $(RUN_FIRST) $(filter-out $(RUN_FIRST),$(TEST_BINS)) $(VIDEO_TEST) $(WIN_TEST) tests/test_sdpa_peer.py
+RUN_ORDER := $(RUN_FIRST) tests/fuzz/run.sh $(B)/tests-tsan $(filter-out $(RUN_FIRST),$(TEST_BINS)) $(VIDEO_TEST) $(WIN_TEST) \
+             tests/test_sdpa_peer.py $(B)/alloc-fail
 test:
 	@mkdir -p $(B); date +%s.%N > $(B)/build-start; $(MAKE) -k -j$(JOBS) -Otarget --no-print-directory tests; echo $$? > $(B)/build-status
 	-sh tools/embed_kernels.sh --check
-	bash tests/run.sh -j $(JOBS) --build-status $(B)/build-status --started "$$(cat $(B)/build-start)" $(RUN_ORDER)
+	FUZZ_SECONDS=20 B=$(B) bash tests/run.sh -j $(JOBS) --build-status $(B)/build-status --started "$$(cat $(B)/build-start)" $(RUN_ORDER)
+
+fuzz: $(FUZZ_BINS) $(B)/gen-corpus
+	FUZZ_SECONDS=$(FUZZ_SECONDS) B=$(B) bash tests/fuzz/run.sh
+
+stress: $(B)/tests-tsan
+	MSKV_STRESS_OPS=1000000 ./$(B)/tests-tsan --filter stress
+
+# refresh the committed seeds of the import fuzzer (after a blob format change)
+fuzz-corpus: $(B)/gen-corpus
+	./$(B)/gen-corpus tests/fuzz/corpus/import
 
 # after editing kernels.cu: refresh the copy embedded in mstar_kv_cuda.h
 embed:
@@ -167,16 +216,20 @@ demo: $(B)/demo
 $(B)/host_bench: bench/host_bench.c $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) -O3 -march=native bench/host_bench.c -o $@ $(LIBS)
 $(B)/attn_bench: bench/attn_bench.c $(HDRS) | $(B)
-	$(CC) -std=c99 $(WARN) -O3 -march=native bench/attn_bench.c -o $@ $(LIBS)
+	$(CC) -std=c99 $(WARN) -O2 bench/attn_bench.c -o $@ $(LIBS)
 
 # -O2 without -march=native: valgrind (callgrind) must be able to run it
 $(B)/cuda_host_bench: bench/cuda_host_bench.c $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) -O2 -g bench/cuda_host_bench.c -o $@ $(LIBS)
 
-bench: $(B)/host_bench $(B)/attn_bench $(B)/cuda_host_bench
+$(B)/ucx_bench: bench/ucx_bench.c $(HDRS) | $(B)
+	$(CC) -std=c99 $(WARN) -O2 bench/ucx_bench.c -o $@ $(LIBS)
+
+bench: $(B)/host_bench $(B)/attn_bench $(B)/cuda_host_bench $(B)/ucx_bench
 	./$(B)/host_bench
 	./$(B)/attn_bench
 	./$(B)/cuda_host_bench
+	./$(B)/ucx_bench
 
 gpu-check:
 	bash tests/gpu_check.sh
@@ -193,16 +246,24 @@ PC_INCLUDEDIR = $(if $(filter $(PREFIX)/include,$(INCLUDEDIR)),$${prefix}/includ
 
 install:
 	mkdir -p "$(DESTDIR)$(INCLUDEDIR)" "$(DESTDIR)$(PKGCONFIGDIR)"
-	cp mstar_kv.h mstar_kv_cuda.h "$(DESTDIR)$(INCLUDEDIR)/"
+	cp mstar_kv.h mstar_kv_cuda.h mstar_kv_ucx.h "$(DESTDIR)$(INCLUDEDIR)/"
 	printf 'prefix=%s\nincludedir=%s\n\nName: mstar_kv\nDescription: %s\nVersion: %s\nCflags: -I$${includedir}\nLibs: -ldl -lpthread -lm\n' \
-	    "$(PREFIX)" '$(PC_INCLUDEDIR)' "paged KV cache for windowed video diffusion and LLM decode (single-header C, optional CUDA layer)" \
+	    "$(PREFIX)" '$(PC_INCLUDEDIR)' "paged KV cache for windowed video diffusion and LLM decode (single-header C, optional CUDA and UCX layers)" \
 	    "$(VERSION)" > "$(DESTDIR)$(PKGCONFIGDIR)/mstar_kv.pc"
 
 uninstall:
-	rm -f "$(DESTDIR)$(INCLUDEDIR)/mstar_kv.h" "$(DESTDIR)$(INCLUDEDIR)/mstar_kv_cuda.h" "$(DESTDIR)$(PKGCONFIGDIR)/mstar_kv.pc"
+	rm -f "$(DESTDIR)$(INCLUDEDIR)/mstar_kv.h" "$(DESTDIR)$(INCLUDEDIR)/mstar_kv_cuda.h" "$(DESTDIR)$(INCLUDEDIR)/mstar_kv_ucx.h" \
+	    "$(DESTDIR)$(PKGCONFIGDIR)/mstar_kv.pc"
 
 install-python:
 	$(PYTHON) -m pip install $(PIP_FLAGS) ./python
+
+# The CPU backend's NEON path from an x86 machine: the CPU tests cross-built
+# for arm64 and run under qemu (apt-get install gcc-aarch64-linux-gnu
+# libc6-dev-arm64-cross qemu-user). Not part of make test: minutes under qemu.
+check-neon: | $(B)
+	aarch64-linux-gnu-gcc -std=c99 $(WARN) -O2 -Itests tests/main.c tests/test_cpu.c -o $(B)/tests-cpu-arm64 $(LIBS)
+	qemu-aarch64 -L /usr/aarch64-linux-gnu $(B)/tests-cpu-arm64 --filter path
 
 clean:
 	rm -rf $(B)

@@ -1,6 +1,11 @@
 /* The CPU backend: half conversions, RoPE, K/V write, paged attention and
    the LSE merge, each against a separate dense reference in double precision
-   that gathers K/V by absolute position (not through the page table). */
+   that gathers K/V by absolute position (not through the page table). The
+   attention tests run once more on every instruction-set path this machine
+   has (the per-path tests at the end). */
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L  /* setenv */
+#endif
 #include <stdlib.h>
 #include "mskv_test.h"
 #include "mskv_test_util.h"
@@ -39,6 +44,22 @@ static double tcpu_get(const void *buf, mskv_dtype t, size_t i) {
     return mskv_bf16_to_f32(((const uint16_t *)buf)[i]);
 }
 static double tcpu_tol(mskv_dtype t) { return t == MSKV_DTYPE_F32 ? 1e-5 : t == MSKV_DTYPE_F16 ? 1e-3 : 1e-2; }
+
+/* ---- the instruction-set path under test ---------------------------------------- */
+
+/* AUTO, except while the per-path runs at the end of this file repeat the
+   attention tests on one path: every pool the tests create takes tcpu_isa,
+   and a test's NULL pool becomes tcpu_small, a one-thread pool with the
+   smallest tiles on that path (a NULL pool itself always runs AUTO). */
+static mskv_cpu_isa tcpu_isa = MSKV_CPU_ISA_AUTO;
+static mskv_cpu *tcpu_small = NULL;
+static mskv_cpu *tcpu_pool(mskv_cpu *cpu) { return cpu ? cpu : tcpu_small; }
+static mskv_result tcpu_create(const mskv_cpu_desc *cd, mskv_cpu **out) {
+    mskv_cpu_desc d;
+    if (cd) d = *cd; else memset(&d, 0, sizeof d);
+    d.isa = tcpu_isa;
+    return mskv_cpu_create(&d, out);
+}
 
 /* ---- a hand-built paged fixture ------------------------------------------------- */
 
@@ -228,14 +249,14 @@ static int tcpu_close(const char *what, const void *o, mskv_dtype ot, const floa
             double a = lse[r], e = rlse[r];
             int ok = (e == -INFINITY) ? (a == -INFINITY) : fabs(a - e) <= tol * (fabs(e) > 1 ? fabs(e) : 1);
             if (!ok) {
-                mt_fail(__FILE__, line, "%s: lse row %zu: expected %.9g, got %.9g", what, r, e, a);
+                mt_fail(__FILE__, line, "%s (%s path): lse row %zu: expected %.9g, got %.9g", what, mskv_cpu_isa_name(tcpu_isa), r, e, a);
                 return 0;
             }
         }
         for (i = 0; i < (size_t)D; i++) {
             double a = tcpu_get(o, ot, r * (size_t)D + i), e = ro[r * (size_t)D + i];
             if (!(fabs(a - e) <= tol * (fabs(e) > 1 ? fabs(e) : 1))) {
-                mt_fail(__FILE__, line, "%s: o row %zu dim %zu: expected %.9g, got %.9g", what, r, i, e, a);
+                mt_fail(__FILE__, line, "%s (%s path): o row %zu dim %zu: expected %.9g, got %.9g", what, mskv_cpu_isa_name(tcpu_isa), r, i, e, a);
                 return 0;
             }
         }
@@ -254,7 +275,7 @@ static int tcpu_check_case(const char *what, mskv_cpu *cpu, const tcpu_fix *f, c
     mskv_result res;
     int ok = 0;
     if (q && o && lse && ro && rl) {
-        res = mskv_cpu_attention_pools(cpu, &pools, &f->plan, at, q, o, lse);
+        res = mskv_cpu_attention_pools(tcpu_pool(cpu), &pools, &f->plan, at, q, o, lse);
         if (res != MSKV_SUCCESS) {
             mt_fail(__FILE__, line, "%s: attention returned %d (%s)", what, (int)res, mskv_result_string(res));
         } else {
@@ -590,7 +611,7 @@ TEST(write_kv_applies_rope_to_k_only) {
 static mskv_result tcpu_no_read(void *u, const int32_t *p, int32_t n, void *dst) { (void)u; (void)p; (void)n; (void)dst; return MSKV_ERROR_UNSUPPORTED; }
 static mskv_result tcpu_no_write(void *u, const int32_t *p, int32_t n, const void *src) { (void)u; (void)p; (void)n; (void)src; return MSKV_ERROR_UNSUPPORTED; }
 static mskv_result tcpu_no_copy(void *u, int32_t s, int32_t d) { (void)u; (void)s; (void)d; return MSKV_ERROR_UNSUPPORTED; }
-static const mskv_store_ops tcpu_elsewhere = {NULL, tcpu_no_read, tcpu_no_write, tcpu_no_copy, NULL};
+static const mskv_store_ops tcpu_elsewhere = {NULL, tcpu_no_read, tcpu_no_write, tcpu_no_copy, NULL, NULL};  /* no flush, no fill_pages */
 
 TEST(write_kv_through_an_arena_checks_the_layer_and_the_store) {
     mskv_arena_desc ad;
@@ -642,7 +663,7 @@ TEST(attention_matches_reference_for_every_page_size_and_length) {
     int pi, mi;
     uint64_t seed = mt_seed();
     mskv_cpu *cpu = NULL;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(NULL, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(NULL, &cpu));
     for (pi = 0; pi < 5; pi++) {
         int32_t P = Ps[pi];
         /* kv lengths 0, 1, P-1, P, P+1, 97, 2048 in one batch; two of them with
@@ -696,7 +717,7 @@ TEST(attention_matches_reference_in_f16_and_bf16) {
     uint64_t seed = mt_seed();
     int si, qi, mi;
     mskv_cpu *cpu = NULL;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(NULL, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(NULL, &cpu));
     for (si = 0; si < 3; si++)
         for (qi = 0; qi < 3; qi++)
             for (mi = 0; mi < 3; mi++) {
@@ -722,7 +743,7 @@ TEST(attention_matches_reference_over_long_sequences) {
     mskv_attn at;
     memset(&cd, 0, sizeof cd);
     cd.num_threads = 2;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
     ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, 128, MSKV_DTYPE_F32, s1, 1, 1, 0, 0, seed));
     at = tcpu_attn(4, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
     tcpu_check_case("f32 causal dim 128", cpu, &f, &at, seed, __LINE__);
@@ -748,7 +769,7 @@ TEST(decode_batches_of_one_query_per_sequence_match_reference) {
     int ti, ci;
     memset(&cd, 0, sizeof cd);
     cd.num_threads = 2;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
     for (ti = 0; ti < 3; ti++)
         for (ci = 0; ci < 2; ci++) {
             tcpu_fix f;
@@ -779,7 +800,7 @@ static int tcpu_run(mskv_cpu *cpu, const tcpu_fix *f, const mskv_attn *at, const
     *o = (float *)malloc(rows * (size_t)f->D * sizeof(float) + 4);
     *lse = (float *)malloc(rows * sizeof(float) + 4);
     if (!*o || !*lse) return 0;
-    return mskv_cpu_attention_pools(cpu, &pools, &f->plan, at, q, *o, *lse) == MSKV_SUCCESS;
+    return mskv_cpu_attention_pools(tcpu_pool(cpu), &pools, &f->plan, at, q, *o, *lse) == MSKV_SUCCESS;
 }
 
 TEST(shuffled_page_table_gives_the_same_result_as_contiguous) {
@@ -876,8 +897,8 @@ TEST(splitting_keys_and_merging_by_lse_equals_attention_over_all_keys) {
     oa = (float *)malloc(n * 4); ob = (float *)malloc(n * 4); lsa = (float *)malloc(rows * 4); lsb = (float *)malloc(rows * 4);
     ASSERT_TRUE(oa && ob && lsa && lsb);
     pools = tcpu_pools(&f);
-    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(NULL, &pools, &pa, &at, q, oa, lsa));
-    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(NULL, &pools, &pb, &at, q, ob, lsb));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(tcpu_pool(NULL), &pools, &pa, &at, q, oa, lsa));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(tcpu_pool(NULL), &pools, &pb, &at, q, ob, lsb));
     /* merged in place into part A */
     EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_merge(6, 4, 64, oa, lsa, ob, lsb, oa, lsa));
     for (i = 0; i < n; i++)
@@ -914,9 +935,9 @@ TEST(threaded_attention_is_bit_identical_to_one_thread) {
     void *q;
     size_t rows;
     memset(&cd, 0, sizeof cd);
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &one));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &one));
     cd.num_threads = 3;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &three));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &three));
     ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, 64, MSKV_DTYPE_F32, seqs, 3, 1, 1, 0, seed));
     rows = (size_t)f.plan.total_q * 8;
     q = tcpu_queries(&f, 8, MSKV_DTYPE_F32, seed);
@@ -955,7 +976,7 @@ TEST(a_small_workspace_budget_picks_smaller_tiles) {
     cd.allocator.realloc = tcpu_realloc_sized;
     cd.allocator.free = tcpu_free_sized;
     tcpu_largest_alloc = 0;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
     /* one thread: its workspace is the largest block, within the budget (rounded to 64 bytes) */
     EXPECT_LE((long long)tcpu_largest_alloc, 100000 + 64);
     EXPECT_GT((long long)tcpu_largest_alloc, 10000);
@@ -985,7 +1006,7 @@ TEST(attention_allocates_nothing_after_create) {
     cd.allocator.alloc = tcpu_alloc;
     cd.allocator.realloc = tcpu_realloc;
     cd.allocator.free = tcpu_freefn;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
     after_create = cnt.allocs;
     EXPECT_GT(after_create, 0);
     ASSERT_TRUE(tcpu_fix_init(&f, 16, 1, 64, MSKV_DTYPE_F32, seqs, 1, 1, 1, 0, mt_seed()));
@@ -1202,7 +1223,7 @@ TEST(one_thread_cpu_serialises_concurrent_callers) {
     tcpu_caller ca, cb;
     mtu_thread *ta, *tb;
     memset(&cd, 0, sizeof cd);   /* one thread: the caller's */
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
     ASSERT_TRUE(tcpu_fix_init(&fa, 16, 1, 64, MSKV_DTYPE_F32, seqs, 1, 0, 0, 0, seed));
     ASSERT_TRUE(tcpu_fix_init(&fb, 16, 1, 64, MSKV_DTYPE_F32, seqs + 1, 1, 1, 0, 0, seed + 1));
     qa = tcpu_queries(&fa, 2, MSKV_DTYPE_F32, seed + 2);
@@ -1227,3 +1248,242 @@ TEST(one_thread_cpu_serialises_concurrent_callers) {
     mskv_cpu_destroy(cpu);
 }
 #endif
+
+/* ---- instruction-set paths --------------------------------------------------------- */
+
+static const mskv_cpu_isa tcpu_paths[4] = {MSKV_CPU_ISA_PORTABLE, MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_AVX512, MSKV_CPU_ISA_NEON};
+
+/* Keeps the last message a pool's logger received. */
+static char tcpu_logged[256];
+static void tcpu_log(void *u, mskv_log_level level, const char *msg) {
+    (void)u; (void)level;
+    snprintf(tcpu_logged, sizeof tcpu_logged, "%s", msg);
+}
+
+TEST(cpu_info_names_the_path_in_use) {
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = NULL;
+    mskv_cpu_info info;
+    int i;
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 2;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(cpu, &info));
+    EXPECT_TRUE(info.isa != MSKV_CPU_ISA_AUTO);  /* AUTO resolves to a real path */
+    EXPECT_TRUE(mskv_cpu_isa_available(info.isa));
+#ifndef MSKV_NO_THREADS
+    EXPECT_EQ(2, info.num_threads);
+#endif
+    EXPECT_GT((long long)info.workspace_bytes, 0);
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cpu_info_get(NULL, &info));
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cpu_info_get(cpu, NULL));
+    mskv_cpu_destroy(cpu);
+    for (i = 0; i < 4; i++) {
+        if (!mskv_cpu_isa_available(tcpu_paths[i])) continue;
+        cd.isa = tcpu_paths[i];
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(cpu, &info));
+        EXPECT_EQ((int)tcpu_paths[i], (int)info.isa);
+        mskv_cpu_destroy(cpu);
+    }
+    EXPECT_TRUE(mskv_cpu_isa_available(MSKV_CPU_ISA_PORTABLE));  /* everywhere */
+    EXPECT_TRUE(strcmp(mskv_cpu_isa_name(MSKV_CPU_ISA_AVX512), "avx512") == 0);
+    EXPECT_TRUE(strcmp(mskv_cpu_isa_name(MSKV_CPU_ISA_PORTABLE), "portable") == 0);
+}
+
+TEST(cpu_create_refuses_a_path_this_machine_lacks_and_logs_why) {
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = (mskv_cpu *)&cd;
+    int i, lacking = -1;
+    for (i = 1; i < 4; i++)
+        if (!mskv_cpu_isa_available(tcpu_paths[i])) lacking = i;
+    if (lacking < 0) SKIP("this machine runs every path (an x86 lacks NEON and an arm64 AVX2: not expected here)");
+    memset(&cd, 0, sizeof cd);
+    cd.isa = tcpu_paths[lacking];
+    cd.log = tcpu_log;
+    tcpu_logged[0] = 0;
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cpu_create(&cd, &cpu));
+    EXPECT_TRUE(cpu == NULL);
+    EXPECT_TRUE(strstr(tcpu_logged, mskv_cpu_isa_name(tcpu_paths[lacking])) != NULL);
+    cd.isa = (mskv_cpu_isa)7;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_create(&cd, &cpu));
+}
+
+#if !defined(_WIN32)
+/* Sets (value) or removes (NULL) MSKV_CPU_ISA. */
+static void tcpu_setenv(const char *value) {
+    if (value) setenv("MSKV_CPU_ISA", value, 1);
+    else unsetenv("MSKV_CPU_ISA");
+}
+
+/* The isa a default pool runs with MSKV_CPU_ISA set to value; what was logged in tcpu_logged. */
+static mskv_cpu_isa tcpu_isa_with_env(const char *value) {
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = NULL;
+    mskv_cpu_info info;
+    memset(&cd, 0, sizeof cd);
+    cd.log = tcpu_log;
+    tcpu_logged[0] = 0;
+    tcpu_setenv(value);
+    if (mskv_cpu_create(&cd, &cpu) != MSKV_SUCCESS) return MSKV_CPU_ISA_AUTO;
+    mskv_cpu_info_get(cpu, &info);
+    mskv_cpu_destroy(cpu);
+    return info.isa;
+}
+
+TEST(mskv_cpu_isa_in_the_environment_forces_a_path_and_a_bad_value_is_logged_and_ignored) {
+    const char *old = getenv("MSKV_CPU_ISA");
+    char saved[64] = {0};
+    mskv_cpu_isa best;
+    int i;
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    best = tcpu_isa_with_env(NULL);
+    EXPECT_EQ(0, (int)strlen(tcpu_logged));
+    EXPECT_EQ((int)MSKV_CPU_ISA_PORTABLE, (int)tcpu_isa_with_env("portable"));
+    EXPECT_EQ((int)best, (int)tcpu_isa_with_env("auto"));
+    EXPECT_EQ((int)best, (int)tcpu_isa_with_env("sse9"));
+    EXPECT_TRUE(strstr(tcpu_logged, "sse9") != NULL);
+    for (i = 1; i < 4; i++) {
+        const char *name = mskv_cpu_isa_name(tcpu_paths[i]);
+        if (mskv_cpu_isa_available(tcpu_paths[i])) {
+            EXPECT_EQ((int)tcpu_paths[i], (int)tcpu_isa_with_env(name));
+        } else {
+            EXPECT_EQ((int)best, (int)tcpu_isa_with_env(name));
+            EXPECT_TRUE(strstr(tcpu_logged, name) != NULL);
+        }
+    }
+    tcpu_setenv(old ? saved : NULL);
+}
+#endif
+
+/* One decode query per kv head group over a long sequence: its keys go to
+   several items (8 chunks of at least 512 keys), merged by LSE. */
+TEST(one_long_decode_sequence_splits_its_keys_into_chunks_and_matches_reference) {
+    tcpu_seq seqs[1] = {{1, 5000, 5000, 0}};
+    static const mskv_mask masks[3] = {MSKV_MASK_NONE, MSKV_MASK_CAUSAL, MSKV_MASK_WINDOW};
+    uint64_t seed = mt_seed();
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = NULL;
+    mskv_cpu_info info;
+    int mi;
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 2;
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
+    for (mi = 0; mi < 3; mi++) {
+        tcpu_fix f;
+        mskv_attn at = tcpu_attn(4, masks[mi], 1500, MSKV_DTYPE_F32);  /* the window leaves chunks empty */
+        char what[64];
+        ASSERT_TRUE(tcpu_fix_init(&f, 16, 1, 128, mi == 2 ? MSKV_DTYPE_F16 : MSKV_DTYPE_F32, seqs, 1, 1, 1, 1, seed + (uint64_t)mi));
+        snprintf(what, sizeof what, "one sequence, mask %s", tcpu_mask_name(at.mask));
+        tcpu_check_case(what, cpu, &f, &at, seed, __LINE__);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(cpu, &info));
+        EXPECT_EQ(8, (long long)info.last_call_items);
+        tcpu_fix_free(&f);
+    }
+    mskv_cpu_destroy(cpu);
+}
+
+TEST(split_decode_gives_the_same_bits_on_any_number_of_threads) {
+    tcpu_seq seqs[2] = {{1, 3000, 3000, 0}, {2, 1200, 600, 40}};
+    uint64_t seed = mt_seed();
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(8, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
+    mskv_cpu_desc cd;
+    mskv_cpu *cpus[3] = {NULL, NULL, NULL};
+    float *o[3] = {NULL, NULL, NULL}, *l[3] = {NULL, NULL, NULL};
+    mskv_cpu_info info;
+    void *q;
+    size_t rows;
+    int i;
+    memset(&cd, 0, sizeof cd);
+    ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, 64, MSKV_DTYPE_F32, seqs, 2, 1, 1, 0, seed));
+    rows = (size_t)f.plan.total_q * 8;
+    q = tcpu_queries(&f, 8, MSKV_DTYPE_F32, seed);
+    ASSERT_TRUE(q != NULL);
+    for (i = 0; i < 3; i++) {
+        cd.num_threads = i + 1;
+        ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpus[i]));
+        EXPECT_TRUE(tcpu_run(cpus[i], &f, &at, q, &o[i], &l[i]));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(cpus[i], &info));
+        EXPECT_EQ(2 * 6 + 2 * 3, (long long)info.last_call_items);  /* 6 and 3 chunks, per kv head */
+    }
+    for (i = 1; i < 3; i++) {
+        EXPECT_TRUE(memcmp(o[0], o[i], rows * 64 * sizeof(float)) == 0);
+        EXPECT_TRUE(memcmp(l[0], l[i], rows * sizeof(float)) == 0);
+    }
+    for (i = 0; i < 3; i++) { free(o[i]); free(l[i]); mskv_cpu_destroy(cpus[i]); }
+    free(q);
+    tcpu_fix_free(&f);
+}
+
+TEST(a_decode_batch_of_64_or_more_kv_head_units_runs_whole_sequences) {
+    tcpu_seq seqs[TCPU_MAX_SEQS];
+    uint64_t seed = mt_seed();
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(16, MSKV_MASK_NONE, 0, MSKV_DTYPE_F32);
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = NULL;
+    mskv_cpu_info info;
+    int b;
+    for (b = 0; b < TCPU_MAX_SEQS; b++) { seqs[b].qo = 1; seqs[b].kv = 600 + 7 * b; seqs[b].split = seqs[b].kv; seqs[b].shift = 0; }
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 1;  /* one thread: kv heads are grouped per item as far as the tiles allow */
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
+    ASSERT_TRUE(tcpu_fix_init(&f, 16, 4, 64, MSKV_DTYPE_BF16, seqs, TCPU_MAX_SEQS, 1, 1, 0, seed)); /* 16 x 4 = 64 units */
+    tcpu_check_case("64 units", cpu, &f, &at, seed, __LINE__);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(cpu, &info));
+    EXPECT_LE((long long)info.last_call_items, TCPU_MAX_SEQS * 4);  /* no sequence was cut */
+    tcpu_fix_free(&f);
+    mskv_cpu_destroy(cpu);
+}
+
+/* The attention tests above, on one path: every pool they create runs it. */
+static void tcpu_suite_on(mskv_cpu_isa isa) {
+    mskv_cpu_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.workspace_bytes = 100000;  /* small tiles, like a NULL pool's */
+    tcpu_isa = isa;
+    if (tcpu_create(&cd, &tcpu_small) != MSKV_SUCCESS) {
+        mt_fail(__FILE__, __LINE__, "cannot create a pool on the %s path", mskv_cpu_isa_name(isa));
+        tcpu_isa = MSKV_CPU_ISA_AUTO;
+        return;
+    }
+    attention_matches_reference_for_every_page_size_and_length();
+    attention_supports_every_gqa_ratio_and_head_dim();
+    attention_matches_reference_in_f16_and_bf16();
+    attention_matches_reference_over_long_sequences();
+    decode_batches_of_one_query_per_sequence_match_reference();
+    attention_applies_a_custom_scale();
+    shuffled_page_table_gives_the_same_result_as_contiguous();
+    unused_pages_filled_with_nan_change_no_output();
+    a_query_that_sees_no_key_gets_zero_output_and_minus_infinite_lse();
+    splitting_keys_and_merging_by_lse_equals_attention_over_all_keys();
+    threaded_attention_is_bit_identical_to_one_thread();
+    a_small_workspace_budget_picks_smaller_tiles();
+    one_long_decode_sequence_splits_its_keys_into_chunks_and_matches_reference();
+    split_decode_gives_the_same_bits_on_any_number_of_threads();
+    a_decode_batch_of_64_or_more_kv_head_units_runs_whole_sequences();
+    mskv_cpu_destroy(tcpu_small);
+    tcpu_small = NULL;
+    tcpu_isa = MSKV_CPU_ISA_AUTO;
+}
+
+TEST(portable_path_passes_the_attention_tests) { tcpu_suite_on(MSKV_CPU_ISA_PORTABLE); }
+
+TEST(avx2_path_passes_the_attention_tests) {
+    if (!mskv_cpu_isa_available(MSKV_CPU_ISA_AVX2))
+        SKIP("the AVX2 path cannot run here: this CPU lacks AVX2, FMA or F16C, or the build has no x86 kernels (not x86, or MSKV_CPU_NO_SIMD)");
+    tcpu_suite_on(MSKV_CPU_ISA_AVX2);
+}
+
+TEST(avx512_path_passes_the_attention_tests) {
+    if (!mskv_cpu_isa_available(MSKV_CPU_ISA_AVX512))
+        SKIP("the AVX-512 path cannot run here: this CPU lacks AVX-512 F, or the build has no x86 kernels (not x86, or MSKV_CPU_NO_SIMD)");
+    tcpu_suite_on(MSKV_CPU_ISA_AVX512);
+}
+
+TEST(neon_path_passes_the_attention_tests) {
+    if (!mskv_cpu_isa_available(MSKV_CPU_ISA_NEON))
+        SKIP("the NEON path cannot run here: not an arm64 build (or MSKV_CPU_NO_SIMD)");
+    tcpu_suite_on(MSKV_CPU_ISA_NEON);
+}

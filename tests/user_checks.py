@@ -10,7 +10,7 @@ against them with pkg-config.
     line is FRAGMENT_MARK is the body of main in the README's app.c: the
     prelude below, then "int main(void) {", the block, "return 0; }".
     Any other block fails: nothing in a README goes unchecked.
-  * Every public struct of both headers (read from the headers, so a new one
+  * Every public struct of the three headers (read from the headers, so a new one
     is covered) accepts MSKV_ZERO_INIT with every warning as an error in C99
     and C++17 under gcc and clang, and the C idiom {0} as well (in C++ only
     the two warnings C++ compilers give for {0} in any struct are allowed:
@@ -33,6 +33,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READMES = ["README.md", "python/README.md"]
+HEADERS = ["mstar_kv.h", "mstar_kv_cuda.h", "mstar_kv_ucx.h"]   # what make install puts in include/
 FRAGMENT_MARK = "/* fragment: runs inside main() of app.c */"
 # what the README's app.c has above main: the include idiom
 PRELUDE = """#define MSTAR_KV_IMPLEMENTATION
@@ -143,7 +144,9 @@ def check_block(readme, line, code):
                 got = [l.rstrip() for l in r.stdout.strip("\n").split("\n")] if r.stdout.strip() else []
                 if got != want:
                     raise Failure("%s:%d as %s printed %r, its comment says %r" % (readme, line, name, got, want))
-        print("  %s:%d: %s" % (readme, line, "; ".join(want) if want else "ran (prints nothing it promises)"))
+        said = "; ".join(l for l in r.stdout.strip().split("\n") if l)
+        print("  %s:%d: %s" % (readme, line, "; ".join(want) if want else
+                               "ran, printed %r (no prints: comment to compare)" % said))
 
 
 def test_readme_c_blocks_are_found():
@@ -157,7 +160,7 @@ def test_readme_c_blocks_are_found():
 
 def public_structs():
     names = []
-    for h in ("mstar_kv.h", "mstar_kv_cuda.h"):
+    for h in HEADERS:
         with open(os.path.join(ROOT, h), encoding="utf-8") as f:
             for m in re.finditer(r"^typedef struct (mskv_[a-z0-9_]+) \{", f.read(), re.M):
                 if not m.group(1).startswith("mskv__"):
@@ -170,7 +173,7 @@ def check_struct_init(init, cxx_allow=()):
     if len(structs) < 20:
         raise Failure("found only %d public structs in the headers: the pattern is out of date" % len(structs))
     body = "".join("    { %s x = %s; (void)x; }\n" % (t, init) for t in structs)
-    prog = '#include "mstar_kv.h"\n#include "mstar_kv_cuda.h"\nint main(void) {\n%s    return 0;\n}\n' % body
+    prog = "".join('#include "%s"\n' % h for h in HEADERS) + "int main(void) {\n%s    return 0;\n}\n" % body
     compilers = [(CC, C99, ()), (CLANG, C99, ()), (CXX, CXX17, cxx_allow), (CLANGXX, CXX17, cxx_allow)]
     missing = [c for c, _, _ in compilers if not shutil.which(c)]
     if missing:
@@ -211,6 +214,8 @@ INSTALLED_PROGRAM = r"""#define MSTAR_KV_IMPLEMENTATION
 #include <mstar_kv.h>
 #define MSTAR_KV_CUDA_IMPLEMENTATION
 #include <mstar_kv_cuda.h>
+#define MSTAR_KV_UCX_IMPLEMENTATION
+#include <mstar_kv_ucx.h>
 #include <stdio.h>
 int main(void) {
     mskv_arena_desc d = MSKV_ZERO_INIT;
@@ -220,6 +225,7 @@ int main(void) {
     if (mskv_arena_create(&d, &a) != MSKV_SUCCESS) return 1;
     mskv_arena_destroy(a);
     (void)mskv_cuda_probe(NULL, why, sizeof why);   /* links the GPU layer's -ldl */
+    (void)mskv_ucx_probe(NULL, why, sizeof why);    /* and the UCX layer's */
     printf("installed mstar_kv %d.%d.%d\n", MSKV_VERSION_MAJOR, MSKV_VERSION_MINOR, MSKV_VERSION_PATCH);
     return 0;
 }
@@ -234,10 +240,10 @@ def test_make_install_puts_headers_and_a_pkg_config_file_that_builds_a_program()
         if r.returncode != 0:
             raise Failure("make install failed:\n" + r.stdout + r.stderr)
         got = files_under(prefix)
-        want = ["include/mstar_kv.h", "include/mstar_kv_cuda.h", "lib/pkgconfig/mstar_kv.pc"]
+        want = sorted(["include/" + h for h in HEADERS] + ["lib/pkgconfig/mstar_kv.pc"])
         if got != want:
             raise Failure("make install put %s, expected %s" % (got, want))
-        for h in ("mstar_kv.h", "mstar_kv_cuda.h"):
+        for h in HEADERS:
             with open(os.path.join(ROOT, h), "rb") as a, open(os.path.join(prefix, "include", h), "rb") as b:
                 if a.read() != b.read():
                     raise Failure("installed %s differs from the repository's" % h)
