@@ -181,8 +181,9 @@ $(B)/tests-user: tests/user_checks.py | $(B)
 	chmod +x $@
 
 # Build what builds (-k), then run everything: a compile error is one more
-# failure in the totals line, not a run that ends without one. JOBS compiles
-# and test programs at a time (default: the online cores). Programs start in
+# failure in the totals line, not a run that ends without one. The build's
+# CPU time goes to run.sh, which prints it beside the programs' own. JOBS
+# compiles and test programs at a time (default: the online cores). Programs start in
 # RUN_ORDER, longest first: on a fresh clone tests-gcc-c99 by far (its NVRTC
 # sweep compiles every kernel variant, minutes of one core), then the fixed
 # 4 x 20 s of the fuzzers and the TSan build; the others together fit beside
@@ -192,9 +193,12 @@ RUN_FIRST := $(B)/tests-gcc-c99
 RUN_ORDER := $(RUN_FIRST) tests/fuzz/run.sh $(B)/tests-tsan $(filter-out $(RUN_FIRST),$(TEST_BINS)) $(VIDEO_TEST) $(WIN_TEST) \
              tests/test_sdpa_peer.py $(B)/alloc-fail
 test:
-	@mkdir -p $(B); date +%s.%N > $(B)/build-start; $(MAKE) -k -j$(JOBS) -Otarget --no-print-directory tests; echo $$? > $(B)/build-status
+	@mkdir -p $(B); date +%s.%N > $(B)/build-start; \
+	  bash -c 'TIMEFORMAT="%U %S"; { time $(MAKE) -k -j$(JOBS) -Otarget --no-print-directory tests 2>&1; } 2> $(B)/build-cpu'; \
+	  echo $$? > $(B)/build-status
 	-sh tools/embed_kernels.sh --check
-	FUZZ_SECONDS=20 B=$(B) bash tests/run.sh -j $(JOBS) --build-status $(B)/build-status --started "$$(cat $(B)/build-start)" $(RUN_ORDER)
+	FUZZ_SECONDS=20 B=$(B) bash tests/run.sh -j $(JOBS) --build-status $(B)/build-status --started "$$(cat $(B)/build-start)" \
+	    --build-cpu $(B)/build-cpu $(RUN_ORDER)
 
 fuzz: $(FUZZ_BINS) $(B)/gen-corpus
 	FUZZ_SECONDS=$(FUZZ_SECONDS) B=$(B) bash tests/fuzz/run.sh

@@ -6,27 +6,32 @@
 # runs under wine (tests/wine.sh); without one (no mingw-w64), or where wine
 # cannot run, that is one skip with the reason.
 #
-#   bash tests/run.sh [-j N] [--build-status FILE] [--started EPOCH] PROGRAM...
+#   bash tests/run.sh [-j N] [--build-status FILE] [--started EPOCH] [--build-cpu FILE] PROGRAM...
 #
 # -j N runs up to N programs at a time (default 1), started in the order
 # given (put the long ones first). With one at a time a program's output
 # streams as it runs; with more, each program's output is printed whole when
 # it finishes, so it never interleaves with another's. Either way every
-# program ends with a line giving its totals and wall time, and the run ends
-# with the times of all of them, then the totals line.
+# program ends with a line giving its totals, its wall time and the CPU time
+# it and its children used (on a machine busy with other work the wall time
+# grows, the CPU time hardly), and the run ends with the times of all of
+# them, then the totals line.
 # With --build-status FILE, a nonzero status in FILE (the build of the test
 # programs failed) counts as one more failure. With --started EPOCH (when
-# the build began, in seconds), the last times line gives the whole time.
+# the build began, in seconds), the last times line gives the whole time;
+# --build-cpu FILE ("USER SYS" seconds of the build) adds the build's CPU.
 set -u
 jobs=1
 build_failed=0
 started=""
+build_cpu=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -j) jobs=$2; shift 2 ;;
     -j*) jobs=${1#-j}; shift ;;
     --build-status) [ "$(cat "$2" 2>/dev/null || echo 1)" = 0 ] || build_failed=1; shift 2 ;;
     --started) started=$2; shift 2 ;;
+    --build-cpu) build_cpu=$(awk '{ printf "%.1f", $1 + $2 }' "$2" 2>/dev/null); shift 2 ;;
     *) break ;;
   esac
 done
@@ -43,34 +48,37 @@ passed=0; failed=0; skipped=0
 have_video=0
 have_windows=0
 times=""
+cpu_total=0
+TIMEFORMAT='%U %S'   # what the time keyword reports: user and system CPU seconds
 
-# one program: its output in $work/N.out, then "rc start end" in $work/N.done
+# one program: its output in $work/N.out, then "rc start end cpu" in $work/N.done
 run_one() {
-  local i=$1 bin=$2 t0 rc
+  local i=$1 bin=$2 t0 rc cpu
   local run=("$bin")
   case "$bin" in *.exe) run=(bash "$here/wine.sh" "$bin") ;; esac
   t0=$(now)
   if [ "$jobs" -eq 1 ]; then
-    "${run[@]}" 2>&1 | tee "$work/$i.out"
-    rc=${PIPESTATUS[0]}
+    { time "${run[@]}" 2>&1 | tee "$work/$i.out"; rc=${PIPESTATUS[0]}; } 2> "$work/$i.cpu"
   else
-    "${run[@]}" > "$work/$i.out" 2>&1
+    { time "${run[@]}" > "$work/$i.out" 2>&1; } 2> "$work/$i.cpu"
     rc=$?
   fi
-  echo "$rc $t0 $(now)" > "$work/$i.done.tmp"
+  cpu=$(awk '{ printf "%.1f", $1 + $2 }' "$work/$i.cpu")
+  echo "$rc $t0 $(now) ${cpu:-0}" > "$work/$i.done.tmp"
   mv "$work/$i.done.tmp" "$work/$i.done"
 }
 
 # reads a finished program's result, prints its closing line and adds it up
 finish() {
-  local i=$1 bin=$2 rc t0 t1 line p f s dt
-  read -r rc t0 t1 < "$work/$i.done"
+  local i=$1 bin=$2 rc t0 t1 cpu line p f s dt
+  read -r rc t0 t1 cpu < "$work/$i.done"
   dt=$(secs "$t0" "$t1")
+  cpu_total=$(awk -v a="$cpu_total" -v b="$cpu" 'BEGIN { printf "%.1f", a + b }')
   if [ "$jobs" -gt 1 ]; then echo "=== $bin"; cat "$work/$i.out"; fi
   line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$work/$i.out" | tail -n 1)
-  times="$times $(basename "$bin") ${dt}s,"
+  times="$times $(basename "$bin") ${dt}s (cpu ${cpu}s),"
   if [ -z "$line" ]; then
-    echo "!!! $bin exited with status $rc without a totals line (${dt} s)"
+    echo "!!! $bin exited with status $rc without a totals line (${dt} s, cpu ${cpu} s)"
     failed=$((failed + 1)); return
   fi
   read -r p _ f _ s _ <<<"${line//,/}"
@@ -78,7 +86,7 @@ finish() {
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
     echo "!!! $bin exited with status $rc"; failed=$((failed + 1))
   fi
-  echo "=== $bin: $line in ${dt} s"
+  echo "=== $bin: $line in ${dt} s (cpu ${cpu} s)"
 }
 
 # reports the programs that have finished; the others stay in "running"
@@ -136,9 +144,12 @@ if [ "$build_failed" -ne 0 ]; then
   failed=$((failed + 1))
 fi
 t_end=$(now)
-echo "--- wall time per program:${times%,}; all in $(secs "$t_start" "$t_end") s, $jobs at a time"
+echo "--- wall time per program:${times%,}; all in $(secs "$t_start" "$t_end") s (cpu ${cpu_total} s), $jobs at a time"
 if [ -n "$started" ]; then
-  echo "--- build $(secs "$started" "$t_start") s + run $(secs "$t_start" "$t_end") s = $(secs "$started" "$t_end") s"
+  echo "--- build $(secs "$started" "$t_start") s${build_cpu:+ (cpu $build_cpu s)} + run $(secs "$t_start" "$t_end") s (cpu $cpu_total s) = $(secs "$started" "$t_end") s"
+fi
+if [ -n "$build_cpu" ]; then
+  echo "--- CPU time, build and programs: $(awk -v a="$build_cpu" -v b="$cpu_total" 'BEGIN { printf "%.1f", a + b }') s ($(nproc 2>/dev/null || echo '?') cores here; load average now: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?'))"
 fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
