@@ -27,7 +27,7 @@ DEMO_DEFS :=
 VIDEO_TEST := $(B)/tests-video
 endif
 
-TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan
+TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan $(B)/tests-debug
 # Windows: built when the mingw-w64 cross compilers are installed (tests/run.sh
 # runs the test program under wine, and says so with a skip when it cannot)
 MINGW := x86_64-w64-mingw32-
@@ -81,6 +81,9 @@ $(B)/tests-clang-cxx: $(TEST_SRC) $(HDRS) | $(B)
 $(B)/tests-asan: $(TEST_SRC) $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
 	    -fno-omit-frame-pointer -DMSKV_TEST_SANITIZED -Itests $(TEST_SRC) -o $@ $(LIBS)
+# MSKV_DEBUG is compile time: its own small program (under ASan + UBSan)
+$(B)/tests-debug: tests/debug_check.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Itests tests/debug_check.c -o $@ $(LIBS)
 $(B)/tests-emu: $(EMU_SRC) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
 	g++ -std=c++17 $(WARN) -O2 -g -Itests $(EMU_SRC) -o $@ $(LIBS)
 $(B)/tests-video: tests/test_video.c $(HDRS) | $(B)

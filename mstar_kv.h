@@ -28,6 +28,10 @@
                                  descriptor overrides them for that object.
      MSKV_ASSERT(x)              internal consistency checks (default: assert.h)
      MSKV_NO_THREADS             no threads: no internal lock, no worker threads
+     MSKV_DEBUG                  every arena runs with every debug check
+                                 (mskv_arena_desc.debug = MSKV_DEBUG_ALL, whatever
+                                 its descriptor says): poisoned free pages,
+                                 checksummed host copies
 
    Example:
        mskv_arena_desc d = {0};            // zero means defaults
@@ -109,6 +113,7 @@ typedef enum mskv_result {
     MSKV_ERROR_NO_RESERVATION = -23,   /* commit or abort without an open reservation */
     MSKV_ERROR_READ_ONLY = -24,        /* a sealed keyed entry, or a forbidden change to it */
     MSKV_ERROR_BAD_STATE = -25,        /* any other operation the request's state forbids */
+    MSKV_ERROR_STALE_PLAN = -26,       /* pages left a request's table after the plan was built (release, offload, remove, abort) */
     MSKV_ERROR_STALE_VIEW = -27,       /* a prefix view (dense K/V tagged with an epoch) taken before the request's prefix_epoch moved */
     /* resources */
     MSKV_ERROR_OUT_OF_PAGES = -40,     /* not enough free pages: nothing was allocated */
@@ -121,6 +126,7 @@ typedef enum mskv_result {
     MSKV_ERROR_BLOB_VERSION = -62,     /* written by an incompatible version */
     MSKV_ERROR_BLOB_MISMATCH = -63,    /* page size, layers, heads, dim or dtype differ from the arena */
     MSKV_ERROR_AUDIT_FAILED = -64,     /* an invariant does not hold (a library bug, or memory corruption) */
+    MSKV_ERROR_HOST_COPY_CORRUPT = -65, /* a host copy's bytes changed since offload or import (debug checksums) */
     /* platform */
     MSKV_ERROR_UNSUPPORTED = -80,
     MSKV_ERROR_THREAD = -81,
@@ -185,7 +191,9 @@ typedef void (*mskv_event_fn)(void *user, const mskv_event *event);
 /* Where the K/V bytes of pages live when they are not in the arena's own host
    store (the GPU layer provides this). Host copies use the page-major layout
    [page][layer][K then V][slot][kv_head][dim]. Every function is synchronous
-   with respect to the bytes it returns or consumes. */
+   with respect to the bytes it returns or consumes. fill_pages is optional
+   (debug poisoning: every byte of the pages, all layers, K and V, set to
+   `byte`; NULL = write_pages from a host record of that byte, page by page). */
 typedef struct mskv_store_ops {
     void *user;
     mskv_result (*read_pages)(void *user, const int32_t *pages, int32_t n, void *dst);
@@ -194,12 +202,31 @@ typedef struct mskv_store_ops {
     /* Optional (NULL: nothing runs asynchronously): return once no kernel or
        copy that may touch a page is still running (mskv_arena_flush). */
     mskv_result (*flush)(void *user);
+    /* Optional, debug poisoning only (see above). After flush: fields are
+       appended in the order they arrived, so positional initialisers of
+       older code stay valid. */
+    mskv_result (*fill_pages)(void *user, const int32_t *pages, int32_t n, unsigned char byte);
 } mskv_store_ops;
 
 typedef enum mskv_retire_mode {
     MSKV_RETIRE_IMMEDIATE = 0, /* freed pages are reusable at once (CPU backend) */
     MSKV_RETIRE_FENCED = 1     /* freed pages wait until mskv_arena_retire(fence) (GPU) */
 } mskv_retire_mode;
+
+/* Debug checks (mskv_arena_desc.debug; all of them with MSKV_DEBUG). With
+   none, nothing of them runs: no extra pass, allocation or copy.
+   POISON: a page that becomes free (after its fence) has every byte set to
+     MSKV_POISON_BYTE, which reads as NaN in f32, f16 and bf16, so a read
+     through a stale table shows; pages free at creation are poisoned too
+     (the null page stays zero). mskv_arena_audit_bytes then finds any write
+     into a free page.
+   CHECKSUMS: offload and import record a checksum of every page of the host
+     copy; reload (and export) verify them and refuse a copy whose bytes
+     changed (MSKV_ERROR_HOST_COPY_CORRUPT, nothing changes). */
+#define MSKV_DEBUG_POISON 1u
+#define MSKV_DEBUG_CHECKSUMS 2u
+#define MSKV_DEBUG_ALL 3u
+#define MSKV_POISON_BYTE 0xFFu   /* 0xFFFFFFFF (f32) and 0xFFFF (f16, bf16) are NaNs */
 
 typedef struct mskv_arena_desc {
     int32_t num_pages;      /* pages in all, including the null page 0; >= 2 */
@@ -223,6 +250,7 @@ typedef struct mskv_arena_desc {
     void *log_user;
     mskv_event_fn on_event;
     void *event_user;
+    uint32_t debug;                   /* MSKV_DEBUG_* checks (0 = none, unless MSKV_DEBUG) */
 } mskv_arena_desc;
 
 typedef struct mskv_arena_stats {
@@ -239,7 +267,9 @@ typedef struct mskv_arena_stats {
 } mskv_arena_stats;
 
 /* Creates an arena. Parameters: desc (zero fields = defaults), out.
-   Return value: MSKV_SUCCESS, or INVALID_ARGUMENT / OVERFLOW / OUT_OF_MEMORY.
+   Return value: MSKV_SUCCESS, or INVALID_ARGUMENT (any field out of its
+   domain, checked whatever the other fields say: a bad dtype without layers
+   too, store_ops missing a function) / OVERFLOW / OUT_OF_MEMORY.
    Thread safety: the arena's functions may be called from several threads. */
 MSKV_API mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out);
 MSKV_API void mskv_arena_destroy(mskv_arena *arena);
@@ -247,6 +277,13 @@ MSKV_API mskv_result mskv_arena_stats_get(mskv_arena *arena, mskv_arena_stats *o
 /* Checks every invariant; on failure returns MSKV_ERROR_AUDIT_FAILED and writes
    which one broke into why (why may be NULL). */
 MSKV_API mskv_result mskv_arena_audit(mskv_arena *arena, char *why, size_t why_cap);
+/* mskv_arena_audit, then the bytes the debug checks make checkable: every
+   free page still holds the poison (a write into a freed page is caught),
+   every host copy still matches its checksums. Reads every free page (through
+   store_ops for a device store) and every host copy: O(bytes), for tests and
+   debugging. Return value: SUCCESS, AUDIT_FAILED (why says which page),
+   UNSUPPORTED (the arena runs no debug check: there is nothing to compare). */
+MSKV_API mskv_result mskv_arena_audit_bytes(mskv_arena *arena, char *why, size_t why_cap);
 /* A hash of the whole bookkeeping state (pages, requests, reservations, host
    copies, keys): equal digests mean nothing changed. */
 MSKV_API uint64_t mskv_arena_digest(mskv_arena *arena);
@@ -419,19 +456,24 @@ MSKV_API mskv_result mskv_request_release_oldest_in_group(mskv_arena *arena, msk
    free the pages; only once the copy is complete. Token counts, prefix, released window and epoch are kept.
    Return value: OFFLOADED (already), RESERVATION_PENDING, READ_ONLY (keyed
    entry), OUT_OF_MEMORY, or the store ops' error (the request stays resident),
-   BAD_STATE (a lockstep member: mskv_lockstep_offload). */
+   BAD_STATE (a lockstep member: mskv_lockstep_offload).
+   With MSKV_DEBUG_CHECKSUMS a checksum of every page is kept with the copy. */
 MSKV_API mskv_result mskv_request_offload(mskv_arena *arena, mskv_request req);
 /* All or nothing: fresh pages (possibly other ids), bytes copied back,
    prefix_epoch moves, the host copy is freed. Return value: NOT_OFFLOADED,
-   OUT_OF_PAGES (nothing changes, the host copy stays), OUT_OF_MEMORY, or the
-   store ops' error (the request stays offloaded), BAD_STATE (a lockstep
-   member: mskv_lockstep_reload). */
+   OUT_OF_PAGES (nothing changes, the host copy stays), OUT_OF_MEMORY,
+   HOST_COPY_CORRUPT (MSKV_DEBUG_CHECKSUMS: a page of the host copy changed
+   since offload or import; nothing changes), or the store ops' error (the
+   request stays offloaded), BAD_STATE (a lockstep member:
+   mskv_lockstep_reload). */
 MSKV_API mskv_result mskv_request_reload(mskv_arena *arena, mskv_request req);
 /* Serialise a request (offloaded or resident, or a sealed keyed entry) into
    a versioned, checksummed, little-endian blob: geometry, token counts,
    prefix, released window, retention, key, and every page's bytes. buf may be
    NULL to query the size; *size always gets the size needed.
-   Return value: CAPACITY (cap < *size), RESERVATION_PENDING, OVERFLOW. */
+   Return value: CAPACITY (cap < *size), RESERVATION_PENDING, OVERFLOW,
+   HOST_COPY_CORRUPT (an offloaded request whose host copy changed, with
+   MSKV_DEBUG_CHECKSUMS: a blob signed over changed bytes would import). */
 MSKV_API mskv_result mskv_request_export(mskv_arena *arena, mskv_request req, void *buf, size_t cap, size_t *size);
 /* A new, offloaded request from a blob (possibly written by another process);
    reload it to use it. Return value: BLOB_TRUNCATED, BLOB_CORRUPT (magic,
@@ -458,16 +500,29 @@ typedef struct mskv_window {
 
 typedef struct mskv_decode_span {
     int64_t in_start, in_end;  /* units to decode: the commit span plus up to ctx units of left context */
-    int64_t trim;              /* leading outputs (in units) to drop: in's context part */
+    int64_t trim;              /* units of context in front of the commit span: commit_start - in_start */
 } mskv_decode_span;
 
-/* INVALID_SPEC unless total >= 0, window >= 1 and 0 <= overlap < window.
+/* INVALID_SPEC unless total >= 0, window >= 1 and 0 <= overlap < window;
+   OVERFLOW when the last (padded) window would end past INT64_MAX.
    count = number of windows (0 for total 0; the last one may be padded). */
 MSKV_API mskv_result mskv_schedule_init(mskv_schedule *s, int64_t total, int64_t window, int64_t overlap);
-/* Window k (0 <= k < count, else OUT_OF_RANGE). */
+/* Window k (0 <= k < count, else OUT_OF_RANGE). A schedule that
+   mskv_schedule_init would not have made (edited fields) is INVALID_SPEC,
+   or OVERFLOW as init would say. */
 MSKV_API mskv_result mskv_schedule_window(const mskv_schedule *s, int64_t k, mskv_window *out);
 /* What a causal decoder with ctx units of left context decodes for window k:
-   it decodes [in_start, in_end) and drops the first `trim` units of output. */
+   it decodes [in_start, in_end) as one stream and drops what the first
+   `trim` units produced. For a causal video decoder with temporal ratio r
+   (a stream's first latent frame gives 1 output frame, every later one r):
+   when trim > 0 drop the first 1 + r*(trim - 1) output frames; when
+   trim == 0 (window 0, in_start == 0) drop nothing. What remains is exactly
+   the whole stream's frames of the commit span: r*(commit_start - 1) + 1 ..
+   r*(commit_end - 1) (from 0 for window 0), so the windows' outputs
+   concatenate to the 1 + r*(total - 1) frames of one whole-stream decode,
+   provided ctx covers the decoder's left receptive field in latents (at
+   least 1: with ctx == 0 a later window's first latent would decode as a
+   stream start). */
 MSKV_API mskv_result mskv_schedule_decode_span(const mskv_schedule *s, int64_t k, int64_t ctx, mskv_decode_span *out);
 
 /* Chunk-window retention: keep `sink_chunks` leading chunks and the last
@@ -486,7 +541,15 @@ typedef struct mskv_retention {
    the reason goes into why (optional). */
 MSKV_API mskv_result mskv_retention_validate(const mskv_retention *r, int32_t page_size, char *why, size_t why_cap);
 /* Tokens after the sink that are no longer needed once num_computed tokens
-   exist: kept = [0, sink) + [sink + skipped, num_computed). Pure; 0 on an invalid policy. */
+   exist: kept = [0, sink) + [sink + skipped, num_computed); *out gets the
+   count (a whole number of chunks). Pure. Return value: SUCCESS,
+   NULL_POINTER (r or out), INVALID_SPEC (the policy is invalid:
+   mskv_retention_validate says why), INVALID_ARGUMENT (num_computed < 0);
+   *out is written only on success. */
+MSKV_API mskv_result mskv_skipped_tokens_get(const mskv_retention *r, int64_t num_computed, int64_t *out);
+/* Deprecated (0 used to mean both "nothing to skip" and "invalid"): the
+   same count, or a negative value, the mskv_result code of
+   mskv_skipped_tokens_get, when the call is invalid. */
 MSKV_API int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed);
 /* Bind a retention policy to a request (NULL clears it); publish applies it. */
 MSKV_API mskv_result mskv_request_set_retention(mskv_arena *arena, mskv_request req, const mskv_retention *r);
@@ -625,6 +688,14 @@ typedef struct mskv_plan {
     int32_t cap_batch, cap_tokens, cap_page_ids;
     uint64_t step;             /* the fence the plan was built in */
     void *owned;               /* set by mskv_plan_alloc */
+    /* Stale-plan check (mskv_plan_check), filled by mskv_plan_build: */
+    mskv_request *requests;    /* [batch] optional (mskv_plan_alloc provides it): each segment's request, so
+                                  only pages leaving these requests make the plan stale; NULL: any
+                                  request's pages leaving make it stale */
+    mskv_request cross;        /* a CROSS plan's keyed entry (its pages are the ones read); else 0 */
+    int32_t group;             /* the layer group whose tables were read (mskv_plan_desc.group) */
+    uint64_t generation;       /* the arena's page-table generation at build; 0 = never checked (a
+                                  plan not built by an arena, or a DENSE plan) */
     /* Optional (NULL = absent, the rules above); capacities cap_tokens and
        cap_batch. mskv_plan_build fills them when present, and needs them
        when the plan cannot do without (q_pos for PREFIX; the bounds for
@@ -643,12 +714,15 @@ MSKV_API mskv_result mskv_plan_query(mskv_arena *arena, const mskv_segment *segs
 /* Fills the plan's arrays for this step's segments. Return value: CAPACITY
    (nothing written) when a cap is too small, NULL_POINTER for a missing
    array (or a missing optional array the desc needs), OUT_OF_RANGE (a
-   segment has more queries than its sequence has tokens, or a derived RoPE
-   position does not fit in int32), OFFLOADED, BAD_STATE (CROSS against an
-   entry that is not a sealed keyed entry), INVALID_ARGUMENT (kind, pos_mode,
-   grid, visibility, bounds outside [0, INT32_MAX], explicit positions
-   without a pos_mode, exclude_prefix on another kind than SELF or with
-   bounds it cannot express). Nothing is written on failure. */
+   segment has more queries than its sequence has tokens, or a 1-D position
+   / 3-D frame does not fit in int32: positions are exact or refused, never
+   truncated), OVERFLOW (position + pos_shift - pos_offset does not fit in
+   int64), OFFLOADED, BAD_STATE (CROSS against an entry that is not a sealed
+   keyed entry), INVALID_ARGUMENT (kind, pos_mode, grid, visibility, bounds
+   outside [0, INT32_MAX], explicit positions without a pos_mode,
+   exclude_prefix on another kind than SELF or with bounds it cannot
+   express). mskv_plan_query returns the same codes. Nothing is written on
+   failure. */
 MSKV_API mskv_result mskv_plan_build(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *plan);
 /* Allocate arrays of the given capacities (through the arena's allocator). */
 MSKV_API mskv_result mskv_plan_alloc(mskv_arena *arena, int32_t cap_batch, int32_t cap_tokens, int32_t cap_page_ids, mskv_plan *plan);
@@ -660,6 +734,25 @@ MSKV_API void mskv_plan_free(mskv_arena *arena, mskv_plan *plan);
    are not negative). A dense sequence (no pages, kv_len > 0) is checked
    through kv_token_indptr instead. why gets the broken rule. */
 MSKV_API mskv_result mskv_plan_validate(const mskv_plan *plan, int32_t num_pages, char *why, size_t why_cap);
+/* Whether a plan built by mskv_plan_build still describes its requests'
+   pages. A plan is stale once pages left the table it read of one of its
+   requests (release, retention at publish, offload, abort, remove, reset,
+   make_room, the lockstep calls: those pages may now hold another request's
+   tokens); a request that only grew (admit, commit) keeps its plans valid.
+   Staleness is per request and per layer group: a plan of group g reads
+   only group g's tables, so pages leaving another group's table (that
+   group's retention, say) leave it valid, and so does another request's
+   loss. The arena counts every loss of pages from any table in one
+   generation, and each request's table per group remembers the generation
+   of its last loss: the check is one compare while nothing lost pages since
+   the build, else one per segment (plan->requests; without that array any
+   loss in the arena makes the plan stale). A plan with generation 0 (made by the caller,
+   or DENSE) is never stale. mskv_cpu_write_kv, mskv_cpu_attention and the
+   GPU wrappers call this first; check it yourself before handing a plan to
+   your own kernels. Return value: SUCCESS, STALE_PLAN (also for a removed
+   request, or a generation this arena never had), NULL_POINTER.
+   Thread safety: takes the arena's lock. */
+MSKV_API mskv_result mskv_plan_check(mskv_arena *arena, const mskv_plan *plan);
 
 /* Prefix views: the dense fast path keyed by prefix_epoch. A request's
    protected prefix (the prompt, the sink frames) is read every step and
@@ -924,7 +1017,8 @@ MSKV_API mskv_result mskv_cpu_info_get(const mskv_cpu *cpu, mskv_cpu_info *out);
    at plan->positions ([total_q] for 1-D, [total_q][3] for 3-D).
    Every slot is checked first (inside the pool, not the null page 0):
    OUT_OF_RANGE and nothing written otherwise. UNSUPPORTED when the arena has
-   no host pools. */
+   no host pools. STALE_PLAN when the plan's pages changed since it was
+   built (mskv_plan_check). */
 MSKV_API mskv_result mskv_cpu_write_kv(mskv_arena *arena, int32_t layer, const mskv_plan *plan, const void *k, const void *v, mskv_dtype src_dtype, const mskv_rope *rope);
 
 typedef enum mskv_mask {
@@ -951,7 +1045,11 @@ typedef struct mskv_attn {
    q_pos and the visibility bounds act as the mskv_plan comment says; keys hidden by the
    bounds are not read (a block never straddles a bound).
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (heads, dtype, mask,
-   an inconsistent plan), OUT_OF_RANGE (a page outside the pool),
+   an inconsistent plan: indptrs that decrease or pass total_q or
+   num_page_ids, which bound the arrays read), OUT_OF_RANGE (a page outside the pool),
+   OVERFLOW (a segment with 2^31 rows or more: queries x q_heads / kv_heads),
+   STALE_PLAN (pages left one of the plan's requests since it was built:
+   mskv_plan_check; the _pools form takes caller-made plans and never checks),
    UNSUPPORTED (no host pools). Nothing is written on failure. */
 MSKV_API mskv_result mskv_cpu_attention(mskv_cpu *cpu, mskv_arena *arena, int32_t layer, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
 
@@ -1005,7 +1103,9 @@ MSKV_API mskv_result mskv_cpu_attention_dense(mskv_cpu *cpu, const mskv_dense_kv
 
 /* Merge two partial results over disjoint key sets into (o, lse) over their union:
    [n][heads][head_dim] f32 and [n][heads]. Empty parts (lse = -inf) are neutral;
-   both empty gives o = 0, lse = -inf. o/lse may alias a or b. */
+   both empty gives o = 0, lse = -inf. o/lse may alias a or b.
+   Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (n < 0, heads or
+   head_dim < 1), OVERFLOW (n * heads * head_dim past int64). */
 MSKV_API mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, const float *o_a, const float *lse_a, const float *o_b, const float *lse_b, float *o, float *lse);
 
 #ifdef __cplusplus
@@ -1108,6 +1208,7 @@ MSKV_IMPL const char *mskv_result_string(mskv_result r) {
     case MSKV_ERROR_NO_RESERVATION: return "request has no open reservation";
     case MSKV_ERROR_READ_ONLY: return "keyed entry is read-only";
     case MSKV_ERROR_BAD_STATE: return "operation not allowed in the request's state";
+    case MSKV_ERROR_STALE_PLAN: return "stale plan: pages left one of its requests' tables since it was built";
     case MSKV_ERROR_STALE_VIEW: return "stale prefix view: the request's prefix_epoch moved since it was gathered";
     case MSKV_ERROR_OUT_OF_PAGES: return "out of pages";
     case MSKV_ERROR_OUT_OF_MEMORY: return "out of memory";
@@ -1118,6 +1219,7 @@ MSKV_IMPL const char *mskv_result_string(mskv_result r) {
     case MSKV_ERROR_BLOB_VERSION: return "blob version not supported";
     case MSKV_ERROR_BLOB_MISMATCH: return "blob layout differs from the arena";
     case MSKV_ERROR_AUDIT_FAILED: return "audit failed: an invariant does not hold";
+    case MSKV_ERROR_HOST_COPY_CORRUPT: return "a host copy changed since it was made (checksum mismatch)";
     case MSKV_ERROR_UNSUPPORTED: return "unsupported";
     case MSKV_ERROR_THREAD: return "thread error";
     case MSKV_ERROR_IO: return "I/O error";
@@ -1221,6 +1323,12 @@ static uint64_t mskv__hash_final(const mskv__hash *h) {
     for (i = 0; i < h->ntail; i++) x = mskv__rotl(x ^ (h->tail[i] * MSKV__H1), 11) * MSKV__H2;
     x ^= x >> 33; x *= 0xFF51AFD7ED558CCDull; x ^= x >> 33; x *= 0xC4CEB9FE1A85EC53ull; x ^= x >> 33;
     return x;
+}
+static uint64_t mskv__checksum(const void *p, size_t n) {
+    mskv__hash h;
+    mskv__hash_init(&h);
+    mskv__hash_update(&h, p, n);
+    return mskv__hash_final(&h);
 }
 static void mskv__hash_u64(mskv__hash *h, uint64_t v) {
     unsigned char b[8];
@@ -1370,6 +1478,7 @@ typedef struct mskv__tab {
     int32_t head, num_pages, cap_pages;
     int32_t host_pages;       /* offloaded: this group's records in the host copy */
     uint64_t epoch;
+    uint64_t shrunk;          /* the arena's generation when pages last left this table */
     uint8_t has_ret;
     mskv_retention retention;
 } mskv__tab;
@@ -1384,6 +1493,7 @@ typedef struct mskv__req {
     uint64_t last_admit;      /* the arena's admit count at its last admit; 0 = never */
     unsigned char *host;      /* offloaded copy: every group's records, group after group */
     size_t host_cap;          /* bytes allocated at host (it may be a larger reused block) */
+    uint64_t *sums;           /* MSKV_DEBUG_CHECKSUMS: a checksum per record of host, all groups */
     int32_t lock;             /* lockstep slot + 1; 0 = none */
     int32_t lock_next;        /* the next member's index; -1 after the last */
 } mskv__req;
@@ -1414,12 +1524,16 @@ struct mskv_arena {
     int32_t *pick;             /* make_room / lockstep calls: request indices, max_req entries */
     uint64_t step, completed, epoch_counter;
     uint64_t admits;           /* successful admit calls: the order make_room parks in */
+    uint64_t generation;       /* moves whenever pages leave any table of any request (plans record it) */
     int64_t offloaded_pages;
     mskv_store_info store;
     size_t record_bytes;       /* one page, all layers, K and V: num_layers * 2 * page_bytes */
     unsigned char **pools;     /* [layer*2 + kind] */
     unsigned char *spare;      /* one freed host copy kept for the next offload */
     size_t spare_cap;
+    uint32_t debug;            /* MSKV_DEBUG_* in force */
+    uint8_t *poisoned;         /* POISON: [num_pages], 1 while a free page holds the poison */
+    unsigned char *dbg_rec;    /* POISON: a record of poison, then a record of scratch for the audit */
     mskv__mutex lock;
     int lock_ok;
 };
@@ -1495,30 +1609,72 @@ static void mskv__fresh_lists(mskv_arena *a) {
     a->ls_free_top = a->max_ls;
 }
 
+/* Every field is checked on its own, whatever the others say (a dtype is a
+   dtype even when there is no host store to use it). */
+static mskv_result mskv__arena_desc_check(const mskv_arena_desc *d) {
+    if (d->num_pages < 2 || d->page_size < 1 || d->max_requests < 0 || d->max_requests > 65535 || d->num_layers < 0 ||
+        d->kv_heads < 0 || d->head_dim < 0 || mskv_dtype_size(d->dtype) == 0 || (unsigned)d->retire_mode > 1u ||
+        (d->num_layers > 0 && (d->kv_heads < 1 || d->head_dim < 1)) || d->num_groups < 0 || d->num_groups > MSKV_MAX_GROUPS ||
+        (d->store_ops && (!d->store_ops->read_pages || !d->store_ops->write_pages || !d->store_ops->copy_page)) ||
+        (d->debug & ~MSKV_DEBUG_ALL) != 0 ||
+        (d->allocator.alloc || d->allocator.realloc || d->allocator.free) !=
+            (d->allocator.alloc && d->allocator.realloc && d->allocator.free) ||
+        (d->host_allocator.alloc || d->host_allocator.realloc || d->host_allocator.free) !=
+            (d->host_allocator.alloc && d->host_allocator.realloc && d->host_allocator.free))
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    if ((int64_t)d->num_pages * d->page_size > ((int64_t)1 << 62)) return MSKV_ERROR_OVERFLOW;
+    if (d->num_layers > INT32_MAX / 2) return MSKV_ERROR_OVERFLOW;  /* pools are indexed layer * 2 + kind in int32 */
+    return MSKV_SUCCESS;
+}
+
+/* MSKV_DEBUG_POISON: pages that just became free get the poison in every
+   byte, and are marked so that mskv_arena_audit_bytes expects it there. A
+   store that fails to poison leaves its pages unmarked (and says so). */
+static void mskv__poison(mskv_arena *a, const int32_t *pages, int32_t n) {
+    const mskv_store_ops *ops = a->desc.store_ops;
+    int32_t i, l;
+    mskv_result r = MSKV_SUCCESS;
+    if (!(a->debug & MSKV_DEBUG_POISON) || n <= 0 || a->record_bytes == 0) return;
+    if (!ops) {
+        for (i = 0; i < n; i++) {
+            for (l = 0; l < a->store.num_layers * 2; l++)
+                memset(a->pools[l] + (size_t)pages[i] * a->store.page_bytes, (int)MSKV_POISON_BYTE, a->store.page_bytes);
+            a->poisoned[pages[i]] = 1;
+        }
+        return;
+    }
+    if (ops->fill_pages) {
+        r = ops->fill_pages(ops->user, pages, n, (unsigned char)MSKV_POISON_BYTE);
+        for (i = 0; i < n; i++) a->poisoned[pages[i]] = r == MSKV_SUCCESS;
+    } else {
+        for (i = 0; i < n; i++) {
+            mskv_result ri = ops->write_pages(ops->user, pages + i, 1, a->dbg_rec);
+            a->poisoned[pages[i]] = ri == MSKV_SUCCESS;
+            if (ri != MSKV_SUCCESS) r = ri;
+        }
+    }
+    if (r != MSKV_SUCCESS && a->desc.log) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "debug: poisoning freed pages failed (%s); the byte audit skips them", mskv_result_string(r));
+        a->desc.log(a->desc.log_user, MSKV_LOG_WARN, msg);
+    }
+}
+
 MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out) {
     mskv_arena *a;
     size_t n, sz, page_bytes = 0, pool_bytes = 0, rec = 0;
     int32_t i, nl;
+    mskv_result r;
     if (!desc || !out) return MSKV_ERROR_NULL_POINTER;
     *out = NULL;
-    if (desc->num_pages < 2 || desc->page_size < 1 || desc->max_requests < 0 || desc->max_requests > 65535 ||
-        desc->num_layers < 0 || (unsigned)desc->retire_mode > 1u ||
-        desc->num_groups < 0 || desc->num_groups > MSKV_MAX_GROUPS ||
-        (desc->allocator.alloc || desc->allocator.realloc || desc->allocator.free) !=
-            (desc->allocator.alloc && desc->allocator.realloc && desc->allocator.free) ||
-        (desc->host_allocator.alloc || desc->host_allocator.realloc || desc->host_allocator.free) !=
-            (desc->host_allocator.alloc && desc->host_allocator.realloc && desc->host_allocator.free))
-        return MSKV_ERROR_INVALID_ARGUMENT;
-    if ((int64_t)desc->num_pages * desc->page_size > ((int64_t)1 << 62)) return MSKV_ERROR_OVERFLOW;
+    if ((r = mskv__arena_desc_check(desc)) != MSKV_SUCCESS) return r;
     nl = desc->num_layers;
     if (nl > 0) {
-        if (desc->kv_heads < 1 || desc->head_dim < 1 || mskv_dtype_size(desc->dtype) == 0)
-            return MSKV_ERROR_INVALID_ARGUMENT;
         if (!mskv__mul((size_t)desc->kv_heads, (size_t)desc->head_dim, &sz) ||
             !mskv__mul(sz, mskv_dtype_size(desc->dtype), &sz) ||
             !mskv__mul(sz, (size_t)desc->page_size, &page_bytes) ||
             !mskv__mul(page_bytes, (size_t)desc->num_pages, &pool_bytes) ||
-            !mskv__mul(page_bytes, (size_t)nl * 2, &rec))
+            !mskv__mul(page_bytes, (size_t)nl * 2, &rec) || !mskv__mul(rec, 2, &sz) /* the debug records */)
             return MSKV_ERROR_OVERFLOW;
     }
     a = (mskv_arena *)mskv__alloc(&desc->allocator, sizeof *a);
@@ -1561,11 +1717,23 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
             }
         }
     }
+    /* zeroed before the check below: on a failure mskv_arena_destroy frees every request's tables and host copy */
     if (a->reqs) memset(a->reqs, 0, (size_t)a->max_req * sizeof(mskv__req));
     if (a->tabs) memset(a->tabs, 0, (size_t)a->max_req * (size_t)a->G * sizeof(mskv__tab));
+    a->debug = desc->debug;
+#ifdef MSKV_DEBUG
+    a->debug = MSKV_DEBUG_ALL;
+#endif
+    if (a->debug & MSKV_DEBUG_POISON) {
+        a->poisoned = (uint8_t *)mskv__alloc(&a->al, n);
+        a->dbg_rec = (unsigned char *)mskv__alloc(&a->al, rec * 2);   /* checked above */
+        if (a->poisoned) memset(a->poisoned, 0, n);
+        if (a->dbg_rec) memset(a->dbg_rec, (int)MSKV_POISON_BYTE, rec);
+    }
     if (!a->state || !a->refcount || !a->free_stack || !a->pend_page || !a->pend_fence || !a->scratch ||
         !a->reqs || !a->tabs || !a->req_free || !a->ls || !a->ls_free || !a->rank || !a->pick ||
-        (nl > 0 && !desc->store_ops && (!a->pools || !a->pools[nl * 2 - 1]))) {
+        (nl > 0 && !desc->store_ops && (!a->pools || !a->pools[nl * 2 - 1])) ||
+        ((a->debug & MSKV_DEBUG_POISON) && (!a->poisoned || !a->dbg_rec))) {
         a->store.num_layers = (a->pools ? nl : 0);
         mskv_arena_destroy(a);
         return MSKV_ERROR_OUT_OF_MEMORY;
@@ -1582,6 +1750,7 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     mskv__fresh_lists(a);   /* the stack pops page 1 first, then 2, ...: a fresh arena allocates in id order */
     a->step = 1;
     a->completed = 0;
+    a->generation = 1;   /* 0 in a plan means "not built by an arena" */
     a->store.num_layers = nl;
     a->store.kv_heads = nl ? desc->kv_heads : 0;
     a->store.head_dim = nl ? desc->head_dim : 0;
@@ -1593,6 +1762,7 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     a->store.page_bytes = page_bytes;
     a->store.pool_bytes = pool_bytes;
     a->record_bytes = rec;
+    if (a->debug & MSKV_DEBUG_POISON) mskv__poison(a, a->free_stack, a->free_top);
     *out = a;
     return MSKV_SUCCESS;
 }
@@ -1603,11 +1773,16 @@ MSKV_IMPL void mskv_arena_destroy(mskv_arena *a) {
     if (!a) return;
     al = a->al;
     if (a->reqs) {
-        for (i = 0; i < a->max_req; i++) mskv__free(mskv__hal(a), a->reqs[i].host);
+        for (i = 0; i < a->max_req; i++) {
+            mskv__free(mskv__hal(a), a->reqs[i].host);
+            mskv__free(&al, a->reqs[i].sums);
+        }
     }
     if (a->tabs) {
         for (i = 0; i < a->max_req * a->G; i++) mskv__free(&al, a->tabs[i].mem);
     }
+    mskv__free(&al, a->poisoned);
+    mskv__free(&al, a->dbg_rec);
     mskv__free(mskv__hal(a), a->spare);
     if (a->pools) {
         for (i = 0; i < a->store.num_layers * 2; i++) mskv__free(&al, a->pools[i]);
@@ -1637,6 +1812,7 @@ static void mskv__unref(mskv_arena *a, int32_t page) {
     if (a->desc.retire_mode == MSKV_RETIRE_IMMEDIATE) {
         a->state[page] = MSKV__PAGE_FREE;
         a->free_stack[a->free_top++] = page;
+        if (a->debug & MSKV_DEBUG_POISON) mskv__poison(a, &page, 1);
     } else {
         int32_t at = (a->pend_head + a->pend_count) % a->num_pages;
         a->state[page] = MSKV__PAGE_PENDING;
@@ -1656,6 +1832,7 @@ static mskv_result mskv__take(mskv_arena *a, int64_t n, int32_t *out) {
         int32_t p = a->free_stack[--a->free_top];
         a->state[p] = MSKV__PAGE_LIVE;
         a->refcount[p] = 1;
+        if (a->poisoned) a->poisoned[p] = 0;
         out[i] = p;
     }
     return MSKV_SUCCESS;
@@ -1668,6 +1845,8 @@ static void mskv__untake(mskv_arena *a, int64_t n, const int32_t *pages) {
         a->refcount[pages[i]] = 0;
         a->free_stack[a->free_top++] = pages[i];
     }
+    /* the failed step that took them may have written some bytes already */
+    if (a->debug & MSKV_DEBUG_POISON) mskv__poison(a, pages, (int32_t)n);
 }
 
 static mskv_result mskv__retire(mskv_arena *a, uint64_t completed) {
@@ -1675,6 +1854,7 @@ static mskv_result mskv__retire(mskv_arena *a, uint64_t completed) {
         int32_t p = a->pend_page[a->pend_head];
         a->state[p] = MSKV__PAGE_FREE;
         a->free_stack[a->free_top++] = p;
+        if (a->debug & MSKV_DEBUG_POISON) mskv__poison(a, &p, 1);   /* only now: a kernel may have read it until its fence */
         a->pend_head = (a->pend_head + 1) % a->num_pages;
         a->pend_count--;
     }
@@ -1806,7 +1986,8 @@ static mskv_request mskv__handle(const mskv_arena *a, int32_t ri) {
 static mskv_result mskv__reserve_table(mskv_arena *a, mskv__tab *t, int32_t need) {
     int32_t cap;
     int32_t *p;
-    if (t->head + need <= t->cap_pages) return MSKV_SUCCESS;
+    size_t bytes;
+    if ((int64_t)t->head + need <= t->cap_pages) return MSKV_SUCCESS;  /* need may be near INT32_MAX */
     if (t->head > 0) {
         if (t->num_pages) memmove(t->mem, t->pages, (size_t)t->num_pages * sizeof(int32_t));
         t->head = 0;
@@ -1815,7 +1996,8 @@ static mskv_result mskv__reserve_table(mskv_arena *a, mskv__tab *t, int32_t need
     }
     cap = t->cap_pages ? t->cap_pages : 8;
     while (cap < need) cap = cap > (1 << 29) ? need : cap * 2;
-    p = (int32_t *)mskv__realloc(&a->al, t->mem, (size_t)cap * sizeof(int32_t));
+    if (!mskv__mul((size_t)cap, sizeof(int32_t), &bytes)) return mskv__err(a, MSKV_ERROR_OVERFLOW, "page table of %d entries", (int)cap);
+    p = (int32_t *)mskv__realloc(&a->al, t->mem, bytes);
     if (!p) return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "page table of %d entries", (int)cap);
     t->mem = t->pages = p;
     t->cap_pages = cap;
@@ -1873,6 +2055,8 @@ static void mskv__del_req(mskv_arena *a, int32_t ri) {
     MSKV_ASSERT(q->lock == 0);
     mskv__drop_all(a, ri);
     mskv__host_put(a, q->host, q->host_cap);
+    mskv__free(&a->al, q->sums);
+    q->sums = NULL;
     for (g = 0; g < a->G; g++) {
         a->offloaded_pages -= q->t[g].host_pages;
         q->t[g].host_pages = 0;
@@ -1899,6 +2083,8 @@ static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t g, int32_t from,
     mskv__tab *t = &a->reqs[ri].t[g];
     int32_t i, after;
     if (count <= 0) return;
+    /* the one place pages leave a table: plans built before now that read them are stale */
+    t->shrunk = ++a->generation;
     for (i = from; a->desc.on_event && i < from + count; i++)
         mskv__emit(a, MSKV_EVENT_PAGE_REMOVED, ri, g, t->pages[i], mskv__entry_pos(a, t, i));
     for (i = from + count - 1; i >= from; i--) mskv__unref(a, t->pages[i]);
@@ -2297,6 +2483,26 @@ static mskv_result mskv__read_request(mskv_arena *a, const mskv__req *q, unsigne
     return r;
 }
 
+/* MSKV_DEBUG_CHECKSUMS: one checksum per record of a host copy (every
+   group's records), taken when the copy is made and compared before its
+   bytes are used again. */
+static uint64_t *mskv__sums_of(mskv_arena *a, const unsigned char *host, int64_t n) {
+    uint64_t *sums;
+    size_t bytes;
+    int64_t i;
+    if (!mskv__mul((size_t)n, sizeof(uint64_t), &bytes)) return NULL;
+    sums = (uint64_t *)mskv__alloc(&a->al, bytes);
+    for (i = 0; sums && i < n; i++) sums[i] = mskv__checksum(host + (size_t)i * a->record_bytes, a->record_bytes);
+    return sums;
+}
+/* The first record of offloaded q's host copy whose bytes changed; -1 when none (or no sums). */
+static int64_t mskv__sums_bad(const mskv_arena *a, const mskv__req *q) {
+    int64_t i, n = q->sums ? mskv__held_pages(a, q) : 0;
+    for (i = 0; i < n; i++)
+        if (mskv__checksum(q->host + (size_t)i * a->record_bytes, a->record_bytes) != q->sums[i]) return i;
+    return -1;
+}
+
 /* Parking (offload) of the requests idx[0..n) is all or nothing, in two
    phases. Copy: each request's pages go into a host buffer, held in its host
    field while it stays resident; on any failure every buffer goes back (the
@@ -2317,11 +2523,18 @@ static mskv_result mskv__park_copy(mskv_arena *a, const int32_t *idx, int32_t n,
         if (!q->host) { r = mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "%s: %zu host bytes", what, bytes); break; }
         r = mskv__read_request(a, q, q->host);
         if (r != MSKV_SUCCESS) { i++; r = mskv__err(a, r, "%s: reading pages failed, the requests stay resident", what); break; }
+        if ((a->debug & MSKV_DEBUG_CHECKSUMS) && !(q->sums = mskv__sums_of(a, q->host, mskv__held_pages(a, q)))) {
+            i++;
+            r = mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "%s: the host copy's checksums", what);
+            break;
+        }
     }
     if (r == MSKV_SUCCESS) return r;
     for (j = 0; j < i; j++) {
         mskv__req *q = &a->reqs[idx[j]];
         if (q->host && q->host != spare) mskv__free(mskv__hal(a), q->host);
+        mskv__free(&a->al, q->sums);
+        q->sums = NULL;
         q->host = NULL;
         q->host_cap = 0;
     }
@@ -2351,7 +2564,14 @@ static mskv_result mskv__unpark(mskv_arena *a, const int32_t *idx, int32_t n, co
     int64_t need = 0;
     int32_t i, g;
     mskv_result r = MSKV_SUCCESS;
-    for (i = 0; i < n; i++) need += mskv__held_pages(a, &a->reqs[idx[i]]);
+    for (i = 0; i < n; i++) {
+        const mskv__req *q = &a->reqs[idx[i]];
+        int64_t bad = q->sums ? mskv__sums_bad(a, q) : -1;
+        if (bad >= 0)
+            return mskv__err(a, MSKV_ERROR_HOST_COPY_CORRUPT, "%s: page %lld of a host copy changed since it was made", what,
+                             (long long)bad);
+        need += mskv__held_pages(a, q);
+    }
     /* out of pages is the common failure: find it before growing the tables */
     if (need > a->free_top)
         return mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "%s: need %lld pages, %d free (%d pending)", what, (long long)need,
@@ -2389,6 +2609,8 @@ static mskv_result mskv__unpark(mskv_arena *a, const int32_t *idx, int32_t n, co
             q->t[g].epoch = a->epoch_counter;
         }
         mskv__host_put(a, q->host, q->host_cap);
+        mskv__free(&a->al, q->sums);
+        q->sums = NULL;
         q->host = NULL;
         q->host_cap = 0;
         q->location = MSKV_RESIDENT;
@@ -2482,12 +2704,6 @@ static void mskv__put64(unsigned char *p, uint64_t v) { int i; for (i = 0; i < 8
 static uint32_t mskv__get32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t mskv__get64(const unsigned char *p) { return mskv__rd64(p); }
 
-static uint64_t mskv__checksum(const void *p, size_t n) {
-    mskv__hash h;
-    mskv__hash_init(&h);
-    mskv__hash_update(&h, p, n);
-    return mskv__hash_final(&h);
-}
 
 static void mskv__put_retention(unsigned char *p, const mskv_retention *r) {
     mskv__put64(p, (uint64_t)r->chunk_size);
@@ -2550,6 +2766,7 @@ static void mskv__blob_header_write(const mskv_arena *a, const mskv__req *q, uns
 
 MSKV_IMPL mskv_result mskv_request_export(mskv_arena *a, mskv_request h, void *buf, size_t cap, size_t *size) {
     int32_t ri;
+    int64_t bad;
     const mskv__req *q;
     size_t payload, total, hdr;
     unsigned char *b = (unsigned char *)buf;
@@ -2560,6 +2777,10 @@ MSKV_IMPL mskv_result mskv_request_export(mskv_arena *a, mskv_request h, void *b
     q = &a->reqs[ri];
     hdr = mskv__blob_header_v(a->G, mskv__blob_version_of(a, q));
     if (q->has_res) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "export: commit or abort first"); }
+    if (buf && q->location == MSKV_OFFLOADED && q->sums && (bad = mskv__sums_bad(a, q)) >= 0) {
+        MSKV__UNLOCK(a);   /* a signed blob of changed bytes would import as valid */
+        return mskv__err(a, MSKV_ERROR_HOST_COPY_CORRUPT, "export: page %lld of the host copy changed since it was made", (long long)bad);
+    }
     if (!mskv__mul((size_t)mskv__held_pages(a, q), a->record_bytes, &payload) || !mskv__add(payload, hdr + 8, &total)) {
         MSKV__UNLOCK(a);
         return MSKV_ERROR_OVERFLOW;
@@ -2587,17 +2808,25 @@ static int32_t mskv__find_key(const mskv_arena *a, uint64_t key) {
 
 static mskv_result mskv__retention_check(const mskv_retention *r, int32_t page_size, char *why, size_t cap);
 
+static int mskv__all_zero(const unsigned char *p, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (p[i]) return 0;
+    return 1;
+}
+
 /* One group's part of a blob header, as read. */
 typedef struct mskv__blob_group { uint32_t n, pp, flags; int64_t prefix, live, rp; mskv_retention ret; } mskv__blob_group;
 
 static void mskv__blob_group_read(const unsigned char *b, int32_t g, mskv__blob_group *o) {
+    const unsigned char *ret;
     if (g == 0) {
         o->n = mskv__get32(b + 44);
         o->flags = mskv__get32(b + 48) & 4u;
         o->pp = mskv__get32(b + 52);
         o->prefix = (int64_t)mskv__get64(b + 64);
         o->live = (int64_t)mskv__get64(b + 72);
-        mskv__get_retention(b + 88, &o->ret);
+        ret = b + 88;
     } else {
         const unsigned char *p = b + MSKV__BLOB_HEADER + 8 + MSKV__BLOB_GROUP * (size_t)(g - 1);
         o->n = mskv__get32(p);
@@ -2605,9 +2834,13 @@ static void mskv__blob_group_read(const unsigned char *b, int32_t g, mskv__blob_
         o->flags = mskv__get32(p + 8);
         o->prefix = (int64_t)mskv__get64(p + 16);
         o->live = (int64_t)mskv__get64(p + 24);
-        mskv__get_retention(p + 32, &o->ret);
+        ret = p + 32;
         if (mskv__get32(p + 12) != 0) o->flags |= 0x80000000u;   /* reserved field: must be 0 */
     }
+    mskv__get_retention(ret, &o->ret);
+    /* a retention its flags leave unused was written as zero: anything else
+       is not our blob (and was never validated, whatever arithmetic it would feed) */
+    if (!(o->flags & 4u) && !mskv__all_zero(ret, 32)) o->flags |= 0x80000000u;
 }
 
 /* A group's state is one this library could have written (a valid checksum
@@ -2641,6 +2874,7 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     mskv__req *q;
     unsigned char *host = NULL;
     mskv__blob_group grp[MSKV_MAX_GROUPS];
+    uint64_t *sums = NULL;
     if (!a || !blob || !out) return MSKV_ERROR_NULL_POINTER;
     if (size < MSKV__BLOB_HEADER + 8) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "import: %zu bytes is shorter than a header", size);
     if (memcmp(b, "MSKVBLOB", 8) != 0) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: bad magic");
@@ -2672,6 +2906,8 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     if (committed < 0 || committed > INT32_MAX || published < 0 || published > committed ||
         (flags & ~7u) != 0 || (flags & 1u) != ((flags >> 1) & 1u) /* only sealed keyed entries export */)
         return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: inconsistent header");
+    if (!(flags & 1u) && !mskv__all_zero(b + 120, 8))   /* the key of a request that is not keyed was written as zero */
+        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: a field its flags leave unused is not zero");
     pos_at = b + MSKV__BLOB_HEADER + 8 + MSKV__BLOB_GROUP * (size_t)(blob_groups - 1);
     pos_shift = version == MSKV__BLOB_VERSION_POSITIONS ? (int64_t)mskv__get64(pos_at) : 0;
     if (pos_shift > INT32_MAX || pos_shift < -(int64_t)INT32_MAX || ((flags & 1u) && pos_shift != 0))
@@ -2684,7 +2920,7 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
         if (!mskv__blob_group_ok(a, &grp[g], committed, flags) || !mskv__mul((size_t)grp[g].n, a->record_bytes, &bytes) ||
             !mskv__add(payload, bytes, &payload))
             return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: inconsistent header (layer group %d)", (int)g);
-        grp[g].ret.window_tokens = grp[g].ret.window_chunks * grp[g].ret.chunk_size;
+        if (grp[g].flags & 4u) grp[g].ret.window_tokens = grp[g].ret.window_chunks * grp[g].ret.chunk_size; /* bounded by the check */
     }
     if (!mskv__add(payload, hdr_want + 8, &sum) || sum != total)
         return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: page count does not match the size");
@@ -2697,16 +2933,23 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
         host = (unsigned char *)mskv__alloc(mskv__hal(a), payload);
         if (!host) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "import: %zu host bytes", payload); }
         memcpy(host, b + hdr_want, payload);
+        if ((a->debug & MSKV_DEBUG_CHECKSUMS) && !(sums = mskv__sums_of(a, host, (int64_t)(payload / a->record_bytes)))) {
+            mskv__free(mskv__hal(a), host);
+            MSKV__UNLOCK(a);
+            return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "import: the host copy's checksums");
+        }
     }
     ri = mskv__new_req(a);
     if (ri < 0) {
         mskv__free(mskv__hal(a), host);
+        mskv__free(&a->al, sums);
         MSKV__UNLOCK(a);
         return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "import: no request slot");
     }
     q = &a->reqs[ri];
     q->location = MSKV_OFFLOADED;
     q->host = host;
+    q->sums = sums;
     q->host_cap = payload;
     q->committed = committed;
     q->published = published;
@@ -2733,22 +2976,30 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
 /* // >>windows (implementation) ------------------------------------------ */
 
 MSKV_IMPL mskv_result mskv_schedule_init(mskv_schedule *s, int64_t total, int64_t window, int64_t overlap) {
+    int64_t stride, count;
     if (!s) return MSKV_ERROR_NULL_POINTER;
     if (total < 0 || window < 1 || overlap < 0 || overlap >= window) return MSKV_ERROR_INVALID_SPEC;
+    stride = window - overlap;
+    if (total == 0) count = 0;
+    else if (total <= window) count = 1;
+    else count = 1 + (total - window + stride - 1) / stride;   /* the sum is below total: no overflow */
+    /* the last window starts before total (so its start fits), but it may end past INT64_MAX */
+    if (count > 0 && (count - 1) * stride > INT64_MAX - window) return MSKV_ERROR_OVERFLOW;
     s->total = total;
     s->window = window;
     s->overlap = overlap;
-    s->stride = window - overlap;
-    if (total == 0) s->count = 0;
-    else if (total <= window) s->count = 1;
-    else s->count = 1 + (total - window + s->stride - 1) / s->stride;
+    s->stride = stride;
+    s->count = count;
     return MSKV_SUCCESS;
 }
 
 MSKV_IMPL mskv_result mskv_schedule_window(const mskv_schedule *s, int64_t k, mskv_window *w) {
+    mskv_schedule chk;
+    mskv_result r;
     if (!s || !w) return MSKV_ERROR_NULL_POINTER;
-    if (s->window < 1 || s->overlap < 0 || s->overlap >= s->window || s->stride != s->window - s->overlap)
-        return MSKV_ERROR_INVALID_SPEC;
+    /* the struct is the caller's: only a schedule schedule_init would make is safe to compute with */
+    if ((r = mskv_schedule_init(&chk, s->total, s->window, s->overlap)) != MSKV_SUCCESS) return r;
+    if (chk.stride != s->stride || chk.count != s->count) return MSKV_ERROR_INVALID_SPEC;
     if (k < 0 || k >= s->count) return MSKV_ERROR_OUT_OF_RANGE;
     w->index = k;
     w->start = k * s->stride;
@@ -2806,16 +3057,26 @@ MSKV_IMPL mskv_result mskv_retention_validate(const mskv_retention *r, int32_t p
     return mskv__retention_check(r, page_size, why, cap);
 }
 
-MSKV_IMPL int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed) {
+MSKV_IMPL mskv_result mskv_skipped_tokens_get(const mskv_retention *r, int64_t num_computed, int64_t *out) {
     int64_t sink, after, raw;
-    if (mskv__retention_check(r, 0, NULL, 0) != MSKV_SUCCESS || num_computed < 0) return 0;
+    mskv_result res;
+    if (!r || !out) return MSKV_ERROR_NULL_POINTER;
+    if ((res = mskv__retention_check(r, 0, NULL, 0)) != MSKV_SUCCESS) return res;
+    if (num_computed < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    /* a valid policy bounds chunk (2^40) and chunk counts (2^20): these products fit */
     sink = r->sink_chunks * r->chunk_size;
-    if (num_computed <= sink) return 0;
     after = num_computed - sink;
-    if (r->reset_at_boundary) return after / r->chunk_size * r->chunk_size;
-    raw = after - r->window_chunks * r->chunk_size;
-    if (raw <= 0) return 0;
-    return raw / r->chunk_size * r->chunk_size;
+    if (after <= 0) raw = 0;
+    else if (r->reset_at_boundary) raw = after;
+    else raw = after - r->window_chunks * r->chunk_size;
+    *out = raw <= 0 ? 0 : raw / r->chunk_size * r->chunk_size;
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed) {
+    int64_t n = 0;
+    mskv_result res = mskv_skipped_tokens_get(r, num_computed, &n);
+    return res == MSKV_SUCCESS ? n : (int64_t)res;
 }
 
 MSKV_IMPL mskv_result mskv_request_set_retention_in_group(mskv_arena *a, mskv_request h, int32_t g, const mskv_retention *r) {
@@ -3019,11 +3280,12 @@ static void mskv__apply_retention(mskv_arena *a, int32_t ri, int32_t g) {
     mskv__req *q = &a->reqs[ri];
     mskv__tab *t = &q->t[g];
     const mskv_retention *rt = &t->retention;
-    int64_t sink = rt->sink_chunks * rt->chunk_size, keep_from, live;
+    int64_t sink = rt->sink_chunks * rt->chunk_size, keep_from, live, skip = 0;
     if (q->committed >= sink && t->prefix_tokens < sink && t->live_start <= (int64_t)t->prefix_pages * a->P)
         (void)mskv__protect(a, ri, g, sink);
     if (t->prefix_tokens < sink) return; /* the sink is not complete (or not protectable): nothing may go yet */
-    keep_from = sink + mskv_skipped_tokens(rt, q->committed);
+    if (mskv_skipped_tokens_get(rt, q->committed, &skip) != MSKV_SUCCESS) return; /* validated when bound: cannot happen */
+    keep_from = sink + skip;
     live = q->committed - t->live_start;
     if (keep_from > t->live_start && live > 0)
         (void)mskv__release(a, ri, g, keep_from - t->live_start < live ? keep_from - t->live_start : live);
@@ -3065,9 +3327,13 @@ MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int3
 
 /* Plans */
 
-static int64_t mskv__floordiv(int64_t x, int64_t d) { return x >= 0 ? x / d : -((-(x + 1)) / d) - 1; }
+/* floor(x / d) for d >= 1 and every int64 x */
+static int64_t mskv__floordiv(int64_t x, int64_t d) {
+    int64_t q = x / d;
+    return x % d != 0 && x < 0 ? q - 1 : q;
+}
 
-/* Absolute position of compacted index j of group table t. */
+/* Absolute position of compacted index j of a request's stream in group table t. */
 static int64_t mskv__abs_pos(const mskv_arena *a, const mskv__tab *t, int64_t j) {
     int64_t split = (int64_t)t->prefix_pages * a->P;
     return j < split ? j : j + (t->live_start - split);
@@ -3075,7 +3341,8 @@ static int64_t mskv__abs_pos(const mskv_arena *a, const mskv__tab *t, int64_t j)
 
 /* A derived RoPE position (pos = absolute + the request's pos_shift) minus
    pos_offset must be exact: OVERFLOW when that does not fit in 64 bits,
-   OUT_OF_RANGE when the 1-D position or the 3-D frame does not fit in int32. */
+   OUT_OF_RANGE when the 1-D position or the 3-D frame does not fit in int32
+   (rows and columns always do). */
 static mskv_result mskv__pos_check(mskv_arena *a, const mskv_plan_desc *d, int64_t pos, int32_t seg) {
     int64_t rel, v;
     if (d->pos_mode == MSKV_POS_NONE) return MSKV_SUCCESS;
@@ -3314,6 +3581,11 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
     p->page_size = a->P;
     p->step = a->step;
     p->features = 0;
+    p->generation = desc->kind == MSKV_PLAN_DENSE || desc->kind == MSKV_PLAN_PREFIX ? 0 : a->generation;   /* dense plans read no pages */
+    p->cross.id = desc->kind == MSKV_PLAN_CROSS ? desc->cross.id : 0;
+    p->group = desc->group;
+    if (p->requests && desc->kind != MSKV_PLAN_DENSE)   /* cap_batch entries, checked above */
+        for (b = 0; b < n; b++) p->requests[b] = segs[b].request;
     p->qo_indptr[0] = 0;
     p->kv_indptr[0] = 0;
     p->kv_token_indptr[0] = 0;
@@ -3345,9 +3617,9 @@ MSKV_IMPL mskv_result mskv_plan_alloc(mskv_arena *a, int32_t cap_batch, int32_t 
     t = (size_t)cap_tokens;
     ids = (size_t)cap_page_ids;
     /* 8-byte arrays first, then 4-byte ones: natural alignment without padding.
-       Elements: (b + 1) + t eights; 2 (b + 1) + ids + 6 b + 4 t fours.
-       Checked: with a 32-bit size_t they overflow. */
-    if (!mskv__add(b + 1, t, &eights) || !mskv__mul(eights, 8, &eights) || !mskv__mul(b, 8, &fours) ||
+       Elements: (b + 1) + t eights; 2 (b + 1) + ids + 7 b + 4 t fours (the
+       requests' handles are 4 bytes). Checked: with a 32-bit size_t they overflow. */
+    if (!mskv__add(b + 1, t, &eights) || !mskv__mul(eights, 8, &eights) || !mskv__mul(b, 9, &fours) ||
         !mskv__add(fours, 2, &fours) || !mskv__add(fours, ids, &fours) || !mskv__mul(t, 4, &total) ||
         !mskv__add(fours, total, &fours) || !mskv__mul(fours, 4, &fours) || !mskv__add(eights, fours, &total))
         return mskv__err(a, MSKV_ERROR_OVERFLOW, "plan_alloc: capacities %d, %d, %d", (int)cap_batch, (int)cap_tokens, (int)cap_page_ids);
@@ -3364,6 +3636,7 @@ MSKV_IMPL mskv_result mskv_plan_alloc(mskv_arena *a, int32_t cap_batch, int32_t 
     p->kv_len = (int32_t *)(void *)(mem + off); off += b * 4;
     p->kv_pos_split = (int32_t *)(void *)(mem + off); off += b * 4;
     p->kv_pos_shift = (int32_t *)(void *)(mem + off); off += b * 4;
+    p->requests = (mskv_request *)(void *)(mem + off); off += b * sizeof(mskv_request);
     p->vis_sink_end = (int32_t *)(void *)(mem + off); off += b * 4;
     p->vis_window_start = (int32_t *)(void *)(mem + off); off += b * 4;
     p->positions = (int32_t *)(void *)(mem + off); off += t * 4 * 3;
@@ -3418,10 +3691,14 @@ MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, 
         MSKV__BAD("a plan array is NULL");
     if (p->qo_indptr[0] != 0 || p->kv_indptr[0] != 0) MSKV__BAD("indptr[0] must be 0");
     for (b = 0; b < p->batch; b++) {
-        int32_t np = p->kv_indptr[b + 1] - p->kv_indptr[b], last = p->kv_last_page_len[b];
+        int64_t np = (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
+        int32_t last = p->kv_last_page_len[b];
         if (p->qo_indptr[b + 1] < p->qo_indptr[b]) MSKV__BAD("qo_indptr decreases at %d", (int)b);
         if (np < 0) MSKV__BAD("kv_indptr decreases at %d", (int)b);
         if (p->kv_len[b] < 0) MSKV__BAD("kv_len[%d] is negative", (int)b);
+        /* kv_indices holds num_page_ids ids: nothing past them is read */
+        if (p->kv_indptr[b + 1] > p->num_page_ids)
+            MSKV__BAD("kv_indptr[%d] = %d is past num_page_ids %d", (int)b + 1, (int)p->kv_indptr[b + 1], (int)p->num_page_ids);
         if (np > 0 && (last < 1 || last > P)) MSKV__BAD("kv_last_page_len[%d] = %d outside [1, %d]", (int)b, (int)last, (int)P);
         if (np == 0 && last != 0) MSKV__BAD("kv_last_page_len[%d] = %d for a sequence without pages", (int)b, (int)last);
         if (np > 0 && (int64_t)p->kv_len[b] != (int64_t)(np - 1) * P + last) MSKV__BAD("kv_len[%d] = %d does not match its pages", (int)b, (int)p->kv_len[b]);
@@ -3445,6 +3722,31 @@ MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, 
     if ((r = mskv__plan_validate_extras(p, why, cap)) != MSKV_SUCCESS) return r;
     mskv__why(why, cap, "ok");
     return MSKV_SUCCESS;
+}
+
+/* A request a plan reads: still there, and no page left its group-g table since generation gen. */
+static int mskv__plan_req_current(const mskv_arena *a, mskv_request h, int32_t g, uint64_t gen) {
+    int32_t ri = mskv__lookup(a, h);
+    return ri >= 0 && a->reqs[ri].t[g].shrunk <= gen;
+}
+
+MSKV_IMPL mskv_result mskv_plan_check(mskv_arena *a, const mskv_plan *p) {
+    int ok = 1;
+    int32_t b;
+    if (!a || !p) return MSKV_ERROR_NULL_POINTER;
+    if (p->generation == 0) return MSKV_SUCCESS;
+    MSKV__LOCK(a);
+    if (p->generation != a->generation) {   /* something lost pages since the build: whose? */
+        if (p->generation > a->generation || p->group < 0 || p->group >= a->G) ok = 0;   /* not a plan of this arena */
+        else if (p->cross.id) ok = mskv__plan_req_current(a, p->cross, p->group, p->generation);
+        else if (!p->requests) ok = 0;
+        else
+            for (b = 0; ok && b < p->batch; b++) ok = mskv__plan_req_current(a, p->requests[b], p->group, p->generation);
+    }
+    MSKV__UNLOCK(a);
+    return ok ? MSKV_SUCCESS
+              : mskv__err(a, MSKV_ERROR_STALE_PLAN, "plan built at generation %llu is stale: pages left one of its requests since",
+                          (unsigned long long)p->generation);
 }
 
 /* Prefix views */
@@ -4150,6 +4452,44 @@ done:
     return r;
 }
 
+MSKV_IMPL mskv_result mskv_arena_audit_bytes(mskv_arena *a, char *why, size_t cap) {
+    mskv_result r;
+    int32_t p, i;
+    size_t k;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    if ((r = mskv_arena_audit(a, why, cap)) != MSKV_SUCCESS) return r;
+    if (!a->debug) {
+        mskv__why(why, cap, "the arena runs no debug check (mskv_arena_desc.debug, MSKV_DEBUG)");
+        return MSKV_ERROR_UNSUPPORTED;
+    }
+    MSKV__LOCK(a);
+    for (p = 1; r == MSKV_SUCCESS && (a->debug & MSKV_DEBUG_POISON) && a->record_bytes && p < a->num_pages; p++) {
+        unsigned char *rec = a->dbg_rec + a->record_bytes;
+        if (a->state[p] != MSKV__PAGE_FREE || !a->poisoned[p]) continue;
+        if ((r = mskv__read_pages(a, &p, 1, rec)) != MSKV_SUCCESS) {   /* a device store's through its ops */
+            mskv__why(why, cap, "reading free page %d failed: %s", (int)p, mskv_result_string(r));
+            break;
+        }
+        for (k = 0; k < a->record_bytes; k++)
+            if (rec[k] != MSKV_POISON_BYTE) {
+                mskv__why(why, cap, "free page %d was written after it was freed (byte %zu of layer %zu %s)", (int)p,
+                          k % a->store.page_bytes, k / a->store.page_bytes / 2, (k / a->store.page_bytes) % 2 ? "V" : "K");
+                r = MSKV_ERROR_AUDIT_FAILED;
+                break;
+            }
+    }
+    for (i = 0; r == MSKV_SUCCESS && (a->debug & MSKV_DEBUG_CHECKSUMS) && i < a->max_req; i++) {
+        int64_t bad = a->reqs[i].used ? mskv__sums_bad(a, &a->reqs[i]) : -1;
+        if (bad >= 0) {
+            mskv__why(why, cap, "request %d: page %lld of its host copy changed since it was made", (int)i, (long long)bad);
+            r = MSKV_ERROR_AUDIT_FAILED;
+        }
+    }
+    if (r == MSKV_SUCCESS) mskv__why(why, cap, "ok");
+    MSKV__UNLOCK(a);
+    return r;
+}
+
 MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
     mskv__hash h;
     int32_t i;
@@ -4160,6 +4500,7 @@ MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
     mskv__hash_u64(&h, a->completed);
     mskv__hash_u64(&h, a->epoch_counter);
     mskv__hash_u64(&h, a->admits);
+    mskv__hash_u64(&h, a->generation);
     mskv__hash_u64(&h, (uint64_t)a->free_top);
     mskv__hash_update(&h, a->free_stack, (size_t)a->free_top * sizeof(int32_t));
     for (i = 0; i < a->pend_count; i++) {
@@ -4194,6 +4535,7 @@ MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
             mskv__hash_u64(&h, (uint64_t)t->release_point);
             mskv__hash_u64(&h, (uint64_t)t->prefix_pages);
             mskv__hash_u64(&h, t->epoch);
+            mskv__hash_u64(&h, t->shrunk);
             mskv__hash_u64(&h, t->has_ret);
             mskv__hash_update(&h, &t->retention, sizeof t->retention);
             mskv__hash_u64(&h, (uint64_t)t->num_pages);
@@ -4508,6 +4850,7 @@ MSKV_IMPL mskv_result mskv_cpu_write_kv(mskv_arena *arena, int32_t layer, const 
     if (!arena || !plan) return MSKV_ERROR_NULL_POINTER;
     if ((res = mskv_store_info_get(arena, &si)) != MSKV_SUCCESS) return res;
     if (layer < 0 || layer >= si.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
+    if ((res = mskv_plan_check(arena, plan)) != MSKV_SUCCESS) return res;
     kp = mskv_store_pool(arena, layer, 0);
     vp = mskv_store_pool(arena, layer, 1);
     if (!kp || !vp) return MSKV_ERROR_UNSUPPORTED; /* bookkeeping-only arena, or bytes live elsewhere */
@@ -4523,6 +4866,7 @@ MSKV_IMPL mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim,
     int64_t r, rows;
     int32_t d;
     if (n < 0 || heads <= 0 || head_dim <= 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (n > INT64_MAX / heads / head_dim) return MSKV_ERROR_OVERFLOW;  /* elements are counted in int64 */
     if (n == 0) return MSKV_SUCCESS;
     if (!o_a || !lse_a || !o_b || !lse_b || !o || !lse) return MSKV_ERROR_NULL_POINTER;
     rows = n * heads;
@@ -6179,20 +6523,19 @@ static void mskv__cpu_attn_task(void *ctx, mskv__cpu_ws *ws) {
     while (mskv__cpu_next(job, &w)) mskv__cpu_item(job, ws, &w);
 }
 
-/* The plan's checks shared by the paged and dense paths: indptrs, counts,
-   the position map, and queries without a position for a masked call. */
-static mskv_result mskv__cpu_check_segments(const mskv_plan *plan, const mskv_attn *attn, double *work) {
+/* The plan's checks shared by the paged and dense paths, per segment: counts,
+   rows that fit in int32, the position map, and queries without a position
+   for a masked call. The callers checked the arrays and indptr[0]. */
+static mskv_result mskv__cpu_check_segments(const mskv_plan *plan, const mskv_attn *attn, int32_t kv_heads, double *work) {
     int32_t b;
     *work = 0;
-    if (plan->batch < 0 || plan->total_q < 0) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (plan->batch == 0) return plan->total_q == 0 ? MSKV_SUCCESS : MSKV_ERROR_INVALID_ARGUMENT;
-    if (!plan->qo_indptr || !plan->kv_len) return MSKV_ERROR_NULL_POINTER;
-    if (plan->qo_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
     if (!plan->vis_sink_end != !plan->vis_window_start) return MSKV_ERROR_NULL_POINTER;  /* one bound without the other */
     for (b = 0; b < plan->batch; b++) {
-        int32_t qo = plan->qo_indptr[b + 1] - plan->qo_indptr[b];
+        int64_t qo = (int64_t)plan->qo_indptr[b + 1] - plan->qo_indptr[b];
         int64_t kv = plan->kv_len[b], split, shift;
         if (qo < 0 || kv < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+        /* a segment's rows (query x q head of a group) are counted in int32, with room to round up */
+        if (qo * (attn->q_heads / kv_heads) > (int64_t)INT32_MAX - 256) return MSKV_ERROR_OVERFLOW;
         split = plan->kv_pos_split ? plan->kv_pos_split[b] : kv;
         shift = plan->kv_pos_shift ? plan->kv_pos_shift[b] : 0;
         if (split < 0 || shift < 0) return MSKV_ERROR_INVALID_ARGUMENT;
@@ -6204,30 +6547,43 @@ static mskv_result mskv__cpu_check_segments(const mskv_plan *plan, const mskv_at
 
 /* Checks the plan against the pools before anything is read or written. */
 static mskv_result mskv__cpu_check_plan(const mskv_pools *pools, const mskv_plan *plan, const mskv_attn *attn, double *work) {
-    int32_t b, P = pools->page_size;
-    mskv_result r = mskv__cpu_check_segments(plan, attn, work);
-    if (r != MSKV_SUCCESS || plan->batch == 0) return r;
+    int32_t b, i, P = pools->page_size;
+    mskv_result r;
+    *work = 0;
+    if (plan->batch < 0 || plan->total_q < 0 || plan->num_page_ids < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->page_size != P) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (!plan->kv_indptr || (!plan->kv_indices && plan->kv_indptr[plan->batch] > 0)) return MSKV_ERROR_NULL_POINTER;
-    if (plan->kv_indptr[0] != 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (plan->batch == 0) return plan->total_q == 0 ? MSKV_SUCCESS : MSKV_ERROR_INVALID_ARGUMENT;
+    if (!plan->qo_indptr || !plan->kv_indptr || !plan->kv_len || (!plan->kv_indices && plan->num_page_ids > 0))
+        return MSKV_ERROR_NULL_POINTER;
+    /* kv_indices holds num_page_ids ids and no more: every indptr is checked
+       against that count before an id is read (a plan may use a prefix of them) */
+    if (plan->qo_indptr[0] != 0 || plan->kv_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q)
+        return MSKV_ERROR_INVALID_ARGUMENT;
     for (b = 0; b < plan->batch; b++) {
-        int32_t np = plan->kv_indptr[b + 1] - plan->kv_indptr[b], i;
+        int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
         int64_t kv = plan->kv_len[b];
-        if (np < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+        if (np < 0 || plan->kv_indptr[b + 1] > plan->num_page_ids) return MSKV_ERROR_INVALID_ARGUMENT;
         if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * P || kv > (int64_t)np * P)) return MSKV_ERROR_INVALID_ARGUMENT;
         if (plan->kv_last_page_len && np > 0 && plan->kv_last_page_len[b] != kv - (int64_t)(np - 1) * P)
             return MSKV_ERROR_INVALID_ARGUMENT;
+    }
+    if ((r = mskv__cpu_check_segments(plan, attn, pools->kv_heads, work)) != MSKV_SUCCESS) return r;
+    for (b = 0; b < plan->batch; b++)
         for (i = plan->kv_indptr[b]; i < plan->kv_indptr[b + 1]; i++)
             if (plan->kv_indices[i] < 0 || plan->kv_indices[i] >= pools->num_pages) return MSKV_ERROR_OUT_OF_RANGE;
-    }
     return MSKV_SUCCESS;
 }
 
 /* The same for dense K/V: each segment's rows lie inside kv->tokens. */
 static mskv_result mskv__cpu_check_dense(const mskv_dense_kv *kv, const mskv_plan *plan, const mskv_attn *attn, double *work) {
     int32_t b;
-    mskv_result r = mskv__cpu_check_segments(plan, attn, work);
-    if (r != MSKV_SUCCESS || plan->batch == 0) return r;
+    mskv_result r;
+    *work = 0;
+    if (plan->batch < 0 || plan->total_q < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (plan->batch == 0) return plan->total_q == 0 ? MSKV_SUCCESS : MSKV_ERROR_INVALID_ARGUMENT;
+    if (!plan->qo_indptr || !plan->kv_len) return MSKV_ERROR_NULL_POINTER;
+    if (plan->qo_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
+    if ((r = mskv__cpu_check_segments(plan, attn, kv->kv_heads, work)) != MSKV_SUCCESS) return r;
     if (!plan->kv_token_indptr) return MSKV_ERROR_INVALID_ARGUMENT;
     for (b = 0; b < plan->batch; b++) {
         int64_t t0 = plan->kv_token_indptr[b], t1 = plan->kv_token_indptr[b + 1];
@@ -6427,9 +6783,10 @@ MSKV_IMPL mskv_result mskv_cpu_attention(mskv_cpu *cpu, mskv_arena *arena, int32
     mskv_store_info si;
     mskv_pools pools;
     mskv_result res;
-    if (!arena) return MSKV_ERROR_NULL_POINTER;
+    if (!arena || !plan) return MSKV_ERROR_NULL_POINTER;
     if ((res = mskv_store_info_get(arena, &si)) != MSKV_SUCCESS) return res;
     if (layer < 0 || layer >= si.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
+    if ((res = mskv_plan_check(arena, plan)) != MSKV_SUCCESS) return res;
     pools.k = mskv_store_pool(arena, layer, 0);
     pools.v = mskv_store_pool(arena, layer, 1);
     if (!pools.k || !pools.v) return MSKV_ERROR_UNSUPPORTED;

@@ -384,7 +384,14 @@ MSKV_API mskv_result mskv_cuda_retire(mskv_cuda_store *st, int wait);
    Return value: CAPACITY (past the store's max_batch / max_tokens /
    max_page_ids), OUT_OF_RANGE (a page id outside [1, num_pages) or a slot
    in the null page or past the pools: the kernels would trust it),
-   INVALID_ARGUMENT (another page size), BAD_STATE (while capturing), CUDA. */
+   INVALID_ARGUMENT (another page size, a pos_mode it does not know, or a
+   table whose indptrs do not run from 0 to total_q / num_page_ids without
+   decreasing, or a kv_len past its pages: a replayed graph trusts it),
+   STALE_PLAN (an arena-built plan whose pages changed since it was built:
+   mskv_plan_check against the bound arena), BAD_STATE (while capturing, or
+   an arena-built plan on a store bound to no arena), CUDA.
+   mskv_cuda_write_kv, mskv_cuda_attention and mskv_cuda_graph_launch check
+   the uploaded plan again (STALE_PLAN): they read it until the next upload. */
 MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan *plan, mskv_pos_mode pos_mode, mskv_cuda_dplan *out);
 /* Scatters k, v (device, [total_q][kv_heads][head_dim], the store's dtype,
    16-byte aligned) into layer `layer` through plan->slot_mapping; rope
@@ -392,7 +399,8 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
    Return value: SUCCESS, NULL_POINTER, OUT_OF_RANGE (layer), UNSUPPORTED
    (head_dim), INVALID_ARGUMENT (k or v not 16-byte aligned: the kernel reads
    16-byte vectors; a rope the CPU refuses or of another position mode),
-   OVERFLOW, CUDA, NVRTC (first use compiles).
+   STALE_PLAN (the plan uploaded last is an arena-built plan whose pages
+   changed since it was built), OVERFLOW, CUDA, NVRTC (first use compiles).
    Cost: the first call of a variant compiles or loads it; later calls only
    check, look the kernel up by an integer key and launch (no allocation, no
    string, one cuCtxSetCurrent). The same holds for the wrappers below. */
@@ -450,8 +458,9 @@ MSKV_API mskv_result mskv_cuda_attn_geometry_get(int32_t batch, int32_t total_q,
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OUT_OF_RANGE (layer),
    UNSUPPORTED (f32 store, head_dim; a plan whose features ask for explicit
    query positions or visibility bounds, which these kernels do not read
-   yet: the CPU backend's mskv_cpu_attention does), CUDA, NVRTC (first use
-   compiles). */
+   yet: the CPU backend's mskv_cpu_attention does), STALE_PLAN (plan, or the
+   plan uploaded last, is an arena-built plan whose pages changed since it
+   was built), CUDA, NVRTC (first use compiles). */
 MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
                                          const mskv_cuda_dplan *dplan, const mskv_attn *attn,
                                          mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
@@ -2785,6 +2794,8 @@ struct mskv_cuda_store {
     int capturing;
     int32_t graphs;             /* live graphs: the workspace they captured must stay */
     mskv__cuda_shape cur;       /* the plan uploaded last */
+    mskv_plan up_check;         /* what mskv_plan_check needs of the plan uploaded last (generation 0: none) */
+    mskv_request *up_requests;  /* [max_batch]: its requests */
     int64_t cap_kv_cover;       /* during a capture: the smallest split-KV key reach */
     mskv__cuda_mutex lock;
     /* the per-call launch path (the store's own thread only) */
@@ -3055,6 +3066,27 @@ static mskv_result mskv__cuda_flush(void *user) {
     return MSKV_SUCCESS;
 }
 
+/* store_ops.fill_pages (the arena's debug poisoning of pages that became
+   free): every byte of the pages, every layer, K and V, on the store's
+   stream, so after everything that used them and before their next owner. */
+static mskv_result mskv__cuda_fill_pages(void *user, const int32_t *pages, int32_t n, unsigned char byte) {
+    mskv_cuda_store *st = (mskv_cuda_store *)user;
+    mskv_cuda *cu = st->cu;
+    mskv_result res;
+    int32_t i, l, kind;
+    if ((res = mskv__cuda_check_pages(st, pages, n)) != MSKV_SUCCESS) return res;
+    if (st->capturing) return MSKV_ERROR_BAD_STATE;   /* the memsets would join the graph */
+    if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) return res;
+    for (i = 0; i < n; i++)
+        for (l = 0; l < st->d.num_layers; l++)
+            for (kind = 0; kind < 2; kind++) {
+                mskv_cu_ptr pool = mskv_cuda_store_pool(st, l, kind);
+                MSKV__CU_TRY(cu, cu->fn.cuMemsetD8Async(pool + (mskv_cu_ptr)pages[i] * st->page_bytes, byte, st->page_bytes,
+                                                        st->stream), "cuMemsetD8Async(poison)");
+            }
+    return MSKV_SUCCESS;
+}
+
 static void mskv__cuda_store_release(mskv_cuda_store *st) {
     mskv_cuda *cu = st->cu;
     int i;
@@ -3073,6 +3105,7 @@ static void mskv__cuda_store_release(mskv_cuda_store *st) {
     if (st->pools) cu->fn.cuMemFree(st->pools);
     if (st->own_stream) cu->fn.cuStreamDestroy(st->own_stream);
     if (st->pool_at) mskv__cuda_dealloc(&cu->allocator, st->pool_at);
+    mskv__cuda_dealloc(&cu->allocator, st->up_requests);
     mskv__cuda_dealloc(&cu->allocator, st);
 }
 
@@ -3119,10 +3152,14 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
         mskv__cuda_dealloc(&cu->allocator, st);
         return MSKV_ERROR_OVERFLOW;
     }
-    st->stage_pages = (int32_t)(d.staging_bytes / st->set_bytes);
-    if (st->stage_pages < 1) st->stage_pages = 1;
-    if (st->stage_pages > d.num_pages) st->stage_pages = d.num_pages;
-    if (st->stage_pages > 65535) st->stage_pages = 65535;   /* the copies' grid.y is the page count */
+    {
+        /* clamped while still a size_t: narrowed first, 2^32 + 2 pages would become 2 */
+        size_t pages = d.staging_bytes / st->set_bytes;
+        if (pages < 1) pages = 1;
+        if (pages > (size_t)d.num_pages) pages = (size_t)d.num_pages;
+        if (pages > 65535) pages = 65535;   /* the copies' grid.y is the page count */
+        st->stage_pages = (int32_t)pages;
+    }
     st->stage_bytes = (size_t)st->stage_pages * st->set_bytes;
     ids_bytes = (size_t)st->stage_pages * 4;
     st->pool_at = (mskv_cu_ptr *)mskv__cuda_calloc(&cu->allocator, sizeof(mskv_cu_ptr) * 2 * (size_t)d.num_layers);
@@ -3136,6 +3173,8 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     }
 #define MSKV__CR_TRY(call, what) do { mskv_cu_result mskv__r = (call); \
         if (mskv__r != MSKV_CU_SUCCESS) { res = mskv__cuda_fail(cu, mskv__r, what); goto fail; } } while (0)
+    st->up_requests = (mskv_request *)mskv__cuda_calloc(&cu->allocator, (size_t)d.max_batch * sizeof(mskv_request));
+    if (!st->up_requests) { res = MSKV_ERROR_OUT_OF_MEMORY; goto fail; }
     MSKV__CR_TRY(cu->fn.cuStreamCreate(&st->own_stream, MSKV_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     st->stream = st->own_stream;
     if (!d.pools) MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->pools, all), "cuMemAlloc(K/V pools)");
@@ -3166,6 +3205,7 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     st->ops.write_pages = mskv__cuda_write_pages;
     st->ops.copy_page = mskv__cuda_copy_page;
     st->ops.flush = mskv__cuda_flush;
+    st->ops.fill_pages = mskv__cuda_fill_pages;
     *out = st;
     return MSKV_SUCCESS;
 fail:
@@ -3379,6 +3419,29 @@ MSKV_API mskv_result mskv_cuda_store_sync(mskv_cuda_store *st) {
 
 /* // >>launches implementation ---------------------------------------------- */
 
+/* The table arrays a plan carries, checked as the kernels (and the graphs
+   that replay them with whatever was uploaded) will index them: indptrs
+   from 0, never decreasing, ending at total_q and num_page_ids (they index
+   q, o and the page ids), and no kv_len past its pages. Missing arrays are
+   not checked (nor uploaded). */
+static mskv_result mskv__cuda_check_table(const mskv_plan *plan, int32_t page_size) {
+    int32_t b;
+    if (plan->qo_indptr) {
+        if (plan->qo_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
+        for (b = 0; b < plan->batch; b++)
+            if (plan->qo_indptr[b + 1] < plan->qo_indptr[b]) return MSKV_ERROR_INVALID_ARGUMENT;
+    }
+    if (plan->kv_indptr) {
+        if (plan->kv_indptr[0] != 0 || plan->kv_indptr[plan->batch] != plan->num_page_ids) return MSKV_ERROR_INVALID_ARGUMENT;
+        for (b = 0; b < plan->batch; b++) {
+            int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
+            if (np < 0 || (plan->kv_len && (plan->kv_len[b] < 0 || plan->kv_len[b] > np * page_size)))
+                return MSKV_ERROR_INVALID_ARGUMENT;
+        }
+    }
+    return MSKV_SUCCESS;
+}
+
 MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan *plan, mskv_pos_mode pos_mode, mskv_cuda_dplan *out) {
     mskv_cuda *cu;
     mskv_result res;
@@ -3392,9 +3455,14 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     if (plan->batch < 0 || plan->total_q < 0 || plan->num_page_ids < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->batch > st->d.max_batch || plan->total_q > st->d.max_tokens || plan->num_page_ids > st->d.max_page_ids)
         return MSKV_ERROR_CAPACITY;
+    if ((unsigned)pos_mode > 2u) return MSKV_ERROR_INVALID_ARGUMENT;
     b = (size_t)plan->batch; t = (size_t)plan->total_q; p = (size_t)plan->num_page_ids;
     npos = pos_mode == MSKV_POS_3D ? 3 * t : pos_mode == MSKV_POS_1D ? t : 0;
     if (npos && !plan->positions) return MSKV_ERROR_NULL_POINTER;
+    if ((res = mskv__cuda_check_table(plan, st->d.page_size)) != MSKV_SUCCESS) return res;
+    /* an arena's plan is checked against that arena: the one the store is bound to */
+    if (plan->generation && !st->arena) return MSKV_ERROR_BAD_STATE;
+    if (plan->generation && (res = mskv_plan_check(st->arena, plan)) != MSKV_SUCCESS) return res;
     /* the kernels trust these: a page id or slot outside the pools, or in the
        null page, is refused here as the CPU backend refuses it */
     if (p && plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
@@ -3446,6 +3514,16 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     st->ring_used[slot] = 1;
     st->ring_next = (slot + 1) % st->ring_n;
     mskv__cuda_unlock(&st->lock);
+    /* launches read these buffers until the next upload: remember what to check them by */
+    memset(&st->up_check, 0, sizeof st->up_check);
+    st->up_check.batch = plan->batch;
+    st->up_check.generation = plan->generation;
+    st->up_check.cross = plan->cross;
+    st->up_check.group = plan->group;
+    if (plan->requests && plan->batch > 0) {
+        memcpy(st->up_requests, plan->requests, b * sizeof(mskv_request));
+        st->up_check.requests = st->up_requests;
+    }
     st->cur.batch = plan->batch;
     st->cur.total_q = plan->total_q;
     st->cur.max_qo = 0;
@@ -3453,7 +3531,7 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     if (plan->qo_indptr) {
         int32_t i;
         for (i = 0; i < plan->batch; i++) {
-            int32_t qo = plan->qo_indptr[i + 1] - plan->qo_indptr[i];
+            int32_t qo = plan->qo_indptr[i + 1] - plan->qo_indptr[i];   /* checked: 0 <= qo <= total_q */
             if (qo > st->cur.max_qo) st->cur.max_qo = qo;
             if (plan->kv_len && plan->kv_len[i] > st->cur.max_kv) st->cur.max_kv = plan->kv_len[i];
         }
@@ -3478,6 +3556,15 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     out->slot_mapping = plan->slot_mapping ? st->d_plan + st->lay.slot_mapping : 0;
     out->positions = npos ? st->d_plan + st->lay.positions : 0;
     return MSKV_SUCCESS;
+}
+
+/* The plan in the device buffers (the last upload) still describes the
+   bound arena's pages: a launch over a stale one would read pages that may
+   hold another request's tokens now. */
+static mskv_result mskv__cuda_uploaded_current(const mskv_cuda_store *st) {
+    if (!st->up_check.generation) return MSKV_SUCCESS;   /* a caller-made plan */
+    if (!st->arena) return MSKV_ERROR_BAD_STATE;
+    return mskv_plan_check(st->arena, &st->up_check);
 }
 
 /* The rotated parts become -D defines the kernels trust: refuse what
@@ -3523,6 +3610,7 @@ MSKV_API mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, cons
         if (plan->pos_mode != rope->mode) return MSKV_ERROR_INVALID_ARGUMENT;
         if (!plan->positions) return MSKV_ERROR_NULL_POINTER;
     }
+    if ((res = mskv__cuda_uploaded_current(st)) != MSKV_SUCCESS) return res;
     blocks = ((size_t)plan->total_q * (size_t)st->d.kv_heads + 3) / 4;
     if (blocks > 0x7fffffffu) return MSKV_ERROR_OVERFLOW;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
@@ -3607,6 +3695,7 @@ MSKV_API mskv_result mskv_cuda_graph_launch(mskv_cuda_store *st, mskv_cuda_graph
                          (int)g->shape.batch, (int)g->shape.total_q, (int)g->shape.max_qo, (long long)g->kv_cover);
         return MSKV_ERROR_INVALID_ARGUMENT;
     }
+    if ((res = mskv__cuda_uploaded_current(st)) != MSKV_SUCCESS) return res;   /* the replay reads the last upload */
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     MSKV__CU_TRY(st->cu, st->cu->fn.cuGraphLaunch(g->exec, st->stream), "cuGraphLaunch");
     return MSKV_SUCCESS;
@@ -3698,6 +3787,7 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
                                     const mskv_cuda_dplan *dplan, const mskv_attn *attn, mskv_cu_ptr q,
                                     mskv_cu_ptr o, mskv_cu_ptr lse, int *empty, int32_t *max_qo, int32_t *max_kv) {
     int32_t b;
+    mskv_result res;
     *empty = 0;
     if (!st || !plan || !dplan || !attn) return MSKV_ERROR_NULL_POINTER;
     if (layer < 0 || layer >= st->d.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
@@ -3724,9 +3814,10 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
     *max_qo = 0;
     *max_kv = 0;
     for (b = 0; b < plan->batch; b++) {
-        int32_t qo = plan->qo_indptr[b + 1] - plan->qo_indptr[b];
-        int32_t np = plan->kv_indptr[b + 1] - plan->kv_indptr[b], kv = plan->kv_len[b];
-        if (qo < 0 || np < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+        int64_t qo64 = (int64_t)plan->qo_indptr[b + 1] - plan->qo_indptr[b];
+        int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
+        int32_t qo = (int32_t)qo64, kv = plan->kv_len[b];
+        if (qo64 < 0 || qo64 > plan->total_q || np < 0) return MSKV_ERROR_INVALID_ARGUMENT;
         if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * st->d.page_size || kv > (int64_t)np * st->d.page_size))
             return MSKV_ERROR_INVALID_ARGUMENT;
         if (attn->mask != MSKV_MASK_NONE &&
@@ -3735,7 +3826,11 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
         if (qo > *max_qo) *max_qo = qo;
         if (kv > *max_kv) *max_kv = kv;
     }
-    return MSKV_SUCCESS;
+    /* both the host plan and the uploaded one the kernel reads must be current
+       (no driver call, no formatting unless stale) */
+    if (plan->generation && !st->arena) return MSKV_ERROR_BAD_STATE;
+    if (plan->generation && (res = mskv_plan_check(st->arena, plan)) != MSKV_SUCCESS) return res;
+    return mskv__cuda_uploaded_current(st);
 }
 
 MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,

@@ -645,7 +645,7 @@ TEST(write_kv_applies_rope_to_k_only) {
 static mskv_result tcpu_no_read(void *u, const int32_t *p, int32_t n, void *dst) { (void)u; (void)p; (void)n; (void)dst; return MSKV_ERROR_UNSUPPORTED; }
 static mskv_result tcpu_no_write(void *u, const int32_t *p, int32_t n, const void *src) { (void)u; (void)p; (void)n; (void)src; return MSKV_ERROR_UNSUPPORTED; }
 static mskv_result tcpu_no_copy(void *u, int32_t s, int32_t d) { (void)u; (void)s; (void)d; return MSKV_ERROR_UNSUPPORTED; }
-static const mskv_store_ops tcpu_elsewhere = {NULL, tcpu_no_read, tcpu_no_write, tcpu_no_copy, NULL};
+static const mskv_store_ops tcpu_elsewhere = {NULL, tcpu_no_read, tcpu_no_write, tcpu_no_copy, NULL, NULL};  /* no flush, no fill_pages */
 
 TEST(write_kv_through_an_arena_checks_the_layer_and_the_store) {
     mskv_arena_desc ad;

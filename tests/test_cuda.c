@@ -106,6 +106,7 @@ static struct tcm_state {
     int event_syncs;
     int stream_syncs, stream_sync_fails; /* cuStreamSynchronize calls; fail them while set */
     int cc_major, cc_minor;             /* 0: 9.0 */
+    unsigned char *last_host;           /* the block of the last cuMemAllocHost */
     mskv_cu_stream launch_stream, copy_stream, synced_stream;   /* the last launch's, copy's, wait's */
     char last_target[64];               /* the --gpu-architecture option of the last compile */
     int capturing;
@@ -159,6 +160,7 @@ static mskv_cu_result tcm_cuMemAllocHost(void **p, size_t n) {
     *p = calloc(1, n);
     if (!*p) return MSKV_CU_ERROR_OUT_OF_MEMORY;
     tcm.host_live++;
+    tcm.last_host = (unsigned char *)*p;
     return 0;
 }
 static mskv_cu_result tcm_cuMemFreeHost(void *p) { tcm.calls++; if (p) { tcm.host_live--; free(p); } return 0; }
@@ -443,6 +445,9 @@ static mskv_cuda_store_desc tcu_store_desc(size_t staging) {
     return sd;
 }
 
+static uint32_t tcu_next_debug;   /* the debug checks of the next rig's arena */
+static int32_t tcu_next_groups;   /* the layer groups of the next rig's arena (0: one) */
+
 static mskv_result tcu_rig_open2(tcu_rig *r, size_t staging, const char *cache_dir) {
     mskv_cuda_store_desc sd = tcu_store_desc(staging);
     mskv_arena_desc ad;
@@ -462,6 +467,10 @@ static mskv_result tcu_rig_open2(tcu_rig *r, size_t staging, const char *cache_d
     memset(&ad, 0, sizeof ad);
     ad.allocator = tcu_allocator();
     if ((e = mskv_cuda_store_arena_desc(r->st, &ad)) != MSKV_SUCCESS) return e;
+    ad.debug = tcu_next_debug;
+    ad.num_groups = tcu_next_groups;
+    tcu_next_debug = 0;
+    tcu_next_groups = 0;
     if ((e = mskv_arena_create(&ad, &r->a)) != MSKV_SUCCESS) return e;
     return mskv_cuda_store_bind(r->st, r->a);
 }
@@ -2143,6 +2152,61 @@ TEST(cuda_launch_wrappers_call_the_driver_only_to_launch) {
     TCU_EXPECT_NO_LEAKS();
 }
 
+/* The stale-plan checks in the wrappers (the host plan, and the uploaded
+   one) cost no allocation, no string, no message and no driver call, also
+   when another request lost pages since the build (the check then looks
+   at each of the plan's requests). */
+static long tcu_arena_logs;
+static void tcu_count_log(void *u, mskv_log_level level, const char *msg) { (void)u; (void)level; (void)msg; tcu_arena_logs++; }
+
+TEST(cuda_launch_wrappers_check_an_arena_plan_without_allocating_formatting_or_calling_the_driver) {
+    tcu_hot h;
+    mskv_arena_desc ad;
+    mskv_request r, other;
+    mskv_segment seg;
+    mskv_plan plan;
+    tcu_counts c0, c1;
+    long logs;
+    int i, bad = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open(&h));
+    memset(&ad, 0, sizeof ad);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_arena_desc(h.r.st, &ad));
+    ad.allocator = tcu_allocator();
+    ad.log = tcu_count_log;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &h.r.a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_bind(h.r.st, h.r.a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(h.r.a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(h.r.a, r, 136));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(h.r.a, &other));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(h.r.a, other, 32));
+    seg.request = r; seg.n_tokens = 64;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(h.r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(h.r.a, 1, 64, 500, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(h.r.a, &seg, 1, NULL, &plan));
+    ASSERT_TRUE(plan.generation != 0);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(h.r.st, &plan, MSKV_POS_NONE, &h.dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(h.r.a, other, 16, NULL));   /* the generation moves */
+    /* first calls load the kernels */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(h.r.st, 0, &h.dp, h.k, h.v, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attention(h.r.st, 0, &plan, &h.dp, &h.attn, h.q, h.o, h.lse));
+    c0 = tcu_counts_now();
+    logs = tcu_arena_logs;
+    for (i = 0; i < 20; i++) {
+        bad += mskv_cuda_write_kv(h.r.st, i & 1, &h.dp, h.k, h.v, NULL) != MSKV_SUCCESS;
+        bad += mskv_cuda_attention(h.r.st, i & 1, &plan, &h.dp, &h.attn, h.q, h.o, h.lse) != MSKV_SUCCESS;
+    }
+    c1 = tcu_counts_now();
+    EXPECT_EQ(0, bad);
+    EXPECT_EQ(0, (int)(c1.allocs - c0.allocs));
+    EXPECT_EQ(0, (int)(c1.formats - c0.formats));
+    EXPECT_EQ(0, (int)(tcu_arena_logs - logs));
+    EXPECT_EQ(40, (int)(c1.launches - c0.launches));
+    EXPECT_EQ(40 + 40, (int)(c1.driver - c0.driver));   /* each call: cuCtxSetCurrent, then its launch */
+    mskv_plan_free(h.r.a, &plan);
+    tcu_hot_close(&h);
+    TCU_EXPECT_NO_LEAKS();
+}
+
 /* The kernel reads K and V rows as 16-byte vectors: a misaligned source
    would fault on the device and leave the context unusable, so the wrapper
    refuses it, says why, and launches nothing. */
@@ -2279,4 +2343,318 @@ TEST(cuda_probe_driver_counts_devices_without_nvrtc) {
     EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_probe_driver(&cd, &devices, &version, why, sizeof why));
     EXPECT_EQ(0, devices);
     EXPECT_TRUE(strstr(why, "not a CUDA driver") != NULL);
+}
+
+/* ---- hardening (issue 9): host-side checks of the store and the plan upload -------- */
+
+/* The staging page count was narrowed from size_t to int32: 2^32 + 2
+   pages' worth of staging became 2 pages (3 copies for a 5-page request)
+   instead of every page of the store (one copy). */
+TEST(cuda_store_staging_past_int32_pages_is_clamped_not_truncated) {
+    tcu_rig r;
+    mskv_request req;
+    int before;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, (((size_t)1 << 32) + 2) * 8192));   /* 8 KiB: one page of every layer */
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    before = tcm.dtohs;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    EXPECT_EQ(before + 1, tcm.dtohs);   /* 5 pages, one chunk */
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The uploaded buffers are what a captured graph replays with, unchecked:
+   upload refuses indptrs that do not add up (they index q, o and the page
+   ids) and a kv_len past its pages, and a pos_mode it does not know. */
+TEST(cuda_plan_upload_refuses_a_table_that_a_replay_would_overrun) {
+    tcu_rig r;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    int64_t slots[3] = { 4, 5, 6 };
+    int32_t qo[3] = { 0, 1, 3 }, kvp[3] = { 0, 1, 2 }, ids[2] = { 1, 2 }, len[2] = { 4, 3 };
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    memset(&plan, 0, sizeof plan);
+    plan.batch = 2; plan.total_q = 3; plan.num_page_ids = 2; plan.page_size = 4;
+    plan.qo_indptr = qo; plan.kv_indptr = kvp; plan.kv_indices = ids; plan.kv_len = len; plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    qo[2] = 5;                                       /* past total_q */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    qo[1] = -2147483647; qo[2] = 3;                  /* decreasing; the difference overflowed an int */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    qo[1] = 1;
+    kvp[2] = 3;                                      /* past num_page_ids */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    kvp[2] = 2;
+    len[1] = 5;                                      /* one page holds 4 */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    len[1] = 3;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, (mskv_pos_mode)7, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* An arena-built plan is checked against the store's bound arena at upload,
+   and the uploaded one again by every launch that reads it: pages released
+   (or aborted, offloaded, removed) after the build make it STALE_PLAN;
+   tokens only added keep it valid. */
+TEST(cuda_wrappers_refuse_a_plan_whose_pages_changed_since_it_was_built) {
+    tcu_rig r;
+    mskv_request req, other;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr buf = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &other, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 64 * 2 * 64 * 4 * 2, &buf));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    /* another request losing pages changes nothing for this plan */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(r.a, other, 8, NULL));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    /* the plan's own reservation aborted: its last page goes */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(r.a, &seg, 1));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    /* a fresh plan after growth only: valid, and stays valid while the request grows */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(r.a, &seg, 1));
+    seg.n_tokens = 7;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(r.a, &seg, 1));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    /* released, then offloaded, then removed: stale each time */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(r.a, req, 4, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    seg.n_tokens = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, req));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    EXPECT_TRUE(tcu_audit(r.a));
+    mskv_cuda_free(r.cu, buf);
+    mskv_plan_free(r.a, &plan);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The uploaded plan is checked against the tables of its own layer group:
+   pages leaving another group's table leave it valid, its group's make it
+   STALE_PLAN. */
+TEST(cuda_uploaded_plan_of_a_layer_group_goes_stale_with_that_groups_table_only) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_plan_desc pd;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr buf = 0;
+    tcu_next_groups = 2;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 64 * 2 * 64 * 4 * 2, &buf));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    memset(&pd, 0, sizeof pd);
+    pd.group = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, &pd, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest_in_group(r.a, req, 0, 4, NULL));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest_in_group(r.a, req, 1, 4, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_TRUE(tcu_audit(r.a));
+    mskv_cuda_free(r.cu, buf);
+    mskv_plan_free(r.a, &plan);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A graph replays whatever was uploaded last: a stale upload is refused. */
+TEST(cuda_graph_replay_refuses_a_stale_uploaded_plan) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cuda_graph *g = NULL;
+    mskv_cu_ptr buf = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 64 * 2 * 64 * 4 * 2, &buf));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));   /* compiles the variant first */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(r.st));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(r.st, &g));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(r.st, g));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(r.a, &seg, 1));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_graph_launch(r.st, g));
+    mskv_cuda_graph_destroy(r.st, g);
+    mskv_cuda_free(r.cu, buf);
+    mskv_plan_free(r.a, &plan);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A plan's arena is the one to check it against: a store bound to none
+   cannot, and refuses an arena-built plan (a caller-made one is fine). */
+TEST(cuda_unbound_store_refuses_an_arena_built_plan) {
+    tcu_rig r;
+    mskv_cuda_store *loose = NULL;
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_create(r.cu, &sd, &loose));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(r.a, &req));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_plan_upload(loose, &plan, MSKV_POS_NONE, &dp));
+    plan.generation = 0;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(loose, &plan, MSKV_POS_NONE, &dp));
+    mskv_plan_free(r.a, &plan);
+    mskv_cuda_store_destroy(loose);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The attention wrapper checks the host plan it is given and the uploaded
+   plan the kernel reads (a bf16 store: attention runs on tensor cores). */
+TEST(cuda_attention_refuses_a_stale_host_plan_or_a_stale_upload) {
+    tcu_rig r;
+    mskv_cuda_store *st = NULL;
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    mskv_arena_desc ad;
+    mskv_arena *a = NULL;
+    mskv_request req, other;
+    mskv_segment seg, so;
+    mskv_plan plan, fresh;
+    mskv_cuda_dplan dp, dfresh;
+    mskv_attn at;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    sd.dtype = MSKV_DTYPE_BF16;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_create(r.cu, &sd, &st));
+    memset(&ad, 0, sizeof ad);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_arena_desc(st, &ad));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_bind(st, a));
+    memset(&at, 0, sizeof at);
+    at.q_heads = 2; at.q_dtype = MSKV_DTYPE_BF16;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &req));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &other));
+    seg.request = req; seg.n_tokens = 6;
+    so.request = other; so.n_tokens = 6;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &so, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 4, 64, 32, &fresh));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(a, &seg, 1));
+    /* the host plan is stale */
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_attention(st, 0, &plan, &dp, &at, 16, 16, 0));
+    /* a fresh host plan of the same shape (another request), over the stale upload */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &so, 1, NULL, &fresh));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_plan_check(a, &fresh));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_attention(st, 0, &fresh, &dp, &at, 16, 16, 0));
+    /* uploaded, it passes the checks (whether the mock driver then has an attention kernel is another matter) */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(st, &fresh, MSKV_POS_NONE, &dfresh));
+    EXPECT_NE(MSKV_ERROR_STALE_PLAN, mskv_cuda_attention(st, 0, &fresh, &dfresh, &at, 16, 16, 0));
+    mskv_plan_free(a, &plan);
+    mskv_plan_free(a, &fresh);
+    mskv_arena_destroy(a);
+    mskv_cuda_store_destroy(st);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* ---- debug mode on the device store ---- */
+
+/* every byte of device page p, every layer and kind, equals v */
+static int tcu_device_page_is(tcu_rig *r, int32_t p, unsigned char v) {
+    int l, kind;
+    size_t k, pb = (size_t)4 * 2 * 64 * 4;
+    for (l = 0; l < 2; l++)
+        for (kind = 0; kind < 2; kind++) {
+            const unsigned char *b = (const unsigned char *)(uintptr_t)mskv_cuda_store_pool(r->st, l, kind) + (size_t)p * pb;
+            for (k = 0; k < pb; k++)
+                if (b[k] != v) return 0;
+        }
+    return 1;
+}
+
+/* Freed device pages are poisoned by the store's fill (memsets on its
+   stream) once their fence retired, and the byte audit reads them back
+   through the store: a write into one is caught. */
+TEST(cuda_freed_device_pages_are_poisoned_after_their_fence_and_a_write_into_one_is_caught) {
+    tcu_rig r;
+    mskv_request req;
+    int32_t pages[8], n = 0;
+    char why[256];
+    tcu_next_debug = MSKV_DEBUG_ALL;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    EXPECT_TRUE(tcu_device_page_is(&r, 20, MSKV_POISON_BYTE));   /* free since creation */
+    EXPECT_TRUE(tcu_device_page_is(&r, 0, 0));                   /* the null page */
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(r.a, req, pages, 8, &n));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(r.a, req, 8, NULL));
+    EXPECT_FALSE(tcu_device_page_is(&r, pages[0], MSKV_POISON_BYTE));   /* pending: kernels may still read it */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));     /* the fence completes and retires */
+    EXPECT_TRUE(tcu_device_page_is(&r, pages[0], MSKV_POISON_BYTE));
+    EXPECT_TRUE(tcu_device_page_is(&r, pages[1], MSKV_POISON_BYTE));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit_bytes(r.a, why, sizeof why));
+    ((unsigned char *)(uintptr_t)mskv_cuda_store_pool(r.st, 1, 1))[(size_t)pages[1] * 2048 + 5] = 0;   /* a stray write */
+    why[0] = 0;
+    EXPECT_EQ(MSKV_ERROR_AUDIT_FAILED, mskv_arena_audit_bytes(r.a, why, sizeof why));
+    EXPECT_TRUE(strstr(why, "written after it was freed") != NULL);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The pinned host copy of an offloaded request carries a checksum per page:
+   a changed byte makes reload refuse it and change nothing. */
+TEST(cuda_corrupted_pinned_host_copy_is_refused_at_reload) {
+    tcu_rig r;
+    mskv_request req;
+    unsigned char *copy;
+    uint64_t before;
+    tcu_next_debug = MSKV_DEBUG_CHECKSUMS;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    copy = tcm.last_host + 16;   /* the pinned allocator keeps its size in front */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));
+    copy[8192 * 3 + 100] ^= 0x40;
+    before = mskv_arena_digest(r.a);
+    EXPECT_EQ(MSKV_ERROR_HOST_COPY_CORRUPT, mskv_request_reload(r.a, req));
+    EXPECT_EQ_U64(before, mskv_arena_digest(r.a));
+    copy[8192 * 3 + 100] ^= 0x40;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));
+    EXPECT_TRUE(tcu_audit(r.a));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
 }

@@ -100,13 +100,14 @@ class Arena:
     call the arena."""
 
     def __init__(self, num_pages, page_size, num_layers=0, kv_heads=0, head_dim=0, dtype="f32",
-                 max_requests=0, retire="immediate", on_event=None, _desc=None, _keep=None):
+                 max_requests=0, retire="immediate", on_event=None, debug=0, _desc=None, _keep=None):
         d = _desc if _desc is not None else mskv_arena_desc()
         if _desc is None:
             d.num_pages, d.page_size, d.max_requests = num_pages, page_size, max_requests
             d.num_layers, d.kv_heads, d.head_dim = num_layers, kv_heads, head_dim
             d.dtype = dtype_code(dtype)
             d.retire_mode = _enum(RETIRE_MODES, retire, "retire")
+            d.debug = debug   # MSKV_DEBUG_* bits: mstar_kv._ffi.CONSTANTS
         self._log_count, self._log_last = 0, ""
         # the callbacks hold only a weak reference: the arena must stay collectable
         me = weakref.ref(self)
@@ -174,6 +175,18 @@ class Arena:
         why = ctypes.create_string_buffer(512)
         code = _ffi.lib.mskv_arena_audit(self.ptr, why, len(why))
         _check(code, "mskv_arena_audit", why.value.decode(errors="replace"))
+
+    def audit_bytes(self):
+        """audit(), then the bytes the debug checks (debug=...) make checkable:
+        free pages still poisoned, host copies still matching their checksums.
+        AuditFailedError says which page; UnsupportedError without debug checks."""
+        why = ctypes.create_string_buffer(512)
+        code = _ffi.lib.mskv_arena_audit_bytes(self.ptr, why, len(why))
+        _check(code, "mskv_arena_audit_bytes", why.value.decode(errors="replace"))
+
+    def check_plan(self, plan):
+        """StalePlanError when pages left one of the plan's requests since it was built."""
+        self._call("mskv_plan_check", self.ptr, byref(plan._s))
 
     def digest(self):
         return _ffi.lib.mskv_arena_digest(self.ptr)
@@ -423,6 +436,7 @@ _PLAN_ARRAYS = [  # name, dtype, length from (cap_batch, cap_tokens, cap_page_id
     ("kv_token_indptr", np.int64, lambda b, t, p: b + 1),
     ("slot_mapping", np.int64, lambda b, t, p: t),
     ("positions", np.int32, lambda b, t, p: 3 * t),
+    ("requests", np.uint32, lambda b, t, p: b),   # the segments' requests: exact stale-plan checks
     ("q_pos", np.int32, lambda b, t, p: t),
     ("vis_sink_end", np.int32, lambda b, t, p: b),
     ("vis_window_start", np.int32, lambda b, t, p: b),
@@ -552,8 +566,11 @@ class Retention:
         _check(code, "mskv_retention_validate", why.value.decode(errors="replace"))
 
     def skipped_tokens(self, num_computed):
-        """Tokens after the sink no longer needed once num_computed exist (pure)."""
-        return _ffi.lib.mskv_skipped_tokens(byref(self._s), num_computed)
+        """Tokens after the sink no longer needed once num_computed exist (pure);
+        InvalidSpecError for an invalid policy, InvalidArgumentError for num_computed < 0."""
+        out = ctypes.c_int64()
+        _check(_ffi.lib.mskv_skipped_tokens_get(byref(self._s), num_computed, byref(out)), "mskv_skipped_tokens_get")
+        return out.value
 
 
 class Session:

@@ -21,6 +21,7 @@ CONSTANTS = {
     "MSKV_LOG_DEBUG": 0, "MSKV_LOG_INFO": 1, "MSKV_LOG_WARN": 2, "MSKV_LOG_ERROR": 3,
     "MSKV_EVENT_PAGE_STORED": 1, "MSKV_EVENT_PAGE_REMOVED": 2,
     "MSKV_RETIRE_IMMEDIATE": 0, "MSKV_RETIRE_FENCED": 1,
+    "MSKV_DEBUG_POISON": 1, "MSKV_DEBUG_CHECKSUMS": 2, "MSKV_DEBUG_ALL": 3, "MSKV_POISON_BYTE": 0xFF,
     "MSKV_RESIDENT": 0, "MSKV_OFFLOADED": 1,
     "MSKV_POS_NONE": 0, "MSKV_POS_1D": 1, "MSKV_POS_3D": 2,
     "MSKV_PLAN_SELF": 0, "MSKV_PLAN_CROSS": 1, "MSKV_PLAN_DENSE": 2, "MSKV_PLAN_PREFIX": 3,
@@ -39,11 +40,12 @@ RESULTS = [
     (-9, "MSKV_ERROR_DUPLICATE"), (-10, "MSKV_ERROR_NOT_FOUND"),
     (-20, "MSKV_ERROR_OFFLOADED"), (-21, "MSKV_ERROR_NOT_OFFLOADED"),
     (-22, "MSKV_ERROR_RESERVATION_PENDING"), (-23, "MSKV_ERROR_NO_RESERVATION"),
-    (-24, "MSKV_ERROR_READ_ONLY"), (-25, "MSKV_ERROR_BAD_STATE"), (-27, "MSKV_ERROR_STALE_VIEW"),
+    (-24, "MSKV_ERROR_READ_ONLY"), (-25, "MSKV_ERROR_BAD_STATE"), (-26, "MSKV_ERROR_STALE_PLAN"),
+    (-27, "MSKV_ERROR_STALE_VIEW"),
     (-40, "MSKV_ERROR_OUT_OF_PAGES"), (-41, "MSKV_ERROR_OUT_OF_MEMORY"), (-42, "MSKV_ERROR_OVERFLOW"),
     (-43, "MSKV_ERROR_TOO_MANY_REQUESTS"),
     (-60, "MSKV_ERROR_BLOB_TRUNCATED"), (-61, "MSKV_ERROR_BLOB_CORRUPT"), (-62, "MSKV_ERROR_BLOB_VERSION"),
-    (-63, "MSKV_ERROR_BLOB_MISMATCH"), (-64, "MSKV_ERROR_AUDIT_FAILED"),
+    (-63, "MSKV_ERROR_BLOB_MISMATCH"), (-64, "MSKV_ERROR_AUDIT_FAILED"), (-65, "MSKV_ERROR_HOST_COPY_CORRUPT"),
     (-80, "MSKV_ERROR_UNSUPPORTED"), (-81, "MSKV_ERROR_THREAD"), (-82, "MSKV_ERROR_IO"),
     (-83, "MSKV_ERROR_CUDA_UNAVAILABLE"), (-84, "MSKV_ERROR_CUDA"), (-85, "MSKV_ERROR_NVRTC"),
 ]
@@ -69,7 +71,7 @@ class mskv_event(Structure):
 
 class mskv_store_ops(Structure):
     _fields_ = [("user", c_void_p), ("read_pages", c_void_p), ("write_pages", c_void_p),
-                ("copy_page", c_void_p), ("flush", c_void_p)]
+                ("copy_page", c_void_p), ("flush", c_void_p), ("fill_pages", c_void_p)]
 
 
 class mskv_arena_desc(Structure):
@@ -90,6 +92,7 @@ class mskv_arena_desc(Structure):
         ("log_user", c_void_p),
         ("on_event", c_void_p),
         ("event_user", c_void_p),
+        ("debug", c_uint32),
     ]
 
 
@@ -210,6 +213,10 @@ class mskv_plan(Structure):
         ("cap_batch", c_int32), ("cap_tokens", c_int32), ("cap_page_ids", c_int32),
         ("step", c_uint64),
         ("owned", c_void_p),
+        ("requests", c_void_p),
+        ("cross", mskv_request),
+        ("group", c_int32),
+        ("generation", c_uint64),
         ("q_pos", c_void_p),
         ("vis_sink_end", c_void_p),
         ("vis_window_start", c_void_p),
@@ -322,6 +329,7 @@ mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out);
 void mskv_arena_destroy(mskv_arena *arena);
 mskv_result mskv_arena_stats_get(mskv_arena *arena, mskv_arena_stats *out);
 mskv_result mskv_arena_audit(mskv_arena *arena, char *why, size_t why_cap);
+mskv_result mskv_arena_audit_bytes(mskv_arena *arena, char *why, size_t why_cap);
 uint64_t mskv_arena_digest(mskv_arena *arena);
 void mskv_arena_trim(mskv_arena *arena);
 mskv_result mskv_arena_retire(mskv_arena *arena, uint64_t completed);
@@ -348,6 +356,7 @@ mskv_result mskv_schedule_window(const mskv_schedule *s, int64_t k, mskv_window 
 mskv_result mskv_schedule_decode_span(const mskv_schedule *s, int64_t k, int64_t ctx, mskv_decode_span *out);
 mskv_result mskv_retention_validate(const mskv_retention *r, int32_t page_size, char *why, size_t why_cap);
 int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed);
+mskv_result mskv_skipped_tokens_get(const mskv_retention *r, int64_t num_computed, int64_t *out);
 mskv_result mskv_request_set_retention(mskv_arena *arena, mskv_request req, const mskv_retention *r);
 mskv_result mskv_admit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
 mskv_result mskv_commit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
@@ -356,6 +365,7 @@ mskv_result mskv_publish(mskv_arena *arena, const mskv_segment *segs, int32_t n,
 mskv_result mskv_plan_query(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan_size *out);
 mskv_result mskv_plan_build(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *plan);
 mskv_result mskv_plan_validate(const mskv_plan *plan, int32_t num_pages, char *why, size_t why_cap);
+mskv_result mskv_plan_check(mskv_arena *arena, const mskv_plan *plan);
 mskv_result mskv_keyed_create(mskv_arena *arena, uint64_t key, int64_t n_tokens, mskv_request *out);
 mskv_result mskv_keyed_seal(mskv_arena *arena, mskv_request entry);
 mskv_result mskv_keyed_find(mskv_arena *arena, uint64_t key, mskv_request *out);
