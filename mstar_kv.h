@@ -5494,6 +5494,13 @@ static MSKV__CPU_AVX2 float mskv__cpu_exp_row_avx2(float *MSKV__CPU_RESTRICT s, 
 static const mskv__cpu_kern mskv__cpu_kern_avx2 = {
     MSKV_CPU_ISA_AVX2, 8, mskv__cpu_cvt_avx2, mskv__cpu_gemm_avx2, mskv__cpu_softmax_avx2,
     mskv__cpu_qk_rows_avx2, mskv__cpu_pv_rows_avx2, mskv__cpu_exp_row_avx2};
+
+/* GCC ends target-attributed AVX functions without vzeroupper, so a call on
+   an AVX path returned with the upper halves of the vector registers dirty,
+   and the caller's SSE code after it (libm's exp, the application's own)
+   ran several times slower. Every thread clears them when its share of a
+   call is done. */
+static MSKV__CPU_AVX2 void mskv__cpu_zeroupper(void) { _mm256_zeroupper(); }
 #endif /* MSKV__CPU_X86 */
 
 /* ---- NEON path (arm64: 4 floats a vector, 32 registers) ---- */
@@ -6521,6 +6528,9 @@ static void mskv__cpu_attn_task(void *ctx, mskv__cpu_ws *ws) {
     mskv__cpu_job *job = (mskv__cpu_job *)ctx;
     mskv__cpu_work w;
     while (mskv__cpu_next(job, &w)) mskv__cpu_item(job, ws, &w);
+#if MSKV__CPU_X86
+    if (job->kern->isa == MSKV_CPU_ISA_AVX2 || job->kern->isa == MSKV_CPU_ISA_AVX512) mskv__cpu_zeroupper();
+#endif
 }
 
 /* The plan's checks shared by the paged and dense paths, per segment: counts,

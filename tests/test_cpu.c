@@ -1762,6 +1762,63 @@ TEST(a_decode_batch_of_64_or_more_kv_head_units_runs_whole_sequences) {
     mskv_cpu_destroy(cpu);
 }
 
+/* XINUSE (xgetbv with ecx = 1): the register state components not in their
+   initial configuration; bit 2 is the upper halves of YMM0-15, bit 6 those
+   of ZMM0-15. 0 when the CPU cannot say. */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#define TCPU_XINUSE 1
+static int tcpu_xinuse(uint64_t *out) {
+    unsigned a = 0, b = 0, c = 0, d = 0, lo, hi;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0;   /* OSXSAVE */
+    __cpuid_count(0xd, 1, a, b, c, d);
+    if (!(a & 4u)) return 0;                                                /* XGETBV with ecx = 1 */
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(1));
+    *out = (uint64_t)hi << 32 | lo;
+    return 1;
+}
+#endif
+
+/* Regression: the AVX paths returned with the vector registers' upper halves
+   dirty (GCC puts no vzeroupper at the end of target-attributed functions),
+   which made the caller's SSE code after each call several times slower. */
+TEST(attention_on_an_avx_path_returns_with_the_upper_vector_halves_clear) {
+#ifdef TCPU_XINUSE
+    static const mskv_cpu_isa isas[2] = {MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_AVX512};
+    tcpu_seq seqs[2] = {{9, 97, 97, 0}, {1, 700, 700, 0}};
+    uint64_t seed = mt_seed(), state = 0;
+    int i, ran = 0;
+    __asm__ volatile("vzeroupper");
+    if (!tcpu_xinuse(&state)) SKIP("this CPU cannot report which register state is in use (no XGETBV with ecx = 1)");
+    if (state & 0x44u) SKIP("this CPU reports the upper vector halves in use even right after vzeroupper (XINUSE 0x%llx)", (unsigned long long)state);
+    for (i = 0; i < 2; i++) {
+        mskv_cpu_desc cd;
+        mskv_cpu *cpu = NULL;
+        tcpu_fix f;
+        mskv_attn at = tcpu_attn(4, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_BF16);
+        float *o = NULL, *lse = NULL;
+        void *q;
+        if (!mskv_cpu_isa_available(isas[i])) continue;
+        memset(&cd, 0, sizeof cd);
+        cd.isa = isas[i];
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+        ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, 64, MSKV_DTYPE_BF16, seqs, 2, 1, 0, 0, seed));
+        q = tcpu_queries(&f, 4, MSKV_DTYPE_BF16, seed);
+        ASSERT_TRUE(q != NULL);
+        EXPECT_TRUE(tcpu_run(cpu, &f, &at, q, &o, &lse));
+        ASSERT_TRUE(tcpu_xinuse(&state));
+        if (state & 0x44u) mt_fail(__FILE__, __LINE__, "%s path: XINUSE 0x%llx after the call: upper vector halves left dirty", mskv_cpu_isa_name(isas[i]), (unsigned long long)state);
+        ran++;
+        free(q); free(o); free(lse);
+        tcpu_fix_free(&f);
+        mskv_cpu_destroy(cpu);
+    }
+    if (!ran) SKIP("no AVX path runs here");
+#else
+    SKIP("an x86 check (xgetbv), built here without GCC or Clang on x86");
+#endif
+}
+
 /* The attention tests above, on one path: every pool they create runs it. */
 static void tcpu_suite_on(mskv_cpu_isa isa) {
     mskv_cpu_desc cd;
