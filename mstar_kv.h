@@ -349,7 +349,8 @@ typedef struct mskv_request_info {
     int32_t lockstep;       /* a member of a lockstep group (mskv_lockstep_create) */
     uint64_t last_admitted; /* the arena's admit count at its last admit, 0 = never (mskv_make_room) */
     int64_t release_point;  /* token-exact end of what was released: the live tokens before it are gone
-                               (live_start is where the whole pages ended); 0 = nothing released */
+                               (live_start is where the whole pages ended); 0 = nothing released, or
+                               forgotten by a protect that moved the prefix while no page went */
     int64_t pos_shift;      /* added to the request's derived RoPE positions (mskv_request_shift_positions) */
     int64_t pos_shift_pending; /* a shift waiting for the open reservation's commit */
 } mskv_request_info;
@@ -407,7 +408,8 @@ MSKV_API mskv_result mskv_request_protect_prefix(mskv_arena *arena, mskv_request
    table is front-compacted to [prefix pages][live pages], and *released
    (optional) gets the tokens actually freed (a multiple of page_size).
    The release point itself is kept token-exact (mskv_request_info.
-   release_point: never moves back), so plans built with MSKV_VIS_EXACT hide
+   release_point: it never moves back, and a protect that moves the prefix
+   while no page went forgets it), so plans built with MSKV_VIS_EXACT hide
    the released tokens a kept page still holds.
    Return value: OUT_OF_RANGE (past the committed live tokens: reserved
    tokens are never released), INVALID_ARGUMENT (n < 0), OFFLOADED, READ_ONLY,

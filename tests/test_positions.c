@@ -4,6 +4,7 @@
    positions (q_pos) that let any part of a split-KV computation carry a
    causal mask. The attention side of q_pos is tested against the double
    reference in test_cpu.c; here the plans and the request state. */
+#include <math.h>
 #include <stdlib.h>
 #include "mskv_test.h"
 #include "../mstar_kv.h"
@@ -85,6 +86,46 @@ TEST(explicit_3d_positions_are_three_per_token_frame_row_column) {
     d.grid_h = 7; d.grid_w = 7;   /* would derive (0, 0, 0) .. (0, 0, 3) */
     ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &s, 1, &d, &p));
     for (i = 0; i < 12; i++) EXPECT_EQ(e[i], p.positions[i]);
+    mskv_plan_free(a, &p);
+    mskv_arena_destroy(a);
+}
+
+/* The explicit positions are what K is rotated by on the way into the
+   pool (mskv_cpu_write_kv with a rope): checked against the RoPE formula in
+   double (1-D, half rotation, theta 10000). */
+TEST(explicit_positions_rotate_k_on_the_way_into_the_pool) {
+    enum { D = 8, N = 3 };
+    mskv_arena *a = mtp_arena(16, 4, 1, 1, D);
+    mskv_request r;
+    mskv_segment s;
+    mskv_plan p;
+    mskv_plan_desc d = mtp_desc(MSKV_POS_1D);
+    mskv_rope rope;
+    static const int32_t e[N] = {1000, -7, 1000};   /* repeated and negative: the caller's scheme */
+    const int32_t *per[1];
+    float k[N * D], v[N * D];
+    const float *pool;
+    int32_t t, i;
+    ASSERT_TRUE(a != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    s.request = r; s.n_tokens = N;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &s, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 1, N, 4, &p));
+    per[0] = e;
+    d.positions = per;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &s, 1, &d, &p));
+    for (t = 0; t < N * D; t++) { k[t] = (float)((t * 7) % 11) / 5.0f - 1.0f; v[t] = 0.0f; }
+    memset(&rope, 0, sizeof rope);
+    rope.mode = MSKV_POS_1D;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_write_kv(a, 0, &p, k, v, MSKV_DTYPE_F32, &rope));
+    pool = (const float *)mskv_store_pool(a, 0, 0);
+    for (t = 0; t < N; t++)
+        for (i = 0; i < D / 2; i++) {
+            double ang = e[t] * pow(10000.0, -2.0 * i / D), x = k[t * D + i], y = k[t * D + i + D / 2];
+            const float *row = pool + (size_t)p.slot_mapping[t] * D;
+            EXPECT_NEAR(x * cos(ang) - y * sin(ang), row[i], 1e-5);
+            EXPECT_NEAR(x * sin(ang) + y * cos(ang), row[i + D / 2], 1e-5);
+        }
     mskv_plan_free(a, &p);
     mskv_arena_destroy(a);
 }
