@@ -7,6 +7,9 @@
 #   make gpu-check  the GPU check (needs an NVIDIA GPU)
 #   make python   install the Python package into build/venv (make test runs its tests)
 #   make check-neon the CPU backend's NEON path, cross-built and run under qemu
+#   make fuzz     every libFuzzer harness of tests/fuzz for FUZZ_SECONDS each
+#                 (make test runs them for 20 s each)
+#   make stress   the ThreadSanitizer stress with 10x the operations of make test
 
 CC      ?= cc
 WARN    := -Wall -Wextra -pedantic -Werror
@@ -45,6 +48,15 @@ TEST_BINS += $(B)/tests-emu
 endif
 TEST_BINS += $(B)/tests-python
 
+# Hardening (issue 9): libFuzzer harnesses, a ThreadSanitizer build of the
+# thread tests plus a stress, and allocation-failure injection under ASan.
+FUZZ_SECONDS ?= 20
+FUZZ_NAMES := import ops plans arith
+FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz-%)
+FUZZ_CC := clang -std=c99 $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+TSAN_SRC := tests/main.c tests/test_threads.c tests/stress_threads.c
+HARDEN_BINS := $(FUZZ_BINS) $(B)/gen-corpus $(B)/tests-tsan $(B)/alloc-fail
+
 # The Python package (python/): a venv under build/ (no system pip, so no
 # "externally-managed-environment") with NumPy, pytest and the build tools
 # from PyPI (wheel: a setuptools older than 70.1 needs it to build without
@@ -55,10 +67,10 @@ PYTHON  ?= python3
 VENV    := $(B)/venv
 PY_SRC  := $(wildcard python/mstar_kv/*.py python/mstar_kv/*.c) python/setup.py python/pyproject.toml
 
-.PHONY: all test tests demo bench gpu-check embed clean python check-neon
+.PHONY: all test tests demo bench gpu-check embed clean python check-neon fuzz stress fuzz-corpus
 all: tests $(B)/demo
 
-tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx $(WIN_TEST) $(WIN_CHECKS) $(LOADER_AIDS)
+tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx $(WIN_TEST) $(WIN_CHECKS) $(LOADER_AIDS) $(HARDEN_BINS)
 
 $(B):
 	mkdir -p $(B)
@@ -88,6 +100,19 @@ $(B)/tests-emu: $(EMU_SRC) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
 	g++ -std=c++17 $(WARN) -O2 -g -Itests $(EMU_SRC) -o $@ $(LIBS)
 $(B)/tests-video: tests/test_video.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(FFMPEG_CFLAGS) tests/test_video.c -o $@ $(FFMPEG_LIBS) $(LIBS)
+
+$(B)/fuzz-%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/mskv_mock_cuda.h $(HDRS) | $(B)
+	$(FUZZ_CC) $< -o $@ $(LIBS)
+$(B)/gen-corpus: tests/fuzz/gen_corpus.c tests/fuzz/fuzz_common.h $(HDRS) | $(B)
+	clang -std=c99 $(WARN) -O1 -g $< -o $@ $(LIBS)
+# the thread tests under TSan: a tenth of the plain build's operations (TSan
+# sees a missing lock from the ordering of accesses, without having to lose
+# the race), and the stress of stress_threads.c (MSKV_STRESS_OPS per thread)
+$(B)/tests-tsan: $(TSAN_SRC) $(HDRS) | $(B)
+	clang -std=c99 $(WARN) -O1 -g -fsanitize=thread -DMTT_OPS=100000L -Itests $(TSAN_SRC) -o $@ $(LIBS)
+$(B)/alloc-fail: tests/alloc_fail.c tests/mskv_mock_cuda.h $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+	    -Itests tests/alloc_fail.c -o $@ $(LIBS)
 
 # MSKV_STATIC builds (the C++ one also without threads): a private copy must
 # compile warning-free even where unused
@@ -132,7 +157,18 @@ python: $(B)/python-installed
 test:
 	@mkdir -p $(B); $(MAKE) -k tests; echo $$? > $(B)/build-status
 	-sh tools/embed_kernels.sh --check
-	bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST) $(WIN_TEST) tests/test_sdpa_peer.py
+	FUZZ_SECONDS=20 B=$(B) bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST) $(WIN_TEST) tests/test_sdpa_peer.py \
+	    $(B)/tests-tsan $(B)/alloc-fail tests/fuzz/run.sh
+
+fuzz: $(FUZZ_BINS) $(B)/gen-corpus
+	FUZZ_SECONDS=$(FUZZ_SECONDS) B=$(B) bash tests/fuzz/run.sh
+
+stress: $(B)/tests-tsan
+	MSKV_STRESS_OPS=1000000 ./$(B)/tests-tsan --filter stress
+
+# refresh the committed seeds of the import fuzzer (after a blob format change)
+fuzz-corpus: $(B)/gen-corpus
+	./$(B)/gen-corpus tests/fuzz/corpus/import
 
 # after editing kernels.cu: refresh the copy embedded in mstar_kv_cuda.h
 embed:

@@ -53,6 +53,15 @@
    Every call that takes a NULL required pointer returns
    MSKV_ERROR_NULL_POINTER, and a removed or foreign request handle
    MSKV_ERROR_INVALID_HANDLE; the lists below name the other codes.
+   When several things are wrong at once, the code is the first that
+   applies in this order: NULL_POINTER; INVALID_HANDLE and DUPLICATE (a
+   batch's segments are all looked up first, in order); INVALID_ARGUMENT or
+   OVERFLOW for a value wrong by itself (out of its domain, too large); the
+   request's state: OFFLOADED or NOT_OFFLOADED, then RESERVATION_PENDING or
+   NO_RESERVATION, then READ_ONLY, then BAD_STATE or a key that exists
+   (DUPLICATE) (a batch: segment by segment, each segment's first problem);
+   values against that state: OUT_OF_RANGE, RELEASED, NOT_WRITTEN, OVERFLOW;
+   last the resources: TOO_MANY_REQUESTS, OUT_OF_PAGES, OUT_OF_MEMORY.
 
    Thread safety: an arena's functions may be called from several threads at
    once (one internal lock per arena, removed by MSKV_NO_THREADS). Callbacks
@@ -2437,7 +2446,8 @@ MSKV_IMPL mskv_result mskv_request_slot_in_group(mskv_arena *a, mskv_request h, 
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
-    if (q->location != MSKV_RESIDENT) r = MSKV_ERROR_OFFLOADED;
+    if (pos < 0) r = MSKV_ERROR_INVALID_ARGUMENT;   /* a value outside its domain before the state (the header's order) */
+    else if (q->location != MSKV_RESIDENT) r = MSKV_ERROR_OFFLOADED;
     else r = mskv__compact_index(a, q, &q->t[g], pos, &j);
     if (r == MSKV_SUCCESS) *slot = (int64_t)q->t[g].pages[j / a->P] * a->P + j % a->P;
     else r = mskv__err(a, r, "slot of position %lld: %s", (long long)pos, mskv_result_string(r));
@@ -2628,8 +2638,9 @@ MSKV_IMPL mskv_result mskv_request_offload(mskv_arena *a, mskv_request h) {
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
-    r = mskv__check_mutable(a, q, "offload");
-    if (r == MSKV_SUCCESS && q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "offload: commit or abort first");
+    /* the header's order of state codes: location, reservation, keyed */
+    r = q->location == MSKV_RESIDENT && q->has_res ? mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "offload: commit or abort first")
+                                                   : mskv__check_mutable(a, q, "offload");
     if (r == MSKV_SUCCESS) r = mskv__check_solo(a, q, "offload");
     if (r == MSKV_SUCCESS) r = mskv__park_copy(a, &ri, 1, "offload");
     if (r == MSKV_SUCCESS) mskv__park_commit(a, &ri, 1);   /* the copy is complete: only now may the pages go */
@@ -3879,6 +3890,8 @@ MSKV_IMPL mskv_result mskv_keyed_create(mskv_arena *a, uint64_t key, int64_t n_t
     MSKV__LOCK(a);
     if (mskv__find_key(a, key) >= 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_DUPLICATE, "keyed_create: key exists"); }
     need = mskv__ceil_div(n_tokens, a->P);
+    /* the header's order of resources: a request slot before pages */
+    if (a->req_free_top == 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "keyed_create: no request slot"); }
     if ((int64_t)need * a->G > a->free_top) {
         MSKV__UNLOCK(a);
         return mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "keyed_create: need %lld pages, %d free", (long long)need * a->G, (int)a->free_top);
@@ -6104,7 +6117,8 @@ static void mskv__cpu_seg_of(const mskv__cpu_job *job, int32_t b, mskv__cpu_seg 
     sg->kv_len = plan->kv_len[b];
     sg->split = plan->kv_pos_split ? plan->kv_pos_split[b] : sg->kv_len;
     sg->shift = plan->kv_pos_shift ? plan->kv_pos_shift[b] : 0;
-    sg->pages = job->dense ? NULL : plan->kv_indices + plan->kv_indptr[b];
+    /* NULL for dense keys, and for a plan without page ids (no NULL + offset) */
+    sg->pages = job->dense || !plan->kv_indices ? NULL : plan->kv_indices + plan->kv_indptr[b];
     sg->tok0 = job->dense ? plan->kv_token_indptr[b] : 0;
     sg->q_pos = plan->q_pos ? plan->q_pos + sg->qo0 : NULL;
     mskv__cpu_seg_runs(job, b, sg);
@@ -6303,7 +6317,7 @@ static void mskv__cpu_block_rows(const mskv__cpu_job *job, const mskv__cpu_seg *
     const int32_t P = job->pools->page_size, D = job->dim;
     int64_t pi = j0 / P, off = j0 % P;
     int32_t jj;
-    if (!sg->pages) { /* dense rows: in order, which the hardware prefetches by itself */
+    if (job->dense) { /* dense rows: in order, which the hardware prefetches by itself */
         for (jj = 0; jj < kb; jj++) el[jj] = (size_t)(sg->tok0 + j0 + jj) * job->tstride;
         return;
     }

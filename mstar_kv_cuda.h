@@ -2467,11 +2467,11 @@ static mskv_result mskv__cuda_jit_compile(const mskv__cuda_jit *j, const mskv_cu
     nr = fn->nvrtcCompileProgram(prog, nopts, opts);
     if (fn->nvrtcGetProgramLogSize(prog, &lsz) == 0) {
         img->log = (char *)mskv__cuda_alloc(a, lsz + 1);
-        if (img->log) {
-            img->log[0] = 0;
-            if (lsz && fn->nvrtcGetProgramLog(prog, img->log) != 0) img->log[0] = 0;
-            img->log[lsz] = 0;
-        }
+        /* no memory for the log: say so, rather than a success that hid a failed allocation */
+        if (!img->log) { res = MSKV_ERROR_OUT_OF_MEMORY; goto done; }
+        img->log[0] = 0;
+        if (lsz && fn->nvrtcGetProgramLog(prog, img->log) != 0) img->log[0] = 0;
+        img->log[lsz] = 0;
     }
     if (nr != 0) {
         mskv__cuda_log(j->log, j->log_user, MSKV_LOG_ERROR, "mstar_kv cuda: NVRTC failed (%s) for %s:\n%s",

@@ -28,7 +28,11 @@ def header_dir():
 
 class build_shared_library(build_ext):
     def build_extension(self, ext):
-        ext.include_dirs.append(str(header_dir()))
+        d = header_dir()
+        ext.include_dirs.append(str(d))
+        # _lib.c only includes the headers: name them, or a build directory
+        # left from another checkout's headers counts as up to date
+        ext.depends += [str(d / h) for h in HEADERS]
         if self.compiler.compiler_type == "unix":
             ext.extra_compile_args += ["-std=c99"]
             ext.libraries += ["dl", "pthread", "m"]

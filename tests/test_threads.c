@@ -8,7 +8,9 @@
 #include "../mstar_kv.h"
 
 #define MTT_THREADS 4
-#define MTT_OPS 1000000L  /* 10^5 rarely exposes a missing lock on two cores; 10^6 did every time */
+#ifndef MTT_OPS
+#define MTT_OPS 1000000L  /* 10^5 rarely exposes a missing lock on two cores; 10^6 did every time (TSan needs fewer) */
+#endif
 #define MTT_REQS 3
 #define MTT_P 4
 
