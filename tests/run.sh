@@ -76,7 +76,7 @@ finish() {
   cpu_total=$(awk -v a="$cpu_total" -v b="$cpu" 'BEGIN { printf "%.1f", a + b }')
   if [ "$jobs" -gt 1 ]; then echo "=== $bin"; cat "$work/$i.out"; fi
   line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$work/$i.out" | tail -n 1)
-  times="$times $(basename "$bin") ${dt}s (cpu ${cpu}s),"
+  times="$times ${bin#"${B:-build}/"} ${dt}s (cpu ${cpu}s),"   # tests/fuzz/run.sh keeps its path
   if [ -z "$line" ]; then
     echo "!!! $bin exited with status $rc without a totals line (${dt} s, cpu ${cpu} s)"
     failed=$((failed + 1)); return
