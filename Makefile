@@ -4,6 +4,8 @@
 #   make demo     build and run the video demo (writes demo.mp4)
 #   make bench    build and run the benchmarks
 #   make gpu-check  the GPU check (needs an NVIDIA GPU)
+#   make kernel-stats  the machine-code figures of every attention and K/V
+#                 write variant (NVRTC + nvdisasm on the CPU; no GPU)
 
 CC      ?= cc
 WARN    := -Wall -Wextra -pedantic -Werror
@@ -29,7 +31,7 @@ ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
 
-.PHONY: all test tests demo bench gpu-check embed clean
+.PHONY: all test tests demo bench gpu-check embed clean kernel-stats cuda-tools
 all: tests $(B)/demo
 
 tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx
@@ -92,6 +94,16 @@ bench: $(B)/host_bench $(B)/attn_bench
 
 gpu-check:
 	bash tests/gpu_check.sh
+
+$(B)/kernel-stats: bench/kernel_stats.c kernels.cu $(HDRS) | $(B)
+	$(CC) -std=c99 $(WARN) $(OPT) bench/kernel_stats.c -o $@ $(LIBS)
+
+# nvdisasm/cuobjdump from PyPI into build/cuda-tools (when missing)
+cuda-tools:
+	sh tools/cuda_tools.sh
+
+kernel-stats: $(B)/kernel-stats cuda-tools
+	./$(B)/kernel-stats
 
 clean:
 	rm -rf $(B)
