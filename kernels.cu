@@ -151,6 +151,14 @@ struct __align__(16) mskv_v16 { mskv_u32 x, y, z, w; };
 #endif
 #endif
 
+/* sm_90a-only code (wgmma, setmaxnreg, the kernel built on them): NVRTC
+   compiling for sm_90a, or the host emulation (tests/emu/mskv_emu_sm90.h) */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(MSKV_EMU_SM90)
+#define MSKV_SM90A 1
+#else
+#define MSKV_SM90A 0
+#endif
+
 #ifndef MSKV_DTYPE
 #define MSKV_DTYPE 2
 #endif
@@ -723,6 +731,495 @@ MSKV_UNROLL
 }
 #endif /* MSKV_DTYPE != 0 */
 
+/* >>attention sm90a -------------------------------------------------------- */
+/* mskv_attn_sm90: the prefill/chunk attention of mskv_attn for sm_90a, in the
+   warp-specialised manner of FlashAttention-3 (see the file's header). */
+#if MSKV_SM90A && MSKV_DTYPE != 0
+
+#ifdef MSKV_GPU
+/* Hopper primitives. The tensor map is CUtensorMap: 128 opaque bytes, passed
+   by value as a __grid_constant__ parameter so TMA can read it in place. */
+struct __align__(64) mskv_tmap { mskv_u64 opaque[16]; };
+#define MSKV_GRID_CONST __grid_constant__
+#define MSKV_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+/* bar.sync / bar.arrive: n threads (a multiple of 32) meet at named barrier id */
+MSKV_DEV void mskv_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory"); }
+MSKV_DEV void mskv_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(n) : "memory"); }
+MSKV_DEV void mskv_mbar_init(mskv_u32 bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+/* makes the inits visible to the async proxy (the copies that complete on them) */
+MSKV_DEV void mskv_mbar_init_fence(void) { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+MSKV_DEV void mskv_mbar_arrive(mskv_u32 bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" :: "r"(bar) : "memory");
+}
+MSKV_DEV void mskv_mbar_arrive_tx(mskv_u32 bar, mskv_u32 bytes) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" :: "r"(bar), "r"(bytes) : "memory");
+}
+/* 1 once the phase of this parity has completed */
+MSKV_DEV int mskv_mbar_try_wait(mskv_u32 bar, int parity) {
+    mskv_u32 ok;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+    return (int)ok;
+}
+/* generic-proxy writes of this thread (cp.async) become visible to wgmma and TMA */
+MSKV_DEV void mskv_fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+MSKV_DEV void mskv_tma_load_4d(mskv_u32 dst, const mskv_tmap *map, int c0, int c1, int c2, int c3, mskv_u32 bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+                 :: "r"(dst), "l"((mskv_u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+MSKV_DEV void mskv_wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+MSKV_DEV void mskv_wgmma_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> MSKV_DEV void mskv_wgmma_wait(void) { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+template <int N> MSKV_DEV void mskv_setmaxnreg_inc(void) { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
+template <int N> MSKV_DEV void mskv_setmaxnreg_dec(void) { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
+/* Registers an asynchronous wgmma reads or writes: the compiler must neither
+   move their uses across the wait nor reuse them while the op runs. */
+MSKV_DEV void mskv_wg_keep(float &x) { asm volatile("" : "+f"(x) :: "memory"); }
+MSKV_DEV void mskv_wg_keep_u(mskv_u32 &x) { asm volatile("" : "+r"(x) :: "memory"); }
+#if MSKV_DTYPE == 1
+#define MSKV_WG_TY ".f16.f16"
+#else
+#define MSKV_WG_TY ".bf16.bf16"
+#endif
+/* accumulator operand lists: "+f"(d[0]) ... */
+#define MSKV_WG_O8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MSKV_WG_O32 MSKV_WG_O8(0), MSKV_WG_O8(8), MSKV_WG_O8(16), MSKV_WG_O8(24)
+#define MSKV_WG_O64 MSKV_WG_O32, MSKV_WG_O8(32), MSKV_WG_O8(40), MSKV_WG_O8(48), MSKV_WG_O8(56)
+#define MSKV_WG_O128 MSKV_WG_O64, MSKV_WG_O8(64), MSKV_WG_O8(72), MSKV_WG_O8(80), MSKV_WG_O8(88), \
+    MSKV_WG_O8(96), MSKV_WG_O8(104), MSKV_WG_O8(112), MSKV_WG_O8(120)
+#define MSKV_WG_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define MSKV_WG_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define MSKV_WG_D128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+/* wgmma m64nNk16 with f32 accumulators d[N/2]; acc 0: D = A B, else D += A B.
+   ss: A and B K-major from descriptors (S = Q K^T); rs: A from registers (P),
+   B N-major from a descriptor (O += P V, imm-trans-b 1). */
+#define MSKV_WG_SS(N, DL, OPS, IA, IB, IP)                                                              \
+    MSKV_DEV void mskv_wgmma_ss##N(float *d, mskv_u64 da, mskv_u64 db, int acc) {                       \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                                  \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32" MSKV_WG_TY " " DL ", %" #IA ", %" #IB \
+                     ", p, 1, 1, 0, 0;\n}\n" : OPS : "l"(da), "l"(db), "r"(acc));                        \
+    }
+#define MSKV_WG_RS(N, DL, OPS, I0, I1, I2, I3, IB, IP)                                                  \
+    MSKV_DEV void mskv_wgmma_rs##N(float *d, const mskv_u32 *a, mskv_u64 db, int acc) {                 \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                                  \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32" MSKV_WG_TY " " DL ", {%" #I0 ", %" #I1 \
+                     ", %" #I2 ", %" #I3 "}, %" #IB ", p, 1, 1, 1;\n}\n"                                 \
+                     : OPS : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));            \
+    }
+MSKV_WG_SS(64, MSKV_WG_D32, MSKV_WG_O32, 32, 33, 34)
+MSKV_WG_SS(128, MSKV_WG_D64, MSKV_WG_O64, 64, 65, 66)
+MSKV_WG_RS(64, MSKV_WG_D32, MSKV_WG_O32, 32, 33, 34, 35, 36, 37)
+MSKV_WG_RS(128, MSKV_WG_D64, MSKV_WG_O64, 64, 65, 66, 67, 68, 69)
+MSKV_WG_RS(256, MSKV_WG_D128, MSKV_WG_O128, 128, 129, 130, 131, 132, 133)
+#else
+/* host emulation: tests/emu/mskv_emu_sm90.h has the primitives; the wgmma
+   entry points take this file's MSKV_DTYPE */
+MSKV_DEV void mskv_wgmma_ss64(float *d, mskv_u64 da, mskv_u64 db, int acc) { mskv_emu_wgmma_ss(d, 64, da, db, acc, MSKV_DTYPE == 2); }
+MSKV_DEV void mskv_wgmma_ss128(float *d, mskv_u64 da, mskv_u64 db, int acc) { mskv_emu_wgmma_ss(d, 128, da, db, acc, MSKV_DTYPE == 2); }
+MSKV_DEV void mskv_wgmma_rs64(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 64, a, db, acc, MSKV_DTYPE == 2); }
+MSKV_DEV void mskv_wgmma_rs128(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 128, a, db, acc, MSKV_DTYPE == 2); }
+MSKV_DEV void mskv_wgmma_rs256(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 256, a, db, acc, MSKV_DTYPE == 2); }
+#endif
+
+/* Tiles: 128 rows per block (two consumer warpgroups of 64), BN keys per K/V
+   tile, a ring of STAGES stages of K and V. Every operand tile is K-major
+   with the 128-byte swizzle: [D/64 column blocks][rows][128 B], 16-byte chunk
+   c of row r at ((c ^ (r & 7)) << 4) of its 128-byte row, each tile on a
+   1024-byte boundary. */
+#if MSKV_D >= 256
+#define MSKV_H_BN 64
+#else
+#define MSKV_H_BN 128
+#endif
+#if MSKV_D <= 64
+#define MSKV_H_STAGES 3
+#else
+#define MSKV_H_STAGES 2
+#endif
+#define MSKV_H_THREADS 384                        /* producer warpgroup + 2 consumers */
+#define MSKV_H_BM 128
+#define MSKV_H_QB (64 * MSKV_D * 2)                /* one consumer's Q tile */
+#define MSKV_H_TB (MSKV_H_BN * MSKV_D * 2)         /* one K (or V) tile */
+#define MSKV_H_SB (2 * MSKV_H_TB)                  /* a stage: K, then V */
+#define MSKV_H_BARS (2 * MSKV_H_QB + MSKV_H_STAGES * MSKV_H_SB)   /* full[STAGES], empty[STAGES] */
+#define MSKV_H_SMEM (1024 + MSKV_H_BARS + 16 * MSKV_H_STAGES)     /* + slack to align the base */
+#define MSKV_H_REGS_PRODUCER 40
+#define MSKV_H_REGS_CONSUMER 232                  /* 128 x 40 + 256 x 232 <= 64K */
+/* named barriers: 1 producer team, 2 + w consumer w's Q, 4 + w consumer w's turn at the tensor cores */
+#define MSKV_CAT2(a, b) a##b
+#define MSKV_CAT(a, b) MSKV_CAT2(a, b)
+#define MSKV_WGMMA_S MSKV_CAT(mskv_wgmma_ss, MSKV_H_BN)
+#define MSKV_WGMMA_PV MSKV_CAT(mskv_wgmma_rs, MSKV_HEAD_DIM)
+
+#ifndef MSKV_GPU
+/* for the host tests: the launch geometry of these defines */
+static const int mskv_attn_sm90_block_keys = MSKV_H_BN, mskv_attn_sm90_smem_bytes = MSKV_H_SMEM;
+#endif
+
+/* matrix descriptor, 128-byte swizzle: start, leading / stride byte offsets */
+MSKV_DEV mskv_u64 mskv_h_desc(mskv_u32 addr, mskv_u32 lbo, mskv_u32 sbo) {
+    return (mskv_u64)((addr & 0x3ffffu) >> 4) | ((mskv_u64)((lbo & 0x3ffffu) >> 4) << 16) |
+           ((mskv_u64)((sbo & 0x3ffffu) >> 4) << 32) | (1ull << 62);
+}
+
+/* The keys a block visits, as tiles of BN from tile0 (BN-aligned). Tiles
+   [f_lo, f_hi) are visible whole to every row of the block; the others
+   ("masked") go first, in a loop of their own, then the whole ones. */
+struct mskv_h_keys {
+    int split_lo, split_hi;   /* the split's keys (kv_len cut) */
+    int n_lo, n_hi;           /* cut further by the mask's reach over the block's rows */
+    int tile0, n_tiles, f_lo, f_hi, n_masked;
+};
+MSKV_DEV mskv_h_keys mskv_h_block_keys(int row0, int rows, int group, int qo_len, int kvl, int psplit, int pshift,
+                                       int mask, int window_left, int kv_chunk, int n_splits, int split) {
+    mskv_h_keys k;
+    const int last = row0 + MSKV_H_BM - 1 < rows - 1 ? row0 + MSKV_H_BM - 1 : rows - 1;
+    const int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;
+    int lo_max, hi_min;
+    k.split_lo = n_splits > 1 ? split * kv_chunk : 0;
+    k.split_hi = n_splits > 1 ? (k.split_lo + kv_chunk < kvl ? k.split_lo + kv_chunk : kvl) : kvl;
+    k.n_lo = lo_max = k.split_lo;
+    k.n_hi = hi_min = k.split_hi;
+    if (mask >= 1) {
+        if (qi_last + 1 < k.n_hi) k.n_hi = qi_last + 1;
+        if (qi_first + 1 < hi_min) hi_min = qi_first + 1;
+    }
+    if (mask == 2) {
+        const int lo = mskv_first_at(mskv_abs_pos(qi_first, psplit, pshift) - window_left, psplit, pshift);
+        const int lo2 = mskv_first_at(mskv_abs_pos(qi_last, psplit, pshift) - window_left, psplit, pshift);
+        if (lo > k.n_lo) k.n_lo = lo;
+        if (lo2 > lo_max) lo_max = lo2;
+    }
+    k.tile0 = k.n_lo / MSKV_H_BN * MSKV_H_BN;
+    k.n_tiles = k.n_hi > k.n_lo ? (k.n_hi - k.tile0 + MSKV_H_BN - 1) / MSKV_H_BN : 0;
+    k.f_lo = (lo_max - k.tile0 + MSKV_H_BN - 1) / MSKV_H_BN;
+    if (k.f_lo > k.n_tiles) k.f_lo = k.n_tiles;
+    k.f_hi = hi_min > k.tile0 ? (hi_min - k.tile0) / MSKV_H_BN : 0;
+    if (k.f_hi > k.n_tiles) k.f_hi = k.n_tiles;
+    if (k.f_hi < k.f_lo) k.f_hi = k.f_lo;
+    k.n_masked = k.f_lo + (k.n_tiles - k.f_hi);
+    return k;
+}
+/* first key of the i-th tile in visiting order (producer and consumers agree) */
+MSKV_DEV int mskv_h_tile_key(const mskv_h_keys &k, int i) {
+    const int tile = i < k.n_masked ? (i < k.f_lo ? i : i - k.f_lo + k.f_hi) : i - k.n_masked + k.f_lo;
+    return k.tile0 + tile * MSKV_H_BN;
+}
+
+/* ---- producer: one tile of K and V into a stage ---- */
+
+/* TMA: the tile lies in whole pages (page_size a multiple of BN, or BN a
+   multiple of page_size), one box per page piece and 64-wide column block:
+   the tensor map is the pool as [pages][page_size][kv_heads][D] (dims D,
+   kv_heads, page_size, num_pages; box 64 x 1 x min(page_size, BN) x 1), so a
+   box is (c * 64, kvh, slot in page, page id). Lanes of one warp share the boxes. */
+MSKV_DEV void mskv_h_load_tma(const mskv_tmap *k_map, const mskv_tmap *v_map, const int *pages, int page_size, int kvh,
+                              int key0, mskv_u32 kst, mskv_u32 full, int lane) {
+    const int box_rows = page_size < MSKV_H_BN ? page_size : MSKV_H_BN, boxes = MSKV_H_BN / box_rows;
+    /* the expectation may follow the first bytes: tx counts below zero until it comes */
+    if (lane == 0) mskv_mbar_arrive_tx(full, 2 * MSKV_H_TB);
+    for (int x = lane; x < boxes * (MSKV_D / 64); x += 32) {
+        const int pb = x / (MSKV_D / 64), cb = x % (MSKV_D / 64), key = key0 + pb * box_rows;
+        const int page = pages[key / page_size], slot = key % page_size;
+        const mskv_u32 dst = kst + (mskv_u32)(cb * (MSKV_H_BN * 128) + pb * box_rows * 128);
+        mskv_tma_load_4d(dst, k_map, cb * 64, kvh, slot, page, full);
+        mskv_tma_load_4d(dst + MSKV_H_TB, v_map, cb * 64, kvh, slot, page, full);
+    }
+}
+
+/* cp.async, any page size: team threads copy whole rows (one page id each),
+   rows at or past kv_len zero-filled (a page's unused slots may hold NaN);
+   then wait, fence the generic writes for the tensor cores, meet, arrive. */
+MSKV_DEV void mskv_h_load_rows(const unsigned char *k_pool, const unsigned char *v_pool, const int *pages, int page_size,
+                               int kv_heads, int kvh, int kvl, int key0, unsigned char *sk, mskv_u32 full, int idx, int team) {
+    const mskv_u64 slot_bytes = (mskv_u64)kv_heads * (MSKV_D * 2);
+    for (int r = idx; r < MSKV_H_BN; r += team) {
+        const int j = key0 + r, ok = j < kvl;
+        mskv_u64 off = 0;
+        if (ok) off = ((mskv_u64)pages[j / page_size] * (mskv_u64)page_size + (mskv_u64)(j % page_size)) * slot_bytes +
+                      (mskv_u64)kvh * (MSKV_D * 2);
+MSKV_UNROLL
+        for (int c = 0; c < MSKV_D / 8; c++) {
+            const int d = (c >> 3) * (MSKV_H_BN * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+            mskv_cp_async16(sk + d, k_pool + off + 16 * c, ok ? 16 : 0);
+            mskv_cp_async16(sk + d + MSKV_H_TB, v_pool + off + 16 * c, ok ? 16 : 0);
+        }
+    }
+    mskv_cp_commit();
+    mskv_cp_wait<0>();
+    mskv_fence_proxy_async();
+    if (team == 32) mskv_syncwarp();
+    else mskv_bar_sync(1, team);
+    if (idx == 0) mskv_mbar_arrive(full);
+}
+
+/* ---- consumers ---- */
+
+/* One consumer warpgroup's state; a thread holds rows g and g + 8 of its
+   warp's 16 (the wgmma accumulator layout: element i is row g + 8 ((i >> 1) & 1),
+   column 8 (i >> 2) + 2 t4 + (i & 1)). */
+struct mskv_h_cons {
+    float o[MSKV_D / 2];                 /* O, unnormalised */
+    float s[MSKV_H_BN / 2];              /* S, then P of the current tile */
+    mskv_u32 p[MSKV_H_BN / 16][4];       /* P of the previous tile as A fragments (k16 slices) */
+    float m[2], l[2];                    /* running max (unscaled), this lane's part of the row sums */
+    int klo[2], khi[2];                  /* the keys row h may see: [klo, khi) */
+    mskv_u64 qd;                         /* descriptor of this warpgroup's Q tile */
+    mskv_u32 ring;                       /* shared address of stage 0 */
+    mskv_u32 bars;                       /* shared address of full[0] */
+    int cw, t4;
+    float scale_log2;
+};
+
+/* mask, online softmax, P into c.s; the O rescale factors into alpha */
+template <int MASKED>
+MSKV_DEV void mskv_h_softmax(mskv_h_cons &c, int key0, float alpha[2]) {
+    float mx[2], neg[2];
+    mx[0] = c.m[0]; mx[1] = c.m[1];
+    if (MASKED) {
+        int lo[2], hi[2];
+        for (int h = 0; h < 2; h++) { lo[h] = c.klo[h] - key0 - 2 * c.t4; hi[h] = c.khi[h] - key0 - 2 * c.t4; }
+MSKV_UNROLL
+        for (int i = 0; i < MSKV_H_BN / 2; i++) {
+            const int h = (i >> 1) & 1, col = (i >> 2) * 8 + (i & 1);
+            c.s[i] = col >= lo[h] && col < hi[h] ? c.s[i] : mskv_neg_inf();
+        }
+    }
+MSKV_UNROLL
+    for (int i = 0; i < MSKV_H_BN / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], c.s[i]);
+MSKV_UNROLL
+    for (int h = 0; h < 2; h++) {
+        float mu;
+        mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 1));
+        mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 2));
+        mu = mx[h] == mskv_neg_inf() ? 0.0f : mx[h];   /* nothing seen yet: keep exp2 finite */
+        alpha[h] = mskv_exp2((c.m[h] - mu) * c.scale_log2);
+        c.m[h] = mx[h];
+        c.l[h] *= alpha[h];
+        neg[h] = mu * c.scale_log2;
+    }
+MSKV_UNROLL
+    for (int i = 0; i < MSKV_H_BN / 2; i++) {
+        const int h = (i >> 1) & 1;
+        c.s[i] = mskv_exp2(fmaf(c.s[i], c.scale_log2, -neg[h]));
+        c.l[h] += c.s[i];
+    }
+}
+
+/* O += P V of the tile in stage ps (issued, committed) */
+MSKV_DEV void mskv_h_issue_pv(mskv_h_cons &c, int ps) {
+    const mskv_u64 vd = mskv_h_desc(c.ring + (mskv_u32)(ps * MSKV_H_SB + MSKV_H_TB), MSKV_H_BN * 128, 1024);
+MSKV_UNROLL
+    for (int kk = 0; kk < MSKV_H_BN / 16; kk++) MSKV_WGMMA_PV(c.o, c.p[kk], vd + (mskv_u64)(kk * 16 * 128 / 16), 1);
+    mskv_wgmma_commit();
+}
+
+/* PV done: the stage goes back to the producer (one arrival per warpgroup) */
+MSKV_DEV void mskv_h_release(mskv_h_cons &c, int ps) {
+MSKV_UNROLL
+    for (int i = 0; i < MSKV_D / 2; i++) mskv_wg_keep(c.o[i]);
+MSKV_UNROLL
+    for (int kk = 0; kk < MSKV_H_BN / 16; kk++) {
+MSKV_UNROLL
+        for (int e = 0; e < 4; e++) mskv_wg_keep_u(c.p[kk][e]);
+    }
+    if ((mskv_tid() & 127) == 0) mskv_mbar_arrive(c.bars + (mskv_u32)(8 * (MSKV_H_STAGES + ps)));
+}
+
+/* One turn at the tensor cores (taken in alternation with the other
+   consumer, so one's softmax runs under the other's GEMMs): S = Q K^T of
+   tile t and O += P V of tile t - 1 are issued together; the softmax of S
+   overlaps the P V; O is rescaled once that is done. */
+template <int MASKED, int FIRST>
+MSKV_DEV void mskv_h_turn(mskv_h_cons &c, int t, int key0) {
+    const int s = t % MSKV_H_STAGES, ps = (t + MSKV_H_STAGES - 1) % MSKV_H_STAGES;
+    float alpha[2];
+    while (!mskv_mbar_try_wait(c.bars + (mskv_u32)(8 * s), (t / MSKV_H_STAGES) & 1)) {}
+    mskv_bar_sync(4 + c.cw, 256);
+    mskv_wgmma_fence();
+    {
+        const mskv_u64 kd = mskv_h_desc(c.ring + (mskv_u32)(s * MSKV_H_SB), 16, 1024);
+MSKV_UNROLL
+        for (int kk = 0; kk < MSKV_D / 16; kk++)
+            MSKV_WGMMA_S(c.s, c.qd + (mskv_u64)(((kk >> 2) * 64 * 128 + (kk & 3) * 32) >> 4),
+                         kd + (mskv_u64)(((kk >> 2) * MSKV_H_BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+        mskv_wgmma_commit();
+    }
+    if (!FIRST) mskv_h_issue_pv(c, ps);
+    mskv_bar_arrive(4 + (c.cw ^ 1), 256);
+    if (FIRST) mskv_wgmma_wait<0>();
+    else mskv_wgmma_wait<1>();
+MSKV_UNROLL
+    for (int i = 0; i < MSKV_H_BN / 2; i++) mskv_wg_keep(c.s[i]);
+    mskv_h_softmax<MASKED>(c, key0, alpha);
+    if (!FIRST) {
+        mskv_wgmma_wait<0>();
+        mskv_h_release(c, ps);
+    }
+MSKV_UNROLL
+    for (int i = 0; i < MSKV_D / 2; i++) c.o[i] *= alpha[(i >> 1) & 1];
+MSKV_UNROLL
+    for (int kk = 0; kk < MSKV_H_BN / 16; kk++) {
+        c.p[kk][0] = mskv_pack2(c.s[8 * kk], c.s[8 * kk + 1]);
+        c.p[kk][1] = mskv_pack2(c.s[8 * kk + 2], c.s[8 * kk + 3]);
+        c.p[kk][2] = mskv_pack2(c.s[8 * kk + 4], c.s[8 * kk + 5]);
+        c.p[kk][3] = mskv_pack2(c.s[8 * kk + 6], c.s[8 * kk + 7]);
+    }
+}
+
+/* the last turn: only the P V of the last tile (consumer 1 has no one to hand on to) */
+MSKV_DEV void mskv_h_last_turn(mskv_h_cons &c, int n) {
+    const int ps = (n - 1) % MSKV_H_STAGES;
+    mskv_bar_sync(4 + c.cw, 256);
+    mskv_wgmma_fence();
+    mskv_h_issue_pv(c, ps);
+    if (c.cw == 0) mskv_bar_arrive(5, 256);
+    mskv_wgmma_wait<0>();
+    mskv_h_release(c, ps);
+}
+
+MSKV_KERNEL void MSKV_BOUNDS(MSKV_H_THREADS, 1)
+mskv_attn_sm90(const MSKV_GRID_CONST mskv_tmap k_map, const MSKV_GRID_CONST mskv_tmap v_map, int use_tma,
+               const void *q, const void *k_pool, const void *v_pool, const int *qo_indptr, const int *kv_indptr,
+               const int *kv_indices, const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,
+               int q_heads, int kv_heads, int page_size, float scale_log2, int mask, int window_left, int kv_chunk,
+               int n_splits, void *o, float *lse, float *o_part, float *lse_part) {
+    MSKV_SMEM(smem);
+    const int tid = mskv_tid(), wg = tid >> 7;
+    const int b = mskv_bid_y(), kvh = mskv_bid_z() % kv_heads, split = mskv_bid_z() / kv_heads;
+    const int group = q_heads / kv_heads;
+    const int q0 = qo_indptr[b], qo_len = qo_indptr[b + 1] - q0, rows = qo_len * group;
+    const int row0 = mskv_bid_x() * MSKV_H_BM;
+    const int kvl = kv_len[b], psplit = kv_pos_split[b], pshift = kv_pos_shift[b];
+    mskv_h_keys kb;
+    mskv_u32 base;
+    unsigned char *sbase;
+    if (row0 >= rows) return;  /* whole block: before any barrier */
+    kb = mskv_h_block_keys(row0, rows, group, qo_len, kvl, psplit, pshift, mask, window_left, kv_chunk, n_splits, split);
+    base = (mskv_smem_addr(smem) + 1023u) & ~1023u;
+    sbase = smem + (base - mskv_smem_addr(smem));
+    if (tid == 0) {
+        for (int s = 0; s < MSKV_H_STAGES; s++) {
+            mskv_mbar_init(base + MSKV_H_BARS + 8 * s, 1);                      /* full: the producer */
+            mskv_mbar_init(base + MSKV_H_BARS + 8 * (MSKV_H_STAGES + s), 2);    /* empty: both consumers */
+        }
+        mskv_mbar_init_fence();
+    }
+    mskv_sync();
+
+    if (wg == 0) {
+        /* producer: TMA needs one warp (the rest leave); cp.async takes all four */
+        const int team = use_tma ? 32 : 128;
+        const int *pages = kv_indices + kv_indptr[b];
+        mskv_setmaxnreg_dec<MSKV_H_REGS_PRODUCER>();
+        if (tid >= team) return;
+        for (int i = 0; i < kb.n_tiles; i++) {
+            const int s = i % MSKV_H_STAGES, key0 = mskv_h_tile_key(kb, i);
+            const mskv_u32 full = base + MSKV_H_BARS + 8 * s, stage = base + 2 * MSKV_H_QB + s * MSKV_H_SB;
+            while (!mskv_mbar_try_wait(full + 8 * MSKV_H_STAGES, ((i / MSKV_H_STAGES) & 1) ^ 1)) {}
+            if (use_tma && key0 + MSKV_H_BN <= kvl)
+                mskv_h_load_tma(&k_map, &v_map, pages, page_size, kvh, key0, stage, full, tid);
+            else
+                mskv_h_load_rows((const unsigned char *)k_pool, (const unsigned char *)v_pool, pages, page_size,
+                                 kv_heads, kvh, kvl, key0, sbase + (stage - base), full, tid, team);
+        }
+    } else {
+        mskv_h_cons c;
+        const int cw = wg - 1, t = tid & 127, warp = t >> 5, lane = tid & 31, g = lane >> 2;
+        mskv_setmaxnreg_inc<MSKV_H_REGS_CONSUMER>();
+        c.cw = cw; c.t4 = lane & 3; c.scale_log2 = scale_log2;
+        c.ring = base + 2 * MSKV_H_QB;
+        c.bars = base + MSKV_H_BARS;
+        c.qd = mskv_h_desc(base + (mskv_u32)(cw * MSKV_H_QB), 16, 1024);
+        {
+            /* this warpgroup's 64 rows of Q; row r of the block is query r / group,
+               q head kvh * group + r % group; rows past the segment are zero */
+            unsigned char *qs = sbase + cw * MSKV_H_QB;
+            for (int idx = t; idx < 64 * (MSKV_D / 8); idx += 128) {
+                const int r = idx / (MSKV_D / 8), ch = idx % (MSKV_D / 8), R = row0 + 64 * cw + r, ok = R < rows;
+                mskv_i64 off = 0;
+                if (ok) off = (((mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group) * MSKV_D + ch * 8) * 2;
+                mskv_cp_async16(qs + (ch >> 3) * (64 * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4),
+                                (const unsigned char *)q + off, ok ? 16 : 0);
+            }
+            mskv_cp_commit();
+            mskv_cp_wait<0>();
+            mskv_fence_proxy_async();
+            mskv_bar_sync(2 + cw, 128);
+        }
+        for (int h = 0; h < 2; h++) {
+            const int R = row0 + 64 * cw + 16 * warp + g + 8 * h, Rc = R < rows ? R : rows - 1;
+            const int qi = kvl - qo_len + Rc / group, qpos = mskv_abs_pos(qi, psplit, pshift);
+            c.klo[h] = kb.split_lo;
+            c.khi[h] = kb.split_hi;
+            if (mask >= 1 && qi + 1 < c.khi[h]) c.khi[h] = qi + 1;
+            if (mask == 2) {
+                const int lo = mskv_first_at(qpos - window_left, psplit, pshift);
+                if (lo > c.klo[h]) c.klo[h] = lo;
+            }
+            c.m[h] = mskv_neg_inf();
+            c.l[h] = 0.0f;
+        }
+MSKV_UNROLL
+        for (int i = 0; i < MSKV_D / 2; i++) c.o[i] = 0.0f;
+        if (kb.n_tiles > 0) {
+            int it = 1;
+            if (cw == 1) mskv_bar_arrive(4, 256);   /* consumer 0 takes the first turn */
+            if (kb.n_masked > 0) mskv_h_turn<1, 1>(c, 0, mskv_h_tile_key(kb, 0));
+            else mskv_h_turn<0, 1>(c, 0, mskv_h_tile_key(kb, 0));
+            for (; it < kb.n_masked; it++) mskv_h_turn<1, 0>(c, it, mskv_h_tile_key(kb, it));
+            for (; it < kb.n_tiles; it++) mskv_h_turn<0, 0>(c, it, mskv_h_tile_key(kb, it));
+            mskv_h_last_turn(c, kb.n_tiles);
+        }
+        /* the 4 lanes of a row add up their sums; write O / l and the LSE */
+        for (int h = 0; h < 2; h++) {
+            c.l[h] += mskv_shfl_xor(c.l[h], 1);
+            c.l[h] += mskv_shfl_xor(c.l[h], 2);
+        }
+        {
+            const mskv_i64 total_q = qo_indptr[mskv_nblk_y()];
+            const float ln2 = 0.6931471805599453f;
+            for (int h = 0; h < 2; h++) {
+                const int R = row0 + 64 * cw + 16 * warp + g + 8 * h;
+                const float inv = c.l[h] > 0.0f ? 1.0f / c.l[h] : 0.0f;
+                const float lv = c.l[h] > 0.0f ? (c.m[h] * scale_log2 + log2f(c.l[h])) * ln2 : mskv_neg_inf();
+                mskv_i64 orow;
+                if (R >= rows) continue;
+                orow = (mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group;
+                if (n_splits > 1) {
+                    float *dst = o_part + ((mskv_i64)split * total_q * q_heads + orow) * MSKV_D + 2 * c.t4;
+MSKV_UNROLL
+                    for (int qd = 0; qd < MSKV_D / 8; qd++) {
+                        dst[qd * 8] = c.o[4 * qd + 2 * h] * inv;
+                        dst[qd * 8 + 1] = c.o[4 * qd + 2 * h + 1] * inv;
+                    }
+                    if (c.t4 == 0) lse_part[(mskv_i64)split * total_q * q_heads + orow] = lv;
+                } else {
+                    mskv_u32 *dst = (mskv_u32 *)((mskv_u16 *)o + orow * MSKV_D + 2 * c.t4);
+MSKV_UNROLL
+                    for (int qd = 0; qd < MSKV_D / 8; qd++)
+                        dst[qd * 4] = mskv_pack2(c.o[4 * qd + 2 * h] * inv, c.o[4 * qd + 2 * h + 1] * inv);
+                    if (lse && c.t4 == 0) lse[orow] = lv;
+                }
+            }
+        }
+    }
+}
+#endif /* MSKV_SM90A && MSKV_DTYPE != 0 */
+
 /* Shared memory the attention kernel of these defines needs (host side
    mirrors this in the launch wrapper). */
 #define MSKV_ATTN_SMEM_BYTES_OF(bm, bn, d) (2 * ((bm) * (d) + 4 * (bn) * (d)))
@@ -750,4 +1247,20 @@ MSKV_UNROLL
 #undef MSKV_QREG
 #undef MSKV_ATTN_SMEM
 #undef MSKV_ATTN_SMEM_BYTES_OF
+#undef MSKV_SM90A
+#undef MSKV_H_BN
+#undef MSKV_H_STAGES
+#undef MSKV_H_THREADS
+#undef MSKV_H_BM
+#undef MSKV_H_QB
+#undef MSKV_H_TB
+#undef MSKV_H_SB
+#undef MSKV_H_BARS
+#undef MSKV_H_SMEM
+#undef MSKV_H_REGS_PRODUCER
+#undef MSKV_H_REGS_CONSUMER
+#undef MSKV_CAT2
+#undef MSKV_CAT
+#undef MSKV_WGMMA_S
+#undef MSKV_WGMMA_PV
 #endif
