@@ -121,7 +121,9 @@ typedef struct mskv_nvrtc_prog_st *mskv_nvrtc_program; /* nvrtcProgram */
    X(return type, name, versioned symbol exported by the library, parameters).
    Driver functions are resolved through cuGetProcAddress_v2 by their base
    name at ABI version 12.0 when the driver has it, else by the versioned
-   symbol with dlsym. */
+   symbol with dlsym. cuTensorMapEncodeTiled (drivers from CUDA 12.0) may be
+   missing: it is left NULL and the sm_90a attention kernel loads K/V with
+   cp.async instead of TMA. */
 #define MSKV_CUDA_DRIVER_FUNCTIONS(X)                                                          \
     X(mskv_cu_result, cuInit, "cuInit", (unsigned int flags))                                  \
     X(mskv_cu_result, cuDriverGetVersion, "cuDriverGetVersion", (int *version))                \
@@ -159,7 +161,8 @@ typedef struct mskv_nvrtc_prog_st *mskv_nvrtc_program; /* nvrtcProgram */
     X(mskv_cu_result, cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", (mskv_cu_graph_exec *e, mskv_cu_graph g, unsigned long long flags)) \
     X(mskv_cu_result, cuGraphLaunch, "cuGraphLaunch", (mskv_cu_graph_exec e, mskv_cu_stream s)) \
     X(mskv_cu_result, cuGraphExecDestroy, "cuGraphExecDestroy", (mskv_cu_graph_exec e))        \
-    X(mskv_cu_result, cuGraphDestroy, "cuGraphDestroy", (mskv_cu_graph g))
+    X(mskv_cu_result, cuGraphDestroy, "cuGraphDestroy", (mskv_cu_graph g))                    \
+    X(mskv_cu_result, cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled", (void *map, int dtype, unsigned int rank, void *gaddr, const unsigned long long *dims, const unsigned long long *strides, const unsigned int *box, const unsigned int *element_strides, int interleave, int swizzle, int l2_promotion, int oob_fill))
 
 #define MSKV_CUDA_NVRTC_FUNCTIONS(X)                                                           \
     X(mskv_nvrtc_result, nvrtcVersion, "nvrtcVersion", (int *major, int *minor))               \
@@ -178,7 +181,8 @@ typedef struct mskv_nvrtc_prog_st *mskv_nvrtc_program; /* nvrtcProgram */
 
 /* The function table. Normally filled by the loader; a test or an embedder
    may pass its own (mskv_cuda_desc.functions) to run without CUDA or to
-   inject failures. Every member must be set. */
+   inject failures. Every member must be set, except cuTensorMapEncodeTiled
+   (NULL: a driver without it). */
 typedef struct mskv_cuda_functions {
 #define MSKV__CUDA_MEMBER(ret, name, sym, params) ret (*name) params;
     MSKV_CUDA_DRIVER_FUNCTIONS(MSKV__CUDA_MEMBER)
@@ -189,6 +193,16 @@ typedef struct mskv_cuda_functions {
 /* // >>context ------------------------------------------------------------- */
 
 typedef struct mskv_cuda mskv_cuda;
+
+/* Which kernel computes attention. The sm_90a kernel (mskv_attn_sm90:
+   wgmma, TMA, warp-specialised) needs compute capability 9.0 (H100, H200). */
+typedef enum mskv_cuda_attn_path {
+    MSKV_CUDA_ATTN_AUTO = 0,    /* sm_90a for prefill on compute capability 9.0 (if it fails to compile or
+                                   load: mma.sync from then on, logged once), decode and other devices mma.sync */
+    MSKV_CUDA_ATTN_MMA = 1,     /* mskv_attn (mma.sync) for every call */
+    MSKV_CUDA_ATTN_WGMMA = 2    /* mskv_attn_sm90 for every call, decode shapes too; UNSUPPORTED on other
+                                   devices, its compile or load errors returned */
+} mskv_cuda_attn_path;
 
 typedef struct mskv_cuda_desc {
     int32_t device;                 /* ordinal */
@@ -201,6 +215,7 @@ typedef struct mskv_cuda_desc {
     mskv_allocator allocator;
     mskv_log_fn log;
     void *log_user;
+    mskv_cuda_attn_path attn_path;  /* 0 = AUTO */
 } mskv_cuda_desc;
 
 typedef struct mskv_cuda_info {
@@ -214,6 +229,8 @@ typedef struct mskv_cuda_info {
     int32_t nvrtc_version;          /* likewise */
     int32_t compiles;               /* NVRTC compilations done by this context (0 on a warm start) */
     int32_t disk_hits;              /* variants read from the disk cache */
+    int32_t wgmma;                  /* 1: prefill attention runs the sm_90a kernel (compute capability 9.0,
+                                       not forced off, and it has not failed to compile or load) */
 } mskv_cuda_info;
 
 /* Checks, without creating anything, whether a context could be created:
@@ -1843,6 +1860,9 @@ static void *mskv__cuda_dlopen_first(const char *const *names, int n, const char
     return NULL;
 }
 
+/* Driver functions a driver may lack (left NULL): newer than the rest. */
+static int mskv__cuda_optional(const char *name) { return strcmp(name, "cuTensorMapEncodeTiled") == 0; }
+
 /* Opens a driver library and fills the driver part of fn. Returns
    CUDA_UNAVAILABLE with the reason in why. */
 static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names, void **lib_out,
@@ -1890,7 +1910,10 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
     }                                                                                     \
     if (!p) p = mskv__cuda_sym(lib, sym);                                                 \
     if (p) MSKV__CUDA_SET_FN(fn->name, p);                                                \
-    else { missing++; mskv__cuda_appendf(why, cap, "%s%s: no %s", why[0] ? "; " : "", used, sym); }
+    else if (!mskv__cuda_optional(#name)) {                                               \
+        missing++;                                                                        \
+        mskv__cuda_appendf(why, cap, "%s%s: no %s", why[0] ? "; " : "", used, sym);      \
+    }
     MSKV_CUDA_DRIVER_FUNCTIONS(MSKV__CUDA_RESOLVE)
 #undef MSKV__CUDA_RESOLVE
     if (missing) {
@@ -2011,6 +2034,7 @@ struct mskv_cuda {
     mskv_cuda_info info;
     mskv__cuda_mutex lock;
     mskv__cuda_variant *variants;
+    int32_t sm90_failed;              /* the sm_90a kernel did not compile or load (logged once) */
     char err[4096];
 };
 
@@ -2044,6 +2068,11 @@ static void mskv__cuda_failf(mskv_cuda *cu, const char *fmt, ...) {
 #define MSKV__CU_TRY(cu, call, what)                                         \
     do { mskv_cu_result mskv__r = (call);                                    \
          if (mskv__r != MSKV_CU_SUCCESS) return mskv__cuda_fail((cu), mskv__r, (what)); } while (0)
+
+/* A device the sm_90a kernel serves: compute capability 9.0, CUBIN from NVRTC. */
+static int mskv__cuda_sm90_device(const mskv_cuda *cu) {
+    return cu->info.cc_major == 9 && cu->info.cc_minor == 0 && !cu->info.ptx_fallback && cu->info.arch == 90;
+}
 
 static mskv_result mskv__cuda_enter(mskv_cuda *cu) {
     mskv_cu_result r = cu->fn.cuCtxSetCurrent(cu->ctx);
@@ -2253,6 +2282,7 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
                            (int)sizeof(cu->cache_dir) - 25);
     }
     cu->desc.disable_disk_cache = cu->cache_dir[0] ? 0 : 1;
+    cu->info.wgmma = mskv__cuda_sm90_device(cu) && desc->attn_path != MSKV_CUDA_ATTN_MMA;
     mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_INFO, "mstar_kv cuda: %s, sm_%d%s, driver %d, NVRTC %d, cache %s",
                    cu->info.name, (int)cu->info.arch, cu->info.ptx_fallback ? " (PTX)" : "",
                    (int)cu->info.driver_version, (int)cu->info.nvrtc_version,
@@ -2796,6 +2826,10 @@ struct mskv_cuda_store {
     mskv__cuda_shape cur;       /* the plan uploaded last */
     int64_t cap_kv_cover;       /* during a capture: the smallest split-KV key reach */
     mskv__cuda_mutex lock;
+    /* TMA tensor maps of every pool for the sm_90a kernel, 128 bytes each at
+       64-byte alignment ((layer * 2 + kind) * 128), made on first use */
+    unsigned char *tmap_mem, *tmaps;
+    int32_t tmaps_state;        /* 0 not yet, 1 made, -1 none (no cuTensorMapEncodeTiled, or it refused) */
 };
 
 static size_t mskv__cuda_align16(size_t x) { return (x + 15) & ~(size_t)15; }
@@ -3018,6 +3052,7 @@ static void mskv__cuda_store_release(mskv_cuda_store *st) {
     if (st->d_stage) cu->fn.cuMemFree(st->d_stage);
     if (st->pools) cu->fn.cuMemFree(st->pools);
     if (st->stream) cu->fn.cuStreamDestroy(st->stream);
+    mskv__cuda_dealloc(&cu->allocator, st->tmap_mem);
     mskv__cuda_dealloc(&cu->allocator, st);
 }
 
@@ -3589,6 +3624,184 @@ MSKV_API mskv_result mskv_cuda_attn_geometry_get(int32_t batch, int32_t total_q,
     return MSKV_SUCCESS;
 }
 
+/* ---- the sm_90a kernel (mskv_attn_sm90) ---- */
+
+/* must match kernels.cu: MSKV_H_BN, MSKV_H_STAGES and MSKV_H_SMEM */
+static int32_t mskv__attn_sm90_keys(int32_t d) { return d >= 256 ? 64 : 128; }
+static uint32_t mskv__attn_sm90_smem(int32_t d) {
+    const int32_t stages = d <= 64 ? 3 : 2;
+    return (uint32_t)(1024 + 2 * 64 * d * 2 + stages * 2 * mskv__attn_sm90_keys(d) * d * 2 + 16 * stages);
+}
+
+/* Its launch: 384 threads (a producer warpgroup and two consumers of 64
+   rows), 128 rows per block, one block per SM (its shared memory); the keys
+   are split when the blocks would not fill one wave, into no more splits
+   than there are runs of 4 tiles. */
+static mskv_result mskv__cuda_attn_geometry_sm90(int32_t batch, int32_t total_q, int32_t max_qo_len, int32_t max_kv_len,
+                                                 int32_t q_heads, int32_t kv_heads, int32_t head_dim,
+                                                 int32_t multiprocessors, int32_t max_smem_bytes,
+                                                 mskv_cuda_attn_geometry *out) {
+    mskv_cuda_attn_geometry g;
+    int64_t rows, tiles, blocks, splits = 1, chunk;
+    const int64_t sms = multiprocessors > 0 ? multiprocessors : 1;
+    if (!out) return MSKV_ERROR_NULL_POINTER;
+    if (batch < 0 || total_q < 0 || max_qo_len < 0 || max_kv_len < 0 || q_heads <= 0 || kv_heads <= 0 ||
+        q_heads % kv_heads != 0 || (head_dim != 64 && head_dim != 128 && head_dim != 256))
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    memset(&g, 0, sizeof(g));
+    g.block_rows = 128;
+    g.block_keys = mskv__attn_sm90_keys(head_dim);
+    g.block_threads = 384;
+    g.smem_bytes = mskv__attn_sm90_smem(head_dim);
+    if (g.smem_bytes > (uint32_t)(max_smem_bytes > 0 ? max_smem_bytes : 99 * 1024)) return MSKV_ERROR_UNSUPPORTED;
+    rows = (int64_t)max_qo_len * (q_heads / kv_heads);
+    tiles = (rows + 127) / 128;
+    blocks = tiles * batch * kv_heads;
+    if (blocks > 0 && blocks < sms && max_kv_len > 0) {
+        int64_t by_work = ((int64_t)max_kv_len + 4 * g.block_keys - 1) / (4 * g.block_keys);
+        splits = (sms + blocks - 1) / blocks;
+        if (splits > by_work) splits = by_work;
+        if (splits < 1) splits = 1;
+    }
+    chunk = max_kv_len;
+    if (splits > 1) {
+        chunk = ((int64_t)max_kv_len + splits - 1) / splits;
+        chunk = (chunk + g.block_keys - 1) / g.block_keys * g.block_keys;
+        splits = ((int64_t)max_kv_len + chunk - 1) / chunk;
+    }
+    if (tiles > 0x7fffffff || (int64_t)kv_heads * splits > 65535 || batch > 65535) return MSKV_ERROR_OVERFLOW;
+    g.n_splits = (int32_t)splits;
+    g.kv_chunk = splits > 1 ? (int32_t)chunk : 0;
+    g.grid[0] = (uint32_t)tiles;
+    g.grid[1] = (uint32_t)batch;
+    g.grid[2] = (uint32_t)(kv_heads * splits);
+    if (splits > 1) {
+        size_t per = 0, all = 0;
+        if (!mskv__cuda_mul((size_t)total_q * (size_t)q_heads, (size_t)head_dim + 1, &per) ||
+            !mskv__cuda_mul(per, (size_t)splits * 4, &all))
+            return MSKV_ERROR_OVERFLOW;
+        g.workspace_bytes = all;
+    }
+    *out = g;
+    return MSKV_SUCCESS;
+}
+
+/* The TMA tensor maps of every pool, made once per store: the pool as
+   [pages][page_size][kv_heads][D] (dims D, kv_heads, page_size, num_pages),
+   a box of 64 elements of one head over min(page_size, BN) slots of one page,
+   the 128-byte swizzle of the kernel's tiles. Without cuTensorMapEncodeTiled
+   (or when it refuses) the kernel copies with cp.async. */
+static void mskv__cuda_store_tmaps(mskv_cuda_store *st) {
+    mskv_cuda *cu = st->cu;
+    const int32_t D = st->d.head_dim, P = st->d.page_size, kvh = st->d.kv_heads, bn = mskv__attn_sm90_keys(D);
+    unsigned long long dims[4], strides[3];
+    unsigned int box[4], es[4] = { 1, 1, 1, 1 };
+    int32_t i;
+    if (st->tmaps_state != 0) return;
+    if (!cu->fn.cuTensorMapEncodeTiled) { st->tmaps_state = -1; return; }
+    dims[0] = (unsigned long long)D; dims[1] = (unsigned long long)kvh; dims[2] = (unsigned long long)P;
+    dims[3] = (unsigned long long)st->d.num_pages;
+    strides[0] = (unsigned long long)D * 2; strides[1] = strides[0] * (unsigned long long)kvh;
+    strides[2] = strides[1] * (unsigned long long)P;
+    box[0] = 64; box[1] = 1; box[2] = (unsigned int)(P < bn ? P : bn); box[3] = 1;
+    st->tmap_mem = (unsigned char *)mskv__cuda_alloc(&cu->allocator, (size_t)st->d.num_layers * 256 + 64);
+    if (!st->tmap_mem) return;   /* cp.async this time; tried again on the next call */
+    st->tmaps = st->tmap_mem + ((64 - ((uintptr_t)st->tmap_mem & 63)) & 63);
+    for (i = 0; i < 2 * st->d.num_layers; i++) {
+        mskv_cu_result r = cu->fn.cuTensorMapEncodeTiled(st->tmaps + (size_t)i * 128, st->d.dtype == MSKV_DTYPE_F16 ? 6 : 9, 4,
+                                                         (void *)(uintptr_t)mskv_cuda_store_pool(st, i / 2, i % 2), dims,
+                                                         strides, box, es, 0, 3 /* 128 B swizzle */, 3 /* L2 256 B */, 0);
+        if (r != MSKV_CU_SUCCESS) {
+            mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_WARN,
+                           "mstar_kv cuda: cuTensorMapEncodeTiled refused the pools (CUDA error %d): K/V by cp.async", r);
+            mskv__cuda_dealloc(&cu->allocator, st->tmap_mem);
+            st->tmap_mem = st->tmaps = NULL;
+            st->tmaps_state = -1;
+            return;
+        }
+    }
+    st->tmaps_state = 1;
+}
+
+/* A kernel of the sm_90a module (the arch-specific target wgmma needs). */
+static mskv_result mskv__cuda_sm90_function(mskv_cuda_store *st, const char *name, mskv_cu_function *f) {
+    mskv__cuda_defines defs;
+    mskv__cuda_defines_base(st, &defs);
+    mskv__cuda_define(&defs, "MSKV_ATTN_WARP_KEYS", 0);
+    defs.arch_specific = 1;
+    return mskv__cuda_function(st->cu, name, &defs, f);
+}
+
+/* AUTO gives up on the sm_90a kernel for the context's life, saying so once. */
+static void mskv__cuda_sm90_off(mskv_cuda *cu, mskv_result why) {
+    mskv__cuda_lock(&cu->lock);
+    if (!cu->sm90_failed) {
+        cu->sm90_failed = 1;
+        cu->info.wgmma = 0;
+        mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_WARN,
+                       "mstar_kv cuda: the sm_90a attention kernel is unavailable (%s%s%.300s): using mskv_attn (mma.sync)",
+                       mskv_result_string(why), cu->err[0] ? ": " : "", cu->err);
+    }
+    mskv__cuda_unlock(&cu->lock);
+}
+
+static mskv_result mskv__cuda_attention_sm90(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
+                                             const mskv_cuda_dplan *dplan, const mskv_attn *attn, mskv_cu_function f,
+                                             int32_t max_qo, int32_t max_kv, int32_t smem_optin,
+                                             mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse) {
+    static const unsigned char no_map[128] = { 0 };   /* the maps' place when the kernel copies with cp.async */
+    mskv_cuda_attn_geometry g;
+    mskv_result res;
+    mskv_cu_ptr k_pool, v_pool, ws = 0, o_part = 0, lse_part = 0, null_ptr = 0;
+    int q_heads, kv_heads, page_size, mask, window_left, kv_chunk, n_splits, use_tma;
+    const int32_t P = st->d.page_size, bn = mskv__attn_sm90_keys(st->d.head_dim);
+    float scale, scale_log2;
+    unsigned int block[3] = { 384, 1, 1 };
+    void *args[24];
+    res = mskv__cuda_attn_geometry_sm90(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
+                                        st->d.head_dim, st->cu->info.multiprocessors, smem_optin, &g);
+    if (res != MSKV_SUCCESS) return res;
+    if (g.n_splits > 1) {
+        int64_t cover = (int64_t)g.n_splits * g.kv_chunk;
+        if (st->capturing && cover < st->cap_kv_cover) st->cap_kv_cover = cover;
+        if ((res = mskv__cuda_workspace(st, g.workspace_bytes, &ws)) != MSKV_SUCCESS) return res;
+        o_part = ws;
+        lse_part = ws + (mskv_cu_ptr)((size_t)g.n_splits * (size_t)plan->total_q * (size_t)attn->q_heads * (size_t)st->d.head_dim * 4);
+    }
+    mskv__cuda_store_tmaps(st);
+    /* TMA when a tile holds whole pages: page_size a multiple of BN, or BN a multiple of a page of 16+ rows */
+    use_tma = st->tmaps_state == 1 && (P % bn == 0 || (bn % P == 0 && P >= 16));
+    k_pool = mskv_cuda_store_pool(st, layer, 0);
+    v_pool = mskv_cuda_store_pool(st, layer, 1);
+    q_heads = attn->q_heads; kv_heads = st->d.kv_heads; page_size = P;
+    scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)st->d.head_dim);
+    scale_log2 = scale * 1.44269504088896341f;
+    mask = (int)attn->mask; window_left = attn->window_left;
+    kv_chunk = g.kv_chunk; n_splits = g.n_splits;
+    args[0] = use_tma ? (void *)(st->tmaps + (size_t)layer * 256) : (void *)(uintptr_t)no_map;
+    args[1] = use_tma ? (void *)(st->tmaps + (size_t)layer * 256 + 128) : (void *)(uintptr_t)no_map;
+    args[2] = &use_tma;
+    args[3] = &q; args[4] = &k_pool; args[5] = &v_pool;
+    args[6] = (void *)&dplan->qo_indptr; args[7] = (void *)&dplan->kv_indptr; args[8] = (void *)&dplan->kv_indices;
+    args[9] = (void *)&dplan->kv_len; args[10] = (void *)&dplan->kv_pos_split; args[11] = (void *)&dplan->kv_pos_shift;
+    args[12] = &q_heads; args[13] = &kv_heads; args[14] = &page_size; args[15] = &scale_log2;
+    args[16] = &mask; args[17] = &window_left; args[18] = &kv_chunk; args[19] = &n_splits;
+    args[20] = &o; args[21] = lse ? &lse : &null_ptr; args[22] = &o_part; args[23] = &lse_part;
+    res = mskv__cuda_launch(st, f, g.grid, block, g.smem_bytes, args);
+    if (res != MSKV_SUCCESS || g.n_splits == 1) return res;
+    {
+        long long rows = (long long)plan->total_q * attn->q_heads, part_rows = rows;
+        unsigned int grid[3], mblock[3] = { 128, 1, 1 };
+        mskv_cu_function fm;
+        void *margs[7];
+        grid[0] = (unsigned int)((rows + 3) / 4); grid[1] = 1; grid[2] = 1;
+        if ((res = mskv__cuda_sm90_function(st, "mskv_lse_merge", &fm)) != MSKV_SUCCESS) return res;
+        margs[0] = &o_part; margs[1] = &lse_part; margs[2] = &n_splits; margs[3] = &part_rows; margs[4] = &rows;
+        margs[5] = &o; margs[6] = lse ? &lse : &null_ptr;
+        return mskv__cuda_launch(st, fm, grid, mblock, 0, margs);
+    }
+}
+
 MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
                                          const mskv_cuda_dplan *dplan, const mskv_attn *attn,
                                          mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse) {
@@ -3640,7 +3853,20 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
         smem_optin = 0;
     res = mskv_cuda_attn_geometry_get(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
                                       st->d.head_dim, st->cu->info.multiprocessors, smem_optin, &g);
-    if (res != MSKV_SUCCESS) return res;
+    if (res != MSKV_SUCCESS && st->cu->desc.attn_path != MSKV_CUDA_ATTN_WGMMA) return res;
+    /* the sm_90a kernel: prefill shapes on compute capability 9.0, or every call when forced */
+    if (st->cu->desc.attn_path == MSKV_CUDA_ATTN_WGMMA || (st->cu->info.wgmma && !g.decode)) {
+        mskv_cu_function fs;
+        if (!mskv__cuda_sm90_device(st->cu)) return MSKV_ERROR_UNSUPPORTED;
+        res = mskv__cuda_sm90_function(st, "mskv_attn_sm90", &fs);
+        if (res == MSKV_SUCCESS)
+            return mskv__cuda_attention_sm90(st, layer, plan, dplan, attn, fs, max_qo, max_kv, smem_optin, q, o, lse);
+        if (st->cu->desc.attn_path == MSKV_CUDA_ATTN_WGMMA) return res;
+        mskv__cuda_sm90_off(st->cu, res);
+        res = mskv_cuda_attn_geometry_get(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
+                                          st->d.head_dim, st->cu->info.multiprocessors, smem_optin, &g);
+        if (res != MSKV_SUCCESS) return res;
+    }
     if (g.n_splits > 1) {
         int64_t cover = (int64_t)g.n_splits * g.kv_chunk;
         if (st->capturing && cover < st->cap_kv_cover) st->cap_kv_cover = cover;

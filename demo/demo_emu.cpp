@@ -164,6 +164,8 @@ mskv_cuda_functions demu_make_table() {
     f.cuModuleUnload = [](mskv_cu_module m) -> mskv_cu_result { delete (demu_module *)(void *)m; return 0; };
     f.cuModuleGetFunction = [](mskv_cu_function *out, mskv_cu_module m, const char *name) -> mskv_cu_result {
         static std::deque<demu_func> funcs;   /* the runtime keeps functions for the context's life */
+        /* the sm_90a kernel is not emulated here: the runtime falls back to mskv_attn */
+        if (std::strcmp(name, "mskv_attn_sm90") == 0) return MSKV_CU_ERROR_NOT_FOUND;
         funcs.push_back(demu_func{name, *(const demu_module *)(const void *)m});
         *out = (mskv_cu_function)(void *)&funcs.back();
         return 0;

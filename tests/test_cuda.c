@@ -307,6 +307,13 @@ static mskv_cu_result tcm_cuGraphLaunch(mskv_cu_graph_exec e, mskv_cu_stream s) 
 }
 static mskv_cu_result tcm_cuGraphExecDestroy(mskv_cu_graph_exec e) { tcm.execs--; free((void *)e); return 0; }
 static mskv_cu_result tcm_cuGraphDestroy(mskv_cu_graph g) { tcm.graphs--; free((void *)g); return 0; }
+/* the mock device runs no TMA: any map it is asked for is refused */
+static mskv_cu_result tcm_cuTensorMapEncodeTiled(void *map, int dt, unsigned int rank, void *g, const unsigned long long *dims,
+                                                 const unsigned long long *strides, const unsigned int *box,
+                                                 const unsigned int *es, int il, int sw, int l2, int oob) {
+    (void)map; (void)dt; (void)rank; (void)g; (void)dims; (void)strides; (void)box; (void)es; (void)il; (void)sw; (void)l2; (void)oob;
+    return 1;
+}
 
 typedef struct tcm_prog { char *options; } tcm_prog;
 static mskv_nvrtc_result tcm_nvrtcVersion(int *a, int *b) { *a = 13; *b = 0; return 0; }
