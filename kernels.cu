@@ -450,6 +450,9 @@ MSKV_KERNEL void mskv_state_merge(const float *o_a, const float *lse_a, const fl
 #define MSKV_Q_OFF (MSKV_Q_PARKED ? (MSKV_STAGES - 1) * MSKV_STAGE_BYTES : 0)
 #define MSKV_ATTN_SMEM (MSKV_Q_BYTES + MSKV_STAGES * MSKV_STAGE_BYTES)
 #define MSKV_MERGE_LD (MSKV_D + 8)             /* decode merge: padded f32 row, no bank conflicts */
+/* row-sum accumulator: element of row r (= 2 mt + h), and the row of element c */
+#define MSKV_LSUM(r) (MSKV_MT == 2 ? 2 * ((r) & 1) + ((r) >> 1) : 2 * ((r) & 1))
+#define MSKV_LROW(c) (MSKV_MT == 2 ? 2 * ((c) & 1) + ((c) >> 1) : ((c) >> 1))
 
 #ifndef MSKV_GPU
 /* for the host tests: the launch geometry of these defines */
@@ -552,10 +555,11 @@ MSKV_DEV int mskv_tile_key(const mskv_tiles &t, int i) {
 struct mskv_attn_warp {
     float o[MSKV_MT][MSKV_D / 8][4];
     float m[2 * MSKV_MT];                   /* row g + 8h of m-tile mt: index 2 mt + h */
-    /* row sums, by mma of P with a ones matrix: [0], [1] row g, [2], [3] row
-       g + 8 (whole rows in every lane); they add the P that O adds, rounded
-       alike, and free the f32 probabilities as soon as they are packed */
-    float l[MSKV_MT][4];
+    /* row sums, by mma of P with a matrix of ones, so they add the P that O
+       adds, rounded alike, and the f32 probabilities die once packed. One
+       accumulator for both m-tiles: m-tile 0 sums into the even columns, 1
+       into the odd ones, so l[MSKV_LSUM(r)] is row r's (whole row, every lane) */
+    float l[4];
     /* the keys row r may see, as compacted indices [klo[r], khi[r]): the
        mask, the split and kv_len in one interval (positions grow with j) */
     int klo[2 * MSKV_MT], khi[2 * MSKV_MT];
@@ -606,14 +610,9 @@ MSKV_UNROLL
     /* the online softmax: m kept unscaled, exponents in log2 units */
     {
         float mx[2 * MSKV_MT], alpha[2 * MSKV_MT];
-        int lo[2 * MSKV_MT], hi[2 * MSKV_MT];
+        const int jb = n0 + w.wkey0 + 2 * t4;   /* this lane's first key of the tile */
 MSKV_UNROLL
-        for (int r = 0; r < 2 * MSKV_MT; r++) {
-            mx[r] = w.m[r];
-            /* relative to this lane's first key of the tile */
-            lo[r] = w.klo[r] - (n0 + w.wkey0 + 2 * t4);
-            hi[r] = w.khi[r] - (n0 + w.wkey0 + 2 * t4);
-        }
+        for (int r = 0; r < 2 * MSKV_MT; r++) mx[r] = w.m[r];
 MSKV_UNROLL
         for (int mt = 0; mt < MSKV_MT; mt++)
 MSKV_UNROLL
@@ -622,8 +621,8 @@ MSKV_UNROLL
                 for (int e = 0; e < 4; e++) {
                     const int r = 2 * mt + (e >> 1);
                     if (MASKED) {
-                        const int dj = nt * 8 + (e & 1);
-                        s[mt][nt][e] = (dj >= lo[r]) & (dj < hi[r]) ? s[mt][nt][e] : mskv_neg_inf();
+                        const int j = jb + nt * 8 + (e & 1);
+                        s[mt][nt][e] = (j >= w.klo[r]) & (j < w.khi[r]) ? s[mt][nt][e] : mskv_neg_inf();
                     }
                     mx[r] = fmaxf(mx[r], s[mt][nt][e]);
                 }
@@ -645,10 +644,7 @@ MSKV_UNROLL
                 w.o[mt][i][2] *= alpha[2 * mt + 1]; w.o[mt][i][3] *= alpha[2 * mt + 1];
             }
 MSKV_UNROLL
-        for (int mt = 0; mt < MSKV_MT; mt++) {
-            w.l[mt][0] *= alpha[2 * mt]; w.l[mt][1] *= alpha[2 * mt];
-            w.l[mt][2] *= alpha[2 * mt + 1]; w.l[mt][3] *= alpha[2 * mt + 1];
-        }
+        for (int c = 0; c < 4; c++) w.l[c] *= alpha[MSKV_LROW(c)];
 MSKV_UNROLL
         for (int mt = 0; mt < MSKV_MT; mt++)
 MSKV_UNROLL
@@ -663,7 +659,11 @@ MSKV_UNROLL
        layout per 16 keys), then every V fragment feeds the warp's m-tiles */
     {
         mskv_u32 pa[MSKV_MT][MSKV_NT / 2][4];
-        const mskv_u32 ones[2] = { MSKV_ONE2, MSKV_ONE2 };
+        /* B columns n = lane / 4: all ones, or (two m-tiles) ones in the even
+           columns for m-tile 0 and in the odd ones for m-tile 1 */
+        const mskv_u32 one_e = MSKV_MT == 1 || !(mskv_tid() & 4) ? MSKV_ONE2 : 0u;
+        const mskv_u32 one_o = MSKV_MT == 1 || (mskv_tid() & 4) ? MSKV_ONE2 : 0u;
+        const mskv_u32 ones[2][2] = { { one_e, one_e }, { one_o, one_o } };
 MSKV_UNROLL
         for (int mt = 0; mt < MSKV_MT; mt++)
 MSKV_UNROLL
@@ -676,7 +676,7 @@ MSKV_UNROLL
 MSKV_UNROLL
         for (int mt = 0; mt < MSKV_MT; mt++)
 MSKV_UNROLL
-            for (int ks = 0; ks < MSKV_NT / 2; ks++) mskv_mma(w.l[mt], pa[mt][ks], ones);
+            for (int ks = 0; ks < MSKV_NT / 2; ks++) mskv_mma(w.l, pa[mt][ks], ones[mt]);
 MSKV_UNROLL
         for (int dp = 0; dp < MSKV_D / 16; dp++)
 MSKV_UNROLL
@@ -748,7 +748,7 @@ MSKV_UNROLL
         }
         if (t4 == 0) {
             mm[warp * 16 + g] = w.m[0]; mm[warp * 16 + g + 8] = w.m[1];
-            ml[warp * 16 + g] = w.l[0][0]; ml[warp * 16 + g + 8] = w.l[0][2];
+            ml[warp * 16 + g] = w.l[MSKV_LSUM(0)]; ml[warp * 16 + g + 8] = w.l[MSKV_LSUM(1)];
         }
         MSKV_SYNC_ID(4);
         for (int idx = tid; idx < 16 * MSKV_D; idx += 128) {
@@ -778,7 +778,7 @@ MSKV_UNROLL
         for (int h = 0; h < 2 * MSKV_MT; h++) {
             const int mt = h >> 1, e = 2 * (h & 1);
             int R = row0 + warp * MSKV_WM + 16 * mt + g + 8 * (h & 1);
-            const float l = w.l[mt][e];
+            const float l = w.l[MSKV_LSUM(h)];
             float inv = l > 0.0f ? 1.0f / l : 0.0f;
             float lv = l > 0.0f ? (w.m[h] * scale_log2 + log2f(l)) * ln2 : mskv_neg_inf();
             mskv_i64 orow;
@@ -898,8 +898,8 @@ MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool
         w.klo[h] = lo;
         w.khi[h] = hi;
         w.m[h] = mskv_neg_inf();
-        w.l[h >> 1][2 * (h & 1)] = w.l[h >> 1][2 * (h & 1) + 1] = 0.0f;
     }
+    w.l[0] = w.l[1] = w.l[2] = w.l[3] = 0.0f;
 MSKV_UNROLL
     for (int mt = 0; mt < MSKV_MT; mt++)
 MSKV_UNROLL
@@ -982,4 +982,6 @@ MSKV_UNROLL
 #undef MSKV_ATTN_SMEM
 #undef MSKV_MERGE_LD
 #undef MSKV_ONE2
+#undef MSKV_LSUM
+#undef MSKV_LROW
 #endif

@@ -16,7 +16,9 @@
      blocks_sm, warps_sm   resident blocks and warps per SM on sm_90 (H100/H200: 64K registers in
                            256-register units per warp, 228 KiB shared memory, 2,048 threads, 32 blocks)
      loop_insn             instructions per iteration of the main loop (see below)
-     loop_hmma             HMMA per iteration
+     loop_hmma             HMMA per iteration (every HMMA: the attention kernel's include one row-sum
+                           mma, P times ones, per 32 of Q K^T and P V; tests/kstats_check.c leaves
+                           those out when it holds the targets)
      insn_per_hmma         loop_insn / loop_hmma
      ldsm_per_hmma         LDSM per HMMA
      smem_B_per_hmma       shared bytes moved per HMMA by one warp: LDS/LDSM/STS/LDGSTS of the loop,
