@@ -26,7 +26,8 @@ DEMO_DEFS :=
 VIDEO_TEST := $(B)/tests-video
 endif
 
-TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan
+TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan \
+             $(B)/kstats-check
 ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
@@ -52,6 +53,9 @@ $(B)/tests-asan: $(TEST_SRC) $(HDRS) | $(B)
 	    -fno-omit-frame-pointer -DMSKV_TEST_SANITIZED -Itests $(TEST_SRC) -o $@ $(LIBS)
 $(B)/tests-emu: $(EMU_SRC) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
 	g++ -std=c++17 $(WARN) -O2 -g -Itests $(EMU_SRC) -o $@ $(LIBS)
+# the attention kernel's machine-code targets (bench/kernel_stats.c in a test harness)
+$(B)/kstats-check: tests/kstats_check.c bench/kernel_stats.c kernels.cu $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) $(OPT) -Itests tests/kstats_check.c -o $@ $(LIBS)
 $(B)/tests-video: tests/test_video.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(FFMPEG_CFLAGS) tests/test_video.c -o $@ $(FFMPEG_LIBS) $(LIBS)
 
@@ -73,6 +77,7 @@ $(B)/demo: $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
 # failure in the totals line, not a run that ends without one.
 test:
 	@mkdir -p $(B); $(MAKE) -k tests; echo $$? > $(B)/build-status
+	-sh tools/cuda_tools.sh
 	-sh tools/embed_kernels.sh --check
 	bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST)
 

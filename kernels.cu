@@ -21,9 +21,10 @@
                      2*(p-2*(p/3)), 2*(p/3), 2*(p/3) with p = head_dim/2).
                      Pair i of a part of width w turns by pos * theta^(-2i/w):
                      (x, y) -> (x cos - y sin, x sin + y cos), in f32.
-     MSKV_ATTN_WARP_KEYS  attention only: 0 = prefill layout (4 warps x 16
-                     query rows, 64 rows per block); 1 = decode layout (16 rows
-                     per block, the 4 warps split each key tile, merged in smem)
+     MSKV_ATTN_WARP_KEYS  attention only: 0 = prefill layout (4 warps x 32
+                     rows, 128 rows per block; 16 and 64 at D = 256); 1 = decode
+                     layout (16 rows per block, the 4 warps split each key tile,
+                     merged in smem)
 
    Kernels, parameters and launch geometry:
 
@@ -47,20 +48,28 @@
 
    mskv_attn(q, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices, kv_len,
              kv_pos_split, kv_pos_shift, q_heads, kv_heads, page_size,
-             scale_log2, mask, window_left, kv_chunk, n_splits,
-             o, lse, o_part, lse_part)
+             page_magic, page_shift, scale_log2, mask, window_left,
+             kv_chunk, n_splits, o, lse, o_part, lse_part)
      Paged attention over a CSR plan (MSKV_DTYPE 1 or 2; mma.sync m16n8k16
      with f32 accumulation). A block takes one (segment, kv head, key split)
      and a tile of "rows", row = query * group + (q head within the kv head's
      group), so every K/V byte is read once for all of a kv head's q heads.
      Grid (ceil(max over segments of qo_len * group / BM), batch,
-     kv_heads * n_splits); block 128; dynamic shared memory
-     2 * (BM * D + 4 * BN * D) bytes (Q tile, two stages of K and V):
-     BM = 64 rows, BN = 64 keys (32 for D = 256) in the prefill layout,
-     BM = 16, BN = 64 in the decode layout (e.g. 80 KiB prefill at D = 128).
-     K/V tiles are gathered row by row through kv_indices with cp.async
-     (any page size), rows past kv_len zero-filled; S = Q K^T and O += P V
-     with ldmatrix(.trans) fragments and mma; online softmax in exp2.
+     kv_heads * n_splits); block 128 (4 warps); dynamic shared memory
+     MSKV_ATTN_SMEM:
+       prefill, D <= 128: BM = 128 (32 rows per warp), BN = 64, Q tile + 2
+         stages of K and V (96 KiB at D = 128, 48 KiB at D = 64);
+       prefill, D = 256: BM = 64 (16 rows per warp), BN = 32, 96 KiB;
+       decode: BM = 16, BN = 64 (16 keys per warp), 3 stages, Q read into
+         registers once from the last stage (96 KiB at D = 128; D = 256
+         keeps a Q tile: 200 KiB).
+     The page of key j is (j * page_magic) >> page_shift (host:
+     mskv_cuda_page_divisor; any page size >= 1), and page_size * kv_heads *
+     D * 2 < 2^32. Each thread copies part of one K/V row per tile with
+     cp.async, its page id loaded a tile ahead; rows past kv_len are
+     zero-filled. S = Q K^T and O += P V with ldmatrix(.trans) fragments and
+     mma; online softmax in exp2; row sums by mma of P with ones. The tiles
+     that need a per-element mask run first, in a loop of their own.
      Positions must not decrease with the compacted index (kv_pos_shift >= 0):
      the mask's reach bounds the key range a block visits.
      mask: 0 none, 1 causal (key pos <= query pos), 2 causal and
@@ -412,23 +421,51 @@ MSKV_KERNEL void mskv_state_merge(const float *o_a, const float *lse_a, const fl
 }
 
 #if MSKV_DTYPE != 0
-/* Tiles: BM query rows per block, BN keys per K/V tile (two stages), 4 warps.
-   Prefill: warp w owns rows [16w, 16w+16) and every key of a tile.
-   Decode: the block has 16 rows; warp w takes keys [16w, 16w+16) of each tile;
-   the four partial softmax states are merged through shared memory. */
+/* Layouts (4 warps, 128 threads; a row is query * group + q head within the
+   kv head's group, so one K/V tile serves the whole group):
+   prefill, D <= 128: 128 rows per block, warp w owns rows [32w, 32w + 32):
+       two m16 tiles, so each K/V fragment feeds four mma; 64-key tiles, 2 stages.
+   prefill, D = 256: 64 rows, 16 per warp (32 rows of f32 accumulators would
+       not fit the registers); 32-key tiles, 2 stages.
+   decode: 16 rows; warp w takes keys [16w, 16w + 16) of every 64-key tile;
+       3 stages; the four partial softmax states are merged through shared memory. */
 #if MSKV_ATTN_WARP_KEYS
+#define MSKV_MT 1
 #define MSKV_BM 16
 #define MSKV_BN 64
 #define MSKV_WK 16
+#define MSKV_STAGES 3
 #else
-#define MSKV_BM 64
+#define MSKV_MT (MSKV_D <= 128 ? 2 : 1)
+#define MSKV_BM (64 * MSKV_MT)
 #define MSKV_BN (MSKV_D >= 256 ? 32 : 64)
 #define MSKV_WK MSKV_BN
+#define MSKV_STAGES 2
 #endif
-#define MSKV_CH (MSKV_D / 8)          /* 16-byte chunks per row */
-#define MSKV_NT (MSKV_WK / 8)         /* n-tiles of 8 keys per warp and tile */
-#define MSKV_QREG (MSKV_D <= 128)     /* keep Q fragments in registers */
-#define MSKV_ATTN_SMEM (2 * (MSKV_BM * MSKV_D + 4 * MSKV_BN * MSKV_D))
+#define MSKV_WM (16 * MSKV_MT)                 /* rows per warp */
+#define MSKV_CH (MSKV_D / 8)                   /* 16-byte chunks per row */
+#define MSKV_ROWB (MSKV_D * 2)                 /* bytes per row of a tile */
+#define MSKV_NT (MSKV_WK / 8)                  /* n-tiles of 8 keys per warp and tile */
+#define MSKV_QREG (MSKV_WM * MSKV_D <= 2048)   /* Q fragments in registers (at most 32 per thread) */
+#define MSKV_TPR (128 / MSKV_BN)               /* gather: threads per K/V row */
+#define MSKV_CPT (MSKV_CH / MSKV_TPR)          /* gather: 16-byte chunks per thread and row */
+#define MSKV_TILE_BYTES (MSKV_BN * MSKV_D * 2) /* one K (or V) tile */
+#define MSKV_STAGE_BYTES (2 * MSKV_TILE_BYTES) /* K, then V */
+/* Q has its own tile unless the decode layout reads it into registers once:
+   then it waits in the last stage, which is first refilled after that read. */
+#define MSKV_Q_PARKED (MSKV_ATTN_WARP_KEYS && MSKV_QREG)
+#define MSKV_Q_BYTES (MSKV_Q_PARKED ? 0 : MSKV_BM * MSKV_D * 2)
+#define MSKV_Q_OFF (MSKV_Q_PARKED ? (MSKV_STAGES - 1) * MSKV_STAGE_BYTES : 0)
+#define MSKV_ATTN_SMEM (MSKV_Q_BYTES + MSKV_STAGES * MSKV_STAGE_BYTES)
+#define MSKV_MERGE_LD (MSKV_D + 8)             /* decode merge: padded f32 row, no bank conflicts */
+/* row-sum accumulator: element of row r (= 2 mt + h), and the row of element c */
+#define MSKV_LSUM(r) (MSKV_MT == 2 ? 2 * ((r) & 1) + ((r) >> 1) : 2 * ((r) & 1))
+#define MSKV_LROW(c) (MSKV_MT == 2 ? 2 * ((c) & 1) + ((c) >> 1) : ((c) >> 1))
+
+#ifndef MSKV_GPU
+/* for the host tests: the launch geometry of these defines */
+static const int mskv_attn_block_rows = MSKV_BM, mskv_attn_block_keys = MSKV_BN, mskv_attn_smem_bytes = MSKV_ATTN_SMEM;
+#endif
 
 /* Element offset of 16-byte chunk c of row r: XOR swizzle, so the 8 rows an
    ldmatrix reads fall in 8 different bank groups. */
@@ -441,6 +478,8 @@ MSKV_DEV mskv_u32 mskv_pack2(float lo, float hi) {
     return (mskv_u32)mskv_f2b(lo) | ((mskv_u32)mskv_f2b(hi) << 16);
 #endif
 }
+/* two 16-bit ones (f16 0x3c00, bf16 0x3f80) */
+#define MSKV_ONE2 (MSKV_DTYPE == 1 ? 0x3c003c00u : 0x3f803f80u)
 MSKV_DEV void mskv_mma(float d[4], const mskv_u32 a[4], const mskv_u32 b[2]) {
 #if MSKV_DTYPE == 1
     mskv_mma_f16(d, a, b);
@@ -457,231 +496,267 @@ MSKV_DEV int mskv_first_at(int p, int split, int shift) {
     return p - shift > split ? p - shift : split;
 }
 
-struct mskv_tile_ctx {
-    const unsigned char *k_pool, *v_pool;
-    const int *pages;
-    int page_size, kv_heads, kvh, n_hi;
-};
+/* Page of compacted index j (0 <= j < 2^31) without a division:
+   (j * magic) >> shift, magic = ceil(2^(31+l) / page_size), shift = 31 + l,
+   l = ceil(log2(page_size)) (mskv_cuda_page_divisor on the host). Exact: the
+   rounding adds j * (magic - 2^(31+l) / page_size) / 2^(31+l) < 1 / page_size. */
+MSKV_DEV int mskv_page_of(int j, mskv_u32 magic, int shift) {
+    return (int)(((mskv_u64)(mskv_u32)j * magic) >> shift);
+}
 
-/* Issues the cp.async copies of keys [n0, n0 + BN) of K and V into one stage,
-   each row found through the page table; rows past n_hi are zero-filled (a
-   page's unused slots may hold anything, NaN included). */
-MSKV_DEV void mskv_load_kv(const mskv_tile_ctx &c, mskv_u16 *sk, mskv_u16 *sv, int n0) {
-    for (int idx = mskv_tid(); idx < MSKV_BN * MSKV_CH; idx += 128) {
-        int r = idx / MSKV_CH, ch = idx % MSKV_CH, j = n0 + r, ok = j < c.n_hi;
-        mskv_i64 off = 0;
-        if (ok) {
-            mskv_i64 slot = (mskv_i64)c.pages[j / c.page_size] * c.page_size + j % c.page_size;
-            off = ((slot * c.kv_heads + c.kvh) * MSKV_D + ch * 8) * 2;
-        }
-        mskv_cp_async16(sk + mskv_swz(r, ch), c.k_pool + off, ok ? 16 : 0);
-        mskv_cp_async16(sv + mskv_swz(r, ch), c.v_pool + off, ok ? 16 : 0);
+/* The K/V gather: thread t copies chunks [c0, c0 + CPT) (c0 = (t % TPR) * CPT)
+   of row t / TPR of every tile, so each row's slot is found once per tile,
+   from one page id loaded a tile ahead. */
+struct mskv_gather {
+    /* kernel parameters as they are (the compiler reads them from the constant bank) */
+    const unsigned char *k_pool, *v_pool;
+    const int *kv_indices;
+    mskv_u32 magic;
+    int shift, page_size, kv_heads;
+    /* per thread */
+    int page0;                    /* the segment's first entry in kv_indices */
+    int n_hi, row;
+    mskv_u32 head;                /* byte offset of the kv head's chunk c0 within a slot */
+    mskv_u32 dst;                 /* byte offset of chunk c0 of the row within a K tile */
+};
+/* The key of the thread's row of the tile at n0, clamped into the sequence
+   (a tile past the end reads a harmless page id and copies nothing). */
+MSKV_DEV int mskv_row_key(const mskv_gather &g, int n0) {
+    return n0 + g.row < g.n_hi ? n0 + g.row : g.n_hi - 1;
+}
+/* Its page id, loaded a tile before the copies that need it. */
+MSKV_DEV int mskv_row_fetch(const mskv_gather &g, int n0) {
+    return g.kv_indices[g.page0 + mskv_page_of(mskv_row_key(g, n0), g.magic, g.shift)];
+}
+
+/* Issues the copies of the thread's chunks of K and V of the tile at key n0
+   into the stage at shared offset stage; a row at or past n_hi is
+   zero-filled (a page's unused slots may hold anything, NaN included). */
+MSKV_DEV void mskv_gather_tile(const mskv_gather &g, unsigned char *smem, mskv_u32 stage, int n0, int pid) {
+    const int bytes = n0 + g.row < g.n_hi ? 16 : 0, j = mskv_row_key(g, n0);
+    const int in_page = j - mskv_page_of(j, g.magic, g.shift) * g.page_size;
+    const mskv_u32 slot_bytes = (mskv_u32)g.kv_heads * (MSKV_D * 2);
+    const mskv_u64 off = (mskv_u64)(mskv_u32)pid * ((mskv_u32)g.page_size * slot_bytes) +
+                         ((mskv_u32)in_page * slot_bytes + g.head);
+    const unsigned char *ks = g.k_pool + off, *vs = g.v_pool + off;
+    const mskv_u32 d0 = g.dst + stage;
+MSKV_UNROLL
+    for (int k = 0; k < MSKV_CPT; k++) {
+        /* chunk c0 + k = c0 ^ k lands at (c0 ^ k) ^ (row & 7): the swizzle is an
+           XOR inside the row, whose start is aligned to its length */
+        const mskv_u32 d = d0 ^ (mskv_u32)(k << 4);
+        mskv_cp_async16(smem + d, ks + 16 * k, bytes);
+        mskv_cp_async16(smem + d + MSKV_TILE_BYTES, vs + 16 * k, bytes);
     }
 }
 
-MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool,
-                           const int *qo_indptr, const int *kv_indptr, const int *kv_indices,
-                           const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,
-                           int q_heads, int kv_heads, int page_size, float scale_log2,
-                           int mask, int window_left, int kv_chunk, int n_splits,
-                           void *o, float *lse, float *o_part, float *lse_part) {
-    MSKV_SMEM(smem);
-    mskv_u16 *sq = (mskv_u16 *)smem;
-    mskv_u16 *sk = sq + MSKV_BM * MSKV_D;       /* [2][BN][D] */
-    mskv_u16 *sv = sk + 2 * MSKV_BN * MSKV_D;   /* [2][BN][D] */
+/* Key index of the i-th tile a block visits (n_hi when past the last: a
+   zero-filled load). The tiles that need the per-element mask come first
+   ([0, f_lo), then [f_hi, n_tiles)), the unmasked ones [f_lo, f_hi) last, so
+   each kind runs in a loop of its own. */
+struct mskv_tiles { int n_lo, n_hi, n_tiles, f_lo, f_hi, n_masked; };
+MSKV_DEV int mskv_tile_key(const mskv_tiles &t, int i) {
+    int tile = i < t.n_masked ? (i < t.f_lo ? i : i - t.f_lo + t.f_hi) : i - t.n_masked + t.f_lo;
+    return i < t.n_tiles ? t.n_lo + tile * MSKV_BN : t.n_hi;
+}
+/* One warp's running softmax state and what it needs per tile. */
+struct mskv_attn_warp {
+    float o[MSKV_MT][MSKV_D / 8][4];
+    float m[2 * MSKV_MT];                   /* row g + 8h of m-tile mt: index 2 mt + h */
+    /* row sums, by mma of P with a matrix of ones, so they add the P that O
+       adds, rounded alike, and the f32 probabilities die once packed. One
+       accumulator for both m-tiles: m-tile 0 sums into the even columns, 1
+       into the odd ones, so l[MSKV_LSUM(r)] is row r's (whole row, every lane) */
+    float l[4];
+    /* the keys row r may see, as compacted indices [klo[r], khi[r]): the
+       mask, the split and kv_len in one interval (positions grow with j) */
+    int klo[2 * MSKV_MT], khi[2 * MSKV_MT];
+#if MSKV_QREG
+    mskv_u32 qf[MSKV_MT][MSKV_D / 16][4];
+#endif
+    /* ldmatrix addresses: a lane's row start and its swizzled chunk of k-step 0;
+       k-step kk XORs 32 * kk into it (the swizzle permutes chunks inside the row) */
+    mskv_u32 qb, kb, vb;
+    int wrow0, wkey0;
+    float scale_log2;
+};
+
+/* S = Q K^T, the mask (MASKED: per element), the online softmax and O += P V
+   for one tile whose K and V sit at tk, tv; n0 is its first key. */
+template <int MASKED>
+MSKV_DEV void mskv_attn_tile(mskv_attn_warp &w, const unsigned char *smem, mskv_u32 stage, int n0) {
+    const int t4 = mskv_tid() & 3;
+    const mskv_u32 kb0 = stage + w.kb, vb0 = stage + MSKV_TILE_BYTES + w.vb;
+    float s[MSKV_MT][MSKV_NT][4];
+MSKV_UNROLL
+    for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+        for (int nt = 0; nt < MSKV_NT; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+MSKV_UNROLL
+    for (int kk = 0; kk < MSKV_D / 16; kk++) {
+#if MSKV_QREG
+#define MSKV_QA(mt) w.qf[mt][kk]
+#else
+        mskv_u32 qa[MSKV_MT][4];
+MSKV_UNROLL
+        for (int mt = 0; mt < MSKV_MT; mt++)
+            mskv_ldsm_x4(qa[mt], smem + ((w.qb ^ (mskv_u32)(32 * kk)) + mt * 16 * MSKV_ROWB));
+#define MSKV_QA(mt) qa[mt]
+#endif
+MSKV_UNROLL
+        for (int np = 0; np < MSKV_NT / 2; np++) {
+            mskv_u32 kb[4];
+            mskv_ldsm_x4(kb, smem + ((kb0 ^ (mskv_u32)(32 * kk)) + np * 16 * MSKV_ROWB));
+MSKV_UNROLL
+            for (int mt = 0; mt < MSKV_MT; mt++) {
+                mskv_mma(s[mt][2 * np], MSKV_QA(mt), kb);
+                mskv_mma(s[mt][2 * np + 1], MSKV_QA(mt), kb + 2);
+            }
+        }
+#undef MSKV_QA
+    }
+    /* the online softmax: m kept unscaled, exponents in log2 units */
+    {
+        float mx[2 * MSKV_MT], alpha[2 * MSKV_MT];
+        const int jb = n0 + w.wkey0 + 2 * t4;   /* this lane's first key of the tile */
+MSKV_UNROLL
+        for (int r = 0; r < 2 * MSKV_MT; r++) mx[r] = w.m[r];
+MSKV_UNROLL
+        for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+            for (int nt = 0; nt < MSKV_NT; nt++)
+MSKV_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int r = 2 * mt + (e >> 1);
+                    if (MASKED) {
+                        const int j = jb + nt * 8 + (e & 1);
+                        s[mt][nt][e] = (j >= w.klo[r]) & (j < w.khi[r]) ? s[mt][nt][e] : mskv_neg_inf();
+                    }
+                    mx[r] = fmaxf(mx[r], s[mt][nt][e]);
+                }
+MSKV_UNROLL
+        for (int r = 0; r < 2 * MSKV_MT; r++) {
+            float mu;
+            mx[r] = fmaxf(mx[r], mskv_shfl_xor(mx[r], 1));
+            mx[r] = fmaxf(mx[r], mskv_shfl_xor(mx[r], 2));
+            mu = mx[r] == mskv_neg_inf() ? 0.0f : mx[r];  /* nothing seen yet: keep exp2 finite */
+            alpha[r] = mskv_exp2((w.m[r] - mu) * w.scale_log2);
+            w.m[r] = mx[r];
+            mx[r] = mu * w.scale_log2;  /* p = exp2(s * scale_log2 - mx): one fma per score */
+        }
+MSKV_UNROLL
+        for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+            for (int i = 0; i < MSKV_D / 8; i++) {
+                w.o[mt][i][0] *= alpha[2 * mt]; w.o[mt][i][1] *= alpha[2 * mt];
+                w.o[mt][i][2] *= alpha[2 * mt + 1]; w.o[mt][i][3] *= alpha[2 * mt + 1];
+            }
+MSKV_UNROLL
+        for (int c = 0; c < 4; c++) w.l[c] *= alpha[MSKV_LROW(c)];
+MSKV_UNROLL
+        for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+            for (int nt = 0; nt < MSKV_NT; nt++)
+MSKV_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int r = 2 * mt + (e >> 1);
+                    s[mt][nt][e] = mskv_exp2(fmaf(s[mt][nt][e], w.scale_log2, -mx[r]));
+                }
+    }
+    /* O += P V: P packed first (the f32 scores die here; C layout == A
+       layout per 16 keys), then every V fragment feeds the warp's m-tiles */
+    {
+        mskv_u32 pa[MSKV_MT][MSKV_NT / 2][4];
+        /* B columns n = lane / 4: all ones, or (two m-tiles) ones in the even
+           columns for m-tile 0 and in the odd ones for m-tile 1 */
+        const mskv_u32 one_e = MSKV_MT == 1 || !(mskv_tid() & 4) ? MSKV_ONE2 : 0u;
+        const mskv_u32 one_o = MSKV_MT == 1 || (mskv_tid() & 4) ? MSKV_ONE2 : 0u;
+        const mskv_u32 ones[2][2] = { { one_e, one_e }, { one_o, one_o } };
+MSKV_UNROLL
+        for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+            for (int ks = 0; ks < MSKV_NT / 2; ks++) {
+                pa[mt][ks][0] = mskv_pack2(s[mt][2 * ks][0], s[mt][2 * ks][1]);
+                pa[mt][ks][1] = mskv_pack2(s[mt][2 * ks][2], s[mt][2 * ks][3]);
+                pa[mt][ks][2] = mskv_pack2(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
+                pa[mt][ks][3] = mskv_pack2(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
+            }
+MSKV_UNROLL
+        for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+            for (int ks = 0; ks < MSKV_NT / 2; ks++) mskv_mma(w.l, pa[mt][ks], ones[mt]);
+MSKV_UNROLL
+        for (int dp = 0; dp < MSKV_D / 16; dp++)
+MSKV_UNROLL
+            for (int ks = 0; ks < MSKV_NT / 2; ks++) {
+                mskv_u32 vb[4];
+                mskv_ldsm_x4_t(vb, smem + ((vb0 ^ (mskv_u32)(32 * dp)) + ks * 16 * MSKV_ROWB));
+MSKV_UNROLL
+                for (int mt = 0; mt < MSKV_MT; mt++) {
+                    mskv_mma(w.o[mt][2 * dp], pa[mt][ks], vb);
+                    mskv_mma(w.o[mt][2 * dp + 1], pa[mt][ks], vb + 2);
+                }
+            }
+    }
+}
+
+/* The pipeline: STAGES - 1 tiles in flight ahead of the one computed. One
+   barrier per tile: after it, tile i has landed for every thread and every
+   warp is done with tile i - 1, whose stage takes tile i + STAGES - 1. */
+struct mskv_pipe {
+    int next;                    /* page id of the thread's row of the tile issued next */
+    mskv_u32 cs, ls;             /* shared offsets of the stage computed and the stage loaded */
+};
+MSKV_DEV mskv_u32 mskv_stage_next(mskv_u32 s) {
+    return s + MSKV_STAGE_BYTES < MSKV_Q_BYTES + MSKV_STAGES * MSKV_STAGE_BYTES ? s + MSKV_STAGE_BYTES : MSKV_Q_BYTES;
+}
+/* One tile: wait for the tile at key n0, refill the oldest stage with the
+   tile at key n_load, fetch the page id for the one at n_fetch, compute.
+   ST < 0: the stages rotate in p; ST >= 0: n0's tile sits in stage ST, known
+   when compiling (an unrolled loop), so every shared address is a constant
+   offset from registers set up once. */
+template <int MASKED, int ST>
+MSKV_DEV void mskv_attn_step(mskv_attn_warp &w, mskv_pipe &p, const mskv_gather &g, unsigned char *smem,
+                             int n0, int n_load, int n_fetch) {
+    const mskv_u32 cs = ST < 0 ? p.cs : (mskv_u32)(MSKV_Q_BYTES + ST * MSKV_STAGE_BYTES);
+    const mskv_u32 ls = ST < 0 ? p.ls : (mskv_u32)(MSKV_Q_BYTES + ((ST + MSKV_STAGES - 1) % MSKV_STAGES) * MSKV_STAGE_BYTES);
+    mskv_cp_wait<MSKV_STAGES - 2>();
+    MSKV_SYNC_ID(1);
+    mskv_gather_tile(g, smem, ls, n_load, p.next);
+    mskv_cp_commit();
+    p.next = mskv_row_fetch(g, n_fetch);
+    mskv_attn_tile<MASKED>(w, smem, cs, n0);
+    if (ST < 0) {
+        p.cs = mskv_stage_next(p.cs);
+        p.ls = mskv_stage_next(p.ls);
+    }
+}
+
+/* The block's rows out: o (or the split's partial o_part) and lse. Indices
+   are recomputed here, not kept alive through the key loop, where every
+   register is taken. */
+MSKV_DEV void mskv_attn_store(mskv_attn_warp &w, unsigned char *smem, const int *qo_indptr, int q_heads, int kv_heads,
+                              float scale_log2, int n_splits, void *o, float *lse, float *o_part, float *lse_part) {
     const int tid = mskv_tid(), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int b = mskv_bid_y(), kvh = mskv_bid_z() % kv_heads, split = mskv_bid_z() / kv_heads;
     const int group = q_heads / kv_heads;
-    const int q0 = qo_indptr[b], qo_len = qo_indptr[b + 1] - q0;
-    const int rows = qo_len * group, row0 = mskv_bid_x() * MSKV_BM;
-    const int kvl = kv_len[b], psplit = kv_pos_split[b], pshift = kv_pos_shift[b];
-    const int wrow0 = MSKV_ATTN_WARP_KEYS ? 0 : warp * 16;   /* the warp's first row in the block */
-    const int wkey0 = MSKV_ATTN_WARP_KEYS ? warp * 16 : 0;   /* the warp's first key in a tile */
-    int n_lo, n_hi, n_tiles;
-    int qpos[2], rvalid[2];
-    float m[2], l[2], oacc[MSKV_D / 8][4];
-    mskv_tile_ctx tc;
-    if (row0 >= rows) return;  /* whole block: before any barrier */
-
-    /* keys this block needs: its split, cut by the mask's reach */
-    n_lo = n_splits > 1 ? split * kv_chunk : 0;
-    n_hi = n_splits > 1 ? (n_lo + kv_chunk < kvl ? n_lo + kv_chunk : kvl) : kvl;
-    {
-        int last = row0 + MSKV_BM - 1 < rows - 1 ? row0 + MSKV_BM - 1 : rows - 1;
-        int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;
-        if (mask >= 1 && qi_last + 1 < n_hi) n_hi = qi_last + 1;
-        if (mask == 2) {
-            int lo = mskv_first_at(mskv_abs_pos(qi_first, psplit, pshift) - window_left, psplit, pshift);
-            if (lo > n_lo) n_lo = lo;
-        }
-    }
-    n_tiles = n_hi > n_lo ? (n_hi - n_lo + MSKV_BN - 1) / MSKV_BN : 0;
-    tc.k_pool = (const unsigned char *)k_pool;
-    tc.v_pool = (const unsigned char *)v_pool;
-    tc.pages = kv_indices + kv_indptr[b];
-    tc.page_size = page_size; tc.kv_heads = kv_heads; tc.kvh = kvh; tc.n_hi = n_hi;
-
-    /* Q tile: row r of the block is query (row0 + r) / group, q head kvh * group + (row0 + r) % group */
-    for (int idx = tid; idx < MSKV_BM * MSKV_CH; idx += 128) {
-        int r = idx / MSKV_CH, ch = idx % MSKV_CH, R = row0 + r, ok = R < rows;
-        mskv_i64 off = 0;
-        if (ok) off = (((mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group) * MSKV_D + ch * 8) * 2;
-        mskv_cp_async16(sq + mskv_swz(r, ch), (const unsigned char *)q + off, ok ? 16 : 0);
-    }
-    mskv_cp_commit();
-    if (n_tiles > 0) mskv_load_kv(tc, sk, sv, n_lo);
-    mskv_cp_commit();
-
-    for (int h = 0; h < 2; h++) {
-        int R = row0 + wrow0 + g + 8 * h;
-        rvalid[h] = R < rows;
-        qpos[h] = mskv_abs_pos(kvl - qo_len + (rvalid[h] ? R : rows - 1) / group, psplit, pshift);
-        m[h] = mskv_neg_inf();
-        l[h] = 0.0f;
-    }
-MSKV_UNROLL
-    for (int i = 0; i < MSKV_D / 8; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
-
-#if MSKV_QREG
-    mskv_u32 qf[MSKV_D / 16][4];
-#endif
-    for (int it = 0; it < n_tiles; it++) {
-        const int st = it & 1, n0 = n_lo + it * MSKV_BN;
-        const mskv_u16 *tk = sk + st * MSKV_BN * MSKV_D, *tv = sv + st * MSKV_BN * MSKV_D;
-        float s[MSKV_NT][4];
-        if (it + 1 < n_tiles) {
-            mskv_load_kv(tc, sk + (st ^ 1) * MSKV_BN * MSKV_D, sv + (st ^ 1) * MSKV_BN * MSKV_D, n0 + MSKV_BN);
-            mskv_cp_commit();
-            mskv_cp_wait<1>();
-        } else {
-            mskv_cp_wait<0>();
-        }
-        MSKV_SYNC_ID(1);  /* this stage (and Q) landed for every thread */
-#if MSKV_QREG
-        if (it == 0) {
-MSKV_UNROLL
-            for (int kk = 0; kk < MSKV_D / 16; kk++)
-                mskv_ldsm_x4(qf[kk], sq + mskv_swz(wrow0 + (lane & 15), 2 * kk + (lane >> 4)));
-        }
-#endif
-        /* S = Q K^T for the warp's 16 rows x WK keys */
-MSKV_UNROLL
-        for (int nt = 0; nt < MSKV_NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-MSKV_UNROLL
-        for (int kk = 0; kk < MSKV_D / 16; kk++) {
-#if MSKV_QREG
-            const mskv_u32 *a = qf[kk];
-#else
-            mskv_u32 a[4];
-            mskv_ldsm_x4(a, sq + mskv_swz(wrow0 + (lane & 15), 2 * kk + (lane >> 4)));
-#endif
-MSKV_UNROLL
-            for (int np = 0; np < MSKV_NT / 2; np++) {
-                mskv_u32 kb[4];
-                mskv_ldsm_x4(kb, tk + mskv_swz(wkey0 + np * 16 + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
-                mskv_mma(s[2 * np], a, kb);
-                mskv_mma(s[2 * np + 1], a, kb + 2);
-            }
-        }
-        /* mask, online softmax: the running max m is kept unscaled, exponents in log2 units */
-        {
-            float mx[2], alpha[2];
-            /* is every key of the warp's slice visible to both of this thread's
-               rows? Then no per-element test (positions grow with the index). */
-            const int k_first = n0 + wkey0, k_last = k_first + MSKV_WK - 1;
-            int full = k_first >= n_lo && k_last < n_hi;
-            if (full && mask >= 1) {
-                int qmin = qpos[0] < qpos[1] ? qpos[0] : qpos[1], qmax = qpos[0] < qpos[1] ? qpos[1] : qpos[0];
-                full = mskv_abs_pos(k_last, psplit, pshift) <= qmin &&
-                       (mask != 2 || qmax - mskv_abs_pos(k_first, psplit, pshift) <= window_left);
-            }
-            mx[0] = m[0]; mx[1] = m[1];
-            if (full) {
-MSKV_UNROLL
-                for (int nt = 0; nt < MSKV_NT; nt++) {
-MSKV_UNROLL
-                    for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
-                }
-            } else {
-MSKV_UNROLL
-                for (int nt = 0; nt < MSKV_NT; nt++) {
-MSKV_UNROLL
-                    for (int e = 0; e < 4; e++) {
-                        int h = e >> 1, j = k_first + nt * 8 + 2 * t4 + (e & 1);
-                        int kp = mskv_abs_pos(j, psplit, pshift);
-                        int ok = j >= n_lo && j < n_hi;
-                        if (mask >= 1) ok = ok && kp <= qpos[h];
-                        if (mask == 2) ok = ok && qpos[h] - kp <= window_left;
-                        s[nt][e] = ok ? s[nt][e] : mskv_neg_inf();
-                        mx[h] = fmaxf(mx[h], s[nt][e]);
-                    }
-                }
-            }
-MSKV_UNROLL
-            for (int h = 0; h < 2; h++) {
-                float mu;
-                mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 1));
-                mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 2));
-                mu = mx[h] == mskv_neg_inf() ? 0.0f : mx[h];  /* nothing seen yet: keep exp2 finite */
-                alpha[h] = mskv_exp2((m[h] - mu) * scale_log2);
-                m[h] = mx[h];
-                l[h] *= alpha[h];
-                mx[h] = mu * scale_log2;  /* p = exp2(s * scale_log2 - mx): one fma per score */
-            }
-MSKV_UNROLL
-            for (int i = 0; i < MSKV_D / 8; i++) {
-                oacc[i][0] *= alpha[0]; oacc[i][1] *= alpha[0];
-                oacc[i][2] *= alpha[1]; oacc[i][3] *= alpha[1];
-            }
-MSKV_UNROLL
-            for (int nt = 0; nt < MSKV_NT; nt++) {
-MSKV_UNROLL
-                for (int e = 0; e < 4; e++) {
-                    s[nt][e] = mskv_exp2(fmaf(s[nt][e], scale_log2, -mx[e >> 1]));
-                    l[e >> 1] += s[nt][e];
-                }
-            }
-        }
-        /* O += P V: P from the S accumulators (C layout == A layout per 16 keys) */
-MSKV_UNROLL
-        for (int ks = 0; ks < MSKV_NT / 2; ks++) {
-            mskv_u32 pa[4];
-            pa[0] = mskv_pack2(s[2 * ks][0], s[2 * ks][1]);
-            pa[1] = mskv_pack2(s[2 * ks][2], s[2 * ks][3]);
-            pa[2] = mskv_pack2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-            pa[3] = mskv_pack2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-MSKV_UNROLL
-            for (int dp = 0; dp < MSKV_D / 16; dp++) {
-                mskv_u32 vb[4];
-                mskv_ldsm_x4_t(vb, tv + mskv_swz(wkey0 + ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
-                mskv_mma(oacc[2 * dp], pa, vb);
-                mskv_mma(oacc[2 * dp + 1], pa, vb + 2);
-            }
-        }
-        MSKV_SYNC_ID(2);  /* everyone is done with this stage before it is refilled */
-    }
-    mskv_cp_wait<0>();
-
-    /* row sums were kept per lane; the 4 lanes of a row add them up */
-    for (int h = 0; h < 2; h++) {
-        l[h] += mskv_shfl_xor(l[h], 1);
-        l[h] += mskv_shfl_xor(l[h], 2);
-    }
+    const int q0 = qo_indptr[b], rows = (qo_indptr[b + 1] - q0) * group, row0 = mskv_bid_x() * MSKV_BM;
     {
         const mskv_i64 total_q = qo_indptr[mskv_nblk_y()];
         const float ln2 = 0.6931471805599453f;
 #if MSKV_ATTN_WARP_KEYS
-        /* merge the 4 warps' states: smem [warp][16][D] f32 o, then m and l */
-        float *mo = (float *)smem, *mm = mo + 4 * 16 * MSKV_D, *ml = mm + 4 * 16;
+        /* merge the 4 warps' states: smem [warp][16][D + 8] f32 o (the pad
+           keeps the 8 rows of a 64-bit store in different banks), then m, l */
+        float *mo = (float *)smem, *mm = mo + 4 * 16 * MSKV_MERGE_LD, *ml = mm + 4 * 16;
         MSKV_SYNC_ID(3);  /* K/V tiles are dead: reuse shared memory */
 MSKV_UNROLL
-        for (int i = 0; i < MSKV_D / 8; i++) {
-            float *p0 = mo + (warp * 16 + g) * MSKV_D + i * 8 + 2 * t4, *p1 = p0 + 8 * MSKV_D;
-            p0[0] = oacc[i][0]; p0[1] = oacc[i][1]; p1[0] = oacc[i][2]; p1[1] = oacc[i][3];
+        for (int d = 0; d < MSKV_D / 8; d++) {
+            float *p0 = mo + (warp * 16 + g) * MSKV_MERGE_LD + d * 8 + 2 * t4, *p1 = p0 + 8 * MSKV_MERGE_LD;
+            p0[0] = w.o[0][d][0]; p0[1] = w.o[0][d][1]; p1[0] = w.o[0][d][2]; p1[1] = w.o[0][d][3];
         }
         if (t4 == 0) {
-            mm[warp * 16 + g] = m[0]; mm[warp * 16 + g + 8] = m[1];
-            ml[warp * 16 + g] = l[0]; ml[warp * 16 + g + 8] = l[1];
+            mm[warp * 16 + g] = w.m[0]; mm[warp * 16 + g + 8] = w.m[1];
+            ml[warp * 16 + g] = w.l[MSKV_LSUM(0)]; ml[warp * 16 + g + 8] = w.l[MSKV_LSUM(1)];
         }
         MSKV_SYNC_ID(4);
         for (int idx = tid; idx < 16 * MSKV_D; idx += 128) {
@@ -689,12 +764,12 @@ MSKV_UNROLL
             float M = mskv_neg_inf(), L = 0.0f, acc = 0.0f;
             mskv_i64 orow;
             if (R >= rows) continue;
-            for (int w = 0; w < 4; w++) M = fmaxf(M, mm[w * 16 + r]);
+            for (int k = 0; k < 4; k++) M = fmaxf(M, mm[k * 16 + r]);
             if (M != mskv_neg_inf()) {
-                for (int w = 0; w < 4; w++) {
-                    float f = mskv_exp2((mm[w * 16 + r] - M) * scale_log2);
-                    L += f * ml[w * 16 + r];
-                    acc += f * mo[(w * 16 + r) * MSKV_D + d];
+                for (int k = 0; k < 4; k++) {
+                    float f = mskv_exp2((mm[k * 16 + r] - M) * scale_log2);
+                    L += f * ml[k * 16 + r];
+                    acc += f * mo[(k * 16 + r) * MSKV_MERGE_LD + d];
                 }
             }
             orow = (mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group;
@@ -707,28 +782,177 @@ MSKV_UNROLL
             }
         }
 #else
-        for (int h = 0; h < 2; h++) {
-            int R = row0 + wrow0 + g + 8 * h;
-            float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-            float lv = l[h] > 0.0f ? (m[h] * scale_log2 + log2f(l[h])) * ln2 : mskv_neg_inf();
+        (void)smem;
+        for (int h = 0; h < 2 * MSKV_MT; h++) {
+            const int mt = h >> 1, e = 2 * (h & 1);
+            int R = row0 + warp * MSKV_WM + 16 * mt + g + 8 * (h & 1);
+            const float l = w.l[MSKV_LSUM(h)];
+            float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            float lv = l > 0.0f ? (w.m[h] * scale_log2 + log2f(l)) * ln2 : mskv_neg_inf();
             mskv_i64 orow;
-            if (!rvalid[h]) continue;
+            if (R >= rows) continue;
             orow = (mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group;
             if (n_splits > 1) {
                 float *dst = o_part + ((mskv_i64)split * total_q * q_heads + orow) * MSKV_D + 2 * t4;
 MSKV_UNROLL
-                for (int i = 0; i < MSKV_D / 8; i++) { dst[i * 8] = oacc[i][2 * h] * inv; dst[i * 8 + 1] = oacc[i][2 * h + 1] * inv; }
+                for (int d = 0; d < MSKV_D / 8; d++) { dst[d * 8] = w.o[mt][d][e] * inv; dst[d * 8 + 1] = w.o[mt][d][e + 1] * inv; }
                 if (t4 == 0) lse_part[(mskv_i64)split * total_q * q_heads + orow] = lv;
             } else {
                 mskv_u32 *dst = (mskv_u32 *)((mskv_u16 *)o + orow * MSKV_D + 2 * t4);
 MSKV_UNROLL
-                for (int i = 0; i < MSKV_D / 8; i++) dst[i * 4] = mskv_pack2(oacc[i][2 * h] * inv, oacc[i][2 * h + 1] * inv);
+                for (int d = 0; d < MSKV_D / 8; d++) dst[d * 4] = mskv_pack2(w.o[mt][d][e] * inv, w.o[mt][d][e + 1] * inv);
                 if (lse && t4 == 0) lse[orow] = lv;
             }
         }
 #endif
     }
 }
+
+MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool,
+                           const int *qo_indptr, const int *kv_indptr, const int *kv_indices,
+                           const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,
+                           int q_heads, int kv_heads, int page_size, unsigned int page_magic, int page_shift,
+                           float scale_log2, int mask, int window_left, int kv_chunk, int n_splits,
+                           void *o, float *lse, float *o_part, float *lse_part) {
+    MSKV_SMEM(smem);
+    const int tid = mskv_tid(), warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+    const int b = mskv_bid_y(), kvh = mskv_bid_z() % kv_heads, split = mskv_bid_z() / kv_heads;
+    const int group = q_heads / kv_heads;
+    const int q0 = qo_indptr[b], qo_len = qo_indptr[b + 1] - q0;
+    const int rows = qo_len * group, row0 = mskv_bid_x() * MSKV_BM;
+    const int kvl = kv_len[b], psplit = kv_pos_split[b], pshift = kv_pos_shift[b];
+    mskv_u16 *sq = (mskv_u16 *)(smem + MSKV_Q_OFF);
+    mskv_attn_warp w;
+    mskv_tiles t;
+    mskv_gather ga;
+    mskv_pipe p;
+    int i;
+    if (row0 >= rows) return;  /* whole block: before any barrier */
+    w.wrow0 = MSKV_ATTN_WARP_KEYS ? 0 : warp * MSKV_WM;
+    w.wkey0 = MSKV_ATTN_WARP_KEYS ? warp * 16 : 0;
+    /* Q (A operand): row wrow0 + (lane & 15), chunk 2 kk + lane / 16; K (B
+       operand): key wkey0 + (lane & 7) + 8 (lane / 16), chunk 2 kk + bit 3 of
+       lane; V (B, transposed): key wkey0 + (lane & 15), chunk 2 dp + lane / 16.
+       In every case row & 7 == lane & 7 and the chunk's low bit is b, so the
+       swizzled chunk of k-step kk is 2 kk ^ b ^ (lane & 7): the offset of
+       k-step 0 XOR 32 kk (the row start is aligned to the row's length). */
+    w.qb = (mskv_u32)(MSKV_Q_OFF + (w.wrow0 + (lane & 15)) * MSKV_ROWB + 16 * ((lane >> 4) ^ (lane & 7)));
+    w.kb = (mskv_u32)((w.wkey0 + (lane & 7) + 8 * (lane >> 4)) * MSKV_ROWB + 16 * (((lane >> 3) & 1) ^ (lane & 7)));
+    w.vb = (mskv_u32)((w.wkey0 + (lane & 15)) * MSKV_ROWB + 16 * ((lane >> 4) ^ (lane & 7)));
+    w.scale_log2 = scale_log2;
+
+    /* keys this block needs: its split, cut by the mask's reach; and the
+       tiles every row of the block sees whole */
+    t.n_lo = n_splits > 1 ? split * kv_chunk : 0;
+    t.n_hi = n_splits > 1 ? (t.n_lo + kv_chunk < kvl ? t.n_lo + kv_chunk : kvl) : kvl;
+    {
+        const int last = row0 + MSKV_BM - 1 < rows - 1 ? row0 + MSKV_BM - 1 : rows - 1;
+        const int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;
+        const int qpos_min = mskv_abs_pos(qi_first, psplit, pshift), qpos_max = mskv_abs_pos(qi_last, psplit, pshift);
+        int kc, kw;
+        if (mask >= 1 && qi_last + 1 < t.n_hi) t.n_hi = qi_last + 1;
+        if (mask == 2) {
+            int lo = mskv_first_at(qpos_min - window_left, psplit, pshift);
+            if (lo > t.n_lo) t.n_lo = lo;
+        }
+        t.n_tiles = t.n_hi > t.n_lo ? (t.n_hi - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;
+        kc = t.n_hi;   /* keys below kc: seen by every row (causal) */
+        kw = t.n_lo;   /* keys from kw on: within every row's window */
+        if (mask >= 1) { int c = mskv_first_at(qpos_min + 1, psplit, pshift); kc = c < kc ? c : kc; }
+        if (mask == 2) { int c = mskv_first_at(qpos_max - window_left, psplit, pshift); kw = c > kw ? c : kw; }
+        t.f_hi = kc > t.n_lo ? (kc - t.n_lo) / MSKV_BN : 0;
+        t.f_lo = kw > t.n_lo ? (kw - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;
+        if (t.f_hi > t.n_tiles) t.f_hi = t.n_tiles;
+        if (t.f_lo >= t.f_hi) t.f_lo = t.f_hi = t.n_tiles;
+        t.n_masked = t.f_lo + t.n_tiles - t.f_hi;
+    }
+    {
+        const int c0 = (tid % MSKV_TPR) * MSKV_CPT, row = tid / MSKV_TPR;
+        ga.k_pool = (const unsigned char *)k_pool;
+        ga.v_pool = (const unsigned char *)v_pool;
+        ga.kv_indices = kv_indices;
+        ga.magic = page_magic; ga.shift = page_shift; ga.page_size = page_size; ga.kv_heads = kv_heads;
+        ga.page0 = kv_indptr[b];
+        ga.head = (mskv_u32)(kvh * MSKV_D * 2 + c0 * 16);
+        ga.n_hi = t.n_hi;
+        ga.row = row;
+        ga.dst = (mskv_u32)((row * MSKV_CH + (c0 ^ (row & 7))) * 16);
+    }
+
+    /* Q tile: row r of the block is query (row0 + r) / group, q head kvh * group + (row0 + r) % group */
+    for (int idx = tid; idx < MSKV_BM * MSKV_CH; idx += 128) {
+        int r = idx / MSKV_CH, ch = idx % MSKV_CH, R = row0 + r, ok = R < rows;
+        mskv_i64 off = 0;
+        if (ok) off = (((mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group) * MSKV_D + ch * 8) * 2;
+        mskv_cp_async16(sq + mskv_swz(r, ch), (const unsigned char *)q + off, ok ? 16 : 0);
+    }
+    /* the first STAGES - 1 tiles, one commit group each (Q rides with tile 0) */
+    p.cs = MSKV_Q_BYTES;
+    p.ls = MSKV_Q_BYTES;
+    for (i = 0; i < MSKV_STAGES - 1; i++) {
+        if (t.n_tiles > 0) mskv_gather_tile(ga, smem, p.ls, mskv_tile_key(t, i), mskv_row_fetch(ga, mskv_tile_key(t, i)));
+        mskv_cp_commit();
+        p.ls = mskv_stage_next(p.ls);
+    }
+    if (t.n_tiles > 0) p.next = mskv_row_fetch(ga, mskv_tile_key(t, MSKV_STAGES - 1));
+    else p.next = 0;
+
+    for (int h = 0; h < 2 * MSKV_MT; h++) {
+        const int R = row0 + w.wrow0 + 16 * (h >> 1) + g + 8 * (h & 1);
+        const int qpos = mskv_abs_pos(kvl - qo_len + (R < rows ? R : rows - 1) / group, psplit, pshift);
+        int lo = t.n_lo, hi = t.n_hi;
+        if (mask >= 1) { const int c = mskv_first_at(qpos + 1, psplit, pshift); hi = c < hi ? c : hi; }
+        if (mask == 2) { const int c = mskv_first_at(qpos - window_left, psplit, pshift); lo = c > lo ? c : lo; }
+        w.klo[h] = lo;
+        w.khi[h] = hi;
+        w.m[h] = mskv_neg_inf();
+    }
+    w.l[0] = w.l[1] = w.l[2] = w.l[3] = 0.0f;
+MSKV_UNROLL
+    for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+        for (int d = 0; d < MSKV_D / 8; d++) w.o[mt][d][0] = w.o[mt][d][1] = w.o[mt][d][2] = w.o[mt][d][3] = 0.0f;
+#if MSKV_QREG
+    /* Q into registers once (with tile 0: its group is the oldest) */
+    mskv_cp_wait<MSKV_STAGES - 2>();
+    MSKV_SYNC_ID(5);
+MSKV_UNROLL
+    for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+        for (int kk = 0; kk < MSKV_D / 16; kk++)
+            mskv_ldsm_x4(w.qf[mt][kk], smem + ((w.qb ^ (mskv_u32)(32 * kk)) + mt * 16 * MSKV_ROWB));
+#endif
+
+    /* the masked tiles, then the rest: two loops, so the common one carries no mask code */
+    for (i = 0; i < t.n_masked; i++)
+        mskv_attn_step<1, -1>(w, p, ga, smem, mskv_tile_key(t, i), mskv_tile_key(t, i + MSKV_STAGES - 1),
+                              mskv_tile_key(t, i + MSKV_STAGES));
+    {
+        /* the unmasked tiles are consecutive: walk their keys; loads past them are zero-filled */
+        const int f_end = t.n_lo + t.f_hi * MSKV_BN, n_hi = t.n_hi;
+        int n0 = t.n_lo + t.f_lo * MSKV_BN;
+#define MSKV_FULL_STEP(st, n) \
+        mskv_attn_step<0, st>(w, p, ga, smem, (n), (n) + (MSKV_STAGES - 1) * MSKV_BN < f_end ? (n) + (MSKV_STAGES - 1) * MSKV_BN : n_hi, \
+                              (n) + MSKV_STAGES * MSKV_BN < f_end ? (n) + MSKV_STAGES * MSKV_BN : n_hi)
+#if MSKV_ATTN_WARP_KEYS && MSKV_D <= 128
+        /* decode: three tiles an iteration, one per stage, so no stage
+           arithmetic and no address arithmetic for shared memory remains
+           (at D = 256 the unrolled addresses would spill registers) */
+        for (; n0 < f_end && p.cs != (mskv_u32)MSKV_Q_BYTES; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);
+        for (; n0 + 2 * MSKV_BN < f_end; n0 += 3 * MSKV_BN) {
+            MSKV_FULL_STEP(0, n0);
+            MSKV_FULL_STEP(1, n0 + MSKV_BN);
+            MSKV_FULL_STEP(2, n0 + 2 * MSKV_BN);
+        }
+#endif
+        for (; n0 < f_end; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);
+#undef MSKV_FULL_STEP
+    }
+    mskv_cp_wait<0>();
+
+    mskv_attn_store(w, smem, qo_indptr, q_heads, kv_heads, scale_log2, n_splits, o, lse, o_part, lse_part);
+}
+
 #endif /* MSKV_DTYPE != 0 */
 
 /* >>attention sm90a -------------------------------------------------------- */
@@ -1220,10 +1444,6 @@ MSKV_UNROLL
 }
 #endif /* MSKV_SM90A && MSKV_DTYPE != 0 */
 
-/* Shared memory the attention kernel of these defines needs (host side
-   mirrors this in the launch wrapper). */
-#define MSKV_ATTN_SMEM_BYTES_OF(bm, bn, d) (2 * ((bm) * (d) + 4 * (bn) * (d)))
-
 #ifndef MSKV_GPU
 /* Host emulation: let a test include this file again with other defines. */
 #undef MSKV_DTYPE
@@ -1239,14 +1459,28 @@ MSKV_UNROLL
 #undef MSKV_RD0
 #undef MSKV_RD1
 #undef MSKV_RD2
+#undef MSKV_MT
 #undef MSKV_BM
 #undef MSKV_BN
 #undef MSKV_WK
+#undef MSKV_STAGES
+#undef MSKV_WM
 #undef MSKV_CH
+#undef MSKV_ROWB
 #undef MSKV_NT
 #undef MSKV_QREG
+#undef MSKV_TPR
+#undef MSKV_CPT
+#undef MSKV_TILE_BYTES
+#undef MSKV_STAGE_BYTES
+#undef MSKV_Q_PARKED
+#undef MSKV_Q_BYTES
+#undef MSKV_Q_OFF
 #undef MSKV_ATTN_SMEM
-#undef MSKV_ATTN_SMEM_BYTES_OF
+#undef MSKV_MERGE_LD
+#undef MSKV_ONE2
+#undef MSKV_LSUM
+#undef MSKV_LROW
 #undef MSKV_SM90A
 #undef MSKV_H_BN
 #undef MSKV_H_STAGES

@@ -155,6 +155,7 @@ typedef struct mskv_nvrtc_prog_st *mskv_nvrtc_program; /* nvrtcProgram */
     X(mskv_cu_result, cuModuleUnload, "cuModuleUnload", (mskv_cu_module m))                    \
     X(mskv_cu_result, cuModuleGetFunction, "cuModuleGetFunction", (mskv_cu_function *f, mskv_cu_module m, const char *name)) \
     X(mskv_cu_result, cuFuncSetAttribute, "cuFuncSetAttribute", (mskv_cu_function f, int attrib, int value)) \
+    X(mskv_cu_result, cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor", (int *blocks, mskv_cu_function f, int block_size, size_t smem)) \
     X(mskv_cu_result, cuLaunchKernel, "cuLaunchKernel", (mskv_cu_function f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem, mskv_cu_stream s, void **params, void **extra)) \
     X(mskv_cu_result, cuStreamBeginCapture, "cuStreamBeginCapture_v2", (mskv_cu_stream s, int mode)) \
     X(mskv_cu_result, cuStreamEndCapture, "cuStreamEndCapture", (mskv_cu_stream s, mskv_cu_graph *g)) \
@@ -372,7 +373,7 @@ MSKV_API void mskv_cuda_graph_destroy(mskv_cuda_store *st, mskv_cuda_graph *g);
    device): the wrapper uses it, and a caller can size its workspace or check
    what a CUDA graph will launch. */
 typedef struct mskv_cuda_attn_geometry {
-    int32_t decode;          /* 1: decode layout (16 rows per block, warps split the keys) */
+    int32_t decode;          /* 1: decode layout (16 rows per block, warps split the keys, 3 stages) */
     int32_t block_rows;      /* BM: rows (query x q head of a group) per block */
     int32_t block_keys;      /* BN: keys per K/V tile */
     uint32_t grid[3];        /* row tiles, segments, kv_heads * n_splits */
@@ -384,15 +385,29 @@ typedef struct mskv_cuda_attn_geometry {
 } mskv_cuda_attn_geometry;
 
 /* Parameters: the plan's sizes (batch, total_q, the longest qo_len and
-   kv_len of a segment), heads, head_dim (64, 128, 256), the device's SM count
-   and opt-in shared memory per block (0 = 99 KiB, what every sm_80+ part has).
-   Splits are chosen so that about two waves of blocks fill the SMs when the
-   (segment, kv head, row tile) blocks alone would not.
+   kv_len of a segment), heads, head_dim (64, 128, 256), the device's SM count,
+   opt-in shared memory per block (0 = 99 KiB, what every sm_80+ part has) and
+   resident_blocks: how many blocks of the chosen layout's kernel fit on one SM
+   at once (cuOccupancyMaxActiveBlocksPerMultiprocessor at smem_bytes; the
+   wrapper asks the driver; 0 = unknown, taken as 1).
+   The layout (decode or prefill, so smem_bytes) does not depend on
+   resident_blocks: call once with 0 to learn it, then again with the count.
+   Keys are split (flash-decoding) only when the (row tile, segment, kv head)
+   blocks fill less than one wave of multiprocessors * resident_blocks, and
+   never below 512 keys per split (so a 512-key decode is one launch, no
+   merge); among the allowed counts the one with the least estimated time
+   (waves x keys per split, plus the merge) wins: whole waves, not a tail.
    Return value: SUCCESS, INVALID_ARGUMENT (heads, head_dim), OVERFLOW. */
 MSKV_API mskv_result mskv_cuda_attn_geometry_get(int32_t batch, int32_t total_q, int32_t max_qo_len,
                                                  int32_t max_kv_len, int32_t q_heads, int32_t kv_heads,
                                                  int32_t head_dim, int32_t multiprocessors,
-                                                 int32_t max_smem_bytes, mskv_cuda_attn_geometry *out);
+                                                 int32_t max_smem_bytes, int32_t resident_blocks,
+                                                 mskv_cuda_attn_geometry *out);
+/* The page of a compacted key index j without a division, as the attention
+   kernel computes it: page = (j * magic) >> shift for every 0 <= j < 2^31,
+   magic = ceil(2^(31 + l) / page_size), shift = 31 + l, l = ceil(log2(page_size)).
+   page_size >= 1. */
+MSKV_API void mskv_cuda_page_divisor(int32_t page_size, uint32_t *magic, int32_t *shift);
 
 /* Paged attention over a plan for one layer of the store, on the store's
    stream (tensor cores: the store's dtype must be F16 or BF16, and
@@ -480,9 +495,10 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "                     2*(p-2*(p/3)), 2*(p/3), 2*(p/3) with p = head_dim/2).\n",
     "                     Pair i of a part of width w turns by pos * theta^(-2i/w):\n",
     "                     (x, y) -> (x cos - y sin, x sin + y cos), in f32.\n",
-    "     MSKV_ATTN_WARP_KEYS  attention only: 0 = prefill layout (4 warps x 16\n",
-    "                     query rows, 64 rows per block); 1 = decode layout (16 rows\n",
-    "                     per block, the 4 warps split each key tile, merged in smem)\n",
+    "     MSKV_ATTN_WARP_KEYS  attention only: 0 = prefill layout (4 warps x 32\n",
+    "                     rows, 128 rows per block; 16 and 64 at D = 256); 1 = decode\n",
+    "                     layout (16 rows per block, the 4 warps split each key tile,\n",
+    "                     merged in smem)\n",
     "\n",
     "   Kernels, parameters and launch geometry:\n",
     "\n",
@@ -506,20 +522,28 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "\n",
     "   mskv_attn(q, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices, kv_len,\n",
     "             kv_pos_split, kv_pos_shift, q_heads, kv_heads, page_size,\n",
-    "             scale_log2, mask, window_left, kv_chunk, n_splits,\n",
-    "             o, lse, o_part, lse_part)\n",
+    "             page_magic, page_shift, scale_log2, mask, window_left,\n",
+    "             kv_chunk, n_splits, o, lse, o_part, lse_part)\n",
     "     Paged attention over a CSR plan (MSKV_DTYPE 1 or 2; mma.sync m16n8k16\n",
     "     with f32 accumulation). A block takes one (segment, kv head, key split)\n",
     "     and a tile of \"rows\", row = query * group + (q head within the kv head's\n",
     "     group), so every K/V byte is read once for all of a kv head's q heads.\n",
     "     Grid (ceil(max over segments of qo_len * group / BM), batch,\n",
-    "     kv_heads * n_splits); block 128; dynamic shared memory\n",
-    "     2 * (BM * D + 4 * BN * D) bytes (Q tile, two stages of K and V):\n",
-    "     BM = 64 rows, BN = 64 keys (32 for D = 256) in the prefill layout,\n",
-    "     BM = 16, BN = 64 in the decode layout (e.g. 80 KiB prefill at D = 128).\n",
-    "     K/V tiles are gathered row by row through kv_indices with cp.async\n",
-    "     (any page size), rows past kv_len zero-filled; S = Q K^T and O += P V\n",
-    "     with ldmatrix(.trans) fragments and mma; online softmax in exp2.\n",
+    "     kv_heads * n_splits); block 128 (4 warps); dynamic shared memory\n",
+    "     MSKV_ATTN_SMEM:\n",
+    "       prefill, D <= 128: BM = 128 (32 rows per warp), BN = 64, Q tile + 2\n",
+    "         stages of K and V (96 KiB at D = 128, 48 KiB at D = 64);\n",
+    "       prefill, D = 256: BM = 64 (16 rows per warp), BN = 32, 96 KiB;\n",
+    "       decode: BM = 16, BN = 64 (16 keys per warp), 3 stages, Q read into\n",
+    "         registers once from the last stage (96 KiB at D = 128; D = 256\n",
+    "         keeps a Q tile: 200 KiB).\n",
+    "     The page of key j is (j * page_magic) >> page_shift (host:\n",
+    "     mskv_cuda_page_divisor; any page size >= 1), and page_size * kv_heads *\n",
+    "     D * 2 < 2^32. Each thread copies part of one K/V row per tile with\n",
+    "     cp.async, its page id loaded a tile ahead; rows past kv_len are\n",
+    "     zero-filled. S = Q K^T and O += P V with ldmatrix(.trans) fragments and\n",
+    "     mma; online softmax in exp2; row sums by mma of P with ones. The tiles\n",
+    "     that need a per-element mask run first, in a loop of their own.\n",
     "     Positions must not decrease with the compacted index (kv_pos_shift >= 0):\n",
     "     the mask's reach bounds the key range a block visits.\n",
     "     mask: 0 none, 1 causal (key pos <= query pos), 2 causal and\n",
@@ -871,23 +895,51 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "}\n",
     "\n",
     "#if MSKV_DTYPE != 0\n",
-    "/* Tiles: BM query rows per block, BN keys per K/V tile (two stages), 4 warps.\n",
-    "   Prefill: warp w owns rows [16w, 16w+16) and every key of a tile.\n",
-    "   Decode: the block has 16 rows; warp w takes keys [16w, 16w+16) of each tile;\n",
-    "   the four partial softmax states are merged through shared memory. */\n",
+    "/* Layouts (4 warps, 128 threads; a row is query * group + q head within the\n",
+    "   kv head's group, so one K/V tile serves the whole group):\n",
+    "   prefill, D <= 128: 128 rows per block, warp w owns rows [32w, 32w + 32):\n",
+    "       two m16 tiles, so each K/V fragment feeds four mma; 64-key tiles, 2 stages.\n",
+    "   prefill, D = 256: 64 rows, 16 per warp (32 rows of f32 accumulators would\n",
+    "       not fit the registers); 32-key tiles, 2 stages.\n",
+    "   decode: 16 rows; warp w takes keys [16w, 16w + 16) of every 64-key tile;\n",
+    "       3 stages; the four partial softmax states are merged through shared memory. */\n",
     "#if MSKV_ATTN_WARP_KEYS\n",
+    "#define MSKV_MT 1\n",
     "#define MSKV_BM 16\n",
     "#define MSKV_BN 64\n",
     "#define MSKV_WK 16\n",
+    "#define MSKV_STAGES 3\n",
     "#else\n",
-    "#define MSKV_BM 64\n",
+    "#define MSKV_MT (MSKV_D <= 128 ? 2 : 1)\n",
+    "#define MSKV_BM (64 * MSKV_MT)\n",
     "#define MSKV_BN (MSKV_D >= 256 ? 32 : 64)\n",
     "#define MSKV_WK MSKV_BN\n",
+    "#define MSKV_STAGES 2\n",
     "#endif\n",
-    "#define MSKV_CH (MSKV_D / 8)          /* 16-byte chunks per row */\n",
-    "#define MSKV_NT (MSKV_WK / 8)         /* n-tiles of 8 keys per warp and tile */\n",
-    "#define MSKV_QREG (MSKV_D <= 128)     /* keep Q fragments in registers */\n",
-    "#define MSKV_ATTN_SMEM (2 * (MSKV_BM * MSKV_D + 4 * MSKV_BN * MSKV_D))\n",
+    "#define MSKV_WM (16 * MSKV_MT)                 /* rows per warp */\n",
+    "#define MSKV_CH (MSKV_D / 8)                   /* 16-byte chunks per row */\n",
+    "#define MSKV_ROWB (MSKV_D * 2)                 /* bytes per row of a tile */\n",
+    "#define MSKV_NT (MSKV_WK / 8)                  /* n-tiles of 8 keys per warp and tile */\n",
+    "#define MSKV_QREG (MSKV_WM * MSKV_D <= 2048)   /* Q fragments in registers (at most 32 per thread) */\n",
+    "#define MSKV_TPR (128 / MSKV_BN)               /* gather: threads per K/V row */\n",
+    "#define MSKV_CPT (MSKV_CH / MSKV_TPR)          /* gather: 16-byte chunks per thread and row */\n",
+    "#define MSKV_TILE_BYTES (MSKV_BN * MSKV_D * 2) /* one K (or V) tile */\n",
+    "#define MSKV_STAGE_BYTES (2 * MSKV_TILE_BYTES) /* K, then V */\n",
+    "/* Q has its own tile unless the decode layout reads it into registers once:\n",
+    "   then it waits in the last stage, which is first refilled after that read. */\n",
+    "#define MSKV_Q_PARKED (MSKV_ATTN_WARP_KEYS && MSKV_QREG)\n",
+    "#define MSKV_Q_BYTES (MSKV_Q_PARKED ? 0 : MSKV_BM * MSKV_D * 2)\n",
+    "#define MSKV_Q_OFF (MSKV_Q_PARKED ? (MSKV_STAGES - 1) * MSKV_STAGE_BYTES : 0)\n",
+    "#define MSKV_ATTN_SMEM (MSKV_Q_BYTES + MSKV_STAGES * MSKV_STAGE_BYTES)\n",
+    "#define MSKV_MERGE_LD (MSKV_D + 8)             /* decode merge: padded f32 row, no bank conflicts */\n",
+    "/* row-sum accumulator: element of row r (= 2 mt + h), and the row of element c */\n",
+    "#define MSKV_LSUM(r) (MSKV_MT == 2 ? 2 * ((r) & 1) + ((r) >> 1) : 2 * ((r) & 1))\n",
+    "#define MSKV_LROW(c) (MSKV_MT == 2 ? 2 * ((c) & 1) + ((c) >> 1) : ((c) >> 1))\n",
+    "\n",
+    "#ifndef MSKV_GPU\n",
+    "/* for the host tests: the launch geometry of these defines */\n",
+    "static const int mskv_attn_block_rows = MSKV_BM, mskv_attn_block_keys = MSKV_BN, mskv_attn_smem_bytes = MSKV_ATTN_SMEM;\n",
+    "#endif\n",
     "\n",
     "/* Element offset of 16-byte chunk c of row r: XOR swizzle, so the 8 rows an\n",
     "   ldmatrix reads fall in 8 different bank groups. */\n",
@@ -900,6 +952,8 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    return (mskv_u32)mskv_f2b(lo) | ((mskv_u32)mskv_f2b(hi) << 16);\n",
     "#endif\n",
     "}\n",
+    "/* two 16-bit ones (f16 0x3c00, bf16 0x3f80) */\n",
+    "#define MSKV_ONE2 (MSKV_DTYPE == 1 ? 0x3c003c00u : 0x3f803f80u)\n",
     "MSKV_DEV void mskv_mma(float d[4], const mskv_u32 a[4], const mskv_u32 b[2]) {\n",
     "#if MSKV_DTYPE == 1\n",
     "    mskv_mma_f16(d, a, b);\n",
@@ -916,231 +970,267 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    return p - shift > split ? p - shift : split;\n",
     "}\n",
     "\n",
-    "struct mskv_tile_ctx {\n",
-    "    const unsigned char *k_pool, *v_pool;\n",
-    "    const int *pages;\n",
-    "    int page_size, kv_heads, kvh, n_hi;\n",
-    "};\n",
+    "/* Page of compacted index j (0 <= j < 2^31) without a division:\n",
+    "   (j * magic) >> shift, magic = ceil(2^(31+l) / page_size), shift = 31 + l,\n",
+    "   l = ceil(log2(page_size)) (mskv_cuda_page_divisor on the host). Exact: the\n",
+    "   rounding adds j * (magic - 2^(31+l) / page_size) / 2^(31+l) < 1 / page_size. */\n",
+    "MSKV_DEV int mskv_page_of(int j, mskv_u32 magic, int shift) {\n",
+    "    return (int)(((mskv_u64)(mskv_u32)j * magic) >> shift);\n",
+    "}\n",
     "\n",
-    "/* Issues the cp.async copies of keys [n0, n0 + BN) of K and V into one stage,\n",
-    "   each row found through the page table; rows past n_hi are zero-filled (a\n",
-    "   page's unused slots may hold anything, NaN included). */\n",
-    "MSKV_DEV void mskv_load_kv(const mskv_tile_ctx &c, mskv_u16 *sk, mskv_u16 *sv, int n0) {\n",
-    "    for (int idx = mskv_tid(); idx < MSKV_BN * MSKV_CH; idx += 128) {\n",
-    "        int r = idx / MSKV_CH, ch = idx % MSKV_CH, j = n0 + r, ok = j < c.n_hi;\n",
-    "        mskv_i64 off = 0;\n",
-    "        if (ok) {\n",
-    "            mskv_i64 slot = (mskv_i64)c.pages[j / c.page_size] * c.page_size + j % c.page_size;\n",
-    "            off = ((slot * c.kv_heads + c.kvh) * MSKV_D + ch * 8) * 2;\n",
-    "        }\n",
-    "        mskv_cp_async16(sk + mskv_swz(r, ch), c.k_pool + off, ok ? 16 : 0);\n",
-    "        mskv_cp_async16(sv + mskv_swz(r, ch), c.v_pool + off, ok ? 16 : 0);\n",
+    "/* The K/V gather: thread t copies chunks [c0, c0 + CPT) (c0 = (t % TPR) * CPT)\n",
+    "   of row t / TPR of every tile, so each row's slot is found once per tile,\n",
+    "   from one page id loaded a tile ahead. */\n",
+    "struct mskv_gather {\n",
+    "    /* kernel parameters as they are (the compiler reads them from the constant bank) */\n",
+    "    const unsigned char *k_pool, *v_pool;\n",
+    "    const int *kv_indices;\n",
+    "    mskv_u32 magic;\n",
+    "    int shift, page_size, kv_heads;\n",
+    "    /* per thread */\n",
+    "    int page0;                    /* the segment's first entry in kv_indices */\n",
+    "    int n_hi, row;\n",
+    "    mskv_u32 head;                /* byte offset of the kv head's chunk c0 within a slot */\n",
+    "    mskv_u32 dst;                 /* byte offset of chunk c0 of the row within a K tile */\n",
+    "};\n",
+    "/* The key of the thread's row of the tile at n0, clamped into the sequence\n",
+    "   (a tile past the end reads a harmless page id and copies nothing). */\n",
+    "MSKV_DEV int mskv_row_key(const mskv_gather &g, int n0) {\n",
+    "    return n0 + g.row < g.n_hi ? n0 + g.row : g.n_hi - 1;\n",
+    "}\n",
+    "/* Its page id, loaded a tile before the copies that need it. */\n",
+    "MSKV_DEV int mskv_row_fetch(const mskv_gather &g, int n0) {\n",
+    "    return g.kv_indices[g.page0 + mskv_page_of(mskv_row_key(g, n0), g.magic, g.shift)];\n",
+    "}\n",
+    "\n",
+    "/* Issues the copies of the thread's chunks of K and V of the tile at key n0\n",
+    "   into the stage at shared offset stage; a row at or past n_hi is\n",
+    "   zero-filled (a page's unused slots may hold anything, NaN included). */\n",
+    "MSKV_DEV void mskv_gather_tile(const mskv_gather &g, unsigned char *smem, mskv_u32 stage, int n0, int pid) {\n",
+    "    const int bytes = n0 + g.row < g.n_hi ? 16 : 0, j = mskv_row_key(g, n0);\n",
+    "    const int in_page = j - mskv_page_of(j, g.magic, g.shift) * g.page_size;\n",
+    "    const mskv_u32 slot_bytes = (mskv_u32)g.kv_heads * (MSKV_D * 2);\n",
+    "    const mskv_u64 off = (mskv_u64)(mskv_u32)pid * ((mskv_u32)g.page_size * slot_bytes) +\n",
+    "                         ((mskv_u32)in_page * slot_bytes + g.head);\n",
+    "    const unsigned char *ks = g.k_pool + off, *vs = g.v_pool + off;\n",
+    "    const mskv_u32 d0 = g.dst + stage;\n",
+    "MSKV_UNROLL\n",
+    "    for (int k = 0; k < MSKV_CPT; k++) {\n",
+    "        /* chunk c0 + k = c0 ^ k lands at (c0 ^ k) ^ (row & 7): the swizzle is an\n",
+    "           XOR inside the row, whose start is aligned to its length */\n",
+    "        const mskv_u32 d = d0 ^ (mskv_u32)(k << 4);\n",
+    "        mskv_cp_async16(smem + d, ks + 16 * k, bytes);\n",
+    "        mskv_cp_async16(smem + d + MSKV_TILE_BYTES, vs + 16 * k, bytes);\n",
     "    }\n",
     "}\n",
     "\n",
-    "MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool,\n",
-    "                           const int *qo_indptr, const int *kv_indptr, const int *kv_indices,\n",
-    "                           const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,\n",
-    "                           int q_heads, int kv_heads, int page_size, float scale_log2,\n",
-    "                           int mask, int window_left, int kv_chunk, int n_splits,\n",
-    "                           void *o, float *lse, float *o_part, float *lse_part) {\n",
-    "    MSKV_SMEM(smem);\n",
-    "    mskv_u16 *sq = (mskv_u16 *)smem;\n",
-    "    mskv_u16 *sk = sq + MSKV_BM * MSKV_D;       /* [2][BN][D] */\n",
-    "    mskv_u16 *sv = sk + 2 * MSKV_BN * MSKV_D;   /* [2][BN][D] */\n",
+    "/* Key index of the i-th tile a block visits (n_hi when past the last: a\n",
+    "   zero-filled load). The tiles that need the per-element mask come first\n",
+    "   ([0, f_lo), then [f_hi, n_tiles)), the unmasked ones [f_lo, f_hi) last, so\n",
+    "   each kind runs in a loop of its own. */\n",
+    "struct mskv_tiles { int n_lo, n_hi, n_tiles, f_lo, f_hi, n_masked; };\n",
+    "MSKV_DEV int mskv_tile_key(const mskv_tiles &t, int i) {\n",
+    "    int tile = i < t.n_masked ? (i < t.f_lo ? i : i - t.f_lo + t.f_hi) : i - t.n_masked + t.f_lo;\n",
+    "    return i < t.n_tiles ? t.n_lo + tile * MSKV_BN : t.n_hi;\n",
+    "}\n",
+    "/* One warp's running softmax state and what it needs per tile. */\n",
+    "struct mskv_attn_warp {\n",
+    "    float o[MSKV_MT][MSKV_D / 8][4];\n",
+    "    float m[2 * MSKV_MT];                   /* row g + 8h of m-tile mt: index 2 mt + h */\n",
+    "    /* row sums, by mma of P with a matrix of ones, so they add the P that O\n",
+    "       adds, rounded alike, and the f32 probabilities die once packed. One\n",
+    "       accumulator for both m-tiles: m-tile 0 sums into the even columns, 1\n",
+    "       into the odd ones, so l[MSKV_LSUM(r)] is row r's (whole row, every lane) */\n",
+    "    float l[4];\n",
+    "    /* the keys row r may see, as compacted indices [klo[r], khi[r]): the\n",
+    "       mask, the split and kv_len in one interval (positions grow with j) */\n",
+    "    int klo[2 * MSKV_MT], khi[2 * MSKV_MT];\n",
+    "#if MSKV_QREG\n",
+    "    mskv_u32 qf[MSKV_MT][MSKV_D / 16][4];\n",
+    "#endif\n",
+    "    /* ldmatrix addresses: a lane's row start and its swizzled chunk of k-step 0;\n",
+    "       k-step kk XORs 32 * kk into it (the swizzle permutes chunks inside the row) */\n",
+    "    mskv_u32 qb, kb, vb;\n",
+    "    int wrow0, wkey0;\n",
+    "    float scale_log2;\n",
+    "};\n",
+    "\n",
+    "/* S = Q K^T, the mask (MASKED: per element), the online softmax and O += P V\n",
+    "   for one tile whose K and V sit at tk, tv; n0 is its first key. */\n",
+    "template <int MASKED>\n",
+    "MSKV_DEV void mskv_attn_tile(mskv_attn_warp &w, const unsigned char *smem, mskv_u32 stage, int n0) {\n",
+    "    const int t4 = mskv_tid() & 3;\n",
+    "    const mskv_u32 kb0 = stage + w.kb, vb0 = stage + MSKV_TILE_BYTES + w.vb;\n",
+    "    float s[MSKV_MT][MSKV_NT][4];\n",
+    "MSKV_UNROLL\n",
+    "    for (int mt = 0; mt < MSKV_MT; mt++)\n",
+    "MSKV_UNROLL\n",
+    "        for (int nt = 0; nt < MSKV_NT; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;\n",
+    "MSKV_UNROLL\n",
+    "    for (int kk = 0; kk < MSKV_D / 16; kk++) {\n",
+    "#if MSKV_QREG\n",
+    "#define MSKV_QA(mt) w.qf[mt][kk]\n",
+    "#else\n",
+    "        mskv_u32 qa[MSKV_MT][4];\n",
+    "MSKV_UNROLL\n",
+    "        for (int mt = 0; mt < MSKV_MT; mt++)\n",
+    "            mskv_ldsm_x4(qa[mt], smem + ((w.qb ^ (mskv_u32)(32 * kk)) + mt * 16 * MSKV_ROWB));\n",
+    "#define MSKV_QA(mt) qa[mt]\n",
+    "#endif\n",
+    "MSKV_UNROLL\n",
+    "        for (int np = 0; np < MSKV_NT / 2; np++) {\n",
+    "            mskv_u32 kb[4];\n",
+    "            mskv_ldsm_x4(kb, smem + ((kb0 ^ (mskv_u32)(32 * kk)) + np * 16 * MSKV_ROWB));\n",
+    "MSKV_UNROLL\n",
+    "            for (int mt = 0; mt < MSKV_MT; mt++) {\n",
+    "                mskv_mma(s[mt][2 * np], MSKV_QA(mt), kb);\n",
+    "                mskv_mma(s[mt][2 * np + 1], MSKV_QA(mt), kb + 2);\n",
+    "            }\n",
+    "        }\n",
+    "#undef MSKV_QA\n",
+    "    }\n",
+    "    /* the online softmax: m kept unscaled, exponents in log2 units */\n",
+    "    {\n",
+    "        float mx[2 * MSKV_MT], alpha[2 * MSKV_MT];\n",
+    "        const int jb = n0 + w.wkey0 + 2 * t4;   /* this lane's first key of the tile */\n",
+    "MSKV_UNROLL\n",
+    "        for (int r = 0; r < 2 * MSKV_MT; r++) mx[r] = w.m[r];\n",
+    "MSKV_UNROLL\n",
+    "        for (int mt = 0; mt < MSKV_MT; mt++)\n",
+    "MSKV_UNROLL\n",
+    "            for (int nt = 0; nt < MSKV_NT; nt++)\n",
+    "MSKV_UNROLL\n",
+    "                for (int e = 0; e < 4; e++) {\n",
+    "                    const int r = 2 * mt + (e >> 1);\n",
+    "                    if (MASKED) {\n",
+    "                        const int j = jb + nt * 8 + (e & 1);\n",
+    "                        s[mt][nt][e] = (j >= w.klo[r]) & (j < w.khi[r]) ? s[mt][nt][e] : mskv_neg_inf();\n",
+    "                    }\n",
+    "                    mx[r] = fmaxf(mx[r], s[mt][nt][e]);\n",
+    "                }\n",
+    "MSKV_UNROLL\n",
+    "        for (int r = 0; r < 2 * MSKV_MT; r++) {\n",
+    "            float mu;\n",
+    "            mx[r] = fmaxf(mx[r], mskv_shfl_xor(mx[r], 1));\n",
+    "            mx[r] = fmaxf(mx[r], mskv_shfl_xor(mx[r], 2));\n",
+    "            mu = mx[r] == mskv_neg_inf() ? 0.0f : mx[r];  /* nothing seen yet: keep exp2 finite */\n",
+    "            alpha[r] = mskv_exp2((w.m[r] - mu) * w.scale_log2);\n",
+    "            w.m[r] = mx[r];\n",
+    "            mx[r] = mu * w.scale_log2;  /* p = exp2(s * scale_log2 - mx): one fma per score */\n",
+    "        }\n",
+    "MSKV_UNROLL\n",
+    "        for (int mt = 0; mt < MSKV_MT; mt++)\n",
+    "MSKV_UNROLL\n",
+    "            for (int i = 0; i < MSKV_D / 8; i++) {\n",
+    "                w.o[mt][i][0] *= alpha[2 * mt]; w.o[mt][i][1] *= alpha[2 * mt];\n",
+    "                w.o[mt][i][2] *= alpha[2 * mt + 1]; w.o[mt][i][3] *= alpha[2 * mt + 1];\n",
+    "            }\n",
+    "MSKV_UNROLL\n",
+    "        for (int c = 0; c < 4; c++) w.l[c] *= alpha[MSKV_LROW(c)];\n",
+    "MSKV_UNROLL\n",
+    "        for (int mt = 0; mt < MSKV_MT; mt++)\n",
+    "MSKV_UNROLL\n",
+    "            for (int nt = 0; nt < MSKV_NT; nt++)\n",
+    "MSKV_UNROLL\n",
+    "                for (int e = 0; e < 4; e++) {\n",
+    "                    const int r = 2 * mt + (e >> 1);\n",
+    "                    s[mt][nt][e] = mskv_exp2(fmaf(s[mt][nt][e], w.scale_log2, -mx[r]));\n",
+    "                }\n",
+    "    }\n",
+    "    /* O += P V: P packed first (the f32 scores die here; C layout == A\n",
+    "       layout per 16 keys), then every V fragment feeds the warp's m-tiles */\n",
+    "    {\n",
+    "        mskv_u32 pa[MSKV_MT][MSKV_NT / 2][4];\n",
+    "        /* B columns n = lane / 4: all ones, or (two m-tiles) ones in the even\n",
+    "           columns for m-tile 0 and in the odd ones for m-tile 1 */\n",
+    "        const mskv_u32 one_e = MSKV_MT == 1 || !(mskv_tid() & 4) ? MSKV_ONE2 : 0u;\n",
+    "        const mskv_u32 one_o = MSKV_MT == 1 || (mskv_tid() & 4) ? MSKV_ONE2 : 0u;\n",
+    "        const mskv_u32 ones[2][2] = { { one_e, one_e }, { one_o, one_o } };\n",
+    "MSKV_UNROLL\n",
+    "        for (int mt = 0; mt < MSKV_MT; mt++)\n",
+    "MSKV_UNROLL\n",
+    "            for (int ks = 0; ks < MSKV_NT / 2; ks++) {\n",
+    "                pa[mt][ks][0] = mskv_pack2(s[mt][2 * ks][0], s[mt][2 * ks][1]);\n",
+    "                pa[mt][ks][1] = mskv_pack2(s[mt][2 * ks][2], s[mt][2 * ks][3]);\n",
+    "                pa[mt][ks][2] = mskv_pack2(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);\n",
+    "                pa[mt][ks][3] = mskv_pack2(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);\n",
+    "            }\n",
+    "MSKV_UNROLL\n",
+    "        for (int mt = 0; mt < MSKV_MT; mt++)\n",
+    "MSKV_UNROLL\n",
+    "            for (int ks = 0; ks < MSKV_NT / 2; ks++) mskv_mma(w.l, pa[mt][ks], ones[mt]);\n",
+    "MSKV_UNROLL\n",
+    "        for (int dp = 0; dp < MSKV_D / 16; dp++)\n",
+    "MSKV_UNROLL\n",
+    "            for (int ks = 0; ks < MSKV_NT / 2; ks++) {\n",
+    "                mskv_u32 vb[4];\n",
+    "                mskv_ldsm_x4_t(vb, smem + ((vb0 ^ (mskv_u32)(32 * dp)) + ks * 16 * MSKV_ROWB));\n",
+    "MSKV_UNROLL\n",
+    "                for (int mt = 0; mt < MSKV_MT; mt++) {\n",
+    "                    mskv_mma(w.o[mt][2 * dp], pa[mt][ks], vb);\n",
+    "                    mskv_mma(w.o[mt][2 * dp + 1], pa[mt][ks], vb + 2);\n",
+    "                }\n",
+    "            }\n",
+    "    }\n",
+    "}\n",
+    "\n",
+    "/* The pipeline: STAGES - 1 tiles in flight ahead of the one computed. One\n",
+    "   barrier per tile: after it, tile i has landed for every thread and every\n",
+    "   warp is done with tile i - 1, whose stage takes tile i + STAGES - 1. */\n",
+    "struct mskv_pipe {\n",
+    "    int next;                    /* page id of the thread's row of the tile issued next */\n",
+    "    mskv_u32 cs, ls;             /* shared offsets of the stage computed and the stage loaded */\n",
+    "};\n",
+    "MSKV_DEV mskv_u32 mskv_stage_next(mskv_u32 s) {\n",
+    "    return s + MSKV_STAGE_BYTES < MSKV_Q_BYTES + MSKV_STAGES * MSKV_STAGE_BYTES ? s + MSKV_STAGE_BYTES : MSKV_Q_BYTES;\n",
+    "}\n",
+    "/* One tile: wait for the tile at key n0, refill the oldest stage with the\n",
+    "   tile at key n_load, fetch the page id for the one at n_fetch, compute.\n",
+    "   ST < 0: the stages rotate in p; ST >= 0: n0's tile sits in stage ST, known\n",
+    "   when compiling (an unrolled loop), so every shared address is a constant\n",
+    "   offset from registers set up once. */\n",
+    "template <int MASKED, int ST>\n",
+    "MSKV_DEV void mskv_attn_step(mskv_attn_warp &w, mskv_pipe &p, const mskv_gather &g, unsigned char *smem,\n",
+    "                             int n0, int n_load, int n_fetch) {\n",
+    "    const mskv_u32 cs = ST < 0 ? p.cs : (mskv_u32)(MSKV_Q_BYTES + ST * MSKV_STAGE_BYTES);\n",
+    "    const mskv_u32 ls = ST < 0 ? p.ls : (mskv_u32)(MSKV_Q_BYTES + ((ST + MSKV_STAGES - 1) % MSKV_STAGES) * MSKV_STAGE_BYTES);\n",
+    "    mskv_cp_wait<MSKV_STAGES - 2>();\n",
+    "    MSKV_SYNC_ID(1);\n",
+    "    mskv_gather_tile(g, smem, ls, n_load, p.next);\n",
+    "    mskv_cp_commit();\n",
+    "    p.next = mskv_row_fetch(g, n_fetch);\n",
+    "    mskv_attn_tile<MASKED>(w, smem, cs, n0);\n",
+    "    if (ST < 0) {\n",
+    "        p.cs = mskv_stage_next(p.cs);\n",
+    "        p.ls = mskv_stage_next(p.ls);\n",
+    "    }\n",
+    "}\n",
+    "\n",
+    "/* The block's rows out: o (or the split's partial o_part) and lse. Indices\n",
+    "   are recomputed here, not kept alive through the key loop, where every\n",
+    "   register is taken. */\n",
+    "MSKV_DEV void mskv_attn_store(mskv_attn_warp &w, unsigned char *smem, const int *qo_indptr, int q_heads, int kv_heads,\n",
+    "                              float scale_log2, int n_splits, void *o, float *lse, float *o_part, float *lse_part) {\n",
     "    const int tid = mskv_tid(), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;\n",
     "    const int b = mskv_bid_y(), kvh = mskv_bid_z() % kv_heads, split = mskv_bid_z() / kv_heads;\n",
     "    const int group = q_heads / kv_heads;\n",
-    "    const int q0 = qo_indptr[b], qo_len = qo_indptr[b + 1] - q0;\n",
-    "    const int rows = qo_len * group, row0 = mskv_bid_x() * MSKV_BM;\n",
-    "    const int kvl = kv_len[b], psplit = kv_pos_split[b], pshift = kv_pos_shift[b];\n",
-    "    const int wrow0 = MSKV_ATTN_WARP_KEYS ? 0 : warp * 16;   /* the warp's first row in the block */\n",
-    "    const int wkey0 = MSKV_ATTN_WARP_KEYS ? warp * 16 : 0;   /* the warp's first key in a tile */\n",
-    "    int n_lo, n_hi, n_tiles;\n",
-    "    int qpos[2], rvalid[2];\n",
-    "    float m[2], l[2], oacc[MSKV_D / 8][4];\n",
-    "    mskv_tile_ctx tc;\n",
-    "    if (row0 >= rows) return;  /* whole block: before any barrier */\n",
-    "\n",
-    "    /* keys this block needs: its split, cut by the mask's reach */\n",
-    "    n_lo = n_splits > 1 ? split * kv_chunk : 0;\n",
-    "    n_hi = n_splits > 1 ? (n_lo + kv_chunk < kvl ? n_lo + kv_chunk : kvl) : kvl;\n",
-    "    {\n",
-    "        int last = row0 + MSKV_BM - 1 < rows - 1 ? row0 + MSKV_BM - 1 : rows - 1;\n",
-    "        int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;\n",
-    "        if (mask >= 1 && qi_last + 1 < n_hi) n_hi = qi_last + 1;\n",
-    "        if (mask == 2) {\n",
-    "            int lo = mskv_first_at(mskv_abs_pos(qi_first, psplit, pshift) - window_left, psplit, pshift);\n",
-    "            if (lo > n_lo) n_lo = lo;\n",
-    "        }\n",
-    "    }\n",
-    "    n_tiles = n_hi > n_lo ? (n_hi - n_lo + MSKV_BN - 1) / MSKV_BN : 0;\n",
-    "    tc.k_pool = (const unsigned char *)k_pool;\n",
-    "    tc.v_pool = (const unsigned char *)v_pool;\n",
-    "    tc.pages = kv_indices + kv_indptr[b];\n",
-    "    tc.page_size = page_size; tc.kv_heads = kv_heads; tc.kvh = kvh; tc.n_hi = n_hi;\n",
-    "\n",
-    "    /* Q tile: row r of the block is query (row0 + r) / group, q head kvh * group + (row0 + r) % group */\n",
-    "    for (int idx = tid; idx < MSKV_BM * MSKV_CH; idx += 128) {\n",
-    "        int r = idx / MSKV_CH, ch = idx % MSKV_CH, R = row0 + r, ok = R < rows;\n",
-    "        mskv_i64 off = 0;\n",
-    "        if (ok) off = (((mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group) * MSKV_D + ch * 8) * 2;\n",
-    "        mskv_cp_async16(sq + mskv_swz(r, ch), (const unsigned char *)q + off, ok ? 16 : 0);\n",
-    "    }\n",
-    "    mskv_cp_commit();\n",
-    "    if (n_tiles > 0) mskv_load_kv(tc, sk, sv, n_lo);\n",
-    "    mskv_cp_commit();\n",
-    "\n",
-    "    for (int h = 0; h < 2; h++) {\n",
-    "        int R = row0 + wrow0 + g + 8 * h;\n",
-    "        rvalid[h] = R < rows;\n",
-    "        qpos[h] = mskv_abs_pos(kvl - qo_len + (rvalid[h] ? R : rows - 1) / group, psplit, pshift);\n",
-    "        m[h] = mskv_neg_inf();\n",
-    "        l[h] = 0.0f;\n",
-    "    }\n",
-    "MSKV_UNROLL\n",
-    "    for (int i = 0; i < MSKV_D / 8; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;\n",
-    "\n",
-    "#if MSKV_QREG\n",
-    "    mskv_u32 qf[MSKV_D / 16][4];\n",
-    "#endif\n",
-    "    for (int it = 0; it < n_tiles; it++) {\n",
-    "        const int st = it & 1, n0 = n_lo + it * MSKV_BN;\n",
-    "        const mskv_u16 *tk = sk + st * MSKV_BN * MSKV_D, *tv = sv + st * MSKV_BN * MSKV_D;\n",
-    "        float s[MSKV_NT][4];\n",
-    "        if (it + 1 < n_tiles) {\n",
-    "            mskv_load_kv(tc, sk + (st ^ 1) * MSKV_BN * MSKV_D, sv + (st ^ 1) * MSKV_BN * MSKV_D, n0 + MSKV_BN);\n",
-    "            mskv_cp_commit();\n",
-    "            mskv_cp_wait<1>();\n",
-    "        } else {\n",
-    "            mskv_cp_wait<0>();\n",
-    "        }\n",
-    "        MSKV_SYNC_ID(1);  /* this stage (and Q) landed for every thread */\n",
-    "#if MSKV_QREG\n",
-    "        if (it == 0) {\n",
-    "MSKV_UNROLL\n",
-    "            for (int kk = 0; kk < MSKV_D / 16; kk++)\n",
-    "                mskv_ldsm_x4(qf[kk], sq + mskv_swz(wrow0 + (lane & 15), 2 * kk + (lane >> 4)));\n",
-    "        }\n",
-    "#endif\n",
-    "        /* S = Q K^T for the warp's 16 rows x WK keys */\n",
-    "MSKV_UNROLL\n",
-    "        for (int nt = 0; nt < MSKV_NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;\n",
-    "MSKV_UNROLL\n",
-    "        for (int kk = 0; kk < MSKV_D / 16; kk++) {\n",
-    "#if MSKV_QREG\n",
-    "            const mskv_u32 *a = qf[kk];\n",
-    "#else\n",
-    "            mskv_u32 a[4];\n",
-    "            mskv_ldsm_x4(a, sq + mskv_swz(wrow0 + (lane & 15), 2 * kk + (lane >> 4)));\n",
-    "#endif\n",
-    "MSKV_UNROLL\n",
-    "            for (int np = 0; np < MSKV_NT / 2; np++) {\n",
-    "                mskv_u32 kb[4];\n",
-    "                mskv_ldsm_x4(kb, tk + mskv_swz(wkey0 + np * 16 + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));\n",
-    "                mskv_mma(s[2 * np], a, kb);\n",
-    "                mskv_mma(s[2 * np + 1], a, kb + 2);\n",
-    "            }\n",
-    "        }\n",
-    "        /* mask, online softmax: the running max m is kept unscaled, exponents in log2 units */\n",
-    "        {\n",
-    "            float mx[2], alpha[2];\n",
-    "            /* is every key of the warp's slice visible to both of this thread's\n",
-    "               rows? Then no per-element test (positions grow with the index). */\n",
-    "            const int k_first = n0 + wkey0, k_last = k_first + MSKV_WK - 1;\n",
-    "            int full = k_first >= n_lo && k_last < n_hi;\n",
-    "            if (full && mask >= 1) {\n",
-    "                int qmin = qpos[0] < qpos[1] ? qpos[0] : qpos[1], qmax = qpos[0] < qpos[1] ? qpos[1] : qpos[0];\n",
-    "                full = mskv_abs_pos(k_last, psplit, pshift) <= qmin &&\n",
-    "                       (mask != 2 || qmax - mskv_abs_pos(k_first, psplit, pshift) <= window_left);\n",
-    "            }\n",
-    "            mx[0] = m[0]; mx[1] = m[1];\n",
-    "            if (full) {\n",
-    "MSKV_UNROLL\n",
-    "                for (int nt = 0; nt < MSKV_NT; nt++) {\n",
-    "MSKV_UNROLL\n",
-    "                    for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);\n",
-    "                }\n",
-    "            } else {\n",
-    "MSKV_UNROLL\n",
-    "                for (int nt = 0; nt < MSKV_NT; nt++) {\n",
-    "MSKV_UNROLL\n",
-    "                    for (int e = 0; e < 4; e++) {\n",
-    "                        int h = e >> 1, j = k_first + nt * 8 + 2 * t4 + (e & 1);\n",
-    "                        int kp = mskv_abs_pos(j, psplit, pshift);\n",
-    "                        int ok = j >= n_lo && j < n_hi;\n",
-    "                        if (mask >= 1) ok = ok && kp <= qpos[h];\n",
-    "                        if (mask == 2) ok = ok && qpos[h] - kp <= window_left;\n",
-    "                        s[nt][e] = ok ? s[nt][e] : mskv_neg_inf();\n",
-    "                        mx[h] = fmaxf(mx[h], s[nt][e]);\n",
-    "                    }\n",
-    "                }\n",
-    "            }\n",
-    "MSKV_UNROLL\n",
-    "            for (int h = 0; h < 2; h++) {\n",
-    "                float mu;\n",
-    "                mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 1));\n",
-    "                mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 2));\n",
-    "                mu = mx[h] == mskv_neg_inf() ? 0.0f : mx[h];  /* nothing seen yet: keep exp2 finite */\n",
-    "                alpha[h] = mskv_exp2((m[h] - mu) * scale_log2);\n",
-    "                m[h] = mx[h];\n",
-    "                l[h] *= alpha[h];\n",
-    "                mx[h] = mu * scale_log2;  /* p = exp2(s * scale_log2 - mx): one fma per score */\n",
-    "            }\n",
-    "MSKV_UNROLL\n",
-    "            for (int i = 0; i < MSKV_D / 8; i++) {\n",
-    "                oacc[i][0] *= alpha[0]; oacc[i][1] *= alpha[0];\n",
-    "                oacc[i][2] *= alpha[1]; oacc[i][3] *= alpha[1];\n",
-    "            }\n",
-    "MSKV_UNROLL\n",
-    "            for (int nt = 0; nt < MSKV_NT; nt++) {\n",
-    "MSKV_UNROLL\n",
-    "                for (int e = 0; e < 4; e++) {\n",
-    "                    s[nt][e] = mskv_exp2(fmaf(s[nt][e], scale_log2, -mx[e >> 1]));\n",
-    "                    l[e >> 1] += s[nt][e];\n",
-    "                }\n",
-    "            }\n",
-    "        }\n",
-    "        /* O += P V: P from the S accumulators (C layout == A layout per 16 keys) */\n",
-    "MSKV_UNROLL\n",
-    "        for (int ks = 0; ks < MSKV_NT / 2; ks++) {\n",
-    "            mskv_u32 pa[4];\n",
-    "            pa[0] = mskv_pack2(s[2 * ks][0], s[2 * ks][1]);\n",
-    "            pa[1] = mskv_pack2(s[2 * ks][2], s[2 * ks][3]);\n",
-    "            pa[2] = mskv_pack2(s[2 * ks + 1][0], s[2 * ks + 1][1]);\n",
-    "            pa[3] = mskv_pack2(s[2 * ks + 1][2], s[2 * ks + 1][3]);\n",
-    "MSKV_UNROLL\n",
-    "            for (int dp = 0; dp < MSKV_D / 16; dp++) {\n",
-    "                mskv_u32 vb[4];\n",
-    "                mskv_ldsm_x4_t(vb, tv + mskv_swz(wkey0 + ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));\n",
-    "                mskv_mma(oacc[2 * dp], pa, vb);\n",
-    "                mskv_mma(oacc[2 * dp + 1], pa, vb + 2);\n",
-    "            }\n",
-    "        }\n",
-    "        MSKV_SYNC_ID(2);  /* everyone is done with this stage before it is refilled */\n",
-    "    }\n",
-    "    mskv_cp_wait<0>();\n",
-    "\n",
-    "    /* row sums were kept per lane; the 4 lanes of a row add them up */\n",
-    "    for (int h = 0; h < 2; h++) {\n",
-    "        l[h] += mskv_shfl_xor(l[h], 1);\n",
-    "        l[h] += mskv_shfl_xor(l[h], 2);\n",
-    "    }\n",
+    "    const int q0 = qo_indptr[b], rows = (qo_indptr[b + 1] - q0) * group, row0 = mskv_bid_x() * MSKV_BM;\n",
     "    {\n",
     "        const mskv_i64 total_q = qo_indptr[mskv_nblk_y()];\n",
     "        const float ln2 = 0.6931471805599453f;\n",
     "#if MSKV_ATTN_WARP_KEYS\n",
-    "        /* merge the 4 warps' states: smem [warp][16][D] f32 o, then m and l */\n",
-    "        float *mo = (float *)smem, *mm = mo + 4 * 16 * MSKV_D, *ml = mm + 4 * 16;\n",
+    "        /* merge the 4 warps' states: smem [warp][16][D + 8] f32 o (the pad\n",
+    "           keeps the 8 rows of a 64-bit store in different banks), then m, l */\n",
+    "        float *mo = (float *)smem, *mm = mo + 4 * 16 * MSKV_MERGE_LD, *ml = mm + 4 * 16;\n",
     "        MSKV_SYNC_ID(3);  /* K/V tiles are dead: reuse shared memory */\n",
     "MSKV_UNROLL\n",
-    "        for (int i = 0; i < MSKV_D / 8; i++) {\n",
-    "            float *p0 = mo + (warp * 16 + g) * MSKV_D + i * 8 + 2 * t4, *p1 = p0 + 8 * MSKV_D;\n",
-    "            p0[0] = oacc[i][0]; p0[1] = oacc[i][1]; p1[0] = oacc[i][2]; p1[1] = oacc[i][3];\n",
+    "        for (int d = 0; d < MSKV_D / 8; d++) {\n",
+    "            float *p0 = mo + (warp * 16 + g) * MSKV_MERGE_LD + d * 8 + 2 * t4, *p1 = p0 + 8 * MSKV_MERGE_LD;\n",
+    "            p0[0] = w.o[0][d][0]; p0[1] = w.o[0][d][1]; p1[0] = w.o[0][d][2]; p1[1] = w.o[0][d][3];\n",
     "        }\n",
     "        if (t4 == 0) {\n",
-    "            mm[warp * 16 + g] = m[0]; mm[warp * 16 + g + 8] = m[1];\n",
-    "            ml[warp * 16 + g] = l[0]; ml[warp * 16 + g + 8] = l[1];\n",
+    "            mm[warp * 16 + g] = w.m[0]; mm[warp * 16 + g + 8] = w.m[1];\n",
+    "            ml[warp * 16 + g] = w.l[MSKV_LSUM(0)]; ml[warp * 16 + g + 8] = w.l[MSKV_LSUM(1)];\n",
     "        }\n",
     "        MSKV_SYNC_ID(4);\n",
     "        for (int idx = tid; idx < 16 * MSKV_D; idx += 128) {\n",
@@ -1148,12 +1238,12 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "            float M = mskv_neg_inf(), L = 0.0f, acc = 0.0f;\n",
     "            mskv_i64 orow;\n",
     "            if (R >= rows) continue;\n",
-    "            for (int w = 0; w < 4; w++) M = fmaxf(M, mm[w * 16 + r]);\n",
+    "            for (int k = 0; k < 4; k++) M = fmaxf(M, mm[k * 16 + r]);\n",
     "            if (M != mskv_neg_inf()) {\n",
-    "                for (int w = 0; w < 4; w++) {\n",
-    "                    float f = mskv_exp2((mm[w * 16 + r] - M) * scale_log2);\n",
-    "                    L += f * ml[w * 16 + r];\n",
-    "                    acc += f * mo[(w * 16 + r) * MSKV_D + d];\n",
+    "                for (int k = 0; k < 4; k++) {\n",
+    "                    float f = mskv_exp2((mm[k * 16 + r] - M) * scale_log2);\n",
+    "                    L += f * ml[k * 16 + r];\n",
+    "                    acc += f * mo[(k * 16 + r) * MSKV_MERGE_LD + d];\n",
     "                }\n",
     "            }\n",
     "            orow = (mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group;\n",
@@ -1166,28 +1256,177 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "            }\n",
     "        }\n",
     "#else\n",
-    "        for (int h = 0; h < 2; h++) {\n",
-    "            int R = row0 + wrow0 + g + 8 * h;\n",
-    "            float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;\n",
-    "            float lv = l[h] > 0.0f ? (m[h] * scale_log2 + log2f(l[h])) * ln2 : mskv_neg_inf();\n",
+    "        (void)smem;\n",
+    "        for (int h = 0; h < 2 * MSKV_MT; h++) {\n",
+    "            const int mt = h >> 1, e = 2 * (h & 1);\n",
+    "            int R = row0 + warp * MSKV_WM + 16 * mt + g + 8 * (h & 1);\n",
+    "            const float l = w.l[MSKV_LSUM(h)];\n",
+    "            float inv = l > 0.0f ? 1.0f / l : 0.0f;\n",
+    "            float lv = l > 0.0f ? (w.m[h] * scale_log2 + log2f(l)) * ln2 : mskv_neg_inf();\n",
     "            mskv_i64 orow;\n",
-    "            if (!rvalid[h]) continue;\n",
+    "            if (R >= rows) continue;\n",
     "            orow = (mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group;\n",
     "            if (n_splits > 1) {\n",
     "                float *dst = o_part + ((mskv_i64)split * total_q * q_heads + orow) * MSKV_D + 2 * t4;\n",
     "MSKV_UNROLL\n",
-    "                for (int i = 0; i < MSKV_D / 8; i++) { dst[i * 8] = oacc[i][2 * h] * inv; dst[i * 8 + 1] = oacc[i][2 * h + 1] * inv; }\n",
+    "                for (int d = 0; d < MSKV_D / 8; d++) { dst[d * 8] = w.o[mt][d][e] * inv; dst[d * 8 + 1] = w.o[mt][d][e + 1] * inv; }\n",
     "                if (t4 == 0) lse_part[(mskv_i64)split * total_q * q_heads + orow] = lv;\n",
     "            } else {\n",
     "                mskv_u32 *dst = (mskv_u32 *)((mskv_u16 *)o + orow * MSKV_D + 2 * t4);\n",
     "MSKV_UNROLL\n",
-    "                for (int i = 0; i < MSKV_D / 8; i++) dst[i * 4] = mskv_pack2(oacc[i][2 * h] * inv, oacc[i][2 * h + 1] * inv);\n",
+    "                for (int d = 0; d < MSKV_D / 8; d++) dst[d * 4] = mskv_pack2(w.o[mt][d][e] * inv, w.o[mt][d][e + 1] * inv);\n",
     "                if (lse && t4 == 0) lse[orow] = lv;\n",
     "            }\n",
     "        }\n",
     "#endif\n",
     "    }\n",
     "}\n",
+    "\n",
+    "MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool,\n",
+    "                           const int *qo_indptr, const int *kv_indptr, const int *kv_indices,\n",
+    "                           const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,\n",
+    "                           int q_heads, int kv_heads, int page_size, unsigned int page_magic, int page_shift,\n",
+    "                           float scale_log2, int mask, int window_left, int kv_chunk, int n_splits,\n",
+    "                           void *o, float *lse, float *o_part, float *lse_part) {\n",
+    "    MSKV_SMEM(smem);\n",
+    "    const int tid = mskv_tid(), warp = tid >> 5, lane = tid & 31, g = lane >> 2;\n",
+    "    const int b = mskv_bid_y(), kvh = mskv_bid_z() % kv_heads, split = mskv_bid_z() / kv_heads;\n",
+    "    const int group = q_heads / kv_heads;\n",
+    "    const int q0 = qo_indptr[b], qo_len = qo_indptr[b + 1] - q0;\n",
+    "    const int rows = qo_len * group, row0 = mskv_bid_x() * MSKV_BM;\n",
+    "    const int kvl = kv_len[b], psplit = kv_pos_split[b], pshift = kv_pos_shift[b];\n",
+    "    mskv_u16 *sq = (mskv_u16 *)(smem + MSKV_Q_OFF);\n",
+    "    mskv_attn_warp w;\n",
+    "    mskv_tiles t;\n",
+    "    mskv_gather ga;\n",
+    "    mskv_pipe p;\n",
+    "    int i;\n",
+    "    if (row0 >= rows) return;  /* whole block: before any barrier */\n",
+    "    w.wrow0 = MSKV_ATTN_WARP_KEYS ? 0 : warp * MSKV_WM;\n",
+    "    w.wkey0 = MSKV_ATTN_WARP_KEYS ? warp * 16 : 0;\n",
+    "    /* Q (A operand): row wrow0 + (lane & 15), chunk 2 kk + lane / 16; K (B\n",
+    "       operand): key wkey0 + (lane & 7) + 8 (lane / 16), chunk 2 kk + bit 3 of\n",
+    "       lane; V (B, transposed): key wkey0 + (lane & 15), chunk 2 dp + lane / 16.\n",
+    "       In every case row & 7 == lane & 7 and the chunk's low bit is b, so the\n",
+    "       swizzled chunk of k-step kk is 2 kk ^ b ^ (lane & 7): the offset of\n",
+    "       k-step 0 XOR 32 kk (the row start is aligned to the row's length). */\n",
+    "    w.qb = (mskv_u32)(MSKV_Q_OFF + (w.wrow0 + (lane & 15)) * MSKV_ROWB + 16 * ((lane >> 4) ^ (lane & 7)));\n",
+    "    w.kb = (mskv_u32)((w.wkey0 + (lane & 7) + 8 * (lane >> 4)) * MSKV_ROWB + 16 * (((lane >> 3) & 1) ^ (lane & 7)));\n",
+    "    w.vb = (mskv_u32)((w.wkey0 + (lane & 15)) * MSKV_ROWB + 16 * ((lane >> 4) ^ (lane & 7)));\n",
+    "    w.scale_log2 = scale_log2;\n",
+    "\n",
+    "    /* keys this block needs: its split, cut by the mask's reach; and the\n",
+    "       tiles every row of the block sees whole */\n",
+    "    t.n_lo = n_splits > 1 ? split * kv_chunk : 0;\n",
+    "    t.n_hi = n_splits > 1 ? (t.n_lo + kv_chunk < kvl ? t.n_lo + kv_chunk : kvl) : kvl;\n",
+    "    {\n",
+    "        const int last = row0 + MSKV_BM - 1 < rows - 1 ? row0 + MSKV_BM - 1 : rows - 1;\n",
+    "        const int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;\n",
+    "        const int qpos_min = mskv_abs_pos(qi_first, psplit, pshift), qpos_max = mskv_abs_pos(qi_last, psplit, pshift);\n",
+    "        int kc, kw;\n",
+    "        if (mask >= 1 && qi_last + 1 < t.n_hi) t.n_hi = qi_last + 1;\n",
+    "        if (mask == 2) {\n",
+    "            int lo = mskv_first_at(qpos_min - window_left, psplit, pshift);\n",
+    "            if (lo > t.n_lo) t.n_lo = lo;\n",
+    "        }\n",
+    "        t.n_tiles = t.n_hi > t.n_lo ? (t.n_hi - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;\n",
+    "        kc = t.n_hi;   /* keys below kc: seen by every row (causal) */\n",
+    "        kw = t.n_lo;   /* keys from kw on: within every row's window */\n",
+    "        if (mask >= 1) { int c = mskv_first_at(qpos_min + 1, psplit, pshift); kc = c < kc ? c : kc; }\n",
+    "        if (mask == 2) { int c = mskv_first_at(qpos_max - window_left, psplit, pshift); kw = c > kw ? c : kw; }\n",
+    "        t.f_hi = kc > t.n_lo ? (kc - t.n_lo) / MSKV_BN : 0;\n",
+    "        t.f_lo = kw > t.n_lo ? (kw - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;\n",
+    "        if (t.f_hi > t.n_tiles) t.f_hi = t.n_tiles;\n",
+    "        if (t.f_lo >= t.f_hi) t.f_lo = t.f_hi = t.n_tiles;\n",
+    "        t.n_masked = t.f_lo + t.n_tiles - t.f_hi;\n",
+    "    }\n",
+    "    {\n",
+    "        const int c0 = (tid % MSKV_TPR) * MSKV_CPT, row = tid / MSKV_TPR;\n",
+    "        ga.k_pool = (const unsigned char *)k_pool;\n",
+    "        ga.v_pool = (const unsigned char *)v_pool;\n",
+    "        ga.kv_indices = kv_indices;\n",
+    "        ga.magic = page_magic; ga.shift = page_shift; ga.page_size = page_size; ga.kv_heads = kv_heads;\n",
+    "        ga.page0 = kv_indptr[b];\n",
+    "        ga.head = (mskv_u32)(kvh * MSKV_D * 2 + c0 * 16);\n",
+    "        ga.n_hi = t.n_hi;\n",
+    "        ga.row = row;\n",
+    "        ga.dst = (mskv_u32)((row * MSKV_CH + (c0 ^ (row & 7))) * 16);\n",
+    "    }\n",
+    "\n",
+    "    /* Q tile: row r of the block is query (row0 + r) / group, q head kvh * group + (row0 + r) % group */\n",
+    "    for (int idx = tid; idx < MSKV_BM * MSKV_CH; idx += 128) {\n",
+    "        int r = idx / MSKV_CH, ch = idx % MSKV_CH, R = row0 + r, ok = R < rows;\n",
+    "        mskv_i64 off = 0;\n",
+    "        if (ok) off = (((mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group) * MSKV_D + ch * 8) * 2;\n",
+    "        mskv_cp_async16(sq + mskv_swz(r, ch), (const unsigned char *)q + off, ok ? 16 : 0);\n",
+    "    }\n",
+    "    /* the first STAGES - 1 tiles, one commit group each (Q rides with tile 0) */\n",
+    "    p.cs = MSKV_Q_BYTES;\n",
+    "    p.ls = MSKV_Q_BYTES;\n",
+    "    for (i = 0; i < MSKV_STAGES - 1; i++) {\n",
+    "        if (t.n_tiles > 0) mskv_gather_tile(ga, smem, p.ls, mskv_tile_key(t, i), mskv_row_fetch(ga, mskv_tile_key(t, i)));\n",
+    "        mskv_cp_commit();\n",
+    "        p.ls = mskv_stage_next(p.ls);\n",
+    "    }\n",
+    "    if (t.n_tiles > 0) p.next = mskv_row_fetch(ga, mskv_tile_key(t, MSKV_STAGES - 1));\n",
+    "    else p.next = 0;\n",
+    "\n",
+    "    for (int h = 0; h < 2 * MSKV_MT; h++) {\n",
+    "        const int R = row0 + w.wrow0 + 16 * (h >> 1) + g + 8 * (h & 1);\n",
+    "        const int qpos = mskv_abs_pos(kvl - qo_len + (R < rows ? R : rows - 1) / group, psplit, pshift);\n",
+    "        int lo = t.n_lo, hi = t.n_hi;\n",
+    "        if (mask >= 1) { const int c = mskv_first_at(qpos + 1, psplit, pshift); hi = c < hi ? c : hi; }\n",
+    "        if (mask == 2) { const int c = mskv_first_at(qpos - window_left, psplit, pshift); lo = c > lo ? c : lo; }\n",
+    "        w.klo[h] = lo;\n",
+    "        w.khi[h] = hi;\n",
+    "        w.m[h] = mskv_neg_inf();\n",
+    "    }\n",
+    "    w.l[0] = w.l[1] = w.l[2] = w.l[3] = 0.0f;\n",
+    "MSKV_UNROLL\n",
+    "    for (int mt = 0; mt < MSKV_MT; mt++)\n",
+    "MSKV_UNROLL\n",
+    "        for (int d = 0; d < MSKV_D / 8; d++) w.o[mt][d][0] = w.o[mt][d][1] = w.o[mt][d][2] = w.o[mt][d][3] = 0.0f;\n",
+    "#if MSKV_QREG\n",
+    "    /* Q into registers once (with tile 0: its group is the oldest) */\n",
+    "    mskv_cp_wait<MSKV_STAGES - 2>();\n",
+    "    MSKV_SYNC_ID(5);\n",
+    "MSKV_UNROLL\n",
+    "    for (int mt = 0; mt < MSKV_MT; mt++)\n",
+    "MSKV_UNROLL\n",
+    "        for (int kk = 0; kk < MSKV_D / 16; kk++)\n",
+    "            mskv_ldsm_x4(w.qf[mt][kk], smem + ((w.qb ^ (mskv_u32)(32 * kk)) + mt * 16 * MSKV_ROWB));\n",
+    "#endif\n",
+    "\n",
+    "    /* the masked tiles, then the rest: two loops, so the common one carries no mask code */\n",
+    "    for (i = 0; i < t.n_masked; i++)\n",
+    "        mskv_attn_step<1, -1>(w, p, ga, smem, mskv_tile_key(t, i), mskv_tile_key(t, i + MSKV_STAGES - 1),\n",
+    "                              mskv_tile_key(t, i + MSKV_STAGES));\n",
+    "    {\n",
+    "        /* the unmasked tiles are consecutive: walk their keys; loads past them are zero-filled */\n",
+    "        const int f_end = t.n_lo + t.f_hi * MSKV_BN, n_hi = t.n_hi;\n",
+    "        int n0 = t.n_lo + t.f_lo * MSKV_BN;\n",
+    "#define MSKV_FULL_STEP(st, n) \\\n",
+    "        mskv_attn_step<0, st>(w, p, ga, smem, (n), (n) + (MSKV_STAGES - 1) * MSKV_BN < f_end ? (n) + (MSKV_STAGES - 1) * MSKV_BN : n_hi, \\\n",
+    "                              (n) + MSKV_STAGES * MSKV_BN < f_end ? (n) + MSKV_STAGES * MSKV_BN : n_hi)\n",
+    "#if MSKV_ATTN_WARP_KEYS && MSKV_D <= 128\n",
+    "        /* decode: three tiles an iteration, one per stage, so no stage\n",
+    "           arithmetic and no address arithmetic for shared memory remains\n",
+    "           (at D = 256 the unrolled addresses would spill registers) */\n",
+    "        for (; n0 < f_end && p.cs != (mskv_u32)MSKV_Q_BYTES; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);\n",
+    "        for (; n0 + 2 * MSKV_BN < f_end; n0 += 3 * MSKV_BN) {\n",
+    "            MSKV_FULL_STEP(0, n0);\n",
+    "            MSKV_FULL_STEP(1, n0 + MSKV_BN);\n",
+    "            MSKV_FULL_STEP(2, n0 + 2 * MSKV_BN);\n",
+    "        }\n",
+    "#endif\n",
+    "        for (; n0 < f_end; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);\n",
+    "#undef MSKV_FULL_STEP\n",
+    "    }\n",
+    "    mskv_cp_wait<0>();\n",
+    "\n",
+    "    mskv_attn_store(w, smem, qo_indptr, q_heads, kv_heads, scale_log2, n_splits, o, lse, o_part, lse_part);\n",
+    "}\n",
+    "\n",
     "#endif /* MSKV_DTYPE != 0 */\n",
     "\n",
     "/* >>attention sm90a -------------------------------------------------------- */\n",
@@ -1679,10 +1918,6 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "}\n",
     "#endif /* MSKV_SM90A && MSKV_DTYPE != 0 */\n",
     "\n",
-    "/* Shared memory the attention kernel of these defines needs (host side\n",
-    "   mirrors this in the launch wrapper). */\n",
-    "#define MSKV_ATTN_SMEM_BYTES_OF(bm, bn, d) (2 * ((bm) * (d) + 4 * (bn) * (d)))\n",
-    "\n",
     "#ifndef MSKV_GPU\n",
     "/* Host emulation: let a test include this file again with other defines. */\n",
     "#undef MSKV_DTYPE\n",
@@ -1698,14 +1933,28 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "#undef MSKV_RD0\n",
     "#undef MSKV_RD1\n",
     "#undef MSKV_RD2\n",
+    "#undef MSKV_MT\n",
     "#undef MSKV_BM\n",
     "#undef MSKV_BN\n",
     "#undef MSKV_WK\n",
+    "#undef MSKV_STAGES\n",
+    "#undef MSKV_WM\n",
     "#undef MSKV_CH\n",
+    "#undef MSKV_ROWB\n",
     "#undef MSKV_NT\n",
     "#undef MSKV_QREG\n",
+    "#undef MSKV_TPR\n",
+    "#undef MSKV_CPT\n",
+    "#undef MSKV_TILE_BYTES\n",
+    "#undef MSKV_STAGE_BYTES\n",
+    "#undef MSKV_Q_PARKED\n",
+    "#undef MSKV_Q_BYTES\n",
+    "#undef MSKV_Q_OFF\n",
     "#undef MSKV_ATTN_SMEM\n",
-    "#undef MSKV_ATTN_SMEM_BYTES_OF\n",
+    "#undef MSKV_MERGE_LD\n",
+    "#undef MSKV_ONE2\n",
+    "#undef MSKV_LSUM\n",
+    "#undef MSKV_LROW\n",
     "#undef MSKV_SM90A\n",
     "#undef MSKV_H_BN\n",
     "#undef MSKV_H_STAGES\n",
@@ -2508,6 +2757,11 @@ typedef struct mskv__cuda_jit {
     int nvrtc_version;
 } mskv__cuda_jit;
 
+/* ptxas -O1 for every variant: at -O2/-O3 its scheduler hoists the attention
+   kernel's shared-memory loads so far ahead that the 32-row tiles spill
+   registers (bench/kernel_stats.c shows it); -O1 keeps them in registers. */
+static const char mskv__cuda_fixed_option[] = "--ptxas-options=-O1";
+
 static mskv_result mskv__cuda_jit_compile(const mskv__cuda_jit *j, const mskv_cuda_compile_info *info, mskv_cuda_image *img) {
     const mskv_allocator *a = j->allocator;
     const mskv_cuda_functions *fn = j->fn;
@@ -2524,7 +2778,12 @@ static mskv_result mskv__cuda_jit_compile(const mskv__cuda_jit *j, const mskv_cu
         return MSKV_ERROR_INVALID_ARGUMENT;
     snprintf(target, sizeof(target), "--gpu-architecture=%s_%d%s", info->ptx ? "compute" : "sm",
              (int)info->arch, info->arch_specific ? "a" : "");
-    k = mskv__cuda_key_of(j->source, j->source_len, info->options, info->num_options, target, j->nvrtc_version);
+    {
+        /* the fixed options below are part of the key too */
+        char keyed[96];
+        snprintf(keyed, sizeof(keyed), "%s %s", target, mskv__cuda_fixed_option);
+        k = mskv__cuda_key_of(j->source, j->source_len, info->options, info->num_options, keyed, j->nvrtc_version);
+    }
     img->key = k.key;
     img->is_ptx = info->ptx ? 1 : 0;
     if (j->cache_dir[0]) {
@@ -2535,11 +2794,12 @@ static mskv_result mskv__cuda_jit_compile(const mskv__cuda_jit *j, const mskv_cu
         if (hit < 0)
             mskv__cuda_log(j->log, j->log_user, MSKV_LOG_WARN, "mstar_kv cuda: corrupt cache entry %s, rebuilding", img->path);
     }
-    nopts = info->num_options + 1;
+    nopts = info->num_options + 2;
     opts = (const char **)mskv__cuda_alloc(a, (size_t)nopts * sizeof(*opts));
     if (!opts) return MSKV_ERROR_OUT_OF_MEMORY;
     opts[0] = target;
-    for (i = 0; i < info->num_options; i++) opts[i + 1] = info->options[i];
+    opts[1] = mskv__cuda_fixed_option;
+    for (i = 0; i < info->num_options; i++) opts[i + 2] = info->options[i];
     nr = fn->nvrtcCreateProgram(&prog, j->source, "kernels.cu", 0, NULL, NULL);
     if (nr != 0) {
         mskv__cuda_log(j->log, j->log_user, MSKV_LOG_ERROR, "nvrtcCreateProgram failed: %s", fn->nvrtcGetErrorString(nr));
@@ -2825,6 +3085,8 @@ struct mskv_cuda_store {
     int32_t graphs;             /* live graphs: the workspace they captured must stay */
     mskv__cuda_shape cur;       /* the plan uploaded last */
     int64_t cap_kv_cover;       /* during a capture: the smallest split-KV key reach */
+    mskv_cu_function occ_fn[2]; /* attention: the kernel (prefill, decode) whose residency is cached */
+    int32_t occ_blocks[2];      /* its blocks per SM (cuOccupancyMaxActiveBlocksPerMultiprocessor) */
     mskv__cuda_mutex lock;
     /* TMA tensor maps of every pool for the sm_90a kernel, 128 bytes each at
        64-byte alignment ((layer * 2 + kind) * 128), made on first use */
@@ -3563,48 +3825,79 @@ MSKV_API void mskv_cuda_graph_destroy(mskv_cuda_store *st, mskv_cuda_graph *g) {
    mskv__cuda_function, mskv__cuda_launch, mskv__cuda_workspace,
    mskv__cuda_defines_base / _rope / mskv__cuda_define). */
 
-/* must match kernels.cu: MSKV_BM, MSKV_BN and MSKV_ATTN_SMEM */
-static uint32_t mskv__attn_smem(int32_t bm, int32_t bn, int32_t d) {
-    return (uint32_t)(2 * (bm * d + 4 * bn * d));
+/* must match kernels.cu (>>attention): MSKV_BM, MSKV_BN and MSKV_ATTN_SMEM */
+static int32_t mskv__attn_block_rows(int32_t decode, int32_t d) { return decode ? 16 : (d <= 128 ? 128 : 64); }
+static int32_t mskv__attn_block_keys(int32_t decode, int32_t d) { return decode ? 64 : (d >= 256 ? 32 : 64); }
+static uint32_t mskv__attn_smem(int32_t decode, int32_t d) {
+    uint32_t tile = (uint32_t)mskv__attn_block_keys(decode, d) * (uint32_t)d * 2u;
+    /* decode: 3 stages of K and V; Q waits in the last one when its fragments
+       fit the registers (16 rows x d <= 2048); prefill: the Q tile, 2 stages */
+    uint32_t q = decode ? (16u * (uint32_t)d <= 2048u ? 0u : 16u * (uint32_t)d * 2u)
+                        : (uint32_t)mskv__attn_block_rows(0, d) * (uint32_t)d * 2u;
+    return q + (decode ? 3u : 2u) * 2u * tile;
+}
+
+/* Keys per split of s splits (whole tiles), and the estimated time of the
+   call: waves x key tiles per block, plus the merge. */
+static int64_t mskv__attn_split_chunk(int64_t kv, int64_t s, int64_t bn) {
+    int64_t c = (kv + s - 1) / s;
+    return (c + bn - 1) / bn * bn;
+}
+static int64_t mskv__attn_split_cost(int64_t blocks, int64_t slots, int64_t kv, int64_t s, int64_t bn) {
+    int64_t chunk = mskv__attn_split_chunk(kv, s, bn), n = (kv + chunk - 1) / chunk;
+    int64_t waves = (blocks * n + slots - 1) / slots;
+    /* a split writes f32 partials that the merge reads back: about two tiles */
+    return waves * (chunk / bn + (n > 1 ? 2 : 0));
+}
+
+MSKV_API void mskv_cuda_page_divisor(int32_t page_size, uint32_t *magic, int32_t *shift) {
+    int l = 0;
+    if (page_size < 1) page_size = 1;
+    while (l < 31 && ((int64_t)1 << l) < (int64_t)page_size) l++;
+    if (magic) *magic = (uint32_t)((((uint64_t)1 << (31 + l)) + (uint64_t)page_size - 1) / (uint64_t)page_size);
+    if (shift) *shift = 31 + l;
 }
 
 MSKV_API mskv_result mskv_cuda_attn_geometry_get(int32_t batch, int32_t total_q, int32_t max_qo_len,
                                                  int32_t max_kv_len, int32_t q_heads, int32_t kv_heads,
                                                  int32_t head_dim, int32_t multiprocessors,
-                                                 int32_t max_smem_bytes, mskv_cuda_attn_geometry *out) {
+                                                 int32_t max_smem_bytes, int32_t resident_blocks,
+                                                 mskv_cuda_attn_geometry *out) {
     mskv_cuda_attn_geometry g;
-    int64_t rows, tiles, blocks, splits, chunk, target;
+    int64_t rows, tiles, blocks, splits = 1, chunk, slots, by_work;
     if (!out) return MSKV_ERROR_NULL_POINTER;
     if (batch < 0 || total_q < 0 || max_qo_len < 0 || max_kv_len < 0 || q_heads <= 0 || kv_heads <= 0 ||
         q_heads % kv_heads != 0 || (head_dim != 64 && head_dim != 128 && head_dim != 256))
         return MSKV_ERROR_INVALID_ARGUMENT;
     if (multiprocessors <= 0) multiprocessors = 1;
     if (max_smem_bytes <= 0) max_smem_bytes = 99 * 1024;
+    if (resident_blocks <= 0) resident_blocks = 1;
     memset(&g, 0, sizeof(g));
     rows = (int64_t)max_qo_len * (q_heads / kv_heads);
     /* few rows per (segment, kv head): 16-row blocks whose warps split the keys */
-    g.decode = rows <= 16 && mskv__attn_smem(16, 64, head_dim) <= (uint32_t)max_smem_bytes;
-    g.block_rows = g.decode ? 16 : 64;
-    g.block_keys = g.decode ? 64 : (head_dim >= 256 ? 32 : 64);
+    g.decode = rows <= 16 && mskv__attn_smem(1, head_dim) <= (uint32_t)max_smem_bytes;
+    g.block_rows = mskv__attn_block_rows(g.decode, head_dim);
+    g.block_keys = mskv__attn_block_keys(g.decode, head_dim);
     g.block_threads = 128;
-    g.smem_bytes = mskv__attn_smem(g.block_rows, g.block_keys, head_dim);
+    g.smem_bytes = mskv__attn_smem(g.decode, head_dim);
     if (g.smem_bytes > (uint32_t)max_smem_bytes) return MSKV_ERROR_UNSUPPORTED;
     tiles = (rows + g.block_rows - 1) / g.block_rows;
     blocks = tiles * batch * kv_heads;
-    /* split the keys when the blocks would not fill two waves and each split
-       keeps at least 4 tiles of work */
-    splits = 1;
-    target = 2 * (int64_t)multiprocessors;
-    if (blocks > 0 && blocks < target && max_kv_len > 0) {
-        int64_t by_work = ((int64_t)max_kv_len + 4 * g.block_keys - 1) / (4 * g.block_keys);
-        splits = (target + blocks - 1) / blocks;
-        if (splits > by_work) splits = by_work;
-        if (splits < 1) splits = 1;
+    /* split the keys only when the blocks leave part of one wave idle, into
+       splits of at least 512 keys; the count of least estimated time wins */
+    slots = (int64_t)multiprocessors * resident_blocks;
+    by_work = (int64_t)max_kv_len / 512;
+    if (blocks > 0 && blocks < slots && by_work > 1) {
+        int64_t s, lim = 4 * slots / blocks, best = mskv__attn_split_cost(blocks, slots, max_kv_len, 1, g.block_keys);
+        if (lim > by_work) lim = by_work;
+        for (s = 2; s <= lim; s++) {
+            int64_t c = mskv__attn_split_cost(blocks, slots, max_kv_len, s, g.block_keys);
+            if (c < best) { best = c; splits = s; }
+        }
     }
     chunk = max_kv_len;
     if (splits > 1) {
-        chunk = ((int64_t)max_kv_len + splits - 1) / splits;
-        chunk = (chunk + g.block_keys - 1) / g.block_keys * g.block_keys;
+        chunk = mskv__attn_split_chunk(max_kv_len, splits, g.block_keys);
         splits = ((int64_t)max_kv_len + chunk - 1) / chunk;
     }
     if (tiles > 0x7fffffff || (int64_t)kv_heads * splits > 65535 || batch > 65535) return MSKV_ERROR_OVERFLOW;
@@ -3622,6 +3915,21 @@ MSKV_API mskv_result mskv_cuda_attn_geometry_get(int32_t batch, int32_t total_q,
     }
     *out = g;
     return MSKV_SUCCESS;
+}
+
+/* Blocks of attention kernel f (layout decode) that fit on one SM with smem
+   bytes of shared memory, asked of the driver once per kernel; 0 when it
+   cannot say (the geometry then assumes 1). */
+static int32_t mskv__attn_resident(mskv_cuda_store *st, mskv_cu_function f, int32_t decode, uint32_t smem) {
+    mskv_cuda *cu = st->cu;
+    int n = 0;
+    if (st->occ_fn[decode] == f) return st->occ_blocks[decode];
+    if (smem > 48 * 1024 && cu->fn.cuFuncSetAttribute(f, MSKV_CU_FUNC_ATTR_MAX_DYNAMIC_SMEM, (int)smem) != MSKV_CU_SUCCESS)
+        return 0;
+    if (cu->fn.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, 128, (size_t)smem) != MSKV_CU_SUCCESS || n < 0) n = 0;
+    st->occ_fn[decode] = f;
+    st->occ_blocks[decode] = n;
+    return n;
 }
 
 /* ---- the sm_90a kernel (mskv_attn_sm90) ---- */
@@ -3811,10 +4119,11 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
     mskv_result res;
     mskv_cu_ptr k_pool, v_pool, ws = 0, o_part = 0, lse_part = 0, null_ptr = 0;
     int32_t b, max_qo = 0, max_kv = 0, smem_optin = 0;
-    int q_heads, kv_heads, page_size, mask, window_left, kv_chunk, n_splits;
+    int q_heads, kv_heads, page_size, page_shift, mask, window_left, kv_chunk, n_splits;
+    unsigned int page_magic;
     float scale, scale_log2;
     unsigned int block[3] = {128, 1, 1};
-    void *args[21];
+    void *args[23];
     if (!st || !plan || !dplan || !attn) return MSKV_ERROR_NULL_POINTER;
     if (layer < 0 || layer >= st->d.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
     if (st->d.dtype != MSKV_DTYPE_F16 && st->d.dtype != MSKV_DTYPE_BF16) return MSKV_ERROR_UNSUPPORTED;
@@ -3823,6 +4132,8 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
     if (!(attn->scale >= 0.0f) || attn->scale > 3.0e38f) return MSKV_ERROR_INVALID_ARGUMENT;  /* the kernel needs scale > 0 */
     if (plan->batch != dplan->batch || plan->total_q != dplan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
+    /* the kernel finds a key's bytes as page id x page bytes + slot x slot bytes in 32 bits */
+    if ((int64_t)st->d.page_size * st->d.kv_heads * st->d.head_dim * 2 > (int64_t)0xffffffff) return MSKV_ERROR_UNSUPPORTED;
     if (plan->total_q == 0 || plan->batch == 0) return MSKV_SUCCESS;
     if (!q || !o) return MSKV_ERROR_NULL_POINTER;
     /* the kernel reads q with 16-byte copies and writes o in 4-byte pairs */
@@ -3851,8 +4162,9 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     if (st->cu->fn.cuDeviceGetAttribute(&smem_optin, MSKV_CU_ATTR_MAX_SMEM_OPTIN, st->cu->device) != MSKV_CU_SUCCESS)
         smem_optin = 0;
+    /* the layout, its kernel, then the splits from how many of its blocks fit an SM */
     res = mskv_cuda_attn_geometry_get(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
-                                      st->d.head_dim, st->cu->info.multiprocessors, smem_optin, &g);
+                                      st->d.head_dim, st->cu->info.multiprocessors, smem_optin, 0, &g);
     if (res != MSKV_SUCCESS && st->cu->desc.attn_path != MSKV_CUDA_ATTN_WGMMA) return res;
     /* the sm_90a kernel: prefill shapes on compute capability 9.0, or every call when forced */
     if (st->cu->desc.attn_path == MSKV_CUDA_ATTN_WGMMA || (st->cu->info.wgmma && !g.decode)) {
@@ -3863,10 +4175,14 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
             return mskv__cuda_attention_sm90(st, layer, plan, dplan, attn, fs, max_qo, max_kv, smem_optin, q, o, lse);
         if (st->cu->desc.attn_path == MSKV_CUDA_ATTN_WGMMA) return res;
         mskv__cuda_sm90_off(st->cu, res);
-        res = mskv_cuda_attn_geometry_get(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
-                                          st->d.head_dim, st->cu->info.multiprocessors, smem_optin, &g);
-        if (res != MSKV_SUCCESS) return res;
     }
+    mskv__cuda_defines_base(st, &defs);
+    mskv__cuda_define(&defs, "MSKV_ATTN_WARP_KEYS", g.decode);
+    if ((res = mskv__cuda_function(st->cu, "mskv_attn", &defs, &f)) != MSKV_SUCCESS) return res;
+    res = mskv_cuda_attn_geometry_get(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
+                                      st->d.head_dim, st->cu->info.multiprocessors, smem_optin,
+                                      mskv__attn_resident(st, f, g.decode, g.smem_bytes), &g);
+    if (res != MSKV_SUCCESS) return res;
     if (g.n_splits > 1) {
         int64_t cover = (int64_t)g.n_splits * g.kv_chunk;
         if (st->capturing && cover < st->cap_kv_cover) st->cap_kv_cover = cover;
@@ -3874,9 +4190,6 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
         o_part = ws;
         lse_part = ws + (mskv_cu_ptr)((size_t)g.n_splits * (size_t)plan->total_q * (size_t)attn->q_heads * (size_t)st->d.head_dim * 4);
     }
-    mskv__cuda_defines_base(st, &defs);
-    mskv__cuda_define(&defs, "MSKV_ATTN_WARP_KEYS", g.decode);
-    if ((res = mskv__cuda_function(st->cu, "mskv_attn", &defs, &f)) != MSKV_SUCCESS) return res;
     k_pool = mskv_cuda_store_pool(st, layer, 0);
     v_pool = mskv_cuda_store_pool(st, layer, 1);
     q_heads = attn->q_heads; kv_heads = st->d.kv_heads; page_size = st->d.page_size;
@@ -3884,12 +4197,19 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
     scale_log2 = scale * 1.44269504088896341f;
     mask = (int)attn->mask; window_left = attn->window_left;
     kv_chunk = g.kv_chunk; n_splits = g.n_splits;
+    {
+        uint32_t m32;
+        int32_t sh32;
+        mskv_cuda_page_divisor(page_size, &m32, &sh32);
+        page_magic = m32; page_shift = sh32;
+    }
+    /* kernels.cu's mskv_attn parameter list, in order */
     args[0] = &q; args[1] = &k_pool; args[2] = &v_pool;
     args[3] = (void *)&dplan->qo_indptr; args[4] = (void *)&dplan->kv_indptr; args[5] = (void *)&dplan->kv_indices;
     args[6] = (void *)&dplan->kv_len; args[7] = (void *)&dplan->kv_pos_split; args[8] = (void *)&dplan->kv_pos_shift;
-    args[9] = &q_heads; args[10] = &kv_heads; args[11] = &page_size; args[12] = &scale_log2;
-    args[13] = &mask; args[14] = &window_left; args[15] = &kv_chunk; args[16] = &n_splits;
-    args[17] = &o; args[18] = lse ? &lse : &null_ptr; args[19] = &o_part; args[20] = &lse_part;
+    args[9] = &q_heads; args[10] = &kv_heads; args[11] = &page_size; args[12] = &page_magic; args[13] = &page_shift;
+    args[14] = &scale_log2; args[15] = &mask; args[16] = &window_left; args[17] = &kv_chunk; args[18] = &n_splits;
+    args[19] = &o; args[20] = lse ? &lse : &null_ptr; args[21] = &o_part; args[22] = &lse_part;
     res = mskv__cuda_launch(st, f, g.grid, block, g.smem_bytes, args);
     if (res != MSKV_SUCCESS || g.n_splits == 1) return res;
     {

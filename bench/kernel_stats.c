@@ -16,7 +16,9 @@
      blocks_sm, warps_sm   resident blocks and warps per SM on sm_90 (H100/H200: 64K registers in
                            256-register units per warp, 228 KiB shared memory, 2,048 threads, 32 blocks)
      loop_insn             instructions per iteration of the main loop (see below)
-     loop_hmma             HMMA per iteration
+     loop_hmma             HMMA per iteration (every HMMA: the attention kernel's include one row-sum
+                           mma, P times ones, per 32 of Q K^T and P V; tests/kstats_check.c leaves
+                           those out when it holds the targets)
      insn_per_hmma         loop_insn / loop_hmma
      ldsm_per_hmma         LDSM per HMMA
      smem_B_per_hmma       shared bytes moved per HMMA by one warp: LDS/LDSM/STS/LDGSTS of the loop,
@@ -75,6 +77,7 @@ typedef struct ks_variant {
 
 typedef struct ks_stats {
     int ok;                 /* measured (else why says what failed) */
+    mskv_result compiled;   /* mskv_cuda_compile's result */
     char why[2048];
     int regs, stack, local, smem_static;
     long long spills;
@@ -403,6 +406,7 @@ static void ks_measure(const ks_variant *v, const char *cache_dir, const char *n
     ci.options = opts;
     ci.num_options = ks_options(v, o, opts);
     r = mskv_cuda_compile(&cd, &ci, &img);
+    st->compiled = r;
     if (r != MSKV_SUCCESS) {
         snprintf(st->why, sizeof st->why, "compile: %s %.300s", mskv_result_string(r), img.log ? img.log : "");
         mskv_cuda_image_free(&cd, &img);
@@ -440,7 +444,7 @@ static void ks_measure(const ks_variant *v, const char *cache_dir, const char *n
         mskv_cuda_attn_geometry g;
         /* a decode call (one query, no GQA) or a prefill chunk selects the layout */
         if (mskv_cuda_attn_geometry_get(1, v->decode ? 1 : 4096, v->decode ? 1 : 4096, 4096, 8, 8, v->head_dim, 132,
-                                        227 * 1024, &g) == MSKV_SUCCESS && g.decode == v->decode)
+                                        227 * 1024, 0, &g) == MSKV_SUCCESS && g.decode == v->decode)
             st->smem_dyn = g.smem_bytes;
         else
             snprintf(st->why, sizeof st->why, "geometry has no %s layout", v->decode ? "decode" : "prefill");

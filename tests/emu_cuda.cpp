@@ -47,7 +47,8 @@ struct ecu_func { std::string name; ecu_module mod; };
 static struct {
     int sms = 4;
     int cc_major = 9, cc_minor = 0;
-    int launches = 0, splits_seen = 0;
+    int resident = 2;   /* cuOccupancyMaxActiveBlocksPerMultiprocessor's answer */
+    int launches = 0, splits_seen = 0, occupancy_queries = 0;
     int fail_sm90a = 0;        /* NVRTC refuses sm_90a compiles */
     int tma_seen = -1;         /* use_tma of the last mskv_attn_sm90 launch */
     std::vector<std::string> launched;
@@ -95,13 +96,13 @@ static mskv_cu_result ecu_launch(mskv_cu_function f, unsigned int gx, unsigned i
     } else if (fn->name == "mskv_attn") {
         if (m.dtype != 2 || m.head_dim != 64) return 700;
         auto k = m.warp_keys ? ecu_d_bf16_64::mskv_attn : ecu_p_bf16_64::mskv_attn;
-        if (ecu_i32(a[16]) > 1) ecu.splits_seen = ecu_i32(a[16]);
+        if (ecu_i32(a[18]) > 1) ecu.splits_seen = ecu_i32(a[18]);
         body = [=] {
             k(ecu_ptr<const void *>(a[0]), ecu_ptr<const void *>(a[1]), ecu_ptr<const void *>(a[2]), ecu_ptr<const int *>(a[3]),
               ecu_ptr<const int *>(a[4]), ecu_ptr<const int *>(a[5]), ecu_ptr<const int *>(a[6]), ecu_ptr<const int *>(a[7]),
-              ecu_ptr<const int *>(a[8]), ecu_i32(a[9]), ecu_i32(a[10]), ecu_i32(a[11]), ecu_f32(a[12]), ecu_i32(a[13]),
-              ecu_i32(a[14]), ecu_i32(a[15]), ecu_i32(a[16]), ecu_ptr<void *>(a[17]), ecu_ptr<float *>(a[18]),
-              ecu_ptr<float *>(a[19]), ecu_ptr<float *>(a[20]));
+              ecu_ptr<const int *>(a[8]), ecu_i32(a[9]), ecu_i32(a[10]), ecu_i32(a[11]), (unsigned int)ecu_i32(a[12]),
+              ecu_i32(a[13]), ecu_f32(a[14]), ecu_i32(a[15]), ecu_i32(a[16]), ecu_i32(a[17]), ecu_i32(a[18]),
+              ecu_ptr<void *>(a[19]), ecu_ptr<float *>(a[20]), ecu_ptr<float *>(a[21]), ecu_ptr<float *>(a[22]));
         };
     } else if (fn->name == "mskv_lse_merge") {
         if (m.dtype != 2 || m.head_dim != 64) return 700;
@@ -150,6 +151,11 @@ static mskv_cuda_functions ecu_table(void) {
         return 0;
     };
     f.cuDeviceGetName = [](char *name, int len, mskv_cu_device) -> mskv_cu_result { snprintf(name, (size_t)len, "emulated"); return 0; };
+    f.cuOccupancyMaxActiveBlocksPerMultiprocessor = [](int *n, mskv_cu_function, int, size_t) -> mskv_cu_result {
+        ecu.occupancy_queries++;
+        *n = ecu.resident;
+        return 0;
+    };
     f.cuDevicePrimaryCtxRetain = [](mskv_cu_context *c, mskv_cu_device) -> mskv_cu_result { *c = (mskv_cu_context)(void *)&ecu; return 0; };
     f.cuMemAlloc = [](mskv_cu_ptr *p, size_t n) -> mskv_cu_result {
         void *m = std::malloc(n ? n : 1);
@@ -358,7 +364,7 @@ TEST(cuda_attention_wrapper_splits_a_lone_long_decode_and_merges) {
     const int P = 40, kvh = 1, qh = 4, pages = 40;
     ecu.sms = 4;  /* 1 block alone would leave the device idle: split the keys */
     ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
-    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {1}, {1000}, 2));
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {1}, {1500}, 2));
     ecu.launched.clear();
     ecu.splits_seen = 0;
     EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_NONE, 0), 2.5e-2);
@@ -629,45 +635,119 @@ TEST(cuda_rope_wrapper_matches_cpu_rope) {
 
 TEST(attn_geometry_picks_the_decode_layout_for_few_rows) {
     mskv_cuda_attn_geometry g;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(64, 64, 1, 4096, 32, 8, 128, 132, 0, &g));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(64, 64, 1, 4096, 32, 8, 128, 132, 0, 2, &g));
     EXPECT_EQ(1, g.decode);
     EXPECT_EQ(16, g.block_rows);
-    EXPECT_EQ(2 * (16 * 128 + 4 * 64 * 128), (int)g.smem_bytes);
+    EXPECT_EQ(3 * 2 * 64 * 128 * 2, (int)g.smem_bytes);   /* 3 stages of K and V; Q waits in the last */
     EXPECT_EQ(1, (int)g.grid[0]); EXPECT_EQ(64, (int)g.grid[1]); EXPECT_EQ(8, (int)g.grid[2]);
-    EXPECT_EQ(1, g.n_splits);       /* 512 blocks fill 132 SMs */
+    EXPECT_EQ(1, g.n_splits);       /* 512 blocks fill 132 SMs x 2 */
     EXPECT_EQ(0, (int)g.workspace_bytes);
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 5, 5, 100, 4, 1, 64, 132, 0, &g));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 5, 5, 100, 4, 1, 64, 132, 0, 2, &g));
     EXPECT_EQ(0, g.decode);         /* 20 rows: the prefill layout */
+}
+
+TEST(attn_geometry_prefill_takes_32_rows_per_warp_up_to_head_dim_128) {
+    mskv_cuda_attn_geometry g;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 4680, 4680, 32760, 12, 12, 128, 132, 0, 2, &g));
+    EXPECT_EQ(128, g.block_rows);
+    EXPECT_EQ(64, g.block_keys);
+    EXPECT_EQ(37, (int)g.grid[0]);  /* ceil(4680 / 128) */
+    EXPECT_EQ(96 * 1024, (int)g.smem_bytes);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 4680, 4680, 32760, 12, 12, 256, 132, 0, 2, &g));
+    EXPECT_EQ(64, g.block_rows);    /* 32 rows of 256 f32 accumulators would not fit the registers */
+    EXPECT_EQ(32, g.block_keys);
 }
 
 TEST(attn_geometry_splits_keys_only_when_blocks_are_few) {
     mskv_cuda_attn_geometry g;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 65536, 32, 8, 128, 132, 0, &g));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 65536, 32, 8, 128, 132, 0, 2, &g));
     EXPECT_GT(g.n_splits, 8);
     EXPECT_EQ(0, g.kv_chunk % g.block_keys);
     EXPECT_GE((int64_t)g.kv_chunk * g.n_splits, 65536);
     EXPECT_LT((int64_t)g.kv_chunk * (g.n_splits - 1), 65536);
     EXPECT_EQ((size_t)g.n_splits * 1 * 32 * (128 + 1) * 4, g.workspace_bytes);
     EXPECT_EQ(8 * g.n_splits, (int)g.grid[2]);
-    /* the video chunk: 74 row tiles x 12 heads = 888 blocks, no split */
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 4680, 4680, 32760, 12, 12, 128, 132, 0, &g));
+    /* the video chunk: 37 row tiles x 12 heads = 444 blocks, no split */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 4680, 4680, 32760, 12, 12, 128, 132, 0, 2, &g));
     EXPECT_EQ(1, g.n_splits);
-    EXPECT_EQ(74, (int)g.grid[0]);
-    EXPECT_EQ(80 * 1024, (int)g.smem_bytes);
-    /* a short sequence is not split below 4 tiles per split */
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 300, 8, 8, 128, 132, 0, &g));
-    EXPECT_LE(g.n_splits, 2);
+    /* a short sequence is not split */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 300, 8, 8, 128, 132, 0, 2, &g));
+    EXPECT_EQ(1, g.n_splits);
+}
+
+TEST(attn_geometry_does_not_split_a_512_key_decode) {
+    mskv_cuda_attn_geometry g;
+    /* one block per (segment, kv head) reads 512 keys: one launch, no merge */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 512, 32, 8, 128, 132, 0, 2, &g));
+    EXPECT_EQ(1, g.n_splits);
+    EXPECT_EQ(0, (int)g.workspace_bytes);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 1023, 32, 8, 128, 132, 0, 2, &g));
+    EXPECT_EQ(1, g.n_splits);       /* two splits would hold fewer than 512 keys each */
+}
+
+TEST(attn_geometry_splits_fill_whole_waves_of_resident_blocks) {
+    /* 8 kv heads x 65536 keys on 132 SMs: the split count follows how many
+       blocks an SM holds, and the blocks fill their last wave */
+    for (int resident = 1; resident <= 4; resident++) {
+        mskv_cuda_attn_geometry g;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 65536, 32, 8, 128, 132, 0, resident, &g));
+        const int64_t slots = 132 * resident, blocks = 8 * (int64_t)g.n_splits;
+        const int64_t waves = (blocks + slots - 1) / slots;
+        EXPECT_GT(g.n_splits, 1);
+        if (blocks * 10 < waves * slots * 9)
+            mt_fail(__FILE__, __LINE__, "resident %d: %lld blocks fill %lld waves of %lld slots below 90%%", resident,
+                    (long long)blocks, (long long)waves, (long long)slots);
+    }
+    {
+        mskv_cuda_attn_geometry g1, g3;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 65536, 32, 8, 128, 132, 0, 1, &g1));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 65536, 32, 8, 128, 132, 0, 3, &g3));
+        EXPECT_GT(g3.n_splits, g1.n_splits);
+    }
+}
+
+TEST(cuda_attention_splits_by_the_residency_the_driver_reports) {
+    const int P = 40, kvh = 1, qh = 4, pages = 40;
+    ecu.sms = 4;
+    for (int resident = 1; resident <= 3; resident += 2) {
+        ecu_env e;
+        ecu_problem p;
+        mskv_cuda_attn_geometry g;
+        ecu.resident = resident;
+        ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+        ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {1}, {1500}, 2));
+        ecu.splits_seen = 0;
+        ecu.occupancy_queries = 0;
+        EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_NONE, 0), 2.5e-2);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 1500, qh, kvh, 64, 4, 227 * 1024, resident, &g));
+        EXPECT_EQ(g.n_splits, ecu.splits_seen);
+        EXPECT_EQ(1, ecu.occupancy_queries);
+    }
+    ecu.resident = 2;
+}
+
+TEST(cuda_attention_runs_a_512_key_decode_as_one_launch) {
+    ecu_env e;
+    ecu_problem p;
+    const int P = 16, kvh = 1, qh = 4, pages = 40;
+    ecu.sms = 4;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {1}, {512}, 2));
+    ecu.launched.clear();
+    EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_NONE, 0), 2.5e-2);
+    ASSERT_EQ(1, (int)ecu.launched.size());
+    EXPECT_STREQ("mskv_attn", ecu.launched[0].c_str());
 }
 
 TEST(attn_geometry_falls_back_when_shared_memory_is_short) {
     mskv_cuda_attn_geometry g;
-    /* head_dim 256 decode needs 136 KiB: on a 99 KiB part the prefill layout (96 KiB) runs */
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(4, 4, 1, 1000, 8, 8, 256, 84, 99 * 1024, &g));
+    /* head_dim 256 decode needs 200 KiB: on a 99 KiB part the prefill layout (96 KiB) runs */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(4, 4, 1, 1000, 8, 8, 256, 84, 99 * 1024, 1, &g));
     EXPECT_EQ(0, g.decode);
     EXPECT_EQ(32, g.block_keys);
     EXPECT_LE((int)g.smem_bytes, 99 * 1024);
-    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attn_geometry_get(1, 1, 1, 1, 6, 4, 128, 1, 0, &g));
-    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attn_geometry_get(1, 1, 1, 1, 8, 8, 96, 1, 0, &g));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attn_geometry_get(1, 1, 1, 1, 6, 4, 128, 1, 0, 1, &g));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attn_geometry_get(1, 1, 1, 1, 8, 8, 96, 1, 0, 1, &g));
 }
 
 TEST(gpu_bench_check_passes_on_the_emulated_device) {

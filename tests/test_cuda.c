@@ -203,6 +203,11 @@ static mskv_cu_result tcm_cuModuleGetFunction(mskv_cu_function *f, mskv_cu_modul
     return 0;
 }
 static mskv_cu_result tcm_cuFuncSetAttribute(mskv_cu_function f, int a, int v) { (void)f; (void)a; (void)v; return 0; }
+static mskv_cu_result tcm_cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, mskv_cu_function f, int b, size_t smem) {
+    (void)f; (void)b; (void)smem;
+    *n = 2;
+    return 0;
+}
 
 /* parameter sizes of each kernel, in ABI order */
 static const int tcm_sizes[4][10] = {
@@ -616,6 +621,38 @@ TEST(cuda_toolkit_stub_driver_is_unavailable) {
     EXPECT_TRUE(strstr(why, "stub") != NULL);
     EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_create(&cd, &cu));
     EXPECT_TRUE(cu == NULL);
+}
+
+/* The attention kernel finds a key's page as (j * magic) >> shift: it must
+   equal j / page_size for every index a sequence can have (j < 2^31). */
+static int tcu_divides_exactly(int32_t ps, int64_t j) {
+    uint32_t magic;
+    int32_t shift;
+    mskv_cuda_page_divisor(ps, &magic, &shift);
+    return (int64_t)(((uint64_t)j * magic) >> shift) == j / ps;
+}
+
+TEST(cuda_page_divisor_divides_every_key_index_exactly) {
+    static const int32_t big[] = { 1 << 20, (1 << 20) + 1, 1560, 2025, 4680, 65535, 1000003, 0x40000000, 0x7fffffff };
+    int32_t ps;
+    int64_t j, k;
+    int bad = 0;
+    for (ps = 1; ps <= 300 && bad < 5; ps++)
+        for (j = 0; j < 5000; j++) bad += !tcu_divides_exactly(ps, j);
+    for (ps = 1; ps <= 4096 && bad < 5; ps++)
+        for (k = 0; k < 64; k++) {
+            /* the top of the range and both sides of page boundaries near it */
+            int64_t top = 0x7fffffff - k, edge = (top / ps) * ps;
+            bad += !tcu_divides_exactly(ps, top);
+            bad += !tcu_divides_exactly(ps, edge);
+            if (edge > 0) bad += !tcu_divides_exactly(ps, edge - 1);
+        }
+    for (k = 0; k < (int64_t)(sizeof big / sizeof big[0]); k++)
+        for (j = 0; j < 4096; j++) {
+            bad += !tcu_divides_exactly(big[k], j * 524287 % 0x7fffffff);
+            bad += !tcu_divides_exactly(big[k], 0x7fffffff - j);
+        }
+    EXPECT_EQ(0, bad);
 }
 
 TEST(cuda_spill_report_is_parsed_from_the_ptxas_log) {
