@@ -1001,6 +1001,9 @@ template <int N> MSKV_DEV void mskv_setmaxnreg_dec(void) { asm volatile("setmaxn
 /* Registers an asynchronous wgmma reads or writes: the compiler must neither
    move their uses across the wait nor reuse them while the op runs. */
 MSKV_DEV void mskv_wg_keep(float &x) { asm volatile("" : "+f"(x) :: "memory"); }
+/* lane 0's x in every lane: the compiler then knows x is warp-uniform (descriptors
+   and barrier ids stay in uniform registers) */
+MSKV_DEV int mskv_bcast0(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 MSKV_DEV void mskv_wg_keep_u(mskv_u32 &x) { asm volatile("" : "+r"(x) :: "memory"); }
 #if MSKV_DTYPE == 1
 #define MSKV_WG_TY ".f16.f16"
@@ -1011,10 +1014,20 @@ MSKV_DEV void mskv_wg_keep_u(mskv_u32 &x) { asm volatile("" : "+r"(x) :: "memory
 #define MSKV_WG_O8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define MSKV_WG_O32 MSKV_WG_O8(0), MSKV_WG_O8(8), MSKV_WG_O8(16), MSKV_WG_O8(24)
 #define MSKV_WG_O64 MSKV_WG_O32, MSKV_WG_O8(32), MSKV_WG_O8(40), MSKV_WG_O8(48), MSKV_WG_O8(56)
+#define MSKV_WG_O36 MSKV_WG_O32, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+#define MSKV_WG_O68 MSKV_WG_O64, "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
 #define MSKV_WG_O128 MSKV_WG_O64, MSKV_WG_O8(64), MSKV_WG_O8(72), MSKV_WG_O8(80), MSKV_WG_O8(88), \
     MSKV_WG_O8(96), MSKV_WG_O8(104), MSKV_WG_O8(112), MSKV_WG_O8(120)
 #define MSKV_WG_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define MSKV_WG_D36 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35}"
+#define MSKV_WG_D68 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67}"
 #define MSKV_WG_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
@@ -1029,7 +1042,8 @@ MSKV_DEV void mskv_wg_keep_u(mskv_u32 &x) { asm volatile("" : "+r"(x) :: "memory
     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 /* wgmma m64nNk16 with f32 accumulators d[N/2]; acc 0: D = A B, else D += A B.
    ss: A and B K-major from descriptors (S = Q K^T); rs: A from registers (P),
-   B N-major from a descriptor (O += P V, imm-trans-b 1). */
+   B N-major from a descriptor (O += P V, imm-trans-b 1; N = head_dim + 8
+   when V carries a block of ones for the row sums). */
 #define MSKV_WG_SS(N, DL, OPS, IA, IB, IP)                                                              \
     MSKV_DEV void mskv_wgmma_ss##N(float *d, mskv_u64 da, mskv_u64 db, int acc) {                       \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                                  \
@@ -1045,16 +1059,22 @@ MSKV_DEV void mskv_wg_keep_u(mskv_u32 &x) { asm volatile("" : "+r"(x) :: "memory
     }
 MSKV_WG_SS(64, MSKV_WG_D32, MSKV_WG_O32, 32, 33, 34)
 MSKV_WG_SS(128, MSKV_WG_D64, MSKV_WG_O64, 64, 65, 66)
-MSKV_WG_RS(64, MSKV_WG_D32, MSKV_WG_O32, 32, 33, 34, 35, 36, 37)
-MSKV_WG_RS(128, MSKV_WG_D64, MSKV_WG_O64, 64, 65, 66, 67, 68, 69)
+MSKV_WG_RS(72, MSKV_WG_D36, MSKV_WG_O36, 36, 37, 38, 39, 40, 41)
+MSKV_WG_RS(136, MSKV_WG_D68, MSKV_WG_O68, 68, 69, 70, 71, 72, 73)
 MSKV_WG_RS(256, MSKV_WG_D128, MSKV_WG_O128, 128, 129, 130, 131, 132, 133)
+/* a 16-byte generic store of four copies of w (fence.proxy.async before the tensor cores read it) */
+MSKV_DEV void mskv_sts16(void *dst, mskv_u32 w) {
+    mskv_v16 v;
+    v.x = v.y = v.z = v.w = w;
+    *(mskv_v16 *)dst = v;
+}
 #else
 /* host emulation: tests/emu/mskv_emu_sm90.h has the primitives; the wgmma
    entry points take this file's MSKV_DTYPE */
 MSKV_DEV void mskv_wgmma_ss64(float *d, mskv_u64 da, mskv_u64 db, int acc) { mskv_emu_wgmma_ss(d, 64, da, db, acc, MSKV_DTYPE == 2); }
 MSKV_DEV void mskv_wgmma_ss128(float *d, mskv_u64 da, mskv_u64 db, int acc) { mskv_emu_wgmma_ss(d, 128, da, db, acc, MSKV_DTYPE == 2); }
-MSKV_DEV void mskv_wgmma_rs64(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 64, a, db, acc, MSKV_DTYPE == 2); }
-MSKV_DEV void mskv_wgmma_rs128(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 128, a, db, acc, MSKV_DTYPE == 2); }
+MSKV_DEV void mskv_wgmma_rs72(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 72, a, db, acc, MSKV_DTYPE == 2); }
+MSKV_DEV void mskv_wgmma_rs136(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 136, a, db, acc, MSKV_DTYPE == 2); }
 MSKV_DEV void mskv_wgmma_rs256(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 256, a, db, acc, MSKV_DTYPE == 2); }
 #endif
 
@@ -1073,11 +1093,25 @@ MSKV_DEV void mskv_wgmma_rs256(float *d, const mskv_u32 *a, mskv_u64 db, int acc
 #else
 #define MSKV_H_STAGES 2
 #endif
+/* Row sums by the tensor cores where N allows (head_dim <= 128): each
+   stage's V is followed by a block of ones, so O += P V with N = D + 8 also
+   accumulates sum(P) in columns D..D+7, rescaled with O (64 FADD less a tile). */
+#if MSKV_D == 64
+#define MSKV_H_PVN 72
+#define MSKV_H_ONES 1
+#elif MSKV_D == 128
+#define MSKV_H_PVN 136
+#define MSKV_H_ONES 1
+#else
+#define MSKV_H_PVN MSKV_D
+#define MSKV_H_ONES 0
+#endif
 #define MSKV_H_THREADS 384                        /* producer warpgroup + 2 consumers */
 #define MSKV_H_BM 128
 #define MSKV_H_QB (64 * MSKV_D * 2)                /* one consumer's Q tile */
 #define MSKV_H_TB (MSKV_H_BN * MSKV_D * 2)         /* one K (or V) tile */
-#define MSKV_H_SB (2 * MSKV_H_TB)                  /* a stage: K, then V */
+#define MSKV_H_OB (MSKV_H_ONES * MSKV_H_BN * 128)  /* the ones block after V (an atom of 64 columns) */
+#define MSKV_H_SB (2 * MSKV_H_TB + MSKV_H_OB)      /* a stage: K, V, ones */
 #define MSKV_H_BARS (2 * MSKV_H_QB + MSKV_H_STAGES * MSKV_H_SB)   /* full[STAGES], empty[STAGES] */
 #define MSKV_H_SMEM (1024 + MSKV_H_BARS + 16 * MSKV_H_STAGES)     /* + slack to align the base */
 #define MSKV_H_REGS_PRODUCER 40
@@ -1086,7 +1120,7 @@ MSKV_DEV void mskv_wgmma_rs256(float *d, const mskv_u32 *a, mskv_u64 db, int acc
 #define MSKV_CAT2(a, b) a##b
 #define MSKV_CAT(a, b) MSKV_CAT2(a, b)
 #define MSKV_WGMMA_S MSKV_CAT(mskv_wgmma_ss, MSKV_H_BN)
-#define MSKV_WGMMA_PV MSKV_CAT(mskv_wgmma_rs, MSKV_HEAD_DIM)
+#define MSKV_WGMMA_PV MSKV_CAT(mskv_wgmma_rs, MSKV_H_PVN)
 
 #ifndef MSKV_GPU
 /* for the host tests: the launch geometry of these defines */
@@ -1196,7 +1230,7 @@ MSKV_UNROLL
    warp's 16 (the wgmma accumulator layout: element i is row g + 8 ((i >> 1) & 1),
    column 8 (i >> 2) + 2 t4 + (i & 1)). */
 struct mskv_h_cons {
-    float o[MSKV_D / 2];                 /* O, unnormalised */
+    float o[MSKV_H_PVN / 2];             /* O, unnormalised (then the row sums, MSKV_H_ONES) */
     float s[MSKV_H_BN / 2];              /* S, then P of the current tile */
     mskv_u32 p[MSKV_H_BN / 16][4];       /* P of the previous tile as A fragments (k16 slices) */
     float m[2], l[2];                    /* running max (unscaled), this lane's part of the row sums */
@@ -1204,7 +1238,7 @@ struct mskv_h_cons {
     mskv_u64 qd;                         /* descriptor of this warpgroup's Q tile */
     mskv_u32 ring;                       /* shared address of stage 0 */
     mskv_u32 bars;                       /* shared address of full[0] */
-    int cw, t4;
+    int cw, t4, leader;                  /* consumer 0 or 1 (warp-uniform), lane in quad, arrives for the warpgroup */
     float scale_log2;
 };
 
@@ -1232,14 +1266,18 @@ MSKV_UNROLL
         mu = mx[h] == mskv_neg_inf() ? 0.0f : mx[h];   /* nothing seen yet: keep exp2 finite */
         alpha[h] = mskv_exp2((c.m[h] - mu) * c.scale_log2);
         c.m[h] = mx[h];
+#if !MSKV_H_ONES
         c.l[h] *= alpha[h];
+#endif
         neg[h] = mu * c.scale_log2;
     }
 MSKV_UNROLL
     for (int i = 0; i < MSKV_H_BN / 2; i++) {
         const int h = (i >> 1) & 1;
         c.s[i] = mskv_exp2(fmaf(c.s[i], c.scale_log2, -neg[h]));
+#if !MSKV_H_ONES
         c.l[h] += c.s[i];
+#endif
     }
 }
 
@@ -1254,13 +1292,13 @@ MSKV_UNROLL
 /* PV done: the stage goes back to the producer (one arrival per warpgroup) */
 MSKV_DEV void mskv_h_release(mskv_h_cons &c, int ps) {
 MSKV_UNROLL
-    for (int i = 0; i < MSKV_D / 2; i++) mskv_wg_keep(c.o[i]);
+    for (int i = 0; i < MSKV_H_PVN / 2; i++) mskv_wg_keep(c.o[i]);
 MSKV_UNROLL
     for (int kk = 0; kk < MSKV_H_BN / 16; kk++) {
 MSKV_UNROLL
         for (int e = 0; e < 4; e++) mskv_wg_keep_u(c.p[kk][e]);
     }
-    if ((mskv_tid() & 127) == 0) mskv_mbar_arrive(c.bars + (mskv_u32)(8 * (MSKV_H_STAGES + ps)));
+    if (c.leader) mskv_mbar_arrive(c.bars + (mskv_u32)(8 * (MSKV_H_STAGES + ps)));
 }
 
 /* One turn at the tensor cores (taken in alternation with the other
@@ -1294,7 +1332,7 @@ MSKV_UNROLL
         mskv_h_release(c, ps);
     }
 MSKV_UNROLL
-    for (int i = 0; i < MSKV_D / 2; i++) c.o[i] *= alpha[(i >> 1) & 1];
+    for (int i = 0; i < MSKV_H_PVN / 2; i++) c.o[i] *= alpha[(i >> 1) & 1];
 MSKV_UNROLL
     for (int kk = 0; kk < MSKV_H_BN / 16; kk++) {
         c.p[kk][0] = mskv_pack2(c.s[8 * kk], c.s[8 * kk + 1]);
@@ -1342,6 +1380,13 @@ mskv_attn_sm90(const MSKV_GRID_CONST mskv_tmap k_map, const MSKV_GRID_CONST mskv
         }
         mskv_mbar_init_fence();
     }
+#if MSKV_H_ONES
+    for (int x = tid; x < MSKV_H_STAGES * (MSKV_H_OB / 16); x += MSKV_H_THREADS) {
+        const int st = x / (MSKV_H_OB / 16), at = x % (MSKV_H_OB / 16);
+        mskv_sts16(sbase + 2 * MSKV_H_QB + st * MSKV_H_SB + 2 * MSKV_H_TB + 16 * at, MSKV_DTYPE == 1 ? 0x3c003c00u : 0x3f803f80u);
+    }
+    mskv_fence_proxy_async();   /* generic stores the tensor cores read */
+#endif
     mskv_sync();
 
     if (wg == 0) {
@@ -1362,9 +1407,9 @@ mskv_attn_sm90(const MSKV_GRID_CONST mskv_tmap k_map, const MSKV_GRID_CONST mskv
         }
     } else {
         mskv_h_cons c;
-        const int cw = wg - 1, t = tid & 127, warp = t >> 5, lane = tid & 31, g = lane >> 2;
+        const int cw = mskv_bcast0(wg - 1), t = tid & 127, warp = t >> 5, lane = tid & 31, g = lane >> 2;
         mskv_setmaxnreg_inc<MSKV_H_REGS_CONSUMER>();
-        c.cw = cw; c.t4 = lane & 3; c.scale_log2 = scale_log2;
+        c.cw = cw; c.t4 = lane & 3; c.leader = t == 0; c.scale_log2 = scale_log2;
         c.ring = base + 2 * MSKV_H_QB;
         c.bars = base + MSKV_H_BARS;
         c.qd = mskv_h_desc(base + (mskv_u32)(cw * MSKV_H_QB), 16, 1024);
@@ -1398,7 +1443,7 @@ mskv_attn_sm90(const MSKV_GRID_CONST mskv_tmap k_map, const MSKV_GRID_CONST mskv
             c.l[h] = 0.0f;
         }
 MSKV_UNROLL
-        for (int i = 0; i < MSKV_D / 2; i++) c.o[i] = 0.0f;
+        for (int i = 0; i < MSKV_H_PVN / 2; i++) c.o[i] = 0.0f;
         if (kb.n_tiles > 0) {
             int it = 1;
             if (cw == 1) mskv_bar_arrive(4, 256);   /* consumer 0 takes the first turn */
@@ -1408,10 +1453,14 @@ MSKV_UNROLL
             for (; it < kb.n_tiles; it++) mskv_h_turn<0, 0>(c, it, mskv_h_tile_key(kb, it));
             mskv_h_last_turn(c, kb.n_tiles);
         }
-        /* the 4 lanes of a row add up their sums; write O / l and the LSE */
+        /* the row sums: from the ones columns, else the 4 lanes of a row add theirs; write O / l and the LSE */
         for (int h = 0; h < 2; h++) {
+#if MSKV_H_ONES
+            c.l[h] = c.o[MSKV_D / 2 + 2 * h];
+#else
             c.l[h] += mskv_shfl_xor(c.l[h], 1);
             c.l[h] += mskv_shfl_xor(c.l[h], 2);
+#endif
         }
         {
             const mskv_i64 total_q = qo_indptr[mskv_nblk_y()];
@@ -1489,6 +1538,9 @@ MSKV_UNROLL
 #undef MSKV_H_QB
 #undef MSKV_H_TB
 #undef MSKV_H_SB
+#undef MSKV_H_OB
+#undef MSKV_H_PVN
+#undef MSKV_H_ONES
 #undef MSKV_H_BARS
 #undef MSKV_H_SMEM
 #undef MSKV_H_REGS_PRODUCER

@@ -1475,6 +1475,9 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "/* Registers an asynchronous wgmma reads or writes: the compiler must neither\n",
     "   move their uses across the wait nor reuse them while the op runs. */\n",
     "MSKV_DEV void mskv_wg_keep(float &x) { asm volatile(\"\" : \"+f\"(x) :: \"memory\"); }\n",
+    "/* lane 0's x in every lane: the compiler then knows x is warp-uniform (descriptors\n",
+    "   and barrier ids stay in uniform registers) */\n",
+    "MSKV_DEV int mskv_bcast0(int x) { return __shfl_sync(0xffffffffu, x, 0); }\n",
     "MSKV_DEV void mskv_wg_keep_u(mskv_u32 &x) { asm volatile(\"\" : \"+r\"(x) :: \"memory\"); }\n",
     "#if MSKV_DTYPE == 1\n",
     "#define MSKV_WG_TY \".f16.f16\"\n",
@@ -1485,10 +1488,20 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "#define MSKV_WG_O8(i) \"+f\"(d[i]), \"+f\"(d[i + 1]), \"+f\"(d[i + 2]), \"+f\"(d[i + 3]), \"+f\"(d[i + 4]), \"+f\"(d[i + 5]), \"+f\"(d[i + 6]), \"+f\"(d[i + 7])\n",
     "#define MSKV_WG_O32 MSKV_WG_O8(0), MSKV_WG_O8(8), MSKV_WG_O8(16), MSKV_WG_O8(24)\n",
     "#define MSKV_WG_O64 MSKV_WG_O32, MSKV_WG_O8(32), MSKV_WG_O8(40), MSKV_WG_O8(48), MSKV_WG_O8(56)\n",
+    "#define MSKV_WG_O36 MSKV_WG_O32, \"+f\"(d[32]), \"+f\"(d[33]), \"+f\"(d[34]), \"+f\"(d[35])\n",
+    "#define MSKV_WG_O68 MSKV_WG_O64, \"+f\"(d[64]), \"+f\"(d[65]), \"+f\"(d[66]), \"+f\"(d[67])\n",
     "#define MSKV_WG_O128 MSKV_WG_O64, MSKV_WG_O8(64), MSKV_WG_O8(72), MSKV_WG_O8(80), MSKV_WG_O8(88), \\\n",
     "    MSKV_WG_O8(96), MSKV_WG_O8(104), MSKV_WG_O8(112), MSKV_WG_O8(120)\n",
     "#define MSKV_WG_D32 \"{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, \" \\\n",
     "    \"%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}\"\n",
+    "#define MSKV_WG_D36 \"{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, \" \\\n",
+    "    \"%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, \" \\\n",
+    "    \"%32, %33, %34, %35}\"\n",
+    "#define MSKV_WG_D68 \"{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, \" \\\n",
+    "    \"%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, \" \\\n",
+    "    \"%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, \" \\\n",
+    "    \"%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, \" \\\n",
+    "    \"%64, %65, %66, %67}\"\n",
     "#define MSKV_WG_D64 \"{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, \" \\\n",
     "    \"%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, \" \\\n",
     "    \"%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, \" \\\n",
@@ -1503,7 +1516,8 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    \"%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}\"\n",
     "/* wgmma m64nNk16 with f32 accumulators d[N/2]; acc 0: D = A B, else D += A B.\n",
     "   ss: A and B K-major from descriptors (S = Q K^T); rs: A from registers (P),\n",
-    "   B N-major from a descriptor (O += P V, imm-trans-b 1). */\n",
+    "   B N-major from a descriptor (O += P V, imm-trans-b 1; N = head_dim + 8\n",
+    "   when V carries a block of ones for the row sums). */\n",
     "#define MSKV_WG_SS(N, DL, OPS, IA, IB, IP)                                                              \\\n",
     "    MSKV_DEV void mskv_wgmma_ss##N(float *d, mskv_u64 da, mskv_u64 db, int acc) {                       \\\n",
     "        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %\" #IP \", 0;\\n\"                                  \\\n",
@@ -1519,16 +1533,22 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    }\n",
     "MSKV_WG_SS(64, MSKV_WG_D32, MSKV_WG_O32, 32, 33, 34)\n",
     "MSKV_WG_SS(128, MSKV_WG_D64, MSKV_WG_O64, 64, 65, 66)\n",
-    "MSKV_WG_RS(64, MSKV_WG_D32, MSKV_WG_O32, 32, 33, 34, 35, 36, 37)\n",
-    "MSKV_WG_RS(128, MSKV_WG_D64, MSKV_WG_O64, 64, 65, 66, 67, 68, 69)\n",
+    "MSKV_WG_RS(72, MSKV_WG_D36, MSKV_WG_O36, 36, 37, 38, 39, 40, 41)\n",
+    "MSKV_WG_RS(136, MSKV_WG_D68, MSKV_WG_O68, 68, 69, 70, 71, 72, 73)\n",
     "MSKV_WG_RS(256, MSKV_WG_D128, MSKV_WG_O128, 128, 129, 130, 131, 132, 133)\n",
+    "/* a 16-byte generic store of four copies of w (fence.proxy.async before the tensor cores read it) */\n",
+    "MSKV_DEV void mskv_sts16(void *dst, mskv_u32 w) {\n",
+    "    mskv_v16 v;\n",
+    "    v.x = v.y = v.z = v.w = w;\n",
+    "    *(mskv_v16 *)dst = v;\n",
+    "}\n",
     "#else\n",
     "/* host emulation: tests/emu/mskv_emu_sm90.h has the primitives; the wgmma\n",
     "   entry points take this file's MSKV_DTYPE */\n",
     "MSKV_DEV void mskv_wgmma_ss64(float *d, mskv_u64 da, mskv_u64 db, int acc) { mskv_emu_wgmma_ss(d, 64, da, db, acc, MSKV_DTYPE == 2); }\n",
     "MSKV_DEV void mskv_wgmma_ss128(float *d, mskv_u64 da, mskv_u64 db, int acc) { mskv_emu_wgmma_ss(d, 128, da, db, acc, MSKV_DTYPE == 2); }\n",
-    "MSKV_DEV void mskv_wgmma_rs64(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 64, a, db, acc, MSKV_DTYPE == 2); }\n",
-    "MSKV_DEV void mskv_wgmma_rs128(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 128, a, db, acc, MSKV_DTYPE == 2); }\n",
+    "MSKV_DEV void mskv_wgmma_rs72(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 72, a, db, acc, MSKV_DTYPE == 2); }\n",
+    "MSKV_DEV void mskv_wgmma_rs136(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 136, a, db, acc, MSKV_DTYPE == 2); }\n",
     "MSKV_DEV void mskv_wgmma_rs256(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 256, a, db, acc, MSKV_DTYPE == 2); }\n",
     "#endif\n",
     "\n",
@@ -1547,11 +1567,25 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "#else\n",
     "#define MSKV_H_STAGES 2\n",
     "#endif\n",
+    "/* Row sums by the tensor cores where N allows (head_dim <= 128): each\n",
+    "   stage's V is followed by a block of ones, so O += P V with N = D + 8 also\n",
+    "   accumulates sum(P) in columns D..D+7, rescaled with O (64 FADD less a tile). */\n",
+    "#if MSKV_D == 64\n",
+    "#define MSKV_H_PVN 72\n",
+    "#define MSKV_H_ONES 1\n",
+    "#elif MSKV_D == 128\n",
+    "#define MSKV_H_PVN 136\n",
+    "#define MSKV_H_ONES 1\n",
+    "#else\n",
+    "#define MSKV_H_PVN MSKV_D\n",
+    "#define MSKV_H_ONES 0\n",
+    "#endif\n",
     "#define MSKV_H_THREADS 384                        /* producer warpgroup + 2 consumers */\n",
     "#define MSKV_H_BM 128\n",
     "#define MSKV_H_QB (64 * MSKV_D * 2)                /* one consumer's Q tile */\n",
     "#define MSKV_H_TB (MSKV_H_BN * MSKV_D * 2)         /* one K (or V) tile */\n",
-    "#define MSKV_H_SB (2 * MSKV_H_TB)                  /* a stage: K, then V */\n",
+    "#define MSKV_H_OB (MSKV_H_ONES * MSKV_H_BN * 128)  /* the ones block after V (an atom of 64 columns) */\n",
+    "#define MSKV_H_SB (2 * MSKV_H_TB + MSKV_H_OB)      /* a stage: K, V, ones */\n",
     "#define MSKV_H_BARS (2 * MSKV_H_QB + MSKV_H_STAGES * MSKV_H_SB)   /* full[STAGES], empty[STAGES] */\n",
     "#define MSKV_H_SMEM (1024 + MSKV_H_BARS + 16 * MSKV_H_STAGES)     /* + slack to align the base */\n",
     "#define MSKV_H_REGS_PRODUCER 40\n",
@@ -1560,7 +1594,7 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "#define MSKV_CAT2(a, b) a##b\n",
     "#define MSKV_CAT(a, b) MSKV_CAT2(a, b)\n",
     "#define MSKV_WGMMA_S MSKV_CAT(mskv_wgmma_ss, MSKV_H_BN)\n",
-    "#define MSKV_WGMMA_PV MSKV_CAT(mskv_wgmma_rs, MSKV_HEAD_DIM)\n",
+    "#define MSKV_WGMMA_PV MSKV_CAT(mskv_wgmma_rs, MSKV_H_PVN)\n",
     "\n",
     "#ifndef MSKV_GPU\n",
     "/* for the host tests: the launch geometry of these defines */\n",
@@ -1670,7 +1704,7 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "   warp's 16 (the wgmma accumulator layout: element i is row g + 8 ((i >> 1) & 1),\n",
     "   column 8 (i >> 2) + 2 t4 + (i & 1)). */\n",
     "struct mskv_h_cons {\n",
-    "    float o[MSKV_D / 2];                 /* O, unnormalised */\n",
+    "    float o[MSKV_H_PVN / 2];             /* O, unnormalised (then the row sums, MSKV_H_ONES) */\n",
     "    float s[MSKV_H_BN / 2];              /* S, then P of the current tile */\n",
     "    mskv_u32 p[MSKV_H_BN / 16][4];       /* P of the previous tile as A fragments (k16 slices) */\n",
     "    float m[2], l[2];                    /* running max (unscaled), this lane's part of the row sums */\n",
@@ -1678,7 +1712,7 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    mskv_u64 qd;                         /* descriptor of this warpgroup's Q tile */\n",
     "    mskv_u32 ring;                       /* shared address of stage 0 */\n",
     "    mskv_u32 bars;                       /* shared address of full[0] */\n",
-    "    int cw, t4;\n",
+    "    int cw, t4, leader;                  /* consumer 0 or 1 (warp-uniform), lane in quad, arrives for the warpgroup */\n",
     "    float scale_log2;\n",
     "};\n",
     "\n",
@@ -1706,14 +1740,18 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "        mu = mx[h] == mskv_neg_inf() ? 0.0f : mx[h];   /* nothing seen yet: keep exp2 finite */\n",
     "        alpha[h] = mskv_exp2((c.m[h] - mu) * c.scale_log2);\n",
     "        c.m[h] = mx[h];\n",
+    "#if !MSKV_H_ONES\n",
     "        c.l[h] *= alpha[h];\n",
+    "#endif\n",
     "        neg[h] = mu * c.scale_log2;\n",
     "    }\n",
     "MSKV_UNROLL\n",
     "    for (int i = 0; i < MSKV_H_BN / 2; i++) {\n",
     "        const int h = (i >> 1) & 1;\n",
     "        c.s[i] = mskv_exp2(fmaf(c.s[i], c.scale_log2, -neg[h]));\n",
+    "#if !MSKV_H_ONES\n",
     "        c.l[h] += c.s[i];\n",
+    "#endif\n",
     "    }\n",
     "}\n",
     "\n",
@@ -1728,13 +1766,13 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "/* PV done: the stage goes back to the producer (one arrival per warpgroup) */\n",
     "MSKV_DEV void mskv_h_release(mskv_h_cons &c, int ps) {\n",
     "MSKV_UNROLL\n",
-    "    for (int i = 0; i < MSKV_D / 2; i++) mskv_wg_keep(c.o[i]);\n",
+    "    for (int i = 0; i < MSKV_H_PVN / 2; i++) mskv_wg_keep(c.o[i]);\n",
     "MSKV_UNROLL\n",
     "    for (int kk = 0; kk < MSKV_H_BN / 16; kk++) {\n",
     "MSKV_UNROLL\n",
     "        for (int e = 0; e < 4; e++) mskv_wg_keep_u(c.p[kk][e]);\n",
     "    }\n",
-    "    if ((mskv_tid() & 127) == 0) mskv_mbar_arrive(c.bars + (mskv_u32)(8 * (MSKV_H_STAGES + ps)));\n",
+    "    if (c.leader) mskv_mbar_arrive(c.bars + (mskv_u32)(8 * (MSKV_H_STAGES + ps)));\n",
     "}\n",
     "\n",
     "/* One turn at the tensor cores (taken in alternation with the other\n",
@@ -1768,7 +1806,7 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "        mskv_h_release(c, ps);\n",
     "    }\n",
     "MSKV_UNROLL\n",
-    "    for (int i = 0; i < MSKV_D / 2; i++) c.o[i] *= alpha[(i >> 1) & 1];\n",
+    "    for (int i = 0; i < MSKV_H_PVN / 2; i++) c.o[i] *= alpha[(i >> 1) & 1];\n",
     "MSKV_UNROLL\n",
     "    for (int kk = 0; kk < MSKV_H_BN / 16; kk++) {\n",
     "        c.p[kk][0] = mskv_pack2(c.s[8 * kk], c.s[8 * kk + 1]);\n",
@@ -1816,6 +1854,13 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "        }\n",
     "        mskv_mbar_init_fence();\n",
     "    }\n",
+    "#if MSKV_H_ONES\n",
+    "    for (int x = tid; x < MSKV_H_STAGES * (MSKV_H_OB / 16); x += MSKV_H_THREADS) {\n",
+    "        const int st = x / (MSKV_H_OB / 16), at = x % (MSKV_H_OB / 16);\n",
+    "        mskv_sts16(sbase + 2 * MSKV_H_QB + st * MSKV_H_SB + 2 * MSKV_H_TB + 16 * at, MSKV_DTYPE == 1 ? 0x3c003c00u : 0x3f803f80u);\n",
+    "    }\n",
+    "    mskv_fence_proxy_async();   /* generic stores the tensor cores read */\n",
+    "#endif\n",
     "    mskv_sync();\n",
     "\n",
     "    if (wg == 0) {\n",
@@ -1836,9 +1881,9 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "        }\n",
     "    } else {\n",
     "        mskv_h_cons c;\n",
-    "        const int cw = wg - 1, t = tid & 127, warp = t >> 5, lane = tid & 31, g = lane >> 2;\n",
+    "        const int cw = mskv_bcast0(wg - 1), t = tid & 127, warp = t >> 5, lane = tid & 31, g = lane >> 2;\n",
     "        mskv_setmaxnreg_inc<MSKV_H_REGS_CONSUMER>();\n",
-    "        c.cw = cw; c.t4 = lane & 3; c.scale_log2 = scale_log2;\n",
+    "        c.cw = cw; c.t4 = lane & 3; c.leader = t == 0; c.scale_log2 = scale_log2;\n",
     "        c.ring = base + 2 * MSKV_H_QB;\n",
     "        c.bars = base + MSKV_H_BARS;\n",
     "        c.qd = mskv_h_desc(base + (mskv_u32)(cw * MSKV_H_QB), 16, 1024);\n",
@@ -1872,7 +1917,7 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "            c.l[h] = 0.0f;\n",
     "        }\n",
     "MSKV_UNROLL\n",
-    "        for (int i = 0; i < MSKV_D / 2; i++) c.o[i] = 0.0f;\n",
+    "        for (int i = 0; i < MSKV_H_PVN / 2; i++) c.o[i] = 0.0f;\n",
     "        if (kb.n_tiles > 0) {\n",
     "            int it = 1;\n",
     "            if (cw == 1) mskv_bar_arrive(4, 256);   /* consumer 0 takes the first turn */\n",
@@ -1882,10 +1927,14 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "            for (; it < kb.n_tiles; it++) mskv_h_turn<0, 0>(c, it, mskv_h_tile_key(kb, it));\n",
     "            mskv_h_last_turn(c, kb.n_tiles);\n",
     "        }\n",
-    "        /* the 4 lanes of a row add up their sums; write O / l and the LSE */\n",
+    "        /* the row sums: from the ones columns, else the 4 lanes of a row add theirs; write O / l and the LSE */\n",
     "        for (int h = 0; h < 2; h++) {\n",
+    "#if MSKV_H_ONES\n",
+    "            c.l[h] = c.o[MSKV_D / 2 + 2 * h];\n",
+    "#else\n",
     "            c.l[h] += mskv_shfl_xor(c.l[h], 1);\n",
     "            c.l[h] += mskv_shfl_xor(c.l[h], 2);\n",
+    "#endif\n",
     "        }\n",
     "        {\n",
     "            const mskv_i64 total_q = qo_indptr[mskv_nblk_y()];\n",
@@ -1963,6 +2012,9 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "#undef MSKV_H_QB\n",
     "#undef MSKV_H_TB\n",
     "#undef MSKV_H_SB\n",
+    "#undef MSKV_H_OB\n",
+    "#undef MSKV_H_PVN\n",
+    "#undef MSKV_H_ONES\n",
     "#undef MSKV_H_BARS\n",
     "#undef MSKV_H_SMEM\n",
     "#undef MSKV_H_REGS_PRODUCER\n",
@@ -2761,6 +2813,9 @@ typedef struct mskv__cuda_jit {
    kernel's shared-memory loads so far ahead that the 32-row tiles spill
    registers (bench/kernel_stats.c shows it); -O1 keeps them in registers. */
 static const char mskv__cuda_fixed_option[] = "--ptxas-options=-O1";
+/* sm_90a (the wgmma kernel): ptxas's own -O3; at -O1 its main loop issues
+   about 4% more instructions (bench/kernel_stats.c) and nothing spills either way */
+static const char mskv__cuda_fixed_option_sm90a[] = "--ptxas-options=-O3";
 
 static mskv_result mskv__cuda_jit_compile(const mskv__cuda_jit *j, const mskv_cuda_compile_info *info, mskv_cuda_image *img) {
     const mskv_allocator *a = j->allocator;
@@ -2781,7 +2836,8 @@ static mskv_result mskv__cuda_jit_compile(const mskv__cuda_jit *j, const mskv_cu
     {
         /* the fixed options below are part of the key too */
         char keyed[96];
-        snprintf(keyed, sizeof(keyed), "%s %s", target, mskv__cuda_fixed_option);
+        snprintf(keyed, sizeof(keyed), "%s %s", target,
+                 info->arch_specific ? mskv__cuda_fixed_option_sm90a : mskv__cuda_fixed_option);
         k = mskv__cuda_key_of(j->source, j->source_len, info->options, info->num_options, keyed, j->nvrtc_version);
     }
     img->key = k.key;
@@ -2798,7 +2854,7 @@ static mskv_result mskv__cuda_jit_compile(const mskv__cuda_jit *j, const mskv_cu
     opts = (const char **)mskv__cuda_alloc(a, (size_t)nopts * sizeof(*opts));
     if (!opts) return MSKV_ERROR_OUT_OF_MEMORY;
     opts[0] = target;
-    opts[1] = mskv__cuda_fixed_option;
+    opts[1] = info->arch_specific ? mskv__cuda_fixed_option_sm90a : mskv__cuda_fixed_option;
     for (i = 0; i < info->num_options; i++) opts[i + 2] = info->options[i];
     nr = fn->nvrtcCreateProgram(&prog, j->source, "kernels.cu", 0, NULL, NULL);
     if (nr != 0) {
@@ -3934,11 +3990,13 @@ static int32_t mskv__attn_resident(mskv_cuda_store *st, mskv_cu_function f, int3
 
 /* ---- the sm_90a kernel (mskv_attn_sm90) ---- */
 
-/* must match kernels.cu: MSKV_H_BN, MSKV_H_STAGES and MSKV_H_SMEM */
+/* must match kernels.cu: MSKV_H_BN, MSKV_H_STAGES, MSKV_H_SB (K, V, a block
+   of ones up to head_dim 128) and MSKV_H_SMEM */
 static int32_t mskv__attn_sm90_keys(int32_t d) { return d >= 256 ? 64 : 128; }
 static uint32_t mskv__attn_sm90_smem(int32_t d) {
-    const int32_t stages = d <= 64 ? 3 : 2;
-    return (uint32_t)(1024 + 2 * 64 * d * 2 + stages * 2 * mskv__attn_sm90_keys(d) * d * 2 + 16 * stages);
+    const int32_t stages = d <= 64 ? 3 : 2, bn = mskv__attn_sm90_keys(d);
+    const int32_t stage = 2 * bn * d * 2 + (d <= 128 ? bn * 128 : 0);
+    return (uint32_t)(1024 + 2 * 64 * d * 2 + stages * stage + 16 * stages);
 }
 
 /* Its launch: 384 threads (a producer warpgroup and two consumers of 64

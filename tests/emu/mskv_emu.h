@@ -134,13 +134,17 @@ struct State {
 };
 inline State &st() { static State s; return s; }
 
+inline void yield() { swapcontext(&st().cur->ctx, &st().sched); }
+
+/* Records the first misuse. A thread that hits one stops there (the launch
+   ends after the current pass), so it never runs on with a broken state. */
 inline void fail(const char *what) {
     if (st().error.empty()) st().error = what;
+    if (st().cur)
+        for (;;) yield();
 }
 inline const std::string &error() { return st().error; }
 inline void clear_error() { st().error.clear(); }
-
-inline void yield() { swapcontext(&st().cur->ctx, &st().sched); }
 
 inline unsigned char *smem() { return st().smem_base; }
 
@@ -253,7 +257,7 @@ inline void named_barrier(int id, int n, bool wait) {
     int g = b.gen;
     if (++b.count == n) { b.count = 0; b.gen++; }
     if (!wait) return;
-    while (b.gen == g && s.error.empty()) wait_yield(WAIT_NBAR, (mskv_u32)id, n);
+    while (b.gen == g) wait_yield(WAIT_NBAR, (mskv_u32)id, n);
 }
 
 inline Warp &my_warp() { return st().warps[(size_t)(st().cur->tid >> 5)]; }
@@ -275,7 +279,7 @@ inline void rendezvous(Warp &w, int op) {
         w.gen++;
         return;
     }
-    while (w.gen == g && st().error.empty()) wait_yield(WAIT_WARP, 0, 0);
+    while (w.gen == g) wait_yield(WAIT_WARP, 0, 0);
 }
 
 inline float u2f(mskv_u32 u) { float f; std::memcpy(&f, &u, 4); return f; }

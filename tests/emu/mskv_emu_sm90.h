@@ -345,15 +345,13 @@ inline bool mbar_try_wait(mskv_u32 a, int parity) {
     if (cfg().skip_mbar_wait_wg == wg) { note(); return true; }
     if (cfg().mbar_parity_flip_wg == wg) parity ^= 1;
     MBar *b = mbar(a, "mbarrier.try_wait");
-    if (!b) return true;  /* the launch fails; let the thread run out */
     if ((b->phase & 1) == (parity & 1)) {
         tma_land_pending(a);
-        if (!st().error.empty()) return true;
         b = mbar(a, "mbarrier.try_wait");
     }
     if ((b->phase & 1) != (parity & 1)) { note(); return true; }
     wait_yield(WAIT_MBAR, a, parity & 1);
-    return !st().error.empty();
+    return false;
 }
 
 /* ---- wgmma ------------------------------------------------------------------- */
@@ -514,7 +512,7 @@ inline void wg_meet(WgDeposit dep) {
         g.gen++;
         return;
     }
-    while (g.gen == gen && s.error.empty()) wait_yield(WAIT_WARPGROUP, 0, 0);
+    while (g.gen == gen) wait_yield(WAIT_WARPGROUP, 0, 0);
 }
 
 /* one m64nNk16 op: a (4 registers) or da (descriptor) for A, db for B */
@@ -639,6 +637,21 @@ template <int N> MSKV_DEV void mskv_setmaxnreg_dec(void) { mskv_emu::setmaxnreg(
 /* S = Q K^T: A and B K-major from descriptors; O += P V: A from registers, B MN-major */
 MSKV_DEV void mskv_emu_wgmma_ss(float *d, int n, mskv_u64 da, mskv_u64 db, int acc, int bf16) {
     mskv_emu::wgmma(d, n, nullptr, da, db, acc, 0, 0, bf16);
+}
+/* st.shared of 16 bytes: a generic-proxy write the emulation tracks */
+MSKV_DEV void mskv_sts16(void *dst, mskv_u32 w) {
+    const mskv_u32 v[4] = {w, w, w, w};
+    if (((uintptr_t)dst & 15) != 0 || !mskv_emu::in_smem(dst, 16)) { mskv_emu::fail("st.shared.v4: not a 16-byte aligned shared address"); return; }
+    mskv_emu::note();
+    mskv_emu::tracked_write((unsigned char *)dst, v, 16, mskv_emu::my_tid());
+}
+/* shfl.idx from lane 0: lane l takes lane (l ^ l)'s value through the warp's shuffle */
+MSKV_DEV int mskv_bcast0(int x) {
+    float f;
+    std::memcpy(&f, &x, 4);
+    f = mskv_emu::shfl_xor(f, mskv_emu::lane());
+    std::memcpy(&x, &f, 4);
+    return x;
 }
 /* registers an async op reads or writes: nothing to hold in the emulation */
 MSKV_DEV void mskv_wg_keep(float &x) { (void)x; }
