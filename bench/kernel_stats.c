@@ -35,6 +35,27 @@
      loop_branches, inner_loops   forward branches and nested loops inside the main loop
      path_min, path_max    the shortest and longest way through one iteration (branches taken or
                            not; a nested loop counted once)
+     insn_per_kflop        loop_insn per 1,000 FLOP the loop's tensor instructions issue (one warp's
+                           share: HMMA.16816 4,096 FLOP; HGMMA.64xNx16, a warpgroup's, 2 x 64 x N x 16 / 4)
+
+   The sm_90a kernel (mskv_attn_sm90, compiled for the arch-specific target)
+   gets a line of its own ("kstat kernel=mskv_attn_sm90 arch=sm_90a"): its
+   main loop is a consumer warp's (HGMMA instead of HMMA), plus
+     loop_hgmma            HGMMA per iteration (S = Q K^T and O += P V of one 128-key tile)
+     regs_producer, regs_consumer  the setmaxnreg counts in the SASS (USETMAXREG .DEALLOC / .TRY_ALLOC)
+     producer_loop_insn, producer_path_min  the producer's tile loop (the loop holding the TMA
+                           copies, UTMALDG): its instructions and its shortest way through (the TMA
+                           branch, not the cp.async fallback)
+     block_insn_per_kflop  per tile and block: 8 consumer warps' loops + one producer warp's shortest
+                           path, per 1,000 FLOP of the two consumers' HGMMA
+   and "kwan" lines compare the two paths on the Wan chunk shape (4,680 queries
+   x 32,760 keys x 12 heads, d128, bf16, no mask): main-loop instructions
+   issued over every block and tile (blocks x tiles x per-tile instructions)
+   per 1,000 FLOP of the attention itself (4 x 4,680 x 32,760 x 12 x 128).
+
+   Back-edges from code after the function's last EXIT are not loops: the
+   compiler moves spin-wait retries (mbarrier try_wait) out of line there,
+   with a branch back into the body.
 
    The main loop is found from the control flow, not from names: every branch
    whose target lies at or before it closes a loop [target, branch]; the main
@@ -63,6 +84,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <unistd.h>
 
 #define KS_H200_SMS 132
@@ -71,8 +93,9 @@
 #define KS_FLOP_PER_HMMA 4096.0
 
 typedef struct ks_variant {
-    const char *kernel;     /* "mskv_attn" or "mskv_kv_write" */
+    const char *kernel;     /* "mskv_attn", "mskv_kv_write" or "mskv_attn_sm90" */
     int arch, dtype, head_dim, decode, rope, style;
+    int sm90a;              /* compiled for sm_90a (the arch-specific target) */
 } ks_variant;
 
 typedef struct ks_stats {
@@ -87,6 +110,10 @@ typedef struct ks_stats {
     int have_loop, loop_insn, loop_hmma, loop_ldsm, loop_int, loop_branches, inner_loops, path_min, path_max;
     long long loop_smem_bytes;
     int total_insn;
+    int loop_hgmma;
+    double loop_flop;       /* one warp's share of the loop's tensor FLOP */
+    int regs_producer, regs_consumer;   /* setmaxnreg (0: none) */
+    int prod_insn, prod_path_min;       /* the TMA producer's tile loop (0: none) */
 } ks_stats;
 
 /* ---- tools --------------------------------------------------------------------------- */
@@ -170,6 +197,7 @@ typedef struct ks_insn {
     int pred;               /* guarded by a predicate other than PT */
     int target;             /* branch target (instruction index), -1 when none */
     char label[24];         /* the label the branch names */
+    long long imm;          /* the last 0x... immediate of the operands, -1 when none */
 } ks_insn;
 
 typedef struct ks_sass {
@@ -229,6 +257,12 @@ static int ks_sass_parse(const char *listing, const char *fn, ks_sass *s) {
             in.op[k] = 0;
             for (k = 0; in.op[k] && in.op[k] != '.' && k < sizeof in.base - 1; k++) in.base[k] = in.op[k];
             in.base[k] = 0;
+            {
+                /* the last hexadecimal immediate (USETMAXREG's register count) */
+                const char *h = o, *last = NULL;
+                while ((h = strstr(h, "0x")) != NULL && h < le) { last = h; h += 2; }
+                in.imm = last ? strtoll(last, NULL, 16) : -1;
+            }
             bt = strstr(o, "`(");
             if (bt && bt < le) {
                 const char *c = strchr(bt, ')');
@@ -315,13 +349,49 @@ static void ks_paths(const ks_sass *s, int t, int e, int *pmin, int *pmax) {
     free(lo); free(hi);
 }
 
+/* FLOP of one warp's share of a tensor instruction: HMMA.16816 4,096; HGMMA.64xNx16 is a
+   warpgroup's (all four warps issue it), 2 x 64 x N x 16 / 4; 0 for anything else */
+static double ks_tensor_flop(const ks_insn *in) {
+    if (strcmp(in->base, "HMMA") == 0) return KS_FLOP_PER_HMMA;
+    if (strcmp(in->base, "HGMMA") == 0) {
+        int m = 0, n = 0, k = 0;
+        if (sscanf(in->op, "HGMMA.%dx%dx%d", &m, &n, &k) == 3) return 2.0 * m * n * k / 4.0;
+    }
+    return 0.0;
+}
+
+/* A loop [t, e] closed by the branch at e: not when the branch sits in the
+   out-of-line code after the last EXIT and jumps back into the body. */
+static int ks_is_loop(const ks_sass *s, int t, int e, int last_exit) {
+    (void)s;
+    return !(last_exit >= 0 && e > last_exit && t <= last_exit);
+}
+
 static void ks_loop_stats(const ks_sass *s, ks_stats *st) {
-    int i, best_t = -1, best_e = -1, best_h = 0, j;
+    int i, best_t = -1, best_e = -1, best_h = 0, j, last_exit = -1, pt = -1, pe = -1;
+    for (i = 0; i < s->n; i++)
+        if (strcmp(s->in[i].base, "EXIT") == 0 && !s->in[i].pred) last_exit = i;
     for (i = 0; i < s->n; i++) {
-        int t = s->in[i].target, h = 0;
-        if (!ks_is_branch(&s->in[i]) || t > i) continue;
-        for (j = t; j <= i; j++) h += strcmp(s->in[j].base, "HMMA") == 0;
+        int t = s->in[i].target, h = 0, tma = 0;
+        if (!ks_is_branch(&s->in[i]) || t > i || !ks_is_loop(s, t, i, last_exit)) continue;
+        for (j = t; j <= i; j++) {
+            h += ks_tensor_flop(&s->in[j]) > 0;
+            tma += strcmp(s->in[j].base, "UTMALDG") == 0;
+        }
         if (h > best_h || (h == best_h && h > 0 && i - t < best_e - best_t)) { best_h = h; best_t = t; best_e = i; }
+        /* the producer's tile loop: the outermost loop of TMA copies without tensor work */
+        if (tma > 0 && h == 0 && i - t > pe - pt) { pt = t; pe = i; }
+    }
+    for (i = 0; i < s->n; i++) {
+        if (strcmp(s->in[i].base, "USETMAXREG") == 0 && s->in[i].imm > 0) {
+            if (strstr(s->in[i].op, "DEALLOC")) st->regs_producer = (int)s->in[i].imm;
+            else st->regs_consumer = (int)s->in[i].imm;
+        }
+    }
+    if (pe >= 0) {
+        int pmax;
+        st->prod_insn = pe - pt + 1;
+        ks_paths(s, pt, pe, &st->prod_path_min, &pmax);
     }
     for (i = 0; i < s->n; i++) st->lmem_ops += strcmp(s->in[i].base, "LDL") == 0 || strcmp(s->in[i].base, "STL") == 0;
     st->total_insn = s->n;
@@ -331,6 +401,8 @@ static void ks_loop_stats(const ks_sass *s, ks_stats *st) {
     for (j = best_t; j <= best_e; j++) {
         const ks_insn *in = &s->in[j];
         st->loop_hmma += strcmp(in->base, "HMMA") == 0;
+        st->loop_hgmma += strcmp(in->base, "HGMMA") == 0;
+        st->loop_flop += ks_tensor_flop(in);
         st->loop_ldsm += strcmp(in->base, "LDSM") == 0;
         st->loop_int += ks_is_int(in->base);
         st->loop_smem_bytes += ks_smem_bytes(in);
@@ -403,6 +475,7 @@ static void ks_measure(const ks_variant *v, const char *cache_dir, const char *n
     cd.log = ks_quiet_log;
     memset(&ci, 0, sizeof ci);
     ci.arch = v->arch;
+    ci.arch_specific = v->sm90a;
     ci.options = opts;
     ci.num_options = ks_options(v, o, opts);
     r = mskv_cuda_compile(&cd, &ci, &img);
@@ -440,6 +513,14 @@ static void ks_measure(const ks_variant *v, const char *cache_dir, const char *n
     free(res);
     free(sass);
     if (!st->ok) return;
+    if (v->sm90a) {
+        mskv_cuda_attn_geometry g;
+        if (mskv__cuda_attn_geometry_sm90(1, 4096, 4096, 4096, 8, 8, v->head_dim, 132, 227 * 1024, &g) == MSKV_SUCCESS)
+            st->smem_dyn = g.smem_bytes;
+        st->blocks_sm = ks_blocks_sm90(st->regs, st->smem_dyn + (unsigned)st->smem_static, 384);
+        st->warps_sm = st->blocks_sm * 12;
+        return;
+    }
     if (strcmp(v->kernel, "mskv_attn") == 0) {
         mskv_cuda_attn_geometry g;
         /* a decode call (one query, no GQA) or a prefill chunk selects the layout */
@@ -461,7 +542,29 @@ static double ks_ceiling(const ks_stats *st) {
     return c < peak ? c : peak;
 }
 
+static double ks_block_insn_per_kflop(const ks_stats *st) {
+    return st->loop_flop > 0 ? 1000.0 * (8.0 * st->loop_insn + st->prod_path_min) / (8.0 * st->loop_flop) : 0.0;
+}
+
+static void ks_print_sm90a(FILE *out, const ks_variant *v, const ks_stats *st) {
+    fprintf(out, "kstat kernel=%s arch=sm_90a dtype=%s d=%d layout=prefill", v->kernel, ks_dtype_name(v->dtype), v->head_dim);
+    if (!st->ok) { fprintf(out, " error=\"%s\"\n", st->why); return; }
+    fprintf(out, " regs=%d regs_producer=%d regs_consumer=%d spills=%lld lmem_ops=%d smem_static=%d smem_dyn=%u"
+                 " blocks_sm=%d warps_sm=%d", st->regs, st->regs_producer, st->regs_consumer, st->spills, st->lmem_ops,
+            st->smem_static, st->smem_dyn, st->blocks_sm, st->warps_sm);
+    if (st->have_loop)
+        fprintf(out, " loop_insn=%d loop_hgmma=%d insn_per_kflop=%.3f int_share=%.3f loop_branches=%d inner_loops=%d"
+                     " path_min=%d path_max=%d producer_loop_insn=%d producer_path_min=%d block_insn_per_kflop=%.3f",
+                st->loop_insn, st->loop_hgmma, 1000.0 * st->loop_insn / st->loop_flop, (double)st->loop_int / st->loop_insn,
+                st->loop_branches, st->inner_loops, st->path_min, st->path_max, st->prod_insn, st->prod_path_min,
+                ks_block_insn_per_kflop(st));
+    else
+        fprintf(out, " loop=none insn=%d", st->total_insn);
+    fprintf(out, "\n");
+}
+
 static void ks_print(FILE *out, const ks_variant *v, const ks_stats *st) {
+    if (v->sm90a) { ks_print_sm90a(out, v, st); return; }
     fprintf(out, "kstat kernel=%s arch=sm_%d dtype=%s d=%d", v->kernel, v->arch, ks_dtype_name(v->dtype), v->head_dim);
     if (strcmp(v->kernel, "mskv_attn") == 0) fprintf(out, " layout=%s", v->decode ? "decode" : "prefill");
     else fprintf(out, " rope=%d style=%d", v->rope, v->style);
@@ -471,10 +574,11 @@ static void ks_print(FILE *out, const ks_variant *v, const ks_stats *st) {
     if (st->have_loop) {
         double h = (double)st->loop_hmma;
         fprintf(out, " loop_insn=%d loop_hmma=%d insn_per_hmma=%.2f ldsm_per_hmma=%.3f smem_B_per_hmma=%.0f"
-                     " int_share=%.3f ceiling_tflops=%.0f loop_branches=%d inner_loops=%d path_min=%d path_max=%d",
+                     " int_share=%.3f ceiling_tflops=%.0f loop_branches=%d inner_loops=%d path_min=%d path_max=%d"
+                     " insn_per_kflop=%.3f",
                 st->loop_insn, st->loop_hmma, st->loop_insn / h, st->loop_ldsm / h, (double)st->loop_smem_bytes / h,
                 (double)st->loop_int / st->loop_insn, ks_ceiling(st), st->loop_branches, st->inner_loops,
-                st->path_min, st->path_max);
+                st->path_min, st->path_max, 1000.0 * st->loop_insn / st->loop_flop);
     } else {
         fprintf(out, " loop=none insn=%d", st->total_insn);
     }
@@ -491,7 +595,7 @@ static int ks_variants(int arch, int want_attn, int want_kv, ks_variant *out, in
         for (d = 0; d < 3; d++)
             for (lay = 0; lay < 2; lay++)
                 if (n < cap) {
-                    ks_variant v = { "mskv_attn", 0, 0, 0, 0, 0, 0 };
+                    ks_variant v = { "mskv_attn", 0, 0, 0, 0, 0, 0, 0 };
                     v.arch = arch; v.dtype = dt; v.head_dim = dims[d]; v.decode = lay;
                     out[n++] = v;
                 }
@@ -500,11 +604,45 @@ static int ks_variants(int arch, int want_attn, int want_kv, ks_variant *out, in
             for (rope = 0; rope <= 2; rope++)
                 for (style = 0; style < (rope ? 2 : 1); style++)
                     if (n < cap) {
-                        ks_variant v = { "mskv_kv_write", 0, 0, 0, 0, 0, 0 };
+                        ks_variant v = { "mskv_kv_write", 0, 0, 0, 0, 0, 0, 0 };
                         v.arch = arch; v.dtype = dt; v.head_dim = dims[d]; v.rope = rope; v.style = style;
                         out[n++] = v;
                     }
     return n;
+}
+
+/* The sm_90a kernel's shipped variants: f16 and bf16 at head_dim 64, 128, 256. */
+static int ks_variants_sm90a(ks_variant *out, int cap) {
+    static const int dims[3] = { 64, 128, 256 };
+    int n = 0, dt, d;
+    for (dt = 1; dt <= 2; dt++)
+        for (d = 0; d < 3; d++)
+            if (n < cap) {
+                ks_variant v = { "mskv_attn_sm90", 90, 0, 0, 0, 0, 0, 1 };
+                v.dtype = dt; v.head_dim = dims[d];
+                out[n++] = v;
+            }
+    return n;
+}
+
+/* Main-loop instructions issued per 1,000 FLOP of the Wan chunk (4,680
+   queries x 32,760 keys x 12 heads, head_dim 128, no mask, one kv head per q
+   head): blocks x key tiles x the instructions of one tile in a block. */
+static double ks_wan_insn_per_kflop(const ks_variant *v, const ks_stats *st) {
+    const double q = 4680, k = 32760, heads = 12, flop = 4.0 * q * k * heads * 128;
+    mskv_cuda_attn_geometry g;
+    double per_tile;
+    mskv_result r;
+    if (!st->ok || !st->have_loop) return 0.0;
+    if (v->sm90a) {
+        r = mskv__cuda_attn_geometry_sm90(1, 4680, 4680, 32760, 12, 12, 128, 132, 227 * 1024, &g);
+        per_tile = 8.0 * st->loop_insn + st->prod_path_min;   /* two consumer warpgroups, one producer warp */
+    } else {
+        r = mskv_cuda_attn_geometry_get(1, 4680, 4680, 32760, 12, 12, 128, 132, 227 * 1024, 0, &g);
+        per_tile = 4.0 * st->loop_insn;
+    }
+    if (r != MSKV_SUCCESS || g.block_rows <= 0 || g.block_keys <= 0) return 0.0;
+    return 1000.0 * ceil(q / g.block_rows) * heads * ceil(k / g.block_keys) * per_tile / flop;
 }
 
 /* The root of the repository (this file's ../), the cache directory, the tools. */
@@ -536,7 +674,7 @@ static void ks_env_init(ks_env *e) {
 
 #ifndef KSTATS_NO_MAIN
 int main(int argc, char **argv) {
-    int archs[2] = { 80, 90 }, na = 2, want_attn = 1, want_kv = 1, head_dim = 0, i, a, bad = 0;
+    int archs[2] = { 80, 90 }, na = 2, want_attn = 1, want_kv = 1, want_sm90a = 1, head_dim = 0, i, a, bad = 0;
     const char *filter = NULL;
     ks_env env;
     for (i = 1; i < argc; i++) {
@@ -545,10 +683,11 @@ int main(int argc, char **argv) {
             i++;
             want_attn = strcmp(argv[i], "attn") == 0;
             want_kv = strcmp(argv[i], "kv_write") == 0;
+            want_sm90a = strcmp(argv[i], "attn_sm90") == 0;
         } else if (strcmp(argv[i], "--head-dim") == 0 && i + 1 < argc) head_dim = atoi(argv[++i]);
         else if (strcmp(argv[i], "--filter") == 0 && i + 1 < argc) filter = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--arch 80|90] [--kernel attn|kv_write] [--head-dim N] [--filter S]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--arch 80|90] [--kernel attn|attn_sm90|kv_write] [--head-dim N] [--filter S]\n", argv[0]);
             return 2;
         }
     }
@@ -574,6 +713,28 @@ int main(int argc, char **argv) {
             fflush(stdout);
             bad += !st.ok;
         }
+    }
+    /* the sm_90a kernel, then both paths on the Wan chunk (d128 bf16) */
+    if (want_sm90a && (na == 2 || archs[0] == 90)) {
+        ks_variant vs[8], mma = { "mskv_attn", 90, 2, 128, 0, 0, 0, 0 };
+        ks_stats st, mst;
+        double w_mma = 0, w_sm90 = 0;
+        int nv = ks_variants_sm90a(vs, 8);
+        for (i = 0; i < nv; i++) {
+            if (head_dim && vs[i].head_dim != head_dim) continue;
+            ks_measure(&vs[i], env.cache, env.nvdisasm, env.cuobjdump, &st);
+            if (!filter || strstr(vs[i].kernel, filter)) ks_print(stdout, &vs[i], &st);
+            bad += !st.ok;
+            if (vs[i].dtype == 2 && vs[i].head_dim == 128) w_sm90 = ks_wan_insn_per_kflop(&vs[i], &st);
+        }
+        if (!head_dim || head_dim == 128) {
+            ks_measure(&mma, env.cache, env.nvdisasm, env.cuobjdump, &mst);
+            w_mma = ks_wan_insn_per_kflop(&mma, &mst);
+            printf("kwan path=mma.sync kernel=mskv_attn arch=sm_90 insn_per_kflop=%.3f\n", w_mma);
+            printf("kwan path=wgmma kernel=mskv_attn_sm90 arch=sm_90a insn_per_kflop=%.3f ratio=%.2f\n", w_sm90,
+                   w_sm90 > 0 ? w_mma / w_sm90 : 0.0);
+        }
+        fflush(stdout);
     }
     return bad ? 1 : 0;
 }
