@@ -27,7 +27,7 @@ VIDEO_TEST := $(B)/tests-video
 endif
 
 TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan \
-             $(B)/kstats-check
+             $(B)/kstats-check $(B)/kstats-sm90-check
 ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
@@ -56,6 +56,9 @@ $(B)/tests-emu: $(EMU_SRC) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
 # the attention kernel's machine-code targets (bench/kernel_stats.c in a test harness)
 $(B)/kstats-check: tests/kstats_check.c bench/kernel_stats.c kernels.cu $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests tests/kstats_check.c -o $@ $(LIBS)
+# the sm_90a kernel's machine code, and both paths on the Wan chunk shape
+$(B)/kstats-sm90-check: tests/kstats_sm90_check.c bench/kernel_stats.c kernels.cu $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) $(OPT) -Itests tests/kstats_sm90_check.c -o $@ $(LIBS)
 $(B)/tests-video: tests/test_video.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(FFMPEG_CFLAGS) tests/test_video.c -o $@ $(FFMPEG_LIBS) $(LIBS)
 
