@@ -808,6 +808,10 @@ MSKV_UNROLL
     }
 }
 
+/* The sm_90a module (the runtime's arch-specific build, for mskv_attn_sm90)
+   leaves mskv_attn out: it is launched from the sm_90 module only, and at the
+   sm_90a module's ptxas -O3 it would spill. */
+#if !(defined(MSKV_GPU) && MSKV_SM90A)
 MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool,
                            const int *qo_indptr, const int *kv_indptr, const int *kv_indices,
                            const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,
@@ -952,6 +956,7 @@ MSKV_UNROLL
 
     mskv_attn_store(w, smem, qo_indptr, q_heads, kv_heads, scale_log2, n_splits, o, lse, o_part, lse_part);
 }
+#endif
 
 #endif /* MSKV_DTYPE != 0 */
 

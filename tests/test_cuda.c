@@ -782,6 +782,71 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
            cached, cache, (double)(clock() - t0) / CLOCKS_PER_SEC, (long)(time(NULL) - w0));
 }
 
+/* The sm_90a kernel (mskv_attn_sm90) as the runtime compiles it on
+   compute capability 9.0: the arch-specific target, f16/bf16 x head_dim
+   64/128/256. It must compile with wgmma kept in flight (ptxas does not
+   serialise it), setmaxnreg honoured (C7508: ignored) and no spills. The
+   options are bench/kernel_stats.c's, so the two share cache entries. */
+TEST(cuda_every_sm90a_variant_compiles_with_wgmma_setmaxnreg_and_no_spills) {
+    static const int dims[3] = { 64, 128, 256 };
+    mskv_cuda_desc cd;
+    char cache[512];
+    int dt, d, probe_done = 0;
+    memset(&cd, 0, sizeof cd);
+    tcu_path(cache, sizeof cache, "../build/nvrtc-cache");
+    cd.cache_dir = cache;
+    cd.log = tcu_log;
+    for (dt = 1; dt <= 2; dt++)
+        for (d = 0; d < 3; d++) {
+            char o[9][48];
+            const char *opts[9];
+            mskv_cuda_compile_info ci;
+            mskv_cuda_image img;
+            mskv_result r;
+            int64_t spills;
+            int i;
+            snprintf(o[0], 48, "-DMSKV_ATTN_WARP_KEYS=0");
+            snprintf(o[1], 48, "-DMSKV_DTYPE=%d", dt);
+            snprintf(o[2], 48, "-DMSKV_HEAD_DIM=%d", dims[d]);
+            snprintf(o[3], 48, "-DMSKV_ROPE=0");
+            snprintf(o[4], 48, "-DMSKV_ROPE_D0=0");
+            snprintf(o[5], 48, "-DMSKV_ROPE_D1=0");
+            snprintf(o[6], 48, "-DMSKV_ROPE_D2=0");
+            snprintf(o[7], 48, "-DMSKV_ROPE_STYLE=0");
+            snprintf(o[8], 48, "--ptxas-options=-v");
+            for (i = 0; i < 9; i++) opts[i] = o[i];
+            memset(&ci, 0, sizeof ci);
+            ci.arch = 90;
+            ci.arch_specific = 1;
+            ci.options = opts;
+            ci.num_options = 9;
+            r = mskv_cuda_compile(&cd, &ci, &img);
+            if (r == MSKV_ERROR_CUDA_UNAVAILABLE && !probe_done) {
+                char why[1024] = "";
+                mskv_cuda_image_free(&cd, &img);
+                mskv_cuda_probe(&cd, why, sizeof why);
+                SKIP("libnvrtc is not installed: %.300s", why);
+            }
+            probe_done = 1;
+            if (r != MSKV_SUCCESS) {
+                mt_fail(__FILE__, __LINE__, "sm_90a dtype %d D %d: %s\n%.2000s", dt, dims[d], mskv_result_string(r),
+                        img.log ? img.log : "");
+                mskv_cuda_image_free(&cd, &img);
+                continue;
+            }
+            EXPECT_TRUE(img.size > 4 && memcmp(img.data, "\177ELF", 4) == 0);
+            spills = mskv_cuda_log_spills(img.log);
+            if (spills != 0)
+                mt_fail(__FILE__, __LINE__, "sm_90a dtype %d D %d: %s (%lld bytes)", dt, dims[d],
+                        spills < 0 ? "no ptxas report in the log" : "register spills", (long long)spills);
+            /* a cached image keeps its compile's log, so these hold on a warm start too */
+            if (img.log && (strstr(img.log, "C7508") || strstr(img.log, "setmaxnreg") || strstr(img.log, "serialized") ||
+                            strstr(img.log, "Performance Loss")))
+                mt_fail(__FILE__, __LINE__, "sm_90a dtype %d D %d: ptxas warns:\n%.2000s", dt, dims[d], img.log);
+            mskv_cuda_image_free(&cd, &img);
+        }
+}
+
 /* ---- the disk cache (mock NVRTC: fast and deterministic) ---------------------------------- */
 
 static void tcu_cache_dir(char *out, size_t cap, const char *what) {
