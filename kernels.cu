@@ -81,6 +81,50 @@
      [n_splits][total_q][q_heads], merged by mskv_lse_merge. A row that sees
      no key: o = 0, lse = -inf.
 
+   mskv_attn_sm90(k_map, v_map, use_tma, q, k_pool, v_pool, qo_indptr,
+                  kv_indptr, kv_indices, kv_len, kv_pos_split, kv_pos_shift,
+                  q_heads, kv_heads, page_size, scale_log2, mask, window_left,
+                  kv_chunk, n_splits, o, lse, o_part, lse_part)
+     The same attention as mskv_attn (plan, rows, masks, splits, outputs,
+     empty rows) for sm_90a only (wgmma, setmaxnreg: compiled when NVRTC
+     targets sm_90a, MSKV_SM90A; the sm_90a module has no mskv_attn), in the
+     warp-specialised manner of FlashAttention-3. Block 384 threads =
+     3 warpgroups, __launch_bounds__(384, 1); grid (ceil(max qo_len * group
+     / 128), batch, kv_heads * n_splits); dynamic shared memory MSKV_H_SMEM:
+     1 KiB alignment slack + two 64-row Q tiles + STAGES x (K tile, V tile,
+     ones block) + 2 x STAGES mbarriers; BN = 128 keys (64 at D = 256),
+     STAGES = 3 at D = 64, else 2: 113 KiB at D = 64, 193 KiB at D = 128,
+     193 KiB at D = 256. Every tile is K-major with the 128-byte swizzle:
+     [D / 64 column blocks][rows][128 B], 16-byte chunk c of row r at
+     c ^ (r & 7), 1024-byte aligned.
+       producer (warpgroup 0, setmaxnreg.dec 40): for each key tile, waits
+         on the stage's "empty" mbarrier, then either (use_tma, and the tile
+         lies below kv_len) one warp issues TMA copies, one box per page
+         piece and column block, completing on the stage's "full" mbarrier
+         (arrive.expect_tx); or the warpgroup copies whole rows with
+         cp.async (one page id per row, any page size, rows past kv_len
+         zero-filled), waits, fence.proxy.async, and one thread arrives.
+         k_map / v_map (CUtensorMap, __grid_constant__): the pool as dims
+         (D, kv_heads, page_size, num_pages), byte strides (2 D,
+         2 D kv_heads, 2 D kv_heads page_size), box (64, 1, min(page_size,
+         BN), 1), 128-byte swizzle: box (c * 64, kvh, slot in page, page id)
+         is a 64-wide column block of up to BN consecutive slots of one page.
+         The host passes use_tma when page_size is a multiple of BN or BN a
+         multiple of a page of at least 16 slots; otherwise the maps are
+         not read.
+       consumers (warpgroups 1 and 2, setmaxnreg.inc 232): 64 rows each,
+         Q (cp.async, fence.proxy.async) from a descriptor; per tile, in
+         alternating turns at the tensor cores (named barriers 4 and 5,
+         bar.sync / bar.arrive over 256 threads), issue S = Q K^T
+         (wgmma m64nBNk16, both operands from descriptors) and O += P V of
+         the previous tile (wgmma m64nNk16, P from registers, V N-major),
+         then mask and online softmax while the other warpgroup's GEMMs run,
+         wait for P V, release the stage (mbarrier arrive), rescale O. Up to
+         D = 128 each V tile is followed by a block of ones and N = D + 8,
+         so the row sums come out of the tensor cores with O.
+     Tiles that need a per-element mask run first, then the whole ones, in
+     loops of their own.
+
    mskv_state_merge(o_a, lse_a, o_b, lse_b, rows, o, lse)
      Merges two partial states (f32 o [rows][D], lse [rows]) into o, lse
      (f32; may alias either input). Block 128 (one warp per row), grid
