@@ -776,6 +776,36 @@ MSKV_DEV void mskv_attn_step(mskv_attn_warp &w, mskv_pipe &p, const mskv_gather 
     }
 }
 
+/* The keys a block needs (its split, cut by the mask's reach) and which of
+   its tiles every row of the block sees whole (positions grow with the
+   compacted index, so those form one run of tiles). */
+MSKV_DEV mskv_tiles mskv_attn_tiles(int n_splits, int split, int kv_chunk, int kvl, int qo_len, int rows, int row0,
+                                    int group, int mask, int window_left, int psplit, int pshift) {
+    mskv_tiles t;
+    const int last = row0 + MSKV_BM - 1 < rows - 1 ? row0 + MSKV_BM - 1 : rows - 1;
+    const int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;
+    const int qpos_min = mskv_abs_pos(qi_first, psplit, pshift), qpos_max = mskv_abs_pos(qi_last, psplit, pshift);
+    int kc, kw;
+    t.n_lo = n_splits > 1 ? split * kv_chunk : 0;
+    t.n_hi = n_splits > 1 ? (t.n_lo + kv_chunk < kvl ? t.n_lo + kv_chunk : kvl) : kvl;
+    if (mask >= 1 && qi_last + 1 < t.n_hi) t.n_hi = qi_last + 1;
+    if (mask == 2) {
+        int lo = mskv_first_at(qpos_min - window_left, psplit, pshift);
+        if (lo > t.n_lo) t.n_lo = lo;
+    }
+    t.n_tiles = t.n_hi > t.n_lo ? (t.n_hi - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;
+    kc = t.n_hi;   /* keys below kc: seen by every row (causal) */
+    kw = t.n_lo;   /* keys from kw on: within every row's window */
+    if (mask >= 1) { int c = mskv_first_at(qpos_min + 1, psplit, pshift); kc = c < kc ? c : kc; }
+    if (mask == 2) { int c = mskv_first_at(qpos_max - window_left, psplit, pshift); kw = c > kw ? c : kw; }
+    t.f_hi = kc > t.n_lo ? (kc - t.n_lo) / MSKV_BN : 0;
+    t.f_lo = kw > t.n_lo ? (kw - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;
+    if (t.f_hi > t.n_tiles) t.f_hi = t.n_tiles;
+    if (t.f_lo >= t.f_hi) t.f_lo = t.f_hi = t.n_tiles;
+    t.n_masked = t.f_lo + t.n_tiles - t.f_hi;
+    return t;
+}
+
 /* The block's rows out: o (or the split's partial o_part) and lse. Indices
    are recomputed here, not kept alive through the key loop, where every
    register is taken. */
@@ -889,31 +919,7 @@ MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool
     w.vb = (mskv_u32)((w.wkey0 + (lane & 15)) * MSKV_ROWB + 16 * ((lane >> 4) ^ (lane & 7)));
     w.scale_log2 = scale_log2;
 
-    /* keys this block needs: its split, cut by the mask's reach; and the
-       tiles every row of the block sees whole */
-    t.n_lo = n_splits > 1 ? split * kv_chunk : 0;
-    t.n_hi = n_splits > 1 ? (t.n_lo + kv_chunk < kvl ? t.n_lo + kv_chunk : kvl) : kvl;
-    {
-        const int last = row0 + MSKV_BM - 1 < rows - 1 ? row0 + MSKV_BM - 1 : rows - 1;
-        const int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;
-        const int qpos_min = mskv_abs_pos(qi_first, psplit, pshift), qpos_max = mskv_abs_pos(qi_last, psplit, pshift);
-        int kc, kw;
-        if (mask >= 1 && qi_last + 1 < t.n_hi) t.n_hi = qi_last + 1;
-        if (mask == 2) {
-            int lo = mskv_first_at(qpos_min - window_left, psplit, pshift);
-            if (lo > t.n_lo) t.n_lo = lo;
-        }
-        t.n_tiles = t.n_hi > t.n_lo ? (t.n_hi - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;
-        kc = t.n_hi;   /* keys below kc: seen by every row (causal) */
-        kw = t.n_lo;   /* keys from kw on: within every row's window */
-        if (mask >= 1) { int c = mskv_first_at(qpos_min + 1, psplit, pshift); kc = c < kc ? c : kc; }
-        if (mask == 2) { int c = mskv_first_at(qpos_max - window_left, psplit, pshift); kw = c > kw ? c : kw; }
-        t.f_hi = kc > t.n_lo ? (kc - t.n_lo) / MSKV_BN : 0;
-        t.f_lo = kw > t.n_lo ? (kw - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;
-        if (t.f_hi > t.n_tiles) t.f_hi = t.n_tiles;
-        if (t.f_lo >= t.f_hi) t.f_lo = t.f_hi = t.n_tiles;
-        t.n_masked = t.f_lo + t.n_tiles - t.f_hi;
-    }
+    t = mskv_attn_tiles(n_splits, split, kv_chunk, kvl, qo_len, rows, row0, group, mask, window_left, psplit, pshift);
     {
         const int c0 = (tid % MSKV_TPR) * MSKV_CPT, row = tid / MSKV_TPR;
         ga.k_pool = (const unsigned char *)k_pool;
