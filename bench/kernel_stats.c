@@ -612,7 +612,7 @@ static int ks_variants(int arch, int want_attn, int want_kv, ks_variant *out, in
 }
 
 /* The sm_90a kernel's shipped variants: f16 and bf16 at head_dim 64, 128, 256. */
-static int ks_variants_sm90a(ks_variant *out, int cap) {
+MSKV__CUDA_MAYBE_UNUSED static int ks_variants_sm90a(ks_variant *out, int cap) {
     static const int dims[3] = { 64, 128, 256 };
     int n = 0, dt, d;
     for (dt = 1; dt <= 2; dt++)
@@ -628,7 +628,7 @@ static int ks_variants_sm90a(ks_variant *out, int cap) {
 /* Main-loop instructions issued per 1,000 FLOP of the Wan chunk (4,680
    queries x 32,760 keys x 12 heads, head_dim 128, no mask, one kv head per q
    head): blocks x key tiles x the instructions of one tile in a block. */
-static double ks_wan_insn_per_kflop(const ks_variant *v, const ks_stats *st) {
+MSKV__CUDA_MAYBE_UNUSED static double ks_wan_insn_per_kflop(const ks_variant *v, const ks_stats *st) {
     const double q = 4680, k = 32760, heads = 12, flop = 4.0 * q * k * heads * 128;
     mskv_cuda_attn_geometry g;
     double per_tile;
