@@ -18,8 +18,8 @@ WARN    := -Wall -Wextra -pedantic -Werror
 OPT     := -O2 -g
 LIBS    := -ldl -lpthread -lm
 B       := build
-HDRS    := mstar_kv.h $(wildcard mstar_kv_cuda.h) tests/mskv_test.h tests/mskv_test_util.h
-TEST_SRC := tests/main.c $(filter-out tests/test_video%.c,$(wildcard tests/test_*.c))
+HDRS    := mstar_kv.h $(wildcard mstar_kv_cuda.h) $(wildcard mstar_kv_ucx.h) tests/mskv_test.h tests/mskv_test_util.h tests/mskv_test_states.h
+TEST_SRC := tests/main.c $(filter-out tests/test_video%.c tests/test_ucx%.c,$(wildcard tests/test_*.c))
 EMU_SRC := $(wildcard tests/emu_*.cpp)
 FFMPEG_PKGS := libavformat libavcodec libswscale libavutil
 FFMPEG_CFLAGS := $(shell pkg-config --cflags $(FFMPEG_PKGS) 2>/dev/null)
@@ -50,6 +50,10 @@ ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
 TEST_BINS += $(B)/tests-python
+# UCX migration: two processes over loopback (skips without libucp.so.0), and
+# the mirrored UCP types against the real headers (skips without libucx-dev)
+TEST_BINS += $(B)/tests-ucx $(B)/tests-ucx-abi
+UCX_HEADERS := $(if $(wildcard /usr/include/ucp/api/ucp.h),-DMSKV_HAVE_UCX_HEADERS)
 
 # Hardening (issue 9): libFuzzer harnesses, a ThreadSanitizer build of the
 # thread tests plus a stress, and allocation-failure injection under ASan.
@@ -107,6 +111,10 @@ $(B)/kstats-check: tests/kstats_check.c bench/kernel_stats.c kernels.cu $(HDRS) 
 # the sm_90a kernel's machine code, and both paths on the Wan chunk shape
 $(B)/kstats-sm90-check: tests/kstats_sm90_check.c bench/kernel_stats.c kernels.cu $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests tests/kstats_sm90_check.c -o $@ $(LIBS)
+$(B)/tests-ucx: tests/test_ucx.c tests/mskv_test_states.h $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) $(OPT) -Itests tests/test_ucx.c -o $@ $(LIBS)
+$(B)/tests-ucx-abi: tests/test_ucx_abi.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 $(UCX_HEADERS) -Itests tests/test_ucx_abi.c -o $@
 $(B)/tests-video: tests/test_video.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(FFMPEG_CFLAGS) tests/test_video.c -o $@ $(FFMPEG_LIBS) $(LIBS)
 
@@ -196,10 +204,14 @@ $(B)/attn_bench: bench/attn_bench.c $(HDRS) | $(B)
 $(B)/cuda_host_bench: bench/cuda_host_bench.c $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) -O2 -g bench/cuda_host_bench.c -o $@ $(LIBS)
 
-bench: $(B)/host_bench $(B)/attn_bench $(B)/cuda_host_bench
+$(B)/ucx_bench: bench/ucx_bench.c $(HDRS) | $(B)
+	$(CC) -std=c99 $(WARN) -O2 bench/ucx_bench.c -o $@ $(LIBS)
+
+bench: $(B)/host_bench $(B)/attn_bench $(B)/cuda_host_bench $(B)/ucx_bench
 	./$(B)/host_bench
 	./$(B)/attn_bench
 	./$(B)/cuda_host_bench
+	./$(B)/ucx_bench
 
 gpu-check:
 	bash tests/gpu_check.sh

@@ -141,7 +141,9 @@ typedef enum mskv_result {
     MSKV_ERROR_IO = -82,
     MSKV_ERROR_CUDA_UNAVAILABLE = -83, /* no driver, no device or no NVRTC: use the CPU backend */
     MSKV_ERROR_CUDA = -84,             /* a driver call failed */
-    MSKV_ERROR_NVRTC = -85             /* kernel compilation failed; the log went to the logger */
+    MSKV_ERROR_NVRTC = -85,            /* kernel compilation failed; the log went to the logger */
+    MSKV_ERROR_PEER = -86,             /* the peer of a transfer failed, went away or dropped the connection */
+    MSKV_ERROR_TIMEOUT = -87           /* the peer of a transfer did not answer in time */
 } mskv_result;
 
 /* A static, human-readable description; never NULL. */
@@ -462,6 +464,85 @@ MSKV_API mskv_result mskv_request_export(mskv_arena *arena, mskv_request req, vo
    size, layers, heads, head_dim or dtype differ), DUPLICATE (a keyed entry
    whose key exists), TOO_MANY_REQUESTS, OUT_OF_MEMORY. Nothing changes on error. */
 MSKV_API mskv_result mskv_request_import(mskv_arena *arena, const void *blob, size_t size, mskv_request *out);
+
+/* Streaming: the blob of mskv_request_export without a host copy of it, for
+   a transport (mstar_kv_ucx.h) that sends the header and then reads the
+   pages straight from the pools, and writes arriving pages straight into
+   the receiver's pools. The blob is the same, byte for byte: a streamed
+   import of an exported blob and a whole-blob import of a streamed export
+   give the same request, and exporting either again gives the same bytes.
+   The blob is its header (header_bytes), then range_count ranges of
+   range_bytes each in blob order (layer group, page-table entry, layer, K
+   then V), then the 8-byte little-endian checksum of everything before it.
+   Only for arenas with host pools or bookkeeping only: pages behind
+   store_ops (a GPU store) have no host address, so their blobs go through
+   mskv_request_export / mskv_request_import (staged in host memory). */
+#define MSKV_BLOB_HEADER_MAX 2120   /* the largest header: 32 layer groups */
+
+typedef struct mskv_blob_layout {
+    size_t header_bytes;    /* the blob's first header_bytes */
+    size_t blob_bytes;      /* header + ranges + checksum: mskv_request_export's size */
+    int64_t range_count;
+    size_t range_bytes;     /* one page of one layer of K or V (mskv_store_info.page_bytes) */
+    uint64_t checksum;      /* export: the blob's last 8 bytes, as a number */
+} mskv_blob_layout;
+
+/* One range of a blob's payload: where its bytes are (export) or go (import). */
+typedef struct mskv_blob_range {
+    void *data;             /* a host pool page, or inside an offloaded request's host copy */
+    size_t bytes;
+    uint64_t offset;        /* where the bytes sit in the blob */
+    int32_t page;           /* physical page id; 0 when data is in a host copy */
+    int32_t group, layer, kind;   /* kind 0 = K, 1 = V */
+} mskv_blob_range;
+
+/* Begins a streamed export: writes the blob header into header (cap bytes;
+   MSKV_BLOB_HEADER_MAX is always enough), fills layout (checksum included:
+   this call reads every range once) and freezes the request until
+   mskv_request_export_end: calls that would change it or its bytes (admit,
+   commit, abort, publish, protect, release, offload, reload, remove,
+   lockstep_create) return BAD_STATE, make_room passes over it, and reads
+   (info, pages, plans, export, fork) work as before. A copy may be exported
+   by several readers of the ranges, but only one export is open at a time.
+   Parameters: arena, req (resident or offloaded, or a sealed keyed entry),
+   header, cap, layout. Return value: SUCCESS, CAPACITY (cap too small),
+   RESERVATION_PENDING, BAD_STATE (already being exported, a lockstep
+   member), UNSUPPORTED (store_ops), OVERFLOW, HOST_COPY_CORRUPT (as
+   mskv_request_export). Nothing changes on error.
+   Thread safety: like every arena call; the ranges stay valid until
+   export_end, and reading them needs no lock. */
+MSKV_API mskv_result mskv_request_export_begin(mskv_arena *arena, mskv_request req, void *header, size_t cap, mskv_blob_layout *layout);
+/* Ends a streamed export: the request may change again. BAD_STATE when no
+   export is open. */
+MSKV_API mskv_result mskv_request_export_end(mskv_arena *arena, mskv_request req);
+/* Ranges [first, first + n) of a request being exported or imported, in
+   blob order. Return value: SUCCESS, OUT_OF_RANGE (past range_count, or
+   n < 0), BAD_STATE (neither exporting nor importing). */
+MSKV_API mskv_result mskv_request_blob_ranges(mskv_arena *arena, mskv_request req, int64_t first, int64_t n, mskv_blob_range *out);
+/* Begins a streamed import from a blob's header (header_size >= its
+   header_bytes; the rest of the blob is not needed): checks it as
+   mskv_request_import does (all but the checksum, which covers the pages
+   yet to come), then takes every page the request needs, all or nothing,
+   and returns a handle in the importing state plus the layout; the ranges
+   (mskv_request_blob_ranges) say where each page's bytes must land. The
+   request is invisible to everything but import_commit, import_abort and
+   blob_ranges (other calls with its handle: BAD_STATE; make_room passes
+   over it); a keyed entry's key counts as taken.
+   Return value: SUCCESS, BLOB_TRUNCATED, BLOB_CORRUPT, BLOB_VERSION,
+   BLOB_MISMATCH, DUPLICATE, OUT_OF_PAGES, TOO_MANY_REQUESTS, OUT_OF_MEMORY,
+   UNSUPPORTED (store_ops). Nothing changes on error. */
+MSKV_API mskv_result mskv_request_import_begin(mskv_arena *arena, const void *header, size_t header_size, mskv_request *out,
+                                               mskv_blob_layout *layout);
+/* Ends a streamed import: verifies checksum (the blob's last 8 bytes, as a
+   number) over the header and the bytes now in the ranges; on a match the
+   request exists, resident, with a fresh prefix_epoch. BLOB_CORRUPT on a
+   mismatch: the import stays open (abort it; nothing was imported).
+   BAD_STATE when the request is not being imported. */
+MSKV_API mskv_result mskv_request_import_commit(mskv_arena *arena, mskv_request req, uint64_t checksum);
+/* Drops an import: every page goes back exactly as it was taken (the free
+   list as before begin), the handle goes stale. BAD_STATE when the request
+   is not being imported. */
+MSKV_API mskv_result mskv_request_import_abort(mskv_arena *arena, mskv_request req);
 
 /* // >>windows ------------------------------------------------------------ */
 
@@ -1050,6 +1131,8 @@ MSKV_IMPL const char *mskv_result_string(mskv_result r) {
     case MSKV_ERROR_CUDA_UNAVAILABLE: return "CUDA unavailable";
     case MSKV_ERROR_CUDA: return "CUDA driver error";
     case MSKV_ERROR_NVRTC: return "NVRTC compilation failed";
+    case MSKV_ERROR_PEER: return "the peer failed or the connection dropped";
+    case MSKV_ERROR_TIMEOUT: return "the peer did not answer in time";
     }
     return "unknown result";
 }
@@ -1107,11 +1190,10 @@ typedef struct mskv__hash { uint64_t v[4]; uint64_t len; unsigned char tail[32];
 #define MSKV__H1 0x9E3779B185EBCA87ull
 #define MSKV__H2 0xC2B2AE3D27D4EB4Full
 static uint64_t mskv__rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+/* Little-endian 64-bit read, written so that compilers make it one load. */
 static uint64_t mskv__rd64(const unsigned char *p) {
-    uint64_t v = 0;
-    int i;
-    for (i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
+    return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 | (uint64_t)p[4] << 32 |
+           (uint64_t)p[5] << 40 | (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
 }
 static void mskv__hash_init(mskv__hash *h) {
     h->v[0] = 0x243F6A8885A308D3ull; h->v[1] = 0x13198A2E03707344ull;
@@ -1137,7 +1219,17 @@ static void mskv__hash_update(mskv__hash *h, const void *data, size_t n) {
         mskv__hash_block(h, h->tail);
         h->ntail = 0;
     }
-    while (n >= 32) { mskv__hash_block(h, p); p += 32; n -= 32; }
+    if (n >= 32) {
+        /* the bulk with the lanes in registers: the same arithmetic as mskv__hash_block */
+        uint64_t v0 = h->v[0], v1 = h->v[1], v2 = h->v[2], v3 = h->v[3];
+        for (; n >= 32; p += 32, n -= 32) {
+            v0 = mskv__rotl(v0 + mskv__rd64(p) * MSKV__H2, 31) * MSKV__H1;
+            v1 = mskv__rotl(v1 + mskv__rd64(p + 8) * MSKV__H2, 31) * MSKV__H1;
+            v2 = mskv__rotl(v2 + mskv__rd64(p + 16) * MSKV__H2, 31) * MSKV__H1;
+            v3 = mskv__rotl(v3 + mskv__rd64(p + 24) * MSKV__H2, 31) * MSKV__H1;
+        }
+        h->v[0] = v0; h->v[1] = v1; h->v[2] = v2; h->v[3] = v3;
+    }
     if (n) { memcpy(h->tail, p, n); h->ntail = n; }
 }
 static uint64_t mskv__hash_final(const mskv__hash *h) {
@@ -1309,6 +1401,7 @@ typedef struct mskv__tab {
 typedef struct mskv__req {
     uint16_t gen;
     uint8_t used, location, keyed, sealed, has_res, mark, paused;
+    uint8_t xfer;             /* a streamed blob: MSKV__XFER_EXPORT (frozen) or MSKV__XFER_IMPORT (not yet a request) */
     int64_t committed, reserved, published;   /* tokens: the same in every group */
     mskv__tab *t;             /* [num_groups], fixed per slot */
     uint64_t key;
@@ -1319,6 +1412,8 @@ typedef struct mskv__req {
     int32_t lock;             /* lockstep slot + 1; 0 = none */
     int32_t lock_next;        /* the next member's index; -1 after the last */
 } mskv__req;
+#define MSKV__XFER_EXPORT 1
+#define MSKV__XFER_IMPORT 2
 
 typedef struct mskv__lockstep { uint16_t gen; uint8_t used; int32_t first, count; } mskv__lockstep;
 typedef struct mskv__rank { uint64_t key; int32_t ri; } mskv__rank;
@@ -1786,13 +1881,24 @@ static mskv_request mskv__handle(const mskv_arena *a, int32_t ri) {
     return h;
 }
 
-#define MSKV__GET(a, h, ri)                                                                       \
+/* Any live handle, a request being imported too (the streaming calls). */
+#define MSKV__GET_ANY(a, h, ri)                                                                   \
     do {                                                                                          \
         (ri) = mskv__lookup((a), (h));                                                            \
         if ((ri) < 0) {                                                                           \
             mskv_result mskv__e = mskv__err((a), MSKV_ERROR_INVALID_HANDLE, "request handle 0x%08x is unknown or removed", (unsigned)(h).id); \
             MSKV__UNLOCK(a);                                                                      \
             return mskv__e;                                                                       \
+        }                                                                                         \
+    } while (0)
+/* A request: one being imported is not one yet (BAD_STATE). */
+#define MSKV__GET(a, h, ri)                                                                       \
+    do {                                                                                          \
+        MSKV__GET_ANY(a, h, ri);                                                                  \
+        if ((a)->reqs[ri].xfer == MSKV__XFER_IMPORT) {                                                        \
+            mskv_result mskv__e2 = mskv__err((a), MSKV_ERROR_BAD_STATE, "request handle 0x%08x is being imported (import_commit or import_abort)", (unsigned)(h).id); \
+            MSKV__UNLOCK(a);                                                                      \
+            return mskv__e2;                                                                      \
         }                                                                                         \
     } while (0)
 
@@ -1938,6 +2044,7 @@ MSKV_IMPL mskv_result mskv_request_add(mskv_arena *a, mskv_request *out) {
 
 /* The single-request calls that free or move pages refuse lockstep members. */
 static mskv_result mskv__check_solo(mskv_arena *a, const mskv__req *q, const char *what) {
+    if (q->xfer) return mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: the request is being exported (mskv_request_export_end first)", what);
     if (q->lock) return mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: the request is a lockstep member (use mskv_lockstep_%s)", what, what);
     return MSKV_SUCCESS;
 }
@@ -2083,6 +2190,7 @@ MSKV_IMPL mskv_result mskv_request_pages(mskv_arena *a, mskv_request h, int32_t 
 
 /* Checks shared by the mutators: resident, and writable unless allow_keyed. */
 static mskv_result mskv__check_mutable(mskv_arena *a, const mskv__req *q, const char *what) {
+    if (q->xfer) return mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: the request is being exported (mskv_request_export_end first)", what);
     if (q->location != MSKV_RESIDENT) return mskv__err(a, MSKV_ERROR_OFFLOADED, "%s: request is offloaded", what);
     if (q->keyed) return mskv__err(a, MSKV_ERROR_READ_ONLY, "%s: keyed entries are write-once", what);
     return MSKV_SUCCESS;
@@ -2617,16 +2725,89 @@ static int mskv__blob_group_ok(const mskv_arena *a, const mskv__blob_group *x, i
     return (uint32_t)mskv__entries_for(a, &probe, committed) == x->n;
 }
 
+/* A blob header as read and checked. */
+typedef struct mskv__blob_info {
+    uint32_t flags;
+    int64_t committed, published;
+    uint64_t key, total;
+    size_t hdr, payload;
+    mskv__blob_group grp[MSKV_MAX_GROUPS];
+} mskv__blob_info;
+
+/* Everything a blob's header says, checked against the arena and itself
+   (not the checksum, which needs the payload): avail bytes are at b, at
+   least the 128 of a version 1 header and the magic checked. */
+static mskv_result mskv__blob_header_check(mskv_arena *a, const unsigned char *b, size_t avail, const char *what, mskv__blob_info *o) {
+    uint32_t version = mskv__get32(b + 8), hdr = mskv__get32(b + 12);
+    size_t sum = 0;
+    int32_t g, blob_groups = 1;
+    o->total = mskv__get64(b + 16);
+    if (version == MSKV__BLOB_VERSION_GROUPS) {
+        uint32_t ng = avail >= MSKV__BLOB_HEADER + 8 ? mskv__get32(b + MSKV__BLOB_HEADER) : 0;
+        if (avail < MSKV__BLOB_HEADER + 8) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "%s: the layer-group header is cut short", what);
+        if (ng < 2 || ng > MSKV_MAX_GROUPS || mskv__get32(b + MSKV__BLOB_HEADER + 4) != 0 ||
+            hdr != mskv__blob_header((int32_t)ng) || o->total < (uint64_t)hdr + 8)
+            return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: inconsistent layer-group header", what);
+        if (avail < hdr) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "%s: %zu header bytes, the header has %u", what, avail, (unsigned)hdr);
+        blob_groups = (int32_t)ng;
+    } else if (version != MSKV__BLOB_VERSION || hdr != MSKV__BLOB_HEADER) {
+        return mskv__err(a, MSKV_ERROR_BLOB_VERSION, "%s: blob version %u, this library reads %u and %u", what, (unsigned)version,
+                         MSKV__BLOB_VERSION, MSKV__BLOB_VERSION_GROUPS);
+    }
+    o->hdr = mskv__blob_header(blob_groups);
+    if (mskv__get32(b + 24) != (uint32_t)a->P || mskv__get32(b + 28) != (uint32_t)a->store.num_layers ||
+        mskv__get32(b + 32) != (uint32_t)a->store.kv_heads || mskv__get32(b + 36) != (uint32_t)a->store.head_dim ||
+        mskv__get32(b + 40) != (uint32_t)(a->store.num_layers ? a->store.dtype : 0) || blob_groups != a->G)
+        return mskv__err(a, MSKV_ERROR_BLOB_MISMATCH, "%s: page size/layers/heads/dim/dtype/layer groups differ from the arena", what);
+    o->flags = mskv__get32(b + 48);
+    o->committed = (int64_t)mskv__get64(b + 56);
+    o->published = (int64_t)mskv__get64(b + 80);
+    o->key = mskv__get64(b + 120);
+    if (o->committed < 0 || o->committed > INT32_MAX || o->published < 0 || o->published > o->committed ||
+        (o->flags & ~7u) != 0 || (o->flags & 1u) != ((o->flags >> 1) & 1u) /* only sealed keyed entries export */)
+        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: inconsistent header", what);
+    if (!(o->flags & 1u) && !mskv__all_zero(b + 120, 8))   /* the key of a request that is not keyed was written as zero */
+        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: a field its flags leave unused is not zero", what);
+    o->payload = 0;
+    for (g = 0; g < a->G; g++) {
+        size_t bytes;
+        mskv__blob_group_read(b, g, &o->grp[g]);
+        if (!mskv__blob_group_ok(a, &o->grp[g], o->committed, o->flags) || !mskv__mul((size_t)o->grp[g].n, a->record_bytes, &bytes) ||
+            !mskv__add(o->payload, bytes, &o->payload))
+            return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: inconsistent header (layer group %d)", what, (int)g);
+        if (o->grp[g].flags & 4u) o->grp[g].ret.window_tokens = o->grp[g].ret.window_chunks * o->grp[g].ret.chunk_size; /* bounded by the check */
+    }
+    if (!mskv__add(o->payload, o->hdr + 8, &sum) || sum != o->total)
+        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: page count does not match the size", what);
+    return MSKV_SUCCESS;
+}
+
+/* The request state a checked header describes (pages and bytes aside). */
+static void mskv__blob_apply(mskv_arena *a, mskv__req *q, const mskv__blob_info *x) {
+    int32_t g;
+    q->committed = x->committed;
+    q->published = x->published;
+    q->keyed = (uint8_t)(x->flags & 1u);
+    q->sealed = (uint8_t)((x->flags >> 1) & 1u);
+    q->key = x->key;
+    for (g = 0; g < a->G; g++) {
+        mskv__tab *t = &q->t[g];
+        t->prefix_tokens = x->grp[g].prefix;
+        t->prefix_pages = (int32_t)x->grp[g].pp;
+        t->live_start = x->grp[g].live;
+        t->has_ret = (uint8_t)((x->grp[g].flags >> 2) & 1u);
+        if (t->has_ret) t->retention = x->grp[g].ret;
+    }
+}
+
 MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_t size, mskv_request *out) {
     const unsigned char *b = (const unsigned char *)blob;
     uint64_t total;
-    uint32_t flags, version, hdr;
-    int64_t committed, published;
-    size_t payload = 0, hdr_want, sum = 0;
-    int32_t ri, g, blob_groups = 1;
+    int32_t ri, g;
     mskv__req *q;
     unsigned char *host = NULL;
-    mskv__blob_group grp[MSKV_MAX_GROUPS];
+    mskv__blob_info x;
+    mskv_result r;
     uint64_t *sums = NULL;
     if (!a || !blob || !out) return MSKV_ERROR_NULL_POINTER;
     if (size < MSKV__BLOB_HEADER + 8) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "import: %zu bytes is shorter than a header", size);
@@ -2635,51 +2816,18 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     if (total > size) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "import: blob says %llu bytes, got %zu", (unsigned long long)total, size);
     if (total < size || total < MSKV__BLOB_HEADER + 8) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: size field %llu does not match %zu", (unsigned long long)total, size);
     if (mskv__checksum(b, size - 8) != mskv__get64(b + size - 8)) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: checksum mismatch");
-    version = mskv__get32(b + 8);
-    hdr = mskv__get32(b + 12);
-    if (version == MSKV__BLOB_VERSION_GROUPS) {
-        uint32_t ng = total >= MSKV__BLOB_HEADER + 16 ? mskv__get32(b + MSKV__BLOB_HEADER) : 0;
-        if (ng < 2 || ng > MSKV_MAX_GROUPS || mskv__get32(b + MSKV__BLOB_HEADER + 4) != 0 ||
-            hdr != mskv__blob_header((int32_t)ng) || total < (uint64_t)hdr + 8)
-            return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: inconsistent layer-group header");
-        blob_groups = (int32_t)ng;
-    } else if (version != MSKV__BLOB_VERSION || hdr != MSKV__BLOB_HEADER) {
-        return mskv__err(a, MSKV_ERROR_BLOB_VERSION, "import: blob version %u, this library reads %u and %u", (unsigned)version,
-                         MSKV__BLOB_VERSION, MSKV__BLOB_VERSION_GROUPS);
-    }
-    hdr_want = mskv__blob_header(blob_groups);
-    if (mskv__get32(b + 24) != (uint32_t)a->P || mskv__get32(b + 28) != (uint32_t)a->store.num_layers ||
-        mskv__get32(b + 32) != (uint32_t)a->store.kv_heads || mskv__get32(b + 36) != (uint32_t)a->store.head_dim ||
-        mskv__get32(b + 40) != (uint32_t)(a->store.num_layers ? a->store.dtype : 0) || blob_groups != a->G)
-        return mskv__err(a, MSKV_ERROR_BLOB_MISMATCH, "import: page size/layers/heads/dim/dtype/layer groups differ from the arena");
-    flags = mskv__get32(b + 48);
-    committed = (int64_t)mskv__get64(b + 56);
-    published = (int64_t)mskv__get64(b + 80);
-    if (committed < 0 || committed > INT32_MAX || published < 0 || published > committed ||
-        (flags & ~7u) != 0 || (flags & 1u) != ((flags >> 1) & 1u) /* only sealed keyed entries export */)
-        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: inconsistent header");
-    if (!(flags & 1u) && !mskv__all_zero(b + 120, 8))   /* the key of a request that is not keyed was written as zero */
-        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: a field its flags leave unused is not zero");
-    for (g = 0; g < a->G; g++) {
-        size_t bytes;
-        mskv__blob_group_read(b, g, &grp[g]);
-        if (!mskv__blob_group_ok(a, &grp[g], committed, flags) || !mskv__mul((size_t)grp[g].n, a->record_bytes, &bytes) ||
-            !mskv__add(payload, bytes, &payload))
-            return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: inconsistent header (layer group %d)", (int)g);
-        if (grp[g].flags & 4u) grp[g].ret.window_tokens = grp[g].ret.window_chunks * grp[g].ret.chunk_size; /* bounded by the check */
-    }
-    if (!mskv__add(payload, hdr_want + 8, &sum) || sum != total)
-        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: page count does not match the size");
+    r = mskv__blob_header_check(a, b, size, "import", &x);
+    if (r != MSKV_SUCCESS) return r;
     MSKV__LOCK(a);
-    if ((flags & 1u) && mskv__find_key(a, mskv__get64(b + 120)) >= 0) {
+    if ((x.flags & 1u) && mskv__find_key(a, x.key) >= 0) {
         MSKV__UNLOCK(a);
         return mskv__err(a, MSKV_ERROR_DUPLICATE, "import: key exists");
     }
-    if (payload > 0) {
-        host = (unsigned char *)mskv__alloc(mskv__hal(a), payload);
-        if (!host) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "import: %zu host bytes", payload); }
-        memcpy(host, b + hdr_want, payload);
-        if ((a->debug & MSKV_DEBUG_CHECKSUMS) && !(sums = mskv__sums_of(a, host, (int64_t)(payload / a->record_bytes)))) {
+    if (x.payload > 0) {
+        host = (unsigned char *)mskv__alloc(mskv__hal(a), x.payload);
+        if (!host) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "import: %zu host bytes", x.payload); }
+        memcpy(host, b + x.hdr, x.payload);
+        if ((a->debug & MSKV_DEBUG_CHECKSUMS) && !(sums = mskv__sums_of(a, host, (int64_t)(x.payload / a->record_bytes)))) {
             mskv__free(mskv__hal(a), host);
             MSKV__UNLOCK(a);
             return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "import: the host copy's checksums");
@@ -2696,27 +2844,219 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     q->location = MSKV_OFFLOADED;
     q->host = host;
     q->sums = sums;
-    q->host_cap = payload;
-    q->committed = committed;
-    q->published = published;
-    q->keyed = (uint8_t)(flags & 1u);
-    q->sealed = (uint8_t)((flags >> 1) & 1u);
-    q->key = mskv__get64(b + 120);
+    q->host_cap = x.payload;
+    mskv__blob_apply(a, q, &x);
     for (g = 0; g < a->G; g++) {
-        mskv__tab *t = &q->t[g];
-        t->host_pages = (int32_t)grp[g].n;
-        t->prefix_tokens = grp[g].prefix;
-        t->prefix_pages = (int32_t)grp[g].pp;
-        t->live_start = grp[g].live;
-        t->has_ret = (uint8_t)((grp[g].flags >> 2) & 1u);
-        if (t->has_ret) t->retention = grp[g].ret;
-        a->offloaded_pages += grp[g].n;
+        q->t[g].host_pages = (int32_t)x.grp[g].n;
+        a->offloaded_pages += x.grp[g].n;
     }
     *out = mskv__handle(a, ri);
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
 }
 
+/* Streamed blobs. A range is one page of one layer of K or V; range k of a
+   request lies in the pools (resident or importing) or in its host copy. */
+static int64_t mskv__range_count(const mskv_arena *a, const mskv__req *q) {
+    return mskv__held_pages(a, q) * 2 * a->store.num_layers;
+}
+
+static void mskv__ranges(mskv_arena *a, const mskv__req *q, int64_t first, int64_t n, mskv_blob_range *out) {
+    int64_t per = 2 * (int64_t)a->store.num_layers, k = first, end = first + n, base = 0;
+    size_t hdr = mskv__blob_header(a->G), pb = a->store.page_bytes;
+    int32_t g = 0;
+    int res = q->location == MSKV_RESIDENT;
+    for (; k < end; k++) {
+        mskv_blob_range *o = &out[k - first];
+        int64_t in_group, entry;
+        int32_t pool;
+        while ((k - base) >= (int64_t)(res ? q->t[g].num_pages : q->t[g].host_pages) * per) {
+            base += (int64_t)(res ? q->t[g].num_pages : q->t[g].host_pages) * per;
+            g++;
+        }
+        in_group = k - base;
+        entry = in_group / per;
+        pool = (int32_t)(in_group % per);
+        o->bytes = pb;
+        o->offset = (uint64_t)hdr + (uint64_t)k * pb;
+        o->group = g;
+        o->layer = pool / 2;
+        o->kind = pool % 2;
+        if (res) {
+            o->page = q->t[g].pages[entry];
+            o->data = a->pools[pool] + (size_t)o->page * pb;
+        } else {
+            o->page = 0;
+            o->data = q->host + (size_t)k * pb;
+        }
+    }
+}
+
+/* The checksum of a streamed blob: its header, then every range in order. */
+static uint64_t mskv__stream_checksum(mskv_arena *a, const mskv__req *q, const unsigned char *header, size_t hdr) {
+    mskv__hash h;
+    mskv_blob_range rg[64];
+    int64_t k, n = mskv__range_count(a, q);
+    mskv__hash_init(&h);
+    mskv__hash_update(&h, header, hdr);
+    for (k = 0; k < n; k += 64) {
+        int64_t i, m = n - k < 64 ? n - k : 64;
+        mskv__ranges(a, q, k, m, rg);
+        for (i = 0; i < m; i++) mskv__hash_update(&h, rg[i].data, rg[i].bytes);
+    }
+    return mskv__hash_final(&h);
+}
+
+static void mskv__layout(const mskv_arena *a, const mskv__req *q, size_t total, mskv_blob_layout *o) {
+    o->header_bytes = mskv__blob_header(a->G);
+    o->blob_bytes = total;
+    o->range_count = mskv__range_count(a, q);
+    o->range_bytes = a->store.page_bytes;
+    o->checksum = 0;
+}
+
+MSKV_IMPL mskv_result mskv_request_export_begin(mskv_arena *a, mskv_request h, void *header, size_t cap, mskv_blob_layout *layout) {
+    int32_t ri;
+    int64_t bad;
+    mskv__req *q;
+    size_t payload = 0, total = 0, hdr = mskv__blob_header(a ? a->G : 1);
+    mskv_result r = MSKV_SUCCESS;
+    if (!a || !header || !layout) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    q = &a->reqs[ri];
+    if (a->desc.store_ops) r = mskv__err(a, MSKV_ERROR_UNSUPPORTED, "export_begin: the pages live behind store_ops (use mskv_request_export)");
+    else if (q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "export_begin: commit or abort first");
+    else if (q->xfer) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "export_begin: an export of this request is open");
+    else if (q->lock) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "export_begin: a lockstep member (dissolve the group first)");
+    else if (q->location == MSKV_OFFLOADED && q->sums && (bad = mskv__sums_bad(a, q)) >= 0)   /* as export: never sign changed bytes */
+        r = mskv__err(a, MSKV_ERROR_HOST_COPY_CORRUPT, "export_begin: page %lld of the host copy changed since it was made", (long long)bad);
+    else if (!mskv__mul((size_t)mskv__held_pages(a, q), a->record_bytes, &payload) || !mskv__add(payload, hdr + 8, &total))
+        r = MSKV_ERROR_OVERFLOW;
+    else if (cap < hdr) r = mskv__err(a, MSKV_ERROR_CAPACITY, "export_begin: the header needs %zu bytes, have %zu", hdr, cap);
+    if (r == MSKV_SUCCESS) {
+        mskv__blob_header_write(a, q, (unsigned char *)header, total);
+        mskv__layout(a, q, total, layout);
+        layout->checksum = mskv__stream_checksum(a, q, (const unsigned char *)header, hdr);
+        q->xfer = MSKV__XFER_EXPORT;
+    }
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_request_export_end(mskv_arena *a, mskv_request h) {
+    int32_t ri;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    if (a->reqs[ri].xfer != MSKV__XFER_EXPORT) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "export_end: no export is open");
+    else a->reqs[ri].xfer = 0;
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_request_blob_ranges(mskv_arena *a, mskv_request h, int64_t first, int64_t n, mskv_blob_range *out) {
+    int32_t ri;
+    const mskv__req *q;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a || (!out && n > 0)) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_ANY(a, h, ri);
+    q = &a->reqs[ri];
+    if (!q->xfer) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "blob_ranges: the request is neither being exported nor imported");
+    else if (first < 0 || n < 0 || first > mskv__range_count(a, q) - n)
+        r = mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "blob_ranges: [%lld, +%lld) is not within %lld ranges", (long long)first, (long long)n,
+                      (long long)mskv__range_count(a, q));
+    else mskv__ranges(a, q, first, n, out);
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_request_import_begin(mskv_arena *a, const void *header, size_t header_size, mskv_request *out,
+                                                mskv_blob_layout *layout) {
+    const unsigned char *b = (const unsigned char *)header;
+    mskv__blob_info x;
+    int64_t need = 0;
+    int32_t ri, g;
+    mskv__req *q;
+    mskv_result r;
+    if (!a || !header || !out || !layout) return MSKV_ERROR_NULL_POINTER;
+    if (a->desc.store_ops) return mskv__err(a, MSKV_ERROR_UNSUPPORTED, "import_begin: the pages live behind store_ops (use mskv_request_import)");
+    if (header_size < MSKV__BLOB_HEADER) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "import_begin: %zu bytes is shorter than a header", header_size);
+    if (memcmp(b, "MSKVBLOB", 8) != 0) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import_begin: bad magic");
+    r = mskv__blob_header_check(a, b, header_size, "import_begin", &x);
+    if (r != MSKV_SUCCESS) return r;
+    for (g = 0; g < a->G; g++) need += x.grp[g].n;
+    MSKV__LOCK(a);
+    if ((x.flags & 1u) && mskv__find_key(a, x.key) >= 0) r = mskv__err(a, MSKV_ERROR_DUPLICATE, "import_begin: key exists");
+    else if (need > a->free_top)
+        r = mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "import_begin: need %lld pages, %d free (%d pending)", (long long)need, (int)a->free_top,
+                      (int)a->pend_count);
+    if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
+    ri = mskv__new_req(a);
+    if (ri < 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "import_begin: no request slot"); }
+    q = &a->reqs[ri];
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++) r = mskv__reserve_table(a, &q->t[g], (int32_t)x.grp[g].n);
+    if (r != MSKV_SUCCESS) { mskv__undo_new_req(a, ri); MSKV__UNLOCK(a); return r; }
+    for (g = 0; g < a->G; g++) {
+        r = mskv__take(a, x.grp[g].n, q->t[g].pages);
+        MSKV_ASSERT(r == MSKV_SUCCESS); /* the total was checked above */
+        q->t[g].num_pages = (int32_t)x.grp[g].n;
+    }
+    mskv__blob_apply(a, q, &x);
+    q->xfer = MSKV__XFER_IMPORT;
+    mskv__layout(a, q, x.hdr + x.payload + 8, layout);
+    *out = mskv__handle(a, ri);
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_request_import_commit(mskv_arena *a, mskv_request h, uint64_t checksum) {
+    int32_t ri, g;
+    mskv__req *q;
+    unsigned char hdr[MSKV_BLOB_HEADER_MAX];
+    size_t payload;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_ANY(a, h, ri);
+    q = &a->reqs[ri];
+    if (q->xfer != MSKV__XFER_IMPORT) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "import_commit: no import is open");
+    if (r == MSKV_SUCCESS) {
+        /* the header this request exports is the one that arrived: begin checked every field of it */
+        payload = (size_t)mskv__held_pages(a, q) * a->record_bytes;
+        mskv__blob_header_write(a, q, hdr, mskv__blob_header(a->G) + payload + 8);
+        if (mskv__stream_checksum(a, q, hdr, mskv__blob_header(a->G)) != checksum)
+            r = mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import_commit: checksum mismatch (the import stays open: abort it)");
+    }
+    if (r == MSKV_SUCCESS) {
+        q->xfer = 0;
+        ++a->epoch_counter;
+        for (g = 0; g < a->G; g++) q->t[g].epoch = a->epoch_counter;
+    }
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_request_import_abort(mskv_arena *a, mskv_request h) {
+    int32_t ri, g;
+    mskv__req *q;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_ANY(a, h, ri);
+    q = &a->reqs[ri];
+    if (q->xfer != MSKV__XFER_IMPORT) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_BAD_STATE, "import_abort: no import is open"); }
+    for (g = a->G - 1; g >= 0; g--) {   /* the free stack exactly as before begin */
+        mskv__untake(a, q->t[g].num_pages, q->t[g].pages);
+        q->t[g].num_pages = 0;
+    }
+    q->xfer = 0;
+    mskv__undo_new_req(a, ri);
+    q->gen = (uint16_t)(q->gen + 1);    /* the import's handle is stale */
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
 /* // >>windows (implementation) ------------------------------------------ */
 
 MSKV_IMPL mskv_result mskv_schedule_init(mskv_schedule *s, int64_t total, int64_t window, int64_t overlap) {
@@ -2889,6 +3229,11 @@ static mskv_result mskv__resolve(mskv_arena *a, const mskv_segment *segs, int32_
     int32_t i, m;
     mskv_result r = mskv__mark(a, segs, n, what);
     if (r != MSKV_SUCCESS) return r;
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
+        uint8_t x = a->reqs[mskv__lookup(a, segs[i].request)].xfer;
+        if (x == MSKV__XFER_IMPORT || (x && whole))
+            r = mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: segment %d's request is being %s", what, (int)i, x == MSKV__XFER_IMPORT ? "imported" : "exported");
+    }
     for (i = 0; whole && a->nls > 0 && r == MSKV_SUCCESS && i < n; i++) {
         const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
         if (!q->lock) continue;
@@ -3428,6 +3773,7 @@ MSKV_IMPL mskv_result mskv_keyed_find(mskv_arena *a, uint64_t key, mskv_request 
     if (!a || !out) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     ri = mskv__find_key(a, key);
+    if (ri >= 0 && a->reqs[ri].xfer == MSKV__XFER_IMPORT) ri = -1;   /* not an entry until its import commits */
     if (ri >= 0) *out = mskv__handle(a, ri);
     MSKV__UNLOCK(a);
     return ri >= 0 ? MSKV_SUCCESS : MSKV_ERROR_NOT_FOUND;
@@ -3438,6 +3784,12 @@ MSKV_IMPL mskv_result mskv_keyed_remove(mskv_arena *a, uint64_t key) {
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     ri = mskv__find_key(a, key);
+    if (ri >= 0 && a->reqs[ri].xfer) {
+        mskv_result r = mskv__err(a, a->reqs[ri].xfer == MSKV__XFER_IMPORT ? MSKV_ERROR_NOT_FOUND : MSKV_ERROR_BAD_STATE,
+                                  "keyed_remove: the entry is being %s", a->reqs[ri].xfer == MSKV__XFER_IMPORT ? "imported" : "exported");
+        MSKV__UNLOCK(a);
+        return r;
+    }
     if (ri >= 0) mskv__del_req(a, ri);   /* keyed entries are never lockstep members */
     MSKV__UNLOCK(a);
     return ri >= 0 ? MSKV_SUCCESS : mskv__err(a, MSKV_ERROR_NOT_FOUND, "keyed_remove: no such key");
@@ -3581,6 +3933,7 @@ MSKV_IMPL mskv_result mskv_lockstep_create(mskv_arena *a, const mskv_request *me
         else if (q->keyed) r = mskv__err(a, MSKV_ERROR_READ_ONLY, "lockstep_create: member %d is a keyed entry", (int)i);
         else if (q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "lockstep_create: member %d has an open reservation", (int)i);
         else if (q->lock) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "lockstep_create: member %d is in another lockstep group", (int)i);
+        else if (q->xfer) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "lockstep_create: member %d is being exported or imported", (int)i);
         else if (q->location != a->reqs[idx[0]].location)
             r = mskv__err(a, MSKV_ERROR_BAD_STATE, "lockstep_create: members must all be resident or all offloaded");
         else a->reqs[idx[i]].mark = 1;
@@ -3726,7 +4079,7 @@ static int32_t mskv__candidates(mskv_arena *a) {
         if (!q->used || (q->lock && a->ls[q->lock - 1].first != ri)) continue;
         for (m = ri; m >= 0; m = q->lock ? a->reqs[m].lock_next : -1) {
             const mskv__req *x = &a->reqs[m];
-            if (x->location != MSKV_RESIDENT || x->has_res || x->paused || x->keyed || x->mark) idle = 0;
+            if (x->location != MSKV_RESIDENT || x->has_res || x->paused || x->keyed || x->mark || x->xfer) idle = 0;
             if (x->last_admit > key) key = x->last_admit;
         }
         if (!idle) continue;
@@ -4013,7 +4366,8 @@ MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
         mskv__hash_u64(&h, (uint64_t)q->gen << 8 | q->used);
         if (!q->used) continue;
         mskv__hash_u64(&h, (uint64_t)q->location | (uint64_t)q->keyed << 8 | (uint64_t)q->sealed << 16 |
-                               (uint64_t)q->has_res << 24 | (uint64_t)q->paused << 40);
+                               (uint64_t)q->has_res << 24 | (uint64_t)q->paused << 40 |
+                               (uint64_t)q->xfer << 48);
         mskv__hash_u64(&h, (uint64_t)q->committed);
         mskv__hash_u64(&h, (uint64_t)q->reserved);
         mskv__hash_u64(&h, (uint64_t)q->published);

@@ -28,6 +28,8 @@ long mtu_format_count(void) { return mtu_formats; }
 #define MSKV_CUDA_VSNPRINTF mtu_vsnprintf
 #define MSTAR_KV_CUDA_IMPLEMENTATION
 #include "../mstar_kv_cuda.h"
+#define MSTAR_KV_UCX_IMPLEMENTATION
+#include "../mstar_kv_ucx.h"
 #include "mskv_test_util.h"
 #ifndef _WIN32
 #include <dirent.h>

@@ -32,7 +32,8 @@ _BY_CODE = {}
 
 
 # names that would shadow a builtin exception
-_RENAMED = {"MSKV_ERROR_OVERFLOW": "SizeOverflowError", "MSKV_ERROR_IO": "MskvIOError"}
+_RENAMED = {"MSKV_ERROR_OVERFLOW": "SizeOverflowError", "MSKV_ERROR_IO": "MskvIOError",
+            "MSKV_ERROR_TIMEOUT": "PeerTimeoutError"}
 
 
 def _class_name(c_name):
