@@ -495,9 +495,11 @@ MSKV_API void mskv_cuda_page_divisor(int32_t page_size, uint32_t *magic, int32_t
    On compute capability 9.0 prefill shapes (more than 16 rows of a segment)
    run mskv_attn_sm90 (mskv_cuda_desc.attn_path, mskv_cuda_info.wgmma).
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OUT_OF_RANGE (layer),
-   UNSUPPORTED (f32 store, head_dim; WGMMA forced on another device),
-   STALE_PLAN (plan, or the plan uploaded last, is an arena-built plan whose
-   pages changed since it was built), CUDA, NVRTC (first use compiles). */
+   UNSUPPORTED (f32 store, head_dim; WGMMA forced on another device; a plan
+   whose features ask for explicit query positions or visibility bounds,
+   which these kernels do not read yet: the CPU backend's mskv_cpu_attention
+   does), STALE_PLAN (plan, or the plan uploaded last, is an arena-built plan
+   whose pages changed since it was built), CUDA, NVRTC (first use compiles). */
 MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
                                          const mskv_cuda_dplan *dplan, const mskv_attn *attn,
                                          mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
@@ -4890,6 +4892,9 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
     if (plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
     /* the kernel finds a key's bytes as page id x page bytes + slot x slot bytes in 32 bits */
     if ((int64_t)st->d.page_size * st->d.kv_heads * st->d.head_dim * 2 > (int64_t)0xffffffff) return MSKV_ERROR_UNSUPPORTED;
+    /* q_pos and the visibility bounds are not read by these kernels yet: a
+       plan that needs them would attend to other keys than the CPU's */
+    if (plan->features & (MSKV_PLAN_Q_POS | MSKV_PLAN_VISIBILITY)) return MSKV_ERROR_UNSUPPORTED;
     if (plan->total_q == 0 || plan->batch == 0) { *empty = 1; return MSKV_SUCCESS; }
     if (!q || !o) return MSKV_ERROR_NULL_POINTER;
     /* the kernel reads q with 16-byte copies and writes o in 4-byte pairs */
