@@ -359,6 +359,10 @@ static void fp_adopt(fp_plan *f, const mskv_plan *src, mskv_pos_mode pos) {
     FP_COPY(slot_mapping, nq, int64_t)
     FP_COPY(positions, npos, int32_t)
     FP_COPY(requests, nb, mskv_request)
+    /* the optional arrays too: the copy must not point into the plan freed after it */
+    if (src->q_pos) { FP_COPY(q_pos, nq, int32_t) }
+    if (src->vis_sink_end) { FP_COPY(vis_sink_end, nb, int32_t) }
+    if (src->vis_window_start) { FP_COPY(vis_window_start, nb, int32_t) }
 #undef FP_COPY
     if (pos == MSKV_POS_NONE) { free(p->positions); p->positions = NULL; }
     p->cap_batch = (int32_t)nb; p->cap_tokens = (int32_t)nq; p->cap_page_ids = (int32_t)ni;
