@@ -113,6 +113,7 @@ static struct tcm_state {
     int current;                        /* the device of the current context */
     int fail_device;                    /* 1 + the device whose calls fail_dtoh/htod/launch_at count; 0: every device's */
     int busy_device;                    /* 1 + the device whose events answer NOT_READY; 0: none (event_busy: all) */
+    int fail_record;                    /* cuEventRecord fails (on fail_device's device, or any) */
     char ctx[8];                        /* the devices' primary contexts: &ctx[device] */
     unsigned char *last_host;           /* the block of the last cuMemAllocHost */
     mskv_cu_stream launch_stream, copy_stream, synced_stream;   /* the last launch's, copy's, wait's */
@@ -219,7 +220,11 @@ static mskv_cu_result tcm_cuEventCreate(mskv_cu_event *e, unsigned int f) {
     tcm.calls++;
     (void)f; tcm.events++; *e = (mskv_cu_event)malloc(1); *(char *)(void *)*e = (char)tcm.current; return 0;
 }
-static mskv_cu_result tcm_cuEventRecord(mskv_cu_event e, mskv_cu_stream s) { tcm.calls++; (void)e; (void)s; return 0; }
+static mskv_cu_result tcm_cuEventRecord(mskv_cu_event e, mskv_cu_stream s) {
+    tcm.calls++;
+    (void)e; (void)s;
+    return tcm.fail_record && (!tcm.fail_device || tcm.fail_device - 1 == tcm.current) ? 999 : 0;
+}
 static mskv_cu_result tcm_cuEventQuery(mskv_cu_event e) {
     tcm.calls++;
     return tcm.event_busy || (tcm.busy_device && *(const char *)(const void *)e == tcm.busy_device - 1) ? MSKV_CU_ERROR_NOT_READY : 0;
@@ -3080,6 +3085,54 @@ TEST(cuda_shards_refuse_heads_that_do_not_divide_and_a_shard_alone) {
     /* a shard's store is not an arena's store of its own */
     EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_store_bind(mskv_cuda_shards_store(r.sh, 0), r.a));
     EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_publish(mskv_cuda_shards_store(r.sh, 1), NULL, 0, NULL));
+    tsh_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A device whose fence event cannot be recorded is waited for instead; the
+   step's pages still wait for the other device's event. */
+TEST(cuda_shards_publish_without_an_event_on_one_device_waits_for_it_and_the_others_events) {
+    tsh_rig r;
+    mskv_request req;
+    mskv_arena_stats s;
+    uint64_t step = 0;
+    int syncs;
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tsh_fill(&r, &req, 12));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, req));
+    tcm.busy_device = 1;                    /* device 0 still runs the step */
+    tcm.fail_device = 2;
+    tcm.fail_record = 1;                    /* device 1 gets no event */
+    syncs = tcm.stream_syncs;
+    EXPECT_EQ(MSKV_ERROR_CUDA, mskv_cuda_shards_publish(r.sh, NULL, 0, &step));
+    tcm.fail_record = 0;
+    tcm.fail_device = 0;
+    EXPECT_EQ(syncs + 1, tcm.stream_syncs);   /* device 1's stream was waited for */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(3, s.pending_pages);
+    tcm.busy_device = 0;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_shards_retire(r.sh, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(0, s.pending_pages);
+    EXPECT_EQ_U64(step, s.completed_step);
+    EXPECT_TRUE(tcu_audit(r.a));
+    tsh_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The pages live behind store ops: streamed export is refused, the whole
+   blob (mskv_request_export) is the way out. */
+TEST(cuda_shards_arena_refuses_streamed_export_and_exports_whole_blobs) {
+    tsh_rig r;
+    mskv_request req;
+    unsigned char hdr[4096], blob[65536];
+    size_t n = 0;
+    mskv_blob_layout lay;
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tsh_fill(&r, &req, 6));
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_request_export_begin(r.a, req, hdr, sizeof hdr, &lay));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_export(r.a, req, blob, sizeof blob, &n));
+    EXPECT_TRUE(tcu_audit(r.a));
     tsh_close(&r);
     TCU_EXPECT_NO_LEAKS();
 }
