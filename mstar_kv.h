@@ -123,6 +123,7 @@ typedef enum mskv_result {
     MSKV_ERROR_READ_ONLY = -24,        /* a sealed keyed entry, or a forbidden change to it */
     MSKV_ERROR_BAD_STATE = -25,        /* any other operation the request's state forbids */
     MSKV_ERROR_STALE_PLAN = -26,       /* pages left a request's table after the plan was built (release, offload, remove, abort) */
+    MSKV_ERROR_STALE_VIEW = -27,       /* a prefix view (dense K/V tagged with an epoch) taken before the request's prefix_epoch moved */
     /* resources */
     MSKV_ERROR_OUT_OF_PAGES = -40,     /* not enough free pages: nothing was allocated */
     MSKV_ERROR_OUT_OF_MEMORY = -41,    /* the allocator returned NULL */
@@ -394,6 +395,11 @@ typedef struct mskv_request_info {
     int32_t paused;         /* mskv_request_pause: not admitted until resumed */
     int32_t lockstep;       /* a member of a lockstep group (mskv_lockstep_create) */
     uint64_t last_admitted; /* the arena's admit count at its last admit, 0 = never (mskv_make_room) */
+    int64_t release_point;  /* token-exact end of what was released: the live tokens before it are gone
+                               (live_start is where the whole pages ended); 0 = nothing released, or
+                               forgotten by a protect that moved the prefix while no page went */
+    int64_t pos_shift;      /* added to the request's derived RoPE positions (mskv_request_shift_positions) */
+    int64_t pos_shift_pending; /* a shift waiting for the open reservation's commit */
 } mskv_request_info;
 
 /* Layer groups (mskv_arena_desc.num_groups > 1). A request's tokens are the
@@ -448,10 +454,34 @@ MSKV_API mskv_result mskv_request_protect_prefix(mskv_arena *arena, mskv_request
    Only pages whose every slot lies before it are freed (page floor), the
    table is front-compacted to [prefix pages][live pages], and *released
    (optional) gets the tokens actually freed (a multiple of page_size).
+   The release point itself is kept token-exact (mskv_request_info.
+   release_point: it never moves back, and a protect that moves the prefix
+   while no page went forgets it), so plans built with MSKV_VIS_EXACT hide
+   the released tokens a kept page still holds.
    Return value: OUT_OF_RANGE (past the committed live tokens: reserved
    tokens are never released), INVALID_ARGUMENT (n < 0), OFFLOADED, READ_ONLY,
    BAD_STATE (a lockstep member: mskv_lockstep_release_oldest). */
 MSKV_API mskv_result mskv_request_release_oldest(mskv_arena *arena, mskv_request req, int64_t n, int64_t *released);
+/* Custom position advance (M-RoPE's position delta, or re-indexing RoPE
+   positions after releases so they stay bounded over an endless video):
+   delta is added to the request's pos_shift, which mskv_plan_build adds to
+   the RoPE positions it derives for the request's tokens (plan->positions:
+   1-D absolute - pos_offset + pos_shift, 3-D the grid of that; explicit
+   positions in mskv_plan_desc are taken as they are). With no reservation
+   open it applies at once; with one open it waits for the commit that
+   closes it (pos_shift_pending), so every plan of the open chunk (one per
+   denoise step) carries the same positions, and an abort drops it.
+   Only RoPE positions move. Slots stay on absolute token indices, and so do
+   the positions masks compare (kv_pos_split/kv_pos_shift, q_pos, the
+   visibility bounds): a shift that applies to keys and queries alike
+   changes no mask. K already written keeps the rotation it was written
+   with: re-rotate it (mskv_rope_apply with the delta as position) when the
+   model expects cached keys at the new positions.
+   Return value: SUCCESS, NULL_POINTER, INVALID_HANDLE, READ_ONLY (a keyed
+   entry), BAD_STATE (a streamed export of it is open), OVERFLOW (|pos_shift| would pass INT32_MAX; nothing changes).
+   Works on an offloaded request too (it is bookkeeping only).
+   Thread safety: like every arena call. */
+MSKV_API mskv_result mskv_request_shift_positions(mskv_arena *arena, mskv_request req, int64_t delta);
 /* slot = page * page_size + offset of absolute position pos (committed or
    reserved). Return value: RELEASED (its page was released), NOT_WRITTEN
    (pos >= committed + reserved), INVALID_ARGUMENT (pos < 0), OFFLOADED. */
@@ -513,7 +543,7 @@ MSKV_API mskv_result mskv_request_import(mskv_arena *arena, const void *blob, si
    Only for arenas with host pools or bookkeeping only: pages behind
    store_ops (a GPU store) have no host address, so their blobs go through
    mskv_request_export / mskv_request_import (staged in host memory). */
-#define MSKV_BLOB_HEADER_MAX 2120   /* the largest header: 32 layer groups */
+#define MSKV_BLOB_HEADER_MAX 2384   /* the largest header: 32 layer groups with the positions record (version 3) */
 
 typedef struct mskv_blob_layout {
     size_t header_bytes;    /* the blob's first header_bytes */
@@ -690,15 +720,28 @@ MSKV_API mskv_result mskv_admit_query(mskv_arena *arena, const mskv_segment *seg
 
 typedef enum mskv_pos_mode {
     MSKV_POS_NONE = 0,   /* no position plan */
-    MSKV_POS_1D = 1,     /* positions[i] = absolute position - pos_offset */
-    MSKV_POS_3D = 2      /* positions[3i..3i+2] = (frame, row, col) of (abs - pos_offset) on a grid_h x grid_w frame */
+    MSKV_POS_1D = 1,     /* positions[i] = absolute position - pos_offset + the request's pos_shift */
+    MSKV_POS_3D = 2      /* positions[3i..3i+2] = (frame, row, col) of that on a grid_h x grid_w frame */
 } mskv_pos_mode;
 
 typedef enum mskv_plan_kind {
     MSKV_PLAN_SELF = 0,   /* each segment attends over its own request's stream (incl. its reserved tokens) */
     MSKV_PLAN_CROSS = 1,  /* each segment attends over the keyed entry `cross` */
-    MSKV_PLAN_DENSE = 2   /* no page table: kv_token_indptr over contiguous K/V of kv_len tokens per segment */
+    MSKV_PLAN_DENSE = 2,  /* no page table: kv_token_indptr over contiguous K/V of kv_len tokens per segment */
+    MSKV_PLAN_PREFIX = 3  /* dense over each segment's own protected prefix, as a prefix view holds it
+                             (mskv_prefix_view): kv_len = prefix_tokens, keys at positions 0..prefix_tokens-1,
+                             queries where they are in the request (q_pos, needed), no slots */
 } mskv_plan_kind;
+
+/* Which keys of a segment the plan lets its queries see (on top of the mask). */
+typedef enum mskv_visibility {
+    MSKV_VIS_PAGES = 0,  /* every token of the pages in the table: a release frees whole pages only, so up to
+                            page_size - 1 released tokens stay visible at each edge of the window */
+    MSKV_VIS_EXACT = 1,  /* token-exact, from the request's state: its protected prefix [0, prefix_tokens) and
+                            the live tokens from its release_point on (a retention policy's sink and window:
+                            exactly what a contiguous rolling cache keeps, whatever the page size) */
+    MSKV_VIS_CALLER = 2  /* the caller's bounds: mskv_plan_desc.vis_sink_end / vis_window_start */
+} mskv_visibility;
 
 typedef struct mskv_plan_desc {
     mskv_plan_kind kind;
@@ -707,14 +750,55 @@ typedef struct mskv_plan_desc {
     mskv_pos_mode pos_mode;
     int64_t pos_offset;
     int32_t grid_h, grid_w;      /* tokens per frame = grid_h * grid_w (3-D) */
-    int32_t group;               /* the layer group whose tables the plan reads (SELF, CROSS) */
+    int32_t group;               /* the layer group whose tables the plan reads (SELF, CROSS, PREFIX) */
+    /* Explicit RoPE positions (optional): positions[b] holds segment b's new
+       tokens' positions, n_tokens of them (1-D) or 3 * n_tokens (3-D: frame,
+       row, col per token), copied into plan->positions as they are (no
+       pos_offset, no pos_shift). NULL, or a NULL entry, = derived as pos_mode
+       says. Needs pos_mode 1-D or 3-D. Masks do not read them. */
+    const int32_t *const *positions;
+    /* Token-exact visibility (plan->vis_sink_end / vis_window_start). */
+    mskv_visibility visibility;
+    const int64_t *vis_sink_end;     /* MSKV_VIS_CALLER: [n], absolute positions in [0, INT32_MAX] */
+    const int64_t *vis_window_start; /* MSKV_VIS_CALLER: [n] */
+    /* SELF only: hide the protected prefix [0, prefix_tokens), which a
+       MSKV_PLAN_PREFIX plan attends over a prefix view instead; the two
+       results merged by mskv_cpu_merge equal this plan without the flag.
+       INVALID_ARGUMENT when the visible set minus the prefix is not of the
+       bounds' form (a visible sink reaching past the prefix before a hole). */
+    int32_t exclude_prefix;
 } mskv_plan_desc;
+
+/* mskv_plan.features: which optional arrays hold something other than what
+   their absence means, so a kernel built without them may ignore them only
+   while the bit is clear. */
+#define MSKV_PLAN_Q_POS 1u       /* q_pos is not the tail rule */
+#define MSKV_PLAN_VISIBILITY 2u  /* some segment's bounds hide keys */
 
 /* The kernels' view of one step. Arrays are caller-owned (fixed capacity, so
    a captured graph replays at the same addresses) or plan-owned (mskv_plan_alloc).
-   Query i of segment b (0 <= i < qo_len) is the token at compacted index
-   kv_len - qo_len + i of its sequence (queries are the tail). Compacted index
-   j has absolute position j < kv_pos_split[b] ? j : j + kv_pos_shift[b]. */
+
+   Positions, all absolute, all int32, per segment b (what a kernel must do):
+   - key j (compacted index, 0 <= j < kv_len[b]) is at
+       kpos(j) = j < kv_pos_split[b] ? j : j + kv_pos_shift[b],
+     which never decreases with j (kv_pos_shift >= 0);
+   - query i (0 <= i < qo_len) is at
+       qpos(i) = q_pos ? q_pos[qo_indptr[b] + i] : kpos(kv_len[b] - qo_len + i)
+     (without q_pos, queries are the tail of their sequence; with it, a part
+     of a split-KV computation knows where its queries are);
+   - key j is visible to query i iff
+       (no vis arrays || kpos(j) < vis_sink_end[b] || kpos(j) >= vis_window_start[b])
+       && (mask NONE || kpos(j) <= qpos(i))
+       && (mask != WINDOW || qpos(i) - kpos(j) <= window_left).
+     As kpos rises with j, the visible keys of a segment are at most two runs
+     of compacted indices, [0, first(vis_sink_end)) and
+     [first(vis_window_start), kv_len), first(p) being the first j with
+     kpos(j) >= p: a kernel skips the pages wholly between them and masks
+     only the tiles that straddle a bound (interior tiles pay nothing).
+     vis_window_start <= vis_sink_end (build writes 0, 0) hides nothing.
+   - a query that sees no key gets o = 0 and lse = -inf.
+   RoPE positions (plan->positions) are another matter: what K and Q are
+   rotated by; masks never read them. */
 typedef struct mskv_plan {
     int32_t batch, total_q, num_page_ids, page_size;
     int32_t *qo_indptr;        /* [batch+1] */
@@ -724,10 +808,10 @@ typedef struct mskv_plan {
     int32_t *kv_len;           /* [batch] tokens per sequence */
     int32_t *kv_pos_split;     /* [batch] */
     int32_t *kv_pos_shift;     /* [batch] */
-    int64_t *kv_token_indptr;  /* [batch+1] dense path: prefix sums of kv_len */
+    int64_t *kv_token_indptr;  /* [batch+1] dense path: prefix sums of kv_len (rows of a dense K/V) */
     int64_t *slot_mapping;     /* [total_q] page*page_size+offset of each reserved token; -1 for a
-                                  committed one (its page may be shared) and in CROSS/DENSE plans */
-    int32_t *positions;        /* [total_q] (1-D) or [3*total_q] (3-D) */
+                                  committed one (its page may be shared) and in CROSS/DENSE/PREFIX plans */
+    int32_t *positions;        /* [total_q] (1-D) or [3*total_q] (3-D): RoPE positions */
     /* capacities of the arrays above (caller-owned mode) */
     int32_t cap_batch, cap_tokens, cap_page_ids;
     uint64_t step;             /* the fence the plan was built in */
@@ -740,6 +824,14 @@ typedef struct mskv_plan {
     int32_t group;             /* the layer group whose tables were read (mskv_plan_desc.group) */
     uint64_t generation;       /* the arena's page-table generation at build; 0 = never checked (a
                                   plan not built by an arena, or a DENSE plan) */
+    /* Optional (NULL = absent, the rules above); capacities cap_tokens and
+       cap_batch. mskv_plan_build fills them when present, and needs them
+       when the plan cannot do without (q_pos for PREFIX; the bounds for
+       MSKV_VIS_EXACT / CALLER and exclude_prefix). */
+    int32_t *q_pos;            /* [total_q] each query's absolute (mask) position */
+    int32_t *vis_sink_end;     /* [batch] */
+    int32_t *vis_window_start; /* [batch] */
+    uint32_t features;         /* MSKV_PLAN_Q_POS | MSKV_PLAN_VISIBILITY */
 } mskv_plan;
 
 typedef struct mskv_plan_size {
@@ -749,18 +841,26 @@ typedef struct mskv_plan_size {
 MSKV_API mskv_result mskv_plan_query(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan_size *out);
 /* Fills the plan's arrays for this step's segments. Return value: CAPACITY
    (nothing written) when a cap is too small, NULL_POINTER for a missing
-   array, OUT_OF_RANGE (a segment has more queries than its sequence has
-   tokens, or a 1-D position / 3-D frame does not fit in int32: positions
-   are exact or refused, never truncated), OVERFLOW (position - pos_offset
-   does not fit in int64), OFFLOADED, BAD_STATE (CROSS against an entry that
-   is not a sealed keyed entry), INVALID_ARGUMENT (kind, pos_mode, grid).
-   mskv_plan_query returns the same codes. Nothing is written on failure. */
+   array (or a missing optional array the desc needs), OUT_OF_RANGE (a
+   segment has more queries than its sequence has tokens, or a 1-D position
+   / 3-D frame does not fit in int32: positions are exact or refused, never
+   truncated), OVERFLOW (position + pos_shift - pos_offset does not fit in
+   int64), OFFLOADED, BAD_STATE (CROSS against an entry that is not a sealed
+   keyed entry), INVALID_ARGUMENT (kind, pos_mode, grid, visibility, bounds
+   outside [0, INT32_MAX], explicit positions without a pos_mode,
+   exclude_prefix on another kind than SELF or with bounds it cannot
+   express). mskv_plan_query returns the same codes. Nothing is written on
+   failure. */
 MSKV_API mskv_result mskv_plan_build(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *plan);
 /* Allocate arrays of the given capacities (through the arena's allocator). */
 MSKV_API mskv_result mskv_plan_alloc(mskv_arena *arena, int32_t cap_batch, int32_t cap_tokens, int32_t cap_page_ids, mskv_plan *plan);
 MSKV_API void mskv_plan_free(mskv_arena *arena, mskv_plan *plan);
 /* Checks the CSR invariants: monotone indptrs, indices in [1, num_pages),
-   last_page_len rule, kv_len consistent with pages. why gets the broken rule. */
+   last_page_len rule, kv_len consistent with pages, and that features
+   covers the optional arrays (with MSKV_PLAN_Q_POS clear, q_pos holds the
+   tail rule; with MSKV_PLAN_VISIBILITY clear, no bound hides a key; bounds
+   are not negative). A dense sequence (no pages, kv_len > 0) is checked
+   through kv_token_indptr instead. why gets the broken rule. */
 MSKV_API mskv_result mskv_plan_validate(const mskv_plan *plan, int32_t num_pages, char *why, size_t why_cap);
 /* Whether a plan built by mskv_plan_build still describes its requests'
    pages. A plan is stale once pages left the table it read of one of its
@@ -781,6 +881,52 @@ MSKV_API mskv_result mskv_plan_validate(const mskv_plan *plan, int32_t num_pages
    request, or a generation this arena never had), NULL_POINTER.
    Thread safety: takes the arena's lock. */
 MSKV_API mskv_result mskv_plan_check(mskv_arena *arena, const mskv_plan *plan);
+
+/* Prefix views: the dense fast path keyed by prefix_epoch. A request's
+   protected prefix (the prompt, the sink frames) is read every step and
+   changes rarely: gathered once into contiguous, caller-owned K/V, it is
+   attended without a page table (a MSKV_PLAN_PREFIX plan, on the CPU with
+   mskv_cpu_attention_dense), while a SELF plan with exclude_prefix covers
+   the rest; mskv_cpu_merge joins the two. The view carries the prefix_epoch
+   it was gathered at: once the prefix's length or placement changes
+   (protect with another length, reload onto other pages, another request
+   imported from a blob) a check refuses it with MSKV_ERROR_STALE_VIEW, and
+   gathering again refreshes it in place, into the same buffers.
+   The caller sets request, group, k, v and cap_tokens (zero the rest);
+   mskv_prefix_view_gather sets the others. Buffers hold the store's dtype,
+   layout [num_layers][cap_tokens][kv_heads][head_dim] each for K and V.
+   The host gather reads the arena's host pools, or whole pages through
+   store_ops (read_pages) for a device store; the GPU layer adds its own
+   gather into device buffers of the same layout (device = 1), and the
+   epoch rules here hold for both. */
+typedef struct mskv_prefix_view {
+    mskv_request request;
+    int32_t group;
+    void *k, *v;             /* caller-owned */
+    int64_t cap_tokens;      /* tokens per layer the buffers hold */
+    int64_t tokens;          /* the prefix gathered: tokens [0, tokens) */
+    uint64_t epoch;          /* prefix_epoch at the gather; 0 = never gathered, or a refresh that failed */
+    int32_t num_layers, kv_heads, head_dim;
+    mskv_dtype dtype;
+    int32_t device;          /* 0: host buffers (this header's gather); 1: device buffers (the GPU layer's) */
+} mskv_prefix_view;
+
+/* Gathers (or refreshes, in place) the request's protected prefix of group
+   `group`, every layer, K and V, and tags the view with its prefix_epoch.
+   Return value: SUCCESS, NULL_POINTER (view, a buffer), INVALID_ARGUMENT
+   (group, cap_tokens < 0), INVALID_HANDLE, OFFLOADED, CAPACITY (the prefix
+   is longer than cap_tokens), OVERFLOW, UNSUPPORTED (the arena keeps no
+   bytes: num_layers 0), OUT_OF_MEMORY (a page record for a store_ops read),
+   or the store's read error: then the buffers may hold part of the new
+   prefix and the view says epoch 0 (stale) rather than pass for either.
+   Nothing is written for any other failure.
+   Thread safety: like every arena call (the copy runs under the lock). */
+MSKV_API mskv_result mskv_prefix_view_gather(mskv_arena *arena, mskv_prefix_view *view);
+/* SUCCESS while the view's epoch is the request's prefix_epoch (of its
+   group) and its tokens the prefix length; STALE_VIEW otherwise (also a view
+   never gathered); INVALID_HANDLE for a removed request; NULL_POINTER;
+   INVALID_ARGUMENT (group). */
+MSKV_API mskv_result mskv_prefix_view_check(mskv_arena *arena, const mskv_prefix_view *view);
 
 /* Keyed, write-once K/V (cross-attention, e.g. text-encoder output): created
    with its tokens reserved, written through a plan, sealed, then read by any
@@ -1022,8 +1168,10 @@ typedef struct mskv_attn {
    [total_q][q_heads], natural log. A query that sees no key: o = 0, lse = -inf.
    Accumulation in f32. Only the pages in the plan's table are read, and only
    their first kv_len slots. o must not overlap q. cpu may be NULL: one thread, small tiles on the
-   stack (about 50 KB), no allocation, the AUTO path. A masked plan (CAUSAL, WINDOW) needs
-   qo_len <= kv_len per segment and kv_pos_shift >= 0.
+   stack (about 50 KB), no allocation, the AUTO path. A masked plan (CAUSAL, WINDOW) without
+   q_pos needs qo_len <= kv_len per segment (the tail rule), and kv_pos_shift >= 0. Masks,
+   q_pos and the visibility bounds act as the mskv_plan comment says; keys hidden by the
+   bounds are not read (a block never straddles a bound).
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (heads, dtype, mask,
    an inconsistent plan: indptrs that decrease or pass total_q or
    num_page_ids, which bound the arrays read), OUT_OF_RANGE (a page outside the pool),
@@ -1042,6 +1190,44 @@ typedef struct mskv_pools {
 MSKV_API mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *pools, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
 /* mskv_cpu_write_kv on raw pools: pools->k and pools->v must point at writable memory. */
 MSKV_API mskv_result mskv_cpu_write_kv_pools(const mskv_pools *pools, const mskv_plan *plan, const void *k, const void *v, mskv_dtype src_dtype, const mskv_rope *rope);
+
+/* Dense K/V in caller memory: the rows of a plan's segments one after
+   another, segment b's keys at rows kv_token_indptr[b] .. + kv_len[b]
+   (a MSKV_PLAN_PREFIX or DENSE plan, or any plan whose sequences the caller
+   gathered). Element (row t, kv head h, dim d) of K is
+   k[t * token_stride + h * head_stride + d], of V likewise (a head-major
+   [kv_head][row][dim] buffer: token_stride head_dim, head_stride rows *
+   head_dim). With arena set,
+   the call first checks that request's prefix_epoch in `group` is still
+   `epoch` (a prefix view's: mskv_prefix_view_layer fills all of it). */
+typedef struct mskv_dense_kv {
+    const void *k, *v;
+    mskv_dtype dtype;
+    int32_t kv_heads, head_dim;
+    int64_t tokens;          /* rows k and v hold */
+    int64_t token_stride;    /* elements from a row to the next; 0 = kv_heads * head_dim */
+    int64_t head_stride;     /* elements from a kv head to the next; 0 = head_dim */
+    mskv_arena *arena;       /* optional epoch check (NULL: none) */
+    mskv_request request;
+    int32_t group;
+    uint64_t epoch;
+} mskv_dense_kv;
+
+/* The dense K/V of one layer of a host prefix view, with its epoch check
+   (arena may be NULL: no check). Return value: SUCCESS, NULL_POINTER,
+   OUT_OF_RANGE (layer), INVALID_ARGUMENT (a device view: its buffers are not
+   host memory), STALE_VIEW (never gathered). */
+MSKV_API mskv_result mskv_prefix_view_layer(const mskv_prefix_view *view, mskv_arena *arena, int32_t layer, mskv_dense_kv *out);
+
+/* Attention over dense K/V (the plan's page table is not read): the same
+   masks, positions (q_pos, kv_pos_split/shift), visibility bounds, GQA,
+   dtypes and results as mskv_cpu_attention; cpu may be NULL likewise.
+   Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (heads, dtype,
+   mask, strides, an inconsistent plan: kv_token_indptr missing, decreasing,
+   or not kv_len apart), OUT_OF_RANGE (a row past kv->tokens),
+   INVALID_HANDLE (kv->request removed), STALE_VIEW (kv->epoch is no longer
+   the request's prefix_epoch). Nothing is written on failure. */
+MSKV_API mskv_result mskv_cpu_attention_dense(mskv_cpu *cpu, const mskv_dense_kv *kv, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
 
 /* Merge two partial results over disjoint key sets into (o, lse) over their union:
    [n][heads][head_dim] f32 and [n][heads]. Empty parts (lse = -inf) are neutral;
@@ -1151,6 +1337,7 @@ MSKV_IMPL const char *mskv_result_string(mskv_result r) {
     case MSKV_ERROR_READ_ONLY: return "keyed entry is read-only";
     case MSKV_ERROR_BAD_STATE: return "operation not allowed in the request's state";
     case MSKV_ERROR_STALE_PLAN: return "stale plan: pages left one of its requests' tables since it was built";
+    case MSKV_ERROR_STALE_VIEW: return "stale prefix view: the request's prefix_epoch moved since it was gathered";
     case MSKV_ERROR_OUT_OF_PAGES: return "out of pages";
     case MSKV_ERROR_OUT_OF_MEMORY: return "out of memory";
     case MSKV_ERROR_OVERFLOW: return "size overflow";
@@ -1424,6 +1611,7 @@ enum { MSKV__PAGE_NULL = 0, MSKV__PAGE_FREE = 1, MSKV__PAGE_LIVE = 2, MSKV__PAGE
 /* One layer group's part of a request: its pages, prefix and window. */
 typedef struct mskv__tab {
     int64_t prefix_tokens, live_start;
+    int64_t release_point;    /* token-exact end of the releases (live_start is its page floor); 0 = none */
     int32_t prefix_pages;
     int32_t *mem;             /* the table's memory */
     int32_t *pages;           /* mem + head: releases move the head, not the live pages */
@@ -1440,6 +1628,7 @@ typedef struct mskv__req {
     uint8_t used, location, keyed, sealed, has_res, mark, paused;
     uint8_t xfer;             /* a streamed blob: MSKV__XFER_EXPORT (frozen) or MSKV__XFER_IMPORT (not yet a request) */
     int64_t committed, reserved, published;   /* tokens: the same in every group */
+    int64_t pos_shift, pos_pending;           /* added to derived RoPE positions; the part waiting for commit */
     mskv__tab *t;             /* [num_groups], fixed per slot */
     uint64_t key;
     uint64_t last_admit;      /* the arena's admit count at its last admit; 0 = never */
@@ -2166,8 +2355,10 @@ MSKV_IMPL mskv_result mskv_request_fork(mskv_arena *a, mskv_request parent, mskv
         ct->prefix_tokens = pt->prefix_tokens;
         ct->prefix_pages = pt->prefix_pages;
         ct->live_start = pt->live_start;
+        ct->release_point = pt->release_point;
     }
     c->committed = p->committed;
+    c->pos_shift = p->pos_shift;
     c->published = p->published;
     *child = mskv__handle(a, ci);
     MSKV__UNLOCK(a);
@@ -2191,6 +2382,9 @@ static void mskv__fill_info(const mskv_arena *a, const mskv__req *q, int32_t g, 
     o->paused = q->paused;
     o->lockstep = q->lock != 0;
     o->last_admitted = q->last_admit;
+    o->release_point = t->release_point;
+    o->pos_shift = q->pos_shift;
+    o->pos_shift_pending = q->pos_pending;
 }
 
 MSKV_IMPL mskv_result mskv_request_info_in_group(mskv_arena *a, mskv_request h, int32_t g, mskv_request_info *out) {
@@ -2247,7 +2441,10 @@ static mskv_result mskv__protect(mskv_arena *a, int32_t ri, int32_t g, int64_t n
     if (gap && pp < t->prefix_pages)
         return mskv__err(a, MSKV_ERROR_BAD_STATE, "protect %lld: cannot unprotect pages in front of released ones",
                          (long long)n);
-    if (!gap) t->live_start = (int64_t)pp * a->P;
+    if (!gap) {
+        t->live_start = (int64_t)pp * a->P;
+        t->release_point = 0;   /* it freed no page, and the tokens it hid are now protected or live again */
+    }
     t->prefix_tokens = n;
     t->prefix_pages = pp;
     t->epoch = ++a->epoch_counter;
@@ -2309,6 +2506,7 @@ static int64_t mskv__release(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
     mskv__tab *t = &a->reqs[ri].t[g];
     int64_t point = t->live_start + n;
     int32_t count = (int32_t)(point / a->P - t->live_start / a->P);
+    if (n > 0 && point > t->release_point) t->release_point = point;  /* exact, even where no page goes */
     if (count <= 0) return 0;
     mskv__drop_pages(a, ri, g, t->prefix_pages, count);
     t->live_start += (int64_t)count * a->P;
@@ -2345,6 +2543,35 @@ MSKV_IMPL mskv_result mskv_request_release_oldest_in_group(mskv_arena *a, mskv_r
 }
 MSKV_IMPL mskv_result mskv_request_release_oldest(mskv_arena *a, mskv_request h, int64_t n, int64_t *released) {
     return mskv_request_release_oldest_in_group(a, h, 0, n, released);
+}
+
+MSKV_IMPL mskv_result mskv_request_shift_positions(mskv_arena *a, mskv_request h, int64_t delta) {
+    int32_t ri;
+    mskv__req *q;
+    int64_t now;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    q = &a->reqs[ri];
+    now = q->pos_shift + q->pos_pending;  /* both within INT32_MAX: no overflow below */
+    if (q->keyed) r = mskv__err(a, MSKV_ERROR_READ_ONLY, "shift_positions: keyed entries have no positions of their own");
+    else if (q->xfer) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "shift_positions: the request is being exported (its header says the shift)");
+    else if (delta > (int64_t)INT32_MAX - now || delta < -(int64_t)INT32_MAX - now)
+        r = mskv__err(a, MSKV_ERROR_OVERFLOW, "shift_positions: pos_shift %lld + %lld passes INT32_MAX", (long long)now, (long long)delta);
+    else if (q->has_res) q->pos_pending += delta;   /* the open chunk keeps its positions */
+    else q->pos_shift += delta;
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+/* The release point agrees with the pages: 0 with nothing released, else
+   inside the first live page (whole pages went up to its floor), past the
+   prefix, within the committed tokens. */
+static int mskv__release_point_ok(const mskv_arena *a, const mskv__tab *t, int64_t committed) {
+    if (t->release_point == 0) return t->live_start == (int64_t)t->prefix_pages * a->P;
+    return t->release_point >= t->live_start && t->release_point < t->live_start + a->P &&
+           t->release_point > t->prefix_tokens && t->release_point <= committed;
 }
 
 /* Compacted index of an absolute position in group table t, with the position's status. */
@@ -2601,14 +2828,37 @@ MSKV_IMPL mskv_result mskv_request_reload(mskv_arena *a, mskv_request h) {
    u32 prefix_pages, u32 flags (4 retention), u32 0, i64 prefix_tokens,
    i64 live_start, retention as above (40 bytes). Header bytes = 136 + 64 (G-1);
    the payload holds group 0's records, then group 1's, ...
+   Version 3 (a state versions 1 and 2 cannot say: a position shift, or a
+   release point inside a kept page): the version-2 layout for any G >= 1
+   (G = 1 too), then a positions record: i64 pos_shift, and per group an i64
+   release_point. Header bytes = 136 + 64 (G-1) + 8 + 8 G. Versions 1 and 2
+   imply release_point = live_start when pages were released, else 0, and
+   pos_shift 0; export writes them whenever that says it all.
    The checksum is verified before the version, so a damaged header reads as corrupt. */
 #define MSKV__BLOB_VERSION 1u
 #define MSKV__BLOB_VERSION_GROUPS 2u
+#define MSKV__BLOB_VERSION_POSITIONS 3u
 #define MSKV__BLOB_HEADER 128u
 #define MSKV__BLOB_GROUP 64u
 
-static size_t mskv__blob_header(int32_t groups) {
+static size_t mskv__blob_header_v(int32_t groups, uint32_t version) {
+    if (version == MSKV__BLOB_VERSION_POSITIONS)
+        return MSKV__BLOB_HEADER + 8u + MSKV__BLOB_GROUP * (size_t)(groups - 1) + 8u + 8u * (size_t)groups;
     return groups == 1 ? MSKV__BLOB_HEADER : MSKV__BLOB_HEADER + 8u + MSKV__BLOB_GROUP * (size_t)(groups - 1);
+}
+
+/* What versions 1 and 2 imply for a group's release point. */
+static int64_t mskv__implied_release_point(const mskv_arena *a, const mskv__tab *t) {
+    return t->live_start > (int64_t)t->prefix_pages * a->P ? t->live_start : 0;
+}
+
+/* The version a request's blob needs: 3 only when the older ones cannot say its state. */
+static uint32_t mskv__blob_version_of(const mskv_arena *a, const mskv__req *q) {
+    int32_t g;
+    int extra = q->pos_shift != 0;
+    for (g = 0; g < a->G; g++) extra |= q->t[g].release_point != mskv__implied_release_point(a, &q->t[g]);
+    if (extra) return MSKV__BLOB_VERSION_POSITIONS;
+    return a->G == 1 ? MSKV__BLOB_VERSION : MSKV__BLOB_VERSION_GROUPS;
 }
 
 static void mskv__put32(unsigned char *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
@@ -2637,10 +2887,12 @@ static void mskv__blob_header_write(const mskv_arena *a, const mskv__req *q, uns
     const mskv__tab *t = &q->t[0];
     int32_t g;
     int res = q->location == MSKV_RESIDENT;
-    memset(b, 0, mskv__blob_header(a->G));
+    uint32_t version = mskv__blob_version_of(a, q);
+    size_t hdr = mskv__blob_header_v(a->G, version);
+    memset(b, 0, hdr);
     memcpy(b, "MSKVBLOB", 8);
-    mskv__put32(b + 8, a->G == 1 ? MSKV__BLOB_VERSION : MSKV__BLOB_VERSION_GROUPS);
-    mskv__put32(b + 12, (uint32_t)mskv__blob_header(a->G));
+    mskv__put32(b + 8, version);
+    mskv__put32(b + 12, (uint32_t)hdr);
     mskv__put64(b + 16, (uint64_t)total);
     mskv__put32(b + 24, (uint32_t)a->P);
     mskv__put32(b + 28, (uint32_t)a->store.num_layers);
@@ -2656,7 +2908,7 @@ static void mskv__blob_header_write(const mskv_arena *a, const mskv__req *q, uns
     mskv__put64(b + 80, (uint64_t)q->published);
     mskv__put_retention(b + 88, &t->retention);
     mskv__put64(b + 120, q->key);
-    if (a->G == 1) return;
+    if (version == MSKV__BLOB_VERSION) return;
     mskv__put32(b + 128, (uint32_t)a->G);
     for (g = 1; g < a->G; g++) {
         unsigned char *p = b + MSKV__BLOB_HEADER + 8 + MSKV__BLOB_GROUP * (size_t)(g - 1);
@@ -2668,19 +2920,24 @@ static void mskv__blob_header_write(const mskv_arena *a, const mskv__req *q, uns
         mskv__put64(p + 24, (uint64_t)t->live_start);
         mskv__put_retention(p + 32, &t->retention);
     }
+    if (version != MSKV__BLOB_VERSION_POSITIONS) return;
+    b += MSKV__BLOB_HEADER + 8 + MSKV__BLOB_GROUP * (size_t)(a->G - 1);
+    mskv__put64(b, (uint64_t)q->pos_shift);
+    for (g = 0; g < a->G; g++) mskv__put64(b + 8 + 8 * (size_t)g, (uint64_t)q->t[g].release_point);
 }
 
 MSKV_IMPL mskv_result mskv_request_export(mskv_arena *a, mskv_request h, void *buf, size_t cap, size_t *size) {
     int32_t ri;
     int64_t bad;
     const mskv__req *q;
-    size_t payload, total, hdr = mskv__blob_header(a ? a->G : 1);
+    size_t payload, total, hdr;
     unsigned char *b = (unsigned char *)buf;
     mskv_result r = MSKV_SUCCESS;
     if (!a || !size) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
+    hdr = mskv__blob_header_v(a->G, mskv__blob_version_of(a, q));
     if (q->has_res) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "export: commit or abort first"); }
     if (buf && q->location == MSKV_OFFLOADED && q->sums && (bad = mskv__sums_bad(a, q)) >= 0) {
         MSKV__UNLOCK(a);   /* a signed blob of changed bytes would import as valid */
@@ -2721,7 +2978,7 @@ static int mskv__all_zero(const unsigned char *p, size_t n) {
 }
 
 /* One group's part of a blob header, as read. */
-typedef struct mskv__blob_group { uint32_t n, pp, flags; int64_t prefix, live; mskv_retention ret; } mskv__blob_group;
+typedef struct mskv__blob_group { uint32_t n, pp, flags; int64_t prefix, live, rp; mskv_retention ret; } mskv__blob_group;
 
 static void mskv__blob_group_read(const unsigned char *b, int32_t g, mskv__blob_group *o) {
     const unsigned char *ret;
@@ -2761,7 +3018,10 @@ static int mskv__blob_group_ok(const mskv_arena *a, const mskv__blob_group *x, i
         return 0;
     memset(&probe, 0, sizeof probe);
     probe.prefix_pages = (int32_t)x->pp;
+    probe.prefix_tokens = x->prefix;
     probe.live_start = x->live;
+    probe.release_point = x->rp;
+    if (!mskv__release_point_ok(a, &probe, committed) || ((flags & 1u) && x->rp != 0)) return 0;
     return (uint32_t)mskv__entries_for(a, &probe, committed) == x->n;
 }
 
@@ -2770,6 +3030,7 @@ typedef struct mskv__blob_info {
     uint32_t flags;
     int64_t committed, published;
     uint64_t key, total;
+    int64_t pos_shift;
     size_t hdr, payload;
     mskv__blob_group grp[MSKV_MAX_GROUPS];
 } mskv__blob_info;
@@ -2781,20 +3042,22 @@ static mskv_result mskv__blob_header_check(mskv_arena *a, const unsigned char *b
     uint32_t version = mskv__get32(b + 8), hdr = mskv__get32(b + 12);
     size_t sum = 0;
     int32_t g, blob_groups = 1;
+    const unsigned char *pos_at;
     o->total = mskv__get64(b + 16);
-    if (version == MSKV__BLOB_VERSION_GROUPS) {
+    if (version == MSKV__BLOB_VERSION_GROUPS || version == MSKV__BLOB_VERSION_POSITIONS) {
         uint32_t ng = avail >= MSKV__BLOB_HEADER + 8 ? mskv__get32(b + MSKV__BLOB_HEADER) : 0;
+        uint32_t least = version == MSKV__BLOB_VERSION_GROUPS ? 2u : 1u;
         if (avail < MSKV__BLOB_HEADER + 8) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "%s: the layer-group header is cut short", what);
-        if (ng < 2 || ng > MSKV_MAX_GROUPS || mskv__get32(b + MSKV__BLOB_HEADER + 4) != 0 ||
-            hdr != mskv__blob_header((int32_t)ng) || o->total < (uint64_t)hdr + 8)
+        if (ng < least || ng > MSKV_MAX_GROUPS || mskv__get32(b + MSKV__BLOB_HEADER + 4) != 0 ||
+            hdr != mskv__blob_header_v((int32_t)ng, version) || o->total < (uint64_t)hdr + 8)
             return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: inconsistent layer-group header", what);
         if (avail < hdr) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "%s: %zu header bytes, the header has %u", what, avail, (unsigned)hdr);
         blob_groups = (int32_t)ng;
     } else if (version != MSKV__BLOB_VERSION || hdr != MSKV__BLOB_HEADER) {
-        return mskv__err(a, MSKV_ERROR_BLOB_VERSION, "%s: blob version %u, this library reads %u and %u", what, (unsigned)version,
-                         MSKV__BLOB_VERSION, MSKV__BLOB_VERSION_GROUPS);
+        return mskv__err(a, MSKV_ERROR_BLOB_VERSION, "%s: blob version %u, this library reads %u to %u", what, (unsigned)version,
+                         MSKV__BLOB_VERSION, MSKV__BLOB_VERSION_POSITIONS);
     }
-    o->hdr = mskv__blob_header(blob_groups);
+    o->hdr = mskv__blob_header_v(blob_groups, version);
     if (mskv__get32(b + 24) != (uint32_t)a->P || mskv__get32(b + 28) != (uint32_t)a->store.num_layers ||
         mskv__get32(b + 32) != (uint32_t)a->store.kv_heads || mskv__get32(b + 36) != (uint32_t)a->store.head_dim ||
         mskv__get32(b + 40) != (uint32_t)(a->store.num_layers ? a->store.dtype : 0) || blob_groups != a->G)
@@ -2808,14 +3071,21 @@ static mskv_result mskv__blob_header_check(mskv_arena *a, const unsigned char *b
         return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: inconsistent header", what);
     if (!(o->flags & 1u) && !mskv__all_zero(b + 120, 8))   /* the key of a request that is not keyed was written as zero */
         return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: a field its flags leave unused is not zero", what);
+    pos_at = b + MSKV__BLOB_HEADER + 8 + MSKV__BLOB_GROUP * (size_t)(blob_groups - 1);
+    o->pos_shift = version == MSKV__BLOB_VERSION_POSITIONS ? (int64_t)mskv__get64(pos_at) : 0;
+    if (o->pos_shift > INT32_MAX || o->pos_shift < -(int64_t)INT32_MAX || ((o->flags & 1u) && o->pos_shift != 0))
+        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: position shift out of range", what);
     o->payload = 0;
     for (g = 0; g < a->G; g++) {
         size_t bytes;
-        mskv__blob_group_read(b, g, &o->grp[g]);
-        if (!mskv__blob_group_ok(a, &o->grp[g], o->committed, o->flags) || !mskv__mul((size_t)o->grp[g].n, a->record_bytes, &bytes) ||
+        mskv__blob_group *x = &o->grp[g];
+        mskv__blob_group_read(b, g, x);
+        x->rp = version == MSKV__BLOB_VERSION_POSITIONS ? (int64_t)mskv__get64(pos_at + 8 + 8 * (size_t)g)
+              : x->live > (int64_t)x->pp * a->P ? x->live : 0;
+        if (!mskv__blob_group_ok(a, x, o->committed, o->flags) || !mskv__mul((size_t)x->n, a->record_bytes, &bytes) ||
             !mskv__add(o->payload, bytes, &o->payload))
             return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: inconsistent header (layer group %d)", what, (int)g);
-        if (o->grp[g].flags & 4u) o->grp[g].ret.window_tokens = o->grp[g].ret.window_chunks * o->grp[g].ret.chunk_size; /* bounded by the check */
+        if (x->flags & 4u) x->ret.window_tokens = x->ret.window_chunks * x->ret.chunk_size; /* bounded by the check */
     }
     if (!mskv__add(o->payload, o->hdr + 8, &sum) || sum != o->total)
         return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: page count does not match the size", what);
@@ -2830,11 +3100,13 @@ static void mskv__blob_apply(mskv_arena *a, mskv__req *q, const mskv__blob_info 
     q->keyed = (uint8_t)(x->flags & 1u);
     q->sealed = (uint8_t)((x->flags >> 1) & 1u);
     q->key = x->key;
+    q->pos_shift = x->pos_shift;
     for (g = 0; g < a->G; g++) {
         mskv__tab *t = &q->t[g];
         t->prefix_tokens = x->grp[g].prefix;
         t->prefix_pages = (int32_t)x->grp[g].pp;
         t->live_start = x->grp[g].live;
+        t->release_point = x->grp[g].rp;
         t->has_ret = (uint8_t)((x->grp[g].flags >> 2) & 1u);
         if (t->has_ret) t->retention = x->grp[g].ret;
     }
@@ -2901,9 +3173,14 @@ static int64_t mskv__range_count(const mskv_arena *a, const mskv__req *q) {
     return mskv__held_pages(a, q) * 2 * a->store.num_layers;
 }
 
+/* The header size of the blob a request exports now. */
+static size_t mskv__blob_header_of(const mskv_arena *a, const mskv__req *q) {
+    return mskv__blob_header_v(a->G, mskv__blob_version_of(a, q));
+}
+
 static void mskv__ranges(mskv_arena *a, const mskv__req *q, int64_t first, int64_t n, mskv_blob_range *out) {
     int64_t per = 2 * (int64_t)a->store.num_layers, k = first, end = first + n, base = 0;
-    size_t hdr = mskv__blob_header(a->G), pb = a->store.page_bytes;
+    size_t hdr = mskv__blob_header_of(a, q), pb = a->store.page_bytes;
     int32_t g = 0;
     int res = q->location == MSKV_RESIDENT;
     for (; k < end; k++) {
@@ -2948,7 +3225,7 @@ static uint64_t mskv__stream_checksum(mskv_arena *a, const mskv__req *q, const u
 }
 
 static void mskv__layout(const mskv_arena *a, const mskv__req *q, size_t total, mskv_blob_layout *o) {
-    o->header_bytes = mskv__blob_header(a->G);
+    o->header_bytes = mskv__blob_header_of(a, q);
     o->blob_bytes = total;
     o->range_count = mskv__range_count(a, q);
     o->range_bytes = a->store.page_bytes;
@@ -2959,12 +3236,13 @@ MSKV_IMPL mskv_result mskv_request_export_begin(mskv_arena *a, mskv_request h, v
     int32_t ri;
     int64_t bad;
     mskv__req *q;
-    size_t payload = 0, total = 0, hdr = mskv__blob_header(a ? a->G : 1);
+    size_t payload = 0, total = 0, hdr;
     mskv_result r = MSKV_SUCCESS;
     if (!a || !header || !layout) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
+    hdr = mskv__blob_header_of(a, q);
     if (a->desc.store_ops) r = mskv__err(a, MSKV_ERROR_UNSUPPORTED, "export_begin: the pages live behind store_ops (use mskv_request_export)");
     else if (q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "export_begin: commit or abort first");
     else if (q->xfer) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "export_begin: an export of this request is open");
@@ -3066,8 +3344,8 @@ MSKV_IMPL mskv_result mskv_request_import_commit(mskv_arena *a, mskv_request h, 
     if (r == MSKV_SUCCESS) {
         /* the header this request exports is the one that arrived: begin checked every field of it */
         payload = (size_t)mskv__held_pages(a, q) * a->record_bytes;
-        mskv__blob_header_write(a, q, hdr, mskv__blob_header(a->G) + payload + 8);
-        if (mskv__stream_checksum(a, q, hdr, mskv__blob_header(a->G)) != checksum)
+        mskv__blob_header_write(a, q, hdr, mskv__blob_header_of(a, q) + payload + 8);
+        if (mskv__stream_checksum(a, q, hdr, mskv__blob_header_of(a, q)) != checksum)
             r = mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import_commit: checksum mismatch (the import stays open: abort it)");
     }
     if (r == MSKV_SUCCESS) {
@@ -3374,6 +3652,8 @@ MSKV_IMPL mskv_result mskv_commit(mskv_arena *a, const mskv_segment *segs, int32
         q->committed += q->reserved;
         q->reserved = 0;
         q->has_res = 0;
+        q->pos_shift += q->pos_pending;   /* the custom position advance takes effect after the chunk */
+        q->pos_pending = 0;
     }
     MSKV__UNLOCK(a);
     return r;
@@ -3388,6 +3668,7 @@ static void mskv__abort_one(mskv_arena *a, int32_t ri) {
     }
     q->reserved = 0;
     q->has_res = 0;
+    q->pos_pending = 0;   /* a shift asked for during the chunk goes with it */
 }
 
 MSKV_IMPL mskv_result mskv_abort(mskv_arena *a, const mskv_segment *segs, int32_t n) {
@@ -3465,9 +3746,10 @@ static int64_t mskv__abs_pos(const mskv_arena *a, const mskv__tab *t, int64_t j)
     return j < split ? j : j + (t->live_start - split);
 }
 
-/* A position plan entry must be exact: OVERFLOW when pos - pos_offset does
-   not fit in 64 bits, OUT_OF_RANGE when the 1-D position or the 3-D frame
-   does not fit in int32 (rows and columns always do). */
+/* A derived RoPE position (pos = absolute + the request's pos_shift) minus
+   pos_offset must be exact: OVERFLOW when that does not fit in 64 bits,
+   OUT_OF_RANGE when the 1-D position or the 3-D frame does not fit in int32
+   (rows and columns always do). */
 static mskv_result mskv__pos_check(mskv_arena *a, const mskv_plan_desc *d, int64_t pos, int32_t seg) {
     int64_t rel, v;
     if (d->pos_mode == MSKV_POS_NONE) return MSKV_SUCCESS;
@@ -3482,15 +3764,63 @@ static mskv_result mskv__pos_check(mskv_arena *a, const mskv_plan_desc *d, int64
     return MSKV_SUCCESS;
 }
 
+/* Segment b's visibility bounds (see mskv_plan): from the desc's mode, then
+   the protected prefix taken out (exclude_prefix), in the canonical form:
+   (0, 0) when nothing is hidden. q is the segment's request (NULL for a
+   DENSE plan); only a SELF plan's keys are the request's own stream. */
+static mskv_result mskv__plan_bounds(mskv_arena *a, const mskv_plan_desc *d, const mskv__req *q, int32_t b,
+                                     int64_t *sink_end, int64_t *window_start) {
+    const mskv__tab *t = q ? &q->t[d->group] : NULL;
+    int64_t se = 0, ws = 0;
+    if (d->visibility == MSKV_VIS_CALLER) {
+        se = d->vis_sink_end[b];
+        ws = d->vis_window_start[b];
+        if (se < 0 || se > INT32_MAX || ws < 0 || ws > INT32_MAX)
+            return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: segment %d: visibility bounds %lld, %lld outside [0, 2^31)", (int)b,
+                             (long long)se, (long long)ws);
+    } else if (d->visibility == MSKV_VIS_EXACT && d->kind == MSKV_PLAN_SELF) {
+        se = t->prefix_tokens;   /* a keyed entry, a prefix or a dense sequence has released nothing */
+        ws = t->release_point;
+    }
+    if (ws <= se) se = ws = 0;
+    if (d->exclude_prefix && t->prefix_tokens > 0) {
+        if (ws == 0) {
+            ws = t->prefix_tokens;
+        } else if (se <= t->prefix_tokens) {
+            se = 0;
+            ws = ws > t->prefix_tokens ? ws : t->prefix_tokens;
+        } else {
+            return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: segment %d: exclude_prefix: the visible sink (to %lld) reaches past "
+                             "the prefix (%lld) before hidden tokens", (int)b, (long long)se, (long long)t->prefix_tokens);
+        }
+    }
+    *sink_end = se;
+    *window_start = ws;
+    return MSKV_SUCCESS;
+}
+
+/* The desc's own checks, before any segment is looked at. */
+static mskv_result mskv__plan_desc_check(mskv_arena *a, int32_t n, const mskv_plan_desc *d) {
+    if ((unsigned)d->kind > 3u || (unsigned)d->pos_mode > 2u || (unsigned)d->visibility > 2u)
+        return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: bad kind, pos_mode or visibility");
+    if (d->pos_mode == MSKV_POS_3D && (d->grid_h < 1 || d->grid_w < 1)) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: 3-D positions need grid_h, grid_w >= 1");
+    if (d->group < 0 || d->group >= a->G) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: layer group %d is not in [0, %d)", (int)d->group, (int)a->G);
+    if (d->positions && d->pos_mode == MSKV_POS_NONE) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: explicit positions need pos_mode 1-D or 3-D");
+    if (d->exclude_prefix && d->kind != MSKV_PLAN_SELF) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: exclude_prefix is for SELF plans");
+    if (d->kind == MSKV_PLAN_DENSE && n > 0 && !d->dense_kv_len) return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: dense_kv_len");
+    if (d->visibility == MSKV_VIS_CALLER && n > 0 && (!d->vis_sink_end || !d->vis_window_start))
+        return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: MSKV_VIS_CALLER needs vis_sink_end and vis_window_start");
+    return MSKV_SUCCESS;
+}
+
+/* Every check of a build, and the sizes: nothing is written before it passes. */
 static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int32_t n, const mskv_plan_desc *d,
                                     mskv_plan_size *sz, int32_t *cross_ri) {
     int32_t i, ri;
     int64_t tq = 0, ids = 0;
-    mskv_result r = MSKV_SUCCESS;
+    mskv_result r = mskv__plan_desc_check(a, n, d);
     const mskv__req *x = NULL;
-    if ((unsigned)d->kind > 2u || (unsigned)d->pos_mode > 2u) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: bad kind or pos_mode");
-    if (d->pos_mode == MSKV_POS_3D && (d->grid_h < 1 || d->grid_w < 1)) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: 3-D positions need grid_h, grid_w >= 1");
-    if (d->group < 0 || d->group >= a->G) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: layer group %d is not in [0, %d)", (int)d->group, (int)a->G);
+    if (r != MSKV_SUCCESS) return r;
     if (d->kind == MSKV_PLAN_CROSS) {
         ri = mskv__lookup(a, d->cross);
         if (ri < 0) return mskv__err(a, MSKV_ERROR_INVALID_HANDLE, "plan: unknown cross entry");
@@ -3499,12 +3829,11 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
         if (x->location != MSKV_RESIDENT) return mskv__err(a, MSKV_ERROR_OFFLOADED, "plan: the cross entry is offloaded");
         *cross_ri = ri;
     }
-    if (d->kind == MSKV_PLAN_DENSE && n > 0 && !d->dense_kv_len) return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: dense_kv_len");
     if (d->kind != MSKV_PLAN_DENSE) r = mskv__resolve(a, segs, n, 0, "plan");
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
-        int64_t nt = segs[i].n_tokens;
+        int64_t nt = segs[i].n_tokens, first, last, se, ws;  /* first, last: the segment's first and last query's positions */
+        const mskv__req *q = NULL;
         if (nt < 0) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: segment %d has %lld tokens", (int)i, (long long)nt);
-        int64_t first, last;  /* the positions of the segment's first and last query */
         if (d->kind == MSKV_PLAN_DENSE) {
             if (d->dense_kv_len[i] < 0 || d->dense_kv_len[i] > INT32_MAX) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: dense kv length");
             if (nt > d->dense_kv_len[i])
@@ -3512,20 +3841,24 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
             first = d->dense_kv_len[i] - nt;
             last = d->dense_kv_len[i] - 1;
         } else {
-            const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
-            const mskv__tab *t = &q->t[d->group];
-            int64_t len = mskv__kv_len(a, q, t);
+            const mskv__tab *t;
+            int64_t len;
+            q = &a->reqs[mskv__lookup(a, segs[i].request)];
+            t = &q->t[d->group];
+            len = mskv__kv_len(a, q, t);
             if (q->location != MSKV_RESIDENT) return mskv__err(a, MSKV_ERROR_OFFLOADED, "plan: segment %d's request is offloaded", (int)i);
             if (nt > len)
                 return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)len);
-            ids += d->kind == MSKV_PLAN_SELF ? t->num_pages : x->t[d->group].num_pages;
-            first = mskv__abs_pos(a, t, len - nt);
-            last = mskv__abs_pos(a, t, len - 1);
+            ids += d->kind == MSKV_PLAN_SELF ? t->num_pages : d->kind == MSKV_PLAN_CROSS ? x->t[d->group].num_pages : 0;
+            first = mskv__abs_pos(a, t, len - nt) + q->pos_shift;
+            last = mskv__abs_pos(a, t, len - 1) + q->pos_shift;
         }
-        /* positions rise along a segment: its two ends bound every entry (the
+        /* derived positions rise along a segment: its two ends bound every entry (the
            last first: an overflow, from a negative offset, shows there) */
-        if (nt > 0 && ((r = mskv__pos_check(a, d, last, i)) != MSKV_SUCCESS || (r = mskv__pos_check(a, d, first, i)) != MSKV_SUCCESS))
+        if (nt > 0 && !(d->positions && d->positions[i]) &&
+            ((r = mskv__pos_check(a, d, last, i)) != MSKV_SUCCESS || (r = mskv__pos_check(a, d, first, i)) != MSKV_SUCCESS))
             return r;
+        if ((r = mskv__plan_bounds(a, d, q, i, &se, &ws)) != MSKV_SUCCESS) return r;
         tq += nt;
     }
     if (r != MSKV_SUCCESS) return r;
@@ -3550,12 +3883,96 @@ MSKV_IMPL mskv_result mskv_plan_query(mskv_arena *a, const mskv_segment *segs, i
     return r;
 }
 
+/* The arrays a build writes: the required ones, and the optional ones this desc cannot do without. */
+static mskv_result mskv__plan_arrays_check(mskv_arena *a, const mskv_plan_desc *d, const mskv_plan_size *sz, const mskv_plan *p) {
+    if (!p->qo_indptr || !p->kv_indptr || !p->kv_last_page_len || !p->kv_len || !p->kv_pos_split || !p->kv_pos_shift ||
+        !p->kv_token_indptr || (sz->total_q > 0 && !p->slot_mapping) || (sz->num_page_ids > 0 && !p->kv_indices) ||
+        (d->pos_mode != MSKV_POS_NONE && sz->total_q > 0 && !p->positions))
+        return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: an output array is NULL");
+    if (d->kind == MSKV_PLAN_PREFIX && sz->total_q > 0 && !p->q_pos)
+        return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: a PREFIX plan needs q_pos (its queries are not the tail of its keys)");
+    if ((d->visibility != MSKV_VIS_PAGES || d->exclude_prefix) && sz->batch > 0 && (!p->vis_sink_end || !p->vis_window_start))
+        return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: visibility bounds need vis_sink_end and vis_window_start");
+    if (p->cap_batch < sz->batch || p->cap_tokens < sz->total_q || p->cap_page_ids < sz->num_page_ids)
+        return mskv__err(a, MSKV_ERROR_CAPACITY, "plan: needs batch %d, tokens %d, page ids %d; capacity %d, %d, %d", (int)sz->batch,
+                         (int)sz->total_q, (int)sz->num_page_ids, (int)p->cap_batch, (int)p->cap_tokens, (int)p->cap_page_ids);
+    return MSKV_SUCCESS;
+}
+
+/* Segment b's keys: its pages (SELF: its own stream; CROSS: the keyed
+   entry's) or a dense length (DENSE: the desc's; PREFIX: the request's
+   prefix); returns kv_len and sets the position map. */
+static int64_t mskv__plan_keys(mskv_arena *a, const mskv_plan_desc *d, const mskv__req *kv, int32_t b, mskv_plan *p,
+                               int32_t *id_at) {
+    const mskv__tab *kt = kv ? &kv->t[d->group] : NULL;
+    int64_t len, split, shift = 0;
+    if (d->kind == MSKV_PLAN_SELF || d->kind == MSKV_PLAN_CROSS) {
+        len = mskv__kv_len(a, kv, kt);
+        split = (int64_t)kt->prefix_pages * a->P;
+        shift = kt->live_start - split;
+        if (split > len) split = len;
+        if (kt->num_pages) memcpy(p->kv_indices + *id_at, kt->pages, (size_t)kt->num_pages * sizeof(int32_t));
+        *id_at += kt->num_pages;
+        p->kv_last_page_len[b] = kt->num_pages ? (int32_t)(len - (int64_t)(kt->num_pages - 1) * a->P) : 0;
+    } else {
+        len = d->kind == MSKV_PLAN_PREFIX ? kt->prefix_tokens : d->dense_kv_len[b];
+        split = len;
+        p->kv_last_page_len[b] = 0;
+    }
+    p->kv_len[b] = (int32_t)len;
+    p->kv_pos_split[b] = (int32_t)split;
+    p->kv_pos_shift[b] = (int32_t)shift;
+    p->kv_indptr[b + 1] = *id_at;
+    p->kv_token_indptr[b + 1] = p->kv_token_indptr[b] + len;
+    return len;
+}
+
+/* Segment b's queries, rows [q_at, q_at + nq): the tail of its own stream
+   (SELF, CROSS, PREFIX) or of the dense sequence of len keys. Slots for its
+   reserved tokens (SELF), mask positions, RoPE positions. Returns whether
+   q_pos left the tail rule. */
+static int mskv__plan_queries(mskv_arena *a, const mskv_plan_desc *d, const mskv__req *q, int32_t b, int32_t q_at, int32_t nq,
+                              int64_t len, mskv_plan *p) {
+    const mskv__tab *qt = q ? &q->t[d->group] : NULL;
+    const int32_t *expl = d->positions ? d->positions[b] : NULL;
+    int64_t own_len = q ? mskv__kv_len(a, q, qt) : len, split = p->kv_pos_split[b], shift = p->kv_pos_shift[b];
+    int moved = 0;
+    int32_t i;
+    for (i = 0; i < nq; i++) {
+        int64_t j = own_len - nq + i, pos = q ? mskv__abs_pos(a, qt, j) : j, t = len - nq + i;
+        /* only reserved tokens get a slot: a committed page may be shared with a fork */
+        p->slot_mapping[q_at + i] = d->kind == MSKV_PLAN_SELF && pos >= q->committed
+                                        ? (int64_t)qt->pages[j / a->P] * a->P + j % a->P : -1;
+        if (p->q_pos) {
+            int64_t tail = t < split ? t : t + shift;
+            p->q_pos[q_at + i] = (int32_t)(d->kind == MSKV_PLAN_PREFIX ? pos : tail);
+            moved |= (int64_t)p->q_pos[q_at + i] != tail;
+        }
+        if (d->pos_mode == MSKV_POS_NONE) continue;
+        if (expl) {
+            int32_t k, w = d->pos_mode == MSKV_POS_1D ? 1 : 3;
+            for (k = 0; k < w; k++) p->positions[w * (q_at + i) + k] = expl[w * i + k];
+            continue;
+        }
+        pos += (q ? q->pos_shift : 0) - d->pos_offset;   /* checked by mskv__plan_sizes: exact, and in int32 */
+        if (d->pos_mode == MSKV_POS_1D) {
+            p->positions[q_at + i] = (int32_t)pos;
+        } else {
+            int64_t tpf = (int64_t)d->grid_h * d->grid_w;
+            int64_t f = mskv__floordiv(pos, tpf);
+            int64_t rem = pos % tpf < 0 ? pos % tpf + tpf : pos % tpf;  /* f * tpf itself may not fit */
+            p->positions[3 * (q_at + i) + 0] = (int32_t)f;
+            p->positions[3 * (q_at + i) + 1] = (int32_t)(rem / d->grid_w);
+            p->positions[3 * (q_at + i) + 2] = (int32_t)(rem % d->grid_w);
+        }
+    }
+    return moved;
+}
 
 MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *p) {
     mskv_plan_desc zero;
     mskv_plan_size sz;
-    int32_t cross = -1, b, i, q_at = 0, id_at = 0;
-    int64_t tok_at = 0;
+    int32_t cross = -1, b, q_at = 0, id_at = 0;
     mskv_result r;
     if (!a || !p) return MSKV_ERROR_NULL_POINTER;
     if (n < 0) return MSKV_ERROR_INVALID_ARGUMENT;
@@ -3563,21 +3980,15 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
     if (!desc) { memset(&zero, 0, sizeof zero); desc = &zero; }
     MSKV__LOCK(a);
     r = mskv__plan_sizes(a, segs, n, desc, &sz, &cross);
-    if (r == MSKV_SUCCESS && (!p->qo_indptr || !p->kv_indptr || !p->kv_last_page_len || !p->kv_len || !p->kv_pos_split ||
-                              !p->kv_pos_shift || !p->kv_token_indptr || (sz.total_q > 0 && !p->slot_mapping) ||
-                              (sz.num_page_ids > 0 && !p->kv_indices) ||
-                              (desc->pos_mode != MSKV_POS_NONE && sz.total_q > 0 && !p->positions)))
-        r = mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: an output array is NULL");
-    if (r == MSKV_SUCCESS && (p->cap_batch < sz.batch || p->cap_tokens < sz.total_q || p->cap_page_ids < sz.num_page_ids))
-        r = mskv__err(a, MSKV_ERROR_CAPACITY, "plan: needs batch %d, tokens %d, page ids %d; capacity %d, %d, %d", (int)sz.batch,
-                      (int)sz.total_q, (int)sz.num_page_ids, (int)p->cap_batch, (int)p->cap_tokens, (int)p->cap_page_ids);
+    if (r == MSKV_SUCCESS) r = mskv__plan_arrays_check(a, desc, &sz, p);
     if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
     p->batch = sz.batch;
     p->total_q = sz.total_q;
     p->num_page_ids = sz.num_page_ids;
     p->page_size = a->P;
     p->step = a->step;
-    p->generation = desc->kind == MSKV_PLAN_DENSE ? 0 : a->generation;   /* a dense plan reads no pages */
+    p->features = 0;
+    p->generation = desc->kind == MSKV_PLAN_DENSE || desc->kind == MSKV_PLAN_PREFIX ? 0 : a->generation;   /* dense plans read no pages */
     p->cross.id = desc->kind == MSKV_PLAN_CROSS ? desc->cross.id : 0;
     p->group = desc->group;
     if (p->requests && desc->kind != MSKV_PLAN_DENSE)   /* cap_batch entries, checked above */
@@ -3588,49 +3999,15 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
     for (b = 0; b < n; b++) {
         const mskv__req *q = desc->kind == MSKV_PLAN_DENSE ? NULL : &a->reqs[mskv__lookup(a, segs[b].request)];
         const mskv__req *kv = desc->kind == MSKV_PLAN_CROSS ? &a->reqs[cross] : q;
-        const mskv__tab *qt = q ? &q->t[desc->group] : NULL, *kt = kv ? &kv->t[desc->group] : NULL;
         int32_t nq = (int32_t)segs[b].n_tokens;
-        int64_t len, own_len, split, shift;
-        if (kv) {
-            len = mskv__kv_len(a, kv, kt);
-            split = (int64_t)kt->prefix_pages * a->P;
-            if (split > len) split = len;
-            shift = kt->live_start - (int64_t)kt->prefix_pages * a->P;
-            if (kt->num_pages) memcpy(p->kv_indices + id_at, kt->pages, (size_t)kt->num_pages * sizeof(int32_t));
-            id_at += kt->num_pages;
-            p->kv_last_page_len[b] = kt->num_pages ? (int32_t)(len - (int64_t)(kt->num_pages - 1) * a->P) : 0;
-        } else {
-            len = desc->dense_kv_len[b];
-            split = len;
-            shift = 0;
-            p->kv_last_page_len[b] = 0;
+        int64_t len = mskv__plan_keys(a, desc, kv, b, p, &id_at), se = 0, ws = 0;
+        (void)mskv__plan_bounds(a, desc, q, b, &se, &ws);   /* checked by mskv__plan_sizes */
+        if (p->vis_sink_end && p->vis_window_start) {
+            p->vis_sink_end[b] = (int32_t)se;
+            p->vis_window_start[b] = (int32_t)ws;
         }
-        p->kv_len[b] = (int32_t)len;
-        p->kv_pos_split[b] = (int32_t)split;
-        p->kv_pos_shift[b] = (int32_t)shift;
-        p->kv_indptr[b + 1] = id_at;
-        tok_at += len;
-        p->kv_token_indptr[b + 1] = tok_at;
-        /* the segment's own tokens: the tail of its own stream (SELF, CROSS) or of the dense sequence */
-        own_len = q ? mskv__kv_len(a, q, qt) : len;
-        for (i = 0; i < nq; i++) {
-            int64_t j = own_len - nq + i, pos = q ? mskv__abs_pos(a, qt, j) : j;
-            /* only reserved tokens get a slot: a committed page may be shared with a fork */
-            p->slot_mapping[q_at + i] = desc->kind == MSKV_PLAN_SELF && pos >= q->committed
-                                            ? (int64_t)qt->pages[j / a->P] * a->P + j % a->P : -1;
-            if (desc->pos_mode == MSKV_POS_NONE) continue;
-            pos -= desc->pos_offset;   /* checked by mskv__plan_sizes: exact, and in int32 */
-            if (desc->pos_mode == MSKV_POS_1D) {
-                p->positions[q_at + i] = (int32_t)pos;
-            } else {
-                int64_t tpf = (int64_t)desc->grid_h * desc->grid_w;
-                int64_t f = mskv__floordiv(pos, tpf);
-                int64_t rem = pos % tpf < 0 ? pos % tpf + tpf : pos % tpf;  /* f * tpf itself may not fit */
-                p->positions[3 * (q_at + i) + 0] = (int32_t)f;
-                p->positions[3 * (q_at + i) + 1] = (int32_t)(rem / desc->grid_w);
-                p->positions[3 * (q_at + i) + 2] = (int32_t)(rem % desc->grid_w);
-            }
-        }
+        if (ws > se) p->features |= MSKV_PLAN_VISIBILITY;
+        if (mskv__plan_queries(a, desc, q, b, q_at, nq, len, p)) p->features |= MSKV_PLAN_Q_POS;
         q_at += nq;
         p->qo_indptr[b + 1] = q_at;
     }
@@ -3647,10 +4024,10 @@ MSKV_IMPL mskv_result mskv_plan_alloc(mskv_arena *a, int32_t cap_batch, int32_t 
     t = (size_t)cap_tokens;
     ids = (size_t)cap_page_ids;
     /* 8-byte arrays first, then 4-byte ones: natural alignment without padding.
-       Elements: (b + 1) + t eights; 2 (b + 1) + ids + 5 b + 3 t fours (the
+       Elements: (b + 1) + t eights; 2 (b + 1) + ids + 7 b + 4 t fours (the
        requests' handles are 4 bytes). Checked: with a 32-bit size_t they overflow. */
-    if (!mskv__add(b + 1, t, &eights) || !mskv__mul(eights, 8, &eights) || !mskv__mul(b, 7, &fours) ||
-        !mskv__add(fours, 2, &fours) || !mskv__add(fours, ids, &fours) || !mskv__mul(t, 3, &total) ||
+    if (!mskv__add(b + 1, t, &eights) || !mskv__mul(eights, 8, &eights) || !mskv__mul(b, 9, &fours) ||
+        !mskv__add(fours, 2, &fours) || !mskv__add(fours, ids, &fours) || !mskv__mul(t, 4, &total) ||
         !mskv__add(fours, total, &fours) || !mskv__mul(fours, 4, &fours) || !mskv__add(eights, fours, &total))
         return mskv__err(a, MSKV_ERROR_OVERFLOW, "plan_alloc: capacities %d, %d, %d", (int)cap_batch, (int)cap_tokens, (int)cap_page_ids);
     mem = (unsigned char *)mskv__alloc(&a->al, total);
@@ -3667,7 +4044,10 @@ MSKV_IMPL mskv_result mskv_plan_alloc(mskv_arena *a, int32_t cap_batch, int32_t 
     p->kv_pos_split = (int32_t *)(void *)(mem + off); off += b * 4;
     p->kv_pos_shift = (int32_t *)(void *)(mem + off); off += b * 4;
     p->requests = (mskv_request *)(void *)(mem + off); off += b * sizeof(mskv_request);
+    p->vis_sink_end = (int32_t *)(void *)(mem + off); off += b * 4;
+    p->vis_window_start = (int32_t *)(void *)(mem + off); off += b * 4;
     p->positions = (int32_t *)(void *)(mem + off); off += t * 4 * 3;
+    p->q_pos = (int32_t *)(void *)(mem + off); off += t * 4;
     MSKV_ASSERT(off == total);
     p->cap_batch = cap_batch;
     p->cap_tokens = cap_tokens;
@@ -3681,8 +4061,35 @@ MSKV_IMPL void mskv_plan_free(mskv_arena *a, mskv_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
+/* mskv_plan_validate's checks of the optional arrays against features. */
+static mskv_result mskv__plan_validate_extras(const mskv_plan *p, char *why, size_t cap) {
+    int32_t b, i;
+#define MSKV__BAD(...) do { mskv__why(why, cap, __VA_ARGS__); return MSKV_ERROR_INVALID_ARGUMENT; } while (0)
+    if ((p->features & ~(MSKV_PLAN_Q_POS | MSKV_PLAN_VISIBILITY)) != 0) MSKV__BAD("unknown feature bits 0x%x", (unsigned)p->features);
+    if (!p->vis_sink_end != !p->vis_window_start) MSKV__BAD("one of vis_sink_end, vis_window_start without the other");
+    if ((p->features & MSKV_PLAN_VISIBILITY) && !p->vis_sink_end) MSKV__BAD("MSKV_PLAN_VISIBILITY without bounds");
+    if ((p->features & MSKV_PLAN_Q_POS) && !p->q_pos) MSKV__BAD("MSKV_PLAN_Q_POS without q_pos");
+    for (b = 0; b < p->batch; b++) {
+        int32_t split = p->kv_pos_split ? p->kv_pos_split[b] : p->kv_len[b], shift = p->kv_pos_shift ? p->kv_pos_shift[b] : 0;
+        int32_t qo = p->qo_indptr[b + 1] - p->qo_indptr[b];
+        if (p->vis_sink_end) {
+            int32_t se = p->vis_sink_end[b], ws = p->vis_window_start[b];
+            if (se < 0 || ws < 0) MSKV__BAD("negative visibility bound in sequence %d", (int)b);
+            if (!(p->features & MSKV_PLAN_VISIBILITY) && ws > se) MSKV__BAD("sequence %d hides keys without MSKV_PLAN_VISIBILITY", (int)b);
+        }
+        for (i = 0; p->q_pos && !(p->features & MSKV_PLAN_Q_POS) && i < qo; i++) {
+            int64_t t = (int64_t)p->kv_len[b] - qo + i;
+            if ((int64_t)p->q_pos[p->qo_indptr[b] + i] != (t < split ? t : t + shift))
+                MSKV__BAD("q_pos of query %d of sequence %d is not the tail rule without MSKV_PLAN_Q_POS", (int)i, (int)b);
+        }
+    }
+#undef MSKV__BAD
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, char *why, size_t cap) {
     int32_t b, i, P;
+    mskv_result r;
     if (!p) return MSKV_ERROR_NULL_POINTER;
     P = p->page_size;
 #define MSKV__BAD(...) do { mskv__why(why, cap, __VA_ARGS__); return MSKV_ERROR_INVALID_ARGUMENT; } while (0)
@@ -3695,12 +4102,17 @@ MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, 
         int32_t last = p->kv_last_page_len[b];
         if (p->qo_indptr[b + 1] < p->qo_indptr[b]) MSKV__BAD("qo_indptr decreases at %d", (int)b);
         if (np < 0) MSKV__BAD("kv_indptr decreases at %d", (int)b);
+        if (p->kv_len[b] < 0) MSKV__BAD("kv_len[%d] is negative", (int)b);
         /* kv_indices holds num_page_ids ids: nothing past them is read */
         if (p->kv_indptr[b + 1] > p->num_page_ids)
             MSKV__BAD("kv_indptr[%d] = %d is past num_page_ids %d", (int)b + 1, (int)p->kv_indptr[b + 1], (int)p->num_page_ids);
         if (np > 0 && (last < 1 || last > P)) MSKV__BAD("kv_last_page_len[%d] = %d outside [1, %d]", (int)b, (int)last, (int)P);
         if (np == 0 && last != 0) MSKV__BAD("kv_last_page_len[%d] = %d for a sequence without pages", (int)b, (int)last);
         if (np > 0 && (int64_t)p->kv_len[b] != (int64_t)(np - 1) * P + last) MSKV__BAD("kv_len[%d] = %d does not match its pages", (int)b, (int)p->kv_len[b]);
+        if (np == 0 && p->kv_len[b] > 0 && !p->kv_token_indptr) MSKV__BAD("sequence %d has keys but no pages and no kv_token_indptr", (int)b);
+        if (np == 0 && p->kv_len[b] > 0 &&
+            (p->kv_token_indptr[b] < 0 || p->kv_token_indptr[b + 1] - p->kv_token_indptr[b] != (int64_t)p->kv_len[b]))
+            MSKV__BAD("dense sequence %d: kv_token_indptr[%d..%d] is not kv_len apart", (int)b, (int)b, (int)b + 1);
         if (p->kv_pos_split && (p->kv_pos_split[b] < 0 || p->kv_pos_split[b] > p->kv_len[b])) MSKV__BAD("kv_pos_split[%d] outside [0, kv_len]", (int)b);
         if (p->kv_pos_shift && p->kv_pos_shift[b] < 0) MSKV__BAD("kv_pos_shift[%d] is negative", (int)b);
         for (i = p->kv_indptr[b]; i < p->kv_indptr[b + 1]; i++) {
@@ -3714,6 +4126,7 @@ MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, 
     if (p->qo_indptr[p->batch] != p->total_q) MSKV__BAD("qo_indptr[batch] != total_q");
     if (p->kv_indptr[p->batch] != p->num_page_ids) MSKV__BAD("kv_indptr[batch] != num_page_ids");
 #undef MSKV__BAD
+    if ((r = mskv__plan_validate_extras(p, why, cap)) != MSKV_SUCCESS) return r;
     mskv__why(why, cap, "ok");
     return MSKV_SUCCESS;
 }
@@ -3741,6 +4154,120 @@ MSKV_IMPL mskv_result mskv_plan_check(mskv_arena *a, const mskv_plan *p) {
     return ok ? MSKV_SUCCESS
               : mskv__err(a, MSKV_ERROR_STALE_PLAN, "plan built at generation %llu is stale: pages left one of its requests since",
                           (unsigned long long)p->generation);
+}
+
+/* Prefix views */
+
+/* The checks every view call starts with (before the lock). */
+#define MSKV__CHECK_VIEW(a, v)                                                                    \
+    do {                                                                                          \
+        if (!(a) || !(v)) return MSKV_ERROR_NULL_POINTER;                                         \
+        MSKV__CHECK_GROUP(a, (v)->group);                                                         \
+    } while (0)
+
+/* Copies prefix page i (rows tokens) of every layer into the view, from the
+   host pools or from a page record read through store_ops. */
+static void mskv__view_copy_page(const mskv_arena *a, mskv_prefix_view *v, int32_t page, int64_t first, int64_t rows,
+                                 const unsigned char *record) {
+    const size_t slot = a->store.slot_bytes, n = (size_t)rows * slot;
+    int32_t l, kind;
+    for (l = 0; l < a->store.num_layers; l++)
+        for (kind = 0; kind < 2; kind++) {
+            unsigned char *dst = (unsigned char *)(kind ? v->v : v->k) + ((size_t)l * (size_t)v->cap_tokens + (size_t)first) * slot;
+            const unsigned char *src = record ? record + (size_t)(l * 2 + kind) * a->store.page_bytes
+                                              : a->pools[l * 2 + kind] + (size_t)page * a->store.page_bytes;
+            memcpy(dst, src, n);
+        }
+}
+
+MSKV_IMPL mskv_result mskv_prefix_view_gather(mskv_arena *a, mskv_prefix_view *v) {
+    int32_t ri, i;
+    const mskv__tab *t;
+    size_t bytes;
+    unsigned char *record = NULL;
+    mskv_result r = MSKV_SUCCESS;
+    MSKV__CHECK_VIEW(a, v);
+    if (v->cap_tokens < 0) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "prefix view: negative cap_tokens");
+    if (v->cap_tokens > 0 && (!v->k || !v->v)) return MSKV_ERROR_NULL_POINTER;
+    if (a->record_bytes == 0) return mskv__err(a, MSKV_ERROR_UNSUPPORTED, "prefix view: the arena keeps no K/V bytes (num_layers 0)");
+    if (!mskv__mul((size_t)a->store.num_layers, (size_t)v->cap_tokens, &bytes) || !mskv__mul(bytes, a->store.slot_bytes, &bytes))
+        return mskv__err(a, MSKV_ERROR_OVERFLOW, "prefix view: %lld tokens per layer do not fit in memory", (long long)v->cap_tokens);
+    MSKV__LOCK(a);
+    MSKV__GET(a, v->request, ri);
+    t = &a->reqs[ri].t[v->group];
+    if (a->reqs[ri].location != MSKV_RESIDENT) r = mskv__err(a, MSKV_ERROR_OFFLOADED, "prefix view: the request is offloaded");
+    else if (t->prefix_tokens > v->cap_tokens)
+        r = mskv__err(a, MSKV_ERROR_CAPACITY, "prefix view: the prefix has %lld tokens, the view room for %lld", (long long)t->prefix_tokens,
+                      (long long)v->cap_tokens);
+    else if (a->desc.store_ops && t->prefix_pages > 0 && !(record = (unsigned char *)mskv__alloc(&a->al, a->record_bytes)))
+        r = mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "prefix view: a page record of %zu bytes", a->record_bytes);
+    for (i = 0; r == MSKV_SUCCESS && i < t->prefix_pages; i++) {
+        int64_t first = (int64_t)i * a->P, rows = t->prefix_tokens - first < a->P ? t->prefix_tokens - first : a->P;
+        if (record) r = a->desc.store_ops->read_pages(a->desc.store_ops->user, &t->pages[i], 1, record);
+        if (r == MSKV_SUCCESS) mskv__view_copy_page(a, v, t->pages[i], first, rows, record);
+        else v->epoch = 0;   /* part old, part new: refuse it rather than let it pass for either */
+    }
+    mskv__free(&a->al, record);
+    if (r == MSKV_SUCCESS) {
+        v->tokens = t->prefix_tokens;
+        v->epoch = t->epoch;
+        v->num_layers = a->store.num_layers;
+        v->kv_heads = a->store.kv_heads;
+        v->head_dim = a->store.head_dim;
+        v->dtype = a->store.dtype;
+        v->device = 0;
+    }
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+/* Whether epoch is still request's prefix_epoch in group g (under the lock). */
+static mskv_result mskv__epoch_check(mskv_arena *a, mskv_request h, int32_t g, uint64_t epoch, int64_t tokens) {
+    int32_t ri;
+    const mskv__tab *t;
+    mskv_result r = MSKV_SUCCESS;
+    MSKV__CHECK_GROUP(a, g);
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    t = &a->reqs[ri].t[g];
+    if (epoch == 0 || epoch != t->epoch || (tokens >= 0 && tokens != t->prefix_tokens))
+        r = mskv__err(a, MSKV_ERROR_STALE_VIEW, "prefix view of epoch %llu, %lld tokens: the request's prefix is at epoch %llu, %lld tokens",
+                      (unsigned long long)epoch, (long long)tokens, (unsigned long long)t->epoch, (long long)t->prefix_tokens);
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_prefix_view_check(mskv_arena *a, const mskv_prefix_view *v) {
+    MSKV__CHECK_VIEW(a, v);
+    return mskv__epoch_check(a, v->request, v->group, v->epoch, v->tokens);
+}
+
+MSKV_IMPL mskv_result mskv_prefix_view_layer(const mskv_prefix_view *v, mskv_arena *a, int32_t layer, mskv_dense_kv *out) {
+    size_t off, es;
+    if (!v || !out) return MSKV_ERROR_NULL_POINTER;
+    if (v->epoch == 0) return MSKV_ERROR_STALE_VIEW;   /* never gathered */
+    if (v->device) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (layer < 0 || layer >= v->num_layers) return MSKV_ERROR_OUT_OF_RANGE;
+    es = mskv_dtype_size(v->dtype);
+    off = (size_t)layer * (size_t)v->cap_tokens * (size_t)v->kv_heads * (size_t)v->head_dim * es;  /* inside the buffers the gather filled */
+    memset(out, 0, sizeof *out);
+    out->k = (const unsigned char *)v->k + off;
+    out->v = (const unsigned char *)v->v + off;
+    out->dtype = v->dtype;
+    out->kv_heads = v->kv_heads;
+    out->head_dim = v->head_dim;
+    out->tokens = v->tokens;
+    out->arena = a;
+    out->request = v->request;
+    out->group = v->group;
+    out->epoch = v->epoch;
+    return MSKV_SUCCESS;
+}
+
+/* The dense K/V's epoch check (mskv_cpu_attention_dense). */
+static mskv_result mskv__dense_kv_check(const mskv_dense_kv *kv) {
+    if (!kv->arena) return MSKV_SUCCESS;
+    return mskv__epoch_check(kv->arena, kv->request, kv->group, kv->epoch, -1);
 }
 
 /* Keyed entries */
@@ -4282,6 +4809,8 @@ MSKV_IMPL mskv_result mskv_arena_audit(mskv_arena *a, char *why, size_t cap) {
         if (q->keyed && q->sealed && q->has_res) MSKV__FAIL("request %d: sealed entry with a reservation", (int)i);
         if (q->last_admit > a->admits) MSKV__FAIL("request %d: admitted after the last admit", (int)i);
         if (q->location == MSKV_OFFLOADED && q->has_res) MSKV__FAIL("request %d: offloaded with a reservation", (int)i);
+        if (q->pos_pending != 0 && !q->has_res) MSKV__FAIL("request %d: a position shift waits without a reservation", (int)i);
+        if (q->pos_shift + q->pos_pending > INT32_MAX || q->pos_shift + q->pos_pending < -(int64_t)INT32_MAX) MSKV__FAIL("request %d: position shift out of range", (int)i);
         if (q->location == MSKV_RESIDENT && q->host) MSKV__FAIL("request %d: resident but holds a host copy", (int)i);
         for (g = 0; g < a->G; g++) {
             const mskv__tab *t = &q->t[g];
@@ -4290,6 +4819,7 @@ MSKV_IMPL mskv_result mskv_arena_audit(mskv_arena *a, char *why, size_t cap) {
             if (t->prefix_pages != mskv__ceil_div(t->prefix_tokens, a->P)) MSKV__FAIL("request %d group %d: prefix pages %d do not cover the prefix", (int)i, (int)g, (int)t->prefix_pages);
             if (t->live_start % a->P != 0 || t->live_start < (int64_t)t->prefix_pages * a->P) MSKV__FAIL("request %d group %d: live_start %lld misplaced", (int)i, (int)g, (long long)t->live_start);
             if (t->live_start > (int64_t)t->prefix_pages * a->P && t->live_start > q->committed) MSKV__FAIL("request %d group %d: released past the committed tokens", (int)i, (int)g);
+            if (!mskv__release_point_ok(a, t, q->committed)) MSKV__FAIL("request %d group %d: release point %lld disagrees with live_start %lld", (int)i, (int)g, (long long)t->release_point, (long long)t->live_start);
             if (q->location == MSKV_OFFLOADED) {
                 if (t->num_pages != 0) MSKV__FAIL("request %d group %d: offloaded but holds pages", (int)i, (int)g);
                 if (t->host_pages != want) MSKV__FAIL("request %d group %d: host copy has %d pages, expected %d", (int)i, (int)g, (int)t->host_pages, (int)want);
@@ -4414,10 +4944,13 @@ static uint64_t mskv__digest(const mskv_arena *a, int with_bytes) {
         mskv__hash_u64(&h, q->key);
         mskv__hash_u64(&h, q->last_admit);
         mskv__hash_u64(&h, (uint64_t)(uint32_t)q->lock << 32 | (uint32_t)q->lock_next);
+        mskv__hash_u64(&h, (uint64_t)q->pos_shift);
+        mskv__hash_u64(&h, (uint64_t)q->pos_pending);
         for (g = 0; g < a->G; g++) {
             const mskv__tab *t = &q->t[g];
             mskv__hash_u64(&h, (uint64_t)t->prefix_tokens);
             mskv__hash_u64(&h, (uint64_t)t->live_start);
+            mskv__hash_u64(&h, (uint64_t)t->release_point);
             mskv__hash_u64(&h, (uint64_t)t->prefix_pages);
             mskv__hash_u64(&h, t->epoch);
             mskv__hash_u64(&h, t->shrunk);
@@ -5446,6 +5979,13 @@ static MSKV__CPU_AVX2 float mskv__cpu_exp_row_avx2(float *MSKV__CPU_RESTRICT s, 
 static const mskv__cpu_kern mskv__cpu_kern_avx2 = {
     MSKV_CPU_ISA_AVX2, 8, mskv__cpu_cvt_avx2, mskv__cpu_gemm_avx2, mskv__cpu_softmax_avx2,
     mskv__cpu_qk_rows_avx2, mskv__cpu_pv_rows_avx2, mskv__cpu_exp_row_avx2};
+
+/* GCC ends target-attributed AVX functions without vzeroupper, so a call on
+   an AVX path returned with the upper halves of the vector registers dirty,
+   and the caller's SSE code after it (libm's exp, the application's own)
+   ran several times slower. Every thread clears them when its share of a
+   call is done. */
+static MSKV__CPU_AVX2 void mskv__cpu_zeroupper(void) { _mm256_zeroupper(); }
 #endif /* MSKV__CPU_X86 */
 
 /* ---- NEON path (arm64: 4 floats a vector, 32 registers) ---- */
@@ -6003,6 +6543,8 @@ typedef struct mskv__cpu_job {
     mskv_dtype qt;
     mskv_mask mask;
     int32_t q_heads, group, dim, dimp, window_left;
+    int32_t dense;      /* keys are rows of dense K/V (kv_token_indptr), not pages */
+    size_t tstride, hstride; /* elements from a key row to the next (dense) and from a kv head to the next */
     int32_t rows;       /* rows per item */
     int32_t wide;       /* items of more than 8 rows use the transposed tiles (rows a multiple of kern->rw) */
     int32_t heads_cap;  /* most kv heads per item (few-row segments), so threads still get items */
@@ -6028,8 +6570,15 @@ typedef struct mskv__cpu_work { int32_t b, rb, g0, ng, c, nch, slot; } mskv__cpu
 typedef struct mskv__cpu_seg {
     int32_t qo0, qo_len;
     int64_t kv_len, split, shift;
-    const int32_t *pages;
+    const int32_t *pages;      /* paged keys */
+    int64_t tok0;              /* dense keys: the segment's first row */
+    const int32_t *q_pos;      /* its queries' positions, NULL: the tail rule */
+    int64_t run_lo[2], run_hi[2];  /* the keys the visibility bounds leave: runs of compacted indices */
+    int32_t nruns;
+    int64_t visible;           /* keys in the runs */
 } mskv__cpu_seg;
+
+static void mskv__cpu_seg_runs(const mskv__cpu_job *job, int32_t b, mskv__cpu_seg *sg);
 
 static void mskv__cpu_seg_of(const mskv__cpu_job *job, int32_t b, mskv__cpu_seg *sg) {
     const mskv_plan *plan = job->plan;
@@ -6038,7 +6587,11 @@ static void mskv__cpu_seg_of(const mskv__cpu_job *job, int32_t b, mskv__cpu_seg 
     sg->kv_len = plan->kv_len[b];
     sg->split = plan->kv_pos_split ? plan->kv_pos_split[b] : sg->kv_len;
     sg->shift = plan->kv_pos_shift ? plan->kv_pos_shift[b] : 0;
-    sg->pages = plan->kv_indices ? plan->kv_indices + plan->kv_indptr[b] : NULL;   /* NULL: a plan without page ids */
+    /* NULL for dense keys, and for a plan without page ids (no NULL + offset) */
+    sg->pages = job->dense || !plan->kv_indices ? NULL : plan->kv_indices + plan->kv_indptr[b];
+    sg->tok0 = job->dense ? plan->kv_token_indptr[b] : 0;
+    sg->q_pos = plan->q_pos ? plan->q_pos + sg->qo0 : NULL;
+    mskv__cpu_seg_runs(job, b, sg);
 }
 
 static void mskv__cpu_lock(const mskv__cpu_job *job) {
@@ -6071,16 +6624,41 @@ static int64_t mskv__cpu_first_at(int64_t p, int64_t split, int64_t shift, int64
 }
 
 /* Which keys a query sees is decided here and nowhere else: for query i of
-   the segment, the interval [lo, hi) of compacted key indices. Everything
-   below only applies these intervals (clipped to a block by
-   mskv__cpu_block_mask), so a new kind of mask changes this function. */
+   the segment, the interval [lo, hi) of compacted key indices the mask
+   leaves, intersected with the segment's runs (mskv__cpu_seg_runs: what the
+   visibility bounds leave). Everything below only applies these (blocks are
+   cut inside one run, and clipped per row by mskv__cpu_block_mask), so a new
+   kind of mask changes these two functions. */
 static void mskv__cpu_row_keys(const mskv__cpu_job *job, const mskv__cpu_seg *sg, int32_t i, int64_t *lo, int64_t *hi) {
-    int64_t qpos = mskv__cpu_kpos(sg->kv_len - sg->qo_len + i, sg->split, sg->shift);
+    int64_t qpos = sg->q_pos ? sg->q_pos[i] : mskv__cpu_kpos(sg->kv_len - sg->qo_len + i, sg->split, sg->shift);
     *lo = 0;
     *hi = sg->kv_len;
     if (job->mask == MSKV_MASK_NONE) return;
     *hi = mskv__cpu_first_at(qpos + 1, sg->split, sg->shift, sg->kv_len);
     if (job->mask == MSKV_MASK_WINDOW) *lo = mskv__cpu_first_at(qpos - job->window_left, sg->split, sg->shift, sg->kv_len);
+}
+
+/* The visible runs of segment b: a key at position p is hidden iff
+   vis_sink_end <= p < vis_window_start, a range of compacted indices since
+   positions rise with the index; the keys on either side are the runs. */
+static void mskv__cpu_seg_runs(const mskv__cpu_job *job, int32_t b, mskv__cpu_seg *sg) {
+    const mskv_plan *plan = job->plan;
+    int64_t h0 = 0, h1 = 0;
+    int32_t n = 0;
+    if (plan->vis_sink_end && plan->vis_window_start && plan->vis_window_start[b] > plan->vis_sink_end[b]) {
+        h0 = mskv__cpu_first_at(plan->vis_sink_end[b], sg->split, sg->shift, sg->kv_len);
+        h1 = mskv__cpu_first_at(plan->vis_window_start[b], sg->split, sg->shift, sg->kv_len);
+    }
+    if (h0 > 0) { sg->run_lo[n] = 0; sg->run_hi[n] = h0; n++; }
+    if (h1 < sg->kv_len) { sg->run_lo[n] = h1; sg->run_hi[n] = sg->kv_len; n++; }
+    sg->nruns = n;
+    sg->visible = h0 + (sg->kv_len - h1);
+}
+
+/* The compacted index of the v-th visible key (0 <= v < sg->visible). */
+static int64_t mskv__cpu_visible_at(const mskv__cpu_seg *sg, int64_t v) {
+    int64_t first = sg->nruns > 0 ? sg->run_hi[0] - sg->run_lo[0] : 0;
+    return v < first ? sg->run_lo[0] + v : sg->run_lo[1] + (v - first);
 }
 
 /* Each row's interval relative to the block [j0, j0 + kb): a[r] <= j < z[r];
@@ -6108,11 +6686,14 @@ static int32_t mskv__cpu_rows_of(const mskv__cpu_job *job, int32_t b) {
    threads, none shorter than MSKV__CPU_SPLIT_MIN_KEYS. Depends on the plan
    and the workspace only, so the result does not depend on the thread count. */
 static int32_t mskv__cpu_chunks_of(const mskv__cpu_job *job, int32_t b) {
-    int64_t n = (job->plan->kv_len[b] + MSKV__CPU_SPLIT_MIN_KEYS - 1) / MSKV__CPU_SPLIT_MIN_KEYS;
+    mskv__cpu_seg sg;
+    int64_t n;
+    mskv__cpu_seg_of(job, b, &sg);
+    n = (sg.visible + MSKV__CPU_SPLIT_MIN_KEYS - 1) / MSKV__CPU_SPLIT_MIN_KEYS;
     return n < 1 ? 1 : n > job->chunks ? job->chunks : (int32_t)n;
 }
 
-/* Chunk c of nch: keys [n * c / nch, n * (c + 1) / nch). */
+/* Chunk c of nch: visible keys [n * c / nch, n * (c + 1) / nch). */
 static int64_t mskv__cpu_chunk_at(int64_t n, int32_t c, int32_t nch) { return n / nch * c + n % nch * c / nch; }
 
 /* Takes the next item; 0 when none is left. A segment with few rows per kv
@@ -6203,18 +6784,22 @@ static void mskv__cpu_key_row(const mskv__cpu_job *job, const void *pool, size_t
    this block computes. */
 static void mskv__cpu_block_rows(const mskv__cpu_job *job, const mskv__cpu_seg *sg, int64_t j0, int32_t kb, int64_t hi,
                                  int32_t g0, int32_t ng, size_t *el) {
-    const int32_t P = job->pools->page_size, kvh = job->pools->kv_heads, D = job->dim;
+    const int32_t P = job->pools->page_size, D = job->dim;
     int64_t pi = j0 / P, off = j0 % P;
     int32_t jj;
+    if (job->dense) { /* dense rows: in order, which the hardware prefetches by itself */
+        for (jj = 0; jj < kb; jj++) el[jj] = (size_t)(sg->tok0 + j0 + jj) * job->tstride;
+        return;
+    }
     for (jj = 0; jj < kb; jj++) {
-        el[jj] = ((size_t)sg->pages[pi] * (size_t)P + (size_t)off) * (size_t)kvh * (size_t)D;
+        el[jj] = ((size_t)sg->pages[pi] * (size_t)P + (size_t)off) * job->tstride;
         if (++off == P) { off = 0; pi++; }
     }
 #if defined(__GNUC__)
     {
         size_t pes = mskv__cpu_esize(job->pools->dtype), bytes = (size_t)ng * (size_t)D * pes;
         for (jj = 0; jj < kb && j0 + kb + jj < hi; jj++) {
-            size_t e = (((size_t)sg->pages[pi] * (size_t)P + (size_t)off) * (size_t)kvh + (size_t)g0) * (size_t)D, at;
+            size_t e = ((size_t)sg->pages[pi] * (size_t)P + (size_t)off) * job->tstride + (size_t)g0 * job->hstride, at;
             const char *kp = (const char *)job->pools->k + e * pes, *vp = (const char *)job->pools->v + e * pes;
             for (at = 0; at < bytes; at += 64) { __builtin_prefetch(kp + at); __builtin_prefetch(vp + at); }
             if (++off == P) { off = 0; pi++; }
@@ -6231,9 +6816,9 @@ static void mskv__cpu_block_rows(const mskv__cpu_job *job, const mskv__cpu_seg *
 static void mskv__cpu_item_wide(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t r0, int32_t nr, int32_t g) {
     const mskv__cpu_kern *kn = job->kern;
     const int32_t D = job->dim, Dp = job->dimp, KS = ws->keys, rp = (nr + kn->rw - 1) / kn->rw * kn->rw;
-    const size_t goff = (size_t)g * (size_t)D;
-    int64_t lo = INT64_MAX, hi = 0, j0;
-    int32_t r, d, jj;
+    const size_t goff = (size_t)g * job->hstride;
+    int64_t lo = INT64_MAX, hi = 0, j0, end;
+    int32_t r, d, jj, run;
     for (r = 0; r < rp; r++) {
         if (r < nr) {
             mskv__cpu_query(job, sg, r0 + r, g, ws->v);
@@ -6250,9 +6835,10 @@ static void mskv__cpu_item_wide(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
         ws->l[r] = 0.0f;
     }
     memset(ws->o, 0, (size_t)D * (size_t)rp * sizeof(float));
-    for (j0 = lo; j0 < hi; j0 += KS) {
-        int32_t kb = (int32_t)(hi - j0 < KS ? hi - j0 : KS), full;
-        mskv__cpu_block_rows(job, sg, j0, kb, hi, g, 1, ws->el);
+    for (run = 0; run < sg->nruns; run++)
+    for (j0 = lo > sg->run_lo[run] ? lo : sg->run_lo[run], end = hi < sg->run_hi[run] ? hi : sg->run_hi[run]; j0 < end; j0 += KS) {
+        int32_t kb = (int32_t)(end - j0 < KS ? end - j0 : KS), full;
+        mskv__cpu_block_rows(job, sg, j0, kb, end, g, 1, ws->el);
         for (jj = 0; jj < kb; jj++) {
             mskv__cpu_key_row(job, job->pools->k, ws->el[jj] + goff, ws->k + (size_t)jj * Dp);
             mskv__cpu_key_row(job, job->pools->v, ws->el[jj] + goff, ws->v + (size_t)jj * Dp);
@@ -6279,8 +6865,8 @@ static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
     const int32_t D = job->dim, Dp = job->dimp, KS = ws->keys, nrp = (nr + 3) & ~3;
     const int32_t KB = nrp <= 8 ? job->row_keys : KS;  /* the same blocks for any ng: results do not depend on grouping */
     const int direct = pools->dtype == MSKV_DTYPE_F32 && D == Dp; /* pool rows usable as they are */
-    int64_t lo = khi, hi = klo, j0;
-    int32_t r, d, gi, jj;
+    int64_t lo = khi, hi = klo, j0, end;
+    int32_t r, d, gi, jj, run;
     for (gi = 0; gi < ng; gi++)
         for (r = 0; r < nrp; r++) {
             int32_t R = gi * nrp + r;
@@ -6305,22 +6891,23 @@ static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
             ws->l[R] = 0.0f;
         }
 
-    for (j0 = lo; j0 < hi; j0 += KB) {
-        int32_t kb = (int32_t)(hi - j0 < KB ? hi - j0 : KB), full;
-        mskv__cpu_block_rows(job, sg, j0, kb, hi, g0, ng, ws->el);
+    for (run = 0; run < sg->nruns; run++)
+    for (j0 = lo > sg->run_lo[run] ? lo : sg->run_lo[run], end = hi < sg->run_hi[run] ? hi : sg->run_hi[run]; j0 < end; j0 += KB) {
+        int32_t kb = (int32_t)(end - j0 < KB ? end - j0 : KB), full;
+        mskv__cpu_block_rows(job, sg, j0, kb, end, g0, ng, ws->el);
         full = mskv__cpu_block_mask(ws->klo, ws->khi, nr, nrp, j0, kb, ws->a, ws->z);
         if (!direct)
             /* all heads' rows of each slot in address order (one contiguous
                run per slot), so the hardware streams them */
             for (jj = 0; jj < kb; jj++)
                 for (gi = 0; gi < ng; gi++) {
-                    size_t el = ws->el[jj] + (size_t)(g0 + gi) * (size_t)D, at = ((size_t)gi * KB + (size_t)jj) * Dp;
+                    size_t el = ws->el[jj] + (size_t)(g0 + gi) * job->hstride, at = ((size_t)gi * KB + (size_t)jj) * Dp;
                     mskv__cpu_key_row(job, pools->k, el, ws->k + at);
                     mskv__cpu_key_row(job, pools->v, el, ws->v + at);
                     for (d = D; d < Dp; d++) ws->k[at + d] = ws->v[at + d] = 0.0f;
                 }
         for (gi = 0; gi < ng; gi++) {
-            const size_t goff = (size_t)(g0 + gi) * (size_t)D;
+            const size_t goff = (size_t)(g0 + gi) * job->hstride;
             float *S = ws->s + (size_t)gi * nrp * KS, *M = ws->m + gi * nrp, *L = ws->l + gi * nrp;
             float *A = ws->alpha + gi * nrp;
             for (jj = 0; jj < kb; jj++) {
@@ -6403,9 +6990,11 @@ static void mskv__cpu_item(mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu
     if (nr > job->rows) nr = job->rows;
     if (w->nch > 1) {
         float *part = job->all_ws[w->slot].part;
+        int64_t v0 = mskv__cpu_chunk_at(sg.visible, w->c, w->nch), v1 = mskv__cpu_chunk_at(sg.visible, w->c + 1, w->nch);
         int last;
-        mskv__cpu_item_rows(job, ws, &sg, r0, nr, w->g0, 1, mskv__cpu_chunk_at(sg.kv_len, w->c, w->nch),
-                            mskv__cpu_chunk_at(sg.kv_len, w->c + 1, w->nch), part + (size_t)w->c * MSKV__CPU_PART);
+        /* the chunk's visible keys, as a range of compacted indices that may span the hidden ones */
+        mskv__cpu_item_rows(job, ws, &sg, r0, nr, w->g0, 1, mskv__cpu_visible_at(&sg, v0),
+                            mskv__cpu_visible_at(&sg, v1 - 1) + 1, part + (size_t)w->c * MSKV__CPU_PART);
         mskv__cpu_lock(job);
         last = ++job->slots[w->slot].done == w->nch;
         mskv__cpu_unlock(job);
@@ -6425,15 +7014,41 @@ static void mskv__cpu_attn_task(void *ctx, mskv__cpu_ws *ws) {
     mskv__cpu_job *job = (mskv__cpu_job *)ctx;
     mskv__cpu_work w;
     while (mskv__cpu_next(job, &w)) mskv__cpu_item(job, ws, &w);
+#if MSKV__CPU_X86
+    if (job->kern->isa == MSKV_CPU_ISA_AVX2 || job->kern->isa == MSKV_CPU_ISA_AVX512) mskv__cpu_zeroupper();
+#endif
+}
+
+/* The plan's checks shared by the paged and dense paths, per segment: counts,
+   rows that fit in int32, the position map, and queries without a position
+   for a masked call. The callers checked the arrays and indptr[0]. */
+static mskv_result mskv__cpu_check_segments(const mskv_plan *plan, const mskv_attn *attn, int32_t kv_heads, double *work) {
+    int32_t b;
+    *work = 0;
+    if (!plan->vis_sink_end != !plan->vis_window_start) return MSKV_ERROR_NULL_POINTER;  /* one bound without the other */
+    for (b = 0; b < plan->batch; b++) {
+        int64_t qo = (int64_t)plan->qo_indptr[b + 1] - plan->qo_indptr[b];
+        int64_t kv = plan->kv_len[b], split, shift;
+        if (qo < 0 || kv < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+        /* a segment's rows (query x q head of a group) are counted in int32, with room to round up */
+        if (qo * (attn->q_heads / kv_heads) > (int64_t)INT32_MAX - 256) return MSKV_ERROR_OVERFLOW;
+        split = plan->kv_pos_split ? plan->kv_pos_split[b] : kv;
+        shift = plan->kv_pos_shift ? plan->kv_pos_shift[b] : 0;
+        if (split < 0 || shift < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+        if (attn->mask != MSKV_MASK_NONE && !plan->q_pos && qo > kv) return MSKV_ERROR_INVALID_ARGUMENT; /* queries without a position */
+        *work += (double)qo * (double)kv;
+    }
+    return MSKV_SUCCESS;
 }
 
 /* Checks the plan against the pools before anything is read or written. */
-static mskv_result mskv__cpu_check_plan(const mskv_pools *pools, const mskv_plan *plan, const mskv_attn *attn, double *flops) {
+static mskv_result mskv__cpu_check_plan(const mskv_pools *pools, const mskv_plan *plan, const mskv_attn *attn, double *work) {
     int32_t b, i, P = pools->page_size;
-    int64_t work = 0;
+    mskv_result r;
+    *work = 0;
     if (plan->batch < 0 || plan->total_q < 0 || plan->num_page_ids < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->page_size != P) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (plan->batch == 0) { *flops = 0; return plan->total_q == 0 ? MSKV_SUCCESS : MSKV_ERROR_INVALID_ARGUMENT; }
+    if (plan->batch == 0) return plan->total_q == 0 ? MSKV_SUCCESS : MSKV_ERROR_INVALID_ARGUMENT;
     if (!plan->qo_indptr || !plan->kv_indptr || !plan->kv_len || (!plan->kv_indices && plan->num_page_ids > 0))
         return MSKV_ERROR_NULL_POINTER;
     /* kv_indices holds num_page_ids ids and no more: every indptr is checked
@@ -6441,28 +7056,41 @@ static mskv_result mskv__cpu_check_plan(const mskv_pools *pools, const mskv_plan
     if (plan->qo_indptr[0] != 0 || plan->kv_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q)
         return MSKV_ERROR_INVALID_ARGUMENT;
     for (b = 0; b < plan->batch; b++) {
-        int64_t qo = (int64_t)plan->qo_indptr[b + 1] - plan->qo_indptr[b];
         int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
-        int64_t kv = plan->kv_len[b], split, shift;
-        if (qo < 0 || np < 0 || kv < 0 || plan->kv_indptr[b + 1] > plan->num_page_ids) return MSKV_ERROR_INVALID_ARGUMENT;
-        /* a segment's rows (query x q head of a group) are counted in int32, with room to round up */
-        if (qo * (attn->q_heads / pools->kv_heads) > (int64_t)INT32_MAX - 256) return MSKV_ERROR_OVERFLOW;
+        int64_t kv = plan->kv_len[b];
+        if (np < 0 || plan->kv_indptr[b + 1] > plan->num_page_ids) return MSKV_ERROR_INVALID_ARGUMENT;
         if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * P || kv > (int64_t)np * P)) return MSKV_ERROR_INVALID_ARGUMENT;
         if (plan->kv_last_page_len && np > 0 && plan->kv_last_page_len[b] != kv - (int64_t)(np - 1) * P)
             return MSKV_ERROR_INVALID_ARGUMENT;
-        split = plan->kv_pos_split ? plan->kv_pos_split[b] : kv;
-        shift = plan->kv_pos_shift ? plan->kv_pos_shift[b] : 0;
-        if (split < 0 || shift < 0) return MSKV_ERROR_INVALID_ARGUMENT;
-        if (attn->mask != MSKV_MASK_NONE && qo > kv) return MSKV_ERROR_INVALID_ARGUMENT; /* queries without a position */
+    }
+    if ((r = mskv__cpu_check_segments(plan, attn, pools->kv_heads, work)) != MSKV_SUCCESS) return r;
+    for (b = 0; b < plan->batch; b++)
         for (i = plan->kv_indptr[b]; i < plan->kv_indptr[b + 1]; i++)
             if (plan->kv_indices[i] < 0 || plan->kv_indices[i] >= pools->num_pages) return MSKV_ERROR_OUT_OF_RANGE;
-        work += (int64_t)qo * kv;
+    return MSKV_SUCCESS;
+}
+
+/* The same for dense K/V: each segment's rows lie inside kv->tokens. */
+static mskv_result mskv__cpu_check_dense(const mskv_dense_kv *kv, const mskv_plan *plan, const mskv_attn *attn, double *work) {
+    int32_t b;
+    mskv_result r;
+    *work = 0;
+    if (plan->batch < 0 || plan->total_q < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (plan->batch == 0) return plan->total_q == 0 ? MSKV_SUCCESS : MSKV_ERROR_INVALID_ARGUMENT;
+    if (!plan->qo_indptr || !plan->kv_len) return MSKV_ERROR_NULL_POINTER;
+    if (plan->qo_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
+    if ((r = mskv__cpu_check_segments(plan, attn, kv->kv_heads, work)) != MSKV_SUCCESS) return r;
+    if (!plan->kv_token_indptr) return MSKV_ERROR_INVALID_ARGUMENT;
+    for (b = 0; b < plan->batch; b++) {
+        int64_t t0 = plan->kv_token_indptr[b], t1 = plan->kv_token_indptr[b + 1];
+        if (t0 < 0 || t1 - t0 != (int64_t)plan->kv_len[b]) return MSKV_ERROR_INVALID_ARGUMENT;
+        if (t1 > kv->tokens) return MSKV_ERROR_OUT_OF_RANGE;
     }
-    *flops = 4.0 * (double)work * (double)attn->q_heads * (double)pools->head_dim;
     return MSKV_SUCCESS;
 }
 
 MSKV_IMPL mskv_result mskv_cpu_info_get(const mskv_cpu *cpu, mskv_cpu_info *out) {
+
     if (!cpu || !out) return MSKV_ERROR_NULL_POINTER;
     memset(out, 0, sizeof(*out));
     out->isa = cpu->kern->isa;
@@ -6497,12 +7125,8 @@ static void mskv__cpu_job_tiles(mskv__cpu_job *job, const mskv__cpu_ws *ws, int 
     job->chunks = split_ok && ws->chunks > 1 && units < MSKV__CPU_SPLIT_UNITS ? ws->chunks : 1;
 }
 
-MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *pools, const mskv_plan *plan,
-                                              const mskv_attn *attn, const void *q, void *o, float *lse) {
-    mskv__cpu_job job;
-    double flops = 0;
-    mskv_result res;
-    if (!pools || !plan || !attn) return MSKV_ERROR_NULL_POINTER;
+/* The call's arguments other than the plan (pools stands for dense K/V too). */
+static mskv_result mskv__cpu_check_args(const mskv_pools *pools, const mskv_attn *attn) {
     if (!mskv__cpu_dtype_ok(pools->dtype) || !mskv__cpu_dtype_ok(attn->q_dtype)) return MSKV_ERROR_INVALID_ARGUMENT;
     if (pools->num_pages < 1 || pools->page_size < 1 || pools->kv_heads < 1 || pools->head_dim < 1 ||
         pools->head_dim > MSKV__CPU_MAX_DIM)
@@ -6512,26 +7136,17 @@ MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *
         return MSKV_ERROR_INVALID_ARGUMENT;
     if (attn->mask == MSKV_MASK_WINDOW && attn->window_left < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (!(attn->scale >= 0.0f) || attn->scale == INFINITY) return MSKV_ERROR_INVALID_ARGUMENT;
-    if ((res = mskv__cpu_check_plan(pools, plan, attn, &flops)) != MSKV_SUCCESS) return res;
-    if (plan->total_q == 0) return MSKV_SUCCESS;
-    if (!q || !o) return MSKV_ERROR_NULL_POINTER;
-    if (plan->kv_indptr[plan->batch] > 0 && (!pools->k || !pools->v)) return MSKV_ERROR_NULL_POINTER;
+    return MSKV_SUCCESS;
+}
 
-    memset(&job, 0, sizeof job);
-    job.pools = pools;
-    job.plan = plan;
-    job.q = q;
-    job.o = o;
-    job.lse = lse;
-    job.qt = attn->q_dtype;
-    job.mask = attn->mask;
-    job.q_heads = attn->q_heads;
-    job.group = attn->q_heads / pools->kv_heads;
-    job.dim = pools->head_dim;
-    job.dimp = (pools->head_dim + MSKV__CPU_KTILE - 1) & ~(MSKV__CPU_KTILE - 1);
-    job.window_left = attn->window_left;
-    job.scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)pools->head_dim);
-
+/* Runs a checked call: the job's fields from the arguments, then the work
+   on the pool's threads (or the caller's alone, or on stack tiles without a pool). */
+static void mskv__cpu_run(mskv_cpu *cpu, mskv__cpu_job *job, double work) {
+    const mskv_pools *pools = job->pools;
+    double flops = 4.0 * work * (double)job->q_heads * (double)pools->head_dim;
+    job->group = job->q_heads / pools->kv_heads;
+    job->dim = pools->head_dim;
+    job->dimp = (pools->head_dim + MSKV__CPU_KTILE - 1) & ~(MSKV__CPU_KTILE - 1);
     if (!cpu) {
         /* no pool: small tiles on the stack (about 50 KB), few-row kernels only */
         enum { ROWS = 8, KEYS = 16 };
@@ -6549,50 +7164,113 @@ MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *
         ws.klo = lo_t; ws.khi = hi_t; ws.a = ba_t; ws.z = bz_t; ws.vrow = vr_t; ws.krow = kr_t; ws.el = el_t;
         ws.rows = ROWS;
         ws.keys = KEYS;
-        job.kern = mskv__cpu_kern_of(mskv__cpu_resolve_auto(why, sizeof why));
-        job.heads_cap = pools->kv_heads;
-        mskv__cpu_job_tiles(&job, &ws, 0);
-        job.wide = 0;
-        job.rows = ROWS;
-        mskv__cpu_attn_task(&job, &ws);
-        return MSKV_SUCCESS;
+        job->kern = mskv__cpu_kern_of(mskv__cpu_resolve_auto(why, sizeof why));
+        job->heads_cap = pools->kv_heads;
+        mskv__cpu_job_tiles(job, &ws, 0);
+        job->wide = 0;
+        job->rows = ROWS;
+        mskv__cpu_attn_task(job, &ws);
+        return;
     }
-
-    job.kern = cpu->kern;
-    job.all_ws = cpu->ws;
-    job.slots = cpu->slots;
-    job.nslots = cpu->num_threads;
+    job->kern = cpu->kern;
+    job->all_ws = cpu->ws;
+    job->slots = cpu->slots;
+    job->nslots = cpu->num_threads;
     /* grouping kv heads must still leave about 4 items per thread */
-    job.heads_cap = (int32_t)((int64_t)plan->batch * pools->kv_heads / (4 * (int64_t)cpu->num_threads));
-    mskv__cpu_job_tiles(&job, &cpu->ws[0], 1);
+    job->heads_cap = (int32_t)((int64_t)job->plan->batch * pools->kv_heads / (4 * (int64_t)cpu->num_threads));
+    mskv__cpu_job_tiles(job, &cpu->ws[0], 1);
 #ifndef MSKV_NO_THREADS
     if (cpu->num_threads > 1 && flops >= MSKV__CPU_SMALL_FLOPS) {
         mskv__mutex_lock(&cpu->call_lock);
-        job.lock = &cpu->lock;
+        job->lock = &cpu->lock;
         mskv__mutex_lock(&cpu->lock);
         cpu->task = mskv__cpu_attn_task;
-        cpu->task_ctx = &job;
+        cpu->task_ctx = job;
         cpu->busy = cpu->started;
         cpu->generation++;
         mskv__cond_broadcast(&cpu->wake);
         mskv__mutex_unlock(&cpu->lock);
-        mskv__cpu_attn_task(&job, &cpu->ws[0]);
+        mskv__cpu_attn_task(job, &cpu->ws[0]);
         mskv__mutex_lock(&cpu->lock);
         while (cpu->busy > 0) mskv__cond_wait(&cpu->done, &cpu->lock);
         mskv__mutex_unlock(&cpu->lock);
-        cpu->last_items = job.items;
+        cpu->last_items = job->items;
         mskv__mutex_unlock(&cpu->call_lock);
-        return MSKV_SUCCESS;
+        return;
     }
     /* the caller alone, but still one call at a time on workspace 0 */
     mskv__mutex_lock(&cpu->call_lock);
-    mskv__cpu_attn_task(&job, &cpu->ws[0]);
-    cpu->last_items = job.items;
+    mskv__cpu_attn_task(job, &cpu->ws[0]);
+    cpu->last_items = job->items;
     mskv__mutex_unlock(&cpu->call_lock);
 #else
-    mskv__cpu_attn_task(&job, &cpu->ws[0]);
-    cpu->last_items = job.items;
+    (void)flops;
+    mskv__cpu_attn_task(job, &cpu->ws[0]);
+    cpu->last_items = job->items;
 #endif
+}
+
+/* The job of a checked call, before mskv__cpu_run. */
+static void mskv__cpu_job_init(mskv__cpu_job *job, const mskv_pools *pools, const mskv_plan *plan, const mskv_attn *attn,
+                               const void *q, void *o, float *lse) {
+    memset(job, 0, sizeof *job);
+    job->pools = pools;
+    job->plan = plan;
+    job->q = q;
+    job->o = o;
+    job->lse = lse;
+    job->qt = attn->q_dtype;
+    job->mask = attn->mask;
+    job->q_heads = attn->q_heads;
+    job->window_left = attn->window_left;
+    job->scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)pools->head_dim);
+    job->tstride = (size_t)pools->kv_heads * (size_t)pools->head_dim;
+    job->hstride = (size_t)pools->head_dim;
+}
+
+MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *pools, const mskv_plan *plan,
+                                              const mskv_attn *attn, const void *q, void *o, float *lse) {
+    mskv__cpu_job job;
+    double work = 0;
+    mskv_result res;
+    if (!pools || !plan || !attn) return MSKV_ERROR_NULL_POINTER;
+    if ((res = mskv__cpu_check_args(pools, attn)) != MSKV_SUCCESS) return res;
+    if ((res = mskv__cpu_check_plan(pools, plan, attn, &work)) != MSKV_SUCCESS) return res;
+    if (plan->total_q == 0) return MSKV_SUCCESS;
+    if (!q || !o) return MSKV_ERROR_NULL_POINTER;
+    if (plan->kv_indptr[plan->batch] > 0 && (!pools->k || !pools->v)) return MSKV_ERROR_NULL_POINTER;
+    mskv__cpu_job_init(&job, pools, plan, attn, q, o, lse);
+    mskv__cpu_run(cpu, &job, work);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_cpu_attention_dense(mskv_cpu *cpu, const mskv_dense_kv *kv, const mskv_plan *plan,
+                                              const mskv_attn *attn, const void *q, void *o, float *lse) {
+    mskv__cpu_job job;
+    mskv_pools pools;  /* the geometry the kernels read; no pages */
+    double work = 0;
+    mskv_result res;
+    if (!kv || !plan || !attn) return MSKV_ERROR_NULL_POINTER;
+    memset(&pools, 0, sizeof pools);
+    pools.k = kv->k;
+    pools.v = kv->v;
+    pools.dtype = kv->dtype;
+    pools.num_pages = 1;
+    pools.page_size = 1;
+    pools.kv_heads = kv->kv_heads;
+    pools.head_dim = kv->head_dim;
+    if ((res = mskv__cpu_check_args(&pools, attn)) != MSKV_SUCCESS) return res;
+    if (kv->tokens < 0 || kv->token_stride < 0 || kv->head_stride < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if ((res = mskv__dense_kv_check(kv)) != MSKV_SUCCESS) return res;   /* a stale view first: it explains the rest */
+    if ((res = mskv__cpu_check_dense(kv, plan, attn, &work)) != MSKV_SUCCESS) return res;
+    if (plan->total_q == 0) return MSKV_SUCCESS;
+    if (!q || !o) return MSKV_ERROR_NULL_POINTER;
+    if (plan->kv_token_indptr[plan->batch] > plan->kv_token_indptr[0] && (!kv->k || !kv->v)) return MSKV_ERROR_NULL_POINTER;
+    mskv__cpu_job_init(&job, &pools, plan, attn, q, o, lse);
+    job.dense = 1;
+    if (kv->token_stride) job.tstride = (size_t)kv->token_stride;
+    if (kv->head_stride) job.hstride = (size_t)kv->head_stride;
+    mskv__cpu_run(cpu, &job, work);
     return MSKV_SUCCESS;
 }
 

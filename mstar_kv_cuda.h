@@ -456,9 +456,11 @@ MSKV_API mskv_result mskv_cuda_attn_geometry_get(int32_t batch, int32_t total_q,
    host plan's table is checked (indptrs, kv_len within its pages): the
    kernel reads only the pages it was given.
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OUT_OF_RANGE (layer),
-   UNSUPPORTED (f32 store, head_dim), STALE_PLAN (plan, or the plan uploaded
-   last, is an arena-built plan whose pages changed since it was built),
-   CUDA, NVRTC (first use compiles). */
+   UNSUPPORTED (f32 store, head_dim; a plan whose features ask for explicit
+   query positions or visibility bounds, which these kernels do not read
+   yet: the CPU backend's mskv_cpu_attention does), STALE_PLAN (plan, or the
+   plan uploaded last, is an arena-built plan whose pages changed since it
+   was built), CUDA, NVRTC (first use compiles). */
 MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
                                          const mskv_cuda_dplan *dplan, const mskv_attn *attn,
                                          mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
@@ -3901,6 +3903,9 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
     if (!(attn->scale >= 0.0f) || attn->scale > 3.0e38f) return MSKV_ERROR_INVALID_ARGUMENT;  /* the kernel needs scale > 0 */
     if (plan->batch != dplan->batch || plan->total_q != dplan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
+    /* q_pos and the visibility bounds are not read by these kernels yet: a
+       plan that needs them would attend to other keys than the CPU's */
+    if (plan->features & (MSKV_PLAN_Q_POS | MSKV_PLAN_VISIBILITY)) return MSKV_ERROR_UNSUPPORTED;
     if (plan->total_q == 0 || plan->batch == 0) { *empty = 1; return MSKV_SUCCESS; }
     if (!q || !o) return MSKV_ERROR_NULL_POINTER;
     /* the kernel reads q with 16-byte copies and writes o in 4-byte pairs */

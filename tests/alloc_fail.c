@@ -127,6 +127,8 @@ typedef struct af_sc {
     mskv_cuda_store *st;
     mskv_cuda_dplan dp;
     float k[64 * 16], v[64 * 16], q[64 * 32], o[64 * 32], lse[64 * 2];
+    mskv_prefix_view view;
+    uint16_t vk[16 * 64], vv[16 * 64];   /* the GPU arena's prefix: 1 layer, 16 tokens of 64 f16 */
 } af_sc;
 
 static mskv_arena_desc af_arena_desc(void) {
@@ -280,6 +282,12 @@ static mskv_result af_gpu_commit(void *c) { af_sc *x = (af_sc *)c; return mskv_c
 static mskv_result af_gpu_publish(void *c) { af_sc *x = (af_sc *)c; return mskv_cuda_publish(x->st, NULL, 0, NULL); }
 static mskv_result af_gpu_offload(void *c) { af_sc *x = (af_sc *)c; return mskv_request_offload(x->ga, x->gseg.request); }
 static mskv_result af_gpu_reload(void *c) { af_sc *x = (af_sc *)c; return mskv_request_reload(x->ga, x->gseg.request); }
+static mskv_result af_gpu_protect(void *c) { af_sc *x = (af_sc *)c; return mskv_request_protect_prefix(x->ga, x->gseg.request, 6); }
+static mskv_result af_gpu_view(void *c) {   /* whole page records through store_ops: a record buffer */
+    af_sc *x = (af_sc *)c;
+    x->view.request = x->gseg.request; x->view.k = x->vk; x->view.v = x->vv; x->view.cap_tokens = 16;
+    return mskv_prefix_view_gather(x->ga, &x->view);
+}
 
 typedef struct af_def { const char *name; mskv_result (*fn)(void *); int on_gpu_arena; } af_def;
 
@@ -302,6 +310,7 @@ static const af_def af_tail_steps[] = {
     { "request_add (GPU arena)", af_gpu_add, 1 }, { "admit (GPU arena)", af_gpu_admit, 1 }, { "plan (GPU arena)", af_gpu_plan, 1 },
     { "cuda_plan_upload", af_gpu_upload, 1 }, { "commit (GPU arena)", af_gpu_commit, 1 }, { "cuda_publish", af_gpu_publish, 1 },
     { "offload (pinned copy)", af_gpu_offload, 1 }, { "cuda_publish", af_gpu_publish, 1 }, { "reload (GPU arena)", af_gpu_reload, 1 },
+    { "protect_prefix (GPU arena)", af_gpu_protect, 1 }, { "prefix_view_gather (store reads)", af_gpu_view, 1 },
 };
 
 static int af_device_alloc(void) { return af_refuse(); }

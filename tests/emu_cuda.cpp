@@ -401,6 +401,35 @@ TEST(cuda_attention_wrapper_refuses_a_table_the_kernel_would_overrun) {
     mskv_cuda_free(e.cu, buf);
 }
 
+/* q_pos and the visibility bounds are not read by these kernels yet: a plan
+   whose features say it needs them is refused, not attended over other keys
+   than the CPU backend's; the same arrays holding their defaults are fine. */
+TEST(cuda_attention_wrapper_refuses_plans_whose_features_it_does_not_read_yet) {
+    ecu_env e;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_attn at;
+    int32_t qo[2] = {0, 2}, kvp[2] = {0, 2}, ids[2] = {1, 2}, last[1] = {8}, kvl[1] = {24}, split[1] = {24}, shift[1] = {0};
+    int32_t qpos[2] = {22, 23}, se[1] = {0}, ws[1] = {0};
+    std::memset(&plan, 0, sizeof plan); std::memset(&dp, 0, sizeof dp); std::memset(&at, 0, sizeof at);
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, 16, 1, 4));
+    at.q_heads = 1; at.q_dtype = MSKV_DTYPE_BF16;
+    plan.batch = 1; plan.total_q = 2; plan.num_page_ids = 2; plan.page_size = 16;
+    plan.qo_indptr = qo; plan.kv_indptr = kvp; plan.kv_indices = ids; plan.kv_last_page_len = last;
+    plan.kv_len = kvl; plan.kv_pos_split = split; plan.kv_pos_shift = shift;
+    plan.q_pos = qpos; plan.vis_sink_end = se; plan.vis_window_start = ws;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(e.st, &plan, MSKV_POS_NONE, &dp));
+    mskv_cu_ptr buf = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, 4096, &buf));
+    plan.features = MSKV_PLAN_Q_POS;
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));
+    plan.features = MSKV_PLAN_VISIBILITY;
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));
+    plan.features = 0;   /* the arrays hold what their absence means: the tail rule, nothing hidden */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));
+    mskv_cuda_free(e.cu, buf);
+}
+
 TEST(cuda_merge_wrapper_matches_cpu_merge) {
     ecu_env e;
     const int n = 3, heads = 2;

@@ -15,10 +15,11 @@ typedef enum mts_state {
     MTS_RETENTION,      /* a retention policy (sink + window chunks) */
     MTS_OFFLOADED,      /* prefix and gap, then parked in host memory */
     MTS_GROUPS,         /* two layer groups with their own prefix and window (a 2-group arena) */
+    MTS_POSITIONS,      /* a release point inside a page and a position shift (a version-3 blob) */
     MTS_COUNT
 } mts_state;
 
-static const char *const mts_names[MTS_COUNT] = { "plain", "prefix", "gap", "keyed", "retention", "offloaded", "groups" };
+static const char *const mts_names[MTS_COUNT] = { "plain", "prefix", "gap", "keyed", "retention", "offloaded", "groups", "positions" };
 
 #define MTS_LAYERS 2
 #define MTS_HEADS 2
@@ -164,7 +165,7 @@ static inline mskv_result mts_build(mskv_arena *a, mts_state s, int64_t tokens, 
     if ((e = mskv_commit(a, &seg, 1)) != MSKV_SUCCESS) return e;
     if ((e = mskv_publish(a, &seg, 1, NULL)) != MSKV_SUCCESS) return e;
     if (!mts_fill(a, *out, groups, tag)) return MSKV_ERROR_AUDIT_FAILED;
-    if (s == MTS_PREFIX || s == MTS_GAP || s == MTS_OFFLOADED || s == MTS_GROUPS) {
+    if (s == MTS_PREFIX || s == MTS_GAP || s == MTS_OFFLOADED || s == MTS_GROUPS || s == MTS_POSITIONS) {
         if ((e = mskv_request_protect_prefix(a, *out, tokens / 4)) != MSKV_SUCCESS) return e;
     }
     if (s == MTS_GAP || s == MTS_OFFLOADED || s == MTS_GROUPS) {
@@ -183,6 +184,13 @@ static inline mskv_result mts_build(mskv_arena *a, mts_state s, int64_t tokens, 
         r.window_chunks = 2;
         r.window_tokens = 2 * (int64_t)P;
         if ((e = mskv_request_set_retention(a, *out, &r)) != MSKV_SUCCESS) return e;
+    }
+    if (s == MTS_POSITIONS) {
+        /* a release that ends inside a page (its pages go whole, the point stays exact), then positions moved back */
+        int64_t n = (tokens - tokens / 4) / 2;
+        if (n % P == 0) n++;
+        if ((e = mskv_request_release_oldest(a, *out, n, &released)) != MSKV_SUCCESS) return e;
+        if ((e = mskv_request_shift_positions(a, *out, -released - 3)) != MSKV_SUCCESS) return e;
     }
     if (s == MTS_OFFLOADED) return mskv_request_offload(a, *out);
     return MSKV_SUCCESS;

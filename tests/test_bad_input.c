@@ -275,6 +275,13 @@ TEST(bad_input_request_functions_return_their_codes_and_change_nothing) {
     MTB(MSKV_ERROR_NOT_WRITTEN, mskv_request_slot(f.a, f.res, 8, &slot));
     MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_request_slot(f.a, f.ok, -1, &slot));
     MTB(MSKV_ERROR_OFFLOADED, mskv_request_slot(f.a, f.off, 0, &slot));
+    /* position shift */
+    MTB(MSKV_ERROR_NULL_POINTER, mskv_request_shift_positions(NULL, f.ok, 1));
+    MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_shift_positions(f.a, f.stale, 1));
+    MTB(MSKV_ERROR_INVALID_HANDLE, mskv_request_shift_positions(f.a, f.unknown, 1));
+    MTB(MSKV_ERROR_READ_ONLY, mskv_request_shift_positions(f.a, f.sealed, 1));
+    MTB(MSKV_ERROR_OVERFLOW, mskv_request_shift_positions(f.a, f.ok, (int64_t)INT32_MAX + 1));
+    MTB(MSKV_ERROR_OVERFLOW, mskv_request_shift_positions(f.a, f.res, -(int64_t)INT32_MAX - 1));   /* pending too */
     mtb_teardown(&f);
 }
 
@@ -469,6 +476,42 @@ TEST(bad_input_plan_functions_return_their_codes_and_change_nothing) {
     pd.kind = MSKV_PLAN_DENSE; pd.dense_kv_len = NULL;
     MTB(MSKV_ERROR_NULL_POINTER, mskv_plan_build(f.a, s, 2, &pd, &p));
     pd.kind = MSKV_PLAN_SELF;
+    {   /* explicit positions, visibility, exclude_prefix, PREFIX plans */
+        static const int32_t e[3] = {1, 2, 3};
+        const int32_t *per[2];
+        int64_t se[2] = {8, 8}, ws[2] = {16, 16};
+        int32_t vse[2], vws[2], qpos[8];
+        mskv_segment one;
+        one.request = f.ok; one.n_tokens = 1;
+        per[0] = e; per[1] = e;
+        pd.positions = per;   /* without a pos_mode */
+        MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_plan_build(f.a, s, 2, &pd, &p));
+        pd.positions = NULL;
+        pd.visibility = (mskv_visibility)7;
+        MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_plan_build(f.a, s, 2, &pd, &p));
+        pd.visibility = MSKV_VIS_CALLER;   /* without the bounds */
+        MTB(MSKV_ERROR_NULL_POINTER, mskv_plan_build(f.a, s, 2, &pd, &p));
+        pd.vis_sink_end = se; pd.vis_window_start = ws;   /* the plan has no arrays for them */
+        MTB(MSKV_ERROR_NULL_POINTER, mskv_plan_build(f.a, s, 2, &pd, &p));
+        p.vis_sink_end = vse; p.vis_window_start = vws;
+        se[1] = -1;
+        MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_plan_build(f.a, s, 2, &pd, &p));
+        se[1] = 8; ws[1] = (int64_t)INT32_MAX + 1;
+        MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_plan_build(f.a, s, 2, &pd, &p));
+        ws[1] = 16;
+        pd.exclude_prefix = 1;   /* ok's prefix is 4 tokens: [4, 8) visible before a hole */
+        MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_plan_build(f.a, &one, 1, &pd, &p));
+        pd.visibility = MSKV_VIS_PAGES; pd.kind = MSKV_PLAN_CROSS; pd.cross = f.sealed;
+        MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_plan_build(f.a, &one, 1, &pd, &p));
+        pd.exclude_prefix = 0; pd.kind = MSKV_PLAN_PREFIX;   /* without q_pos */
+        MTB(MSKV_ERROR_NULL_POINTER, mskv_plan_build(f.a, &one, 1, &pd, &p));
+        p.q_pos = qpos;
+        pd.kind = (mskv_plan_kind)4;
+        MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_plan_build(f.a, &one, 1, &pd, &p));
+        pd.kind = MSKV_PLAN_SELF;
+        pd.vis_sink_end = pd.vis_window_start = NULL;
+        p.vis_sink_end = p.vis_window_start = NULL; p.q_pos = NULL;
+    }
     p.cap_page_ids = 2;  /* res has 2 pages, part 2 */
     MTB(MSKV_ERROR_CAPACITY, mskv_plan_build(f.a, s, 2, &pd, &p));
     p.cap_page_ids = 16; p.cap_tokens = 3;
@@ -494,6 +537,55 @@ TEST(bad_input_plan_functions_return_their_codes_and_change_nothing) {
         mskv_plan_free(f.a, &owned);
         EXPECT_LT(frees, mtb_frees);   /* the counter sees a real free */
     }
+    mtb_teardown(&f);
+}
+
+TEST(bad_input_prefix_view_functions_return_their_codes_and_change_nothing) {
+    mskv_prefix_view v, w;
+    mskv_dense_kv kv;
+    mskv_arena_desc d;
+    mskv_arena *books = NULL;
+    mskv_request b;
+    float k[2 * 4], vv[2 * 4];
+    MTB_FIXTURE(f);
+    memset(&v, 0, sizeof v);
+    v.request = f.ok; v.k = k; v.v = vv; v.cap_tokens = 2;   /* ok's prefix is 4 tokens */
+    MTB(MSKV_ERROR_NULL_POINTER, mskv_prefix_view_gather(NULL, &v));
+    MTB(MSKV_ERROR_NULL_POINTER, mskv_prefix_view_gather(f.a, NULL));
+    MTB(MSKV_ERROR_CAPACITY, mskv_prefix_view_gather(f.a, &v));
+    EXPECT_EQ_U64(0, v.epoch);
+    w = v; w.group = 1;
+    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_prefix_view_gather(f.a, &w));
+    w = v; w.cap_tokens = -1;
+    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_prefix_view_gather(f.a, &w));
+    w = v; w.k = NULL;
+    MTB(MSKV_ERROR_NULL_POINTER, mskv_prefix_view_gather(f.a, &w));
+    w = v; w.request = f.stale;
+    MTB(MSKV_ERROR_INVALID_HANDLE, mskv_prefix_view_gather(f.a, &w));
+    w = v; w.request = f.off;
+    MTB(MSKV_ERROR_OFFLOADED, mskv_prefix_view_gather(f.a, &w));
+    MTB(MSKV_ERROR_NULL_POINTER, mskv_prefix_view_check(NULL, &v));
+    MTB(MSKV_ERROR_NULL_POINTER, mskv_prefix_view_check(f.a, NULL));
+    MTB(MSKV_ERROR_STALE_VIEW, mskv_prefix_view_check(f.a, &v));   /* never gathered */
+    w = v; w.group = -1;
+    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_prefix_view_check(f.a, &w));
+    w = v; w.request = f.unknown;
+    MTB(MSKV_ERROR_INVALID_HANDLE, mskv_prefix_view_check(f.a, &w));
+    MTB(MSKV_ERROR_NULL_POINTER, mskv_prefix_view_layer(NULL, f.a, 0, &kv));
+    MTB(MSKV_ERROR_NULL_POINTER, mskv_prefix_view_layer(&v, f.a, 0, NULL));
+    MTB(MSKV_ERROR_STALE_VIEW, mskv_prefix_view_layer(&v, f.a, 0, &kv));
+    w = v; w.epoch = 1; w.num_layers = 1;
+    MTB(MSKV_ERROR_OUT_OF_RANGE, mskv_prefix_view_layer(&w, f.a, 1, &kv));
+    w.device = 1;
+    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_prefix_view_layer(&w, f.a, 0, &kv));
+    /* an arena that keeps no bytes (num_layers 0) has nothing to gather */
+    memset(&d, 0, sizeof d);
+    d.num_pages = 8; d.page_size = 4;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &books));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(books, &b));
+    w = v; w.request = b;
+    MTB(MSKV_ERROR_UNSUPPORTED, mskv_prefix_view_gather(books, &w));
+    mskv_arena_destroy(books);
     mtb_teardown(&f);
 }
 

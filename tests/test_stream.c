@@ -133,6 +133,43 @@ TEST(whole_blob_import_of_a_streamed_export_exports_the_same_bytes) {
     mskv_arena_destroy(b);
 }
 
+TEST(the_largest_header_fits_MSKV_BLOB_HEADER_MAX_32_groups_with_positions) {
+    mskv_arena *a = mts_arena(128, 4, MSKV_MAX_GROUPS), *b = mts_arena(128, 4, MSKV_MAX_GROUPS);
+    mskv_request r, got;
+    mskv_segment seg;
+    mskv_blob_layout L;
+    int64_t released;
+    unsigned char hdr[MSKV_BLOB_HEADER_MAX], *blob;
+    size_t n = 0;
+    ASSERT_TRUE(a && b);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    seg.request = r;
+    seg.n_tokens = 10;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 5, &released));   /* a point inside a page */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_shift_positions(a, r, -4));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export_begin(a, r, hdr, sizeof hdr, &L));
+    EXPECT_EQ((int64_t)(128 + 8 + 64 * (MSKV_MAX_GROUPS - 1) + 8 + 8 * MSKV_MAX_GROUPS), (int64_t)L.header_bytes);
+    EXPECT_EQ((int64_t)MSKV_BLOB_HEADER_MAX, (int64_t)L.header_bytes);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_export_end(a, r));
+    blob = mst_stream_out(a, r, &n);
+    ASSERT_TRUE(blob != NULL);
+    EXPECT_EQ(MSKV_SUCCESS, mst_stream_in(b, blob, n, &got));
+    {
+        mskv_request_info ia, ib;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(a, r, &ia));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(b, got, &ib));
+        EXPECT_EQ(ia.pos_shift, ib.pos_shift);
+        EXPECT_EQ(-4, ib.pos_shift);
+    }
+    mtu_audit(a);
+    mtu_audit(b);
+    free(blob);
+    mskv_arena_destroy(a);
+    mskv_arena_destroy(b);
+}
+
 TEST(import_begin_with_too_few_pages_is_OUT_OF_PAGES_and_changes_nothing) {
     mskv_arena *a = mst_arena_for(MTS_PLAIN, 64), *b = mst_arena_for(MTS_PLAIN, 8);
     mskv_request r, got, filler;
@@ -227,6 +264,7 @@ TEST(a_request_being_exported_refuses_changes_until_export_end) {
     EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_release_oldest(a, r, 8, &rel));
     EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_offload(a, r));
     EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_remove(a, r));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_shift_positions(a, r, 5));   /* the header it streams says the shift */
     {
         mskv_request pair[2];
         mskv_lockstep ls;

@@ -21,7 +21,7 @@ byref = ctypes.byref
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
 _DTYPE_ALIASES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "uint16": "bf16"}
 POS_MODES = {"none": 0, "1d": 1, "3d": 2}
-PLAN_KINDS = {"self": 0, "cross": 1, "dense": 2}
+PLAN_KINDS = {"self": 0, "cross": 1, "dense": 2, "prefix": 3}
 MASKS = {"none": 0, "causal": 1, "window": 2}
 ROPE_STYLES = {"half": 0, "interleaved": 1}
 RETIRE_MODES = {"immediate": 0, "fenced": 1}
@@ -437,6 +437,9 @@ _PLAN_ARRAYS = [  # name, dtype, length from (cap_batch, cap_tokens, cap_page_id
     ("slot_mapping", np.int64, lambda b, t, p: t),
     ("positions", np.int32, lambda b, t, p: 3 * t),
     ("requests", np.uint32, lambda b, t, p: b),   # the segments' requests: exact stale-plan checks
+    ("q_pos", np.int32, lambda b, t, p: t),
+    ("vis_sink_end", np.int32, lambda b, t, p: b),
+    ("vis_window_start", np.int32, lambda b, t, p: b),
 ]
 
 
@@ -477,6 +480,10 @@ class Plan:
     kv_pos_shift = property(lambda self: self._part("kv_pos_shift", self.batch))
     kv_token_indptr = property(lambda self: self._part("kv_token_indptr", self.batch + 1))
     slot_mapping = property(lambda self: self._part("slot_mapping", self.total_q))
+    q_pos = property(lambda self: self._part("q_pos", self.total_q))
+    vis_sink_end = property(lambda self: self._part("vis_sink_end", self.batch))
+    vis_window_start = property(lambda self: self._part("vis_window_start", self.batch))
+    features = property(lambda self: self._s.features)
 
     @property
     def positions(self):

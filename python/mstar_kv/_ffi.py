@@ -24,7 +24,9 @@ CONSTANTS = {
     "MSKV_DEBUG_POISON": 1, "MSKV_DEBUG_CHECKSUMS": 2, "MSKV_DEBUG_ALL": 3, "MSKV_POISON_BYTE": 0xFF,
     "MSKV_RESIDENT": 0, "MSKV_OFFLOADED": 1,
     "MSKV_POS_NONE": 0, "MSKV_POS_1D": 1, "MSKV_POS_3D": 2,
-    "MSKV_PLAN_SELF": 0, "MSKV_PLAN_CROSS": 1, "MSKV_PLAN_DENSE": 2,
+    "MSKV_PLAN_SELF": 0, "MSKV_PLAN_CROSS": 1, "MSKV_PLAN_DENSE": 2, "MSKV_PLAN_PREFIX": 3,
+    "MSKV_VIS_PAGES": 0, "MSKV_VIS_EXACT": 1, "MSKV_VIS_CALLER": 2,
+    "MSKV_PLAN_Q_POS": 1, "MSKV_PLAN_VISIBILITY": 2,
     "MSKV_ROPE_HALF": 0, "MSKV_ROPE_INTERLEAVED": 1,
     "MSKV_MASK_NONE": 0, "MSKV_MASK_CAUSAL": 1, "MSKV_MASK_WINDOW": 2,
     "MSKV_CPU_MAX_HEAD_DIM": 256,
@@ -40,6 +42,7 @@ RESULTS = [
     (-20, "MSKV_ERROR_OFFLOADED"), (-21, "MSKV_ERROR_NOT_OFFLOADED"),
     (-22, "MSKV_ERROR_RESERVATION_PENDING"), (-23, "MSKV_ERROR_NO_RESERVATION"),
     (-24, "MSKV_ERROR_READ_ONLY"), (-25, "MSKV_ERROR_BAD_STATE"), (-26, "MSKV_ERROR_STALE_PLAN"),
+    (-27, "MSKV_ERROR_STALE_VIEW"),
     (-40, "MSKV_ERROR_OUT_OF_PAGES"), (-41, "MSKV_ERROR_OUT_OF_MEMORY"), (-42, "MSKV_ERROR_OVERFLOW"),
     (-43, "MSKV_ERROR_TOO_MANY_REQUESTS"),
     (-60, "MSKV_ERROR_BLOB_TRUNCATED"), (-61, "MSKV_ERROR_BLOB_CORRUPT"), (-62, "MSKV_ERROR_BLOB_VERSION"),
@@ -140,6 +143,9 @@ class mskv_request_info(Structure):
         ("paused", c_int32),
         ("lockstep", c_int32),
         ("last_admitted", c_uint64),
+        ("release_point", c_int64),
+        ("pos_shift", c_int64),
+        ("pos_shift_pending", c_int64),
     ]
 
 
@@ -186,6 +192,11 @@ class mskv_plan_desc(Structure):
         ("pos_offset", c_int64),
         ("grid_h", c_int32), ("grid_w", c_int32),
         ("group", c_int32),
+        ("positions", c_void_p),
+        ("visibility", c_int),
+        ("vis_sink_end", c_void_p),
+        ("vis_window_start", c_void_p),
+        ("exclude_prefix", c_int32),
     ]
 
 
@@ -209,6 +220,10 @@ class mskv_plan(Structure):
         ("cross", mskv_request),
         ("group", c_int32),
         ("generation", c_uint64),
+        ("q_pos", c_void_p),
+        ("vis_sink_end", c_void_p),
+        ("vis_window_start", c_void_p),
+        ("features", c_uint32),
     ]
 
 

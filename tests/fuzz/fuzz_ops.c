@@ -30,6 +30,10 @@ typedef struct fo_state {
     size_t blob_size;
     mskv_cpu *cpu;
     long events;
+    /* what the plan descs point at: explicit positions, visibility bounds */
+    int32_t pos_buf[4][3 * 64];
+    const int32_t *pos_ptr[4];
+    int64_t vis_se[4], vis_ws[4];
 } fo_state;
 
 static void fo_on_event(void *user, const mskv_event *e) {
@@ -107,10 +111,12 @@ static void fo_retention(fo_state *s, mskv_retention *r) {
     r->exact = fz_wild32(&s->in);
 }
 
-static void fo_plan_desc(fo_state *s, mskv_plan_desc *d, int64_t *dense, int nseg) {
-    int i;
+/* segs (may be NULL): explicit positions only for segments of at most 64
+   tokens (the arrays must hold n_tokens entries, which no callee can check) */
+static void fo_plan_desc(fo_state *s, mskv_plan_desc *d, int64_t *dense, const mskv_segment *segs, int nseg) {
+    int i, k;
     memset(d, 0, sizeof *d);
-    d->kind = (mskv_plan_kind)(fz_u8(&s->in) % 4);   /* 3: invalid */
+    d->kind = (mskv_plan_kind)(fz_u8(&s->in) % 5);   /* 4: invalid */
     d->cross = fo_pick(s);
     d->pos_mode = (mskv_pos_mode)(fz_u8(&s->in) % 4);
     d->pos_offset = fz_u8(&s->in) < 200 ? (int64_t)(fz_u8(&s->in) % 8) : fz_wild64(&s->in);
@@ -118,6 +124,22 @@ static void fo_plan_desc(fo_state *s, mskv_plan_desc *d, int64_t *dense, int nse
     d->grid_w = fz_u8(&s->in) < 200 ? (int32_t)(fz_u8(&s->in) % 4) : fz_wild32(&s->in);
     for (i = 0; i < nseg; i++) dense[i] = fo_tokens(s);
     d->dense_kv_len = fz_u8(&s->in) < 240 ? dense : NULL;
+    if (segs && fz_u8(&s->in) < 48) {
+        for (i = 0; i < nseg; i++) {
+            s->pos_ptr[i] = NULL;
+            if (segs[i].n_tokens < 0 || segs[i].n_tokens > 64 || fz_u8(&s->in) < 64) continue;
+            for (k = 0; k < 3 * (int)segs[i].n_tokens; k++) s->pos_buf[i][k] = fz_u8(&s->in) < 200 ? (int32_t)(fz_u8(&s->in) % 16) : fz_wild32(&s->in);
+            s->pos_ptr[i] = s->pos_buf[i];
+        }
+        d->positions = s->pos_ptr;
+    }
+    d->visibility = (mskv_visibility)(fz_u8(&s->in) % 8 < 5 ? 0 : fz_u8(&s->in) % 4);   /* 3: invalid */
+    for (i = 0; i < nseg; i++) {
+        s->vis_se[i] = fz_u8(&s->in) < 220 ? (int64_t)(fz_u8(&s->in) % 16) : fz_wild64(&s->in);
+        s->vis_ws[i] = fz_u8(&s->in) < 220 ? (int64_t)(fz_u8(&s->in) % 32) : fz_wild64(&s->in);
+    }
+    if (fz_u8(&s->in) < 240) { d->vis_sink_end = s->vis_se; d->vis_window_start = s->vis_ws; }
+    d->exclude_prefix = fz_u8(&s->in) % 4 == 0;
 }
 
 /* ---- the calls ------------------------------------------------------------ */
@@ -259,7 +281,7 @@ static void fo_step(fo_state *s) {
     mskv_request r, h;
     mskv_segment segs[4];
     int n, i;
-    uint8_t op = fz_u8(&s->in) % 45;
+    uint8_t op = fz_u8(&s->in) % 47;
     switch (op) {
     case 0: case 1:
         FO_CALL(s, "request_add", mskv_request_add(s->a, &r));
@@ -358,7 +380,7 @@ static void fo_step(fo_state *s) {
         mskv_plan_size ps;
         int pi = fz_u8(&s->in) % FO_PLANS;
         n = fo_segments(s, segs);
-        fo_plan_desc(s, &d, dense, n);
+        fo_plan_desc(s, &d, dense, segs, n);
         FO_CALL(s, "plan_query", mskv_plan_query(s->a, segs, n, &d, &ps));
         if (last == MSKV_SUCCESS) {
             if (ps.batch > 64 || ps.total_q > 4096 || ps.num_page_ids > 4096) break;
@@ -428,7 +450,7 @@ static void fo_step(fo_state *s) {
         mskv_plan_desc d;
         int64_t dense[1];
         if (!s->sess_ok[si] || !s->plan_ok[pi]) break;
-        fo_plan_desc(s, &d, dense, 1);
+        fo_plan_desc(s, &d, dense, NULL, 1);
         FO_CALL(s, "session_plan", mskv_session_plan(&s->sess[si], &d, &s->plan[pi]));
         if (last == MSKV_SUCCESS) s->plan_pos[pi] = d.pos_mode;
         break;
@@ -477,6 +499,27 @@ static void fo_step(fo_state *s) {
         break;
     }
     case 43: fo_pure_calls(s); break;
+    case 44: FO_CALL(s, "shift_positions", mskv_request_shift_positions(s->a, fo_pick(s), fz_u8(&s->in) < 200 ? (int64_t)(fz_u8(&s->in) % 9) - 4 : fz_wild64(&s->in))); break;
+    case 45: {
+        /* a prefix view of up to 64 tokens per layer, gathered, checked, and one layer of it */
+        mskv_prefix_view v;
+        mskv_dense_kv kv;
+        size_t row = (size_t)(s->g->kv_heads ? s->g->kv_heads : 1) * (size_t)(s->g->head_dim ? s->g->head_dim : 1) * 4;
+        size_t bytes = (size_t)(s->g->num_layers ? s->g->num_layers : 1) * 64 * row;
+        memset(&v, 0, sizeof v);
+        v.request = fo_pick(s);
+        v.group = fz_u8(&s->in) < 240 ? 0 : fz_wild32(&s->in);
+        v.cap_tokens = fz_u8(&s->in) < 230 ? (int64_t)(fz_u8(&s->in) % 65) : fz_wild64(&s->in);
+        if (v.cap_tokens > 64) v.cap_tokens = -1;   /* the buffers hold 64: more would be the caller's lie */
+        v.k = malloc(bytes);
+        v.v = malloc(bytes);
+        FO_CALL(s, "prefix_view_gather", mskv_prefix_view_gather(s->a, &v));
+        FO_CALL(s, "prefix_view_check", mskv_prefix_view_check(s->a, &v));
+        (void)mskv_prefix_view_layer(&v, s->a, fz_u8(&s->in) % 3, &kv);
+        free(v.k);
+        free(v.v);
+        break;
+    }
     default: {
         int pi = fz_u8(&s->in) % FO_PLANS;
         fo_free_plan(s, pi);

@@ -1,5 +1,7 @@
-/* libFuzzer harness: arbitrary plans into every consumer of a plan:
+/* libFuzzer harness: arbitrary plans (with or without the optional q_pos,
+   visibility bounds and features) into every consumer of a plan:
    mskv_plan_validate, mskv_cpu_write_kv(_pools), mskv_cpu_attention(_pools),
+   mskv_cpu_attention_dense over dense K/V of a declared row count,
    and the host side of the GPU wrappers (mskv_cuda_plan_upload,
    mskv_cuda_write_kv, mskv_cuda_attention) on the mock driver of
    tests/mskv_mock_cuda.h. Every array is allocated at exactly the size the
@@ -105,6 +107,13 @@ static void fp_make(fz_in *in, fp_plan *f) {
     p->kv_token_indptr = (int64_t *)fp_array(in, nb + 1, 8, 1);
     p->slot_mapping = (int64_t *)fp_array(in, nq, 8, 1);
     p->positions = (int32_t *)fp_array(in, nq * (f->pos == MSKV_POS_3D ? 3 : 1), 4, 1);
+    /* the optional arrays: mostly absent; present ones sometimes without their features bit */
+    if (fz_u8(in) < 96) p->q_pos = (int32_t *)fp_array(in, nq, 4, 0);
+    if (fz_u8(in) < 96) {
+        p->vis_sink_end = (int32_t *)fp_array(in, nb, 4, 0);
+        p->vis_window_start = (int32_t *)fp_array(in, nb, 4, fz_u8(in) < 250);   /* rarely one without the other */
+    }
+    p->features = fz_u8(in) < 230 ? (uint32_t)(fz_u8(in) % 4) : (uint32_t)fz_raw(in, 4);
     p->cap_batch = (int32_t)nb; p->cap_tokens = (int32_t)nq; p->cap_page_ids = (int32_t)ni;
     /* mostly a caller-made plan (generation 0, never stale); sometimes one that claims an arena's
        generation, with or without its requests array (handles that may name nothing) */
@@ -128,13 +137,18 @@ static void fp_make(fz_in *in, fp_plan *f) {
     }
     if (p->slot_mapping) for (i = 0; i < nq; i++) p->slot_mapping[i] = fz_u8(in) < 200 ? fp_value(in, FP_PAGES * FP_P) : fz_wild64(in);
     if (p->positions) for (i = 0; i < nq * (f->pos == MSKV_POS_3D ? 3 : 1); i++) p->positions[i] = fp_value(in, 100);
+    if (p->q_pos) for (i = 0; i < nq; i++) p->q_pos[i] = fp_value(in, FP_P * 2);
+    for (b = 0; b < nb; b++) {
+        if (p->vis_sink_end) p->vis_sink_end[b] = fp_value(in, FP_P);
+        if (p->vis_window_start) p->vis_window_start[b] = fp_value(in, FP_P + 3);
+    }
 }
 
 static void fp_drop(fp_plan *f) {
     mskv_plan *p = &f->p;
     free(p->qo_indptr); free(p->kv_indptr); free(p->kv_indices); free(p->kv_last_page_len); free(p->kv_len);
     free(p->kv_pos_split); free(p->kv_pos_shift); free(p->kv_token_indptr); free(p->slot_mapping); free(p->positions);
-    free(p->requests);
+    free(p->requests); free(p->q_pos); free(p->vis_sink_end); free(p->vis_window_start);
 }
 
 static void fp_rope(fz_in *in, mskv_rope *r, mskv_pos_mode pos) {
@@ -225,6 +239,37 @@ static void fp_cpu(fz_in *in, fp_plan *f) {
             q = (unsigned char *)calloc(n ? n : 1, es); o = (unsigned char *)calloc(n ? n : 1, es);
             fp_rope(in, &rope, f->pos);
             (void)mskv_cpu_write_kv_pools(&pools, p, q, o, pools.dtype, fz_u8(in) % 3 == 0 ? &rope : NULL);
+            free(q); free(o);
+        }
+        free(k); free(v);
+    }
+    {
+        /* dense K/V of a declared row count, allocated at exactly that size (packed, or with strides) */
+        mskv_dense_kv kv;
+        size_t rows, es;
+        void *k, *v;
+        memset(&kv, 0, sizeof kv);
+        kv.dtype = (mskv_dtype)(fz_u8(in) % 4);
+        kv.kv_heads = 1 + fz_u8(in) % 2;
+        kv.head_dim = fz_u8(in) < 240 ? 4 : fp_value(in, 8);
+        kv.tokens = fp_value(in, 16);
+        es = mskv_dtype_size(kv.dtype) ? mskv_dtype_size(kv.dtype) : 4;
+        rows = kv.tokens > 0 && kv.tokens <= 64 ? (size_t)kv.tokens : 0;
+        if (kv.head_dim > 0 && kv.head_dim <= 300 && fz_u8(in) < 64) {   /* head-major: [head][row][dim] */
+            kv.token_stride = kv.head_dim;
+            kv.head_stride = (int64_t)rows * kv.head_dim;
+        }
+        k = calloc(rows * (size_t)kv.kv_heads * (kv.head_dim > 0 && kv.head_dim <= 300 ? (size_t)kv.head_dim : 1) * es + 1, 1);
+        v = calloc(rows * (size_t)kv.kv_heads * (kv.head_dim > 0 && kv.head_dim <= 300 ? (size_t)kv.head_dim : 1) * es + 1, 1);
+        kv.k = k; kv.v = v;
+        if (kv.tokens > 64 && kv.head_dim > 0 && kv.head_dim <= MSKV_CPU_MAX_HEAD_DIM) kv.tokens = -1;   /* more rows than allocated: the caller's lie */
+        fp_attn(in, &at, kv.kv_heads);
+        if (at.q_heads >= 0 && at.q_heads <= 64) {
+            size_t qes = mskv_dtype_size(at.q_dtype) ? mskv_dtype_size(at.q_dtype) : 4;
+            size_t dim = kv.head_dim > 0 && kv.head_dim <= 300 ? (size_t)kv.head_dim : 1;
+            size_t n = (size_t)nq * (size_t)at.q_heads * dim;
+            unsigned char *q = (unsigned char *)calloc(n ? n : 1, qes), *o = (unsigned char *)calloc(n ? n : 1, qes);
+            (void)mskv_cpu_attention_dense(fz_u8(in) & 1 ? fp.cpu : NULL, &kv, p, &at, q, o, NULL);
             free(q); free(o);
         }
         free(k); free(v);

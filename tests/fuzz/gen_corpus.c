@@ -116,6 +116,16 @@ static void gc_states(const char *dir, int gi) {
     gc_write(dir, "session-reset", gi, a, r);
     GC(mskv_request_remove(a, r));
 
+    /* version 3: a release point inside a kept page, a position shift */
+    GC(mskv_request_add(a, &r));
+    gc_grow(a, r, 3 * P + 2);
+    GC(mskv_request_protect_prefix(a, r, 1));
+    GC(mskv_request_release_oldest(a, r, P + (P > 1 ? 1 : 0), NULL));
+    gc_write(dir, "release-point", gi, a, r);
+    GC(mskv_request_shift_positions(a, r, -5));
+    gc_write(dir, "shifted", gi, a, r);
+    GC(mskv_request_remove(a, r));
+
     GC(mskv_request_add(a, &r));
     gc_grow(a, r, (int64_t)(g->num_pages / 4) * P);
     gc_write(dir, "large", gi, a, r);
