@@ -2,8 +2,11 @@
    ASan/LSan (build/alloc-fail). The scenario: an arena, batched requests with
    plans, K/V writes and attention on the CPU backend, a windowed session over
    many chunks, fork, offload / reload / trim, export / import, a keyed entry
-   read through a cross plan, and a CUDA store on the mock driver with its own
-   arena. It runs once per allocation N, with "fail only the N-th" and "fail
+   read through a cross plan; an arena of two layer groups (fenced, with the
+   debug checks: checksummed host copies) with a lockstep pair admitted,
+   planned per group, offloaded and reloaded, a request with a retention of
+   its own in one group, make_room parking, flush and reset; and a CUDA store
+   on the mock driver with its own arena. It runs once per allocation N, with "fail only the N-th" and "fail
    from the N-th on", through the compile-time macros (MSKV_MALLOC/REALLOC/
    FREE) and through the run-time allocators of the descriptors; device and
    pinned allocations of the mock driver count as allocations too.
@@ -112,7 +115,11 @@ static int af_step(af_run *run, mskv_arena *a, const char *call, mskv_result (*f
 
 /* The scenario's objects, so each step is a small function of them. */
 typedef struct af_sc {
-    mskv_arena *a, *ga;
+    mskv_arena *a, *ga, *two;   /* two: the arena of two layer groups */
+    mskv_request pair[2], solo, parked[4];
+    mskv_lockstep ls;
+    mskv_segment psegs[2];
+    mskv_plan tplan;
     mskv_cpu *cpu;
     mskv_request r[3], child, imported, entry;
     mskv_segment segs[3];
@@ -241,6 +248,85 @@ static mskv_result af_cross(void *c) {
 }
 static mskv_result af_remove_import(void *c) { af_sc *x = (af_sc *)c; return mskv_request_remove(x->a, x->imported); }
 static mskv_result af_keyed_remove(void *c) { af_sc *x = (af_sc *)c; return mskv_keyed_remove(x->a, 42); }
+/* the arena of two layer groups: a lockstep pair, make_room, flush, reset */
+static mskv_result af_two_create(void *c) {
+    af_sc *x = (af_sc *)c;
+    mskv_arena_desc d = af_arena_desc();
+    d.num_groups = 2;
+    d.retire_mode = MSKV_RETIRE_FENCED;
+    d.debug = MSKV_DEBUG_ALL;
+    return mskv_arena_create(&d, &x->two);
+}
+static mskv_result af_two_add0(void *c) { af_sc *x = (af_sc *)c; return mskv_request_add(x->two, &x->pair[0]); }
+static mskv_result af_two_add1(void *c) { af_sc *x = (af_sc *)c; return mskv_request_add(x->two, &x->pair[1]); }
+static mskv_result af_two_add_solo(void *c) { af_sc *x = (af_sc *)c; return mskv_request_add(x->two, &x->solo); }
+static mskv_result af_two_lockstep(void *c) { af_sc *x = (af_sc *)c; return mskv_lockstep_create(x->two, x->pair, 2, &x->ls); }
+/* the solo request: a retention of its own in group 1; admitted first, so make_room's first choice */
+static mskv_result af_two_solo_retention(void *c) {
+    af_sc *x = (af_sc *)c;
+    mskv_retention r;
+    memset(&r, 0, sizeof r);
+    r.chunk_size = 4; r.window_chunks = 1;
+    return mskv_request_set_retention_in_group(x->two, x->solo, 1, &r);
+}
+static mskv_result af_two_solo_admit(void *c) { af_sc *x = (af_sc *)c; mskv_segment s; s.request = x->solo; s.n_tokens = 10; return mskv_admit(x->two, &s, 1); }
+static mskv_result af_two_solo_commit(void *c) { af_sc *x = (af_sc *)c; mskv_segment s; s.request = x->solo; s.n_tokens = 10; return mskv_commit(x->two, &s, 1); }
+static mskv_result af_two_solo_publish(void *c) { af_sc *x = (af_sc *)c; mskv_segment s; s.request = x->solo; s.n_tokens = 0; return mskv_publish(x->two, &s, 1, NULL); }
+static mskv_result af_two_solo_admit1(void *c) { af_sc *x = (af_sc *)c; mskv_segment s; s.request = x->solo; s.n_tokens = 1; return mskv_admit(x->two, &s, 1); }
+static mskv_result af_two_solo_abort(void *c) { af_sc *x = (af_sc *)c; mskv_segment s; s.request = x->solo; s.n_tokens = 1; return mskv_abort(x->two, &s, 1); }
+static mskv_result af_two_pair_admit(void *c) {
+    af_sc *x = (af_sc *)c;
+    int32_t n = 0;
+    mskv_result e = mskv_lockstep_segments(x->two, x->ls, 7, x->psegs, 2, &n);
+    return e == MSKV_SUCCESS ? mskv_admit(x->two, x->psegs, n) : e;
+}
+static mskv_result af_two_pair_plan(void *c) {   /* the pair's batch in group 1, K/V and attention */
+    af_sc *x = (af_sc *)c;
+    mskv_plan_desc pd;
+    mskv_plan_size ps;
+    mskv_attn at;
+    mskv_result e;
+    memset(&pd, 0, sizeof pd);
+    pd.group = 1; pd.pos_mode = MSKV_POS_1D;
+    if ((e = mskv_plan_query(x->two, x->psegs, 2, &pd, &ps)) != MSKV_SUCCESS) return e;
+    if (!x->tplan.owned && (e = mskv_plan_alloc(x->two, ps.batch, ps.total_q, ps.num_page_ids + 8, &x->tplan)) != MSKV_SUCCESS) return e;
+    if ((e = mskv_plan_build(x->two, x->psegs, 2, &pd, &x->tplan)) != MSKV_SUCCESS) return e;
+    if ((e = mskv_cpu_write_kv(x->two, 0, &x->tplan, x->k, x->v, MSKV_DTYPE_F32, NULL)) != MSKV_SUCCESS) return e;
+    memset(&at, 0, sizeof at);
+    at.q_heads = 4; at.mask = MSKV_MASK_CAUSAL;
+    return mskv_cpu_attention(x->cpu, x->two, 0, &x->tplan, &at, x->q, x->o, x->lse);
+}
+static mskv_result af_two_pair_commit(void *c) { af_sc *x = (af_sc *)c; return mskv_commit(x->two, x->psegs, 2); }
+static mskv_result af_two_pair_publish(void *c) { af_sc *x = (af_sc *)c; return mskv_publish(x->two, x->psegs, 2, NULL); }
+static mskv_result af_two_pair_release(void *c) { af_sc *x = (af_sc *)c; return mskv_lockstep_release_oldest(x->two, x->ls, 1, 4, NULL); }
+static mskv_result af_two_pair_offload(void *c) { af_sc *x = (af_sc *)c; return mskv_lockstep_offload(x->two, x->ls); }
+static mskv_result af_two_pair_reload(void *c) { af_sc *x = (af_sc *)c; return mskv_lockstep_reload(x->two, x->ls); }
+static mskv_result af_two_make_room(void *c) {   /* room for more than is free: the solo request is parked */
+    af_sc *x = (af_sc *)c;
+    mskv_arena_stats st;
+    int32_t n = 0;
+    mskv_result e = mskv_arena_stats_get(x->two, &st);
+    if (e != MSKV_SUCCESS) return e;
+    e = mskv_make_room(x->two, (int64_t)st.free_pages + st.pending_pages + 1, UINT64_MAX, x->psegs, 2, x->parked, 4, &n);
+    return e == MSKV_SUCCESS && (n != 1 || x->parked[0].id != x->solo.id) ? MSKV_ERROR_BAD_STATE : e;
+}
+static mskv_result af_two_flush(void *c) { af_sc *x = (af_sc *)c; return mskv_arena_flush(x->two); }
+static mskv_result af_two_reload_parked(void *c) { af_sc *x = (af_sc *)c; return mskv_request_reload(x->two, x->solo); }
+static mskv_result af_two_make_room_pair(void *c) {   /* the solo request admitted last: the pair is parked whole */
+    af_sc *x = (af_sc *)c;
+    mskv_segment s;
+    mskv_arena_stats st;
+    int32_t n = 0;
+    mskv_result e = mskv_arena_stats_get(x->two, &st);
+    s.request = x->solo; s.n_tokens = 1;
+    if (e != MSKV_SUCCESS) return e;
+    e = mskv_make_room(x->two, (int64_t)st.free_pages + st.pending_pages + 1, UINT64_MAX, &s, 1, x->parked, 4, &n);
+    return e == MSKV_SUCCESS && n != 2 ? MSKV_ERROR_BAD_STATE : e;
+}
+static mskv_result af_two_reset(void *c) { af_sc *x = (af_sc *)c; return mskv_arena_reset(x->two); }
+static mskv_result af_two_add_after_reset(void *c) { af_sc *x = (af_sc *)c; return mskv_request_add(x->two, &x->solo); }
+static mskv_result af_two_admit_after_reset(void *c) { af_sc *x = (af_sc *)c; mskv_segment s; s.request = x->solo; s.n_tokens = 5; return mskv_admit(x->two, &s, 1); }
+
 /* the GPU layer on the mock driver: context, store, its own arena, a step */
 static mskv_result af_cuda(void *c) {
     af_sc *x = (af_sc *)c;
@@ -278,6 +364,16 @@ static mskv_result af_gpu_plan(void *c) {
     return r == MSKV_SUCCESS ? mskv_plan_build(x->ga, &x->gseg, 1, NULL, &x->gplan) : r;
 }
 static mskv_result af_gpu_upload(void *c) { af_sc *x = (af_sc *)c; return mskv_cuda_plan_upload(x->st, &x->gplan, MSKV_POS_NONE, &x->dp); }
+/* the sm_90a kernel's first call (the mock is a compute capability 9.0
+   device): its module compiled and loaded, the pools' tensor maps made */
+static mskv_result af_gpu_attend(void *c) {
+    af_sc *x = (af_sc *)c;
+    mskv_attn at;
+    mskv_cu_ptr q = ((mskv_cu_ptr)(uintptr_t)x->q + 15) & ~(mskv_cu_ptr)15;   /* never read: launches only count */
+    memset(&at, 0, sizeof at);
+    at.q_heads = 2; at.q_dtype = MSKV_DTYPE_F16;
+    return mskv_cuda_attention(x->st, 0, &x->gplan, &x->dp, &at, q, q, 0);
+}
 static mskv_result af_gpu_commit(void *c) { af_sc *x = (af_sc *)c; return mskv_commit(x->ga, &x->gseg, 1); }
 static mskv_result af_gpu_publish(void *c) { af_sc *x = (af_sc *)c; return mskv_cuda_publish(x->st, NULL, 0, NULL); }
 static mskv_result af_gpu_offload(void *c) { af_sc *x = (af_sc *)c; return mskv_request_offload(x->ga, x->gseg.request); }
@@ -306,9 +402,24 @@ static const af_def af_tail_steps[] = {
     { "request_export", af_export, 0 }, { "request_import", af_import, 0 }, { "reload of the import", af_reload_imported, 0 },
     { "request_reserve", af_reserve, 0 }, { "keyed_create", af_keyed, 0 }, { "keyed entry K/V", af_keyed_write, 0 },
     { "keyed_seal", af_seal, 0 }, { "cross plan + attention", af_cross, 0 }, { "request_remove", af_remove_import, 0 }, { "keyed_remove", af_keyed_remove, 0 },
+    { "arena_create (2 groups)", af_two_create, -1 }, { "request_add (pair)", af_two_add0, 2 }, { "request_add (pair)", af_two_add1, 2 },
+    { "request_add (solo)", af_two_add_solo, 2 }, { "lockstep_create", af_two_lockstep, 2 },
+    { "set_retention_in_group", af_two_solo_retention, 2 }, { "admit (solo)", af_two_solo_admit, 2 },
+    { "commit (solo)", af_two_solo_commit, 2 }, { "publish (solo: retention in group 1)", af_two_solo_publish, 2 },
+    { "admit (lockstep pair)", af_two_pair_admit, 2 },
+    { "plan group 1 + write + attention", af_two_pair_plan, 2 }, { "commit (lockstep pair)", af_two_pair_commit, 2 },
+    { "publish (lockstep pair)", af_two_pair_publish, 2 }, { "lockstep_release_oldest", af_two_pair_release, 2 },
+    { "lockstep_offload", af_two_pair_offload, 2 }, { "lockstep_reload", af_two_pair_reload, 2 },
+    { "admit (lockstep pair) again", af_two_pair_admit, 2 }, { "make_room (solo parked)", af_two_make_room, 2 },
+    { "commit (lockstep pair) again", af_two_pair_commit, 2 }, { "arena_flush", af_two_flush, 2 },
+    { "reload of the parked request", af_two_reload_parked, 2 }, { "admit (solo, 1 token)", af_two_solo_admit1, 2 },
+    { "make_room (the pair parked whole)", af_two_make_room_pair, 2 }, { "abort (solo)", af_two_solo_abort, 2 },
+    { "lockstep_reload after make_room", af_two_pair_reload, 2 }, { "arena_reset", af_two_reset, 2 },
+    { "request_add after reset", af_two_add_after_reset, 2 }, { "admit after reset", af_two_admit_after_reset, 2 },
     { "cuda_create (mock)", af_cuda, -1 }, { "cuda_store_create", af_store, -1 }, { "store arena + bind", af_store_arena, -1 },
     { "request_add (GPU arena)", af_gpu_add, 1 }, { "admit (GPU arena)", af_gpu_admit, 1 }, { "plan (GPU arena)", af_gpu_plan, 1 },
-    { "cuda_plan_upload", af_gpu_upload, 1 }, { "commit (GPU arena)", af_gpu_commit, 1 }, { "cuda_publish", af_gpu_publish, 1 },
+    { "cuda_plan_upload", af_gpu_upload, 1 }, { "cuda_attention (sm_90a)", af_gpu_attend, 1 },
+    { "commit (GPU arena)", af_gpu_commit, 1 }, { "cuda_publish", af_gpu_publish, 1 },
     { "offload (pinned copy)", af_gpu_offload, 1 }, { "cuda_publish", af_gpu_publish, 1 }, { "reload (GPU arena)", af_gpu_reload, 1 },
     { "protect_prefix (GPU arena)", af_gpu_protect, 1 }, { "prefix_view_gather (store reads)", af_gpu_view, 1 },
 };
@@ -317,6 +428,7 @@ static int af_device_alloc(void) { return af_refuse(); }
 
 static void af_teardown(af_sc *x) {
     if (x->a) { mskv_plan_free(x->a, &x->plan); mskv_plan_free(x->a, &x->xplan); }
+    if (x->two) { mskv_plan_free(x->two, &x->tplan); mskv_arena_destroy(x->two); }
     if (x->ga) mskv_plan_free(x->ga, &x->gplan);
     if (x->ga) mskv_arena_destroy(x->ga);
     if (x->st) mskv_cuda_store_destroy(x->st);
@@ -348,12 +460,16 @@ static void af_scenario(af_run *run) {
         for (i = 0; ok && i < sizeof af_chunk_steps / sizeof af_chunk_steps[0]; i++)
             ok = af_step(run, x->a, af_chunk_steps[i].name, af_chunk_steps[i].fn, x);
     for (i = 0; ok && i < sizeof af_tail_steps / sizeof af_tail_steps[0]; i++)
-        ok = af_step(run, af_tail_steps[i].on_gpu_arena < 0 ? NULL : af_tail_steps[i].on_gpu_arena ? x->ga : x->a,
+        ok = af_step(run, af_tail_steps[i].on_gpu_arena < 0 ? NULL : af_tail_steps[i].on_gpu_arena == 2 ? x->two
+                          : af_tail_steps[i].on_gpu_arena ? x->ga : x->a,
                      af_tail_steps[i].name, af_tail_steps[i].fn, x);
     if (ok && x->a) {
         char why[256];
         why[0] = '\0';
         if (mskv_arena_audit(x->a, why, sizeof why) != MSKV_SUCCESS) af_broke(run, "%s: %d %s", "final audit", MSKV_ERROR_AUDIT_FAILED);
+        /* the debug checks' bytes: no failed call wrote a free page or a host copy */
+        if (x->two && mskv_arena_audit_bytes(x->two, why, sizeof why) != MSKV_SUCCESS)
+            af_broke(run, "%s: %d %s", "audit_bytes of the two-group arena", MSKV_ERROR_AUDIT_FAILED);
     }
     af.paused = 1;   /* teardown frees; it allocates nothing that may fail */
     af_teardown(x);

@@ -6,7 +6,9 @@
    keyed entry of its own read through cross plans, and attention on two
    mskv_cpu shared by all threads (one with a single thread, one with a
    pool). A ninth thread watches: audit, stats (pages conserved) and digest,
-   over and over. Two phases: FENCED retirement, then IMMEDIATE. TSan halts
+   over and over. Two phases: FENCED retirement, then IMMEDIATE; a third
+   (below) on two layer groups with lockstep pairs, make_room and flush,
+   then reset. TSan halts
    on its first report, so any data race fails the program; at the end the
    audit passes and every page is back. */
 #define _POSIX_C_SOURCE 200809L  /* pthread barriers under -std=c99 */
@@ -443,3 +445,330 @@ static void mst_phase(int fenced) {
 
 TEST(stress_eight_threads_on_one_fenced_arena_race_nothing_and_conserve_pages) { mst_phase(1); }
 TEST(stress_eight_threads_on_one_immediate_arena_race_nothing_and_conserve_pages) { mst_phase(0); }
+
+/* ---- lockstep groups, layer groups, make_room, flush; reset ------------------------ */
+/* A third phase on an arena of two layer groups (IMMEDIATE): each thread
+   steps a lockstep pair of its own (segments, admit, a plan of either
+   group, K/V write, commit or abort; release, offload/reload, dissolve and
+   re-form, remove) and a request of its own through the *_in_group calls,
+   and asks admit_query, flush and publish. make_room parks whatever is
+   idle, other threads' requests too: a scheduler calls it between steps,
+   when no kernel reads those pages, so here it takes a write lock that
+   every other operation holds for reading (the observer audits without
+   it). A thread finds its request or pair parked at its next operation and
+   reloads it. At the end mskv_arena_reset runs in a phase of its own (it
+   drops every thread's requests), with the observer still auditing. */
+
+#define MSG_KV 24   /* tokens a request grows to before it releases instead */
+
+typedef struct msg_shared {
+    mst_shared base;
+    pthread_rwlock_t rw;
+    pthread_mutex_t turn;   /* writer first: readers pass it before taking rw */
+} msg_shared;
+
+typedef struct msg_thread {
+    msg_shared *sh;
+    int index;
+    uint64_t rng;
+    mskv_request pair[2], solo;
+    mskv_lockstep ls;
+    int has_pair, has_solo;
+    mskv_plan plan;
+    long failures, ops_done, steps, room_calls, parked, reloads;
+    char first[256];
+    float k[16 * MST_DIM], v[16 * MST_DIM], q[16 * 2 * MST_DIM], o[16 * 2 * MST_DIM], lse[16 * 2];
+} msg_thread;
+
+static uint64_t msg_rand(msg_thread *t) {
+    uint64_t x = t->rng;
+    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+    t->rng = x;
+    return x * 2685821657736338717ull;
+}
+static int msg_fail(msg_thread *t, long op, const char *what, mskv_result e) {
+    if (t->failures++ == 0)
+        snprintf(t->first, sizeof t->first, "thread %d op %ld: %s (%d %s)", t->index, op, what, (int)e, mskv_result_string(e));
+    return 0;
+}
+#define MSG_OK(t, op, what, call)                                               \
+    do {                                                                        \
+        mskv_result msg__e = (call);                                            \
+        if (msg__e != MSKV_SUCCESS) { msg_fail(t, op, what, msg__e); return; } \
+    } while (0)
+
+/* admit n tokens for segs, plan them in group g, write K/V, commit (or abort) */
+static void msg_step(msg_thread *t, mskv_segment *segs, int32_t n, int32_t g, long op) {
+    mskv_arena *a = t->sh->base.a;
+    mskv_plan_desc d;
+    int64_t i;
+    MSG_OK(t, op, "admit", mskv_admit(a, segs, n));
+    memset(&d, 0, sizeof d);
+    d.group = g;
+    d.pos_mode = MSKV_POS_1D;
+    MSG_OK(t, op, "plan of an admitted batch", mskv_plan_build(a, segs, n, &d, &t->plan));
+    for (i = 0; i < t->plan.total_q * MST_DIM; i++) t->k[i] = t->v[i] = (float)(t->index + g);
+    MSG_OK(t, op, "write_kv in a group", mskv_cpu_write_kv(a, 0, &t->plan, t->k, t->v, MSKV_DTYPE_F32, NULL));
+    if (msg_rand(t) % 5) MSG_OK(t, op, "commit", mskv_commit(a, segs, n));
+    else MSG_OK(t, op, "abort", mskv_abort(a, segs, n));
+    t->steps++;
+}
+
+/* the fewest live tokens of group g over the requests */
+static int64_t msg_live(msg_thread *t, const mskv_request *r, int n, int32_t g) {
+    int64_t least = INT64_MAX;
+    int i;
+    for (i = 0; i < n; i++) {
+        mskv_request_info info;
+        if (mskv_request_info_in_group(t->sh->base.a, r[i], g, &info) != MSKV_SUCCESS) return 0;
+        if (info.committed - info.live_start < least) least = info.committed - info.live_start;
+    }
+    return least > 0 ? least : 0;   /* live_start runs ahead of committed behind a partial prefix page */
+}
+
+static void msg_pair_op(msg_thread *t, const mskv_request_info *info, int pick, int32_t g, long op) {
+    mskv_arena *a = t->sh->base.a;
+    mskv_segment segs[2];
+    mskv_request got[2];
+    int32_t n = 0;
+    if (pick < 35) {
+        if (info->committed + 4 > MSG_KV) pick = 40;   /* long enough: release instead */
+        else {
+            MSG_OK(t, op, "lockstep_segments", mskv_lockstep_segments(a, t->ls, 1 + (int64_t)(msg_rand(t) % 4), segs, 2, &n));
+            msg_step(t, segs, n, g, op);
+            return;
+        }
+    }
+    if (pick < 45) {
+        int64_t live = msg_live(t, t->pair, 2, g);
+        MSG_OK(t, op, "lockstep_release_oldest",
+               mskv_lockstep_release_oldest(a, t->ls, g, (int64_t)(msg_rand(t) % (uint64_t)(live + 1)), NULL));
+    } else if (pick < 50) {
+        MSG_OK(t, op, "lockstep_offload", mskv_lockstep_offload(a, t->ls));
+    } else if (pick < 55) {
+        MSG_OK(t, op, "lockstep_members", mskv_lockstep_members(a, t->ls, got, 2, &n));
+        if (n != 2 || got[0].id != t->pair[0].id || got[1].id != t->pair[1].id) msg_fail(t, op, "members in order", MSKV_SUCCESS);
+        MSG_OK(t, op, "lockstep_dissolve", mskv_lockstep_dissolve(a, t->ls));
+        MSG_OK(t, op, "lockstep_create again", mskv_lockstep_create(a, t->pair, 2, &t->ls));
+    } else if (pick < 58) {
+        MSG_OK(t, op, "lockstep_remove", mskv_lockstep_remove(a, t->ls));
+        t->has_pair = 0;
+    } else {   /* what a scheduler asks: the pages a step needs, each group's view */
+        int64_t pages = -1, slot = 0;
+        int32_t ids[32], count = 0, k;
+        MSG_OK(t, op, "lockstep_segments", mskv_lockstep_segments(a, t->ls, 4, segs, 2, &n));
+        MSG_OK(t, op, "admit_query", mskv_admit_query(a, segs, n, &pages));
+        if (pages < 0) msg_fail(t, op, "admit_query gave a negative count", MSKV_SUCCESS);
+        for (k = 0; k < 2; k++) {
+            mskv_request_info gi;
+            MSG_OK(t, op, "info_in_group", mskv_request_info_in_group(a, t->pair[1], k, &gi));
+            MSG_OK(t, op, "pages_in_group", mskv_request_pages_in_group(a, t->pair[1], k, ids, 32, &count));
+            if (count != gi.num_pages) msg_fail(t, op, "pages_in_group against info_in_group", MSKV_SUCCESS);
+            if (gi.committed > gi.live_start)
+                MSG_OK(t, op, "slot_in_group", mskv_request_slot_in_group(a, t->pair[1], k, gi.committed - 1, &slot));
+        }
+    }
+}
+
+static void msg_solo_op(msg_thread *t, const mskv_request_info *info, int pick, int32_t g, long op) {
+    mskv_arena *a = t->sh->base.a;
+    mskv_segment s;
+    mskv_request_info gi;
+    s.request = t->solo;
+    if (pick < 35 && info->committed + 4 <= MSG_KV) {
+        s.n_tokens = 1 + (int64_t)(msg_rand(t) % 4);
+        msg_step(t, &s, 1, g, op);
+    } else if (pick < 50) {
+        int64_t live = msg_live(t, &t->solo, 1, g);
+        MSG_OK(t, op, "release_oldest_in_group",
+               mskv_request_release_oldest_in_group(a, t->solo, g, (int64_t)(msg_rand(t) % (uint64_t)(live + 1)), NULL));
+    } else if (pick < 58) {
+        MSG_OK(t, op, "info_in_group", mskv_request_info_in_group(a, t->solo, g, &gi));
+        if (gi.live_start <= (int64_t)gi.prefix_pages * MST_P)
+            MSG_OK(t, op, "protect_prefix_in_group",
+                   mskv_request_protect_prefix_in_group(a, t->solo, g, gi.committed < 6 ? gi.committed : 6));
+    } else if (pick < 63) {
+        MSG_OK(t, op, "offload", mskv_request_offload(a, t->solo));
+    } else if (pick < 66) {
+        MSG_OK(t, op, "remove", mskv_request_remove(a, t->solo));
+        t->has_solo = 0;
+    } else if (msg_live(t, &t->solo, 1, g) > 0) {   /* the last token, live in group g, attends there */
+        mskv_plan_desc d;
+        mskv_attn at;
+        int k;
+        s.n_tokens = 1;
+        memset(&d, 0, sizeof d);
+        d.group = g;
+        MSG_OK(t, op, "plan in a group", mskv_plan_build(a, &s, 1, &d, &t->plan));
+        for (k = 0; k < 2 * MST_DIM; k++) t->q[k] = 0.125f;
+        memset(&at, 0, sizeof at);
+        at.q_heads = 2;
+        at.mask = MSKV_MASK_CAUSAL;
+        MSG_OK(t, op, "attention in a group",
+               mskv_cpu_attention(msg_rand(t) & 1 ? t->sh->base.cpu1 : t->sh->base.cpuN, a, 0, &t->plan, &at, t->q, t->o, t->lse));
+    }
+}
+
+/* with every other thread between operations: park idle requests, anyone's */
+static void msg_make_room(msg_thread *t, long op) {
+    mskv_arena *a = t->sh->base.a;
+    mskv_arena_stats st;
+    mskv_request parked[64];
+    int32_t n = 0;
+    int64_t need;
+    mskv_result e;
+    pthread_mutex_lock(&t->sh->turn);
+    pthread_rwlock_wrlock(&t->sh->rw);
+    pthread_mutex_unlock(&t->sh->turn);
+    if ((e = mskv_arena_stats_get(a, &st)) != MSKV_SUCCESS) msg_fail(t, op, "stats", e);
+    need = (int64_t)st.free_pages + 1 + (int64_t)(msg_rand(t) % 6);
+    e = mskv_make_room(a, need, UINT64_MAX, NULL, 0, parked, 64, &n);
+    t->room_calls++;
+    if (e == MSKV_SUCCESS) {
+        t->parked += n;
+        if (mskv_arena_stats_get(a, &st) != MSKV_SUCCESS || (int64_t)st.free_pages < need)
+            msg_fail(t, op, "make_room succeeded without the room", MSKV_SUCCESS);
+    } else if (e != MSKV_ERROR_OUT_OF_PAGES) {   /* not enough idle requests: nothing parked */
+        msg_fail(t, op, "make_room", e);
+    }
+    pthread_rwlock_unlock(&t->sh->rw);
+}
+
+static void msg_one_op(msg_thread *t, long op) {
+    mskv_arena *a = t->sh->base.a;
+    mskv_request_info info;
+    int pick = (int)(msg_rand(t) % 100);
+    int32_t g = (int32_t)(msg_rand(t) % 2);
+    mskv_result e;
+    if (pick < 2) { msg_make_room(t, op); return; }
+    pthread_mutex_lock(&t->sh->turn);
+    pthread_rwlock_rdlock(&t->sh->rw);
+    pthread_mutex_unlock(&t->sh->turn);
+    if (!t->has_pair) {
+        if ((e = mskv_request_add(a, &t->pair[0])) != MSKV_SUCCESS) msg_fail(t, op, "add", e);
+        else if ((e = mskv_request_add(a, &t->pair[1])) != MSKV_SUCCESS) msg_fail(t, op, "add", e);
+        else if ((e = mskv_lockstep_create(a, t->pair, 2, &t->ls)) != MSKV_SUCCESS) msg_fail(t, op, "lockstep_create", e);
+        else t->has_pair = 1;
+    } else if (!t->has_solo) {
+        if ((e = mskv_request_add(a, &t->solo)) != MSKV_SUCCESS) msg_fail(t, op, "add", e);
+        else t->has_solo = 1;
+    } else if (pick < 5) {
+        uint64_t step = 0;
+        if ((e = mskv_arena_flush(a)) != MSKV_SUCCESS) msg_fail(t, op, "flush", e);
+        else if ((e = mskv_publish(a, NULL, 0, &step)) != MSKV_SUCCESS) msg_fail(t, op, "publish", e);
+    } else {
+        mskv_request which = msg_rand(t) & 1 ? t->pair[0] : t->solo;
+        if ((e = mskv_request_info_get(a, which, &info)) != MSKV_SUCCESS) msg_fail(t, op, "info of an own request", e);
+        else if (info.location == MSKV_OFFLOADED) {   /* offloaded here, or parked by anyone's make_room */
+            e = which.id == t->solo.id ? mskv_request_reload(a, t->solo) : mskv_lockstep_reload(a, t->ls);
+            if (e != MSKV_SUCCESS) msg_fail(t, op, "reload", e);
+            t->reloads++;
+        } else if (which.id == t->solo.id) msg_solo_op(t, &info, pick, g, op);
+        else msg_pair_op(t, &info, pick, g, op);
+    }
+    pthread_rwlock_unlock(&t->sh->rw);
+}
+
+static void *msg_worker(void *arg) {
+    msg_thread *t = (msg_thread *)arg;
+    long op;
+    pthread_barrier_wait(t->sh->base.go);
+    for (op = 0; op < t->sh->base.ops && t->failures == 0; op++) {
+        msg_one_op(t, op);
+        t->ops_done++;
+    }
+    return NULL;
+}
+
+TEST(stress_eight_threads_with_lockstep_pairs_layer_groups_and_make_room_race_nothing_then_reset_empties_the_arena) {
+    mskv_arena_desc d;
+    mskv_cpu_desc cd;
+    msg_shared sh;
+    msg_thread *th;
+    mst_observer w;
+    pthread_t tid[MST_THREADS + 1];
+    pthread_barrier_t go;
+    mskv_arena_stats st;
+    mskv_request_info info;
+    mskv_request any[2];
+    uint64_t seed = mt_seed();
+    long total = 0, steps = 0, rooms = 0, parked = 0, reloads = 0;
+    int32_t n = 0;
+    int i, started = 0;
+    memset(&sh, 0, sizeof sh);
+    memset(&d, 0, sizeof d);
+    /* three requests of <= MSG_KV tokens per thread, 2 groups: never out of pages */
+    d.num_pages = 1 + MST_THREADS * 3 * 2 * (MSG_KV / MST_P + 1);
+    d.page_size = MST_P;
+    d.num_groups = 2;
+    d.num_layers = 1; d.kv_heads = 1; d.head_dim = MST_DIM;
+    d.retire_mode = MSKV_RETIRE_IMMEDIATE;
+    d.max_requests = MST_THREADS * 3 + 8;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &sh.base.a));
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &sh.base.cpu1));
+    cd.num_threads = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &sh.base.cpuN));
+    sh.base.ops = mst_ops_per_thread() / 4;   /* each operation here is several calls */
+    sh.base.go = &go;
+    ASSERT_EQ(0, pthread_mutex_init(&sh.base.lock, NULL));
+    ASSERT_EQ(0, pthread_mutex_init(&sh.turn, NULL));
+    ASSERT_EQ(0, pthread_rwlock_init(&sh.rw, NULL));
+    th = (msg_thread *)calloc(MST_THREADS, sizeof *th);
+    ASSERT_TRUE(th != NULL);
+    for (i = 0; i < MST_THREADS; i++)
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(sh.base.a, 2, 16, 64, &th[i].plan));
+    memset(&w, 0, sizeof w);
+    w.sh = &sh.base;
+    ASSERT_EQ(0, pthread_barrier_init(&go, NULL, MST_THREADS + 1));
+    for (i = 0; i < MST_THREADS; i++) {
+        th[i].sh = &sh;
+        th[i].index = i + 1;
+        th[i].rng = (seed + (uint64_t)i * 0x9E3779B97F4A7C15ull + 7) | 1;
+        if (pthread_create(&tid[i], NULL, msg_worker, &th[i]) != 0) break;
+        started++;
+    }
+    if (started == MST_THREADS && pthread_create(&tid[MST_THREADS], NULL, mst_watch, &w) == 0) started++;
+    if (started < MST_THREADS + 1) {
+        mt_fail(__FILE__, __LINE__, "only %d threads started", started);
+        exit(1);   /* the barrier would wait forever for the missing ones */
+    }
+    for (i = 0; i < MST_THREADS; i++) pthread_join(tid[i], NULL);
+    for (i = 0; i < MST_THREADS; i++) {
+        if (th[i].failures) mt_fail(__FILE__, __LINE__, "%s", th[i].first);
+        total += th[i].ops_done; steps += th[i].steps; rooms += th[i].room_calls; parked += th[i].parked; reloads += th[i].reloads;
+    }
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(sh.base.a, NULL, 0));
+    /* reset, in a phase of its own: every thread's requests and pairs go, while the observer audits */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_reset(sh.base.a));
+    pthread_mutex_lock(&sh.base.lock);
+    sh.base.done = 1;
+    pthread_mutex_unlock(&sh.base.lock);
+    pthread_join(tid[MST_THREADS], NULL);
+    pthread_barrier_destroy(&go);
+    if (w.failures) mt_fail(__FILE__, __LINE__, "observer: %s", w.first);
+    printf("  LOCKSTEP/GROUPS/MAKE_ROOM: %d threads x %ld operations = %ld (%ld steps, %ld make_room calls parking %ld requests, "
+           "%ld reloads), %ld audits by the observer\n", MST_THREADS, sh.base.ops, total, steps, rooms, parked, reloads, w.audits);
+    EXPECT_EQ((long)MST_THREADS * sh.base.ops, total);
+    EXPECT_LT(100, steps);
+    EXPECT_LT(0, parked);
+    EXPECT_LT(1, w.audits);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(sh.base.a, &st));
+    EXPECT_EQ(st.num_pages - 1, st.free_pages);
+    EXPECT_EQ(0, st.requests);
+    EXPECT_EQ(0, (int)st.offloaded_pages);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(sh.base.a, NULL, 0));
+    for (i = 0; i < MST_THREADS; i++) {   /* every handle is stale */
+        if (th[i].has_pair) EXPECT_EQ(MSKV_ERROR_INVALID_HANDLE, mskv_lockstep_members(sh.base.a, th[i].ls, any, 2, &n));
+        if (th[i].has_solo) EXPECT_EQ(MSKV_ERROR_INVALID_HANDLE, mskv_request_info_get(sh.base.a, th[i].solo, &info));
+        mskv_plan_free(sh.base.a, &th[i].plan);
+    }
+    free(th);
+    pthread_rwlock_destroy(&sh.rw);
+    pthread_mutex_destroy(&sh.turn);
+    pthread_mutex_destroy(&sh.base.lock);
+    mskv_cpu_destroy(sh.base.cpu1);
+    mskv_cpu_destroy(sh.base.cpuN);
+    mskv_arena_destroy(sh.base.a);
+}

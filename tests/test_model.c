@@ -24,7 +24,9 @@
    released: the model computes the skipped tokens chunk by chunk), and
    creates, seals, finds and removes keyed entries that cross plans read.
    (Sessions are protect/release/admit over the same core; their own rules
-   are tested in test_windows.c and driven by the fuzzers.) */
+   are tested in test_windows.c and driven by the fuzzers.)
+   A second, smaller model (at the end) walks an arena of two layer groups
+   with lockstep pairs. */
 #include <stdlib.h>
 #include "mskv_test.h"
 #include "../mstar_kv.h"
@@ -1198,4 +1200,490 @@ TEST(model_random_walk_matches_the_shadow_model_after_every_operation) {
     uint64_t base = mt_seed();
     int s;
     for (s = 0; s < MTM_SEEDS && !mt_failed_now(); s++) mtm_run_seed(base + (uint64_t)s * 0x632BE59BD9B4E019ull);
+}
+
+/* ---- layer groups and lockstep pairs --------------------------------------------- */
+/* A second shadow model, over an arena of two layer groups whose retention
+   differs (group 0: a sink chunk and a window of two chunks of one page;
+   group 1: no sink, a window of one chunk of two pages), with lockstep
+   pairs: add, remove, admit and commit/abort of a request or a whole pair
+   (half a pair is BAD_STATE), release in a group of a request or a pair,
+   offload/reload of either, lockstep create/dissolve/remove, retention per
+   group and publish applying it group by group. Every call's code is
+   predicted exactly, the digest compared after every call, and after every
+   operation the audit passes, the free pages add up, and every request's
+   counts, location, lockstep flag and, per group, prefix, live_start and
+   page count equal the model's. */
+
+#define MTG_MAXREQ 6
+#define MTG_MAXPAIRS 3
+#define MTG_OPS 40000L
+
+typedef struct mtg_req {
+    int used, pair;                /* pair: index of its lockstep pair, -1 */
+    mskv_request h;
+    int64_t committed, reserved;
+    int has_res, offloaded;
+    int64_t prefix[2], live_start[2];
+    int has_ret[2];
+} mtg_req;
+
+typedef struct mtg {
+    mskv_arena *a;
+    int32_t P, num_pages;
+    mtg_req r[MTG_MAXREQ];
+    struct { int used; mskv_lockstep h; int m[2]; } ls[MTG_MAXPAIRS];
+    mskv_retention ret[2];
+    mskv_request stale;
+    mskv_lockstep dead;
+    int has_stale, has_dead;
+    uint64_t rng;
+    long op;
+    const char *op_name;
+    int bad;
+    long counts[16], digest_checks;
+} mtg;
+
+static int64_t mtg_below(mtg *m, int64_t n) {
+    uint64_t x = m->rng;
+    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+    m->rng = x;
+    return n <= 0 ? 0 : (int64_t)((x * 2685821657736338717ull) % (uint64_t)n);
+}
+
+static int32_t mtg_pp(const mtg *m, const mtg_req *q, int g) { return (int32_t)((q->prefix[g] + m->P - 1) / m->P); }
+static int32_t mtg_entries(const mtg *m, const mtg_req *q, int g, int64_t total) {
+    int32_t live = total > q->live_start[g] ? (int32_t)((total - q->live_start[g] + m->P - 1) / m->P) : 0;
+    return mtg_pp(m, q, g) + live;
+}
+/* pages of both groups */
+static int32_t mtg_pages(const mtg *m, const mtg_req *q, int64_t total) {
+    return mtg_entries(m, q, 0, total) + mtg_entries(m, q, 1, total);
+}
+static int32_t mtg_free(const mtg *m) {
+    int32_t used = 0, i;
+    for (i = 0; i < MTG_MAXREQ; i++)
+        if (m->r[i].used && !m->r[i].offloaded) used += mtg_pages(m, &m->r[i], m->r[i].committed + m->r[i].reserved);
+    return m->num_pages - 1 - used;
+}
+static int64_t mtg_live(const mtg_req *q, int g) {
+    int64_t live = q->committed - q->live_start[g];
+    return live > 0 ? live : 0;
+}
+static void mtg_release(mtg *m, mtg_req *q, int g, int64_t n) {
+    int32_t freed = (int32_t)((q->live_start[g] + n) / m->P - q->live_start[g] / m->P);
+    if (freed > 0) q->live_start[g] += (int64_t)freed * m->P;
+}
+/* publish's retention in group g (as mtm_model_retention, per group) */
+static void mtg_retention(mtg *m, mtg_req *q, int g) {
+    const mskv_retention *r = &m->ret[g];
+    int64_t sink = r->sink_chunks * r->chunk_size, keep_from, live;
+    if (q->committed >= sink && q->prefix[g] < sink && q->live_start[g] <= (int64_t)mtg_pp(m, q, g) * m->P) {
+        q->live_start[g] = (int64_t)((sink + m->P - 1) / m->P) * m->P;
+        q->prefix[g] = sink;
+    }
+    if (q->prefix[g] < sink) return;
+    keep_from = sink + mtm_skipped(r, q->committed);
+    live = q->committed - q->live_start[g];
+    if (keep_from > q->live_start[g] && live > 0) mtg_release(m, q, g, keep_from - q->live_start[g] < live ? keep_from - q->live_start[g] : live);
+}
+
+static void mtg_expect(mtg *m, mskv_result got, int nviol, mskv_result want, uint64_t before, int change) {
+    uint64_t after = mskv_arena_digest(m->a);
+    if (nviol == 0) {
+        MTM_CHECK(m, got == MSKV_SUCCESS, "expected success, got %d (%s)", (int)got, mskv_result_string(got));
+        if (got == MSKV_SUCCESS && change == MTM_SAME) MTM_CHECK(m, after == before, "a no-op changed the digest");
+        if (got == MSKV_SUCCESS && change == MTM_CHANGES) MTM_CHECK(m, after != before, "a change left the digest as it was");
+    } else {
+        MTM_CHECK(m, got == want, "expected %d (%s), got %d (%s) with %d violations", (int)want, mskv_result_string(want),
+                  (int)got, mskv_result_string(got), nviol);
+        MTM_CHECK(m, after == before, "a failed call changed the state");
+    }
+    m->digest_checks++;
+}
+
+static void mtg_verify(mtg *m) {
+    char why[256];
+    mskv_arena_stats st;
+    int i, g;
+    why[0] = '\0';
+    MTM_CHECK(m, mskv_arena_audit(m->a, why, sizeof why) == MSKV_SUCCESS, "audit: %s", why);
+    MTM_CHECK(m, mskv_arena_stats_get(m->a, &st) == MSKV_SUCCESS && st.free_pages == mtg_free(m),
+              "%d free pages, model %d", (int)st.free_pages, (int)mtg_free(m));
+    for (i = 0; i < MTG_MAXREQ && !m->bad; i++) {
+        mtg_req *q = &m->r[i];
+        if (!q->used) continue;
+        for (g = 0; g < 2 && !m->bad; g++) {
+            mskv_request_info inf;
+            MTM_CHECK(m, mskv_request_info_in_group(m->a, q->h, g, &inf) == MSKV_SUCCESS, "info of request %u", q->h.id);
+            if (m->bad) return;
+            MTM_CHECK(m, inf.committed == q->committed && inf.reserved == q->reserved && inf.has_reservation == q->has_res &&
+                             inf.prefix_tokens == q->prefix[g] && inf.live_start == q->live_start[g] &&
+                             inf.location == (q->offloaded ? MSKV_OFFLOADED : MSKV_RESIDENT) && inf.lockstep == (q->pair >= 0) &&
+                             (q->offloaded || inf.num_pages == mtg_entries(m, q, g, q->committed + q->reserved)),
+                      "request %u group %d: library (committed %lld reserved %lld prefix %lld live_start %lld loc %d lockstep %d "
+                      "pages %d) model (%lld %lld %lld %lld %d %d %d)", q->h.id, g, (long long)inf.committed,
+                      (long long)inf.reserved, (long long)inf.prefix_tokens, (long long)inf.live_start, (int)inf.location,
+                      inf.lockstep, inf.num_pages, (long long)q->committed, (long long)q->reserved, (long long)q->prefix[g],
+                      (long long)q->live_start[g], q->offloaded, q->pair >= 0, mtg_entries(m, q, g, q->committed + q->reserved));
+        }
+    }
+}
+
+/* a used request (or NULL) */
+static mtg_req *mtg_pick(mtg *m) {
+    int i, s = (int)mtg_below(m, MTG_MAXREQ);
+    for (i = 0; i < MTG_MAXREQ; i++)
+        if (m->r[(s + i) % MTG_MAXREQ].used) return &m->r[(s + i) % MTG_MAXREQ];
+    return NULL;
+}
+static int mtg_pick_pair(mtg *m) {
+    int i, s = (int)mtg_below(m, MTG_MAXPAIRS);
+    for (i = 0; i < MTG_MAXPAIRS; i++)
+        if (m->ls[(s + i) % MTG_MAXPAIRS].used) return (s + i) % MTG_MAXPAIRS;
+    return -1;
+}
+
+static void mtg_op_add(mtg *m) {
+    int i;
+    mskv_request h;
+    uint64_t d = mskv_arena_digest(m->a);
+    m->op_name = "add";
+    for (i = 0; i < MTG_MAXREQ && m->r[i].used; i++) {}
+    if (i == MTG_MAXREQ) return;
+    mtg_expect(m, mskv_request_add(m->a, &h), 0, MSKV_SUCCESS, d, MTM_CHANGES);
+    if (m->bad) return;
+    memset(&m->r[i], 0, sizeof m->r[i]);
+    m->r[i].used = 1;
+    m->r[i].pair = -1;
+    m->r[i].h = h;
+    m->counts[0]++;
+}
+
+static void mtg_op_remove(mtg *m) {
+    mtg_req *q = mtg_pick(m);
+    int nviol = 0, stale = m->has_stale && mtg_below(m, 5) == 0;
+    mskv_result want = MSKV_SUCCESS, e;
+    uint64_t d = mskv_arena_digest(m->a);
+    m->op_name = "remove";
+    if (!q) return;
+    if (stale) MTM_VIOL(MSKV_ERROR_INVALID_HANDLE);
+    else if (q->pair >= 0) MTM_VIOL(MSKV_ERROR_BAD_STATE);   /* mskv_lockstep_remove */
+    e = mskv_request_remove(m->a, stale ? m->stale : q->h);
+    mtg_expect(m, e, nviol, want, d, MTM_CHANGES);
+    if (e != MSKV_SUCCESS || nviol) return;
+    m->stale = q->h;
+    m->has_stale = 1;
+    q->used = 0;
+    m->counts[1]++;
+}
+
+/* The segments of a request or of its whole pair (half a pair when half is set). */
+static int mtg_unit(mtg *m, mtg_req *q, int half, mskv_segment *s, mtg_req **qs, int64_t n_tokens) {
+    int n = 0, k;
+    if (q->pair < 0 || half) {
+        qs[0] = q;
+        n = 1;
+    } else
+        for (k = 0; k < 2; k++) qs[n++] = &m->r[m->ls[q->pair].m[k]];
+    for (k = 0; k < n; k++) {
+        s[k].request = qs[k]->h;
+        s[k].n_tokens = n_tokens < 0 ? qs[k]->reserved : n_tokens;
+    }
+    return n;
+}
+
+static void mtg_op_admit(mtg *m) {
+    mtg_req *q = mtg_pick(m), *qs[2];
+    mskv_segment s[2];
+    int n, k, nviol = 0, half;
+    int64_t tokens, need = 0;
+    mskv_result want = MSKV_SUCCESS, e;
+    uint64_t d = mskv_arena_digest(m->a);
+    m->op_name = "admit";
+    if (!q) return;
+    half = q->pair >= 0 && mtg_below(m, 8) == 0;
+    tokens = 1 + mtg_below(m, 3 * m->P);
+    n = mtg_unit(m, q, half, s, qs, tokens);
+    if (half) MTM_VIOL(MSKV_ERROR_BAD_STATE);   /* the whole group steps */
+    for (k = 0; k < n; k++) {
+        if (qs[k]->offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
+        else if (qs[k]->has_res) MTM_VIOL(MSKV_ERROR_RESERVATION_PENDING);
+        else need += mtg_pages(m, qs[k], qs[k]->committed + tokens) - mtg_pages(m, qs[k], qs[k]->committed);
+    }
+    if (need > mtg_free(m)) MTM_VIOL(MSKV_ERROR_OUT_OF_PAGES);
+    if (nviol == 0) {   /* what admit_query says first */
+        int64_t asked = -1;
+        uint64_t d2 = mskv_arena_digest(m->a);
+        e = mskv_admit_query(m->a, s, n, &asked);
+        MTM_CHECK(m, e == MSKV_SUCCESS && asked == need, "admit_query: %d, %lld pages, model %lld", (int)e, (long long)asked, (long long)need);
+        MTM_CHECK(m, mskv_arena_digest(m->a) == d2, "admit_query changed the state");
+    }
+    e = mskv_admit(m->a, s, n);
+    mtg_expect(m, e, nviol, want, d, MTM_CHANGES);
+    if (e != MSKV_SUCCESS || nviol) return;
+    for (k = 0; k < n; k++) {
+        qs[k]->reserved = tokens;
+        qs[k]->has_res = 1;
+    }
+    m->counts[2]++;
+}
+
+static void mtg_op_commit(mtg *m, int abort_it) {
+    mtg_req *q = mtg_pick(m), *qs[2];
+    mskv_segment s[2];
+    int n, k, nviol = 0, half;
+    mskv_result want = MSKV_SUCCESS, e;
+    uint64_t d = mskv_arena_digest(m->a);
+    m->op_name = abort_it ? "abort" : "commit";
+    if (!q) return;
+    half = q->pair >= 0 && mtg_below(m, 8) == 0;
+    n = mtg_unit(m, q, half, s, qs, -1);
+    if (half) MTM_VIOL(MSKV_ERROR_BAD_STATE);
+    for (k = 0; k < n; k++)
+        if (!qs[k]->has_res) MTM_VIOL(MSKV_ERROR_NO_RESERVATION);
+    e = abort_it ? mskv_abort(m->a, s, n) : mskv_commit(m->a, s, n);
+    mtg_expect(m, e, nviol, want, d, MTM_CHANGES);
+    if (e != MSKV_SUCCESS || nviol) return;
+    for (k = 0; k < n; k++) {
+        if (!abort_it) qs[k]->committed += qs[k]->reserved;
+        qs[k]->reserved = 0;
+        qs[k]->has_res = 0;
+    }
+    m->counts[abort_it ? 4 : 3]++;
+}
+
+static void mtg_op_release(mtg *m) {
+    mtg_req *q = mtg_pick(m);
+    int g = (int)mtg_below(m, 2), nviol = 0, k, whole;
+    int64_t n, live, got = -1, want_got = 0;
+    mskv_result want = MSKV_SUCCESS, e;
+    uint64_t d = mskv_arena_digest(m->a);
+    m->op_name = "release in a group";
+    if (!q) return;
+    whole = q->pair >= 0 && mtg_below(m, 6) != 0;   /* mostly the pair's call */
+    live = mtg_live(q, g);
+    if (whole)
+        for (k = 0; k < 2; k++)
+            if (mtg_live(&m->r[m->ls[q->pair].m[k]], g) < live) live = mtg_live(&m->r[m->ls[q->pair].m[k]], g);
+    n = mtg_below(m, 10) == 0 ? live + 1 : mtg_below(m, live + 1);
+    if (q->offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
+    if (n > live) MTM_VIOL(MSKV_ERROR_OUT_OF_RANGE);
+    if (!whole && q->pair >= 0) MTM_VIOL(MSKV_ERROR_BAD_STATE);
+    e = whole ? mskv_lockstep_release_oldest(m->a, m->ls[q->pair].h, g, n, &got)
+              : mskv_request_release_oldest_in_group(m->a, q->h, g, n, &got);
+    mtg_expect(m, e, nviol, want, d, MTM_EITHER);
+    if (e != MSKV_SUCCESS || nviol) return;
+    for (k = 0; k < (whole ? 2 : 1); k++) {
+        mtg_req *x = whole ? &m->r[m->ls[q->pair].m[k]] : q;
+        int64_t before = x->live_start[g];
+        mtg_release(m, x, g, n);
+        want_got += x->live_start[g] - before;
+    }
+    MTM_CHECK(m, got == want_got, "released %lld tokens, model %lld", (long long)got, (long long)want_got);
+    m->counts[5]++;
+}
+
+static void mtg_op_offload(mtg *m) {
+    mtg_req *q = mtg_pick(m);
+    int nviol = 0, k, whole;
+    mskv_result want = MSKV_SUCCESS, e;
+    uint64_t d = mskv_arena_digest(m->a);
+    m->op_name = "offload";
+    if (!q) return;
+    whole = q->pair >= 0 && mtg_below(m, 6) != 0;
+    if (whole) {
+        for (k = 0; k < 2; k++) {
+            mtg_req *x = &m->r[m->ls[q->pair].m[k]];
+            if (x->offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
+            else if (x->has_res) MTM_VIOL(MSKV_ERROR_RESERVATION_PENDING);
+        }
+    } else {
+        if (q->offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
+        else if (q->has_res) MTM_VIOL(MSKV_ERROR_RESERVATION_PENDING);
+        if (q->pair >= 0) MTM_VIOL(MSKV_ERROR_BAD_STATE);
+    }
+    e = whole ? mskv_lockstep_offload(m->a, m->ls[q->pair].h) : mskv_request_offload(m->a, q->h);
+    mtg_expect(m, e, nviol, want, d, MTM_CHANGES);
+    if (e != MSKV_SUCCESS || nviol) return;
+    for (k = 0; k < (whole ? 2 : 1); k++) (whole ? &m->r[m->ls[q->pair].m[k]] : q)->offloaded = 1;
+    m->counts[6]++;
+}
+
+static void mtg_op_reload(mtg *m) {
+    mtg_req *q = mtg_pick(m);
+    int nviol = 0, k, whole;
+    int32_t need = 0;
+    mskv_result want = MSKV_SUCCESS, e;
+    uint64_t d = mskv_arena_digest(m->a);
+    m->op_name = "reload";
+    if (!q) return;
+    whole = q->pair >= 0 && mtg_below(m, 6) != 0;
+    for (k = 0; k < (whole ? 2 : 1); k++) {
+        mtg_req *x = whole ? &m->r[m->ls[q->pair].m[k]] : q;
+        if (!x->offloaded) MTM_VIOL(MSKV_ERROR_NOT_OFFLOADED);
+        need += mtg_pages(m, x, x->committed);
+    }
+    if (!whole && q->pair >= 0) MTM_VIOL(MSKV_ERROR_BAD_STATE);
+    if (need > mtg_free(m)) MTM_VIOL(MSKV_ERROR_OUT_OF_PAGES);
+    e = whole ? mskv_lockstep_reload(m->a, m->ls[q->pair].h) : mskv_request_reload(m->a, q->h);
+    mtg_expect(m, e, nviol, want, d, MTM_CHANGES);
+    if (e != MSKV_SUCCESS || nviol) return;
+    for (k = 0; k < (whole ? 2 : 1); k++) (whole ? &m->r[m->ls[q->pair].m[k]] : q)->offloaded = 0;
+    m->counts[7]++;
+}
+
+static void mtg_op_lockstep(mtg *m) {
+    int p = mtg_pick_pair(m), i, nviol = 0, k = (int)mtg_below(m, 3);
+    mskv_result want = MSKV_SUCCESS, e;
+    uint64_t d = mskv_arena_digest(m->a);
+    if (k == 0 || p < 0) {   /* create from two requests in no pair */
+        int cand[MTG_MAXREQ], nc = 0, slot;
+        mtg_req *a0, *a1;
+        mskv_request mem[2];
+        mskv_lockstep out;
+        m->op_name = "lockstep_create";
+        for (slot = 0; slot < MTG_MAXPAIRS && m->ls[slot].used; slot++) {}
+        for (i = 0; i < MTG_MAXREQ; i++)
+            if (m->r[i].used && m->r[i].pair < 0) cand[nc++] = i;
+        if (slot == MTG_MAXPAIRS || nc < 2) return;
+        i = (int)mtg_below(m, nc);
+        k = (i + 1 + (int)mtg_below(m, nc - 1)) % nc;
+        a0 = &m->r[cand[i]]; a1 = &m->r[cand[k]];
+        mem[0] = a0->h; mem[1] = a1->h;
+        if (a0->has_res || a1->has_res) MTM_VIOL(MSKV_ERROR_RESERVATION_PENDING);
+        if (a0->offloaded != a1->offloaded) MTM_VIOL(MSKV_ERROR_BAD_STATE);   /* resident with offloaded */
+        e = mskv_lockstep_create(m->a, mem, 2, &out);
+        mtg_expect(m, e, nviol, want, d, MTM_CHANGES);
+        if (e != MSKV_SUCCESS || nviol) return;
+        m->ls[slot].used = 1; m->ls[slot].h = out; m->ls[slot].m[0] = cand[i]; m->ls[slot].m[1] = cand[k];
+        a0->pair = a1->pair = slot;
+        m->counts[8]++;
+    } else if (k == 1) {
+        int stale = m->has_dead && mtg_below(m, 5) == 0;
+        m->op_name = "lockstep_dissolve";
+        if (stale) MTM_VIOL(MSKV_ERROR_INVALID_HANDLE);
+        e = mskv_lockstep_dissolve(m->a, stale ? m->dead : m->ls[p].h);
+        mtg_expect(m, e, nviol, want, d, MTM_CHANGES);
+        if (e != MSKV_SUCCESS || nviol) return;
+        m->dead = m->ls[p].h; m->has_dead = 1;
+        m->ls[p].used = 0;
+        m->r[m->ls[p].m[0]].pair = m->r[m->ls[p].m[1]].pair = -1;
+        m->counts[9]++;
+    } else {
+        m->op_name = "lockstep_remove";
+        e = mskv_lockstep_remove(m->a, m->ls[p].h);
+        mtg_expect(m, e, nviol, want, d, MTM_CHANGES);
+        if (e != MSKV_SUCCESS || nviol) return;
+        m->dead = m->ls[p].h; m->has_dead = 1;
+        m->stale = m->r[m->ls[p].m[0]].h; m->has_stale = 1;
+        m->ls[p].used = 0;
+        m->r[m->ls[p].m[0]].used = m->r[m->ls[p].m[1]].used = 0;
+        m->counts[10]++;
+    }
+}
+
+static void mtg_op_set_retention(mtg *m) {
+    mtg_req *q = mtg_pick(m);
+    int g = (int)mtg_below(m, 2), clear = mtg_below(m, 6) == 0;
+    uint64_t d = mskv_arena_digest(m->a);
+    m->op_name = "set_retention_in_group";
+    if (!q) return;
+    mtg_expect(m, mskv_request_set_retention_in_group(m->a, q->h, g, clear ? NULL : &m->ret[g]), 0, MSKV_SUCCESS, d, MTM_EITHER);
+    if (m->bad) return;
+    q->has_ret[g] = !clear;
+    m->counts[11]++;
+}
+
+static void mtg_op_publish(mtg *m) {
+    mskv_segment s[MTG_MAXREQ];
+    mtg_req *qs[MTG_MAXREQ];
+    int n = 0, i, g, nviol = 0, half = 0, off = 0;
+    uint64_t d = mskv_arena_digest(m->a);
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "publish segments";
+    for (i = 0; i < MTG_MAXREQ; i++)
+        if (m->r[i].used && mtg_below(m, 2)) {
+            qs[n] = &m->r[i];
+            s[n].request = m->r[i].h;
+            s[n].n_tokens = 0;
+            n++;
+        }
+    for (i = 0; i < n; i++) {   /* a pair is published whole */
+        int k, found = 0;
+        if (qs[i]->pair < 0) continue;
+        for (k = 0; k < n; k++) found += qs[k]->pair == qs[i]->pair;
+        half |= found < 2;
+        off |= qs[i]->offloaded;
+    }
+    for (i = 0; i < n; i++) off |= qs[i]->offloaded;
+    if (half) MTM_VIOL(MSKV_ERROR_BAD_STATE);
+    if (off) MTM_VIOL(MSKV_ERROR_OFFLOADED);
+    e = mskv_publish(m->a, s, n, NULL);
+    mtg_expect(m, e, nviol, want, d, MTM_CHANGES);
+    if (e != MSKV_SUCCESS || nviol) return;
+    for (i = 0; i < n; i++)
+        for (g = 0; g < 2; g++)
+            if (qs[i]->has_ret[g]) mtg_retention(m, qs[i], g);
+    m->counts[12]++;
+}
+
+static void mtg_run_seed(uint64_t seed) {
+    mtg *m = (mtg *)calloc(1, sizeof *m);
+    mskv_arena_desc d;
+    long i;
+    int k;
+    if (!m) { mt_fail(__FILE__, __LINE__, "out of memory"); return; }
+    m->rng = seed * 0x9E3779B97F4A7C15ull + 3;
+    m->P = 1 + (int32_t)mtg_below(m, 4);
+    m->num_pages = 40 + (int32_t)mtg_below(m, 60);
+    memset(&d, 0, sizeof d);
+    d.num_pages = m->num_pages;
+    d.page_size = m->P;
+    d.num_groups = 2;
+    d.max_requests = MTG_MAXREQ;
+    d.num_layers = 1; d.kv_heads = 1; d.head_dim = MTM_DIM;
+    d.retire_mode = MSKV_RETIRE_IMMEDIATE;
+    if (mskv_arena_create(&d, &m->a) != MSKV_SUCCESS) {
+        mt_fail(__FILE__, __LINE__, "arena_create");
+        free(m);
+        return;
+    }
+    m->ret[0].chunk_size = m->P; m->ret[0].sink_chunks = 1; m->ret[0].window_chunks = 2;
+    m->ret[1].chunk_size = 2 * (int64_t)m->P; m->ret[1].window_chunks = 1;
+    printf("  seed %llu: page size %d, %d pages, two layer groups\n", (unsigned long long)seed, (int)m->P, (int)m->num_pages);
+    for (i = 0; i < MTG_OPS && !m->bad; i++) {
+        int64_t pick = mtg_below(m, 100);
+        m->op = i;
+        if (pick < 8) mtg_op_add(m);
+        else if (pick < 12) mtg_op_remove(m);
+        else if (pick < 34) mtg_op_admit(m);
+        else if (pick < 48) mtg_op_commit(m, 0);
+        else if (pick < 53) mtg_op_commit(m, 1);
+        else if (pick < 65) mtg_op_release(m);
+        else if (pick < 71) mtg_op_offload(m);
+        else if (pick < 78) mtg_op_reload(m);
+        else if (pick < 86) mtg_op_lockstep(m);
+        else if (pick < 90) mtg_op_set_retention(m);
+        else mtg_op_publish(m);
+        if (!m->bad) mtg_verify(m);
+    }
+    if (!m->bad) {
+        static const char *names[13] = {"add", "remove", "admit", "commit", "abort", "release", "offload", "reload",
+                                        "lockstep_create", "lockstep_dissolve", "lockstep_remove", "set_retention", "publish"};
+        for (k = 0; k < 13; k++)
+            if (m->counts[k] < 20) mt_fail(__FILE__, __LINE__, "only %ld successful %s operations", m->counts[k], names[k]);
+    }
+    printf("    successes: add %ld remove %ld admit %ld commit %ld abort %ld release %ld offload %ld reload %ld "
+           "lockstep create %ld dissolve %ld remove %ld retention %ld publish %ld; %ld digest checks\n",
+           m->counts[0], m->counts[1], m->counts[2], m->counts[3], m->counts[4], m->counts[5], m->counts[6], m->counts[7],
+           m->counts[8], m->counts[9], m->counts[10], m->counts[11], m->counts[12], m->digest_checks);
+    mskv_arena_destroy(m->a);
+    free(m);
+}
+
+TEST(model_random_walk_of_layer_groups_and_lockstep_pairs_matches_the_shadow_model_after_every_operation) {
+    uint64_t base = mt_seed();
+    int s;
+    for (s = 0; s < MTM_SEEDS && !mt_failed_now(); s++) mtg_run_seed(base + (uint64_t)s * 0x632BE59BD9B4E019ull);
 }

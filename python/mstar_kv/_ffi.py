@@ -31,6 +31,7 @@ CONSTANTS = {
     "MSKV_MASK_NONE": 0, "MSKV_MASK_CAUSAL": 1, "MSKV_MASK_WINDOW": 2,
     "MSKV_CPU_MAX_HEAD_DIM": 256,
     "MSKV_RANK_STEPS": 64, "MSKV_CUDA_MAX_SHARDS": 16,
+    "MSKV_CUDA_ATTN_AUTO": 0, "MSKV_CUDA_ATTN_MMA": 1, "MSKV_CUDA_ATTN_WGMMA": 2,
 }
 
 # every result code: (value, C name); the exception classes are made from this
@@ -273,6 +274,7 @@ class mskv_cuda_desc(Structure):
         ("allocator", mskv_allocator),
         ("log", c_void_p),
         ("log_user", c_void_p),
+        ("attn_path", c_int),
     ]
 
 
@@ -288,6 +290,7 @@ class mskv_cuda_info(Structure):
         ("nvrtc_version", c_int32),
         ("compiles", c_int32),
         ("disk_hits", c_int32),
+        ("wgmma", c_int32),
     ]
 
 

@@ -12,18 +12,24 @@
 #include "../../mstar_kv.h"
 
 /* Several page sizes (1, 3, 4, 5, 16), dtypes and layer counts, including a
-   bookkeeping-only arena: blobs and plans differ in every one of them. */
+   bookkeeping-only arena, and arenas of 2 and 3 layer groups (blob version
+   2): blobs and plans differ in every one of them. New geometries go at the
+   end, so a committed seed keeps naming the geometry it was made for. */
 typedef struct fz_geom {
     int32_t num_pages, page_size, num_layers, kv_heads, head_dim;
     mskv_dtype dtype;
+    int32_t num_groups;   /* 0 = 1 */
 } fz_geom;
 
 static const fz_geom fz_geoms[] = {
-    { 32, 4, 1, 1, 4, MSKV_DTYPE_F32 },
-    { 40, 3, 2, 2, 8, MSKV_DTYPE_F16 },
-    { 24, 16, 1, 2, 16, MSKV_DTYPE_BF16 },
-    { 48, 5, 0, 0, 0, MSKV_DTYPE_F32 },
-    { 64, 1, 1, 1, 2, MSKV_DTYPE_F32 },
+    { 32, 4, 1, 1, 4, MSKV_DTYPE_F32, 0 },
+    { 40, 3, 2, 2, 8, MSKV_DTYPE_F16, 0 },
+    { 24, 16, 1, 2, 16, MSKV_DTYPE_BF16, 0 },
+    { 48, 5, 0, 0, 0, MSKV_DTYPE_F32, 0 },
+    { 64, 1, 1, 1, 2, MSKV_DTYPE_F32, 0 },
+    { 48, 4, 1, 1, 4, MSKV_DTYPE_F32, 2 },
+    { 60, 3, 2, 2, 8, MSKV_DTYPE_BF16, 3 },
+    { 40, 5, 0, 0, 0, MSKV_DTYPE_F32, 2 },
 };
 #define FZ_NGEOM ((int)(sizeof fz_geoms / sizeof fz_geoms[0]))
 
@@ -50,6 +56,7 @@ static inline mskv_arena_desc fz_desc(const fz_geom *g, int fenced) {
     d.kv_heads = g->kv_heads;
     d.head_dim = g->head_dim;
     d.dtype = g->dtype;
+    d.num_groups = g->num_groups;
     d.retire_mode = fenced ? MSKV_RETIRE_FENCED : MSKV_RETIRE_IMMEDIATE;
     d.allocator = fz_allocator();
     return d;

@@ -5,13 +5,15 @@
    state checks behind the checksum instead of stopping at it.
    A failed import must change nothing. A successful one must pass the audit,
    export to the same bytes, and be usable: reload, plan + validate + K/V
-   write + attention (a keyed entry through a cross plan), release, offload,
-   reload again (same bytes once more), remove. */
+   write + attention in every layer group (a keyed entry through a cross
+   plan), release in every group, offload, reload again (same bytes once
+   more), remove. */
 #define MSTAR_KV_IMPLEMENTATION
 #include "fuzz_common.h"
 
-static void fz_plan_and_attend(mskv_arena *a, mskv_request self, const mskv_request *cross, const fz_geom *g) {
-    mskv_segment s;
+/* One layer group's plan of the open step: query, build, validate, K/V write
+   (a self plan) and attention. */
+static void fz_plan_group(mskv_arena *a, const mskv_segment *s, const mskv_request *cross, const fz_geom *g, int32_t group) {
     mskv_plan_desc pd;
     mskv_plan_size ps;
     mskv_plan plan;
@@ -19,18 +21,12 @@ static void fz_plan_and_attend(mskv_arena *a, mskv_request self, const mskv_requ
     char why[256];
     memset(&pd, 0, sizeof pd);
     memset(&plan, 0, sizeof plan);
-    s.request = self;
-    s.n_tokens = 2;
+    pd.group = group;
     if (cross) { pd.kind = MSKV_PLAN_CROSS; pd.cross = *cross; }
     else pd.pos_mode = MSKV_POS_1D;
-    r = mskv_admit(a, &s, 1);
-    if (r != MSKV_SUCCESS) {
-        FZ_CHECK(r == MSKV_ERROR_OUT_OF_PAGES, "admit 2 tokens on a usable request: %s", mskv_result_string(r));
-        return;
-    }
-    FZ_CHECK(mskv_plan_query(a, &s, 1, &pd, &ps) == MSKV_SUCCESS, "plan query");
+    FZ_CHECK(mskv_plan_query(a, s, 1, &pd, &ps) == MSKV_SUCCESS, "plan query");
     FZ_CHECK(mskv_plan_alloc(a, ps.batch, ps.total_q, ps.num_page_ids, &plan) == MSKV_SUCCESS, "plan alloc");
-    r = mskv_plan_build(a, &s, 1, &pd, &plan);
+    r = mskv_plan_build(a, s, 1, &pd, &plan);
     FZ_CHECK(r == MSKV_SUCCESS, "plan build: %s", mskv_result_string(r));
     why[0] = '\0';
     FZ_CHECK(mskv_plan_validate(&plan, g->num_pages, why, sizeof why) == MSKV_SUCCESS, "validate: %s", why);
@@ -55,7 +51,23 @@ static void fz_plan_and_attend(mskv_arena *a, mskv_request self, const mskv_requ
         FZ_CHECK(r == MSKV_SUCCESS, "attention: %s", mskv_result_string(r));
         free(k); free(v); free(q); free(o); free(lse);
     }
+    FZ_CHECK(mskv_plan_check(a, &plan) == MSKV_SUCCESS, "a plan of the open step is stale");
     mskv_plan_free(a, &plan);
+}
+
+/* Admit two tokens, plan and attend in every layer group, commit. */
+static void fz_plan_and_attend(mskv_arena *a, mskv_request self, const mskv_request *cross, const fz_geom *g) {
+    mskv_segment s;
+    mskv_result r;
+    int32_t group;
+    s.request = self;
+    s.n_tokens = 2;
+    r = mskv_admit(a, &s, 1);
+    if (r != MSKV_SUCCESS) {
+        FZ_CHECK(r == MSKV_ERROR_OUT_OF_PAGES, "admit 2 tokens on a usable request: %s", mskv_result_string(r));
+        return;
+    }
+    for (group = 0; group < (g->num_groups > 1 ? g->num_groups : 1); group++) fz_plan_group(a, &s, cross, g, group);
     FZ_CHECK(mskv_commit(a, &s, 1) == MSKV_SUCCESS, "commit");
     fz_audit(a, "commit");
 }
@@ -131,10 +143,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     else fz_plan_and_attend(a, h, NULL, g);
     if (!info.keyed) {
         int64_t got = -1;
-        FZ_CHECK(mskv_request_info_get(a, h, &info) == MSKV_SUCCESS, "info");
-        r = mskv_request_release_oldest(a, h, (info.committed - info.live_start) / 2 > 0 ? (info.committed - info.live_start) / 2 : 0, &got);
-        FZ_CHECK(r == MSKV_SUCCESS, "release half the live tokens: %s", mskv_result_string(r));
-        fz_audit(a, "release");
+        int32_t group;
+        for (group = 0; group < (g->num_groups > 1 ? g->num_groups : 1); group++) {   /* each group's own window */
+            FZ_CHECK(mskv_request_info_in_group(a, h, group, &info) == MSKV_SUCCESS, "info");
+            r = mskv_request_release_oldest_in_group(a, h, group, (info.committed - info.live_start) / 2 > 0 ? (info.committed - info.live_start) / 2 : 0, &got);
+            FZ_CHECK(r == MSKV_SUCCESS, "release half the live tokens of group %d: %s", (int)group, mskv_result_string(r));
+            fz_audit(a, "release");
+        }
         r = mskv_request_offload(a, h);
         FZ_CHECK(r == MSKV_SUCCESS, "offload: %s", mskv_result_string(r));
         fz_audit(a, "offload");

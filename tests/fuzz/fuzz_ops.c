@@ -1,10 +1,16 @@
 /* libFuzzer harness: operation sequences. The input is read as a program:
-   one byte of configuration (geometry, FENCED retirement), then calls of
-   every public function of mstar_kv.h with wild arguments. Request handles
-   are mostly picked from live ones (so calls get deep), sometimes removed or
-   made up. After every call on the arena the audit passes, and a call that
-   failed left mskv_arena_digest unchanged. Events and log messages are
-   checked as they arrive. */
+   one byte of configuration (geometry, among them arenas of several layer
+   groups; a starting lockstep pair; FENCED retirement; the debug checks),
+   then calls of every public
+   function of mstar_kv.h with wild arguments: the request calls and their
+   *_in_group twins, lockstep groups formed from live requests, admit_query,
+   make_room, reset and flush, plans of any group, the CPU backend with any
+   instruction-set path. Request and lockstep handles are mostly picked from
+   live ones (so calls get deep), sometimes removed or made up. After every
+   call on the arena the audit passes (and mskv_arena_audit_bytes, when the
+   debug checks run), and a call that failed left mskv_arena_digest
+   unchanged. Events and log messages are checked as they arrive. */
+#define _POSIX_C_SOURCE 200809L   /* setenv: the MSKV_CPU_ISA variable */
 #define MSTAR_KV_IMPLEMENTATION
 #include "fuzz_common.h"
 
@@ -12,6 +18,8 @@
 #define FO_STALE 8
 #define FO_PLANS 2
 #define FO_OPS 400
+#define FO_LS 4          /* lockstep groups the harness tracks */
+#define FO_LS_STALE 4
 
 typedef struct fo_state {
     fz_in in;
@@ -30,10 +38,20 @@ typedef struct fo_state {
     size_t blob_size;
     mskv_cpu *cpu;
     long events;
-    /* what the plan descs point at: explicit positions, visibility bounds */
-    int32_t pos_buf[4][3 * 64];
-    const int32_t *pos_ptr[4];
-    int64_t vis_se[4], vis_ws[4];
+    int32_t G;                         /* the arena's layer groups */
+    int debug;                         /* the debug checks run: audit_bytes after every call */
+    /* lockstep groups: handle and members (fixed at creation) */
+    mskv_lockstep ls[FO_LS];
+    mskv_request ls_mem[FO_LS][MSKV_MAX_LOCKSTEP];
+    int32_t ls_n[FO_LS];
+    int nls;
+    mskv_lockstep ls_stale[FO_LS_STALE];
+    int nls_stale;
+    /* what the plan descs point at: explicit positions, visibility bounds
+       (a segment each, up to a lockstep group's members and one more) */
+    int32_t pos_buf[MSKV_MAX_LOCKSTEP + 1][3 * 64];
+    const int32_t *pos_ptr[MSKV_MAX_LOCKSTEP + 1];
+    int64_t vis_se[MSKV_MAX_LOCKSTEP + 1], vis_ws[MSKV_MAX_LOCKSTEP + 1];
 } fo_state;
 
 static void fo_on_event(void *user, const mskv_event *e) {
@@ -76,6 +94,37 @@ static void fo_forget(fo_state *s, mskv_request r) {
             else s->stale[fz_u8(&s->in) % FO_STALE] = r;
             return;
         }
+}
+
+/* A layer group: mostly one the arena has, sometimes one past the end or wild. */
+static int32_t fo_group(fo_state *s) {
+    uint8_t sel = fz_u8(&s->in);
+    if (sel < 220) return (int32_t)(sel % (uint8_t)s->G);
+    if (sel < 240) return sel & 1 ? s->G : -1;
+    return fz_wild32(&s->in);
+}
+
+static mskv_lockstep fo_pick_ls(fo_state *s) {
+    uint8_t sel = fz_u8(&s->in);
+    mskv_lockstep l;
+    if (sel < 200 && s->nls) return s->ls[sel % s->nls];
+    if (sel < 230 && s->nls_stale) return s->ls_stale[sel % s->nls_stale];
+    l.id = (uint32_t)fz_raw(&s->in, sel & 1 ? 1 : 4);
+    return l;
+}
+static int fo_ls_index(const fo_state *s, mskv_lockstep l) {
+    int i;
+    for (i = 0; i < s->nls; i++)
+        if (s->ls[i].id == l.id) return i;
+    return -1;
+}
+static void fo_ls_forget(fo_state *s, int i) {
+    if (s->nls_stale < FO_LS_STALE) s->ls_stale[s->nls_stale++] = s->ls[i];
+    else s->ls_stale[fz_u8(&s->in) % FO_LS_STALE] = s->ls[i];
+    s->ls[i] = s->ls[s->nls - 1];
+    memcpy(s->ls_mem[i], s->ls_mem[s->nls - 1], sizeof s->ls_mem[i]);
+    s->ls_n[i] = s->ls_n[s->nls - 1];
+    s->nls--;
 }
 
 static int64_t fo_tokens(fo_state *s) {
@@ -124,6 +173,7 @@ static void fo_plan_desc(fo_state *s, mskv_plan_desc *d, int64_t *dense, const m
     d->grid_w = fz_u8(&s->in) < 200 ? (int32_t)(fz_u8(&s->in) % 4) : fz_wild32(&s->in);
     for (i = 0; i < nseg; i++) dense[i] = fo_tokens(s);
     d->dense_kv_len = fz_u8(&s->in) < 240 ? dense : NULL;
+    d->group = fo_group(s);
     if (segs && fz_u8(&s->in) < 48) {
         for (i = 0; i < nseg; i++) {
             s->pos_ptr[i] = NULL;
@@ -150,6 +200,7 @@ static void fo_plan_desc(fo_state *s, mskv_plan_desc *d, int64_t *dense, const m
         uint64_t fo__d = mskv_arena_digest((s)->a);                                                  \
         mskv_result fo__r = (expr);                                                                  \
         fz_audit((s)->a, what);                                                                      \
+        if ((s)->debug) fo_audit_bytes((s), what);                                                   \
         FZ_CHECK(mskv_result_string(fo__r) != NULL, "result string");                                \
         if (fo__r != MSKV_SUCCESS)                                                                   \
             FZ_CHECK(mskv_arena_digest((s)->a) == fo__d, "%s failed (%s) and changed the arena", what, \
@@ -157,15 +208,23 @@ static void fo_plan_desc(fo_state *s, mskv_plan_desc *d, int64_t *dense, const m
         last = fo__r;                                                                                \
     } while (0)
 
+/* The debug checks' bytes: free pages still poisoned, host copies as made. */
+static void fo_audit_bytes(fo_state *s, const char *after) {
+    char why[256];
+    mskv_result r;
+    why[0] = '\0';
+    r = mskv_arena_audit_bytes(s->a, why, sizeof why);
+    FZ_CHECK(r == MSKV_SUCCESS, "audit_bytes after %s: %s (%s)", after, mskv_result_string(r), why);
+}
+
 static void fo_free_plan(fo_state *s, int i) {
     if (s->plan_ok[i]) mskv_plan_free(s->a, &s->plan[i]);
     s->plan_ok[i] = 0;
     memset(&s->plan[i], 0, sizeof s->plan[i]);
 }
 
-static void fo_cpu_calls(fo_state *s, int op) {
+static void fo_cpu_plan_call(fo_state *s, int pi, int op) {
     const fz_geom *g = s->g;
-    int pi = fz_u8(&s->in) % FO_PLANS;
     mskv_plan *p = &s->plan[pi];
     int32_t layer = fz_u8(&s->in) < 220 ? (int32_t)(fz_u8(&s->in) % 3) - (g->num_layers == 0) : fz_wild32(&s->in);
     mskv_result last = MSKV_SUCCESS;
@@ -206,6 +265,7 @@ static void fo_cpu_calls(fo_state *s, int op) {
     }
     (void)last;
 }
+static void fo_cpu_calls(fo_state *s, int op) { fo_cpu_plan_call(s, fz_u8(&s->in) % FO_PLANS, op); }
 
 /* The functions that take no arena, with wild sizes: buffers are allocated
    at the size the arguments declare when that is small; otherwise only
@@ -221,6 +281,11 @@ static void fo_pure_calls(fo_state *s) {
     mskv_result r;
     FZ_CHECK(mskv_result_string((mskv_result)fz_wild32(&s->in)) != NULL, "result string");
     (void)mskv_dtype_size((mskv_dtype)fz_wild32(&s->in));
+    {
+        mskv_cpu_isa isa = (mskv_cpu_isa)fz_wild32(&s->in);
+        FZ_CHECK(mskv_cpu_isa_name(isa) != NULL, "isa name");
+        (void)mskv_cpu_isa_available(isa);
+    }
     if (which == 0) {
         uint32_t bits = (uint32_t)fz_raw(&s->in, 4);
         float x;
@@ -276,12 +341,276 @@ static void fo_pure_calls(fo_state *s) {
     }
 }
 
+/* The *_in_group twins, with groups mostly in range. */
+static void fo_group_calls(fo_state *s, int which) {
+    mskv_result last = MSKV_SUCCESS;
+    mskv_request r = fo_pick(s);
+    int32_t g = fo_group(s);
+    if (which == 0) {
+        mskv_request_info info, info0;
+        FO_CALL(s, "request_info_in_group", mskv_request_info_in_group(s->a, r, g, &info));
+        if (last == MSKV_SUCCESS) {
+            FZ_CHECK(g >= 0 && g < s->G, "info of group %d succeeded", (int)g);
+            FZ_CHECK(mskv_request_info_get(s->a, r, &info0) == MSKV_SUCCESS, "info of group 0");
+            /* tokens, location and flags are the request's, the same in every group */
+            FZ_CHECK(info.committed == info0.committed && info.reserved == info0.reserved && info.location == info0.location &&
+                         info.lockstep == info0.lockstep && info.last_admitted == info0.last_admitted && info.paused == info0.paused,
+                     "groups disagree on what is the request's");
+            FZ_CHECK(info.kv_len >= 0 && info.num_pages >= 0 && info.prefix_tokens <= info.committed, "group info values");
+        }
+    } else if (which == 1) {
+        int32_t pages[64], count = -1, cap = (int32_t)(fz_u8(&s->in) % 66) - 1;
+        int given = cap > 0 && cap <= 64, i;
+        FO_CALL(s, "request_pages_in_group", mskv_request_pages_in_group(s->a, r, g, given ? pages : NULL, cap, &count));
+        if (last == MSKV_SUCCESS && given)
+            for (i = 0; i < count; i++) FZ_CHECK(pages[i] >= 1 && pages[i] < s->g->num_pages, "page id %d", (int)pages[i]);
+    } else if (which == 2) {
+        int64_t slot = -1;
+        FO_CALL(s, "request_slot_in_group", mskv_request_slot_in_group(s->a, r, g, fo_tokens(s), &slot));
+        if (last == MSKV_SUCCESS)
+            FZ_CHECK(slot >= s->g->page_size && slot < (int64_t)s->g->num_pages * s->g->page_size, "slot %lld", (long long)slot);
+    } else if (which == 3) {
+        FO_CALL(s, "protect_prefix_in_group", mskv_request_protect_prefix_in_group(s->a, r, g, fo_tokens(s)));
+    } else if (which == 4) {
+        int64_t got = -1;
+        FO_CALL(s, "release_oldest_in_group", mskv_request_release_oldest_in_group(s->a, r, g, fo_tokens(s), fz_u8(&s->in) & 1 ? &got : NULL));
+    } else {
+        mskv_retention ret;
+        fo_retention(s, &ret);
+        FO_CALL(s, "set_retention_in_group", mskv_request_set_retention_in_group(s->a, r, g, fz_u8(&s->in) < 20 ? NULL : &ret));
+    }
+}
+
+/* admit_query and make_room: what make_room parks is within the budget, in
+   no batch segment, and afterwards there is room. */
+static void fo_preempt_calls(fo_state *s, int which) {
+    mskv_result last = MSKV_SUCCESS;
+    mskv_segment segs[4];
+    int n = fo_segments(s, segs), i, k;
+    if (which == 0) {
+        int64_t pages = -1;
+        FO_CALL(s, "admit_query", mskv_admit_query(s->a, n || fz_u8(&s->in) < 250 ? segs : NULL, n, fz_u8(&s->in) < 250 ? &pages : NULL));
+        if (last == MSKV_SUCCESS) {
+            uint64_t d = mskv_arena_digest(s->a);
+            mskv_result r = mskv_admit(s->a, segs, n);
+            FZ_CHECK(pages >= 0, "admit_query: %lld pages", (long long)pages);
+            /* admit agrees: it fits exactly when the free pages cover the count */
+            if (r == MSKV_SUCCESS) {
+                FZ_CHECK(mskv_abort(s->a, segs, n) == MSKV_SUCCESS || n == 0, "abort what was just admitted");
+            } else {
+                mskv_arena_stats st;
+                FZ_CHECK(mskv_arena_digest(s->a) == d, "a failed admit changed the arena");
+                FZ_CHECK(mskv_arena_stats_get(s->a, &st) == MSKV_SUCCESS, "stats");
+                FZ_CHECK(r == MSKV_ERROR_OUT_OF_PAGES || r == MSKV_ERROR_OUT_OF_MEMORY, "admit_query passed, admit says %s",
+                         mskv_result_string(r));
+                if (r == MSKV_ERROR_OUT_OF_PAGES) FZ_CHECK(pages > st.free_pages, "admit needs %lld pages, %d free", (long long)pages, (int)st.free_pages);
+            }
+            fz_audit(s->a, "admit_query's admit");
+        }
+    } else {
+        mskv_request parked[FO_REQS];
+        mskv_arena_stats st;
+        mskv_store_info si;
+        int32_t np = -1, cap = fz_u8(&s->in) < 200 ? (int32_t)(fz_u8(&s->in) % (FO_REQS + 1)) : fz_wild32(&s->in);
+        int64_t need;
+        uint64_t budget, used = 0;
+        uint8_t sel = fz_u8(&s->in);
+        FZ_CHECK(mskv_arena_stats_get(s->a, &st) == MSKV_SUCCESS, "stats");
+        need = sel < 200 ? (int64_t)st.free_pages + st.pending_pages + (int64_t)(sel % 8) - 2 : fz_wild64(&s->in);
+        sel = fz_u8(&s->in);
+        budget = sel < 128 ? UINT64_MAX : sel < 224 ? (uint64_t)fz_raw(&s->in, 2) : (uint64_t)fz_wild64(&s->in);
+        if (cap > FO_REQS) cap = FO_REQS;   /* the array's real size */
+        FO_CALL(s, "make_room", mskv_make_room(s->a, need, budget, n || fz_u8(&s->in) < 250 ? segs : NULL, n,
+                                               cap > 0 || fz_u8(&s->in) < 128 ? parked : NULL, cap, &np));
+        if (last != MSKV_SUCCESS) {
+            if (last == MSKV_ERROR_CAPACITY) FZ_CHECK(np > cap, "make_room: CAPACITY with %d to park in %d", (int)np, (int)cap);
+            return;
+        }
+        FZ_CHECK(np >= 0 && np <= cap, "make_room parked %d with room for %d", (int)np, (int)cap);
+        FZ_CHECK(mskv_arena_stats_get(s->a, &st) == MSKV_SUCCESS && mskv_store_info_get(s->a, &si) == MSKV_SUCCESS, "stats");
+        FZ_CHECK((int64_t)st.free_pages + st.pending_pages >= need, "make_room succeeded: %d free + %d pending < %lld",
+                 (int)st.free_pages, (int)st.pending_pages, (long long)need);
+        for (i = 0; i < np; i++) {
+            mskv_request_info info;
+            int32_t g;
+            FZ_CHECK(mskv_request_info_get(s->a, parked[i], &info) == MSKV_SUCCESS && info.location == MSKV_OFFLOADED && !info.paused &&
+                         !info.keyed, "a parked request is not an offloaded, unpaused request");
+            for (k = 0; k < n; k++) FZ_CHECK(segs[k].request.id != parked[i].id, "make_room parked a request of the batch");
+            for (k = 0; k < i; k++) FZ_CHECK(parked[k].id != parked[i].id, "make_room parked a request twice");
+            for (g = 0; g < s->G; g++) {
+                FZ_CHECK(mskv_request_info_in_group(s->a, parked[i], g, &info) == MSKV_SUCCESS, "info");
+                used += (uint64_t)info.num_pages * si.page_bytes * 2 * (uint64_t)si.num_layers;
+            }
+        }
+        FZ_CHECK(used <= budget, "make_room parked %llu host bytes over a budget of %llu", (unsigned long long)used,
+                 (unsigned long long)budget);
+    }
+}
+
+/* Lockstep groups formed from live requests, and every call on them. */
+static void fo_lockstep_calls(fo_state *s, int which) {
+    mskv_result last = MSKV_SUCCESS;
+    mskv_lockstep l = fo_pick_ls(s);
+    int li = fo_ls_index(s, l), i;
+    if (which == 0) {
+        mskv_request m[MSKV_MAX_LOCKSTEP + 1];
+        uint8_t sel = fz_u8(&s->in);
+        int32_t n = sel < 200 ? 2 + sel % 3 : (int32_t)(sel % (MSKV_MAX_LOCKSTEP + 2)) - 1;
+        int32_t k = n < 0 ? 0 : n > MSKV_MAX_LOCKSTEP + 1 ? MSKV_MAX_LOCKSTEP + 1 : n, at = fz_u8(&s->in);
+        /* mostly distinct live requests, so groups form; sometimes any handle */
+        for (i = 0; i < k; i++) m[i] = s->nlive && fz_u8(&s->in) < 220 ? s->live[(at + i) % s->nlive] : fo_pick(s);
+        if (n > k) n = k;   /* only as many as the array holds */
+        FO_CALL(s, "lockstep_create", mskv_lockstep_create(s->a, fz_u8(&s->in) < 250 ? m : NULL, n, &l));
+        if (last != MSKV_SUCCESS) return;
+        if (s->nls == FO_LS) {   /* no room to track it */
+            FZ_CHECK(mskv_lockstep_dissolve(s->a, l) == MSKV_SUCCESS, "dissolve an untracked lockstep group");
+            fz_audit(s->a, "dissolve an untracked lockstep group");
+            return;
+        }
+        s->ls[s->nls] = l;
+        memcpy(s->ls_mem[s->nls], m, (size_t)n * sizeof(mskv_request));
+        s->ls_n[s->nls++] = n;
+    } else if (which == 1) {
+        mskv_request out[MSKV_MAX_LOCKSTEP];
+        int32_t count = -1, cap = (int32_t)(fz_u8(&s->in) % (MSKV_MAX_LOCKSTEP + 2)) - 1;
+        if (fz_u8(&s->in) < 64) {
+            FO_CALL(s, "lockstep_dissolve", mskv_lockstep_dissolve(s->a, l));
+            if (last == MSKV_SUCCESS && li >= 0) fo_ls_forget(s, li);
+            return;
+        }
+        FO_CALL(s, "lockstep_members", mskv_lockstep_members(s->a, l, cap > 0 || fz_u8(&s->in) < 128 ? out : NULL, cap, &count));
+        if (last == MSKV_SUCCESS && li >= 0) {
+            FZ_CHECK(count == s->ls_n[li], "lockstep_members: %d members, made with %d", (int)count, (int)s->ls_n[li]);
+            for (i = 0; i < count; i++) FZ_CHECK(out[i].id == s->ls_mem[li][i].id, "lockstep member %d", i);
+        }
+    } else if (which == 2) {
+        /* a lockstep step: the group's segments (plus, sometimes, another segment) into a batch call */
+        mskv_segment segs[MSKV_MAX_LOCKSTEP + 1];
+        int32_t count = -1, cap = fz_u8(&s->in) < 220 ? MSKV_MAX_LOCKSTEP : (int32_t)(fz_u8(&s->in) % 4) - 1;
+        int64_t nt = fo_tokens(s);
+        uint8_t call = fz_u8(&s->in) % 6;
+        FO_CALL(s, "lockstep_segments", mskv_lockstep_segments(s->a, l, nt, cap > 0 || fz_u8(&s->in) < 128 ? segs : NULL, cap, &count));
+        if (last != MSKV_SUCCESS) {
+            if (last == MSKV_ERROR_CAPACITY) FZ_CHECK(count > cap, "lockstep_segments: CAPACITY for %d in %d", (int)count, (int)cap);
+            return;
+        }
+        for (i = 0; i < count; i++) FZ_CHECK(segs[i].n_tokens == nt, "lockstep segment tokens");
+        if (li >= 0) for (i = 0; i < count; i++) FZ_CHECK(segs[i].request.id == s->ls_mem[li][i].id, "lockstep segment %d", i);
+        if (fz_u8(&s->in) < 64) { segs[count].request = fo_pick(s); segs[count].n_tokens = fo_tokens(s); count++; }
+        else if (count > 0 && fz_u8(&s->in) < 32) count--;   /* a member missing */
+        if (call == 0) FO_CALL(s, "admit (lockstep)", mskv_admit(s->a, segs, count));
+        else if (call == 1) FO_CALL(s, "commit (lockstep)", mskv_commit(s->a, segs, count));
+        else if (call == 2) FO_CALL(s, "abort (lockstep)", mskv_abort(s->a, segs, count));
+        else if (call == 3) FO_CALL(s, "publish (lockstep)", mskv_publish(s->a, segs, count, NULL));
+        else {
+            mskv_plan_desc d;
+            int64_t dense[MSKV_MAX_LOCKSTEP + 1];
+            int pi = fz_u8(&s->in) % FO_PLANS;
+            fo_plan_desc(s, &d, dense, segs, count);
+            if (!s->plan_ok[pi]) return;
+            FO_CALL(s, "plan_build (lockstep)", mskv_plan_build(s->a, segs, count, &d, &s->plan[pi]));
+            if (last == MSKV_SUCCESS) s->plan_pos[pi] = d.pos_mode;
+        }
+    } else if (which == 3) {
+        FO_CALL(s, "lockstep_offload", mskv_lockstep_offload(s->a, l));
+    } else if (which == 4) {
+        FO_CALL(s, "lockstep_reload", mskv_lockstep_reload(s->a, l));
+    } else if (which == 5) {
+        FO_CALL(s, "lockstep_remove", mskv_lockstep_remove(s->a, l));
+        if (last == MSKV_SUCCESS && li >= 0) {
+            for (i = 0; i < s->ls_n[li]; i++) fo_forget(s, s->ls_mem[li][i]);
+            fo_ls_forget(s, li);
+        }
+    } else {
+        int64_t got = -1;
+        FO_CALL(s, "lockstep_release_oldest", mskv_lockstep_release_oldest(s->a, l, fo_group(s), fo_tokens(s), fz_u8(&s->in) & 1 ? &got : NULL));
+    }
+}
+
+/* A whole step, so the calls deep in it are reached: admit the segments,
+   plan them in a layer group, write K/V, attend, then commit or abort and
+   publish. Each call is checked like any other. */
+static void fo_whole_step(fo_state *s, mskv_segment *segs, int n) {
+    mskv_result last = MSKV_SUCCESS;
+    mskv_plan_desc d;
+    mskv_plan_size ps;
+    int pi = fz_u8(&s->in) % FO_PLANS, i;
+    FO_CALL(s, "admit (step)", mskv_admit(s->a, segs, n));
+    if (last != MSKV_SUCCESS) return;
+    memset(&d, 0, sizeof d);
+    d.pos_mode = (mskv_pos_mode)(fz_u8(&s->in) % 3);
+    d.grid_h = 1 + fz_u8(&s->in) % 3;
+    d.grid_w = 1 + fz_u8(&s->in) % 3;
+    d.group = fz_u8(&s->in) < 240 ? (int32_t)(fz_u8(&s->in) % (uint8_t)s->G) : fo_group(s);
+    FO_CALL(s, "plan_query (step)", mskv_plan_query(s->a, segs, n, &d, &ps));
+    if (last == MSKV_SUCCESS && ps.total_q <= 4096 && ps.num_page_ids <= 4096) {
+        fo_free_plan(s, pi);
+        FO_CALL(s, "plan_alloc (step)", mskv_plan_alloc(s->a, ps.batch, ps.total_q, ps.num_page_ids, &s->plan[pi]));
+        if (last == MSKV_SUCCESS) {
+            s->plan_ok[pi] = 1;
+            FO_CALL(s, "plan_build (step)", mskv_plan_build(s->a, segs, n, &d, &s->plan[pi]));
+            s->plan_pos[pi] = last == MSKV_SUCCESS ? d.pos_mode : MSKV_POS_NONE;
+            if (last == MSKV_SUCCESS) {
+                int writes = fz_u8(&s->in) % 3;
+                for (i = 0; i < writes; i++) fo_cpu_plan_call(s, pi, 0);
+                for (i = 0; i < 1 + writes; i++) fo_cpu_plan_call(s, pi, 1);
+            }
+        }
+    }
+    if (fz_u8(&s->in) < 200) FO_CALL(s, "commit (step)", mskv_commit(s->a, segs, n));
+    else FO_CALL(s, "abort (step)", mskv_abort(s->a, segs, n));
+    if (fz_u8(&s->in) < 160) FO_CALL(s, "publish (step)", mskv_publish(s->a, segs, n, NULL));
+}
+
+static void fo_step_calls(fo_state *s, int lockstep) {
+    mskv_segment segs[MSKV_MAX_LOCKSTEP];
+    int32_t n = 0, i;
+    int64_t nt = 1 + fz_u8(&s->in) % (uint8_t)(3 * s->g->page_size);
+    if (!lockstep) {
+        n = 1 + fz_u8(&s->in) % 3;
+        for (i = 0; i < n; i++) { segs[i].request = fo_pick(s); segs[i].n_tokens = i == 0 ? nt : 1 + fz_u8(&s->in) % 4; }
+    } else {
+        mskv_lockstep l;
+        if (!s->nls) return;
+        l = s->ls[fz_u8(&s->in) % s->nls];
+        if (mskv_lockstep_segments(s->a, l, nt, segs, MSKV_MAX_LOCKSTEP, &n) != MSKV_SUCCESS) FZ_FAIL("segments of a tracked lockstep group");
+    }
+    fo_whole_step(s, segs, n);
+}
+
+/* flush, reset (which forgets every handle), and the stale-plan check. */
+static void fo_arena_calls(fo_state *s, int which) {
+    mskv_result last = MSKV_SUCCESS;
+    mskv_arena_stats st;
+    if (which == 0) {
+        FO_CALL(s, "arena_flush", mskv_arena_flush(s->a));
+        FZ_CHECK(mskv_arena_stats_get(s->a, &st) == MSKV_SUCCESS && st.pending_pages == 0, "pages pending after a flush");
+    } else if (which == 1 && fz_u8(&s->in) < 48) {
+        FO_CALL(s, "arena_reset", mskv_arena_reset(s->a));
+        FZ_CHECK(mskv_arena_stats_get(s->a, &st) == MSKV_SUCCESS, "stats");
+        FZ_CHECK(st.requests == 0 && st.live_pages == 0 && st.offloaded_pages == 0 &&
+                     st.free_pages + st.pending_pages == st.num_pages - 1, "reset left %d requests, %d live pages", (int)st.requests,
+                 (int)st.live_pages);
+        while (s->nlive) fo_forget(s, s->live[0]);
+        while (s->nls) fo_ls_forget(s, 0);
+    } else {
+        int pi = fz_u8(&s->in) % FO_PLANS;
+        uint64_t d = mskv_arena_digest(s->a);
+        mskv_result r;
+        if (!s->plan_ok[pi]) return;
+        r = mskv_plan_check(s->a, &s->plan[pi]);
+        FZ_CHECK(r == MSKV_SUCCESS || r == MSKV_ERROR_STALE_PLAN, "plan_check: %s", mskv_result_string(r));
+        FZ_CHECK(mskv_arena_digest(s->a) == d, "plan_check changed the arena");
+    }
+    (void)last;
+}
+
 static void fo_step(fo_state *s) {
     mskv_result last = MSKV_SUCCESS;
     mskv_request r, h;
     mskv_segment segs[4];
     int n, i;
-    uint8_t op = fz_u8(&s->in) % 47;
+    uint8_t op = fz_u8(&s->in) % 69;
     switch (op) {
     case 0: case 1:
         FO_CALL(s, "request_add", mskv_request_add(s->a, &r));
@@ -489,13 +818,37 @@ static void fo_step(fo_state *s) {
     case 38: case 39: fo_cpu_calls(s, 0); break;
     case 40: case 41: fo_cpu_calls(s, 1); break;
     case 42: {
+        static const char *env[] = { "portable", "avx2", "avx512", "neon", "auto", "bogus", "" };
         mskv_cpu_desc cd;
+        mskv_cpu_info ci;
+        uint8_t e = fz_u8(&s->in);
+        mskv_result r;
         memset(&cd, 0, sizeof cd);
         cd.allocator = fz_allocator();
         cd.num_threads = (int32_t)(fz_u8(&s->in) % 3);
         cd.workspace_bytes = fz_u8(&s->in) < 200 ? 0 : fz_wildsize(&s->in);
+        cd.isa = fz_u8(&s->in) < 200 ? (mskv_cpu_isa)(fz_u8(&s->in) % 6) : (mskv_cpu_isa)fz_wild32(&s->in);
+        cd.log = fo_on_log;
+        /* the environment's choice too (AUTO reads it); reset for every input */
+        if (e < 7 * 16) setenv("MSKV_CPU_ISA", env[e % 7], 1);
+        else unsetenv("MSKV_CPU_ISA");
         if (s->cpu) { mskv_cpu_destroy(s->cpu); s->cpu = NULL; }
-        (void)mskv_cpu_create(&cd, &s->cpu);
+        r = mskv_cpu_create(&cd, &s->cpu);
+        FZ_CHECK(r != MSKV_SUCCESS || s->cpu != NULL, "cpu_create succeeded without a pool");
+        if (r == MSKV_ERROR_UNSUPPORTED) FZ_CHECK(!mskv_cpu_isa_available(cd.isa), "isa %d refused but available", (int)cd.isa);
+        if (r == MSKV_SUCCESS) {
+            FZ_CHECK(mskv_cpu_info_get(s->cpu, &ci) == MSKV_SUCCESS, "cpu_info_get");
+            FZ_CHECK(ci.isa != MSKV_CPU_ISA_AUTO && mskv_cpu_isa_available(ci.isa) &&
+                         (cd.isa == MSKV_CPU_ISA_AUTO || ci.isa == cd.isa),
+                     "cpu asked for isa %d runs %d", (int)cd.isa, (int)ci.isa);
+            FZ_CHECK(ci.num_threads == (cd.num_threads ? cd.num_threads : 1) && ci.workspace_bytes > 0, "cpu_info threads %d",
+                     (int)ci.num_threads);
+            FZ_CHECK(cd.workspace_bytes == 0 || ci.workspace_bytes <= cd.workspace_bytes, "workspace %zu over the budget %zu",
+                     ci.workspace_bytes, cd.workspace_bytes);
+        } else {
+            FZ_CHECK(s->cpu == NULL, "a failed cpu_create handed out a pool");
+        }
+        FZ_CHECK(mskv_cpu_info_get(NULL, &ci) == MSKV_ERROR_NULL_POINTER, "cpu_info_get(NULL)");
         break;
     }
     case 43: fo_pure_calls(s); break;
@@ -508,7 +861,7 @@ static void fo_step(fo_state *s) {
         size_t bytes = (size_t)(s->g->num_layers ? s->g->num_layers : 1) * 64 * row;
         memset(&v, 0, sizeof v);
         v.request = fo_pick(s);
-        v.group = fz_u8(&s->in) < 240 ? 0 : fz_wild32(&s->in);
+        v.group = fo_group(s);
         v.cap_tokens = fz_u8(&s->in) < 230 ? (int64_t)(fz_u8(&s->in) % 65) : fz_wild64(&s->in);
         if (v.cap_tokens > 64) v.cap_tokens = -1;   /* the buffers hold 64: more would be the caller's lie */
         v.k = malloc(bytes);
@@ -520,12 +873,36 @@ static void fo_step(fo_state *s) {
         free(v.v);
         break;
     }
+    case 46: case 47: case 48: case 49: case 50: case 51: fo_group_calls(s, op - 46); break;
+    case 52: case 53: fo_preempt_calls(s, op - 52); break;
+    case 54: case 55: case 56: case 57: case 58: case 59: case 60: fo_lockstep_calls(s, op - 54); break;
+    case 61: case 62: case 63: fo_arena_calls(s, op - 61); break;
+    case 64: case 65: fo_step_calls(s, 0); break;
+    case 66: fo_step_calls(s, 1); break;
     default: {
         int pi = fz_u8(&s->in) % FO_PLANS;
         fo_free_plan(s, pi);
         break;
     }
     }
+}
+
+/* Configuration bit 0x20: the program starts with a lockstep pair of two
+   requests a few tokens long, so the lockstep calls have a group to act on. */
+static void fo_start_pair(fo_state *s) {
+    mskv_request m[2];
+    mskv_segment segs[2];
+    int32_t n = 0;
+    FZ_CHECK(mskv_request_add(s->a, &m[0]) == MSKV_SUCCESS && mskv_request_add(s->a, &m[1]) == MSKV_SUCCESS, "add a pair");
+    FZ_CHECK(mskv_lockstep_create(s->a, m, 2, &s->ls[0]) == MSKV_SUCCESS, "lockstep_create of a fresh pair");
+    FZ_CHECK(mskv_lockstep_segments(s->a, s->ls[0], s->g->page_size + 1, segs, 2, &n) == MSKV_SUCCESS && n == 2, "segments");
+    FZ_CHECK(mskv_admit(s->a, segs, n) == MSKV_SUCCESS && mskv_commit(s->a, segs, n) == MSKV_SUCCESS, "grow the pair");
+    fz_audit(s->a, "the starting pair");
+    s->live[s->nlive++] = m[0];
+    s->live[s->nlive++] = m[1];
+    memcpy(s->ls_mem[0], m, sizeof m);
+    s->ls_n[0] = 2;
+    s->nls = 1;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -539,7 +916,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     s.in.p = data;
     s.in.n = size;
     i = fz_u8(&s.in);
-    s.g = &fz_geoms[(i & 0x3F) % FZ_NGEOM];
+    s.g = &fz_geoms[(i & 0x1F) % FZ_NGEOM];
     d = fz_desc(s.g, (i & 0x40) != 0);
     d.max_requests = 12;   /* below FO_REQS: TOO_MANY_REQUESTS is reachable */
     /* with the debug checks too: poisoned free pages must stay poisoned (no call
@@ -548,18 +925,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     d.on_event = fo_on_event;
     d.event_user = &s;
     d.log = fo_on_log;
+    s.G = s.g->num_groups > 1 ? s.g->num_groups : 1;
+    s.debug = d.debug != 0;
+    unsetenv("MSKV_CPU_ISA");   /* a previous input may have set it */
     if (mskv_arena_create(&d, &s.a) != MSKV_SUCCESS) FZ_FAIL("arena_create");
+    if (i & 0x20) fo_start_pair(&s);
     for (ops = 0; ops < FO_OPS && fz_more(&s.in); ops++) fo_step(&s);
-    /* everything the harness made goes back */
+    /* everything the harness made goes back: lockstep groups first (their members refuse remove) */
     for (i = 0; i < FO_PLANS; i++) fo_free_plan(&s, i);
+    for (i = 0; i < s.nls; i++) FZ_CHECK(mskv_lockstep_dissolve(s.a, s.ls[i]) == MSKV_SUCCESS, "final dissolve");
     for (i = 0; i < s.nlive; i++) FZ_CHECK(mskv_request_remove(s.a, s.live[i]) == MSKV_SUCCESS, "final remove");
     FZ_CHECK(mskv_publish(s.a, NULL, 0, &step) == MSKV_SUCCESS && mskv_arena_retire(s.a, step) == MSKV_SUCCESS, "final retire");
     fz_audit(s.a, "removing everything");
     FZ_CHECK(mskv_arena_stats_get(s.a, &st) == MSKV_SUCCESS, "stats");
     FZ_CHECK(st.free_pages == st.num_pages - 1 && st.requests == 0 && st.offloaded_pages == 0,
              "pages not conserved at the end: %d free of %d, %d requests", st.free_pages, st.num_pages, st.requests);
+    if (s.debug) fo_audit_bytes(&s, "removing everything");
     mskv_cpu_destroy(s.cpu);
     mskv_arena_destroy(s.a);
     free(s.blob);
+    unsetenv("MSKV_CPU_ISA");
     return 0;
 }

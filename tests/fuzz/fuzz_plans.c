@@ -8,7 +8,13 @@
    plan's own counts (batch, total_q, num_page_ids) declare, so ASan reports
    any read past them: whatever the contents, no consumer may read out of
    bounds, and a plan that passes mskv_plan_validate must also be safe for
-   the attention calls. */
+   the attention calls.
+   Plans of layer groups too: some inputs start from a plan that an arena of
+   two groups built (of either group, or a group it does not have), made
+   stale or not by a release in one group (mskv_plan_check must say which),
+   then edited wildly; the GPU side runs them on a store with adopted pools
+   (mskv_cuda_store_desc.pools), bound to a two-group arena, on the store's
+   own stream, the legacy default stream or a caller's stream. */
 #define MSTAR_KV_IMPLEMENTATION
 #include "fuzz_common.h"
 #define MSTAR_KV_CUDA_IMPLEMENTATION
@@ -27,7 +33,42 @@ static struct fp_rig {
     mskv_cuda *cu;
     mskv_cuda_store *st;        /* F16, 2 layers x 2 heads x 64 dims */
     mskv_cu_ptr dq, dout, dlse, dk, dv;
+    /* the same geometry on adopted pools, bound to an arena of two layer groups */
+    mskv_cuda_store *st2;
+    mskv_cu_ptr pools2[4];
+    mskv_arena *ga;
+    mskv_request greq[2];
+    mskv_cu_stream caller_stream;
 } fp;
+
+/* The bound arena's requests: 9 and 5 tokens; group 1 released request 0's
+   first page, so the groups' tables differ. */
+static void fp_setup_groups(void) {
+    mskv_cuda_store_desc sd;
+    mskv_arena_desc d;
+    mskv_segment seg[2];
+    int i;
+    memset(&sd, 0, sizeof sd);
+    sd.num_pages = FP_PAGES; sd.page_size = FP_P; sd.num_layers = 2; sd.kv_heads = 2; sd.head_dim = 64;
+    sd.dtype = MSKV_DTYPE_F16; sd.max_batch = 8; sd.max_tokens = 64; sd.max_page_ids = 64; sd.staging_bytes = 1 << 16;
+    for (i = 0; i < 4; i++)
+        FZ_CHECK(mskv_cuda_malloc(fp.cu, (size_t)FP_PAGES * FP_P * 2 * 64 * 2, &fp.pools2[i]) == MSKV_SUCCESS, "adopted pool");
+    sd.pools = fp.pools2;
+    FZ_CHECK(mskv_cuda_store_create(fp.cu, &sd, &fp.st2) == MSKV_SUCCESS, "mock store on adopted pools");
+    memset(&d, 0, sizeof d);
+    d.allocator = fz_allocator();
+    FZ_CHECK(mskv_cuda_store_arena_desc(fp.st2, &d) == MSKV_SUCCESS, "store arena desc");
+    d.num_groups = 2;
+    FZ_CHECK(mskv_arena_create(&d, &fp.ga) == MSKV_SUCCESS && mskv_cuda_store_bind(fp.st2, fp.ga) == MSKV_SUCCESS, "bound arena");
+    for (i = 0; i < 2; i++) {
+        FZ_CHECK(mskv_request_add(fp.ga, &fp.greq[i]) == MSKV_SUCCESS, "add");
+        seg[i].request = fp.greq[i];
+        seg[i].n_tokens = i ? 5 : 9;
+    }
+    FZ_CHECK(mskv_admit(fp.ga, seg, 2) == MSKV_SUCCESS && mskv_commit(fp.ga, seg, 2) == MSKV_SUCCESS, "grow");
+    FZ_CHECK(mskv_request_release_oldest_in_group(fp.ga, fp.greq[0], 1, FP_P, NULL) == MSKV_SUCCESS, "release in group 1");
+    FZ_CHECK(fp.fn.cuStreamCreate(&fp.caller_stream, 0) == 0, "a caller's stream");
+}
 
 static void fp_setup(void) {
     mskv_arena_desc d;
@@ -56,6 +97,7 @@ static void fp_setup(void) {
     FZ_CHECK(mskv_cuda_malloc(fp.cu, 64 * 8 * 4, &fp.dlse) == MSKV_SUCCESS, "dlse");
     FZ_CHECK(mskv_cuda_malloc(fp.cu, 64 * 2 * 64 * 2, &fp.dk) == MSKV_SUCCESS, "dk");
     FZ_CHECK(mskv_cuda_malloc(fp.cu, 64 * 2 * 64 * 2, &fp.dv) == MSKV_SUCCESS, "dv");
+    fp_setup_groups();
     fp.ready = 1;
 }
 
@@ -276,7 +318,7 @@ static void fp_cpu(fz_in *in, fp_plan *f) {
     }
 }
 
-static void fp_gpu(fz_in *in, fp_plan *f) {
+static void fp_gpu(fz_in *in, fp_plan *f, mskv_cuda_store *st) {
     mskv_cuda_dplan dp;
     mskv_attn at;
     mskv_rope rope;
@@ -285,29 +327,168 @@ static void fp_gpu(fz_in *in, fp_plan *f) {
     mskv_pos_mode pm = f->pos;
     memset(&dp, 0, sizeof dp);
     if (fz_u8(in) >= 240) pm = fz_u8(in) & 1 ? (mskv_pos_mode)3 : f->pos == MSKV_POS_3D ? MSKV_POS_1D : MSKV_POS_NONE;
-    r = mskv_cuda_plan_upload(fp.st, &f->p, pm, &dp);
+    r = mskv_cuda_plan_upload(st, &f->p, pm, &dp);
     if (r != MSKV_SUCCESS) return;
     fp_rope(in, &rope, f->pos);
-    (void)mskv_cuda_write_kv(fp.st, layer, &dp, fp.dk, fp.dv, fz_u8(in) % 3 == 0 ? &rope : NULL);
+    (void)mskv_cuda_write_kv(st, layer, &dp, fp.dk, fp.dv, fz_u8(in) % 3 == 0 ? &rope : NULL);
     fp_attn(in, &at, 2);
     if (fz_u8(in) < 200) at.q_dtype = MSKV_DTYPE_F16;
     if (at.q_heads > 8) at.q_heads = 8;    /* the device tensors hold 8 q heads */
-    (void)mskv_cuda_attention(fp.st, layer, &f->p, &dp, &at, fp.dq, fp.dout, fz_u8(in) & 1 ? fp.dlse : 0);
+    (void)mskv_cuda_attention(st, layer, &f->p, &dp, &at, fp.dq, fp.dout, fz_u8(in) & 1 ? fp.dlse : 0);
+}
+
+/* The arrays of a plan an arena built, copied into arrays of exactly its
+   counts (the fuzzer's own, so wild edits and ASan see the real sizes). */
+static void fp_adopt(fp_plan *f, const mskv_plan *src, mskv_pos_mode pos) {
+    mskv_plan *p = &f->p;
+    int64_t nb = src->batch, nq = src->total_q, ni = src->num_page_ids, npos = nq * (pos == MSKV_POS_3D ? 3 : 1);
+    memset(f, 0, sizeof *f);
+    *p = *src;
+    f->pos = pos;
+#define FP_COPY(field, n, type)                                                                  \
+    p->field = (type *)calloc((n) > 0 ? (size_t)(n) : 1, sizeof(type));                         \
+    if (src->field && (n) > 0) memcpy(p->field, src->field, (size_t)(n) * sizeof(type));
+    FP_COPY(qo_indptr, nb + 1, int32_t)
+    FP_COPY(kv_indptr, nb + 1, int32_t)
+    FP_COPY(kv_indices, ni, int32_t)
+    FP_COPY(kv_last_page_len, nb, int32_t)
+    FP_COPY(kv_len, nb, int32_t)
+    FP_COPY(kv_pos_split, nb, int32_t)
+    FP_COPY(kv_pos_shift, nb, int32_t)
+    FP_COPY(kv_token_indptr, nb + 1, int64_t)
+    FP_COPY(slot_mapping, nq, int64_t)
+    FP_COPY(positions, npos, int32_t)
+    FP_COPY(requests, nb, mskv_request)
+    /* the optional arrays too: the copy must not point into the plan freed after it */
+    if (src->q_pos) { FP_COPY(q_pos, nq, int32_t) }
+    if (src->vis_sink_end) { FP_COPY(vis_sink_end, nb, int32_t) }
+    if (src->vis_window_start) { FP_COPY(vis_window_start, nb, int32_t) }
+#undef FP_COPY
+    if (pos == MSKV_POS_NONE) { free(p->positions); p->positions = NULL; }
+    p->cap_batch = (int32_t)nb; p->cap_tokens = (int32_t)nq; p->cap_page_ids = (int32_t)ni;
+    p->owned = NULL;
+}
+
+/* A few wild edits of a real plan: one array entry, a count, or the fields the stale check reads. */
+static void fp_edit(fz_in *in, fp_plan *f) {
+    mskv_plan *p = &f->p;
+    int n = fz_u8(in) % 4, i;
+    for (i = 0; i < n; i++) {
+        uint8_t what = fz_u8(in) % 10;
+        int32_t v = fp_value(in, 4);
+        if (what == 0 && p->batch >= 0) p->qo_indptr[fz_u8(in) % (p->batch + 1)] = v;
+        else if (what == 1 && p->batch >= 0) p->kv_indptr[fz_u8(in) % (p->batch + 1)] = v;
+        else if (what == 2 && p->num_page_ids > 0) p->kv_indices[fz_u8(in) % p->num_page_ids] = fp_value(in, FP_PAGES);
+        else if (what == 3 && p->batch > 0) p->kv_len[fz_u8(in) % p->batch] = fp_value(in, 2 * FP_P);
+        else if (what == 4 && p->batch > 0) p->kv_last_page_len[fz_u8(in) % p->batch] = fp_value(in, FP_P);
+        else if (what == 5 && p->total_q > 0) p->slot_mapping[fz_u8(in) % p->total_q] = fz_wild64(in);
+        else if (what == 6) p->group = fz_u8(in) < 200 ? (int32_t)(fz_u8(in) % 3) - (fz_u8(in) < 20) : fz_wild32(in);
+        else if (what == 7) p->generation = fz_u8(in) < 128 ? p->generation + (uint64_t)(fz_u8(in) % 3) - 1 : (uint64_t)fz_wild64(in);
+        else if (what == 8 && p->batch > 0) p->requests[fz_u8(in) % p->batch].id = fz_u8(in) < 128 ? fp.greq[fz_u8(in) & 1].id : (uint32_t)fz_raw(in, 4);
+        else if (what == 9 && p->batch > 0 && p->kv_pos_split) p->kv_pos_split[fz_u8(in) % p->batch] = v;
+    }
+}
+
+/* A plan of a layer group from an arena of two groups: built, checked for
+   staleness after a release in one group, edited, then handed to every
+   consumer. Returns 0 when no plan could be built. */
+static int fp_group_plan(fz_in *in, fp_plan *f, mskv_arena **own) {
+    mskv_arena_desc d;
+    mskv_arena *a;
+    mskv_request r[2];
+    mskv_segment seg[2];
+    mskv_plan_desc pd;
+    mskv_plan_size ps;
+    mskv_plan built;
+    mskv_result e;
+    int32_t g = fz_u8(in) < 230 ? (int32_t)(fz_u8(in) % 2) : (int32_t)(fz_u8(in) % 4) - 1, rg, i, n = 1 + fz_u8(in) % 2;
+    int gpu = fz_u8(in) & 1;
+    *own = NULL;
+    memset(&pd, 0, sizeof pd);
+    pd.group = g;
+    pd.pos_mode = (mskv_pos_mode)(fz_u8(in) % 3);
+    pd.grid_h = 1; pd.grid_w = 2;
+    if (gpu) {   /* the bound arena, which stays as it is: the plan is current */
+        a = fp.ga;
+        for (i = 0; i < n; i++) { seg[i].request = fp.greq[i]; seg[i].n_tokens = 1 + fz_u8(in) % 4; }
+    } else {     /* an arena of its own: grown, released in one group, maybe after the build */
+        memset(&d, 0, sizeof d);
+        d.num_pages = FP_PAGES; d.page_size = FP_P; d.num_layers = 2; d.kv_heads = 2; d.head_dim = 8; d.num_groups = 2;
+        d.allocator = fz_allocator();
+        FZ_CHECK(mskv_arena_create(&d, &a) == MSKV_SUCCESS, "two-group arena");
+        *own = a;
+        for (i = 0; i < n; i++) {
+            FZ_CHECK(mskv_request_add(a, &r[i]) == MSKV_SUCCESS, "add");
+            seg[i].request = r[i];
+            seg[i].n_tokens = 1 + fz_u8(in) % (3 * FP_P);
+        }
+        FZ_CHECK(mskv_admit(a, seg, n) == MSKV_SUCCESS && mskv_commit(a, seg, n) == MSKV_SUCCESS, "grow");
+        for (i = 0; i < n; i++) seg[i].n_tokens = 1 + fz_u8(in) % seg[i].n_tokens;
+    }
+    e = mskv_plan_query(a, seg, n, &pd, &ps);
+    if (e != MSKV_SUCCESS) {
+        FZ_CHECK(g < 0 || g > 1, "plan_query of group %d: %s", (int)g, mskv_result_string(e));
+        return 0;
+    }
+    FZ_CHECK(mskv_plan_alloc(a, ps.batch, ps.total_q, ps.num_page_ids, &built) == MSKV_SUCCESS, "plan_alloc");
+    FZ_CHECK(mskv_plan_build(a, seg, n, &pd, &built) == MSKV_SUCCESS && built.group == g, "plan_build of group %d", (int)g);
+    FZ_CHECK(mskv_plan_check(a, &built) == MSKV_SUCCESS, "a plan just built is stale");
+    if (!gpu) {
+        /* a release in group rg: stale exactly when it is the plan's group (and pages left) */
+        int64_t got = 0;
+        rg = (int32_t)(fz_u8(in) % 2);
+        (void)mskv_request_release_oldest_in_group(a, r[0], rg, FP_P, &got);   /* OUT_OF_RANGE below a page: got stays 0 */
+        e = mskv_plan_check(a, &built);
+        FZ_CHECK(e == (got > 0 && rg == g ? MSKV_ERROR_STALE_PLAN : MSKV_SUCCESS),
+                 "plan of group %d after releasing %lld tokens of group %d: %s", (int)g, (long long)got, (int)rg, mskv_result_string(e));
+    }
+    fp_adopt(f, &built, pd.pos_mode);
+    mskv_plan_free(a, &built);
+    fp_edit(in, f);
+    return 1;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_in in;
     fp_plan f;
-    uint64_t d0;
+    uint64_t d0, dg;
+    mskv_arena *own = NULL;
+    uint8_t mode, stream;
     if (!fp.ready) fp_setup();
     in.p = data;
     in.n = size;
     d0 = mskv_arena_digest(fp.a);
-    fp_make(&in, &f);
+    dg = mskv_arena_digest(fp.ga);
+    mode = fz_u8(&in);
+    /* the adopted-pool store runs on the stream the input names */
+    stream = fz_u8(&in) % 3;
+    FZ_CHECK(mskv_cuda_store_set_stream(fp.st2, stream == 0 ? NULL : stream == 1 ? MSKV_CU_STREAM_LEGACY : fp.caller_stream) == MSKV_SUCCESS,
+             "set_stream");
+    if (mode < 192) {
+        fp_make(&in, &f);
+    } else if (!fp_group_plan(&in, &f, &own)) {
+        mskv_arena_destroy(own);
+        return 0;
+    }
     fp_cpu(&in, &f);
-    fp_gpu(&in, &f);
+    if (own) {   /* the two-group arena's own pools, through its tables' pages */
+        mskv_attn at;
+        size_t n = (size_t)(f.p.total_q > 0 ? f.p.total_q : 0) * 4 * 8;
+        float *q = (float *)calloc(n ? n : 1, 4), *o = (float *)calloc(n ? n : 1, 4);
+        fp_attn(&in, &at, 2);
+        at.q_dtype = MSKV_DTYPE_F32;
+        if (at.q_heads > 4) at.q_heads = 4;
+        (void)mskv_cpu_attention(fz_u8(&in) & 1 ? fp.cpu : NULL, own, fz_u8(&in) % 2, &f.p, &at, q, o, NULL);
+        (void)mskv_cpu_write_kv(own, fz_u8(&in) % 2, &f.p, q, o, MSKV_DTYPE_F32, NULL);
+        free(q); free(o);
+        mskv_arena_destroy(own);
+    }
+    fp_gpu(&in, &f, fp.st);
+    fp_gpu(&in, &f, fp.st2);
     fp_drop(&f);
     FZ_CHECK(mskv_arena_digest(fp.a) == d0, "a plan consumer changed the arena's bookkeeping");
+    FZ_CHECK(mskv_arena_digest(fp.ga) == dg, "a plan consumer changed the bound arena's bookkeeping");
+    FZ_CHECK(mskv_cuda_store_set_stream(fp.st2, NULL) == MSKV_SUCCESS, "back to the store's stream");
     return 0;
 }

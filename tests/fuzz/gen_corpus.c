@@ -1,5 +1,8 @@
 /* Writes the seed corpus of the import fuzzer: real exports of requests in
-   every state a blob can describe, over each geometry of fuzz_common.h.
+   every state a blob can describe, over each geometry of fuzz_common.h
+   (arenas of several layer groups write version-2 blobs; there each group
+   gets a state of its own: another prefix, release or retention), and
+   requests that mskv_make_room parked.
        gen_corpus OUT_DIR
    Each file is one configuration byte (the geometry index) and the blob.
    Deterministic: the same library writes the same files. */
@@ -52,14 +55,34 @@ static void gc_write(const char *dir, const char *state, int gi, mskv_arena *a, 
     free(b);
 }
 
+/* The last group of a multi-group arena differs from group 0 (the calls
+   without a group act on group 0): a longer prefix, a later release, its own
+   retention. */
+static int32_t gc_last_group(const fz_geom *g) { return g->num_groups > 1 ? g->num_groups - 1 : 0; }
+
+/* Parked by make_room: `old` admitted before `recent`, so with `recent` in
+   the batch and room asked for, `old` (or its lockstep group) is parked. */
+static void gc_park(mskv_arena *a, mskv_request old, mskv_request recent) {
+    mskv_arena_stats st;
+    mskv_segment batch;
+    mskv_request parked[4];
+    int32_t n = 0;
+    batch.request = recent; batch.n_tokens = 1;
+    GC(mskv_arena_stats_get(a, &st));
+    GC(mskv_make_room(a, (int64_t)st.free_pages + 1, UINT64_MAX, &batch, 1, parked, 4, &n));
+    if (n < 1 || parked[0].id != old.id) gc_fail("make_room parked another request", MSKV_ERROR_BAD_STATE);
+}
+
 static void gc_states(const char *dir, int gi) {
     const fz_geom *g = &fz_geoms[gi];
     mskv_arena_desc d = fz_desc(g, 0);
     mskv_arena *a;
-    mskv_request r, c;
+    mskv_request r, c, pair[2];
+    mskv_lockstep ls;
     mskv_retention ret;
     mskv_session s;
     int64_t P = g->page_size, k;
+    int32_t last = gc_last_group(g);
     GC(mskv_arena_create(&d, &a));
     gc_fill(a, g);
 
@@ -79,8 +102,10 @@ static void gc_states(const char *dir, int gi) {
     GC(mskv_request_add(a, &r));
     gc_grow(a, r, 4 * P + 1);
     GC(mskv_request_protect_prefix(a, r, P + 1));
+    if (last) GC(mskv_request_protect_prefix_in_group(a, r, last, 2 * P));
     gc_write(dir, "prefix", gi, a, r);
     GC(mskv_request_release_oldest(a, r, P, NULL));   /* the prefix ends inside page 2: the first live page goes */
+    if (last) GC(mskv_request_release_oldest_in_group(a, r, last, P + 1, NULL));
     gc_write(dir, "released-gap", gi, a, r);
     GC(mskv_request_offload(a, r));
     gc_write(dir, "offloaded", gi, a, r);
@@ -97,6 +122,11 @@ static void gc_states(const char *dir, int gi) {
     ret.chunk_size = P; ret.sink_chunks = 1; ret.window_chunks = 2;
     GC(mskv_request_add(a, &r));
     GC(mskv_session_init(&s, a, r, &ret));
+    if (last) {   /* the last group keeps a window of its own, without a sink */
+        mskv_retention other = ret;
+        other.sink_chunks = 0; other.window_chunks = 1;
+        GC(mskv_request_set_retention_in_group(a, r, last, &other));
+    }
     for (k = 0; k < 5; k++) {
         GC(mskv_session_begin_chunk(&s, P));
         GC(mskv_session_commit_chunk(&s, NULL));
@@ -127,9 +157,37 @@ static void gc_states(const char *dir, int gi) {
     GC(mskv_request_remove(a, r));
 
     GC(mskv_request_add(a, &r));
-    gc_grow(a, r, (int64_t)(g->num_pages / 4) * P);
+    gc_grow(a, r, (int64_t)(g->num_pages / 4 / (g->num_groups > 1 ? g->num_groups : 1)) * P);
     gc_write(dir, "large", gi, a, r);
     GC(mskv_request_remove(a, r));
+
+    /* parked by make_room: a request with a prefix and a release, then a lockstep pair */
+    GC(mskv_request_add(a, &r));
+    gc_grow(a, r, 2 * P + 2);
+    GC(mskv_request_protect_prefix(a, r, 1));
+    if (last) GC(mskv_request_release_oldest_in_group(a, r, last, P, NULL));
+    GC(mskv_request_add(a, &c));
+    gc_grow(a, c, 1);
+    gc_park(a, r, c);
+    gc_write(dir, "make-room-parked", gi, a, r);
+    GC(mskv_request_remove(a, r));
+    GC(mskv_request_add(a, &pair[0]));
+    GC(mskv_request_add(a, &pair[1]));
+    GC(mskv_lockstep_create(a, pair, 2, &ls));
+    {
+        mskv_segment segs[2];
+        int32_t n = 0;
+        GC(mskv_lockstep_segments(a, ls, P + 1, segs, 2, &n));
+        GC(mskv_admit(a, segs, n));
+        GC(mskv_commit(a, segs, n));
+    }
+    GC(mskv_request_remove(a, c));
+    GC(mskv_request_add(a, &c));
+    gc_grow(a, c, 1);
+    gc_park(a, pair[0], c);
+    gc_write(dir, "make-room-lockstep", gi, a, pair[1]);
+    GC(mskv_lockstep_remove(a, ls));
+    GC(mskv_request_remove(a, c));
     mskv_arena_destroy(a);
 }
 
