@@ -150,6 +150,7 @@ typedef enum mskv_result {
     MSKV_ERROR_BLOB_MISMATCH = -63,    /* page size, layers, heads, dim or dtype differ from the arena */
     MSKV_ERROR_AUDIT_FAILED = -64,     /* an invariant does not hold (a library bug, or memory corruption) */
     MSKV_ERROR_HOST_COPY_CORRUPT = -65, /* a host copy's bytes changed since offload or import (debug checksums) */
+    MSKV_ERROR_DIVERGED = -66,         /* ranks that must make the same decisions did not (mskv_rank_check) */
     /* platform */
     MSKV_ERROR_UNSUPPORTED = -80,
     MSKV_ERROR_THREAD = -81,
@@ -322,6 +323,41 @@ MSKV_API mskv_result mskv_arena_audit_bytes(mskv_arena *arena, char *why, size_t
 /* A hash of the whole bookkeeping state (pages, requests, reservations, host
    copies, keys): equal digests mean nothing changed. */
 MSKV_API uint64_t mskv_arena_digest(mskv_arena *arena);
+
+/* Ranks in agreement. With one process per GPU (tensor or sequence
+   parallel), every rank owns an arena over its own head shard and must make
+   the same decisions: the same admits succeed, the same pages are released,
+   offloaded and retired, in the same order. mskv_rank_check compares the
+   ranks' arenas by their digests (the bookkeeping only: host copies hold
+   each rank's own heads, so their bytes are left out; retirement is in, so
+   ranks must retire deterministically, e.g. waiting for the fence of the
+   step before) and names the first step at which two ranks differ.
+   Each call records (step, digest) of the arena as it is now. With an
+   all-reduce it then compares every record since the last agreeing check
+   across the ranks in one collective: count is always 4 * MSKV_RANK_STEPS
+   values (the same on every rank), and the callback replaces each
+   values[i] by its minimum over all ranks (MPI_Allreduce with MPI_MIN on
+   MPI_UINT64_T, ncclAllReduce with ncclMin on ncclUint64); the second
+   half of the values is the first's complement, so that one minimum yields
+   the maximum too.
+   Without one (NULL) it only records: check at least every
+   MSKV_RANK_STEPS - 1 steps; every rank must call it at the same steps.
+   Parameters: arena, step (the caller's step number, a label), allreduce
+   (NULL: record only), user (passed to allreduce), first_divergent (set on
+   DIVERGED: the step of the earliest record in which two ranks differ; may
+   be NULL).
+   Return value: SUCCESS (recorded; with allreduce: every rank's records
+   agree, and they are dropped), DIVERGED, CAPACITY (record only, and
+   MSKV_RANK_STEPS - 1 records wait for a check), NULL_POINTER, or the
+   callback's error. Nothing changes on error: the records wait for the next
+   check, so it names the same first step again.
+   Thread safety: like every arena call; the all-reduce runs without the
+   arena's lock. Cost: one pass over the bookkeeping (pages and tables),
+   and one collective of about 4 KiB when it compares. */
+#define MSKV_RANK_STEPS 64
+typedef mskv_result (*mskv_allreduce_min_fn)(void *user, uint64_t *values, int32_t count);
+MSKV_API mskv_result mskv_rank_check(mskv_arena *arena, uint64_t step, mskv_allreduce_min_fn allreduce, void *user,
+                                     uint64_t *first_divergent);
 /* Frees the host memory the arena keeps for reuse (the last host copy a
    reload or remove gave back; the next offload would have reused it). */
 MSKV_API void mskv_arena_trim(mskv_arena *arena);
@@ -1336,6 +1372,7 @@ MSKV_IMPL const char *mskv_result_string(mskv_result r) {
     case MSKV_ERROR_BLOB_MISMATCH: return "blob layout differs from the arena";
     case MSKV_ERROR_AUDIT_FAILED: return "audit failed: an invariant does not hold";
     case MSKV_ERROR_HOST_COPY_CORRUPT: return "a host copy changed since it was made (checksum mismatch)";
+    case MSKV_ERROR_DIVERGED: return "the ranks' arenas diverged: they did not make the same decisions";
     case MSKV_ERROR_UNSUPPORTED: return "unsupported";
     case MSKV_ERROR_THREAD: return "thread error";
     case MSKV_ERROR_IO: return "I/O error";
@@ -1664,6 +1701,9 @@ struct mskv_arena {
     uint32_t debug;            /* MSKV_DEBUG_* in force */
     uint8_t *poisoned;         /* POISON: [num_pages], 1 while a free page holds the poison */
     unsigned char *dbg_rec;    /* POISON: a record of poison, then a record of scratch for the audit */
+    /* mskv_rank_check: (step, digest) recorded since the last agreeing check */
+    uint64_t agree_step[MSKV_RANK_STEPS], agree_digest[MSKV_RANK_STEPS];
+    int32_t agree_count;
     mskv__mutex lock;
     int lock_ok;
 };
@@ -4891,11 +4931,11 @@ MSKV_IMPL mskv_result mskv_arena_audit_bytes(mskv_arena *a, char *why, size_t ca
     return r;
 }
 
-MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
+/* The digest, under the lock; host copies' bytes only with_bytes (ranks
+   hold different heads in theirs). */
+static uint64_t mskv__digest(const mskv_arena *a, int with_bytes) {
     mskv__hash h;
     int32_t i;
-    if (!a) return 0;
-    MSKV__LOCK(a);
     mskv__hash_init(&h);
     mskv__hash_u64(&h, a->step);
     mskv__hash_u64(&h, a->completed);
@@ -4945,14 +4985,81 @@ MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
             mskv__hash_u64(&h, (uint64_t)t->host_pages);
             held += t->host_pages;
         }
-        if (q->host) mskv__hash_update(&h, q->host, (size_t)held * a->record_bytes);
+        if (q->host && with_bytes) mskv__hash_update(&h, q->host, (size_t)held * a->record_bytes);
     }
     for (i = 0; i < a->max_ls; i++) {
         mskv__hash_u64(&h, (uint64_t)a->ls[i].gen << 8 | a->ls[i].used);
         if (a->ls[i].used) mskv__hash_u64(&h, (uint64_t)(uint32_t)a->ls[i].first << 32 | (uint32_t)a->ls[i].count);
     }
-    MSKV__UNLOCK(a);
     return mskv__hash_final(&h);
+}
+
+MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
+    uint64_t d;
+    if (!a) return 0;
+    MSKV__LOCK(a);
+    d = mskv__digest(a, 1);
+    MSKV__UNLOCK(a);
+    return d;
+}
+
+/* The records of mskv_rank_check as all-reduce values: (step, digest) per
+   record in order, UINT64_MAX and 0 where a rank has none (so the minimum
+   step of a record is a real one), then the bitwise complement of all that
+   (its minimum is the complement of the maximum). */
+static void mskv__agree_values(const mskv_arena *a, uint64_t step, uint64_t digest, uint64_t *v) {
+    int32_t i, n = a->agree_count;
+    for (i = 0; i < MSKV_RANK_STEPS; i++) {
+        v[2 * i] = i < n ? a->agree_step[i] : i == n ? step : UINT64_MAX;
+        v[2 * i + 1] = i < n ? a->agree_digest[i] : i == n ? digest : 0;
+    }
+    for (i = 0; i < 2 * MSKV_RANK_STEPS; i++) v[2 * MSKV_RANK_STEPS + i] = ~v[i];
+}
+
+MSKV_IMPL mskv_result mskv_rank_check(mskv_arena *a, uint64_t step, mskv_allreduce_min_fn allreduce, void *user,
+                                      uint64_t *first_divergent) {
+    uint64_t v[4 * MSKV_RANK_STEPS], digest;
+    const int32_t half = 2 * MSKV_RANK_STEPS;
+    int32_t i, n;
+    mskv_result r;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    digest = mskv__digest(a, 0);
+    if (!allreduce) {
+        /* one place stays free for the record of the check that compares them */
+        if (a->agree_count >= MSKV_RANK_STEPS - 1)
+            r = mskv__err(a, MSKV_ERROR_CAPACITY, "rank check: %d steps recorded without a check (at most %d)",
+                          (int)a->agree_count, MSKV_RANK_STEPS - 1);
+        else {
+            a->agree_step[a->agree_count] = step;
+            a->agree_digest[a->agree_count++] = digest;
+            r = MSKV_SUCCESS;
+        }
+        MSKV__UNLOCK(a);
+        return r;
+    }
+    n = a->agree_count;
+    mskv__agree_values(a, step, digest, v);
+    MSKV__UNLOCK(a);
+    /* the collective waits for the other ranks: never under the arena's lock */
+    r = allreduce(user, v, 4 * MSKV_RANK_STEPS);
+    if (r != MSKV_SUCCESS) return mskv__err(a, r, "rank check: the all-reduce failed; the records wait for the next check");
+    for (i = 0; i < half; i += 2) {
+        if (v[i] != ~v[half + i] || v[i + 1] != ~v[half + i + 1]) {
+            if (first_divergent) *first_divergent = v[i];
+            return mskv__err(a, MSKV_ERROR_DIVERGED, "rank check: the ranks' arenas differ first at step %llu (record %d of %d)",
+                             (unsigned long long)v[i], (int)(i / 2 + 1), (int)(n + 1));
+        }
+    }
+    MSKV__LOCK(a);
+    /* drop the records just compared, keep any another thread added meanwhile */
+    a->agree_count -= n;
+    for (i = 0; i < a->agree_count; i++) {
+        a->agree_step[i] = a->agree_step[n + i];
+        a->agree_digest[i] = a->agree_digest[n + i];
+    }
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
 }
 
 #ifdef __cplusplus

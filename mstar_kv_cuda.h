@@ -518,6 +518,104 @@ MSKV_API mskv_result mskv_cuda_merge(mskv_cuda_store *st, int64_t n, int32_t hea
 MSKV_API mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, mskv_cu_ptr x, int64_t n,
                                     int32_t heads, mskv_cu_ptr positions);
 
+/* // >>shards ----------------------------------------------------------------
+   One arena over several GPUs: head shards. Tensor-parallel and
+   Ulysses-style sequence-parallel models give each of N devices kv_heads / N
+   of the K/V heads of every layer (and the q heads that read them). One
+   arena keeps the books for all of them: one admit / plan / commit /
+   publish per step, the same page ids on every device. Under it, N device
+   stores, one per device (each its own context, stream, fences and pools of
+   kv_heads / N heads), behind one set of store ops:
+     - read/write (offload, reload, export, import, the byte audit) gather
+       and scatter every shard: the host layout stays the arena's
+       [page][layer][K then V][slot][kv_head][dim] with the heads of shard 0,
+       then shard 1, ... in each slot, so a blob of a sharded arena is the
+       blob of the same request in an unsharded one, and imports anywhere
+       (into another shard count too). Each device's share goes through its
+       own pinned staging buffer, all devices' copies in flight together;
+       host copies are ordinary memory (mskv_arena_desc.host_allocator).
+     - copy (fork), fill (debug poisoning) and flush go to every device.
+     - a failure on one device changes nothing anywhere: reads write no
+       device, and the pages a failed write, copy or reload had taken are
+       the arena's to give back (poisoned again with MSKV_DEBUG_POISON).
+   Per step: mskv_cuda_shards_plan_upload puts the plan on every device;
+   mskv_cuda_shards_write_kv and mskv_cuda_shards_attention run on one
+   device with that device's slice of the tensors (launch them for every
+   shard, on each device's stream); mskv_cuda_shards_publish records an
+   event on every device, and a fence retires only when every device's
+   event for it completed. Stale plans are refused on every device as on one.
+   Tensor slices: the caller hands device s its own heads, contiguous:
+   k and v [total_q][kv_heads / N][head_dim] (kv heads s*kv_heads/N ...),
+   q, o [total_q][q_heads / N][head_dim] and lse [total_q][q_heads / N] (q
+   heads s*q_heads/N ...): a GQA group never straddles two devices, so
+   kv_heads and q_heads must divide by N (refused otherwise).
+   A shard's store (mskv_cuda_shards_store) is a normal store for
+   everything else: its pools, stream, set_stream, graphs, merge, rope. It
+   cannot be bound to an arena of its own or published alone (BAD_STATE).
+   Streamed export/import (mskv_request_export_begin) is unsupported, as for
+   any store_ops arena: blobs go through mskv_request_export/import.
+   One process per GPU instead (each rank its own arena, the same
+   decisions): see mskv_rank_check in mstar_kv.h. */
+#define MSKV_CUDA_MAX_SHARDS 16
+
+typedef struct mskv_cuda_shards mskv_cuda_shards;
+
+typedef struct mskv_cuda_shard_desc {
+    int32_t num_shards;             /* N: 1 ... MSKV_CUDA_MAX_SHARDS */
+    mskv_cuda *const *devices;      /* N contexts, shard s on devices[s] (one per device, or shared for tests) */
+    /* The geometry of the whole model: kv_heads is every shard's heads
+       together (divisible by N; each device's store gets kv_heads / N).
+       The other fields as for mskv_cuda_store_create, for every device;
+       store.pools must be NULL (adopted pools: pools below). */
+    mskv_cuda_store_desc store;
+    const mskv_cu_ptr *const *pools; /* optional: pools[s] = shard s's adopted pools (mskv_cuda_store_desc.pools) */
+} mskv_cuda_shard_desc;
+
+/* Creates the N stores and the shared staging. Return value: SUCCESS,
+   NULL_POINTER, INVALID_ARGUMENT (num_shards, a missing device, kv_heads
+   not divisible by N, store.pools set), or mskv_cuda_store_create's error
+   on a device (then nothing is left on any). */
+MSKV_API mskv_result mskv_cuda_shards_create(const mskv_cuda_shard_desc *desc, mskv_cuda_shards **out);
+/* Destroy the arena bound to it first. */
+MSKV_API void mskv_cuda_shards_destroy(mskv_cuda_shards *sh);
+/* Fills the full geometry (kv_heads of all shards), the sharded store ops
+   and MSKV_RETIRE_FENCED into an arena descriptor; other fields are kept. */
+MSKV_API mskv_result mskv_cuda_shards_arena_desc(mskv_cuda_shards *sh, mskv_arena_desc *desc);
+/* The arena whose fences the shards retire and whose plans they check
+   (created with the desc above). INVALID_ARGUMENT: another geometry. */
+MSKV_API mskv_result mskv_cuda_shards_bind(mskv_cuda_shards *sh, mskv_arena *arena);
+MSKV_API int32_t mskv_cuda_shards_count(const mskv_cuda_shards *sh);
+/* Shard s's device store (NULL past the count). */
+MSKV_API mskv_cuda_store *mskv_cuda_shards_store(mskv_cuda_shards *sh, int32_t shard);
+/* mskv_cuda_plan_upload on every device: out[s] (num_shards entries) is
+   device s's copy. All or nothing as far as launches go: when one device
+   fails, no device's launches take the plan of that upload (nor the one
+   before it: they answer BAD_STATE until an upload succeeds).
+   Return value: as mskv_cuda_plan_upload. */
+MSKV_API mskv_result mskv_cuda_shards_plan_upload(mskv_cuda_shards *sh, const mskv_plan *plan, mskv_pos_mode pos_mode,
+                                                  mskv_cuda_dplan *out);
+/* mskv_cuda_write_kv on device `shard` with its slice: k, v [total_q][kv_heads
+   / N][head_dim]; dplan is out[shard] of the upload. OUT_OF_RANGE: shard. */
+MSKV_API mskv_result mskv_cuda_shards_write_kv(mskv_cuda_shards *sh, int32_t shard, int32_t layer, const mskv_cuda_dplan *dplan,
+                                               mskv_cu_ptr k, mskv_cu_ptr v, const mskv_rope *rope);
+/* mskv_cuda_attention on device `shard`: attn describes the whole model
+   (attn->q_heads: every shard's q heads together, divisible by N); q, o and
+   lse are the shard's slices (above). INVALID_ARGUMENT: q_heads not
+   divisible by N; OUT_OF_RANGE: shard; else as mskv_cuda_attention. */
+MSKV_API mskv_result mskv_cuda_shards_attention(mskv_cuda_shards *sh, int32_t shard, int32_t layer, const mskv_plan *plan,
+                                                const mskv_cuda_dplan *dplan, const mskv_attn *attn,
+                                                mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
+/* mskv_publish, an event on every device, then a retire poll. A device
+   whose event cannot be recorded is waited for instead (its stream
+   synchronised; the step's pages still wait for the other devices' events).
+   Return value: as mskv_cuda_publish (the first device's error). */
+MSKV_API mskv_result mskv_cuda_shards_publish(mskv_cuda_shards *sh, const mskv_segment *segs, int32_t n, uint64_t *step_out);
+/* Retires every fence whose events completed on every device (wait: wait
+   for all). Also what mskv_cuda_retire on a shard's store does. */
+MSKV_API mskv_result mskv_cuda_shards_retire(mskv_cuda_shards *sh, int wait);
+/* Waits for every device's stream. */
+MSKV_API mskv_result mskv_cuda_shards_sync(mskv_cuda_shards *sh);
+
 #ifdef __cplusplus
 }
 #endif
@@ -3698,6 +3796,10 @@ struct mskv_cuda_store {
     mskv_cu_stream own_stream;
     mskv_store_ops ops;
     mskv_arena *arena;
+    /* one shard of a mskv_cuda_shards: its fences retire the arena together
+       with the other shards' (done: the highest fence complete on this device) */
+    mskv_cuda_shards *owner;
+    uint64_t done;
     /* offload/reload staging */
     size_t stage_bytes;
     int32_t stage_pages;
@@ -3739,6 +3841,7 @@ struct mskv_cuda_store {
 };
 
 static size_t mskv__cuda_align16(size_t x) { return (x + 15) & ~(size_t)15; }
+static mskv_result mskv__cuda_shards_settle(mskv_cuda_shards *sh);
 
 static void mskv__cuda_plan_layout_of(mskv__cuda_plan_layout *l, size_t b, size_t t, size_t p) {
     size_t o = 0;
@@ -3905,65 +4008,61 @@ static mskv_result mskv__cuda_check_pages(const mskv_cuda_store *st, const int32
     return MSKV_SUCCESS;
 }
 
-/* store_ops.read_pages: device pages -> host, [page][layer][K, V][page bytes] */
-static mskv_result mskv__cuda_read_pages(void *user, const int32_t *pages, int32_t n, void *dst) {
-    mskv_cuda_store *st = (mskv_cuda_store *)user;
+/* Queues the copies of c pages (c <= stage_pages) between the pools and
+   host, on the store's stream: dir 0 gathers them into host, dir 1 scatters
+   host into them; host holds [page][layer][K, V][page bytes]. The caller
+   holds st->lock, is in the context and waits for the stream (also after a
+   failure: queued copies read the ids buffer and host). */
+static mskv_result mskv__cuda_pages_queue(mskv_cuda_store *st, int dir, const int32_t *pages, int32_t c, void *host) {
     mskv_cuda *cu = st->cu;
+    mskv_cu_result r;
     mskv_result res;
+    int32_t *h_ids = (int32_t *)st->h_stage;
+    memcpy(h_ids, pages, (size_t)c * 4);
+    r = cu->fn.cuMemcpyHtoDAsync(st->d_ids, h_ids, (size_t)c * 4, st->stream);
+    if (r != MSKV_CU_SUCCESS) return mskv__cuda_fail(cu, r, "cuMemcpyHtoDAsync(page ids)");
+    if (dir == 0) {
+        if ((res = mskv__cuda_move_pages(st, 0, c)) != MSKV_SUCCESS) return res;
+        /* straight into the host copy: pinned (the store's host allocator) it is
+           a DMA at full speed; a pageable buffer (an export) the driver stages */
+        r = cu->fn.cuMemcpyDtoHAsync(host, st->d_stage, (size_t)c * st->set_bytes, st->stream);
+        if (r != MSKV_CU_SUCCESS) return mskv__cuda_fail(cu, r, "cuMemcpyDtoHAsync(offload)");
+        return MSKV_SUCCESS;
+    }
+    r = cu->fn.cuMemcpyHtoDAsync(st->d_stage, host, (size_t)c * st->set_bytes, st->stream);
+    if (r != MSKV_CU_SUCCESS) return mskv__cuda_fail(cu, r, "cuMemcpyHtoDAsync(reload)");
+    return mskv__cuda_move_pages(st, 1, c);
+}
+
+/* store_ops.read_pages (dir 0: device pages -> host, [page][layer][K, V][page
+   bytes]) and write_pages (dir 1: host -> device pages), a staging chunk at a time */
+static mskv_result mskv__cuda_pages_io(mskv_cuda_store *st, int dir, const int32_t *pages, int32_t n, void *host) {
+    mskv_cuda *cu = st->cu;
+    mskv_result res = MSKV_SUCCESS;
+    mskv_cu_result r;
     int32_t done, c;
     if ((res = mskv__cuda_check_pages(st, pages, n)) != MSKV_SUCCESS) return res;
     if (st->capturing) return MSKV_ERROR_BAD_STATE;
     if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) return res;
     mskv__cuda_lock(&st->lock);
-    for (done = 0; done < n; done += c) {
-        int32_t *h_ids = (int32_t *)st->h_stage;
+    for (done = 0; done < n && res == MSKV_SUCCESS; done += c) {
         c = n - done < st->stage_pages ? n - done : st->stage_pages;
-        memcpy(h_ids, pages + done, (size_t)c * 4);
-#define MSKV__ST_TRY(call, what) do { mskv_cu_result mskv__r = (call); \
-        if (mskv__r != MSKV_CU_SUCCESS) { res = mskv__cuda_fail(cu, mskv__r, what); goto fail; } } while (0)
-        MSKV__ST_TRY(cu->fn.cuMemcpyHtoDAsync(st->d_ids, h_ids, (size_t)c * 4, st->stream), "cuMemcpyHtoDAsync(page ids)");
-        if ((res = mskv__cuda_move_pages(st, 0, c)) != MSKV_SUCCESS) goto fail;
-        /* straight into the host copy: pinned (the store's host allocator) it is
-           a DMA at full speed; a pageable buffer (an export) the driver stages */
-        MSKV__ST_TRY(cu->fn.cuMemcpyDtoHAsync((char *)dst + (size_t)done * st->set_bytes, st->d_stage,
-                                              (size_t)c * st->set_bytes, st->stream), "cuMemcpyDtoHAsync(offload)");
-        MSKV__ST_TRY(cu->fn.cuStreamSynchronize(st->stream), "cuStreamSynchronize(offload)");
+        res = mskv__cuda_pages_queue(st, dir, pages + done, c, (char *)host + (size_t)done * st->set_bytes);
+        /* after a failure too: queued copies must not touch the ids buffer or the host copy after we return */
+        r = cu->fn.cuStreamSynchronize(st->stream);
+        if (res == MSKV_SUCCESS && r != MSKV_CU_SUCCESS)
+            res = mskv__cuda_fail(cu, r, dir ? "cuStreamSynchronize(reload)" : "cuStreamSynchronize(offload)");
     }
-    mskv__cuda_unlock(&st->lock);
-    return MSKV_SUCCESS;
-fail:
-    /* queued copies must not touch the ids buffer or the host copy after we return */
-    cu->fn.cuStreamSynchronize(st->stream);
     mskv__cuda_unlock(&st->lock);
     return res;
 }
 
-/* store_ops.write_pages: host -> device pages */
+static mskv_result mskv__cuda_read_pages(void *user, const int32_t *pages, int32_t n, void *dst) {
+    return mskv__cuda_pages_io((mskv_cuda_store *)user, 0, pages, n, dst);
+}
 static mskv_result mskv__cuda_write_pages(void *user, const int32_t *pages, int32_t n, const void *src) {
-    mskv_cuda_store *st = (mskv_cuda_store *)user;
-    mskv_cuda *cu = st->cu;
-    mskv_result res;
-    int32_t done, c;
-    if ((res = mskv__cuda_check_pages(st, pages, n)) != MSKV_SUCCESS) return res;
-    if (st->capturing) return MSKV_ERROR_BAD_STATE;
-    if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) return res;
-    mskv__cuda_lock(&st->lock);
-    for (done = 0; done < n; done += c) {
-        int32_t *h_ids = (int32_t *)st->h_stage;
-        c = n - done < st->stage_pages ? n - done : st->stage_pages;
-        memcpy(h_ids, pages + done, (size_t)c * 4);
-        MSKV__ST_TRY(cu->fn.cuMemcpyHtoDAsync(st->d_ids, h_ids, (size_t)c * 4, st->stream), "cuMemcpyHtoDAsync(page ids)");
-        MSKV__ST_TRY(cu->fn.cuMemcpyHtoDAsync(st->d_stage, (const char *)src + (size_t)done * st->set_bytes,
-                                              (size_t)c * st->set_bytes, st->stream), "cuMemcpyHtoDAsync(reload)");
-        if ((res = mskv__cuda_move_pages(st, 1, c)) != MSKV_SUCCESS) goto fail;
-        MSKV__ST_TRY(cu->fn.cuStreamSynchronize(st->stream), "cuStreamSynchronize(reload)");
-    }
-    mskv__cuda_unlock(&st->lock);
-    return MSKV_SUCCESS;
-fail:
-    cu->fn.cuStreamSynchronize(st->stream);
-    mskv__cuda_unlock(&st->lock);
-    return res;
+    /* the chunks are only read from: the cast serves the shared queueing code */
+    return mskv__cuda_pages_io((mskv_cuda_store *)user, 1, pages, n, (void *)(uintptr_t)src);
 }
 
 /* store_ops.copy_page: stream-ordered device copies (every later use of the
@@ -4204,6 +4303,7 @@ MSKV_API mskv_result mskv_cuda_store_bind(mskv_cuda_store *st, mskv_arena *arena
     mskv_store_info info;
     mskv_result res;
     if (!st || !arena) return MSKV_ERROR_NULL_POINTER;
+    if (st->owner) return MSKV_ERROR_BAD_STATE;   /* a shard is bound with its shards */
     if ((res = mskv_store_info_get(arena, &info)) != MSKV_SUCCESS) return res;
     if (info.num_pages != st->d.num_pages || info.page_size != st->d.page_size ||
         (info.num_layers && (info.num_layers != st->d.num_layers || info.kv_heads != st->d.kv_heads ||
@@ -4280,7 +4380,13 @@ MSKV_API mskv_result mskv_cuda_retire(mskv_cuda_store *st, int wait) {
         st->fence_head = (h + 1) % MSKV__CUDA_MAX_FENCES;
         st->fence_count--;
     }
+    if (any && st->done < completed) st->done = completed;
     mskv__cuda_unlock(&st->lock);
+    if (st->owner) {
+        /* a shard: the arena hears of a fence once every device completed it */
+        mskv_result r2 = any ? mskv__cuda_shards_settle(st->owner) : MSKV_SUCCESS;
+        return res == MSKV_SUCCESS ? r2 : res;
+    }
     if (any && st->arena) {
         mskv_result r2 = mskv_arena_retire(st->arena, completed);
         if (res == MSKV_SUCCESS) res = r2;
@@ -4327,7 +4433,8 @@ MSKV_API mskv_result mskv_cuda_publish(mskv_cuda_store *st, const mskv_segment *
     if (!st) return MSKV_ERROR_NULL_POINTER;
     /* no publish inside a capture: its event could not be queried, and the
        fallback synchronisation would break the capture */
-    if (!st->arena || st->capturing) return MSKV_ERROR_BAD_STATE;
+    /* a shard publishes with the others (mskv_cuda_shards_publish) */
+    if (!st->arena || st->capturing || st->owner) return MSKV_ERROR_BAD_STATE;
     res = mskv_publish(st->arena, segs, n, &step);
     if (res != MSKV_SUCCESS) return res;
     if (step_out) *step_out = step;
@@ -4644,7 +4751,6 @@ MSKV_API void mskv_cuda_graph_destroy(mskv_cuda_store *st, mskv_cuda_graph *g) {
     mskv__cuda_dealloc(&st->cu->allocator, g);
 }
 
-#undef MSKV__ST_TRY
 
 /* // >>attention wrappers implementation ------------------------------------ */
 /* GPU attention, merge and RoPE launch wrappers (they use the internal launch
@@ -5189,6 +5295,320 @@ MSKV_API mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, 
     mskv__cuda_arg_ptr(a, 3, positions);
     mskv__cuda_arg_f32(a, 4, rope->theta > 0.0f ? rope->theta : 10000.0f);
     return mskv__cuda_launch(st, f, grid, block, 0, a->ptr);
+}
+
+/* // >>shards implementation ------------------------------------------------ */
+/* One arena over N device stores: everything below calls the stores' own
+   code per shard; what is new is the head interleave of host copies, the
+   all-devices fences and the all-or-nothing plan upload. */
+
+struct mskv_cuda_shards {
+    int32_t n;
+    mskv_cuda *cu[MSKV_CUDA_MAX_SHARDS];
+    mskv_cuda_store *st[MSKV_CUDA_MAX_SHARDS];
+    void *h_stage[MSKV_CUDA_MAX_SHARDS];   /* pinned, in shard s's context: its share of one chunk */
+    mskv_cuda_store_desc d;                /* the whole model's geometry (kv_heads of every shard) */
+    int32_t chunk;                         /* pages per staging round (every store's stage_pages) */
+    size_t row_bytes;                      /* one slot's heads of one shard: kv_heads / N * head_dim * dtype */
+    size_t shard_set, full_set;            /* one page of every layer, K and V: of a shard, of the arena */
+    mskv_store_ops ops;
+    mskv_arena *arena;
+    uint64_t retired;                      /* the highest fence handed to the arena */
+    int plan_ok;                           /* the last upload reached every device */
+    mskv__cuda_mutex lock;                 /* retired */
+};
+
+/* The arena's record of c pages (full heads) <-> each shard's staging:
+   dir 0 gathers the shards into host, dir 1 splits host into the shards.
+   Within a slot, shard s's heads follow shard s - 1's. */
+static void mskv__cuda_shards_interleave(mskv_cuda_shards *sh, int dir, int32_t c, void *host) {
+    size_t rows = (size_t)sh->d.num_layers * 2 * (size_t)sh->d.page_size, r, full_row = sh->row_bytes * (size_t)sh->n;
+    int32_t i, s;
+    for (i = 0; i < c; i++)
+        for (s = 0; s < sh->n; s++) {
+            char *a = (char *)host + (size_t)i * sh->full_set + (size_t)s * sh->row_bytes;
+            char *b = (char *)sh->h_stage[s] + (size_t)i * sh->shard_set;
+            for (r = 0; r < rows; r++, a += full_row, b += sh->row_bytes) {
+                if (dir) memcpy(b, a, sh->row_bytes);
+                else memcpy(a, b, sh->row_bytes);
+            }
+        }
+}
+
+/* store_ops.read_pages / write_pages of the sharded arena: a chunk at a
+   time, every device's copies queued before any is waited for. A failure
+   on any device fails the call; reads have written no device, and the
+   pages of a failed write are the arena's to give back. */
+static mskv_result mskv__cuda_shards_io(mskv_cuda_shards *sh, int dir, const int32_t *pages, int32_t n, void *host) {
+    mskv_result res;
+    int32_t done, c, s, queued;
+    if ((res = mskv__cuda_check_pages(sh->st[0], pages, n)) != MSKV_SUCCESS) return res;
+    for (s = 0; s < sh->n; s++)
+        if (sh->st[s]->capturing) return MSKV_ERROR_BAD_STATE;
+    for (s = 0; s < sh->n; s++) mskv__cuda_lock(&sh->st[s]->lock);   /* always in shard order */
+    for (done = 0; done < n && res == MSKV_SUCCESS; done += c) {
+        c = n - done < sh->chunk ? n - done : sh->chunk;
+        if (dir) mskv__cuda_shards_interleave(sh, 1, c, (char *)host + (size_t)done * sh->full_set);
+        for (queued = 0; queued < sh->n && res == MSKV_SUCCESS; queued++) {
+            mskv_cuda_store *st = sh->st[queued];
+            res = mskv__cuda_enter(st->cu);
+            if (res == MSKV_SUCCESS) res = mskv__cuda_pages_queue(st, dir, pages + done, c, sh->h_stage[queued]);
+        }
+        /* every device that queued anything is waited for, after a failure too:
+           its copies read the ids and staging buffers */
+        for (s = 0; s < queued; s++) {
+            mskv_cuda_store *st = sh->st[s];
+            mskv_result e = mskv__cuda_enter(st->cu);
+            mskv_cu_result r = e == MSKV_SUCCESS ? st->cu->fn.cuStreamSynchronize(st->stream) : MSKV_CU_SUCCESS;
+            if (e == MSKV_SUCCESS && r != MSKV_CU_SUCCESS)
+                e = mskv__cuda_fail(st->cu, r, dir ? "cuStreamSynchronize(reload)" : "cuStreamSynchronize(offload)");
+            if (res == MSKV_SUCCESS) res = e;
+        }
+        if (!dir && res == MSKV_SUCCESS) mskv__cuda_shards_interleave(sh, 0, c, (char *)host + (size_t)done * sh->full_set);
+    }
+    for (s = sh->n - 1; s >= 0; s--) mskv__cuda_unlock(&sh->st[s]->lock);
+    return res;
+}
+
+static mskv_result mskv__cuda_shards_read(void *user, const int32_t *pages, int32_t n, void *dst) {
+    return mskv__cuda_shards_io((mskv_cuda_shards *)user, 0, pages, n, dst);
+}
+static mskv_result mskv__cuda_shards_write(void *user, const int32_t *pages, int32_t n, const void *src) {
+    /* only read from: the cast serves the shared code */
+    return mskv__cuda_shards_io((mskv_cuda_shards *)user, 1, pages, n, (void *)(uintptr_t)src);
+}
+/* fork, flush and poisoning: the store's op on every device (a failed fork's
+   destination page goes back to the arena, whatever a device holds in it) */
+static mskv_result mskv__cuda_shards_copy(void *user, int32_t src, int32_t dst) {
+    mskv_cuda_shards *sh = (mskv_cuda_shards *)user;
+    mskv_result res = MSKV_SUCCESS;
+    int32_t s;
+    for (s = 0; s < sh->n && res == MSKV_SUCCESS; s++) res = mskv__cuda_copy_page(sh->st[s], src, dst);
+    return res;
+}
+static mskv_result mskv__cuda_shards_flush(void *user) {
+    mskv_cuda_shards *sh = (mskv_cuda_shards *)user;
+    mskv_result res = MSKV_SUCCESS, e;
+    int32_t s;
+    for (s = 0; s < sh->n; s++)   /* every device, even after one failed */
+        if ((e = mskv__cuda_flush(sh->st[s])) != MSKV_SUCCESS && res == MSKV_SUCCESS) res = e;
+    return res;
+}
+static mskv_result mskv__cuda_shards_fill(void *user, const int32_t *pages, int32_t n, unsigned char byte) {
+    mskv_cuda_shards *sh = (mskv_cuda_shards *)user;
+    mskv_result res = MSKV_SUCCESS;
+    int32_t s;
+    for (s = 0; s < sh->n && res == MSKV_SUCCESS; s++) res = mskv__cuda_fill_pages(sh->st[s], pages, n, byte);
+    return res;
+}
+
+/* Hands the arena every fence that completed on all devices: the lowest of
+   the shards' highest completed fences. */
+static mskv_result mskv__cuda_shards_settle(mskv_cuda_shards *sh) {
+    uint64_t low = UINT64_MAX;
+    int32_t s;
+    for (s = 0; s < sh->n; s++) {
+        mskv_cuda_store *st = sh->st[s];
+        uint64_t d;
+        mskv__cuda_lock(&st->lock);
+        d = st->done;
+        mskv__cuda_unlock(&st->lock);
+        if (d < low) low = d;
+    }
+    mskv__cuda_lock(&sh->lock);
+    if (low <= sh->retired || !sh->arena) low = 0;
+    else sh->retired = low;
+    mskv__cuda_unlock(&sh->lock);
+    return low ? mskv_arena_retire(sh->arena, low) : MSKV_SUCCESS;
+}
+
+static void mskv__cuda_shards_release(mskv_cuda_shards *sh) {
+    const mskv_allocator al = sh->cu[0]->allocator;   /* create set it before anything could fail */
+    int32_t s;
+    for (s = 0; s < sh->n; s++) {
+        if (sh->h_stage[s] && mskv__cuda_enter(sh->cu[s]) == MSKV_SUCCESS) sh->cu[s]->fn.cuMemFreeHost(sh->h_stage[s]);
+        if (sh->st[s]) mskv_cuda_store_destroy(sh->st[s]);
+    }
+    mskv__cuda_dealloc(&al, sh);
+}
+
+MSKV_API mskv_result mskv_cuda_shards_create(const mskv_cuda_shard_desc *desc, mskv_cuda_shards **out) {
+    mskv_cuda_shards *sh;
+    mskv_cuda_store_desc sd;
+    mskv_result res = MSKV_SUCCESS;
+    int32_t s, n;
+    if (!desc || !out) return MSKV_ERROR_NULL_POINTER;
+    *out = NULL;
+    n = desc->num_shards;
+    if (n < 1 || n > MSKV_CUDA_MAX_SHARDS || !desc->devices || desc->store.pools || desc->store.kv_heads < 1 ||
+        desc->store.kv_heads % n != 0)
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    for (s = 0; s < n; s++)
+        if (!desc->devices[s] || (desc->pools && !desc->pools[s])) return MSKV_ERROR_INVALID_ARGUMENT;
+    sh = (mskv_cuda_shards *)mskv__cuda_calloc(&desc->devices[0]->allocator, sizeof(*sh));
+    if (!sh) return MSKV_ERROR_OUT_OF_MEMORY;
+    {
+        mskv__cuda_mutex m = MSKV__CUDA_MUTEX_INIT;
+        sh->lock = m;
+    }
+    sh->n = n;
+    sh->d = desc->store;
+    for (s = 0; s < n; s++) sh->cu[s] = desc->devices[s];
+    sd = desc->store;
+    sd.kv_heads = desc->store.kv_heads / n;
+    for (s = 0; s < n && res == MSKV_SUCCESS; s++) {
+        sd.pools = desc->pools ? desc->pools[s] : NULL;
+        res = mskv_cuda_store_create(sh->cu[s], &sd, &sh->st[s]);
+        if (res == MSKV_SUCCESS) res = mskv__cuda_enter(sh->cu[s]);
+        if (res == MSKV_SUCCESS) {
+            mskv_cu_result r = sh->cu[s]->fn.cuMemAllocHost(&sh->h_stage[s], sh->st[s]->stage_bytes);
+            if (r != MSKV_CU_SUCCESS) { sh->h_stage[s] = NULL; res = mskv__cuda_fail(sh->cu[s], r, "cuMemAllocHost(shard staging)"); }
+        }
+    }
+    if (res != MSKV_SUCCESS) {
+        mskv__cuda_shards_release(sh);
+        return res;
+    }
+    /* same geometry on every device, so the same chunk; the arena's record
+       is N shard records side by side (the products fit: each store checked its own) */
+    sh->chunk = sh->st[0]->stage_pages;
+    sh->row_bytes = (size_t)sd.kv_heads * (size_t)sd.head_dim * mskv_dtype_size(sd.dtype);
+    sh->shard_set = sh->st[0]->set_bytes;
+    if (!mskv__cuda_mul(sh->shard_set, (size_t)n, &sh->full_set)) {
+        mskv__cuda_shards_release(sh);
+        return MSKV_ERROR_OVERFLOW;
+    }
+    sh->ops.user = sh;
+    sh->ops.read_pages = mskv__cuda_shards_read;
+    sh->ops.write_pages = mskv__cuda_shards_write;
+    sh->ops.copy_page = mskv__cuda_shards_copy;
+    sh->ops.flush = mskv__cuda_shards_flush;
+    sh->ops.fill_pages = mskv__cuda_shards_fill;
+    *out = sh;
+    return MSKV_SUCCESS;
+}
+
+MSKV_API void mskv_cuda_shards_destroy(mskv_cuda_shards *sh) {
+    if (sh) mskv__cuda_shards_release(sh);
+}
+
+MSKV_API mskv_result mskv_cuda_shards_arena_desc(mskv_cuda_shards *sh, mskv_arena_desc *d) {
+    if (!sh || !d) return MSKV_ERROR_NULL_POINTER;
+    d->num_pages = sh->d.num_pages;
+    d->page_size = sh->d.page_size;
+    d->num_layers = sh->d.num_layers;
+    d->kv_heads = sh->d.kv_heads;
+    d->head_dim = sh->d.head_dim;
+    d->dtype = sh->d.dtype;
+    d->store_ops = &sh->ops;
+    d->retire_mode = MSKV_RETIRE_FENCED;
+    return MSKV_SUCCESS;
+}
+
+MSKV_API mskv_result mskv_cuda_shards_bind(mskv_cuda_shards *sh, mskv_arena *arena) {
+    mskv_store_info info;
+    mskv_result res;
+    int32_t s;
+    if (!sh || !arena) return MSKV_ERROR_NULL_POINTER;
+    if ((res = mskv_store_info_get(arena, &info)) != MSKV_SUCCESS) return res;
+    if (info.num_pages != sh->d.num_pages || info.page_size != sh->d.page_size || info.num_layers != sh->d.num_layers ||
+        info.kv_heads != sh->d.kv_heads || info.head_dim != sh->d.head_dim || info.dtype != sh->d.dtype)
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    sh->arena = arena;
+    /* the stores check plans against it; their fences retire through the shards */
+    for (s = 0; s < sh->n; s++) {
+        sh->st[s]->arena = arena;
+        sh->st[s]->owner = sh;
+    }
+    return MSKV_SUCCESS;
+}
+
+MSKV_API int32_t mskv_cuda_shards_count(const mskv_cuda_shards *sh) { return sh ? sh->n : 0; }
+
+MSKV_API mskv_cuda_store *mskv_cuda_shards_store(mskv_cuda_shards *sh, int32_t shard) {
+    return sh && shard >= 0 && shard < sh->n ? sh->st[shard] : NULL;
+}
+
+MSKV_API mskv_result mskv_cuda_shards_plan_upload(mskv_cuda_shards *sh, const mskv_plan *plan, mskv_pos_mode pos_mode,
+                                                  mskv_cuda_dplan *out) {
+    mskv_result res = MSKV_SUCCESS;
+    int32_t s;
+    if (!sh || !plan || !out) return MSKV_ERROR_NULL_POINTER;
+    sh->plan_ok = 0;
+    for (s = 0; s < sh->n && res == MSKV_SUCCESS; s++) res = mskv_cuda_plan_upload(sh->st[s], plan, pos_mode, &out[s]);
+    sh->plan_ok = res == MSKV_SUCCESS;
+    return res;
+}
+
+static mskv_result mskv__cuda_shards_launchable(const mskv_cuda_shards *sh, int32_t shard, const mskv_cuda_dplan *dplan) {
+    if (!sh || !dplan) return MSKV_ERROR_NULL_POINTER;
+    if (shard < 0 || shard >= sh->n) return MSKV_ERROR_OUT_OF_RANGE;
+    /* a device whose upload failed holds the plan before it: no device runs either */
+    return sh->plan_ok ? MSKV_SUCCESS : MSKV_ERROR_BAD_STATE;
+}
+
+MSKV_API mskv_result mskv_cuda_shards_write_kv(mskv_cuda_shards *sh, int32_t shard, int32_t layer, const mskv_cuda_dplan *dplan,
+                                               mskv_cu_ptr k, mskv_cu_ptr v, const mskv_rope *rope) {
+    mskv_result res = mskv__cuda_shards_launchable(sh, shard, dplan);
+    return res == MSKV_SUCCESS ? mskv_cuda_write_kv(sh->st[shard], layer, dplan, k, v, rope) : res;
+}
+
+MSKV_API mskv_result mskv_cuda_shards_attention(mskv_cuda_shards *sh, int32_t shard, int32_t layer, const mskv_plan *plan,
+                                                const mskv_cuda_dplan *dplan, const mskv_attn *attn,
+                                                mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse) {
+    mskv_attn part;
+    mskv_result res = mskv__cuda_shards_launchable(sh, shard, dplan);
+    if (res != MSKV_SUCCESS) return res;
+    if (!attn) return MSKV_ERROR_NULL_POINTER;
+    /* a GQA group must not straddle devices: each gets q_heads / N whole groups */
+    if (attn->q_heads < 1 || attn->q_heads % sh->n != 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    part = *attn;
+    part.q_heads = attn->q_heads / sh->n;
+    return mskv_cuda_attention(sh->st[shard], layer, plan, dplan, &part, q, o, lse);
+}
+
+MSKV_API mskv_result mskv_cuda_shards_retire(mskv_cuda_shards *sh, int wait) {
+    mskv_result res = MSKV_SUCCESS, e;
+    int32_t s;
+    if (!sh) return MSKV_ERROR_NULL_POINTER;
+    for (s = 0; s < sh->n; s++)   /* each settles the shards as it finishes */
+        if ((e = mskv_cuda_retire(sh->st[s], wait)) != MSKV_SUCCESS && res == MSKV_SUCCESS) res = e;
+    return res;
+}
+
+MSKV_API mskv_result mskv_cuda_shards_publish(mskv_cuda_shards *sh, const mskv_segment *segs, int32_t n, uint64_t *step_out) {
+    uint64_t step = 0;
+    mskv_result res, first = MSKV_SUCCESS;
+    int32_t s;
+    if (!sh) return MSKV_ERROR_NULL_POINTER;
+    if (!sh->arena) return MSKV_ERROR_BAD_STATE;
+    for (s = 0; s < sh->n; s++)
+        if (sh->st[s]->capturing) return MSKV_ERROR_BAD_STATE;
+    if ((res = mskv_publish(sh->arena, segs, n, &step)) != MSKV_SUCCESS) return res;
+    if (step_out) *step_out = step;
+    for (s = 0; s < sh->n; s++) {
+        mskv_cuda_store *st = sh->st[s];
+        if ((res = mskv_cuda_fence_record(st, step)) == MSKV_SUCCESS) continue;
+        /* no event on this device: it counts as done with the step once its
+           stream is idle (until then the step's pages wait, on every device) */
+        if (first == MSKV_SUCCESS) first = res;
+        if (mskv__cuda_enter(st->cu) == MSKV_SUCCESS && st->cu->fn.cuStreamSynchronize(st->stream) == MSKV_CU_SUCCESS) {
+            mskv__cuda_lock(&st->lock);
+            if (st->done < step) st->done = step;
+            mskv__cuda_unlock(&st->lock);
+        }
+    }
+    res = mskv_cuda_shards_retire(sh, 0);
+    return first != MSKV_SUCCESS ? first : res;
+}
+
+MSKV_API mskv_result mskv_cuda_shards_sync(mskv_cuda_shards *sh) {
+    mskv_result res = MSKV_SUCCESS, e;
+    int32_t s;
+    if (!sh) return MSKV_ERROR_NULL_POINTER;
+    for (s = 0; s < sh->n; s++)
+        if ((e = mskv_cuda_store_sync(sh->st[s])) != MSKV_SUCCESS && res == MSKV_SUCCESS) res = e;
+    return res;
 }
 
 #ifdef __cplusplus

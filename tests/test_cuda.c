@@ -92,7 +92,10 @@ static void tcu_log(void *u, mskv_log_level lvl, const char *m) {
    the host from their parameters (so the argument marshalling is checked
    against the ABI of kernels.cu); a capture records launches and a graph
    replays them, reading the plan buffers afresh. Counters catch leaks, and
-   fail_* fields make the n-th call of a function fail. */
+   fail_* fields make the n-th call of a function fail. Several devices
+   (tcm.devices): each has its own primary context; cuCtxSetCurrent says
+   which is current, and the copies, launches and events made then are that
+   device's (fail_device and busy_device aim the faults at one of them). */
 
 typedef struct tcm_module { int dtype, head_dim, rope, style, d0, d1, d2; } tcm_module;
 /* kind 1 gather, 2 scatter, 3 kv_write; 4 and up (attention, merges, rope) are launched, not run */
@@ -113,6 +116,12 @@ static struct tcm_state {
     int event_syncs;
     int stream_syncs, stream_sync_fails; /* cuStreamSynchronize calls; fail them while set */
     int cc_major, cc_minor;             /* 0: 9.0 */
+    int devices;                        /* 0: 1 */
+    int current;                        /* the device of the current context */
+    int fail_device;                    /* 1 + the device whose calls fail_dtoh/htod/launch_at count; 0: every device's */
+    int busy_device;                    /* 1 + the device whose events answer NOT_READY; 0: none (event_busy: all) */
+    int fail_record;                    /* cuEventRecord fails (on fail_device's device, or any) */
+    char ctx[8];                        /* the devices' primary contexts: &ctx[device] */
     int sm90a;                          /* sm_90a images load, mskv_attn_sm90 exists and tensor maps are made
                                            (else none of them: the runtime falls back to mskv_attn) */
     int tmaps;                          /* tensor maps made */
@@ -133,6 +142,10 @@ static void tcm_reset(void) {
 }
 
 static int tcm_count_fail(int *counter, int at) { return ++*counter == at; }
+/* the same, counting only the calls on the device that fail_device names */
+static int tcm_device_fail(int *counter, int at) {
+    return (!tcm.fail_device || tcm.fail_device - 1 == tcm.current) && tcm_count_fail(counter, at);
+}
 
 static mskv_cu_result tcm_cuInit(unsigned int f) { tcm.calls++; (void)f; return 0; }
 static mskv_cu_result tcm_cuDriverGetVersion(int *v) { tcm.calls++; *v = 13000; return 0; }
@@ -141,7 +154,7 @@ static mskv_cu_result tcm_cuGetErrorString(mskv_cu_result e, const char **s) {
     *s = e == 2 ? "mock: out of memory" : e == 200 ? "mock: invalid image" : e == 719 ? "mock: launch failed" : "mock: error";
     return 0;
 }
-static mskv_cu_result tcm_cuDeviceGetCount(int *n) { tcm.calls++; *n = 1; return 0; }
+static mskv_cu_result tcm_cuDeviceGetCount(int *n) { tcm.calls++; *n = tcm.devices ? tcm.devices : 1; return 0; }
 static mskv_cu_result tcm_cuDeviceGet(mskv_cu_device *d, int i) { tcm.calls++; *d = i; return 0; }
 static mskv_cu_result tcm_cuDeviceGetAttribute(int *v, int a, mskv_cu_device d) {
     tcm.calls++;
@@ -153,10 +166,14 @@ static mskv_cu_result tcm_cuDeviceGetAttribute(int *v, int a, mskv_cu_device d) 
 static mskv_cu_result tcm_cuDeviceGetName(char *name, int len, mskv_cu_device d) { tcm.calls++; (void)d; snprintf(name, (size_t)len, "mock device"); return 0; }
 static mskv_cu_result tcm_cuDevicePrimaryCtxRetain(mskv_cu_context *c, mskv_cu_device d) {
     tcm.calls++;
-    (void)d; tcm.ctx_refs++; *c = (mskv_cu_context)(void *)&tcm; return 0;
+    tcm.ctx_refs++; *c = (mskv_cu_context)(void *)&tcm.ctx[d]; return 0;
 }
 static mskv_cu_result tcm_cuDevicePrimaryCtxRelease(mskv_cu_device d) { tcm.calls++; (void)d; tcm.ctx_refs--; return 0; }
-static mskv_cu_result tcm_cuCtxSetCurrent(mskv_cu_context c) { tcm.calls++; (void)c; return 0; }
+static mskv_cu_result tcm_cuCtxSetCurrent(mskv_cu_context c) {
+    tcm.calls++;
+    if (c) tcm.current = (int)((const char *)(const void *)c - tcm.ctx);
+    return 0;
+}
 static mskv_cu_result tcm_cuMemAlloc(mskv_cu_ptr *p, size_t n) {
     tcm.calls++;
     void *q;
@@ -182,7 +199,7 @@ static mskv_cu_result tcm_cuMemcpyHtoDAsync(mskv_cu_ptr d, const void *s, size_t
     tcm.calls++;
     tcm.copy_stream = st;
     if (tcm.capturing) return 900;      /* the runtime never captures copies */
-    if (tcm_count_fail(&tcm.htods, tcm.fail_htod_at)) return 999;
+    if (tcm_device_fail(&tcm.htods, tcm.fail_htod_at)) return 999;
     memcpy((void *)(uintptr_t)d, s, n);
     return 0;
 }
@@ -190,7 +207,7 @@ static mskv_cu_result tcm_cuMemcpyDtoHAsync(void *d, mskv_cu_ptr s, size_t n, ms
     tcm.calls++;
     tcm.copy_stream = st;
     if (tcm.capturing) return 900;
-    if (tcm_count_fail(&tcm.dtohs, tcm.fail_dtoh_at)) return 999;
+    if (tcm_device_fail(&tcm.dtohs, tcm.fail_dtoh_at)) return 999;
     memcpy(d, (const void *)(uintptr_t)s, n);
     return 0;
 }
@@ -215,10 +232,17 @@ static mskv_cu_result tcm_cuStreamSynchronize(mskv_cu_stream s) {
 }
 static mskv_cu_result tcm_cuEventCreate(mskv_cu_event *e, unsigned int f) {
     tcm.calls++;
-    (void)f; tcm.events++; *e = (mskv_cu_event)malloc(1); return 0;
+    (void)f; tcm.events++; *e = (mskv_cu_event)malloc(1); *(char *)(void *)*e = (char)tcm.current; return 0;
 }
-static mskv_cu_result tcm_cuEventRecord(mskv_cu_event e, mskv_cu_stream s) { tcm.calls++; (void)e; (void)s; return 0; }
-static mskv_cu_result tcm_cuEventQuery(mskv_cu_event e) { tcm.calls++; (void)e; return tcm.event_busy ? MSKV_CU_ERROR_NOT_READY : 0; }
+static mskv_cu_result tcm_cuEventRecord(mskv_cu_event e, mskv_cu_stream s) {
+    tcm.calls++;
+    (void)e; (void)s;
+    return tcm.fail_record && (!tcm.fail_device || tcm.fail_device - 1 == tcm.current) ? 999 : 0;
+}
+static mskv_cu_result tcm_cuEventQuery(mskv_cu_event e) {
+    tcm.calls++;
+    return tcm.event_busy || (tcm.busy_device && *(const char *)(const void *)e == tcm.busy_device - 1) ? MSKV_CU_ERROR_NOT_READY : 0;
+}
 static mskv_cu_result tcm_cuEventSynchronize(mskv_cu_event e) { tcm.calls++; (void)e; tcm.event_syncs++; return 0; }
 static mskv_cu_result tcm_cuEventDestroy(mskv_cu_event e) { tcm.calls++; tcm.events--; free((void *)e); return 0; }
 
@@ -328,7 +352,7 @@ static mskv_cu_result tcm_cuLaunchKernel(mskv_cu_function f, unsigned int gx, un
     int i;
     (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)extra;
     tcm.launch_stream = s;
-    if (tcm_count_fail(&tcm.launches, tcm.fail_launch_at)) return MSKV_CU_ERROR_LAUNCH_FAILED;
+    if (tcm_device_fail(&tcm.launches, tcm.fail_launch_at)) return MSKV_CU_ERROR_LAUNCH_FAILED;
     memset(&l, 0, sizeof l);
     l.f = fn;
     l.grid[0] = gx; l.grid[1] = gy; l.grid[2] = gz;
@@ -2965,5 +2989,459 @@ TEST(cuda_corrupted_pinned_host_copy_is_refused_at_reload) {
     EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));
     EXPECT_TRUE(tcu_audit(r.a));
     tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* ---- head shards: one arena over two mock devices ------------------------------------ */
+
+/* The rig's geometry (2 KV heads) split over two devices, one head each:
+   device s holds global head s. */
+typedef struct tsh_rig {
+    mskv_cuda_functions fn;
+    mskv_cuda *cu[2];
+    mskv_cuda_shards *sh;
+    mskv_arena *a;
+} tsh_rig;
+
+static mskv_result tsh_open(tsh_rig *r, size_t staging) {
+    mskv_cuda_shard_desc d;
+    mskv_cuda_desc cd;
+    mskv_arena_desc ad;
+    mskv_result e;
+    int s;
+    memset(r, 0, sizeof *r);
+    tcm_reset();
+    tcm.devices = 2;
+    tcu_live_allocs = 0;
+    r->fn = tcm_table();
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &r->fn;
+    cd.disable_disk_cache = 1;
+    cd.allocator = tcu_allocator();
+    cd.log = tcu_log;
+    for (s = 0; s < 2; s++) {
+        cd.device = s;
+        if ((e = mskv_cuda_create(&cd, &r->cu[s])) != MSKV_SUCCESS) return e;
+    }
+    memset(&d, 0, sizeof d);
+    d.num_shards = 2;
+    d.devices = r->cu;
+    d.store = tcu_store_desc(staging);
+    if ((e = mskv_cuda_shards_create(&d, &r->sh)) != MSKV_SUCCESS) return e;
+    memset(&ad, 0, sizeof ad);
+    ad.allocator = tcu_allocator();
+    if ((e = mskv_cuda_shards_arena_desc(r->sh, &ad)) != MSKV_SUCCESS) return e;
+    ad.debug = tcu_next_debug;
+    tcu_next_debug = 0;
+    if ((e = mskv_arena_create(&ad, &r->a)) != MSKV_SUCCESS) return e;
+    return mskv_cuda_shards_bind(r->sh, r->a);
+}
+
+static void tsh_close(tsh_rig *r) {
+    if (r->a) mskv_arena_destroy(r->a);
+    if (r->sh) mskv_cuda_shards_destroy(r->sh);
+    if (r->cu[0]) mskv_cuda_destroy(r->cu[0]);
+    if (r->cu[1]) mskv_cuda_destroy(r->cu[1]);
+    memset(r, 0, sizeof *r);
+}
+
+/* tcu_fill through the shards: one plan on both devices, each device's
+   write_kv with its own head's slice of k and v. */
+static mskv_result tsh_fill(tsh_rig *r, mskv_request *req, int64_t n) {
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_plan_desc pd;
+    mskv_cuda_dplan dp[2];
+    mskv_result e;
+    size_t bytes = (size_t)n * 64 * sizeof(float);
+    float *k = (float *)malloc(bytes), *v = (float *)malloc(bytes);
+    int64_t t;
+    int l, s, d;
+    if ((e = mskv_request_add(r->a, req)) != MSKV_SUCCESS) return e;
+    seg.request = *req;
+    seg.n_tokens = n;
+    if ((e = mskv_admit(r->a, &seg, 1)) != MSKV_SUCCESS) return e;
+    memset(&pd, 0, sizeof pd);
+    memset(&plan, 0, sizeof plan);
+    if ((e = mskv_plan_alloc(r->a, 4, 64, 32, &plan)) != MSKV_SUCCESS) return e;
+    e = mskv_plan_build(r->a, &seg, 1, &pd, &plan);
+    if (e == MSKV_SUCCESS) e = mskv_cuda_shards_plan_upload(r->sh, &plan, MSKV_POS_NONE, dp);
+    for (s = 0; s < 2 && e == MSKV_SUCCESS; s++) {
+        mskv_cuda_store *st = mskv_cuda_shards_store(r->sh, s);
+        mskv_cu_ptr dk = 0, dv = 0;
+        e = mskv_cuda_malloc(r->cu[s], bytes, &dk);
+        if (e == MSKV_SUCCESS) e = mskv_cuda_malloc(r->cu[s], bytes, &dv);
+        for (l = 0; l < 2 && e == MSKV_SUCCESS; l++) {
+            for (t = 0; t < n; t++)
+                for (d = 0; d < 64; d++) {
+                    k[t * 64 + d] = tcu_value(t, l, 0, s, d);
+                    v[t * 64 + d] = tcu_value(t, l, 1, s, d);
+                }
+            e = mskv_cuda_upload(st, dk, k, bytes);
+            if (e == MSKV_SUCCESS) e = mskv_cuda_upload(st, dv, v, bytes);
+            if (e == MSKV_SUCCESS) e = mskv_cuda_shards_write_kv(r->sh, s, l, &dp[s], dk, dv, NULL);
+        }
+        mskv_cuda_free(r->cu[s], dk);
+        mskv_cuda_free(r->cu[s], dv);
+    }
+    free(k);
+    free(v);
+    mskv_plan_free(r->a, &plan);
+    if (e != MSKV_SUCCESS) return e;
+    if ((e = mskv_commit(r->a, &seg, 1)) != MSKV_SUCCESS) return e;
+    return mskv_cuda_shards_publish(r->sh, &seg, 1, NULL);
+}
+
+/* Every token of a resident request holds tcu_value on both devices, each
+   device its own head. */
+static int tsh_bytes_ok(tsh_rig *r, mskv_request req, int64_t n) {
+    int64_t t, slot;
+    int s, l, kind, d, bad = 0;
+    for (t = 0; t < n; t++) {
+        if (mskv_request_slot(r->a, req, t, &slot) != MSKV_SUCCESS) return 0;
+        for (s = 0; s < 2; s++)
+            for (l = 0; l < 2; l++)
+                for (kind = 0; kind < 2; kind++) {
+                    const float *pool = (const float *)(uintptr_t)mskv_cuda_store_pool(mskv_cuda_shards_store(r->sh, s), l, kind);
+                    for (d = 0; d < 64; d++)
+                        if (pool[slot * 64 + d] != tcu_value(t, l, kind, s, d)) bad++;
+                }
+    }
+    return bad == 0;
+}
+
+static void tsh_scribble(tsh_rig *r) {
+    int s, l, kind;
+    for (s = 0; s < 2; s++)
+        for (l = 0; l < 2; l++)
+            for (kind = 0; kind < 2; kind++)
+                memset((void *)(uintptr_t)mskv_cuda_store_pool(mskv_cuda_shards_store(r->sh, s), l, kind), 0xAB,
+                       (size_t)24 * 4 * 64 * 4);
+}
+
+TEST(cuda_shards_put_each_devices_heads_on_that_device) {
+    tsh_rig r;
+    mskv_request req;
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 0));
+    EXPECT_EQ(2, mskv_cuda_shards_count(r.sh));
+    EXPECT_TRUE(mskv_cuda_shards_store(r.sh, 2) == NULL);
+    ASSERT_EQ(MSKV_SUCCESS, tsh_fill(&r, &req, 18));
+    EXPECT_TRUE(tsh_bytes_ok(&r, req, 18));
+    EXPECT_TRUE(tcu_audit(r.a));
+    tsh_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_shards_offload_and_reload_round_trip_restores_every_devices_bytes) {
+    tsh_rig r;
+    mskv_request req;
+    mskv_request_info info;
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 3000));   /* 2 pages per staging chunk: 3 rounds */
+    ASSERT_EQ(MSKV_SUCCESS, tsh_fill(&r, &req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(r.a, req, &info));
+    EXPECT_EQ(MSKV_OFFLOADED, info.location);
+    tsh_scribble(&r);   /* the reload must really copy, on both devices */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_shards_publish(r.sh, NULL, 0, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(tsh_bytes_ok(&r, req, 18));
+    EXPECT_TRUE(tcu_audit(r.a));
+    tsh_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The host copy keeps the arena's layout with every head, so an export from
+   two devices is byte for byte the export of the same request on one, and
+   each imports into the other. */
+TEST(cuda_shards_export_equals_the_unsharded_export_and_imports_either_way) {
+    tsh_rig r;
+    tcu_rig u;
+    mskv_request a, b, back, there;
+    size_t na = 0, nb = 0, cap = (size_t)1 << 20;
+    unsigned char *ba = (unsigned char *)malloc(cap), *bb = (unsigned char *)malloc(cap);
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&u, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&u, &b, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(u.a, b, bb, cap, &nb));
+    tcu_rig_close(&u);
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 3000));
+    ASSERT_EQ(MSKV_SUCCESS, tsh_fill(&r, &a, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(r.a, a, ba, cap, &na));
+    ASSERT_EQ((long long)nb, (long long)na);
+    EXPECT_EQ(0, memcmp(ba, bb, na));
+    /* the unsharded blob into the sharded arena: both devices get their heads */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_import(r.a, bb, nb, &back));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, back));
+    EXPECT_TRUE(tsh_bytes_ok(&r, back, 18));
+    EXPECT_TRUE(tcu_audit(r.a));
+    tsh_close(&r);
+    /* and the sharded blob into an unsharded arena */
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&u, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_import(u.a, ba, na, &there));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(u.a, there));
+    EXPECT_TRUE(tcu_bytes_ok(&u, there, 18));
+    EXPECT_TRUE(tcu_audit(u.a));
+    tcu_rig_close(&u);
+    free(ba);
+    free(bb);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A copy failing on device 1 of 2 in the middle of an offload: the request
+   stays resident with every device's bytes, nothing moved in the arena, and
+   the next offload works. */
+TEST(cuda_shards_copy_failing_on_one_device_mid_offload_changes_nothing_anywhere) {
+    tsh_rig r;
+    mskv_request req;
+    mskv_request_info info;
+    mskv_arena_stats s0, s1;
+    uint64_t before;
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 3000));   /* 2 pages a round: the failure is in round 2 of 3 */
+    ASSERT_EQ(MSKV_SUCCESS, tsh_fill(&r, &req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s0));
+    before = mskv_arena_digest(r.a);
+    tcm.dtohs = 0;
+    tcm.fail_device = 2;
+    tcm.fail_dtoh_at = 2;
+    EXPECT_EQ(MSKV_ERROR_CUDA, mskv_request_offload(r.a, req));
+    EXPECT_EQ(2, tcm.dtohs);   /* it did fail on device 1, in the second round */
+    tcm.fail_dtoh_at = 0;
+    tcm.fail_device = 0;
+    EXPECT_EQ_U64(before, mskv_arena_digest(r.a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(r.a, req, &info));
+    EXPECT_EQ(MSKV_RESIDENT, info.location);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s1));
+    EXPECT_EQ(s0.free_pages, s1.free_pages);
+    EXPECT_EQ(s0.live_pages, s1.live_pages);
+    EXPECT_TRUE(tsh_bytes_ok(&r, req, 18));
+    EXPECT_TRUE(tcu_audit(r.a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    tsh_scribble(&r);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_shards_publish(r.sh, NULL, 0, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(tsh_bytes_ok(&r, req, 18));
+    tsh_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The same for the way back: a reload whose copy fails on device 1 leaves
+   the request offloaded with its host copy, and a retry restores it. */
+TEST(cuda_shards_copy_failing_on_one_device_mid_reload_keeps_the_request_offloaded) {
+    tsh_rig r;
+    mskv_request req;
+    mskv_request_info info;
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 3000));
+    ASSERT_EQ(MSKV_SUCCESS, tsh_fill(&r, &req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_shards_publish(r.sh, NULL, 0, NULL));
+    tsh_scribble(&r);
+    tcm.htods = 0;
+    tcm.fail_device = 2;
+    tcm.fail_htod_at = 4;   /* round 2's staging copy on device 1 (ids, then staging, per round) */
+    EXPECT_EQ(MSKV_ERROR_CUDA, mskv_request_reload(r.a, req));
+    tcm.fail_htod_at = 0;
+    tcm.fail_device = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(r.a, req, &info));
+    EXPECT_EQ(MSKV_OFFLOADED, info.location);
+    EXPECT_TRUE(tcu_audit(r.a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_shards_publish(r.sh, NULL, 0, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(tsh_bytes_ok(&r, req, 18));
+    EXPECT_TRUE(tcu_audit(r.a));
+    tsh_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* Pages freed in a step come back only when both devices finished it: the
+   second device's event held not ready keeps them pending. */
+TEST(cuda_shards_fence_retires_only_after_every_devices_event_completed) {
+    tsh_rig r;
+    mskv_request req;
+    mskv_arena_stats s;
+    uint64_t step = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tsh_fill(&r, &req, 12));
+    tcm.busy_device = 2;                    /* device 1 still runs the step */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, req));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_shards_publish(r.sh, NULL, 0, &step));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(3, s.pending_pages);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_shards_retire(r.sh, 0));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_retire(mskv_cuda_shards_store(r.sh, 0), 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(3, s.pending_pages);          /* device 0 alone is not enough */
+    tcm.busy_device = 0;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_shards_retire(r.sh, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(0, s.pending_pages);
+    EXPECT_EQ_U64(step, s.completed_step);
+    EXPECT_TRUE(tcu_audit(r.a));
+    tsh_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* An upload that failed on one device leaves no device launching: the
+   other devices hold the new plan, the failed one the old. */
+TEST(cuda_shards_launch_nothing_after_a_plan_upload_failed_on_one_device) {
+    tsh_rig r;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_plan_desc pd;
+    mskv_cuda_dplan dp[2];
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tsh_fill(&r, &req, 8));
+    seg.request = req; seg.n_tokens = 4;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    memset(&pd, 0, sizeof pd);
+    memset(&plan, 0, sizeof plan);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, &pd, &plan));
+    tcm.htods = 0;
+    tcm.fail_device = 2;
+    tcm.fail_htod_at = 1;
+    EXPECT_EQ(MSKV_ERROR_CUDA, mskv_cuda_shards_plan_upload(r.sh, &plan, MSKV_POS_NONE, dp));
+    tcm.fail_htod_at = 0;
+    tcm.fail_device = 0;
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_shards_write_kv(r.sh, 0, 0, &dp[0], 16, 16, NULL));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_shards_write_kv(r.sh, 1, 0, &dp[1], 16, 16, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_shards_plan_upload(r.sh, &plan, MSKV_POS_NONE, dp));
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cuda_shards_write_kv(r.sh, 2, 0, &dp[0], 16, 16, NULL));
+    mskv_plan_free(r.a, &plan);
+    tsh_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A plan whose pages changed since it was built is refused on every device,
+   as on one. */
+TEST(cuda_shards_refuse_a_stale_plan_on_every_device) {
+    tsh_rig r;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp[2];
+    mskv_cu_ptr buf[2] = { 0, 0 };
+    int s;
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tsh_fill(&r, &req, 10));
+    for (s = 0; s < 2; s++) ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu[s], 64 * 64 * 4, &buf[s]));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_shards_plan_upload(r.sh, &plan, MSKV_POS_NONE, dp));
+    for (s = 0; s < 2; s++) EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_shards_write_kv(r.sh, s, 0, &dp[s], buf[s], buf[s], NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(r.a, &seg, 1));   /* its last page goes */
+    for (s = 0; s < 2; s++) EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_shards_write_kv(r.sh, s, 0, &dp[s], buf[s], buf[s], NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_shards_plan_upload(r.sh, &plan, MSKV_POS_NONE, dp));
+    for (s = 0; s < 2; s++) mskv_cuda_free(r.cu[s], buf[s]);
+    mskv_plan_free(r.a, &plan);
+    tsh_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* With MSKV_DEBUG_POISON a page that becomes free is poisoned on every
+   device, and a write into it on either device is caught. */
+TEST(cuda_shards_poison_freed_pages_on_every_device) {
+    tsh_rig r;
+    mskv_request req;
+    int64_t slot;
+    char why[256] = "";
+    int s;
+    tcu_next_debug = MSKV_DEBUG_POISON;
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tsh_fill(&r, &req, 8));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_slot(r.a, req, 0, &slot));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, req));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_shards_publish(r.sh, NULL, 0, NULL));
+    for (s = 0; s < 2; s++) {
+        const unsigned char *k = (const unsigned char *)(uintptr_t)mskv_cuda_store_pool(mskv_cuda_shards_store(r.sh, s), 1, 1);
+        EXPECT_EQ(MSKV_POISON_BYTE, k[slot * 64 * 4 + 5]);
+    }
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit_bytes(r.a, why, sizeof why));
+    ((unsigned char *)(uintptr_t)mskv_cuda_store_pool(mskv_cuda_shards_store(r.sh, 1), 0, 0))[slot * 64 * 4] = 0;
+    EXPECT_EQ(MSKV_ERROR_AUDIT_FAILED, mskv_arena_audit_bytes(r.a, why, sizeof why));
+    tsh_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_shards_refuse_heads_that_do_not_divide_and_a_shard_alone) {
+    tsh_rig r;
+    mskv_cuda_shard_desc d;
+    mskv_cuda_shards *sh = NULL;
+    mskv_attn at;
+    mskv_cuda_dplan dp[2];
+    mskv_plan plan;
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 0));
+    memset(&d, 0, sizeof d);
+    d.num_shards = 2;
+    d.devices = r.cu;
+    d.store = tcu_store_desc(0);
+    d.store.kv_heads = 3;   /* a GQA group would straddle the devices */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_shards_create(&d, &sh));
+    d.store.kv_heads = 2;
+    d.num_shards = 0;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_shards_create(&d, &sh));
+    d.num_shards = MSKV_CUDA_MAX_SHARDS + 1;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_shards_create(&d, &sh));
+    EXPECT_TRUE(sh == NULL);
+    /* q heads too: each device gets whole groups */
+    memset(&plan, 0, sizeof plan);
+    memset(&at, 0, sizeof at);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_shards_plan_upload(r.sh, &plan, MSKV_POS_NONE, dp));
+    at.q_heads = 3;
+    at.q_dtype = MSKV_DTYPE_F32;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_shards_attention(r.sh, 0, 0, &plan, &dp[0], &at, 16, 16, 0));
+    /* a shard's store is not an arena's store of its own */
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_store_bind(mskv_cuda_shards_store(r.sh, 0), r.a));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_publish(mskv_cuda_shards_store(r.sh, 1), NULL, 0, NULL));
+    tsh_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A device whose fence event cannot be recorded is waited for instead; the
+   step's pages still wait for the other device's event. */
+TEST(cuda_shards_publish_without_an_event_on_one_device_waits_for_it_and_the_others_events) {
+    tsh_rig r;
+    mskv_request req;
+    mskv_arena_stats s;
+    uint64_t step = 0;
+    int syncs;
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tsh_fill(&r, &req, 12));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, req));
+    tcm.busy_device = 1;                    /* device 0 still runs the step */
+    tcm.fail_device = 2;
+    tcm.fail_record = 1;                    /* device 1 gets no event */
+    syncs = tcm.stream_syncs;
+    EXPECT_EQ(MSKV_ERROR_CUDA, mskv_cuda_shards_publish(r.sh, NULL, 0, &step));
+    tcm.fail_record = 0;
+    tcm.fail_device = 0;
+    EXPECT_EQ(syncs + 1, tcm.stream_syncs);   /* device 1's stream was waited for */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(3, s.pending_pages);
+    tcm.busy_device = 0;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_shards_retire(r.sh, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(0, s.pending_pages);
+    EXPECT_EQ_U64(step, s.completed_step);
+    EXPECT_TRUE(tcu_audit(r.a));
+    tsh_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The pages live behind store ops: streamed export is refused, the whole
+   blob (mskv_request_export) is the way out. */
+TEST(cuda_shards_arena_refuses_streamed_export_and_exports_whole_blobs) {
+    tsh_rig r;
+    mskv_request req;
+    unsigned char hdr[4096], blob[65536];
+    size_t n = 0;
+    mskv_blob_layout lay;
+    ASSERT_EQ(MSKV_SUCCESS, tsh_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tsh_fill(&r, &req, 6));
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_request_export_begin(r.a, req, hdr, sizeof hdr, &lay));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_export(r.a, req, blob, sizeof blob, &n));
+    EXPECT_TRUE(tcu_audit(r.a));
+    tsh_close(&r);
     TCU_EXPECT_NO_LEAKS();
 }

@@ -30,6 +30,7 @@ CONSTANTS = {
     "MSKV_ROPE_HALF": 0, "MSKV_ROPE_INTERLEAVED": 1,
     "MSKV_MASK_NONE": 0, "MSKV_MASK_CAUSAL": 1, "MSKV_MASK_WINDOW": 2,
     "MSKV_CPU_MAX_HEAD_DIM": 256,
+    "MSKV_RANK_STEPS": 64, "MSKV_CUDA_MAX_SHARDS": 16,
     "MSKV_CUDA_ATTN_AUTO": 0, "MSKV_CUDA_ATTN_MMA": 1, "MSKV_CUDA_ATTN_WGMMA": 2,
 }
 
@@ -47,6 +48,7 @@ RESULTS = [
     (-43, "MSKV_ERROR_TOO_MANY_REQUESTS"),
     (-60, "MSKV_ERROR_BLOB_TRUNCATED"), (-61, "MSKV_ERROR_BLOB_CORRUPT"), (-62, "MSKV_ERROR_BLOB_VERSION"),
     (-63, "MSKV_ERROR_BLOB_MISMATCH"), (-64, "MSKV_ERROR_AUDIT_FAILED"), (-65, "MSKV_ERROR_HOST_COPY_CORRUPT"),
+    (-66, "MSKV_ERROR_DIVERGED"),
     (-80, "MSKV_ERROR_UNSUPPORTED"), (-81, "MSKV_ERROR_THREAD"), (-82, "MSKV_ERROR_IO"),
     (-83, "MSKV_ERROR_CUDA_UNAVAILABLE"), (-84, "MSKV_ERROR_CUDA"), (-85, "MSKV_ERROR_NVRTC"),
     (-86, "MSKV_ERROR_PEER"), (-87, "MSKV_ERROR_TIMEOUT"),
@@ -316,11 +318,20 @@ class mskv_cuda_dplan(Structure):
     ]
 
 
+class mskv_cuda_shard_desc(Structure):
+    _fields_ = [
+        ("num_shards", c_int32),
+        ("devices", c_void_p),
+        ("store", mskv_cuda_store_desc),
+        ("pools", c_void_p),
+    ]
+
+
 STRUCTS = [mskv_request, mskv_allocator, mskv_event, mskv_store_ops, mskv_arena_desc, mskv_arena_stats,
            mskv_store_info, mskv_request_info, mskv_schedule, mskv_window, mskv_decode_span,
            mskv_retention, mskv_segment, mskv_plan_desc, mskv_plan, mskv_plan_size, mskv_session,
            mskv_rope, mskv_cpu_desc, mskv_attn, mskv_pools, mskv_cuda_desc, mskv_cuda_info,
-           mskv_cuda_store_desc, mskv_cuda_dplan]
+           mskv_cuda_store_desc, mskv_cuda_dplan, mskv_cuda_shard_desc]
 
 LOG_FN = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 
