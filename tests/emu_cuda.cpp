@@ -42,14 +42,114 @@ namespace ecu_rope1_bf16_64 {
 #include "../kernels.cu"
 }
 
+/* mskv_kv_write of every (pool dtype, source dtype) pair at head_dim 64, and
+   RoPE (1-D, half style) on the way in for the converting pairs tested with it */
+namespace ecu_kvw_p0_s1_r0 {
+#define MSKV_DTYPE 0
+#define MSKV_SRC_DTYPE 1
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p0_s2_r0 {
+#define MSKV_DTYPE 0
+#define MSKV_SRC_DTYPE 2
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p1_s0_r0 {
+#define MSKV_DTYPE 1
+#define MSKV_SRC_DTYPE 0
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p1_s0_r1 {
+#define MSKV_DTYPE 1
+#define MSKV_SRC_DTYPE 0
+#define MSKV_HEAD_DIM 64
+#define MSKV_ROPE 1
+#define MSKV_ROPE_STYLE 0
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p1_s1_r0 {
+#define MSKV_DTYPE 1
+#define MSKV_SRC_DTYPE 1
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p1_s2_r0 {
+#define MSKV_DTYPE 1
+#define MSKV_SRC_DTYPE 2
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p1_s2_r1 {
+#define MSKV_DTYPE 1
+#define MSKV_SRC_DTYPE 2
+#define MSKV_HEAD_DIM 64
+#define MSKV_ROPE 1
+#define MSKV_ROPE_STYLE 0
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p2_s0_r0 {
+#define MSKV_DTYPE 2
+#define MSKV_SRC_DTYPE 0
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p2_s0_r1 {
+#define MSKV_DTYPE 2
+#define MSKV_SRC_DTYPE 0
+#define MSKV_HEAD_DIM 64
+#define MSKV_ROPE 1
+#define MSKV_ROPE_STYLE 0
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p2_s1_r0 {
+#define MSKV_DTYPE 2
+#define MSKV_SRC_DTYPE 1
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p2_s1_r1 {
+#define MSKV_DTYPE 2
+#define MSKV_SRC_DTYPE 1
+#define MSKV_HEAD_DIM 64
+#define MSKV_ROPE 1
+#define MSKV_ROPE_STYLE 0
+#include "../kernels.cu"
+}
+typedef void (*ecu_kvw_fn)(const void *, const void *, const mskv_i64 *, int, int, void *, void *, mskv_i64, const int *, float);
+static ecu_kvw_fn ecu_kvw(int pool, int src, int rope) {
+    if (rope == 0 && pool == 2 && src == 2) return ecu_p_bf16_64::mskv_kv_write;
+    if (rope == 0 && pool == 0 && src == 0) return ecu_f32_64::mskv_kv_write;
+    if (rope == 1 && pool == 2 && src == 2) return ecu_rope1_bf16_64::mskv_kv_write;
+    if (rope == 0 && pool == 0 && src == 1) return ecu_kvw_p0_s1_r0::mskv_kv_write;
+    if (rope == 0 && pool == 0 && src == 2) return ecu_kvw_p0_s2_r0::mskv_kv_write;
+    if (rope == 0 && pool == 1 && src == 0) return ecu_kvw_p1_s0_r0::mskv_kv_write;
+    if (rope == 1 && pool == 1 && src == 0) return ecu_kvw_p1_s0_r1::mskv_kv_write;
+    if (rope == 0 && pool == 1 && src == 1) return ecu_kvw_p1_s1_r0::mskv_kv_write;
+    if (rope == 0 && pool == 1 && src == 2) return ecu_kvw_p1_s2_r0::mskv_kv_write;
+    if (rope == 1 && pool == 1 && src == 2) return ecu_kvw_p1_s2_r1::mskv_kv_write;
+    if (rope == 0 && pool == 2 && src == 0) return ecu_kvw_p2_s0_r0::mskv_kv_write;
+    if (rope == 1 && pool == 2 && src == 0) return ecu_kvw_p2_s0_r1::mskv_kv_write;
+    if (rope == 0 && pool == 2 && src == 1) return ecu_kvw_p2_s1_r0::mskv_kv_write;
+    if (rope == 1 && pool == 2 && src == 1) return ecu_kvw_p2_s1_r1::mskv_kv_write;
+    return nullptr;
+}
+
 /* >>mock device ---------------------------------------------------------- */
-struct ecu_module { int dtype, head_dim, warp_keys, rope, style, d0; };
+struct ecu_module { int dtype, head_dim, warp_keys, rope, style, d0, src; };
 struct ecu_func { std::string name; ecu_module mod; };
+/* A captured launch: its parameter values copied (the store rewrites its
+   blocks on the next call), as a CUDA graph keeps them. */
+struct ecu_call { mskv_cu_function f; unsigned int g[3], b[3], smem; uint64_t val[MSKV__CUDA_MAX_ARGS]; };
+struct ecu_graph { std::vector<ecu_call> calls; };
 static struct {
     int sms = 4;
     int launches = 0, splits_seen = 0;
     std::vector<std::string> launched;
     std::string last_options;
+    ecu_graph *capturing = nullptr;   /* launches are recorded, not run */
 } ecu;
 
 template <typename F> struct ecu_stub;
@@ -72,6 +172,12 @@ static mskv_cu_result ecu_launch(mskv_cu_function f, unsigned int gx, unsigned i
     const ecu_module &m = fn->mod;
     std::function<void()> body;
     (void)by; (void)bz; (void)s; (void)extra;
+    if (ecu.capturing) {
+        ecu_call c = {f, {gx, gy, gz}, {bx, by, bz}, smem, {0}};
+        for (int i = 0; i < MSKV__CUDA_MAX_ARGS; i++) std::memcpy(&c.val[i], a[i], 8);   /* every slot is 8 bytes */
+        ecu.capturing->calls.push_back(c);
+        return 0;
+    }
     ecu.launches++;
     ecu.launched.push_back(fn->name);
     if (fn->name == "mskv_attn") {
@@ -100,11 +206,12 @@ static mskv_cu_result ecu_launch(mskv_cu_function f, unsigned int gx, unsigned i
                                          ecu_ptr<float *>(a[6]));
         };
     } else if (fn->name == "mskv_kv_write") {
-        if (m.dtype != 2 || m.head_dim != 64 || m.rope != 0) return 700;
+        ecu_kvw_fn k = m.head_dim == 64 && m.style == 0 && m.d0 == 0 && m.rope <= 1 ? ecu_kvw(m.dtype, m.src, m.rope) : nullptr;
+        if (!k) return 700;
         body = [=] {
-            ecu_p_bf16_64::mskv_kv_write(ecu_ptr<const void *>(a[0]), ecu_ptr<const void *>(a[1]), ecu_ptr<const mskv_i64 *>(a[2]),
-                                         ecu_i32(a[3]), ecu_i32(a[4]), ecu_ptr<void *>(a[5]), ecu_ptr<void *>(a[6]),
-                                         (mskv_i64)ecu_u64(a[7]), ecu_ptr<const int *>(a[8]), ecu_f32(a[9]));
+            k(ecu_ptr<const void *>(a[0]), ecu_ptr<const void *>(a[1]), ecu_ptr<const mskv_i64 *>(a[2]), ecu_i32(a[3]),
+              ecu_i32(a[4]), ecu_ptr<void *>(a[5]), ecu_ptr<void *>(a[6]), (mskv_i64)ecu_u64(a[7]),
+              ecu_ptr<const int *>(a[8]), ecu_f32(a[9]));
         };
     } else if (fn->name == "mskv_rope") {
         if (m.dtype != 2 || m.head_dim != 64 || m.rope != 1 || m.style != 0 || m.d0 != 0) return 700;
@@ -156,7 +263,8 @@ static mskv_cuda_functions ecu_table(void) {
         if (img.compare(0, 12, "EMUCUBIN sm_") != 0) return MSKV_CU_ERROR_INVALID_IMAGE;
         ecu_module *mod = new ecu_module{ecu_define(img, "-DMSKV_DTYPE"), ecu_define(img, "-DMSKV_HEAD_DIM"),
                                          ecu_define(img, "-DMSKV_ATTN_WARP_KEYS"), ecu_define(img, "-DMSKV_ROPE"),
-                                         ecu_define(img, "-DMSKV_ROPE_STYLE"), ecu_define(img, "-DMSKV_ROPE_D0")};
+                                         ecu_define(img, "-DMSKV_ROPE_STYLE"), ecu_define(img, "-DMSKV_ROPE_D0"),
+                                         ecu_define(img, "-DMSKV_SRC_DTYPE")};
         *m = (mskv_cu_module)(void *)mod;
         return 0;
     };
@@ -169,6 +277,31 @@ static mskv_cuda_functions ecu_table(void) {
         return 0;
     };
     f.cuLaunchKernel = ecu_launch;
+    f.cuStreamBeginCapture = [](mskv_cu_stream, int) -> mskv_cu_result {
+        if (ecu.capturing) return 401;
+        ecu.capturing = new ecu_graph();
+        return 0;
+    };
+    f.cuStreamEndCapture = [](mskv_cu_stream, mskv_cu_graph *g) -> mskv_cu_result {
+        *g = (mskv_cu_graph)(void *)ecu.capturing;
+        ecu.capturing = nullptr;
+        return *g ? 0 : 401;
+    };
+    f.cuGraphInstantiateWithFlags = [](mskv_cu_graph_exec *e, mskv_cu_graph g, unsigned long long) -> mskv_cu_result {
+        *e = (mskv_cu_graph_exec)(void *)new ecu_graph(*(const ecu_graph *)(const void *)g);
+        return 0;
+    };
+    f.cuGraphLaunch = [](mskv_cu_graph_exec e, mskv_cu_stream s) -> mskv_cu_result {
+        for (ecu_call c : ((ecu_graph *)(void *)e)->calls) {
+            void *ptr[MSKV__CUDA_MAX_ARGS];
+            for (int i = 0; i < MSKV__CUDA_MAX_ARGS; i++) ptr[i] = &c.val[i];
+            mskv_cu_result r = ecu_launch(c.f, c.g[0], c.g[1], c.g[2], c.b[0], c.b[1], c.b[2], c.smem, s, ptr, NULL);
+            if (r != 0) return r;
+        }
+        return 0;
+    };
+    f.cuGraphExecDestroy = [](mskv_cu_graph_exec e) -> mskv_cu_result { delete (ecu_graph *)(void *)e; return 0; };
+    f.cuGraphDestroy = [](mskv_cu_graph g) -> mskv_cu_result { delete (ecu_graph *)(void *)g; return 0; };
     f.nvrtcVersion = [](int *ma, int *mi) -> mskv_nvrtc_result { *ma = 13; *mi = 0; return 0; };
     f.nvrtcGetNumSupportedArchs = [](int *n) -> mskv_nvrtc_result { *n = 1; return 0; };
     f.nvrtcGetSupportedArchs = [](int *archs) -> mskv_nvrtc_result { archs[0] = 90; return 0; };
@@ -348,6 +481,23 @@ TEST(cuda_attention_wrapper_rejects_f32_stores_and_foreign_q_dtype) {
     EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cuda_attention(e2.st, 2, &plan, &dp, &at, 1, 1, 0));
 }
 
+/* f32 q/o are refused, not converted: the pass over q and o belongs fused into
+   the caller's projections (README, GPU dtypes); the message says what to do. */
+TEST(cuda_attention_refuses_f32_q_on_a_16_bit_store_as_unsupported) {
+    ecu_env e;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_attn at;
+    std::memset(&plan, 0, sizeof plan); std::memset(&dp, 0, sizeof dp); std::memset(&at, 0, sizeof at);
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_F16, 16, 1, 4));
+    at.q_heads = 1; at.q_dtype = MSKV_DTYPE_F32;
+    plan.page_size = 16;
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, 1, 1, 0));
+    EXPECT_TRUE(std::strstr(mskv_cuda_last_error(e.cu), "convert f32 q") != NULL);
+    at.q_dtype = MSKV_DTYPE_F16;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, 1, 1, 0));   /* an empty plan: nothing to do */
+}
+
 /* The kernel trusts the table it is given, so the wrapper refuses what the
    CPU backend refuses: a kv_len past the sequence's pages, indptrs that do
    not add up, more queries than keys under a mask. */
@@ -462,6 +612,152 @@ TEST(cuda_rope_wrapper_matches_cpu_rope) {
     double err = 0;
     for (size_t i = 0; i < x.size(); i++) err = std::max(err, (double)std::fabs(mskv_bf16_to_f32(got[i]) - mskv_bf16_to_f32(x[i])));
     EXPECT_NEAR(0.0, err, 1.6e-2);
+}
+
+/* >>K/V write dtypes ------------------------------------------------------ */
+
+/* Source values that find rounding bugs: ties to even in f16 and bf16, f16
+   subnormals and overflow, bf16's extremes, signed zeros, infinities and
+   NaN; then random values over a wide range. In the source dtype. moderate:
+   values in [-2, 2] only (what RoPE, which mixes pairs, is compared on). */
+static std::vector<unsigned char> ecu_sources(int src, size_t n, uint64_t seed, bool moderate) {
+    static const uint32_t special[] = {
+        0x3f808000u, 0x3f818000u, 0x3f800001u, 0x3f807fffu,   /* bf16: ties, just above / below */
+        0x3f801000u, 0x3f803000u, 0x3f802fffu,                /* f16: ties of 1 + 2^-11 */
+        0x33800000u, 0x33c00000u, 0x387fc000u, 0x38800000u,   /* f16 subnormals and its smallest normal */
+        0x477fe000u, 0x477ff000u, 0x47800000u, 0x7f7fffffu,   /* f16 max, the tie to inf, 65536, f32 max */
+        0x00000001u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u};
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> uni(-8.0f, 8.0f);
+    std::vector<float> f(n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        if (moderate) f[i] = uni(rng) / 4;
+        else if (i < sizeof special / sizeof special[0]) std::memcpy(&f[i], &special[i], 4);
+        else if (i % 7 == 0) { u = (uint32_t)rng(); std::memcpy(&f[i], &u, 4); if (!std::isfinite(f[i])) f[i] = 1.5f; }
+        else f[i] = uni(rng) * std::ldexp(1.0f, (int)(rng() % 40) - 20);
+    }
+    std::vector<unsigned char> out(n * (src == 0 ? 4 : 2));
+    for (size_t i = 0; i < n; i++) {
+        if (src == 0) { std::memcpy(&out[4 * i], &f[i], 4); continue; }
+        uint16_t h = src == 1 ? mskv_f32_to_f16(f[i]) : mskv_f32_to_bf16(f[i]);
+        if (!moderate && i < sizeof special / sizeof special[0] && src == 1) {
+            uint32_t u; std::memcpy(&u, &f[i], 4);
+            h = (uint16_t)(0x3c00u + (u & 0x3ffu) + (uint32_t)i);   /* f16 near 1 with low bits bf16 must round, ties among them */
+        }
+        std::memcpy(&out[2 * i], &h, 2);
+    }
+    return out;
+}
+
+/* One write of n tokens (some slots -1) from src into a fresh store of dtype
+   pool, by mskv_cuda_write_kv_ex and by mskv_cpu_write_kv_pools over the same
+   plan; the pools come back in k_gpu/v_gpu and k_cpu/v_cpu. */
+struct ecu_written { std::vector<unsigned char> k_gpu, v_gpu, k_cpu, v_cpu; mskv_result r = MSKV_ERROR_BAD_STATE; };  /* BAD_STATE: not run */
+static ecu_written ecu_write_pair(int pool, int src, const mskv_rope *rope, uint64_t seed) {
+    ecu_written w;
+    ecu_env e;
+    const int P = 4, kvh = 2, pages = 8, n = 7;
+    const size_t pes = pool == 0 ? 4 : 2, ses = src == 0 ? 4 : 2, row = (size_t)kvh * 64;
+    const size_t pool_bytes = (size_t)pages * P * row * pes;
+    int64_t slots[n] = {4, 9, -1, 30, 5, 17, 31};
+    int32_t pos[n] = {0, 1, 2, 77, 3, 4000, 1234};
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr dk = 0, dv = 0;
+    if (e.open((mskv_dtype)pool, P, kvh, pages) != MSKV_SUCCESS) return w;
+    std::vector<unsigned char> k = ecu_sources(src, n * row, seed, rope != NULL), v = ecu_sources(src, n * row, seed + 1, false);
+    w.k_gpu.assign(pool_bytes, 0); w.v_gpu = w.k_gpu; w.k_cpu = w.k_gpu; w.v_cpu = w.k_gpu;
+    std::memset(&plan, 0, sizeof plan);
+    plan.total_q = n; plan.page_size = P; plan.slot_mapping = slots; plan.positions = pos;
+    if (mskv_cuda_upload(e.st, mskv_cuda_store_pool(e.st, 1, 0), w.k_gpu.data(), pool_bytes) != MSKV_SUCCESS ||
+        mskv_cuda_upload(e.st, mskv_cuda_store_pool(e.st, 1, 1), w.v_gpu.data(), pool_bytes) != MSKV_SUCCESS ||
+        mskv_cuda_plan_upload(e.st, &plan, rope ? MSKV_POS_1D : MSKV_POS_NONE, &dp) != MSKV_SUCCESS ||
+        mskv_cuda_malloc(e.cu, k.size(), &dk) != MSKV_SUCCESS || mskv_cuda_malloc(e.cu, v.size(), &dv) != MSKV_SUCCESS)
+        return w;
+    mskv_cuda_upload(e.st, dk, k.data(), k.size());
+    mskv_cuda_upload(e.st, dv, v.data(), v.size());
+    w.r = mskv_cuda_write_kv_ex(e.st, 1, &dp, dk, dv, (mskv_dtype)src, rope);
+    mskv_cuda_download(e.st, w.k_gpu.data(), mskv_cuda_store_pool(e.st, 1, 0), pool_bytes);
+    mskv_cuda_download(e.st, w.v_gpu.data(), mskv_cuda_store_pool(e.st, 1, 1), pool_bytes);
+    mskv_cuda_free(e.cu, dk); mskv_cuda_free(e.cu, dv);
+    mskv_pools pools = {w.k_cpu.data(), w.v_cpu.data(), (mskv_dtype)pool, pages, P, kvh, 64};
+    if (mskv_cpu_write_kv_pools(&pools, &plan, k.data(), v.data(), (mskv_dtype)src, rope) != MSKV_SUCCESS) w.r = MSKV_ERROR_BAD_STATE;
+    (void)ses;
+    return w;
+}
+
+static float ecu_el(const std::vector<unsigned char> &b, int dt, size_t i) {
+    if (dt == 0) { float f; std::memcpy(&f, &b[4 * i], 4); return f; }
+    uint16_t h; std::memcpy(&h, &b[2 * i], 2);
+    return dt == 1 ? mskv_f16_to_f32(h) : mskv_bf16_to_f32(h);
+}
+
+TEST(cuda_write_kv_converts_every_source_dtype_into_every_pool_dtype_bit_for_bit_as_the_cpu) {
+    for (int pool = 0; pool < 3; pool++)
+        for (int src = 0; src < 3; src++) {
+            uint64_t seed = 100 + (uint64_t)(3 * pool + src);
+            ecu_written w = ecu_write_pair(pool, src, NULL, seed);
+            ASSERT_EQ(MSKV_SUCCESS, w.r);
+            size_t bad_k = 0, bad_v = 0, first = SIZE_MAX;
+            for (size_t i = 0; i < w.k_gpu.size(); i++) {
+                if (w.k_gpu[i] != w.k_cpu[i]) { bad_k++; if (first == SIZE_MAX) first = i; }
+                bad_v += w.v_gpu[i] != w.v_cpu[i];
+            }
+            if (bad_k || bad_v)
+                mt_fail(__FILE__, __LINE__, "source dtype %d into pool dtype %d (seed %llu): %zu K and %zu V bytes differ, first K at byte %zu",
+                        src, pool, (unsigned long long)seed, bad_k, bad_v, first);
+        }
+}
+
+/* RoPE on the way in rotates the source values in f32 and rounds once into
+   the pool: V is the plain conversion (bit for bit), K is the CPU's within
+   a pool ulp plus the angles' f32 error (the two compute angles apart). */
+TEST(cuda_write_kv_rotates_converted_sources_on_the_way_in_like_the_cpu) {
+    static const int pairs[4][2] = {{1, 0}, {2, 0}, {2, 1}, {1, 2}};   /* (pool, source) */
+    mskv_rope rope;
+    std::memset(&rope, 0, sizeof rope);
+    rope.mode = MSKV_POS_1D; rope.style = MSKV_ROPE_HALF;
+    for (auto &pr : pairs) {
+        int pool = pr[0], src = pr[1];
+        uint64_t seed = 200 + (uint64_t)(3 * pool + src);
+        ecu_written w = ecu_write_pair(pool, src, &rope, seed);
+        ASSERT_EQ(MSKV_SUCCESS, w.r);
+        EXPECT_TRUE(w.v_gpu == w.v_cpu);
+        double ulp = pool == 1 ? 1.0 / 1024 : 1.0 / 128, worst = 0;
+        size_t n = w.k_gpu.size() / (pool == 0 ? 4 : 2), rotated = 0;
+        for (size_t i = 0; i < n; i++) {
+            double a = ecu_el(w.k_gpu, pool, i), b = ecu_el(w.k_cpu, pool, i);
+            /* one rounding each side (a pool ulp) and f32 angles at positions < 2^12 */
+            worst = std::max(worst, std::isfinite(a) ? std::fabs(a - b) / (std::fabs(b) * ulp + 1e-3) : 1e9);
+            rotated += a != 0;
+        }
+        if (worst > 1.0)
+            mt_fail(__FILE__, __LINE__, "source %d into pool %d (seed %llu): K off by %.3g of the tolerance", src, pool,
+                    (unsigned long long)seed, worst);
+        EXPECT_GT(rotated, (size_t)100);
+    }
+}
+
+TEST(cuda_write_kv_ex_refuses_a_source_dtype_it_does_not_know) {
+    ecu_env e;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    int64_t slots[1] = {4};
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, 4, 1, 4));
+    std::memset(&plan, 0, sizeof plan);
+    plan.total_q = 1; plan.page_size = 4; plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(e.st, &plan, MSKV_POS_NONE, &dp));
+    mskv_cu_ptr buf = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, 4096, &buf));
+    ecu.launches = 0;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_write_kv_ex(e.st, 1, &dp, buf, buf + 2048, (mskv_dtype)3, NULL));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_write_kv_ex(e.st, 1, &dp, buf, buf + 2048, (mskv_dtype)-1, NULL));
+    EXPECT_EQ(0, ecu.launches);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv_ex(e.st, 1, &dp, buf, buf + 2048, MSKV_DTYPE_F32, NULL));
+    EXPECT_TRUE(ecu.last_options.find("-DMSKV_SRC_DTYPE=0") != std::string::npos);
+    EXPECT_EQ(1, ecu.launches);
+    mskv_cuda_free(e.cu, buf);
 }
 
 TEST(attn_geometry_picks_the_decode_layout_for_few_rows) {

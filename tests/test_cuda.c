@@ -699,7 +699,7 @@ TEST(cuda_spill_report_is_parsed_from_the_ptxas_log) {
 
 /* ---- NVRTC: every shipped variant, three archs, no spills ------------------------------ */
 
-typedef struct tcu_variant { int dtype, head_dim, rope, style, warp_keys, d[3]; } tcu_variant;
+typedef struct tcu_variant { int dtype, head_dim, rope, style, warp_keys, d[3], src; } tcu_variant;   /* src: K/V source dtype + 1 (0: the pool's) */
 
 /* What the runtime compiles: every dtype and head_dim with no RoPE (page
    copies, kv_write, prefill attention), each RoPE mode and style at the
@@ -707,7 +707,9 @@ typedef struct tcu_variant { int dtype, head_dim, rope, style, warp_keys, d[3]; 
    the 16-bit dtypes. Then each mode and style at widths of the caller's:
    1-D over half the head, 3-D parts that leave a tail unrotated; once per
    dtype, the head_dim turning with it (a width is a -D define: a variant of
-   its own, compiled on first use). */
+   its own, compiled on first use). Last the converting K/V writes: every
+   other source dtype into each pool dtype, the head_dim turning, and RoPE on
+   the way in from f32 sources into the 16-bit pools. */
 static int tcu_variants(tcu_variant *out, int cap) {
     int n = 0, dt, hd, rope, style;
     static const int dims[3] = { 64, 128, 256 };
@@ -729,6 +731,11 @@ static int tcu_variants(tcu_variant *out, int cap) {
                 else { out[n].d[0] = D / 4; out[n].d[1] = D / 4 - 2 * (D / 64); out[n].d[2] = out[n].d[1]; }
                 n++;
             }
+    for (dt = 0; dt < 3; dt++)
+        for (rope = 0; rope < 3; rope++)
+            if (rope != dt && n < cap) { out[n].dtype = dt; out[n].head_dim = dims[(dt + rope) % 3]; out[n].src = rope + 1; n++; }
+    for (dt = 1; dt < 3; dt++)
+        if (n < cap) { out[n].dtype = dt; out[n].head_dim = 128; out[n].rope = 1; out[n].src = 1; n++; }
     return n;
 }
 
@@ -737,6 +744,7 @@ static int tcu_variants(tcu_variant *out, int cap) {
 TEST(cuda_variant_sweep_covers_every_define_of_kernels_cu) {
     static const char *const known[] = { "MSKV_DTYPE", "MSKV_HEAD_DIM", "MSKV_ROPE", "MSKV_ROPE_STYLE",
                                          "MSKV_ROPE_D0", "MSKV_ROPE_D1", "MSKV_ROPE_D2", "MSKV_ATTN_WARP_KEYS",
+                                         "MSKV_SRC_DTYPE",
                                          /* not variant switches: the emulation guard */
                                          "MSKV_EMU_H", "MSKV_GPU" };
     int32_t n = 0, i, seen = 0;
@@ -755,13 +763,13 @@ TEST(cuda_variant_sweep_covers_every_define_of_kernels_cu) {
         if (!found) mt_fail(__FILE__, __LINE__, "kernels.cu line %d defines %s, which the NVRTC sweep does not vary", (int)i + 1, name);
         seen++;
     }
-    EXPECT_LE(8, seen);
+    EXPECT_LE(9, seen);
 }
 
 TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     static const int archs[3] = { 80, 89, 90 };
-    tcu_variant vs[80];
-    int nv = tcu_variants(vs, 80), i, a, k, compiled = 0, cached = 0;
+    tcu_variant vs[96];
+    int nv = tcu_variants(vs, 96), i, a, k, compiled = 0, cached = 0;
     mskv_cuda_desc cd;
     char cache[512], why[2048];
     clock_t t0 = clock();
@@ -792,8 +800,8 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     }
     for (i = 0; i < nv; i++) {
         for (a = 0; a < 3; a++) {
-            char o[9][48];
-            const char *opts[9];
+            char o[10][48];
+            const char *opts[10];
             mskv_cuda_compile_info ci;
             mskv_cuda_image img;
             mskv_result r;
@@ -804,18 +812,19 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
             snprintf(o[3], 48, "-DMSKV_ROPE_STYLE=%d", vs[i].style);
             snprintf(o[4], 48, "-DMSKV_ATTN_WARP_KEYS=%d", vs[i].warp_keys);
             snprintf(o[5], 48, "--ptxas-options=-v");
-            snprintf(o[6], 48, "-DMSKV_ROPE_D0=%d", vs[i].d[0]);
-            snprintf(o[7], 48, "-DMSKV_ROPE_D1=%d", vs[i].d[1]);
-            snprintf(o[8], 48, "-DMSKV_ROPE_D2=%d", vs[i].d[2]);
-            for (k = 0; k < 9; k++) opts[k] = o[k];
+            snprintf(o[6], 48, "-DMSKV_SRC_DTYPE=%d", vs[i].src ? vs[i].src - 1 : vs[i].dtype);
+            snprintf(o[7], 48, "-DMSKV_ROPE_D0=%d", vs[i].d[0]);
+            snprintf(o[8], 48, "-DMSKV_ROPE_D1=%d", vs[i].d[1]);
+            snprintf(o[9], 48, "-DMSKV_ROPE_D2=%d", vs[i].d[2]);
+            for (k = 0; k < 10; k++) opts[k] = o[k];
             memset(&ci, 0, sizeof ci);
             ci.arch = archs[a];
             ci.options = opts;
-            ci.num_options = vs[i].d[0] ? 9 : 6;   /* default widths: the defines' own defaults */
+            ci.num_options = vs[i].d[0] ? 10 : 7;   /* default widths: the defines' own defaults */
             r = mskv_cuda_compile(&cd, &ci, &img);
             if (r != MSKV_SUCCESS) {
-                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s\n%.2000s",
-                        archs[a], vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].d[0], vs[i].d[1],
+                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d (source %d) D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s\n%.2000s",
+                        archs[a], vs[i].dtype, vs[i].src - 1, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].d[0], vs[i].d[1],
                         vs[i].d[2], vs[i].warp_keys, mskv_result_string(r), img.log ? img.log : "");
                 mskv_cuda_image_free(&cd, &img);
                 continue;
