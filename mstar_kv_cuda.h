@@ -416,6 +416,16 @@ MSKV_API mskv_result mskv_cuda_write_kv_ex(mskv_cuda_store *st, int32_t layer, c
 
 /* // >>graphs --------------------------------------------------------------- */
 
+/* A captured step (the launches between capture_begin and capture_end)
+   replays with whatever plan was uploaded last, if that plan has the
+   captured batch and token count and no segment longer than the captured
+   ones (queries; keys up to what its split-KV launches cover). One capture
+   serves a bucket of smaller steps: plan them padded to the captured shape
+   (mskv_plan_desc.pad_batch, pad_tokens, pad_qo_len, pad_kv_len), which
+   gives the same launch sizes; the padding reads and writes nothing.
+   mskv_cuda_graph_launch returns CAPACITY for a step larger than the
+   capture ("capture again" in mskv_cuda_last_error), INVALID_ARGUMENT for a
+   smaller one not padded to it, STALE_PLAN, BAD_STATE (capturing), CUDA. */
 typedef struct mskv_cuda_graph mskv_cuda_graph;
 MSKV_API mskv_result mskv_cuda_capture_begin(mskv_cuda_store *st);
 MSKV_API mskv_result mskv_cuda_capture_end(mskv_cuda_store *st, mskv_cuda_graph **out);
@@ -3460,6 +3470,10 @@ MSKV_API mskv_result mskv_cuda_store_sync(mskv_cuda_store *st) {
    not checked (nor uploaded). */
 static mskv_result mskv__cuda_check_table(const mskv_plan *plan, int32_t page_size) {
     int32_t b;
+    /* padding segments (the launch shape leaves them out) hold no keys */
+    if (plan->pad_segments < 0 || plan->pad_segments > plan->batch) return MSKV_ERROR_INVALID_ARGUMENT;
+    for (b = plan->batch - plan->pad_segments; plan->kv_len && b < plan->batch; b++)
+        if (plan->kv_len[b] != 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->qo_indptr) {
         if (plan->qo_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
         for (b = 0; b < plan->batch; b++)
@@ -3564,12 +3578,15 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     st->cur.max_kv = 0;
     if (plan->qo_indptr) {
         int32_t i;
-        for (i = 0; i < plan->batch; i++) {
+        for (i = 0; i < plan->batch - plan->pad_segments; i++) {   /* padding is not part of the launch shape */
             int32_t qo = plan->qo_indptr[i + 1] - plan->qo_indptr[i];   /* checked: 0 <= qo <= total_q */
             if (qo > st->cur.max_qo) st->cur.max_qo = qo;
             if (plan->kv_len && plan->kv_len[i] > st->cur.max_kv) st->cur.max_kv = plan->kv_len[i];
         }
     }
+    /* the launch shape of a padded plan (what a capture over it is sized for) */
+    if (plan->pad_qo_len > st->cur.max_qo) st->cur.max_qo = plan->pad_qo_len;
+    if (plan->pad_kv_len > st->cur.max_kv) st->cur.max_kv = plan->pad_kv_len;
     memset(out, 0, sizeof(*out));
     out->batch = plan->batch;
     out->total_q = plan->total_q;
@@ -3729,13 +3746,20 @@ MSKV_API mskv_result mskv_cuda_graph_launch(mskv_cuda_store *st, mskv_cuda_graph
     if (!st || !g) return MSKV_ERROR_NULL_POINTER;
     if (st->capturing) return MSKV_ERROR_BAD_STATE;
     /* batch and token counts are launch arguments and the grid was sized for
-       the captured plan: a plan of another shape needs a new capture */
-    if (st->cur.batch != g->shape.batch || st->cur.total_q != g->shape.total_q || st->cur.max_qo > g->shape.max_qo ||
+       the captured plan: a larger step needs a new capture, a smaller one
+       its plan padded to the captured shape (mskv_plan_desc.pad_*) */
+    if (st->cur.batch > g->shape.batch || st->cur.total_q > g->shape.total_q || st->cur.max_qo > g->shape.max_qo ||
         st->cur.max_kv > g->kv_cover) {
         mskv__cuda_failf(st->cu, "graph replay: the uploaded plan (batch %d, tokens %d, longest %d queries / %lld keys) "
-                         "does not fit the captured one (batch %d, tokens %d, %d queries, keys up to %lld): capture again",
+                         "is larger than the captured one (batch %d, tokens %d, %d queries, keys up to %lld): capture again",
                          (int)st->cur.batch, (int)st->cur.total_q, (int)st->cur.max_qo, (long long)st->cur.max_kv,
                          (int)g->shape.batch, (int)g->shape.total_q, (int)g->shape.max_qo, (long long)g->kv_cover);
+        return MSKV_ERROR_CAPACITY;
+    }
+    if (st->cur.batch != g->shape.batch || st->cur.total_q != g->shape.total_q) {
+        mskv__cuda_failf(st->cu, "graph replay: the uploaded plan (batch %d, tokens %d) is smaller than the captured one "
+                         "(batch %d, tokens %d): pad it to that shape (mskv_plan_desc.pad_batch, pad_tokens) or capture again",
+                         (int)st->cur.batch, (int)st->cur.total_q, (int)g->shape.batch, (int)g->shape.total_q);
         return MSKV_ERROR_INVALID_ARGUMENT;
     }
     if ((res = mskv__cuda_uploaded_current(st)) != MSKV_SUCCESS) return res;   /* the replay reads the last upload */
@@ -3856,6 +3880,7 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
         return MSKV_ERROR_NULL_POINTER;   /* an array missing at upload would leave the previous plan's there */
     /* masks need positions; the device buffers would hold a previous plan's */
     if (attn->mask != MSKV_MASK_NONE && (!plan->kv_pos_split || !plan->kv_pos_shift)) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (plan->pad_segments < 0 || plan->pad_segments > plan->batch) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->num_page_ids != dplan->num_page_ids || plan->qo_indptr[0] != 0 || plan->kv_indptr[0] != 0 ||
         plan->qo_indptr[plan->batch] != plan->total_q || plan->kv_indptr[plan->batch] != plan->num_page_ids)
         return MSKV_ERROR_INVALID_ARGUMENT;
@@ -3869,11 +3894,18 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
         if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * st->d.page_size || kv > (int64_t)np * st->d.page_size))
             return MSKV_ERROR_INVALID_ARGUMENT;
         if (attn->mask != MSKV_MASK_NONE &&
-            (qo > kv || plan->kv_pos_shift[b] < 0 || plan->kv_pos_split[b] < 0 || plan->kv_pos_split[b] > kv))
+            ((qo > kv && kv > 0) || plan->kv_pos_shift[b] < 0 || plan->kv_pos_split[b] < 0 || plan->kv_pos_split[b] > kv))
             return MSKV_ERROR_INVALID_ARGUMENT;
+        if (b >= plan->batch - plan->pad_segments) {   /* padding: no keys, not part of the launch shape */
+            if (kv != 0) return MSKV_ERROR_INVALID_ARGUMENT;
+            continue;
+        }
         if (qo > *max_qo) *max_qo = qo;
         if (kv > *max_kv) *max_kv = kv;
     }
+    /* a padded plan launches as the shape it was padded to (a captured graph's) */
+    if (plan->pad_qo_len > *max_qo) *max_qo = plan->pad_qo_len;
+    if (plan->pad_kv_len > *max_kv) *max_kv = plan->pad_kv_len;
     /* both the host plan and the uploaded one the kernel reads must be current
        (no driver call, no formatting unless stale) */
     if (plan->generation && !st->arena) return MSKV_ERROR_BAD_STATE;

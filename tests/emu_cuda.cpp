@@ -146,7 +146,7 @@ struct ecu_call { mskv_cu_function f; unsigned int g[3], b[3], smem; uint64_t va
 struct ecu_graph { std::vector<ecu_call> calls; };
 static struct {
     int sms = 4;
-    int launches = 0, splits_seen = 0;
+    int launches = 0, splits_seen = 0, attn_warp_keys = -1;
     std::vector<std::string> launched;
     std::string last_options;
     ecu_graph *capturing = nullptr;   /* launches are recorded, not run */
@@ -184,6 +184,7 @@ static mskv_cu_result ecu_launch(mskv_cu_function f, unsigned int gx, unsigned i
         if (m.dtype != 2 || m.head_dim != 64) return 700;
         auto k = m.warp_keys ? ecu_d_bf16_64::mskv_attn : ecu_p_bf16_64::mskv_attn;
         if (ecu_i32(a[16]) > 1) ecu.splits_seen = ecu_i32(a[16]);
+        ecu.attn_warp_keys = m.warp_keys;
         body = [=] {
             k(ecu_ptr<const void *>(a[0]), ecu_ptr<const void *>(a[1]), ecu_ptr<const void *>(a[2]), ecu_ptr<const int *>(a[3]),
               ecu_ptr<const int *>(a[4]), ecu_ptr<const int *>(a[5]), ecu_ptr<const int *>(a[6]), ecu_ptr<const int *>(a[7]),
@@ -758,6 +759,150 @@ TEST(cuda_write_kv_ex_refuses_a_source_dtype_it_does_not_know) {
     EXPECT_TRUE(ecu.last_options.find("-DMSKV_SRC_DTYPE=0") != std::string::npos);
     EXPECT_EQ(1, ecu.launches);
     mskv_cuda_free(e.cu, buf);
+}
+
+/* >>padded graph replay --------------------------------------------------- */
+
+/* A step of the replay test: its segments' query counts (per request). */
+struct ecu_step_rig {
+    ecu_env e;
+    mskv_arena *a = nullptr;
+    mskv_request r[3];
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr dk = 0, dv = 0, dq = 0, dout = 0, dlse = 0;
+    std::mt19937_64 rng{77};
+    ~ecu_step_rig() {
+        if (a) mskv_plan_free(a, &plan);
+        if (e.cu) { mskv_cuda_free(e.cu, dk); mskv_cuda_free(e.cu, dv); mskv_cuda_free(e.cu, dq); mskv_cuda_free(e.cu, dout); mskv_cuda_free(e.cu, dlse); }
+        if (e.st) { mskv_cuda_store_destroy(e.st); e.st = nullptr; }
+        if (a) mskv_arena_destroy(a);
+    }
+    /* random f32 K/V and bf16 q for every row of the uploaded plan (padding rows too) */
+    void fill(int kvh, int qh) {
+        std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+        std::vector<float> kv((size_t)plan.total_q * kvh * 64);
+        std::vector<uint16_t> q((size_t)plan.total_q * qh * 64);
+        for (auto &x : kv) x = uni(rng);
+        mskv_cuda_upload(e.st, dk, kv.data(), kv.size() * 4);
+        for (auto &x : kv) x = uni(rng);
+        mskv_cuda_upload(e.st, dv, kv.data(), kv.size() * 4);
+        for (auto &x : q) x = mskv_f32_to_bf16(2.0f * uni(rng));
+        mskv_cuda_upload(e.st, dq, q.data(), q.size() * 2);
+    }
+};
+
+static mskv_result ecu_step_launches(ecu_step_rig &g, const mskv_attn *at) {
+    mskv_result r = mskv_cuda_write_kv_ex(g.e.st, 1, &g.dp, g.dk, g.dv, MSKV_DTYPE_F32, NULL);
+    return r != MSKV_SUCCESS ? r : mskv_cuda_attention(g.e.st, 1, &g.plan, &g.dp, at, g.dq, g.dout, g.dlse);
+}
+
+/* One capture at the largest step serves a sequence of smaller ones planned
+   padded to its shape: the replay gives every row bit for bit what the same
+   padded plan gives eagerly (the launch shape is the padded one, so the
+   kernel layout does not change with the step), and a step past the shape
+   is refused ("capture again"). Captured at batch 3 padded to 4, so every
+   smaller step has a padding segment for its extra queries. */
+TEST(cuda_graph_captured_at_the_largest_step_replays_smaller_padded_steps_as_eager_launches_do) {
+    ecu_step_rig g;
+    const int P = 16, kvh = 2, qh = 8, rows_cap = 12 * qh;   /* 4 query heads per kv head: 6 queries = 24 rows, the prefill layout */
+    const std::vector<std::vector<int>> steps = {{6, 4, 2}, {5}, {1, 3}, {2, 2, 2}, {1, 1, 1}, {6}};
+    mskv_plan_desc d;
+    mskv_attn at;
+    mskv_cuda_graph *graph = NULL;
+    ecu.sms = 4;
+    ASSERT_EQ(MSKV_SUCCESS, g.e.open(MSKV_DTYPE_BF16, P, kvh, 64));
+    {
+        mskv_arena_desc ad;
+        std::memset(&ad, 0, sizeof ad);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_arena_desc(g.e.st, &ad));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &g.a));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_bind(g.e.st, g.a));
+    }
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(g.a, 4, 128, 64, &g.plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, 128 * kvh * 64 * 4, &g.dk));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, 128 * kvh * 64 * 4, &g.dv));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, 128 * qh * 64 * 2, &g.dq));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, 64 * qh * 64 * 2, &g.dout));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, 64 * qh * 4, &g.dlse));
+    std::memset(&at, 0, sizeof at);
+    at.q_heads = qh; at.mask = MSKV_MASK_CAUSAL; at.q_dtype = MSKV_DTYPE_BF16;
+    /* histories of 40, 70 and 20 tokens, written unpadded */
+    for (int i = 0; i < 3; i++) {
+        mskv_segment s;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(g.a, &g.r[i]));
+        s.request = g.r[i]; s.n_tokens = i == 0 ? 40 : i == 1 ? 70 : 20;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_admit(g.a, &s, 1));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(g.a, &s, 1, NULL, &g.plan));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(g.e.st, &g.plan, MSKV_POS_NONE, &g.dp));
+        g.fill(kvh, qh);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv_ex(g.e.st, 1, &g.dp, g.dk, g.dv, MSKV_DTYPE_F32, NULL));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_commit(g.a, &s, 1));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(g.e.st, &s, 1, NULL));
+    }
+    std::memset(&d, 0, sizeof d);
+    d.pad_batch = 4; d.pad_tokens = 12; d.pad_qo_len = 6; d.pad_kv_len = 128;
+    for (size_t k = 0; k < steps.size(); k++) {
+        mskv_segment s[3];
+        int n = (int)steps[k].size(), real = 0;
+        ecu.launched.clear();
+        for (int i = 0; i < n; i++) { s[i].request = g.r[(i + k) % 3]; s[i].n_tokens = steps[k][i]; real += steps[k][i]; }
+        ASSERT_EQ(MSKV_SUCCESS, mskv_admit(g.a, s, n));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(g.a, s, n, &d, &g.plan));
+        ASSERT_EQ(12, g.plan.total_q);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(g.e.st, &g.plan, MSKV_POS_NONE, &g.dp));
+        g.fill(kvh, qh);
+        if (k == 0) {
+            ASSERT_EQ(MSKV_SUCCESS, ecu_step_launches(g, &at));   /* compiles */
+            ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(g.e.st));
+            ASSERT_EQ(MSKV_SUCCESS, ecu_step_launches(g, &at));
+            ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(g.e.st, &graph));
+        }
+        std::vector<uint16_t> o_rep((size_t)rows_cap * 64), o_eager(o_rep.size()), nan_o(o_rep.size(), 0xffff);
+        std::vector<float> l_rep((size_t)rows_cap), l_eager(l_rep.size());
+        mskv_cuda_upload(g.e.st, g.dout, nan_o.data(), nan_o.size() * 2);
+        int before = ecu.launches;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(g.e.st, graph));
+        EXPECT_EQ(2, ecu.launches - before);   /* the captured write and attention */
+        mskv_cuda_download(g.e.st, o_rep.data(), g.dout, o_rep.size() * 2);
+        mskv_cuda_download(g.e.st, l_rep.data(), g.dlse, l_rep.size() * 4);
+        mskv_cuda_upload(g.e.st, g.dout, nan_o.data(), nan_o.size() * 2);
+        ASSERT_EQ(MSKV_SUCCESS, ecu_step_launches(g, &at));
+        mskv_cuda_download(g.e.st, o_eager.data(), g.dout, o_eager.size() * 2);
+        mskv_cuda_download(g.e.st, l_eager.data(), g.dlse, l_eager.size() * 4);
+        /* the step's rows (padding rows are no result) */
+        if (std::memcmp(o_rep.data(), o_eager.data(), (size_t)real * qh * 64 * 2) != 0 ||
+            std::memcmp(l_rep.data(), l_eager.data(), (size_t)real * qh * 4) != 0)
+            mt_fail(__FILE__, __LINE__, "step %zu (%d segments, %d queries): replay and eager differ", k, n, real);
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)real * qh; i++) bad += !std::isfinite(l_rep[i]);
+        for (size_t i = 0; i < (size_t)real * qh * 64; i++) bad += !std::isfinite(mskv_bf16_to_f32(o_rep[i]));
+        EXPECT_EQ((size_t)0, bad);
+        /* the prefill layout every time: the launch shape is the captured one */
+        EXPECT_EQ(0, ecu.attn_warp_keys);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_commit(g.a, s, n));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(g.e.st, s, n, NULL));
+    }
+    {
+        /* past the shape: the padded build refuses it; unpadded, the replay does */
+        mskv_segment s[3];
+        for (int i = 0; i < 3; i++) { s[i].request = g.r[i]; s[i].n_tokens = i == 2 ? 1 : 6; }   /* 13 queries */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_admit(g.a, s, 3));
+        EXPECT_EQ(MSKV_ERROR_CAPACITY, mskv_plan_build(g.a, s, 3, &d, &g.plan));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(g.a, s, 3, NULL, &g.plan));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(g.e.st, &g.plan, MSKV_POS_NONE, &g.dp));
+        int before = ecu.launches;
+        EXPECT_EQ(MSKV_ERROR_CAPACITY, mskv_cuda_graph_launch(g.e.st, graph));
+        EXPECT_TRUE(std::strstr(mskv_cuda_last_error(g.e.cu), "capture again") != NULL);
+        EXPECT_EQ(before, ecu.launches);
+        /* smaller and not padded: INVALID_ARGUMENT, pad it */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(g.a, s, 1, NULL, &g.plan));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(g.e.st, &g.plan, MSKV_POS_NONE, &g.dp));
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_graph_launch(g.e.st, graph));
+        EXPECT_TRUE(std::strstr(mskv_cuda_last_error(g.e.cu), "pad it") != NULL);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_abort(g.a, s, 3));
+    }
+    mskv_cuda_graph_destroy(g.e.st, graph);
 }
 
 TEST(attn_geometry_picks_the_decode_layout_for_few_rows) {
