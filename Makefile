@@ -10,6 +10,8 @@
 #   make fuzz     every libFuzzer harness of tests/fuzz for FUZZ_SECONDS each
 #                 (make test runs them for 20 s each)
 #   make stress   the ThreadSanitizer stress with 10x the operations of make test
+#   make kernel-stats  the machine-code figures of every attention and K/V
+#                 write variant (NVRTC + nvdisasm on the CPU; no GPU)
 
 CC      ?= cc
 WARN    := -Wall -Wextra -pedantic -Werror
@@ -30,7 +32,8 @@ DEMO_DEFS :=
 VIDEO_TEST := $(B)/tests-video
 endif
 
-TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan $(B)/tests-debug
+TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan $(B)/tests-debug \
+             $(B)/kstats-check $(B)/kstats-sm90-check
 # Windows: built when the mingw-w64 cross compilers are installed (tests/run.sh
 # runs the test program under wine, and says so with a skip when it cannot)
 MINGW := x86_64-w64-mingw32-
@@ -71,7 +74,7 @@ PYTHON  ?= python3
 VENV    := $(B)/venv
 PY_SRC  := $(wildcard python/mstar_kv/*.py python/mstar_kv/*.c) python/setup.py python/pyproject.toml
 
-.PHONY: all test tests demo bench gpu-check embed clean python check-neon fuzz stress fuzz-corpus
+.PHONY: all test tests demo bench gpu-check embed clean python check-neon fuzz stress fuzz-corpus kernel-stats cuda-tools
 all: tests $(B)/demo
 
 tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx $(WIN_TEST) $(WIN_CHECKS) $(LOADER_AIDS) $(HARDEN_BINS)
@@ -102,6 +105,12 @@ $(B)/tests-debug: tests/debug_check.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Itests tests/debug_check.c -o $@ $(LIBS)
 $(B)/tests-emu: $(EMU_SRC) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
 	g++ -std=c++17 $(WARN) -O2 -g -Itests $(EMU_SRC) -o $@ $(LIBS)
+# the attention kernel's machine-code targets (bench/kernel_stats.c in a test harness)
+$(B)/kstats-check: tests/kstats_check.c bench/kernel_stats.c kernels.cu $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) $(OPT) -Itests tests/kstats_check.c -o $@ $(LIBS)
+# the sm_90a kernel's machine code, and both paths on the Wan chunk shape
+$(B)/kstats-sm90-check: tests/kstats_sm90_check.c bench/kernel_stats.c kernels.cu $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) $(OPT) -Itests tests/kstats_sm90_check.c -o $@ $(LIBS)
 $(B)/tests-ucx: tests/test_ucx.c tests/mskv_test_states.h $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests tests/test_ucx.c -o $@ $(LIBS)
 $(B)/tests-ucx-abi: tests/test_ucx_abi.c $(HDRS) | $(B)
@@ -164,6 +173,7 @@ python: $(B)/python-installed
 # failure in the totals line, not a run that ends without one.
 test:
 	@mkdir -p $(B); $(MAKE) -k tests; echo $$? > $(B)/build-status
+	-sh tools/cuda_tools.sh
 	-sh tools/embed_kernels.sh --check
 	FUZZ_SECONDS=20 B=$(B) bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST) $(WIN_TEST) tests/test_sdpa_peer.py \
 	    $(B)/tests-tsan $(B)/alloc-fail tests/fuzz/run.sh
@@ -212,6 +222,16 @@ gpu-check:
 check-neon: | $(B)
 	aarch64-linux-gnu-gcc -std=c99 $(WARN) -O2 -Itests tests/main.c tests/test_cpu.c -o $(B)/tests-cpu-arm64 $(LIBS)
 	qemu-aarch64 -L /usr/aarch64-linux-gnu $(B)/tests-cpu-arm64 --filter path
+
+$(B)/kernel-stats: bench/kernel_stats.c kernels.cu $(HDRS) | $(B)
+	$(CC) -std=c99 $(WARN) $(OPT) bench/kernel_stats.c -o $@ $(LIBS)
+
+# nvdisasm/cuobjdump from PyPI into build/cuda-tools (when missing)
+cuda-tools:
+	sh tools/cuda_tools.sh
+
+kernel-stats: $(B)/kernel-stats cuda-tools
+	./$(B)/kernel-stats
 
 clean:
 	rm -rf $(B)

@@ -24,9 +24,10 @@
                      2*(p-2*(p/3)), 2*(p/3), 2*(p/3) with p = head_dim/2).
                      Pair i of a part of width w turns by pos * theta^(-2i/w):
                      (x, y) -> (x cos - y sin, x sin + y cos), in f32.
-     MSKV_ATTN_WARP_KEYS  attention only: 0 = prefill layout (4 warps x 16
-                     query rows, 64 rows per block); 1 = decode layout (16 rows
-                     per block, the 4 warps split each key tile, merged in smem)
+     MSKV_ATTN_WARP_KEYS  attention only: 0 = prefill layout (4 warps x 32
+                     rows, 128 rows per block; 16 and 64 at D = 256); 1 = decode
+                     layout (16 rows per block, the 4 warps split each key tile,
+                     merged in smem)
 
    Kernels, parameters and launch geometry:
 
@@ -51,20 +52,28 @@
 
    mskv_attn(q, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices, kv_len,
              kv_pos_split, kv_pos_shift, q_heads, kv_heads, page_size,
-             scale_log2, mask, window_left, kv_chunk, n_splits,
-             o, lse, o_part, lse_part)
+             page_magic, page_shift, scale_log2, mask, window_left,
+             kv_chunk, n_splits, o, lse, o_part, lse_part)
      Paged attention over a CSR plan (MSKV_DTYPE 1 or 2; mma.sync m16n8k16
      with f32 accumulation). A block takes one (segment, kv head, key split)
      and a tile of "rows", row = query * group + (q head within the kv head's
      group), so every K/V byte is read once for all of a kv head's q heads.
      Grid (ceil(max over segments of qo_len * group / BM), batch,
-     kv_heads * n_splits); block 128; dynamic shared memory
-     2 * (BM * D + 4 * BN * D) bytes (Q tile, two stages of K and V):
-     BM = 64 rows, BN = 64 keys (32 for D = 256) in the prefill layout,
-     BM = 16, BN = 64 in the decode layout (e.g. 80 KiB prefill at D = 128).
-     K/V tiles are gathered row by row through kv_indices with cp.async
-     (any page size), rows past kv_len zero-filled; S = Q K^T and O += P V
-     with ldmatrix(.trans) fragments and mma; online softmax in exp2.
+     kv_heads * n_splits); block 128 (4 warps); dynamic shared memory
+     MSKV_ATTN_SMEM:
+       prefill, D <= 128: BM = 128 (32 rows per warp), BN = 64, Q tile + 2
+         stages of K and V (96 KiB at D = 128, 48 KiB at D = 64);
+       prefill, D = 256: BM = 64 (16 rows per warp), BN = 32, 96 KiB;
+       decode: BM = 16, BN = 64 (16 keys per warp), 3 stages, Q read into
+         registers once from the last stage (96 KiB at D = 128; D = 256
+         keeps a Q tile: 200 KiB).
+     The page of key j is (j * page_magic) >> page_shift (host:
+     mskv_cuda_page_divisor; any page size >= 1), and page_size * kv_heads *
+     D * 2 < 2^32. Each thread copies part of one K/V row per tile with
+     cp.async, its page id loaded a tile ahead; rows past kv_len are
+     zero-filled. S = Q K^T and O += P V with ldmatrix(.trans) fragments and
+     mma; online softmax in exp2; row sums by mma of P with ones. The tiles
+     that need a per-element mask run first, in a loop of their own.
      Positions must not decrease with the compacted index (kv_pos_shift >= 0):
      the mask's reach bounds the key range a block visits.
      mask: 0 none, 1 causal (key pos <= query pos), 2 causal and
@@ -75,6 +84,50 @@
      f32 partials o_part [n_splits][total_q][q_heads][D] and lse_part
      [n_splits][total_q][q_heads], merged by mskv_lse_merge. A row that sees
      no key: o = 0, lse = -inf.
+
+   mskv_attn_sm90(k_map, v_map, use_tma, q, k_pool, v_pool, qo_indptr,
+                  kv_indptr, kv_indices, kv_len, kv_pos_split, kv_pos_shift,
+                  q_heads, kv_heads, page_size, scale_log2, mask, window_left,
+                  kv_chunk, n_splits, o, lse, o_part, lse_part)
+     The same attention as mskv_attn (plan, rows, masks, splits, outputs,
+     empty rows) for sm_90a only (wgmma, setmaxnreg: compiled when NVRTC
+     targets sm_90a, MSKV_SM90A; the sm_90a module has no mskv_attn), in the
+     warp-specialised manner of FlashAttention-3. Block 384 threads =
+     3 warpgroups, __launch_bounds__(384, 1); grid (ceil(max qo_len * group
+     / 128), batch, kv_heads * n_splits); dynamic shared memory MSKV_H_SMEM:
+     1 KiB alignment slack + two 64-row Q tiles + STAGES x (K tile, V tile,
+     ones block) + 2 x STAGES mbarriers; BN = 128 keys (64 at D = 256),
+     STAGES = 3 at D = 64, else 2: 113 KiB at D = 64, 193 KiB at D = 128,
+     193 KiB at D = 256. Every tile is K-major with the 128-byte swizzle:
+     [D / 64 column blocks][rows][128 B], 16-byte chunk c of row r at
+     c ^ (r & 7), 1024-byte aligned.
+       producer (warpgroup 0, setmaxnreg.dec 40): for each key tile, waits
+         on the stage's "empty" mbarrier, then either (use_tma, and the tile
+         lies below kv_len) one warp issues TMA copies, one box per page
+         piece and column block, completing on the stage's "full" mbarrier
+         (arrive.expect_tx); or the warpgroup copies whole rows with
+         cp.async (one page id per row, any page size, rows past kv_len
+         zero-filled), waits, fence.proxy.async, and one thread arrives.
+         k_map / v_map (CUtensorMap, __grid_constant__): the pool as dims
+         (D, kv_heads, page_size, num_pages), byte strides (2 D,
+         2 D kv_heads, 2 D kv_heads page_size), box (64, 1, min(page_size,
+         BN), 1), 128-byte swizzle: box (c * 64, kvh, slot in page, page id)
+         is a 64-wide column block of up to BN consecutive slots of one page.
+         The host passes use_tma when page_size is a multiple of BN or BN a
+         multiple of a page of at least 16 slots; otherwise the maps are
+         not read.
+       consumers (warpgroups 1 and 2, setmaxnreg.inc 232): 64 rows each,
+         Q (cp.async, fence.proxy.async) from a descriptor; per tile, in
+         alternating turns at the tensor cores (named barriers 4 and 5,
+         bar.sync / bar.arrive over 256 threads), issue S = Q K^T
+         (wgmma m64nBNk16, both operands from descriptors) and O += P V of
+         the previous tile (wgmma m64nNk16, P from registers, V N-major),
+         then mask and online softmax while the other warpgroup's GEMMs run,
+         wait for P V, release the stage (mbarrier arrive), rescale O. Up to
+         D = 128 each V tile is followed by a block of ones and N = D + 8,
+         so the row sums come out of the tensor cores with O.
+     Tiles that need a per-element mask run first, then the whole ones, in
+     loops of their own.
 
    mskv_state_merge(o_a, lse_a, o_b, lse_b, rows, o, lse)
      Merges two partial states (f32 o [rows][D], lse [rows]) into o, lse
@@ -153,6 +206,14 @@ struct __align__(16) mskv_v16 { mskv_u32 x, y, z, w; };
 #ifndef MSKV_EMU_H
 #error "kernels.cu: include tests/emu/mskv_emu.h before compiling the kernels on the host"
 #endif
+#endif
+
+/* sm_90a-only code (wgmma, setmaxnreg, the kernel built on them): NVRTC
+   compiling for sm_90a, or the host emulation (tests/emu/mskv_emu_sm90.h) */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(MSKV_EMU_SM90)
+#define MSKV_SM90A 1
+#else
+#define MSKV_SM90A 0
 #endif
 
 #ifndef MSKV_DTYPE
@@ -424,23 +485,51 @@ MSKV_KERNEL void mskv_state_merge(const float *o_a, const float *lse_a, const fl
 }
 
 #if MSKV_DTYPE != 0
-/* Tiles: BM query rows per block, BN keys per K/V tile (two stages), 4 warps.
-   Prefill: warp w owns rows [16w, 16w+16) and every key of a tile.
-   Decode: the block has 16 rows; warp w takes keys [16w, 16w+16) of each tile;
-   the four partial softmax states are merged through shared memory. */
+/* Layouts (4 warps, 128 threads; a row is query * group + q head within the
+   kv head's group, so one K/V tile serves the whole group):
+   prefill, D <= 128: 128 rows per block, warp w owns rows [32w, 32w + 32):
+       two m16 tiles, so each K/V fragment feeds four mma; 64-key tiles, 2 stages.
+   prefill, D = 256: 64 rows, 16 per warp (32 rows of f32 accumulators would
+       not fit the registers); 32-key tiles, 2 stages.
+   decode: 16 rows; warp w takes keys [16w, 16w + 16) of every 64-key tile;
+       3 stages; the four partial softmax states are merged through shared memory. */
 #if MSKV_ATTN_WARP_KEYS
+#define MSKV_MT 1
 #define MSKV_BM 16
 #define MSKV_BN 64
 #define MSKV_WK 16
+#define MSKV_STAGES 3
 #else
-#define MSKV_BM 64
+#define MSKV_MT (MSKV_D <= 128 ? 2 : 1)
+#define MSKV_BM (64 * MSKV_MT)
 #define MSKV_BN (MSKV_D >= 256 ? 32 : 64)
 #define MSKV_WK MSKV_BN
+#define MSKV_STAGES 2
 #endif
-#define MSKV_CH (MSKV_D / 8)          /* 16-byte chunks per row */
-#define MSKV_NT (MSKV_WK / 8)         /* n-tiles of 8 keys per warp and tile */
-#define MSKV_QREG (MSKV_D <= 128)     /* keep Q fragments in registers */
-#define MSKV_ATTN_SMEM (2 * (MSKV_BM * MSKV_D + 4 * MSKV_BN * MSKV_D))
+#define MSKV_WM (16 * MSKV_MT)                 /* rows per warp */
+#define MSKV_CH (MSKV_D / 8)                   /* 16-byte chunks per row */
+#define MSKV_ROWB (MSKV_D * 2)                 /* bytes per row of a tile */
+#define MSKV_NT (MSKV_WK / 8)                  /* n-tiles of 8 keys per warp and tile */
+#define MSKV_QREG (MSKV_WM * MSKV_D <= 2048)   /* Q fragments in registers (at most 32 per thread) */
+#define MSKV_TPR (128 / MSKV_BN)               /* gather: threads per K/V row */
+#define MSKV_CPT (MSKV_CH / MSKV_TPR)          /* gather: 16-byte chunks per thread and row */
+#define MSKV_TILE_BYTES (MSKV_BN * MSKV_D * 2) /* one K (or V) tile */
+#define MSKV_STAGE_BYTES (2 * MSKV_TILE_BYTES) /* K, then V */
+/* Q has its own tile unless the decode layout reads it into registers once:
+   then it waits in the last stage, which is first refilled after that read. */
+#define MSKV_Q_PARKED (MSKV_ATTN_WARP_KEYS && MSKV_QREG)
+#define MSKV_Q_BYTES (MSKV_Q_PARKED ? 0 : MSKV_BM * MSKV_D * 2)
+#define MSKV_Q_OFF (MSKV_Q_PARKED ? (MSKV_STAGES - 1) * MSKV_STAGE_BYTES : 0)
+#define MSKV_ATTN_SMEM (MSKV_Q_BYTES + MSKV_STAGES * MSKV_STAGE_BYTES)
+#define MSKV_MERGE_LD (MSKV_D + 8)             /* decode merge: padded f32 row, no bank conflicts */
+/* row-sum accumulator: element of row r (= 2 mt + h), and the row of element c */
+#define MSKV_LSUM(r) (MSKV_MT == 2 ? 2 * ((r) & 1) + ((r) >> 1) : 2 * ((r) & 1))
+#define MSKV_LROW(c) (MSKV_MT == 2 ? 2 * ((c) & 1) + ((c) >> 1) : ((c) >> 1))
+
+#ifndef MSKV_GPU
+/* for the host tests: the launch geometry of these defines */
+static const int mskv_attn_block_rows = MSKV_BM, mskv_attn_block_keys = MSKV_BN, mskv_attn_smem_bytes = MSKV_ATTN_SMEM;
+#endif
 
 /* Element offset of 16-byte chunk c of row r: XOR swizzle, so the 8 rows an
    ldmatrix reads fall in 8 different bank groups. */
@@ -453,6 +542,8 @@ MSKV_DEV mskv_u32 mskv_pack2(float lo, float hi) {
     return (mskv_u32)mskv_f2b(lo) | ((mskv_u32)mskv_f2b(hi) << 16);
 #endif
 }
+/* two 16-bit ones (f16 0x3c00, bf16 0x3f80) */
+#define MSKV_ONE2 (MSKV_DTYPE == 1 ? 0x3c003c00u : 0x3f803f80u)
 MSKV_DEV void mskv_mma(float d[4], const mskv_u32 a[4], const mskv_u32 b[2]) {
 #if MSKV_DTYPE == 1
     mskv_mma_f16(d, a, b);
@@ -469,231 +560,297 @@ MSKV_DEV int mskv_first_at(int p, int split, int shift) {
     return p - shift > split ? p - shift : split;
 }
 
-struct mskv_tile_ctx {
-    const unsigned char *k_pool, *v_pool;
-    const int *pages;
-    int page_size, kv_heads, kvh, n_hi;
-};
+/* Page of compacted index j (0 <= j < 2^31) without a division:
+   (j * magic) >> shift, magic = ceil(2^(31+l) / page_size), shift = 31 + l,
+   l = ceil(log2(page_size)) (mskv_cuda_page_divisor on the host). Exact: the
+   rounding adds j * (magic - 2^(31+l) / page_size) / 2^(31+l) < 1 / page_size. */
+MSKV_DEV int mskv_page_of(int j, mskv_u32 magic, int shift) {
+    return (int)(((mskv_u64)(mskv_u32)j * magic) >> shift);
+}
 
-/* Issues the cp.async copies of keys [n0, n0 + BN) of K and V into one stage,
-   each row found through the page table; rows past n_hi are zero-filled (a
-   page's unused slots may hold anything, NaN included). */
-MSKV_DEV void mskv_load_kv(const mskv_tile_ctx &c, mskv_u16 *sk, mskv_u16 *sv, int n0) {
-    for (int idx = mskv_tid(); idx < MSKV_BN * MSKV_CH; idx += 128) {
-        int r = idx / MSKV_CH, ch = idx % MSKV_CH, j = n0 + r, ok = j < c.n_hi;
-        mskv_i64 off = 0;
-        if (ok) {
-            mskv_i64 slot = (mskv_i64)c.pages[j / c.page_size] * c.page_size + j % c.page_size;
-            off = ((slot * c.kv_heads + c.kvh) * MSKV_D + ch * 8) * 2;
-        }
-        mskv_cp_async16(sk + mskv_swz(r, ch), c.k_pool + off, ok ? 16 : 0);
-        mskv_cp_async16(sv + mskv_swz(r, ch), c.v_pool + off, ok ? 16 : 0);
+/* The K/V gather: thread t copies chunks [c0, c0 + CPT) (c0 = (t % TPR) * CPT)
+   of row t / TPR of every tile, so each row's slot is found once per tile,
+   from one page id loaded a tile ahead. */
+struct mskv_gather {
+    /* kernel parameters as they are (the compiler reads them from the constant bank) */
+    const unsigned char *k_pool, *v_pool;
+    const int *kv_indices;
+    mskv_u32 magic;
+    int shift, page_size, kv_heads;
+    /* per thread */
+    int page0;                    /* the segment's first entry in kv_indices */
+    int n_hi, row;
+    mskv_u32 head;                /* byte offset of the kv head's chunk c0 within a slot */
+    mskv_u32 dst;                 /* byte offset of chunk c0 of the row within a K tile */
+};
+/* The key of the thread's row of the tile at n0, clamped into the sequence
+   (a tile past the end reads a harmless page id and copies nothing). */
+MSKV_DEV int mskv_row_key(const mskv_gather &g, int n0) {
+    return n0 + g.row < g.n_hi ? n0 + g.row : g.n_hi - 1;
+}
+/* Its page id, loaded a tile before the copies that need it. */
+MSKV_DEV int mskv_row_fetch(const mskv_gather &g, int n0) {
+    return g.kv_indices[g.page0 + mskv_page_of(mskv_row_key(g, n0), g.magic, g.shift)];
+}
+
+/* Issues the copies of the thread's chunks of K and V of the tile at key n0
+   into the stage at shared offset stage; a row at or past n_hi is
+   zero-filled (a page's unused slots may hold anything, NaN included). */
+MSKV_DEV void mskv_gather_tile(const mskv_gather &g, unsigned char *smem, mskv_u32 stage, int n0, int pid) {
+    const int bytes = n0 + g.row < g.n_hi ? 16 : 0, j = mskv_row_key(g, n0);
+    const int in_page = j - mskv_page_of(j, g.magic, g.shift) * g.page_size;
+    const mskv_u32 slot_bytes = (mskv_u32)g.kv_heads * (MSKV_D * 2);
+    const mskv_u64 off = (mskv_u64)(mskv_u32)pid * ((mskv_u32)g.page_size * slot_bytes) +
+                         ((mskv_u32)in_page * slot_bytes + g.head);
+    const unsigned char *ks = g.k_pool + off, *vs = g.v_pool + off;
+    const mskv_u32 d0 = g.dst + stage;
+MSKV_UNROLL
+    for (int k = 0; k < MSKV_CPT; k++) {
+        /* chunk c0 + k = c0 ^ k lands at (c0 ^ k) ^ (row & 7): the swizzle is an
+           XOR inside the row, whose start is aligned to its length */
+        const mskv_u32 d = d0 ^ (mskv_u32)(k << 4);
+        mskv_cp_async16(smem + d, ks + 16 * k, bytes);
+        mskv_cp_async16(smem + d + MSKV_TILE_BYTES, vs + 16 * k, bytes);
     }
 }
 
-MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool,
-                           const int *qo_indptr, const int *kv_indptr, const int *kv_indices,
-                           const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,
-                           int q_heads, int kv_heads, int page_size, float scale_log2,
-                           int mask, int window_left, int kv_chunk, int n_splits,
-                           void *o, float *lse, float *o_part, float *lse_part) {
-    MSKV_SMEM(smem);
-    mskv_u16 *sq = (mskv_u16 *)smem;
-    mskv_u16 *sk = sq + MSKV_BM * MSKV_D;       /* [2][BN][D] */
-    mskv_u16 *sv = sk + 2 * MSKV_BN * MSKV_D;   /* [2][BN][D] */
+/* Key index of the i-th tile a block visits (n_hi when past the last: a
+   zero-filled load). The tiles that need the per-element mask come first
+   ([0, f_lo), then [f_hi, n_tiles)), the unmasked ones [f_lo, f_hi) last, so
+   each kind runs in a loop of its own. */
+struct mskv_tiles { int n_lo, n_hi, n_tiles, f_lo, f_hi, n_masked; };
+MSKV_DEV int mskv_tile_key(const mskv_tiles &t, int i) {
+    int tile = i < t.n_masked ? (i < t.f_lo ? i : i - t.f_lo + t.f_hi) : i - t.n_masked + t.f_lo;
+    return i < t.n_tiles ? t.n_lo + tile * MSKV_BN : t.n_hi;
+}
+/* One warp's running softmax state and what it needs per tile. */
+struct mskv_attn_warp {
+    float o[MSKV_MT][MSKV_D / 8][4];
+    float m[2 * MSKV_MT];                   /* row g + 8h of m-tile mt: index 2 mt + h */
+    /* row sums, by mma of P with a matrix of ones, so they add the P that O
+       adds, rounded alike, and the f32 probabilities die once packed. One
+       accumulator for both m-tiles: m-tile 0 sums into the even columns, 1
+       into the odd ones, so l[MSKV_LSUM(r)] is row r's (whole row, every lane) */
+    float l[4];
+    /* the keys row r may see, as compacted indices [klo[r], khi[r]): the
+       mask, the split and kv_len in one interval (positions grow with j) */
+    int klo[2 * MSKV_MT], khi[2 * MSKV_MT];
+#if MSKV_QREG
+    mskv_u32 qf[MSKV_MT][MSKV_D / 16][4];
+#endif
+    /* ldmatrix addresses: a lane's row start and its swizzled chunk of k-step 0;
+       k-step kk XORs 32 * kk into it (the swizzle permutes chunks inside the row) */
+    mskv_u32 qb, kb, vb;
+    int wrow0, wkey0;
+    float scale_log2;
+};
+
+/* S = Q K^T, the mask (MASKED: per element), the online softmax and O += P V
+   for one tile whose K and V sit at tk, tv; n0 is its first key. */
+template <int MASKED>
+MSKV_DEV void mskv_attn_tile(mskv_attn_warp &w, const unsigned char *smem, mskv_u32 stage, int n0) {
+    const int t4 = mskv_tid() & 3;
+    const mskv_u32 kb0 = stage + w.kb, vb0 = stage + MSKV_TILE_BYTES + w.vb;
+    float s[MSKV_MT][MSKV_NT][4];
+MSKV_UNROLL
+    for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+        for (int nt = 0; nt < MSKV_NT; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+MSKV_UNROLL
+    for (int kk = 0; kk < MSKV_D / 16; kk++) {
+#if MSKV_QREG
+#define MSKV_QA(mt) w.qf[mt][kk]
+#else
+        mskv_u32 qa[MSKV_MT][4];
+MSKV_UNROLL
+        for (int mt = 0; mt < MSKV_MT; mt++)
+            mskv_ldsm_x4(qa[mt], smem + ((w.qb ^ (mskv_u32)(32 * kk)) + mt * 16 * MSKV_ROWB));
+#define MSKV_QA(mt) qa[mt]
+#endif
+MSKV_UNROLL
+        for (int np = 0; np < MSKV_NT / 2; np++) {
+            mskv_u32 kb[4];
+            mskv_ldsm_x4(kb, smem + ((kb0 ^ (mskv_u32)(32 * kk)) + np * 16 * MSKV_ROWB));
+MSKV_UNROLL
+            for (int mt = 0; mt < MSKV_MT; mt++) {
+                mskv_mma(s[mt][2 * np], MSKV_QA(mt), kb);
+                mskv_mma(s[mt][2 * np + 1], MSKV_QA(mt), kb + 2);
+            }
+        }
+#undef MSKV_QA
+    }
+    /* the online softmax: m kept unscaled, exponents in log2 units */
+    {
+        float mx[2 * MSKV_MT], alpha[2 * MSKV_MT];
+        const int jb = n0 + w.wkey0 + 2 * t4;   /* this lane's first key of the tile */
+MSKV_UNROLL
+        for (int r = 0; r < 2 * MSKV_MT; r++) mx[r] = w.m[r];
+MSKV_UNROLL
+        for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+            for (int nt = 0; nt < MSKV_NT; nt++)
+MSKV_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int r = 2 * mt + (e >> 1);
+                    if (MASKED) {
+                        const int j = jb + nt * 8 + (e & 1);
+                        s[mt][nt][e] = (j >= w.klo[r]) & (j < w.khi[r]) ? s[mt][nt][e] : mskv_neg_inf();
+                    }
+                    mx[r] = fmaxf(mx[r], s[mt][nt][e]);
+                }
+MSKV_UNROLL
+        for (int r = 0; r < 2 * MSKV_MT; r++) {
+            float mu;
+            mx[r] = fmaxf(mx[r], mskv_shfl_xor(mx[r], 1));
+            mx[r] = fmaxf(mx[r], mskv_shfl_xor(mx[r], 2));
+            mu = mx[r] == mskv_neg_inf() ? 0.0f : mx[r];  /* nothing seen yet: keep exp2 finite */
+            alpha[r] = mskv_exp2((w.m[r] - mu) * w.scale_log2);
+            w.m[r] = mx[r];
+            mx[r] = mu * w.scale_log2;  /* p = exp2(s * scale_log2 - mx): one fma per score */
+        }
+MSKV_UNROLL
+        for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+            for (int i = 0; i < MSKV_D / 8; i++) {
+                w.o[mt][i][0] *= alpha[2 * mt]; w.o[mt][i][1] *= alpha[2 * mt];
+                w.o[mt][i][2] *= alpha[2 * mt + 1]; w.o[mt][i][3] *= alpha[2 * mt + 1];
+            }
+MSKV_UNROLL
+        for (int c = 0; c < 4; c++) w.l[c] *= alpha[MSKV_LROW(c)];
+MSKV_UNROLL
+        for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+            for (int nt = 0; nt < MSKV_NT; nt++)
+MSKV_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int r = 2 * mt + (e >> 1);
+                    s[mt][nt][e] = mskv_exp2(fmaf(s[mt][nt][e], w.scale_log2, -mx[r]));
+                }
+    }
+    /* O += P V: P packed first (the f32 scores die here; C layout == A
+       layout per 16 keys), then every V fragment feeds the warp's m-tiles */
+    {
+        mskv_u32 pa[MSKV_MT][MSKV_NT / 2][4];
+        /* B columns n = lane / 4: all ones, or (two m-tiles) ones in the even
+           columns for m-tile 0 and in the odd ones for m-tile 1 */
+        const mskv_u32 one_e = MSKV_MT == 1 || !(mskv_tid() & 4) ? MSKV_ONE2 : 0u;
+        const mskv_u32 one_o = MSKV_MT == 1 || (mskv_tid() & 4) ? MSKV_ONE2 : 0u;
+        const mskv_u32 ones[2][2] = { { one_e, one_e }, { one_o, one_o } };
+MSKV_UNROLL
+        for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+            for (int ks = 0; ks < MSKV_NT / 2; ks++) {
+                pa[mt][ks][0] = mskv_pack2(s[mt][2 * ks][0], s[mt][2 * ks][1]);
+                pa[mt][ks][1] = mskv_pack2(s[mt][2 * ks][2], s[mt][2 * ks][3]);
+                pa[mt][ks][2] = mskv_pack2(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
+                pa[mt][ks][3] = mskv_pack2(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
+            }
+MSKV_UNROLL
+        for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+            for (int ks = 0; ks < MSKV_NT / 2; ks++) mskv_mma(w.l, pa[mt][ks], ones[mt]);
+MSKV_UNROLL
+        for (int dp = 0; dp < MSKV_D / 16; dp++)
+MSKV_UNROLL
+            for (int ks = 0; ks < MSKV_NT / 2; ks++) {
+                mskv_u32 vb[4];
+                mskv_ldsm_x4_t(vb, smem + ((vb0 ^ (mskv_u32)(32 * dp)) + ks * 16 * MSKV_ROWB));
+MSKV_UNROLL
+                for (int mt = 0; mt < MSKV_MT; mt++) {
+                    mskv_mma(w.o[mt][2 * dp], pa[mt][ks], vb);
+                    mskv_mma(w.o[mt][2 * dp + 1], pa[mt][ks], vb + 2);
+                }
+            }
+    }
+}
+
+/* The pipeline: STAGES - 1 tiles in flight ahead of the one computed. One
+   barrier per tile: after it, tile i has landed for every thread and every
+   warp is done with tile i - 1, whose stage takes tile i + STAGES - 1. */
+struct mskv_pipe {
+    int next;                    /* page id of the thread's row of the tile issued next */
+    mskv_u32 cs, ls;             /* shared offsets of the stage computed and the stage loaded */
+};
+MSKV_DEV mskv_u32 mskv_stage_next(mskv_u32 s) {
+    return s + MSKV_STAGE_BYTES < MSKV_Q_BYTES + MSKV_STAGES * MSKV_STAGE_BYTES ? s + MSKV_STAGE_BYTES : MSKV_Q_BYTES;
+}
+/* One tile: wait for the tile at key n0, refill the oldest stage with the
+   tile at key n_load, fetch the page id for the one at n_fetch, compute.
+   ST < 0: the stages rotate in p; ST >= 0: n0's tile sits in stage ST, known
+   when compiling (an unrolled loop), so every shared address is a constant
+   offset from registers set up once. */
+template <int MASKED, int ST>
+MSKV_DEV void mskv_attn_step(mskv_attn_warp &w, mskv_pipe &p, const mskv_gather &g, unsigned char *smem,
+                             int n0, int n_load, int n_fetch) {
+    const mskv_u32 cs = ST < 0 ? p.cs : (mskv_u32)(MSKV_Q_BYTES + ST * MSKV_STAGE_BYTES);
+    const mskv_u32 ls = ST < 0 ? p.ls : (mskv_u32)(MSKV_Q_BYTES + ((ST + MSKV_STAGES - 1) % MSKV_STAGES) * MSKV_STAGE_BYTES);
+    mskv_cp_wait<MSKV_STAGES - 2>();
+    MSKV_SYNC_ID(1);
+    mskv_gather_tile(g, smem, ls, n_load, p.next);
+    mskv_cp_commit();
+    p.next = mskv_row_fetch(g, n_fetch);
+    mskv_attn_tile<MASKED>(w, smem, cs, n0);
+    if (ST < 0) {
+        p.cs = mskv_stage_next(p.cs);
+        p.ls = mskv_stage_next(p.ls);
+    }
+}
+
+/* The keys a block needs (its split, cut by the mask's reach) and which of
+   its tiles every row of the block sees whole (positions grow with the
+   compacted index, so those form one run of tiles). */
+MSKV_DEV mskv_tiles mskv_attn_tiles(int n_splits, int split, int kv_chunk, int kvl, int qo_len, int rows, int row0,
+                                    int group, int mask, int window_left, int psplit, int pshift) {
+    mskv_tiles t;
+    const int last = row0 + MSKV_BM - 1 < rows - 1 ? row0 + MSKV_BM - 1 : rows - 1;
+    const int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;
+    const int qpos_min = mskv_abs_pos(qi_first, psplit, pshift), qpos_max = mskv_abs_pos(qi_last, psplit, pshift);
+    int kc, kw;
+    t.n_lo = n_splits > 1 ? split * kv_chunk : 0;
+    t.n_hi = n_splits > 1 ? (t.n_lo + kv_chunk < kvl ? t.n_lo + kv_chunk : kvl) : kvl;
+    if (mask >= 1 && qi_last + 1 < t.n_hi) t.n_hi = qi_last + 1;
+    if (mask == 2) {
+        int lo = mskv_first_at(qpos_min - window_left, psplit, pshift);
+        if (lo > t.n_lo) t.n_lo = lo;
+    }
+    t.n_tiles = t.n_hi > t.n_lo ? (t.n_hi - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;
+    kc = t.n_hi;   /* keys below kc: seen by every row (causal) */
+    kw = t.n_lo;   /* keys from kw on: within every row's window */
+    if (mask >= 1) { int c = mskv_first_at(qpos_min + 1, psplit, pshift); kc = c < kc ? c : kc; }
+    if (mask == 2) { int c = mskv_first_at(qpos_max - window_left, psplit, pshift); kw = c > kw ? c : kw; }
+    t.f_hi = kc > t.n_lo ? (kc - t.n_lo) / MSKV_BN : 0;
+    t.f_lo = kw > t.n_lo ? (kw - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;
+    if (t.f_hi > t.n_tiles) t.f_hi = t.n_tiles;
+    if (t.f_lo >= t.f_hi) t.f_lo = t.f_hi = t.n_tiles;
+    t.n_masked = t.f_lo + t.n_tiles - t.f_hi;
+    return t;
+}
+
+/* The block's rows out: o (or the split's partial o_part) and lse. Indices
+   are recomputed here, not kept alive through the key loop, where every
+   register is taken. */
+MSKV_DEV void mskv_attn_store(mskv_attn_warp &w, unsigned char *smem, const int *qo_indptr, int q_heads, int kv_heads,
+                              float scale_log2, int n_splits, void *o, float *lse, float *o_part, float *lse_part) {
     const int tid = mskv_tid(), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int b = mskv_bid_y(), kvh = mskv_bid_z() % kv_heads, split = mskv_bid_z() / kv_heads;
     const int group = q_heads / kv_heads;
-    const int q0 = qo_indptr[b], qo_len = qo_indptr[b + 1] - q0;
-    const int rows = qo_len * group, row0 = mskv_bid_x() * MSKV_BM;
-    const int kvl = kv_len[b], psplit = kv_pos_split[b], pshift = kv_pos_shift[b];
-    const int wrow0 = MSKV_ATTN_WARP_KEYS ? 0 : warp * 16;   /* the warp's first row in the block */
-    const int wkey0 = MSKV_ATTN_WARP_KEYS ? warp * 16 : 0;   /* the warp's first key in a tile */
-    int n_lo, n_hi, n_tiles;
-    int qpos[2], rvalid[2];
-    float m[2], l[2], oacc[MSKV_D / 8][4];
-    mskv_tile_ctx tc;
-    if (row0 >= rows) return;  /* whole block: before any barrier */
-
-    /* keys this block needs: its split, cut by the mask's reach */
-    n_lo = n_splits > 1 ? split * kv_chunk : 0;
-    n_hi = n_splits > 1 ? (n_lo + kv_chunk < kvl ? n_lo + kv_chunk : kvl) : kvl;
-    {
-        int last = row0 + MSKV_BM - 1 < rows - 1 ? row0 + MSKV_BM - 1 : rows - 1;
-        int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;
-        if (mask >= 1 && qi_last + 1 < n_hi) n_hi = qi_last + 1;
-        if (mask == 2) {
-            int lo = mskv_first_at(mskv_abs_pos(qi_first, psplit, pshift) - window_left, psplit, pshift);
-            if (lo > n_lo) n_lo = lo;
-        }
-    }
-    n_tiles = n_hi > n_lo ? (n_hi - n_lo + MSKV_BN - 1) / MSKV_BN : 0;
-    tc.k_pool = (const unsigned char *)k_pool;
-    tc.v_pool = (const unsigned char *)v_pool;
-    tc.pages = kv_indices + kv_indptr[b];
-    tc.page_size = page_size; tc.kv_heads = kv_heads; tc.kvh = kvh; tc.n_hi = n_hi;
-
-    /* Q tile: row r of the block is query (row0 + r) / group, q head kvh * group + (row0 + r) % group */
-    for (int idx = tid; idx < MSKV_BM * MSKV_CH; idx += 128) {
-        int r = idx / MSKV_CH, ch = idx % MSKV_CH, R = row0 + r, ok = R < rows;
-        mskv_i64 off = 0;
-        if (ok) off = (((mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group) * MSKV_D + ch * 8) * 2;
-        mskv_cp_async16(sq + mskv_swz(r, ch), (const unsigned char *)q + off, ok ? 16 : 0);
-    }
-    mskv_cp_commit();
-    if (n_tiles > 0) mskv_load_kv(tc, sk, sv, n_lo);
-    mskv_cp_commit();
-
-    for (int h = 0; h < 2; h++) {
-        int R = row0 + wrow0 + g + 8 * h;
-        rvalid[h] = R < rows;
-        qpos[h] = mskv_abs_pos(kvl - qo_len + (rvalid[h] ? R : rows - 1) / group, psplit, pshift);
-        m[h] = mskv_neg_inf();
-        l[h] = 0.0f;
-    }
-MSKV_UNROLL
-    for (int i = 0; i < MSKV_D / 8; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
-
-#if MSKV_QREG
-    mskv_u32 qf[MSKV_D / 16][4];
-#endif
-    for (int it = 0; it < n_tiles; it++) {
-        const int st = it & 1, n0 = n_lo + it * MSKV_BN;
-        const mskv_u16 *tk = sk + st * MSKV_BN * MSKV_D, *tv = sv + st * MSKV_BN * MSKV_D;
-        float s[MSKV_NT][4];
-        if (it + 1 < n_tiles) {
-            mskv_load_kv(tc, sk + (st ^ 1) * MSKV_BN * MSKV_D, sv + (st ^ 1) * MSKV_BN * MSKV_D, n0 + MSKV_BN);
-            mskv_cp_commit();
-            mskv_cp_wait<1>();
-        } else {
-            mskv_cp_wait<0>();
-        }
-        MSKV_SYNC_ID(1);  /* this stage (and Q) landed for every thread */
-#if MSKV_QREG
-        if (it == 0) {
-MSKV_UNROLL
-            for (int kk = 0; kk < MSKV_D / 16; kk++)
-                mskv_ldsm_x4(qf[kk], sq + mskv_swz(wrow0 + (lane & 15), 2 * kk + (lane >> 4)));
-        }
-#endif
-        /* S = Q K^T for the warp's 16 rows x WK keys */
-MSKV_UNROLL
-        for (int nt = 0; nt < MSKV_NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-MSKV_UNROLL
-        for (int kk = 0; kk < MSKV_D / 16; kk++) {
-#if MSKV_QREG
-            const mskv_u32 *a = qf[kk];
-#else
-            mskv_u32 a[4];
-            mskv_ldsm_x4(a, sq + mskv_swz(wrow0 + (lane & 15), 2 * kk + (lane >> 4)));
-#endif
-MSKV_UNROLL
-            for (int np = 0; np < MSKV_NT / 2; np++) {
-                mskv_u32 kb[4];
-                mskv_ldsm_x4(kb, tk + mskv_swz(wkey0 + np * 16 + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
-                mskv_mma(s[2 * np], a, kb);
-                mskv_mma(s[2 * np + 1], a, kb + 2);
-            }
-        }
-        /* mask, online softmax: the running max m is kept unscaled, exponents in log2 units */
-        {
-            float mx[2], alpha[2];
-            /* is every key of the warp's slice visible to both of this thread's
-               rows? Then no per-element test (positions grow with the index). */
-            const int k_first = n0 + wkey0, k_last = k_first + MSKV_WK - 1;
-            int full = k_first >= n_lo && k_last < n_hi;
-            if (full && mask >= 1) {
-                int qmin = qpos[0] < qpos[1] ? qpos[0] : qpos[1], qmax = qpos[0] < qpos[1] ? qpos[1] : qpos[0];
-                full = mskv_abs_pos(k_last, psplit, pshift) <= qmin &&
-                       (mask != 2 || qmax - mskv_abs_pos(k_first, psplit, pshift) <= window_left);
-            }
-            mx[0] = m[0]; mx[1] = m[1];
-            if (full) {
-MSKV_UNROLL
-                for (int nt = 0; nt < MSKV_NT; nt++) {
-MSKV_UNROLL
-                    for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
-                }
-            } else {
-MSKV_UNROLL
-                for (int nt = 0; nt < MSKV_NT; nt++) {
-MSKV_UNROLL
-                    for (int e = 0; e < 4; e++) {
-                        int h = e >> 1, j = k_first + nt * 8 + 2 * t4 + (e & 1);
-                        int kp = mskv_abs_pos(j, psplit, pshift);
-                        int ok = j >= n_lo && j < n_hi;
-                        if (mask >= 1) ok = ok && kp <= qpos[h];
-                        if (mask == 2) ok = ok && qpos[h] - kp <= window_left;
-                        s[nt][e] = ok ? s[nt][e] : mskv_neg_inf();
-                        mx[h] = fmaxf(mx[h], s[nt][e]);
-                    }
-                }
-            }
-MSKV_UNROLL
-            for (int h = 0; h < 2; h++) {
-                float mu;
-                mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 1));
-                mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 2));
-                mu = mx[h] == mskv_neg_inf() ? 0.0f : mx[h];  /* nothing seen yet: keep exp2 finite */
-                alpha[h] = mskv_exp2((m[h] - mu) * scale_log2);
-                m[h] = mx[h];
-                l[h] *= alpha[h];
-                mx[h] = mu * scale_log2;  /* p = exp2(s * scale_log2 - mx): one fma per score */
-            }
-MSKV_UNROLL
-            for (int i = 0; i < MSKV_D / 8; i++) {
-                oacc[i][0] *= alpha[0]; oacc[i][1] *= alpha[0];
-                oacc[i][2] *= alpha[1]; oacc[i][3] *= alpha[1];
-            }
-MSKV_UNROLL
-            for (int nt = 0; nt < MSKV_NT; nt++) {
-MSKV_UNROLL
-                for (int e = 0; e < 4; e++) {
-                    s[nt][e] = mskv_exp2(fmaf(s[nt][e], scale_log2, -mx[e >> 1]));
-                    l[e >> 1] += s[nt][e];
-                }
-            }
-        }
-        /* O += P V: P from the S accumulators (C layout == A layout per 16 keys) */
-MSKV_UNROLL
-        for (int ks = 0; ks < MSKV_NT / 2; ks++) {
-            mskv_u32 pa[4];
-            pa[0] = mskv_pack2(s[2 * ks][0], s[2 * ks][1]);
-            pa[1] = mskv_pack2(s[2 * ks][2], s[2 * ks][3]);
-            pa[2] = mskv_pack2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-            pa[3] = mskv_pack2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-MSKV_UNROLL
-            for (int dp = 0; dp < MSKV_D / 16; dp++) {
-                mskv_u32 vb[4];
-                mskv_ldsm_x4_t(vb, tv + mskv_swz(wkey0 + ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
-                mskv_mma(oacc[2 * dp], pa, vb);
-                mskv_mma(oacc[2 * dp + 1], pa, vb + 2);
-            }
-        }
-        MSKV_SYNC_ID(2);  /* everyone is done with this stage before it is refilled */
-    }
-    mskv_cp_wait<0>();
-
-    /* row sums were kept per lane; the 4 lanes of a row add them up */
-    for (int h = 0; h < 2; h++) {
-        l[h] += mskv_shfl_xor(l[h], 1);
-        l[h] += mskv_shfl_xor(l[h], 2);
-    }
+    const int q0 = qo_indptr[b], rows = (qo_indptr[b + 1] - q0) * group, row0 = mskv_bid_x() * MSKV_BM;
     {
         const mskv_i64 total_q = qo_indptr[mskv_nblk_y()];
         const float ln2 = 0.6931471805599453f;
 #if MSKV_ATTN_WARP_KEYS
-        /* merge the 4 warps' states: smem [warp][16][D] f32 o, then m and l */
-        float *mo = (float *)smem, *mm = mo + 4 * 16 * MSKV_D, *ml = mm + 4 * 16;
+        /* merge the 4 warps' states: smem [warp][16][D + 8] f32 o (the pad
+           keeps the 8 rows of a 64-bit store in different banks), then m, l */
+        float *mo = (float *)smem, *mm = mo + 4 * 16 * MSKV_MERGE_LD, *ml = mm + 4 * 16;
         MSKV_SYNC_ID(3);  /* K/V tiles are dead: reuse shared memory */
 MSKV_UNROLL
-        for (int i = 0; i < MSKV_D / 8; i++) {
-            float *p0 = mo + (warp * 16 + g) * MSKV_D + i * 8 + 2 * t4, *p1 = p0 + 8 * MSKV_D;
-            p0[0] = oacc[i][0]; p0[1] = oacc[i][1]; p1[0] = oacc[i][2]; p1[1] = oacc[i][3];
+        for (int d = 0; d < MSKV_D / 8; d++) {
+            float *p0 = mo + (warp * 16 + g) * MSKV_MERGE_LD + d * 8 + 2 * t4, *p1 = p0 + 8 * MSKV_MERGE_LD;
+            p0[0] = w.o[0][d][0]; p0[1] = w.o[0][d][1]; p1[0] = w.o[0][d][2]; p1[1] = w.o[0][d][3];
         }
         if (t4 == 0) {
-            mm[warp * 16 + g] = m[0]; mm[warp * 16 + g + 8] = m[1];
-            ml[warp * 16 + g] = l[0]; ml[warp * 16 + g + 8] = l[1];
+            mm[warp * 16 + g] = w.m[0]; mm[warp * 16 + g + 8] = w.m[1];
+            ml[warp * 16 + g] = w.l[MSKV_LSUM(0)]; ml[warp * 16 + g + 8] = w.l[MSKV_LSUM(1)];
         }
         MSKV_SYNC_ID(4);
         for (int idx = tid; idx < 16 * MSKV_D; idx += 128) {
@@ -701,12 +858,12 @@ MSKV_UNROLL
             float M = mskv_neg_inf(), L = 0.0f, acc = 0.0f;
             mskv_i64 orow;
             if (R >= rows) continue;
-            for (int w = 0; w < 4; w++) M = fmaxf(M, mm[w * 16 + r]);
+            for (int k = 0; k < 4; k++) M = fmaxf(M, mm[k * 16 + r]);
             if (M != mskv_neg_inf()) {
-                for (int w = 0; w < 4; w++) {
-                    float f = mskv_exp2((mm[w * 16 + r] - M) * scale_log2);
-                    L += f * ml[w * 16 + r];
-                    acc += f * mo[(w * 16 + r) * MSKV_D + d];
+                for (int k = 0; k < 4; k++) {
+                    float f = mskv_exp2((mm[k * 16 + r] - M) * scale_log2);
+                    L += f * ml[k * 16 + r];
+                    acc += f * mo[(k * 16 + r) * MSKV_MERGE_LD + d];
                 }
             }
             orow = (mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group;
@@ -719,33 +876,697 @@ MSKV_UNROLL
             }
         }
 #else
-        for (int h = 0; h < 2; h++) {
-            int R = row0 + wrow0 + g + 8 * h;
-            float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-            float lv = l[h] > 0.0f ? (m[h] * scale_log2 + log2f(l[h])) * ln2 : mskv_neg_inf();
+        (void)smem;
+        for (int h = 0; h < 2 * MSKV_MT; h++) {
+            const int mt = h >> 1, e = 2 * (h & 1);
+            int R = row0 + warp * MSKV_WM + 16 * mt + g + 8 * (h & 1);
+            const float l = w.l[MSKV_LSUM(h)];
+            float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            float lv = l > 0.0f ? (w.m[h] * scale_log2 + log2f(l)) * ln2 : mskv_neg_inf();
             mskv_i64 orow;
-            if (!rvalid[h]) continue;
+            if (R >= rows) continue;
             orow = (mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group;
             if (n_splits > 1) {
                 float *dst = o_part + ((mskv_i64)split * total_q * q_heads + orow) * MSKV_D + 2 * t4;
 MSKV_UNROLL
-                for (int i = 0; i < MSKV_D / 8; i++) { dst[i * 8] = oacc[i][2 * h] * inv; dst[i * 8 + 1] = oacc[i][2 * h + 1] * inv; }
+                for (int d = 0; d < MSKV_D / 8; d++) { dst[d * 8] = w.o[mt][d][e] * inv; dst[d * 8 + 1] = w.o[mt][d][e + 1] * inv; }
                 if (t4 == 0) lse_part[(mskv_i64)split * total_q * q_heads + orow] = lv;
             } else {
                 mskv_u32 *dst = (mskv_u32 *)((mskv_u16 *)o + orow * MSKV_D + 2 * t4);
 MSKV_UNROLL
-                for (int i = 0; i < MSKV_D / 8; i++) dst[i * 4] = mskv_pack2(oacc[i][2 * h] * inv, oacc[i][2 * h + 1] * inv);
+                for (int d = 0; d < MSKV_D / 8; d++) dst[d * 4] = mskv_pack2(w.o[mt][d][e] * inv, w.o[mt][d][e + 1] * inv);
                 if (lse && t4 == 0) lse[orow] = lv;
             }
         }
 #endif
     }
 }
+
+/* The sm_90a module (the runtime's arch-specific build, for mskv_attn_sm90)
+   leaves mskv_attn out: it is launched from the sm_90 module only, and at the
+   sm_90a module's ptxas -O3 it would spill. */
+#if !(defined(MSKV_GPU) && MSKV_SM90A)
+MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool,
+                           const int *qo_indptr, const int *kv_indptr, const int *kv_indices,
+                           const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,
+                           int q_heads, int kv_heads, int page_size, unsigned int page_magic, int page_shift,
+                           float scale_log2, int mask, int window_left, int kv_chunk, int n_splits,
+                           void *o, float *lse, float *o_part, float *lse_part) {
+    MSKV_SMEM(smem);
+    const int tid = mskv_tid(), warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+    const int b = mskv_bid_y(), kvh = mskv_bid_z() % kv_heads, split = mskv_bid_z() / kv_heads;
+    const int group = q_heads / kv_heads;
+    const int q0 = qo_indptr[b], qo_len = qo_indptr[b + 1] - q0;
+    const int rows = qo_len * group, row0 = mskv_bid_x() * MSKV_BM;
+    const int kvl = kv_len[b], psplit = kv_pos_split[b], pshift = kv_pos_shift[b];
+    mskv_u16 *sq = (mskv_u16 *)(smem + MSKV_Q_OFF);
+    mskv_attn_warp w;
+    mskv_tiles t;
+    mskv_gather ga;
+    mskv_pipe p;
+    int i;
+    if (row0 >= rows) return;  /* whole block: before any barrier */
+    w.wrow0 = MSKV_ATTN_WARP_KEYS ? 0 : warp * MSKV_WM;
+    w.wkey0 = MSKV_ATTN_WARP_KEYS ? warp * 16 : 0;
+    /* Q (A operand): row wrow0 + (lane & 15), chunk 2 kk + lane / 16; K (B
+       operand): key wkey0 + (lane & 7) + 8 (lane / 16), chunk 2 kk + bit 3 of
+       lane; V (B, transposed): key wkey0 + (lane & 15), chunk 2 dp + lane / 16.
+       In every case row & 7 == lane & 7 and the chunk's low bit is b, so the
+       swizzled chunk of k-step kk is 2 kk ^ b ^ (lane & 7): the offset of
+       k-step 0 XOR 32 kk (the row start is aligned to the row's length). */
+    w.qb = (mskv_u32)(MSKV_Q_OFF + (w.wrow0 + (lane & 15)) * MSKV_ROWB + 16 * ((lane >> 4) ^ (lane & 7)));
+    w.kb = (mskv_u32)((w.wkey0 + (lane & 7) + 8 * (lane >> 4)) * MSKV_ROWB + 16 * (((lane >> 3) & 1) ^ (lane & 7)));
+    w.vb = (mskv_u32)((w.wkey0 + (lane & 15)) * MSKV_ROWB + 16 * ((lane >> 4) ^ (lane & 7)));
+    w.scale_log2 = scale_log2;
+
+    t = mskv_attn_tiles(n_splits, split, kv_chunk, kvl, qo_len, rows, row0, group, mask, window_left, psplit, pshift);
+    {
+        const int c0 = (tid % MSKV_TPR) * MSKV_CPT, row = tid / MSKV_TPR;
+        ga.k_pool = (const unsigned char *)k_pool;
+        ga.v_pool = (const unsigned char *)v_pool;
+        ga.kv_indices = kv_indices;
+        ga.magic = page_magic; ga.shift = page_shift; ga.page_size = page_size; ga.kv_heads = kv_heads;
+        ga.page0 = kv_indptr[b];
+        ga.head = (mskv_u32)(kvh * MSKV_D * 2 + c0 * 16);
+        ga.n_hi = t.n_hi;
+        ga.row = row;
+        ga.dst = (mskv_u32)((row * MSKV_CH + (c0 ^ (row & 7))) * 16);
+    }
+
+    /* Q tile: row r of the block is query (row0 + r) / group, q head kvh * group + (row0 + r) % group */
+    for (int idx = tid; idx < MSKV_BM * MSKV_CH; idx += 128) {
+        int r = idx / MSKV_CH, ch = idx % MSKV_CH, R = row0 + r, ok = R < rows;
+        mskv_i64 off = 0;
+        if (ok) off = (((mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group) * MSKV_D + ch * 8) * 2;
+        mskv_cp_async16(sq + mskv_swz(r, ch), (const unsigned char *)q + off, ok ? 16 : 0);
+    }
+    /* the first STAGES - 1 tiles, one commit group each (Q rides with tile 0) */
+    p.cs = MSKV_Q_BYTES;
+    p.ls = MSKV_Q_BYTES;
+    for (i = 0; i < MSKV_STAGES - 1; i++) {
+        if (t.n_tiles > 0) mskv_gather_tile(ga, smem, p.ls, mskv_tile_key(t, i), mskv_row_fetch(ga, mskv_tile_key(t, i)));
+        mskv_cp_commit();
+        p.ls = mskv_stage_next(p.ls);
+    }
+    if (t.n_tiles > 0) p.next = mskv_row_fetch(ga, mskv_tile_key(t, MSKV_STAGES - 1));
+    else p.next = 0;
+
+    for (int h = 0; h < 2 * MSKV_MT; h++) {
+        const int R = row0 + w.wrow0 + 16 * (h >> 1) + g + 8 * (h & 1);
+        const int qpos = mskv_abs_pos(kvl - qo_len + (R < rows ? R : rows - 1) / group, psplit, pshift);
+        int lo = t.n_lo, hi = t.n_hi;
+        if (mask >= 1) { const int c = mskv_first_at(qpos + 1, psplit, pshift); hi = c < hi ? c : hi; }
+        if (mask == 2) { const int c = mskv_first_at(qpos - window_left, psplit, pshift); lo = c > lo ? c : lo; }
+        w.klo[h] = lo;
+        w.khi[h] = hi;
+        w.m[h] = mskv_neg_inf();
+    }
+    w.l[0] = w.l[1] = w.l[2] = w.l[3] = 0.0f;
+MSKV_UNROLL
+    for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+        for (int d = 0; d < MSKV_D / 8; d++) w.o[mt][d][0] = w.o[mt][d][1] = w.o[mt][d][2] = w.o[mt][d][3] = 0.0f;
+#if MSKV_QREG
+    /* Q into registers once (with tile 0: its group is the oldest) */
+    mskv_cp_wait<MSKV_STAGES - 2>();
+    MSKV_SYNC_ID(5);
+MSKV_UNROLL
+    for (int mt = 0; mt < MSKV_MT; mt++)
+MSKV_UNROLL
+        for (int kk = 0; kk < MSKV_D / 16; kk++)
+            mskv_ldsm_x4(w.qf[mt][kk], smem + ((w.qb ^ (mskv_u32)(32 * kk)) + mt * 16 * MSKV_ROWB));
+#endif
+
+    /* the masked tiles, then the rest: two loops, so the common one carries no mask code */
+    for (i = 0; i < t.n_masked; i++)
+        mskv_attn_step<1, -1>(w, p, ga, smem, mskv_tile_key(t, i), mskv_tile_key(t, i + MSKV_STAGES - 1),
+                              mskv_tile_key(t, i + MSKV_STAGES));
+    {
+        /* the unmasked tiles are consecutive: walk their keys; loads past them are zero-filled */
+        const int f_end = t.n_lo + t.f_hi * MSKV_BN, n_hi = t.n_hi;
+        int n0 = t.n_lo + t.f_lo * MSKV_BN;
+#define MSKV_FULL_STEP(st, n) \
+        mskv_attn_step<0, st>(w, p, ga, smem, (n), (n) + (MSKV_STAGES - 1) * MSKV_BN < f_end ? (n) + (MSKV_STAGES - 1) * MSKV_BN : n_hi, \
+                              (n) + MSKV_STAGES * MSKV_BN < f_end ? (n) + MSKV_STAGES * MSKV_BN : n_hi)
+#if MSKV_ATTN_WARP_KEYS && MSKV_D <= 128
+        /* decode: three tiles an iteration, one per stage, so no stage
+           arithmetic and no address arithmetic for shared memory remains
+           (at D = 256 the unrolled addresses would spill registers) */
+        for (; n0 < f_end && p.cs != (mskv_u32)MSKV_Q_BYTES; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);
+        for (; n0 + 2 * MSKV_BN < f_end; n0 += 3 * MSKV_BN) {
+            MSKV_FULL_STEP(0, n0);
+            MSKV_FULL_STEP(1, n0 + MSKV_BN);
+            MSKV_FULL_STEP(2, n0 + 2 * MSKV_BN);
+        }
+#endif
+        for (; n0 < f_end; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);
+#undef MSKV_FULL_STEP
+    }
+    mskv_cp_wait<0>();
+
+    mskv_attn_store(w, smem, qo_indptr, q_heads, kv_heads, scale_log2, n_splits, o, lse, o_part, lse_part);
+}
+#endif
+
 #endif /* MSKV_DTYPE != 0 */
 
-/* Shared memory the attention kernel of these defines needs (host side
-   mirrors this in the launch wrapper). */
-#define MSKV_ATTN_SMEM_BYTES_OF(bm, bn, d) (2 * ((bm) * (d) + 4 * (bn) * (d)))
+/* >>attention sm90a -------------------------------------------------------- */
+/* mskv_attn_sm90: the prefill/chunk attention of mskv_attn for sm_90a, in the
+   warp-specialised manner of FlashAttention-3 (see the file's header). */
+#if MSKV_SM90A && MSKV_DTYPE != 0
+
+#ifdef MSKV_GPU
+/* Hopper primitives. The tensor map is CUtensorMap: 128 opaque bytes, passed
+   by value as a __grid_constant__ parameter so TMA can read it in place. */
+struct __align__(64) mskv_tmap { mskv_u64 opaque[16]; };
+#define MSKV_GRID_CONST __grid_constant__
+#define MSKV_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+/* bar.sync / bar.arrive: n threads (a multiple of 32) meet at named barrier id */
+MSKV_DEV void mskv_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory"); }
+MSKV_DEV void mskv_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(n) : "memory"); }
+MSKV_DEV void mskv_mbar_init(mskv_u32 bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+/* makes the inits visible to the async proxy (the copies that complete on them) */
+MSKV_DEV void mskv_mbar_init_fence(void) { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+MSKV_DEV void mskv_mbar_arrive(mskv_u32 bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" :: "r"(bar) : "memory");
+}
+MSKV_DEV void mskv_mbar_arrive_tx(mskv_u32 bar, mskv_u32 bytes) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" :: "r"(bar), "r"(bytes) : "memory");
+}
+/* 1 once the phase of this parity has completed */
+MSKV_DEV int mskv_mbar_try_wait(mskv_u32 bar, int parity) {
+    mskv_u32 ok;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+    return (int)ok;
+}
+/* generic-proxy writes of this thread (cp.async) become visible to wgmma and TMA */
+MSKV_DEV void mskv_fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+MSKV_DEV void mskv_tma_load_4d(mskv_u32 dst, const mskv_tmap *map, int c0, int c1, int c2, int c3, mskv_u32 bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+                 :: "r"(dst), "l"((mskv_u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+MSKV_DEV void mskv_wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+MSKV_DEV void mskv_wgmma_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> MSKV_DEV void mskv_wgmma_wait(void) { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+template <int N> MSKV_DEV void mskv_setmaxnreg_inc(void) { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
+template <int N> MSKV_DEV void mskv_setmaxnreg_dec(void) { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
+/* Registers an asynchronous wgmma reads or writes: the compiler must neither
+   move their uses across the wait nor reuse them while the op runs. */
+MSKV_DEV void mskv_wg_keep(float &x) { asm volatile("" : "+f"(x) :: "memory"); }
+/* lane 0's x in every lane: the compiler then knows x is warp-uniform (descriptors
+   and barrier ids stay in uniform registers) */
+MSKV_DEV int mskv_bcast0(int x) { return __shfl_sync(0xffffffffu, x, 0); }
+MSKV_DEV void mskv_wg_keep_u(mskv_u32 &x) { asm volatile("" : "+r"(x) :: "memory"); }
+#if MSKV_DTYPE == 1
+#define MSKV_WG_TY ".f16.f16"
+#else
+#define MSKV_WG_TY ".bf16.bf16"
+#endif
+/* accumulator operand lists: "+f"(d[0]) ... */
+#define MSKV_WG_O8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MSKV_WG_O32 MSKV_WG_O8(0), MSKV_WG_O8(8), MSKV_WG_O8(16), MSKV_WG_O8(24)
+#define MSKV_WG_O64 MSKV_WG_O32, MSKV_WG_O8(32), MSKV_WG_O8(40), MSKV_WG_O8(48), MSKV_WG_O8(56)
+#define MSKV_WG_O36 MSKV_WG_O32, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+#define MSKV_WG_O68 MSKV_WG_O64, "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
+#define MSKV_WG_O128 MSKV_WG_O64, MSKV_WG_O8(64), MSKV_WG_O8(72), MSKV_WG_O8(80), MSKV_WG_O8(88), \
+    MSKV_WG_O8(96), MSKV_WG_O8(104), MSKV_WG_O8(112), MSKV_WG_O8(120)
+#define MSKV_WG_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define MSKV_WG_D36 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35}"
+#define MSKV_WG_D68 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67}"
+#define MSKV_WG_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define MSKV_WG_D128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+/* wgmma m64nNk16 with f32 accumulators d[N/2]; acc 0: D = A B, else D += A B.
+   ss: A and B K-major from descriptors (S = Q K^T); rs: A from registers (P),
+   B N-major from a descriptor (O += P V, imm-trans-b 1; N = head_dim + 8
+   when V carries a block of ones for the row sums). */
+#define MSKV_WG_SS(N, DL, OPS, IA, IB, IP)                                                              \
+    MSKV_DEV void mskv_wgmma_ss##N(float *d, mskv_u64 da, mskv_u64 db, int acc) {                       \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                                  \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32" MSKV_WG_TY " " DL ", %" #IA ", %" #IB \
+                     ", p, 1, 1, 0, 0;\n}\n" : OPS : "l"(da), "l"(db), "r"(acc));                        \
+    }
+#define MSKV_WG_RS(N, DL, OPS, I0, I1, I2, I3, IB, IP)                                                  \
+    MSKV_DEV void mskv_wgmma_rs##N(float *d, const mskv_u32 *a, mskv_u64 db, int acc) {                 \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                                  \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32" MSKV_WG_TY " " DL ", {%" #I0 ", %" #I1 \
+                     ", %" #I2 ", %" #I3 "}, %" #IB ", p, 1, 1, 1;\n}\n"                                 \
+                     : OPS : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));            \
+    }
+MSKV_WG_SS(64, MSKV_WG_D32, MSKV_WG_O32, 32, 33, 34)
+MSKV_WG_SS(128, MSKV_WG_D64, MSKV_WG_O64, 64, 65, 66)
+MSKV_WG_RS(72, MSKV_WG_D36, MSKV_WG_O36, 36, 37, 38, 39, 40, 41)
+MSKV_WG_RS(136, MSKV_WG_D68, MSKV_WG_O68, 68, 69, 70, 71, 72, 73)
+MSKV_WG_RS(256, MSKV_WG_D128, MSKV_WG_O128, 128, 129, 130, 131, 132, 133)
+/* a 16-byte generic store of four copies of w (fence.proxy.async before the tensor cores read it) */
+MSKV_DEV void mskv_sts16(void *dst, mskv_u32 w) {
+    mskv_v16 v;
+    v.x = v.y = v.z = v.w = w;
+    *(mskv_v16 *)dst = v;
+}
+#else
+/* host emulation: tests/emu/mskv_emu_sm90.h has the primitives; the wgmma
+   entry points take this file's MSKV_DTYPE */
+MSKV_DEV void mskv_wgmma_ss64(float *d, mskv_u64 da, mskv_u64 db, int acc) { mskv_emu_wgmma_ss(d, 64, da, db, acc, MSKV_DTYPE == 2); }
+MSKV_DEV void mskv_wgmma_ss128(float *d, mskv_u64 da, mskv_u64 db, int acc) { mskv_emu_wgmma_ss(d, 128, da, db, acc, MSKV_DTYPE == 2); }
+MSKV_DEV void mskv_wgmma_rs72(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 72, a, db, acc, MSKV_DTYPE == 2); }
+MSKV_DEV void mskv_wgmma_rs136(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 136, a, db, acc, MSKV_DTYPE == 2); }
+MSKV_DEV void mskv_wgmma_rs256(float *d, const mskv_u32 *a, mskv_u64 db, int acc) { mskv_emu_wgmma_rs_tb(d, 256, a, db, acc, MSKV_DTYPE == 2); }
+#endif
+
+/* Tiles: 128 rows per block (two consumer warpgroups of 64), BN keys per K/V
+   tile, a ring of STAGES stages of K and V. Every operand tile is K-major
+   with the 128-byte swizzle: [D/64 column blocks][rows][128 B], 16-byte chunk
+   c of row r at ((c ^ (r & 7)) << 4) of its 128-byte row, each tile on a
+   1024-byte boundary. */
+#if MSKV_D >= 256
+#define MSKV_H_BN 64
+#else
+#define MSKV_H_BN 128
+#endif
+#if MSKV_D <= 64
+#define MSKV_H_STAGES 3
+#else
+#define MSKV_H_STAGES 2
+#endif
+/* Row sums by the tensor cores where N allows (head_dim <= 128): each
+   stage's V is followed by a block of ones, so O += P V with N = D + 8 also
+   accumulates sum(P) in columns D..D+7, rescaled with O (64 FADD less a tile). */
+#if MSKV_D == 64
+#define MSKV_H_PVN 72
+#define MSKV_H_ONES 1
+#elif MSKV_D == 128
+#define MSKV_H_PVN 136
+#define MSKV_H_ONES 1
+#else
+#define MSKV_H_PVN MSKV_D
+#define MSKV_H_ONES 0
+#endif
+#define MSKV_H_THREADS 384                        /* producer warpgroup + 2 consumers */
+#define MSKV_H_BM 128
+#define MSKV_H_QB (64 * MSKV_D * 2)                /* one consumer's Q tile */
+#define MSKV_H_TB (MSKV_H_BN * MSKV_D * 2)         /* one K (or V) tile */
+#define MSKV_H_OB (MSKV_H_ONES * MSKV_H_BN * 128)  /* the ones block after V (an atom of 64 columns) */
+#define MSKV_H_SB (2 * MSKV_H_TB + MSKV_H_OB)      /* a stage: K, V, ones */
+#define MSKV_H_BARS (2 * MSKV_H_QB + MSKV_H_STAGES * MSKV_H_SB)   /* full[STAGES], empty[STAGES] */
+#define MSKV_H_SMEM (1024 + MSKV_H_BARS + 16 * MSKV_H_STAGES)     /* + slack to align the base */
+#define MSKV_H_REGS_PRODUCER 40
+#define MSKV_H_REGS_CONSUMER 232                  /* 128 x 40 + 256 x 232 <= 64K */
+/* named barriers: 1 producer team, 2 + w consumer w's Q, 4 + w consumer w's turn at the tensor cores */
+#define MSKV_CAT2(a, b) a##b
+#define MSKV_CAT(a, b) MSKV_CAT2(a, b)
+#define MSKV_WGMMA_S MSKV_CAT(mskv_wgmma_ss, MSKV_H_BN)
+#define MSKV_WGMMA_PV MSKV_CAT(mskv_wgmma_rs, MSKV_H_PVN)
+
+#ifndef MSKV_GPU
+/* for the host tests: the launch geometry of these defines */
+static const int mskv_attn_sm90_block_keys = MSKV_H_BN, mskv_attn_sm90_smem_bytes = MSKV_H_SMEM;
+#endif
+
+/* matrix descriptor, 128-byte swizzle: start, leading / stride byte offsets */
+MSKV_DEV mskv_u64 mskv_h_desc(mskv_u32 addr, mskv_u32 lbo, mskv_u32 sbo) {
+    return (mskv_u64)((addr & 0x3ffffu) >> 4) | ((mskv_u64)((lbo & 0x3ffffu) >> 4) << 16) |
+           ((mskv_u64)((sbo & 0x3ffffu) >> 4) << 32) | (1ull << 62);
+}
+
+/* The keys a block visits, as tiles of BN from tile0 (BN-aligned). Tiles
+   [f_lo, f_hi) are visible whole to every row of the block; the others
+   ("masked") go first, in a loop of their own, then the whole ones. */
+struct mskv_h_keys {
+    int split_lo, split_hi;   /* the split's keys (kv_len cut) */
+    int n_lo, n_hi;           /* cut further by the mask's reach over the block's rows */
+    int tile0, n_tiles, f_lo, f_hi, n_masked;
+};
+MSKV_DEV mskv_h_keys mskv_h_block_keys(int row0, int rows, int group, int qo_len, int kvl, int psplit, int pshift,
+                                       int mask, int window_left, int kv_chunk, int n_splits, int split) {
+    mskv_h_keys k;
+    const int last = row0 + MSKV_H_BM - 1 < rows - 1 ? row0 + MSKV_H_BM - 1 : rows - 1;
+    const int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;
+    int lo_max, hi_min;
+    k.split_lo = n_splits > 1 ? split * kv_chunk : 0;
+    k.split_hi = n_splits > 1 ? (k.split_lo + kv_chunk < kvl ? k.split_lo + kv_chunk : kvl) : kvl;
+    k.n_lo = lo_max = k.split_lo;
+    k.n_hi = hi_min = k.split_hi;
+    if (mask >= 1) {
+        if (qi_last + 1 < k.n_hi) k.n_hi = qi_last + 1;
+        if (qi_first + 1 < hi_min) hi_min = qi_first + 1;
+    }
+    if (mask == 2) {
+        const int lo = mskv_first_at(mskv_abs_pos(qi_first, psplit, pshift) - window_left, psplit, pshift);
+        const int lo2 = mskv_first_at(mskv_abs_pos(qi_last, psplit, pshift) - window_left, psplit, pshift);
+        if (lo > k.n_lo) k.n_lo = lo;
+        if (lo2 > lo_max) lo_max = lo2;
+    }
+    k.tile0 = k.n_lo / MSKV_H_BN * MSKV_H_BN;
+    k.n_tiles = k.n_hi > k.n_lo ? (k.n_hi - k.tile0 + MSKV_H_BN - 1) / MSKV_H_BN : 0;
+    k.f_lo = (lo_max - k.tile0 + MSKV_H_BN - 1) / MSKV_H_BN;
+    if (k.f_lo > k.n_tiles) k.f_lo = k.n_tiles;
+    k.f_hi = hi_min > k.tile0 ? (hi_min - k.tile0) / MSKV_H_BN : 0;
+    if (k.f_hi > k.n_tiles) k.f_hi = k.n_tiles;
+    if (k.f_hi < k.f_lo) k.f_hi = k.f_lo;
+    k.n_masked = k.f_lo + (k.n_tiles - k.f_hi);
+    return k;
+}
+/* first key of the i-th tile in visiting order (producer and consumers agree) */
+MSKV_DEV int mskv_h_tile_key(const mskv_h_keys &k, int i) {
+    const int tile = i < k.n_masked ? (i < k.f_lo ? i : i - k.f_lo + k.f_hi) : i - k.n_masked + k.f_lo;
+    return k.tile0 + tile * MSKV_H_BN;
+}
+
+/* ---- producer: one tile of K and V into a stage ---- */
+
+/* TMA: the tile lies in whole pages (page_size a multiple of BN, or BN a
+   multiple of page_size), one box per page piece and 64-wide column block:
+   the tensor map is the pool as [pages][page_size][kv_heads][D] (dims D,
+   kv_heads, page_size, num_pages; box 64 x 1 x min(page_size, BN) x 1), so a
+   box is (c * 64, kvh, slot in page, page id). Lanes of one warp share the boxes. */
+MSKV_DEV void mskv_h_load_tma(const mskv_tmap *k_map, const mskv_tmap *v_map, const int *pages, int page_size, int kvh,
+                              int key0, mskv_u32 kst, mskv_u32 full, int lane) {
+    const int box_rows = page_size < MSKV_H_BN ? page_size : MSKV_H_BN, boxes = MSKV_H_BN / box_rows;
+    /* the expectation may follow the first bytes: tx counts below zero until it comes */
+    if (lane == 0) mskv_mbar_arrive_tx(full, 2 * MSKV_H_TB);
+    for (int x = lane; x < boxes * (MSKV_D / 64); x += 32) {
+        const int pb = x / (MSKV_D / 64), cb = x % (MSKV_D / 64), key = key0 + pb * box_rows;
+        const int page = pages[key / page_size], slot = key % page_size;
+        const mskv_u32 dst = kst + (mskv_u32)(cb * (MSKV_H_BN * 128) + pb * box_rows * 128);
+        mskv_tma_load_4d(dst, k_map, cb * 64, kvh, slot, page, full);
+        mskv_tma_load_4d(dst + MSKV_H_TB, v_map, cb * 64, kvh, slot, page, full);
+    }
+}
+
+/* cp.async, any page size: team threads copy whole rows (one page id each),
+   rows at or past kv_len zero-filled (a page's unused slots may hold NaN);
+   then wait, fence the generic writes for the tensor cores, meet, arrive. */
+MSKV_DEV void mskv_h_load_rows(const unsigned char *k_pool, const unsigned char *v_pool, const int *pages, int page_size,
+                               int kv_heads, int kvh, int kvl, int key0, unsigned char *sk, mskv_u32 full, int idx, int team) {
+    const mskv_u64 slot_bytes = (mskv_u64)kv_heads * (MSKV_D * 2);
+    for (int r = idx; r < MSKV_H_BN; r += team) {
+        const int j = key0 + r, ok = j < kvl;
+        mskv_u64 off = 0;
+        if (ok) off = ((mskv_u64)pages[j / page_size] * (mskv_u64)page_size + (mskv_u64)(j % page_size)) * slot_bytes +
+                      (mskv_u64)kvh * (MSKV_D * 2);
+MSKV_UNROLL
+        for (int c = 0; c < MSKV_D / 8; c++) {
+            const int d = (c >> 3) * (MSKV_H_BN * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+            mskv_cp_async16(sk + d, k_pool + off + 16 * c, ok ? 16 : 0);
+            mskv_cp_async16(sk + d + MSKV_H_TB, v_pool + off + 16 * c, ok ? 16 : 0);
+        }
+    }
+    mskv_cp_commit();
+    mskv_cp_wait<0>();
+    mskv_fence_proxy_async();
+    if (team == 32) mskv_syncwarp();
+    else mskv_bar_sync(1, team);
+    if (idx == 0) mskv_mbar_arrive(full);
+}
+
+/* ---- consumers ---- */
+
+/* One consumer warpgroup's state; a thread holds rows g and g + 8 of its
+   warp's 16 (the wgmma accumulator layout: element i is row g + 8 ((i >> 1) & 1),
+   column 8 (i >> 2) + 2 t4 + (i & 1)). */
+struct mskv_h_cons {
+    float o[MSKV_H_PVN / 2];             /* O, unnormalised (then the row sums, MSKV_H_ONES) */
+    float s[MSKV_H_BN / 2];              /* S, then P of the current tile */
+    mskv_u32 p[MSKV_H_BN / 16][4];       /* P of the previous tile as A fragments (k16 slices) */
+    float m[2], l[2];                    /* running max (unscaled), this lane's part of the row sums */
+    int klo[2], khi[2];                  /* the keys row h may see: [klo, khi) */
+    mskv_u64 qd;                         /* descriptor of this warpgroup's Q tile */
+    mskv_u32 ring;                       /* shared address of stage 0 */
+    mskv_u32 bars;                       /* shared address of full[0] */
+    int cw, t4, leader;                  /* consumer 0 or 1 (warp-uniform), lane in quad, arrives for the warpgroup */
+    float scale_log2;
+};
+
+/* mask, online softmax, P into c.s; the O rescale factors into alpha */
+template <int MASKED>
+MSKV_DEV void mskv_h_softmax(mskv_h_cons &c, int key0, float alpha[2]) {
+    float mx[2], neg[2];
+    mx[0] = c.m[0]; mx[1] = c.m[1];
+    if (MASKED) {
+        int lo[2], hi[2];
+        for (int h = 0; h < 2; h++) { lo[h] = c.klo[h] - key0 - 2 * c.t4; hi[h] = c.khi[h] - key0 - 2 * c.t4; }
+MSKV_UNROLL
+        for (int i = 0; i < MSKV_H_BN / 2; i++) {
+            const int h = (i >> 1) & 1, col = (i >> 2) * 8 + (i & 1);
+            c.s[i] = col >= lo[h] && col < hi[h] ? c.s[i] : mskv_neg_inf();
+        }
+    }
+MSKV_UNROLL
+    for (int i = 0; i < MSKV_H_BN / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], c.s[i]);
+MSKV_UNROLL
+    for (int h = 0; h < 2; h++) {
+        float mu;
+        mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 1));
+        mx[h] = fmaxf(mx[h], mskv_shfl_xor(mx[h], 2));
+        mu = mx[h] == mskv_neg_inf() ? 0.0f : mx[h];   /* nothing seen yet: keep exp2 finite */
+        alpha[h] = mskv_exp2((c.m[h] - mu) * c.scale_log2);
+        c.m[h] = mx[h];
+#if !MSKV_H_ONES
+        c.l[h] *= alpha[h];
+#endif
+        neg[h] = mu * c.scale_log2;
+    }
+MSKV_UNROLL
+    for (int i = 0; i < MSKV_H_BN / 2; i++) {
+        const int h = (i >> 1) & 1;
+        c.s[i] = mskv_exp2(fmaf(c.s[i], c.scale_log2, -neg[h]));
+#if !MSKV_H_ONES
+        c.l[h] += c.s[i];
+#endif
+    }
+}
+
+/* O += P V of the tile in stage ps (issued, committed) */
+MSKV_DEV void mskv_h_issue_pv(mskv_h_cons &c, int ps) {
+    const mskv_u64 vd = mskv_h_desc(c.ring + (mskv_u32)(ps * MSKV_H_SB + MSKV_H_TB), MSKV_H_BN * 128, 1024);
+MSKV_UNROLL
+    for (int kk = 0; kk < MSKV_H_BN / 16; kk++) MSKV_WGMMA_PV(c.o, c.p[kk], vd + (mskv_u64)(kk * 16 * 128 / 16), 1);
+    mskv_wgmma_commit();
+}
+
+/* PV done: the stage goes back to the producer (one arrival per warpgroup) */
+MSKV_DEV void mskv_h_release(mskv_h_cons &c, int ps) {
+MSKV_UNROLL
+    for (int i = 0; i < MSKV_H_PVN / 2; i++) mskv_wg_keep(c.o[i]);
+MSKV_UNROLL
+    for (int kk = 0; kk < MSKV_H_BN / 16; kk++) {
+MSKV_UNROLL
+        for (int e = 0; e < 4; e++) mskv_wg_keep_u(c.p[kk][e]);
+    }
+    if (c.leader) mskv_mbar_arrive(c.bars + (mskv_u32)(8 * (MSKV_H_STAGES + ps)));
+}
+
+/* One turn at the tensor cores (taken in alternation with the other
+   consumer, so one's softmax runs under the other's GEMMs): S = Q K^T of
+   tile t and O += P V of tile t - 1 are issued together; the softmax of S
+   overlaps the P V; O is rescaled once that is done. */
+template <int MASKED, int FIRST>
+MSKV_DEV void mskv_h_turn(mskv_h_cons &c, int t, int key0) {
+    const int s = t % MSKV_H_STAGES, ps = (t + MSKV_H_STAGES - 1) % MSKV_H_STAGES;
+    float alpha[2];
+    while (!mskv_mbar_try_wait(c.bars + (mskv_u32)(8 * s), (t / MSKV_H_STAGES) & 1)) {}
+    mskv_bar_sync(4 + c.cw, 256);
+    mskv_wgmma_fence();
+    {
+        const mskv_u64 kd = mskv_h_desc(c.ring + (mskv_u32)(s * MSKV_H_SB), 16, 1024);
+MSKV_UNROLL
+        for (int kk = 0; kk < MSKV_D / 16; kk++)
+            MSKV_WGMMA_S(c.s, c.qd + (mskv_u64)(((kk >> 2) * 64 * 128 + (kk & 3) * 32) >> 4),
+                         kd + (mskv_u64)(((kk >> 2) * MSKV_H_BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+        mskv_wgmma_commit();
+    }
+    if (!FIRST) mskv_h_issue_pv(c, ps);
+    mskv_bar_arrive(4 + (c.cw ^ 1), 256);
+    if (FIRST) mskv_wgmma_wait<0>();
+    else mskv_wgmma_wait<1>();
+MSKV_UNROLL
+    for (int i = 0; i < MSKV_H_BN / 2; i++) mskv_wg_keep(c.s[i]);
+    mskv_h_softmax<MASKED>(c, key0, alpha);
+    if (!FIRST) {
+        mskv_wgmma_wait<0>();
+        mskv_h_release(c, ps);
+    }
+MSKV_UNROLL
+    for (int i = 0; i < MSKV_H_PVN / 2; i++) c.o[i] *= alpha[(i >> 1) & 1];
+MSKV_UNROLL
+    for (int kk = 0; kk < MSKV_H_BN / 16; kk++) {
+        c.p[kk][0] = mskv_pack2(c.s[8 * kk], c.s[8 * kk + 1]);
+        c.p[kk][1] = mskv_pack2(c.s[8 * kk + 2], c.s[8 * kk + 3]);
+        c.p[kk][2] = mskv_pack2(c.s[8 * kk + 4], c.s[8 * kk + 5]);
+        c.p[kk][3] = mskv_pack2(c.s[8 * kk + 6], c.s[8 * kk + 7]);
+    }
+}
+
+/* the last turn: only the P V of the last tile (consumer 1 has no one to hand on to) */
+MSKV_DEV void mskv_h_last_turn(mskv_h_cons &c, int n) {
+    const int ps = (n - 1) % MSKV_H_STAGES;
+    mskv_bar_sync(4 + c.cw, 256);
+    mskv_wgmma_fence();
+    mskv_h_issue_pv(c, ps);
+    if (c.cw == 0) mskv_bar_arrive(5, 256);
+    mskv_wgmma_wait<0>();
+    mskv_h_release(c, ps);
+}
+
+MSKV_KERNEL void MSKV_BOUNDS(MSKV_H_THREADS, 1)
+mskv_attn_sm90(const MSKV_GRID_CONST mskv_tmap k_map, const MSKV_GRID_CONST mskv_tmap v_map, int use_tma,
+               const void *q, const void *k_pool, const void *v_pool, const int *qo_indptr, const int *kv_indptr,
+               const int *kv_indices, const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,
+               int q_heads, int kv_heads, int page_size, float scale_log2, int mask, int window_left, int kv_chunk,
+               int n_splits, void *o, float *lse, float *o_part, float *lse_part) {
+    MSKV_SMEM(smem);
+    const int tid = mskv_tid(), wg = tid >> 7;
+    const int b = mskv_bid_y(), kvh = mskv_bid_z() % kv_heads, split = mskv_bid_z() / kv_heads;
+    const int group = q_heads / kv_heads;
+    const int q0 = qo_indptr[b], qo_len = qo_indptr[b + 1] - q0, rows = qo_len * group;
+    const int row0 = mskv_bid_x() * MSKV_H_BM;
+    const int kvl = kv_len[b], psplit = kv_pos_split[b], pshift = kv_pos_shift[b];
+    mskv_h_keys kb;
+    mskv_u32 base;
+    unsigned char *sbase;
+    if (row0 >= rows) return;  /* whole block: before any barrier */
+    kb = mskv_h_block_keys(row0, rows, group, qo_len, kvl, psplit, pshift, mask, window_left, kv_chunk, n_splits, split);
+    base = (mskv_smem_addr(smem) + 1023u) & ~1023u;
+    sbase = smem + (base - mskv_smem_addr(smem));
+    if (tid == 0) {
+        for (int s = 0; s < MSKV_H_STAGES; s++) {
+            mskv_mbar_init(base + MSKV_H_BARS + 8 * s, 1);                      /* full: the producer */
+            mskv_mbar_init(base + MSKV_H_BARS + 8 * (MSKV_H_STAGES + s), 2);    /* empty: both consumers */
+        }
+        mskv_mbar_init_fence();
+    }
+#if MSKV_H_ONES
+    for (int x = tid; x < MSKV_H_STAGES * (MSKV_H_OB / 16); x += MSKV_H_THREADS) {
+        const int st = x / (MSKV_H_OB / 16), at = x % (MSKV_H_OB / 16);
+        mskv_sts16(sbase + 2 * MSKV_H_QB + st * MSKV_H_SB + 2 * MSKV_H_TB + 16 * at, MSKV_DTYPE == 1 ? 0x3c003c00u : 0x3f803f80u);
+    }
+    mskv_fence_proxy_async();   /* generic stores the tensor cores read */
+#endif
+    mskv_sync();
+
+    if (wg == 0) {
+        /* producer: TMA needs one warp (the rest leave); cp.async takes all four */
+        const int team = use_tma ? 32 : 128;
+        const int *pages = kv_indices + kv_indptr[b];
+        mskv_setmaxnreg_dec<MSKV_H_REGS_PRODUCER>();
+        if (tid >= team) return;
+        for (int i = 0; i < kb.n_tiles; i++) {
+            const int s = i % MSKV_H_STAGES, key0 = mskv_h_tile_key(kb, i);
+            const mskv_u32 full = base + MSKV_H_BARS + 8 * s, stage = base + 2 * MSKV_H_QB + s * MSKV_H_SB;
+            while (!mskv_mbar_try_wait(full + 8 * MSKV_H_STAGES, ((i / MSKV_H_STAGES) & 1) ^ 1)) {}
+            if (use_tma && key0 + MSKV_H_BN <= kvl)
+                mskv_h_load_tma(&k_map, &v_map, pages, page_size, kvh, key0, stage, full, tid);
+            else
+                mskv_h_load_rows((const unsigned char *)k_pool, (const unsigned char *)v_pool, pages, page_size,
+                                 kv_heads, kvh, kvl, key0, sbase + (stage - base), full, tid, team);
+        }
+    } else {
+        mskv_h_cons c;
+        const int cw = mskv_bcast0(wg - 1), t = tid & 127, warp = t >> 5, lane = tid & 31, g = lane >> 2;
+        mskv_setmaxnreg_inc<MSKV_H_REGS_CONSUMER>();
+        c.cw = cw; c.t4 = lane & 3; c.leader = t == 0; c.scale_log2 = scale_log2;
+        c.ring = base + 2 * MSKV_H_QB;
+        c.bars = base + MSKV_H_BARS;
+        c.qd = mskv_h_desc(base + (mskv_u32)(cw * MSKV_H_QB), 16, 1024);
+        {
+            /* this warpgroup's 64 rows of Q; row r of the block is query r / group,
+               q head kvh * group + r % group; rows past the segment are zero */
+            unsigned char *qs = sbase + cw * MSKV_H_QB;
+            for (int idx = t; idx < 64 * (MSKV_D / 8); idx += 128) {
+                const int r = idx / (MSKV_D / 8), ch = idx % (MSKV_D / 8), R = row0 + 64 * cw + r, ok = R < rows;
+                mskv_i64 off = 0;
+                if (ok) off = (((mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group) * MSKV_D + ch * 8) * 2;
+                mskv_cp_async16(qs + (ch >> 3) * (64 * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4),
+                                (const unsigned char *)q + off, ok ? 16 : 0);
+            }
+            mskv_cp_commit();
+            mskv_cp_wait<0>();
+            mskv_fence_proxy_async();
+            mskv_bar_sync(2 + cw, 128);
+        }
+        for (int h = 0; h < 2; h++) {
+            const int R = row0 + 64 * cw + 16 * warp + g + 8 * h, Rc = R < rows ? R : rows - 1;
+            const int qi = kvl - qo_len + Rc / group, qpos = mskv_abs_pos(qi, psplit, pshift);
+            c.klo[h] = kb.split_lo;
+            c.khi[h] = kb.split_hi;
+            if (mask >= 1 && qi + 1 < c.khi[h]) c.khi[h] = qi + 1;
+            if (mask == 2) {
+                const int lo = mskv_first_at(qpos - window_left, psplit, pshift);
+                if (lo > c.klo[h]) c.klo[h] = lo;
+            }
+            c.m[h] = mskv_neg_inf();
+            c.l[h] = 0.0f;
+        }
+MSKV_UNROLL
+        for (int i = 0; i < MSKV_H_PVN / 2; i++) c.o[i] = 0.0f;
+        if (kb.n_tiles > 0) {
+            int it = 1;
+            if (cw == 1) mskv_bar_arrive(4, 256);   /* consumer 0 takes the first turn */
+            if (kb.n_masked > 0) mskv_h_turn<1, 1>(c, 0, mskv_h_tile_key(kb, 0));
+            else mskv_h_turn<0, 1>(c, 0, mskv_h_tile_key(kb, 0));
+            for (; it < kb.n_masked; it++) mskv_h_turn<1, 0>(c, it, mskv_h_tile_key(kb, it));
+            for (; it < kb.n_tiles; it++) mskv_h_turn<0, 0>(c, it, mskv_h_tile_key(kb, it));
+            mskv_h_last_turn(c, kb.n_tiles);
+        }
+        /* the row sums: from the ones columns, else the 4 lanes of a row add theirs; write O / l and the LSE */
+        for (int h = 0; h < 2; h++) {
+#if MSKV_H_ONES
+            c.l[h] = c.o[MSKV_D / 2 + 2 * h];
+#else
+            c.l[h] += mskv_shfl_xor(c.l[h], 1);
+            c.l[h] += mskv_shfl_xor(c.l[h], 2);
+#endif
+        }
+        {
+            const mskv_i64 total_q = qo_indptr[mskv_nblk_y()];
+            const float ln2 = 0.6931471805599453f;
+            for (int h = 0; h < 2; h++) {
+                const int R = row0 + 64 * cw + 16 * warp + g + 8 * h;
+                const float inv = c.l[h] > 0.0f ? 1.0f / c.l[h] : 0.0f;
+                const float lv = c.l[h] > 0.0f ? (c.m[h] * scale_log2 + log2f(c.l[h])) * ln2 : mskv_neg_inf();
+                mskv_i64 orow;
+                if (R >= rows) continue;
+                orow = (mskv_i64)(q0 + R / group) * q_heads + kvh * group + R % group;
+                if (n_splits > 1) {
+                    float *dst = o_part + ((mskv_i64)split * total_q * q_heads + orow) * MSKV_D + 2 * c.t4;
+MSKV_UNROLL
+                    for (int qd = 0; qd < MSKV_D / 8; qd++) {
+                        dst[qd * 8] = c.o[4 * qd + 2 * h] * inv;
+                        dst[qd * 8 + 1] = c.o[4 * qd + 2 * h + 1] * inv;
+                    }
+                    if (c.t4 == 0) lse_part[(mskv_i64)split * total_q * q_heads + orow] = lv;
+                } else {
+                    mskv_u32 *dst = (mskv_u32 *)((mskv_u16 *)o + orow * MSKV_D + 2 * c.t4);
+MSKV_UNROLL
+                    for (int qd = 0; qd < MSKV_D / 8; qd++)
+                        dst[qd * 4] = mskv_pack2(c.o[4 * qd + 2 * h] * inv, c.o[4 * qd + 2 * h + 1] * inv);
+                    if (lse && c.t4 == 0) lse[orow] = lv;
+                }
+            }
+        }
+    }
+}
+#endif /* MSKV_SM90A && MSKV_DTYPE != 0 */
 
 #ifndef MSKV_GPU
 /* Host emulation: let a test include this file again with other defines. */
@@ -763,12 +1584,45 @@ MSKV_UNROLL
 #undef MSKV_RD0
 #undef MSKV_RD1
 #undef MSKV_RD2
+#undef MSKV_MT
 #undef MSKV_BM
 #undef MSKV_BN
 #undef MSKV_WK
+#undef MSKV_STAGES
+#undef MSKV_WM
 #undef MSKV_CH
+#undef MSKV_ROWB
 #undef MSKV_NT
 #undef MSKV_QREG
+#undef MSKV_TPR
+#undef MSKV_CPT
+#undef MSKV_TILE_BYTES
+#undef MSKV_STAGE_BYTES
+#undef MSKV_Q_PARKED
+#undef MSKV_Q_BYTES
+#undef MSKV_Q_OFF
 #undef MSKV_ATTN_SMEM
-#undef MSKV_ATTN_SMEM_BYTES_OF
+#undef MSKV_MERGE_LD
+#undef MSKV_ONE2
+#undef MSKV_LSUM
+#undef MSKV_LROW
+#undef MSKV_SM90A
+#undef MSKV_H_BN
+#undef MSKV_H_STAGES
+#undef MSKV_H_THREADS
+#undef MSKV_H_BM
+#undef MSKV_H_QB
+#undef MSKV_H_TB
+#undef MSKV_H_SB
+#undef MSKV_H_OB
+#undef MSKV_H_PVN
+#undef MSKV_H_ONES
+#undef MSKV_H_BARS
+#undef MSKV_H_SMEM
+#undef MSKV_H_REGS_PRODUCER
+#undef MSKV_H_REGS_CONSUMER
+#undef MSKV_CAT2
+#undef MSKV_CAT
+#undef MSKV_WGMMA_S
+#undef MSKV_WGMMA_PV
 #endif

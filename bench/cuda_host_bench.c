@@ -7,7 +7,9 @@
 
      attention   mskv_cuda_attention: decode 1 x 512 keys, decode 64 x 4096,
                  a video chunk 4680 x 32760 (bf16, head_dim 128, 32 q heads,
-                 8 kv heads, pages of 16, causal)
+                 8 kv heads, pages of 16, causal), once with each kernel
+                 forced (mma.sync: mskv_attn; wgmma: mskv_attn_sm90, as the
+                 stubbed compute capability 9.0 device runs the chunk)
      write_kv    mskv_cuda_write_kv: one decode token; a 4680-token chunk
                  with 3-D RoPE
      graph       mskv_cuda_graph_launch of a captured step (write_kv +
@@ -112,6 +114,9 @@ static mskv_cu_result chb_cuModuleGetFunction(mskv_cu_function *f, mskv_cu_modul
     (void)m; (void)name; chb.calls++; *f = (mskv_cu_function)(void *)&chb_handle; return 0;
 }
 static mskv_cu_result chb_cuFuncSetAttribute(mskv_cu_function f, int a, int v) { (void)f; (void)a; (void)v; chb.calls++; return 0; }
+static mskv_cu_result chb_cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, mskv_cu_function f, int b, size_t smem) {
+    (void)f; (void)b; (void)smem; chb.calls++; *n = 2; return 0;
+}
 static mskv_cu_result chb_cuLaunchKernel(mskv_cu_function f, unsigned int gx, unsigned int gy, unsigned int gz,
                                          unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
                                          mskv_cu_stream s, void **params, void **extra) {
@@ -130,6 +135,14 @@ static mskv_cu_result chb_cuGraphInstantiateWithFlags(mskv_cu_graph_exec *e, msk
 static mskv_cu_result chb_cuGraphLaunch(mskv_cu_graph_exec e, mskv_cu_stream s) { (void)e; (void)s; chb.calls++; return 0; }
 static mskv_cu_result chb_cuGraphExecDestroy(mskv_cu_graph_exec e) { (void)e; chb.calls++; return 0; }
 static mskv_cu_result chb_cuGraphDestroy(mskv_cu_graph g) { (void)g; chb.calls++; return 0; }
+static mskv_cu_result chb_cuTensorMapEncodeTiled(void *map, int dt, unsigned int rank, void *g, const unsigned long long *dims,
+                                                 const unsigned long long *strides, const unsigned int *box,
+                                                 const unsigned int *es, int il, int sw, int l2, int oob) {
+    (void)dt; (void)rank; (void)g; (void)dims; (void)strides; (void)box; (void)es; (void)il; (void)sw; (void)l2; (void)oob;
+    chb.calls++;
+    memset(map, 0, 128);
+    return 0;
+}
 
 static mskv_nvrtc_result chb_nvrtcVersion(int *a, int *b) { chb.calls++; *a = 13; *b = 0; return 0; }
 static const char *chb_nvrtcGetErrorString(mskv_nvrtc_result r) { (void)r; chb.calls++; return "stub"; }
@@ -286,13 +299,71 @@ static void chb_time(const char *name, const chb_case *c, double target_ns) {
     }
 }
 
-int main(int argc, char **argv) {
-    mskv_cuda_functions fn = chb_table();
+/* A context (its attention path forced, or AUTO) and a bf16 store on the stubbed driver. */
+static void chb_open(mskv_cuda_functions *fn, mskv_cuda_attn_path path, mskv_cuda **cu, mskv_cuda_store **st) {
     mskv_cuda_desc cd;
     mskv_cuda_store_desc sd;
+    memset(&cd, 0, sizeof cd);
+    cd.functions = fn;
+    cd.disable_disk_cache = 1;
+    cd.allocator.alloc = chb_alloc;
+    cd.allocator.realloc = chb_realloc;
+    cd.allocator.free = chb_free;
+    cd.attn_path = path;
+    chb_need(mskv_cuda_create(&cd, cu), "cuda_create");
+    memset(&sd, 0, sizeof sd);
+    sd.num_pages = CHB_PAGES; sd.page_size = CHB_P; sd.num_layers = CHB_LAYERS; sd.kv_heads = CHB_KVH;
+    sd.head_dim = CHB_D; sd.dtype = MSKV_DTYPE_BF16;
+    sd.max_batch = 64; sd.max_tokens = 4680; sd.max_page_ids = 64 * 256;
+    chb_need(mskv_cuda_store_create(*cu, &sd, st), "store_create");
+}
+
+static void chb_buffers(mskv_cuda *cu, chb_case *c) {
+    chb_need(mskv_cuda_malloc(cu, (size_t)4680 * CHB_QH * CHB_D * 2, &c->q), "malloc");
+    chb_need(mskv_cuda_malloc(cu, (size_t)4680 * CHB_QH * CHB_D * 2, &c->o), "malloc");
+    chb_need(mskv_cuda_malloc(cu, (size_t)4680 * CHB_QH * 4, &c->lse), "malloc");
+    chb_need(mskv_cuda_malloc(cu, (size_t)4680 * CHB_KVH * CHB_D * 2, &c->k), "malloc");
+    chb_need(mskv_cuda_malloc(cu, (size_t)4680 * CHB_KVH * CHB_D * 2, &c->v), "malloc");
+    c->attn.q_heads = CHB_QH; c->attn.mask = MSKV_MASK_CAUSAL; c->attn.q_dtype = MSKV_DTYPE_BF16;
+    c->rope.mode = MSKV_POS_3D; c->rope.style = MSKV_ROPE_HALF;
+    c->rope.dims[0] = 44; c->rope.dims[1] = 42; c->rope.dims[2] = 42;
+}
+
+/* The three attention shapes with the path forced: mma.sync (mskv_attn) or
+   wgmma (mskv_attn_sm90; the stub is a compute capability 9.0 device). */
+static void chb_attention_cases(mskv_cuda_functions *fn, mskv_cuda_attn_path path) {
+    static const char *const shapes[3] = { "decode 1 x 512", "decode 64 x 4096", "chunk 4680 x 32760" };
     mskv_cuda *cu = NULL;
     mskv_cuda_store *st = NULL;
-    chb_problem dec1, dec64, chunk;
+    chb_problem p[3];
+    chb_case c;
+    char name[64];
+    int i;
+    chb_open(fn, path, &cu, &st);
+    memset(&c, 0, sizeof c);
+    c.st = st;
+    c.what = CHB_ATTENTION;
+    chb_buffers(cu, &c);
+    chb_problem_make(st, &p[0], 1, 1, 512, 0);
+    chb_problem_make(st, &p[1], 64, 1, 4096, 0);
+    chb_problem_make(st, &p[2], 1, 4680, 32760, 1);
+    for (i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "attention %s (%s)", shapes[i], path == MSKV_CUDA_ATTN_WGMMA ? "wgmma" : "mma.sync");
+        c.p = &p[i];
+        /* the upload the attention reads (the last one made is the chunk's) */
+        chb_need(mskv_cuda_plan_upload(st, &p[i].plan, i == 2 ? MSKV_POS_3D : MSKV_POS_1D, &p[i].dplan), "plan_upload");
+        chb_time(name, &c, 1000);
+    }
+    for (i = 0; i < 3; i++) chb_problem_free(&p[i]);
+    mskv_cuda_store_destroy(st);
+    mskv_cuda_destroy(cu);
+}
+
+int main(int argc, char **argv) {
+    mskv_cuda_functions fn = chb_table();
+    mskv_cuda *cu = NULL;
+    mskv_cuda_store *st = NULL;
+    chb_problem dec1, chunk;
     chb_case c;
     int i;
     for (i = 1; i < argc; i++) {
@@ -302,47 +373,25 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "usage: %s [--calls N] [--runs N] [--only NAME]\n", argv[0]); return 2; }
     }
     if (chb_calls < 1 || chb_runs < 1) { fprintf(stderr, "cuda_host_bench: --calls and --runs need N >= 1\n"); return 2; }
-    memset(&cd, 0, sizeof cd);
-    cd.functions = &fn;
-    cd.disable_disk_cache = 1;
-    cd.allocator.alloc = chb_alloc;
-    cd.allocator.realloc = chb_realloc;
-    cd.allocator.free = chb_free;
-    chb_need(mskv_cuda_create(&cd, &cu), "cuda_create");
-    memset(&sd, 0, sizeof sd);
-    sd.num_pages = CHB_PAGES; sd.page_size = CHB_P; sd.num_layers = CHB_LAYERS; sd.kv_heads = CHB_KVH;
-    sd.head_dim = CHB_D; sd.dtype = MSKV_DTYPE_BF16;
-    sd.max_batch = 64; sd.max_tokens = 4680; sd.max_page_ids = 64 * 256;
-    chb_need(mskv_cuda_store_create(cu, &sd, &st), "store_create");
     printf("mstar_kv cuda_host_bench: host ns per call with the driver stubbed (%d calls x %d runs, thread CPU time, best run)\n",
            chb_calls, chb_runs);
+    chb_attention_cases(&fn, MSKV_CUDA_ATTN_MMA);
+    chb_attention_cases(&fn, MSKV_CUDA_ATTN_WGMMA);
+
+    /* the rest on the default path (AUTO: decode runs mma.sync on 9.0) */
+    chb_open(&fn, MSKV_CUDA_ATTN_AUTO, &cu, &st);
     memset(&c, 0, sizeof c);
     c.st = st;
-    chb_need(mskv_cuda_malloc(cu, (size_t)4680 * CHB_QH * CHB_D * 2, &c.q), "malloc");
-    chb_need(mskv_cuda_malloc(cu, (size_t)4680 * CHB_QH * CHB_D * 2, &c.o), "malloc");
-    chb_need(mskv_cuda_malloc(cu, (size_t)4680 * CHB_QH * 4, &c.lse), "malloc");
-    chb_need(mskv_cuda_malloc(cu, (size_t)4680 * CHB_KVH * CHB_D * 2, &c.k), "malloc");
-    chb_need(mskv_cuda_malloc(cu, (size_t)4680 * CHB_KVH * CHB_D * 2, &c.v), "malloc");
-    c.attn.q_heads = CHB_QH; c.attn.mask = MSKV_MASK_CAUSAL; c.attn.q_dtype = MSKV_DTYPE_BF16;
-    c.rope.mode = MSKV_POS_3D; c.rope.style = MSKV_ROPE_HALF;
-    c.rope.dims[0] = 44; c.rope.dims[1] = 42; c.rope.dims[2] = 42;
-
+    chb_buffers(cu, &c);
     chb_problem_make(st, &dec1, 1, 1, 512, 0);
-    chb_problem_make(st, &dec64, 64, 1, 4096, 0);
     chb_problem_make(st, &chunk, 1, 4680, 32760, 1);
-
-    c.p = &dec1;
-    c.what = CHB_ATTENTION;
-    chb_time("attention decode 1 x 512", &c, 1000);
-    c.p = &dec64;
-    chb_time("attention decode 64 x 4096", &c, 1000);
-    c.p = &chunk;
-    chb_time("attention chunk 4680 x 32760", &c, 1000);
     c.p = &dec1;
     c.what = CHB_WRITE_KV;
+    chb_need(mskv_cuda_plan_upload(st, &dec1.plan, MSKV_POS_1D, &dec1.dplan), "plan_upload");
     chb_time("write_kv decode 1 token", &c, 1000);
     c.p = &chunk;
     c.use_rope = 1;
+    chb_need(mskv_cuda_plan_upload(st, &chunk.plan, MSKV_POS_3D, &chunk.dplan), "plan_upload");
     chb_time("write_kv chunk 4680, 3-D RoPE", &c, 1000);
     c.use_rope = 0;
 
@@ -362,7 +411,6 @@ int main(int argc, char **argv) {
     }
 
     chb_problem_free(&dec1);
-    chb_problem_free(&dec64);
     chb_problem_free(&chunk);
     mskv_cuda_store_destroy(st);
     mskv_cuda_destroy(cu);

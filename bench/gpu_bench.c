@@ -15,6 +15,11 @@
      latency   one small decode call (1 request, 1 query, 512 keys), launched and synchronised one at
                a time (target <= 10 us)
    FLOPs count 4 * head_dim per (query head, key) pair: Q.K and P.V.
+   On compute capability 9.0 the prefill check and the chunk figure run for
+   both kernels: the sm_90a one (mskv_attn_sm90, wgmma; goals >= 550 TFLOP/s
+   and >= 1.0x SDPA) on the default context, mskv_attn (mma.sync) on a second
+   context forced to it. Lines say which ran ([wgmma], [mma.sync]); a 9.0
+   device where the sm_90a kernel did not compile or load fails the run.
 
    --check: every attention variant (bf16/f16, head_dim 64/128/256, prefill and decode layouts,
    split-KV) against mskv_cpu_attention_pools over page sizes {1, 16, 40, 64}, GQA {1, 4, 6, 8},
@@ -253,14 +258,54 @@ static double gb_sdpa_peer(const char *python, int nq, int nk, int heads, int di
     return tf;
 }
 
-static int gb_figures(mskv_cuda *cu, const char *python, int quick, int mini) {
+/* Which kernel served prefill on this context (asked after it ran: a
+   failed sm_90a compile turns AUTO to mma.sync). */
+static const char *gb_path(mskv_cuda *cu) {
+    mskv_cuda_info info;
+    memset(&info, 0, sizeof(info));
+    return mskv_cuda_info_get(cu, &info) == MSKV_SUCCESS && info.wgmma ? "wgmma" : "mma.sync";
+}
+
+/* chunk attention, video shape, non-causal, pages of 16 and 40 keys; peer: SDPA TFLOP/s (0: none) */
+static int gb_chunk(mskv_cuda *cu, const gb_shapes *sh, double peer, int mini) {
+    const int32_t page_sizes[2] = {16, 40};
+    gb_problem p;
+    mskv_result r;
+    int32_t qo[1], kv[1];
+    int ps;
+    memset(&p, 0, sizeof(p));
+    for (ps = 0; ps < 2; ps++) {
+        double flops = 4.0 * sh->chunk_q * (double)sh->chunk_k * sh->chunk_heads * sh->dim, tf, t;
+        const char *path, *goals;
+        qo[0] = sh->chunk_q; kv[0] = sh->chunk_k;
+        if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, page_sizes[ps], sh->chunk_heads, sh->chunk_heads, sh->dim, 1, qo, kv,
+                                 NULL, NULL, 1, 0)) != MSKV_SUCCESS)
+            return gb_fail(cu, "chunk setup", r);
+        t = gb_time_attend(&p, sh->iters_chunk);
+        if (t < 0) return gb_fail(cu, "chunk attention", MSKV_ERROR_CUDA);
+        tf = flops / t / 1e12;
+        path = gb_path(cu);
+        goals = strcmp(path, "wgmma") == 0 ? ">= 550, >= 1.0x" : ">= 300, >= 0.8x";
+        if (peer > 0)
+            printf("chunk     [%s] %d x %d keys, page %d: %.1f TFLOP/s (%.3f ms); SDPA %.1f TFLOP/s; ratio %.2fx (targets %s)\n",
+                   path, sh->chunk_q, sh->chunk_k, page_sizes[ps], tf, t * 1e3, peer, tf / peer, goals);
+        else
+            printf("chunk     [%s] %d x %d keys, page %d: %.1f TFLOP/s (%.3f ms); SDPA peer unavailable%s (target >= %d)\n",
+                   path, sh->chunk_q, sh->chunk_k, page_sizes[ps], tf, t * 1e3, mini ? " (--mini)" : " (see stderr)",
+                   strcmp(path, "wgmma") == 0 ? 550 : 300);
+        gb_problem_free(cu, &p);
+    }
+    return 0;
+}
+
+/* mma: a context forced to mma.sync on a device that runs the sm_90a kernel
+   (its chunk figure beside the other path's), NULL when there is none */
+static int gb_figures(mskv_cuda *cu, mskv_cuda *mma, const char *python, int quick, int mini) {
     const gb_shapes sh = gb_shapes_of(quick, mini);
     gb_problem p;
     mskv_result r;
     double copy, t;
     int32_t qo[64], kv[64], i;
-    const int32_t page_sizes[2] = {16, 40};
-    int ps;
     memset(&p, 0, sizeof(p));
     /* copy bandwidth (needs a store for its stream) */
     {
@@ -272,26 +317,11 @@ static int gb_figures(mskv_cuda *cu, const char *python, int quick, int mini) {
         if (copy <= 0) { fprintf(stderr, "gpu_bench: copy bandwidth could not be measured\n"); return 1; }
         printf("copy      %.1f GB/s (cuMemcpyDtoD, bytes read + written)\n", copy / 1e9);
     }
-    /* chunk attention, video shape, non-causal */
+    /* chunk attention, video shape, non-causal: each path beside PyTorch SDPA */
     {
         double peer = mini ? 0 : gb_sdpa_peer(python, sh.chunk_q, sh.chunk_k, sh.chunk_heads, sh.dim);
-        for (ps = 0; ps < 2; ps++) {
-            double flops = 4.0 * sh.chunk_q * (double)sh.chunk_k * sh.chunk_heads * sh.dim, tf;
-            qo[0] = sh.chunk_q; kv[0] = sh.chunk_k;
-            if ((r = gb_problem_make(cu, &p, MSKV_DTYPE_BF16, page_sizes[ps], sh.chunk_heads, sh.chunk_heads, sh.dim, 1, qo, kv,
-                                     NULL, NULL, 1, 0)) != MSKV_SUCCESS)
-                return gb_fail(cu, "chunk setup", r);
-            t = gb_time_attend(&p, sh.iters_chunk);
-            if (t < 0) return gb_fail(cu, "chunk attention", MSKV_ERROR_CUDA);
-            tf = flops / t / 1e12;
-            if (peer > 0)
-                printf("chunk     %d x %d keys, page %d: %.1f TFLOP/s (%.3f ms); SDPA %.1f TFLOP/s; ratio %.2fx (targets >= 300, >= 0.8x)\n",
-                       sh.chunk_q, sh.chunk_k, page_sizes[ps], tf, t * 1e3, peer, tf / peer);
-            else
-                printf("chunk     %d x %d keys, page %d: %.1f TFLOP/s (%.3f ms); SDPA peer unavailable%s (target >= 300)\n",
-                       sh.chunk_q, sh.chunk_k, page_sizes[ps], tf, t * 1e3, mini ? " (--mini)" : " (see stderr)");
-            gb_problem_free(cu, &p);
-        }
+        if (gb_chunk(cu, &sh, peer, mini) != 0) return 1;
+        if (mma && gb_chunk(mma, &sh, peer, mini) != 0) return 1;
     }
     /* decode: a batch, then one long request (split-KV) */
     for (i = 0; i < 2; i++) {
@@ -421,7 +451,7 @@ done:
 
 /* mini: the sweep cut to bf16, head_dim 64, page sizes 1 and 16, GQA 1 and 4,
    short sequences (what an emulated device runs in a second or two) */
-static int gb_check(mskv_cuda *cu, int quick, int mini) {
+static int gb_check(mskv_cuda *cu, int quick, int mini, int prefill_only) {
     const int32_t Ps[4] = {1, 16, 40, 64}, groups[4] = {1, 4, 6, 8}, dims[3] = {64, 128, 256};
     const mskv_dtype dtypes[2] = {MSKV_DTYPE_BF16, MSKV_DTYPE_F16};
     const int n_dtypes = mini ? 1 : 2, n_dims = mini ? 1 : 3, n_ps = mini ? 2 : 4, n_groups = mini ? 2 : 4;
@@ -447,6 +477,7 @@ static int gb_check(mskv_cuda *cu, int quick, int mini) {
                                 if (kv == 0 && m) continue;      /* masked queries need a position */
                                 if (kv == 0) qo = qi == 0 ? 1 : 7;
                                 if (di == 2 && li == 4 && qi == 1) continue;  /* keep the 256 sweep short */
+                                if (prefill_only && qi == 0) continue;
                                 snprintf(what, sizeof(what), "%s d%d P=%d gqa %d kv %d mask %d qo %d",
                                          ti ? "f16" : "bf16", dims[di], P, groups[gi], kv, m, qo);
                                 cases++;
@@ -457,7 +488,7 @@ static int gb_check(mskv_cuda *cu, int quick, int mini) {
                     }
                 }
     /* a batch of uneven segments (split-KV decides per batch) */
-    {
+    if (!prefill_only) {
         int32_t qo[5] = {1, 1, 1, 1, 1}, kv[5] = {16384, 1, 2, 4095, 700}, split[5] = {100, 1, 1, 4000, 699}, shift[5] = {7, 0, 0, 3, 9};
         if (mini) { kv[0] = 300; kv[3] = 95; split[3] = 90; }
         cases++;
@@ -466,14 +497,15 @@ static int gb_check(mskv_cuda *cu, int quick, int mini) {
             failed++;
     }
     if (cpu) mskv_cpu_destroy(cpu);
-    printf("check     %d cases, %d failed (attention vs CPU backend, bit-identical reruns)\n", cases, failed);
+    printf("check     [%s%s] %d cases, %d failed (attention vs CPU backend, bit-identical reruns)\n", gb_path(cu),
+           prefill_only ? ", prefill" : " prefill, mma.sync decode", cases, failed);
     return failed ? 1 : 0;
 }
 
 /* fn: an injected driver/NVRTC table (tests), NULL = the real libraries */
 static int gb_main(int argc, char **argv, const mskv_cuda_functions *fn) {
     mskv_cuda_desc desc;
-    mskv_cuda *cu = NULL;
+    mskv_cuda *cu = NULL, *mma = NULL;
     mskv_cuda_info info;
     mskv_result r;
     char why[1024];
@@ -498,14 +530,28 @@ static int gb_main(int argc, char **argv, const mskv_cuda_functions *fn) {
     mskv_cuda_info_get(cu, &info);
     printf("device    %s, sm_%d, %d SMs, driver %d, NVRTC %d\n", info.name, info.arch, info.multiprocessors,
            info.driver_version, info.nvrtc_version);
-    /* default (what tests/gpu_check.sh runs): the quick correctness sweep, then the figures */
+    /* default (what tests/gpu_check.sh runs): the quick correctness sweep, then the figures;
+       where the sm_90a kernel runs (compute capability 9.0), the mma.sync kernel too, forced
+       on a second context: its prefill check and its chunk figure */
     rc = 0;
+    if (info.wgmma) {
+        mskv_cuda_desc md = desc;
+        md.attn_path = MSKV_CUDA_ATTN_MMA;
+        if ((r = mskv_cuda_create(&md, &mma)) != MSKV_SUCCESS) { mskv_cuda_destroy(cu); return gb_fail(NULL, "mskv_cuda_create (mma.sync)", r); }
+    }
     if (check != 2) {
         double t0 = gb_now();
-        rc = gb_check(cu, quick || !check, mini);
+        rc = gb_check(cu, quick || !check, mini, 0);
+        if (mma && gb_check(mma, quick || !check, mini, 1) != 0) rc = 1;
         printf("check     took %.1f s\n", gb_now() - t0);
     }
-    if (check != 1 && gb_figures(cu, python, quick, mini) != 0) rc = 1;
+    if (check != 1 && gb_figures(cu, mma, python, quick, mini) != 0) rc = 1;
+    if (info.wgmma && strcmp(gb_path(cu), "wgmma") != 0) {
+        /* compute capability 9.0 should run the sm_90a kernel: its failure is in the log */
+        printf("FAIL path: the sm_90a kernel did not compile or load on this device (mma.sync ran instead)\n");
+        rc = 1;
+    }
+    if (mma) mskv_cuda_destroy(mma);
     mskv_cuda_destroy(cu);
     return rc;
 }

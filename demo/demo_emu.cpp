@@ -64,7 +64,7 @@ float demu_f32(void *p) { float v; std::memcpy(&v, p, 4); return v; }
 template <typename T> T demu_ptr(void *p) { return (T)(uintptr_t)demu_u64(p); }
 
 typedef void (*demu_attn_fn)(const void *, const void *, const void *, const int *, const int *, const int *,
-                             const int *, const int *, const int *, int, int, int, float, int, int, int, int,
+                             const int *, const int *, const int *, int, int, int, unsigned int, int, float, int, int, int, int,
                              void *, float *, float *, float *);
 
 mskv_cu_result demu_launch(mskv_cu_function f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
@@ -83,9 +83,9 @@ mskv_cu_result demu_launch(mskv_cu_function f, unsigned int gx, unsigned int gy,
             k(demu_ptr<const void *>(a[0]), demu_ptr<const void *>(a[1]), demu_ptr<const void *>(a[2]),
               demu_ptr<const int *>(a[3]), demu_ptr<const int *>(a[4]), demu_ptr<const int *>(a[5]),
               demu_ptr<const int *>(a[6]), demu_ptr<const int *>(a[7]), demu_ptr<const int *>(a[8]), demu_i32(a[9]),
-              demu_i32(a[10]), demu_i32(a[11]), demu_f32(a[12]), demu_i32(a[13]), demu_i32(a[14]), demu_i32(a[15]),
-              demu_i32(a[16]), demu_ptr<void *>(a[17]), demu_ptr<float *>(a[18]), demu_ptr<float *>(a[19]),
-              demu_ptr<float *>(a[20]));
+              demu_i32(a[10]), demu_i32(a[11]), (unsigned int)demu_i32(a[12]), demu_i32(a[13]), demu_f32(a[14]),
+              demu_i32(a[15]), demu_i32(a[16]), demu_i32(a[17]), demu_i32(a[18]), demu_ptr<void *>(a[19]),
+              demu_ptr<float *>(a[20]), demu_ptr<float *>(a[21]), demu_ptr<float *>(a[22]));
         };
     } else if (fn->name == "mskv_lse_merge") {
         auto k = b16 ? demu_bf16::mskv_lse_merge : demu_f16::mskv_lse_merge;
@@ -136,6 +136,8 @@ mskv_cuda_functions demu_make_table() {
     };
     f.cuDeviceGetName = [](char *name, int len, mskv_cu_device) -> mskv_cu_result { std::snprintf(name, (size_t)len, "emulated"); return 0; };
     f.cuDevicePrimaryCtxRetain = [](mskv_cu_context *c, mskv_cu_device) -> mskv_cu_result { *c = (mskv_cu_context)(void *)&demu_sms; return 0; };
+    f.cuOccupancyMaxActiveBlocksPerMultiprocessor = [](int *n, mskv_cu_function, int, size_t) -> mskv_cu_result { *n = 2; return 0; };
+    f.cuTensorMapEncodeTiled = NULL;   /* a driver without TMA (the sm_90a kernel is not emulated here anyway) */
     f.cuMemAlloc = [](mskv_cu_ptr *p, size_t n) -> mskv_cu_result {
         void *m = std::malloc(n ? n : 1);
         if (!m) return MSKV_CU_ERROR_OUT_OF_MEMORY;
@@ -164,6 +166,8 @@ mskv_cuda_functions demu_make_table() {
     f.cuModuleUnload = [](mskv_cu_module m) -> mskv_cu_result { delete (demu_module *)(void *)m; return 0; };
     f.cuModuleGetFunction = [](mskv_cu_function *out, mskv_cu_module m, const char *name) -> mskv_cu_result {
         static std::deque<demu_func> funcs;   /* the runtime keeps functions for the context's life */
+        /* the sm_90a kernel is not emulated here: the runtime falls back to mskv_attn */
+        if (std::strcmp(name, "mskv_attn_sm90") == 0) return MSKV_CU_ERROR_NOT_FOUND;
         funcs.push_back(demu_func{name, *(const demu_module *)(const void *)m});
         *out = (mskv_cu_function)(void *)&funcs.back();
         return 0;

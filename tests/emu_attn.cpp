@@ -4,6 +4,8 @@
    over the same paged inputs; plus planted bugs that must be caught. */
 #include "mskv_test.h"
 #include "emu/mskv_emu.h"
+#include "../mstar_kv.h"
+#include "../mstar_kv_cuda.h"
 #include <algorithm>
 #include <random>
 
@@ -45,23 +47,23 @@ namespace eat_p_f16_256 {
 }
 
 typedef void (*eat_attn_fn)(const void *, const void *, const void *, const int *, const int *, const int *,
-                            const int *, const int *, const int *, int, int, int, float, int, int, int, int,
+                            const int *, const int *, const int *, int, int, int, unsigned int, int, float, int, int, int, int,
                             void *, float *, float *, float *);
 typedef void (*eat_merge_fn)(const float *, const float *, int, mskv_i64, mskv_i64, void *, float *);
 
 struct eat_variant {
     eat_attn_fn attn;
     eat_merge_fn merge;
-    int dtype, d, bm, bn;
+    int dtype, d, bm, smem;
 };
 enum { EAT_P_BF16_64, EAT_D_BF16_64, EAT_P_F16_128, EAT_D_F16_128, EAT_P_BF16_128, EAT_P_F16_256 };
 static const eat_variant eat_variants[] = {
-    {eat_p_bf16_64::mskv_attn, eat_p_bf16_64::mskv_lse_merge, 2, 64, 64, 64},
-    {eat_d_bf16_64::mskv_attn, eat_d_bf16_64::mskv_lse_merge, 2, 64, 16, 64},
-    {eat_p_f16_128::mskv_attn, eat_p_f16_128::mskv_lse_merge, 1, 128, 64, 64},
-    {eat_d_f16_128::mskv_attn, eat_d_f16_128::mskv_lse_merge, 1, 128, 16, 64},
-    {eat_p_bf16_128::mskv_attn, eat_p_bf16_128::mskv_lse_merge, 2, 128, 64, 64},
-    {eat_p_f16_256::mskv_attn, eat_p_f16_256::mskv_lse_merge, 1, 256, 64, 32},
+    {eat_p_bf16_64::mskv_attn, eat_p_bf16_64::mskv_lse_merge, 2, 64, eat_p_bf16_64::mskv_attn_block_rows, eat_p_bf16_64::mskv_attn_smem_bytes},
+    {eat_d_bf16_64::mskv_attn, eat_d_bf16_64::mskv_lse_merge, 2, 64, eat_d_bf16_64::mskv_attn_block_rows, eat_d_bf16_64::mskv_attn_smem_bytes},
+    {eat_p_f16_128::mskv_attn, eat_p_f16_128::mskv_lse_merge, 1, 128, eat_p_f16_128::mskv_attn_block_rows, eat_p_f16_128::mskv_attn_smem_bytes},
+    {eat_d_f16_128::mskv_attn, eat_d_f16_128::mskv_lse_merge, 1, 128, eat_d_f16_128::mskv_attn_block_rows, eat_d_f16_128::mskv_attn_smem_bytes},
+    {eat_p_bf16_128::mskv_attn, eat_p_bf16_128::mskv_lse_merge, 2, 128, eat_p_bf16_128::mskv_attn_block_rows, eat_p_bf16_128::mskv_attn_smem_bytes},
+    {eat_p_f16_256::mskv_attn, eat_p_f16_256::mskv_lse_merge, 1, 256, eat_p_f16_256::mskv_attn_block_rows, eat_p_f16_256::mskv_attn_smem_bytes},
 };
 
 static float eat_to_f(int dtype, mskv_u16 h) { return dtype == 1 ? mskv_emu::h2f(h) : mskv_emu::b2f(h); }
@@ -73,6 +75,7 @@ struct eat_case {
     int variant = EAT_P_BF16_64;
     int page_size = 16, q_heads = 2, kv_heads = 1, mask = 0, window_left = 0;
     int kv_chunk = 0;  /* > 0: split-KV with this many keys per split */
+    int divisor_page_size = 0;  /* planted bug: the kernel gets another page size's divisor (0: none) */
     std::vector<int> qo, kv, split, shift;
 };
 
@@ -155,11 +158,14 @@ static void eat_run(const eat_case &c, uint64_t seed, eat_result &res) {
     std::vector<mskv_u16> o(q.size(), 0x1234);
     std::vector<float> lse((size_t)total_q * c.q_heads, 12345.0f);
     std::vector<float> o_part((size_t)n_splits * q.size(), 777.0f), lse_part((size_t)n_splits * total_q * c.q_heads, 777.0f);
-    const size_t smem = (size_t)2 * (v.bm * D + 4 * v.bn * D);
     const float scale_log2 = scale * 1.4426950408889634f;
-    res.launched = mskv_emu::launch(mskv_emu::Dim3{(max_rows + v.bm - 1) / v.bm, batch, c.kv_heads * n_splits}, 128, smem, [&] {
+    uint32_t magic;
+    int32_t shift;
+    mskv_cuda_page_divisor(c.divisor_page_size ? c.divisor_page_size : P, &magic, &shift);
+    res.launched = mskv_emu::launch(mskv_emu::Dim3{(max_rows + v.bm - 1) / v.bm, batch, c.kv_heads * n_splits}, 128,
+                                    (size_t)v.smem, [&] {
         v.attn(q.data(), kp.data(), vp.data(), qo_indptr.data(), kv_indptr.data(), kv_indices.data(),
-               kv_len.data(), psplit.data(), pshift.data(), c.q_heads, c.kv_heads, P, scale_log2, c.mask,
+               kv_len.data(), psplit.data(), pshift.data(), c.q_heads, c.kv_heads, P, magic, shift, scale_log2, c.mask,
                c.window_left, c.kv_chunk, n_splits, o.data(), lse.data(), o_part.data(), lse_part.data());
     });
     if (res.launched && n_splits > 1) {
@@ -353,25 +359,53 @@ TEST(attn_planted_plain_ldmatrix_for_v_is_detected) {
     EXPECT_TRUE(bad);
 }
 
+/* One barrier a tile: after it the tile has landed for every thread and
+   every warp is done with the stage refilled next. The races show with
+   skewed warps (each runs as far as it can before the next). */
 TEST(attn_planted_missing_barrier_after_the_copy_wait_is_detected) {
-    eat_case c = eat_one(EAT_P_BF16_64, 16, 2, 1, 20, 100);
+    eat_case c = eat_one(EAT_P_BF16_64, 16, 2, 1, 20, 200);
+    mskv_emu::cfg().greedy_warps = 1;
     mskv_emu::cfg().skip_barrier = 1;
     int bad = eat_mismatches(c, 10003);
     mskv_emu::cfg().skip_barrier = -1;
+    mskv_emu::cfg().greedy_warps = 0;
     EXPECT_TRUE(bad);
 }
 
 TEST(attn_planted_missing_barrier_before_a_stage_is_refilled_is_detected) {
-    /* the refill races only with slower warps: skew them, land copies at issue */
-    eat_case c = eat_one(EAT_P_BF16_64, 16, 2, 1, 20, 200);
+    /* copies land at issue: a warp ahead overwrites the stage a slower one reads */
+    eat_case c = eat_one(EAT_D_F16_128, 16, 4, 1, 1, 400);
     mskv_emu::cfg().greedy_warps = 1;
     mskv_emu::cfg().cp_async_eager = 1;
-    mskv_emu::cfg().skip_barrier = 2;
+    mskv_emu::cfg().skip_barrier = 1;
     int bad = eat_mismatches(c, 10004);
     mskv_emu::cfg().skip_barrier = -1;
     mskv_emu::cfg().greedy_warps = 0;
     mskv_emu::cfg().cp_async_eager = 0;
     EXPECT_TRUE(bad);
+}
+
+TEST(attn_planted_missing_barrier_before_q_enters_registers_is_detected) {
+    /* decode keeps Q in registers, read once from the last stage */
+    eat_case c = eat_one(EAT_D_F16_128, 16, 4, 1, 1, 400);
+    mskv_emu::cfg().greedy_warps = 1;
+    mskv_emu::cfg().skip_barrier = 5;
+    int bad = eat_mismatches(c, 10006);
+    mskv_emu::cfg().skip_barrier = -1;
+    mskv_emu::cfg().greedy_warps = 0;
+    EXPECT_TRUE(bad);
+}
+
+TEST(attn_planted_wrong_page_divisor_is_detected) {
+    /* the kernel divides by the page size with a magic multiply from the host */
+    const int sizes[] = {3, 16};
+    for (int P : sizes) {
+        eat_case c = eat_one(EAT_P_BF16_64, P, 2, 1, 20, 150);
+        c.divisor_page_size = P + 1;
+        EXPECT_TRUE(eat_mismatches(c, 10007 + (uint64_t)P));
+        c.divisor_page_size = 0;
+        EXPECT_FALSE(eat_mismatches(c, 10007 + (uint64_t)P));
+    }
 }
 
 TEST(attn_planted_missing_barrier_in_the_decode_merge_is_detected) {

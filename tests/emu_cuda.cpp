@@ -138,15 +138,24 @@ static ecu_kvw_fn ecu_kvw(int pool, int src, int rope) {
 }
 
 /* >>mock device ---------------------------------------------------------- */
-struct ecu_module { int dtype, head_dim, warp_keys, rope, style, d0, src; };
+struct ecu_module { int dtype, head_dim, warp_keys, rope, style, d0, sm90a, src; };
 struct ecu_func { std::string name; ecu_module mod; };
 /* A captured launch: its parameter values copied (the store rewrites its
    blocks on the next call), as a CUDA graph keeps them. */
-struct ecu_call { mskv_cu_function f; unsigned int g[3], b[3], smem; uint64_t val[MSKV__CUDA_MAX_ARGS]; };
+struct ecu_call {
+    mskv_cu_function f;
+    unsigned int g[3], b[3], smem;
+    uint64_t val[MSKV__CUDA_MAX_ARGS];
+    unsigned char maps[2][128];   /* mskv_attn_sm90's K and V tensor maps, passed by value */
+};
 struct ecu_graph { std::vector<ecu_call> calls; };
 static struct {
     int sms = 4;
-    int launches = 0, splits_seen = 0, attn_warp_keys = -1;
+    int cc_major = 9, cc_minor = 0;
+    int resident = 2;   /* cuOccupancyMaxActiveBlocksPerMultiprocessor's answer */
+    int launches = 0, splits_seen = 0, occupancy_queries = 0;
+    int fail_sm90a = 0;        /* NVRTC refuses sm_90a compiles */
+    int tma_seen = -1;         /* use_tma of the last mskv_attn_sm90 launch */
     std::vector<std::string> launched;
     std::string last_options;
     ecu_graph *capturing = nullptr;   /* launches are recorded, not run */
@@ -173,24 +182,43 @@ static mskv_cu_result ecu_launch(mskv_cu_function f, unsigned int gx, unsigned i
     std::function<void()> body;
     (void)by; (void)bz; (void)s; (void)extra;
     if (ecu.capturing) {
-        ecu_call c = {f, {gx, gy, gz}, {bx, by, bz}, smem, {0}};
-        for (int i = 0; i < MSKV__CUDA_MAX_ARGS; i++) std::memcpy(&c.val[i], a[i], 8);   /* every slot is 8 bytes */
+        ecu_call c = ecu_call();
+        c.f = f; c.g[0] = gx; c.g[1] = gy; c.g[2] = gz; c.b[0] = bx; c.b[1] = by; c.b[2] = bz; c.smem = smem;
+        bool maps = fn->name == "mskv_attn_sm90";
+        for (int i = 0; i < MSKV__CUDA_MAX_ARGS; i++)   /* every other slot is 8 bytes */
+            if (!(maps && i < 2)) std::memcpy(&c.val[i], a[i], 8);
+        if (maps) { std::memcpy(c.maps[0], a[0], 128); std::memcpy(c.maps[1], a[1], 128); }
         ecu.capturing->calls.push_back(c);
         return 0;
     }
     ecu.launches++;
     ecu.launched.push_back(fn->name);
-    if (fn->name == "mskv_attn") {
+    if (fn->name == "mskv_attn_sm90") {
+        if (m.dtype != 2 || m.head_dim != 64 || !m.sm90a) return 700;
+        if (ecu_i32(a[19]) > 1) ecu.splits_seen = ecu_i32(a[19]);
+        ecu.tma_seen = ecu_i32(a[2]);
+        mskv_tmap km, vm;
+        std::memcpy(&km, a[0], sizeof km);
+        std::memcpy(&vm, a[1], sizeof vm);
+        body = [=] {
+            ecu_p_bf16_64::mskv_attn_sm90(km, vm, ecu_i32(a[2]), ecu_ptr<const void *>(a[3]), ecu_ptr<const void *>(a[4]),
+                                          ecu_ptr<const void *>(a[5]), ecu_ptr<const int *>(a[6]), ecu_ptr<const int *>(a[7]),
+                                          ecu_ptr<const int *>(a[8]), ecu_ptr<const int *>(a[9]), ecu_ptr<const int *>(a[10]),
+                                          ecu_ptr<const int *>(a[11]), ecu_i32(a[12]), ecu_i32(a[13]), ecu_i32(a[14]),
+                                          ecu_f32(a[15]), ecu_i32(a[16]), ecu_i32(a[17]), ecu_i32(a[18]), ecu_i32(a[19]),
+                                          ecu_ptr<void *>(a[20]), ecu_ptr<float *>(a[21]), ecu_ptr<float *>(a[22]),
+                                          ecu_ptr<float *>(a[23]));
+        };
+    } else if (fn->name == "mskv_attn") {
         if (m.dtype != 2 || m.head_dim != 64) return 700;
         auto k = m.warp_keys ? ecu_d_bf16_64::mskv_attn : ecu_p_bf16_64::mskv_attn;
-        if (ecu_i32(a[16]) > 1) ecu.splits_seen = ecu_i32(a[16]);
-        ecu.attn_warp_keys = m.warp_keys;
+        if (ecu_i32(a[18]) > 1) ecu.splits_seen = ecu_i32(a[18]);
         body = [=] {
             k(ecu_ptr<const void *>(a[0]), ecu_ptr<const void *>(a[1]), ecu_ptr<const void *>(a[2]), ecu_ptr<const int *>(a[3]),
               ecu_ptr<const int *>(a[4]), ecu_ptr<const int *>(a[5]), ecu_ptr<const int *>(a[6]), ecu_ptr<const int *>(a[7]),
-              ecu_ptr<const int *>(a[8]), ecu_i32(a[9]), ecu_i32(a[10]), ecu_i32(a[11]), ecu_f32(a[12]), ecu_i32(a[13]),
-              ecu_i32(a[14]), ecu_i32(a[15]), ecu_i32(a[16]), ecu_ptr<void *>(a[17]), ecu_ptr<float *>(a[18]),
-              ecu_ptr<float *>(a[19]), ecu_ptr<float *>(a[20]));
+              ecu_ptr<const int *>(a[8]), ecu_i32(a[9]), ecu_i32(a[10]), ecu_i32(a[11]), (unsigned int)ecu_i32(a[12]),
+              ecu_i32(a[13]), ecu_f32(a[14]), ecu_i32(a[15]), ecu_i32(a[16]), ecu_i32(a[17]), ecu_i32(a[18]),
+              ecu_ptr<void *>(a[19]), ecu_ptr<float *>(a[20]), ecu_ptr<float *>(a[21]), ecu_ptr<float *>(a[22]));
         };
     } else if (fn->name == "mskv_lse_merge") {
         if (m.dtype != 2 || m.head_dim != 64) return 700;
@@ -235,11 +263,16 @@ static mskv_cuda_functions ecu_table(void) {
     f.cuDriverGetVersion = [](int *v) -> mskv_cu_result { *v = 13000; return 0; };
     f.cuDeviceGetCount = [](int *n) -> mskv_cu_result { *n = 1; return 0; };
     f.cuDeviceGetAttribute = [](int *v, int at, mskv_cu_device) -> mskv_cu_result {
-        *v = at == MSKV_CU_ATTR_CC_MAJOR ? 9 : at == MSKV_CU_ATTR_MULTIPROCESSOR_COUNT ? ecu.sms
-           : at == MSKV_CU_ATTR_MAX_SMEM_OPTIN ? 227 * 1024 : 0;
+        *v = at == MSKV_CU_ATTR_CC_MAJOR ? ecu.cc_major : at == MSKV_CU_ATTR_CC_MINOR ? ecu.cc_minor
+           : at == MSKV_CU_ATTR_MULTIPROCESSOR_COUNT ? ecu.sms : at == MSKV_CU_ATTR_MAX_SMEM_OPTIN ? 227 * 1024 : 0;
         return 0;
     };
     f.cuDeviceGetName = [](char *name, int len, mskv_cu_device) -> mskv_cu_result { snprintf(name, (size_t)len, "emulated"); return 0; };
+    f.cuOccupancyMaxActiveBlocksPerMultiprocessor = [](int *n, mskv_cu_function, int, size_t) -> mskv_cu_result {
+        ecu.occupancy_queries++;
+        *n = ecu.resident;
+        return 0;
+    };
     f.cuDevicePrimaryCtxRetain = [](mskv_cu_context *c, mskv_cu_device) -> mskv_cu_result { *c = (mskv_cu_context)(void *)&ecu; return 0; };
     f.cuMemAlloc = [](mskv_cu_ptr *p, size_t n) -> mskv_cu_result {
         void *m = std::malloc(n ? n : 1);
@@ -265,7 +298,7 @@ static mskv_cuda_functions ecu_table(void) {
         ecu_module *mod = new ecu_module{ecu_define(img, "-DMSKV_DTYPE"), ecu_define(img, "-DMSKV_HEAD_DIM"),
                                          ecu_define(img, "-DMSKV_ATTN_WARP_KEYS"), ecu_define(img, "-DMSKV_ROPE"),
                                          ecu_define(img, "-DMSKV_ROPE_STYLE"), ecu_define(img, "-DMSKV_ROPE_D0"),
-                                         ecu_define(img, "-DMSKV_SRC_DTYPE")};
+                                         img.find("sm_90a") != std::string::npos, ecu_define(img, "-DMSKV_SRC_DTYPE")};
         *m = (mskv_cu_module)(void *)mod;
         return 0;
     };
@@ -273,11 +306,18 @@ static mskv_cuda_functions ecu_table(void) {
     f.cuModuleGetFunction = [](mskv_cu_function *out, mskv_cu_module m, const char *name) -> mskv_cu_result {
         /* the runtime caches functions for the context's life; they live until exit */
         static std::deque<ecu_func> funcs;
+        /* kernels.cu has mskv_attn_sm90 only when compiled for sm_90a */
+        if (std::strcmp(name, "mskv_attn_sm90") == 0 && !((const ecu_module *)(const void *)m)->sm90a) return MSKV_CU_ERROR_NOT_FOUND;
         funcs.push_back(ecu_func{name, *(const ecu_module *)(const void *)m});
         *out = (mskv_cu_function)(void *)&funcs.back();
         return 0;
     };
     f.cuLaunchKernel = ecu_launch;
+    f.cuTensorMapEncodeTiled = [](void *map, int dt, unsigned int rank, void *g, const unsigned long long *dims,
+                                  const unsigned long long *strides, const unsigned int *box, const unsigned int *es,
+                                  int il, int sw, int l2, int oob) -> mskv_cu_result {
+        return mskv_emu::tmap_encode(map, dt, rank, g, dims, strides, box, es, il, sw, l2, oob);
+    };
     f.cuStreamBeginCapture = [](mskv_cu_stream, int) -> mskv_cu_result {
         if (ecu.capturing) return 401;
         ecu.capturing = new ecu_graph();
@@ -296,6 +336,7 @@ static mskv_cuda_functions ecu_table(void) {
         for (ecu_call c : ((ecu_graph *)(void *)e)->calls) {
             void *ptr[MSKV__CUDA_MAX_ARGS];
             for (int i = 0; i < MSKV__CUDA_MAX_ARGS; i++) ptr[i] = &c.val[i];
+            if (((const ecu_func *)(const void *)c.f)->name == "mskv_attn_sm90") { ptr[0] = c.maps[0]; ptr[1] = c.maps[1]; }
             mskv_cu_result r = ecu_launch(c.f, c.g[0], c.g[1], c.g[2], c.b[0], c.b[1], c.b[2], c.smem, s, ptr, NULL);
             if (r != 0) return r;
         }
@@ -317,7 +358,7 @@ static mskv_cuda_functions ecu_table(void) {
         *img = "EMUCUBIN sm_90\n";
         for (int i = 0; i < n; i++) *img += std::string(opts[i]) + "\n";
         ecu.last_options = *img;
-        return 0;
+        return ecu.fail_sm90a && img->find("sm_90a") != std::string::npos ? MSKV_NVRTC_ERROR_COMPILATION : 0;
     };
     f.nvrtcGetProgramLogSize = [](mskv_nvrtc_program, size_t *n) -> mskv_nvrtc_result { *n = 0; return 0; };
     f.nvrtcGetCUBINSize = [](mskv_nvrtc_program p, size_t *n) -> mskv_nvrtc_result { *n = ((std::string *)(void *)p)->size(); return 0; };
@@ -330,8 +371,16 @@ static mskv_cuda_functions ecu_table(void) {
 }
 
 /* >>fixture -------------------------------------------------------------- */
+static void ecu_log(void *user, mskv_log_level level, const char *msg) {
+    (void)level;
+    ((std::string *)user)->append(msg).append("\n");
+}
+
 struct ecu_env {
     mskv_cuda_functions table;
+    mskv_cuda_attn_path path = MSKV_CUDA_ATTN_AUTO;
+    int no_tensor_maps = 0;    /* a driver without cuTensorMapEncodeTiled */
+    std::string log;
     mskv_cuda *cu = nullptr;
     mskv_cuda_store *st = nullptr;
     ~ecu_env() {
@@ -343,9 +392,13 @@ struct ecu_env {
         mskv_cuda_store_desc sd;
         mskv_result r;
         table = ecu_table();
+        if (no_tensor_maps) table.cuTensorMapEncodeTiled = NULL;
         std::memset(&d, 0, sizeof d);
         d.functions = &table;
         d.disable_disk_cache = 1;
+        d.attn_path = path;
+        d.log = ecu_log;
+        d.log_user = &log;
         if ((r = mskv_cuda_create(&d, &cu)) != MSKV_SUCCESS) return r;
         std::memset(&sd, 0, sizeof sd);
         sd.num_pages = num_pages; sd.page_size = page_size; sd.num_layers = 2; sd.kv_heads = kv_heads;
@@ -454,7 +507,7 @@ TEST(cuda_attention_wrapper_splits_a_lone_long_decode_and_merges) {
     const int P = 40, kvh = 1, qh = 4, pages = 40;
     ecu.sms = 4;  /* 1 block alone would leave the device idle: split the keys */
     ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
-    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {1}, {1000}, 2));
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {1}, {1500}, 2));
     ecu.launched.clear();
     ecu.splits_seen = 0;
     EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_NONE, 0), 2.5e-2);
@@ -462,6 +515,160 @@ TEST(cuda_attention_wrapper_splits_a_lone_long_decode_and_merges) {
     EXPECT_STREQ("mskv_lse_merge", ecu.launched[1].c_str());
     EXPECT_GT(ecu.splits_seen, 1);
     EXPECT_TRUE(ecu.last_options.find("-DMSKV_ATTN_WARP_KEYS=1") != std::string::npos);
+}
+
+/* ---- the sm_90a kernel behind the wrapper ---- */
+
+static int ecu_count(const std::string &hay, const char *needle) {
+    int n = 0;
+    for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) n++;
+    return n;
+}
+
+TEST(cuda_attention_on_compute_capability_9_0_runs_the_sm90a_kernel_for_prefill) {
+    ecu_env e;
+    ecu_problem p;
+    mskv_cuda_info info;
+    const int P = 16, kvh = 2, qh = 8, pages = 16;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_info_get(e.cu, &info));
+    EXPECT_EQ(1, info.wgmma);
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {30, 5}, {100, 37}, 11));
+    ecu.launched.clear();
+    ecu.tma_seen = -1;
+    EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_CAUSAL, 0), 2.5e-2);
+    ASSERT_EQ(1, (int)ecu.launched.size());
+    EXPECT_STREQ("mskv_attn_sm90", ecu.launched[0].c_str());
+    EXPECT_TRUE(ecu.last_options.find("--gpu-architecture=sm_90a") != std::string::npos);
+    EXPECT_EQ(1, ecu.tma_seen);   /* pages of 16 keys: whole pages per 128-key tile */
+}
+
+TEST(cuda_attention_sm90a_kernel_copies_with_cp_async_where_tiles_cut_pages) {
+    ecu_env e;
+    ecu_problem p;
+    const int P = 40, kvh = 1, qh = 4, pages = 12;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {40}, {300}, 12));
+    ecu.launched.clear();
+    ecu.tma_seen = -1;
+    EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_WINDOW, 90), 2.5e-2);
+    EXPECT_STREQ("mskv_attn_sm90", ecu.launched.empty() ? "" : ecu.launched[0].c_str());
+    EXPECT_EQ(0, ecu.tma_seen);
+}
+
+TEST(cuda_attention_sm90a_kernel_without_cuTensorMapEncodeTiled_copies_with_cp_async) {
+    ecu_env e;
+    ecu_problem p;
+    const int P = 16, kvh = 1, qh = 2, pages = 24;
+    e.no_tensor_maps = 1;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {50}, {300}, 13));
+    ecu.tma_seen = -1;
+    EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_NONE, 0), 2.5e-2);
+    EXPECT_EQ(0, ecu.tma_seen);
+}
+
+TEST(cuda_attention_sm90a_kernel_splits_few_blocks_and_merges) {
+    ecu_env e;
+    ecu_problem p;
+    const int P = 16, kvh = 1, qh = 2, pages = 70;
+    ecu.sms = 4;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {20}, {1050}, 14));
+    ecu.launched.clear();
+    ecu.splits_seen = 0;
+    EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_NONE, 0), 2.5e-2);
+    ASSERT_EQ(2, (int)ecu.launched.size());
+    EXPECT_STREQ("mskv_attn_sm90", ecu.launched[0].c_str());
+    EXPECT_STREQ("mskv_lse_merge", ecu.launched[1].c_str());
+    EXPECT_EQ(3, ecu.splits_seen);   /* one block for 4 SMs: min(4, 1050 keys / (4 x 128)) splits */
+}
+
+TEST(cuda_attention_falls_back_to_mma_sync_once_when_the_sm90a_kernel_fails_to_compile) {
+    ecu_env e;
+    ecu_problem p;
+    mskv_cuda_info info;
+    const int P = 16, kvh = 2, qh = 4, pages = 16;
+    ecu.fail_sm90a = 1;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {30, 5}, {100, 37}, 15));
+    ecu.launched.clear();
+    double err1 = ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_CAUSAL, 0);
+    double err2 = ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_NONE, 0);
+    ecu.fail_sm90a = 0;
+    EXPECT_NEAR(0.0, err1, 2.5e-2);
+    EXPECT_NEAR(0.0, err2, 2.5e-2);
+    ASSERT_EQ(2, (int)ecu.launched.size());
+    EXPECT_STREQ("mskv_attn", ecu.launched[0].c_str());
+    EXPECT_STREQ("mskv_attn", ecu.launched[1].c_str());
+    EXPECT_EQ(1, ecu_count(e.log, "sm_90a attention kernel is unavailable"));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_info_get(e.cu, &info));
+    EXPECT_EQ(0, info.wgmma);
+}
+
+TEST(cuda_attention_path_forced_to_mma_sync_never_compiles_for_sm90a) {
+    ecu_env e;
+    ecu_problem p;
+    mskv_cuda_info info;
+    const int P = 16, kvh = 1, qh = 2, pages = 16;
+    e.path = MSKV_CUDA_ATTN_MMA;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_info_get(e.cu, &info));
+    EXPECT_EQ(0, info.wgmma);
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {60}, {200}, 16));
+    ecu.launched.clear();
+    EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_NONE, 0), 2.5e-2);
+    EXPECT_STREQ("mskv_attn", ecu.launched.empty() ? "" : ecu.launched[0].c_str());
+    EXPECT_TRUE(ecu.last_options.find("sm_90a") == std::string::npos);
+}
+
+TEST(cuda_attention_path_forced_to_wgmma_serves_decode_and_reports_failures) {
+    const int P = 16, kvh = 1, qh = 4, pages = 16;
+    {
+        ecu_env e;
+        ecu_problem p;
+        e.path = MSKV_CUDA_ATTN_WGMMA;
+        ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+        ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {1}, {150}, 17));
+        ecu.launched.clear();
+        EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_NONE, 0), 2.5e-2);
+        EXPECT_STREQ("mskv_attn_sm90", ecu.launched.empty() ? "" : ecu.launched[0].c_str());
+    }
+    {
+        /* forced, it does not fall back: the compile error is the answer */
+        ecu_env e;
+        ecu_problem p;
+        e.path = MSKV_CUDA_ATTN_WGMMA;
+        ecu.fail_sm90a = 1;
+        ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+        ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {20}, {150}, 18));
+        mskv_attn at;
+        std::memset(&at, 0, sizeof at);
+        at.q_heads = qh; at.q_dtype = MSKV_DTYPE_BF16;
+        mskv_cu_ptr buf = 0;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, 65536, &buf));
+        EXPECT_EQ(MSKV_ERROR_NVRTC, mskv_cuda_attention(e.st, 1, &p.plan, &p.dplan, &at, buf, buf + 32768, 0));
+        ecu.fail_sm90a = 0;
+        mskv_cuda_free(e.cu, buf);
+    }
+    {
+        /* on another device (here a 10.0 the mock NVRTC serves with sm_90 PTX) there is nothing to force */
+        ecu_env e;
+        ecu_problem p;
+        e.path = MSKV_CUDA_ATTN_WGMMA;
+        ecu.cc_major = 10; ecu.cc_minor = 0;
+        mskv_result r = e.open(MSKV_DTYPE_BF16, P, kvh, pages);
+        mskv_result ra = MSKV_ERROR_CUDA;
+        if (r == MSKV_SUCCESS && ecu_make(e, p, P, kvh, qh, pages, {20}, {150}, 19) == MSKV_SUCCESS) {
+            mskv_attn at;
+            std::memset(&at, 0, sizeof at);
+            at.q_heads = qh; at.q_dtype = MSKV_DTYPE_BF16;
+            ra = mskv_cuda_attention(e.st, 1, &p.plan, &p.dplan, &at, 16, 32, 0);
+        }
+        ecu.cc_major = 9; ecu.cc_minor = 0;
+        ASSERT_EQ(MSKV_SUCCESS, r);
+        EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, ra);
+    }
 }
 
 TEST(cuda_attention_wrapper_rejects_f32_stores_and_foreign_q_dtype) {
@@ -535,31 +742,41 @@ TEST(cuda_attention_wrapper_refuses_a_table_the_kernel_would_overrun) {
 
 /* q_pos and the visibility bounds are not read by these kernels yet: a plan
    whose features say it needs them is refused, not attended over other keys
-   than the CPU backend's; the same arrays holding their defaults are fine. */
+   than the CPU backend's, by either kernel (mskv_attn, and mskv_attn_sm90
+   when forced) and before anything launches; the same arrays holding their
+   defaults are fine. */
 TEST(cuda_attention_wrapper_refuses_plans_whose_features_it_does_not_read_yet) {
-    ecu_env e;
-    mskv_plan plan;
-    mskv_cuda_dplan dp;
-    mskv_attn at;
-    int32_t qo[2] = {0, 2}, kvp[2] = {0, 2}, ids[2] = {1, 2}, last[1] = {8}, kvl[1] = {24}, split[1] = {24}, shift[1] = {0};
-    int32_t qpos[2] = {22, 23}, se[1] = {0}, ws[1] = {0};
-    std::memset(&plan, 0, sizeof plan); std::memset(&dp, 0, sizeof dp); std::memset(&at, 0, sizeof at);
-    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, 16, 1, 4));
-    at.q_heads = 1; at.q_dtype = MSKV_DTYPE_BF16;
-    plan.batch = 1; plan.total_q = 2; plan.num_page_ids = 2; plan.page_size = 16;
-    plan.qo_indptr = qo; plan.kv_indptr = kvp; plan.kv_indices = ids; plan.kv_last_page_len = last;
-    plan.kv_len = kvl; plan.kv_pos_split = split; plan.kv_pos_shift = shift;
-    plan.q_pos = qpos; plan.vis_sink_end = se; plan.vis_window_start = ws;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(e.st, &plan, MSKV_POS_NONE, &dp));
-    mskv_cu_ptr buf = 0;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, 4096, &buf));
-    plan.features = MSKV_PLAN_Q_POS;
-    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));
-    plan.features = MSKV_PLAN_VISIBILITY;
-    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));
-    plan.features = 0;   /* the arrays hold what their absence means: the tail rule, nothing hidden */
-    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));
-    mskv_cuda_free(e.cu, buf);
+    const mskv_cuda_attn_path paths[2] = {MSKV_CUDA_ATTN_AUTO, MSKV_CUDA_ATTN_WGMMA};
+    for (mskv_cuda_attn_path path : paths) {
+        ecu_env e;
+        mskv_plan plan;
+        mskv_cuda_dplan dp;
+        mskv_attn at;
+        int32_t qo[2] = {0, 2}, kvp[2] = {0, 2}, ids[2] = {1, 2}, last[1] = {8}, kvl[1] = {24}, split[1] = {24}, shift[1] = {0};
+        int32_t qpos[2] = {22, 23}, se[1] = {0}, ws[1] = {0};
+        std::memset(&plan, 0, sizeof plan); std::memset(&dp, 0, sizeof dp); std::memset(&at, 0, sizeof at);
+        e.path = path;
+        ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, 16, 1, 4));
+        at.q_heads = 1; at.q_dtype = MSKV_DTYPE_BF16;
+        plan.batch = 1; plan.total_q = 2; plan.num_page_ids = 2; plan.page_size = 16;
+        plan.qo_indptr = qo; plan.kv_indptr = kvp; plan.kv_indices = ids; plan.kv_last_page_len = last;
+        plan.kv_len = kvl; plan.kv_pos_split = split; plan.kv_pos_shift = shift;
+        plan.q_pos = qpos; plan.vis_sink_end = se; plan.vis_window_start = ws;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(e.st, &plan, MSKV_POS_NONE, &dp));
+        mskv_cu_ptr buf = 0;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, 4096, &buf));
+        ecu.launched.clear();
+        plan.features = MSKV_PLAN_Q_POS;
+        EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));
+        plan.features = MSKV_PLAN_VISIBILITY;
+        EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));
+        EXPECT_EQ(0, (int)ecu.launched.size());
+        plan.features = 0;   /* the arrays hold what their absence means: the tail rule, nothing hidden */
+        EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, buf, buf + 2048, 0));
+        EXPECT_STREQ(path == MSKV_CUDA_ATTN_WGMMA ? "mskv_attn_sm90" : "mskv_attn",
+                     ecu.launched.empty() ? "" : ecu.launched[0].c_str());
+        mskv_cuda_free(e.cu, buf);
+    }
 }
 
 TEST(cuda_merge_wrapper_matches_cpu_merge) {
@@ -862,11 +1079,14 @@ TEST(cuda_graph_captured_at_the_largest_step_replays_smaller_padded_steps_as_eag
         std::vector<float> l_rep((size_t)rows_cap), l_eager(l_rep.size());
         mskv_cuda_upload(g.e.st, g.dout, nan_o.data(), nan_o.size() * 2);
         int before = ecu.launches;
+        ecu.launched.clear();
         ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(g.e.st, graph));
         EXPECT_EQ(2, ecu.launches - before);   /* the captured write and attention */
+        std::vector<std::string> replayed = ecu.launched;
         mskv_cuda_download(g.e.st, o_rep.data(), g.dout, o_rep.size() * 2);
         mskv_cuda_download(g.e.st, l_rep.data(), g.dlse, l_rep.size() * 4);
         mskv_cuda_upload(g.e.st, g.dout, nan_o.data(), nan_o.size() * 2);
+        ecu.launched.clear();
         ASSERT_EQ(MSKV_SUCCESS, ecu_step_launches(g, &at));
         mskv_cuda_download(g.e.st, o_eager.data(), g.dout, o_eager.size() * 2);
         mskv_cuda_download(g.e.st, l_eager.data(), g.dlse, l_eager.size() * 4);
@@ -878,8 +1098,8 @@ TEST(cuda_graph_captured_at_the_largest_step_replays_smaller_padded_steps_as_eag
         for (size_t i = 0; i < (size_t)real * qh; i++) bad += !std::isfinite(l_rep[i]);
         for (size_t i = 0; i < (size_t)real * qh * 64; i++) bad += !std::isfinite(mskv_bf16_to_f32(o_rep[i]));
         EXPECT_EQ((size_t)0, bad);
-        /* the prefill layout every time: the launch shape is the captured one */
-        EXPECT_EQ(0, ecu.attn_warp_keys);
+        /* the same kernels every time: the launch shape is the captured one */
+        EXPECT_TRUE(replayed == ecu.launched);
         ASSERT_EQ(MSKV_SUCCESS, mskv_commit(g.a, s, n));
         ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(g.e.st, s, n, NULL));
     }
@@ -907,45 +1127,119 @@ TEST(cuda_graph_captured_at_the_largest_step_replays_smaller_padded_steps_as_eag
 
 TEST(attn_geometry_picks_the_decode_layout_for_few_rows) {
     mskv_cuda_attn_geometry g;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(64, 64, 1, 4096, 32, 8, 128, 132, 0, &g));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(64, 64, 1, 4096, 32, 8, 128, 132, 0, 2, &g));
     EXPECT_EQ(1, g.decode);
     EXPECT_EQ(16, g.block_rows);
-    EXPECT_EQ(2 * (16 * 128 + 4 * 64 * 128), (int)g.smem_bytes);
+    EXPECT_EQ(3 * 2 * 64 * 128 * 2, (int)g.smem_bytes);   /* 3 stages of K and V; Q waits in the last */
     EXPECT_EQ(1, (int)g.grid[0]); EXPECT_EQ(64, (int)g.grid[1]); EXPECT_EQ(8, (int)g.grid[2]);
-    EXPECT_EQ(1, g.n_splits);       /* 512 blocks fill 132 SMs */
+    EXPECT_EQ(1, g.n_splits);       /* 512 blocks fill 132 SMs x 2 */
     EXPECT_EQ(0, (int)g.workspace_bytes);
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 5, 5, 100, 4, 1, 64, 132, 0, &g));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 5, 5, 100, 4, 1, 64, 132, 0, 2, &g));
     EXPECT_EQ(0, g.decode);         /* 20 rows: the prefill layout */
+}
+
+TEST(attn_geometry_prefill_takes_32_rows_per_warp_up_to_head_dim_128) {
+    mskv_cuda_attn_geometry g;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 4680, 4680, 32760, 12, 12, 128, 132, 0, 2, &g));
+    EXPECT_EQ(128, g.block_rows);
+    EXPECT_EQ(64, g.block_keys);
+    EXPECT_EQ(37, (int)g.grid[0]);  /* ceil(4680 / 128) */
+    EXPECT_EQ(96 * 1024, (int)g.smem_bytes);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 4680, 4680, 32760, 12, 12, 256, 132, 0, 2, &g));
+    EXPECT_EQ(64, g.block_rows);    /* 32 rows of 256 f32 accumulators would not fit the registers */
+    EXPECT_EQ(32, g.block_keys);
 }
 
 TEST(attn_geometry_splits_keys_only_when_blocks_are_few) {
     mskv_cuda_attn_geometry g;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 65536, 32, 8, 128, 132, 0, &g));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 65536, 32, 8, 128, 132, 0, 2, &g));
     EXPECT_GT(g.n_splits, 8);
     EXPECT_EQ(0, g.kv_chunk % g.block_keys);
     EXPECT_GE((int64_t)g.kv_chunk * g.n_splits, 65536);
     EXPECT_LT((int64_t)g.kv_chunk * (g.n_splits - 1), 65536);
     EXPECT_EQ((size_t)g.n_splits * 1 * 32 * (128 + 1) * 4, g.workspace_bytes);
     EXPECT_EQ(8 * g.n_splits, (int)g.grid[2]);
-    /* the video chunk: 74 row tiles x 12 heads = 888 blocks, no split */
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 4680, 4680, 32760, 12, 12, 128, 132, 0, &g));
+    /* the video chunk: 37 row tiles x 12 heads = 444 blocks, no split */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 4680, 4680, 32760, 12, 12, 128, 132, 0, 2, &g));
     EXPECT_EQ(1, g.n_splits);
-    EXPECT_EQ(74, (int)g.grid[0]);
-    EXPECT_EQ(80 * 1024, (int)g.smem_bytes);
-    /* a short sequence is not split below 4 tiles per split */
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 300, 8, 8, 128, 132, 0, &g));
-    EXPECT_LE(g.n_splits, 2);
+    /* a short sequence is not split */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 300, 8, 8, 128, 132, 0, 2, &g));
+    EXPECT_EQ(1, g.n_splits);
+}
+
+TEST(attn_geometry_does_not_split_a_512_key_decode) {
+    mskv_cuda_attn_geometry g;
+    /* one block per (segment, kv head) reads 512 keys: one launch, no merge */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 512, 32, 8, 128, 132, 0, 2, &g));
+    EXPECT_EQ(1, g.n_splits);
+    EXPECT_EQ(0, (int)g.workspace_bytes);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 1023, 32, 8, 128, 132, 0, 2, &g));
+    EXPECT_EQ(1, g.n_splits);       /* two splits would hold fewer than 512 keys each */
+}
+
+TEST(attn_geometry_splits_fill_whole_waves_of_resident_blocks) {
+    /* 8 kv heads x 65536 keys on 132 SMs: the split count follows how many
+       blocks an SM holds, and the blocks fill their last wave */
+    for (int resident = 1; resident <= 4; resident++) {
+        mskv_cuda_attn_geometry g;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 65536, 32, 8, 128, 132, 0, resident, &g));
+        const int64_t slots = 132 * resident, blocks = 8 * (int64_t)g.n_splits;
+        const int64_t waves = (blocks + slots - 1) / slots;
+        EXPECT_GT(g.n_splits, 1);
+        if (blocks * 10 < waves * slots * 9)
+            mt_fail(__FILE__, __LINE__, "resident %d: %lld blocks fill %lld waves of %lld slots below 90%%", resident,
+                    (long long)blocks, (long long)waves, (long long)slots);
+    }
+    {
+        mskv_cuda_attn_geometry g1, g3;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 65536, 32, 8, 128, 132, 0, 1, &g1));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 65536, 32, 8, 128, 132, 0, 3, &g3));
+        EXPECT_GT(g3.n_splits, g1.n_splits);
+    }
+}
+
+TEST(cuda_attention_splits_by_the_residency_the_driver_reports) {
+    const int P = 40, kvh = 1, qh = 4, pages = 40;
+    ecu.sms = 4;
+    for (int resident = 1; resident <= 3; resident += 2) {
+        ecu_env e;
+        ecu_problem p;
+        mskv_cuda_attn_geometry g;
+        ecu.resident = resident;
+        ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+        ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {1}, {1500}, 2));
+        ecu.splits_seen = 0;
+        ecu.occupancy_queries = 0;
+        EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_NONE, 0), 2.5e-2);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(1, 1, 1, 1500, qh, kvh, 64, 4, 227 * 1024, resident, &g));
+        EXPECT_EQ(g.n_splits, ecu.splits_seen);
+        EXPECT_EQ(1, ecu.occupancy_queries);
+    }
+    ecu.resident = 2;
+}
+
+TEST(cuda_attention_runs_a_512_key_decode_as_one_launch) {
+    ecu_env e;
+    ecu_problem p;
+    const int P = 16, kvh = 1, qh = 4, pages = 40;
+    ecu.sms = 4;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {1}, {512}, 2));
+    ecu.launched.clear();
+    EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_NONE, 0), 2.5e-2);
+    ASSERT_EQ(1, (int)ecu.launched.size());
+    EXPECT_STREQ("mskv_attn", ecu.launched[0].c_str());
 }
 
 TEST(attn_geometry_falls_back_when_shared_memory_is_short) {
     mskv_cuda_attn_geometry g;
-    /* head_dim 256 decode needs 136 KiB: on a 99 KiB part the prefill layout (96 KiB) runs */
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(4, 4, 1, 1000, 8, 8, 256, 84, 99 * 1024, &g));
+    /* head_dim 256 decode needs 200 KiB: on a 99 KiB part the prefill layout (96 KiB) runs */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attn_geometry_get(4, 4, 1, 1000, 8, 8, 256, 84, 99 * 1024, 1, &g));
     EXPECT_EQ(0, g.decode);
     EXPECT_EQ(32, g.block_keys);
     EXPECT_LE((int)g.smem_bytes, 99 * 1024);
-    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attn_geometry_get(1, 1, 1, 1, 6, 4, 128, 1, 0, &g));
-    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attn_geometry_get(1, 1, 1, 1, 8, 8, 96, 1, 0, &g));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attn_geometry_get(1, 1, 1, 1, 6, 4, 128, 1, 0, 1, &g));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attn_geometry_get(1, 1, 1, 1, 8, 8, 96, 1, 0, 1, &g));
 }
 
 TEST(gpu_bench_check_passes_on_the_emulated_device) {

@@ -5,6 +5,7 @@
 #include "mskv_test.h"
 #include "emu/mskv_emu.h"
 #include "../mstar_kv.h"   /* implemented in emu_cuda.cpp, beside the GPU layer that needs it */
+#include "../mstar_kv_cuda.h"  /* mskv_cuda_page_divisor (also implemented in emu_cuda.cpp) */
 #include <algorithm>
 #include <random>
 
@@ -54,16 +55,16 @@ namespace eor_f32_64 {
 using mskv_emu::Dim3;
 
 typedef void (*eor_attn_fn)(const void *, const void *, const void *, const int *, const int *, const int *,
-                            const int *, const int *, const int *, int, int, int, float, int, int, int, int,
+                            const int *, const int *, const int *, int, int, int, unsigned int, int, float, int, int, int, int,
                             void *, float *, float *, float *);
 typedef void (*eor_merge_fn)(const float *, const float *, int, mskv_i64, mskv_i64, void *, float *);
 
-struct eor_variant { eor_attn_fn attn; eor_merge_fn merge; mskv_dtype dtype; int d, bm, bn; const char *name; };
+struct eor_variant { eor_attn_fn attn; eor_merge_fn merge; mskv_dtype dtype; int d, bm, smem; const char *name; };
 static const eor_variant eor_variants[] = {
-    {eor_p_bf16_64::mskv_attn, eor_p_bf16_64::mskv_lse_merge, MSKV_DTYPE_BF16, 64, 64, 64, "prefill bf16 d64"},
-    {eor_d_bf16_64::mskv_attn, eor_d_bf16_64::mskv_lse_merge, MSKV_DTYPE_BF16, 64, 16, 64, "decode bf16 d64"},
-    {eor_p_f16_128::mskv_attn, eor_p_f16_128::mskv_lse_merge, MSKV_DTYPE_F16, 128, 64, 64, "prefill f16 d128"},
-    {eor_d_bf16_128::mskv_attn, eor_d_bf16_128::mskv_lse_merge, MSKV_DTYPE_BF16, 128, 16, 64, "decode bf16 d128"},
+    {eor_p_bf16_64::mskv_attn, eor_p_bf16_64::mskv_lse_merge, MSKV_DTYPE_BF16, 64, eor_p_bf16_64::mskv_attn_block_rows, eor_p_bf16_64::mskv_attn_smem_bytes, "prefill bf16 d64"},
+    {eor_d_bf16_64::mskv_attn, eor_d_bf16_64::mskv_lse_merge, MSKV_DTYPE_BF16, 64, eor_d_bf16_64::mskv_attn_block_rows, eor_d_bf16_64::mskv_attn_smem_bytes, "decode bf16 d64"},
+    {eor_p_f16_128::mskv_attn, eor_p_f16_128::mskv_lse_merge, MSKV_DTYPE_F16, 128, eor_p_f16_128::mskv_attn_block_rows, eor_p_f16_128::mskv_attn_smem_bytes, "prefill f16 d128"},
+    {eor_d_bf16_128::mskv_attn, eor_d_bf16_128::mskv_lse_merge, MSKV_DTYPE_BF16, 128, eor_d_bf16_128::mskv_attn_block_rows, eor_d_bf16_128::mskv_attn_smem_bytes, "decode bf16 d128"},
 };
 
 static float eor_f(mskv_dtype t, uint16_t h) { return t == MSKV_DTYPE_F16 ? mskv_f16_to_f32(h) : mskv_bf16_to_f32(h); }
@@ -132,10 +133,12 @@ static void eor_compare(const eor_case &c, uint64_t seed, double *o_err, double 
     const int n_splits = c.kv_chunk > 0 ? std::max(1, (max_kv + c.kv_chunk - 1) / c.kv_chunk) : 1;
     std::vector<float> o_part((size_t)n_splits * q.size()), lse_part((size_t)n_splits * ref_lse.size());
     const float scale_log2 = (1.0f / std::sqrt((float)D)) * 1.4426950408889634f;
-    int ok = mskv_emu::launch(Dim3{(max_rows + v.bm - 1) / v.bm, batch, c.kv_heads * n_splits}, 128,
-                              (size_t)2 * (v.bm * D + 4 * v.bn * D), [&] {
+    uint32_t magic;
+    int32_t shift;
+    mskv_cuda_page_divisor(P, &magic, &shift);
+    int ok = mskv_emu::launch(Dim3{(max_rows + v.bm - 1) / v.bm, batch, c.kv_heads * n_splits}, 128, (size_t)v.smem, [&] {
         v.attn(q.data(), kp.data(), vp.data(), qo_indptr.data(), kv_indptr.data(), kv_indices.data(), kv_len.data(),
-               psplit.data(), pshift.data(), c.q_heads, c.kv_heads, P, scale_log2, (int)c.mask, c.window_left,
+               psplit.data(), pshift.data(), c.q_heads, c.kv_heads, P, magic, shift, scale_log2, (int)c.mask, c.window_left,
                c.kv_chunk, n_splits, o.data(), lse.data(), o_part.data(), lse_part.data());
     });
     if (ok && n_splits > 1) {
@@ -190,6 +193,30 @@ TEST(attn_matches_cpu_backend_over_page_sizes_gqa_lengths_and_masks) {
                 }
             }
         }
+    EXPECT_EQ(0, failures);
+}
+
+/* The K/V gather finds each row's page once per tile (a magic-multiply
+   division, exact for every page size) from page ids loaded a tile ahead:
+   358 keys end mid-tile and mid-page for every size here, pages of 1, 3 and 5
+   change inside every tile, and decode (head_dim 128) runs its three-stage
+   loop unrolled by stage; the split runs exercise the merge. */
+TEST(attn_matches_cpu_backend_for_any_page_size_with_page_ids_fetched_ahead) {
+    const int Ps[] = {1, 3, 5, 16, 64, 256}, groups[] = {1, 4, 8};
+    int failures = 0, run = 0;
+    for (int P : Ps)
+        for (int variant = 2; variant < 4; variant++)
+            for (int k = 0; k < 2 && failures < 5; k++, run++) {
+                const bool decode = eor_variants[variant].bm == 16;
+                const int gq = groups[run % 3];
+                eor_case c;
+                c.variant = variant; c.page_size = P; c.kv_heads = 2; c.q_heads = 2 * gq;
+                c.mask = (mskv_mask)(run % 3);
+                c.window_left = 150;
+                c.kv_chunk = k ? 128 : 0;
+                c.qo = {decode ? std::max(1, 16 / gq) : 40}; c.kv = {358}; c.split = {200}; c.shift = {c.mask ? 17 : 0};
+                failures += !eor_check(c, (uint64_t)(P * 31 + run));
+            }
     EXPECT_EQ(0, failures);
 }
 

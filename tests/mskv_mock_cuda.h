@@ -42,7 +42,8 @@ static mskv_cu_result mmc_cuDeviceGetCount(int *n) { *n = 1; return 0; }
 static mskv_cu_result mmc_cuDeviceGet(mskv_cu_device *d, int i) { *d = i; return 0; }
 static mskv_cu_result mmc_cuDeviceGetAttribute(int *v, int a, mskv_cu_device d) {
     (void)d;
-    *v = a == MSKV_CU_ATTR_CC_MAJOR ? 9 : a == MSKV_CU_ATTR_MULTIPROCESSOR_COUNT ? 16 : 0;
+    *v = a == MSKV_CU_ATTR_CC_MAJOR ? 9 : a == MSKV_CU_ATTR_MULTIPROCESSOR_COUNT ? 16 :
+         a == MSKV_CU_ATTR_MAX_SMEM_OPTIN ? 227 * 1024 : 0;   /* an H100's */
     return 0;
 }
 static mskv_cu_result mmc_cuDeviceGetName(char *name, int len, mskv_cu_device d) { (void)d; snprintf(name, (size_t)len, "mock"); return 0; }
@@ -87,6 +88,9 @@ static mskv_cu_result mmc_cuModuleGetFunction(mskv_cu_function *f, mskv_cu_modul
     (void)name; *f = (mskv_cu_function)(void *)m; return 0;
 }
 static mskv_cu_result mmc_cuFuncSetAttribute(mskv_cu_function f, int a, int v) { (void)f; (void)a; (void)v; return 0; }
+static mskv_cu_result mmc_cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, mskv_cu_function f, int b, size_t smem) {
+    (void)f; (void)b; (void)smem; *n = 2; return 0;
+}
 static mskv_cu_result mmc_cuLaunchKernel(mskv_cu_function f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                                          unsigned int by, unsigned int bz, unsigned int smem, mskv_cu_stream s, void **params,
                                          void **extra) {
@@ -102,6 +106,15 @@ static mskv_cu_result mmc_cuGraphInstantiateWithFlags(mskv_cu_graph_exec *e, msk
 static mskv_cu_result mmc_cuGraphLaunch(mskv_cu_graph_exec e, mskv_cu_stream s) { (void)e; (void)s; return 0; }
 static mskv_cu_result mmc_cuGraphExecDestroy(mskv_cu_graph_exec e) { mmc.execs--; free((void *)e); return 0; }
 static mskv_cu_result mmc_cuGraphDestroy(mskv_cu_graph g) { mmc.graphs--; free((void *)g); return 0; }
+/* a tensor map is 128 opaque bytes: the mock accepts every one (the sm_90a
+   kernel's TMA path) and writes a recognisable pattern */
+static mskv_cu_result mmc_cuTensorMapEncodeTiled(void *map, int dt, unsigned int rank, void *g, const unsigned long long *dims,
+                                                 const unsigned long long *strides, const unsigned int *box,
+                                                 const unsigned int *es, int il, int sw, int l2, int oob) {
+    (void)dt; (void)rank; (void)g; (void)dims; (void)strides; (void)box; (void)es; (void)il; (void)sw; (void)l2; (void)oob;
+    memset(map, 0x7e, 128);
+    return 0;
+}
 
 static const char mmc_image[] = "MOCK IMAGE";
 static mskv_nvrtc_result mmc_nvrtcVersion(int *a, int *b) { *a = 12; *b = 4; return 0; }

@@ -55,9 +55,16 @@ static char *tcu_read(const char *path, size_t *size) {
 /* ---- counting allocator -------------------------------------------------------- */
 
 static long tcu_live_allocs, tcu_total_allocs;   /* live blocks; every alloc and realloc call */
-static void *tcu_alloc(void *u, size_t n) { void *p = malloc(n); (void)u; tcu_total_allocs++; if (p) tcu_live_allocs++; return p; }
+static int tcu_refuse_allocs;                    /* set: every alloc and realloc fails */
+static void *tcu_alloc(void *u, size_t n) {
+    void *p = tcu_refuse_allocs ? NULL : malloc(n);
+    (void)u;
+    tcu_total_allocs++;
+    if (p) tcu_live_allocs++;
+    return p;
+}
 static void *tcu_realloc(void *u, void *p, size_t n) {
-    void *q = realloc(p, n);
+    void *q = tcu_refuse_allocs ? NULL : realloc(p, n);
     (void)u;
     tcu_total_allocs++;
     if (!p && q) tcu_live_allocs++;
@@ -106,6 +113,12 @@ static struct tcm_state {
     int event_syncs;
     int stream_syncs, stream_sync_fails; /* cuStreamSynchronize calls; fail them while set */
     int cc_major, cc_minor;             /* 0: 9.0 */
+    int sm90a;                          /* sm_90a images load, mskv_attn_sm90 exists and tensor maps are made
+                                           (else none of them: the runtime falls back to mskv_attn) */
+    int tmaps;                          /* tensor maps made */
+    int attn_kind;                      /* the last attention launch: 4 mskv_attn, 8 mskv_attn_sm90 */
+    uint64_t sm90_maps[2], sm90_pools[2];   /* its K and V maps' pool (as the mock encodes it) and pools */
+    int sm90_tma;                       /* its use_tma */
     unsigned char *last_host;           /* the block of the last cuMemAllocHost */
     mskv_cu_stream launch_stream, copy_stream, synced_stream;   /* the last launch's, copy's, wait's */
     char last_target[64];               /* the --gpu-architecture option of the last compile */
@@ -133,7 +146,8 @@ static mskv_cu_result tcm_cuDeviceGet(mskv_cu_device *d, int i) { tcm.calls++; *
 static mskv_cu_result tcm_cuDeviceGetAttribute(int *v, int a, mskv_cu_device d) {
     tcm.calls++;
     (void)d;
-    *v = a == MSKV_CU_ATTR_CC_MAJOR ? (tcm.cc_major ? tcm.cc_major : 9) : a == MSKV_CU_ATTR_CC_MINOR ? tcm.cc_minor : a == MSKV_CU_ATTR_MULTIPROCESSOR_COUNT ? 132 : 0;
+    *v = a == MSKV_CU_ATTR_CC_MAJOR ? (tcm.cc_major ? tcm.cc_major : 9) : a == MSKV_CU_ATTR_CC_MINOR ? tcm.cc_minor : a == MSKV_CU_ATTR_MULTIPROCESSOR_COUNT ? 132 :
+         a == MSKV_CU_ATTR_MAX_SMEM_OPTIN ? 227 * 1024 : 0;   /* an H100's */
     return 0;
 }
 static mskv_cu_result tcm_cuDeviceGetName(char *name, int len, mskv_cu_device d) { tcm.calls++; (void)d; snprintf(name, (size_t)len, "mock device"); return 0; }
@@ -217,7 +231,8 @@ static mskv_cu_result tcm_cuModuleLoadData(mskv_cu_module *m, const void *image)
     const char *img = (const char *)image;
     tcm_module *mod;
     if (tcm.fail_module_load) return MSKV_CU_ERROR_INVALID_IMAGE;
-    if (strncmp(img, "MOCKCUBIN sm_90\n", 16) != 0 && strncmp(img, "MOCKCUBIN compute_90\n", 21) != 0)
+    if (strncmp(img, "MOCKCUBIN sm_90\n", 16) != 0 && strncmp(img, "MOCKCUBIN compute_90\n", 21) != 0 &&
+        !(tcm.sm90a && strncmp(img, "MOCKCUBIN sm_90a\n", 17) == 0))
         return MSKV_CU_ERROR_INVALID_IMAGE;
     mod = (tcm_module *)calloc(1, sizeof *mod);
     mod->dtype = tcm_define(img, "-DMSKV_DTYPE");
@@ -237,7 +252,7 @@ static mskv_cu_result tcm_cuModuleGetFunction(mskv_cu_function *f, mskv_cu_modul
     int kind = !strcmp(name, "mskv_page_gather") ? 1 : !strcmp(name, "mskv_page_scatter") ? 2 :
                !strcmp(name, "mskv_kv_write") ? 3 : !strcmp(name, "mskv_attn") ? 4 :
                !strcmp(name, "mskv_lse_merge") ? 5 : !strcmp(name, "mskv_state_merge") ? 6 :
-               !strcmp(name, "mskv_rope") ? 7 : 0;
+               !strcmp(name, "mskv_rope") ? 7 : tcm.sm90a && !strcmp(name, "mskv_attn_sm90") ? 8 : 0;
     if (!kind || tcm.nfuncs == 64) return MSKV_CU_ERROR_NOT_FOUND;
     tcm.funcs[tcm.nfuncs].kind = kind;
     tcm.funcs[tcm.nfuncs].m = (const tcm_module *)(const void *)m;
@@ -245,6 +260,12 @@ static mskv_cu_result tcm_cuModuleGetFunction(mskv_cu_function *f, mskv_cu_modul
     return 0;
 }
 static mskv_cu_result tcm_cuFuncSetAttribute(mskv_cu_function f, int a, int v) { tcm.calls++; (void)f; (void)a; (void)v; return 0; }
+static mskv_cu_result tcm_cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, mskv_cu_function f, int b, size_t smem) {
+    tcm.calls++;
+    (void)f; (void)b; (void)smem;
+    *n = 2;
+    return 0;
+}
 
 /* parameter sizes of each kernel, in ABI order */
 static const int tcm_sizes[4][10] = {
@@ -311,6 +332,16 @@ static mskv_cu_result tcm_cuLaunchKernel(mskv_cu_function f, unsigned int gx, un
     memset(&l, 0, sizeof l);
     l.f = fn;
     l.grid[0] = gx; l.grid[1] = gy; l.grid[2] = gz;
+    if (fn->kind == 4) tcm.attn_kind = 4;
+    if (fn->kind == 8) {
+        /* the maps are passed by value: 128 bytes each */
+        tcm.attn_kind = 8;
+        memcpy(&tcm.sm90_maps[0], params[0], 8);
+        memcpy(&tcm.sm90_maps[1], params[1], 8);
+        memcpy(&tcm.sm90_tma, params[2], 4);
+        memcpy(&tcm.sm90_pools[0], params[4], 8);
+        memcpy(&tcm.sm90_pools[1], params[5], 8);
+    }
     if (fn->kind > 3) return 0;
     for (i = 0; i < 10 && tcm_sizes[fn->kind][i]; i++) memcpy(l.args[i], params[i], (size_t)tcm_sizes[fn->kind][i]);
     if (tcm.capturing) {
@@ -356,6 +387,20 @@ static mskv_cu_result tcm_cuGraphLaunch(mskv_cu_graph_exec e, mskv_cu_stream s) 
 }
 static mskv_cu_result tcm_cuGraphExecDestroy(mskv_cu_graph_exec e) { tcm.calls++; tcm.execs--; free((void *)e); return 0; }
 static mskv_cu_result tcm_cuGraphDestroy(mskv_cu_graph g) { tcm.calls++; tcm.graphs--; free((void *)g); return 0; }
+/* Without sm90a the mock device runs no TMA: any map it is asked for is
+   refused. With it, a map holds the pool's address in its first 8 bytes. */
+static mskv_cu_result tcm_cuTensorMapEncodeTiled(void *map, int dt, unsigned int rank, void *g, const unsigned long long *dims,
+                                                 const unsigned long long *strides, const unsigned int *box,
+                                                 const unsigned int *es, int il, int sw, int l2, int oob) {
+    uint64_t addr = (uint64_t)(uintptr_t)g;
+    tcm.calls++;
+    (void)dt; (void)rank; (void)dims; (void)strides; (void)box; (void)es; (void)il; (void)sw; (void)l2; (void)oob;
+    if (!tcm.sm90a) return 1;
+    memset(map, 0, 128);
+    memcpy(map, &addr, 8);
+    tcm.tmaps++;
+    return 0;
+}
 
 typedef struct tcm_prog { char *options; } tcm_prog;
 static mskv_nvrtc_result tcm_nvrtcVersion(int *a, int *b) { tcm.calls++; *a = 13; *b = 0; return 0; }
@@ -690,6 +735,38 @@ TEST(cuda_driver_path_to_a_library_without_cuinit_is_unavailable_and_says_why) {
     EXPECT_TRUE(cu == NULL);
 }
 
+/* The attention kernel finds a key's page as (j * magic) >> shift: it must
+   equal j / page_size for every index a sequence can have (j < 2^31). */
+static int tcu_divides_exactly(int32_t ps, int64_t j) {
+    uint32_t magic;
+    int32_t shift;
+    mskv_cuda_page_divisor(ps, &magic, &shift);
+    return (int64_t)(((uint64_t)j * magic) >> shift) == j / ps;
+}
+
+TEST(cuda_page_divisor_divides_every_key_index_exactly) {
+    static const int32_t big[] = { 1 << 20, (1 << 20) + 1, 1560, 2025, 4680, 65535, 1000003, 0x40000000, 0x7fffffff };
+    int32_t ps;
+    int64_t j, k;
+    int bad = 0;
+    for (ps = 1; ps <= 300 && bad < 5; ps++)
+        for (j = 0; j < 5000; j++) bad += !tcu_divides_exactly(ps, j);
+    for (ps = 1; ps <= 4096 && bad < 5; ps++)
+        for (k = 0; k < 64; k++) {
+            /* the top of the range and both sides of page boundaries near it */
+            int64_t top = 0x7fffffff - k, edge = (top / ps) * ps;
+            bad += !tcu_divides_exactly(ps, top);
+            bad += !tcu_divides_exactly(ps, edge);
+            if (edge > 0) bad += !tcu_divides_exactly(ps, edge - 1);
+        }
+    for (k = 0; k < (int64_t)(sizeof big / sizeof big[0]); k++)
+        for (j = 0; j < 4096; j++) {
+            bad += !tcu_divides_exactly(big[k], j * 524287 % 0x7fffffff);
+            bad += !tcu_divides_exactly(big[k], 0x7fffffff - j);
+        }
+    EXPECT_EQ(0, bad);
+}
+
 TEST(cuda_spill_report_is_parsed_from_the_ptxas_log) {
     EXPECT_EQ(-1, mskv_cuda_log_spills("no report here"));
     EXPECT_EQ(0, mskv_cuda_log_spills("ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"));
@@ -843,6 +920,71 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     }
     printf("  %d variants x 3 archs: %d compiled, %d from the cache (%s), %.1f s cpu, ~%ld s wall\n", nv, compiled,
            cached, cache, (double)(clock() - t0) / CLOCKS_PER_SEC, (long)(time(NULL) - w0));
+}
+
+/* The sm_90a kernel (mskv_attn_sm90) as the runtime compiles it on
+   compute capability 9.0: the arch-specific target, f16/bf16 x head_dim
+   64/128/256. It must compile with wgmma kept in flight (ptxas does not
+   serialise it), setmaxnreg honoured (C7508: ignored) and no spills. The
+   options are bench/kernel_stats.c's, so the two share cache entries. */
+TEST(cuda_every_sm90a_variant_compiles_with_wgmma_setmaxnreg_and_no_spills) {
+    static const int dims[3] = { 64, 128, 256 };
+    mskv_cuda_desc cd;
+    char cache[512];
+    int dt, d, probe_done = 0;
+    memset(&cd, 0, sizeof cd);
+    tcu_path(cache, sizeof cache, "../build/nvrtc-cache");
+    cd.cache_dir = cache;
+    cd.log = tcu_log;
+    for (dt = 1; dt <= 2; dt++)
+        for (d = 0; d < 3; d++) {
+            char o[9][48];
+            const char *opts[9];
+            mskv_cuda_compile_info ci;
+            mskv_cuda_image img;
+            mskv_result r;
+            int64_t spills;
+            int i;
+            snprintf(o[0], 48, "-DMSKV_ATTN_WARP_KEYS=0");
+            snprintf(o[1], 48, "-DMSKV_DTYPE=%d", dt);
+            snprintf(o[2], 48, "-DMSKV_HEAD_DIM=%d", dims[d]);
+            snprintf(o[3], 48, "-DMSKV_ROPE=0");
+            snprintf(o[4], 48, "-DMSKV_ROPE_D0=0");
+            snprintf(o[5], 48, "-DMSKV_ROPE_D1=0");
+            snprintf(o[6], 48, "-DMSKV_ROPE_D2=0");
+            snprintf(o[7], 48, "-DMSKV_ROPE_STYLE=0");
+            snprintf(o[8], 48, "--ptxas-options=-v");
+            for (i = 0; i < 9; i++) opts[i] = o[i];
+            memset(&ci, 0, sizeof ci);
+            ci.arch = 90;
+            ci.arch_specific = 1;
+            ci.options = opts;
+            ci.num_options = 9;
+            r = mskv_cuda_compile(&cd, &ci, &img);
+            if (r == MSKV_ERROR_CUDA_UNAVAILABLE && !probe_done) {
+                char why[1024] = "";
+                mskv_cuda_image_free(&cd, &img);
+                mskv_cuda_probe(&cd, why, sizeof why);
+                SKIP("libnvrtc is not installed: %.300s", why);
+            }
+            probe_done = 1;
+            if (r != MSKV_SUCCESS) {
+                mt_fail(__FILE__, __LINE__, "sm_90a dtype %d D %d: %s\n%.2000s", dt, dims[d], mskv_result_string(r),
+                        img.log ? img.log : "");
+                mskv_cuda_image_free(&cd, &img);
+                continue;
+            }
+            EXPECT_TRUE(img.size > 4 && memcmp(img.data, "\177ELF", 4) == 0);
+            spills = mskv_cuda_log_spills(img.log);
+            if (spills != 0)
+                mt_fail(__FILE__, __LINE__, "sm_90a dtype %d D %d: %s (%lld bytes)", dt, dims[d],
+                        spills < 0 ? "no ptxas report in the log" : "register spills", (long long)spills);
+            /* a cached image keeps its compile's log, so these hold on a warm start too */
+            if (img.log && (strstr(img.log, "C7508") || strstr(img.log, "setmaxnreg") || strstr(img.log, "serialized") ||
+                            strstr(img.log, "Performance Loss")))
+                mt_fail(__FILE__, __LINE__, "sm_90a dtype %d D %d: ptxas warns:\n%.2000s", dt, dims[d], img.log);
+            mskv_cuda_image_free(&cd, &img);
+        }
 }
 
 /* ---- the disk cache (mock NVRTC: fast and deterministic) ---------------------------------- */
@@ -1999,7 +2141,10 @@ TEST(cuda_store_refuses_missing_or_misaligned_adopted_pools) {
    Once a wrapper's kernel is loaded, a call checks its arguments, looks the
    function up by an integer key in the store's cache and writes the
    parameter values: no allocation, no formatted string, no driver call but
-   cuCtxSetCurrent and the launches. */
+   cuCtxSetCurrent and the launches. So on each attention path of the mock
+   compute capability 9.0 device: AUTO (prefill on the sm_90a kernel, decode
+   on mma.sync), AUTO after the sm_90a kernel failed to load (mma.sync from
+   then on), mma.sync forced, wgmma forced (decode too). */
 
 typedef struct tcu_hot {
     tcu_rig r;
@@ -2019,16 +2164,32 @@ static const char *const tcu_hot_names[TCU_HOT_CASES] = { "attention (decode, sp
                                                           "write_kv", "write_kv (3-D RoPE)", "merge", "rope" };
 static const int tcu_hot_launches[TCU_HOT_CASES] = { 2, 1, 1, 1, 1, 1 };
 
+typedef struct tcu_hot_path {
+    mskv_cuda_attn_path path;
+    int sm90a;                          /* the mock loads the sm_90a module */
+    int decode_kind, prefill_kind;      /* the attention kernel each case launches (tcm_func kinds) */
+    const char *name;
+} tcu_hot_path;
+#define TCU_HOT_PATHS 4
+static const tcu_hot_path tcu_hot_paths[TCU_HOT_PATHS] = {
+    { MSKV_CUDA_ATTN_AUTO, 1, 4, 8, "auto" },
+    { MSKV_CUDA_ATTN_AUTO, 0, 4, 4, "auto, sm_90a module fails to load" },
+    { MSKV_CUDA_ATTN_MMA, 1, 4, 4, "mma.sync forced" },
+    { MSKV_CUDA_ATTN_WGMMA, 1, 8, 8, "wgmma forced" },
+};
+
 /* A bf16 store of head_dim 128 (attention tiles above 48 KiB of shared memory) on the mock. */
-static mskv_result tcu_hot_open(tcu_hot *h) {
+static mskv_result tcu_hot_open_path(tcu_hot *h, const tcu_hot_path *path) {
     mskv_cuda_store_desc sd;
     mskv_result e;
     int i;
     memset(h, 0, sizeof *h);
     tcm_reset();
+    tcm.sm90a = path->sm90a;
     tcu_live_allocs = 0;
     h->r.fn = tcm_table();
     h->r.cd.functions = &h->r.fn;
+    h->r.cd.attn_path = path->path;
     h->r.cd.disable_disk_cache = 1;
     h->r.cd.allocator = tcu_allocator();
     h->r.cd.log = tcu_log;
@@ -2062,6 +2223,8 @@ static mskv_result tcu_hot_open(tcu_hot *h) {
 #undef TCU_HOT_MALLOC
     return MSKV_SUCCESS;
 }
+
+static mskv_result tcu_hot_open(tcu_hot *h) { return tcu_hot_open_path(h, &tcu_hot_paths[1]); }
 
 static void tcu_hot_close(tcu_hot *h) {
     mskv_cuda_free(h->r.cu, h->q); mskv_cuda_free(h->r.cu, h->o); mskv_cuda_free(h->r.cu, h->lse);
@@ -2114,49 +2277,117 @@ static int tcu_hot_measure(tcu_hot *h, int which, tcu_counts *first, tcu_counts 
     return bad == 0;
 }
 
+/* The attention kernel case w launched (its first call and the 20 after it). */
+static void tcu_hot_expect_kernel(const tcu_hot_path *p, int w) {
+    int want = w == TCU_ATTN_DECODE ? p->decode_kind : p->prefill_kind;
+    if ((w == TCU_ATTN_DECODE || w == TCU_ATTN_PREFILL) && tcm.attn_kind != want)
+        mt_fail(__FILE__, __LINE__, "%s, %s: launched %s", p->name, tcu_hot_names[w],
+                tcm.attn_kind == 8 ? "mskv_attn_sm90" : tcm.attn_kind == 4 ? "mskv_attn" : "no attention kernel");
+}
+
 TEST(cuda_launch_wrappers_allocate_nothing_once_their_kernel_is_loaded) {
     tcu_hot h;
     tcu_counts first, steady;
-    int w;
-    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open(&h));
-    for (w = 0; w < TCU_HOT_CASES; w++) {
-        if (!tcu_hot_measure(&h, w, &first, &steady)) continue;
-        if (steady.allocs != 0) mt_fail(__FILE__, __LINE__, "%s: %ld allocations in 20 calls", tcu_hot_names[w], steady.allocs);
+    int w, p;
+    for (p = 0; p < TCU_HOT_PATHS; p++) {
+        ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open_path(&h, &tcu_hot_paths[p]));
+        for (w = 0; w < TCU_HOT_CASES; w++) {
+            if (!tcu_hot_measure(&h, w, &first, &steady)) continue;
+            tcu_hot_expect_kernel(&tcu_hot_paths[p], w);
+            if (steady.allocs != 0)
+                mt_fail(__FILE__, __LINE__, "%s, %s: %ld allocations in 20 calls", tcu_hot_paths[p].name, tcu_hot_names[w],
+                        steady.allocs);
+        }
+        tcu_hot_close(&h);
+        TCU_EXPECT_NO_LEAKS();
     }
-    tcu_hot_close(&h);
-    TCU_EXPECT_NO_LEAKS();
 }
 
 TEST(cuda_launch_wrappers_format_no_string_once_their_kernel_is_loaded) {
     tcu_hot h;
     tcu_counts first, steady;
-    int w;
-    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open(&h));
-    for (w = 0; w < TCU_HOT_CASES; w++) {
-        if (!tcu_hot_measure(&h, w, &first, &steady)) continue;
-        /* the counter counts: a first compile builds its option strings */
-        if (w == TCU_ATTN_DECODE) EXPECT_GT(first.formats, 0);
-        if (steady.formats != 0) mt_fail(__FILE__, __LINE__, "%s: %ld strings formatted in 20 calls", tcu_hot_names[w], steady.formats);
+    int w, p;
+    for (p = 0; p < TCU_HOT_PATHS; p++) {
+        ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open_path(&h, &tcu_hot_paths[p]));
+        for (w = 0; w < TCU_HOT_CASES; w++) {
+            if (!tcu_hot_measure(&h, w, &first, &steady)) continue;
+            tcu_hot_expect_kernel(&tcu_hot_paths[p], w);
+            /* the counter counts: a first compile builds its option strings */
+            if (w == TCU_ATTN_DECODE) EXPECT_GT(first.formats, 0);
+            if (steady.formats != 0)
+                mt_fail(__FILE__, __LINE__, "%s, %s: %ld strings formatted in 20 calls", tcu_hot_paths[p].name,
+                        tcu_hot_names[w], steady.formats);
+        }
+        tcu_hot_close(&h);
+        TCU_EXPECT_NO_LEAKS();
     }
-    tcu_hot_close(&h);
-    TCU_EXPECT_NO_LEAKS();
 }
 
 TEST(cuda_launch_wrappers_call_the_driver_only_to_launch) {
     tcu_hot h;
     tcu_counts first, steady;
-    int w;
-    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open(&h));
-    for (w = 0; w < TCU_HOT_CASES; w++) {
-        if (!tcu_hot_measure(&h, w, &first, &steady)) continue;
-        if (steady.launches != 20 * tcu_hot_launches[w])
-            mt_fail(__FILE__, __LINE__, "%s: %ld launches in 20 calls, expected %d", tcu_hot_names[w], steady.launches,
-                    20 * tcu_hot_launches[w]);
-        /* each call: cuCtxSetCurrent, then its launches */
-        if (steady.driver != steady.launches + 20)
-            mt_fail(__FILE__, __LINE__, "%s: %ld driver calls for %ld launches in 20 calls", tcu_hot_names[w],
-                    steady.driver, steady.launches);
+    int w, p;
+    for (p = 0; p < TCU_HOT_PATHS; p++) {
+        ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open_path(&h, &tcu_hot_paths[p]));
+        for (w = 0; w < TCU_HOT_CASES; w++) {
+            if (!tcu_hot_measure(&h, w, &first, &steady)) continue;
+            tcu_hot_expect_kernel(&tcu_hot_paths[p], w);
+            if (steady.launches != 20 * tcu_hot_launches[w])
+                mt_fail(__FILE__, __LINE__, "%s, %s: %ld launches in 20 calls, expected %d", tcu_hot_paths[p].name,
+                        tcu_hot_names[w], steady.launches, 20 * tcu_hot_launches[w]);
+            /* each call: cuCtxSetCurrent, then its launches */
+            if (steady.driver != steady.launches + 20)
+                mt_fail(__FILE__, __LINE__, "%s, %s: %ld driver calls for %ld launches in 20 calls", tcu_hot_paths[p].name,
+                        tcu_hot_names[w], steady.driver, steady.launches);
+        }
+        tcu_hot_close(&h);
+        TCU_EXPECT_NO_LEAKS();
     }
+}
+
+/* The sm_90a kernel gets each pool's map by value: made once per store for
+   every layer on its first call, then the layer's K and V maps each call. */
+TEST(cuda_sm90a_tensor_maps_are_made_once_per_store_and_passed_per_layer) {
+    tcu_hot h;
+    int i, bad = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open_path(&h, &tcu_hot_paths[0]));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_prepare(&h, TCU_ATTN_PREFILL));
+    EXPECT_EQ(0, tcm.tmaps);   /* not at store creation */
+    for (i = 0; i < 6; i++) {
+        int layer = i & 1;
+        tcm.attn_kind = 0;
+        bad += tcu_hot_call(&h, TCU_ATTN_PREFILL, i) != MSKV_SUCCESS;
+        bad += tcm.attn_kind != 8;
+        bad += tcm.sm90_tma != 1;   /* pages of 16 keys: whole pages per 128-key tile */
+        bad += tcm.sm90_maps[0] != (uint64_t)mskv_cuda_store_pool(h.r.st, layer, 0);
+        bad += tcm.sm90_maps[1] != (uint64_t)mskv_cuda_store_pool(h.r.st, layer, 1);
+        bad += tcm.sm90_pools[0] != (uint64_t)mskv_cuda_store_pool(h.r.st, layer, 0);
+    }
+    EXPECT_EQ(0, bad);
+    EXPECT_EQ(2 * 2, tcm.tmaps);   /* 2 layers x K and V */
+    tcu_hot_close(&h);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* Out of memory while the sm_90a module is made is that call's error, not a
+   reason to give the kernel up for the context's life: the next call, with
+   memory, runs it. */
+TEST(cuda_attention_out_of_memory_while_the_sm90a_kernel_loads_keeps_the_sm90a_path) {
+    tcu_hot h;
+    mskv_cuda_info info;
+    long launches;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open_path(&h, &tcu_hot_paths[0]));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_prepare(&h, TCU_ATTN_PREFILL));
+    launches = tcm.launches;
+    tcu_refuse_allocs = 1;
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_MEMORY, tcu_hot_call(&h, TCU_ATTN_PREFILL, 0));
+    tcu_refuse_allocs = 0;
+    EXPECT_EQ(launches, (long)tcm.launches);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_info_get(h.r.cu, &info));
+    EXPECT_EQ(1, info.wgmma);
+    tcm.attn_kind = 0;
+    EXPECT_EQ(MSKV_SUCCESS, tcu_hot_call(&h, TCU_ATTN_PREFILL, 1));
+    EXPECT_EQ(8, tcm.attn_kind);
     tcu_hot_close(&h);
     TCU_EXPECT_NO_LEAKS();
 }

@@ -18,13 +18,17 @@ byref = ctypes.byref
 STREAM_LEGACY = 1   # MSKV_CU_STREAM_LEGACY: the runtime's default stream (handle 0)
 
 
-def _desc(device, driver_path, nvrtc_path, cache_dir, disable_disk_cache):
+ATTN_PATHS = {"auto": 0, "mma": 1, "wgmma": 2}   # mskv_cuda_attn_path
+
+
+def _desc(device, driver_path, nvrtc_path, cache_dir, disable_disk_cache, attn_path="auto"):
     d = mskv_cuda_desc()
     d.device = device
     d.driver_path = driver_path.encode() if driver_path else None
     d.nvrtc_path = nvrtc_path.encode() if nvrtc_path else None
     d.cache_dir = cache_dir.encode() if cache_dir else None
     d.disable_disk_cache = int(bool(disable_disk_cache))
+    d.attn_path = _enum(ATTN_PATHS, attn_path, "attn_path")
     return d
 
 
@@ -38,11 +42,14 @@ def cuda_probe(device=0, driver_path=None, nvrtc_path=None):
 
 class Cuda:
     """A GPU context (mskv_cuda). CudaUnavailableError, with what was tried,
-    on a machine without a driver, a device or NVRTC."""
+    on a machine without a driver, a device or NVRTC. attn_path: "auto" (the
+    sm_90a kernel for prefill on compute capability 9.0), "mma" or "wgmma"
+    (mskv_cuda_desc.attn_path); info()["wgmma"] says what auto runs."""
 
-    def __init__(self, device=0, driver_path=None, nvrtc_path=None, cache_dir=None, disable_disk_cache=False):
+    def __init__(self, device=0, driver_path=None, nvrtc_path=None, cache_dir=None, disable_disk_cache=False,
+                 attn_path="auto"):
         self._ptr, self._stores = None, weakref.WeakSet()
-        self._d = _desc(device, driver_path, nvrtc_path, cache_dir, disable_disk_cache)
+        self._d = _desc(device, driver_path, nvrtc_path, cache_dir, disable_disk_cache, attn_path)
         out = ctypes.c_void_p()
         code = _ffi.lib.mskv_cuda_create(byref(self._d), byref(out))
         if code != 0:

@@ -30,6 +30,7 @@ CONSTANTS = {
     "MSKV_ROPE_HALF": 0, "MSKV_ROPE_INTERLEAVED": 1,
     "MSKV_MASK_NONE": 0, "MSKV_MASK_CAUSAL": 1, "MSKV_MASK_WINDOW": 2,
     "MSKV_CPU_MAX_HEAD_DIM": 256,
+    "MSKV_CUDA_ATTN_AUTO": 0, "MSKV_CUDA_ATTN_MMA": 1, "MSKV_CUDA_ATTN_WGMMA": 2,
 }
 
 # every result code: (value, C name); the exception classes are made from this
@@ -274,6 +275,7 @@ class mskv_cuda_desc(Structure):
         ("allocator", mskv_allocator),
         ("log", c_void_p),
         ("log_user", c_void_p),
+        ("attn_path", c_int),
     ]
 
 
@@ -289,6 +291,7 @@ class mskv_cuda_info(Structure):
         ("nvrtc_version", c_int32),
         ("compiles", c_int32),
         ("disk_hits", c_int32),
+        ("wgmma", c_int32),
     ]
 
 

@@ -31,6 +31,14 @@ def test_cpu_backend_works_after_cuda_was_refused():
         assert np.allclose(mk.attention(a, 0, plan, np.ones((3, 1, 4), np.float32)), 2.0)
 
 
+def test_attn_path_names_the_kernel_and_an_unknown_one_is_refused_before_any_driver_call():
+    assert mk._cuda._desc(0, None, None, None, False, "wgmma").attn_path == 2
+    assert mk._cuda._desc(0, None, None, None, False, "MMA").attn_path == 1
+    assert mk._cuda._desc(0, None, None, None, False).attn_path == 0
+    with pytest.raises(ValueError):
+        mk.Cuda(attn_path="tensor cores")
+
+
 class _Recorder:
     def __init__(self):
         self.calls = []

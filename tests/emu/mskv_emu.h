@@ -11,10 +11,22 @@
    missing wait (or a missing barrier after it) reads stale shared memory,
    which starts out as NaN bytes.
 
+   Shared memory: the block's dynamic shared memory starts at a shared-window
+   address (saddr) with the same alignment modulo 1024 as its host pointer, so
+   address arithmetic on either agrees; every emulated writer (cp.async, bulk
+   copies) also records what it wrote, per 16-byte granule, so readers in the
+   async proxy (wgmma, see mskv_emu_sm90.h) can be checked.
+
+   Every thread that cannot proceed waits in a yield loop; a full scheduling
+   pass in which no thread got past anything is a deadlock, reported with
+   what each thread waits on (instead of a test that hangs).
+
    Include this header, then kernels.cu (after the -D style defines, here as
    #defines), in one C++17 translation unit; launch with mskv_emu::launch().
    Planted-bug switches (mskv_emu::cfg()) let tests check that a wrong fragment
-   layout or a dropped barrier makes the kernels' results wrong. */
+   layout or a dropped barrier makes the kernels' results wrong. The Hopper
+   primitives (wgmma, mbarrier, TMA, setmaxnreg, proxy fences, named barriers)
+   are in mskv_emu_sm90.h, included at the end. */
 #ifndef MSKV_EMU_H
 #define MSKV_EMU_H
 
@@ -53,12 +65,26 @@ struct Config {
     int greedy_warps = 0;     /* run each warp as far as it goes before the next
                                  (maximal skew between warps) instead of
                                  round-robin over threads */
+    int smem_base_offset = 0; /* dynamic shared memory starts this many bytes past a
+                                 1024-byte boundary (a multiple of 16): kernels that
+                                 align their own buffers must not assume it is 0 */
+    /* Hopper (mskv_emu_sm90.h): planted kernel bugs */
+    int wgmma_swizzle_override = -1; /* wgmma reads every descriptor with this swizzle mode
+                                        (0 none, 1 128 B, 2 64 B, 3 32 B) instead of its own */
+    int skip_wgmma_wait = 0;         /* wgmma.wait_group does nothing */
+    int skip_fence_proxy = 0;        /* fence.proxy.async does nothing */
+    int mbar_parity_flip_wg = -1;    /* mbarrier waits of this warpgroup use the other parity */
+    int skip_mbar_wait_wg = -1;      /* mbarrier waits of this warpgroup return at once */
+    int tma_eager = 0;               /* bulk copies land at issue (else at the latest legal
+                                        time: when a wait needs their bytes) */
 };
 inline Config &cfg() { static Config c; return c; }
 
 enum Op { OP_NONE, OP_SYNCWARP, OP_SHFL, OP_MMA_F16, OP_MMA_BF16, OP_LDSM, OP_LDSM_T };
 
 struct Pending { unsigned char *dst; unsigned char data[16]; int group; };
+
+enum Wait { WAIT_NONE, WAIT_SYNC, WAIT_WARP, WAIT_WARPGROUP, WAIT_NBAR, WAIT_MBAR };
 
 struct Fiber {
     ucontext_t ctx;
@@ -67,6 +93,10 @@ struct Fiber {
     std::vector<Pending> pend;
     int commits = 0;
     int bar_gen = -1;         /* the barrier generation it waits on, -1 when running */
+    int wait = WAIT_NONE;     /* what it is blocked on (the deadlock report) */
+    mskv_u32 wait_addr = 0;
+    int wait_arg = 0;
+    int proxy_fences = 0;     /* fence.proxy.async executed so far */
 };
 
 struct Warp {
@@ -77,10 +107,23 @@ struct Warp {
     mskv_u32 out[32][4];
 };
 
+struct NamedBarrier { int count = 0, expected = 0, gen = 0; };
+
 struct State {
     int bx = 0, by = 0, bz = 0, gx = 1, gy = 1, gz = 1, nthreads = 0, alive = 0;
     int bar_count = 0, bar_gen = 0;
-    std::vector<unsigned char> smem;
+    std::vector<unsigned char> smem_store;   /* backing; smem_base points into it */
+    unsigned char *smem_base = nullptr;
+    size_t smem_bytes = 0;                   /* usable bytes from smem_base */
+    mskv_u32 saddr0 = 0;                     /* shared-window address of smem_base */
+    /* per 16-byte granule of shared memory */
+    std::vector<unsigned char> shadow;       /* the bytes the emulated writers last stored */
+    std::vector<unsigned char> g_written;    /* written by anything since the launch */
+    std::vector<int> g_writer, g_epoch;      /* generic-proxy writer (-1: none) and its fence count then */
+    std::vector<int> g_copies;               /* copies in flight that will write it */
+    std::vector<int> g_reads;                /* in-flight wgmma that read it */
+    NamedBarrier nbar[16];
+    long events = 0;                         /* anything got past anything (deadlock detection) */
     std::vector<Fiber> fibers;
     std::vector<Warp> warps;
     std::vector<std::vector<unsigned char>> stacks;
@@ -91,19 +134,90 @@ struct State {
 };
 inline State &st() { static State s; return s; }
 
+inline void yield() { swapcontext(&st().cur->ctx, &st().sched); }
+
+/* Records the first misuse. A thread that hits one stops there (the launch
+   ends after the current pass), so it never runs on with a broken state. */
 inline void fail(const char *what) {
     if (st().error.empty()) st().error = what;
+    if (st().cur)
+        for (;;) yield();
 }
 inline const std::string &error() { return st().error; }
 inline void clear_error() { st().error.clear(); }
 
-inline void yield() { swapcontext(&st().cur->ctx, &st().sched); }
-
-inline unsigned char *smem() { return st().smem.data(); }
+inline unsigned char *smem() { return st().smem_base; }
 
 inline bool in_smem(const void *p, size_t n) {
-    const unsigned char *b = st().smem.data(), *q = (const unsigned char *)p;
-    return q >= b && q + n <= b + st().smem.size();
+    const unsigned char *b = st().smem_base, *q = (const unsigned char *)p;
+    return b && q >= b && q + n <= b + st().smem_bytes;
+}
+/* shared-window address <-> host pointer */
+inline mskv_u32 saddr(const void *p) { return st().saddr0 + (mskv_u32)((const unsigned char *)p - st().smem_base); }
+inline unsigned char *sptr(mskv_u32 a) { return st().smem_base + ((long long)a - (long long)st().saddr0); }
+inline bool saddr_ok(mskv_u32 a, size_t n) {
+    return a >= st().saddr0 && (size_t)(a - st().saddr0) + n <= st().smem_bytes;
+}
+
+inline void note() { st().events++; }
+
+/* Blocks the calling thread until the scheduler comes back to it. */
+inline void wait_yield(int kind, mskv_u32 addr, int arg) {
+    Fiber *f = st().cur;
+    f->wait = kind; f->wait_addr = addr; f->wait_arg = arg;
+    yield();
+    f->wait = WAIT_NONE;
+}
+
+/* ---- shared-memory writes and async-proxy reads, per 16-byte granule ---- */
+inline size_t gran(const void *p) { return (size_t)((const unsigned char *)p - st().smem_base) >> 4; }
+
+inline bool overwrites_wgmma_reads(const unsigned char *dst, size_t n) {
+    State &s = st();
+    for (size_t g = gran(dst); g <= gran(dst + n - 1); g++)
+        if (s.g_reads[g] > 0) return true;
+    return false;
+}
+/* tid >= 0: a generic-proxy write (cp.async, st.shared) by that thread, which
+   the async proxy may read only after the thread's next fence.proxy.async;
+   tid < 0: an async-proxy write (a bulk copy). */
+inline void tracked_write(unsigned char *dst, const void *src, size_t n, int tid) {
+    State &s = st();
+    if (overwrites_wgmma_reads(dst, n)) {
+        fail(tid >= 0 ? "a generic write lands in shared memory an in-flight wgmma still reads (release before wgmma.wait_group?)"
+                      : "a bulk copy lands in shared memory an in-flight wgmma still reads (the producer overran the ring?)");
+        return;
+    }
+    std::memcpy(dst, src, n);
+    std::memcpy(s.shadow.data() + (dst - s.smem_base), src, n);
+    for (size_t g = gran(dst); g <= gran(dst + n - 1); g++) {
+        s.g_written[g] = 1;
+        s.g_writer[g] = tid;
+        s.g_epoch[g] = tid >= 0 ? s.fibers[(size_t)tid].proxy_fences : 0;
+    }
+}
+/* May the async proxy read [p, p+n) now? Fails (and returns false) when a copy
+   still writes it, nothing wrote it, a generic write to it was not fenced, or
+   plain stores (which the emulation cannot see) changed it. */
+inline bool async_read_ok(const unsigned char *p, size_t n, const char *who) {
+    State &s = st();
+    static char msg[256];
+    for (size_t g = gran(p); g <= gran(p + n - 1); g++) {
+        const char *why = nullptr;
+        size_t off = g << 4;
+        if (s.g_copies[g] > 0) why = "shared memory a copy is still writing (a missing or wrong mbarrier wait?)";
+        else if (!s.g_written[g]) why = "shared memory nothing has written";
+        else if (s.g_writer[g] >= 0 && s.fibers[(size_t)s.g_writer[g]].proxy_fences == s.g_epoch[g])
+            why = "shared memory written through the generic proxy without a fence.proxy.async since";
+        else if (std::memcmp(s.smem_base + off, s.shadow.data() + off, 16) != 0)
+            why = "shared memory changed by plain stores (only cp.async and bulk copies are tracked)";
+        if (why) {
+            std::snprintf(msg, sizeof msg, "%s reads %s (shared address 0x%x)", who, why, (unsigned)(s.saddr0 + off));
+            fail(msg);
+            return false;
+        }
+    }
+    return true;
 }
 
 inline void barrier_release_if_complete() {
@@ -114,11 +228,36 @@ inline void barrier_release_if_complete() {
 inline void sync() {
     State &s = st();
     int g = s.bar_gen;
+    note();
     s.bar_count++;
     barrier_release_if_complete();
     s.cur->bar_gen = g;
-    while (s.bar_gen == g) yield();
+    while (s.bar_gen == g) wait_yield(WAIT_SYNC, 0, 0);
     s.cur->bar_gen = -1;
+}
+
+/* bar.sync / bar.arrive id, n: n threads (a multiple of 32) meet at barrier
+   id (1..15; 0 is __syncthreads). arrive counts without waiting. */
+inline void named_barrier(int id, int n, bool wait) {
+    State &s = st();
+    char msg[128];
+    if (id <= 0 || id > 15 || n <= 0 || n % 32 != 0 || n > s.nthreads) {
+        std::snprintf(msg, sizeof msg, "named barrier %d with %d threads: ids 1..15, a multiple of 32 up to the block", id, n);
+        fail(msg);
+        return;
+    }
+    NamedBarrier &b = s.nbar[id];
+    if (b.count > 0 && b.expected != n) {
+        std::snprintf(msg, sizeof msg, "named barrier %d used with %d and %d threads at once", id, b.expected, n);
+        fail(msg);
+        return;
+    }
+    note();
+    b.expected = n;
+    int g = b.gen;
+    if (++b.count == n) { b.count = 0; b.gen++; }
+    if (!wait) return;
+    while (b.gen == g) wait_yield(WAIT_NBAR, (mskv_u32)id, n);
 }
 
 inline Warp &my_warp() { return st().warps[(size_t)(st().cur->tid >> 5)]; }
@@ -132,6 +271,7 @@ inline void rendezvous(Warp &w, int op) {
     if (w.arrived == 0) w.op = op;
     else if (w.op != op) fail("warp lanes reached different collective operations");
     w.arrived++;
+    note();
     if (w.arrived >= w.alive) {
         if (w.alive != 32) fail("warp collective with fewer than 32 live lanes");
         compute(w);
@@ -139,7 +279,7 @@ inline void rendezvous(Warp &w, int op) {
         w.gen++;
         return;
     }
-    while (w.gen == g) yield();
+    while (w.gen == g) wait_yield(WAIT_WARP, 0, 0);
 }
 
 inline float u2f(mskv_u32 u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -273,25 +413,42 @@ inline void cp_async16(void *dst, const void *src, int src_bytes) {
     p.dst = (unsigned char *)dst;
     std::memset(p.data, 0, 16);
     if (src_bytes) std::memcpy(p.data, src, 16);
-    if (cfg().cp_async_eager) { std::memcpy(p.dst, p.data, 16); return; }
+    note();
+    if (cfg().cp_async_eager) { tracked_write(p.dst, p.data, 16, f->tid); return; }
+    if (overwrites_wgmma_reads(p.dst, 16)) { fail("cp.async into shared memory an in-flight wgmma still reads"); return; }
     p.group = f->commits;
     f->pend.push_back(p);
+    st().g_copies[gran(p.dst)]++;
 }
 inline void cp_commit() { st().cur->commits++; }
 inline void cp_wait(int n) {
     Fiber *f = st().cur;
     std::vector<Pending> keep;
     for (const Pending &p : f->pend) {
-        if (p.group < f->commits - n) std::memcpy(p.dst, p.data, 16);
-        else keep.push_back(p);
+        if (p.group < f->commits - n) {
+            st().g_copies[gran(p.dst)]--;
+            tracked_write(p.dst, p.data, 16, f->tid);
+        } else {
+            keep.push_back(p);
+        }
     }
     f->pend.swap(keep);
+    note();
 }
+
+/* the Hopper state (mskv_emu_sm90.h) */
+inline void sm90_block_begin();
+inline void sm90_thread_exit();
+inline bool sm90_flush();
+inline void sm90_block_end();
+inline void sm90_describe(const Fiber &f, char *out, size_t cap);
 
 inline void trampoline() {
     State &s = st();
     (*s.body)();
     cp_wait(0);  /* a thread's outstanding copies land when it exits */
+    sm90_thread_exit();
+    note();
     s.cur->done = true;
     s.alive--;
     s.warps[(size_t)(s.cur->tid >> 5)].alive--;
@@ -300,6 +457,48 @@ inline void trampoline() {
 }
 
 struct Dim3 { int x, y, z; };
+
+/* Every live thread waits and nothing changed in a whole pass: say on what. */
+inline void report_deadlock() {
+    State &s = st();
+    std::string msg = "deadlock: every live thread waits and none can proceed:";
+    int first = -1;
+    char cur[256] = "", prev[256] = "";
+    auto flush = [&](int last) {
+        char buf[320];
+        if (first < 0) return;
+        std::snprintf(buf, sizeof buf, " threads %d-%d %s;", first, last, prev);
+        msg += buf;
+    };
+    for (int t = 0; t <= s.nthreads; t++) {
+        cur[0] = 0;
+        if (t < s.nthreads) {
+            const Fiber &f = s.fibers[(size_t)t];
+            if (f.done) std::snprintf(cur, sizeof cur, "exited");
+            else if (f.wait == WAIT_SYNC) std::snprintf(cur, sizeof cur, "at __syncthreads");
+            else if (f.wait == WAIT_WARP) std::snprintf(cur, sizeof cur, "at a warp collective");
+            else if (f.wait == WAIT_WARPGROUP) std::snprintf(cur, sizeof cur, "at a warpgroup collective");
+            else if (f.wait == WAIT_NBAR)
+                std::snprintf(cur, sizeof cur, "at named barrier %u (%d of %d arrived)", (unsigned)f.wait_addr,
+                              s.nbar[f.wait_addr & 15].count, f.wait_arg);
+            else sm90_describe(f, cur, sizeof cur);
+        }
+        if (t == s.nthreads || std::strcmp(cur, prev) != 0) {
+            flush(t - 1);
+            first = t;
+            std::memcpy(prev, cur, sizeof prev);
+        }
+    }
+    fail(msg.c_str());
+}
+
+/* After a pass: no thread got anywhere. Copies still in flight may free
+   someone; if none, it is a deadlock. */
+inline void check_progress(long before) {
+    State &s = st();
+    if (s.events != before || s.alive == 0 || !s.error.empty()) return;
+    if (!sm90_flush()) report_deadlock();
+}
 
 /* Runs body once per thread of every block, blocks one after another.
    Returns false (and error() says why) when the emulation caught a misuse. */
@@ -316,7 +515,22 @@ inline bool launch(Dim3 grid, int block_threads, size_t smem_bytes, const std::f
     for (int by = 0; by < grid.y; by++)
     for (int bx = 0; bx < grid.x; bx++) {
         s.bx = bx; s.by = by; s.bz = bz;
-        s.smem.assign(smem_bytes + 16, 0xff);  /* NaN bytes: reading unwritten smem shows */
+        {
+            /* NaN bytes: reading unwritten smem shows */
+            const size_t bytes = smem_bytes + 16, ng = (bytes + 15) / 16;
+            const mskv_u32 off = (mskv_u32)cfg().smem_base_offset & 1008u;
+            s.smem_store.assign(bytes + 2048, 0xff);
+            s.smem_base = (unsigned char *)(((uintptr_t)s.smem_store.data() + 1023) & ~(uintptr_t)1023) + off;
+            s.smem_bytes = bytes;
+            s.saddr0 = 1024 + off;
+            s.shadow.assign(ng * 16, 0xff);
+            s.g_written.assign(ng, 0);
+            s.g_writer.assign(ng, -1);
+            s.g_epoch.assign(ng, 0);
+            s.g_copies.assign(ng, 0);
+            s.g_reads.assign(ng, 0);
+            for (auto &b : s.nbar) b = NamedBarrier();
+        }
         s.fibers.assign((size_t)block_threads, Fiber());
         s.warps.assign((size_t)(block_threads / 32), Warp());
         for (auto &w : s.warps) w.alive = 32;
@@ -331,7 +545,9 @@ inline bool launch(Dim3 grid, int block_threads, size_t smem_bytes, const std::f
             f.ctx.uc_link = &s.sched;
             makecontext(&f.ctx, (void (*)(void))trampoline, 0);
         }
+        sm90_block_begin();
         while (s.alive > 0 && s.error.empty()) {
+            const long before = s.events;
             if (!cfg().greedy_warps) {
                 for (int t = 0; t < block_threads; t++) {
                     Fiber &f = s.fibers[(size_t)t];
@@ -339,11 +555,14 @@ inline bool launch(Dim3 grid, int block_threads, size_t smem_bytes, const std::f
                     s.cur = &f;
                     swapcontext(&s.sched, &f.ctx);
                 }
+                s.cur = nullptr;
+                check_progress(before);
                 continue;
             }
             for (int w = 0; w < block_threads / 32 && s.error.empty(); w++) {
-                for (;;) {  /* this warp until every lane is done or held at a block barrier */
+                for (;;) {  /* this warp until every lane is done or waits on the others */
                     int ran = 0;
+                    const long e = s.events;
                     for (int t = 32 * w; t < 32 * w + 32; t++) {
                         Fiber &f = s.fibers[(size_t)t];
                         if (f.done || (f.bar_gen >= 0 && f.bar_gen == s.bar_gen)) continue;
@@ -351,11 +570,24 @@ inline bool launch(Dim3 grid, int block_threads, size_t smem_bytes, const std::f
                         swapcontext(&s.sched, &f.ctx);
                         ran = 1;
                     }
-                    if (!ran || !s.error.empty()) break;
+                    if (!ran || !s.error.empty() || s.events == e) break;
                 }
             }
+            s.cur = nullptr;
+            check_progress(before);
         }
         s.cur = nullptr;
+        if (s.error.empty()) {
+            for (int id = 1; id < 16; id++)
+                if (s.nbar[id].count != 0) {
+                    char msg[128];
+                    std::snprintf(msg, sizeof msg, "named barrier %d has %d of %d arrivals left over at the block's exit",
+                                  id, s.nbar[id].count, s.nbar[id].expected);
+                    fail(msg);
+                    break;
+                }
+            sm90_block_end();
+        }
         if (!s.error.empty()) return false;
     }
     return true;
@@ -387,5 +619,9 @@ MSKV_DEV void mskv_ldsm_x4_t(mskv_u32 r[4], const void *p) { mskv_emu::ldsm(r, p
 MSKV_DEV void mskv_cp_async16(void *dst, const void *src, int src_bytes) { mskv_emu::cp_async16(dst, src, src_bytes); }
 MSKV_DEV void mskv_cp_commit(void) { mskv_emu::cp_commit(); }
 template <int N> MSKV_DEV void mskv_cp_wait(void) { mskv_emu::cp_wait(N); }
+
+MSKV_DEV mskv_u32 mskv_smem_addr(const void *p) { return mskv_emu::saddr(p); }
+
+#include "mskv_emu_sm90.h"
 
 #endif /* MSKV_EMU_H */
