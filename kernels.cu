@@ -12,6 +12,9 @@
 
    Defines (the runtime passes every one a kernel uses):
      MSKV_DTYPE      storage dtype of pools, K/V sources, q and o: 0 f32, 1 f16, 2 bf16
+     MSKV_SRC_DTYPE  kv_write only: dtype of k_src/v_src (default MSKV_DTYPE);
+                     another one is converted on the way in, rounded to
+                     nearest even as the CPU backend rounds
      MSKV_HEAD_DIM   64, 128 or 256
      MSKV_ROPE       0 none, 1 one-D, 2 three-D (kv_write and rope kernels)
      MSKV_ROPE_STYLE 0 half: pairs (x[i], x[i+w/2]) in a part of width w;
@@ -31,9 +34,10 @@
    mskv_kv_write(k_src, v_src, slot_mapping, n_tokens, kv_heads, k_pool,
                  v_pool, pool_slots, positions, theta)
      Row r = token * kv_heads + h of k_src/v_src ([n_tokens][kv_heads][D],
-     pool dtype) goes to slot slot_mapping[token]; slots < 0 or >= pool_slots
-     are skipped. With MSKV_ROPE, K is rotated on the way in at positions
-     ([n] or [n][3]); theta <= 0 means 10000.
+     MSKV_SRC_DTYPE) goes to slot slot_mapping[token], in the pool dtype;
+     slots < 0 or >= pool_slots are skipped. With MSKV_ROPE, K is rotated on
+     the way in at positions ([n] or [n][3]), in f32 from the source values,
+     rounded once into the pool; theta <= 0 means 10000.
      Block 128, grid ceil(n_tokens * kv_heads / 4): one warp per row.
 
    mskv_page_gather(pool, pages, n_pages, page_bytes, dst, dst_stride)
@@ -236,6 +240,9 @@ struct __align__(16) mskv_v16 { mskv_u32 x, y, z, w; };
 #ifndef MSKV_ATTN_WARP_KEYS
 #define MSKV_ATTN_WARP_KEYS 0
 #endif
+#ifndef MSKV_SRC_DTYPE
+#define MSKV_SRC_DTYPE MSKV_DTYPE
+#endif
 
 #define MSKV_D MSKV_HEAD_DIM
 #if MSKV_DTYPE == 0
@@ -245,15 +252,12 @@ struct __align__(16) mskv_v16 { mskv_u32 x, y, z, w; };
 #endif
 
 /* >>elements ------------------------------------------------------------- */
-MSKV_DEV float mskv_load_el(const void *base, mskv_i64 i) {
-#if MSKV_DTYPE == 0
-    return ((const float *)base)[i];
-#elif MSKV_DTYPE == 1
-    return mskv_h2f(((const mskv_u16 *)base)[i]);
-#else
-    return mskv_b2f(((const mskv_u16 *)base)[i]);
-#endif
+/* Element i of an array of dtype dt (a compile-time constant at every call). */
+MSKV_DEV float mskv_load_dt(const void *base, mskv_i64 i, int dt) {
+    return dt == 0 ? ((const float *)base)[i]
+         : dt == 1 ? mskv_h2f(((const mskv_u16 *)base)[i]) : mskv_b2f(((const mskv_u16 *)base)[i]);
 }
+MSKV_DEV float mskv_load_el(const void *base, mskv_i64 i) { return mskv_load_dt(base, i, MSKV_DTYPE); }
 MSKV_DEV void mskv_store_el(void *base, mskv_i64 i, float v) {
 #if MSKV_DTYPE == 0
     ((float *)base)[i] = v;
@@ -305,15 +309,16 @@ MSKV_DEV void mskv_rope_pair(int p, const int *pos, float log2_theta, int *e0, i
     }
 }
 
-/* Rotates one row src -> dst (both D elements of the pool dtype; may alias). */
-MSKV_DEV void mskv_rope_row(const void *src, void *dst, const int *pos, float theta, int lane) {
+/* Rotates one row src (D elements of dtype src_dt) -> dst (the pool dtype;
+   may alias src when src_dt is the pool dtype). */
+MSKV_DEV void mskv_rope_row(const void *src, int src_dt, void *dst, const int *pos, float theta, int lane) {
     float l2t = log2f(theta > 0.0f ? theta : 10000.0f);
     for (int p = lane; p < MSKV_D / 2; p += 32) {
         int e0, e1;
         float c, s, x, y;
         mskv_rope_pair(p, pos, l2t, &e0, &e1, &c, &s);
-        x = mskv_load_el(src, e0);
-        y = mskv_load_el(src, e1);
+        x = mskv_load_dt(src, e0, src_dt);
+        y = mskv_load_dt(src, e1, src_dt);
         mskv_store_el(dst, e0, x * c - y * s);
         mskv_store_el(dst, e1, x * s + y * c);
     }
@@ -329,6 +334,12 @@ MSKV_DEV void mskv_copy_row(const void *src, void *dst, int lane) {
     for (int c = lane; c < MSKV_D * MSKV_ESIZE / 16; c += 32) d[c] = s[c];
 }
 
+/* One row of D source elements into the pool dtype, element by element: the
+   conversion of a variant whose source dtype is not the pool's. */
+MSKV_DEV void mskv_convert_row(const void *src, void *dst, int lane) {
+    for (int e = lane; e < MSKV_D; e += 32) mskv_store_el(dst, e, mskv_load_dt(src, e, MSKV_SRC_DTYPE));
+}
+
 MSKV_KERNEL void mskv_kv_write(const void *k_src, const void *v_src, const mskv_i64 *slot_mapping,
                                int n_tokens, int kv_heads, void *k_pool, void *v_pool,
                                mskv_i64 pool_slots, const int *positions, float theta) {
@@ -340,11 +351,20 @@ MSKV_KERNEL void mskv_kv_write(const void *k_src, const void *v_src, const mskv_
     h = row - token * kv_heads;
     slot = slot_mapping[token];
     if (slot < 0 || slot >= pool_slots) return;
-    src_off = row * MSKV_D * MSKV_ESIZE;
+    src_off = row * MSKV_D * (MSKV_SRC_DTYPE == 0 ? 4 : 2);
     dst_off = (slot * kv_heads + h) * MSKV_D * MSKV_ESIZE;
+#if MSKV_SRC_DTYPE != MSKV_DTYPE
+    mskv_convert_row((const unsigned char *)v_src + src_off, (unsigned char *)v_pool + dst_off, lane);
 #if MSKV_ROPE != 0
+    mskv_rope_row((const unsigned char *)k_src + src_off, MSKV_SRC_DTYPE, (unsigned char *)k_pool + dst_off,
+                  positions + (MSKV_ROPE == 2 ? 3 * token : token), theta, lane);
+#else
+    (void)positions; (void)theta;
+    mskv_convert_row((const unsigned char *)k_src + src_off, (unsigned char *)k_pool + dst_off, lane);
+#endif
+#elif MSKV_ROPE != 0
     mskv_copy_row((const unsigned char *)v_src + src_off, (unsigned char *)v_pool + dst_off, lane);
-    mskv_rope_row((const unsigned char *)k_src + src_off, (unsigned char *)k_pool + dst_off,
+    mskv_rope_row((const unsigned char *)k_src + src_off, MSKV_DTYPE, (unsigned char *)k_pool + dst_off,
                   positions + (MSKV_ROPE == 2 ? 3 * token : token), theta, lane);
 #else
     {
@@ -369,7 +389,7 @@ MSKV_KERNEL void mskv_rope(void *x, mskv_i64 n, int heads, const int *positions,
     {
         mskv_i64 token = row / heads;
         unsigned char *p = (unsigned char *)x + row * MSKV_D * MSKV_ESIZE;
-        mskv_rope_row(p, p, positions + (MSKV_ROPE == 2 ? 3 * token : token), theta, lane);
+        mskv_rope_row(p, MSKV_DTYPE, p, positions + (MSKV_ROPE == 2 ? 3 * token : token), theta, lane);
     }
 #else
     (void)x; (void)positions; (void)theta; (void)lane;
@@ -1558,6 +1578,7 @@ MSKV_UNROLL
 #undef MSKV_ROPE_D1
 #undef MSKV_ROPE_D2
 #undef MSKV_ATTN_WARP_KEYS
+#undef MSKV_SRC_DTYPE
 #undef MSKV_D
 #undef MSKV_ESIZE
 #undef MSKV_RD0

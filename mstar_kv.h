@@ -791,6 +791,23 @@ typedef struct mskv_plan_desc {
        INVALID_ARGUMENT when the visible set minus the prefix is not of the
        bounds' form (a visible sink reaching past the prefix before a hole). */
     int32_t exclude_prefix;
+    /* Padding to a captured shape, so one CUDA graph replays every step that
+       fits it (0 = no padding, each field on its own). The plan gets pad_batch
+       segments and pad_tokens queries: the step's segments first, then
+       padding segments (no keys, no pages, bounds 0; plan->pad_segments of
+       them) that hold the extra queries, spread evenly, with slot -1
+       (nothing is written), RoPE position 0 and q_pos by the tail rule. No
+       key is read for them; their rows of o and lse are not part of the
+       result (the CPU writes 0 and -inf, the GPU only what its captured
+       tiles reach). Extra queries need a padding segment: capture over the
+       largest step padded to pad_batch = its batch + 1, and every smaller
+       step has one. pad_qo_len / pad_kv_len: the captured longest segment's
+       queries and keys, copied into the plan, where the GPU attention takes
+       them as its launch shape. A step larger than the padded shape is
+       CAPACITY, nothing written ("capture again"): more segments or queries,
+       a segment with more queries or keys, or extra queries and no padding
+       segment to hold them. */
+    int32_t pad_batch, pad_tokens, pad_qo_len, pad_kv_len;
 } mskv_plan_desc;
 
 /* mskv_plan.features: which optional arrays hold something other than what
@@ -856,6 +873,15 @@ typedef struct mskv_plan {
     int32_t *vis_sink_end;     /* [batch] */
     int32_t *vis_window_start; /* [batch] */
     uint32_t features;         /* MSKV_PLAN_Q_POS | MSKV_PLAN_VISIBILITY */
+    /* The launch shape of a padded plan (mskv_plan_desc.pad_qo_len /
+       pad_kv_len; 0 = its own): a GPU launch over the plan is sized as if its
+       longest segment had at least this many queries and keys, so an eager
+       launch and a graph captured over the padded shape run alike. */
+    int32_t pad_qo_len, pad_kv_len;
+    /* The last pad_segments segments are padding (mskv_plan_desc.pad_batch):
+       no keys, no pages, slots -1; they do not count for the launch shape and
+       their rows of o and lse are not part of the result. */
+    int32_t pad_segments;
 } mskv_plan;
 
 typedef struct mskv_plan_size {
@@ -3837,6 +3863,32 @@ static mskv_result mskv__plan_desc_check(mskv_arena *a, int32_t n, const mskv_pl
     return MSKV_SUCCESS;
 }
 
+/* The padding segment k of a plan of real_b segments padded to d's shape:
+   its share of the extra queries (spread evenly, the first ones one more). */
+static int32_t mskv__plan_pad_share(const mskv_plan_desc *d, int32_t real_b, int32_t real_q, int32_t k) {
+    int32_t segs = d->pad_batch - real_b, extra = (d->pad_tokens ? d->pad_tokens : real_q) - real_q;
+    return extra / segs + (k < extra % segs ? 1 : 0);
+}
+
+/* The step's sizes grown to the padded shape (mskv_plan_desc.pad_*), or
+   CAPACITY when the step does not fit it. */
+static mskv_result mskv__plan_pad_sizes(mskv_arena *a, const mskv_plan_desc *d, mskv_plan_size *sz) {
+    int32_t segs, extra;
+    if (d->pad_batch < 0 || d->pad_tokens < 0 || d->pad_qo_len < 0 || d->pad_kv_len < 0)
+        return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: negative padding");
+    if ((d->pad_batch && sz->batch > d->pad_batch) || (d->pad_tokens && sz->total_q > d->pad_tokens))
+        return mskv__err(a, MSKV_ERROR_CAPACITY, "plan: the step (batch %d, %d queries) is larger than the padded shape "
+                         "(batch %d, %d queries): capture again", (int)sz->batch, (int)sz->total_q, (int)d->pad_batch, (int)d->pad_tokens);
+    segs = d->pad_batch ? d->pad_batch - sz->batch : 0;
+    extra = d->pad_tokens ? d->pad_tokens - sz->total_q : 0;
+    if (extra > 0 && segs == 0)
+        return mskv__err(a, MSKV_ERROR_CAPACITY, "plan: %d padding queries and no padding segment: capture again, with "
+                         "pad_batch above the largest batch", (int)extra);
+    sz->batch += segs;
+    sz->total_q += extra;
+    return MSKV_SUCCESS;
+}
+
 /* Every check of a build, and the sizes: nothing is written before it passes. */
 static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int32_t n, const mskv_plan_desc *d,
                                     mskv_plan_size *sz, int32_t *cross_ri) {
@@ -3855,7 +3907,7 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
     }
     if (d->kind != MSKV_PLAN_DENSE) r = mskv__resolve(a, segs, n, 0, "plan");
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
-        int64_t nt = segs[i].n_tokens, first, last, se, ws;  /* first, last: the segment's first and last query's positions */
+        int64_t nt = segs[i].n_tokens, first, last, se, ws, keys;  /* first, last: the segment's first and last query's positions */
         const mskv__req *q = NULL;
         if (nt < 0) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: segment %d has %lld tokens", (int)i, (long long)nt);
         if (d->kind == MSKV_PLAN_DENSE) {
@@ -3864,6 +3916,7 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
                 return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)d->dense_kv_len[i]);
             first = d->dense_kv_len[i] - nt;
             last = d->dense_kv_len[i] - 1;
+            keys = d->dense_kv_len[i];
         } else {
             const mskv__tab *t;
             int64_t len;
@@ -3874,6 +3927,7 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
             if (nt > len)
                 return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)len);
             ids += d->kind == MSKV_PLAN_SELF ? t->num_pages : d->kind == MSKV_PLAN_CROSS ? x->t[d->group].num_pages : 0;
+            keys = d->kind == MSKV_PLAN_SELF ? len : d->kind == MSKV_PLAN_CROSS ? mskv__kv_len(a, x, &x->t[d->group]) : t->prefix_tokens;
             first = mskv__abs_pos(a, t, len - nt) + q->pos_shift;
             last = mskv__abs_pos(a, t, len - 1) + q->pos_shift;
         }
@@ -3883,6 +3937,9 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
             ((r = mskv__pos_check(a, d, last, i)) != MSKV_SUCCESS || (r = mskv__pos_check(a, d, first, i)) != MSKV_SUCCESS))
             return r;
         if ((r = mskv__plan_bounds(a, d, q, i, &se, &ws)) != MSKV_SUCCESS) return r;
+        if ((d->pad_qo_len && nt > d->pad_qo_len) || (d->pad_kv_len && keys > d->pad_kv_len))
+            return mskv__err(a, MSKV_ERROR_CAPACITY, "plan: segment %d has %lld queries and %lld keys, past the padded shape's "
+                             "%d and %d: capture again", (int)i, (long long)nt, (long long)keys, (int)d->pad_qo_len, (int)d->pad_kv_len);
         tq += nt;
     }
     if (r != MSKV_SUCCESS) return r;
@@ -3890,7 +3947,7 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
     sz->batch = n;
     sz->total_q = (int32_t)tq;
     sz->num_page_ids = (int32_t)ids;
-    return MSKV_SUCCESS;
+    return mskv__plan_pad_sizes(a, d, sz);
 }
 
 MSKV_IMPL mskv_result mskv_plan_query(mskv_arena *a, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan_size *out) {
@@ -3993,6 +4050,26 @@ static int mskv__plan_queries(mskv_arena *a, const mskv_plan_desc *d, const mskv
     return moved;
 }
 
+/* Padding segment b (mskv_plan_desc.pad_batch): nq queries that read no key
+   and write no slot, after the segments before it. */
+static void mskv__plan_pad_segment(const mskv_plan_desc *d, int32_t b, int32_t nq, mskv_plan *p) {
+    int32_t i, k, w = d->pos_mode == MSKV_POS_3D ? 3 : 1, q_at = p->qo_indptr[b];
+    p->kv_indptr[b + 1] = p->kv_indptr[b];
+    p->kv_token_indptr[b + 1] = p->kv_token_indptr[b];
+    p->kv_last_page_len[b] = 0;
+    p->kv_len[b] = 0;
+    p->kv_pos_split[b] = 0;
+    p->kv_pos_shift[b] = 0;
+    if (p->vis_sink_end && p->vis_window_start) p->vis_sink_end[b] = p->vis_window_start[b] = 0;
+    if (p->requests) p->requests[b].id = 0;   /* no request: mskv_plan_check has nothing to look at */
+    for (i = 0; i < nq; i++) {
+        p->slot_mapping[q_at + i] = -1;
+        if (p->q_pos) p->q_pos[q_at + i] = i - nq;   /* the tail rule over no keys */
+        for (k = 0; d->pos_mode != MSKV_POS_NONE && k < w; k++) p->positions[w * (q_at + i) + k] = 0;
+    }
+    p->qo_indptr[b + 1] = q_at + nq;
+}
+
 MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *p) {
     mskv_plan_desc zero;
     mskv_plan_size sz;
@@ -4035,6 +4112,10 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
         q_at += nq;
         p->qo_indptr[b + 1] = q_at;
     }
+    for (b = n; b < sz.batch; b++) mskv__plan_pad_segment(desc, b, mskv__plan_pad_share(desc, n, p->qo_indptr[n], b - n), p);
+    p->pad_qo_len = desc->pad_qo_len;
+    p->pad_kv_len = desc->pad_kv_len;
+    p->pad_segments = sz.batch - n;
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
 }
@@ -4118,6 +4199,8 @@ MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, 
     P = p->page_size;
 #define MSKV__BAD(...) do { mskv__why(why, cap, __VA_ARGS__); return MSKV_ERROR_INVALID_ARGUMENT; } while (0)
     if (p->batch < 0 || p->total_q < 0 || p->num_page_ids < 0 || P < 1) MSKV__BAD("negative sizes or page_size < 1");
+    if (p->pad_qo_len < 0 || p->pad_kv_len < 0 || p->pad_segments < 0 || p->pad_segments > p->batch)
+        MSKV__BAD("negative pad_qo_len or pad_kv_len, or pad_segments outside [0, batch]");
     if (!p->qo_indptr || !p->kv_indptr || !p->kv_last_page_len || !p->kv_len || (p->num_page_ids > 0 && !p->kv_indices))
         MSKV__BAD("a plan array is NULL");
     if (p->qo_indptr[0] != 0 || p->kv_indptr[0] != 0) MSKV__BAD("indptr[0] must be 0");
@@ -4148,6 +4231,11 @@ MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, 
         }
     }
     if (p->qo_indptr[p->batch] != p->total_q) MSKV__BAD("qo_indptr[batch] != total_q");
+    for (b = p->batch - p->pad_segments; b < p->batch; b++) {
+        if (p->kv_len[b] != 0 || p->kv_indptr[b + 1] != p->kv_indptr[b]) MSKV__BAD("padding segment %d has keys", (int)b);
+        for (i = p->qo_indptr[b]; p->slot_mapping && i < p->qo_indptr[b + 1]; i++)
+            if (p->slot_mapping[i] != -1) MSKV__BAD("padding query %d has a slot", (int)i);
+    }
     if (p->kv_indptr[p->batch] != p->num_page_ids) MSKV__BAD("kv_indptr[batch] != num_page_ids");
 #undef MSKV__BAD
     if ((r = mskv__plan_validate_extras(p, why, cap)) != MSKV_SUCCESS) return r;
@@ -4172,7 +4260,8 @@ MSKV_IMPL mskv_result mskv_plan_check(mskv_arena *a, const mskv_plan *p) {
         else if (p->cross.id) ok = mskv__plan_req_current(a, p->cross, p->group, p->generation);
         else if (!p->requests) ok = 0;
         else
-            for (b = 0; ok && b < p->batch; b++) ok = mskv__plan_req_current(a, p->requests[b], p->group, p->generation);
+            for (b = 0; ok && b < p->batch; b++)   /* a padding segment (id 0) reads no pages */
+                ok = p->requests[b].id == 0 || mskv__plan_req_current(a, p->requests[b], p->group, p->generation);
     }
     MSKV__UNLOCK(a);
     return ok ? MSKV_SUCCESS
@@ -7059,7 +7148,8 @@ static mskv_result mskv__cpu_check_segments(const mskv_plan *plan, const mskv_at
         split = plan->kv_pos_split ? plan->kv_pos_split[b] : kv;
         shift = plan->kv_pos_shift ? plan->kv_pos_shift[b] : 0;
         if (split < 0 || shift < 0) return MSKV_ERROR_INVALID_ARGUMENT;
-        if (attn->mask != MSKV_MASK_NONE && !plan->q_pos && qo > kv) return MSKV_ERROR_INVALID_ARGUMENT; /* queries without a position */
+        /* queries without a position (a segment with no keys, padding, sees nothing whatever its positions) */
+        if (attn->mask != MSKV_MASK_NONE && !plan->q_pos && qo > kv && kv > 0) return MSKV_ERROR_INVALID_ARGUMENT;
         *work += (double)qo * (double)kv;
     }
     return MSKV_SUCCESS;

@@ -420,18 +420,36 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
 /* Scatters k, v (device, [total_q][kv_heads][head_dim], the store's dtype,
    16-byte aligned) into layer `layer` through plan->slot_mapping; rope
    (optional) rotates K on the way in at plan->positions.
+   mskv_cuda_write_kv_ex takes k and v in src_dtype (F32, F16 or BF16) and
+   converts them into the store's dtype on the device, rounding to nearest
+   even as mskv_cpu_write_kv does (bit for bit; RoPE is computed in f32 from
+   the source values and rounded once). mskv_cuda_write_kv is the _ex call
+   with the store's dtype.
    Return value: SUCCESS, NULL_POINTER, OUT_OF_RANGE (layer), UNSUPPORTED
    (head_dim), INVALID_ARGUMENT (k or v not 16-byte aligned: the kernel reads
-   16-byte vectors; a rope the CPU refuses or of another position mode),
+   16-byte vectors; a rope the CPU refuses or of another position mode; a
+   src_dtype that is not F32, F16 or BF16),
    STALE_PLAN (the plan uploaded last is an arena-built plan whose pages
    changed since it was built), OVERFLOW, CUDA, NVRTC (first use compiles).
    Cost: the first call of a variant compiles or loads it; later calls only
    check, look the kernel up by an integer key and launch (no allocation, no
    string, one cuCtxSetCurrent). The same holds for the wrappers below. */
 MSKV_API mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan, mskv_cu_ptr k, mskv_cu_ptr v, const mskv_rope *rope);
+MSKV_API mskv_result mskv_cuda_write_kv_ex(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan, mskv_cu_ptr k,
+                                          mskv_cu_ptr v, mskv_dtype src_dtype, const mskv_rope *rope);
 
 /* // >>graphs --------------------------------------------------------------- */
 
+/* A captured step (the launches between capture_begin and capture_end)
+   replays with whatever plan was uploaded last, if that plan has the
+   captured batch and token count and no segment longer than the captured
+   ones (queries; keys up to what its split-KV launches cover). One capture
+   serves a bucket of smaller steps: plan them padded to the captured shape
+   (mskv_plan_desc.pad_batch, pad_tokens, pad_qo_len, pad_kv_len), which
+   gives the same launch sizes; the padding reads and writes nothing.
+   mskv_cuda_graph_launch returns CAPACITY for a step larger than the
+   capture ("capture again" in mskv_cuda_last_error), INVALID_ARGUMENT for a
+   smaller one not padded to it, STALE_PLAN, BAD_STATE (capturing), CUDA. */
 typedef struct mskv_cuda_graph mskv_cuda_graph;
 MSKV_API mskv_result mskv_cuda_capture_begin(mskv_cuda_store *st);
 MSKV_API mskv_result mskv_cuda_capture_end(mskv_cuda_store *st, mskv_cuda_graph **out);
@@ -483,7 +501,9 @@ MSKV_API void mskv_cuda_page_divisor(int32_t page_size, uint32_t *magic, int32_t
 
 /* Paged attention over a plan for one layer of the store, on the store's
    stream (tensor cores: the store's dtype must be F16 or BF16, and
-   attn->q_dtype the same). plan: the host plan (for its sizes); dplan: the
+   attn->q_dtype the same; f32 q/o are UNSUPPORTED: converting them would be
+   two extra passes over q and o that the caller's framework does better
+   fused into the projections that make q and consume o). plan: the host plan (for its sizes); dplan: the
    same plan uploaded by mskv_cuda_plan_upload (a paged plan: the dense
    form has no page table). q (16-byte aligned), o: device
    [total_q][q_heads][head_dim]; lse (0 = none): device f32 [total_q][q_heads],
@@ -496,11 +516,12 @@ MSKV_API void mskv_cuda_page_divisor(int32_t page_size, uint32_t *magic, int32_t
    On compute capability 9.0 prefill shapes (more than 16 rows of a segment)
    run mskv_attn_sm90 (mskv_cuda_desc.attn_path, mskv_cuda_info.wgmma).
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OUT_OF_RANGE (layer),
-   UNSUPPORTED (f32 store, head_dim; WGMMA forced on another device; a plan
-   whose features ask for explicit query positions or visibility bounds,
-   which these kernels do not read yet: the CPU backend's mskv_cpu_attention
-   does), STALE_PLAN (plan, or the plan uploaded last, is an arena-built plan
-   whose pages changed since it was built), CUDA, NVRTC (first use compiles). */
+   UNSUPPORTED (f32 store, f32 q, head_dim; WGMMA forced on another device;
+   a plan whose features ask for explicit query positions or visibility
+   bounds, which these kernels do not read yet: the CPU backend's
+   mskv_cpu_attention does), STALE_PLAN (plan, or the plan uploaded last, is
+   an arena-built plan whose pages changed since it was built), CUDA, NVRTC
+   (first use compiles). */
 MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
                                          const mskv_cuda_dplan *dplan, const mskv_attn *attn,
                                          mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
@@ -676,6 +697,9 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "\n",
     "   Defines (the runtime passes every one a kernel uses):\n",
     "     MSKV_DTYPE      storage dtype of pools, K/V sources, q and o: 0 f32, 1 f16, 2 bf16\n",
+    "     MSKV_SRC_DTYPE  kv_write only: dtype of k_src/v_src (default MSKV_DTYPE);\n",
+    "                     another one is converted on the way in, rounded to\n",
+    "                     nearest even as the CPU backend rounds\n",
     "     MSKV_HEAD_DIM   64, 128 or 256\n",
     "     MSKV_ROPE       0 none, 1 one-D, 2 three-D (kv_write and rope kernels)\n",
     "     MSKV_ROPE_STYLE 0 half: pairs (x[i], x[i+w/2]) in a part of width w;\n",
@@ -695,9 +719,10 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "   mskv_kv_write(k_src, v_src, slot_mapping, n_tokens, kv_heads, k_pool,\n",
     "                 v_pool, pool_slots, positions, theta)\n",
     "     Row r = token * kv_heads + h of k_src/v_src ([n_tokens][kv_heads][D],\n",
-    "     pool dtype) goes to slot slot_mapping[token]; slots < 0 or >= pool_slots\n",
-    "     are skipped. With MSKV_ROPE, K is rotated on the way in at positions\n",
-    "     ([n] or [n][3]); theta <= 0 means 10000.\n",
+    "     MSKV_SRC_DTYPE) goes to slot slot_mapping[token], in the pool dtype;\n",
+    "     slots < 0 or >= pool_slots are skipped. With MSKV_ROPE, K is rotated on\n",
+    "     the way in at positions ([n] or [n][3]), in f32 from the source values,\n",
+    "     rounded once into the pool; theta <= 0 means 10000.\n",
     "     Block 128, grid ceil(n_tokens * kv_heads / 4): one warp per row.\n",
     "\n",
     "   mskv_page_gather(pool, pages, n_pages, page_bytes, dst, dst_stride)\n",
@@ -900,6 +925,9 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "#ifndef MSKV_ATTN_WARP_KEYS\n",
     "#define MSKV_ATTN_WARP_KEYS 0\n",
     "#endif\n",
+    "#ifndef MSKV_SRC_DTYPE\n",
+    "#define MSKV_SRC_DTYPE MSKV_DTYPE\n",
+    "#endif\n",
     "\n",
     "#define MSKV_D MSKV_HEAD_DIM\n",
     "#if MSKV_DTYPE == 0\n",
@@ -909,15 +937,12 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "#endif\n",
     "\n",
     "/* >>elements ------------------------------------------------------------- */\n",
-    "MSKV_DEV float mskv_load_el(const void *base, mskv_i64 i) {\n",
-    "#if MSKV_DTYPE == 0\n",
-    "    return ((const float *)base)[i];\n",
-    "#elif MSKV_DTYPE == 1\n",
-    "    return mskv_h2f(((const mskv_u16 *)base)[i]);\n",
-    "#else\n",
-    "    return mskv_b2f(((const mskv_u16 *)base)[i]);\n",
-    "#endif\n",
+    "/* Element i of an array of dtype dt (a compile-time constant at every call). */\n",
+    "MSKV_DEV float mskv_load_dt(const void *base, mskv_i64 i, int dt) {\n",
+    "    return dt == 0 ? ((const float *)base)[i]\n",
+    "         : dt == 1 ? mskv_h2f(((const mskv_u16 *)base)[i]) : mskv_b2f(((const mskv_u16 *)base)[i]);\n",
     "}\n",
+    "MSKV_DEV float mskv_load_el(const void *base, mskv_i64 i) { return mskv_load_dt(base, i, MSKV_DTYPE); }\n",
     "MSKV_DEV void mskv_store_el(void *base, mskv_i64 i, float v) {\n",
     "#if MSKV_DTYPE == 0\n",
     "    ((float *)base)[i] = v;\n",
@@ -969,15 +994,16 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    }\n",
     "}\n",
     "\n",
-    "/* Rotates one row src -> dst (both D elements of the pool dtype; may alias). */\n",
-    "MSKV_DEV void mskv_rope_row(const void *src, void *dst, const int *pos, float theta, int lane) {\n",
+    "/* Rotates one row src (D elements of dtype src_dt) -> dst (the pool dtype;\n",
+    "   may alias src when src_dt is the pool dtype). */\n",
+    "MSKV_DEV void mskv_rope_row(const void *src, int src_dt, void *dst, const int *pos, float theta, int lane) {\n",
     "    float l2t = log2f(theta > 0.0f ? theta : 10000.0f);\n",
     "    for (int p = lane; p < MSKV_D / 2; p += 32) {\n",
     "        int e0, e1;\n",
     "        float c, s, x, y;\n",
     "        mskv_rope_pair(p, pos, l2t, &e0, &e1, &c, &s);\n",
-    "        x = mskv_load_el(src, e0);\n",
-    "        y = mskv_load_el(src, e1);\n",
+    "        x = mskv_load_dt(src, e0, src_dt);\n",
+    "        y = mskv_load_dt(src, e1, src_dt);\n",
     "        mskv_store_el(dst, e0, x * c - y * s);\n",
     "        mskv_store_el(dst, e1, x * s + y * c);\n",
     "    }\n",
@@ -993,6 +1019,12 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    for (int c = lane; c < MSKV_D * MSKV_ESIZE / 16; c += 32) d[c] = s[c];\n",
     "}\n",
     "\n",
+    "/* One row of D source elements into the pool dtype, element by element: the\n",
+    "   conversion of a variant whose source dtype is not the pool's. */\n",
+    "MSKV_DEV void mskv_convert_row(const void *src, void *dst, int lane) {\n",
+    "    for (int e = lane; e < MSKV_D; e += 32) mskv_store_el(dst, e, mskv_load_dt(src, e, MSKV_SRC_DTYPE));\n",
+    "}\n",
+    "\n",
     "MSKV_KERNEL void mskv_kv_write(const void *k_src, const void *v_src, const mskv_i64 *slot_mapping,\n",
     "                               int n_tokens, int kv_heads, void *k_pool, void *v_pool,\n",
     "                               mskv_i64 pool_slots, const int *positions, float theta) {\n",
@@ -1004,11 +1036,20 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    h = row - token * kv_heads;\n",
     "    slot = slot_mapping[token];\n",
     "    if (slot < 0 || slot >= pool_slots) return;\n",
-    "    src_off = row * MSKV_D * MSKV_ESIZE;\n",
+    "    src_off = row * MSKV_D * (MSKV_SRC_DTYPE == 0 ? 4 : 2);\n",
     "    dst_off = (slot * kv_heads + h) * MSKV_D * MSKV_ESIZE;\n",
+    "#if MSKV_SRC_DTYPE != MSKV_DTYPE\n",
+    "    mskv_convert_row((const unsigned char *)v_src + src_off, (unsigned char *)v_pool + dst_off, lane);\n",
     "#if MSKV_ROPE != 0\n",
+    "    mskv_rope_row((const unsigned char *)k_src + src_off, MSKV_SRC_DTYPE, (unsigned char *)k_pool + dst_off,\n",
+    "                  positions + (MSKV_ROPE == 2 ? 3 * token : token), theta, lane);\n",
+    "#else\n",
+    "    (void)positions; (void)theta;\n",
+    "    mskv_convert_row((const unsigned char *)k_src + src_off, (unsigned char *)k_pool + dst_off, lane);\n",
+    "#endif\n",
+    "#elif MSKV_ROPE != 0\n",
     "    mskv_copy_row((const unsigned char *)v_src + src_off, (unsigned char *)v_pool + dst_off, lane);\n",
-    "    mskv_rope_row((const unsigned char *)k_src + src_off, (unsigned char *)k_pool + dst_off,\n",
+    "    mskv_rope_row((const unsigned char *)k_src + src_off, MSKV_DTYPE, (unsigned char *)k_pool + dst_off,\n",
     "                  positions + (MSKV_ROPE == 2 ? 3 * token : token), theta, lane);\n",
     "#else\n",
     "    {\n",
@@ -1033,7 +1074,7 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    {\n",
     "        mskv_i64 token = row / heads;\n",
     "        unsigned char *p = (unsigned char *)x + row * MSKV_D * MSKV_ESIZE;\n",
-    "        mskv_rope_row(p, p, positions + (MSKV_ROPE == 2 ? 3 * token : token), theta, lane);\n",
+    "        mskv_rope_row(p, MSKV_DTYPE, p, positions + (MSKV_ROPE == 2 ? 3 * token : token), theta, lane);\n",
     "    }\n",
     "#else\n",
     "    (void)x; (void)positions; (void)theta; (void)lane;\n",
@@ -2222,6 +2263,7 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "#undef MSKV_ROPE_D1\n",
     "#undef MSKV_ROPE_D2\n",
     "#undef MSKV_ATTN_WARP_KEYS\n",
+    "#undef MSKV_SRC_DTYPE\n",
     "#undef MSKV_D\n",
     "#undef MSKV_ESIZE\n",
     "#undef MSKV_RD0\n",
@@ -2891,7 +2933,8 @@ static mskv_result mskv__cuda_load(int want_driver, int want_nvrtc, const char *
     X(ROPE_D0, "MSKV_ROPE_D0", 9)                   \
     X(ROPE_D1, "MSKV_ROPE_D1", 9)                   \
     X(ROPE_D2, "MSKV_ROPE_D2", 9)                   \
-    X(ATTN_WARP_KEYS, "MSKV_ATTN_WARP_KEYS", 1)
+    X(ATTN_WARP_KEYS, "MSKV_ATTN_WARP_KEYS", 1)    \
+    X(SRC_DTYPE, "MSKV_SRC_DTYPE", 2)
 
 /* The kernels the wrappers launch: X(id, name in kernels.cu). */
 #define MSKV__CUDA_KERNEL_LIST(X)                   \
@@ -3956,6 +3999,8 @@ static void mskv__cuda_defines_base(const mskv_cuda_store *st, mskv__cuda_define
     int32_t hd = st->d.head_dim;
     memset(d, 0, sizeof(*d));      /* every other define 0 */
     mskv__cuda_define(d, MSKV__D_DTYPE, (int32_t)st->d.dtype);
+    /* K/V sources in the pool dtype: the kv_write variant shares the module of the others */
+    mskv__cuda_define(d, MSKV__D_SRC_DTYPE, (int32_t)st->d.dtype);
     mskv__cuda_define(d, MSKV__D_HEAD_DIM, hd == 64 || hd == 128 || hd == 256 ? hd : 128);
 }
 
@@ -4466,6 +4511,10 @@ MSKV_API mskv_result mskv_cuda_store_sync(mskv_cuda_store *st) {
    not checked (nor uploaded). */
 static mskv_result mskv__cuda_check_table(const mskv_plan *plan, int32_t page_size) {
     int32_t b;
+    /* padding segments (the launch shape leaves them out) hold no keys */
+    if (plan->pad_segments < 0 || plan->pad_segments > plan->batch) return MSKV_ERROR_INVALID_ARGUMENT;
+    for (b = plan->batch - plan->pad_segments; plan->kv_len && b < plan->batch; b++)
+        if (plan->kv_len[b] != 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->qo_indptr) {
         if (plan->qo_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
         for (b = 0; b < plan->batch; b++)
@@ -4570,12 +4619,15 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     st->cur.max_kv = 0;
     if (plan->qo_indptr) {
         int32_t i;
-        for (i = 0; i < plan->batch; i++) {
+        for (i = 0; i < plan->batch - plan->pad_segments; i++) {   /* padding is not part of the launch shape */
             int32_t qo = plan->qo_indptr[i + 1] - plan->qo_indptr[i];   /* checked: 0 <= qo <= total_q */
             if (qo > st->cur.max_qo) st->cur.max_qo = qo;
             if (plan->kv_len && plan->kv_len[i] > st->cur.max_kv) st->cur.max_kv = plan->kv_len[i];
         }
     }
+    /* the launch shape of a padded plan (what a capture over it is sized for) */
+    if (plan->pad_qo_len > st->cur.max_qo) st->cur.max_qo = plan->pad_qo_len;
+    if (plan->pad_kv_len > st->cur.max_kv) st->cur.max_kv = plan->pad_kv_len;
     memset(out, 0, sizeof(*out));
     out->batch = plan->batch;
     out->total_q = plan->total_q;
@@ -4626,6 +4678,12 @@ static mskv_result mskv__cuda_check_rope(const mskv_rope *rope, int32_t head_dim
 
 MSKV_API mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan,
                                         mskv_cu_ptr k, mskv_cu_ptr v, const mskv_rope *rope) {
+    if (!st) return MSKV_ERROR_NULL_POINTER;
+    return mskv_cuda_write_kv_ex(st, layer, plan, k, v, st->d.dtype, rope);
+}
+
+MSKV_API mskv_result mskv_cuda_write_kv_ex(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan, mskv_cu_ptr k,
+                                           mskv_cu_ptr v, mskv_dtype src_dtype, const mskv_rope *rope) {
     static const unsigned int block[3] = { 128, 1, 1 };
     mskv__cuda_defines defs;
     mskv__cuda_args *a;
@@ -4636,6 +4694,8 @@ MSKV_API mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, cons
     if (!st || !plan) return MSKV_ERROR_NULL_POINTER;
     if (layer < 0 || layer >= st->d.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
     if (st->d.head_dim != 64 && st->d.head_dim != 128 && st->d.head_dim != 256) return MSKV_ERROR_UNSUPPORTED;
+    if (src_dtype != MSKV_DTYPE_F32 && src_dtype != MSKV_DTYPE_F16 && src_dtype != MSKV_DTYPE_BF16)
+        return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->total_q == 0) return MSKV_SUCCESS;
     if (!k || !v || !plan->slot_mapping) return MSKV_ERROR_NULL_POINTER;
     if ((k | v) & 15) {
@@ -4656,6 +4716,7 @@ MSKV_API mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, cons
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     defs = st->defs;
     mskv__cuda_defines_rope(&defs, rope);
+    mskv__cuda_define(&defs, MSKV__D_SRC_DTYPE, (int32_t)src_dtype);
     if ((res = mskv__cuda_store_function(st, MSKV__K_KV_WRITE, &defs, &f)) != MSKV_SUCCESS) return res;
     grid[0] = (unsigned int)blocks; grid[1] = 1; grid[2] = 1;
     /* kernels.cu: mskv_kv_write(k_src, v_src, slot_mapping, n_tokens, kv_heads, k_pool, v_pool,
@@ -4726,13 +4787,20 @@ MSKV_API mskv_result mskv_cuda_graph_launch(mskv_cuda_store *st, mskv_cuda_graph
     if (!st || !g) return MSKV_ERROR_NULL_POINTER;
     if (st->capturing) return MSKV_ERROR_BAD_STATE;
     /* batch and token counts are launch arguments and the grid was sized for
-       the captured plan: a plan of another shape needs a new capture */
-    if (st->cur.batch != g->shape.batch || st->cur.total_q != g->shape.total_q || st->cur.max_qo > g->shape.max_qo ||
+       the captured plan: a larger step needs a new capture, a smaller one
+       its plan padded to the captured shape (mskv_plan_desc.pad_*) */
+    if (st->cur.batch > g->shape.batch || st->cur.total_q > g->shape.total_q || st->cur.max_qo > g->shape.max_qo ||
         st->cur.max_kv > g->kv_cover) {
         mskv__cuda_failf(st->cu, "graph replay: the uploaded plan (batch %d, tokens %d, longest %d queries / %lld keys) "
-                         "does not fit the captured one (batch %d, tokens %d, %d queries, keys up to %lld): capture again",
+                         "is larger than the captured one (batch %d, tokens %d, %d queries, keys up to %lld): capture again",
                          (int)st->cur.batch, (int)st->cur.total_q, (int)st->cur.max_qo, (long long)st->cur.max_kv,
                          (int)g->shape.batch, (int)g->shape.total_q, (int)g->shape.max_qo, (long long)g->kv_cover);
+        return MSKV_ERROR_CAPACITY;
+    }
+    if (st->cur.batch != g->shape.batch || st->cur.total_q != g->shape.total_q) {
+        mskv__cuda_failf(st->cu, "graph replay: the uploaded plan (batch %d, tokens %d) is smaller than the captured one "
+                         "(batch %d, tokens %d): pad it to that shape (mskv_plan_desc.pad_batch, pad_tokens) or capture again",
+                         (int)st->cur.batch, (int)st->cur.total_q, (int)g->shape.batch, (int)g->shape.total_q);
         return MSKV_ERROR_INVALID_ARGUMENT;
     }
     if ((res = mskv__cuda_uploaded_current(st)) != MSKV_SUCCESS) return res;   /* the replay reads the last upload */
@@ -4994,6 +5062,11 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
     if (!st || !plan || !dplan || !attn) return MSKV_ERROR_NULL_POINTER;
     if (layer < 0 || layer >= st->d.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
     if (st->d.dtype != MSKV_DTYPE_F16 && st->d.dtype != MSKV_DTYPE_BF16) return MSKV_ERROR_UNSUPPORTED;
+    if (attn->q_dtype == MSKV_DTYPE_F32) {
+        /* a conversion pass over q and o is the caller's framework's to fuse with its projections */
+        mskv__cuda_failf(st->cu, "mskv_cuda_attention: q and o are in the store's dtype; convert f32 q where it is produced");
+        return MSKV_ERROR_UNSUPPORTED;
+    }
     if (attn->q_dtype != st->d.dtype) return MSKV_ERROR_INVALID_ARGUMENT;
     if ((int)attn->mask < 0 || (int)attn->mask > 2 || attn->window_left < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (!(attn->scale >= 0.0f) || attn->scale > 3.0e38f) return MSKV_ERROR_INVALID_ARGUMENT;  /* the kernel needs scale > 0 */
@@ -5012,6 +5085,7 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
         return MSKV_ERROR_NULL_POINTER;   /* an array missing at upload would leave the previous plan's there */
     /* masks need positions; the device buffers would hold a previous plan's */
     if (attn->mask != MSKV_MASK_NONE && (!plan->kv_pos_split || !plan->kv_pos_shift)) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (plan->pad_segments < 0 || plan->pad_segments > plan->batch) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->num_page_ids != dplan->num_page_ids || plan->qo_indptr[0] != 0 || plan->kv_indptr[0] != 0 ||
         plan->qo_indptr[plan->batch] != plan->total_q || plan->kv_indptr[plan->batch] != plan->num_page_ids)
         return MSKV_ERROR_INVALID_ARGUMENT;
@@ -5025,11 +5099,18 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
         if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * st->d.page_size || kv > (int64_t)np * st->d.page_size))
             return MSKV_ERROR_INVALID_ARGUMENT;
         if (attn->mask != MSKV_MASK_NONE &&
-            (qo > kv || plan->kv_pos_shift[b] < 0 || plan->kv_pos_split[b] < 0 || plan->kv_pos_split[b] > kv))
+            ((qo > kv && kv > 0) || plan->kv_pos_shift[b] < 0 || plan->kv_pos_split[b] < 0 || plan->kv_pos_split[b] > kv))
             return MSKV_ERROR_INVALID_ARGUMENT;
+        if (b >= plan->batch - plan->pad_segments) {   /* padding: no keys, not part of the launch shape */
+            if (kv != 0) return MSKV_ERROR_INVALID_ARGUMENT;
+            continue;
+        }
         if (qo > *max_qo) *max_qo = qo;
         if (kv > *max_kv) *max_kv = kv;
     }
+    /* a padded plan launches as the shape it was padded to (a captured graph's) */
+    if (plan->pad_qo_len > *max_qo) *max_qo = plan->pad_qo_len;
+    if (plan->pad_kv_len > *max_kv) *max_kv = plan->pad_kv_len;
     /* both the host plan and the uploaded one the kernel reads must be current
        (no driver call, no formatting unless stale) */
     if (plan->generation && !st->arena) return MSKV_ERROR_BAD_STATE;

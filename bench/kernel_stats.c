@@ -181,6 +181,7 @@ static int ks_options(const ks_variant *v, char o[][48], const char **opts) {
     snprintf(o[n++], 48, "-DMSKV_ROPE_D1=0");
     snprintf(o[n++], 48, "-DMSKV_ROPE_D2=0");
     snprintf(o[n++], 48, "-DMSKV_ROPE_STYLE=%d", v->style);
+    snprintf(o[n++], 48, "-DMSKV_SRC_DTYPE=%d", v->dtype);   /* K/V sources in the pool dtype */
     snprintf(o[n++], 48, "--ptxas-options=-v");
     for (i = 0; i < n; i++) opts[i] = o[i];
     return n;

@@ -42,9 +42,113 @@ namespace ecu_rope1_bf16_64 {
 #include "../kernels.cu"
 }
 
+/* mskv_kv_write of every (pool dtype, source dtype) pair at head_dim 64, and
+   RoPE (1-D, half style) on the way in for the converting pairs tested with it */
+namespace ecu_kvw_p0_s1_r0 {
+#define MSKV_DTYPE 0
+#define MSKV_SRC_DTYPE 1
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p0_s2_r0 {
+#define MSKV_DTYPE 0
+#define MSKV_SRC_DTYPE 2
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p1_s0_r0 {
+#define MSKV_DTYPE 1
+#define MSKV_SRC_DTYPE 0
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p1_s0_r1 {
+#define MSKV_DTYPE 1
+#define MSKV_SRC_DTYPE 0
+#define MSKV_HEAD_DIM 64
+#define MSKV_ROPE 1
+#define MSKV_ROPE_STYLE 0
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p1_s1_r0 {
+#define MSKV_DTYPE 1
+#define MSKV_SRC_DTYPE 1
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p1_s2_r0 {
+#define MSKV_DTYPE 1
+#define MSKV_SRC_DTYPE 2
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p1_s2_r1 {
+#define MSKV_DTYPE 1
+#define MSKV_SRC_DTYPE 2
+#define MSKV_HEAD_DIM 64
+#define MSKV_ROPE 1
+#define MSKV_ROPE_STYLE 0
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p2_s0_r0 {
+#define MSKV_DTYPE 2
+#define MSKV_SRC_DTYPE 0
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p2_s0_r1 {
+#define MSKV_DTYPE 2
+#define MSKV_SRC_DTYPE 0
+#define MSKV_HEAD_DIM 64
+#define MSKV_ROPE 1
+#define MSKV_ROPE_STYLE 0
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p2_s1_r0 {
+#define MSKV_DTYPE 2
+#define MSKV_SRC_DTYPE 1
+#define MSKV_HEAD_DIM 64
+#include "../kernels.cu"
+}
+namespace ecu_kvw_p2_s1_r1 {
+#define MSKV_DTYPE 2
+#define MSKV_SRC_DTYPE 1
+#define MSKV_HEAD_DIM 64
+#define MSKV_ROPE 1
+#define MSKV_ROPE_STYLE 0
+#include "../kernels.cu"
+}
+typedef void (*ecu_kvw_fn)(const void *, const void *, const mskv_i64 *, int, int, void *, void *, mskv_i64, const int *, float);
+static ecu_kvw_fn ecu_kvw(int pool, int src, int rope) {
+    if (rope == 0 && pool == 2 && src == 2) return ecu_p_bf16_64::mskv_kv_write;
+    if (rope == 0 && pool == 0 && src == 0) return ecu_f32_64::mskv_kv_write;
+    if (rope == 1 && pool == 2 && src == 2) return ecu_rope1_bf16_64::mskv_kv_write;
+    if (rope == 0 && pool == 0 && src == 1) return ecu_kvw_p0_s1_r0::mskv_kv_write;
+    if (rope == 0 && pool == 0 && src == 2) return ecu_kvw_p0_s2_r0::mskv_kv_write;
+    if (rope == 0 && pool == 1 && src == 0) return ecu_kvw_p1_s0_r0::mskv_kv_write;
+    if (rope == 1 && pool == 1 && src == 0) return ecu_kvw_p1_s0_r1::mskv_kv_write;
+    if (rope == 0 && pool == 1 && src == 1) return ecu_kvw_p1_s1_r0::mskv_kv_write;
+    if (rope == 0 && pool == 1 && src == 2) return ecu_kvw_p1_s2_r0::mskv_kv_write;
+    if (rope == 1 && pool == 1 && src == 2) return ecu_kvw_p1_s2_r1::mskv_kv_write;
+    if (rope == 0 && pool == 2 && src == 0) return ecu_kvw_p2_s0_r0::mskv_kv_write;
+    if (rope == 1 && pool == 2 && src == 0) return ecu_kvw_p2_s0_r1::mskv_kv_write;
+    if (rope == 0 && pool == 2 && src == 1) return ecu_kvw_p2_s1_r0::mskv_kv_write;
+    if (rope == 1 && pool == 2 && src == 1) return ecu_kvw_p2_s1_r1::mskv_kv_write;
+    return nullptr;
+}
+
 /* >>mock device ---------------------------------------------------------- */
-struct ecu_module { int dtype, head_dim, warp_keys, rope, style, d0, sm90a; };
+struct ecu_module { int dtype, head_dim, warp_keys, rope, style, d0, sm90a, src; };
 struct ecu_func { std::string name; ecu_module mod; };
+/* A captured launch: its parameter values copied (the store rewrites its
+   blocks on the next call), as a CUDA graph keeps them. */
+struct ecu_call {
+    mskv_cu_function f;
+    unsigned int g[3], b[3], smem;
+    uint64_t val[MSKV__CUDA_MAX_ARGS];
+    unsigned char maps[2][128];   /* mskv_attn_sm90's K and V tensor maps, passed by value */
+};
+struct ecu_graph { std::vector<ecu_call> calls; };
 static struct {
     int sms = 4;
     int devices = 1;   /* cuDeviceGetCount (the head-shard tests use 2; every device runs the same emulation) */
@@ -55,6 +159,7 @@ static struct {
     int tma_seen = -1;         /* use_tma of the last mskv_attn_sm90 launch */
     std::vector<std::string> launched;
     std::string last_options;
+    ecu_graph *capturing = nullptr;   /* launches are recorded, not run */
 } ecu;
 
 template <typename F> struct ecu_stub;
@@ -77,6 +182,16 @@ static mskv_cu_result ecu_launch(mskv_cu_function f, unsigned int gx, unsigned i
     const ecu_module &m = fn->mod;
     std::function<void()> body;
     (void)by; (void)bz; (void)s; (void)extra;
+    if (ecu.capturing) {
+        ecu_call c = ecu_call();
+        c.f = f; c.g[0] = gx; c.g[1] = gy; c.g[2] = gz; c.b[0] = bx; c.b[1] = by; c.b[2] = bz; c.smem = smem;
+        bool maps = fn->name == "mskv_attn_sm90";
+        for (int i = 0; i < MSKV__CUDA_MAX_ARGS; i++)   /* every other slot is 8 bytes */
+            if (!(maps && i < 2)) std::memcpy(&c.val[i], a[i], 8);
+        if (maps) { std::memcpy(c.maps[0], a[0], 128); std::memcpy(c.maps[1], a[1], 128); }
+        ecu.capturing->calls.push_back(c);
+        return 0;
+    }
     ecu.launches++;
     ecu.launched.push_back(fn->name);
     if (fn->name == "mskv_attn_sm90") {
@@ -120,13 +235,6 @@ static mskv_cu_result ecu_launch(mskv_cu_function f, unsigned int gx, unsigned i
                                          ecu_ptr<const float *>(a[3]), (mskv_i64)ecu_u64(a[4]), ecu_ptr<float *>(a[5]),
                                          ecu_ptr<float *>(a[6]));
         };
-    } else if (fn->name == "mskv_kv_write" && m.rope == 1) {
-        if (m.dtype != 2 || m.head_dim != 64 || m.style != 0 || m.d0 != 0) return 700;
-        body = [=] {
-            ecu_rope1_bf16_64::mskv_kv_write(ecu_ptr<const void *>(a[0]), ecu_ptr<const void *>(a[1]), ecu_ptr<const mskv_i64 *>(a[2]),
-                                             ecu_i32(a[3]), ecu_i32(a[4]), ecu_ptr<void *>(a[5]), ecu_ptr<void *>(a[6]),
-                                             (mskv_i64)ecu_u64(a[7]), ecu_ptr<const int *>(a[8]), ecu_f32(a[9]));
-        };
     } else if (fn->name == "mskv_page_gather" || fn->name == "mskv_page_scatter") {
         /* byte copies: any dtype's variant runs the same code */
         bool gather = fn->name == "mskv_page_gather";
@@ -139,11 +247,12 @@ static mskv_cu_result ecu_launch(mskv_cu_function f, unsigned int gx, unsigned i
                                                  (long long)ecu_u64(a[3]), ecu_ptr<const unsigned char *>(a[4]), (long long)ecu_u64(a[5]));
         };
     } else if (fn->name == "mskv_kv_write") {
-        if (m.dtype != 2 || m.head_dim != 64 || m.rope != 0) return 700;
+        ecu_kvw_fn k = m.head_dim == 64 && m.style == 0 && m.d0 == 0 && m.rope <= 1 ? ecu_kvw(m.dtype, m.src, m.rope) : nullptr;
+        if (!k) return 700;
         body = [=] {
-            ecu_p_bf16_64::mskv_kv_write(ecu_ptr<const void *>(a[0]), ecu_ptr<const void *>(a[1]), ecu_ptr<const mskv_i64 *>(a[2]),
-                                         ecu_i32(a[3]), ecu_i32(a[4]), ecu_ptr<void *>(a[5]), ecu_ptr<void *>(a[6]),
-                                         (mskv_i64)ecu_u64(a[7]), ecu_ptr<const int *>(a[8]), ecu_f32(a[9]));
+            k(ecu_ptr<const void *>(a[0]), ecu_ptr<const void *>(a[1]), ecu_ptr<const mskv_i64 *>(a[2]), ecu_i32(a[3]),
+              ecu_i32(a[4]), ecu_ptr<void *>(a[5]), ecu_ptr<void *>(a[6]), (mskv_i64)ecu_u64(a[7]),
+              ecu_ptr<const int *>(a[8]), ecu_f32(a[9]));
         };
     } else if (fn->name == "mskv_rope") {
         if (m.dtype != 2 || m.head_dim != 64 || m.rope != 1 || m.style != 0 || m.d0 != 0) return 700;
@@ -201,7 +310,7 @@ static mskv_cuda_functions ecu_table(void) {
         ecu_module *mod = new ecu_module{ecu_define(img, "-DMSKV_DTYPE"), ecu_define(img, "-DMSKV_HEAD_DIM"),
                                          ecu_define(img, "-DMSKV_ATTN_WARP_KEYS"), ecu_define(img, "-DMSKV_ROPE"),
                                          ecu_define(img, "-DMSKV_ROPE_STYLE"), ecu_define(img, "-DMSKV_ROPE_D0"),
-                                         img.find("sm_90a") != std::string::npos};
+                                         img.find("sm_90a") != std::string::npos, ecu_define(img, "-DMSKV_SRC_DTYPE")};
         *m = (mskv_cu_module)(void *)mod;
         return 0;
     };
@@ -221,6 +330,32 @@ static mskv_cuda_functions ecu_table(void) {
                                   int il, int sw, int l2, int oob) -> mskv_cu_result {
         return mskv_emu::tmap_encode(map, dt, rank, g, dims, strides, box, es, il, sw, l2, oob);
     };
+    f.cuStreamBeginCapture = [](mskv_cu_stream, int) -> mskv_cu_result {
+        if (ecu.capturing) return 401;
+        ecu.capturing = new ecu_graph();
+        return 0;
+    };
+    f.cuStreamEndCapture = [](mskv_cu_stream, mskv_cu_graph *g) -> mskv_cu_result {
+        *g = (mskv_cu_graph)(void *)ecu.capturing;
+        ecu.capturing = nullptr;
+        return *g ? 0 : 401;
+    };
+    f.cuGraphInstantiateWithFlags = [](mskv_cu_graph_exec *e, mskv_cu_graph g, unsigned long long) -> mskv_cu_result {
+        *e = (mskv_cu_graph_exec)(void *)new ecu_graph(*(const ecu_graph *)(const void *)g);
+        return 0;
+    };
+    f.cuGraphLaunch = [](mskv_cu_graph_exec e, mskv_cu_stream s) -> mskv_cu_result {
+        for (ecu_call c : ((ecu_graph *)(void *)e)->calls) {
+            void *ptr[MSKV__CUDA_MAX_ARGS];
+            for (int i = 0; i < MSKV__CUDA_MAX_ARGS; i++) ptr[i] = &c.val[i];
+            if (((const ecu_func *)(const void *)c.f)->name == "mskv_attn_sm90") { ptr[0] = c.maps[0]; ptr[1] = c.maps[1]; }
+            mskv_cu_result r = ecu_launch(c.f, c.g[0], c.g[1], c.g[2], c.b[0], c.b[1], c.b[2], c.smem, s, ptr, NULL);
+            if (r != 0) return r;
+        }
+        return 0;
+    };
+    f.cuGraphExecDestroy = [](mskv_cu_graph_exec e) -> mskv_cu_result { delete (ecu_graph *)(void *)e; return 0; };
+    f.cuGraphDestroy = [](mskv_cu_graph g) -> mskv_cu_result { delete (ecu_graph *)(void *)g; return 0; };
     f.nvrtcVersion = [](int *ma, int *mi) -> mskv_nvrtc_result { *ma = 13; *mi = 0; return 0; };
     f.nvrtcGetNumSupportedArchs = [](int *n) -> mskv_nvrtc_result { *n = 1; return 0; };
     f.nvrtcGetSupportedArchs = [](int *archs) -> mskv_nvrtc_result { archs[0] = 90; return 0; };
@@ -566,6 +701,23 @@ TEST(cuda_attention_wrapper_rejects_f32_stores_and_foreign_q_dtype) {
     EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cuda_attention(e2.st, 2, &plan, &dp, &at, 1, 1, 0));
 }
 
+/* f32 q/o are refused, not converted: the pass over q and o belongs fused into
+   the caller's projections (README, GPU dtypes); the message says what to do. */
+TEST(cuda_attention_refuses_f32_q_on_a_16_bit_store_as_unsupported) {
+    ecu_env e;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_attn at;
+    std::memset(&plan, 0, sizeof plan); std::memset(&dp, 0, sizeof dp); std::memset(&at, 0, sizeof at);
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_F16, 16, 1, 4));
+    at.q_heads = 1; at.q_dtype = MSKV_DTYPE_F32;
+    plan.page_size = 16;
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, 1, 1, 0));
+    EXPECT_TRUE(std::strstr(mskv_cuda_last_error(e.cu), "convert f32 q") != NULL);
+    at.q_dtype = MSKV_DTYPE_F16;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_attention(e.st, 0, &plan, &dp, &at, 1, 1, 0));   /* an empty plan: nothing to do */
+}
+
 /* The kernel trusts the table it is given, so the wrapper refuses what the
    CPU backend refuses: a kv_len past the sequence's pages, indptrs that do
    not add up, more queries than keys under a mask. */
@@ -690,6 +842,299 @@ TEST(cuda_rope_wrapper_matches_cpu_rope) {
     double err = 0;
     for (size_t i = 0; i < x.size(); i++) err = std::max(err, (double)std::fabs(mskv_bf16_to_f32(got[i]) - mskv_bf16_to_f32(x[i])));
     EXPECT_NEAR(0.0, err, 1.6e-2);
+}
+
+/* >>K/V write dtypes ------------------------------------------------------ */
+
+/* Source values that find rounding bugs: ties to even in f16 and bf16, f16
+   subnormals and overflow, bf16's extremes, signed zeros, infinities and
+   NaN; then random values over a wide range. In the source dtype. moderate:
+   values in [-2, 2] only (what RoPE, which mixes pairs, is compared on). */
+static std::vector<unsigned char> ecu_sources(int src, size_t n, uint64_t seed, bool moderate) {
+    static const uint32_t special[] = {
+        0x3f808000u, 0x3f818000u, 0x3f800001u, 0x3f807fffu,   /* bf16: ties, just above / below */
+        0x3f801000u, 0x3f803000u, 0x3f802fffu,                /* f16: ties of 1 + 2^-11 */
+        0x33800000u, 0x33c00000u, 0x387fc000u, 0x38800000u,   /* f16 subnormals and its smallest normal */
+        0x477fe000u, 0x477ff000u, 0x47800000u, 0x7f7fffffu,   /* f16 max, the tie to inf, 65536, f32 max */
+        0x00000001u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u};
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> uni(-8.0f, 8.0f);
+    std::vector<float> f(n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        if (moderate) f[i] = uni(rng) / 4;
+        else if (i < sizeof special / sizeof special[0]) std::memcpy(&f[i], &special[i], 4);
+        else if (i % 7 == 0) { u = (uint32_t)rng(); std::memcpy(&f[i], &u, 4); if (!std::isfinite(f[i])) f[i] = 1.5f; }
+        else f[i] = uni(rng) * std::ldexp(1.0f, (int)(rng() % 40) - 20);
+    }
+    std::vector<unsigned char> out(n * (src == 0 ? 4 : 2));
+    for (size_t i = 0; i < n; i++) {
+        if (src == 0) { std::memcpy(&out[4 * i], &f[i], 4); continue; }
+        uint16_t h = src == 1 ? mskv_f32_to_f16(f[i]) : mskv_f32_to_bf16(f[i]);
+        if (!moderate && i < sizeof special / sizeof special[0] && src == 1) {
+            uint32_t u; std::memcpy(&u, &f[i], 4);
+            h = (uint16_t)(0x3c00u + (u & 0x3ffu) + (uint32_t)i);   /* f16 near 1 with low bits bf16 must round, ties among them */
+        }
+        std::memcpy(&out[2 * i], &h, 2);
+    }
+    return out;
+}
+
+/* One write of n tokens (some slots -1) from src into a fresh store of dtype
+   pool, by mskv_cuda_write_kv_ex and by mskv_cpu_write_kv_pools over the same
+   plan; the pools come back in k_gpu/v_gpu and k_cpu/v_cpu. */
+struct ecu_written { std::vector<unsigned char> k_gpu, v_gpu, k_cpu, v_cpu; mskv_result r = MSKV_ERROR_BAD_STATE; };  /* BAD_STATE: not run */
+static ecu_written ecu_write_pair(int pool, int src, const mskv_rope *rope, uint64_t seed) {
+    ecu_written w;
+    ecu_env e;
+    const int P = 4, kvh = 2, pages = 8, n = 7;
+    const size_t pes = pool == 0 ? 4 : 2, ses = src == 0 ? 4 : 2, row = (size_t)kvh * 64;
+    const size_t pool_bytes = (size_t)pages * P * row * pes;
+    int64_t slots[n] = {4, 9, -1, 30, 5, 17, 31};
+    int32_t pos[n] = {0, 1, 2, 77, 3, 4000, 1234};
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr dk = 0, dv = 0;
+    if (e.open((mskv_dtype)pool, P, kvh, pages) != MSKV_SUCCESS) return w;
+    std::vector<unsigned char> k = ecu_sources(src, n * row, seed, rope != NULL), v = ecu_sources(src, n * row, seed + 1, false);
+    w.k_gpu.assign(pool_bytes, 0); w.v_gpu = w.k_gpu; w.k_cpu = w.k_gpu; w.v_cpu = w.k_gpu;
+    std::memset(&plan, 0, sizeof plan);
+    plan.total_q = n; plan.page_size = P; plan.slot_mapping = slots; plan.positions = pos;
+    if (mskv_cuda_upload(e.st, mskv_cuda_store_pool(e.st, 1, 0), w.k_gpu.data(), pool_bytes) != MSKV_SUCCESS ||
+        mskv_cuda_upload(e.st, mskv_cuda_store_pool(e.st, 1, 1), w.v_gpu.data(), pool_bytes) != MSKV_SUCCESS ||
+        mskv_cuda_plan_upload(e.st, &plan, rope ? MSKV_POS_1D : MSKV_POS_NONE, &dp) != MSKV_SUCCESS ||
+        mskv_cuda_malloc(e.cu, k.size(), &dk) != MSKV_SUCCESS || mskv_cuda_malloc(e.cu, v.size(), &dv) != MSKV_SUCCESS)
+        return w;
+    mskv_cuda_upload(e.st, dk, k.data(), k.size());
+    mskv_cuda_upload(e.st, dv, v.data(), v.size());
+    w.r = mskv_cuda_write_kv_ex(e.st, 1, &dp, dk, dv, (mskv_dtype)src, rope);
+    mskv_cuda_download(e.st, w.k_gpu.data(), mskv_cuda_store_pool(e.st, 1, 0), pool_bytes);
+    mskv_cuda_download(e.st, w.v_gpu.data(), mskv_cuda_store_pool(e.st, 1, 1), pool_bytes);
+    mskv_cuda_free(e.cu, dk); mskv_cuda_free(e.cu, dv);
+    mskv_pools pools = {w.k_cpu.data(), w.v_cpu.data(), (mskv_dtype)pool, pages, P, kvh, 64};
+    if (mskv_cpu_write_kv_pools(&pools, &plan, k.data(), v.data(), (mskv_dtype)src, rope) != MSKV_SUCCESS) w.r = MSKV_ERROR_BAD_STATE;
+    (void)ses;
+    return w;
+}
+
+static float ecu_el(const std::vector<unsigned char> &b, int dt, size_t i) {
+    if (dt == 0) { float f; std::memcpy(&f, &b[4 * i], 4); return f; }
+    uint16_t h; std::memcpy(&h, &b[2 * i], 2);
+    return dt == 1 ? mskv_f16_to_f32(h) : mskv_bf16_to_f32(h);
+}
+
+TEST(cuda_write_kv_converts_every_source_dtype_into_every_pool_dtype_bit_for_bit_as_the_cpu) {
+    for (int pool = 0; pool < 3; pool++)
+        for (int src = 0; src < 3; src++) {
+            uint64_t seed = 100 + (uint64_t)(3 * pool + src);
+            ecu_written w = ecu_write_pair(pool, src, NULL, seed);
+            ASSERT_EQ(MSKV_SUCCESS, w.r);
+            size_t bad_k = 0, bad_v = 0, first = SIZE_MAX;
+            for (size_t i = 0; i < w.k_gpu.size(); i++) {
+                if (w.k_gpu[i] != w.k_cpu[i]) { bad_k++; if (first == SIZE_MAX) first = i; }
+                bad_v += w.v_gpu[i] != w.v_cpu[i];
+            }
+            if (bad_k || bad_v)
+                mt_fail(__FILE__, __LINE__, "source dtype %d into pool dtype %d (seed %llu): %zu K and %zu V bytes differ, first K at byte %zu",
+                        src, pool, (unsigned long long)seed, bad_k, bad_v, first);
+        }
+}
+
+/* RoPE on the way in rotates the source values in f32 and rounds once into
+   the pool: V is the plain conversion (bit for bit), K is the CPU's within
+   a pool ulp plus the angles' f32 error (the two compute angles apart). */
+TEST(cuda_write_kv_rotates_converted_sources_on_the_way_in_like_the_cpu) {
+    static const int pairs[4][2] = {{1, 0}, {2, 0}, {2, 1}, {1, 2}};   /* (pool, source) */
+    mskv_rope rope;
+    std::memset(&rope, 0, sizeof rope);
+    rope.mode = MSKV_POS_1D; rope.style = MSKV_ROPE_HALF;
+    for (auto &pr : pairs) {
+        int pool = pr[0], src = pr[1];
+        uint64_t seed = 200 + (uint64_t)(3 * pool + src);
+        ecu_written w = ecu_write_pair(pool, src, &rope, seed);
+        ASSERT_EQ(MSKV_SUCCESS, w.r);
+        EXPECT_TRUE(w.v_gpu == w.v_cpu);
+        double ulp = pool == 1 ? 1.0 / 1024 : 1.0 / 128, worst = 0;
+        size_t n = w.k_gpu.size() / (pool == 0 ? 4 : 2), rotated = 0;
+        for (size_t i = 0; i < n; i++) {
+            double a = ecu_el(w.k_gpu, pool, i), b = ecu_el(w.k_cpu, pool, i);
+            /* one rounding each side (a pool ulp) and f32 angles at positions < 2^12 */
+            worst = std::max(worst, std::isfinite(a) ? std::fabs(a - b) / (std::fabs(b) * ulp + 1e-3) : 1e9);
+            rotated += a != 0;
+        }
+        if (worst > 1.0)
+            mt_fail(__FILE__, __LINE__, "source %d into pool %d (seed %llu): K off by %.3g of the tolerance", src, pool,
+                    (unsigned long long)seed, worst);
+        EXPECT_GT(rotated, (size_t)100);
+    }
+}
+
+TEST(cuda_write_kv_ex_refuses_a_source_dtype_it_does_not_know) {
+    ecu_env e;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    int64_t slots[1] = {4};
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, 4, 1, 4));
+    std::memset(&plan, 0, sizeof plan);
+    plan.total_q = 1; plan.page_size = 4; plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(e.st, &plan, MSKV_POS_NONE, &dp));
+    mskv_cu_ptr buf = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, 4096, &buf));
+    ecu.launches = 0;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_write_kv_ex(e.st, 1, &dp, buf, buf + 2048, (mskv_dtype)3, NULL));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_write_kv_ex(e.st, 1, &dp, buf, buf + 2048, (mskv_dtype)-1, NULL));
+    EXPECT_EQ(0, ecu.launches);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv_ex(e.st, 1, &dp, buf, buf + 2048, MSKV_DTYPE_F32, NULL));
+    EXPECT_TRUE(ecu.last_options.find("-DMSKV_SRC_DTYPE=0") != std::string::npos);
+    EXPECT_EQ(1, ecu.launches);
+    mskv_cuda_free(e.cu, buf);
+}
+
+/* >>padded graph replay --------------------------------------------------- */
+
+/* A step of the replay test: its segments' query counts (per request). */
+struct ecu_step_rig {
+    ecu_env e;
+    mskv_arena *a = nullptr;
+    mskv_request r[3];
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr dk = 0, dv = 0, dq = 0, dout = 0, dlse = 0;
+    std::mt19937_64 rng{77};
+    ~ecu_step_rig() {
+        if (a) mskv_plan_free(a, &plan);
+        if (e.cu) { mskv_cuda_free(e.cu, dk); mskv_cuda_free(e.cu, dv); mskv_cuda_free(e.cu, dq); mskv_cuda_free(e.cu, dout); mskv_cuda_free(e.cu, dlse); }
+        if (e.st) { mskv_cuda_store_destroy(e.st); e.st = nullptr; }
+        if (a) mskv_arena_destroy(a);
+    }
+    /* random f32 K/V and bf16 q for every row of the uploaded plan (padding rows too) */
+    void fill(int kvh, int qh) {
+        std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+        std::vector<float> kv((size_t)plan.total_q * kvh * 64);
+        std::vector<uint16_t> q((size_t)plan.total_q * qh * 64);
+        for (auto &x : kv) x = uni(rng);
+        mskv_cuda_upload(e.st, dk, kv.data(), kv.size() * 4);
+        for (auto &x : kv) x = uni(rng);
+        mskv_cuda_upload(e.st, dv, kv.data(), kv.size() * 4);
+        for (auto &x : q) x = mskv_f32_to_bf16(2.0f * uni(rng));
+        mskv_cuda_upload(e.st, dq, q.data(), q.size() * 2);
+    }
+};
+
+static mskv_result ecu_step_launches(ecu_step_rig &g, const mskv_attn *at) {
+    mskv_result r = mskv_cuda_write_kv_ex(g.e.st, 1, &g.dp, g.dk, g.dv, MSKV_DTYPE_F32, NULL);
+    return r != MSKV_SUCCESS ? r : mskv_cuda_attention(g.e.st, 1, &g.plan, &g.dp, at, g.dq, g.dout, g.dlse);
+}
+
+/* One capture at the largest step serves a sequence of smaller ones planned
+   padded to its shape: the replay gives every row bit for bit what the same
+   padded plan gives eagerly (the launch shape is the padded one, so the
+   kernel layout does not change with the step), and a step past the shape
+   is refused ("capture again"). Captured at batch 3 padded to 4, so every
+   smaller step has a padding segment for its extra queries. */
+TEST(cuda_graph_captured_at_the_largest_step_replays_smaller_padded_steps_as_eager_launches_do) {
+    ecu_step_rig g;
+    const int P = 16, kvh = 2, qh = 8, rows_cap = 12 * qh;   /* 4 query heads per kv head: 6 queries = 24 rows, the prefill layout */
+    const std::vector<std::vector<int>> steps = {{6, 4, 2}, {5}, {1, 3}, {2, 2, 2}, {1, 1, 1}, {6}};
+    mskv_plan_desc d;
+    mskv_attn at;
+    mskv_cuda_graph *graph = NULL;
+    ecu.sms = 4;
+    ASSERT_EQ(MSKV_SUCCESS, g.e.open(MSKV_DTYPE_BF16, P, kvh, 64));
+    {
+        mskv_arena_desc ad;
+        std::memset(&ad, 0, sizeof ad);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_arena_desc(g.e.st, &ad));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &g.a));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_bind(g.e.st, g.a));
+    }
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(g.a, 4, 128, 64, &g.plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, 128 * kvh * 64 * 4, &g.dk));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, 128 * kvh * 64 * 4, &g.dv));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, 128 * qh * 64 * 2, &g.dq));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, 64 * qh * 64 * 2, &g.dout));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, 64 * qh * 4, &g.dlse));
+    std::memset(&at, 0, sizeof at);
+    at.q_heads = qh; at.mask = MSKV_MASK_CAUSAL; at.q_dtype = MSKV_DTYPE_BF16;
+    /* histories of 40, 70 and 20 tokens, written unpadded */
+    for (int i = 0; i < 3; i++) {
+        mskv_segment s;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(g.a, &g.r[i]));
+        s.request = g.r[i]; s.n_tokens = i == 0 ? 40 : i == 1 ? 70 : 20;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_admit(g.a, &s, 1));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(g.a, &s, 1, NULL, &g.plan));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(g.e.st, &g.plan, MSKV_POS_NONE, &g.dp));
+        g.fill(kvh, qh);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv_ex(g.e.st, 1, &g.dp, g.dk, g.dv, MSKV_DTYPE_F32, NULL));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_commit(g.a, &s, 1));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(g.e.st, &s, 1, NULL));
+    }
+    std::memset(&d, 0, sizeof d);
+    d.pad_batch = 4; d.pad_tokens = 12; d.pad_qo_len = 6; d.pad_kv_len = 128;
+    for (size_t k = 0; k < steps.size(); k++) {
+        mskv_segment s[3];
+        int n = (int)steps[k].size(), real = 0;
+        ecu.launched.clear();
+        for (int i = 0; i < n; i++) { s[i].request = g.r[(i + k) % 3]; s[i].n_tokens = steps[k][i]; real += steps[k][i]; }
+        ASSERT_EQ(MSKV_SUCCESS, mskv_admit(g.a, s, n));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(g.a, s, n, &d, &g.plan));
+        ASSERT_EQ(12, g.plan.total_q);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(g.e.st, &g.plan, MSKV_POS_NONE, &g.dp));
+        g.fill(kvh, qh);
+        if (k == 0) {
+            ASSERT_EQ(MSKV_SUCCESS, ecu_step_launches(g, &at));   /* compiles */
+            ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(g.e.st));
+            ASSERT_EQ(MSKV_SUCCESS, ecu_step_launches(g, &at));
+            ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(g.e.st, &graph));
+        }
+        std::vector<uint16_t> o_rep((size_t)rows_cap * 64), o_eager(o_rep.size()), nan_o(o_rep.size(), 0xffff);
+        std::vector<float> l_rep((size_t)rows_cap), l_eager(l_rep.size());
+        mskv_cuda_upload(g.e.st, g.dout, nan_o.data(), nan_o.size() * 2);
+        int before = ecu.launches;
+        ecu.launched.clear();
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(g.e.st, graph));
+        EXPECT_EQ(2, ecu.launches - before);   /* the captured write and attention */
+        std::vector<std::string> replayed = ecu.launched;
+        mskv_cuda_download(g.e.st, o_rep.data(), g.dout, o_rep.size() * 2);
+        mskv_cuda_download(g.e.st, l_rep.data(), g.dlse, l_rep.size() * 4);
+        mskv_cuda_upload(g.e.st, g.dout, nan_o.data(), nan_o.size() * 2);
+        ecu.launched.clear();
+        ASSERT_EQ(MSKV_SUCCESS, ecu_step_launches(g, &at));
+        mskv_cuda_download(g.e.st, o_eager.data(), g.dout, o_eager.size() * 2);
+        mskv_cuda_download(g.e.st, l_eager.data(), g.dlse, l_eager.size() * 4);
+        /* the step's rows (padding rows are no result) */
+        if (std::memcmp(o_rep.data(), o_eager.data(), (size_t)real * qh * 64 * 2) != 0 ||
+            std::memcmp(l_rep.data(), l_eager.data(), (size_t)real * qh * 4) != 0)
+            mt_fail(__FILE__, __LINE__, "step %zu (%d segments, %d queries): replay and eager differ", k, n, real);
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)real * qh; i++) bad += !std::isfinite(l_rep[i]);
+        for (size_t i = 0; i < (size_t)real * qh * 64; i++) bad += !std::isfinite(mskv_bf16_to_f32(o_rep[i]));
+        EXPECT_EQ((size_t)0, bad);
+        /* the same kernels every time: the launch shape is the captured one */
+        EXPECT_TRUE(replayed == ecu.launched);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_commit(g.a, s, n));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(g.e.st, s, n, NULL));
+    }
+    {
+        /* past the shape: the padded build refuses it; unpadded, the replay does */
+        mskv_segment s[3];
+        for (int i = 0; i < 3; i++) { s[i].request = g.r[i]; s[i].n_tokens = i == 2 ? 1 : 6; }   /* 13 queries */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_admit(g.a, s, 3));
+        EXPECT_EQ(MSKV_ERROR_CAPACITY, mskv_plan_build(g.a, s, 3, &d, &g.plan));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(g.a, s, 3, NULL, &g.plan));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(g.e.st, &g.plan, MSKV_POS_NONE, &g.dp));
+        int before = ecu.launches;
+        EXPECT_EQ(MSKV_ERROR_CAPACITY, mskv_cuda_graph_launch(g.e.st, graph));
+        EXPECT_TRUE(std::strstr(mskv_cuda_last_error(g.e.cu), "capture again") != NULL);
+        EXPECT_EQ(before, ecu.launches);
+        /* smaller and not padded: INVALID_ARGUMENT, pad it */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(g.a, s, 1, NULL, &g.plan));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(g.e.st, &g.plan, MSKV_POS_NONE, &g.dp));
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_graph_launch(g.e.st, graph));
+        EXPECT_TRUE(std::strstr(mskv_cuda_last_error(g.e.cu), "pad it") != NULL);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_abort(g.a, s, 3));
+    }
+    mskv_cuda_graph_destroy(g.e.st, graph);
 }
 
 TEST(attn_geometry_picks_the_decode_layout_for_few_rows) {

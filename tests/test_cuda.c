@@ -816,7 +816,7 @@ TEST(cuda_spill_report_is_parsed_from_the_ptxas_log) {
 
 /* ---- NVRTC: every shipped variant, three archs, no spills ------------------------------ */
 
-typedef struct tcu_variant { int dtype, head_dim, rope, style, warp_keys, d[3]; } tcu_variant;
+typedef struct tcu_variant { int dtype, head_dim, rope, style, warp_keys, d[3], src; } tcu_variant;   /* src: K/V source dtype + 1 (0: the pool's) */
 
 /* What the runtime compiles: every dtype and head_dim with no RoPE (page
    copies, kv_write, prefill attention), each RoPE mode and style at the
@@ -824,7 +824,9 @@ typedef struct tcu_variant { int dtype, head_dim, rope, style, warp_keys, d[3]; 
    the 16-bit dtypes. Then each mode and style at widths of the caller's:
    1-D over half the head, 3-D parts that leave a tail unrotated; once per
    dtype, the head_dim turning with it (a width is a -D define: a variant of
-   its own, compiled on first use). */
+   its own, compiled on first use). Last the converting K/V writes: every
+   other source dtype into each pool dtype, the head_dim turning, and RoPE on
+   the way in from f32 sources into the 16-bit pools. */
 static int tcu_variants(tcu_variant *out, int cap) {
     int n = 0, dt, hd, rope, style;
     static const int dims[3] = { 64, 128, 256 };
@@ -846,6 +848,11 @@ static int tcu_variants(tcu_variant *out, int cap) {
                 else { out[n].d[0] = D / 4; out[n].d[1] = D / 4 - 2 * (D / 64); out[n].d[2] = out[n].d[1]; }
                 n++;
             }
+    for (dt = 0; dt < 3; dt++)
+        for (rope = 0; rope < 3; rope++)
+            if (rope != dt && n < cap) { out[n].dtype = dt; out[n].head_dim = dims[(dt + rope) % 3]; out[n].src = rope + 1; n++; }
+    for (dt = 1; dt < 3; dt++)
+        if (n < cap) { out[n].dtype = dt; out[n].head_dim = 128; out[n].rope = 1; out[n].src = 1; n++; }
     return n;
 }
 
@@ -854,6 +861,7 @@ static int tcu_variants(tcu_variant *out, int cap) {
 TEST(cuda_variant_sweep_covers_every_define_of_kernels_cu) {
     static const char *const known[] = { "MSKV_DTYPE", "MSKV_HEAD_DIM", "MSKV_ROPE", "MSKV_ROPE_STYLE",
                                          "MSKV_ROPE_D0", "MSKV_ROPE_D1", "MSKV_ROPE_D2", "MSKV_ATTN_WARP_KEYS",
+                                         "MSKV_SRC_DTYPE",
                                          /* not variant switches: the emulation guard */
                                          "MSKV_EMU_H", "MSKV_GPU" };
     int32_t n = 0, i, seen = 0;
@@ -872,7 +880,7 @@ TEST(cuda_variant_sweep_covers_every_define_of_kernels_cu) {
         if (!found) mt_fail(__FILE__, __LINE__, "kernels.cu line %d defines %s, which the NVRTC sweep does not vary", (int)i + 1, name);
         seen++;
     }
-    EXPECT_LE(8, seen);
+    EXPECT_LE(9, seen);
 }
 
 /* One compile of the sweep and what came of it. */
@@ -893,8 +901,8 @@ typedef struct tcu_sweep {
 } tcu_sweep;
 
 static void tcu_sweep_one(const mskv_cuda_desc *cd, tcu_sweep_job *j) {
-    char o[9][48];
-    const char *opts[9];
+    char o[10][48];
+    const char *opts[10];
     mskv_cuda_compile_info ci;
     mskv_cuda_image img;
     int k;
@@ -904,14 +912,15 @@ static void tcu_sweep_one(const mskv_cuda_desc *cd, tcu_sweep_job *j) {
     snprintf(o[3], 48, "-DMSKV_ROPE_STYLE=%d", j->v.style);
     snprintf(o[4], 48, "-DMSKV_ATTN_WARP_KEYS=%d", j->v.warp_keys);
     snprintf(o[5], 48, "--ptxas-options=-v");
-    snprintf(o[6], 48, "-DMSKV_ROPE_D0=%d", j->v.d[0]);
-    snprintf(o[7], 48, "-DMSKV_ROPE_D1=%d", j->v.d[1]);
-    snprintf(o[8], 48, "-DMSKV_ROPE_D2=%d", j->v.d[2]);
-    for (k = 0; k < 9; k++) opts[k] = o[k];
+    snprintf(o[6], 48, "-DMSKV_SRC_DTYPE=%d", j->v.src ? j->v.src - 1 : j->v.dtype);
+    snprintf(o[7], 48, "-DMSKV_ROPE_D0=%d", j->v.d[0]);
+    snprintf(o[8], 48, "-DMSKV_ROPE_D1=%d", j->v.d[1]);
+    snprintf(o[9], 48, "-DMSKV_ROPE_D2=%d", j->v.d[2]);
+    for (k = 0; k < 10; k++) opts[k] = o[k];
     memset(&ci, 0, sizeof ci);
     ci.arch = j->arch;
     ci.options = opts;
-    ci.num_options = j->v.d[0] ? 9 : 6;   /* default widths: the defines' own defaults */
+    ci.num_options = j->v.d[0] ? 10 : 7;   /* default widths: the defines' own defaults */
     j->r = mskv_cuda_compile(cd, &ci, &img);
     if (j->r != MSKV_SUCCESS) {
         snprintf(j->log, sizeof j->log, "%s", img.log ? img.log : "");
@@ -942,9 +951,9 @@ static void tcu_sweep_worker(void *arg) {
    and a second core is there once the other test programs are done. */
 TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     static const int archs[3] = { 80, 89, 90 };
-    static tcu_sweep_job jobs[80 * 3];
-    tcu_variant vs[80];
-    int nv = tcu_variants(vs, 80), i, a, n = 0, compiled = 0, cached = 0, started = 0;
+    static tcu_sweep_job jobs[96 * 3];
+    tcu_variant vs[96];
+    int nv = tcu_variants(vs, 96), i, a, n = 0, compiled = 0, cached = 0, started = 0;
     mskv_cuda_desc cd;
     tcu_sweep sweep;
     mtu_thread *th[2];
@@ -997,8 +1006,8 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     for (i = 0; i < n; i++) {
         const tcu_sweep_job *j = &jobs[i];
         if (j->r != MSKV_SUCCESS) {
-            mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s\n%.2000s",
-                    j->arch, j->v.dtype, j->v.head_dim, j->v.rope, j->v.style, j->v.d[0], j->v.d[1], j->v.d[2],
+            mt_fail(__FILE__, __LINE__, "sm_%d dtype %d (source %d) D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s\n%.2000s",
+                    j->arch, j->v.dtype, j->v.src - 1, j->v.head_dim, j->v.rope, j->v.style, j->v.d[0], j->v.d[1], j->v.d[2],
                     j->v.warp_keys, mskv_result_string(j->r), j->log);
             continue;
         }

@@ -275,8 +275,10 @@ class Arena:
         self._call("mskv_publish", self.ptr, *self._segments(segments), byref(step))
         return step.value
 
-    def _plan_desc(self, kind, cross, dense_kv_len, pos, pos_offset, grid):
+    def _plan_desc(self, kind, cross, dense_kv_len, pos, pos_offset, grid, pad=None):
         d = mskv_plan_desc()
+        if pad is not None:   # (batch, tokens, qo_len, kv_len) of a captured shape
+            d.pad_batch, d.pad_tokens, d.pad_qo_len, d.pad_kv_len = pad
         d.kind = _enum(PLAN_KINDS, kind, "kind")
         if cross is not None:
             d.cross.id = cross.id
@@ -291,18 +293,20 @@ class Arena:
         return d, keep
 
     def plan_query(self, segments, kind="self", cross=None, dense_kv_len=None, pos="none", pos_offset=0,
-                   grid=None):
+                   grid=None, pad=None):
         """(batch, total_q, num_page_ids) a plan of these segments needs."""
-        d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid)
+        d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid, pad)
         out = mskv_plan_size()
         self._call("mskv_plan_query", self.ptr, *self._segments(segments), byref(d), byref(out))
         del keep
         return out.batch, out.total_q, out.num_page_ids
 
     def plan_build(self, segments, plan, kind="self", cross=None, dense_kv_len=None, pos="none",
-                   pos_offset=0, grid=None):
-        """Fills plan (a Plan) for these segments; returns it."""
-        d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid)
+                   pos_offset=0, grid=None, pad=None):
+        """Fills plan (a Plan) for these segments; returns it. pad: (batch,
+        tokens, qo_len, kv_len) of a captured CUDA graph's step, planned into
+        that shape (mskv_plan_desc.pad_*); CapacityError if it does not fit."""
+        d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid, pad)
         self._call("mskv_plan_build", self.ptr, *self._segments(segments), byref(d), byref(plan._s))
         del keep
         plan.pos_mode = d.pos_mode
@@ -467,6 +471,7 @@ class Plan:
     page_size = property(lambda self: self._s.page_size)
     step = property(lambda self: self._s.step)
     capacity = property(lambda self: (self._s.cap_batch, self._s.cap_tokens, self._s.cap_page_ids))
+    pad_segments = property(lambda self: self._s.pad_segments)   # trailing padding segments (plan_build pad=)
 
     def _part(self, name, n):
         return self.buffers[name][:n]

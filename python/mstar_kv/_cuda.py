@@ -228,17 +228,20 @@ class CudaStore:
         return DevicePlan(plan, out)
 
     def write_kv(self, layer, dplan, k, v, rope=None):
-        """Scatters device k, v [total_q][kv_heads][head_dim] (the store's dtype) into layer's pools."""
+        """Scatters device k, v [total_q][kv_heads][head_dim] into layer's
+        pools: f32, f16 or bf16 (k and v alike), converted on the device into
+        the store's dtype (rounded to nearest even, as the CPU backend does)."""
         d = self.desc
         shape, layout = (dplan.total_q, d.kv_heads, d.head_dim), "[total_q][kv_heads][head_dim]"
-        kb = self._device(k, "k", shape, layout)
-        vb = self._device(v, "v", shape, layout)
+        kb = self._device(k, "k", shape, layout, dtypes=_tensors.FLOATS + ("u16",))
+        vb = self._device(v, "v", shape, layout, dtypes=_tensors.FLOATS + ("u16",))
+        _tensors.same_dtype(kb, vb, "k and v")
         if rope is not None and dplan.pos_mode != rope.mode:
             raise ValueError("rope: the plan was uploaded with pos=%r, the rope needs %r"
                              % (_name(POS_MODES, dplan.pos_mode), _name(POS_MODES, rope.mode)))
         self._follow(kb, vb)
-        self._call("mskv_cuda_write_kv", self.ptr, layer, byref(dplan._s), kb.ptr, vb.ptr,
-                   byref(rope._s) if rope is not None else None)
+        self._call("mskv_cuda_write_kv_ex", self.ptr, layer, byref(dplan._s), kb.ptr, vb.ptr,
+                   dtype_code(_tensors._kernel_dtype(kb.dtype)), byref(rope._s) if rope is not None else None)
 
     def attention(self, layer, dplan, q, out, lse=None, mask="none", window_left=0, scale=0.0):
         """Paged attention on the device: q, out [total_q][q_heads][head_dim]

@@ -198,6 +198,7 @@ class mskv_plan_desc(Structure):
         ("vis_sink_end", c_void_p),
         ("vis_window_start", c_void_p),
         ("exclude_prefix", c_int32),
+        ("pad_batch", c_int32), ("pad_tokens", c_int32), ("pad_qo_len", c_int32), ("pad_kv_len", c_int32),
     ]
 
 
@@ -225,6 +226,8 @@ class mskv_plan(Structure):
         ("vis_sink_end", c_void_p),
         ("vis_window_start", c_void_p),
         ("features", c_uint32),
+        ("pad_qo_len", c_int32), ("pad_kv_len", c_int32),
+        ("pad_segments", c_int32),
     ]
 
 
@@ -423,6 +426,7 @@ mskv_result mskv_cuda_publish(mskv_cuda_store *st, const mskv_segment *segs, int
 mskv_result mskv_cuda_retire(mskv_cuda_store *st, int wait);
 mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan *plan, mskv_pos_mode pos_mode, mskv_cuda_dplan *out);
 mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan, mskv_cu_ptr k, mskv_cu_ptr v, const mskv_rope *rope);
+mskv_result mskv_cuda_write_kv_ex(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan, mskv_cu_ptr k, mskv_cu_ptr v, mskv_dtype src_dtype, const mskv_rope *rope);
 mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan, const mskv_cuda_dplan *dplan, const mskv_attn *attn, mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
 mskv_result mskv_cuda_merge(mskv_cuda_store *st, int64_t n, int32_t heads, int32_t head_dim, mskv_cu_ptr o_a, mskv_cu_ptr lse_a, mskv_cu_ptr o_b, mskv_cu_ptr lse_b, mskv_cu_ptr o, mskv_cu_ptr lse);
 mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, mskv_cu_ptr x, int64_t n, int32_t heads, mskv_cu_ptr positions);

@@ -308,3 +308,16 @@ def test_fenced_arena_keeps_freed_pages_pending_until_their_step_retires():
         a.retire(fence)
         s = a.stats()
         assert s.pending_pages == 0 and s.completed_step == fence and s.free_pages == 15
+
+
+def test_plan_build_pads_a_step_to_a_captured_shape_and_refuses_a_larger_one():
+    with mk.Arena(num_pages=32, page_size=8, num_layers=1, kv_heads=1, head_dim=4) as a:
+        r = [a.add_request() for _ in range(3)]
+        a.admit([(r[0], 3), (r[1], 1)])
+        plan = a.plan_build([(r[0], 3), (r[1], 1)], mk.Plan(4, 10, 8), pad=(4, 10, 4, 48))
+        assert (plan.batch, plan.total_q, plan.pad_segments) == (4, 10, 2)
+        assert list(plan.qo_indptr) == [0, 3, 4, 7, 10]
+        assert list(plan.slot_mapping[4:]) == [-1] * 6
+        assert a.plan_query([(r[0], 3), (r[1], 1)], pad=(4, 10, 4, 48)) == (4, 10, 2)
+        with pytest.raises(mk.CapacityError):
+            a.plan_build([(r[0], 3), (r[1], 1)], mk.Plan(4, 10, 8), pad=(4, 3, 4, 48))   # 4 queries, 3 captured

@@ -152,3 +152,30 @@ def test_torch_calls_run_on_torchs_current_stream():
     st.set_stream(None)
     st.close()
     cu.close()
+
+
+def test_write_kv_takes_f32_tensors_and_rounds_them_into_the_pools_as_the_cpu_does():
+    torch = _torch_cuda()
+    cu, st, a, pools = _gpu_rig(torch, adopt=True)
+    g = torch.Generator().manual_seed(11)
+    k = torch.randn((40, 2, 64), generator=g) * 100
+    v = torch.randn((40, 2, 64), generator=g) / 100
+    r = a.add_request()
+    a.admit([(r, 40)])
+    dp = st.upload_plan(a.plan_build([(r, 40)], mk.Plan(1, 40, 8)))
+    st.write_kv(0, dp, k.cuda(), v.cuda())                       # f32 into an f16 store
+    torch.cuda.synchronize()
+    with mk.Arena(num_pages=32, page_size=16, num_layers=1, kv_heads=2, head_dim=64, dtype="f16") as ca:
+        cr = ca.add_request()
+        ca.admit([(cr, 40)])
+        ca.write_kv(0, ca.plan_build([(cr, 40)], mk.Plan(1, 40, 8)), k.numpy(), v.numpy())
+        for t in (0, 17, 39):
+            gs, cs = r.slot(t), cr.slot(t)
+            for kind in (0, 1):
+                got = pools[0][kind][gs // 16, gs % 16].cpu().numpy().view(np.uint16)
+                ref = ca.pool(0, kind)[cs // 16, cs % 16].view(np.uint16)
+                assert np.array_equal(got, ref)
+    with pytest.raises(mk.TensorError):
+        st.write_kv(0, dp, k.cuda(), v.half().cuda())            # k and v of different dtypes
+    st.close()
+    cu.close()
