@@ -91,7 +91,8 @@ static mskv_cu_result ecu_launch(mskv_cu_function f, unsigned int gx, unsigned i
                                           ecu_ptr<const int *>(a[11]), ecu_i32(a[12]), ecu_i32(a[13]), ecu_i32(a[14]),
                                           ecu_f32(a[15]), ecu_i32(a[16]), ecu_i32(a[17]), ecu_i32(a[18]), ecu_i32(a[19]),
                                           ecu_ptr<void *>(a[20]), ecu_ptr<float *>(a[21]), ecu_ptr<float *>(a[22]),
-                                          ecu_ptr<float *>(a[23]));
+                                          ecu_ptr<float *>(a[23]), ecu_ptr<const int *>(a[24]), ecu_ptr<const int *>(a[25]),
+                                          ecu_ptr<const int *>(a[26]));
         };
     } else if (fn->name == "mskv_attn") {
         if (m.dtype != 2 || m.head_dim != 64) return 700;
@@ -102,7 +103,8 @@ static mskv_cu_result ecu_launch(mskv_cu_function f, unsigned int gx, unsigned i
               ecu_ptr<const int *>(a[4]), ecu_ptr<const int *>(a[5]), ecu_ptr<const int *>(a[6]), ecu_ptr<const int *>(a[7]),
               ecu_ptr<const int *>(a[8]), ecu_i32(a[9]), ecu_i32(a[10]), ecu_i32(a[11]), (unsigned int)ecu_i32(a[12]),
               ecu_i32(a[13]), ecu_f32(a[14]), ecu_i32(a[15]), ecu_i32(a[16]), ecu_i32(a[17]), ecu_i32(a[18]),
-              ecu_ptr<void *>(a[19]), ecu_ptr<float *>(a[20]), ecu_ptr<float *>(a[21]), ecu_ptr<float *>(a[22]));
+              ecu_ptr<void *>(a[19]), ecu_ptr<float *>(a[20]), ecu_ptr<float *>(a[21]), ecu_ptr<float *>(a[22]),
+              ecu_ptr<const int *>(a[23]), ecu_ptr<const int *>(a[24]), ecu_ptr<const int *>(a[25]));
         };
     } else if (fn->name == "mskv_lse_merge") {
         if (m.dtype != 2 || m.head_dim != 64) return 700;
