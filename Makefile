@@ -1,9 +1,15 @@
 # Convenience only: every program here builds with one cc line (see README.md).
 #   make test     build the tests as C99 and C++ with gcc and clang, and under
-#                 ASan+UBSan, then run them all (the command CI runs)
+#                 ASan+UBSan, then run them all (the command CI runs); with
+#                 mingw-w64 also for Windows, run under wine
 #   make demo     build and run the video demo (writes demo.mp4)
 #   make bench    build and run the benchmarks
 #   make gpu-check  the GPU check (needs an NVIDIA GPU)
+#   make python   install the Python package into build/venv (make test runs its tests)
+#   make check-neon the CPU backend's NEON path, cross-built and run under qemu
+#   make fuzz     every libFuzzer harness of tests/fuzz for FUZZ_SECONDS each
+#                 (make test runs them for 20 s each)
+#   make stress   the ThreadSanitizer stress with 10x the operations of make test
 #   make kernel-stats  the machine-code figures of every attention and K/V
 #                 write variant (NVRTC + nvdisasm on the CPU; no GPU)
 
@@ -12,8 +18,8 @@ WARN    := -Wall -Wextra -pedantic -Werror
 OPT     := -O2 -g
 LIBS    := -ldl -lpthread -lm
 B       := build
-HDRS    := mstar_kv.h $(wildcard mstar_kv_cuda.h) tests/mskv_test.h tests/mskv_test_util.h
-TEST_SRC := tests/main.c $(filter-out tests/test_video%.c,$(wildcard tests/test_*.c))
+HDRS    := mstar_kv.h $(wildcard mstar_kv_cuda.h) $(wildcard mstar_kv_ucx.h) tests/mskv_test.h tests/mskv_test_util.h tests/mskv_test_states.h
+TEST_SRC := tests/main.c $(filter-out tests/test_video%.c tests/test_ucx%.c,$(wildcard tests/test_*.c))
 EMU_SRC := $(wildcard tests/emu_*.cpp)
 FFMPEG_PKGS := libavformat libavcodec libswscale libavutil
 FFMPEG_CFLAGS := $(shell pkg-config --cflags $(FFMPEG_PKGS) 2>/dev/null)
@@ -26,20 +32,63 @@ DEMO_DEFS :=
 VIDEO_TEST := $(B)/tests-video
 endif
 
-TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan \
+TEST_BINS := $(B)/tests-gcc-c99 $(B)/tests-gcc-cxx $(B)/tests-clang-c99 $(B)/tests-clang-cxx $(B)/tests-asan $(B)/tests-debug \
              $(B)/kstats-check $(B)/kstats-sm90-check
+# Windows: built when the mingw-w64 cross compilers are installed (tests/run.sh
+# runs the test program under wine, and says so with a skip when it cannot)
+MINGW := x86_64-w64-mingw32-
+ifneq ($(shell command -v $(MINGW)gcc 2>/dev/null),)
+WIN_TEST := $(B)/tests-mingw.exe
+WIN_CHECKS := $(B)/static-check-mingw-c.exe
+ifneq ($(shell command -v $(MINGW)g++ 2>/dev/null),)
+WIN_CHECKS += $(B)/static-check-mingw-cxx.exe
+endif
+endif
+# what tests/test_cuda.c's NVRTC search tests run: a fresh process per layout, a stand-in libnvrtc
+LOADER_AIDS := $(B)/nvrtc-find $(B)/fake-nvrtc/libnvrtc.so
 ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
+TEST_BINS += $(B)/tests-python
+# UCX migration: two processes over loopback (skips without libucp.so.0), and
+# the mirrored UCP types against the real headers (skips without libucx-dev)
+TEST_BINS += $(B)/tests-ucx $(B)/tests-ucx-abi
+UCX_HEADERS := $(if $(wildcard /usr/include/ucp/api/ucp.h),-DMSKV_HAVE_UCX_HEADERS)
 
-.PHONY: all test tests demo bench gpu-check embed clean kernel-stats cuda-tools
+# Hardening (issue 9): libFuzzer harnesses, a ThreadSanitizer build of the
+# thread tests plus a stress, and allocation-failure injection under ASan.
+FUZZ_SECONDS ?= 20
+FUZZ_NAMES := import ops plans arith
+FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz-%)
+FUZZ_CC := clang -std=c99 $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+TSAN_SRC := tests/main.c tests/test_threads.c tests/stress_threads.c
+HARDEN_BINS := $(FUZZ_BINS) $(B)/gen-corpus $(B)/tests-tsan $(B)/alloc-fail
+
+# The Python package (python/): a venv under build/ (no system pip, so no
+# "externally-managed-environment") with NumPy, pytest and the build tools
+# from PyPI (wheel: a setuptools older than 70.1 needs it to build without
+# isolation), the package installed the way a user installs it (pip install
+# ./python), and a test program that runs its pytest suite and prints the
+# common totals line.
+PYTHON  ?= python3
+VENV    := $(B)/venv
+PY_SRC  := $(wildcard python/mstar_kv/*.py python/mstar_kv/*.c) python/setup.py python/pyproject.toml
+
+.PHONY: all test tests demo bench gpu-check embed clean python check-neon fuzz stress fuzz-corpus kernel-stats cuda-tools
 all: tests $(B)/demo
 
-tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx
+tests: $(TEST_BINS) $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx $(WIN_TEST) $(WIN_CHECKS) $(LOADER_AIDS) $(HARDEN_BINS)
 
 $(B):
 	mkdir -p $(B)
 
+$(B)/nvrtc-find: tests/nvrtc_find.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 tests/nvrtc_find.c -o $@ $(LIBS)
+$(B)/fake-nvrtc/libnvrtc.so: tests/fake_nvrtc.c | $(B)
+	mkdir -p $(B)/fake-nvrtc
+	gcc -std=c99 $(WARN) -O1 -shared -fPIC tests/fake_nvrtc.c -o $@
+
+$(TEST_BINS): | $(LOADER_AIDS)
 $(B)/tests-gcc-c99: $(TEST_SRC) $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(TEST_SRC) -o $@ $(LIBS)
 $(B)/tests-gcc-cxx: $(TEST_SRC) $(HDRS) | $(B)
@@ -51,6 +100,9 @@ $(B)/tests-clang-cxx: $(TEST_SRC) $(HDRS) | $(B)
 $(B)/tests-asan: $(TEST_SRC) $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
 	    -fno-omit-frame-pointer -DMSKV_TEST_SANITIZED -Itests $(TEST_SRC) -o $@ $(LIBS)
+# MSKV_DEBUG is compile time: its own small program (under ASan + UBSan)
+$(B)/tests-debug: tests/debug_check.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Itests tests/debug_check.c -o $@ $(LIBS)
 $(B)/tests-emu: $(EMU_SRC) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
 	g++ -std=c++17 $(WARN) -O2 -g -Itests $(EMU_SRC) -o $@ $(LIBS)
 # the attention kernel's machine-code targets (bench/kernel_stats.c in a test harness)
@@ -59,8 +111,25 @@ $(B)/kstats-check: tests/kstats_check.c bench/kernel_stats.c kernels.cu $(HDRS) 
 # the sm_90a kernel's machine code, and both paths on the Wan chunk shape
 $(B)/kstats-sm90-check: tests/kstats_sm90_check.c bench/kernel_stats.c kernels.cu $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests tests/kstats_sm90_check.c -o $@ $(LIBS)
+$(B)/tests-ucx: tests/test_ucx.c tests/mskv_test_states.h $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) $(OPT) -Itests tests/test_ucx.c -o $@ $(LIBS)
+$(B)/tests-ucx-abi: tests/test_ucx_abi.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 $(UCX_HEADERS) -Itests tests/test_ucx_abi.c -o $@
 $(B)/tests-video: tests/test_video.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(FFMPEG_CFLAGS) tests/test_video.c -o $@ $(FFMPEG_LIBS) $(LIBS)
+
+$(B)/fuzz-%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/mskv_mock_cuda.h $(HDRS) | $(B)
+	$(FUZZ_CC) $< -o $@ $(LIBS)
+$(B)/gen-corpus: tests/fuzz/gen_corpus.c tests/fuzz/fuzz_common.h $(HDRS) | $(B)
+	clang -std=c99 $(WARN) -O1 -g $< -o $@ $(LIBS)
+# the thread tests under TSan: a tenth of the plain build's operations (TSan
+# sees a missing lock from the ordering of accesses, without having to lose
+# the race), and the stress of stress_threads.c (MSKV_STRESS_OPS per thread)
+$(B)/tests-tsan: $(TSAN_SRC) $(HDRS) | $(B)
+	clang -std=c99 $(WARN) -O1 -g -fsanitize=thread -DMTT_OPS=100000L -Itests $(TSAN_SRC) -o $@ $(LIBS)
+$(B)/alloc-fail: tests/alloc_fail.c tests/mskv_mock_cuda.h $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+	    -Itests tests/alloc_fail.c -o $@ $(LIBS)
 
 # MSKV_STATIC builds (the C++ one also without threads): a private copy must
 # compile warning-free even where unused
@@ -69,6 +138,17 @@ $(B)/static-check-c: tests/static_check.c $(HDRS) | $(B)
 $(B)/static-check-cxx: tests/static_check.c $(HDRS) | $(B)
 	clang++ -x c++ -std=c++17 $(WARN) -O1 -DMSKV_NO_THREADS tests/static_check.c -o $@ $(LIBS)
 
+# Windows, cross-compiled: the same test program (linked statically, so wine
+# needs no MinGW DLLs; the random walk at one seed, the native builds run it
+# in full), and the MSKV_STATIC check as C99 without threads (the GPU layer's
+# Windows calls alone) and as C++ with Win32 threads
+$(B)/tests-mingw.exe: $(TEST_SRC) $(HDRS) | $(B)
+	$(MINGW)gcc -std=c99 $(WARN) -O2 -DMSKV_TEST_QUICK -Itests $(TEST_SRC) -o $@ -static
+$(B)/static-check-mingw-c.exe: tests/static_check.c $(HDRS) | $(B)
+	$(MINGW)gcc -std=c99 $(WARN) -O1 -DMSKV_NO_THREADS tests/static_check.c -o $@ -static
+$(B)/static-check-mingw-cxx.exe: tests/static_check.c $(HDRS) | $(B)
+	$(MINGW)g++ -x c++ -std=c++17 $(WARN) -O1 tests/static_check.c -o $@ -static
+
 # the demo against the emulated GPU (kernels.cu on the CPU behind the real mstar_kv_cuda.h)
 $(B)/demo-emu: demo/demo_emu.cpp $(wildcard demo/*.c demo/*.h) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
 	g++ -std=c++17 $(WARN) -O2 -DMSKV_DEMO_NO_FFMPEG demo/demo_emu.cpp -o $@ $(LIBS)
@@ -76,13 +156,37 @@ $(B)/demo-emu: demo/demo_emu.cpp $(wildcard demo/*.c demo/*.h) kernels.cu $(HDRS
 $(B)/demo: $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) $(OPT) $(DEMO_DEFS) $(FFMPEG_CFLAGS) demo/demo.c -o $@ $(FFMPEG_LIBS) $(LIBS)
 
+$(VENV)/ready: | $(B)
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check numpy pytest setuptools wheel
+	touch $@
+$(B)/python-installed: $(VENV)/ready $(PY_SRC) mstar_kv.h mstar_kv_cuda.h
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation ./python
+	touch $@
+$(B)/tests-python: $(B)/python-installed
+	printf '#!/bin/sh\n# made by make: the Python package tests against the copy installed in %s\ncd "%s" && exec env -u MSKV_LIBRARY "%s/bin/python" -m pytest -q -p no:cacheprovider python/tests "$$@"\n' \
+	    "$(VENV)" "$(CURDIR)" "$(CURDIR)/$(VENV)" > $@
+	chmod +x $@
+python: $(B)/python-installed
+
 # Build what builds (-k), then run everything: a compile error is one more
 # failure in the totals line, not a run that ends without one.
 test:
 	@mkdir -p $(B); $(MAKE) -k tests; echo $$? > $(B)/build-status
 	-sh tools/cuda_tools.sh
 	-sh tools/embed_kernels.sh --check
-	bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST)
+	FUZZ_SECONDS=20 B=$(B) bash tests/run.sh --build-status $(B)/build-status $(TEST_BINS) $(VIDEO_TEST) $(WIN_TEST) tests/test_sdpa_peer.py \
+	    $(B)/tests-tsan $(B)/alloc-fail tests/fuzz/run.sh
+
+fuzz: $(FUZZ_BINS) $(B)/gen-corpus
+	FUZZ_SECONDS=$(FUZZ_SECONDS) B=$(B) bash tests/fuzz/run.sh
+
+stress: $(B)/tests-tsan
+	MSKV_STRESS_OPS=1000000 ./$(B)/tests-tsan --filter stress
+
+# refresh the committed seeds of the import fuzzer (after a blob format change)
+fuzz-corpus: $(B)/gen-corpus
+	./$(B)/gen-corpus tests/fuzz/corpus/import
 
 # after editing kernels.cu: refresh the copy embedded in mstar_kv_cuda.h
 embed:
@@ -94,14 +198,30 @@ demo: $(B)/demo
 $(B)/host_bench: bench/host_bench.c $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) -O3 -march=native bench/host_bench.c -o $@ $(LIBS)
 $(B)/attn_bench: bench/attn_bench.c $(HDRS) | $(B)
-	$(CC) -std=c99 $(WARN) -O3 -march=native bench/attn_bench.c -o $@ $(LIBS)
+	$(CC) -std=c99 $(WARN) -O2 bench/attn_bench.c -o $@ $(LIBS)
 
-bench: $(B)/host_bench $(B)/attn_bench
+# -O2 without -march=native: valgrind (callgrind) must be able to run it
+$(B)/cuda_host_bench: bench/cuda_host_bench.c $(HDRS) | $(B)
+	$(CC) -std=c99 $(WARN) -O2 -g bench/cuda_host_bench.c -o $@ $(LIBS)
+
+$(B)/ucx_bench: bench/ucx_bench.c $(HDRS) | $(B)
+	$(CC) -std=c99 $(WARN) -O2 bench/ucx_bench.c -o $@ $(LIBS)
+
+bench: $(B)/host_bench $(B)/attn_bench $(B)/cuda_host_bench $(B)/ucx_bench
 	./$(B)/host_bench
 	./$(B)/attn_bench
+	./$(B)/cuda_host_bench
+	./$(B)/ucx_bench
 
 gpu-check:
 	bash tests/gpu_check.sh
+
+# The CPU backend's NEON path from an x86 machine: the CPU tests cross-built
+# for arm64 and run under qemu (apt-get install gcc-aarch64-linux-gnu
+# libc6-dev-arm64-cross qemu-user). Not part of make test: minutes under qemu.
+check-neon: | $(B)
+	aarch64-linux-gnu-gcc -std=c99 $(WARN) -O2 -Itests tests/main.c tests/test_cpu.c -o $(B)/tests-cpu-arm64 $(LIBS)
+	qemu-aarch64 -L /usr/aarch64-linux-gnu $(B)/tests-cpu-arm64 --filter path
 
 $(B)/kernel-stats: bench/kernel_stats.c kernels.cu $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) $(OPT) bench/kernel_stats.c -o $@ $(LIBS)

@@ -15,6 +15,10 @@
    and include it plainly everywhere else. Build:
        cc -std=c99 -O2 app.c -lpthread -lm
    (with mstar_kv_cuda.h as well: cc -std=c99 -O2 app.c -ldl -lpthread -lm)
+   Windows: cl /O2 app.c, or x86_64-w64-mingw32-gcc -std=c99 -O2 app.c; Win32
+   threads and locks (Vista or newer), no pthreads. The implementation file
+   includes <windows.h> with WIN32_LEAN_AND_MEAN and NOMINMAX (unless already
+   defined): include your own Windows headers before it when you need more.
 
    Options, defined before the implementation include:
      MSKV_STATIC                 make every function static (private copy per file)
@@ -23,7 +27,11 @@
                                  A run-time allocator (mskv_allocator) in a
                                  descriptor overrides them for that object.
      MSKV_ASSERT(x)              internal consistency checks (default: assert.h)
-     MSKV_NO_THREADS             no pthreads: no internal lock, no worker threads
+     MSKV_NO_THREADS             no threads: no internal lock, no worker threads
+     MSKV_DEBUG                  every arena runs with every debug check
+                                 (mskv_arena_desc.debug = MSKV_DEBUG_ALL, whatever
+                                 its descriptor says): poisoned free pages,
+                                 checksummed host copies
 
    Example:
        mskv_arena_desc d = {0};            // zero means defaults
@@ -45,6 +53,15 @@
    Every call that takes a NULL required pointer returns
    MSKV_ERROR_NULL_POINTER, and a removed or foreign request handle
    MSKV_ERROR_INVALID_HANDLE; the lists below name the other codes.
+   When several things are wrong at once, the code is the first that
+   applies in this order: NULL_POINTER; INVALID_HANDLE and DUPLICATE (a
+   batch's segments are all looked up first, in order); INVALID_ARGUMENT or
+   OVERFLOW for a value wrong by itself (out of its domain, too large); the
+   request's state: OFFLOADED or NOT_OFFLOADED, then RESERVATION_PENDING or
+   NO_RESERVATION, then READ_ONLY, then BAD_STATE or a key that exists
+   (DUPLICATE) (a batch: segment by segment, each segment's first problem);
+   values against that state: OUT_OF_RANGE, RELEASED, NOT_WRITTEN, OVERFLOW;
+   last the resources: TOO_MANY_REQUESTS, OUT_OF_PAGES, OUT_OF_MEMORY.
 
    Thread safety: an arena's functions may be called from several threads at
    once (one internal lock per arena, removed by MSKV_NO_THREADS). Callbacks
@@ -53,7 +70,9 @@
    data. A session (mskv_session) belongs to one thread at a time.
 
    Sections (search for "// >>"): results, arena, requests, offload, windows,
-   step lifecycle, cpu backend; then the implementation in the same order.
+   step lifecycle, scheduling, cpu backend; then the implementation in the
+   same order, after its internals and the platform wrappers (threads,
+   locks: the one place where Windows and POSIX differ).
 
    License: MIT, at the end of this file.
 */
@@ -103,6 +122,8 @@ typedef enum mskv_result {
     MSKV_ERROR_NO_RESERVATION = -23,   /* commit or abort without an open reservation */
     MSKV_ERROR_READ_ONLY = -24,        /* a sealed keyed entry, or a forbidden change to it */
     MSKV_ERROR_BAD_STATE = -25,        /* any other operation the request's state forbids */
+    MSKV_ERROR_STALE_PLAN = -26,       /* pages left a request's table after the plan was built (release, offload, remove, abort) */
+    MSKV_ERROR_STALE_VIEW = -27,       /* a prefix view (dense K/V tagged with an epoch) taken before the request's prefix_epoch moved */
     /* resources */
     MSKV_ERROR_OUT_OF_PAGES = -40,     /* not enough free pages: nothing was allocated */
     MSKV_ERROR_OUT_OF_MEMORY = -41,    /* the allocator returned NULL */
@@ -114,13 +135,16 @@ typedef enum mskv_result {
     MSKV_ERROR_BLOB_VERSION = -62,     /* written by an incompatible version */
     MSKV_ERROR_BLOB_MISMATCH = -63,    /* page size, layers, heads, dim or dtype differ from the arena */
     MSKV_ERROR_AUDIT_FAILED = -64,     /* an invariant does not hold (a library bug, or memory corruption) */
+    MSKV_ERROR_HOST_COPY_CORRUPT = -65, /* a host copy's bytes changed since offload or import (debug checksums) */
     /* platform */
     MSKV_ERROR_UNSUPPORTED = -80,
     MSKV_ERROR_THREAD = -81,
     MSKV_ERROR_IO = -82,
     MSKV_ERROR_CUDA_UNAVAILABLE = -83, /* no driver, no device or no NVRTC: use the CPU backend */
     MSKV_ERROR_CUDA = -84,             /* a driver call failed */
-    MSKV_ERROR_NVRTC = -85             /* kernel compilation failed; the log went to the logger */
+    MSKV_ERROR_NVRTC = -85,            /* kernel compilation failed; the log went to the logger */
+    MSKV_ERROR_PEER = -86,             /* the peer of a transfer failed, went away or dropped the connection */
+    MSKV_ERROR_TIMEOUT = -87           /* the peer of a transfer did not answer in time */
 } mskv_result;
 
 /* A static, human-readable description; never NULL. */
@@ -152,6 +176,8 @@ MSKV_API size_t mskv_dtype_size(mskv_dtype t);   /* 4, 2, 2; 0 for an unknown dt
 
 typedef struct mskv_arena mskv_arena;
 
+#define MSKV_MAX_GROUPS 32     /* layer groups per arena (mskv_arena_desc.num_groups) */
+
 /* A request handle: slot index + 16-bit generation, so a handle kept after
    remove is caught (until its slot has been reused 65,536 times). The zero
    handle is never valid. */
@@ -168,6 +194,7 @@ typedef struct mskv_event {
     int32_t page;          /* physical page id */
     int64_t first_token;   /* absolute position of the page's first slot */
     uint64_t step;         /* the fence of the step in which it happened */
+    int32_t group;         /* the layer group whose table held the page */
 } mskv_event;
 
 typedef void (*mskv_event_fn)(void *user, const mskv_event *event);
@@ -175,18 +202,42 @@ typedef void (*mskv_event_fn)(void *user, const mskv_event *event);
 /* Where the K/V bytes of pages live when they are not in the arena's own host
    store (the GPU layer provides this). Host copies use the page-major layout
    [page][layer][K then V][slot][kv_head][dim]. Every function is synchronous
-   with respect to the bytes it returns or consumes. */
+   with respect to the bytes it returns or consumes. fill_pages is optional
+   (debug poisoning: every byte of the pages, all layers, K and V, set to
+   `byte`; NULL = write_pages from a host record of that byte, page by page). */
 typedef struct mskv_store_ops {
     void *user;
     mskv_result (*read_pages)(void *user, const int32_t *pages, int32_t n, void *dst);
     mskv_result (*write_pages)(void *user, const int32_t *pages, int32_t n, const void *src);
     mskv_result (*copy_page)(void *user, int32_t src_page, int32_t dst_page);
+    /* Optional (NULL: nothing runs asynchronously): return once no kernel or
+       copy that may touch a page is still running (mskv_arena_flush). */
+    mskv_result (*flush)(void *user);
+    /* Optional, debug poisoning only (see above). After flush: fields are
+       appended in the order they arrived, so positional initialisers of
+       older code stay valid. */
+    mskv_result (*fill_pages)(void *user, const int32_t *pages, int32_t n, unsigned char byte);
 } mskv_store_ops;
 
 typedef enum mskv_retire_mode {
     MSKV_RETIRE_IMMEDIATE = 0, /* freed pages are reusable at once (CPU backend) */
     MSKV_RETIRE_FENCED = 1     /* freed pages wait until mskv_arena_retire(fence) (GPU) */
 } mskv_retire_mode;
+
+/* Debug checks (mskv_arena_desc.debug; all of them with MSKV_DEBUG). With
+   none, nothing of them runs: no extra pass, allocation or copy.
+   POISON: a page that becomes free (after its fence) has every byte set to
+     MSKV_POISON_BYTE, which reads as NaN in f32, f16 and bf16, so a read
+     through a stale table shows; pages free at creation are poisoned too
+     (the null page stays zero). mskv_arena_audit_bytes then finds any write
+     into a free page.
+   CHECKSUMS: offload and import record a checksum of every page of the host
+     copy; reload (and export) verify them and refuse a copy whose bytes
+     changed (MSKV_ERROR_HOST_COPY_CORRUPT, nothing changes). */
+#define MSKV_DEBUG_POISON 1u
+#define MSKV_DEBUG_CHECKSUMS 2u
+#define MSKV_DEBUG_ALL 3u
+#define MSKV_POISON_BYTE 0xFFu   /* 0xFFFFFFFF (f32) and 0xFFFF (f16, bf16) are NaNs */
 
 typedef struct mskv_arena_desc {
     int32_t num_pages;      /* pages in all, including the null page 0; >= 2 */
@@ -197,6 +248,11 @@ typedef struct mskv_arena_desc {
     int32_t kv_heads;
     int32_t head_dim;
     mskv_dtype dtype;
+    /* Layer groups (0 = 1, at most MSKV_MAX_GROUPS): every request keeps a
+       page table per group, all drawn from these pages. num_layers is then
+       the layers of one group (the largest): layer l of group g lives in pool
+       l, on pages that group g owns. See "Layer groups" in the README. */
+    int32_t num_groups;
     const mskv_store_ops *store_ops;  /* non-NULL: bytes live elsewhere (no host pools) */
     mskv_retire_mode retire_mode;
     mskv_allocator allocator;
@@ -205,6 +261,7 @@ typedef struct mskv_arena_desc {
     void *log_user;
     mskv_event_fn on_event;
     void *event_user;
+    uint32_t debug;                   /* MSKV_DEBUG_* checks (0 = none, unless MSKV_DEBUG) */
 } mskv_arena_desc;
 
 typedef struct mskv_arena_stats {
@@ -221,7 +278,9 @@ typedef struct mskv_arena_stats {
 } mskv_arena_stats;
 
 /* Creates an arena. Parameters: desc (zero fields = defaults), out.
-   Return value: MSKV_SUCCESS, or INVALID_ARGUMENT / OVERFLOW / OUT_OF_MEMORY.
+   Return value: MSKV_SUCCESS, or INVALID_ARGUMENT (any field out of its
+   domain, checked whatever the other fields say: a bad dtype without layers
+   too, store_ops missing a function) / OVERFLOW / OUT_OF_MEMORY.
    Thread safety: the arena's functions may be called from several threads. */
 MSKV_API mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out);
 MSKV_API void mskv_arena_destroy(mskv_arena *arena);
@@ -229,6 +288,13 @@ MSKV_API mskv_result mskv_arena_stats_get(mskv_arena *arena, mskv_arena_stats *o
 /* Checks every invariant; on failure returns MSKV_ERROR_AUDIT_FAILED and writes
    which one broke into why (why may be NULL). */
 MSKV_API mskv_result mskv_arena_audit(mskv_arena *arena, char *why, size_t why_cap);
+/* mskv_arena_audit, then the bytes the debug checks make checkable: every
+   free page still holds the poison (a write into a freed page is caught),
+   every host copy still matches its checksums. Reads every free page (through
+   store_ops for a device store) and every host copy: O(bytes), for tests and
+   debugging. Return value: SUCCESS, AUDIT_FAILED (why says which page),
+   UNSUPPORTED (the arena runs no debug check: there is nothing to compare). */
+MSKV_API mskv_result mskv_arena_audit_bytes(mskv_arena *arena, char *why, size_t why_cap);
 /* A hash of the whole bookkeeping state (pages, requests, reservations, host
    copies, keys): equal digests mean nothing changed. */
 MSKV_API uint64_t mskv_arena_digest(mskv_arena *arena);
@@ -239,6 +305,25 @@ MSKV_API void mskv_arena_trim(mskv_arena *arena);
 MSKV_API mskv_result mskv_arena_retire(mskv_arena *arena, uint64_t completed);
 /* The current fence: pages freed now are tagged with it. */
 MSKV_API uint64_t mskv_arena_step(mskv_arena *arena);
+/* Drops every request (keyed entries and offloaded ones too; lockstep groups
+   are dissolved) and returns every page, as if each were removed: a page a
+   kernel may still read goes to pending like any free (FENCED mode), and
+   comes back at its fence or at mskv_arena_flush. Every request handle is
+   stale afterwards. Fences and epochs keep counting up (a GPU's recorded
+   events stay valid); the kept host buffer stays (mskv_arena_trim). When no
+   page is pending afterwards, the free list and request slots are reordered
+   as in a new arena, so the same calls hand out the same page ids again.
+   Parameters: arena. Return value: SUCCESS, NULL_POINTER.
+   Thread safety: like every arena call; another thread's handles go stale. */
+MSKV_API mskv_result mskv_arena_reset(mskv_arena *arena);
+/* Waits until no kernel may read a pending page, then makes every pending
+   page free: with store_ops, its flush op waits for the device (the GPU
+   store's waits for its stream); without, the caller's word that its work
+   is done (the CPU backend returns only when it is). The current fence
+   counts as completed. Parameters: arena. Return value: SUCCESS,
+   NULL_POINTER, or the flush op's error (then nothing changes).
+   Thread safety: like every arena call; the flush op runs under the lock. */
+MSKV_API mskv_result mskv_arena_flush(mskv_arena *arena);
 
 /* Host store geometry and pools (NULL pools when num_layers == 0 or store_ops). */
 typedef struct mskv_store_info {
@@ -272,14 +357,32 @@ typedef struct mskv_request_info {
     int32_t keyed;          /* a keyed (cross-attention) entry */
     int32_t sealed;
     int32_t paused;         /* mskv_request_pause: not admitted until resumed */
+    int32_t lockstep;       /* a member of a lockstep group (mskv_lockstep_create) */
+    uint64_t last_admitted; /* the arena's admit count at its last admit, 0 = never (mskv_make_room) */
+    int64_t release_point;  /* token-exact end of what was released: the live tokens before it are gone
+                               (live_start is where the whole pages ended); 0 = nothing released, or
+                               forgotten by a protect that moved the prefix while no page went */
+    int64_t pos_shift;      /* added to the request's derived RoPE positions (mskv_request_shift_positions) */
+    int64_t pos_shift_pending; /* a shift waiting for the open reservation's commit */
 } mskv_request_info;
+
+/* Layer groups (mskv_arena_desc.num_groups > 1). A request's tokens are the
+   same in every group (committed, reserved); what is per group is its page
+   table, protected prefix, released window, prefix_epoch and retention. The
+   calls below without a group act on group 0 (the only group of a one-group
+   arena); their *_in_group twins take the group (0 <= group < num_groups,
+   else INVALID_ARGUMENT) and otherwise behave, and fail, exactly alike.
+   Calls on the whole request (admit, commit, abort, publish, fork, offload,
+   reload, export, import, remove, reserve) act on every group at once, all
+   or nothing. */
 
 /* A new, empty request (one KV stream). TOO_MANY_REQUESTS when every slot of
    max_requests is in use. */
 MSKV_API mskv_result mskv_request_add(mskv_arena *arena, mskv_request *out);
 /* Removes a request in any state (an open reservation is dropped, a host copy
    freed). Every page goes back: pending until the current fence retires in
-   FENCED mode. The handle is stale from now on. */
+   FENCED mode. The handle is stale from now on. BAD_STATE for a member of a
+   lockstep group (mskv_lockstep_remove, or dissolve the group first). */
 MSKV_API mskv_result mskv_request_remove(mskv_arena *arena, mskv_request req);
 /* A child sharing the parent's full pages (refcounted); the partial last page
    is copied into a fresh page. The child has the parent's tokens, prefix and
@@ -315,13 +418,49 @@ MSKV_API mskv_result mskv_request_protect_prefix(mskv_arena *arena, mskv_request
    Only pages whose every slot lies before it are freed (page floor), the
    table is front-compacted to [prefix pages][live pages], and *released
    (optional) gets the tokens actually freed (a multiple of page_size).
+   The release point itself is kept token-exact (mskv_request_info.
+   release_point: it never moves back, and a protect that moves the prefix
+   while no page went forgets it), so plans built with MSKV_VIS_EXACT hide
+   the released tokens a kept page still holds.
    Return value: OUT_OF_RANGE (past the committed live tokens: reserved
-   tokens are never released), INVALID_ARGUMENT (n < 0), OFFLOADED, READ_ONLY. */
+   tokens are never released), INVALID_ARGUMENT (n < 0), OFFLOADED, READ_ONLY,
+   BAD_STATE (a lockstep member: mskv_lockstep_release_oldest). */
 MSKV_API mskv_result mskv_request_release_oldest(mskv_arena *arena, mskv_request req, int64_t n, int64_t *released);
+/* Custom position advance (M-RoPE's position delta, or re-indexing RoPE
+   positions after releases so they stay bounded over an endless video):
+   delta is added to the request's pos_shift, which mskv_plan_build adds to
+   the RoPE positions it derives for the request's tokens (plan->positions:
+   1-D absolute - pos_offset + pos_shift, 3-D the grid of that; explicit
+   positions in mskv_plan_desc are taken as they are). With no reservation
+   open it applies at once; with one open it waits for the commit that
+   closes it (pos_shift_pending), so every plan of the open chunk (one per
+   denoise step) carries the same positions, and an abort drops it.
+   Only RoPE positions move. Slots stay on absolute token indices, and so do
+   the positions masks compare (kv_pos_split/kv_pos_shift, q_pos, the
+   visibility bounds): a shift that applies to keys and queries alike
+   changes no mask. K already written keeps the rotation it was written
+   with: re-rotate it (mskv_rope_apply with the delta as position) when the
+   model expects cached keys at the new positions.
+   Return value: SUCCESS, NULL_POINTER, INVALID_HANDLE, READ_ONLY (a keyed
+   entry), BAD_STATE (a streamed export of it is open), OVERFLOW (|pos_shift| would pass INT32_MAX; nothing changes).
+   Works on an offloaded request too (it is bookkeeping only).
+   Thread safety: like every arena call. */
+MSKV_API mskv_result mskv_request_shift_positions(mskv_arena *arena, mskv_request req, int64_t delta);
 /* slot = page * page_size + offset of absolute position pos (committed or
    reserved). Return value: RELEASED (its page was released), NOT_WRITTEN
    (pos >= committed + reserved), INVALID_ARGUMENT (pos < 0), OFFLOADED. */
 MSKV_API mskv_result mskv_request_slot(mskv_arena *arena, mskv_request req, int64_t pos, int64_t *slot);
+
+/* The group's view: info (tokens, and the group's prefix, window, pages,
+   kv_len and epoch), page table, slot, protect, release and retention.
+   Parameters: as the calls above, plus group. Return value: theirs, plus
+   INVALID_ARGUMENT for a group outside [0, num_groups).
+   Thread safety: like every arena call. */
+MSKV_API mskv_result mskv_request_info_in_group(mskv_arena *arena, mskv_request req, int32_t group, mskv_request_info *out);
+MSKV_API mskv_result mskv_request_pages_in_group(mskv_arena *arena, mskv_request req, int32_t group, int32_t *pages, int32_t cap, int32_t *count);
+MSKV_API mskv_result mskv_request_slot_in_group(mskv_arena *arena, mskv_request req, int32_t group, int64_t pos, int64_t *slot);
+MSKV_API mskv_result mskv_request_protect_prefix_in_group(mskv_arena *arena, mskv_request req, int32_t group, int64_t n);
+MSKV_API mskv_result mskv_request_release_oldest_in_group(mskv_arena *arena, mskv_request req, int32_t group, int64_t n, int64_t *released);
 
 /* // >>offload ------------------------------------------------------------ */
 
@@ -329,18 +468,25 @@ MSKV_API mskv_result mskv_request_slot(mskv_arena *arena, mskv_request req, int6
    request (desc.host_allocator; a buffer a reload gave back is reused), then
    free the pages; only once the copy is complete. Token counts, prefix, released window and epoch are kept.
    Return value: OFFLOADED (already), RESERVATION_PENDING, READ_ONLY (keyed
-   entry), OUT_OF_MEMORY, or the store ops' error (the request stays resident). */
+   entry), OUT_OF_MEMORY, or the store ops' error (the request stays resident),
+   BAD_STATE (a lockstep member: mskv_lockstep_offload).
+   With MSKV_DEBUG_CHECKSUMS a checksum of every page is kept with the copy. */
 MSKV_API mskv_result mskv_request_offload(mskv_arena *arena, mskv_request req);
 /* All or nothing: fresh pages (possibly other ids), bytes copied back,
    prefix_epoch moves, the host copy is freed. Return value: NOT_OFFLOADED,
-   OUT_OF_PAGES (nothing changes, the host copy stays), OUT_OF_MEMORY, or the
-   store ops' error (the request stays offloaded). */
+   OUT_OF_PAGES (nothing changes, the host copy stays), OUT_OF_MEMORY,
+   HOST_COPY_CORRUPT (MSKV_DEBUG_CHECKSUMS: a page of the host copy changed
+   since offload or import; nothing changes), or the store ops' error (the
+   request stays offloaded), BAD_STATE (a lockstep member:
+   mskv_lockstep_reload). */
 MSKV_API mskv_result mskv_request_reload(mskv_arena *arena, mskv_request req);
 /* Serialise a request (offloaded or resident, or a sealed keyed entry) into
    a versioned, checksummed, little-endian blob: geometry, token counts,
    prefix, released window, retention, key, and every page's bytes. buf may be
    NULL to query the size; *size always gets the size needed.
-   Return value: CAPACITY (cap < *size), RESERVATION_PENDING, OVERFLOW. */
+   Return value: CAPACITY (cap < *size), RESERVATION_PENDING, OVERFLOW,
+   HOST_COPY_CORRUPT (an offloaded request whose host copy changed, with
+   MSKV_DEBUG_CHECKSUMS: a blob signed over changed bytes would import). */
 MSKV_API mskv_result mskv_request_export(mskv_arena *arena, mskv_request req, void *buf, size_t cap, size_t *size);
 /* A new, offloaded request from a blob (possibly written by another process);
    reload it to use it. Return value: BLOB_TRUNCATED, BLOB_CORRUPT (magic,
@@ -348,6 +494,85 @@ MSKV_API mskv_result mskv_request_export(mskv_arena *arena, mskv_request req, vo
    size, layers, heads, head_dim or dtype differ), DUPLICATE (a keyed entry
    whose key exists), TOO_MANY_REQUESTS, OUT_OF_MEMORY. Nothing changes on error. */
 MSKV_API mskv_result mskv_request_import(mskv_arena *arena, const void *blob, size_t size, mskv_request *out);
+
+/* Streaming: the blob of mskv_request_export without a host copy of it, for
+   a transport (mstar_kv_ucx.h) that sends the header and then reads the
+   pages straight from the pools, and writes arriving pages straight into
+   the receiver's pools. The blob is the same, byte for byte: a streamed
+   import of an exported blob and a whole-blob import of a streamed export
+   give the same request, and exporting either again gives the same bytes.
+   The blob is its header (header_bytes), then range_count ranges of
+   range_bytes each in blob order (layer group, page-table entry, layer, K
+   then V), then the 8-byte little-endian checksum of everything before it.
+   Only for arenas with host pools or bookkeeping only: pages behind
+   store_ops (a GPU store) have no host address, so their blobs go through
+   mskv_request_export / mskv_request_import (staged in host memory). */
+#define MSKV_BLOB_HEADER_MAX 2384   /* the largest header: 32 layer groups with the positions record (version 3) */
+
+typedef struct mskv_blob_layout {
+    size_t header_bytes;    /* the blob's first header_bytes */
+    size_t blob_bytes;      /* header + ranges + checksum: mskv_request_export's size */
+    int64_t range_count;
+    size_t range_bytes;     /* one page of one layer of K or V (mskv_store_info.page_bytes) */
+    uint64_t checksum;      /* export: the blob's last 8 bytes, as a number */
+} mskv_blob_layout;
+
+/* One range of a blob's payload: where its bytes are (export) or go (import). */
+typedef struct mskv_blob_range {
+    void *data;             /* a host pool page, or inside an offloaded request's host copy */
+    size_t bytes;
+    uint64_t offset;        /* where the bytes sit in the blob */
+    int32_t page;           /* physical page id; 0 when data is in a host copy */
+    int32_t group, layer, kind;   /* kind 0 = K, 1 = V */
+} mskv_blob_range;
+
+/* Begins a streamed export: writes the blob header into header (cap bytes;
+   MSKV_BLOB_HEADER_MAX is always enough), fills layout (checksum included:
+   this call reads every range once) and freezes the request until
+   mskv_request_export_end: calls that would change it or its bytes (admit,
+   commit, abort, publish, protect, release, offload, reload, remove,
+   lockstep_create) return BAD_STATE, make_room passes over it, and reads
+   (info, pages, plans, export, fork) work as before. A copy may be exported
+   by several readers of the ranges, but only one export is open at a time.
+   Parameters: arena, req (resident or offloaded, or a sealed keyed entry),
+   header, cap, layout. Return value: SUCCESS, CAPACITY (cap too small),
+   RESERVATION_PENDING, BAD_STATE (already being exported, a lockstep
+   member), UNSUPPORTED (store_ops), OVERFLOW, HOST_COPY_CORRUPT (as
+   mskv_request_export). Nothing changes on error.
+   Thread safety: like every arena call; the ranges stay valid until
+   export_end, and reading them needs no lock. */
+MSKV_API mskv_result mskv_request_export_begin(mskv_arena *arena, mskv_request req, void *header, size_t cap, mskv_blob_layout *layout);
+/* Ends a streamed export: the request may change again. BAD_STATE when no
+   export is open. */
+MSKV_API mskv_result mskv_request_export_end(mskv_arena *arena, mskv_request req);
+/* Ranges [first, first + n) of a request being exported or imported, in
+   blob order. Return value: SUCCESS, OUT_OF_RANGE (past range_count, or
+   n < 0), BAD_STATE (neither exporting nor importing). */
+MSKV_API mskv_result mskv_request_blob_ranges(mskv_arena *arena, mskv_request req, int64_t first, int64_t n, mskv_blob_range *out);
+/* Begins a streamed import from a blob's header (header_size >= its
+   header_bytes; the rest of the blob is not needed): checks it as
+   mskv_request_import does (all but the checksum, which covers the pages
+   yet to come), then takes every page the request needs, all or nothing,
+   and returns a handle in the importing state plus the layout; the ranges
+   (mskv_request_blob_ranges) say where each page's bytes must land. The
+   request is invisible to everything but import_commit, import_abort and
+   blob_ranges (other calls with its handle: BAD_STATE; make_room passes
+   over it); a keyed entry's key counts as taken.
+   Return value: SUCCESS, BLOB_TRUNCATED, BLOB_CORRUPT, BLOB_VERSION,
+   BLOB_MISMATCH, DUPLICATE, OUT_OF_PAGES, TOO_MANY_REQUESTS, OUT_OF_MEMORY,
+   UNSUPPORTED (store_ops). Nothing changes on error. */
+MSKV_API mskv_result mskv_request_import_begin(mskv_arena *arena, const void *header, size_t header_size, mskv_request *out,
+                                               mskv_blob_layout *layout);
+/* Ends a streamed import: verifies checksum (the blob's last 8 bytes, as a
+   number) over the header and the bytes now in the ranges; on a match the
+   request exists, resident, with a fresh prefix_epoch. BLOB_CORRUPT on a
+   mismatch: the import stays open (abort it; nothing was imported).
+   BAD_STATE when the request is not being imported. */
+MSKV_API mskv_result mskv_request_import_commit(mskv_arena *arena, mskv_request req, uint64_t checksum);
+/* Drops an import: every page goes back exactly as it was taken (the free
+   list as before begin), the handle goes stale. BAD_STATE when the request
+   is not being imported. */
+MSKV_API mskv_result mskv_request_import_abort(mskv_arena *arena, mskv_request req);
 
 /* // >>windows ------------------------------------------------------------ */
 
@@ -367,16 +592,29 @@ typedef struct mskv_window {
 
 typedef struct mskv_decode_span {
     int64_t in_start, in_end;  /* units to decode: the commit span plus up to ctx units of left context */
-    int64_t trim;              /* leading outputs (in units) to drop: in's context part */
+    int64_t trim;              /* units of context in front of the commit span: commit_start - in_start */
 } mskv_decode_span;
 
-/* INVALID_SPEC unless total >= 0, window >= 1 and 0 <= overlap < window.
+/* INVALID_SPEC unless total >= 0, window >= 1 and 0 <= overlap < window;
+   OVERFLOW when the last (padded) window would end past INT64_MAX.
    count = number of windows (0 for total 0; the last one may be padded). */
 MSKV_API mskv_result mskv_schedule_init(mskv_schedule *s, int64_t total, int64_t window, int64_t overlap);
-/* Window k (0 <= k < count, else OUT_OF_RANGE). */
+/* Window k (0 <= k < count, else OUT_OF_RANGE). A schedule that
+   mskv_schedule_init would not have made (edited fields) is INVALID_SPEC,
+   or OVERFLOW as init would say. */
 MSKV_API mskv_result mskv_schedule_window(const mskv_schedule *s, int64_t k, mskv_window *out);
 /* What a causal decoder with ctx units of left context decodes for window k:
-   it decodes [in_start, in_end) and drops the first `trim` units of output. */
+   it decodes [in_start, in_end) as one stream and drops what the first
+   `trim` units produced. For a causal video decoder with temporal ratio r
+   (a stream's first latent frame gives 1 output frame, every later one r):
+   when trim > 0 drop the first 1 + r*(trim - 1) output frames; when
+   trim == 0 (window 0, in_start == 0) drop nothing. What remains is exactly
+   the whole stream's frames of the commit span: r*(commit_start - 1) + 1 ..
+   r*(commit_end - 1) (from 0 for window 0), so the windows' outputs
+   concatenate to the 1 + r*(total - 1) frames of one whole-stream decode,
+   provided ctx covers the decoder's left receptive field in latents (at
+   least 1: with ctx == 0 a later window's first latent would decode as a
+   stream start). */
 MSKV_API mskv_result mskv_schedule_decode_span(const mskv_schedule *s, int64_t k, int64_t ctx, mskv_decode_span *out);
 
 /* Chunk-window retention: keep `sink_chunks` leading chunks and the last
@@ -395,10 +633,21 @@ typedef struct mskv_retention {
    the reason goes into why (optional). */
 MSKV_API mskv_result mskv_retention_validate(const mskv_retention *r, int32_t page_size, char *why, size_t why_cap);
 /* Tokens after the sink that are no longer needed once num_computed tokens
-   exist: kept = [0, sink) + [sink + skipped, num_computed). Pure; 0 on an invalid policy. */
+   exist: kept = [0, sink) + [sink + skipped, num_computed); *out gets the
+   count (a whole number of chunks). Pure. Return value: SUCCESS,
+   NULL_POINTER (r or out), INVALID_SPEC (the policy is invalid:
+   mskv_retention_validate says why), INVALID_ARGUMENT (num_computed < 0);
+   *out is written only on success. */
+MSKV_API mskv_result mskv_skipped_tokens_get(const mskv_retention *r, int64_t num_computed, int64_t *out);
+/* Deprecated (0 used to mean both "nothing to skip" and "invalid"): the
+   same count, or a negative value, the mskv_result code of
+   mskv_skipped_tokens_get, when the call is invalid. */
 MSKV_API int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed);
 /* Bind a retention policy to a request (NULL clears it); publish applies it. */
 MSKV_API mskv_result mskv_request_set_retention(mskv_arena *arena, mskv_request req, const mskv_retention *r);
+/* The same for one layer group (e.g. a window for the chunk-window layers,
+   none for the full-attention ones). */
+MSKV_API mskv_result mskv_request_set_retention_in_group(mskv_arena *arena, mskv_request req, int32_t group, const mskv_retention *r);
 
 /* // >>step lifecycle ----------------------------------------------------- */
 
@@ -413,7 +662,9 @@ typedef struct mskv_segment {
    reservation. Return value: OUT_OF_PAGES (nothing allocated), DUPLICATE,
    OFFLOADED, RESERVATION_PENDING, READ_ONLY (keyed entry), INVALID_ARGUMENT
    (n < 0 or a negative token count), OVERFLOW (past 2^31 tokens),
-   OUT_OF_MEMORY (a page table could not grow: see mskv_request_reserve). */
+   OUT_OF_MEMORY (a page table could not grow: see mskv_request_reserve),
+   BAD_STATE (a paused request, or some but not all members of a lockstep
+   group: admit, commit, abort and publish take a lockstep group whole). */
 MSKV_API mskv_result mskv_admit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
 /* Reserved tokens become committed. Every segment must have an open
    reservation (else NO_RESERVATION, and nothing is committed). */
@@ -426,18 +677,35 @@ MSKV_API mskv_result mskv_abort(mskv_arena *arena, const mskv_segment *segs, int
    pages and page-stored events are emitted; then the fence advances (also
    with n == 0). *step_out (optional) gets the fence that ended. */
 MSKV_API mskv_result mskv_publish(mskv_arena *arena, const mskv_segment *segs, int32_t n, uint64_t *step_out);
+/* The pages mskv_admit(segs, n) would take now (every layer group), into
+   *pages; nothing changes. What to ask mskv_make_room for when admit says
+   OUT_OF_PAGES. Return value: as mskv_admit's checks (no OUT_OF_PAGES). */
+MSKV_API mskv_result mskv_admit_query(mskv_arena *arena, const mskv_segment *segs, int32_t n, int64_t *pages);
 
 typedef enum mskv_pos_mode {
     MSKV_POS_NONE = 0,   /* no position plan */
-    MSKV_POS_1D = 1,     /* positions[i] = absolute position - pos_offset */
-    MSKV_POS_3D = 2      /* positions[3i..3i+2] = (frame, row, col) of (abs - pos_offset) on a grid_h x grid_w frame */
+    MSKV_POS_1D = 1,     /* positions[i] = absolute position - pos_offset + the request's pos_shift */
+    MSKV_POS_3D = 2      /* positions[3i..3i+2] = (frame, row, col) of that on a grid_h x grid_w frame */
 } mskv_pos_mode;
 
 typedef enum mskv_plan_kind {
     MSKV_PLAN_SELF = 0,   /* each segment attends over its own request's stream (incl. its reserved tokens) */
     MSKV_PLAN_CROSS = 1,  /* each segment attends over the keyed entry `cross` */
-    MSKV_PLAN_DENSE = 2   /* no page table: kv_token_indptr over contiguous K/V of kv_len tokens per segment */
+    MSKV_PLAN_DENSE = 2,  /* no page table: kv_token_indptr over contiguous K/V of kv_len tokens per segment */
+    MSKV_PLAN_PREFIX = 3  /* dense over each segment's own protected prefix, as a prefix view holds it
+                             (mskv_prefix_view): kv_len = prefix_tokens, keys at positions 0..prefix_tokens-1,
+                             queries where they are in the request (q_pos, needed), no slots */
 } mskv_plan_kind;
+
+/* Which keys of a segment the plan lets its queries see (on top of the mask). */
+typedef enum mskv_visibility {
+    MSKV_VIS_PAGES = 0,  /* every token of the pages in the table: a release frees whole pages only, so up to
+                            page_size - 1 released tokens stay visible at each edge of the window */
+    MSKV_VIS_EXACT = 1,  /* token-exact, from the request's state: its protected prefix [0, prefix_tokens) and
+                            the live tokens from its release_point on (a retention policy's sink and window:
+                            exactly what a contiguous rolling cache keeps, whatever the page size) */
+    MSKV_VIS_CALLER = 2  /* the caller's bounds: mskv_plan_desc.vis_sink_end / vis_window_start */
+} mskv_visibility;
 
 typedef struct mskv_plan_desc {
     mskv_plan_kind kind;
@@ -446,13 +714,55 @@ typedef struct mskv_plan_desc {
     mskv_pos_mode pos_mode;
     int64_t pos_offset;
     int32_t grid_h, grid_w;      /* tokens per frame = grid_h * grid_w (3-D) */
+    int32_t group;               /* the layer group whose tables the plan reads (SELF, CROSS, PREFIX) */
+    /* Explicit RoPE positions (optional): positions[b] holds segment b's new
+       tokens' positions, n_tokens of them (1-D) or 3 * n_tokens (3-D: frame,
+       row, col per token), copied into plan->positions as they are (no
+       pos_offset, no pos_shift). NULL, or a NULL entry, = derived as pos_mode
+       says. Needs pos_mode 1-D or 3-D. Masks do not read them. */
+    const int32_t *const *positions;
+    /* Token-exact visibility (plan->vis_sink_end / vis_window_start). */
+    mskv_visibility visibility;
+    const int64_t *vis_sink_end;     /* MSKV_VIS_CALLER: [n], absolute positions in [0, INT32_MAX] */
+    const int64_t *vis_window_start; /* MSKV_VIS_CALLER: [n] */
+    /* SELF only: hide the protected prefix [0, prefix_tokens), which a
+       MSKV_PLAN_PREFIX plan attends over a prefix view instead; the two
+       results merged by mskv_cpu_merge equal this plan without the flag.
+       INVALID_ARGUMENT when the visible set minus the prefix is not of the
+       bounds' form (a visible sink reaching past the prefix before a hole). */
+    int32_t exclude_prefix;
 } mskv_plan_desc;
+
+/* mskv_plan.features: which optional arrays hold something other than what
+   their absence means, so a kernel built without them may ignore them only
+   while the bit is clear. */
+#define MSKV_PLAN_Q_POS 1u       /* q_pos is not the tail rule */
+#define MSKV_PLAN_VISIBILITY 2u  /* some segment's bounds hide keys */
 
 /* The kernels' view of one step. Arrays are caller-owned (fixed capacity, so
    a captured graph replays at the same addresses) or plan-owned (mskv_plan_alloc).
-   Query i of segment b (0 <= i < qo_len) is the token at compacted index
-   kv_len - qo_len + i of its sequence (queries are the tail). Compacted index
-   j has absolute position j < kv_pos_split[b] ? j : j + kv_pos_shift[b]. */
+
+   Positions, all absolute, all int32, per segment b (what a kernel must do):
+   - key j (compacted index, 0 <= j < kv_len[b]) is at
+       kpos(j) = j < kv_pos_split[b] ? j : j + kv_pos_shift[b],
+     which never decreases with j (kv_pos_shift >= 0);
+   - query i (0 <= i < qo_len) is at
+       qpos(i) = q_pos ? q_pos[qo_indptr[b] + i] : kpos(kv_len[b] - qo_len + i)
+     (without q_pos, queries are the tail of their sequence; with it, a part
+     of a split-KV computation knows where its queries are);
+   - key j is visible to query i iff
+       (no vis arrays || kpos(j) < vis_sink_end[b] || kpos(j) >= vis_window_start[b])
+       && (mask NONE || kpos(j) <= qpos(i))
+       && (mask != WINDOW || qpos(i) - kpos(j) <= window_left).
+     As kpos rises with j, the visible keys of a segment are at most two runs
+     of compacted indices, [0, first(vis_sink_end)) and
+     [first(vis_window_start), kv_len), first(p) being the first j with
+     kpos(j) >= p: a kernel skips the pages wholly between them and masks
+     only the tiles that straddle a bound (interior tiles pay nothing).
+     vis_window_start <= vis_sink_end (build writes 0, 0) hides nothing.
+   - a query that sees no key gets o = 0 and lse = -inf.
+   RoPE positions (plan->positions) are another matter: what K and Q are
+   rotated by; masks never read them. */
 typedef struct mskv_plan {
     int32_t batch, total_q, num_page_ids, page_size;
     int32_t *qo_indptr;        /* [batch+1] */
@@ -462,14 +772,30 @@ typedef struct mskv_plan {
     int32_t *kv_len;           /* [batch] tokens per sequence */
     int32_t *kv_pos_split;     /* [batch] */
     int32_t *kv_pos_shift;     /* [batch] */
-    int64_t *kv_token_indptr;  /* [batch+1] dense path: prefix sums of kv_len */
+    int64_t *kv_token_indptr;  /* [batch+1] dense path: prefix sums of kv_len (rows of a dense K/V) */
     int64_t *slot_mapping;     /* [total_q] page*page_size+offset of each reserved token; -1 for a
-                                  committed one (its page may be shared) and in CROSS/DENSE plans */
-    int32_t *positions;        /* [total_q] (1-D) or [3*total_q] (3-D) */
+                                  committed one (its page may be shared) and in CROSS/DENSE/PREFIX plans */
+    int32_t *positions;        /* [total_q] (1-D) or [3*total_q] (3-D): RoPE positions */
     /* capacities of the arrays above (caller-owned mode) */
     int32_t cap_batch, cap_tokens, cap_page_ids;
     uint64_t step;             /* the fence the plan was built in */
     void *owned;               /* set by mskv_plan_alloc */
+    /* Stale-plan check (mskv_plan_check), filled by mskv_plan_build: */
+    mskv_request *requests;    /* [batch] optional (mskv_plan_alloc provides it): each segment's request, so
+                                  only pages leaving these requests make the plan stale; NULL: any
+                                  request's pages leaving make it stale */
+    mskv_request cross;        /* a CROSS plan's keyed entry (its pages are the ones read); else 0 */
+    int32_t group;             /* the layer group whose tables were read (mskv_plan_desc.group) */
+    uint64_t generation;       /* the arena's page-table generation at build; 0 = never checked (a
+                                  plan not built by an arena, or a DENSE plan) */
+    /* Optional (NULL = absent, the rules above); capacities cap_tokens and
+       cap_batch. mskv_plan_build fills them when present, and needs them
+       when the plan cannot do without (q_pos for PREFIX; the bounds for
+       MSKV_VIS_EXACT / CALLER and exclude_prefix). */
+    int32_t *q_pos;            /* [total_q] each query's absolute (mask) position */
+    int32_t *vis_sink_end;     /* [batch] */
+    int32_t *vis_window_start; /* [batch] */
+    uint32_t features;         /* MSKV_PLAN_Q_POS | MSKV_PLAN_VISIBILITY */
 } mskv_plan;
 
 typedef struct mskv_plan_size {
@@ -479,16 +805,92 @@ typedef struct mskv_plan_size {
 MSKV_API mskv_result mskv_plan_query(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan_size *out);
 /* Fills the plan's arrays for this step's segments. Return value: CAPACITY
    (nothing written) when a cap is too small, NULL_POINTER for a missing
-   array, OUT_OF_RANGE (a segment has more queries than its sequence has
-   tokens), OFFLOADED, BAD_STATE (CROSS against an entry that is not a sealed
-   keyed entry), INVALID_ARGUMENT (kind, pos_mode, grid). */
+   array (or a missing optional array the desc needs), OUT_OF_RANGE (a
+   segment has more queries than its sequence has tokens, or a 1-D position
+   / 3-D frame does not fit in int32: positions are exact or refused, never
+   truncated), OVERFLOW (position + pos_shift - pos_offset does not fit in
+   int64), OFFLOADED, BAD_STATE (CROSS against an entry that is not a sealed
+   keyed entry), INVALID_ARGUMENT (kind, pos_mode, grid, visibility, bounds
+   outside [0, INT32_MAX], explicit positions without a pos_mode,
+   exclude_prefix on another kind than SELF or with bounds it cannot
+   express). mskv_plan_query returns the same codes. Nothing is written on
+   failure. */
 MSKV_API mskv_result mskv_plan_build(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *plan);
 /* Allocate arrays of the given capacities (through the arena's allocator). */
 MSKV_API mskv_result mskv_plan_alloc(mskv_arena *arena, int32_t cap_batch, int32_t cap_tokens, int32_t cap_page_ids, mskv_plan *plan);
 MSKV_API void mskv_plan_free(mskv_arena *arena, mskv_plan *plan);
 /* Checks the CSR invariants: monotone indptrs, indices in [1, num_pages),
-   last_page_len rule, kv_len consistent with pages. why gets the broken rule. */
+   last_page_len rule, kv_len consistent with pages, and that features
+   covers the optional arrays (with MSKV_PLAN_Q_POS clear, q_pos holds the
+   tail rule; with MSKV_PLAN_VISIBILITY clear, no bound hides a key; bounds
+   are not negative). A dense sequence (no pages, kv_len > 0) is checked
+   through kv_token_indptr instead. why gets the broken rule. */
 MSKV_API mskv_result mskv_plan_validate(const mskv_plan *plan, int32_t num_pages, char *why, size_t why_cap);
+/* Whether a plan built by mskv_plan_build still describes its requests'
+   pages. A plan is stale once pages left the table it read of one of its
+   requests (release, retention at publish, offload, abort, remove, reset,
+   make_room, the lockstep calls: those pages may now hold another request's
+   tokens); a request that only grew (admit, commit) keeps its plans valid.
+   Staleness is per request and per layer group: a plan of group g reads
+   only group g's tables, so pages leaving another group's table (that
+   group's retention, say) leave it valid, and so does another request's
+   loss. The arena counts every loss of pages from any table in one
+   generation, and each request's table per group remembers the generation
+   of its last loss: the check is one compare while nothing lost pages since
+   the build, else one per segment (plan->requests; without that array any
+   loss in the arena makes the plan stale). A plan with generation 0 (made by the caller,
+   or DENSE) is never stale. mskv_cpu_write_kv, mskv_cpu_attention and the
+   GPU wrappers call this first; check it yourself before handing a plan to
+   your own kernels. Return value: SUCCESS, STALE_PLAN (also for a removed
+   request, or a generation this arena never had), NULL_POINTER.
+   Thread safety: takes the arena's lock. */
+MSKV_API mskv_result mskv_plan_check(mskv_arena *arena, const mskv_plan *plan);
+
+/* Prefix views: the dense fast path keyed by prefix_epoch. A request's
+   protected prefix (the prompt, the sink frames) is read every step and
+   changes rarely: gathered once into contiguous, caller-owned K/V, it is
+   attended without a page table (a MSKV_PLAN_PREFIX plan, on the CPU with
+   mskv_cpu_attention_dense), while a SELF plan with exclude_prefix covers
+   the rest; mskv_cpu_merge joins the two. The view carries the prefix_epoch
+   it was gathered at: once the prefix's length or placement changes
+   (protect with another length, reload onto other pages, another request
+   imported from a blob) a check refuses it with MSKV_ERROR_STALE_VIEW, and
+   gathering again refreshes it in place, into the same buffers.
+   The caller sets request, group, k, v and cap_tokens (zero the rest);
+   mskv_prefix_view_gather sets the others. Buffers hold the store's dtype,
+   layout [num_layers][cap_tokens][kv_heads][head_dim] each for K and V.
+   The host gather reads the arena's host pools, or whole pages through
+   store_ops (read_pages) for a device store; the GPU layer adds its own
+   gather into device buffers of the same layout (device = 1), and the
+   epoch rules here hold for both. */
+typedef struct mskv_prefix_view {
+    mskv_request request;
+    int32_t group;
+    void *k, *v;             /* caller-owned */
+    int64_t cap_tokens;      /* tokens per layer the buffers hold */
+    int64_t tokens;          /* the prefix gathered: tokens [0, tokens) */
+    uint64_t epoch;          /* prefix_epoch at the gather; 0 = never gathered, or a refresh that failed */
+    int32_t num_layers, kv_heads, head_dim;
+    mskv_dtype dtype;
+    int32_t device;          /* 0: host buffers (this header's gather); 1: device buffers (the GPU layer's) */
+} mskv_prefix_view;
+
+/* Gathers (or refreshes, in place) the request's protected prefix of group
+   `group`, every layer, K and V, and tags the view with its prefix_epoch.
+   Return value: SUCCESS, NULL_POINTER (view, a buffer), INVALID_ARGUMENT
+   (group, cap_tokens < 0), INVALID_HANDLE, OFFLOADED, CAPACITY (the prefix
+   is longer than cap_tokens), OVERFLOW, UNSUPPORTED (the arena keeps no
+   bytes: num_layers 0), OUT_OF_MEMORY (a page record for a store_ops read),
+   or the store's read error: then the buffers may hold part of the new
+   prefix and the view says epoch 0 (stale) rather than pass for either.
+   Nothing is written for any other failure.
+   Thread safety: like every arena call (the copy runs under the lock). */
+MSKV_API mskv_result mskv_prefix_view_gather(mskv_arena *arena, mskv_prefix_view *view);
+/* SUCCESS while the view's epoch is the request's prefix_epoch (of its
+   group) and its tokens the prefix length; STALE_VIEW otherwise (also a view
+   never gathered); INVALID_HANDLE for a removed request; NULL_POINTER;
+   INVALID_ARGUMENT (group). */
+MSKV_API mskv_result mskv_prefix_view_check(mskv_arena *arena, const mskv_prefix_view *view);
 
 /* Keyed, write-once K/V (cross-attention, e.g. text-encoder output): created
    with its tokens reserved, written through a plan, sealed, then read by any
@@ -517,6 +919,91 @@ MSKV_API mskv_result mskv_session_begin_chunk(mskv_session *s, int64_t n_tokens)
 MSKV_API mskv_result mskv_session_plan(mskv_session *s, const mskv_plan_desc *desc, mskv_plan *plan);
 MSKV_API mskv_result mskv_session_commit_chunk(mskv_session *s, uint64_t *step_out);
 MSKV_API mskv_result mskv_session_abort_chunk(mskv_session *s);
+
+/* // >>scheduling --------------------------------------------------------- */
+
+/* Lockstep groups: requests that must move together, such as the
+   conditional and unconditional branches of classifier-free guidance
+   (separate requests: their hidden states differ). The batch calls (admit,
+   commit, abort, publish) refuse a batch that holds some but not all of a
+   group's members (BAD_STATE), so a group is admitted, committed and
+   published (its members' retention releases pages) in one call, all or
+   nothing; mskv_lockstep_segments gives the batch, which one mskv_plan_build
+   plans (member i is the plan's segment i). Offload, reload, remove and
+   release of a member go through the mskv_lockstep_* calls below, all or
+   nothing; the single-request calls refuse members (BAD_STATE). Everything
+   else stays per request: protect_prefix (a branch's prompt may have its
+   own length), retention, pause (a paused member keeps its group from being
+   admitted), fork (the child is no member), export. A handle with a
+   generation, like a request's. */
+typedef struct mskv_lockstep { uint32_t id; } mskv_lockstep;
+
+#define MSKV_MAX_LOCKSTEP 16   /* members of one lockstep group */
+
+/* Binds n (2..MSKV_MAX_LOCKSTEP) requests, in this order, into a group.
+   They must all be resident or all offloaded, without open reservations,
+   and in no other group. Parameters: arena, members, n, out.
+   Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (n), INVALID_HANDLE,
+   DUPLICATE (a request twice), READ_ONLY (a keyed entry),
+   RESERVATION_PENDING, BAD_STATE (already a member, or mixed locations).
+   Thread safety: like every arena call. */
+MSKV_API mskv_result mskv_lockstep_create(mskv_arena *arena, const mskv_request *members, int32_t n, mskv_lockstep *out);
+/* Unbinds the group; the members stay as they are, now independent.
+   Return value: SUCCESS, NULL_POINTER, INVALID_HANDLE (unknown or stale). */
+MSKV_API mskv_result mskv_lockstep_dissolve(mskv_arena *arena, mskv_lockstep ls);
+/* The members in order; *count gets their number even when cap is too
+   small (then CAPACITY). Return value: also NULL_POINTER, INVALID_ARGUMENT
+   (cap < 0), INVALID_HANDLE. */
+MSKV_API mskv_result mskv_lockstep_members(mskv_arena *arena, mskv_lockstep ls, mskv_request *out, int32_t cap, int32_t *count);
+/* The batch of one lockstep step: a segment of n_tokens per member, in
+   member order, for mskv_admit / mskv_plan_build / mskv_commit /
+   mskv_publish (or part of a larger batch). Return value: SUCCESS,
+   NULL_POINTER, INVALID_ARGUMENT (n_tokens < 0), INVALID_HANDLE, CAPACITY. */
+MSKV_API mskv_result mskv_lockstep_segments(mskv_arena *arena, mskv_lockstep ls, int64_t n_tokens, mskv_segment *segs, int32_t cap, int32_t *count);
+/* Offloads every member, all or nothing: every member's pages are copied
+   to host memory first, and only when every copy succeeded are any pages
+   freed (a host allocation or store failure for one member leaves all of
+   them resident). Return value: as mskv_request_offload. */
+MSKV_API mskv_result mskv_lockstep_offload(mskv_arena *arena, mskv_lockstep ls);
+/* Reloads every member, all or nothing (OUT_OF_PAGES when the pages of all
+   of them do not fit; a store failure for one leaves all offloaded).
+   Return value: as mskv_request_reload. */
+MSKV_API mskv_result mskv_lockstep_reload(mskv_arena *arena, mskv_lockstep ls);
+/* Removes every member and the group. Return value: SUCCESS, NULL_POINTER,
+   INVALID_HANDLE. */
+MSKV_API mskv_result mskv_lockstep_remove(mskv_arena *arena, mskv_lockstep ls);
+/* mskv_request_release_oldest_in_group(group, n) for every member, all or
+   nothing (every member is checked first); *released (optional) gets the
+   tokens freed, summed over the members. Return value: as that call's
+   (OUT_OF_RANGE when any member has fewer live tokens), INVALID_HANDLE. */
+MSKV_API mskv_result mskv_lockstep_release_oldest(mskv_arena *arena, mskv_lockstep ls, int32_t group, int64_t n, int64_t *released);
+
+/* Preemption: makes at least pages_needed pages free (or pending on a fence
+   in FENCED mode: they come back at the fence or at mskv_arena_flush) by
+   offloading idle requests, least recently admitted first (the admit count,
+   not a clock: the same calls park the same requests; ties go to the lower
+   request slot). Idle means resident, no open reservation, not paused (a
+   paused request is parked by its scheduler, not here), not a keyed entry,
+   and not in batch (the step being admitted). A lockstep group is parked
+   whole or not at all, as one candidate as recent as its most recent
+   member. A candidate is passed over when its host copy (its pages in every
+   group, times the page record) would not fit in what is left of
+   host_budget_bytes, or when parking it would free no page (every page
+   shared with a request that stays). All or nothing: when the candidates
+   cannot make room, nothing is parked (OUT_OF_PAGES); when they can, every
+   one is copied to host memory before any page is freed. parked gets the
+   parked requests in the order chosen, *n_parked their number (0 when
+   there was room already). reload (mskv_request_reload,
+   mskv_lockstep_reload) brings them back.
+   Parameters: arena; pages_needed (e.g. from mskv_admit_query);
+   host_budget_bytes; batch, n_batch (may be NULL, 0); parked, cap (may be
+   NULL, 0); n_parked.
+   Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (a negative count),
+   INVALID_HANDLE, DUPLICATE (a request twice in batch), OUT_OF_PAGES,
+   CAPACITY (cap < the requests to park: *n_parked says how many; nothing
+   parked), OUT_OF_MEMORY or a store ops' error (nothing parked).
+   Thread safety: like every arena call. */
+MSKV_API mskv_result mskv_make_room(mskv_arena *arena, int64_t pages_needed, uint64_t host_budget_bytes, const mskv_segment *batch, int32_t n_batch, mskv_request *parked, int32_t cap, int32_t *n_parked);
 
 /* // >>cpu backend -------------------------------------------------------- */
 /* The host side of everything the GPU kernels do, and their test oracle:
@@ -559,21 +1046,62 @@ typedef struct mskv_rope {
    head_dim > MSKV_CPU_MAX_HEAD_DIM). Thread safety: reentrant. */
 MSKV_API mskv_result mskv_rope_apply(const mskv_rope *rope, void *x, mskv_dtype dtype, int64_t n, int32_t heads, int32_t head_dim, const int32_t *positions);
 
+/* The instruction-set path of the attention kernels. AUTO picks, once per
+   mskv_cpu_create, the best one this CPU runs (AVX-512, then AVX2, NEON on
+   arm64, else portable), unless the environment variable MSKV_CPU_ISA names
+   another (portable | avx2 | avx512 | neon | auto); a value that cannot be
+   honoured is logged and ignored. A build needs no flag for any path: x86
+   kernels carry their own target attributes. MSKV_CPU_NO_SIMD compiles the
+   portable path only. Every path gives the same results within the
+   tolerances of the tests (f32 1e-5, f16 1e-3, bf16 1e-2 of a double
+   reference), not bit-identical ones. */
+typedef enum mskv_cpu_isa {
+    MSKV_CPU_ISA_AUTO = 0,
+    MSKV_CPU_ISA_PORTABLE = 1,  /* plain C loops */
+    MSKV_CPU_ISA_AVX2 = 2,      /* x86 with AVX2, FMA and F16C */
+    MSKV_CPU_ISA_AVX512 = 3,    /* x86 with AVX-512 F */
+    MSKV_CPU_ISA_NEON = 4       /* arm64 */
+} mskv_cpu_isa;
+
+/* "auto", "portable", "avx2", "avx512", "neon"; never NULL. */
+MSKV_API const char *mskv_cpu_isa_name(mskv_cpu_isa isa);
+/* 1 when this build and CPU can run the path (AUTO: always). */
+MSKV_API int mskv_cpu_isa_available(mskv_cpu_isa isa);
+
 /* Thread pool and per-thread scratch for large CPU calls. The caller's thread
    is worker 0; num_threads - 1 threads are started. Calls below a few MFLOP
    run on the caller alone. Concurrent calls on one mskv_cpu are serialised.
-   Work items are (sequence, block of up to 64 query rows, kv head); a
-   single sequence's keys are not split across threads. */
+   Work items are (sequence, block of up to 64 query rows, kv head). When a
+   call has few such units (under 64: one long decode sequence, a small
+   batch), the keys of each few-row sequence (at most 8 query rows per kv
+   head) are split into up to 8 chunks of at least 512 keys, run as separate
+   items and merged by LSE. The split depends on the plan, not on the thread
+   count, so a call gives the same bits on any number of threads. */
 typedef struct mskv_cpu mskv_cpu;
 typedef struct mskv_cpu_desc {
     int32_t num_threads;      /* 0 = 1 (MSKV_NO_THREADS: always 1) */
-    size_t workspace_bytes;   /* per thread; 0 = the largest tiles (about 280 KB); a
-                                 smaller budget picks smaller tiles (at least about 55 KB) */
+    size_t workspace_bytes;   /* per thread; 0 = the largest tiles (about 350 KB); a
+                                 smaller budget picks smaller tiles (at least about 72 KB) */
     mskv_allocator allocator;
+    mskv_cpu_isa isa;         /* 0 = AUTO; another path must be available (else UNSUPPORTED) */
+    mskv_log_fn log;          /* optional: why a path was refused or MSKV_CPU_ISA ignored */
+    void *log_user;
 } mskv_cpu_desc;
-/* Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OVERFLOW, OUT_OF_MEMORY, THREAD. */
+/* Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OVERFLOW, OUT_OF_MEMORY,
+   THREAD, UNSUPPORTED (desc->isa not available here). */
 MSKV_API mskv_result mskv_cpu_create(const mskv_cpu_desc *desc, mskv_cpu **out);
 MSKV_API void mskv_cpu_destroy(mskv_cpu *cpu);
+
+/* What a pool runs on. */
+typedef struct mskv_cpu_info {
+    mskv_cpu_isa isa;         /* the path in use (never AUTO) */
+    int32_t num_threads;
+    size_t workspace_bytes;   /* per thread */
+    int64_t last_call_items;  /* work items the last attention call was cut into: how
+                                 many threads it could keep busy (read between calls) */
+} mskv_cpu_info;
+/* Return value: SUCCESS, NULL_POINTER. Thread safety: reentrant. */
+MSKV_API mskv_result mskv_cpu_info_get(const mskv_cpu *cpu, mskv_cpu_info *out);
 
 /* Scatter new rows k,v [plan->total_q][kv_heads][head_dim] (dtype `src_dtype`)
    into layer `layer` of the arena's host store through plan->slot_mapping
@@ -581,7 +1109,8 @@ MSKV_API void mskv_cpu_destroy(mskv_cpu *cpu);
    at plan->positions ([total_q] for 1-D, [total_q][3] for 3-D).
    Every slot is checked first (inside the pool, not the null page 0):
    OUT_OF_RANGE and nothing written otherwise. UNSUPPORTED when the arena has
-   no host pools. */
+   no host pools. STALE_PLAN when the plan's pages changed since it was
+   built (mskv_plan_check). */
 MSKV_API mskv_result mskv_cpu_write_kv(mskv_arena *arena, int32_t layer, const mskv_plan *plan, const void *k, const void *v, mskv_dtype src_dtype, const mskv_rope *rope);
 
 typedef enum mskv_mask {
@@ -603,10 +1132,16 @@ typedef struct mskv_attn {
    [total_q][q_heads], natural log. A query that sees no key: o = 0, lse = -inf.
    Accumulation in f32. Only the pages in the plan's table are read, and only
    their first kv_len slots. o must not overlap q. cpu may be NULL: one thread, small tiles on the
-   stack (about 50 KB), no allocation. A masked plan (CAUSAL, WINDOW) needs
-   qo_len <= kv_len per segment and kv_pos_shift >= 0.
+   stack (about 50 KB), no allocation, the AUTO path. A masked plan (CAUSAL, WINDOW) without
+   q_pos needs qo_len <= kv_len per segment (the tail rule), and kv_pos_shift >= 0. Masks,
+   q_pos and the visibility bounds act as the mskv_plan comment says; keys hidden by the
+   bounds are not read (a block never straddles a bound).
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (heads, dtype, mask,
-   an inconsistent plan), OUT_OF_RANGE (a page outside the pool),
+   an inconsistent plan: indptrs that decrease or pass total_q or
+   num_page_ids, which bound the arrays read), OUT_OF_RANGE (a page outside the pool),
+   OVERFLOW (a segment with 2^31 rows or more: queries x q_heads / kv_heads),
+   STALE_PLAN (pages left one of the plan's requests since it was built:
+   mskv_plan_check; the _pools form takes caller-made plans and never checks),
    UNSUPPORTED (no host pools). Nothing is written on failure. */
 MSKV_API mskv_result mskv_cpu_attention(mskv_cpu *cpu, mskv_arena *arena, int32_t layer, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
 
@@ -620,9 +1155,49 @@ MSKV_API mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *p
 /* mskv_cpu_write_kv on raw pools: pools->k and pools->v must point at writable memory. */
 MSKV_API mskv_result mskv_cpu_write_kv_pools(const mskv_pools *pools, const mskv_plan *plan, const void *k, const void *v, mskv_dtype src_dtype, const mskv_rope *rope);
 
+/* Dense K/V in caller memory: the rows of a plan's segments one after
+   another, segment b's keys at rows kv_token_indptr[b] .. + kv_len[b]
+   (a MSKV_PLAN_PREFIX or DENSE plan, or any plan whose sequences the caller
+   gathered). Element (row t, kv head h, dim d) of K is
+   k[t * token_stride + h * head_stride + d], of V likewise (a head-major
+   [kv_head][row][dim] buffer: token_stride head_dim, head_stride rows *
+   head_dim). With arena set,
+   the call first checks that request's prefix_epoch in `group` is still
+   `epoch` (a prefix view's: mskv_prefix_view_layer fills all of it). */
+typedef struct mskv_dense_kv {
+    const void *k, *v;
+    mskv_dtype dtype;
+    int32_t kv_heads, head_dim;
+    int64_t tokens;          /* rows k and v hold */
+    int64_t token_stride;    /* elements from a row to the next; 0 = kv_heads * head_dim */
+    int64_t head_stride;     /* elements from a kv head to the next; 0 = head_dim */
+    mskv_arena *arena;       /* optional epoch check (NULL: none) */
+    mskv_request request;
+    int32_t group;
+    uint64_t epoch;
+} mskv_dense_kv;
+
+/* The dense K/V of one layer of a host prefix view, with its epoch check
+   (arena may be NULL: no check). Return value: SUCCESS, NULL_POINTER,
+   OUT_OF_RANGE (layer), INVALID_ARGUMENT (a device view: its buffers are not
+   host memory), STALE_VIEW (never gathered). */
+MSKV_API mskv_result mskv_prefix_view_layer(const mskv_prefix_view *view, mskv_arena *arena, int32_t layer, mskv_dense_kv *out);
+
+/* Attention over dense K/V (the plan's page table is not read): the same
+   masks, positions (q_pos, kv_pos_split/shift), visibility bounds, GQA,
+   dtypes and results as mskv_cpu_attention; cpu may be NULL likewise.
+   Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (heads, dtype,
+   mask, strides, an inconsistent plan: kv_token_indptr missing, decreasing,
+   or not kv_len apart), OUT_OF_RANGE (a row past kv->tokens),
+   INVALID_HANDLE (kv->request removed), STALE_VIEW (kv->epoch is no longer
+   the request's prefix_epoch). Nothing is written on failure. */
+MSKV_API mskv_result mskv_cpu_attention_dense(mskv_cpu *cpu, const mskv_dense_kv *kv, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
+
 /* Merge two partial results over disjoint key sets into (o, lse) over their union:
    [n][heads][head_dim] f32 and [n][heads]. Empty parts (lse = -inf) are neutral;
-   both empty gives o = 0, lse = -inf. o/lse may alias a or b. */
+   both empty gives o = 0, lse = -inf. o/lse may alias a or b.
+   Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (n < 0, heads or
+   head_dim < 1), OVERFLOW (n * heads * head_dim past int64). */
 MSKV_API mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, const float *o_a, const float *lse_a, const float *o_b, const float *lse_b, float *o, float *lse);
 
 #ifdef __cplusplus
@@ -641,8 +1216,42 @@ MSKV_API mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, 
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
-#ifndef MSKV_NO_THREADS
+/* the >>platform section's system headers, here outside extern "C" */
+#if defined(_WIN32) && !defined(MSKV_NO_THREADS)
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN  /* keeps winsock.h out, so an application may include winsock2.h */
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#include <process.h>         /* _beginthreadex: threads that may use the C runtime */
+#if defined(_WIN32_WINNT) && _WIN32_WINNT < 0x0600
+#error "mstar_kv needs Windows Vista or newer (_WIN32_WINNT >= 0x0600) for SRWLOCK and CONDITION_VARIABLE"
+#endif
+#elif !defined(MSKV_NO_THREADS)
 #include <pthread.h>
+#endif
+/* The CPU backend's instruction-set paths (see "instruction sets" there):
+   x86 kernels with GCC/Clang target attributes or MSVC, NEON on arm64. */
+#if !defined(MSKV_CPU_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+#define MSKV__CPU_X86 1
+#define MSKV__CPU_TARGET(t) __attribute__((target(t)))
+#include <immintrin.h>
+#include <cpuid.h>
+#elif !defined(MSKV_CPU_NO_SIMD) && defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+#define MSKV__CPU_X86 1
+#define MSKV__CPU_TARGET(t)
+#include <intrin.h>
+#include <immintrin.h>
+#else
+#define MSKV__CPU_X86 0
+#endif
+#if !defined(MSKV_CPU_NO_SIMD) && (defined(__aarch64__) || defined(_M_ARM64))
+#define MSKV__CPU_NEON 1
+#include <arm_neon.h>
+#else
+#define MSKV__CPU_NEON 0
 #endif
 
 #if defined(MSKV_MALLOC) || defined(MSKV_REALLOC) || defined(MSKV_FREE)
@@ -691,6 +1300,8 @@ MSKV_IMPL const char *mskv_result_string(mskv_result r) {
     case MSKV_ERROR_NO_RESERVATION: return "request has no open reservation";
     case MSKV_ERROR_READ_ONLY: return "keyed entry is read-only";
     case MSKV_ERROR_BAD_STATE: return "operation not allowed in the request's state";
+    case MSKV_ERROR_STALE_PLAN: return "stale plan: pages left one of its requests' tables since it was built";
+    case MSKV_ERROR_STALE_VIEW: return "stale prefix view: the request's prefix_epoch moved since it was gathered";
     case MSKV_ERROR_OUT_OF_PAGES: return "out of pages";
     case MSKV_ERROR_OUT_OF_MEMORY: return "out of memory";
     case MSKV_ERROR_OVERFLOW: return "size overflow";
@@ -700,12 +1311,15 @@ MSKV_IMPL const char *mskv_result_string(mskv_result r) {
     case MSKV_ERROR_BLOB_VERSION: return "blob version not supported";
     case MSKV_ERROR_BLOB_MISMATCH: return "blob layout differs from the arena";
     case MSKV_ERROR_AUDIT_FAILED: return "audit failed: an invariant does not hold";
+    case MSKV_ERROR_HOST_COPY_CORRUPT: return "a host copy changed since it was made (checksum mismatch)";
     case MSKV_ERROR_UNSUPPORTED: return "unsupported";
     case MSKV_ERROR_THREAD: return "thread error";
     case MSKV_ERROR_IO: return "I/O error";
     case MSKV_ERROR_CUDA_UNAVAILABLE: return "CUDA unavailable";
     case MSKV_ERROR_CUDA: return "CUDA driver error";
     case MSKV_ERROR_NVRTC: return "NVRTC compilation failed";
+    case MSKV_ERROR_PEER: return "the peer failed or the connection dropped";
+    case MSKV_ERROR_TIMEOUT: return "the peer did not answer in time";
     }
     return "unknown result";
 }
@@ -763,11 +1377,10 @@ typedef struct mskv__hash { uint64_t v[4]; uint64_t len; unsigned char tail[32];
 #define MSKV__H1 0x9E3779B185EBCA87ull
 #define MSKV__H2 0xC2B2AE3D27D4EB4Full
 static uint64_t mskv__rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+/* Little-endian 64-bit read, written so that compilers make it one load. */
 static uint64_t mskv__rd64(const unsigned char *p) {
-    uint64_t v = 0;
-    int i;
-    for (i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
+    return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 | (uint64_t)p[4] << 32 |
+           (uint64_t)p[5] << 40 | (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
 }
 static void mskv__hash_init(mskv__hash *h) {
     h->v[0] = 0x243F6A8885A308D3ull; h->v[1] = 0x13198A2E03707344ull;
@@ -793,7 +1406,17 @@ static void mskv__hash_update(mskv__hash *h, const void *data, size_t n) {
         mskv__hash_block(h, h->tail);
         h->ntail = 0;
     }
-    while (n >= 32) { mskv__hash_block(h, p); p += 32; n -= 32; }
+    if (n >= 32) {
+        /* the bulk with the lanes in registers: the same arithmetic as mskv__hash_block */
+        uint64_t v0 = h->v[0], v1 = h->v[1], v2 = h->v[2], v3 = h->v[3];
+        for (; n >= 32; p += 32, n -= 32) {
+            v0 = mskv__rotl(v0 + mskv__rd64(p) * MSKV__H2, 31) * MSKV__H1;
+            v1 = mskv__rotl(v1 + mskv__rd64(p + 8) * MSKV__H2, 31) * MSKV__H1;
+            v2 = mskv__rotl(v2 + mskv__rd64(p + 16) * MSKV__H2, 31) * MSKV__H1;
+            v3 = mskv__rotl(v3 + mskv__rd64(p + 24) * MSKV__H2, 31) * MSKV__H1;
+        }
+        h->v[0] = v0; h->v[1] = v1; h->v[2] = v2; h->v[3] = v3;
+    }
     if (n) { memcpy(h->tail, p, n); h->ntail = n; }
 }
 static uint64_t mskv__hash_final(const mskv__hash *h) {
@@ -804,6 +1427,12 @@ static uint64_t mskv__hash_final(const mskv__hash *h) {
     x ^= x >> 33; x *= 0xFF51AFD7ED558CCDull; x ^= x >> 33; x *= 0xC4CEB9FE1A85EC53ull; x ^= x >> 33;
     return x;
 }
+static uint64_t mskv__checksum(const void *p, size_t n) {
+    mskv__hash h;
+    mskv__hash_init(&h);
+    mskv__hash_update(&h, p, n);
+    return mskv__hash_final(&h);
+}
 static void mskv__hash_u64(mskv__hash *h, uint64_t v) {
     unsigned char b[8];
     int i;
@@ -811,29 +1440,177 @@ static void mskv__hash_u64(mskv__hash *h, uint64_t v) {
     mskv__hash_update(h, b, 8);
 }
 
+/* // >>platform ------------------------------------------------------------
+   Every difference between operating systems lives here, as small static
+   wrappers: a mutex, a condition variable, threads and a once flag. Win32
+   (SRWLOCK, CONDITION_VARIABLE, _beginthreadex, INIT_ONCE: Vista or newer)
+   on _WIN32, pthreads elsewhere. With MSKV_NO_THREADS the lock and the once
+   flag still work for the one thread there is, and no thread can be started.
+   mstar_kv_cuda.h's own platform section (library loading, files) reuses
+   these. Not every build uses every wrapper, hence MSKV__MAYBE_UNUSED. */
+
+#if defined(__GNUC__) || defined(__clang__)
+#define MSKV__MAYBE_UNUSED __attribute__((unused))
+#else
+#define MSKV__MAYBE_UNUSED
+#endif
+
+/* A thread runs fn(arg); the object must stay where it is until joined. */
+#if defined(MSKV_NO_THREADS)
+typedef int mskv__mutex;
+typedef int mskv__cond;
+typedef int mskv__once_flag;
+typedef struct mskv__thread { void (*fn)(void *); void *arg; } mskv__thread;
+#define MSKV__MUTEX_INIT 0
+#define MSKV__ONCE_INIT 0
+#elif defined(_WIN32)
+typedef SRWLOCK mskv__mutex;
+typedef CONDITION_VARIABLE mskv__cond;
+typedef INIT_ONCE mskv__once_flag;
+typedef struct mskv__thread { void (*fn)(void *); void *arg; HANDLE handle; } mskv__thread;
+#define MSKV__MUTEX_INIT SRWLOCK_INIT
+#define MSKV__ONCE_INIT INIT_ONCE_STATIC_INIT
+#else
+typedef pthread_mutex_t mskv__mutex;
+typedef pthread_cond_t mskv__cond;
+typedef pthread_once_t mskv__once_flag;
+typedef struct mskv__thread { void (*fn)(void *); void *arg; pthread_t id; } mskv__thread;
+#define MSKV__MUTEX_INIT PTHREAD_MUTEX_INITIALIZER
+#define MSKV__ONCE_INIT PTHREAD_ONCE_INIT
+#endif
+
+#if defined(MSKV_NO_THREADS)
+
+static MSKV__MAYBE_UNUSED int mskv__mutex_init(mskv__mutex *m) { *m = 0; return 1; }
+static MSKV__MAYBE_UNUSED void mskv__mutex_destroy(mskv__mutex *m) { (void)m; }
+static MSKV__MAYBE_UNUSED void mskv__mutex_lock(mskv__mutex *m) { (void)m; }
+static MSKV__MAYBE_UNUSED void mskv__mutex_unlock(mskv__mutex *m) { (void)m; }
+static MSKV__MAYBE_UNUSED int mskv__cond_init(mskv__cond *c) { *c = 0; return 1; }
+static MSKV__MAYBE_UNUSED void mskv__cond_destroy(mskv__cond *c) { (void)c; }
+/* nothing else could change the condition: a caller never waits without threads */
+static MSKV__MAYBE_UNUSED void mskv__cond_wait(mskv__cond *c, mskv__mutex *m) { (void)c; (void)m; }
+static MSKV__MAYBE_UNUSED void mskv__cond_signal(mskv__cond *c) { (void)c; }
+static MSKV__MAYBE_UNUSED void mskv__cond_broadcast(mskv__cond *c) { (void)c; }
+static MSKV__MAYBE_UNUSED int mskv__thread_start(mskv__thread *t, void (*fn)(void *), void *arg) {
+    t->fn = fn;
+    t->arg = arg;
+    return 0;
+}
+static MSKV__MAYBE_UNUSED void mskv__thread_join(mskv__thread *t) { (void)t; }
+static MSKV__MAYBE_UNUSED void mskv__once(mskv__once_flag *flag, void (*fn)(void)) {
+    if (!*flag) { *flag = 1; fn(); }
+}
+
+#elif defined(_WIN32)
+
+static MSKV__MAYBE_UNUSED int mskv__mutex_init(mskv__mutex *m) { InitializeSRWLock(m); return 1; }
+static MSKV__MAYBE_UNUSED void mskv__mutex_destroy(mskv__mutex *m) { (void)m; }  /* an SRWLOCK owns nothing */
+static MSKV__MAYBE_UNUSED void mskv__mutex_lock(mskv__mutex *m) { AcquireSRWLockExclusive(m); }
+static MSKV__MAYBE_UNUSED void mskv__mutex_unlock(mskv__mutex *m) { ReleaseSRWLockExclusive(m); }
+static MSKV__MAYBE_UNUSED int mskv__cond_init(mskv__cond *c) { InitializeConditionVariable(c); return 1; }
+static MSKV__MAYBE_UNUSED void mskv__cond_destroy(mskv__cond *c) { (void)c; }
+static MSKV__MAYBE_UNUSED void mskv__cond_wait(mskv__cond *c, mskv__mutex *m) { SleepConditionVariableSRW(c, m, INFINITE, 0); }
+static MSKV__MAYBE_UNUSED void mskv__cond_signal(mskv__cond *c) { WakeConditionVariable(c); }
+static MSKV__MAYBE_UNUSED void mskv__cond_broadcast(mskv__cond *c) { WakeAllConditionVariable(c); }
+static unsigned __stdcall mskv__thread_entry(void *p) {
+    mskv__thread *t = (mskv__thread *)p;
+    t->fn(t->arg);
+    return 0;
+}
+static MSKV__MAYBE_UNUSED int mskv__thread_start(mskv__thread *t, void (*fn)(void *), void *arg) {
+    t->fn = fn;
+    t->arg = arg;
+    t->handle = (HANDLE)_beginthreadex(NULL, 0, mskv__thread_entry, t, 0, NULL);
+    return t->handle != NULL;
+}
+static MSKV__MAYBE_UNUSED void mskv__thread_join(mskv__thread *t) {
+    WaitForSingleObject(t->handle, INFINITE);
+    CloseHandle(t->handle);
+}
+/* INIT_ONCE hands the callback one pointer: the function travels in a box */
+typedef struct mskv__once_box { void (*fn)(void); } mskv__once_box;
+static BOOL CALLBACK mskv__once_entry(PINIT_ONCE once, PVOID box, PVOID *ctx) {
+    (void)once;
+    (void)ctx;
+    ((const mskv__once_box *)box)->fn();
+    return TRUE;
+}
+static MSKV__MAYBE_UNUSED void mskv__once(mskv__once_flag *flag, void (*fn)(void)) {
+    mskv__once_box box;
+    box.fn = fn;
+    InitOnceExecuteOnce(flag, mskv__once_entry, &box, NULL);
+}
+
+#else
+
+static MSKV__MAYBE_UNUSED int mskv__mutex_init(mskv__mutex *m) { return pthread_mutex_init(m, NULL) == 0; }
+static MSKV__MAYBE_UNUSED void mskv__mutex_destroy(mskv__mutex *m) { pthread_mutex_destroy(m); }
+static MSKV__MAYBE_UNUSED void mskv__mutex_lock(mskv__mutex *m) { pthread_mutex_lock(m); }
+static MSKV__MAYBE_UNUSED void mskv__mutex_unlock(mskv__mutex *m) { pthread_mutex_unlock(m); }
+static MSKV__MAYBE_UNUSED int mskv__cond_init(mskv__cond *c) { return pthread_cond_init(c, NULL) == 0; }
+static MSKV__MAYBE_UNUSED void mskv__cond_destroy(mskv__cond *c) { pthread_cond_destroy(c); }
+static MSKV__MAYBE_UNUSED void mskv__cond_wait(mskv__cond *c, mskv__mutex *m) { pthread_cond_wait(c, m); }
+static MSKV__MAYBE_UNUSED void mskv__cond_signal(mskv__cond *c) { pthread_cond_signal(c); }
+static MSKV__MAYBE_UNUSED void mskv__cond_broadcast(mskv__cond *c) { pthread_cond_broadcast(c); }
+static void *mskv__thread_entry(void *p) {
+    mskv__thread *t = (mskv__thread *)p;
+    t->fn(t->arg);
+    return NULL;
+}
+static MSKV__MAYBE_UNUSED int mskv__thread_start(mskv__thread *t, void (*fn)(void *), void *arg) {
+    t->fn = fn;
+    t->arg = arg;
+    return pthread_create(&t->id, NULL, mskv__thread_entry, t) == 0;
+}
+static MSKV__MAYBE_UNUSED void mskv__thread_join(mskv__thread *t) { pthread_join(t->id, NULL); }
+static MSKV__MAYBE_UNUSED void mskv__once(mskv__once_flag *flag, void (*fn)(void)) { pthread_once(flag, fn); }
+
+#endif
+
 /* // >>arena (implementation) -------------------------------------------- */
 
 enum { MSKV__PAGE_NULL = 0, MSKV__PAGE_FREE = 1, MSKV__PAGE_LIVE = 2, MSKV__PAGE_PENDING = 3 };
 
+/* One layer group's part of a request: its pages, prefix and window. */
+typedef struct mskv__tab {
+    int64_t prefix_tokens, live_start;
+    int64_t release_point;    /* token-exact end of the releases (live_start is its page floor); 0 = none */
+    int32_t prefix_pages;
+    int32_t *mem;             /* the table's memory */
+    int32_t *pages;           /* mem + head: releases move the head, not the live pages */
+    int32_t head, num_pages, cap_pages;
+    int32_t host_pages;       /* offloaded: this group's records in the host copy */
+    uint64_t epoch;
+    uint64_t shrunk;          /* the arena's generation when pages last left this table */
+    uint8_t has_ret;
+    mskv_retention retention;
+} mskv__tab;
+
 typedef struct mskv__req {
     uint16_t gen;
-    uint8_t used, location, keyed, sealed, has_res, has_ret, mark, paused;
-    int64_t committed, reserved, prefix_tokens, live_start, published;
-    int32_t prefix_pages;
-    int32_t *tab;             /* the table's memory */
-    int32_t *pages;           /* tab + head: releases move the head, not the live pages */
-    int32_t head, num_pages, cap_pages;
-    uint64_t epoch, key;
-    mskv_retention retention;
-    unsigned char *host;      /* offloaded copy: host_pages records */
+    uint8_t used, location, keyed, sealed, has_res, mark, paused;
+    uint8_t xfer;             /* a streamed blob: MSKV__XFER_EXPORT (frozen) or MSKV__XFER_IMPORT (not yet a request) */
+    int64_t committed, reserved, published;   /* tokens: the same in every group */
+    int64_t pos_shift, pos_pending;           /* added to derived RoPE positions; the part waiting for commit */
+    mskv__tab *t;             /* [num_groups], fixed per slot */
+    uint64_t key;
+    uint64_t last_admit;      /* the arena's admit count at its last admit; 0 = never */
+    unsigned char *host;      /* offloaded copy: every group's records, group after group */
     size_t host_cap;          /* bytes allocated at host (it may be a larger reused block) */
-    int32_t host_pages;
+    uint64_t *sums;           /* MSKV_DEBUG_CHECKSUMS: a checksum per record of host, all groups */
+    int32_t lock;             /* lockstep slot + 1; 0 = none */
+    int32_t lock_next;        /* the next member's index; -1 after the last */
 } mskv__req;
+#define MSKV__XFER_EXPORT 1
+#define MSKV__XFER_IMPORT 2
+
+typedef struct mskv__lockstep { uint16_t gen; uint8_t used; int32_t first, count; } mskv__lockstep;
+typedef struct mskv__rank { uint64_t key; int32_t ri; } mskv__rank;
 
 struct mskv_arena {
     mskv_arena_desc desc;
     mskv_allocator al;
-    int32_t P, num_pages, max_req;
+    int32_t P, num_pages, max_req, G;
     uint8_t *state;
     int32_t *refcount;
     int32_t *free_stack;
@@ -841,30 +1618,34 @@ struct mskv_arena {
     int32_t *pend_page;        /* FIFO ring of pending pages; fences are nondecreasing */
     uint64_t *pend_fence;
     int32_t pend_head, pend_count;
-    int32_t *scratch;          /* audit / stats workspace, num_pages entries */
+    int32_t *scratch;          /* audit / stats / make_room workspace, num_pages entries */
     mskv__req *reqs;
+    mskv__tab *tabs;           /* [max_req][G] */
     int32_t *req_free;
     int32_t req_free_top, nreq;
+    mskv__lockstep *ls;        /* lockstep groups: at most max_req / 2 (two members each) */
+    int32_t *ls_free;
+    int32_t max_ls, ls_free_top, nls;
+    mskv__rank *rank;          /* make_room: candidates, max_req entries */
+    int32_t *pick;             /* make_room / lockstep calls: request indices, max_req entries */
     uint64_t step, completed, epoch_counter;
+    uint64_t admits;           /* successful admit calls: the order make_room parks in */
+    uint64_t generation;       /* moves whenever pages leave any table of any request (plans record it) */
     int64_t offloaded_pages;
     mskv_store_info store;
     size_t record_bytes;       /* one page, all layers, K and V: num_layers * 2 * page_bytes */
     unsigned char **pools;     /* [layer*2 + kind] */
     unsigned char *spare;      /* one freed host copy kept for the next offload */
     size_t spare_cap;
-#ifndef MSKV_NO_THREADS
-    pthread_mutex_t lock;
+    uint32_t debug;            /* MSKV_DEBUG_* in force */
+    uint8_t *poisoned;         /* POISON: [num_pages], 1 while a free page holds the poison */
+    unsigned char *dbg_rec;    /* POISON: a record of poison, then a record of scratch for the audit */
+    mskv__mutex lock;
     int lock_ok;
-#endif
 };
 
-#ifndef MSKV_NO_THREADS
-#define MSKV__LOCK(a) pthread_mutex_lock(&(a)->lock)
-#define MSKV__UNLOCK(a) pthread_mutex_unlock(&(a)->lock)
-#else
-#define MSKV__LOCK(a) ((void)0)
-#define MSKV__UNLOCK(a) ((void)0)
-#endif
+#define MSKV__LOCK(a) mskv__mutex_lock(&(a)->lock)
+#define MSKV__UNLOCK(a) mskv__mutex_unlock(&(a)->lock)
 
 static mskv_result mskv__err(mskv_arena *a, mskv_result code, const char *fmt, ...) {
     if (a && a->desc.log) {
@@ -907,7 +1688,7 @@ static void mskv__host_put(mskv_arena *a, unsigned char *p, size_t cap) {
     a->spare_cap = cap;
 }
 
-static void mskv__emit(mskv_arena *a, mskv_event_type type, int32_t ri, int32_t page, int64_t first) {
+static void mskv__emit(mskv_arena *a, mskv_event_type type, int32_t ri, int32_t g, int32_t page, int64_t first) {
     mskv_event e;
     if (!a->desc.on_event) return;
     e.type = type;
@@ -915,32 +1696,91 @@ static void mskv__emit(mskv_arena *a, mskv_event_type type, int32_t ri, int32_t 
     e.page = page;
     e.first_token = first;
     e.step = a->step;
+    e.group = g;
     a->desc.on_event(a->desc.event_user, &e);
+}
+
+/* Every page free, handed out in id order (page 1 first), as in a new arena;
+   request slots likewise (their generations are kept). */
+static void mskv__fresh_lists(mskv_arena *a) {
+    int32_t i;
+    for (i = 1; i < a->num_pages; i++) {
+        a->state[i] = MSKV__PAGE_FREE;
+        a->free_stack[a->num_pages - 1 - i] = i;
+    }
+    a->free_top = a->num_pages - 1;
+    for (i = 0; i < a->max_req; i++) a->req_free[i] = a->max_req - 1 - i;
+    a->req_free_top = a->max_req;
+    for (i = 0; i < a->max_ls; i++) a->ls_free[i] = a->max_ls - 1 - i;
+    a->ls_free_top = a->max_ls;
+}
+
+/* Every field is checked on its own, whatever the others say (a dtype is a
+   dtype even when there is no host store to use it). */
+static mskv_result mskv__arena_desc_check(const mskv_arena_desc *d) {
+    if (d->num_pages < 2 || d->page_size < 1 || d->max_requests < 0 || d->max_requests > 65535 || d->num_layers < 0 ||
+        d->kv_heads < 0 || d->head_dim < 0 || mskv_dtype_size(d->dtype) == 0 || (unsigned)d->retire_mode > 1u ||
+        (d->num_layers > 0 && (d->kv_heads < 1 || d->head_dim < 1)) || d->num_groups < 0 || d->num_groups > MSKV_MAX_GROUPS ||
+        (d->store_ops && (!d->store_ops->read_pages || !d->store_ops->write_pages || !d->store_ops->copy_page)) ||
+        (d->debug & ~MSKV_DEBUG_ALL) != 0 ||
+        (d->allocator.alloc || d->allocator.realloc || d->allocator.free) !=
+            (d->allocator.alloc && d->allocator.realloc && d->allocator.free) ||
+        (d->host_allocator.alloc || d->host_allocator.realloc || d->host_allocator.free) !=
+            (d->host_allocator.alloc && d->host_allocator.realloc && d->host_allocator.free))
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    if ((int64_t)d->num_pages * d->page_size > ((int64_t)1 << 62)) return MSKV_ERROR_OVERFLOW;
+    if (d->num_layers > INT32_MAX / 2) return MSKV_ERROR_OVERFLOW;  /* pools are indexed layer * 2 + kind in int32 */
+    return MSKV_SUCCESS;
+}
+
+/* MSKV_DEBUG_POISON: pages that just became free get the poison in every
+   byte, and are marked so that mskv_arena_audit_bytes expects it there. A
+   store that fails to poison leaves its pages unmarked (and says so). */
+static void mskv__poison(mskv_arena *a, const int32_t *pages, int32_t n) {
+    const mskv_store_ops *ops = a->desc.store_ops;
+    int32_t i, l;
+    mskv_result r = MSKV_SUCCESS;
+    if (!(a->debug & MSKV_DEBUG_POISON) || n <= 0 || a->record_bytes == 0) return;
+    if (!ops) {
+        for (i = 0; i < n; i++) {
+            for (l = 0; l < a->store.num_layers * 2; l++)
+                memset(a->pools[l] + (size_t)pages[i] * a->store.page_bytes, (int)MSKV_POISON_BYTE, a->store.page_bytes);
+            a->poisoned[pages[i]] = 1;
+        }
+        return;
+    }
+    if (ops->fill_pages) {
+        r = ops->fill_pages(ops->user, pages, n, (unsigned char)MSKV_POISON_BYTE);
+        for (i = 0; i < n; i++) a->poisoned[pages[i]] = r == MSKV_SUCCESS;
+    } else {
+        for (i = 0; i < n; i++) {
+            mskv_result ri = ops->write_pages(ops->user, pages + i, 1, a->dbg_rec);
+            a->poisoned[pages[i]] = ri == MSKV_SUCCESS;
+            if (ri != MSKV_SUCCESS) r = ri;
+        }
+    }
+    if (r != MSKV_SUCCESS && a->desc.log) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "debug: poisoning freed pages failed (%s); the byte audit skips them", mskv_result_string(r));
+        a->desc.log(a->desc.log_user, MSKV_LOG_WARN, msg);
+    }
 }
 
 MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out) {
     mskv_arena *a;
     size_t n, sz, page_bytes = 0, pool_bytes = 0, rec = 0;
     int32_t i, nl;
+    mskv_result r;
     if (!desc || !out) return MSKV_ERROR_NULL_POINTER;
     *out = NULL;
-    if (desc->num_pages < 2 || desc->page_size < 1 || desc->max_requests < 0 || desc->max_requests > 65535 ||
-        desc->num_layers < 0 || (unsigned)desc->retire_mode > 1u ||
-        (desc->allocator.alloc || desc->allocator.realloc || desc->allocator.free) !=
-            (desc->allocator.alloc && desc->allocator.realloc && desc->allocator.free) ||
-        (desc->host_allocator.alloc || desc->host_allocator.realloc || desc->host_allocator.free) !=
-            (desc->host_allocator.alloc && desc->host_allocator.realloc && desc->host_allocator.free))
-        return MSKV_ERROR_INVALID_ARGUMENT;
-    if ((int64_t)desc->num_pages * desc->page_size > ((int64_t)1 << 62)) return MSKV_ERROR_OVERFLOW;
+    if ((r = mskv__arena_desc_check(desc)) != MSKV_SUCCESS) return r;
     nl = desc->num_layers;
     if (nl > 0) {
-        if (desc->kv_heads < 1 || desc->head_dim < 1 || mskv_dtype_size(desc->dtype) == 0)
-            return MSKV_ERROR_INVALID_ARGUMENT;
         if (!mskv__mul((size_t)desc->kv_heads, (size_t)desc->head_dim, &sz) ||
             !mskv__mul(sz, mskv_dtype_size(desc->dtype), &sz) ||
             !mskv__mul(sz, (size_t)desc->page_size, &page_bytes) ||
             !mskv__mul(page_bytes, (size_t)desc->num_pages, &pool_bytes) ||
-            !mskv__mul(page_bytes, (size_t)nl * 2, &rec))
+            !mskv__mul(page_bytes, (size_t)nl * 2, &rec) || !mskv__mul(rec, 2, &sz) /* the debug records */)
             return MSKV_ERROR_OVERFLOW;
     }
     a = (mskv_arena *)mskv__alloc(&desc->allocator, sizeof *a);
@@ -951,13 +1791,13 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     a->P = desc->page_size;
     a->num_pages = desc->num_pages;
     a->max_req = desc->max_requests ? desc->max_requests : 256;
-#ifndef MSKV_NO_THREADS
-    if (pthread_mutex_init(&a->lock, NULL) != 0) {
+    a->G = desc->num_groups ? desc->num_groups : 1;
+    a->max_ls = a->max_req / 2 > 0 ? a->max_req / 2 : 1;
+    if (!mskv__mutex_init(&a->lock)) {
         mskv__free(&a->al, a);
         return MSKV_ERROR_THREAD;
     }
     a->lock_ok = 1;
-#endif
     n = (size_t)a->num_pages;
     a->state = (uint8_t *)mskv__alloc(&a->al, n);
     a->refcount = (int32_t *)mskv__alloc(&a->al, n * sizeof(int32_t));
@@ -966,7 +1806,12 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     a->pend_fence = (uint64_t *)mskv__alloc(&a->al, n * sizeof(uint64_t));
     a->scratch = (int32_t *)mskv__alloc(&a->al, n * sizeof(int32_t));
     a->reqs = (mskv__req *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(mskv__req));
+    a->tabs = (mskv__tab *)mskv__alloc(&a->al, (size_t)a->max_req * (size_t)a->G * sizeof(mskv__tab));
     a->req_free = (int32_t *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(int32_t));
+    a->ls = (mskv__lockstep *)mskv__alloc(&a->al, (size_t)a->max_ls * sizeof(mskv__lockstep));
+    a->ls_free = (int32_t *)mskv__alloc(&a->al, (size_t)a->max_ls * sizeof(int32_t));
+    a->rank = (mskv__rank *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(mskv__rank));
+    a->pick = (int32_t *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(int32_t));
     if (nl > 0 && !desc->store_ops) {
         a->pools = (unsigned char **)mskv__alloc(&a->al, (size_t)nl * 2 * sizeof(unsigned char *));
         if (a->pools) {
@@ -978,25 +1823,40 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
             }
         }
     }
+    /* zeroed before the check below: on a failure mskv_arena_destroy frees every request's tables and host copy */
+    if (a->reqs) memset(a->reqs, 0, (size_t)a->max_req * sizeof(mskv__req));
+    if (a->tabs) memset(a->tabs, 0, (size_t)a->max_req * (size_t)a->G * sizeof(mskv__tab));
+    a->debug = desc->debug;
+#ifdef MSKV_DEBUG
+    a->debug = MSKV_DEBUG_ALL;
+#endif
+    if (a->debug & MSKV_DEBUG_POISON) {
+        a->poisoned = (uint8_t *)mskv__alloc(&a->al, n);
+        a->dbg_rec = (unsigned char *)mskv__alloc(&a->al, rec * 2);   /* checked above */
+        if (a->poisoned) memset(a->poisoned, 0, n);
+        if (a->dbg_rec) memset(a->dbg_rec, (int)MSKV_POISON_BYTE, rec);
+    }
     if (!a->state || !a->refcount || !a->free_stack || !a->pend_page || !a->pend_fence || !a->scratch ||
-        !a->reqs || !a->req_free || (nl > 0 && !desc->store_ops && (!a->pools || !a->pools[nl * 2 - 1]))) {
+        !a->reqs || !a->tabs || !a->req_free || !a->ls || !a->ls_free || !a->rank || !a->pick ||
+        (nl > 0 && !desc->store_ops && (!a->pools || !a->pools[nl * 2 - 1])) ||
+        ((a->debug & MSKV_DEBUG_POISON) && (!a->poisoned || !a->dbg_rec))) {
         a->store.num_layers = (a->pools ? nl : 0);
         mskv_arena_destroy(a);
         return MSKV_ERROR_OUT_OF_MEMORY;
     }
-    memset(a->reqs, 0, (size_t)a->max_req * sizeof(mskv__req));
-    for (i = 0; i < a->max_req; i++) { a->req_free[i] = a->max_req - 1 - i; a->reqs[i].gen = 1; }
-    a->req_free_top = a->max_req;
+    for (i = 0; i < a->max_req; i++) {
+        a->reqs[i].gen = 1;
+        a->reqs[i].t = a->tabs + (size_t)i * (size_t)a->G;
+        a->reqs[i].lock_next = -1;
+    }
+    memset(a->ls, 0, (size_t)a->max_ls * sizeof(mskv__lockstep));
+    for (i = 0; i < a->max_ls; i++) a->ls[i].gen = 1;
     memset(a->refcount, 0, n * sizeof(int32_t));
     a->state[0] = MSKV__PAGE_NULL;
-    /* the stack pops page 1 first, then 2, ...: a fresh arena allocates in id order */
-    for (i = 1; i < a->num_pages; i++) {
-        a->state[i] = MSKV__PAGE_FREE;
-        a->free_stack[a->num_pages - 1 - i] = i;
-    }
-    a->free_top = a->num_pages - 1;
+    mskv__fresh_lists(a);   /* the stack pops page 1 first, then 2, ...: a fresh arena allocates in id order */
     a->step = 1;
     a->completed = 0;
+    a->generation = 1;   /* 0 in a plan means "not built by an arena" */
     a->store.num_layers = nl;
     a->store.kv_heads = nl ? desc->kv_heads : 0;
     a->store.head_dim = nl ? desc->head_dim : 0;
@@ -1008,6 +1868,7 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     a->store.page_bytes = page_bytes;
     a->store.pool_bytes = pool_bytes;
     a->record_bytes = rec;
+    if (a->debug & MSKV_DEBUG_POISON) mskv__poison(a, a->free_stack, a->free_top);
     *out = a;
     return MSKV_SUCCESS;
 }
@@ -1019,18 +1880,21 @@ MSKV_IMPL void mskv_arena_destroy(mskv_arena *a) {
     al = a->al;
     if (a->reqs) {
         for (i = 0; i < a->max_req; i++) {
-            mskv__free(&al, a->reqs[i].tab);
             mskv__free(mskv__hal(a), a->reqs[i].host);
+            mskv__free(&al, a->reqs[i].sums);
         }
     }
+    if (a->tabs) {
+        for (i = 0; i < a->max_req * a->G; i++) mskv__free(&al, a->tabs[i].mem);
+    }
+    mskv__free(&al, a->poisoned);
+    mskv__free(&al, a->dbg_rec);
     mskv__free(mskv__hal(a), a->spare);
     if (a->pools) {
         for (i = 0; i < a->store.num_layers * 2; i++) mskv__free(&al, a->pools[i]);
         mskv__free(&al, a->pools);
     }
-#ifndef MSKV_NO_THREADS
-    if (a->lock_ok) pthread_mutex_destroy(&a->lock);
-#endif
+    if (a->lock_ok) mskv__mutex_destroy(&a->lock);
     mskv__free(&al, a->state);
     mskv__free(&al, a->refcount);
     mskv__free(&al, a->free_stack);
@@ -1038,7 +1902,12 @@ MSKV_IMPL void mskv_arena_destroy(mskv_arena *a) {
     mskv__free(&al, a->pend_fence);
     mskv__free(&al, a->scratch);
     mskv__free(&al, a->reqs);
+    mskv__free(&al, a->tabs);
     mskv__free(&al, a->req_free);
+    mskv__free(&al, a->ls);
+    mskv__free(&al, a->ls_free);
+    mskv__free(&al, a->rank);
+    mskv__free(&al, a->pick);
     mskv__free(&al, a);
 }
 
@@ -1049,6 +1918,7 @@ static void mskv__unref(mskv_arena *a, int32_t page) {
     if (a->desc.retire_mode == MSKV_RETIRE_IMMEDIATE) {
         a->state[page] = MSKV__PAGE_FREE;
         a->free_stack[a->free_top++] = page;
+        if (a->debug & MSKV_DEBUG_POISON) mskv__poison(a, &page, 1);
     } else {
         int32_t at = (a->pend_head + a->pend_count) % a->num_pages;
         a->state[page] = MSKV__PAGE_PENDING;
@@ -1068,6 +1938,7 @@ static mskv_result mskv__take(mskv_arena *a, int64_t n, int32_t *out) {
         int32_t p = a->free_stack[--a->free_top];
         a->state[p] = MSKV__PAGE_LIVE;
         a->refcount[p] = 1;
+        if (a->poisoned) a->poisoned[p] = 0;
         out[i] = p;
     }
     return MSKV_SUCCESS;
@@ -1080,6 +1951,8 @@ static void mskv__untake(mskv_arena *a, int64_t n, const int32_t *pages) {
         a->refcount[pages[i]] = 0;
         a->free_stack[a->free_top++] = pages[i];
     }
+    /* the failed step that took them may have written some bytes already */
+    if (a->debug & MSKV_DEBUG_POISON) mskv__poison(a, pages, (int32_t)n);
 }
 
 static mskv_result mskv__retire(mskv_arena *a, uint64_t completed) {
@@ -1087,6 +1960,7 @@ static mskv_result mskv__retire(mskv_arena *a, uint64_t completed) {
         int32_t p = a->pend_page[a->pend_head];
         a->state[p] = MSKV__PAGE_FREE;
         a->free_stack[a->free_top++] = p;
+        if (a->debug & MSKV_DEBUG_POISON) mskv__poison(a, &p, 1);   /* only now: a kernel may have read it until its fence */
         a->pend_head = (a->pend_head + 1) % a->num_pages;
         a->pend_count--;
     }
@@ -1128,11 +2002,11 @@ MSKV_IMPL mskv_result mskv_arena_stats_get(mskv_arena *a, mskv_arena_stats *out)
     if (!a || !out) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     memset(a->scratch, 0, (size_t)a->num_pages * sizeof(int32_t));
-    for (i = 0; i < a->max_req; i++) {
-        const mskv__req *q = &a->reqs[i];
-        if (!q->used) continue;
-        for (j = 0; j < q->prefix_pages && j < q->num_pages; j++)
-            if (!a->scratch[q->pages[j]]) { a->scratch[q->pages[j]] = 1; prot++; }
+    for (i = 0; i < a->max_req * a->G; i++) {
+        const mskv__tab *t = &a->tabs[i];
+        if (!a->reqs[i / a->G].used) continue;
+        for (j = 0; j < t->prefix_pages && j < t->num_pages; j++)
+            if (!a->scratch[t->pages[j]]) { a->scratch[t->pages[j]] = 1; prot++; }
     }
     for (i = 1; i < a->num_pages; i++) live += a->state[i] == MSKV__PAGE_LIVE;
     out->num_pages = a->num_pages;
@@ -1164,15 +2038,22 @@ MSKV_IMPL void *mskv_store_pool(mskv_arena *a, int32_t layer, int kind) {
 
 static int32_t mskv__ceil_div(int64_t x, int64_t d) { return (int32_t)((x + d - 1) / d); }
 
-/* Table entries needed to cover absolute tokens [0, total) given the request's prefix and gap. */
-static int32_t mskv__entries_for(const mskv_arena *a, const mskv__req *q, int64_t total) {
-    int64_t live = (int64_t)mskv__ceil_div(total, a->P) - q->live_start / a->P;
-    return q->prefix_pages + (int32_t)(live > 0 ? live : 0);
+/* Table entries needed to cover absolute tokens [0, total) given the group's prefix and gap. */
+static int32_t mskv__entries_for(const mskv_arena *a, const mskv__tab *t, int64_t total) {
+    int64_t live = (int64_t)mskv__ceil_div(total, a->P) - t->live_start / a->P;
+    return t->prefix_pages + (int32_t)(live > 0 ? live : 0);
 }
-static int64_t mskv__kv_len(const mskv_arena *a, const mskv__req *q) {
+static int64_t mskv__kv_len(const mskv_arena *a, const mskv__req *q, const mskv__tab *t) {
     int64_t end = q->committed + q->reserved;
-    int64_t split = (int64_t)q->prefix_pages * a->P;
-    return split + (end - q->live_start); /* without a gap live_start == split: len == end */
+    int64_t split = (int64_t)t->prefix_pages * a->P;
+    return split + (end - t->live_start); /* without a gap live_start == split: len == end */
+}
+/* Pages a resident request holds over every group (shared ones too). */
+static int64_t mskv__held_pages(const mskv_arena *a, const mskv__req *q) {
+    int64_t n = 0;
+    int32_t g;
+    for (g = 0; g < a->G; g++) n += q->location == MSKV_RESIDENT ? q->t[g].num_pages : q->t[g].host_pages;
+    return n;
 }
 
 /* Resolve a handle to an index; -1 when unknown or stale. */
@@ -1189,7 +2070,8 @@ static mskv_request mskv__handle(const mskv_arena *a, int32_t ri) {
     return h;
 }
 
-#define MSKV__GET(a, h, ri)                                                                       \
+/* Any live handle, a request being imported too (the streaming calls). */
+#define MSKV__GET_ANY(a, h, ri)                                                                   \
     do {                                                                                          \
         (ri) = mskv__lookup((a), (h));                                                            \
         if ((ri) < 0) {                                                                           \
@@ -1198,41 +2080,70 @@ static mskv_request mskv__handle(const mskv_arena *a, int32_t ri) {
             return mskv__e;                                                                       \
         }                                                                                         \
     } while (0)
+/* A request: one being imported is not one yet (BAD_STATE). */
+#define MSKV__GET(a, h, ri)                                                                       \
+    do {                                                                                          \
+        MSKV__GET_ANY(a, h, ri);                                                                  \
+        if ((a)->reqs[ri].xfer == MSKV__XFER_IMPORT) {                                                        \
+            mskv_result mskv__e2 = mskv__err((a), MSKV_ERROR_BAD_STATE, "request handle 0x%08x is being imported (import_commit or import_abort)", (unsigned)(h).id); \
+            MSKV__UNLOCK(a);                                                                      \
+            return mskv__e2;                                                                      \
+        }                                                                                         \
+    } while (0)
+
+/* The *_in_group calls' group check (before the lock). */
+#define MSKV__CHECK_GROUP(a, g)                                                                   \
+    do {                                                                                          \
+        if ((g) < 0 || (g) >= (a)->G)                                                             \
+            return mskv__err((a), MSKV_ERROR_INVALID_ARGUMENT, "layer group %d is not in [0, %d)", (int)(g), (int)(a)->G); \
+    } while (0)
 
 /* Room for `need` entries from the head. Moving the entries to the front or
    growing the memory changes no logical state, so a failure here is harmless. */
-static mskv_result mskv__reserve_table(mskv_arena *a, mskv__req *q, int32_t need) {
+static mskv_result mskv__reserve_table(mskv_arena *a, mskv__tab *t, int32_t need) {
     int32_t cap;
     int32_t *p;
-    if (q->head + need <= q->cap_pages) return MSKV_SUCCESS;
-    if (q->head > 0) {
-        if (q->num_pages) memmove(q->tab, q->pages, (size_t)q->num_pages * sizeof(int32_t));
-        q->head = 0;
-        q->pages = q->tab;
-        if (need <= q->cap_pages) return MSKV_SUCCESS;
+    size_t bytes;
+    if ((int64_t)t->head + need <= t->cap_pages) return MSKV_SUCCESS;  /* need may be near INT32_MAX */
+    if (t->head > 0) {
+        if (t->num_pages) memmove(t->mem, t->pages, (size_t)t->num_pages * sizeof(int32_t));
+        t->head = 0;
+        t->pages = t->mem;
+        if (need <= t->cap_pages) return MSKV_SUCCESS;
     }
-    cap = q->cap_pages ? q->cap_pages : 8;
+    cap = t->cap_pages ? t->cap_pages : 8;
     while (cap < need) cap = cap > (1 << 29) ? need : cap * 2;
-    p = (int32_t *)mskv__realloc(&a->al, q->tab, (size_t)cap * sizeof(int32_t));
+    if (!mskv__mul((size_t)cap, sizeof(int32_t), &bytes)) return mskv__err(a, MSKV_ERROR_OVERFLOW, "page table of %d entries", (int)cap);
+    p = (int32_t *)mskv__realloc(&a->al, t->mem, bytes);
     if (!p) return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "page table of %d entries", (int)cap);
-    q->tab = q->pages = p;
-    q->cap_pages = cap;
+    t->mem = t->pages = p;
+    t->cap_pages = cap;
     return MSKV_SUCCESS;
 }
 
 static int32_t mskv__new_req(mskv_arena *a) {
-    int32_t ri;
+    int32_t ri, g;
     mskv__req *q;
+    mskv__tab *t;
     uint16_t gen;
-    int32_t *pages, cap;
     if (a->req_free_top == 0) return -1;
     ri = a->req_free[--a->req_free_top];
     q = &a->reqs[ri];
-    gen = q->gen; pages = q->tab; cap = q->cap_pages;
+    gen = q->gen;
+    t = q->t;
     memset(q, 0, sizeof *q);
-    q->gen = gen; q->tab = q->pages = pages; q->cap_pages = cap; /* keep the table's memory: no allocation in steady state */
+    q->gen = gen;
+    q->t = t;
+    q->lock_next = -1;
     q->used = 1;
-    q->epoch = ++a->epoch_counter;
+    ++a->epoch_counter;
+    for (g = 0; g < a->G; g++) {
+        int32_t *mem = t[g].mem, cap = t[g].cap_pages;
+        memset(&t[g], 0, sizeof t[g]);
+        t[g].mem = t[g].pages = mem;   /* keep the table's memory: no allocation in steady state */
+        t[g].cap_pages = cap;
+        t[g].epoch = a->epoch_counter;
+    }
     a->nreq++;
     return ri;
 }
@@ -1245,16 +2156,30 @@ static void mskv__undo_new_req(mskv_arena *a, int32_t ri) {
     a->epoch_counter--;
 }
 
-static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t from, int32_t count);
+static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t g, int32_t from, int32_t count);
 
+/* Drop every group's pages, the last group first: one request's admit, then
+   drop, then admit gives the same page ids. */
+static void mskv__drop_all(mskv_arena *a, int32_t ri) {
+    int32_t g;
+    for (g = a->G - 1; g >= 0; g--) mskv__drop_pages(a, ri, g, 0, a->reqs[ri].t[g].num_pages);
+}
+
+/* Callers unlink a lockstep member first. */
 static void mskv__del_req(mskv_arena *a, int32_t ri) {
     mskv__req *q = &a->reqs[ri];
-    mskv__drop_pages(a, ri, 0, q->num_pages);
+    int32_t g;
+    MSKV_ASSERT(q->lock == 0);
+    mskv__drop_all(a, ri);
     mskv__host_put(a, q->host, q->host_cap);
-    a->offloaded_pages -= q->host_pages;
+    mskv__free(&a->al, q->sums);
+    q->sums = NULL;
+    for (g = 0; g < a->G; g++) {
+        a->offloaded_pages -= q->t[g].host_pages;
+        q->t[g].host_pages = 0;
+    }
     q->host = NULL;
     q->host_cap = 0;
-    q->host_pages = 0;
     q->used = 0;
     q->gen = (uint16_t)(q->gen + 1);
     a->req_free[a->req_free_top++] = ri;
@@ -1262,31 +2187,34 @@ static void mskv__del_req(mskv_arena *a, int32_t ri) {
 }
 
 /* Absolute position of the first slot of table entry i. */
-static int64_t mskv__entry_pos(const mskv_arena *a, const mskv__req *q, int32_t i) {
-    return i < q->prefix_pages ? (int64_t)i * a->P : q->live_start + (int64_t)(i - q->prefix_pages) * a->P;
+static int64_t mskv__entry_pos(const mskv_arena *a, const mskv__tab *t, int32_t i) {
+    return i < t->prefix_pages ? (int64_t)i * a->P : t->live_start + (int64_t)(i - t->prefix_pages) * a->P;
 }
 
-/* Remove table entries [from, from+count), unreferencing their pages, and close
-   the gap by moving the shorter side (releases move the few prefix pages, not
-   the long live window). Pages are freed last-first, so the free stack hands
-   them out again in table order: admit + abort + admit gives the same ids. */
-static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t from, int32_t count) {
-    mskv__req *q = &a->reqs[ri];
+/* Remove group g's table entries [from, from+count), unreferencing their
+   pages, and close the gap by moving the shorter side (releases move the few
+   prefix pages, not the long live window). Pages are freed last-first, so the
+   free stack hands them out again in table order: admit + abort + admit gives
+   the same ids. */
+static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t g, int32_t from, int32_t count) {
+    mskv__tab *t = &a->reqs[ri].t[g];
     int32_t i, after;
     if (count <= 0) return;
+    /* the one place pages leave a table: plans built before now that read them are stale */
+    t->shrunk = ++a->generation;
     for (i = from; a->desc.on_event && i < from + count; i++)
-        mskv__emit(a, MSKV_EVENT_PAGE_REMOVED, ri, q->pages[i], mskv__entry_pos(a, q, i));
-    for (i = from + count - 1; i >= from; i--) mskv__unref(a, q->pages[i]);
-    after = q->num_pages - from - count;
+        mskv__emit(a, MSKV_EVENT_PAGE_REMOVED, ri, g, t->pages[i], mskv__entry_pos(a, t, i));
+    for (i = from + count - 1; i >= from; i--) mskv__unref(a, t->pages[i]);
+    after = t->num_pages - from - count;
     if (from <= after) {
-        if (from) memmove(q->pages + count, q->pages, (size_t)from * sizeof(int32_t));
-        q->head += count;
-        q->pages += count;
+        if (from) memmove(t->pages + count, t->pages, (size_t)from * sizeof(int32_t));
+        t->head += count;
+        t->pages += count;
     } else if (after) {
-        memmove(q->pages + from, q->pages + from + count, (size_t)after * sizeof(int32_t));
+        memmove(t->pages + from, t->pages + from + count, (size_t)after * sizeof(int32_t));
     }
-    q->num_pages -= count;
-    if (q->num_pages == 0) { q->head = 0; q->pages = q->tab; }
+    t->num_pages -= count;
+    if (t->num_pages == 0) { t->head = 0; t->pages = t->mem; }
 }
 
 MSKV_IMPL mskv_result mskv_request_add(mskv_arena *a, mskv_request *out) {
@@ -1303,14 +2231,23 @@ MSKV_IMPL mskv_result mskv_request_add(mskv_arena *a, mskv_request *out) {
     return MSKV_SUCCESS;
 }
 
+/* The single-request calls that free or move pages refuse lockstep members. */
+static mskv_result mskv__check_solo(mskv_arena *a, const mskv__req *q, const char *what) {
+    if (q->xfer) return mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: the request is being exported (mskv_request_export_end first)", what);
+    if (q->lock) return mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: the request is a lockstep member (use mskv_lockstep_%s)", what, what);
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_request_remove(mskv_arena *a, mskv_request h) {
     int32_t ri;
+    mskv_result r;
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
-    mskv__del_req(a, ri);
+    r = mskv__check_solo(a, &a->reqs[ri], "remove");
+    if (r == MSKV_SUCCESS) mskv__del_req(a, ri);
     MSKV__UNLOCK(a);
-    return MSKV_SUCCESS;
+    return r;
 }
 
 static void mskv__copy_page_bytes(mskv_arena *a, int32_t src, int32_t dst, mskv_result *r) {
@@ -1325,8 +2262,25 @@ static void mskv__copy_page_bytes(mskv_arena *a, int32_t src, int32_t dst, mskv_
     *r = MSKV_SUCCESS;
 }
 
+/* Fresh pages for the partial last page of each of the parent's groups,
+   with the bytes copied: all or none (on failure nothing is taken). */
+static mskv_result mskv__fork_copies(mskv_arena *a, const mskv__req *p, int32_t *fresh, int32_t *n) {
+    int32_t g, k = 0, i = 0;
+    mskv_result r;
+    int partial = p->committed % a->P != 0;
+    for (g = 0; g < a->G; g++) k += partial && p->t[g].num_pages > 0;
+    *n = k;
+    r = mskv__take(a, k, fresh);
+    if (r != MSKV_SUCCESS) return r;
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++)
+        if (partial && p->t[g].num_pages > 0)
+            mskv__copy_page_bytes(a, p->t[g].pages[p->t[g].num_pages - 1], fresh[i++], &r);
+    if (r != MSKV_SUCCESS) mskv__untake(a, k, fresh);
+    return r;
+}
+
 MSKV_IMPL mskv_result mskv_request_fork(mskv_arena *a, mskv_request parent, mskv_request *child) {
-    int32_t pi, ci, i, partial, fresh = 0;
+    int32_t pi, ci, i, g, k = 0, fresh[MSKV_MAX_GROUPS];
     mskv__req *p, *c;
     mskv_result r;
     if (!a || !child) return MSKV_ERROR_NULL_POINTER;
@@ -1337,115 +2291,136 @@ MSKV_IMPL mskv_result mskv_request_fork(mskv_arena *a, mskv_request parent, mskv
       : p->has_res ? MSKV_ERROR_RESERVATION_PENDING
       : p->keyed ? MSKV_ERROR_READ_ONLY : MSKV_SUCCESS;
     if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return mskv__err(a, r, "fork: %s", mskv_result_string(r)); }
-    partial = (p->num_pages > 0 && p->committed % a->P != 0);
     ci = mskv__new_req(a);
     if (ci < 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "fork: no request slot"); }
     p = &a->reqs[pi];
     c = &a->reqs[ci];
-    r = mskv__reserve_table(a, c, p->num_pages);
-    if (r == MSKV_SUCCESS && partial) r = mskv__take(a, 1, &fresh);
-    if (r == MSKV_SUCCESS && partial) {
-        mskv__copy_page_bytes(a, p->pages[p->num_pages - 1], fresh, &r);
-        if (r != MSKV_SUCCESS) mskv__untake(a, 1, &fresh);
-    }
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++) r = mskv__reserve_table(a, &c->t[g], p->t[g].num_pages);
+    if (r == MSKV_SUCCESS) r = mskv__fork_copies(a, p, fresh, &k);
     if (r != MSKV_SUCCESS) {
         mskv__undo_new_req(a, ci);
         MSKV__UNLOCK(a);
         return r;
     }
-    for (i = 0; i < p->num_pages; i++) {
-        c->pages[i] = p->pages[i];
-        if (!(partial && i == p->num_pages - 1)) a->refcount[p->pages[i]]++;
+    for (g = 0, k = 0; g < a->G; g++) {
+        const mskv__tab *pt = &p->t[g];
+        mskv__tab *ct = &c->t[g];
+        int partial = pt->num_pages > 0 && p->committed % a->P != 0;
+        for (i = 0; i < pt->num_pages; i++) {
+            ct->pages[i] = pt->pages[i];
+            if (!(partial && i == pt->num_pages - 1)) a->refcount[pt->pages[i]]++;
+        }
+        if (partial) ct->pages[pt->num_pages - 1] = fresh[k++];
+        ct->num_pages = pt->num_pages;
+        ct->prefix_tokens = pt->prefix_tokens;
+        ct->prefix_pages = pt->prefix_pages;
+        ct->live_start = pt->live_start;
+        ct->release_point = pt->release_point;
     }
-    if (partial) c->pages[p->num_pages - 1] = fresh;
-    c->num_pages = p->num_pages;
     c->committed = p->committed;
-    c->prefix_tokens = p->prefix_tokens;
-    c->prefix_pages = p->prefix_pages;
-    c->live_start = p->live_start;
+    c->pos_shift = p->pos_shift;
     c->published = p->published;
     *child = mskv__handle(a, ci);
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
 }
 
-static void mskv__fill_info(const mskv_arena *a, const mskv__req *q, mskv_request_info *o) {
+static void mskv__fill_info(const mskv_arena *a, const mskv__req *q, int32_t g, mskv_request_info *o) {
+    const mskv__tab *t = &q->t[g];
     o->committed = q->committed;
     o->reserved = q->reserved;
     o->has_reservation = q->has_res;
-    o->prefix_tokens = q->prefix_tokens;
-    o->prefix_pages = q->prefix_pages;
-    o->live_start = q->live_start;
-    o->num_pages = q->location == MSKV_RESIDENT ? q->num_pages : q->host_pages;
-    o->kv_len = mskv__kv_len(a, q);
-    o->prefix_epoch = q->epoch;
+    o->prefix_tokens = t->prefix_tokens;
+    o->prefix_pages = t->prefix_pages;
+    o->live_start = t->live_start;
+    o->num_pages = q->location == MSKV_RESIDENT ? t->num_pages : t->host_pages;
+    o->kv_len = mskv__kv_len(a, q, t);
+    o->prefix_epoch = t->epoch;
     o->location = (mskv_location)q->location;
     o->keyed = q->keyed;
     o->sealed = q->sealed;
     o->paused = q->paused;
+    o->lockstep = q->lock != 0;
+    o->last_admitted = q->last_admit;
+    o->release_point = t->release_point;
+    o->pos_shift = q->pos_shift;
+    o->pos_shift_pending = q->pos_pending;
 }
 
-MSKV_IMPL mskv_result mskv_request_info_get(mskv_arena *a, mskv_request h, mskv_request_info *out) {
+MSKV_IMPL mskv_result mskv_request_info_in_group(mskv_arena *a, mskv_request h, int32_t g, mskv_request_info *out) {
     int32_t ri;
     if (!a || !out) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
-    mskv__fill_info(a, &a->reqs[ri], out);
+    mskv__fill_info(a, &a->reqs[ri], g, out);
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
 }
+MSKV_IMPL mskv_result mskv_request_info_get(mskv_arena *a, mskv_request h, mskv_request_info *out) {
+    return mskv_request_info_in_group(a, h, 0, out);
+}
 
-MSKV_IMPL mskv_result mskv_request_pages(mskv_arena *a, mskv_request h, int32_t *pages, int32_t cap, int32_t *count) {
+MSKV_IMPL mskv_result mskv_request_pages_in_group(mskv_arena *a, mskv_request h, int32_t g, int32_t *pages, int32_t cap, int32_t *count) {
     int32_t ri;
-    const mskv__req *q;
+    const mskv__tab *t;
     if (!a || !count) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
-    q = &a->reqs[ri];
-    if (q->location != MSKV_RESIDENT) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OFFLOADED, "pages: request is offloaded"); }
-    *count = q->num_pages;
+    t = &a->reqs[ri].t[g];
+    if (a->reqs[ri].location != MSKV_RESIDENT) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OFFLOADED, "pages: request is offloaded"); }
+    *count = t->num_pages;
     if (!pages && cap == 0) { MSKV__UNLOCK(a); return MSKV_SUCCESS; } /* a size query */
     if (!pages) { MSKV__UNLOCK(a); return MSKV_ERROR_NULL_POINTER; }
-    if (cap < q->num_pages) { MSKV__UNLOCK(a); return MSKV_ERROR_CAPACITY; }
-    if (q->num_pages) memcpy(pages, q->pages, (size_t)q->num_pages * sizeof(int32_t));
+    if (cap < t->num_pages) { MSKV__UNLOCK(a); return MSKV_ERROR_CAPACITY; }
+    if (t->num_pages) memcpy(pages, t->pages, (size_t)t->num_pages * sizeof(int32_t));
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
+}
+MSKV_IMPL mskv_result mskv_request_pages(mskv_arena *a, mskv_request h, int32_t *pages, int32_t cap, int32_t *count) {
+    return mskv_request_pages_in_group(a, h, 0, pages, cap, count);
 }
 
 /* Checks shared by the mutators: resident, and writable unless allow_keyed. */
 static mskv_result mskv__check_mutable(mskv_arena *a, const mskv__req *q, const char *what) {
+    if (q->xfer) return mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: the request is being exported (mskv_request_export_end first)", what);
     if (q->location != MSKV_RESIDENT) return mskv__err(a, MSKV_ERROR_OFFLOADED, "%s: request is offloaded", what);
     if (q->keyed) return mskv__err(a, MSKV_ERROR_READ_ONLY, "%s: keyed entries are write-once", what);
     return MSKV_SUCCESS;
 }
 
-static mskv_result mskv__protect(mskv_arena *a, int32_t ri, int64_t n) {
-    mskv__req *q = &a->reqs[ri];
+static mskv_result mskv__protect(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
+    mskv__tab *t = &a->reqs[ri].t[g];
     int32_t pp = mskv__ceil_div(n, a->P);
-    int gap = q->live_start > (int64_t)q->prefix_pages * a->P;
-    if (n == q->prefix_tokens) return MSKV_SUCCESS;
-    if (gap && pp > q->prefix_pages)
+    int gap = t->live_start > (int64_t)t->prefix_pages * a->P;
+    if (n == t->prefix_tokens) return MSKV_SUCCESS;
+    if (gap && pp > t->prefix_pages)
         return mskv__err(a, MSKV_ERROR_RELEASED, "protect %lld: tokens from %lld on were released", (long long)n,
-                         (long long)q->prefix_pages * a->P);
-    if (gap && pp < q->prefix_pages)
+                         (long long)t->prefix_pages * a->P);
+    if (gap && pp < t->prefix_pages)
         return mskv__err(a, MSKV_ERROR_BAD_STATE, "protect %lld: cannot unprotect pages in front of released ones",
                          (long long)n);
-    if (!gap) q->live_start = (int64_t)pp * a->P;
-    q->prefix_tokens = n;
-    q->prefix_pages = pp;
-    q->epoch = ++a->epoch_counter;
+    if (!gap) {
+        t->live_start = (int64_t)pp * a->P;
+        t->release_point = 0;   /* it freed no page, and the tokens it hid are now protected or live again */
+    }
+    t->prefix_tokens = n;
+    t->prefix_pages = pp;
+    t->epoch = ++a->epoch_counter;
     return MSKV_SUCCESS;
 }
 
 MSKV_IMPL mskv_result mskv_request_reserve(mskv_arena *a, mskv_request h, int64_t tokens) {
-    int32_t ri;
+    int32_t ri, g;
     mskv_result r = MSKV_SUCCESS;
     if (!a) return MSKV_ERROR_NULL_POINTER;
     if (tokens < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (tokens > (int64_t)INT32_MAX - a->P) return MSKV_ERROR_OVERFLOW;
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
-    r = mskv__reserve_table(a, &a->reqs[ri], mskv__ceil_div(tokens, a->P) + 1);
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++)
+        r = mskv__reserve_table(a, &a->reqs[ri].t[g], mskv__ceil_div(tokens, a->P) + 1);
     MSKV__UNLOCK(a);
     return r;
 }
@@ -1467,10 +2442,11 @@ static mskv_result mskv__set_paused(mskv_arena *a, mskv_request h, uint8_t pause
 MSKV_IMPL mskv_result mskv_request_pause(mskv_arena *a, mskv_request h) { return mskv__set_paused(a, h, 1); }
 MSKV_IMPL mskv_result mskv_request_resume(mskv_arena *a, mskv_request h) { return mskv__set_paused(a, h, 0); }
 
-MSKV_IMPL mskv_result mskv_request_protect_prefix(mskv_arena *a, mskv_request h, int64_t n) {
+MSKV_IMPL mskv_result mskv_request_protect_prefix_in_group(mskv_arena *a, mskv_request h, int32_t g, int64_t n) {
     int32_t ri;
     mskv_result r;
     if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     r = mskv__check_mutable(a, &a->reqs[ri], "protect");
@@ -1478,73 +2454,124 @@ MSKV_IMPL mskv_result mskv_request_protect_prefix(mskv_arena *a, mskv_request h,
     if (r == MSKV_SUCCESS && n > a->reqs[ri].committed)
         r = mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "protect %lld: only %lld tokens are committed", (long long)n,
                       (long long)a->reqs[ri].committed);
-    if (r == MSKV_SUCCESS) r = mskv__protect(a, ri, n);
+    if (r == MSKV_SUCCESS) r = mskv__protect(a, ri, g, n);
     MSKV__UNLOCK(a);
     return r;
 }
+MSKV_IMPL mskv_result mskv_request_protect_prefix(mskv_arena *a, mskv_request h, int64_t n) {
+    return mskv_request_protect_prefix_in_group(a, h, 0, n);
+}
 
-static int64_t mskv__release(mskv_arena *a, int32_t ri, int64_t n) {
-    mskv__req *q = &a->reqs[ri];
-    int64_t point = q->live_start + n;
-    int32_t count = (int32_t)(point / a->P - q->live_start / a->P);
+static int64_t mskv__release(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
+    mskv__tab *t = &a->reqs[ri].t[g];
+    int64_t point = t->live_start + n;
+    int32_t count = (int32_t)(point / a->P - t->live_start / a->P);
+    if (n > 0 && point > t->release_point) t->release_point = point;  /* exact, even where no page goes */
     if (count <= 0) return 0;
-    mskv__drop_pages(a, ri, q->prefix_pages, count);
-    q->live_start += (int64_t)count * a->P;
+    mskv__drop_pages(a, ri, g, t->prefix_pages, count);
+    t->live_start += (int64_t)count * a->P;
     return (int64_t)count * a->P;
 }
 
-MSKV_IMPL mskv_result mskv_request_release_oldest(mskv_arena *a, mskv_request h, int64_t n, int64_t *released) {
-    int32_t ri;
-    mskv_result r;
-    int64_t live, got = 0;
-    if (!a) return MSKV_ERROR_NULL_POINTER;
-    MSKV__LOCK(a);
-    MSKV__GET(a, h, ri);
-    r = mskv__check_mutable(a, &a->reqs[ri], "release");
-    live = a->reqs[ri].committed - a->reqs[ri].live_start;
+/* What release_oldest(n) of group g checks, without the lockstep rule. */
+static mskv_result mskv__check_release(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
+    const mskv__req *q = &a->reqs[ri];
+    int64_t live = q->committed - q->t[g].live_start;
+    mskv_result r = mskv__check_mutable(a, q, "release");
     if (live < 0) live = 0;
     if (r == MSKV_SUCCESS && n < 0) r = mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "release: negative count");
     if (r == MSKV_SUCCESS && n > live)
         r = mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "release %lld: only %lld committed live tokens", (long long)n,
                       (long long)live);
-    if (r == MSKV_SUCCESS) got = mskv__release(a, ri, n);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_request_release_oldest_in_group(mskv_arena *a, mskv_request h, int32_t g, int64_t n, int64_t *released) {
+    int32_t ri;
+    mskv_result r;
+    int64_t got = 0;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    r = mskv__check_release(a, ri, g, n);
+    if (r == MSKV_SUCCESS) r = mskv__check_solo(a, &a->reqs[ri], "release_oldest");
+    if (r == MSKV_SUCCESS) got = mskv__release(a, ri, g, n);
     if (r == MSKV_SUCCESS && released) *released = got;
     MSKV__UNLOCK(a);
     return r;
 }
+MSKV_IMPL mskv_result mskv_request_release_oldest(mskv_arena *a, mskv_request h, int64_t n, int64_t *released) {
+    return mskv_request_release_oldest_in_group(a, h, 0, n, released);
+}
 
-/* Compacted index of an absolute position, with the position's status. */
-static mskv_result mskv__compact_index(const mskv_arena *a, const mskv__req *q, int64_t pos, int64_t *j) {
-    int64_t split = (int64_t)q->prefix_pages * a->P;
+MSKV_IMPL mskv_result mskv_request_shift_positions(mskv_arena *a, mskv_request h, int64_t delta) {
+    int32_t ri;
+    mskv__req *q;
+    int64_t now;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    q = &a->reqs[ri];
+    now = q->pos_shift + q->pos_pending;  /* both within INT32_MAX: no overflow below */
+    if (q->keyed) r = mskv__err(a, MSKV_ERROR_READ_ONLY, "shift_positions: keyed entries have no positions of their own");
+    else if (q->xfer) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "shift_positions: the request is being exported (its header says the shift)");
+    else if (delta > (int64_t)INT32_MAX - now || delta < -(int64_t)INT32_MAX - now)
+        r = mskv__err(a, MSKV_ERROR_OVERFLOW, "shift_positions: pos_shift %lld + %lld passes INT32_MAX", (long long)now, (long long)delta);
+    else if (q->has_res) q->pos_pending += delta;   /* the open chunk keeps its positions */
+    else q->pos_shift += delta;
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+/* The release point agrees with the pages: 0 with nothing released, else
+   inside the first live page (whole pages went up to its floor), past the
+   prefix, within the committed tokens. */
+static int mskv__release_point_ok(const mskv_arena *a, const mskv__tab *t, int64_t committed) {
+    if (t->release_point == 0) return t->live_start == (int64_t)t->prefix_pages * a->P;
+    return t->release_point >= t->live_start && t->release_point < t->live_start + a->P &&
+           t->release_point > t->prefix_tokens && t->release_point <= committed;
+}
+
+/* Compacted index of an absolute position in group table t, with the position's status. */
+static mskv_result mskv__compact_index(const mskv_arena *a, const mskv__req *q, const mskv__tab *t, int64_t pos, int64_t *j) {
+    int64_t split = (int64_t)t->prefix_pages * a->P;
     if (pos < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (pos >= q->committed + q->reserved) return MSKV_ERROR_NOT_WRITTEN;
     if (pos < split) { *j = pos; return MSKV_SUCCESS; }
-    if (pos < q->live_start) return MSKV_ERROR_RELEASED;
-    *j = split + (pos - q->live_start);
+    if (pos < t->live_start) return MSKV_ERROR_RELEASED;
+    *j = split + (pos - t->live_start);
     return MSKV_SUCCESS;
 }
 
-MSKV_IMPL mskv_result mskv_request_slot(mskv_arena *a, mskv_request h, int64_t pos, int64_t *slot) {
+MSKV_IMPL mskv_result mskv_request_slot_in_group(mskv_arena *a, mskv_request h, int32_t g, int64_t pos, int64_t *slot) {
     int32_t ri;
     int64_t j = 0;
     mskv_result r;
     const mskv__req *q;
     if (!a || !slot) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
-    if (q->location != MSKV_RESIDENT) r = MSKV_ERROR_OFFLOADED;
-    else r = mskv__compact_index(a, q, pos, &j);
-    if (r == MSKV_SUCCESS) *slot = (int64_t)q->pages[j / a->P] * a->P + j % a->P;
+    if (pos < 0) r = MSKV_ERROR_INVALID_ARGUMENT;   /* a value outside its domain before the state (the header's order) */
+    else if (q->location != MSKV_RESIDENT) r = MSKV_ERROR_OFFLOADED;
+    else r = mskv__compact_index(a, q, &q->t[g], pos, &j);
+    if (r == MSKV_SUCCESS) *slot = (int64_t)q->t[g].pages[j / a->P] * a->P + j % a->P;
     else r = mskv__err(a, r, "slot of position %lld: %s", (long long)pos, mskv_result_string(r));
     MSKV__UNLOCK(a);
     return r;
+}
+MSKV_IMPL mskv_result mskv_request_slot(mskv_arena *a, mskv_request h, int64_t pos, int64_t *slot) {
+    return mskv_request_slot_in_group(a, h, 0, pos, slot);
 }
 
 /* // >>offload (implementation) ------------------------------------------ */
 
 static mskv_result mskv__read_pages(mskv_arena *a, const int32_t *pages, int32_t n, unsigned char *dst) {
     int32_t i, l;
+    if (n == 0) return MSKV_SUCCESS;
     if (a->desc.store_ops) return a->desc.store_ops->read_pages(a->desc.store_ops->user, pages, n, dst);
     if (!a->pools) return MSKV_SUCCESS;
     for (i = 0; i < n; i++)
@@ -1555,6 +2582,7 @@ static mskv_result mskv__read_pages(mskv_arena *a, const int32_t *pages, int32_t
 }
 static mskv_result mskv__write_pages(mskv_arena *a, const int32_t *pages, int32_t n, const unsigned char *src) {
     int32_t i, l;
+    if (n == 0) return MSKV_SUCCESS;
     if (a->desc.store_ops) return a->desc.store_ops->write_pages(a->desc.store_ops->user, pages, n, src);
     if (!a->pools) return MSKV_SUCCESS;
     for (i = 0; i < n; i++)
@@ -1564,82 +2592,187 @@ static mskv_result mskv__write_pages(mskv_arena *a, const int32_t *pages, int32_
     return MSKV_SUCCESS;
 }
 
+/* Every group's pages, group after group, into dst (the host copy's layout). */
+static mskv_result mskv__read_request(mskv_arena *a, const mskv__req *q, unsigned char *dst) {
+    int32_t g;
+    size_t at = 0;
+    mskv_result r = MSKV_SUCCESS;
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++) {
+        r = mskv__read_pages(a, q->t[g].pages, q->t[g].num_pages, dst + at);
+        at += (size_t)q->t[g].num_pages * a->record_bytes;
+    }
+    return r;
+}
+
+/* MSKV_DEBUG_CHECKSUMS: one checksum per record of a host copy (every
+   group's records), taken when the copy is made and compared before its
+   bytes are used again. */
+static uint64_t *mskv__sums_of(mskv_arena *a, const unsigned char *host, int64_t n) {
+    uint64_t *sums;
+    size_t bytes;
+    int64_t i;
+    if (!mskv__mul((size_t)n, sizeof(uint64_t), &bytes)) return NULL;
+    sums = (uint64_t *)mskv__alloc(&a->al, bytes);
+    for (i = 0; sums && i < n; i++) sums[i] = mskv__checksum(host + (size_t)i * a->record_bytes, a->record_bytes);
+    return sums;
+}
+/* The first record of offloaded q's host copy whose bytes changed; -1 when none (or no sums). */
+static int64_t mskv__sums_bad(const mskv_arena *a, const mskv__req *q) {
+    int64_t i, n = q->sums ? mskv__held_pages(a, q) : 0;
+    for (i = 0; i < n; i++)
+        if (mskv__checksum(q->host + (size_t)i * a->record_bytes, a->record_bytes) != q->sums[i]) return i;
+    return -1;
+}
+
+/* Parking (offload) of the requests idx[0..n) is all or nothing, in two
+   phases. Copy: each request's pages go into a host buffer, held in its host
+   field while it stays resident; on any failure every buffer goes back (the
+   arena's spare as it was) and nothing has changed. */
+static mskv_result mskv__park_copy(mskv_arena *a, const int32_t *idx, int32_t n, const char *what) {
+    unsigned char *spare = a->spare;
+    size_t spare_cap = a->spare_cap, bytes = 0;
+    mskv_result r = MSKV_SUCCESS;
+    int32_t i, j;
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
+        mskv__req *q = &a->reqs[idx[i]];
+        if (!mskv__mul((size_t)mskv__held_pages(a, q), a->record_bytes, &bytes)) {
+            r = MSKV_ERROR_OVERFLOW;
+            break;
+        }
+        if (bytes == 0) continue;
+        q->host = mskv__host_get(a, bytes, &q->host_cap);
+        if (!q->host) { r = mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "%s: %zu host bytes", what, bytes); break; }
+        r = mskv__read_request(a, q, q->host);
+        if (r != MSKV_SUCCESS) { i++; r = mskv__err(a, r, "%s: reading pages failed, the requests stay resident", what); break; }
+        if ((a->debug & MSKV_DEBUG_CHECKSUMS) && !(q->sums = mskv__sums_of(a, q->host, mskv__held_pages(a, q)))) {
+            i++;
+            r = mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "%s: the host copy's checksums", what);
+            break;
+        }
+    }
+    if (r == MSKV_SUCCESS) return r;
+    for (j = 0; j < i; j++) {
+        mskv__req *q = &a->reqs[idx[j]];
+        if (q->host && q->host != spare) mskv__free(mskv__hal(a), q->host);
+        mskv__free(&a->al, q->sums);
+        q->sums = NULL;
+        q->host = NULL;
+        q->host_cap = 0;
+    }
+    a->spare = spare;
+    a->spare_cap = spare_cap;
+    return r;
+}
+
+/* Parking, phase 2: every copy is complete, so the pages may go. */
+static void mskv__park_commit(mskv_arena *a, const int32_t *idx, int32_t n) {
+    int32_t i, g;
+    for (i = 0; i < n; i++) {
+        mskv__req *q = &a->reqs[idx[i]];
+        for (g = 0; g < a->G; g++) {
+            q->t[g].host_pages = q->t[g].num_pages;
+            a->offloaded_pages += q->t[g].num_pages;
+        }
+        mskv__drop_all(a, idx[i]);
+        q->location = MSKV_OFFLOADED;
+    }
+}
+
+/* Reload of the offloaded requests idx[0..n), all or nothing: pages for all
+   of them, bytes written back; on any failure the pages go back exactly
+   (the free stack as it was) and the host copies stay. */
+static mskv_result mskv__unpark(mskv_arena *a, const int32_t *idx, int32_t n, const char *what) {
+    int64_t need = 0;
+    int32_t i, g;
+    mskv_result r = MSKV_SUCCESS;
+    for (i = 0; i < n; i++) {
+        const mskv__req *q = &a->reqs[idx[i]];
+        int64_t bad = q->sums ? mskv__sums_bad(a, q) : -1;
+        if (bad >= 0)
+            return mskv__err(a, MSKV_ERROR_HOST_COPY_CORRUPT, "%s: page %lld of a host copy changed since it was made", what,
+                             (long long)bad);
+        need += mskv__held_pages(a, q);
+    }
+    /* out of pages is the common failure: find it before growing the tables */
+    if (need > a->free_top)
+        return mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "%s: need %lld pages, %d free (%d pending)", what, (long long)need,
+                         (int)a->free_top, (int)a->pend_count);
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++)
+        for (g = 0; r == MSKV_SUCCESS && g < a->G; g++)
+            r = mskv__reserve_table(a, &a->reqs[idx[i]].t[g], a->reqs[idx[i]].t[g].host_pages);
+    if (r != MSKV_SUCCESS) return r;
+    for (i = 0; i < n; i++)
+        for (g = 0; g < a->G; g++) {
+            mskv__tab *t = &a->reqs[idx[i]].t[g];
+            r = mskv__take(a, t->host_pages, t->pages);
+            MSKV_ASSERT(r == MSKV_SUCCESS); /* the total was checked above */
+        }
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
+        const mskv__req *q = &a->reqs[idx[i]];
+        size_t at = 0;
+        for (g = 0; r == MSKV_SUCCESS && g < a->G; g++) {
+            if (q->host) r = mskv__write_pages(a, q->t[g].pages, q->t[g].host_pages, q->host + at);
+            at += (size_t)q->t[g].host_pages * a->record_bytes;
+        }
+    }
+    if (r != MSKV_SUCCESS) {
+        for (i = n - 1; i >= 0; i--)
+            for (g = a->G - 1; g >= 0; g--) mskv__untake(a, a->reqs[idx[i]].t[g].host_pages, a->reqs[idx[i]].t[g].pages);
+        return mskv__err(a, r, "%s: writing pages failed, the requests stay offloaded", what);
+    }
+    for (i = 0; i < n; i++) {
+        mskv__req *q = &a->reqs[idx[i]];
+        ++a->epoch_counter;
+        for (g = 0; g < a->G; g++) {
+            q->t[g].num_pages = q->t[g].host_pages;
+            a->offloaded_pages -= q->t[g].host_pages;
+            q->t[g].host_pages = 0;
+            q->t[g].epoch = a->epoch_counter;
+        }
+        mskv__host_put(a, q->host, q->host_cap);
+        mskv__free(&a->al, q->sums);
+        q->sums = NULL;
+        q->host = NULL;
+        q->host_cap = 0;
+        q->location = MSKV_RESIDENT;
+    }
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_request_offload(mskv_arena *a, mskv_request h) {
-    int32_t ri, n;
+    int32_t ri;
     mskv__req *q;
     mskv_result r;
-    unsigned char *host = NULL;
-    size_t bytes, cap = 0;
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
-    r = mskv__check_mutable(a, q, "offload");
-    if (r == MSKV_SUCCESS && q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "offload: commit or abort first");
-    if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
-    n = q->num_pages;
-    if (!mskv__mul((size_t)n, a->record_bytes, &bytes)) { MSKV__UNLOCK(a); return MSKV_ERROR_OVERFLOW; }
-    if (bytes > 0) {
-        int reused = a->spare != NULL;
-        host = mskv__host_get(a, bytes, &cap);
-        if (!host) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "offload: %zu host bytes", bytes); }
-        reused = reused && a->spare == NULL;
-        r = mskv__read_pages(a, q->pages, n, host);
-        if (r != MSKV_SUCCESS) {
-            if (reused) { a->spare = host; a->spare_cap = cap; }   /* as it was */
-            else mskv__free(mskv__hal(a), host);
-            MSKV__UNLOCK(a);
-            return mskv__err(a, r, "offload: reading pages failed, request stays resident");
-        }
-    }
-    /* the copy is complete: only now may the pages go */
-    mskv__drop_pages(a, ri, 0, n);
-    q->host = host;
-    q->host_cap = cap;
-    q->host_pages = n;
-    q->location = MSKV_OFFLOADED;
-    a->offloaded_pages += n;
+    /* the header's order of state codes: location, reservation, keyed */
+    r = q->location == MSKV_RESIDENT && q->has_res ? mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "offload: commit or abort first")
+                                                   : mskv__check_mutable(a, q, "offload");
+    if (r == MSKV_SUCCESS) r = mskv__check_solo(a, q, "offload");
+    if (r == MSKV_SUCCESS) r = mskv__park_copy(a, &ri, 1, "offload");
+    if (r == MSKV_SUCCESS) mskv__park_commit(a, &ri, 1);   /* the copy is complete: only now may the pages go */
     MSKV__UNLOCK(a);
-    return MSKV_SUCCESS;
+    return r;
 }
 
 MSKV_IMPL mskv_result mskv_request_reload(mskv_arena *a, mskv_request h) {
-    int32_t ri, n;
+    int32_t ri;
     mskv__req *q;
-    mskv_result r;
+    mskv_result r = MSKV_SUCCESS;
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
-    if (q->location != MSKV_OFFLOADED) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_NOT_OFFLOADED, "reload: request is resident"); }
-    n = q->host_pages;
-    /* out of pages is the common failure: find it before growing the table */
-    r = n > a->free_top ? mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "reload: need %d pages, %d free (%d pending)", (int)n,
-                                    (int)a->free_top, (int)a->pend_count)
-                        : mskv__reserve_table(a, q, n);
-    if (r == MSKV_SUCCESS && n > 0) r = mskv__take(a, n, q->pages);
-    if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
-    if (n > 0 && q->host) {
-        r = mskv__write_pages(a, q->pages, n, q->host);
-        if (r != MSKV_SUCCESS) {
-            mskv__untake(a, n, q->pages);
-            MSKV__UNLOCK(a);
-            return mskv__err(a, r, "reload: writing pages failed, request stays offloaded");
-        }
-    }
-    q->num_pages = n;
-    mskv__host_put(a, q->host, q->host_cap);
-    q->host = NULL;
-    q->host_cap = 0;
-    q->host_pages = 0;
-    q->location = MSKV_RESIDENT;
-    q->epoch = ++a->epoch_counter;
-    a->offloaded_pages -= n;
+    if (q->location != MSKV_OFFLOADED) r = mskv__err(a, MSKV_ERROR_NOT_OFFLOADED, "reload: request is resident");
+    if (r == MSKV_SUCCESS) r = mskv__check_solo(a, q, "reload");
+    if (r == MSKV_SUCCESS) r = mskv__unpark(a, &ri, 1, "reload");
     MSKV__UNLOCK(a);
-    return MSKV_SUCCESS;
+    return r;
 }
 
-/* Blob format, little-endian, version 1:
+/* Blob format, little-endian, version 1 (one layer group):
      0  "MSKVBLOB"       8  u32 version      12 u32 header bytes (128)
     16  u64 total bytes (header + payload + 8-byte checksum; at this offset in every version)
     24  u32 page_size   28 u32 num_layers   32 u32 kv_heads   36 u32 head_dim
@@ -1650,35 +2783,127 @@ MSKV_IMPL mskv_result mskv_request_reload(mskv_arena *a, mskv_request h) {
    120  u64 key
    128  payload: pages records of [layer][K,V][page bytes]
    end  u64 checksum of everything before it
+   Version 2 (G > 1 layer groups): the same first 128 bytes describe group 0;
+   then u32 G, u32 0; then for groups 1..G-1 a 64-byte record: u32 pages,
+   u32 prefix_pages, u32 flags (4 retention), u32 0, i64 prefix_tokens,
+   i64 live_start, retention as above (40 bytes). Header bytes = 136 + 64 (G-1);
+   the payload holds group 0's records, then group 1's, ...
+   Version 3 (a state versions 1 and 2 cannot say: a position shift, or a
+   release point inside a kept page): the version-2 layout for any G >= 1
+   (G = 1 too), then a positions record: i64 pos_shift, and per group an i64
+   release_point. Header bytes = 136 + 64 (G-1) + 8 + 8 G. Versions 1 and 2
+   imply release_point = live_start when pages were released, else 0, and
+   pos_shift 0; export writes them whenever that says it all.
    The checksum is verified before the version, so a damaged header reads as corrupt. */
 #define MSKV__BLOB_VERSION 1u
+#define MSKV__BLOB_VERSION_GROUPS 2u
+#define MSKV__BLOB_VERSION_POSITIONS 3u
 #define MSKV__BLOB_HEADER 128u
+#define MSKV__BLOB_GROUP 64u
+
+static size_t mskv__blob_header_v(int32_t groups, uint32_t version) {
+    if (version == MSKV__BLOB_VERSION_POSITIONS)
+        return MSKV__BLOB_HEADER + 8u + MSKV__BLOB_GROUP * (size_t)(groups - 1) + 8u + 8u * (size_t)groups;
+    return groups == 1 ? MSKV__BLOB_HEADER : MSKV__BLOB_HEADER + 8u + MSKV__BLOB_GROUP * (size_t)(groups - 1);
+}
+
+/* What versions 1 and 2 imply for a group's release point. */
+static int64_t mskv__implied_release_point(const mskv_arena *a, const mskv__tab *t) {
+    return t->live_start > (int64_t)t->prefix_pages * a->P ? t->live_start : 0;
+}
+
+/* The version a request's blob needs: 3 only when the older ones cannot say its state. */
+static uint32_t mskv__blob_version_of(const mskv_arena *a, const mskv__req *q) {
+    int32_t g;
+    int extra = q->pos_shift != 0;
+    for (g = 0; g < a->G; g++) extra |= q->t[g].release_point != mskv__implied_release_point(a, &q->t[g]);
+    if (extra) return MSKV__BLOB_VERSION_POSITIONS;
+    return a->G == 1 ? MSKV__BLOB_VERSION : MSKV__BLOB_VERSION_GROUPS;
+}
 
 static void mskv__put32(unsigned char *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
 static void mskv__put64(unsigned char *p, uint64_t v) { int i; for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
 static uint32_t mskv__get32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t mskv__get64(const unsigned char *p) { return mskv__rd64(p); }
 
-static uint64_t mskv__checksum(const void *p, size_t n) {
-    mskv__hash h;
-    mskv__hash_init(&h);
-    mskv__hash_update(&h, p, n);
-    return mskv__hash_final(&h);
+
+static void mskv__put_retention(unsigned char *p, const mskv_retention *r) {
+    mskv__put64(p, (uint64_t)r->chunk_size);
+    mskv__put64(p + 8, (uint64_t)r->sink_chunks);
+    mskv__put64(p + 16, (uint64_t)r->window_chunks);
+    mskv__put32(p + 24, (uint32_t)r->reset_at_boundary);
+    mskv__put32(p + 28, (uint32_t)r->exact);
+}
+static void mskv__get_retention(const unsigned char *p, mskv_retention *r) {
+    r->chunk_size = (int64_t)mskv__get64(p);
+    r->sink_chunks = (int64_t)mskv__get64(p + 8);
+    r->window_chunks = (int64_t)mskv__get64(p + 16);
+    r->window_tokens = 0;  /* derived once the policy is known to be valid */
+    r->reset_at_boundary = (int32_t)mskv__get32(p + 24);
+    r->exact = (int32_t)mskv__get32(p + 28);
+}
+
+static void mskv__blob_header_write(const mskv_arena *a, const mskv__req *q, unsigned char *b, size_t total) {
+    const mskv__tab *t = &q->t[0];
+    int32_t g;
+    int res = q->location == MSKV_RESIDENT;
+    uint32_t version = mskv__blob_version_of(a, q);
+    size_t hdr = mskv__blob_header_v(a->G, version);
+    memset(b, 0, hdr);
+    memcpy(b, "MSKVBLOB", 8);
+    mskv__put32(b + 8, version);
+    mskv__put32(b + 12, (uint32_t)hdr);
+    mskv__put64(b + 16, (uint64_t)total);
+    mskv__put32(b + 24, (uint32_t)a->P);
+    mskv__put32(b + 28, (uint32_t)a->store.num_layers);
+    mskv__put32(b + 32, (uint32_t)a->store.kv_heads);
+    mskv__put32(b + 36, (uint32_t)a->store.head_dim);
+    mskv__put32(b + 40, (uint32_t)(a->store.num_layers ? a->store.dtype : 0));
+    mskv__put32(b + 44, (uint32_t)(res ? t->num_pages : t->host_pages));
+    mskv__put32(b + 48, (uint32_t)(q->keyed | q->sealed << 1 | t->has_ret << 2));
+    mskv__put32(b + 52, (uint32_t)t->prefix_pages);
+    mskv__put64(b + 56, (uint64_t)q->committed);
+    mskv__put64(b + 64, (uint64_t)t->prefix_tokens);
+    mskv__put64(b + 72, (uint64_t)t->live_start);
+    mskv__put64(b + 80, (uint64_t)q->published);
+    mskv__put_retention(b + 88, &t->retention);
+    mskv__put64(b + 120, q->key);
+    if (version == MSKV__BLOB_VERSION) return;
+    mskv__put32(b + 128, (uint32_t)a->G);
+    for (g = 1; g < a->G; g++) {
+        unsigned char *p = b + MSKV__BLOB_HEADER + 8 + MSKV__BLOB_GROUP * (size_t)(g - 1);
+        t = &q->t[g];
+        mskv__put32(p, (uint32_t)(res ? t->num_pages : t->host_pages));
+        mskv__put32(p + 4, (uint32_t)t->prefix_pages);
+        mskv__put32(p + 8, (uint32_t)t->has_ret << 2);
+        mskv__put64(p + 16, (uint64_t)t->prefix_tokens);
+        mskv__put64(p + 24, (uint64_t)t->live_start);
+        mskv__put_retention(p + 32, &t->retention);
+    }
+    if (version != MSKV__BLOB_VERSION_POSITIONS) return;
+    b += MSKV__BLOB_HEADER + 8 + MSKV__BLOB_GROUP * (size_t)(a->G - 1);
+    mskv__put64(b, (uint64_t)q->pos_shift);
+    for (g = 0; g < a->G; g++) mskv__put64(b + 8 + 8 * (size_t)g, (uint64_t)q->t[g].release_point);
 }
 
 MSKV_IMPL mskv_result mskv_request_export(mskv_arena *a, mskv_request h, void *buf, size_t cap, size_t *size) {
-    int32_t ri, n;
+    int32_t ri;
+    int64_t bad;
     const mskv__req *q;
-    size_t payload, total;
+    size_t payload, total, hdr;
     unsigned char *b = (unsigned char *)buf;
     mskv_result r = MSKV_SUCCESS;
     if (!a || !size) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
+    hdr = mskv__blob_header_v(a->G, mskv__blob_version_of(a, q));
     if (q->has_res) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "export: commit or abort first"); }
-    n = q->location == MSKV_RESIDENT ? q->num_pages : q->host_pages;
-    if (!mskv__mul((size_t)n, a->record_bytes, &payload) || !mskv__add(payload, MSKV__BLOB_HEADER + 8, &total)) {
+    if (buf && q->location == MSKV_OFFLOADED && q->sums && (bad = mskv__sums_bad(a, q)) >= 0) {
+        MSKV__UNLOCK(a);   /* a signed blob of changed bytes would import as valid */
+        return mskv__err(a, MSKV_ERROR_HOST_COPY_CORRUPT, "export: page %lld of the host copy changed since it was made", (long long)bad);
+    }
+    if (!mskv__mul((size_t)mskv__held_pages(a, q), a->record_bytes, &payload) || !mskv__add(payload, hdr + 8, &total)) {
         MSKV__UNLOCK(a);
         return MSKV_ERROR_OVERFLOW;
     }
@@ -1686,33 +2911,11 @@ MSKV_IMPL mskv_result mskv_request_export(mskv_arena *a, mskv_request h, void *b
     if (!buf) { MSKV__UNLOCK(a); return MSKV_SUCCESS; }
     if (cap < total) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_CAPACITY, "export: need %zu bytes, have %zu", total, cap); }
     if (payload > 0) {
-        if (q->location == MSKV_RESIDENT) r = mskv__read_pages(a, q->pages, n, b + MSKV__BLOB_HEADER);
-        else memcpy(b + MSKV__BLOB_HEADER, q->host, payload);
+        if (q->location == MSKV_RESIDENT) r = mskv__read_request(a, q, b + hdr);
+        else memcpy(b + hdr, q->host, payload);
     }
     if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return mskv__err(a, r, "export: reading pages failed"); }
-    memset(b, 0, MSKV__BLOB_HEADER);
-    memcpy(b, "MSKVBLOB", 8);
-    mskv__put32(b + 8, MSKV__BLOB_VERSION);
-    mskv__put32(b + 12, MSKV__BLOB_HEADER);
-    mskv__put64(b + 16, (uint64_t)total);
-    mskv__put32(b + 24, (uint32_t)a->P);
-    mskv__put32(b + 28, (uint32_t)a->store.num_layers);
-    mskv__put32(b + 32, (uint32_t)a->store.kv_heads);
-    mskv__put32(b + 36, (uint32_t)a->store.head_dim);
-    mskv__put32(b + 40, (uint32_t)(a->store.num_layers ? a->store.dtype : 0));
-    mskv__put32(b + 44, (uint32_t)n);
-    mskv__put32(b + 48, (uint32_t)(q->keyed | q->sealed << 1 | q->has_ret << 2));
-    mskv__put32(b + 52, (uint32_t)q->prefix_pages);
-    mskv__put64(b + 56, (uint64_t)q->committed);
-    mskv__put64(b + 64, (uint64_t)q->prefix_tokens);
-    mskv__put64(b + 72, (uint64_t)q->live_start);
-    mskv__put64(b + 80, (uint64_t)q->published);
-    mskv__put64(b + 88, (uint64_t)q->retention.chunk_size);
-    mskv__put64(b + 96, (uint64_t)q->retention.sink_chunks);
-    mskv__put64(b + 104, (uint64_t)q->retention.window_chunks);
-    mskv__put32(b + 112, (uint32_t)q->retention.reset_at_boundary);
-    mskv__put32(b + 116, (uint32_t)q->retention.exact);
-    mskv__put64(b + 120, q->key);
+    mskv__blob_header_write(a, q, b, total);
     mskv__put64(b + total - 8, mskv__checksum(b, total - 8));
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
@@ -1727,16 +2930,157 @@ static int32_t mskv__find_key(const mskv_arena *a, uint64_t key) {
 
 static mskv_result mskv__retention_check(const mskv_retention *r, int32_t page_size, char *why, size_t cap);
 
+static int mskv__all_zero(const unsigned char *p, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (p[i]) return 0;
+    return 1;
+}
+
+/* One group's part of a blob header, as read. */
+typedef struct mskv__blob_group { uint32_t n, pp, flags; int64_t prefix, live, rp; mskv_retention ret; } mskv__blob_group;
+
+static void mskv__blob_group_read(const unsigned char *b, int32_t g, mskv__blob_group *o) {
+    const unsigned char *ret;
+    if (g == 0) {
+        o->n = mskv__get32(b + 44);
+        o->flags = mskv__get32(b + 48) & 4u;
+        o->pp = mskv__get32(b + 52);
+        o->prefix = (int64_t)mskv__get64(b + 64);
+        o->live = (int64_t)mskv__get64(b + 72);
+        ret = b + 88;
+    } else {
+        const unsigned char *p = b + MSKV__BLOB_HEADER + 8 + MSKV__BLOB_GROUP * (size_t)(g - 1);
+        o->n = mskv__get32(p);
+        o->pp = mskv__get32(p + 4);
+        o->flags = mskv__get32(p + 8);
+        o->prefix = (int64_t)mskv__get64(p + 16);
+        o->live = (int64_t)mskv__get64(p + 24);
+        ret = p + 32;
+        if (mskv__get32(p + 12) != 0) o->flags |= 0x80000000u;   /* reserved field: must be 0 */
+    }
+    mskv__get_retention(ret, &o->ret);
+    /* a retention its flags leave unused was written as zero: anything else
+       is not our blob (and was never validated, whatever arithmetic it would feed) */
+    if (!(o->flags & 4u) && !mskv__all_zero(ret, 32)) o->flags |= 0x80000000u;
+}
+
+/* A group's state is one this library could have written (a valid checksum
+   over nonsense is still nonsense). */
+static int mskv__blob_group_ok(const mskv_arena *a, const mskv__blob_group *x, int64_t committed, uint32_t flags) {
+    mskv__tab probe;
+    if (x->prefix < 0 || x->prefix > committed || x->live < 0 || x->live % a->P != 0 ||
+        x->pp != (uint32_t)mskv__ceil_div(x->prefix, a->P) || x->live < (int64_t)x->pp * a->P ||
+        (x->live > (int64_t)x->pp * a->P && x->live > committed) /* released past the committed tokens */ ||
+        (x->flags & ~4u) != 0 ||
+        ((flags & 1u) && ((x->flags & 4u) || x->prefix != 0 || x->live != 0)) /* keyed entries are never protected or released */ ||
+        ((x->flags & 4u) && mskv__retention_check(&x->ret, a->P, NULL, 0) != MSKV_SUCCESS))
+        return 0;
+    memset(&probe, 0, sizeof probe);
+    probe.prefix_pages = (int32_t)x->pp;
+    probe.prefix_tokens = x->prefix;
+    probe.live_start = x->live;
+    probe.release_point = x->rp;
+    if (!mskv__release_point_ok(a, &probe, committed) || ((flags & 1u) && x->rp != 0)) return 0;
+    return (uint32_t)mskv__entries_for(a, &probe, committed) == x->n;
+}
+
+/* A blob header as read and checked. */
+typedef struct mskv__blob_info {
+    uint32_t flags;
+    int64_t committed, published;
+    uint64_t key, total;
+    int64_t pos_shift;
+    size_t hdr, payload;
+    mskv__blob_group grp[MSKV_MAX_GROUPS];
+} mskv__blob_info;
+
+/* Everything a blob's header says, checked against the arena and itself
+   (not the checksum, which needs the payload): avail bytes are at b, at
+   least the 128 of a version 1 header and the magic checked. */
+static mskv_result mskv__blob_header_check(mskv_arena *a, const unsigned char *b, size_t avail, const char *what, mskv__blob_info *o) {
+    uint32_t version = mskv__get32(b + 8), hdr = mskv__get32(b + 12);
+    size_t sum = 0;
+    int32_t g, blob_groups = 1;
+    const unsigned char *pos_at;
+    o->total = mskv__get64(b + 16);
+    if (version == MSKV__BLOB_VERSION_GROUPS || version == MSKV__BLOB_VERSION_POSITIONS) {
+        uint32_t ng = avail >= MSKV__BLOB_HEADER + 8 ? mskv__get32(b + MSKV__BLOB_HEADER) : 0;
+        uint32_t least = version == MSKV__BLOB_VERSION_GROUPS ? 2u : 1u;
+        if (avail < MSKV__BLOB_HEADER + 8) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "%s: the layer-group header is cut short", what);
+        if (ng < least || ng > MSKV_MAX_GROUPS || mskv__get32(b + MSKV__BLOB_HEADER + 4) != 0 ||
+            hdr != mskv__blob_header_v((int32_t)ng, version) || o->total < (uint64_t)hdr + 8)
+            return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: inconsistent layer-group header", what);
+        if (avail < hdr) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "%s: %zu header bytes, the header has %u", what, avail, (unsigned)hdr);
+        blob_groups = (int32_t)ng;
+    } else if (version != MSKV__BLOB_VERSION || hdr != MSKV__BLOB_HEADER) {
+        return mskv__err(a, MSKV_ERROR_BLOB_VERSION, "%s: blob version %u, this library reads %u to %u", what, (unsigned)version,
+                         MSKV__BLOB_VERSION, MSKV__BLOB_VERSION_POSITIONS);
+    }
+    o->hdr = mskv__blob_header_v(blob_groups, version);
+    if (mskv__get32(b + 24) != (uint32_t)a->P || mskv__get32(b + 28) != (uint32_t)a->store.num_layers ||
+        mskv__get32(b + 32) != (uint32_t)a->store.kv_heads || mskv__get32(b + 36) != (uint32_t)a->store.head_dim ||
+        mskv__get32(b + 40) != (uint32_t)(a->store.num_layers ? a->store.dtype : 0) || blob_groups != a->G)
+        return mskv__err(a, MSKV_ERROR_BLOB_MISMATCH, "%s: page size/layers/heads/dim/dtype/layer groups differ from the arena", what);
+    o->flags = mskv__get32(b + 48);
+    o->committed = (int64_t)mskv__get64(b + 56);
+    o->published = (int64_t)mskv__get64(b + 80);
+    o->key = mskv__get64(b + 120);
+    if (o->committed < 0 || o->committed > INT32_MAX || o->published < 0 || o->published > o->committed ||
+        (o->flags & ~7u) != 0 || (o->flags & 1u) != ((o->flags >> 1) & 1u) /* only sealed keyed entries export */)
+        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: inconsistent header", what);
+    if (!(o->flags & 1u) && !mskv__all_zero(b + 120, 8))   /* the key of a request that is not keyed was written as zero */
+        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: a field its flags leave unused is not zero", what);
+    pos_at = b + MSKV__BLOB_HEADER + 8 + MSKV__BLOB_GROUP * (size_t)(blob_groups - 1);
+    o->pos_shift = version == MSKV__BLOB_VERSION_POSITIONS ? (int64_t)mskv__get64(pos_at) : 0;
+    if (o->pos_shift > INT32_MAX || o->pos_shift < -(int64_t)INT32_MAX || ((o->flags & 1u) && o->pos_shift != 0))
+        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: position shift out of range", what);
+    o->payload = 0;
+    for (g = 0; g < a->G; g++) {
+        size_t bytes;
+        mskv__blob_group *x = &o->grp[g];
+        mskv__blob_group_read(b, g, x);
+        x->rp = version == MSKV__BLOB_VERSION_POSITIONS ? (int64_t)mskv__get64(pos_at + 8 + 8 * (size_t)g)
+              : x->live > (int64_t)x->pp * a->P ? x->live : 0;
+        if (!mskv__blob_group_ok(a, x, o->committed, o->flags) || !mskv__mul((size_t)x->n, a->record_bytes, &bytes) ||
+            !mskv__add(o->payload, bytes, &o->payload))
+            return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: inconsistent header (layer group %d)", what, (int)g);
+        if (x->flags & 4u) x->ret.window_tokens = x->ret.window_chunks * x->ret.chunk_size; /* bounded by the check */
+    }
+    if (!mskv__add(o->payload, o->hdr + 8, &sum) || sum != o->total)
+        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "%s: page count does not match the size", what);
+    return MSKV_SUCCESS;
+}
+
+/* The request state a checked header describes (pages and bytes aside). */
+static void mskv__blob_apply(mskv_arena *a, mskv__req *q, const mskv__blob_info *x) {
+    int32_t g;
+    q->committed = x->committed;
+    q->published = x->published;
+    q->keyed = (uint8_t)(x->flags & 1u);
+    q->sealed = (uint8_t)((x->flags >> 1) & 1u);
+    q->key = x->key;
+    q->pos_shift = x->pos_shift;
+    for (g = 0; g < a->G; g++) {
+        mskv__tab *t = &q->t[g];
+        t->prefix_tokens = x->grp[g].prefix;
+        t->prefix_pages = (int32_t)x->grp[g].pp;
+        t->live_start = x->grp[g].live;
+        t->release_point = x->grp[g].rp;
+        t->has_ret = (uint8_t)((x->grp[g].flags >> 2) & 1u);
+        if (t->has_ret) t->retention = x->grp[g].ret;
+    }
+}
+
 MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_t size, mskv_request *out) {
     const unsigned char *b = (const unsigned char *)blob;
     uint64_t total;
-    uint32_t n, flags, pp;
-    int64_t committed, prefix, live, published;
-    size_t payload;
-    int32_t ri;
+    int32_t ri, g;
     mskv__req *q;
     unsigned char *host = NULL;
-    mskv_retention ret;
+    mskv__blob_info x;
+    mskv_result r;
+    uint64_t *sums = NULL;
     if (!a || !blob || !out) return MSKV_ERROR_NULL_POINTER;
     if (size < MSKV__BLOB_HEADER + 8) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "import: %zu bytes is shorter than a header", size);
     if (memcmp(b, "MSKVBLOB", 8) != 0) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: bad magic");
@@ -1744,98 +3088,280 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     if (total > size) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "import: blob says %llu bytes, got %zu", (unsigned long long)total, size);
     if (total < size || total < MSKV__BLOB_HEADER + 8) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: size field %llu does not match %zu", (unsigned long long)total, size);
     if (mskv__checksum(b, size - 8) != mskv__get64(b + size - 8)) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: checksum mismatch");
-    if (mskv__get32(b + 8) != MSKV__BLOB_VERSION || mskv__get32(b + 12) != MSKV__BLOB_HEADER)
-        return mskv__err(a, MSKV_ERROR_BLOB_VERSION, "import: blob version %u, this library reads %u", (unsigned)mskv__get32(b + 8), MSKV__BLOB_VERSION);
-    if (mskv__get32(b + 24) != (uint32_t)a->P || mskv__get32(b + 28) != (uint32_t)a->store.num_layers ||
-        mskv__get32(b + 32) != (uint32_t)a->store.kv_heads || mskv__get32(b + 36) != (uint32_t)a->store.head_dim ||
-        mskv__get32(b + 40) != (uint32_t)(a->store.num_layers ? a->store.dtype : 0))
-        return mskv__err(a, MSKV_ERROR_BLOB_MISMATCH, "import: page size/layers/heads/dim/dtype differ from the arena");
-    n = mskv__get32(b + 44);
-    flags = mskv__get32(b + 48);
-    pp = mskv__get32(b + 52);
-    committed = (int64_t)mskv__get64(b + 56);
-    prefix = (int64_t)mskv__get64(b + 64);
-    live = (int64_t)mskv__get64(b + 72);
-    published = (int64_t)mskv__get64(b + 80);
-    ret.chunk_size = (int64_t)mskv__get64(b + 88);
-    ret.sink_chunks = (int64_t)mskv__get64(b + 96);
-    ret.window_chunks = (int64_t)mskv__get64(b + 104);
-    ret.window_tokens = 0;  /* derived below, once the policy is known to be valid */
-    ret.reset_at_boundary = (int32_t)mskv__get32(b + 112);
-    ret.exact = (int32_t)mskv__get32(b + 116);
-    /* a valid checksum over nonsense is still nonsense: check the state is one we could have written */
-    if (!mskv__mul((size_t)n, a->record_bytes, &payload) || payload + MSKV__BLOB_HEADER + 8 != total ||
-        committed < 0 || committed > INT32_MAX || prefix < 0 || prefix > committed || live < 0 || live % a->P != 0 ||
-        pp != (uint32_t)mskv__ceil_div(prefix, a->P) || live < (int64_t)pp * a->P || published < 0 || published > committed ||
-        (live > (int64_t)pp * a->P && live > committed) /* released past the committed tokens */ ||
-        (flags & ~7u) != 0 || (flags & 1u) != ((flags >> 1) & 1u) /* only sealed keyed entries export */ ||
-        ((flags & 1u) && ((flags & 4u) || prefix != 0 || live != 0)) /* keyed entries are never protected or released */ ||
-        ((flags & 4u) && mskv__retention_check(&ret, a->P, NULL, 0) != MSKV_SUCCESS))
-        return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: inconsistent header");
-    ret.window_tokens = ret.window_chunks * ret.chunk_size;
-    {
-        mskv__req probe;
-        memset(&probe, 0, sizeof probe);
-        probe.committed = committed; probe.prefix_pages = (int32_t)pp; probe.live_start = live;
-        if ((uint32_t)mskv__entries_for(a, &probe, committed) != n)
-            return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: page count does not match the token counts");
-    }
+    r = mskv__blob_header_check(a, b, size, "import", &x);
+    if (r != MSKV_SUCCESS) return r;
     MSKV__LOCK(a);
-    if ((flags & 1u) && mskv__find_key(a, mskv__get64(b + 120)) >= 0) {
+    if ((x.flags & 1u) && mskv__find_key(a, x.key) >= 0) {
         MSKV__UNLOCK(a);
         return mskv__err(a, MSKV_ERROR_DUPLICATE, "import: key exists");
     }
-    if (payload > 0) {
-        host = (unsigned char *)mskv__alloc(mskv__hal(a), payload);
-        if (!host) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "import: %zu host bytes", payload); }
-        memcpy(host, b + MSKV__BLOB_HEADER, payload);
+    if (x.payload > 0) {
+        host = (unsigned char *)mskv__alloc(mskv__hal(a), x.payload);
+        if (!host) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "import: %zu host bytes", x.payload); }
+        memcpy(host, b + x.hdr, x.payload);
+        if ((a->debug & MSKV_DEBUG_CHECKSUMS) && !(sums = mskv__sums_of(a, host, (int64_t)(x.payload / a->record_bytes)))) {
+            mskv__free(mskv__hal(a), host);
+            MSKV__UNLOCK(a);
+            return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "import: the host copy's checksums");
+        }
     }
     ri = mskv__new_req(a);
     if (ri < 0) {
         mskv__free(mskv__hal(a), host);
+        mskv__free(&a->al, sums);
         MSKV__UNLOCK(a);
         return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "import: no request slot");
     }
     q = &a->reqs[ri];
     q->location = MSKV_OFFLOADED;
     q->host = host;
-    q->host_cap = payload;
-    q->host_pages = (int32_t)n;
-    q->committed = committed;
-    q->prefix_tokens = prefix;
-    q->prefix_pages = (int32_t)pp;
-    q->live_start = live;
-    q->published = published;
-    q->keyed = (uint8_t)(flags & 1u);
-    q->sealed = (uint8_t)((flags >> 1) & 1u);
-    q->key = mskv__get64(b + 120);
-    q->has_ret = (uint8_t)((flags >> 2) & 1u);
-    if (q->has_ret) q->retention = ret;
-    a->offloaded_pages += n;
+    q->sums = sums;
+    q->host_cap = x.payload;
+    mskv__blob_apply(a, q, &x);
+    for (g = 0; g < a->G; g++) {
+        q->t[g].host_pages = (int32_t)x.grp[g].n;
+        a->offloaded_pages += x.grp[g].n;
+    }
     *out = mskv__handle(a, ri);
     MSKV__UNLOCK(a);
     return MSKV_SUCCESS;
 }
 
+/* Streamed blobs. A range is one page of one layer of K or V; range k of a
+   request lies in the pools (resident or importing) or in its host copy. */
+static int64_t mskv__range_count(const mskv_arena *a, const mskv__req *q) {
+    return mskv__held_pages(a, q) * 2 * a->store.num_layers;
+}
+
+/* The header size of the blob a request exports now. */
+static size_t mskv__blob_header_of(const mskv_arena *a, const mskv__req *q) {
+    return mskv__blob_header_v(a->G, mskv__blob_version_of(a, q));
+}
+
+static void mskv__ranges(mskv_arena *a, const mskv__req *q, int64_t first, int64_t n, mskv_blob_range *out) {
+    int64_t per = 2 * (int64_t)a->store.num_layers, k = first, end = first + n, base = 0;
+    size_t hdr = mskv__blob_header_of(a, q), pb = a->store.page_bytes;
+    int32_t g = 0;
+    int res = q->location == MSKV_RESIDENT;
+    for (; k < end; k++) {
+        mskv_blob_range *o = &out[k - first];
+        int64_t in_group, entry;
+        int32_t pool;
+        while ((k - base) >= (int64_t)(res ? q->t[g].num_pages : q->t[g].host_pages) * per) {
+            base += (int64_t)(res ? q->t[g].num_pages : q->t[g].host_pages) * per;
+            g++;
+        }
+        in_group = k - base;
+        entry = in_group / per;
+        pool = (int32_t)(in_group % per);
+        o->bytes = pb;
+        o->offset = (uint64_t)hdr + (uint64_t)k * pb;
+        o->group = g;
+        o->layer = pool / 2;
+        o->kind = pool % 2;
+        if (res) {
+            o->page = q->t[g].pages[entry];
+            o->data = a->pools[pool] + (size_t)o->page * pb;
+        } else {
+            o->page = 0;
+            o->data = q->host + (size_t)k * pb;
+        }
+    }
+}
+
+/* The checksum of a streamed blob: its header, then every range in order. */
+static uint64_t mskv__stream_checksum(mskv_arena *a, const mskv__req *q, const unsigned char *header, size_t hdr) {
+    mskv__hash h;
+    mskv_blob_range rg[64];
+    int64_t k, n = mskv__range_count(a, q);
+    mskv__hash_init(&h);
+    mskv__hash_update(&h, header, hdr);
+    for (k = 0; k < n; k += 64) {
+        int64_t i, m = n - k < 64 ? n - k : 64;
+        mskv__ranges(a, q, k, m, rg);
+        for (i = 0; i < m; i++) mskv__hash_update(&h, rg[i].data, rg[i].bytes);
+    }
+    return mskv__hash_final(&h);
+}
+
+static void mskv__layout(const mskv_arena *a, const mskv__req *q, size_t total, mskv_blob_layout *o) {
+    o->header_bytes = mskv__blob_header_of(a, q);
+    o->blob_bytes = total;
+    o->range_count = mskv__range_count(a, q);
+    o->range_bytes = a->store.page_bytes;
+    o->checksum = 0;
+}
+
+MSKV_IMPL mskv_result mskv_request_export_begin(mskv_arena *a, mskv_request h, void *header, size_t cap, mskv_blob_layout *layout) {
+    int32_t ri;
+    int64_t bad;
+    mskv__req *q;
+    size_t payload = 0, total = 0, hdr;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a || !header || !layout) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    q = &a->reqs[ri];
+    hdr = mskv__blob_header_of(a, q);
+    if (a->desc.store_ops) r = mskv__err(a, MSKV_ERROR_UNSUPPORTED, "export_begin: the pages live behind store_ops (use mskv_request_export)");
+    else if (q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "export_begin: commit or abort first");
+    else if (q->xfer) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "export_begin: an export of this request is open");
+    else if (q->lock) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "export_begin: a lockstep member (dissolve the group first)");
+    else if (q->location == MSKV_OFFLOADED && q->sums && (bad = mskv__sums_bad(a, q)) >= 0)   /* as export: never sign changed bytes */
+        r = mskv__err(a, MSKV_ERROR_HOST_COPY_CORRUPT, "export_begin: page %lld of the host copy changed since it was made", (long long)bad);
+    else if (!mskv__mul((size_t)mskv__held_pages(a, q), a->record_bytes, &payload) || !mskv__add(payload, hdr + 8, &total))
+        r = MSKV_ERROR_OVERFLOW;
+    else if (cap < hdr) r = mskv__err(a, MSKV_ERROR_CAPACITY, "export_begin: the header needs %zu bytes, have %zu", hdr, cap);
+    if (r == MSKV_SUCCESS) {
+        mskv__blob_header_write(a, q, (unsigned char *)header, total);
+        mskv__layout(a, q, total, layout);
+        layout->checksum = mskv__stream_checksum(a, q, (const unsigned char *)header, hdr);
+        q->xfer = MSKV__XFER_EXPORT;
+    }
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_request_export_end(mskv_arena *a, mskv_request h) {
+    int32_t ri;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    if (a->reqs[ri].xfer != MSKV__XFER_EXPORT) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "export_end: no export is open");
+    else a->reqs[ri].xfer = 0;
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_request_blob_ranges(mskv_arena *a, mskv_request h, int64_t first, int64_t n, mskv_blob_range *out) {
+    int32_t ri;
+    const mskv__req *q;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a || (!out && n > 0)) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_ANY(a, h, ri);
+    q = &a->reqs[ri];
+    if (!q->xfer) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "blob_ranges: the request is neither being exported nor imported");
+    else if (first < 0 || n < 0 || first > mskv__range_count(a, q) - n)
+        r = mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "blob_ranges: [%lld, +%lld) is not within %lld ranges", (long long)first, (long long)n,
+                      (long long)mskv__range_count(a, q));
+    else mskv__ranges(a, q, first, n, out);
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_request_import_begin(mskv_arena *a, const void *header, size_t header_size, mskv_request *out,
+                                                mskv_blob_layout *layout) {
+    const unsigned char *b = (const unsigned char *)header;
+    mskv__blob_info x;
+    int64_t need = 0;
+    int32_t ri, g;
+    mskv__req *q;
+    mskv_result r;
+    if (!a || !header || !out || !layout) return MSKV_ERROR_NULL_POINTER;
+    if (a->desc.store_ops) return mskv__err(a, MSKV_ERROR_UNSUPPORTED, "import_begin: the pages live behind store_ops (use mskv_request_import)");
+    if (header_size < MSKV__BLOB_HEADER) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "import_begin: %zu bytes is shorter than a header", header_size);
+    if (memcmp(b, "MSKVBLOB", 8) != 0) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import_begin: bad magic");
+    r = mskv__blob_header_check(a, b, header_size, "import_begin", &x);
+    if (r != MSKV_SUCCESS) return r;
+    for (g = 0; g < a->G; g++) need += x.grp[g].n;
+    MSKV__LOCK(a);
+    if ((x.flags & 1u) && mskv__find_key(a, x.key) >= 0) r = mskv__err(a, MSKV_ERROR_DUPLICATE, "import_begin: key exists");
+    else if (need > a->free_top)
+        r = mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "import_begin: need %lld pages, %d free (%d pending)", (long long)need, (int)a->free_top,
+                      (int)a->pend_count);
+    if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
+    ri = mskv__new_req(a);
+    if (ri < 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "import_begin: no request slot"); }
+    q = &a->reqs[ri];
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++) r = mskv__reserve_table(a, &q->t[g], (int32_t)x.grp[g].n);
+    if (r != MSKV_SUCCESS) { mskv__undo_new_req(a, ri); MSKV__UNLOCK(a); return r; }
+    for (g = 0; g < a->G; g++) {
+        r = mskv__take(a, x.grp[g].n, q->t[g].pages);
+        MSKV_ASSERT(r == MSKV_SUCCESS); /* the total was checked above */
+        q->t[g].num_pages = (int32_t)x.grp[g].n;
+    }
+    mskv__blob_apply(a, q, &x);
+    q->xfer = MSKV__XFER_IMPORT;
+    mskv__layout(a, q, x.hdr + x.payload + 8, layout);
+    *out = mskv__handle(a, ri);
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_request_import_commit(mskv_arena *a, mskv_request h, uint64_t checksum) {
+    int32_t ri, g;
+    mskv__req *q;
+    unsigned char hdr[MSKV_BLOB_HEADER_MAX];
+    size_t payload;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_ANY(a, h, ri);
+    q = &a->reqs[ri];
+    if (q->xfer != MSKV__XFER_IMPORT) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "import_commit: no import is open");
+    if (r == MSKV_SUCCESS) {
+        /* the header this request exports is the one that arrived: begin checked every field of it */
+        payload = (size_t)mskv__held_pages(a, q) * a->record_bytes;
+        mskv__blob_header_write(a, q, hdr, mskv__blob_header_of(a, q) + payload + 8);
+        if (mskv__stream_checksum(a, q, hdr, mskv__blob_header_of(a, q)) != checksum)
+            r = mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import_commit: checksum mismatch (the import stays open: abort it)");
+    }
+    if (r == MSKV_SUCCESS) {
+        q->xfer = 0;
+        ++a->epoch_counter;
+        for (g = 0; g < a->G; g++) q->t[g].epoch = a->epoch_counter;
+    }
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_request_import_abort(mskv_arena *a, mskv_request h) {
+    int32_t ri, g;
+    mskv__req *q;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_ANY(a, h, ri);
+    q = &a->reqs[ri];
+    if (q->xfer != MSKV__XFER_IMPORT) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_BAD_STATE, "import_abort: no import is open"); }
+    for (g = a->G - 1; g >= 0; g--) {   /* the free stack exactly as before begin */
+        mskv__untake(a, q->t[g].num_pages, q->t[g].pages);
+        q->t[g].num_pages = 0;
+    }
+    q->xfer = 0;
+    mskv__undo_new_req(a, ri);
+    q->gen = (uint16_t)(q->gen + 1);    /* the import's handle is stale */
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
 /* // >>windows (implementation) ------------------------------------------ */
 
 MSKV_IMPL mskv_result mskv_schedule_init(mskv_schedule *s, int64_t total, int64_t window, int64_t overlap) {
+    int64_t stride, count;
     if (!s) return MSKV_ERROR_NULL_POINTER;
     if (total < 0 || window < 1 || overlap < 0 || overlap >= window) return MSKV_ERROR_INVALID_SPEC;
+    stride = window - overlap;
+    if (total == 0) count = 0;
+    else if (total <= window) count = 1;
+    else count = 1 + (total - window + stride - 1) / stride;   /* the sum is below total: no overflow */
+    /* the last window starts before total (so its start fits), but it may end past INT64_MAX */
+    if (count > 0 && (count - 1) * stride > INT64_MAX - window) return MSKV_ERROR_OVERFLOW;
     s->total = total;
     s->window = window;
     s->overlap = overlap;
-    s->stride = window - overlap;
-    if (total == 0) s->count = 0;
-    else if (total <= window) s->count = 1;
-    else s->count = 1 + (total - window + s->stride - 1) / s->stride;
+    s->stride = stride;
+    s->count = count;
     return MSKV_SUCCESS;
 }
 
 MSKV_IMPL mskv_result mskv_schedule_window(const mskv_schedule *s, int64_t k, mskv_window *w) {
+    mskv_schedule chk;
+    mskv_result r;
     if (!s || !w) return MSKV_ERROR_NULL_POINTER;
-    if (s->window < 1 || s->overlap < 0 || s->overlap >= s->window || s->stride != s->window - s->overlap)
-        return MSKV_ERROR_INVALID_SPEC;
+    /* the struct is the caller's: only a schedule schedule_init would make is safe to compute with */
+    if ((r = mskv_schedule_init(&chk, s->total, s->window, s->overlap)) != MSKV_SUCCESS) return r;
+    if (chk.stride != s->stride || chk.count != s->count) return MSKV_ERROR_INVALID_SPEC;
     if (k < 0 || k >= s->count) return MSKV_ERROR_OUT_OF_RANGE;
     w->index = k;
     w->start = k * s->stride;
@@ -1893,39 +3419,54 @@ MSKV_IMPL mskv_result mskv_retention_validate(const mskv_retention *r, int32_t p
     return mskv__retention_check(r, page_size, why, cap);
 }
 
-MSKV_IMPL int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed) {
+MSKV_IMPL mskv_result mskv_skipped_tokens_get(const mskv_retention *r, int64_t num_computed, int64_t *out) {
     int64_t sink, after, raw;
-    if (mskv__retention_check(r, 0, NULL, 0) != MSKV_SUCCESS || num_computed < 0) return 0;
+    mskv_result res;
+    if (!r || !out) return MSKV_ERROR_NULL_POINTER;
+    if ((res = mskv__retention_check(r, 0, NULL, 0)) != MSKV_SUCCESS) return res;
+    if (num_computed < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    /* a valid policy bounds chunk (2^40) and chunk counts (2^20): these products fit */
     sink = r->sink_chunks * r->chunk_size;
-    if (num_computed <= sink) return 0;
     after = num_computed - sink;
-    if (r->reset_at_boundary) return after / r->chunk_size * r->chunk_size;
-    raw = after - r->window_chunks * r->chunk_size;
-    if (raw <= 0) return 0;
-    return raw / r->chunk_size * r->chunk_size;
+    if (after <= 0) raw = 0;
+    else if (r->reset_at_boundary) raw = after;
+    else raw = after - r->window_chunks * r->chunk_size;
+    *out = raw <= 0 ? 0 : raw / r->chunk_size * r->chunk_size;
+    return MSKV_SUCCESS;
 }
 
-MSKV_IMPL mskv_result mskv_request_set_retention(mskv_arena *a, mskv_request h, const mskv_retention *r) {
+MSKV_IMPL int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed) {
+    int64_t n = 0;
+    mskv_result res = mskv_skipped_tokens_get(r, num_computed, &n);
+    return res == MSKV_SUCCESS ? n : (int64_t)res;
+}
+
+MSKV_IMPL mskv_result mskv_request_set_retention_in_group(mskv_arena *a, mskv_request h, int32_t g, const mskv_retention *r) {
     int32_t ri;
     mskv_result res = MSKV_SUCCESS;
     char why[160];
     if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     if (a->reqs[ri].keyed) res = mskv__err(a, MSKV_ERROR_READ_ONLY, "retention: keyed entries are never released");
     else if (r && (res = mskv__retention_check(r, a->P, why, sizeof why)) != MSKV_SUCCESS)
         res = mskv__err(a, res, "retention: %s", why);
     if (res == MSKV_SUCCESS) {
-        a->reqs[ri].has_ret = r != NULL;
+        mskv__tab *t = &a->reqs[ri].t[g];
+        t->has_ret = r != NULL;
         if (r) {
-            a->reqs[ri].retention = *r;
-            a->reqs[ri].retention.window_tokens = r->window_chunks * r->chunk_size;
+            t->retention = *r;
+            t->retention.window_tokens = r->window_chunks * r->chunk_size;
         } else {
-            memset(&a->reqs[ri].retention, 0, sizeof(mskv_retention));
+            memset(&t->retention, 0, sizeof(mskv_retention));
         }
     }
     MSKV__UNLOCK(a);
     return res;
+}
+MSKV_IMPL mskv_result mskv_request_set_retention(mskv_arena *a, mskv_request h, const mskv_retention *r) {
+    return mskv_request_set_retention_in_group(a, h, 0, r);
 }
 
 /* // >>step lifecycle (implementation) ----------------------------------- */
@@ -1938,9 +3479,15 @@ MSKV_IMPL mskv_result mskv_request_set_retention(mskv_arena *a, mskv_request h, 
         if ((n) > 0 && !(segs)) return MSKV_ERROR_NULL_POINTER;   \
     } while (0)
 
-/* Resolve and mark every segment's request; rejects unknown handles and duplicates.
-   On failure all marks are cleared. idx receives the indices when non-NULL. */
-static mskv_result mskv__resolve(mskv_arena *a, const mskv_segment *segs, int32_t n, int32_t *idx, const char *what) {
+static void mskv__unmark(mskv_arena *a, const mskv_segment *segs, int32_t n) {
+    int32_t i, ri;
+    for (i = 0; i < n; i++)
+        if ((ri = mskv__lookup(a, segs[i].request)) >= 0) a->reqs[ri].mark = 0;
+}
+
+/* Mark every segment's request; rejects unknown handles and duplicates, and
+   then leaves no mark. */
+static mskv_result mskv__mark(mskv_arena *a, const mskv_segment *segs, int32_t n, const char *what) {
     int32_t i, ri;
     mskv_result r = MSKV_SUCCESS;
     for (i = 0; i < n; i++) {
@@ -1948,26 +3495,43 @@ static mskv_result mskv__resolve(mskv_arena *a, const mskv_segment *segs, int32_
         if (ri < 0) { r = mskv__err(a, MSKV_ERROR_INVALID_HANDLE, "%s: segment %d has an unknown or removed request", what, (int)i); break; }
         if (a->reqs[ri].mark) { r = mskv__err(a, MSKV_ERROR_DUPLICATE, "%s: segment %d repeats a request", what, (int)i); break; }
         a->reqs[ri].mark = 1;
-        if (idx) idx[i] = ri;
     }
-    {
-        int32_t j;
-        for (j = 0; j < i; j++) a->reqs[mskv__lookup(a, segs[j].request)].mark = 0;
-    }
+    if (r != MSKV_SUCCESS) mskv__unmark(a, segs, i);
     return r;
 }
 
-MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_t n) {
-    int32_t i, ri;
-    int64_t need = 0;
-    mskv_result r;
-    MSKV__CHECK_SEGS(a, segs, n);
-    MSKV__LOCK(a);
-    r = mskv__resolve(a, segs, n, NULL, "admit");
+/* Checks every segment's request (unknown handles, duplicates) and, when
+   whole, that the batch holds every member of each lockstep group it
+   touches. Leaves no mark. */
+static mskv_result mskv__resolve(mskv_arena *a, const mskv_segment *segs, int32_t n, int whole, const char *what) {
+    int32_t i, m;
+    mskv_result r = mskv__mark(a, segs, n, what);
+    if (r != MSKV_SUCCESS) return r;
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
-        const mskv__req *q;
-        ri = mskv__lookup(a, segs[i].request);
-        q = &a->reqs[ri];
+        uint8_t x = a->reqs[mskv__lookup(a, segs[i].request)].xfer;
+        if (x == MSKV__XFER_IMPORT || (x && whole))
+            r = mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: segment %d's request is being %s", what, (int)i, x == MSKV__XFER_IMPORT ? "imported" : "exported");
+    }
+    for (i = 0; whole && a->nls > 0 && r == MSKV_SUCCESS && i < n; i++) {
+        const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
+        if (!q->lock) continue;
+        for (m = a->ls[q->lock - 1].first; m >= 0; m = a->reqs[m].lock_next)
+            if (!a->reqs[m].mark) {
+                r = mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: segment %d's lockstep group is not whole in the batch", what, (int)i);
+                break;
+            }
+    }
+    mskv__unmark(a, segs, n);
+    return r;
+}
+
+/* admit's checks, and the pages it would take (every group's new entries). */
+static mskv_result mskv__admit_need(mskv_arena *a, const mskv_segment *segs, int32_t n, int64_t *need) {
+    int32_t i, g;
+    mskv_result r = mskv__resolve(a, segs, n, 1, "admit");
+    *need = 0;
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
+        const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
         if (segs[i].n_tokens < 0) r = mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "admit: segment %d has %lld tokens", (int)i, (long long)segs[i].n_tokens);
         else if (q->location != MSKV_RESIDENT) r = mskv__err(a, MSKV_ERROR_OFFLOADED, "admit: segment %d's request is offloaded", (int)i);
         else if (q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "admit: segment %d's request already has a reservation", (int)i);
@@ -1975,23 +3539,52 @@ MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_
         else if (q->paused) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "admit: segment %d's request is paused", (int)i);
         else if (segs[i].n_tokens > (int64_t)INT32_MAX - a->P - q->committed)
             r = mskv__err(a, MSKV_ERROR_OVERFLOW, "admit: segment %d would pass 2^31 tokens", (int)i);
-        else need += mskv__entries_for(a, q, q->committed + segs[i].n_tokens) - q->num_pages;
+        else
+            for (g = 0; g < a->G; g++) *need += mskv__entries_for(a, &q->t[g], q->committed + segs[i].n_tokens) - q->t[g].num_pages;
     }
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_admit_query(mskv_arena *a, const mskv_segment *segs, int32_t n, int64_t *pages) {
+    mskv_result r;
+    int64_t need = 0;
+    MSKV__CHECK_SEGS(a, segs, n);
+    if (!pages) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    r = mskv__admit_need(a, segs, n, &need);
+    if (r == MSKV_SUCCESS) *pages = need;
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_t n) {
+    int32_t i, g;
+    int64_t need = 0;
+    mskv_result r;
+    MSKV__CHECK_SEGS(a, segs, n);
+    MSKV__LOCK(a);
+    r = mskv__admit_need(a, segs, n, &need);
     if (r == MSKV_SUCCESS && need > a->free_top)
         r = mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "admit: need %lld pages, %d free (%d pending)", (long long)need, (int)a->free_top, (int)a->pend_count);
     /* grow tables first: growing changes no state, and cannot fail half-way through pages */
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
         mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
-        r = mskv__reserve_table(a, q, mskv__entries_for(a, q, q->committed + segs[i].n_tokens));
+        for (g = 0; r == MSKV_SUCCESS && g < a->G; g++)
+            r = mskv__reserve_table(a, &q->t[g], mskv__entries_for(a, &q->t[g], q->committed + segs[i].n_tokens));
     }
+    if (r == MSKV_SUCCESS && n > 0) a->admits++;
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
         mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
-        int32_t add = mskv__entries_for(a, q, q->committed + segs[i].n_tokens) - q->num_pages;
-        if (add > 0) r = mskv__take(a, add, q->pages + q->num_pages);
-        MSKV_ASSERT(r == MSKV_SUCCESS); /* the total was checked above */
-        q->num_pages += add;
+        for (g = 0; g < a->G; g++) {
+            mskv__tab *t = &q->t[g];
+            int32_t add = mskv__entries_for(a, t, q->committed + segs[i].n_tokens) - t->num_pages;
+            if (add > 0) r = mskv__take(a, add, t->pages + t->num_pages);
+            MSKV_ASSERT(r == MSKV_SUCCESS); /* the total was checked above */
+            t->num_pages += add;
+        }
         q->reserved = segs[i].n_tokens;
         q->has_res = 1;
+        q->last_admit = a->admits;
     }
     MSKV__UNLOCK(a);
     return r;
@@ -1999,7 +3592,7 @@ MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_
 
 static mskv_result mskv__check_open(mskv_arena *a, const mskv_segment *segs, int32_t n, const char *what) {
     int32_t i;
-    mskv_result r = mskv__resolve(a, segs, n, NULL, what);
+    mskv_result r = mskv__resolve(a, segs, n, 1, what);
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
         const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
         if (!q->has_res) r = mskv__err(a, MSKV_ERROR_NO_RESERVATION, "%s: segment %d's request has no reservation", what, (int)i);
@@ -2019,6 +3612,8 @@ MSKV_IMPL mskv_result mskv_commit(mskv_arena *a, const mskv_segment *segs, int32
         q->committed += q->reserved;
         q->reserved = 0;
         q->has_res = 0;
+        q->pos_shift += q->pos_pending;   /* the custom position advance takes effect after the chunk */
+        q->pos_pending = 0;
     }
     MSKV__UNLOCK(a);
     return r;
@@ -2026,10 +3621,14 @@ MSKV_IMPL mskv_result mskv_commit(mskv_arena *a, const mskv_segment *segs, int32
 
 static void mskv__abort_one(mskv_arena *a, int32_t ri) {
     mskv__req *q = &a->reqs[ri];
-    int32_t keep = mskv__entries_for(a, q, q->committed);
-    mskv__drop_pages(a, ri, keep, q->num_pages - keep);
+    int32_t g;
+    for (g = a->G - 1; g >= 0; g--) {
+        int32_t keep = mskv__entries_for(a, &q->t[g], q->committed);
+        mskv__drop_pages(a, ri, g, keep, q->t[g].num_pages - keep);
+    }
     q->reserved = 0;
     q->has_res = 0;
+    q->pos_pending = 0;   /* a shift asked for during the chunk goes with it */
 }
 
 MSKV_IMPL mskv_result mskv_abort(mskv_arena *a, const mskv_segment *segs, int32_t n) {
@@ -2043,26 +3642,28 @@ MSKV_IMPL mskv_result mskv_abort(mskv_arena *a, const mskv_segment *segs, int32_
     return r;
 }
 
-/* Apply a request's retention policy: protect the sink once complete, release what left the window. */
-static void mskv__apply_retention(mskv_arena *a, int32_t ri) {
+/* Apply group g's retention policy: protect the sink once complete, release what left the window. */
+static void mskv__apply_retention(mskv_arena *a, int32_t ri, int32_t g) {
     mskv__req *q = &a->reqs[ri];
-    const mskv_retention *rt = &q->retention;
-    int64_t sink = rt->sink_chunks * rt->chunk_size, keep_from, live;
-    if (q->committed >= sink && q->prefix_tokens < sink && q->live_start <= (int64_t)q->prefix_pages * a->P)
-        (void)mskv__protect(a, ri, sink);
-    if (q->prefix_tokens < sink) return; /* the sink is not complete (or not protectable): nothing may go yet */
-    keep_from = sink + mskv_skipped_tokens(rt, q->committed);
-    live = q->committed - q->live_start;
-    if (keep_from > q->live_start && live > 0)
-        (void)mskv__release(a, ri, keep_from - q->live_start < live ? keep_from - q->live_start : live);
+    mskv__tab *t = &q->t[g];
+    const mskv_retention *rt = &t->retention;
+    int64_t sink = rt->sink_chunks * rt->chunk_size, keep_from, live, skip = 0;
+    if (q->committed >= sink && t->prefix_tokens < sink && t->live_start <= (int64_t)t->prefix_pages * a->P)
+        (void)mskv__protect(a, ri, g, sink);
+    if (t->prefix_tokens < sink) return; /* the sink is not complete (or not protectable): nothing may go yet */
+    if (mskv_skipped_tokens_get(rt, q->committed, &skip) != MSKV_SUCCESS) return; /* validated when bound: cannot happen */
+    keep_from = sink + skip;
+    live = q->committed - t->live_start;
+    if (keep_from > t->live_start && live > 0)
+        (void)mskv__release(a, ri, g, keep_from - t->live_start < live ? keep_from - t->live_start : live);
 }
 
 MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int32_t n, uint64_t *step_out) {
-    int32_t i;
+    int32_t i, g;
     mskv_result r;
     MSKV__CHECK_SEGS(a, segs, n);
     MSKV__LOCK(a);
-    r = mskv__resolve(a, segs, n, NULL, "publish");
+    r = mskv__resolve(a, segs, n, 1, "publish");
     for (i = 0; r == MSKV_SUCCESS && i < n; i++)
         if (a->reqs[mskv__lookup(a, segs[i].request)].location != MSKV_RESIDENT)
             r = mskv__err(a, MSKV_ERROR_OFFLOADED, "publish: segment %d's request is offloaded", (int)i);
@@ -2070,15 +3671,17 @@ MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int3
         int32_t ri = mskv__lookup(a, segs[i].request);
         mskv__req *q = &a->reqs[ri];
         int64_t pg;
-        /* pages that filled with committed tokens since the last publish */
-        for (pg = q->published / a->P; a->desc.on_event && (pg + 1) * a->P <= q->committed; pg++) {
-            int64_t j = 0;
-            if ((pg + 1) * a->P <= q->published) continue;
-            if (mskv__compact_index(a, q, pg * a->P, &j) == MSKV_SUCCESS)
-                mskv__emit(a, MSKV_EVENT_PAGE_STORED, ri, q->pages[j / a->P], pg * a->P);
-        }
+        /* pages that filled with committed tokens since the last publish, in every group */
+        for (g = 0; g < a->G && a->desc.on_event; g++)
+            for (pg = q->published / a->P; (pg + 1) * a->P <= q->committed; pg++) {
+                int64_t j = 0;
+                if ((pg + 1) * a->P <= q->published) continue;
+                if (mskv__compact_index(a, q, &q->t[g], pg * a->P, &j) == MSKV_SUCCESS)
+                    mskv__emit(a, MSKV_EVENT_PAGE_STORED, ri, g, q->t[g].pages[j / a->P], pg * a->P);
+            }
         q->published = q->committed;
-        if (q->has_ret) mskv__apply_retention(a, ri);
+        for (g = 0; g < a->G; g++)
+            if (q->t[g].has_ret) mskv__apply_retention(a, ri, g);
     }
     if (r == MSKV_SUCCESS) {
         if (step_out) *step_out = a->step;
@@ -2091,14 +3694,93 @@ MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int3
 
 /* Plans */
 
+/* floor(x / d) for d >= 1 and every int64 x */
+static int64_t mskv__floordiv(int64_t x, int64_t d) {
+    int64_t q = x / d;
+    return x % d != 0 && x < 0 ? q - 1 : q;
+}
+
+/* Absolute position of compacted index j of a request's stream in group table t. */
+static int64_t mskv__abs_pos(const mskv_arena *a, const mskv__tab *t, int64_t j) {
+    int64_t split = (int64_t)t->prefix_pages * a->P;
+    return j < split ? j : j + (t->live_start - split);
+}
+
+/* A derived RoPE position (pos = absolute + the request's pos_shift) minus
+   pos_offset must be exact: OVERFLOW when that does not fit in 64 bits,
+   OUT_OF_RANGE when the 1-D position or the 3-D frame does not fit in int32
+   (rows and columns always do). */
+static mskv_result mskv__pos_check(mskv_arena *a, const mskv_plan_desc *d, int64_t pos, int32_t seg) {
+    int64_t rel, v;
+    if (d->pos_mode == MSKV_POS_NONE) return MSKV_SUCCESS;
+    if ((d->pos_offset < 0 && pos > INT64_MAX + d->pos_offset) || (d->pos_offset > 0 && pos < INT64_MIN + d->pos_offset))
+        return mskv__err(a, MSKV_ERROR_OVERFLOW, "plan: segment %d: position %lld - pos_offset %lld overflows", (int)seg,
+                         (long long)pos, (long long)d->pos_offset);
+    rel = pos - d->pos_offset;
+    v = d->pos_mode == MSKV_POS_1D ? rel : mskv__floordiv(rel, (int64_t)d->grid_h * d->grid_w);
+    if (v < INT32_MIN || v > INT32_MAX)
+        return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d: %s %lld does not fit in int32", (int)seg,
+                         d->pos_mode == MSKV_POS_1D ? "position" : "frame", (long long)v);
+    return MSKV_SUCCESS;
+}
+
+/* Segment b's visibility bounds (see mskv_plan): from the desc's mode, then
+   the protected prefix taken out (exclude_prefix), in the canonical form:
+   (0, 0) when nothing is hidden. q is the segment's request (NULL for a
+   DENSE plan); only a SELF plan's keys are the request's own stream. */
+static mskv_result mskv__plan_bounds(mskv_arena *a, const mskv_plan_desc *d, const mskv__req *q, int32_t b,
+                                     int64_t *sink_end, int64_t *window_start) {
+    const mskv__tab *t = q ? &q->t[d->group] : NULL;
+    int64_t se = 0, ws = 0;
+    if (d->visibility == MSKV_VIS_CALLER) {
+        se = d->vis_sink_end[b];
+        ws = d->vis_window_start[b];
+        if (se < 0 || se > INT32_MAX || ws < 0 || ws > INT32_MAX)
+            return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: segment %d: visibility bounds %lld, %lld outside [0, 2^31)", (int)b,
+                             (long long)se, (long long)ws);
+    } else if (d->visibility == MSKV_VIS_EXACT && d->kind == MSKV_PLAN_SELF) {
+        se = t->prefix_tokens;   /* a keyed entry, a prefix or a dense sequence has released nothing */
+        ws = t->release_point;
+    }
+    if (ws <= se) se = ws = 0;
+    if (d->exclude_prefix && t->prefix_tokens > 0) {
+        if (ws == 0) {
+            ws = t->prefix_tokens;
+        } else if (se <= t->prefix_tokens) {
+            se = 0;
+            ws = ws > t->prefix_tokens ? ws : t->prefix_tokens;
+        } else {
+            return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: segment %d: exclude_prefix: the visible sink (to %lld) reaches past "
+                             "the prefix (%lld) before hidden tokens", (int)b, (long long)se, (long long)t->prefix_tokens);
+        }
+    }
+    *sink_end = se;
+    *window_start = ws;
+    return MSKV_SUCCESS;
+}
+
+/* The desc's own checks, before any segment is looked at. */
+static mskv_result mskv__plan_desc_check(mskv_arena *a, int32_t n, const mskv_plan_desc *d) {
+    if ((unsigned)d->kind > 3u || (unsigned)d->pos_mode > 2u || (unsigned)d->visibility > 2u)
+        return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: bad kind, pos_mode or visibility");
+    if (d->pos_mode == MSKV_POS_3D && (d->grid_h < 1 || d->grid_w < 1)) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: 3-D positions need grid_h, grid_w >= 1");
+    if (d->group < 0 || d->group >= a->G) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: layer group %d is not in [0, %d)", (int)d->group, (int)a->G);
+    if (d->positions && d->pos_mode == MSKV_POS_NONE) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: explicit positions need pos_mode 1-D or 3-D");
+    if (d->exclude_prefix && d->kind != MSKV_PLAN_SELF) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: exclude_prefix is for SELF plans");
+    if (d->kind == MSKV_PLAN_DENSE && n > 0 && !d->dense_kv_len) return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: dense_kv_len");
+    if (d->visibility == MSKV_VIS_CALLER && n > 0 && (!d->vis_sink_end || !d->vis_window_start))
+        return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: MSKV_VIS_CALLER needs vis_sink_end and vis_window_start");
+    return MSKV_SUCCESS;
+}
+
+/* Every check of a build, and the sizes: nothing is written before it passes. */
 static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int32_t n, const mskv_plan_desc *d,
                                     mskv_plan_size *sz, int32_t *cross_ri) {
     int32_t i, ri;
     int64_t tq = 0, ids = 0;
-    mskv_result r = MSKV_SUCCESS;
+    mskv_result r = mskv__plan_desc_check(a, n, d);
     const mskv__req *x = NULL;
-    if ((unsigned)d->kind > 2u || (unsigned)d->pos_mode > 2u) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: bad kind or pos_mode");
-    if (d->pos_mode == MSKV_POS_3D && (d->grid_h < 1 || d->grid_w < 1)) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: 3-D positions need grid_h, grid_w >= 1");
+    if (r != MSKV_SUCCESS) return r;
     if (d->kind == MSKV_PLAN_CROSS) {
         ri = mskv__lookup(a, d->cross);
         if (ri < 0) return mskv__err(a, MSKV_ERROR_INVALID_HANDLE, "plan: unknown cross entry");
@@ -2107,22 +3789,36 @@ static mskv_result mskv__plan_sizes(mskv_arena *a, const mskv_segment *segs, int
         if (x->location != MSKV_RESIDENT) return mskv__err(a, MSKV_ERROR_OFFLOADED, "plan: the cross entry is offloaded");
         *cross_ri = ri;
     }
-    if (d->kind == MSKV_PLAN_DENSE && n > 0 && !d->dense_kv_len) return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: dense_kv_len");
-    if (d->kind != MSKV_PLAN_DENSE) r = mskv__resolve(a, segs, n, NULL, "plan");
+    if (d->kind != MSKV_PLAN_DENSE) r = mskv__resolve(a, segs, n, 0, "plan");
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
-        int64_t nt = segs[i].n_tokens;
+        int64_t nt = segs[i].n_tokens, first, last, se, ws;  /* first, last: the segment's first and last query's positions */
+        const mskv__req *q = NULL;
         if (nt < 0) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: segment %d has %lld tokens", (int)i, (long long)nt);
         if (d->kind == MSKV_PLAN_DENSE) {
             if (d->dense_kv_len[i] < 0 || d->dense_kv_len[i] > INT32_MAX) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "plan: dense kv length");
             if (nt > d->dense_kv_len[i])
                 return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)d->dense_kv_len[i]);
+            first = d->dense_kv_len[i] - nt;
+            last = d->dense_kv_len[i] - 1;
         } else {
-            const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
+            const mskv__tab *t;
+            int64_t len;
+            q = &a->reqs[mskv__lookup(a, segs[i].request)];
+            t = &q->t[d->group];
+            len = mskv__kv_len(a, q, t);
             if (q->location != MSKV_RESIDENT) return mskv__err(a, MSKV_ERROR_OFFLOADED, "plan: segment %d's request is offloaded", (int)i);
-            if (nt > mskv__kv_len(a, q))
-                return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)mskv__kv_len(a, q));
-            ids += d->kind == MSKV_PLAN_SELF ? q->num_pages : x->num_pages;
+            if (nt > len)
+                return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "plan: segment %d has %lld queries but only %lld tokens", (int)i, (long long)nt, (long long)len);
+            ids += d->kind == MSKV_PLAN_SELF ? t->num_pages : d->kind == MSKV_PLAN_CROSS ? x->t[d->group].num_pages : 0;
+            first = mskv__abs_pos(a, t, len - nt) + q->pos_shift;
+            last = mskv__abs_pos(a, t, len - 1) + q->pos_shift;
         }
+        /* derived positions rise along a segment: its two ends bound every entry (the
+           last first: an overflow, from a negative offset, shows there) */
+        if (nt > 0 && !(d->positions && d->positions[i]) &&
+            ((r = mskv__pos_check(a, d, last, i)) != MSKV_SUCCESS || (r = mskv__pos_check(a, d, first, i)) != MSKV_SUCCESS))
+            return r;
+        if ((r = mskv__plan_bounds(a, d, q, i, &se, &ws)) != MSKV_SUCCESS) return r;
         tq += nt;
     }
     if (r != MSKV_SUCCESS) return r;
@@ -2147,13 +3843,96 @@ MSKV_IMPL mskv_result mskv_plan_query(mskv_arena *a, const mskv_segment *segs, i
     return r;
 }
 
-static int32_t mskv__floordiv(int64_t x, int64_t d) { return (int32_t)(x >= 0 ? x / d : -((-x + d - 1) / d)); }
+/* The arrays a build writes: the required ones, and the optional ones this desc cannot do without. */
+static mskv_result mskv__plan_arrays_check(mskv_arena *a, const mskv_plan_desc *d, const mskv_plan_size *sz, const mskv_plan *p) {
+    if (!p->qo_indptr || !p->kv_indptr || !p->kv_last_page_len || !p->kv_len || !p->kv_pos_split || !p->kv_pos_shift ||
+        !p->kv_token_indptr || (sz->total_q > 0 && !p->slot_mapping) || (sz->num_page_ids > 0 && !p->kv_indices) ||
+        (d->pos_mode != MSKV_POS_NONE && sz->total_q > 0 && !p->positions))
+        return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: an output array is NULL");
+    if (d->kind == MSKV_PLAN_PREFIX && sz->total_q > 0 && !p->q_pos)
+        return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: a PREFIX plan needs q_pos (its queries are not the tail of its keys)");
+    if ((d->visibility != MSKV_VIS_PAGES || d->exclude_prefix) && sz->batch > 0 && (!p->vis_sink_end || !p->vis_window_start))
+        return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: visibility bounds need vis_sink_end and vis_window_start");
+    if (p->cap_batch < sz->batch || p->cap_tokens < sz->total_q || p->cap_page_ids < sz->num_page_ids)
+        return mskv__err(a, MSKV_ERROR_CAPACITY, "plan: needs batch %d, tokens %d, page ids %d; capacity %d, %d, %d", (int)sz->batch,
+                         (int)sz->total_q, (int)sz->num_page_ids, (int)p->cap_batch, (int)p->cap_tokens, (int)p->cap_page_ids);
+    return MSKV_SUCCESS;
+}
+
+/* Segment b's keys: its pages (SELF: its own stream; CROSS: the keyed
+   entry's) or a dense length (DENSE: the desc's; PREFIX: the request's
+   prefix); returns kv_len and sets the position map. */
+static int64_t mskv__plan_keys(mskv_arena *a, const mskv_plan_desc *d, const mskv__req *kv, int32_t b, mskv_plan *p,
+                               int32_t *id_at) {
+    const mskv__tab *kt = kv ? &kv->t[d->group] : NULL;
+    int64_t len, split, shift = 0;
+    if (d->kind == MSKV_PLAN_SELF || d->kind == MSKV_PLAN_CROSS) {
+        len = mskv__kv_len(a, kv, kt);
+        split = (int64_t)kt->prefix_pages * a->P;
+        shift = kt->live_start - split;
+        if (split > len) split = len;
+        if (kt->num_pages) memcpy(p->kv_indices + *id_at, kt->pages, (size_t)kt->num_pages * sizeof(int32_t));
+        *id_at += kt->num_pages;
+        p->kv_last_page_len[b] = kt->num_pages ? (int32_t)(len - (int64_t)(kt->num_pages - 1) * a->P) : 0;
+    } else {
+        len = d->kind == MSKV_PLAN_PREFIX ? kt->prefix_tokens : d->dense_kv_len[b];
+        split = len;
+        p->kv_last_page_len[b] = 0;
+    }
+    p->kv_len[b] = (int32_t)len;
+    p->kv_pos_split[b] = (int32_t)split;
+    p->kv_pos_shift[b] = (int32_t)shift;
+    p->kv_indptr[b + 1] = *id_at;
+    p->kv_token_indptr[b + 1] = p->kv_token_indptr[b] + len;
+    return len;
+}
+
+/* Segment b's queries, rows [q_at, q_at + nq): the tail of its own stream
+   (SELF, CROSS, PREFIX) or of the dense sequence of len keys. Slots for its
+   reserved tokens (SELF), mask positions, RoPE positions. Returns whether
+   q_pos left the tail rule. */
+static int mskv__plan_queries(mskv_arena *a, const mskv_plan_desc *d, const mskv__req *q, int32_t b, int32_t q_at, int32_t nq,
+                              int64_t len, mskv_plan *p) {
+    const mskv__tab *qt = q ? &q->t[d->group] : NULL;
+    const int32_t *expl = d->positions ? d->positions[b] : NULL;
+    int64_t own_len = q ? mskv__kv_len(a, q, qt) : len, split = p->kv_pos_split[b], shift = p->kv_pos_shift[b];
+    int moved = 0;
+    int32_t i;
+    for (i = 0; i < nq; i++) {
+        int64_t j = own_len - nq + i, pos = q ? mskv__abs_pos(a, qt, j) : j, t = len - nq + i;
+        /* only reserved tokens get a slot: a committed page may be shared with a fork */
+        p->slot_mapping[q_at + i] = d->kind == MSKV_PLAN_SELF && pos >= q->committed
+                                        ? (int64_t)qt->pages[j / a->P] * a->P + j % a->P : -1;
+        if (p->q_pos) {
+            int64_t tail = t < split ? t : t + shift;
+            p->q_pos[q_at + i] = (int32_t)(d->kind == MSKV_PLAN_PREFIX ? pos : tail);
+            moved |= (int64_t)p->q_pos[q_at + i] != tail;
+        }
+        if (d->pos_mode == MSKV_POS_NONE) continue;
+        if (expl) {
+            int32_t k, w = d->pos_mode == MSKV_POS_1D ? 1 : 3;
+            for (k = 0; k < w; k++) p->positions[w * (q_at + i) + k] = expl[w * i + k];
+            continue;
+        }
+        pos += (q ? q->pos_shift : 0) - d->pos_offset;   /* checked by mskv__plan_sizes: exact, and in int32 */
+        if (d->pos_mode == MSKV_POS_1D) {
+            p->positions[q_at + i] = (int32_t)pos;
+        } else {
+            int64_t tpf = (int64_t)d->grid_h * d->grid_w;
+            int64_t f = mskv__floordiv(pos, tpf);
+            int64_t rem = pos % tpf < 0 ? pos % tpf + tpf : pos % tpf;  /* f * tpf itself may not fit */
+            p->positions[3 * (q_at + i) + 0] = (int32_t)f;
+            p->positions[3 * (q_at + i) + 1] = (int32_t)(rem / d->grid_w);
+            p->positions[3 * (q_at + i) + 2] = (int32_t)(rem % d->grid_w);
+        }
+    }
+    return moved;
+}
 
 MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *p) {
     mskv_plan_desc zero;
     mskv_plan_size sz;
-    int32_t cross = -1, b, i, q_at = 0, id_at = 0;
-    int64_t tok_at = 0;
+    int32_t cross = -1, b, q_at = 0, id_at = 0;
     mskv_result r;
     if (!a || !p) return MSKV_ERROR_NULL_POINTER;
     if (n < 0) return MSKV_ERROR_INVALID_ARGUMENT;
@@ -2161,20 +3940,19 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
     if (!desc) { memset(&zero, 0, sizeof zero); desc = &zero; }
     MSKV__LOCK(a);
     r = mskv__plan_sizes(a, segs, n, desc, &sz, &cross);
-    if (r == MSKV_SUCCESS && (!p->qo_indptr || !p->kv_indptr || !p->kv_last_page_len || !p->kv_len || !p->kv_pos_split ||
-                              !p->kv_pos_shift || !p->kv_token_indptr || (sz.total_q > 0 && !p->slot_mapping) ||
-                              (sz.num_page_ids > 0 && !p->kv_indices) ||
-                              (desc->pos_mode != MSKV_POS_NONE && sz.total_q > 0 && !p->positions)))
-        r = mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: an output array is NULL");
-    if (r == MSKV_SUCCESS && (p->cap_batch < sz.batch || p->cap_tokens < sz.total_q || p->cap_page_ids < sz.num_page_ids))
-        r = mskv__err(a, MSKV_ERROR_CAPACITY, "plan: needs batch %d, tokens %d, page ids %d; capacity %d, %d, %d", (int)sz.batch,
-                      (int)sz.total_q, (int)sz.num_page_ids, (int)p->cap_batch, (int)p->cap_tokens, (int)p->cap_page_ids);
+    if (r == MSKV_SUCCESS) r = mskv__plan_arrays_check(a, desc, &sz, p);
     if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
     p->batch = sz.batch;
     p->total_q = sz.total_q;
     p->num_page_ids = sz.num_page_ids;
     p->page_size = a->P;
     p->step = a->step;
+    p->features = 0;
+    p->generation = desc->kind == MSKV_PLAN_DENSE || desc->kind == MSKV_PLAN_PREFIX ? 0 : a->generation;   /* dense plans read no pages */
+    p->cross.id = desc->kind == MSKV_PLAN_CROSS ? desc->cross.id : 0;
+    p->group = desc->group;
+    if (p->requests && desc->kind != MSKV_PLAN_DENSE)   /* cap_batch entries, checked above */
+        for (b = 0; b < n; b++) p->requests[b] = segs[b].request;
     p->qo_indptr[0] = 0;
     p->kv_indptr[0] = 0;
     p->kv_token_indptr[0] = 0;
@@ -2182,52 +3960,14 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
         const mskv__req *q = desc->kind == MSKV_PLAN_DENSE ? NULL : &a->reqs[mskv__lookup(a, segs[b].request)];
         const mskv__req *kv = desc->kind == MSKV_PLAN_CROSS ? &a->reqs[cross] : q;
         int32_t nq = (int32_t)segs[b].n_tokens;
-        int64_t len, own_len, split, shift;
-        if (kv) {
-            len = mskv__kv_len(a, kv);
-            split = (int64_t)kv->prefix_pages * a->P;
-            if (split > len) split = len;
-            shift = kv->live_start - (int64_t)kv->prefix_pages * a->P;
-            if (kv->num_pages) memcpy(p->kv_indices + id_at, kv->pages, (size_t)kv->num_pages * sizeof(int32_t));
-            id_at += kv->num_pages;
-            p->kv_last_page_len[b] = kv->num_pages ? (int32_t)(len - (int64_t)(kv->num_pages - 1) * a->P) : 0;
-        } else {
-            len = desc->dense_kv_len[b];
-            split = len;
-            shift = 0;
-            p->kv_last_page_len[b] = 0;
+        int64_t len = mskv__plan_keys(a, desc, kv, b, p, &id_at), se = 0, ws = 0;
+        (void)mskv__plan_bounds(a, desc, q, b, &se, &ws);   /* checked by mskv__plan_sizes */
+        if (p->vis_sink_end && p->vis_window_start) {
+            p->vis_sink_end[b] = (int32_t)se;
+            p->vis_window_start[b] = (int32_t)ws;
         }
-        p->kv_len[b] = (int32_t)len;
-        p->kv_pos_split[b] = (int32_t)split;
-        p->kv_pos_shift[b] = (int32_t)shift;
-        p->kv_indptr[b + 1] = id_at;
-        tok_at += len;
-        p->kv_token_indptr[b + 1] = tok_at;
-        /* the segment's own tokens: the tail of its own stream (SELF, CROSS) or of the dense sequence */
-        own_len = q ? mskv__kv_len(a, q) : len;
-        for (i = 0; i < nq; i++) {
-            int64_t j = own_len - nq + i, pos;
-            if (q) {
-                int64_t qsplit = (int64_t)q->prefix_pages * a->P;
-                pos = j < qsplit ? j : j + (q->live_start - qsplit);
-            } else {
-                pos = j;
-            }
-            /* only reserved tokens get a slot: a committed page may be shared with a fork */
-            p->slot_mapping[q_at + i] = desc->kind == MSKV_PLAN_SELF && pos >= q->committed
-                                            ? (int64_t)q->pages[j / a->P] * a->P + j % a->P : -1;
-            pos -= desc->pos_offset;
-            if (desc->pos_mode == MSKV_POS_1D) {
-                p->positions[q_at + i] = (int32_t)pos;
-            } else if (desc->pos_mode == MSKV_POS_3D) {
-                int64_t tpf = (int64_t)desc->grid_h * desc->grid_w;
-                int32_t f = mskv__floordiv(pos, tpf);
-                int64_t rem = pos - (int64_t)f * tpf;
-                p->positions[3 * (q_at + i) + 0] = f;
-                p->positions[3 * (q_at + i) + 1] = (int32_t)(rem / desc->grid_w);
-                p->positions[3 * (q_at + i) + 2] = (int32_t)(rem % desc->grid_w);
-            }
-        }
+        if (ws > se) p->features |= MSKV_PLAN_VISIBILITY;
+        if (mskv__plan_queries(a, desc, q, b, q_at, nq, len, p)) p->features |= MSKV_PLAN_Q_POS;
         q_at += nq;
         p->qo_indptr[b + 1] = q_at;
     }
@@ -2236,15 +3976,20 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
 }
 
 MSKV_IMPL mskv_result mskv_plan_alloc(mskv_arena *a, int32_t cap_batch, int32_t cap_tokens, int32_t cap_page_ids, mskv_plan *p) {
-    size_t b, t, ids, total = 0, off = 0;
+    size_t b, t, ids, total = 0, off = 0, eights, fours;
     unsigned char *mem;
     if (!a || !p) return MSKV_ERROR_NULL_POINTER;
     if (cap_batch < 0 || cap_tokens < 0 || cap_page_ids < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     b = (size_t)cap_batch;
     t = (size_t)cap_tokens;
     ids = (size_t)cap_page_ids;
-    /* 8-byte arrays first, then 4-byte ones: natural alignment without padding */
-    total = (b + 1) * 8 + t * 8 + (b + 1) * 4 * 2 + ids * 4 + b * 4 * 4 + t * 4 * 3;
+    /* 8-byte arrays first, then 4-byte ones: natural alignment without padding.
+       Elements: (b + 1) + t eights; 2 (b + 1) + ids + 7 b + 4 t fours (the
+       requests' handles are 4 bytes). Checked: with a 32-bit size_t they overflow. */
+    if (!mskv__add(b + 1, t, &eights) || !mskv__mul(eights, 8, &eights) || !mskv__mul(b, 9, &fours) ||
+        !mskv__add(fours, 2, &fours) || !mskv__add(fours, ids, &fours) || !mskv__mul(t, 4, &total) ||
+        !mskv__add(fours, total, &fours) || !mskv__mul(fours, 4, &fours) || !mskv__add(eights, fours, &total))
+        return mskv__err(a, MSKV_ERROR_OVERFLOW, "plan_alloc: capacities %d, %d, %d", (int)cap_batch, (int)cap_tokens, (int)cap_page_ids);
     mem = (unsigned char *)mskv__alloc(&a->al, total);
     if (!mem) return mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "plan_alloc: %zu bytes", total);
     memset(p, 0, sizeof *p);
@@ -2258,7 +4003,11 @@ MSKV_IMPL mskv_result mskv_plan_alloc(mskv_arena *a, int32_t cap_batch, int32_t 
     p->kv_len = (int32_t *)(void *)(mem + off); off += b * 4;
     p->kv_pos_split = (int32_t *)(void *)(mem + off); off += b * 4;
     p->kv_pos_shift = (int32_t *)(void *)(mem + off); off += b * 4;
+    p->requests = (mskv_request *)(void *)(mem + off); off += b * sizeof(mskv_request);
+    p->vis_sink_end = (int32_t *)(void *)(mem + off); off += b * 4;
+    p->vis_window_start = (int32_t *)(void *)(mem + off); off += b * 4;
     p->positions = (int32_t *)(void *)(mem + off); off += t * 4 * 3;
+    p->q_pos = (int32_t *)(void *)(mem + off); off += t * 4;
     MSKV_ASSERT(off == total);
     p->cap_batch = cap_batch;
     p->cap_tokens = cap_tokens;
@@ -2272,8 +4021,35 @@ MSKV_IMPL void mskv_plan_free(mskv_arena *a, mskv_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
+/* mskv_plan_validate's checks of the optional arrays against features. */
+static mskv_result mskv__plan_validate_extras(const mskv_plan *p, char *why, size_t cap) {
+    int32_t b, i;
+#define MSKV__BAD(...) do { mskv__why(why, cap, __VA_ARGS__); return MSKV_ERROR_INVALID_ARGUMENT; } while (0)
+    if ((p->features & ~(MSKV_PLAN_Q_POS | MSKV_PLAN_VISIBILITY)) != 0) MSKV__BAD("unknown feature bits 0x%x", (unsigned)p->features);
+    if (!p->vis_sink_end != !p->vis_window_start) MSKV__BAD("one of vis_sink_end, vis_window_start without the other");
+    if ((p->features & MSKV_PLAN_VISIBILITY) && !p->vis_sink_end) MSKV__BAD("MSKV_PLAN_VISIBILITY without bounds");
+    if ((p->features & MSKV_PLAN_Q_POS) && !p->q_pos) MSKV__BAD("MSKV_PLAN_Q_POS without q_pos");
+    for (b = 0; b < p->batch; b++) {
+        int32_t split = p->kv_pos_split ? p->kv_pos_split[b] : p->kv_len[b], shift = p->kv_pos_shift ? p->kv_pos_shift[b] : 0;
+        int32_t qo = p->qo_indptr[b + 1] - p->qo_indptr[b];
+        if (p->vis_sink_end) {
+            int32_t se = p->vis_sink_end[b], ws = p->vis_window_start[b];
+            if (se < 0 || ws < 0) MSKV__BAD("negative visibility bound in sequence %d", (int)b);
+            if (!(p->features & MSKV_PLAN_VISIBILITY) && ws > se) MSKV__BAD("sequence %d hides keys without MSKV_PLAN_VISIBILITY", (int)b);
+        }
+        for (i = 0; p->q_pos && !(p->features & MSKV_PLAN_Q_POS) && i < qo; i++) {
+            int64_t t = (int64_t)p->kv_len[b] - qo + i;
+            if ((int64_t)p->q_pos[p->qo_indptr[b] + i] != (t < split ? t : t + shift))
+                MSKV__BAD("q_pos of query %d of sequence %d is not the tail rule without MSKV_PLAN_Q_POS", (int)i, (int)b);
+        }
+    }
+#undef MSKV__BAD
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, char *why, size_t cap) {
     int32_t b, i, P;
+    mskv_result r;
     if (!p) return MSKV_ERROR_NULL_POINTER;
     P = p->page_size;
 #define MSKV__BAD(...) do { mskv__why(why, cap, __VA_ARGS__); return MSKV_ERROR_INVALID_ARGUMENT; } while (0)
@@ -2282,12 +4058,21 @@ MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, 
         MSKV__BAD("a plan array is NULL");
     if (p->qo_indptr[0] != 0 || p->kv_indptr[0] != 0) MSKV__BAD("indptr[0] must be 0");
     for (b = 0; b < p->batch; b++) {
-        int32_t np = p->kv_indptr[b + 1] - p->kv_indptr[b], last = p->kv_last_page_len[b];
+        int64_t np = (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
+        int32_t last = p->kv_last_page_len[b];
         if (p->qo_indptr[b + 1] < p->qo_indptr[b]) MSKV__BAD("qo_indptr decreases at %d", (int)b);
         if (np < 0) MSKV__BAD("kv_indptr decreases at %d", (int)b);
+        if (p->kv_len[b] < 0) MSKV__BAD("kv_len[%d] is negative", (int)b);
+        /* kv_indices holds num_page_ids ids: nothing past them is read */
+        if (p->kv_indptr[b + 1] > p->num_page_ids)
+            MSKV__BAD("kv_indptr[%d] = %d is past num_page_ids %d", (int)b + 1, (int)p->kv_indptr[b + 1], (int)p->num_page_ids);
         if (np > 0 && (last < 1 || last > P)) MSKV__BAD("kv_last_page_len[%d] = %d outside [1, %d]", (int)b, (int)last, (int)P);
         if (np == 0 && last != 0) MSKV__BAD("kv_last_page_len[%d] = %d for a sequence without pages", (int)b, (int)last);
         if (np > 0 && (int64_t)p->kv_len[b] != (int64_t)(np - 1) * P + last) MSKV__BAD("kv_len[%d] = %d does not match its pages", (int)b, (int)p->kv_len[b]);
+        if (np == 0 && p->kv_len[b] > 0 && !p->kv_token_indptr) MSKV__BAD("sequence %d has keys but no pages and no kv_token_indptr", (int)b);
+        if (np == 0 && p->kv_len[b] > 0 &&
+            (p->kv_token_indptr[b] < 0 || p->kv_token_indptr[b + 1] - p->kv_token_indptr[b] != (int64_t)p->kv_len[b]))
+            MSKV__BAD("dense sequence %d: kv_token_indptr[%d..%d] is not kv_len apart", (int)b, (int)b, (int)b + 1);
         if (p->kv_pos_split && (p->kv_pos_split[b] < 0 || p->kv_pos_split[b] > p->kv_len[b])) MSKV__BAD("kv_pos_split[%d] outside [0, kv_len]", (int)b);
         if (p->kv_pos_shift && p->kv_pos_shift[b] < 0) MSKV__BAD("kv_pos_shift[%d] is negative", (int)b);
         for (i = p->kv_indptr[b]; i < p->kv_indptr[b + 1]; i++) {
@@ -2301,35 +4086,184 @@ MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, 
     if (p->qo_indptr[p->batch] != p->total_q) MSKV__BAD("qo_indptr[batch] != total_q");
     if (p->kv_indptr[p->batch] != p->num_page_ids) MSKV__BAD("kv_indptr[batch] != num_page_ids");
 #undef MSKV__BAD
+    if ((r = mskv__plan_validate_extras(p, why, cap)) != MSKV_SUCCESS) return r;
     mskv__why(why, cap, "ok");
     return MSKV_SUCCESS;
 }
 
+/* A request a plan reads: still there, and no page left its group-g table since generation gen. */
+static int mskv__plan_req_current(const mskv_arena *a, mskv_request h, int32_t g, uint64_t gen) {
+    int32_t ri = mskv__lookup(a, h);
+    return ri >= 0 && a->reqs[ri].t[g].shrunk <= gen;
+}
+
+MSKV_IMPL mskv_result mskv_plan_check(mskv_arena *a, const mskv_plan *p) {
+    int ok = 1;
+    int32_t b;
+    if (!a || !p) return MSKV_ERROR_NULL_POINTER;
+    if (p->generation == 0) return MSKV_SUCCESS;
+    MSKV__LOCK(a);
+    if (p->generation != a->generation) {   /* something lost pages since the build: whose? */
+        if (p->generation > a->generation || p->group < 0 || p->group >= a->G) ok = 0;   /* not a plan of this arena */
+        else if (p->cross.id) ok = mskv__plan_req_current(a, p->cross, p->group, p->generation);
+        else if (!p->requests) ok = 0;
+        else
+            for (b = 0; ok && b < p->batch; b++) ok = mskv__plan_req_current(a, p->requests[b], p->group, p->generation);
+    }
+    MSKV__UNLOCK(a);
+    return ok ? MSKV_SUCCESS
+              : mskv__err(a, MSKV_ERROR_STALE_PLAN, "plan built at generation %llu is stale: pages left one of its requests since",
+                          (unsigned long long)p->generation);
+}
+
+/* Prefix views */
+
+/* The checks every view call starts with (before the lock). */
+#define MSKV__CHECK_VIEW(a, v)                                                                    \
+    do {                                                                                          \
+        if (!(a) || !(v)) return MSKV_ERROR_NULL_POINTER;                                         \
+        MSKV__CHECK_GROUP(a, (v)->group);                                                         \
+    } while (0)
+
+/* Copies prefix page i (rows tokens) of every layer into the view, from the
+   host pools or from a page record read through store_ops. */
+static void mskv__view_copy_page(const mskv_arena *a, mskv_prefix_view *v, int32_t page, int64_t first, int64_t rows,
+                                 const unsigned char *record) {
+    const size_t slot = a->store.slot_bytes, n = (size_t)rows * slot;
+    int32_t l, kind;
+    for (l = 0; l < a->store.num_layers; l++)
+        for (kind = 0; kind < 2; kind++) {
+            unsigned char *dst = (unsigned char *)(kind ? v->v : v->k) + ((size_t)l * (size_t)v->cap_tokens + (size_t)first) * slot;
+            const unsigned char *src = record ? record + (size_t)(l * 2 + kind) * a->store.page_bytes
+                                              : a->pools[l * 2 + kind] + (size_t)page * a->store.page_bytes;
+            memcpy(dst, src, n);
+        }
+}
+
+MSKV_IMPL mskv_result mskv_prefix_view_gather(mskv_arena *a, mskv_prefix_view *v) {
+    int32_t ri, i;
+    const mskv__tab *t;
+    size_t bytes;
+    unsigned char *record = NULL;
+    mskv_result r = MSKV_SUCCESS;
+    MSKV__CHECK_VIEW(a, v);
+    if (v->cap_tokens < 0) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "prefix view: negative cap_tokens");
+    if (v->cap_tokens > 0 && (!v->k || !v->v)) return MSKV_ERROR_NULL_POINTER;
+    if (a->record_bytes == 0) return mskv__err(a, MSKV_ERROR_UNSUPPORTED, "prefix view: the arena keeps no K/V bytes (num_layers 0)");
+    if (!mskv__mul((size_t)a->store.num_layers, (size_t)v->cap_tokens, &bytes) || !mskv__mul(bytes, a->store.slot_bytes, &bytes))
+        return mskv__err(a, MSKV_ERROR_OVERFLOW, "prefix view: %lld tokens per layer do not fit in memory", (long long)v->cap_tokens);
+    MSKV__LOCK(a);
+    MSKV__GET(a, v->request, ri);
+    t = &a->reqs[ri].t[v->group];
+    if (a->reqs[ri].location != MSKV_RESIDENT) r = mskv__err(a, MSKV_ERROR_OFFLOADED, "prefix view: the request is offloaded");
+    else if (t->prefix_tokens > v->cap_tokens)
+        r = mskv__err(a, MSKV_ERROR_CAPACITY, "prefix view: the prefix has %lld tokens, the view room for %lld", (long long)t->prefix_tokens,
+                      (long long)v->cap_tokens);
+    else if (a->desc.store_ops && t->prefix_pages > 0 && !(record = (unsigned char *)mskv__alloc(&a->al, a->record_bytes)))
+        r = mskv__err(a, MSKV_ERROR_OUT_OF_MEMORY, "prefix view: a page record of %zu bytes", a->record_bytes);
+    for (i = 0; r == MSKV_SUCCESS && i < t->prefix_pages; i++) {
+        int64_t first = (int64_t)i * a->P, rows = t->prefix_tokens - first < a->P ? t->prefix_tokens - first : a->P;
+        if (record) r = a->desc.store_ops->read_pages(a->desc.store_ops->user, &t->pages[i], 1, record);
+        if (r == MSKV_SUCCESS) mskv__view_copy_page(a, v, t->pages[i], first, rows, record);
+        else v->epoch = 0;   /* part old, part new: refuse it rather than let it pass for either */
+    }
+    mskv__free(&a->al, record);
+    if (r == MSKV_SUCCESS) {
+        v->tokens = t->prefix_tokens;
+        v->epoch = t->epoch;
+        v->num_layers = a->store.num_layers;
+        v->kv_heads = a->store.kv_heads;
+        v->head_dim = a->store.head_dim;
+        v->dtype = a->store.dtype;
+        v->device = 0;
+    }
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+/* Whether epoch is still request's prefix_epoch in group g (under the lock). */
+static mskv_result mskv__epoch_check(mskv_arena *a, mskv_request h, int32_t g, uint64_t epoch, int64_t tokens) {
+    int32_t ri;
+    const mskv__tab *t;
+    mskv_result r = MSKV_SUCCESS;
+    MSKV__CHECK_GROUP(a, g);
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    t = &a->reqs[ri].t[g];
+    if (epoch == 0 || epoch != t->epoch || (tokens >= 0 && tokens != t->prefix_tokens))
+        r = mskv__err(a, MSKV_ERROR_STALE_VIEW, "prefix view of epoch %llu, %lld tokens: the request's prefix is at epoch %llu, %lld tokens",
+                      (unsigned long long)epoch, (long long)tokens, (unsigned long long)t->epoch, (long long)t->prefix_tokens);
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_prefix_view_check(mskv_arena *a, const mskv_prefix_view *v) {
+    MSKV__CHECK_VIEW(a, v);
+    return mskv__epoch_check(a, v->request, v->group, v->epoch, v->tokens);
+}
+
+MSKV_IMPL mskv_result mskv_prefix_view_layer(const mskv_prefix_view *v, mskv_arena *a, int32_t layer, mskv_dense_kv *out) {
+    size_t off, es;
+    if (!v || !out) return MSKV_ERROR_NULL_POINTER;
+    if (v->epoch == 0) return MSKV_ERROR_STALE_VIEW;   /* never gathered */
+    if (v->device) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (layer < 0 || layer >= v->num_layers) return MSKV_ERROR_OUT_OF_RANGE;
+    es = mskv_dtype_size(v->dtype);
+    off = (size_t)layer * (size_t)v->cap_tokens * (size_t)v->kv_heads * (size_t)v->head_dim * es;  /* inside the buffers the gather filled */
+    memset(out, 0, sizeof *out);
+    out->k = (const unsigned char *)v->k + off;
+    out->v = (const unsigned char *)v->v + off;
+    out->dtype = v->dtype;
+    out->kv_heads = v->kv_heads;
+    out->head_dim = v->head_dim;
+    out->tokens = v->tokens;
+    out->arena = a;
+    out->request = v->request;
+    out->group = v->group;
+    out->epoch = v->epoch;
+    return MSKV_SUCCESS;
+}
+
+/* The dense K/V's epoch check (mskv_cpu_attention_dense). */
+static mskv_result mskv__dense_kv_check(const mskv_dense_kv *kv) {
+    if (!kv->arena) return MSKV_SUCCESS;
+    return mskv__epoch_check(kv->arena, kv->request, kv->group, kv->epoch, -1);
+}
+
 /* Keyed entries */
 
+/* A keyed entry has pages in every layer group: each group's cross-attention
+   layers keep their K/V on the group's pages. */
 MSKV_IMPL mskv_result mskv_keyed_create(mskv_arena *a, uint64_t key, int64_t n_tokens, mskv_request *out) {
-    int32_t ri, need;
+    int32_t ri, need, g;
     mskv__req *q;
-    mskv_result r;
+    mskv_result r = MSKV_SUCCESS;
     if (!a || !out) return MSKV_ERROR_NULL_POINTER;
     if (n_tokens < 1) return MSKV_ERROR_INVALID_ARGUMENT;
     if (n_tokens > (int64_t)INT32_MAX - a->P) return MSKV_ERROR_OVERFLOW;
     MSKV__LOCK(a);
     if (mskv__find_key(a, key) >= 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_DUPLICATE, "keyed_create: key exists"); }
     need = mskv__ceil_div(n_tokens, a->P);
-    if (need > a->free_top) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "keyed_create: need %d pages, %d free", (int)need, (int)a->free_top); }
+    /* the header's order of resources: a request slot before pages */
+    if (a->req_free_top == 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "keyed_create: no request slot"); }
+    if ((int64_t)need * a->G > a->free_top) {
+        MSKV__UNLOCK(a);
+        return mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "keyed_create: need %lld pages, %d free", (long long)need * a->G, (int)a->free_top);
+    }
     ri = mskv__new_req(a);
     if (ri < 0) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "keyed_create: no request slot"); }
     q = &a->reqs[ri];
-    r = mskv__reserve_table(a, q, need);
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++) r = mskv__reserve_table(a, &q->t[g], need);
     if (r != MSKV_SUCCESS) {
         mskv__undo_new_req(a, ri);
         MSKV__UNLOCK(a);
         return r;
     }
-    r = mskv__take(a, need, q->pages);
-    MSKV_ASSERT(r == MSKV_SUCCESS);
-    q->num_pages = need;
+    for (g = 0; g < a->G; g++) {
+        r = mskv__take(a, need, q->t[g].pages);
+        MSKV_ASSERT(r == MSKV_SUCCESS);
+        q->t[g].num_pages = need;
+    }
     q->keyed = 1;
     q->key = key;
     q->reserved = n_tokens;
@@ -2366,6 +4300,7 @@ MSKV_IMPL mskv_result mskv_keyed_find(mskv_arena *a, uint64_t key, mskv_request 
     if (!a || !out) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     ri = mskv__find_key(a, key);
+    if (ri >= 0 && a->reqs[ri].xfer == MSKV__XFER_IMPORT) ri = -1;   /* not an entry until its import commits */
     if (ri >= 0) *out = mskv__handle(a, ri);
     MSKV__UNLOCK(a);
     return ri >= 0 ? MSKV_SUCCESS : MSKV_ERROR_NOT_FOUND;
@@ -2376,7 +4311,13 @@ MSKV_IMPL mskv_result mskv_keyed_remove(mskv_arena *a, uint64_t key) {
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     ri = mskv__find_key(a, key);
-    if (ri >= 0) mskv__del_req(a, ri);
+    if (ri >= 0 && a->reqs[ri].xfer) {
+        mskv_result r = mskv__err(a, a->reqs[ri].xfer == MSKV__XFER_IMPORT ? MSKV_ERROR_NOT_FOUND : MSKV_ERROR_BAD_STATE,
+                                  "keyed_remove: the entry is being %s", a->reqs[ri].xfer == MSKV__XFER_IMPORT ? "imported" : "exported");
+        MSKV__UNLOCK(a);
+        return r;
+    }
+    if (ri >= 0) mskv__del_req(a, ri);   /* keyed entries are never lockstep members */
     MSKV__UNLOCK(a);
     return ri >= 0 ? MSKV_SUCCESS : mskv__err(a, MSKV_ERROR_NOT_FOUND, "keyed_remove: no such key");
 }
@@ -2452,10 +4393,333 @@ MSKV_IMPL mskv_result mskv_session_abort_chunk(mskv_session *s) {
     return r;
 }
 
+/* // >>scheduling (implementation) ---------------------------------------- */
+
+/* Lockstep groups */
+
+static int32_t mskv__ls_lookup(const mskv_arena *a, mskv_lockstep h) {
+    uint32_t s = h.id & 0xFFFFu;
+    if (s == 0 || s > (uint32_t)a->max_ls) return -1;
+    s -= 1;
+    if (!a->ls[s].used || a->ls[s].gen != (uint16_t)(h.id >> 16)) return -1;
+    return (int32_t)s;
+}
+
+#define MSKV__GET_LS(a, h, s)                                                                     \
+    do {                                                                                          \
+        (s) = mskv__ls_lookup((a), (h));                                                          \
+        if ((s) < 0) {                                                                            \
+            mskv_result mskv__e = mskv__err((a), MSKV_ERROR_INVALID_HANDLE, "lockstep handle 0x%08x is unknown or dissolved", (unsigned)(h).id); \
+            MSKV__UNLOCK(a);                                                                      \
+            return mskv__e;                                                                       \
+        }                                                                                         \
+    } while (0)
+
+/* The members' request indices, in order, into idx; their number. */
+static int32_t mskv__ls_members(const mskv_arena *a, int32_t s, int32_t *idx) {
+    int32_t n = 0, ri;
+    for (ri = a->ls[s].first; ri >= 0; ri = a->reqs[ri].lock_next) idx[n++] = ri;
+    return n;
+}
+
+static void mskv__ls_unlink(mskv_arena *a, int32_t s) {
+    int32_t ri = a->ls[s].first, next;
+    while (ri >= 0) {
+        next = a->reqs[ri].lock_next;
+        a->reqs[ri].lock = 0;
+        a->reqs[ri].lock_next = -1;
+        ri = next;
+    }
+    a->ls[s].used = 0;
+    a->ls[s].gen = (uint16_t)(a->ls[s].gen + 1);
+    a->ls[s].first = -1;
+    a->ls[s].count = 0;
+    a->ls_free[a->ls_free_top++] = s;
+    a->nls--;
+}
+
+static mskv_lockstep mskv__ls_handle(const mskv_arena *a, int32_t s) {
+    mskv_lockstep h;
+    h.id = ((uint32_t)a->ls[s].gen << 16) | (uint32_t)(s + 1);
+    return h;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_create(mskv_arena *a, const mskv_request *members, int32_t n, mskv_lockstep *out) {
+    int32_t i, s, idx[MSKV_MAX_LOCKSTEP];
+    mskv_result r = MSKV_SUCCESS;
+    if (!a || !members || !out) return MSKV_ERROR_NULL_POINTER;
+    if (n < 2 || n > MSKV_MAX_LOCKSTEP)
+        return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "lockstep_create: %d members, not in [2, %d]", (int)n, MSKV_MAX_LOCKSTEP);
+    MSKV__LOCK(a);
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
+        const mskv__req *q;
+        idx[i] = mskv__lookup(a, members[i]);
+        if (idx[i] < 0) { r = mskv__err(a, MSKV_ERROR_INVALID_HANDLE, "lockstep_create: member %d is unknown or removed", (int)i); break; }
+        q = &a->reqs[idx[i]];
+        if (q->mark) r = mskv__err(a, MSKV_ERROR_DUPLICATE, "lockstep_create: member %d repeats a request", (int)i);
+        else if (q->keyed) r = mskv__err(a, MSKV_ERROR_READ_ONLY, "lockstep_create: member %d is a keyed entry", (int)i);
+        else if (q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "lockstep_create: member %d has an open reservation", (int)i);
+        else if (q->lock) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "lockstep_create: member %d is in another lockstep group", (int)i);
+        else if (q->xfer) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "lockstep_create: member %d is being exported or imported", (int)i);
+        else if (q->location != a->reqs[idx[0]].location)
+            r = mskv__err(a, MSKV_ERROR_BAD_STATE, "lockstep_create: members must all be resident or all offloaded");
+        else a->reqs[idx[i]].mark = 1;
+    }
+    for (s = 0; s < i && s < n; s++) if (idx[s] >= 0) a->reqs[idx[s]].mark = 0;
+    if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
+    MSKV_ASSERT(a->ls_free_top > 0);   /* two members each: max_requests / 2 groups always fit */
+    s = a->ls_free[--a->ls_free_top];
+    a->ls[s].used = 1;
+    a->ls[s].first = idx[0];
+    a->ls[s].count = n;
+    for (i = 0; i < n; i++) {
+        a->reqs[idx[i]].lock = s + 1;
+        a->reqs[idx[i]].lock_next = i + 1 < n ? idx[i + 1] : -1;
+    }
+    a->nls++;
+    *out = mskv__ls_handle(a, s);
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_dissolve(mskv_arena *a, mskv_lockstep h) {
+    int32_t s;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    mskv__ls_unlink(a, s);
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_members(mskv_arena *a, mskv_lockstep h, mskv_request *out, int32_t cap, int32_t *count) {
+    int32_t s, i, n, idx[MSKV_MAX_LOCKSTEP];
+    if (!a || !count) return MSKV_ERROR_NULL_POINTER;
+    if (cap < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (cap > 0 && !out) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    n = mskv__ls_members(a, s, idx);
+    *count = n;
+    if (cap < n) { MSKV__UNLOCK(a); return MSKV_ERROR_CAPACITY; }
+    for (i = 0; i < n; i++) out[i] = mskv__handle(a, idx[i]);
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_segments(mskv_arena *a, mskv_lockstep h, int64_t n_tokens, mskv_segment *segs, int32_t cap, int32_t *count) {
+    int32_t s, i, n, idx[MSKV_MAX_LOCKSTEP];
+    if (!a || !count) return MSKV_ERROR_NULL_POINTER;
+    if (n_tokens < 0 || cap < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (cap > 0 && !segs) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    n = mskv__ls_members(a, s, idx);
+    *count = n;
+    if (cap < n) { MSKV__UNLOCK(a); return MSKV_ERROR_CAPACITY; }
+    for (i = 0; i < n; i++) {
+        segs[i].request = mskv__handle(a, idx[i]);
+        segs[i].n_tokens = n_tokens;
+    }
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_offload(mskv_arena *a, mskv_lockstep h) {
+    int32_t s, i, n, idx[MSKV_MAX_LOCKSTEP];
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    n = mskv__ls_members(a, s, idx);
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
+        r = mskv__check_mutable(a, &a->reqs[idx[i]], "lockstep_offload");
+        if (r == MSKV_SUCCESS && a->reqs[idx[i]].has_res)
+            r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "lockstep_offload: commit or abort first");
+    }
+    if (r == MSKV_SUCCESS) r = mskv__park_copy(a, idx, n, "lockstep_offload");
+    if (r == MSKV_SUCCESS) mskv__park_commit(a, idx, n);   /* every copy is complete: only now may pages go */
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_reload(mskv_arena *a, mskv_lockstep h) {
+    int32_t s, i, n, idx[MSKV_MAX_LOCKSTEP];
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    n = mskv__ls_members(a, s, idx);
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++)
+        if (a->reqs[idx[i]].location != MSKV_OFFLOADED)
+            r = mskv__err(a, MSKV_ERROR_NOT_OFFLOADED, "lockstep_reload: member %d is resident", (int)i);
+    if (r == MSKV_SUCCESS) r = mskv__unpark(a, idx, n, "lockstep_reload");
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_remove(mskv_arena *a, mskv_lockstep h) {
+    int32_t s, i, n, idx[MSKV_MAX_LOCKSTEP];
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    n = mskv__ls_members(a, s, idx);
+    mskv__ls_unlink(a, s);
+    for (i = 0; i < n; i++) mskv__del_req(a, idx[i]);
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_lockstep_release_oldest(mskv_arena *a, mskv_lockstep h, int32_t g, int64_t n, int64_t *released) {
+    int32_t s, i, m, idx[MSKV_MAX_LOCKSTEP];
+    int64_t got = 0;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__CHECK_GROUP(a, g);
+    MSKV__LOCK(a);
+    MSKV__GET_LS(a, h, s);
+    m = mskv__ls_members(a, s, idx);
+    for (i = 0; r == MSKV_SUCCESS && i < m; i++) r = mskv__check_release(a, idx[i], g, n);
+    for (i = 0; r == MSKV_SUCCESS && i < m; i++) got += mskv__release(a, idx[i], g, n);
+    if (r == MSKV_SUCCESS && released) *released = got;
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+/* Preemption */
+
+static int mskv__rank_cmp(const void *x, const void *y) {
+    const mskv__rank *p = (const mskv__rank *)x, *q = (const mskv__rank *)y;
+    if (p->key != q->key) return p->key < q->key ? -1 : 1;
+    return p->ri < q->ri ? -1 : p->ri > q->ri;
+}
+
+/* The requests make_room may park: one entry per standalone request or per
+   lockstep group (its first member), keyed by the most recent admit among
+   them. Expects the batch marked. */
+static int32_t mskv__candidates(mskv_arena *a) {
+    int32_t ri, m, nc = 0;
+    for (ri = 0; ri < a->max_req; ri++) {
+        const mskv__req *q = &a->reqs[ri];
+        uint64_t key = 0;
+        int idle = 1;
+        if (!q->used || (q->lock && a->ls[q->lock - 1].first != ri)) continue;
+        for (m = ri; m >= 0; m = q->lock ? a->reqs[m].lock_next : -1) {
+            const mskv__req *x = &a->reqs[m];
+            if (x->location != MSKV_RESIDENT || x->has_res || x->paused || x->keyed || x->mark || x->xfer) idle = 0;
+            if (x->last_admit > key) key = x->last_admit;
+        }
+        if (!idle) continue;
+        a->rank[nc].key = key;
+        a->rank[nc].ri = ri;
+        nc++;
+    }
+    qsort(a->rank, (size_t)nc, sizeof(mskv__rank), mskv__rank_cmp);
+    return nc;
+}
+
+/* Pages freed if request ri (and, for a lockstep group, its partners) let
+   go of its pages now, counting down a->scratch (the references left);
+   undo counts them back up. */
+static int64_t mskv__sim_drop(mskv_arena *a, int32_t ri, int undo) {
+    int64_t freed = 0;
+    int32_t m, g, i;
+    for (m = ri; m >= 0; m = a->reqs[ri].lock ? a->reqs[m].lock_next : -1)
+        for (g = 0; g < a->G; g++) {
+            const mskv__tab *t = &a->reqs[m].t[g];
+            for (i = 0; i < t->num_pages; i++) {
+                if (undo) a->scratch[t->pages[i]]++;
+                else if (--a->scratch[t->pages[i]] == 0) freed++;
+            }
+        }
+    return freed;
+}
+
+/* Chooses whom to park, least recently admitted first, into a->pick; their
+   number into *np. 0 when that makes room. */
+static int mskv__choose(mskv_arena *a, int64_t need, uint64_t budget, int32_t *np) {
+    int32_t c, nc = mskv__candidates(a), m;
+    int64_t avail = (int64_t)a->free_top + a->pend_count;
+    *np = 0;
+    memcpy(a->scratch, a->refcount, (size_t)a->num_pages * sizeof(int32_t));
+    for (c = 0; c < nc && avail < need; c++) {
+        int32_t ri = a->rank[c].ri;
+        uint64_t bytes = 0;
+        int64_t pages = 0, freed;
+        for (m = ri; m >= 0; m = a->reqs[ri].lock ? a->reqs[m].lock_next : -1) pages += mskv__held_pages(a, &a->reqs[m]);
+        if (a->record_bytes && (uint64_t)pages > UINT64_MAX / a->record_bytes) continue;
+        bytes = (uint64_t)pages * a->record_bytes;
+        if (bytes > budget) continue;               /* its host copy would not fit */
+        freed = mskv__sim_drop(a, ri, 0);
+        if (freed == 0) { (void)mskv__sim_drop(a, ri, 1); continue; }   /* every page shared with one who stays */
+        budget -= bytes;
+        avail += freed;
+        for (m = ri; m >= 0; m = a->reqs[ri].lock ? a->reqs[m].lock_next : -1) a->pick[(*np)++] = m;
+    }
+    return avail >= need;
+}
+
+MSKV_IMPL mskv_result mskv_make_room(mskv_arena *a, int64_t need, uint64_t budget, const mskv_segment *batch, int32_t nb,
+                                     mskv_request *parked, int32_t cap, int32_t *n_parked) {
+    int32_t np = 0, i;
+    int ok;
+    mskv_result r;
+    if (!a || !n_parked) return MSKV_ERROR_NULL_POINTER;
+    if (need < 0 || nb < 0 || cap < 0) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "make_room: a negative count");
+    if ((nb > 0 && !batch) || (cap > 0 && !parked)) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    r = mskv__mark(a, batch, nb, "make_room");
+    if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
+    ok = mskv__choose(a, need, budget, &np);
+    mskv__unmark(a, batch, nb);
+    if (!ok)
+        r = mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "make_room: %lld pages needed; parking every idle request that fits %llu host bytes leaves fewer",
+                      (long long)need, (unsigned long long)budget);
+    else if (np > cap)
+        r = mskv__err(a, MSKV_ERROR_CAPACITY, "make_room: %d requests to park, room for %d", (int)np, (int)cap);
+    if (r == MSKV_SUCCESS) r = mskv__park_copy(a, a->pick, np, "make_room");
+    if (r == MSKV_SUCCESS) {
+        mskv__park_commit(a, a->pick, np);   /* every copy is complete: only now may pages go */
+        for (i = 0; i < np; i++) parked[i] = mskv__handle(a, a->pick[i]);
+    }
+    if (r == MSKV_SUCCESS || r == MSKV_ERROR_CAPACITY) *n_parked = np;
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+/* Reset and flush (declared with the arena) */
+
+MSKV_IMPL mskv_result mskv_arena_reset(mskv_arena *a) {
+    int32_t i;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    for (i = 0; i < a->max_ls; i++)
+        if (a->ls[i].used) mskv__ls_unlink(a, i);
+    for (i = 0; i < a->max_req; i++)
+        if (a->reqs[i].used) mskv__del_req(a, i);
+    if (a->pend_count == 0) {
+        MSKV_ASSERT(a->free_top == a->num_pages - 1);
+        mskv__fresh_lists(a);
+    }
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_arena_flush(mskv_arena *a) {
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    if (a->desc.store_ops && a->desc.store_ops->flush) r = a->desc.store_ops->flush(a->desc.store_ops->user);
+    if (r == MSKV_SUCCESS) (void)mskv__retire(a, a->step);
+    else r = mskv__err(a, r, "flush: the store could not wait for its work; nothing was retired");
+    MSKV__UNLOCK(a);
+    return r;
+}
+
 /* // >>audit ------------------------------------------------------------- */
 
 MSKV_IMPL mskv_result mskv_arena_audit(mskv_arena *a, char *why, size_t cap) {
-    int32_t i, j, nfree = 0, nlive = 0, npend = 0, nreq = 0;
+    int32_t i, j, nfree = 0, nlive = 0, npend = 0, nreq = 0, nls = 0, nmembers = 0, lmembers = 0;
     int64_t off = 0;
     mskv_result r = MSKV_SUCCESS;
     if (!a) return MSKV_ERROR_NULL_POINTER;
@@ -2494,35 +4758,66 @@ MSKV_IMPL mskv_result mskv_arena_audit(mskv_arena *a, char *why, size_t cap) {
     memset(a->scratch, 0, (size_t)a->num_pages * sizeof(int32_t));
     for (i = 0; i < a->max_req; i++) {
         const mskv__req *q = &a->reqs[i];
-        int64_t end;
+        int64_t end, held = 0;
+        int32_t g;
         if (!q->used) continue;
         nreq++;
+        nmembers += q->lock != 0;
         end = q->committed + q->reserved;
         if (q->committed < 0 || q->reserved < 0 || (q->reserved > 0 && !q->has_res)) MSKV__FAIL("request %d: bad token counts", (int)i);
-        if (q->prefix_tokens < 0 || q->prefix_tokens > q->committed) MSKV__FAIL("request %d: prefix %lld beyond committed %lld", (int)i, (long long)q->prefix_tokens, (long long)q->committed);
-        if (q->prefix_pages != mskv__ceil_div(q->prefix_tokens, a->P)) MSKV__FAIL("request %d: prefix pages %d do not cover the prefix", (int)i, (int)q->prefix_pages);
-        if (q->live_start % a->P != 0 || q->live_start < (int64_t)q->prefix_pages * a->P) MSKV__FAIL("request %d: live_start %lld misplaced", (int)i, (long long)q->live_start);
-        if (q->live_start > (int64_t)q->prefix_pages * a->P && q->live_start > q->committed) MSKV__FAIL("request %d: released past the committed tokens", (int)i);
         if (q->published > q->committed) MSKV__FAIL("request %d: published past committed", (int)i);
         if (q->keyed && q->sealed && q->has_res) MSKV__FAIL("request %d: sealed entry with a reservation", (int)i);
-        if (q->location == MSKV_OFFLOADED) {
-            if (q->num_pages != 0 || q->has_res) MSKV__FAIL("request %d: offloaded but holds pages or a reservation", (int)i);
-            if (q->host_pages != mskv__entries_for(a, q, end)) MSKV__FAIL("request %d: host copy has %d pages, expected %d", (int)i, (int)q->host_pages, (int)mskv__entries_for(a, q, end));
-            if ((q->host == NULL) != (q->host_pages == 0 || a->record_bytes == 0)) MSKV__FAIL("request %d: host copy missing", (int)i);
-            off += q->host_pages;
-            continue;
+        if (q->last_admit > a->admits) MSKV__FAIL("request %d: admitted after the last admit", (int)i);
+        if (q->location == MSKV_OFFLOADED && q->has_res) MSKV__FAIL("request %d: offloaded with a reservation", (int)i);
+        if (q->pos_pending != 0 && !q->has_res) MSKV__FAIL("request %d: a position shift waits without a reservation", (int)i);
+        if (q->pos_shift + q->pos_pending > INT32_MAX || q->pos_shift + q->pos_pending < -(int64_t)INT32_MAX) MSKV__FAIL("request %d: position shift out of range", (int)i);
+        if (q->location == MSKV_RESIDENT && q->host) MSKV__FAIL("request %d: resident but holds a host copy", (int)i);
+        for (g = 0; g < a->G; g++) {
+            const mskv__tab *t = &q->t[g];
+            int32_t want = mskv__entries_for(a, t, end);
+            if (t->prefix_tokens < 0 || t->prefix_tokens > q->committed) MSKV__FAIL("request %d group %d: prefix %lld beyond committed %lld", (int)i, (int)g, (long long)t->prefix_tokens, (long long)q->committed);
+            if (t->prefix_pages != mskv__ceil_div(t->prefix_tokens, a->P)) MSKV__FAIL("request %d group %d: prefix pages %d do not cover the prefix", (int)i, (int)g, (int)t->prefix_pages);
+            if (t->live_start % a->P != 0 || t->live_start < (int64_t)t->prefix_pages * a->P) MSKV__FAIL("request %d group %d: live_start %lld misplaced", (int)i, (int)g, (long long)t->live_start);
+            if (t->live_start > (int64_t)t->prefix_pages * a->P && t->live_start > q->committed) MSKV__FAIL("request %d group %d: released past the committed tokens", (int)i, (int)g);
+            if (!mskv__release_point_ok(a, t, q->committed)) MSKV__FAIL("request %d group %d: release point %lld disagrees with live_start %lld", (int)i, (int)g, (long long)t->release_point, (long long)t->live_start);
+            if (q->location == MSKV_OFFLOADED) {
+                if (t->num_pages != 0) MSKV__FAIL("request %d group %d: offloaded but holds pages", (int)i, (int)g);
+                if (t->host_pages != want) MSKV__FAIL("request %d group %d: host copy has %d pages, expected %d", (int)i, (int)g, (int)t->host_pages, (int)want);
+                held += t->host_pages;
+                continue;
+            }
+            if (t->host_pages) MSKV__FAIL("request %d group %d: resident but holds a host copy", (int)i, (int)g);
+            if (t->num_pages != want) MSKV__FAIL("request %d group %d: table has %d pages, tokens need %d", (int)i, (int)g, (int)t->num_pages, (int)want);
+            for (j = 0; j < t->num_pages; j++) {
+                int32_t p = t->pages[j], k;
+                if (p <= 0 || p >= a->num_pages) MSKV__FAIL("request %d group %d: table entry %d is page %d (null or out of range)", (int)i, (int)g, (int)j, (int)p);
+                if (a->state[p] != MSKV__PAGE_LIVE) MSKV__FAIL("request %d group %d: table holds page %d which is not live", (int)i, (int)g, (int)p);
+                for (k = 0; k < j; k++) if (t->pages[k] == p) MSKV__FAIL("request %d group %d: page %d twice in its table", (int)i, (int)g, (int)p);
+                a->scratch[p]++;
+            }
         }
-        if (q->host || q->host_pages) MSKV__FAIL("request %d: resident but holds a host copy", (int)i);
-        if (q->num_pages != mskv__entries_for(a, q, end)) MSKV__FAIL("request %d: table has %d pages, tokens need %d", (int)i, (int)q->num_pages, (int)mskv__entries_for(a, q, end));
-        for (j = 0; j < q->num_pages; j++) {
-            int32_t p = q->pages[j], k;
-            if (p <= 0 || p >= a->num_pages) MSKV__FAIL("request %d: table entry %d is page %d (null or out of range)", (int)i, (int)j, (int)p);
-            if (a->state[p] != MSKV__PAGE_LIVE) MSKV__FAIL("request %d: table holds page %d which is not live", (int)i, (int)p);
-            for (k = 0; k < j; k++) if (q->pages[k] == p) MSKV__FAIL("request %d: page %d twice in its table", (int)i, (int)p);
-            a->scratch[p]++;
+        if (q->location == MSKV_OFFLOADED) {
+            if ((q->host == NULL) != (held == 0 || a->record_bytes == 0)) MSKV__FAIL("request %d: host copy missing", (int)i);
+            off += held;
         }
     }
     if (nreq != a->nreq || nreq + a->req_free_top != a->max_req) MSKV__FAIL("request count %d disagrees (%d used, %d free slots)", (int)nreq, (int)a->nreq, (int)a->req_free_top);
+    /* lockstep groups: members linked both ways, moving together */
+    for (i = 0; i < a->max_ls; i++) {
+        const mskv__lockstep *l = &a->ls[i];
+        int32_t m, count = 0;
+        if (!l->used) continue;
+        nls++;
+        for (m = l->first; m >= 0 && count <= MSKV_MAX_LOCKSTEP; m = a->reqs[m].lock_next, count++) {
+            const mskv__req *x = &a->reqs[m], *y = &a->reqs[l->first];
+            if (m >= a->max_req || !x->used || x->lock != i + 1) MSKV__FAIL("lockstep group %d: member %d is not linked to it", (int)i, (int)m);
+            if (x->location != y->location || x->has_res != y->has_res) MSKV__FAIL("lockstep group %d: members disagree on location or reservation", (int)i);
+        }
+        if (count != l->count || count < 2) MSKV__FAIL("lockstep group %d: %d members linked, %d recorded", (int)i, (int)count, (int)l->count);
+        lmembers += count;
+    }
+    if (nls != a->nls || nls + a->ls_free_top != a->max_ls || lmembers != nmembers)
+        MSKV__FAIL("lockstep groups disagree: %d used of %d recorded, %d members of %d", (int)nls, (int)a->nls, (int)lmembers, (int)nmembers);
     if (off != a->offloaded_pages) MSKV__FAIL("offloaded pages %lld != sum of host copies %lld", (long long)a->offloaded_pages, (long long)off);
     for (i = 1; i < a->num_pages; i++)
         if (a->state[i] == MSKV__PAGE_LIVE && a->refcount[i] != a->scratch[i])
@@ -2530,6 +4825,44 @@ MSKV_IMPL mskv_result mskv_arena_audit(mskv_arena *a, char *why, size_t cap) {
     mskv__why(why, cap, "ok");
 done:
 #undef MSKV__FAIL
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_arena_audit_bytes(mskv_arena *a, char *why, size_t cap) {
+    mskv_result r;
+    int32_t p, i;
+    size_t k;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    if ((r = mskv_arena_audit(a, why, cap)) != MSKV_SUCCESS) return r;
+    if (!a->debug) {
+        mskv__why(why, cap, "the arena runs no debug check (mskv_arena_desc.debug, MSKV_DEBUG)");
+        return MSKV_ERROR_UNSUPPORTED;
+    }
+    MSKV__LOCK(a);
+    for (p = 1; r == MSKV_SUCCESS && (a->debug & MSKV_DEBUG_POISON) && a->record_bytes && p < a->num_pages; p++) {
+        unsigned char *rec = a->dbg_rec + a->record_bytes;
+        if (a->state[p] != MSKV__PAGE_FREE || !a->poisoned[p]) continue;
+        if ((r = mskv__read_pages(a, &p, 1, rec)) != MSKV_SUCCESS) {   /* a device store's through its ops */
+            mskv__why(why, cap, "reading free page %d failed: %s", (int)p, mskv_result_string(r));
+            break;
+        }
+        for (k = 0; k < a->record_bytes; k++)
+            if (rec[k] != MSKV_POISON_BYTE) {
+                mskv__why(why, cap, "free page %d was written after it was freed (byte %zu of layer %zu %s)", (int)p,
+                          k % a->store.page_bytes, k / a->store.page_bytes / 2, (k / a->store.page_bytes) % 2 ? "V" : "K");
+                r = MSKV_ERROR_AUDIT_FAILED;
+                break;
+            }
+    }
+    for (i = 0; r == MSKV_SUCCESS && (a->debug & MSKV_DEBUG_CHECKSUMS) && i < a->max_req; i++) {
+        int64_t bad = a->reqs[i].used ? mskv__sums_bad(a, &a->reqs[i]) : -1;
+        if (bad >= 0) {
+            mskv__why(why, cap, "request %d: page %lld of its host copy changed since it was made", (int)i, (long long)bad);
+            r = MSKV_ERROR_AUDIT_FAILED;
+        }
+    }
+    if (r == MSKV_SUCCESS) mskv__why(why, cap, "ok");
     MSKV__UNLOCK(a);
     return r;
 }
@@ -2543,6 +4876,8 @@ MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
     mskv__hash_u64(&h, a->step);
     mskv__hash_u64(&h, a->completed);
     mskv__hash_u64(&h, a->epoch_counter);
+    mskv__hash_u64(&h, a->admits);
+    mskv__hash_u64(&h, a->generation);
     mskv__hash_u64(&h, (uint64_t)a->free_top);
     mskv__hash_update(&h, a->free_stack, (size_t)a->free_top * sizeof(int32_t));
     for (i = 0; i < a->pend_count; i++) {
@@ -2556,23 +4891,41 @@ MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
     mskv__hash_update(&h, a->req_free, (size_t)a->req_free_top * sizeof(int32_t));
     for (i = 0; i < a->max_req; i++) {
         const mskv__req *q = &a->reqs[i];
+        int32_t g;
+        int64_t held = 0;
         mskv__hash_u64(&h, (uint64_t)q->gen << 8 | q->used);
         if (!q->used) continue;
         mskv__hash_u64(&h, (uint64_t)q->location | (uint64_t)q->keyed << 8 | (uint64_t)q->sealed << 16 |
-                               (uint64_t)q->has_res << 24 | (uint64_t)q->has_ret << 32 | (uint64_t)q->paused << 40);
+                               (uint64_t)q->has_res << 24 | (uint64_t)q->paused << 40 |
+                               (uint64_t)q->xfer << 48);
         mskv__hash_u64(&h, (uint64_t)q->committed);
         mskv__hash_u64(&h, (uint64_t)q->reserved);
-        mskv__hash_u64(&h, (uint64_t)q->prefix_tokens);
-        mskv__hash_u64(&h, (uint64_t)q->live_start);
         mskv__hash_u64(&h, (uint64_t)q->published);
-        mskv__hash_u64(&h, (uint64_t)q->prefix_pages);
-        mskv__hash_u64(&h, q->epoch);
         mskv__hash_u64(&h, q->key);
-        mskv__hash_update(&h, &q->retention, sizeof q->retention);
-        mskv__hash_u64(&h, (uint64_t)q->num_pages);
-        if (q->num_pages) mskv__hash_update(&h, q->pages, (size_t)q->num_pages * sizeof(int32_t));
-        mskv__hash_u64(&h, (uint64_t)q->host_pages);
-        if (q->host) mskv__hash_update(&h, q->host, (size_t)q->host_pages * a->record_bytes);
+        mskv__hash_u64(&h, q->last_admit);
+        mskv__hash_u64(&h, (uint64_t)(uint32_t)q->lock << 32 | (uint32_t)q->lock_next);
+        mskv__hash_u64(&h, (uint64_t)q->pos_shift);
+        mskv__hash_u64(&h, (uint64_t)q->pos_pending);
+        for (g = 0; g < a->G; g++) {
+            const mskv__tab *t = &q->t[g];
+            mskv__hash_u64(&h, (uint64_t)t->prefix_tokens);
+            mskv__hash_u64(&h, (uint64_t)t->live_start);
+            mskv__hash_u64(&h, (uint64_t)t->release_point);
+            mskv__hash_u64(&h, (uint64_t)t->prefix_pages);
+            mskv__hash_u64(&h, t->epoch);
+            mskv__hash_u64(&h, t->shrunk);
+            mskv__hash_u64(&h, t->has_ret);
+            mskv__hash_update(&h, &t->retention, sizeof t->retention);
+            mskv__hash_u64(&h, (uint64_t)t->num_pages);
+            if (t->num_pages) mskv__hash_update(&h, t->pages, (size_t)t->num_pages * sizeof(int32_t));
+            mskv__hash_u64(&h, (uint64_t)t->host_pages);
+            held += t->host_pages;
+        }
+        if (q->host) mskv__hash_update(&h, q->host, (size_t)held * a->record_bytes);
+    }
+    for (i = 0; i < a->max_ls; i++) {
+        mskv__hash_u64(&h, (uint64_t)a->ls[i].gen << 8 | a->ls[i].used);
+        if (a->ls[i].used) mskv__hash_u64(&h, (uint64_t)(uint32_t)a->ls[i].first << 32 | (uint32_t)a->ls[i].count);
     }
     MSKV__UNLOCK(a);
     return mskv__hash_final(&h);
@@ -2589,25 +4942,26 @@ MSKV_IMPL uint64_t mskv_arena_digest(mskv_arena *a) {
    Attention is a flash-style loop: a work item is (segment, block of query
    rows, KV head); its rows are all (query token, q head of the GQA group)
    pairs, so every K/V row is converted once per key block and reused by
-   every row. Scores Q.K^T come from a transposed K block (an axpy over keys,
-   which vectorises without -ffast-math), the softmax is online (running max
-   and sum per row), and P.V accumulates into an f32 row block. With 8 rows
-   or fewer (decode), transposing K would cost more than the products: the
-   scores are dot products over K rows instead, and one item takes several
-   KV heads so that whole slot rows stream from memory in address order.
-   With GCC/Clang the inner tiles use vector extensions (8 lanes with AVX,
-   else 4), so the speed does not depend on the auto-vectoriser; elsewhere
-   plain loops compute the same thing (MSKV_CPU_NO_SIMD forces them). */
+   every row. With more than 8 rows (video), Q and O are held transposed, a
+   row per vector lane: S^T = K.Q^T and O^T += V^T.P^T are one register-
+   blocked micro-kernel (broadcast an element of the K or V rows as stored,
+   multiply a vector of rows), and the online softmax (running max and sum)
+   runs across rows in the same lanes, so nothing is transposed per block.
+   With 8 rows or fewer (decode) the scores are dot products over K rows
+   instead, and one item takes several KV heads so that whole slot rows
+   stream from memory in address order; when a call has few such units the
+   keys are split into chunks merged by LSE (see mskv_cpu_desc).
+   The arithmetic lives in small per-instruction-set kernels behind one
+   table (mskv__cpu_kern): AVX-512, AVX2+FMA, NEON and portable loops,
+   chosen at run time; which keys a row sees is decided in one place
+   (mskv__cpu_row_keys) and the kernels only apply the intervals. */
 
 #include <string.h>
 #include <math.h>
 #include <stdlib.h>
-#ifndef MSKV_NO_THREADS
-#include <pthread.h>
-#endif
 
-#ifdef __cplusplus
-#define MSKV__CPU_RESTRICT __restrict
+#if defined(__cplusplus) || defined(_MSC_VER)
+#define MSKV__CPU_RESTRICT __restrict  /* MSVC's C has no restrict before /std:c11 */
 #else
 #define MSKV__CPU_RESTRICT restrict
 #endif
@@ -2874,6 +5228,7 @@ MSKV_IMPL mskv_result mskv_cpu_write_kv(mskv_arena *arena, int32_t layer, const 
     if (!arena || !plan) return MSKV_ERROR_NULL_POINTER;
     if ((res = mskv_store_info_get(arena, &si)) != MSKV_SUCCESS) return res;
     if (layer < 0 || layer >= si.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
+    if ((res = mskv_plan_check(arena, plan)) != MSKV_SUCCESS) return res;
     kp = mskv_store_pool(arena, layer, 0);
     vp = mskv_store_pool(arena, layer, 1);
     if (!kp || !vp) return MSKV_ERROR_UNSUPPORTED; /* bookkeeping-only arena, or bytes live elsewhere */
@@ -2889,6 +5244,7 @@ MSKV_IMPL mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim,
     int64_t r, rows;
     int32_t d;
     if (n < 0 || heads <= 0 || head_dim <= 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (n > INT64_MAX / heads / head_dim) return MSKV_ERROR_OVERFLOW;  /* elements are counted in int64 */
     if (n == 0) return MSKV_SUCCESS;
     if (!o_a || !lse_a || !o_b || !lse_b || !o || !lse) return MSKV_ERROR_NULL_POINTER;
     rows = n * heads;
@@ -2916,140 +5272,124 @@ MSKV_IMPL mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim,
     return MSKV_SUCCESS;
 }
 
-/* ---- f32 tiles ------------------------------------------------------------------ */
+/* ---- instruction sets -------------------------------------------------------- */
 
-#if defined(__GNUC__) && !defined(MSKV_CPU_NO_SIMD)
-#define MSKV__CPU_SIMD 1
-#if defined(__AVX__)
-#define MSKV__CPU_VW 8
-#else
-#define MSKV__CPU_VW 4   /* wider vectors would change the call ABI without AVX */
-#endif
-typedef float mskv__cpu_vf __attribute__((vector_size(MSKV__CPU_VW * 4)));
-typedef int32_t mskv__cpu_vi __attribute__((vector_size(MSKV__CPU_VW * 4)));
-static inline mskv__cpu_vf mskv__cpu_vld(const float *p) { mskv__cpu_vf v; memcpy(&v, p, sizeof v); return v; }
-static inline void mskv__cpu_vst(float *p, mskv__cpu_vf v) { memcpy(p, &v, sizeof v); }
-static inline mskv__cpu_vf mskv__cpu_vset(float x) {
-    mskv__cpu_vf v;
-    int i;
-    for (i = 0; i < MSKV__CPU_VW; i++) v[i] = x;
-    return v;
+/* Each path is one table of small kernels; the attention loop above them is
+   shared and never asks which path it runs. x86 kernels are compiled with
+   per-function target attributes (GCC/Clang) or need nothing (MSVC), so any
+   build carries them and the CPU is asked at run time. */
+typedef void (*mskv__cpu_cvt_fn)(float *MSKV__CPU_RESTRICT dst, const uint16_t *MSKV__CPU_RESTRICT src, int bf16, int32_t n);
+/* C[i][:] = (alpha ? alpha (*) C[i][:] : 0) + sum_k A[i*ais + k*aks] * B[k][:], i < n,
+   k < kd; B and C rows hold rp floats (rows of the transposed tiles, rp a
+   multiple of the path's row width). */
+typedef void (*mskv__cpu_gemm_fn)(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                  const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                  const float *MSKV__CPU_RESTRICT alpha, int32_t n, int32_t kd, int32_t rp);
+/* Online softmax over a transposed score block S[j][r] (j < kb, r < rp): row r
+   sees keys [a[r], z[r]) of the block (all of them when full); p replaces s,
+   m/l are the running max and sum, alpha[r] the factor for the old O. */
+typedef void (*mskv__cpu_softmax_fn)(float *MSKV__CPU_RESTRICT S, int32_t rp, int32_t kb, const int32_t *a,
+                                     const int32_t *z, int full, float *m, float *l, float *alpha);
+/* S[r][j] = Q[r] . krow[j] for r < nrp (multiple of 4), j < kbe (multiple of 4); dp
+   (multiple of 16) floats per row; S stride ks. */
+typedef void (*mskv__cpu_qk_rows_fn)(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
+                                     float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks);
+/* O[r][:] = O[r][:] * alpha[r] + sum_{j < kb} P[r][j] * vrow[j][:], r < nrp, dp dims. */
+typedef void (*mskv__cpu_pv_rows_fn)(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                     const float *const *MSKV__CPU_RESTRICT vrow, const float *MSKV__CPU_RESTRICT alpha,
+                                     int32_t nrp, int32_t kb, int32_t dp, int32_t ks);
+/* s[j] = exp(s[j] - m), exactly 0 where s = -inf, for j < n (multiple of 16); returns the sum. */
+typedef float (*mskv__cpu_exp_row_fn)(float *MSKV__CPU_RESTRICT s, float m, int32_t n);
+
+typedef struct mskv__cpu_kern {
+    mskv_cpu_isa isa;
+    int32_t rw;                  /* rows per vector in the transposed tiles */
+    mskv__cpu_cvt_fn cvt;
+    mskv__cpu_gemm_fn gemm;
+    mskv__cpu_softmax_fn softmax;
+    mskv__cpu_qk_rows_fn qk_rows;
+    mskv__cpu_pv_rows_fn pv_rows;
+    mskv__cpu_exp_row_fn exp_row;
+} mskv__cpu_kern;
+
+/* e^x for x <= 0: 2^k * e^r with k = round(x / ln 2), |r| <= ln2/2 and e^r by
+   a degree-6 polynomial (relative error ~1e-7); x under -87 (and -inf) gives
+   exactly 0. The constants, shared by every path: */
+#define MSKV__EXP_LO (-87.0f)
+#define MSKV__EXP_LOG2E 1.44269504f
+#define MSKV__EXP_MAGIC 12582912.0f       /* 1.5 * 2^23: adding it rounds to an integer */
+#define MSKV__EXP_LN2HI 0.693145752f
+#define MSKV__EXP_LN2LO 1.42860677e-6f
+#define MSKV__EXP_C6 (1.0f / 720)
+#define MSKV__EXP_C5 (1.0f / 120)
+#define MSKV__EXP_C4 (1.0f / 24)
+#define MSKV__EXP_C3 (1.0f / 6)
+
+/* The micro-kernels spell out their accumulators (M4/M6/M8 repeat a statement
+   per register): arrays indexed in loops stay in memory at -O2. */
+#define MSKV__M4(M) M(0) M(1) M(2) M(3)
+#define MSKV__M6(M) M(0) M(1) M(2) M(3) M(4) M(5)
+#define MSKV__M8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+
+/* ---- portable path: plain loops, any compiler ---- */
+
+static void mskv__cpu_cvt_portable(float *MSKV__CPU_RESTRICT dst, const uint16_t *MSKV__CPU_RESTRICT src, int bf16, int32_t n) {
+    int32_t i;
+    if (bf16) for (i = 0; i < n; i++) dst[i] = mskv__cpu_bitsf((uint32_t)src[i] << 16);
+    else for (i = 0; i < n; i++) dst[i] = mskv_f16_to_f32(src[i]);
 }
-#else
-#define MSKV__CPU_SIMD 0
-#endif
 
-/* S[r][j] = sum_d Q[r][d] * Kt[d][j] for r < nrp (multiple of 4), j < kbp
-   (multiple of 16), d < dp. Rows of Q have stride dp, Kt and S stride ks. */
-static void mskv__cpu_qk(const float *MSKV__CPU_RESTRICT Q, const float *MSKV__CPU_RESTRICT Kt,
-                         float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbp, int32_t dp, int32_t ks) {
-    int32_t r, j, d;
-#if MSKV__CPU_SIMD
-    for (r = 0; r < nrp; r += 4) {
-        const float *q0 = Q + (size_t)r * dp, *q1 = q0 + dp, *q2 = q1 + dp, *q3 = q2 + dp;
-        for (j = 0; j < kbp; j += 2 * MSKV__CPU_VW) {
-            mskv__cpu_vf a00 = mskv__cpu_vset(0.0f), a01 = a00, a10 = a00, a11 = a00;
-            mskv__cpu_vf a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-            for (d = 0; d < dp; d++) {
-                const float *kr = Kt + (size_t)d * ks + j;
-                mskv__cpu_vf k0 = mskv__cpu_vld(kr), k1 = mskv__cpu_vld(kr + MSKV__CPU_VW);
-                a00 += k0 * q0[d]; a01 += k1 * q0[d];
-                a10 += k0 * q1[d]; a11 += k1 * q1[d];
-                a20 += k0 * q2[d]; a21 += k1 * q2[d];
-                a30 += k0 * q3[d]; a31 += k1 * q3[d];
-            }
-            mskv__cpu_vst(S + (size_t)(r + 0) * ks + j, a00); mskv__cpu_vst(S + (size_t)(r + 0) * ks + j + MSKV__CPU_VW, a01);
-            mskv__cpu_vst(S + (size_t)(r + 1) * ks + j, a10); mskv__cpu_vst(S + (size_t)(r + 1) * ks + j + MSKV__CPU_VW, a11);
-            mskv__cpu_vst(S + (size_t)(r + 2) * ks + j, a20); mskv__cpu_vst(S + (size_t)(r + 2) * ks + j + MSKV__CPU_VW, a21);
-            mskv__cpu_vst(S + (size_t)(r + 3) * ks + j, a30); mskv__cpu_vst(S + (size_t)(r + 3) * ks + j + MSKV__CPU_VW, a31);
+static void mskv__cpu_gemm_portable(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                    const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                    const float *MSKV__CPU_RESTRICT alpha, int32_t n, int32_t kd, int32_t rp) {
+    int32_t i, k, r;
+    for (i = 0; i < n; i++) {
+        float *c = C + (size_t)i * (size_t)rp;
+        for (r = 0; r < rp; r++) c[r] = alpha ? c[r] * alpha[r] : 0.0f;
+        for (k = 0; k < kd; k++) {
+            float x = A[i * ais + k * aks];
+            const float *b = B + (size_t)k * (size_t)rp;
+            for (r = 0; r < rp; r++) c[r] += x * b[r];
         }
     }
-#else
-    for (r = 0; r < nrp; r++) {
-        float *srow = S + (size_t)r * ks;
-        for (j = 0; j < kbp; j++) srow[j] = 0.0f;
-        for (d = 0; d < dp; d++) {
-            float q = Q[(size_t)r * dp + d];
-            const float *kr = Kt + (size_t)d * ks;
-            for (j = 0; j < kbp; j++) srow[j] += q * kr[j];
-        }
-    }
-#endif
 }
 
-/* The same scores from K rows (krow[j], dp floats each) for j < kbe (even),
-   r < nrp (multiple of 4): dot products along d. For a few rows (decode),
-   where transposing K would cost more than the products themselves. */
-static void mskv__cpu_qk_rows(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
-                              float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks) {
-    int32_t r, j, d;
-#if MSKV__CPU_SIMD
-    for (r = 0; r < nrp; r += 4) {
-        const float *q0 = Q + (size_t)r * dp, *q1 = q0 + dp, *q2 = q1 + dp, *q3 = q2 + dp;
-        for (j = 0; j < kbe; j += 2) {
-            const float *k0 = krow[j], *k1 = krow[j + 1];
-            mskv__cpu_vf a00 = mskv__cpu_vset(0.0f), a01 = a00, a10 = a00, a11 = a00;
-            mskv__cpu_vf a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-            float t[8];
-            int32_t i;
-            for (d = 0; d < dp; d += MSKV__CPU_VW) {
-                mskv__cpu_vf x0 = mskv__cpu_vld(k0 + d), x1 = mskv__cpu_vld(k1 + d), qv;
-                qv = mskv__cpu_vld(q0 + d); a00 += x0 * qv; a01 += x1 * qv;
-                qv = mskv__cpu_vld(q1 + d); a10 += x0 * qv; a11 += x1 * qv;
-                qv = mskv__cpu_vld(q2 + d); a20 += x0 * qv; a21 += x1 * qv;
-                qv = mskv__cpu_vld(q3 + d); a30 += x0 * qv; a31 += x1 * qv;
-            }
-            for (i = 0; i < 8; i++) t[i] = 0.0f;
-            for (i = 0; i < MSKV__CPU_VW; i++) {
-                t[0] += a00[i]; t[1] += a01[i]; t[2] += a10[i]; t[3] += a11[i];
-                t[4] += a20[i]; t[5] += a21[i]; t[6] += a30[i]; t[7] += a31[i];
-            }
-            S[(size_t)(r + 0) * ks + j] = t[0]; S[(size_t)(r + 0) * ks + j + 1] = t[1];
-            S[(size_t)(r + 1) * ks + j] = t[2]; S[(size_t)(r + 1) * ks + j + 1] = t[3];
-            S[(size_t)(r + 2) * ks + j] = t[4]; S[(size_t)(r + 2) * ks + j + 1] = t[5];
-            S[(size_t)(r + 3) * ks + j] = t[6]; S[(size_t)(r + 3) * ks + j + 1] = t[7];
+static float mskv__cpu_exp_portable(float x) { return x == -INFINITY ? 0.0f : expf(x); }
+
+static void mskv__cpu_softmax_portable(float *MSKV__CPU_RESTRICT S, int32_t rp, int32_t kb, const int32_t *a,
+                                       const int32_t *z, int full, float *m, float *l, float *alpha) {
+    int32_t r, j;
+    for (r = 0; r < rp; r++) {
+        int32_t lo = full ? 0 : a[r], hi = full ? kb : z[r];
+        float mx = -INFINITY, mn, sum = 0.0f;
+        for (j = lo; j < hi; j++) mx = S[(size_t)j * rp + r] > mx ? S[(size_t)j * rp + r] : mx;
+        mn = m[r] > mx ? m[r] : mx;
+        alpha[r] = m[r] == mn ? 1.0f : mskv__cpu_exp_portable(m[r] - mn);
+        for (j = 0; j < kb; j++) {
+            float *s = S + (size_t)j * rp + r;
+            *s = j >= lo && j < hi ? mskv__cpu_exp_portable(*s - mn) : 0.0f;
+            sum += *s;
         }
+        l[r] = l[r] * alpha[r] + sum;
+        m[r] = mn;
     }
-#else
+}
+
+static void mskv__cpu_qk_rows_portable(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
+                                       float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks) {
+    int32_t r, j, d;
     for (r = 0; r < nrp; r++)
         for (j = 0; j < kbe; j++) {
             float acc = 0.0f;
             for (d = 0; d < dp; d++) acc += Q[(size_t)r * dp + d] * krow[j][d];
             S[(size_t)r * ks + j] = acc;
         }
-#endif
 }
 
-/* O[r][:] = O[r][:] * alpha[r] + sum_{j < kb} P[r][j] * V_j[:], rows r < nrp
-   (multiple of 4), dims < dp (multiple of 16). */
-static void mskv__cpu_pv(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
-                         const float *const *MSKV__CPU_RESTRICT vrow, const float *MSKV__CPU_RESTRICT alpha,
-                         int32_t nrp, int32_t kb, int32_t dp, int32_t ks) {
+static void mskv__cpu_pv_rows_portable(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                       const float *const *MSKV__CPU_RESTRICT vrow, const float *MSKV__CPU_RESTRICT alpha,
+                                       int32_t nrp, int32_t kb, int32_t dp, int32_t ks) {
     int32_t r, j, d;
-#if MSKV__CPU_SIMD
-    for (r = 0; r < nrp; r += 4) {
-        const float *p0 = P + (size_t)r * ks, *p1 = p0 + ks, *p2 = p1 + ks, *p3 = p2 + ks;
-        float *o0 = O + (size_t)r * dp, *o1 = o0 + dp, *o2 = o1 + dp, *o3 = o2 + dp;
-        for (d = 0; d < dp; d += 2 * MSKV__CPU_VW) {
-            mskv__cpu_vf a00 = mskv__cpu_vld(o0 + d) * alpha[r], a01 = mskv__cpu_vld(o0 + d + MSKV__CPU_VW) * alpha[r];
-            mskv__cpu_vf a10 = mskv__cpu_vld(o1 + d) * alpha[r + 1], a11 = mskv__cpu_vld(o1 + d + MSKV__CPU_VW) * alpha[r + 1];
-            mskv__cpu_vf a20 = mskv__cpu_vld(o2 + d) * alpha[r + 2], a21 = mskv__cpu_vld(o2 + d + MSKV__CPU_VW) * alpha[r + 2];
-            mskv__cpu_vf a30 = mskv__cpu_vld(o3 + d) * alpha[r + 3], a31 = mskv__cpu_vld(o3 + d + MSKV__CPU_VW) * alpha[r + 3];
-            for (j = 0; j < kb; j++) {
-                const float *vr = vrow[j] + d;
-                mskv__cpu_vf v0 = mskv__cpu_vld(vr), v1 = mskv__cpu_vld(vr + MSKV__CPU_VW);
-                a00 += v0 * p0[j]; a01 += v1 * p0[j];
-                a10 += v0 * p1[j]; a11 += v1 * p1[j];
-                a20 += v0 * p2[j]; a21 += v1 * p2[j];
-                a30 += v0 * p3[j]; a31 += v1 * p3[j];
-            }
-            mskv__cpu_vst(o0 + d, a00); mskv__cpu_vst(o0 + d + MSKV__CPU_VW, a01);
-            mskv__cpu_vst(o1 + d, a10); mskv__cpu_vst(o1 + d + MSKV__CPU_VW, a11);
-            mskv__cpu_vst(o2 + d, a20); mskv__cpu_vst(o2 + d + MSKV__CPU_VW, a21);
-            mskv__cpu_vst(o3 + d, a30); mskv__cpu_vst(o3 + d + MSKV__CPU_VW, a31);
-        }
-    }
-#else
     for (r = 0; r < nrp; r++) {
         float *orow = O + (size_t)r * dp;
         const float *prow = P + (size_t)r * ks;
@@ -3060,103 +5400,883 @@ static void mskv__cpu_pv(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RES
             for (d = 0; d < dp; d++) orow[d] += p * vr[d];
         }
     }
-#endif
 }
 
-/* p[j] = exp(s[j] - m) for j < n (multiple of 16), exactly 0 where s = -inf;
-   returns the sum. s - m <= 0 always (m is the running max). */
-static float mskv__cpu_exp_row(float *MSKV__CPU_RESTRICT s, float m, int32_t n) {
-#if MSKV__CPU_SIMD
-    /* e^x = 2^k * e^r, k = round(x / ln 2), |r| <= ln2/2, e^r by a degree-6
-       polynomial (relative error ~1e-7); inputs under -87 give exactly 0 */
-    const mskv__cpu_vf lo = mskv__cpu_vset(-87.0f), log2e = mskv__cpu_vset(1.44269504f);
-    const mskv__cpu_vf magic = mskv__cpu_vset(12582912.0f); /* 1.5 * 2^23: rounds to an integer */
-    const mskv__cpu_vf ln2hi = mskv__cpu_vset(0.693145752f), ln2lo = mskv__cpu_vset(1.42860677e-6f);
-    mskv__cpu_vf acc = mskv__cpu_vset(0.0f);
-    int32_t j, i;
-    float sum = 0.0f;
-    for (j = 0; j < n; j += MSKV__CPU_VW) {
-        mskv__cpu_vf x = mskv__cpu_vld(s + j) - m, t, kf, r, p;
-        mskv__cpu_vi keep = x > lo, ki;
-        x = (mskv__cpu_vf)(((mskv__cpu_vi)x & keep) | ((mskv__cpu_vi)lo & ~keep));
-        t = x * log2e + magic;
-        kf = t - magic;
-        r = x - kf * ln2hi - kf * ln2lo;
-        p = ((((((r * (1.0f / 720) + (1.0f / 120)) * r + (1.0f / 24)) * r + (1.0f / 6)) * r + 0.5f) * r + 1.0f) * r + 1.0f);
-        ki = ((mskv__cpu_vi)t - (mskv__cpu_vi)magic + 127) << 23;
-        p = p * (mskv__cpu_vf)ki;
-        p = (mskv__cpu_vf)((mskv__cpu_vi)p & keep);
-        mskv__cpu_vst(s + j, p);
-        acc += p;
-    }
-    for (i = 0; i < MSKV__CPU_VW; i++) sum += acc[i];
-    return sum;
-#else
+static float mskv__cpu_exp_row_portable(float *MSKV__CPU_RESTRICT s, float m, int32_t n) {
     int32_t j;
     float sum = 0.0f;
     for (j = 0; j < n; j++) {
-        s[j] = s[j] == -INFINITY ? 0.0f : expf(s[j] - m);
+        s[j] = mskv__cpu_exp_portable(s[j] - m);
         sum += s[j];
     }
     return sum;
+}
+
+static const mskv__cpu_kern mskv__cpu_kern_portable = {
+    MSKV_CPU_ISA_PORTABLE, 4, mskv__cpu_cvt_portable, mskv__cpu_gemm_portable, mskv__cpu_softmax_portable,
+    mskv__cpu_qk_rows_portable, mskv__cpu_pv_rows_portable, mskv__cpu_exp_row_portable};
+
+/* ---- AVX-512 path (16 floats a vector) ---- */
+#if MSKV__CPU_X86
+#if defined(__GNUC__) && !defined(__clang__)
+/* GCC 12's AVX-512 intrinsics start from an "undefined" register that
+   -W(maybe-)uninitialized reports in C++ (fixed in GCC 13) */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+#define MSKV__CPU_AVX512 MSKV__CPU_TARGET("avx512f,avx2,fma,f16c")
+
+static MSKV__CPU_AVX512 __m512 mskv__cpu_exp512(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(MSKV__EXP_LO), magic = _mm512_set1_ps(MSKV__EXP_MAGIC);
+    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GT_OQ);
+    __m512 t, kf, r, p;
+    __m512i ki;
+    x = _mm512_max_ps(x, lo);
+    t = _mm512_fmadd_ps(x, _mm512_set1_ps(MSKV__EXP_LOG2E), magic);
+    kf = _mm512_sub_ps(t, magic);
+    r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(MSKV__EXP_LN2HI), x);
+    r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(MSKV__EXP_LN2LO), r);
+    p = _mm512_fmadd_ps(_mm512_set1_ps(MSKV__EXP_C6), r, _mm512_set1_ps(MSKV__EXP_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(MSKV__EXP_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(MSKV__EXP_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    ki = _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(magic)),
+                                            _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(ki));
+}
+
+static MSKV__CPU_AVX512 void mskv__cpu_cvt_avx512(float *MSKV__CPU_RESTRICT dst, const uint16_t *MSKV__CPU_RESTRICT src, int bf16, int32_t n) {
+    int32_t i = 0;
+    if (bf16)
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(src + i))), 16)));
+    else
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(src + i))));
+    mskv__cpu_cvt_portable(dst + i, src + i, bf16, n - i);
+}
+
+/* 64 rows (4 vectors) x 4 outputs: 16 accumulators. */
+static MSKV__CPU_AVX512 void mskv__cpu_gemm512_4x4(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                                   const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                                   const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+#define MSKV__DECL(u) __m512 c##u##0, c##u##1, c##u##2, c##u##3;
+#define MSKV__INIT(u) \
+    c##u##0 = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp), a0) : z; \
+    c##u##1 = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp + 16), a1) : z; \
+    c##u##2 = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp + 32), a2) : z; \
+    c##u##3 = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp + 48), a3) : z;
+#define MSKV__STEP(u) { __m512 s = _mm512_set1_ps(a[(u) * ais]); \
+    c##u##0 = _mm512_fmadd_ps(s, y0, c##u##0); c##u##1 = _mm512_fmadd_ps(s, y1, c##u##1); \
+    c##u##2 = _mm512_fmadd_ps(s, y2, c##u##2); c##u##3 = _mm512_fmadd_ps(s, y3, c##u##3); }
+#define MSKV__STORE(u) \
+    _mm512_storeu_ps(C + (u) * rp, c##u##0); _mm512_storeu_ps(C + (u) * rp + 16, c##u##1); \
+    _mm512_storeu_ps(C + (u) * rp + 32, c##u##2); _mm512_storeu_ps(C + (u) * rp + 48, c##u##3);
+    const __m512 z = _mm512_setzero_ps();
+    const __m512 a0 = alpha ? _mm512_loadu_ps(alpha) : z, a1 = alpha ? _mm512_loadu_ps(alpha + 16) : z;
+    const __m512 a2 = alpha ? _mm512_loadu_ps(alpha + 32) : z, a3 = alpha ? _mm512_loadu_ps(alpha + 48) : z;
+    int32_t k;
+    MSKV__M4(MSKV__DECL)
+    MSKV__M4(MSKV__INIT)
+    for (k = 0; k < kd; k++) {
+        const float *b = B + (size_t)k * rp, *a = A + k * aks;
+        __m512 y0 = _mm512_loadu_ps(b), y1 = _mm512_loadu_ps(b + 16), y2 = _mm512_loadu_ps(b + 32), y3 = _mm512_loadu_ps(b + 48);
+        MSKV__M4(MSKV__STEP)
+    }
+    MSKV__M4(MSKV__STORE)
+#undef MSKV__DECL
+#undef MSKV__INIT
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+/* 16 rows (1 vector) x 8 outputs: 8 accumulators. */
+static MSKV__CPU_AVX512 void mskv__cpu_gemm512_1x8(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                                   const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                                   const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+#define MSKV__DECL(u) __m512 c##u = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp), a0) : z;
+#define MSKV__STEP(u) c##u = _mm512_fmadd_ps(_mm512_set1_ps(a[(u) * ais]), y0, c##u);
+#define MSKV__STORE(u) _mm512_storeu_ps(C + (u) * rp, c##u);
+    const __m512 z = _mm512_setzero_ps(), a0 = alpha ? _mm512_loadu_ps(alpha) : z;
+    int32_t k;
+    MSKV__M8(MSKV__DECL)
+    for (k = 0; k < kd; k++) {
+        const float *a = A + k * aks;
+        __m512 y0 = _mm512_loadu_ps(B + (size_t)k * rp);
+        MSKV__M8(MSKV__STEP)
+    }
+    MSKV__M8(MSKV__STORE)
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+/* One output, one vector of rows (the tails). */
+static MSKV__CPU_AVX512 void mskv__cpu_gemm512_1x1(const float *MSKV__CPU_RESTRICT A, ptrdiff_t aks, const float *MSKV__CPU_RESTRICT B,
+                                                   float *MSKV__CPU_RESTRICT C, const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+    __m512 c = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C), _mm512_loadu_ps(alpha)) : _mm512_setzero_ps();
+    int32_t k;
+    for (k = 0; k < kd; k++) c = _mm512_fmadd_ps(_mm512_set1_ps(A[k * aks]), _mm512_loadu_ps(B + (size_t)k * rp), c);
+    _mm512_storeu_ps(C, c);
+}
+
+static MSKV__CPU_AVX512 void mskv__cpu_gemm_avx512(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                                   const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                                   const float *MSKV__CPU_RESTRICT alpha, int32_t n, int32_t kd, int32_t rp) {
+    int32_t v = 0, i, x;
+    for (; v + 64 <= rp; v += 64) {
+        for (i = 0; i + 4 <= n; i += 4)
+            mskv__cpu_gemm512_4x4(A + i * ais, ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+        for (; i < n; i++)
+            for (x = 0; x < 64; x += 16)
+                mskv__cpu_gemm512_1x1(A + i * ais, aks, B + v + x, C + (size_t)i * rp + v + x, alpha ? alpha + v + x : NULL, kd, rp);
+    }
+    for (; v < rp; v += 16) {
+        for (i = 0; i + 8 <= n; i += 8)
+            mskv__cpu_gemm512_1x8(A + i * ais, ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+        for (; i < n; i++)
+            mskv__cpu_gemm512_1x1(A + i * ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+    }
+}
+
+static MSKV__CPU_AVX512 void mskv__cpu_softmax_avx512(float *MSKV__CPU_RESTRICT S, int32_t rp, int32_t kb, const int32_t *a,
+                                                      const int32_t *z, int full, float *m, float *l, float *alpha) {
+    int32_t v, j;
+    for (v = 0; v < rp; v += 16) {
+        __m512 mo = _mm512_loadu_ps(m + v), mx = _mm512_set1_ps(-INFINITY), mn, al, sum = _mm512_setzero_ps();
+        __m512i av = full ? _mm512_setzero_si512() : _mm512_loadu_si512((const void *)(a + v));
+        __m512i zv = full ? _mm512_set1_epi32(kb) : _mm512_loadu_si512((const void *)(z + v));
+        for (j = 0; j < kb; j++) {
+            __m512i jv = _mm512_set1_epi32(j);
+            __mmask16 vis = _mm512_cmp_epi32_mask(av, jv, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(jv, zv, _MM_CMPINT_LT);
+            mx = _mm512_mask_max_ps(mx, vis, mx, _mm512_loadu_ps(S + (size_t)j * rp + v));
+        }
+        mn = _mm512_max_ps(mo, mx);
+        al = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mo, mn, _CMP_EQ_OQ), mskv__cpu_exp512(_mm512_sub_ps(mo, mn)), _mm512_set1_ps(1.0f));
+        for (j = 0; j < kb; j++) {
+            __m512i jv = _mm512_set1_epi32(j);
+            __mmask16 vis = _mm512_cmp_epi32_mask(av, jv, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(jv, zv, _MM_CMPINT_LT);
+            float *s = S + (size_t)j * rp + v;
+            __m512 p = _mm512_maskz_mov_ps(vis, mskv__cpu_exp512(_mm512_sub_ps(_mm512_loadu_ps(s), mn)));
+            _mm512_storeu_ps(s, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        _mm512_storeu_ps(l + v, _mm512_fmadd_ps(_mm512_loadu_ps(l + v), al, sum));
+        _mm512_storeu_ps(m + v, mn);
+        _mm512_storeu_ps(alpha + v, al);
+    }
+}
+
+/* [sum a, sum b, sum c, sum d] of four vectors. */
+static MSKV__CPU_AVX512 __m128 mskv__cpu_sum4x512(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  /* a b a b per 128 bits */
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));  /* c d c d */
+    __m512 x = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd)))); /* a b c d */
+    x = _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0x4e));
+    x = _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
+    return _mm512_castps512_ps128(x);
+}
+
+/* 4 rows x 4 keys of dot products: 16 accumulators, then each row's four
+   sums reduced together (unpack and add, then across the 128-bit lanes) at
+   a third of the cost of four separate horizontal sums. kbe is a multiple of 4. */
+static MSKV__CPU_AVX512 void mskv__cpu_qk_rows_avx512(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
+                                                      float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) __m512 c##u##0 = _mm512_setzero_ps(), c##u##1 = c##u##0, c##u##2 = c##u##0, c##u##3 = c##u##0;
+#define MSKV__STEP(u) { __m512 q = _mm512_loadu_ps(Q + (size_t)(r + (u)) * dp + d); \
+    c##u##0 = _mm512_fmadd_ps(q, x0, c##u##0); c##u##1 = _mm512_fmadd_ps(q, x1, c##u##1); \
+    c##u##2 = _mm512_fmadd_ps(q, x2, c##u##2); c##u##3 = _mm512_fmadd_ps(q, x3, c##u##3); }
+#define MSKV__STORE(u) _mm_storeu_ps(S + (size_t)(r + (u)) * ks + j, mskv__cpu_sum4x512(c##u##0, c##u##1, c##u##2, c##u##3));
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (j = 0; j < kbe; j += 4) {
+            const float *k0 = krow[j], *k1 = krow[j + 1], *k2 = krow[j + 2], *k3 = krow[j + 3];
+            MSKV__M4(MSKV__DECL)
+            for (d = 0; d < dp; d += 16) {
+                __m512 x0 = _mm512_loadu_ps(k0 + d), x1 = _mm512_loadu_ps(k1 + d);
+                __m512 x2 = _mm512_loadu_ps(k2 + d), x3 = _mm512_loadu_ps(k3 + d);
+                MSKV__M4(MSKV__STEP)
+            }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+static MSKV__CPU_AVX512 void mskv__cpu_pv_rows_avx512(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                                      const float *const *MSKV__CPU_RESTRICT vrow, const float *MSKV__CPU_RESTRICT alpha,
+                                                      int32_t nrp, int32_t kb, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) __m512 c##u##0 = _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)(r + (u)) * dp + d), _mm512_set1_ps(alpha[r + (u)])), \
+    c##u##1 = two ? _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)(r + (u)) * dp + d + 16), _mm512_set1_ps(alpha[r + (u)])) : c##u##0;
+#define MSKV__STEP(u) { __m512 p = _mm512_set1_ps(P[(size_t)(r + (u)) * ks + j]); \
+    c##u##0 = _mm512_fmadd_ps(p, y0, c##u##0); c##u##1 = _mm512_fmadd_ps(p, y1, c##u##1); }
+#define MSKV__STORE(u) _mm512_storeu_ps(O + (size_t)(r + (u)) * dp + d, c##u##0); \
+    if (two) _mm512_storeu_ps(O + (size_t)(r + (u)) * dp + d + 16, c##u##1);
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (d = 0; d < dp; d += 32) {
+            const int two = d + 32 <= dp;  /* else the last 16 dims (c*1 then run spare) */
+            MSKV__M4(MSKV__DECL)
+            for (j = 0; j < kb; j++) {
+                const float *vr = vrow[j] + d;
+                __m512 y0 = _mm512_loadu_ps(vr), y1 = two ? _mm512_loadu_ps(vr + 16) : y0;
+                MSKV__M4(MSKV__STEP)
+            }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+static MSKV__CPU_AVX512 float mskv__cpu_exp_row_avx512(float *MSKV__CPU_RESTRICT s, float m, int32_t n) {
+    __m512 mv = _mm512_set1_ps(m), acc = _mm512_setzero_ps();
+    int32_t j;
+    for (j = 0; j < n; j += 16) {
+        __m512 p = mskv__cpu_exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
+        _mm512_storeu_ps(s + j, p);
+        acc = _mm512_add_ps(acc, p);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static const mskv__cpu_kern mskv__cpu_kern_avx512 = {
+    MSKV_CPU_ISA_AVX512, 16, mskv__cpu_cvt_avx512, mskv__cpu_gemm_avx512, mskv__cpu_softmax_avx512,
+    mskv__cpu_qk_rows_avx512, mskv__cpu_pv_rows_avx512, mskv__cpu_exp_row_avx512};
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif /* MSKV__CPU_X86 */
+
+/* ---- AVX2 path (8 floats a vector; needs FMA and F16C, which every AVX2 CPU has) ---- */
+#if MSKV__CPU_X86
+#define MSKV__CPU_AVX2 MSKV__CPU_TARGET("avx2,fma,f16c")
+
+static MSKV__CPU_AVX2 __m256 mskv__cpu_exp256(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(MSKV__EXP_LO), magic = _mm256_set1_ps(MSKV__EXP_MAGIC);
+    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GT_OQ), t, kf, r, p;
+    __m256i ki;
+    x = _mm256_max_ps(x, lo);
+    t = _mm256_fmadd_ps(x, _mm256_set1_ps(MSKV__EXP_LOG2E), magic);
+    kf = _mm256_sub_ps(t, magic);
+    r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(MSKV__EXP_LN2HI), x);
+    r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(MSKV__EXP_LN2LO), r);
+    p = _mm256_fmadd_ps(_mm256_set1_ps(MSKV__EXP_C6), r, _mm256_set1_ps(MSKV__EXP_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(MSKV__EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(MSKV__EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    ki = _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(magic)),
+                                            _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(ki)), keep);
+}
+
+static MSKV__CPU_AVX2 float mskv__cpu_hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+static MSKV__CPU_AVX2 void mskv__cpu_cvt_avx2(float *MSKV__CPU_RESTRICT dst, const uint16_t *MSKV__CPU_RESTRICT src, int bf16, int32_t n) {
+    int32_t i = 0;
+    if (bf16)
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(src + i))), 16)));
+    else
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + i))));
+    mskv__cpu_cvt_portable(dst + i, src + i, bf16, n - i);
+}
+
+/* 16 rows (2 vectors) x 6 outputs: 12 accumulators of the 16 registers. */
+static MSKV__CPU_AVX2 void mskv__cpu_gemm256_2x6(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                                 const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                                 const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+#define MSKV__DECL(u) __m256 c##u##0 = alpha ? _mm256_mul_ps(_mm256_loadu_ps(C + (u) * rp), a0) : z, \
+    c##u##1 = alpha ? _mm256_mul_ps(_mm256_loadu_ps(C + (u) * rp + 8), a1) : z;
+#define MSKV__STEP(u) { __m256 s = _mm256_broadcast_ss(a + (u) * ais); \
+    c##u##0 = _mm256_fmadd_ps(s, y0, c##u##0); c##u##1 = _mm256_fmadd_ps(s, y1, c##u##1); }
+#define MSKV__STORE(u) _mm256_storeu_ps(C + (u) * rp, c##u##0); _mm256_storeu_ps(C + (u) * rp + 8, c##u##1);
+    const __m256 z = _mm256_setzero_ps();
+    const __m256 a0 = alpha ? _mm256_loadu_ps(alpha) : z, a1 = alpha ? _mm256_loadu_ps(alpha + 8) : z;
+    int32_t k;
+    MSKV__M6(MSKV__DECL)
+    for (k = 0; k < kd; k++) {
+        const float *b = B + (size_t)k * rp, *a = A + k * aks;
+        __m256 y0 = _mm256_loadu_ps(b), y1 = _mm256_loadu_ps(b + 8);
+        MSKV__M6(MSKV__STEP)
+    }
+    MSKV__M6(MSKV__STORE)
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+/* 8 rows (1 vector) x 8 outputs: 8 accumulators. */
+static MSKV__CPU_AVX2 void mskv__cpu_gemm256_1x8(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                                 const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                                 const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+#define MSKV__DECL(u) __m256 c##u = alpha ? _mm256_mul_ps(_mm256_loadu_ps(C + (u) * rp), a0) : z;
+#define MSKV__STEP(u) c##u = _mm256_fmadd_ps(_mm256_broadcast_ss(a + (u) * ais), y0, c##u);
+#define MSKV__STORE(u) _mm256_storeu_ps(C + (u) * rp, c##u);
+    const __m256 z = _mm256_setzero_ps(), a0 = alpha ? _mm256_loadu_ps(alpha) : z;
+    int32_t k;
+    MSKV__M8(MSKV__DECL)
+    for (k = 0; k < kd; k++) {
+        const float *a = A + k * aks;
+        __m256 y0 = _mm256_loadu_ps(B + (size_t)k * rp);
+        MSKV__M8(MSKV__STEP)
+    }
+    MSKV__M8(MSKV__STORE)
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+static MSKV__CPU_AVX2 void mskv__cpu_gemm256_1x1(const float *MSKV__CPU_RESTRICT A, ptrdiff_t aks, const float *MSKV__CPU_RESTRICT B,
+                                                 float *MSKV__CPU_RESTRICT C, const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+    __m256 c = alpha ? _mm256_mul_ps(_mm256_loadu_ps(C), _mm256_loadu_ps(alpha)) : _mm256_setzero_ps();
+    int32_t k;
+    for (k = 0; k < kd; k++) c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k * aks), _mm256_loadu_ps(B + (size_t)k * rp), c);
+    _mm256_storeu_ps(C, c);
+}
+
+static MSKV__CPU_AVX2 void mskv__cpu_gemm_avx2(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                               const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                               const float *MSKV__CPU_RESTRICT alpha, int32_t n, int32_t kd, int32_t rp) {
+    int32_t v = 0, i, x;
+    for (; v + 16 <= rp; v += 16) {
+        for (i = 0; i + 6 <= n; i += 6)
+            mskv__cpu_gemm256_2x6(A + i * ais, ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+        for (; i < n; i++)
+            for (x = 0; x < 16; x += 8)
+                mskv__cpu_gemm256_1x1(A + i * ais, aks, B + v + x, C + (size_t)i * rp + v + x, alpha ? alpha + v + x : NULL, kd, rp);
+    }
+    for (; v < rp; v += 8) {
+        for (i = 0; i + 8 <= n; i += 8)
+            mskv__cpu_gemm256_1x8(A + i * ais, ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+        for (; i < n; i++)
+            mskv__cpu_gemm256_1x1(A + i * ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+    }
+}
+
+static MSKV__CPU_AVX2 void mskv__cpu_softmax_avx2(float *MSKV__CPU_RESTRICT S, int32_t rp, int32_t kb, const int32_t *a,
+                                                  const int32_t *z, int full, float *m, float *l, float *alpha) {
+    int32_t v, j;
+    for (v = 0; v < rp; v += 8) {
+        __m256 mo = _mm256_loadu_ps(m + v), mx = _mm256_set1_ps(-INFINITY), mn, al, sum = _mm256_setzero_ps();
+        /* visible: a <= j < z, as a - 1 < j and j < z */
+        __m256i am1 = full ? _mm256_set1_epi32(-1) : _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(a + v)), _mm256_set1_epi32(1));
+        __m256i zv = full ? _mm256_set1_epi32(kb) : _mm256_loadu_si256((const __m256i *)(const void *)(z + v));
+        for (j = 0; j < kb; j++) {
+            __m256i jv = _mm256_set1_epi32(j);
+            __m256 vis = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(jv, am1), _mm256_cmpgt_epi32(zv, jv)));
+            mx = _mm256_blendv_ps(mx, _mm256_max_ps(mx, _mm256_loadu_ps(S + (size_t)j * rp + v)), vis);
+        }
+        mn = _mm256_max_ps(mo, mx);
+        al = _mm256_blendv_ps(mskv__cpu_exp256(_mm256_sub_ps(mo, mn)), _mm256_set1_ps(1.0f), _mm256_cmp_ps(mo, mn, _CMP_EQ_OQ));
+        for (j = 0; j < kb; j++) {
+            __m256i jv = _mm256_set1_epi32(j);
+            __m256 vis = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(jv, am1), _mm256_cmpgt_epi32(zv, jv)));
+            float *s = S + (size_t)j * rp + v;
+            __m256 p = _mm256_and_ps(mskv__cpu_exp256(_mm256_sub_ps(_mm256_loadu_ps(s), mn)), vis);
+            _mm256_storeu_ps(s, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        _mm256_storeu_ps(l + v, _mm256_fmadd_ps(_mm256_loadu_ps(l + v), al, sum));
+        _mm256_storeu_ps(m + v, mn);
+        _mm256_storeu_ps(alpha + v, al);
+    }
+}
+
+/* 4 rows x 2 keys of dot products; the 8 sums reduced together with
+   horizontal adds. kbe is even. */
+static MSKV__CPU_AVX2 void mskv__cpu_qk_rows_avx2(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
+                                                  float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) __m256 c##u##0 = _mm256_setzero_ps(), c##u##1 = c##u##0;
+#define MSKV__STEP(u) { __m256 q = _mm256_loadu_ps(Q + (size_t)(r + (u)) * dp + d); \
+    c##u##0 = _mm256_fmadd_ps(q, x0, c##u##0); c##u##1 = _mm256_fmadd_ps(q, x1, c##u##1); }
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (j = 0; j < kbe; j += 2) {
+            const float *k0 = krow[j], *k1 = krow[j + 1];
+            __m256 g0, g1;
+            __m128 s0, s1;
+            float t[8];
+            MSKV__M4(MSKV__DECL)
+            for (d = 0; d < dp; d += 8) {
+                __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
+                MSKV__M4(MSKV__STEP)
+            }
+            /* rows 0,1 then 2,3: [r k0, r k1, r' k0, r' k1] per 128 bits, then the halves added */
+            g0 = _mm256_hadd_ps(_mm256_hadd_ps(c00, c01), _mm256_hadd_ps(c10, c11));
+            g1 = _mm256_hadd_ps(_mm256_hadd_ps(c20, c21), _mm256_hadd_ps(c30, c31));
+            s0 = _mm_add_ps(_mm256_castps256_ps128(g0), _mm256_extractf128_ps(g0, 1));
+            s1 = _mm_add_ps(_mm256_castps256_ps128(g1), _mm256_extractf128_ps(g1, 1));
+            _mm_storeu_ps(t, s0);
+            _mm_storeu_ps(t + 4, s1);
+            S[(size_t)r * ks + j] = t[0]; S[(size_t)r * ks + j + 1] = t[1];
+            S[(size_t)(r + 1) * ks + j] = t[2]; S[(size_t)(r + 1) * ks + j + 1] = t[3];
+            S[(size_t)(r + 2) * ks + j] = t[4]; S[(size_t)(r + 2) * ks + j + 1] = t[5];
+            S[(size_t)(r + 3) * ks + j] = t[6]; S[(size_t)(r + 3) * ks + j + 1] = t[7];
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+}
+
+static MSKV__CPU_AVX2 void mskv__cpu_pv_rows_avx2(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                                  const float *const *MSKV__CPU_RESTRICT vrow, const float *MSKV__CPU_RESTRICT alpha,
+                                                  int32_t nrp, int32_t kb, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) __m256 c##u##0 = _mm256_mul_ps(_mm256_loadu_ps(O + (size_t)(r + (u)) * dp + d), _mm256_set1_ps(alpha[r + (u)])), \
+    c##u##1 = _mm256_mul_ps(_mm256_loadu_ps(O + (size_t)(r + (u)) * dp + d + 8), _mm256_set1_ps(alpha[r + (u)]));
+#define MSKV__STEP(u) { __m256 p = _mm256_broadcast_ss(P + (size_t)(r + (u)) * ks + j); \
+    c##u##0 = _mm256_fmadd_ps(p, y0, c##u##0); c##u##1 = _mm256_fmadd_ps(p, y1, c##u##1); }
+#define MSKV__STORE(u) _mm256_storeu_ps(O + (size_t)(r + (u)) * dp + d, c##u##0); \
+    _mm256_storeu_ps(O + (size_t)(r + (u)) * dp + d + 8, c##u##1);
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (d = 0; d < dp; d += 16) {
+            MSKV__M4(MSKV__DECL)
+            for (j = 0; j < kb; j++) {
+                const float *vr = vrow[j] + d;
+                __m256 y0 = _mm256_loadu_ps(vr), y1 = _mm256_loadu_ps(vr + 8);
+                MSKV__M4(MSKV__STEP)
+            }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+static MSKV__CPU_AVX2 float mskv__cpu_exp_row_avx2(float *MSKV__CPU_RESTRICT s, float m, int32_t n) {
+    __m256 mv = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
+    int32_t j;
+    for (j = 0; j < n; j += 8) {
+        __m256 p = mskv__cpu_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+        _mm256_storeu_ps(s + j, p);
+        acc = _mm256_add_ps(acc, p);
+    }
+    return mskv__cpu_hsum256(acc);
+}
+
+static const mskv__cpu_kern mskv__cpu_kern_avx2 = {
+    MSKV_CPU_ISA_AVX2, 8, mskv__cpu_cvt_avx2, mskv__cpu_gemm_avx2, mskv__cpu_softmax_avx2,
+    mskv__cpu_qk_rows_avx2, mskv__cpu_pv_rows_avx2, mskv__cpu_exp_row_avx2};
+
+/* GCC ends target-attributed AVX functions without vzeroupper, so a call on
+   an AVX path returned with the upper halves of the vector registers dirty,
+   and the caller's SSE code after it (libm's exp, the application's own)
+   ran several times slower. Every thread clears them when its share of a
+   call is done. */
+static MSKV__CPU_AVX2 void mskv__cpu_zeroupper(void) { _mm256_zeroupper(); }
+#endif /* MSKV__CPU_X86 */
+
+/* ---- NEON path (arm64: 4 floats a vector, 32 registers) ---- */
+#if MSKV__CPU_NEON
+static float32x4_t mskv__cpu_exp_neon4(float32x4_t x) {
+    const float32x4_t lo = vdupq_n_f32(MSKV__EXP_LO), magic = vdupq_n_f32(MSKV__EXP_MAGIC);
+    uint32x4_t keep = vcgtq_f32(x, lo);
+    float32x4_t t, kf, r, p;
+    int32x4_t ki;
+    x = vmaxq_f32(x, lo);
+    t = vfmaq_f32(magic, x, vdupq_n_f32(MSKV__EXP_LOG2E));
+    kf = vsubq_f32(t, magic);
+    r = vfmsq_f32(x, kf, vdupq_n_f32(MSKV__EXP_LN2HI));
+    r = vfmsq_f32(r, kf, vdupq_n_f32(MSKV__EXP_LN2LO));
+    p = vfmaq_f32(vdupq_n_f32(MSKV__EXP_C5), vdupq_n_f32(MSKV__EXP_C6), r);
+    p = vfmaq_f32(vdupq_n_f32(MSKV__EXP_C4), p, r);
+    p = vfmaq_f32(vdupq_n_f32(MSKV__EXP_C3), p, r);
+    p = vfmaq_f32(vdupq_n_f32(0.5f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    ki = vshlq_n_s32(vaddq_s32(vsubq_s32(vreinterpretq_s32_f32(t), vreinterpretq_s32_f32(magic)), vdupq_n_s32(127)), 23);
+    p = vmulq_f32(p, vreinterpretq_f32_s32(ki));
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(p), keep));
+}
+
+static void mskv__cpu_cvt_neon(float *MSKV__CPU_RESTRICT dst, const uint16_t *MSKV__CPU_RESTRICT src, int bf16, int32_t n) {
+    int32_t i = 0;
+    if (bf16)
+        for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(src + i), 16)));
+    else
+        for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(src + i))));
+    mskv__cpu_cvt_portable(dst + i, src + i, bf16, n - i);
+}
+
+/* 16 rows (4 vectors) x 4 outputs: 16 accumulators. */
+static void mskv__cpu_gemm_neon_4x4(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                    const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                    const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+#define MSKV__DECL(u) float32x4_t c##u##0, c##u##1, c##u##2, c##u##3;
+#define MSKV__INIT(u) \
+    c##u##0 = alpha ? vmulq_f32(vld1q_f32(C + (u) * rp), a0) : z; \
+    c##u##1 = alpha ? vmulq_f32(vld1q_f32(C + (u) * rp + 4), a1) : z; \
+    c##u##2 = alpha ? vmulq_f32(vld1q_f32(C + (u) * rp + 8), a2) : z; \
+    c##u##3 = alpha ? vmulq_f32(vld1q_f32(C + (u) * rp + 12), a3) : z;
+#define MSKV__STEP(u) { float s = a[(u) * ais]; \
+    c##u##0 = vfmaq_n_f32(c##u##0, y0, s); c##u##1 = vfmaq_n_f32(c##u##1, y1, s); \
+    c##u##2 = vfmaq_n_f32(c##u##2, y2, s); c##u##3 = vfmaq_n_f32(c##u##3, y3, s); }
+#define MSKV__STORE(u) \
+    vst1q_f32(C + (u) * rp, c##u##0); vst1q_f32(C + (u) * rp + 4, c##u##1); \
+    vst1q_f32(C + (u) * rp + 8, c##u##2); vst1q_f32(C + (u) * rp + 12, c##u##3);
+    const float32x4_t z = vdupq_n_f32(0.0f);
+    const float32x4_t a0 = alpha ? vld1q_f32(alpha) : z, a1 = alpha ? vld1q_f32(alpha + 4) : z;
+    const float32x4_t a2 = alpha ? vld1q_f32(alpha + 8) : z, a3 = alpha ? vld1q_f32(alpha + 12) : z;
+    int32_t k;
+    MSKV__M4(MSKV__DECL)
+    MSKV__M4(MSKV__INIT)
+    for (k = 0; k < kd; k++) {
+        const float *b = B + (size_t)k * rp, *a = A + k * aks;
+        float32x4_t y0 = vld1q_f32(b), y1 = vld1q_f32(b + 4), y2 = vld1q_f32(b + 8), y3 = vld1q_f32(b + 12);
+        MSKV__M4(MSKV__STEP)
+    }
+    MSKV__M4(MSKV__STORE)
+#undef MSKV__DECL
+#undef MSKV__INIT
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+/* 4 rows (1 vector) x 8 outputs: 8 accumulators. */
+static void mskv__cpu_gemm_neon_1x8(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                    const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                    const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+#define MSKV__DECL(u) float32x4_t c##u = alpha ? vmulq_f32(vld1q_f32(C + (u) * rp), a0) : z;
+#define MSKV__STEP(u) c##u = vfmaq_n_f32(c##u, y0, a[(u) * ais]);
+#define MSKV__STORE(u) vst1q_f32(C + (u) * rp, c##u);
+    const float32x4_t z = vdupq_n_f32(0.0f), a0 = alpha ? vld1q_f32(alpha) : z;
+    int32_t k;
+    MSKV__M8(MSKV__DECL)
+    for (k = 0; k < kd; k++) {
+        const float *a = A + k * aks;
+        float32x4_t y0 = vld1q_f32(B + (size_t)k * rp);
+        MSKV__M8(MSKV__STEP)
+    }
+    MSKV__M8(MSKV__STORE)
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+static void mskv__cpu_gemm_neon_1x1(const float *MSKV__CPU_RESTRICT A, ptrdiff_t aks, const float *MSKV__CPU_RESTRICT B,
+                                    float *MSKV__CPU_RESTRICT C, const float *MSKV__CPU_RESTRICT alpha, int32_t kd, int32_t rp) {
+    float32x4_t c = alpha ? vmulq_f32(vld1q_f32(C), vld1q_f32(alpha)) : vdupq_n_f32(0.0f);
+    int32_t k;
+    for (k = 0; k < kd; k++) c = vfmaq_n_f32(c, vld1q_f32(B + (size_t)k * rp), A[k * aks]);
+    vst1q_f32(C, c);
+}
+
+static void mskv__cpu_gemm_neon(const float *MSKV__CPU_RESTRICT A, ptrdiff_t ais, ptrdiff_t aks,
+                                const float *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                const float *MSKV__CPU_RESTRICT alpha, int32_t n, int32_t kd, int32_t rp) {
+    int32_t v = 0, i, x;
+    for (; v + 16 <= rp; v += 16) {
+        for (i = 0; i + 4 <= n; i += 4)
+            mskv__cpu_gemm_neon_4x4(A + i * ais, ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+        for (; i < n; i++)
+            for (x = 0; x < 16; x += 4)
+                mskv__cpu_gemm_neon_1x1(A + i * ais, aks, B + v + x, C + (size_t)i * rp + v + x, alpha ? alpha + v + x : NULL, kd, rp);
+    }
+    for (; v < rp; v += 4) {
+        for (i = 0; i + 8 <= n; i += 8)
+            mskv__cpu_gemm_neon_1x8(A + i * ais, ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+        for (; i < n; i++)
+            mskv__cpu_gemm_neon_1x1(A + i * ais, aks, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kd, rp);
+    }
+}
+
+static void mskv__cpu_softmax_neon(float *MSKV__CPU_RESTRICT S, int32_t rp, int32_t kb, const int32_t *a,
+                                   const int32_t *z, int full, float *m, float *l, float *alpha) {
+    int32_t v, j;
+    for (v = 0; v < rp; v += 4) {
+        float32x4_t mo = vld1q_f32(m + v), mx = vdupq_n_f32(-INFINITY), mn, al, sum = vdupq_n_f32(0.0f);
+        int32x4_t av = full ? vdupq_n_s32(0) : vld1q_s32(a + v), zv = full ? vdupq_n_s32(kb) : vld1q_s32(z + v);
+        for (j = 0; j < kb; j++) {
+            int32x4_t jv = vdupq_n_s32(j);
+            uint32x4_t vis = vandq_u32(vcleq_s32(av, jv), vcltq_s32(jv, zv));
+            mx = vbslq_f32(vis, vmaxq_f32(mx, vld1q_f32(S + (size_t)j * rp + v)), mx);
+        }
+        mn = vmaxq_f32(mo, mx);
+        al = vbslq_f32(vceqq_f32(mo, mn), vdupq_n_f32(1.0f), mskv__cpu_exp_neon4(vsubq_f32(mo, mn)));
+        for (j = 0; j < kb; j++) {
+            int32x4_t jv = vdupq_n_s32(j);
+            uint32x4_t vis = vandq_u32(vcleq_s32(av, jv), vcltq_s32(jv, zv));
+            float *s = S + (size_t)j * rp + v;
+            float32x4_t p = mskv__cpu_exp_neon4(vsubq_f32(vld1q_f32(s), mn));
+            p = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(p), vis));
+            vst1q_f32(s, p);
+            sum = vaddq_f32(sum, p);
+        }
+        vst1q_f32(l + v, vfmaq_f32(sum, vld1q_f32(l + v), al));
+        vst1q_f32(m + v, mn);
+        vst1q_f32(alpha + v, al);
+    }
+}
+
+static void mskv__cpu_qk_rows_neon(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
+                                   float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) float32x4_t c##u##0 = vdupq_n_f32(0.0f), c##u##1 = c##u##0;
+#define MSKV__STEP(u) { float32x4_t q = vld1q_f32(Q + (size_t)(r + (u)) * dp + d); \
+    c##u##0 = vfmaq_f32(c##u##0, q, x0); c##u##1 = vfmaq_f32(c##u##1, q, x1); }
+#define MSKV__STORE(u) S[(size_t)(r + (u)) * ks + j] = vaddvq_f32(c##u##0); \
+    S[(size_t)(r + (u)) * ks + j + 1] = vaddvq_f32(c##u##1);
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (j = 0; j < kbe; j += 2) {
+            const float *k0 = krow[j], *k1 = krow[j + 1];
+            MSKV__M4(MSKV__DECL)
+            for (d = 0; d < dp; d += 4) {
+                float32x4_t x0 = vld1q_f32(k0 + d), x1 = vld1q_f32(k1 + d);
+                MSKV__M4(MSKV__STEP)
+            }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+static void mskv__cpu_pv_rows_neon(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                   const float *const *MSKV__CPU_RESTRICT vrow, const float *MSKV__CPU_RESTRICT alpha,
+                                   int32_t nrp, int32_t kb, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) float32x4_t c##u##0 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d), alpha[r + (u)]), \
+    c##u##1 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d + 4), alpha[r + (u)]), \
+    c##u##2 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d + 8), alpha[r + (u)]), \
+    c##u##3 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d + 12), alpha[r + (u)]);
+#define MSKV__STEP(u) { float p = P[(size_t)(r + (u)) * ks + j]; \
+    c##u##0 = vfmaq_n_f32(c##u##0, y0, p); c##u##1 = vfmaq_n_f32(c##u##1, y1, p); \
+    c##u##2 = vfmaq_n_f32(c##u##2, y2, p); c##u##3 = vfmaq_n_f32(c##u##3, y3, p); }
+#define MSKV__STORE(u) vst1q_f32(O + (size_t)(r + (u)) * dp + d, c##u##0); \
+    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 4, c##u##1); \
+    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 8, c##u##2); \
+    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 12, c##u##3);
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (d = 0; d < dp; d += 16) {
+            MSKV__M4(MSKV__DECL)
+            for (j = 0; j < kb; j++) {
+                const float *vr = vrow[j] + d;
+                float32x4_t y0 = vld1q_f32(vr), y1 = vld1q_f32(vr + 4), y2 = vld1q_f32(vr + 8), y3 = vld1q_f32(vr + 12);
+                MSKV__M4(MSKV__STEP)
+            }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+static float mskv__cpu_exp_row_neon(float *MSKV__CPU_RESTRICT s, float m, int32_t n) {
+    float32x4_t mv = vdupq_n_f32(m), acc = vdupq_n_f32(0.0f);
+    int32_t j;
+    for (j = 0; j < n; j += 4) {
+        float32x4_t p = mskv__cpu_exp_neon4(vsubq_f32(vld1q_f32(s + j), mv));
+        vst1q_f32(s + j, p);
+        acc = vaddq_f32(acc, p);
+    }
+    return vaddvq_f32(acc);
+}
+
+static const mskv__cpu_kern mskv__cpu_kern_neon = {
+    MSKV_CPU_ISA_NEON, 4, mskv__cpu_cvt_neon, mskv__cpu_gemm_neon, mskv__cpu_softmax_neon,
+    mskv__cpu_qk_rows_neon, mskv__cpu_pv_rows_neon, mskv__cpu_exp_row_neon};
+#endif /* MSKV__CPU_NEON */
+
+/* ---- choosing a path ---- */
+
+/* The platform helper: what the CPU (and the OS, for the wider registers)
+   supports, asked once per create. Only cpuid/xgetbv on x86, nothing to ask
+   on arm64 (NEON is baseline there). */
+#if MSKV__CPU_X86
+static void mskv__cpu_cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4]) {
+#if defined(_MSC_VER) && !defined(__clang__)
+    int v[4];
+    __cpuidex(v, (int)leaf, (int)sub);
+    r[0] = (uint32_t)v[0]; r[1] = (uint32_t)v[1]; r[2] = (uint32_t)v[2]; r[3] = (uint32_t)v[3];
+#else
+    __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
+#endif
+}
+static uint64_t mskv__cpu_xgetbv0(void) {
+#if defined(_MSC_VER) && !defined(__clang__)
+    return (uint64_t)_xgetbv(0);
+#else
+    uint32_t lo, hi;
+    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+#endif
+}
+#endif
+
+static int mskv__cpu_has(mskv_cpu_isa isa) {
+    if (isa == MSKV_CPU_ISA_PORTABLE) return 1;
+#if MSKV__CPU_X86
+    if (isa == MSKV_CPU_ISA_AVX2 || isa == MSKV_CPU_ISA_AVX512) {
+        uint32_t r0[4], r1[4], r7[4];
+        uint64_t xcr0;
+        mskv__cpu_cpuid(0, 0, r0);
+        if (r0[0] < 7) return 0;
+        mskv__cpu_cpuid(1, 0, r1);
+        /* FMA (bit 12), OSXSAVE (27), AVX (28), F16C (29): the OS must save the
+           ymm (and for AVX-512 the zmm and mask) registers, per XCR0 */
+        if ((r1[2] & 0x38001000u) != 0x38001000u) return 0;
+        xcr0 = mskv__cpu_xgetbv0();
+        mskv__cpu_cpuid(7, 0, r7);
+        if (isa == MSKV_CPU_ISA_AVX2) return (xcr0 & 0x6) == 0x6 && (r7[1] & (1u << 5));
+        return (xcr0 & 0xe6) == 0xe6 && (r7[1] & (1u << 5)) && (r7[1] & (1u << 16));
+    }
+#endif
+#if MSKV__CPU_NEON
+    if (isa == MSKV_CPU_ISA_NEON) return 1;
+#endif
+    return 0;
+}
+
+static const mskv__cpu_kern *mskv__cpu_kern_of(mskv_cpu_isa isa) {
+#if MSKV__CPU_X86
+    if (isa == MSKV_CPU_ISA_AVX512) return &mskv__cpu_kern_avx512;
+    if (isa == MSKV_CPU_ISA_AVX2) return &mskv__cpu_kern_avx2;
+#endif
+#if MSKV__CPU_NEON
+    if (isa == MSKV_CPU_ISA_NEON) return &mskv__cpu_kern_neon;
+#endif
+    (void)isa;
+    return &mskv__cpu_kern_portable;
+}
+
+static mskv_cpu_isa mskv__cpu_best(void) {
+    static const mskv_cpu_isa order[3] = {MSKV_CPU_ISA_AVX512, MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_NEON};
+    int i;
+    for (i = 0; i < 3; i++)
+        if (mskv__cpu_has(order[i])) return order[i];
+    return MSKV_CPU_ISA_PORTABLE;
+}
+
+MSKV_IMPL const char *mskv_cpu_isa_name(mskv_cpu_isa isa) {
+    switch (isa) {
+    case MSKV_CPU_ISA_AUTO: return "auto";
+    case MSKV_CPU_ISA_PORTABLE: return "portable";
+    case MSKV_CPU_ISA_AVX2: return "avx2";
+    case MSKV_CPU_ISA_AVX512: return "avx512";
+    case MSKV_CPU_ISA_NEON: return "neon";
+    }
+    return "unknown";
+}
+
+MSKV_IMPL int mskv_cpu_isa_available(mskv_cpu_isa isa) {
+    return isa == MSKV_CPU_ISA_AUTO || mskv__cpu_has(isa);
+}
+
+/* AUTO: MSKV_CPU_ISA from the environment when it names a path this CPU
+   runs, else the best path; a name that cannot be honoured is logged (why)
+   and the best path is used, so a stale setting never stops a program. */
+static mskv_cpu_isa mskv__cpu_resolve_auto(char *why, size_t cap) {
+    const char *env = getenv("MSKV_CPU_ISA");
+    mskv_cpu_isa best = mskv__cpu_best(), isa;
+    why[0] = 0;
+    if (!env || !env[0] || strcmp(env, "auto") == 0) return best;
+    for (isa = MSKV_CPU_ISA_PORTABLE; isa <= MSKV_CPU_ISA_NEON; isa = (mskv_cpu_isa)(isa + 1))
+        if (strcmp(env, mskv_cpu_isa_name(isa)) == 0) break;
+    if (isa > MSKV_CPU_ISA_NEON) {
+        mskv__why(why, cap, "MSKV_CPU_ISA=%.32s is not one of portable, avx2, avx512, neon, auto; using %s", env,
+                  mskv_cpu_isa_name(best));
+        return best;
+    }
+    if (!mskv__cpu_has(isa)) {
+        mskv__why(why, cap, "MSKV_CPU_ISA=%s: this CPU or build lacks it; using %s", env, mskv_cpu_isa_name(best));
+        return best;
+    }
+    return isa;
 }
 
 /* ---- thread pool --------------------------------------------------------------- */
 
-/* A per-thread workspace: row tiles (Q, O: rows x MAX_DIM), key tiles
-   (Kt: MAX_DIM x keys, V: keys x MAX_DIM), scores (rows x keys), row state. */
+/* A per-thread workspace: row tiles (Q, O: rows x MAX_DIM, as rows or
+   transposed), key tiles (K, V: keys x MAX_DIM f32 rows), scores (rows x
+   keys), row state, and the partial results of split segments. */
 typedef struct mskv__cpu_ws {
-    float *q, *o, *kt, *v, *s, *m, *l, *alpha;
-    int64_t *qpos;
+    float *q, *o, *k, *v, *s, *m, *l, *alpha;
+    int64_t *klo, *khi;  /* each row's visible keys (see masks) */
+    int32_t *a, *z;      /* the same, relative to the current block */
     size_t *el;          /* element offset of each key row of the block */
     const float **vrow, **krow;
-    int32_t rows, keys;  /* tile capacities */
+    float *part;         /* partial states of one split unit: chunks x MSKV__CPU_PART floats */
+    int32_t rows, keys, chunks;  /* tile capacities */
 } mskv__cpu_ws;
 
 /* Q and O hold rows * MAX_DIM floats: more rows at a smaller head_dim, up to
    MSKV__CPU_MAX_ROWS, for which the scores and row state are sized. */
 #define MSKV__CPU_MAX_ROWS 64
+/* A split segment's rows per kv head (few-row segments only) and the floats
+   of one chunk's partial state: O rows, then m and l per row. */
+#define MSKV__CPU_SPLIT_ROWS 8
+#define MSKV__CPU_PART (MSKV__CPU_SPLIT_ROWS * (MSKV__CPU_MAX_DIM + 2))
+#define MSKV__CPU_SPLIT_MIN_KEYS 512  /* no chunk of a split segment is shorter */
+#define MSKV__CPU_SPLIT_UNITS 64      /* a call with fewer (segment, kv head) units splits keys */
 
-static size_t mskv__cpu_ws_bytes(int32_t rows, int32_t keys) {
+static size_t mskv__cpu_ws_bytes(int32_t rows, int32_t keys, int32_t chunks) {
     size_t f = 2 * (size_t)rows * MSKV__CPU_MAX_DIM + 2 * (size_t)keys * MSKV__CPU_MAX_DIM +
-               (size_t)MSKV__CPU_MAX_ROWS * (size_t)keys + 3 * (size_t)MSKV__CPU_MAX_ROWS;
-    return f * 4 + (size_t)MSKV__CPU_MAX_ROWS * 8 + 2 * ((size_t)keys + 1) * sizeof(float *) + (size_t)keys * sizeof(size_t) + 64;
+               (size_t)MSKV__CPU_MAX_ROWS * (size_t)keys + 3 * (size_t)MSKV__CPU_MAX_ROWS + (size_t)chunks * MSKV__CPU_PART;
+    return f * 4 + (size_t)MSKV__CPU_MAX_ROWS * (2 * 8 + 2 * 4) + 2 * ((size_t)keys + 4) * sizeof(float *) +
+           (size_t)keys * sizeof(size_t) + 64;
 }
 
-static void mskv__cpu_ws_carve(mskv__cpu_ws *w, void *mem, int32_t rows, int32_t keys) {
+static void mskv__cpu_ws_carve(mskv__cpu_ws *w, void *mem, int32_t rows, int32_t keys, int32_t chunks) {
     unsigned char *p = (unsigned char *)mem;
     p += (64 - ((uintptr_t)p & 63)) & 63;  /* the tiles start on a cache line */
     w->rows = rows;
     w->keys = keys;
+    w->chunks = chunks;
     w->q = (float *)(void *)p; p += (size_t)rows * MSKV__CPU_MAX_DIM * 4;
     w->o = (float *)(void *)p; p += (size_t)rows * MSKV__CPU_MAX_DIM * 4;
-    w->kt = (float *)(void *)p; p += (size_t)keys * MSKV__CPU_MAX_DIM * 4;
+    w->k = (float *)(void *)p; p += (size_t)keys * MSKV__CPU_MAX_DIM * 4;
     w->v = (float *)(void *)p; p += (size_t)keys * MSKV__CPU_MAX_DIM * 4;
+    w->part = (float *)(void *)p; p += (size_t)chunks * MSKV__CPU_PART * 4;
     w->s = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * (size_t)keys * 4;
-    w->qpos = (int64_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 8;
+    w->klo = (int64_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 8;
+    w->khi = (int64_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 8;
     w->m = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
     w->l = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
     w->alpha = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
-    w->vrow = (const float **)(void *)p; p += ((size_t)keys + 1) * sizeof(float *);
-    w->krow = (const float **)(void *)p; p += ((size_t)keys + 1) * sizeof(float *);
+    w->a = (int32_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
+    w->z = (int32_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
+    w->vrow = (const float **)(void *)p; p += ((size_t)keys + 4) * sizeof(float *);
+    w->krow = (const float **)(void *)p; p += ((size_t)keys + 4) * sizeof(float *);  /* + spares for key groups */
     w->el = (size_t *)(void *)p;
 }
+
+/* A split unit in flight: its partial states sit in one workspace's part
+   tile; busy until its last chunk has merged them. */
+typedef struct mskv__cpu_slot { int32_t busy, done; } mskv__cpu_slot;
 
 typedef void (*mskv__cpu_task_fn)(void *ctx, mskv__cpu_ws *ws);
 
 struct mskv_cpu {
     mskv_allocator allocator;
     int32_t num_threads;
+    size_t workspace_bytes;     /* per thread */
+    const mskv__cpu_kern *kern; /* the instruction-set path, chosen at create */
     void *ws_mem;
     mskv__cpu_ws *ws;
+    mskv__cpu_slot *slots;      /* split units in flight (one per thread suffices) */
+    int64_t last_items;         /* work items of the last attention call */
 #ifndef MSKV_NO_THREADS
-    pthread_t *threads;
+    mskv__thread *threads;
     int32_t started;
-    pthread_mutex_t lock;
-    pthread_mutex_t call_lock;  /* one call at a time per pool (also with one thread: one workspace) */
+    mskv__mutex lock;
+    mskv__mutex call_lock;  /* one call at a time per pool (also with one thread: one workspace) */
     int32_t call_lock_ok;
-    pthread_cond_t wake, done;
+    mskv__cond wake, done;
     uint64_t generation;
     int32_t busy, shutdown;
     mskv__cpu_task_fn task;
@@ -3167,26 +6287,25 @@ struct mskv_cpu {
 #ifndef MSKV_NO_THREADS
 typedef struct mskv__cpu_worker_arg { mskv_cpu *cpu; int32_t index; } mskv__cpu_worker_arg;
 
-static void *mskv__cpu_worker(void *arg) {
+static void mskv__cpu_worker(void *arg) {
     mskv_cpu *cpu = ((mskv__cpu_worker_arg *)arg)->cpu;
     int32_t index = ((mskv__cpu_worker_arg *)arg)->index;
     uint64_t seen = 0;
     for (;;) {
         mskv__cpu_task_fn fn;
         void *ctx;
-        pthread_mutex_lock(&cpu->lock);
-        while (!cpu->shutdown && cpu->generation == seen) pthread_cond_wait(&cpu->wake, &cpu->lock);
-        if (cpu->shutdown) { pthread_mutex_unlock(&cpu->lock); break; }
+        mskv__mutex_lock(&cpu->lock);
+        while (!cpu->shutdown && cpu->generation == seen) mskv__cond_wait(&cpu->wake, &cpu->lock);
+        if (cpu->shutdown) { mskv__mutex_unlock(&cpu->lock); break; }
         seen = cpu->generation;
         fn = cpu->task;
         ctx = cpu->task_ctx;
-        pthread_mutex_unlock(&cpu->lock);
+        mskv__mutex_unlock(&cpu->lock);
         fn(ctx, &cpu->ws[index]);
-        pthread_mutex_lock(&cpu->lock);
-        if (--cpu->busy == 0) pthread_cond_signal(&cpu->done);
-        pthread_mutex_unlock(&cpu->lock);
+        mskv__mutex_lock(&cpu->lock);
+        if (--cpu->busy == 0) mskv__cond_signal(&cpu->done);
+        mskv__mutex_unlock(&cpu->lock);
     }
-    return NULL;
 }
 #endif
 
@@ -3194,44 +6313,61 @@ static void mskv__cpu_teardown(mskv_cpu *cpu) {
 #ifndef MSKV_NO_THREADS
     int32_t i;
     if (cpu->started > 0) {
-        pthread_mutex_lock(&cpu->lock);
+        mskv__mutex_lock(&cpu->lock);
         cpu->shutdown = 1;
-        pthread_cond_broadcast(&cpu->wake);
-        pthread_mutex_unlock(&cpu->lock);
-        for (i = 0; i < cpu->started; i++) pthread_join(cpu->threads[i], NULL);
+        mskv__cond_broadcast(&cpu->wake);
+        mskv__mutex_unlock(&cpu->lock);
+        for (i = 0; i < cpu->started; i++) mskv__thread_join(&cpu->threads[i]);
     }
     if (cpu->threads) {
-        pthread_cond_destroy(&cpu->wake);
-        pthread_cond_destroy(&cpu->done);
-        pthread_mutex_destroy(&cpu->lock);
+        mskv__cond_destroy(&cpu->wake);
+        mskv__cond_destroy(&cpu->done);
+        mskv__mutex_destroy(&cpu->lock);
         mskv__free(&cpu->allocator, cpu->threads);
     }
-    if (cpu->call_lock_ok) pthread_mutex_destroy(&cpu->call_lock);
+    if (cpu->call_lock_ok) mskv__mutex_destroy(&cpu->call_lock);
 #endif
     mskv__free(&cpu->allocator, cpu->ws_mem);
     mskv__free(&cpu->allocator, cpu->ws);
 }
 
 MSKV_IMPL mskv_result mskv_cpu_create(const mskv_cpu_desc *desc, mskv_cpu **out) {
-    static const int32_t ladder[4][2] = {{64, 64}, {32, 64}, {16, 32}, {8, 16}};
+    /* rows, keys and split chunks of the tiles, largest first */
+    static const int32_t ladder[4][3] = {{64, 64, 8}, {32, 64, 8}, {16, 32, 4}, {8, 16, 2}};
     mskv_cpu_desc d;
     mskv_cpu *cpu;
+    mskv_cpu_isa isa;
     size_t per = 0, stride;
-    int32_t i, rows = 0, keys = 0;
+    int32_t i, rows = 0, keys = 0, chunks = 0;
+    char why[160];
     if (!out) return MSKV_ERROR_NULL_POINTER;
     *out = NULL;
     if (desc) d = *desc; else memset(&d, 0, sizeof d);
     if (d.num_threads < 0 || d.num_threads > 1024) return MSKV_ERROR_INVALID_ARGUMENT;
     if ((d.allocator.alloc || d.allocator.free) && !(d.allocator.alloc && d.allocator.free))
         return MSKV_ERROR_INVALID_ARGUMENT;
+    if (d.isa < MSKV_CPU_ISA_AUTO || d.isa > MSKV_CPU_ISA_NEON) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (d.isa == MSKV_CPU_ISA_AUTO) {
+        isa = mskv__cpu_resolve_auto(why, sizeof why);
+        if (why[0] && d.log) d.log(d.log_user, MSKV_LOG_WARN, why);
+    } else if (!mskv__cpu_has(d.isa)) {
+        if (d.log) {
+            mskv__why(why, sizeof why, "mskv_cpu_create: this CPU or build has no %s path (best: %s)",
+                      mskv_cpu_isa_name(d.isa), mskv_cpu_isa_name(mskv__cpu_best()));
+            d.log(d.log_user, MSKV_LOG_ERROR, why);
+        }
+        return MSKV_ERROR_UNSUPPORTED;
+    } else {
+        isa = d.isa;
+    }
     if (d.num_threads == 0) d.num_threads = 1;
 #ifdef MSKV_NO_THREADS
     d.num_threads = 1;
 #endif
     /* the largest tiles the per-thread budget allows */
     for (i = 0; i < 4; i++) {
-        per = mskv__cpu_ws_bytes(ladder[i][0], ladder[i][1]);
-        if (d.workspace_bytes == 0 || per <= d.workspace_bytes) { rows = ladder[i][0]; keys = ladder[i][1]; break; }
+        per = mskv__cpu_ws_bytes(ladder[i][0], ladder[i][1], ladder[i][2]);
+        if (d.workspace_bytes == 0 || per <= d.workspace_bytes) { rows = ladder[i][0]; keys = ladder[i][1]; chunks = ladder[i][2]; break; }
     }
     if (!rows) return MSKV_ERROR_INVALID_ARGUMENT;
     stride = (per + 63) & ~(size_t)63;
@@ -3241,13 +6377,17 @@ MSKV_IMPL mskv_result mskv_cpu_create(const mskv_cpu_desc *desc, mskv_cpu **out)
     memset(cpu, 0, sizeof(*cpu));
     cpu->allocator = d.allocator;
     cpu->num_threads = d.num_threads;
-    cpu->ws = (mskv__cpu_ws *)mskv__alloc(&d.allocator, sizeof(mskv__cpu_ws) * (size_t)d.num_threads);
+    cpu->workspace_bytes = per;
+    cpu->kern = mskv__cpu_kern_of(isa);
+    cpu->ws = (mskv__cpu_ws *)mskv__alloc(&d.allocator, (sizeof(mskv__cpu_ws) + sizeof(mskv__cpu_slot)) * (size_t)d.num_threads);
     cpu->ws_mem = mskv__alloc(&d.allocator, stride * (size_t)d.num_threads);
     if (!cpu->ws || !cpu->ws_mem) { mskv__cpu_teardown(cpu); mskv__free(&d.allocator, cpu); return MSKV_ERROR_OUT_OF_MEMORY; }
+    cpu->slots = (mskv__cpu_slot *)(void *)(cpu->ws + d.num_threads);
+    memset(cpu->slots, 0, sizeof(mskv__cpu_slot) * (size_t)d.num_threads); /* every call leaves them free */
     for (i = 0; i < d.num_threads; i++)
-        mskv__cpu_ws_carve(&cpu->ws[i], (unsigned char *)cpu->ws_mem + stride * (size_t)i, rows, keys);
+        mskv__cpu_ws_carve(&cpu->ws[i], (unsigned char *)cpu->ws_mem + stride * (size_t)i, rows, keys, chunks);
 #ifndef MSKV_NO_THREADS
-    if (pthread_mutex_init(&cpu->call_lock, NULL) != 0) {
+    if (!mskv__mutex_init(&cpu->call_lock)) {
         mskv__cpu_teardown(cpu);
         mskv__free(&d.allocator, cpu);
         return MSKV_ERROR_THREAD;
@@ -3256,17 +6396,17 @@ MSKV_IMPL mskv_result mskv_cpu_create(const mskv_cpu_desc *desc, mskv_cpu **out)
     if (d.num_threads > 1) {
         mskv__cpu_worker_arg *args;
         int ok = 1;
-        cpu->threads = (pthread_t *)mskv__alloc(&d.allocator, (sizeof(pthread_t) + sizeof(*args)) * (size_t)d.num_threads);
+        cpu->threads = (mskv__thread *)mskv__alloc(&d.allocator, (sizeof(mskv__thread) + sizeof(*args)) * (size_t)d.num_threads);
         if (!cpu->threads) { mskv__cpu_teardown(cpu); mskv__free(&d.allocator, cpu); return MSKV_ERROR_OUT_OF_MEMORY; }
         args = (mskv__cpu_worker_arg *)(void *)(cpu->threads + d.num_threads);
-        pthread_mutex_init(&cpu->lock, NULL);
-        pthread_cond_init(&cpu->wake, NULL);
-        pthread_cond_init(&cpu->done, NULL);
+        mskv__mutex_init(&cpu->lock);
+        mskv__cond_init(&cpu->wake);
+        mskv__cond_init(&cpu->done);
         /* thread 0 is the caller; workers 1..n-1 */
         for (i = 1; i < d.num_threads && ok; i++) {
             args[i].cpu = cpu;
             args[i].index = i;
-            if (pthread_create(&cpu->threads[cpu->started], NULL, mskv__cpu_worker, &args[i]) != 0) ok = 0;
+            if (!mskv__thread_start(&cpu->threads[cpu->started], mskv__cpu_worker, &args[i])) ok = 0;
             else cpu->started++;
         }
         if (!ok) { mskv__cpu_teardown(cpu); mskv__free(&d.allocator, cpu); return MSKV_ERROR_THREAD; }
@@ -3289,20 +6429,80 @@ MSKV_IMPL void mskv_cpu_destroy(mskv_cpu *cpu) {
 typedef struct mskv__cpu_job {
     const mskv_pools *pools;
     const mskv_plan *plan;
+    const mskv__cpu_kern *kern;
     const void *q;
     void *o;
     float *lse;
     mskv_dtype qt;
     mskv_mask mask;
-    int32_t q_heads, group, dim, dimp, window_left, rows;
+    int32_t q_heads, group, dim, dimp, window_left;
+    int32_t dense;      /* keys are rows of dense K/V (kv_token_indptr), not pages */
+    size_t tstride, hstride; /* elements from a key row to the next (dense) and from a kv head to the next */
+    int32_t rows;       /* rows per item */
+    int32_t wide;       /* items of more than 8 rows use the transposed tiles (rows a multiple of kern->rw) */
     int32_t heads_cap;  /* most kv heads per item (few-row segments), so threads still get items */
+    int32_t row_keys;   /* keys per block of few-row items, whatever their kv heads */
+    int32_t chunks;     /* most chunks per split unit; 1 = no split in this call */
     float scale;
-    /* next work item, (segment, row block, kv head); taken under the pool lock */
-    int32_t cur_b, cur_rb, cur_g;
+    mskv__cpu_ws *all_ws;  /* every thread's workspace: split units keep their partial states in one */
+    mskv__cpu_slot *slots;
+    int32_t nslots;
+    /* next work item, (segment, row block, kv head, chunk); taken under the pool lock */
+    int32_t cur_b, cur_rb, cur_g, cur_c, cur_slot;
+    int64_t items;      /* items taken so far */
 #ifndef MSKV_NO_THREADS
-    pthread_mutex_t *lock;
+    mskv__mutex *lock;
 #endif
 } mskv__cpu_job;
+
+/* A work item: rows [rb * job->rows, ...) of segment b for kv heads
+   [g0, g0 + ng); of a split unit, chunk c of nch whose state goes to slot. */
+typedef struct mskv__cpu_work { int32_t b, rb, g0, ng, c, nch, slot; } mskv__cpu_work;
+
+/* What an item needs of its segment. */
+typedef struct mskv__cpu_seg {
+    int32_t qo0, qo_len;
+    int64_t kv_len, split, shift;
+    const int32_t *pages;      /* paged keys */
+    int64_t tok0;              /* dense keys: the segment's first row */
+    const int32_t *q_pos;      /* its queries' positions, NULL: the tail rule */
+    int64_t run_lo[2], run_hi[2];  /* the keys the visibility bounds leave: runs of compacted indices */
+    int32_t nruns;
+    int64_t visible;           /* keys in the runs */
+} mskv__cpu_seg;
+
+static void mskv__cpu_seg_runs(const mskv__cpu_job *job, int32_t b, mskv__cpu_seg *sg);
+
+static void mskv__cpu_seg_of(const mskv__cpu_job *job, int32_t b, mskv__cpu_seg *sg) {
+    const mskv_plan *plan = job->plan;
+    sg->qo0 = plan->qo_indptr[b];
+    sg->qo_len = plan->qo_indptr[b + 1] - sg->qo0;
+    sg->kv_len = plan->kv_len[b];
+    sg->split = plan->kv_pos_split ? plan->kv_pos_split[b] : sg->kv_len;
+    sg->shift = plan->kv_pos_shift ? plan->kv_pos_shift[b] : 0;
+    /* NULL for dense keys, and for a plan without page ids (no NULL + offset) */
+    sg->pages = job->dense || !plan->kv_indices ? NULL : plan->kv_indices + plan->kv_indptr[b];
+    sg->tok0 = job->dense ? plan->kv_token_indptr[b] : 0;
+    sg->q_pos = plan->q_pos ? plan->q_pos + sg->qo0 : NULL;
+    mskv__cpu_seg_runs(job, b, sg);
+}
+
+static void mskv__cpu_lock(const mskv__cpu_job *job) {
+#ifndef MSKV_NO_THREADS
+    if (job->lock) mskv__mutex_lock(job->lock);
+#else
+    (void)job;
+#endif
+}
+static void mskv__cpu_unlock(const mskv__cpu_job *job) {
+#ifndef MSKV_NO_THREADS
+    if (job->lock) mskv__mutex_unlock(job->lock);
+#else
+    (void)job;
+#endif
+}
+
+/* ---- masks ---- */
 
 /* Absolute position of compacted index j (positions rise with j: shift >= 0). */
 static int64_t mskv__cpu_kpos(int64_t j, int64_t split, int64_t shift) { return j < split ? j : j + shift; }
@@ -3316,82 +6516,265 @@ static int64_t mskv__cpu_first_at(int64_t p, int64_t split, int64_t shift, int64
     return j < n ? j : n;
 }
 
+/* Which keys a query sees is decided here and nowhere else: for query i of
+   the segment, the interval [lo, hi) of compacted key indices the mask
+   leaves, intersected with the segment's runs (mskv__cpu_seg_runs: what the
+   visibility bounds leave). Everything below only applies these (blocks are
+   cut inside one run, and clipped per row by mskv__cpu_block_mask), so a new
+   kind of mask changes these two functions. */
+static void mskv__cpu_row_keys(const mskv__cpu_job *job, const mskv__cpu_seg *sg, int32_t i, int64_t *lo, int64_t *hi) {
+    int64_t qpos = sg->q_pos ? sg->q_pos[i] : mskv__cpu_kpos(sg->kv_len - sg->qo_len + i, sg->split, sg->shift);
+    *lo = 0;
+    *hi = sg->kv_len;
+    if (job->mask == MSKV_MASK_NONE) return;
+    *hi = mskv__cpu_first_at(qpos + 1, sg->split, sg->shift, sg->kv_len);
+    if (job->mask == MSKV_MASK_WINDOW) *lo = mskv__cpu_first_at(qpos - job->window_left, sg->split, sg->shift, sg->kv_len);
+}
+
+/* The visible runs of segment b: a key at position p is hidden iff
+   vis_sink_end <= p < vis_window_start, a range of compacted indices since
+   positions rise with the index; the keys on either side are the runs. */
+static void mskv__cpu_seg_runs(const mskv__cpu_job *job, int32_t b, mskv__cpu_seg *sg) {
+    const mskv_plan *plan = job->plan;
+    int64_t h0 = 0, h1 = 0;
+    int32_t n = 0;
+    if (plan->vis_sink_end && plan->vis_window_start && plan->vis_window_start[b] > plan->vis_sink_end[b]) {
+        h0 = mskv__cpu_first_at(plan->vis_sink_end[b], sg->split, sg->shift, sg->kv_len);
+        h1 = mskv__cpu_first_at(plan->vis_window_start[b], sg->split, sg->shift, sg->kv_len);
+    }
+    if (h0 > 0) { sg->run_lo[n] = 0; sg->run_hi[n] = h0; n++; }
+    if (h1 < sg->kv_len) { sg->run_lo[n] = h1; sg->run_hi[n] = sg->kv_len; n++; }
+    sg->nruns = n;
+    sg->visible = h0 + (sg->kv_len - h1);
+}
+
+/* The compacted index of the v-th visible key (0 <= v < sg->visible). */
+static int64_t mskv__cpu_visible_at(const mskv__cpu_seg *sg, int64_t v) {
+    int64_t first = sg->nruns > 0 ? sg->run_hi[0] - sg->run_lo[0] : 0;
+    return v < first ? sg->run_lo[0] + v : sg->run_lo[1] + (v - first);
+}
+
+/* Each row's interval relative to the block [j0, j0 + kb): a[r] <= j < z[r];
+   padding rows nr..rp-1 see nothing. Returns 1 when every real row sees the
+   whole block (the kernels then skip the masking). */
+static int mskv__cpu_block_mask(const int64_t *lo, const int64_t *hi, int32_t nr, int32_t rp, int64_t j0, int32_t kb,
+                                int32_t *a, int32_t *z) {
+    int32_t r, full = 1;
+    for (r = 0; r < rp; r++) {
+        int64_t x = r < nr ? lo[r] - j0 : 0, y = r < nr ? hi[r] - j0 : 0;
+        a[r] = (int32_t)(x < 0 ? 0 : x > kb ? kb : x);
+        z[r] = (int32_t)(y < 0 ? 0 : y > kb ? kb : y);
+        if (r < nr && (a[r] != 0 || z[r] != kb)) full = 0;
+    }
+    return full;
+}
+
+/* ---- scheduling ---- */
+
 static int32_t mskv__cpu_rows_of(const mskv__cpu_job *job, int32_t b) {
     return (job->plan->qo_indptr[b + 1] - job->plan->qo_indptr[b]) * job->group;
 }
 
-/* Takes the next item, (segment b, row block rb, kv heads [g, g + ng)); 0 when
-   none is left. A segment with few rows per kv head (decode) takes several
-   kv heads per item, so whole slot rows stream in one pass. */
-static int mskv__cpu_next(mskv__cpu_job *job, int32_t *b, int32_t *rb, int32_t *g, int32_t *ng) {
+/* Chunks of a few-row segment's keys in a splitting call: enough for the
+   threads, none shorter than MSKV__CPU_SPLIT_MIN_KEYS. Depends on the plan
+   and the workspace only, so the result does not depend on the thread count. */
+static int32_t mskv__cpu_chunks_of(const mskv__cpu_job *job, int32_t b) {
+    mskv__cpu_seg sg;
+    int64_t n;
+    mskv__cpu_seg_of(job, b, &sg);
+    n = (sg.visible + MSKV__CPU_SPLIT_MIN_KEYS - 1) / MSKV__CPU_SPLIT_MIN_KEYS;
+    return n < 1 ? 1 : n > job->chunks ? job->chunks : (int32_t)n;
+}
+
+/* Chunk c of nch: visible keys [n * c / nch, n * (c + 1) / nch). */
+static int64_t mskv__cpu_chunk_at(int64_t n, int32_t c, int32_t nch) { return n / nch * c + n % nch * c / nch; }
+
+/* Takes the next item; 0 when none is left. A segment with few rows per kv
+   head (decode) takes several kv heads per item, so whole slot rows stream
+   in one pass; in a splitting call each of its kv heads is a unit of chunks,
+   and the unit's first chunk takes a free slot for the partial states. */
+static int mskv__cpu_next(mskv__cpu_job *job, mskv__cpu_work *w) {
     int ok = 0;
     int32_t kvh = job->pools->kv_heads;
-#ifndef MSKV_NO_THREADS
-    if (job->lock) pthread_mutex_lock(job->lock);
-#endif
+    mskv__cpu_lock(job);
     while (job->cur_b < job->plan->batch) {
-        int32_t rows = mskv__cpu_rows_of(job, job->cur_b), nrp = (rows + 3) & ~3, nrb, step = 1;
+        int32_t rows = mskv__cpu_rows_of(job, job->cur_b), nrp = (rows + 3) & ~3, nrb, step = 1, nch = 1;
         if (nrp <= 8) {
             nrb = rows > 0;
-            step = job->rows / (nrp > 0 ? nrp : 4);
-            if (step > job->heads_cap) step = job->heads_cap;
-            if (step < 1) step = 1;
+            if (job->chunks > 1) nch = mskv__cpu_chunks_of(job, job->cur_b);
+            if (nch == 1) {
+                step = job->rows / (nrp > 0 ? nrp : 4);
+                if (step > job->heads_cap) step = job->heads_cap;
+                if (step < 1) step = 1;
+            }
         } else {
             nrb = (rows + job->rows - 1) / job->rows;
         }
         if (job->cur_rb >= nrb) { job->cur_b++; job->cur_rb = 0; job->cur_g = 0; continue; }
-        *b = job->cur_b; *rb = job->cur_rb; *g = job->cur_g;
-        *ng = kvh - job->cur_g < step ? kvh - job->cur_g : step;
-        job->cur_g += *ng;
+        w->b = job->cur_b; w->rb = job->cur_rb; w->g0 = job->cur_g; w->c = job->cur_c; w->nch = nch; w->slot = -1;
+        w->ng = kvh - job->cur_g < step ? kvh - job->cur_g : step;
+        if (nch > 1) {
+            if (job->cur_c == 0) {
+                /* never full: a busy slot's unit has a chunk running on another thread */
+                int32_t s = 0;
+                while (job->slots[s].busy) s++;
+                job->slots[s].busy = 1;
+                job->slots[s].done = 0;
+                job->cur_slot = s;
+            }
+            w->slot = job->cur_slot;
+            if (++job->cur_c < nch) { ok = 1; break; }
+            job->cur_c = 0;
+        }
+        job->cur_g += w->ng;
         if (job->cur_g == kvh) { job->cur_g = 0; job->cur_rb++; }
         ok = 1;
         break;
     }
-#ifndef MSKV_NO_THREADS
-    if (job->lock) pthread_mutex_unlock(job->lock);
-#endif
+    job->items += ok;
+    mskv__cpu_unlock(job);
     return ok;
 }
 
-/* One work item. Rows are (query i, q head hh of the group) in row-major
-   order per kv head, so positions rise with the row; the ng kv heads' row
-   sets follow each other (nrp rows each) in the tiles. */
-static void mskv__cpu_item(const mskv__cpu_job *job, mskv__cpu_ws *ws, int32_t b, int32_t rb, int32_t g0, int32_t ng) {
-    const mskv_plan *plan = job->plan;
-    const mskv_pools *pools = job->pools;
-    const int32_t D = job->dim, Dp = job->dimp, KS = ws->keys, P = pools->page_size;
-    const int32_t kvh = pools->kv_heads, group = job->group;
-    const size_t pes = mskv__cpu_esize(pools->dtype), qes = mskv__cpu_esize(job->qt);
-    const int32_t qo0 = plan->qo_indptr[b], qo_len = plan->qo_indptr[b + 1] - qo0;
-    int32_t KS_blk = KS;  /* keys per block (S and the tiles keep stride KS) */
-    const int64_t kv_len = plan->kv_len[b];
-    const int64_t split = plan->kv_pos_split ? plan->kv_pos_split[b] : kv_len;
-    const int64_t shift = plan->kv_pos_shift ? plan->kv_pos_shift[b] : 0;
-    const int32_t *pages = plan->kv_indices + plan->kv_indptr[b];
-    const int direct = pools->dtype == MSKV_DTYPE_F32 && D == Dp; /* pool rows usable as they are */
-    int32_t r0 = rb * job->rows, nr, nrp, r, d, gi, few_rows;
-    int64_t lo = 0, hi = kv_len, j0;
-    nr = qo_len * group - r0;
-    if (nr > job->rows) nr = job->rows;
-    nrp = (nr + 3) & ~3;
-    few_rows = nrp <= 8;
-    if (ng > 1) {
-        /* several kv heads: K and V of all of them per block, in the tiles.
-           fit >= 4 * keys / rows >= 4, since ng * nrp <= rows * MAX_DIM / Dp */
-        int32_t fit = (int32_t)((size_t)ws->keys * MSKV__CPU_MAX_DIM / ((size_t)Dp * (size_t)ng)) & ~1;
-        if (fit < KS) KS_blk = fit;
-    }
+/* ---- one item ---- */
 
+/* Normalises an output row (O unnormalised, running max m and sum l) into o
+   and lse: row t of segment rows (query t / group, q head g * group + t % group). */
+static void mskv__cpu_emit(const mskv__cpu_job *job, const mskv__cpu_seg *sg, int32_t t, int32_t g, float *orow, float m, float l) {
+    int32_t d, D = job->dim, head = g * job->group + t % job->group;
+    size_t row = (size_t)(sg->qo0 + t / job->group) * (size_t)job->q_heads + (size_t)head;
+    size_t qes = mskv__cpu_esize(job->qt);
+    if (l > 0.0f) {
+        float inv = 1.0f / l;
+        for (d = 0; d < D; d++) orow[d] *= inv;
+    } else {
+        for (d = 0; d < D; d++) orow[d] = 0.0f;
+    }
+    mskv__cpu_store((unsigned char *)job->o + row * (size_t)D * qes, job->qt, orow, D);
+    if (job->lse) job->lse[row] = l > 0.0f ? m + logf(l) : -INFINITY;
+}
+
+/* Query row t of the segment, f32 and scaled, into dst (D floats). */
+static void mskv__cpu_query(const mskv__cpu_job *job, const mskv__cpu_seg *sg, int32_t t, int32_t g, float *dst) {
+    int32_t d, head = g * job->group + t % job->group;
+    size_t qes = mskv__cpu_esize(job->qt);
+    const unsigned char *src = (const unsigned char *)job->q + ((size_t)(sg->qo0 + t / job->group) * (size_t)job->q_heads + (size_t)head) * (size_t)job->dim * qes;
+    if (job->qt == MSKV_DTYPE_F32) memcpy(dst, src, (size_t)job->dim * 4);
+    else job->kern->cvt(dst, (const uint16_t *)(const void *)src, job->qt == MSKV_DTYPE_BF16, job->dim);
+    for (d = 0; d < job->dim; d++) dst[d] *= job->scale;
+}
+
+/* Key rows of one kv head (D elements at element offset el) to f32. */
+static void mskv__cpu_key_row(const mskv__cpu_job *job, const void *pool, size_t el, float *dst) {
+    const mskv_pools *p = job->pools;
+    if (p->dtype == MSKV_DTYPE_F32) memcpy(dst, (const float *)pool + el, (size_t)job->dim * 4);
+    else job->kern->cvt(dst, (const uint16_t *)pool + el, p->dtype == MSKV_DTYPE_BF16, job->dim);
+}
+
+/* Element offsets (kv head 0) of keys [j0, j0 + kb) into el, and a prefetch
+   of the next block's rows of kv heads [g0, g0 + ng): rows scattered over
+   pages are not followed by the hardware prefetcher, and they arrive while
+   this block computes. */
+static void mskv__cpu_block_rows(const mskv__cpu_job *job, const mskv__cpu_seg *sg, int64_t j0, int32_t kb, int64_t hi,
+                                 int32_t g0, int32_t ng, size_t *el) {
+    const int32_t P = job->pools->page_size, D = job->dim;
+    int64_t pi = j0 / P, off = j0 % P;
+    int32_t jj;
+    if (job->dense) { /* dense rows: in order, which the hardware prefetches by itself */
+        for (jj = 0; jj < kb; jj++) el[jj] = (size_t)(sg->tok0 + j0 + jj) * job->tstride;
+        return;
+    }
+    for (jj = 0; jj < kb; jj++) {
+        el[jj] = ((size_t)sg->pages[pi] * (size_t)P + (size_t)off) * job->tstride;
+        if (++off == P) { off = 0; pi++; }
+    }
+#if defined(__GNUC__)
+    {
+        size_t pes = mskv__cpu_esize(job->pools->dtype), bytes = (size_t)ng * (size_t)D * pes;
+        for (jj = 0; jj < kb && j0 + kb + jj < hi; jj++) {
+            size_t e = ((size_t)sg->pages[pi] * (size_t)P + (size_t)off) * job->tstride + (size_t)g0 * job->hstride, at;
+            const char *kp = (const char *)job->pools->k + e * pes, *vp = (const char *)job->pools->v + e * pes;
+            for (at = 0; at < bytes; at += 64) { __builtin_prefetch(kp + at); __builtin_prefetch(vp + at); }
+            if (++off == P) { off = 0; pi++; }
+        }
+    }
+#else
+    (void)hi; (void)g0; (void)ng;
+#endif
+}
+
+/* Many rows (video): Q and O transposed (a row per lane), so scores, softmax
+   and P.V are all wide over rows and K/V rows are read as they are stored.
+   Rows r < nr are t = r0 + r of the segment, for kv head g. */
+static void mskv__cpu_item_wide(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t r0, int32_t nr, int32_t g) {
+    const mskv__cpu_kern *kn = job->kern;
+    const int32_t D = job->dim, Dp = job->dimp, KS = ws->keys, rp = (nr + kn->rw - 1) / kn->rw * kn->rw;
+    const size_t goff = (size_t)g * job->hstride;
+    int64_t lo = INT64_MAX, hi = 0, j0, end;
+    int32_t r, d, jj, run;
+    for (r = 0; r < rp; r++) {
+        if (r < nr) {
+            mskv__cpu_query(job, sg, r0 + r, g, ws->v);
+            mskv__cpu_row_keys(job, sg, (r0 + r) / job->group, &ws->klo[r], &ws->khi[r]);
+            if (ws->klo[r] < ws->khi[r]) {
+                lo = ws->klo[r] < lo ? ws->klo[r] : lo;
+                hi = ws->khi[r] > hi ? ws->khi[r] : hi;
+            }
+        } else {
+            for (d = 0; d < D; d++) ws->v[d] = 0.0f;
+        }
+        for (d = 0; d < D; d++) ws->q[(size_t)d * rp + r] = ws->v[d];
+        ws->m[r] = -INFINITY;
+        ws->l[r] = 0.0f;
+    }
+    memset(ws->o, 0, (size_t)D * (size_t)rp * sizeof(float));
+    for (run = 0; run < sg->nruns; run++)
+    for (j0 = lo > sg->run_lo[run] ? lo : sg->run_lo[run], end = hi < sg->run_hi[run] ? hi : sg->run_hi[run]; j0 < end; j0 += KS) {
+        int32_t kb = (int32_t)(end - j0 < KS ? end - j0 : KS), full;
+        mskv__cpu_block_rows(job, sg, j0, kb, end, g, 1, ws->el);
+        for (jj = 0; jj < kb; jj++) {
+            mskv__cpu_key_row(job, job->pools->k, ws->el[jj] + goff, ws->k + (size_t)jj * Dp);
+            mskv__cpu_key_row(job, job->pools->v, ws->el[jj] + goff, ws->v + (size_t)jj * Dp);
+        }
+        full = mskv__cpu_block_mask(ws->klo, ws->khi, nr, rp, j0, kb, ws->a, ws->z);
+        kn->gemm(ws->k, Dp, 1, ws->q, ws->s, NULL, kb, D, rp);          /* S^T = K Q^T */
+        kn->softmax(ws->s, rp, kb, ws->a, ws->z, full, ws->m, ws->l, ws->alpha);
+        kn->gemm(ws->v, 1, Dp, ws->s, ws->o, ws->alpha, D, kb, rp);     /* O^T = alpha O^T + V^T P^T */
+    }
+    for (r = 0; r < nr; r++) {
+        for (d = 0; d < D; d++) ws->v[d] = ws->o[(size_t)d * rp + r];
+        mskv__cpu_emit(job, sg, r0 + r, g, ws->v, ws->m[r], ws->l[r]);
+    }
+}
+
+/* Few rows (decode, small GQA groups): scores as dot products over K rows
+   (transposing K would cost more than the products), several kv heads per
+   item (the ng heads' row sets follow each other, nrp rows each). A chunk of
+   a split unit covers keys [klo, khi) and leaves its state in part. */
+static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t r0, int32_t nr,
+                                int32_t g0, int32_t ng, int64_t klo, int64_t khi, float *part) {
+    const mskv__cpu_kern *kn = job->kern;
+    const mskv_pools *pools = job->pools;
+    const int32_t D = job->dim, Dp = job->dimp, KS = ws->keys, nrp = (nr + 3) & ~3;
+    const int32_t KB = nrp <= 8 ? job->row_keys : KS;  /* the same blocks for any ng: results do not depend on grouping */
+    const int direct = pools->dtype == MSKV_DTYPE_F32 && D == Dp; /* pool rows usable as they are */
+    int64_t lo = khi, hi = klo, j0, end;
+    int32_t r, d, gi, jj, run;
     for (gi = 0; gi < ng; gi++)
         for (r = 0; r < nrp; r++) {
             int32_t R = gi * nrp + r;
             float *qr = ws->q + (size_t)R * Dp;
             if (r < nr) {
-                int32_t t = r0 + r, i = t / group, head = (g0 + gi) * group + t % group;
-                const unsigned char *src = (const unsigned char *)job->q + ((size_t)(qo0 + i) * (size_t)job->q_heads + (size_t)head) * (size_t)D * qes;
-                mskv__cpu_load(qr, src, job->qt, D);
-                for (d = 0; d < D; d++) qr[d] *= job->scale;
-                ws->qpos[r] = mskv__cpu_kpos(kv_len - qo_len + i, split, shift);
+                mskv__cpu_query(job, sg, r0 + r, g0 + gi, qr);
+                if (gi == 0) {
+                    mskv__cpu_row_keys(job, sg, (r0 + r) / job->group, &ws->klo[r], &ws->khi[r]);
+                    if (ws->klo[r] < klo) ws->klo[r] = klo;
+                    if (ws->khi[r] > khi) ws->khi[r] = khi;
+                    if (ws->klo[r] < ws->khi[r]) {
+                        lo = ws->klo[r] < lo ? ws->klo[r] : lo;
+                        hi = ws->khi[r] > hi ? ws->khi[r] : hi;
+                    }
+                }
             } else {
                 for (d = 0; d < D; d++) qr[d] = 0.0f;
             }
@@ -3400,100 +6783,42 @@ static void mskv__cpu_item(const mskv__cpu_job *job, mskv__cpu_ws *ws, int32_t b
             ws->m[R] = -INFINITY;
             ws->l[R] = 0.0f;
         }
-    if (job->mask != MSKV_MASK_NONE) {
-        hi = mskv__cpu_first_at(ws->qpos[nr - 1] + 1, split, shift, kv_len);
-        if (job->mask == MSKV_MASK_WINDOW) lo = mskv__cpu_first_at(ws->qpos[0] - job->window_left, split, shift, kv_len);
-    }
 
-    for (j0 = lo; j0 < hi; j0 += KS_blk) {
-        int32_t kb = (int32_t)(hi - j0 < KS_blk ? hi - j0 : KS_blk), kbp = (kb + MSKV__CPU_KTILE - 1) & ~(MSKV__CPU_KTILE - 1), jj;
-        int64_t pi = j0 / P, off = j0 % P;
-        /* element offset of each key's slot row (kv head 0) */
-        for (jj = 0; jj < kb; jj++) {
-            ws->el[jj] = ((size_t)pages[pi] * (size_t)P + (size_t)off) * (size_t)kvh * (size_t)D;
-            if (++off == P) { off = 0; pi++; }
-        }
-#if defined(__GNUC__)
-        /* The next block's rows are scattered over pages, which the hardware
-           prefetcher does not follow: request them now (the item's kv heads
-           are adjacent in a slot row), they arrive while this block computes. */
-        for (jj = 0; jj < KS_blk && j0 + kb + jj < hi; jj++) {
-            size_t el = (((size_t)pages[pi] * (size_t)P + (size_t)off) * (size_t)kvh + (size_t)g0) * (size_t)D, at;
-            const char *kp = (const char *)pools->k + el * pes, *vp = (const char *)pools->v + el * pes;
-            for (at = 0; at < (size_t)ng * (size_t)D * pes; at += 64) { __builtin_prefetch(kp + at); __builtin_prefetch(vp + at); }
-            if (++off == P) { off = 0; pi++; }
-        }
-#endif
-        if (ng > 1 && !direct) {
+    for (run = 0; run < sg->nruns; run++)
+    for (j0 = lo > sg->run_lo[run] ? lo : sg->run_lo[run], end = hi < sg->run_hi[run] ? hi : sg->run_hi[run]; j0 < end; j0 += KB) {
+        int32_t kb = (int32_t)(end - j0 < KB ? end - j0 : KB), full;
+        mskv__cpu_block_rows(job, sg, j0, kb, end, g0, ng, ws->el);
+        full = mskv__cpu_block_mask(ws->klo, ws->khi, nr, nrp, j0, kb, ws->a, ws->z);
+        if (!direct)
             /* all heads' rows of each slot in address order (one contiguous
                run per slot), so the hardware streams them */
             for (jj = 0; jj < kb; jj++)
                 for (gi = 0; gi < ng; gi++) {
-                    size_t el = ws->el[jj] + (size_t)(g0 + gi) * (size_t)D, at = ((size_t)gi * KS_blk + (size_t)jj) * Dp;
-                    mskv__cpu_load(ws->kt + at, (const unsigned char *)pools->k + el * pes, pools->dtype, D);
-                    mskv__cpu_load(ws->v + at, (const unsigned char *)pools->v + el * pes, pools->dtype, D);
-                    for (d = D; d < Dp; d++) ws->kt[at + d] = ws->v[at + d] = 0.0f;
+                    size_t el = ws->el[jj] + (size_t)(g0 + gi) * job->hstride, at = ((size_t)gi * KB + (size_t)jj) * Dp;
+                    mskv__cpu_key_row(job, pools->k, el, ws->k + at);
+                    mskv__cpu_key_row(job, pools->v, el, ws->v + at);
+                    for (d = D; d < Dp; d++) ws->k[at + d] = ws->v[at + d] = 0.0f;
                 }
-        }
         for (gi = 0; gi < ng; gi++) {
-            const size_t goff = (size_t)(g0 + gi) * (size_t)D;
+            const size_t goff = (size_t)(g0 + gi) * job->hstride;
             float *S = ws->s + (size_t)gi * nrp * KS, *M = ws->m + gi * nrp, *L = ws->l + gi * nrp;
             float *A = ws->alpha + gi * nrp;
-            const float *Q = ws->q + (size_t)gi * nrp * Dp;
-            /* gather the block: K transposed into kt[d][j] (or as rows, for few
-               query rows), V as f32 rows (or the pool's own rows) */
             for (jj = 0; jj < kb; jj++) {
-                size_t el = ws->el[jj] + goff;
-                float *vtmp = ws->v + (size_t)jj * Dp;
-                if (ng > 1 && !direct) { /* converted above */
-                    ws->krow[jj] = ws->kt + ((size_t)gi * KS_blk + (size_t)jj) * Dp;
-                    ws->vrow[jj] = ws->v + ((size_t)gi * KS_blk + (size_t)jj) * Dp;
-                    continue;
-                }
-                if (few_rows) {
-                    if (direct) {
-                        ws->krow[jj] = (const float *)pools->k + el;
-                    } else {
-                        float *kr = ws->kt + (size_t)jj * Dp;
-                        mskv__cpu_load(kr, (const unsigned char *)pools->k + el * pes, pools->dtype, D);
-                        for (d = D; d < Dp; d++) kr[d] = 0.0f;
-                        ws->krow[jj] = kr;
-                    }
-                } else {
-                    mskv__cpu_load(vtmp, (const unsigned char *)pools->k + el * pes, pools->dtype, D);
-                    for (d = 0; d < D; d++) ws->kt[(size_t)d * KS + jj] = vtmp[d];
-                    for (d = D; d < Dp; d++) ws->kt[(size_t)d * KS + jj] = 0.0f;
-                }
                 if (direct) {
-                    ws->vrow[jj] = (const float *)pools->v + el;
+                    ws->krow[jj] = (const float *)pools->k + ws->el[jj] + goff;
+                    ws->vrow[jj] = (const float *)pools->v + ws->el[jj] + goff;
                 } else {
-                    mskv__cpu_load(vtmp, (const unsigned char *)pools->v + el * pes, pools->dtype, D);
-                    for (d = D; d < Dp; d++) vtmp[d] = 0.0f;
-                    ws->vrow[jj] = vtmp;
+                    ws->krow[jj] = ws->k + ((size_t)gi * KB + (size_t)jj) * Dp;
+                    ws->vrow[jj] = ws->v + ((size_t)gi * KB + (size_t)jj) * Dp;
                 }
             }
-            if (few_rows) {
-                /* an odd block computes one spare score, masked below like the padding */
-                ws->krow[kb] = ws->krow[kb - 1];
-                mskv__cpu_qk_rows(Q, ws->krow, S, nrp, (kb + 1) & ~1, Dp, KS);
-            } else {
-                for (d = 0; d < Dp; d++)
-                    for (jj = kb; jj < kbp; jj++) ws->kt[(size_t)d * KS + jj] = 0.0f;
-                mskv__cpu_qk(Q, ws->kt, S, nrp, kbp, Dp, KS);
-            }
-
+            /* up to 3 spare scores fill the kernels' key groups, masked below like the padding */
+            for (jj = kb; jj < ((kb + 3) & ~3); jj++) ws->krow[jj] = ws->krow[kb - 1];
+            kn->qk_rows(ws->q + (size_t)gi * nrp * Dp, ws->krow, S, nrp, (kb + 3) & ~3, Dp, KS);
             /* online softmax: running max M and sum L per row; A rescales O */
             for (r = 0; r < nrp; r++) {
                 float *srow = S + (size_t)r * KS, mx = -INFINITY, mnew, sum;
-                int32_t a = 0, z = kb;
-                if (r < nr && job->mask != MSKV_MASK_NONE) {
-                    int64_t e = mskv__cpu_first_at(ws->qpos[r] + 1, split, shift, kv_len) - j0;
-                    z = (int32_t)(e < 0 ? 0 : e > kb ? kb : e);
-                    if (job->mask == MSKV_MASK_WINDOW) {
-                        e = mskv__cpu_first_at(ws->qpos[r] - job->window_left, split, shift, kv_len) - j0;
-                        a = (int32_t)(e < 0 ? 0 : e > kb ? kb : e);
-                    }
-                }
+                int32_t a = full ? 0 : ws->a[r], z = full ? kb : ws->z[r], kbp = (kb + 15) & ~15;
                 if (r >= nr || a >= z) { /* nothing visible in this block */
                     for (jj = 0; jj < kbp; jj++) srow[jj] = 0.0f;
                     A[r] = 1.0f;
@@ -3504,76 +6829,197 @@ static void mskv__cpu_item(const mskv__cpu_job *job, mskv__cpu_ws *ws, int32_t b
                 for (jj = a; jj < z; jj++) mx = srow[jj] > mx ? srow[jj] : mx;
                 mnew = M[r] > mx ? M[r] : mx;
                 A[r] = M[r] == -INFINITY ? 0.0f : expf(M[r] - mnew);
-                sum = mskv__cpu_exp_row(srow, mnew, kbp);
+                sum = kn->exp_row(srow, mnew, kbp);
                 L[r] = L[r] * A[r] + sum;
                 M[r] = mnew;
             }
-
-            mskv__cpu_pv(ws->o + (size_t)gi * nrp * Dp, S, ws->vrow, A, nrp, kb, Dp, KS);
+            kn->pv_rows(ws->o + (size_t)gi * nrp * Dp, S, ws->vrow, A, nrp, kb, Dp, KS);
         }
     }
 
     for (gi = 0; gi < ng; gi++)
         for (r = 0; r < nr; r++) {
-            int32_t R = gi * nrp + r, t = r0 + r, i = t / group, head = (g0 + gi) * group + t % group;
-            size_t row = (size_t)(qo0 + i) * (size_t)job->q_heads + (size_t)head;
+            int32_t R = gi * nrp + r;
             float *orow = ws->o + (size_t)R * Dp;
-            if (ws->l[R] > 0.0f) {
-                float inv = 1.0f / ws->l[R];
-                for (d = 0; d < D; d++) orow[d] *= inv;
+            if (part) { /* a chunk: unnormalised O, m, l for the merge */
+                memcpy(part + (size_t)r * MSKV__CPU_MAX_DIM, orow, (size_t)D * 4);
+                part[MSKV__CPU_SPLIT_ROWS * MSKV__CPU_MAX_DIM + r] = ws->m[R];
+                part[MSKV__CPU_SPLIT_ROWS * (MSKV__CPU_MAX_DIM + 1) + r] = ws->l[R];
             } else {
-                for (d = 0; d < D; d++) orow[d] = 0.0f;
+                mskv__cpu_emit(job, sg, r0 + r, g0 + gi, orow, ws->m[R], ws->l[R]);
             }
-            mskv__cpu_store((unsigned char *)job->o + row * (size_t)D * qes, job->qt, orow, D);
-            if (job->lse) job->lse[row] = ws->l[R] > 0.0f ? ws->m[R] + logf(ws->l[R]) : -INFINITY;
         }
+}
+
+/* The last chunk of a split unit merges the unit's partial states in chunk
+   order (the same order on any number of threads) and writes the rows. */
+static void mskv__cpu_merge_unit(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t nr, int32_t g,
+                                 const float *part, int32_t nch) {
+    const size_t M = MSKV__CPU_SPLIT_ROWS * MSKV__CPU_MAX_DIM, L = M + MSKV__CPU_SPLIT_ROWS;
+    int32_t r, c, d, D = job->dim;
+    for (r = 0; r < nr; r++) {
+        float *acc = ws->o, m = -INFINITY, l = 0.0f;
+        for (d = 0; d < D; d++) acc[d] = 0.0f;
+        for (c = 0; c < nch; c++) {
+            const float *p = part + (size_t)c * MSKV__CPU_PART;
+            float mc = p[M + r], lc = p[L + r], mn, wa, wc;
+            if (lc <= 0.0f) continue;  /* the chunk saw no key of this row */
+            mn = m > mc ? m : mc;
+            wa = l > 0.0f ? expf(m - mn) : 0.0f;
+            wc = expf(mc - mn);
+            for (d = 0; d < D; d++) acc[d] = acc[d] * wa + p[(size_t)r * MSKV__CPU_MAX_DIM + d] * wc;
+            l = l * wa + lc * wc;
+            m = mn;
+        }
+        mskv__cpu_emit(job, sg, r, g, acc, m, l);
+    }
+}
+
+static void mskv__cpu_item(mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_work *w) {
+    mskv__cpu_seg sg;
+    int32_t r0 = w->rb * job->rows, nr;
+    mskv__cpu_seg_of(job, w->b, &sg);
+    nr = sg.qo_len * job->group - r0;
+    if (nr > job->rows) nr = job->rows;
+    if (w->nch > 1) {
+        float *part = job->all_ws[w->slot].part;
+        int64_t v0 = mskv__cpu_chunk_at(sg.visible, w->c, w->nch), v1 = mskv__cpu_chunk_at(sg.visible, w->c + 1, w->nch);
+        int last;
+        /* the chunk's visible keys, as a range of compacted indices that may span the hidden ones */
+        mskv__cpu_item_rows(job, ws, &sg, r0, nr, w->g0, 1, mskv__cpu_visible_at(&sg, v0),
+                            mskv__cpu_visible_at(&sg, v1 - 1) + 1, part + (size_t)w->c * MSKV__CPU_PART);
+        mskv__cpu_lock(job);
+        last = ++job->slots[w->slot].done == w->nch;
+        mskv__cpu_unlock(job);
+        if (!last) return;
+        mskv__cpu_merge_unit(job, ws, &sg, nr, w->g0, part, w->nch);
+        mskv__cpu_lock(job);
+        job->slots[w->slot].busy = 0;
+        mskv__cpu_unlock(job);
+    } else if (job->wide && nr > 8) {
+        mskv__cpu_item_wide(job, ws, &sg, r0, nr, w->g0);
+    } else {
+        mskv__cpu_item_rows(job, ws, &sg, r0, nr, w->g0, w->ng, 0, sg.kv_len, NULL);
+    }
 }
 
 static void mskv__cpu_attn_task(void *ctx, mskv__cpu_ws *ws) {
     mskv__cpu_job *job = (mskv__cpu_job *)ctx;
-    int32_t b, rb, g, ng;
-    while (mskv__cpu_next(job, &b, &rb, &g, &ng)) mskv__cpu_item(job, ws, b, rb, g, ng);
+    mskv__cpu_work w;
+    while (mskv__cpu_next(job, &w)) mskv__cpu_item(job, ws, &w);
+#if MSKV__CPU_X86
+    if (job->kern->isa == MSKV_CPU_ISA_AVX2 || job->kern->isa == MSKV_CPU_ISA_AVX512) mskv__cpu_zeroupper();
+#endif
 }
 
-/* Checks the plan against the pools before anything is read or written. */
-static mskv_result mskv__cpu_check_plan(const mskv_pools *pools, const mskv_plan *plan, const mskv_attn *attn, double *flops) {
-    int32_t b, P = pools->page_size;
-    int64_t work = 0;
-    if (plan->batch < 0 || plan->total_q < 0) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (plan->page_size != P) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (plan->batch == 0) { *flops = 0; return plan->total_q == 0 ? MSKV_SUCCESS : MSKV_ERROR_INVALID_ARGUMENT; }
-    if (!plan->qo_indptr || !plan->kv_indptr || !plan->kv_len || (!plan->kv_indices && plan->kv_indptr[plan->batch] > 0))
-        return MSKV_ERROR_NULL_POINTER;
-    if (plan->qo_indptr[0] != 0 || plan->kv_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q)
-        return MSKV_ERROR_INVALID_ARGUMENT;
+/* The plan's checks shared by the paged and dense paths, per segment: counts,
+   rows that fit in int32, the position map, and queries without a position
+   for a masked call. The callers checked the arrays and indptr[0]. */
+static mskv_result mskv__cpu_check_segments(const mskv_plan *plan, const mskv_attn *attn, int32_t kv_heads, double *work) {
+    int32_t b;
+    *work = 0;
+    if (!plan->vis_sink_end != !plan->vis_window_start) return MSKV_ERROR_NULL_POINTER;  /* one bound without the other */
     for (b = 0; b < plan->batch; b++) {
-        int32_t qo = plan->qo_indptr[b + 1] - plan->qo_indptr[b];
-        int32_t np = plan->kv_indptr[b + 1] - plan->kv_indptr[b], i;
+        int64_t qo = (int64_t)plan->qo_indptr[b + 1] - plan->qo_indptr[b];
         int64_t kv = plan->kv_len[b], split, shift;
-        if (qo < 0 || np < 0 || kv < 0) return MSKV_ERROR_INVALID_ARGUMENT;
-        if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * P || kv > (int64_t)np * P)) return MSKV_ERROR_INVALID_ARGUMENT;
-        if (plan->kv_last_page_len && np > 0 && plan->kv_last_page_len[b] != kv - (int64_t)(np - 1) * P)
-            return MSKV_ERROR_INVALID_ARGUMENT;
+        if (qo < 0 || kv < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+        /* a segment's rows (query x q head of a group) are counted in int32, with room to round up */
+        if (qo * (attn->q_heads / kv_heads) > (int64_t)INT32_MAX - 256) return MSKV_ERROR_OVERFLOW;
         split = plan->kv_pos_split ? plan->kv_pos_split[b] : kv;
         shift = plan->kv_pos_shift ? plan->kv_pos_shift[b] : 0;
         if (split < 0 || shift < 0) return MSKV_ERROR_INVALID_ARGUMENT;
-        if (attn->mask != MSKV_MASK_NONE && qo > kv) return MSKV_ERROR_INVALID_ARGUMENT; /* queries without a position */
-        for (i = plan->kv_indptr[b]; i < plan->kv_indptr[b + 1]; i++)
-            if (plan->kv_indices[i] < 0 || plan->kv_indices[i] >= pools->num_pages) return MSKV_ERROR_OUT_OF_RANGE;
-        work += (int64_t)qo * kv;
+        if (attn->mask != MSKV_MASK_NONE && !plan->q_pos && qo > kv) return MSKV_ERROR_INVALID_ARGUMENT; /* queries without a position */
+        *work += (double)qo * (double)kv;
     }
-    *flops = 4.0 * (double)work * (double)attn->q_heads * (double)pools->head_dim;
     return MSKV_SUCCESS;
 }
 
-MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *pools, const mskv_plan *plan,
-                                              const mskv_attn *attn, const void *q, void *o, float *lse) {
-    mskv__cpu_job job;
-    mskv__cpu_ws stack_ws;
-    double flops = 0;
-    mskv_result res;
-    int32_t rows_cap;
-    if (!pools || !plan || !attn) return MSKV_ERROR_NULL_POINTER;
+/* Checks the plan against the pools before anything is read or written. */
+static mskv_result mskv__cpu_check_plan(const mskv_pools *pools, const mskv_plan *plan, const mskv_attn *attn, double *work) {
+    int32_t b, i, P = pools->page_size;
+    mskv_result r;
+    *work = 0;
+    if (plan->batch < 0 || plan->total_q < 0 || plan->num_page_ids < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (plan->page_size != P) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (plan->batch == 0) return plan->total_q == 0 ? MSKV_SUCCESS : MSKV_ERROR_INVALID_ARGUMENT;
+    if (!plan->qo_indptr || !plan->kv_indptr || !plan->kv_len || (!plan->kv_indices && plan->num_page_ids > 0))
+        return MSKV_ERROR_NULL_POINTER;
+    /* kv_indices holds num_page_ids ids and no more: every indptr is checked
+       against that count before an id is read (a plan may use a prefix of them) */
+    if (plan->qo_indptr[0] != 0 || plan->kv_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q)
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    for (b = 0; b < plan->batch; b++) {
+        int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
+        int64_t kv = plan->kv_len[b];
+        if (np < 0 || plan->kv_indptr[b + 1] > plan->num_page_ids) return MSKV_ERROR_INVALID_ARGUMENT;
+        if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * P || kv > (int64_t)np * P)) return MSKV_ERROR_INVALID_ARGUMENT;
+        if (plan->kv_last_page_len && np > 0 && plan->kv_last_page_len[b] != kv - (int64_t)(np - 1) * P)
+            return MSKV_ERROR_INVALID_ARGUMENT;
+    }
+    if ((r = mskv__cpu_check_segments(plan, attn, pools->kv_heads, work)) != MSKV_SUCCESS) return r;
+    for (b = 0; b < plan->batch; b++)
+        for (i = plan->kv_indptr[b]; i < plan->kv_indptr[b + 1]; i++)
+            if (plan->kv_indices[i] < 0 || plan->kv_indices[i] >= pools->num_pages) return MSKV_ERROR_OUT_OF_RANGE;
+    return MSKV_SUCCESS;
+}
+
+/* The same for dense K/V: each segment's rows lie inside kv->tokens. */
+static mskv_result mskv__cpu_check_dense(const mskv_dense_kv *kv, const mskv_plan *plan, const mskv_attn *attn, double *work) {
+    int32_t b;
+    mskv_result r;
+    *work = 0;
+    if (plan->batch < 0 || plan->total_q < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (plan->batch == 0) return plan->total_q == 0 ? MSKV_SUCCESS : MSKV_ERROR_INVALID_ARGUMENT;
+    if (!plan->qo_indptr || !plan->kv_len) return MSKV_ERROR_NULL_POINTER;
+    if (plan->qo_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
+    if ((r = mskv__cpu_check_segments(plan, attn, kv->kv_heads, work)) != MSKV_SUCCESS) return r;
+    if (!plan->kv_token_indptr) return MSKV_ERROR_INVALID_ARGUMENT;
+    for (b = 0; b < plan->batch; b++) {
+        int64_t t0 = plan->kv_token_indptr[b], t1 = plan->kv_token_indptr[b + 1];
+        if (t0 < 0 || t1 - t0 != (int64_t)plan->kv_len[b]) return MSKV_ERROR_INVALID_ARGUMENT;
+        if (t1 > kv->tokens) return MSKV_ERROR_OUT_OF_RANGE;
+    }
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_cpu_info_get(const mskv_cpu *cpu, mskv_cpu_info *out) {
+
+    if (!cpu || !out) return MSKV_ERROR_NULL_POINTER;
+    memset(out, 0, sizeof(*out));
+    out->isa = cpu->kern->isa;
+    out->num_threads = cpu->num_threads;
+    out->workspace_bytes = cpu->workspace_bytes;
+    out->last_call_items = cpu->last_items;
+    return MSKV_SUCCESS;
+}
+
+/* Tile use for this call: rows per item (transposed tiles when the path's
+   row width fits), keys per block of few-row items, and whether few-row
+   segments split their keys (only when the call has few units of work, a
+   rule that does not look at the thread count). */
+static void mskv__cpu_job_tiles(mskv__cpu_job *job, const mskv__cpu_ws *ws, int split_ok) {
+    const int32_t kvh = job->pools->kv_heads, rw = job->kern->rw;
+    int32_t rows_cap = ws->rows * MSKV__CPU_MAX_DIM / job->dimp, b;
+    int64_t units = 0;
+    if (rows_cap > MSKV__CPU_MAX_ROWS) rows_cap = MSKV__CPU_MAX_ROWS;
+    job->wide = rows_cap >= rw && rows_cap > 8;
+    job->rows = job->wide ? rows_cap / rw * rw : rows_cap & ~3;
+    job->row_keys = (int32_t)(((size_t)ws->keys * MSKV__CPU_MAX_DIM / ((size_t)job->dimp * (size_t)kvh)) & ~(size_t)1);
+    if (job->row_keys > ws->keys) job->row_keys = ws->keys;
+    if (job->row_keys < 2) job->row_keys = 2;
+    /* the heads whose blocks fit the key tiles together */
+    if (job->heads_cap > ws->keys * MSKV__CPU_MAX_DIM / (job->row_keys * job->dimp))
+        job->heads_cap = ws->keys * MSKV__CPU_MAX_DIM / (job->row_keys * job->dimp);
+    if (job->heads_cap < 1) job->heads_cap = 1;
+    for (b = 0; b < job->plan->batch; b++) {
+        int32_t rows = mskv__cpu_rows_of(job, b);
+        units += (rows <= 8 ? 1 : (rows + job->rows - 1) / job->rows) * (int64_t)kvh;
+    }
+    job->chunks = split_ok && ws->chunks > 1 && units < MSKV__CPU_SPLIT_UNITS ? ws->chunks : 1;
+}
+
+/* The call's arguments other than the plan (pools stands for dense K/V too). */
+static mskv_result mskv__cpu_check_args(const mskv_pools *pools, const mskv_attn *attn) {
     if (!mskv__cpu_dtype_ok(pools->dtype) || !mskv__cpu_dtype_ok(attn->q_dtype)) return MSKV_ERROR_INVALID_ARGUMENT;
     if (pools->num_pages < 1 || pools->page_size < 1 || pools->kv_heads < 1 || pools->head_dim < 1 ||
         pools->head_dim > MSKV__CPU_MAX_DIM)
@@ -3583,76 +7029,141 @@ MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *
         return MSKV_ERROR_INVALID_ARGUMENT;
     if (attn->mask == MSKV_MASK_WINDOW && attn->window_left < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (!(attn->scale >= 0.0f) || attn->scale == INFINITY) return MSKV_ERROR_INVALID_ARGUMENT;
-    if ((res = mskv__cpu_check_plan(pools, plan, attn, &flops)) != MSKV_SUCCESS) return res;
+    return MSKV_SUCCESS;
+}
+
+/* Runs a checked call: the job's fields from the arguments, then the work
+   on the pool's threads (or the caller's alone, or on stack tiles without a pool). */
+static void mskv__cpu_run(mskv_cpu *cpu, mskv__cpu_job *job, double work) {
+    const mskv_pools *pools = job->pools;
+    double flops = 4.0 * work * (double)job->q_heads * (double)pools->head_dim;
+    job->group = job->q_heads / pools->kv_heads;
+    job->dim = pools->head_dim;
+    job->dimp = (pools->head_dim + MSKV__CPU_KTILE - 1) & ~(MSKV__CPU_KTILE - 1);
+    if (!cpu) {
+        /* no pool: small tiles on the stack (about 50 KB), few-row kernels only */
+        enum { ROWS = 8, KEYS = 16 };
+        float q_t[ROWS * MSKV__CPU_MAX_DIM], o_t[ROWS * MSKV__CPU_MAX_DIM];
+        float k_t[KEYS * MSKV__CPU_MAX_DIM], v_t[KEYS * MSKV__CPU_MAX_DIM], s_t[ROWS * KEYS];
+        float m_t[ROWS], l_t[ROWS], a_t[ROWS];
+        int64_t lo_t[ROWS], hi_t[ROWS];
+        int32_t ba_t[ROWS], bz_t[ROWS];
+        const float *vr_t[KEYS + 4], *kr_t[KEYS + 4];
+        size_t el_t[KEYS];
+        char why[160];
+        mskv__cpu_ws ws;
+        memset(&ws, 0, sizeof ws);
+        ws.q = q_t; ws.o = o_t; ws.k = k_t; ws.v = v_t; ws.s = s_t; ws.m = m_t; ws.l = l_t; ws.alpha = a_t;
+        ws.klo = lo_t; ws.khi = hi_t; ws.a = ba_t; ws.z = bz_t; ws.vrow = vr_t; ws.krow = kr_t; ws.el = el_t;
+        ws.rows = ROWS;
+        ws.keys = KEYS;
+        job->kern = mskv__cpu_kern_of(mskv__cpu_resolve_auto(why, sizeof why));
+        job->heads_cap = pools->kv_heads;
+        mskv__cpu_job_tiles(job, &ws, 0);
+        job->wide = 0;
+        job->rows = ROWS;
+        mskv__cpu_attn_task(job, &ws);
+        return;
+    }
+    job->kern = cpu->kern;
+    job->all_ws = cpu->ws;
+    job->slots = cpu->slots;
+    job->nslots = cpu->num_threads;
+    /* grouping kv heads must still leave about 4 items per thread */
+    job->heads_cap = (int32_t)((int64_t)job->plan->batch * pools->kv_heads / (4 * (int64_t)cpu->num_threads));
+    mskv__cpu_job_tiles(job, &cpu->ws[0], 1);
+#ifndef MSKV_NO_THREADS
+    if (cpu->num_threads > 1 && flops >= MSKV__CPU_SMALL_FLOPS) {
+        mskv__mutex_lock(&cpu->call_lock);
+        job->lock = &cpu->lock;
+        mskv__mutex_lock(&cpu->lock);
+        cpu->task = mskv__cpu_attn_task;
+        cpu->task_ctx = job;
+        cpu->busy = cpu->started;
+        cpu->generation++;
+        mskv__cond_broadcast(&cpu->wake);
+        mskv__mutex_unlock(&cpu->lock);
+        mskv__cpu_attn_task(job, &cpu->ws[0]);
+        mskv__mutex_lock(&cpu->lock);
+        while (cpu->busy > 0) mskv__cond_wait(&cpu->done, &cpu->lock);
+        mskv__mutex_unlock(&cpu->lock);
+        cpu->last_items = job->items;
+        mskv__mutex_unlock(&cpu->call_lock);
+        return;
+    }
+    /* the caller alone, but still one call at a time on workspace 0 */
+    mskv__mutex_lock(&cpu->call_lock);
+    mskv__cpu_attn_task(job, &cpu->ws[0]);
+    cpu->last_items = job->items;
+    mskv__mutex_unlock(&cpu->call_lock);
+#else
+    (void)flops;
+    mskv__cpu_attn_task(job, &cpu->ws[0]);
+    cpu->last_items = job->items;
+#endif
+}
+
+/* The job of a checked call, before mskv__cpu_run. */
+static void mskv__cpu_job_init(mskv__cpu_job *job, const mskv_pools *pools, const mskv_plan *plan, const mskv_attn *attn,
+                               const void *q, void *o, float *lse) {
+    memset(job, 0, sizeof *job);
+    job->pools = pools;
+    job->plan = plan;
+    job->q = q;
+    job->o = o;
+    job->lse = lse;
+    job->qt = attn->q_dtype;
+    job->mask = attn->mask;
+    job->q_heads = attn->q_heads;
+    job->window_left = attn->window_left;
+    job->scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)pools->head_dim);
+    job->tstride = (size_t)pools->kv_heads * (size_t)pools->head_dim;
+    job->hstride = (size_t)pools->head_dim;
+}
+
+MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *pools, const mskv_plan *plan,
+                                              const mskv_attn *attn, const void *q, void *o, float *lse) {
+    mskv__cpu_job job;
+    double work = 0;
+    mskv_result res;
+    if (!pools || !plan || !attn) return MSKV_ERROR_NULL_POINTER;
+    if ((res = mskv__cpu_check_args(pools, attn)) != MSKV_SUCCESS) return res;
+    if ((res = mskv__cpu_check_plan(pools, plan, attn, &work)) != MSKV_SUCCESS) return res;
     if (plan->total_q == 0) return MSKV_SUCCESS;
     if (!q || !o) return MSKV_ERROR_NULL_POINTER;
     if (plan->kv_indptr[plan->batch] > 0 && (!pools->k || !pools->v)) return MSKV_ERROR_NULL_POINTER;
+    mskv__cpu_job_init(&job, pools, plan, attn, q, o, lse);
+    mskv__cpu_run(cpu, &job, work);
+    return MSKV_SUCCESS;
+}
 
-    memset(&job, 0, sizeof job);
-    job.pools = pools;
-    job.plan = plan;
-    job.q = q;
-    job.o = o;
-    job.lse = lse;
-    job.qt = attn->q_dtype;
-    job.mask = attn->mask;
-    job.q_heads = attn->q_heads;
-    job.group = attn->q_heads / pools->kv_heads;
-    job.dim = pools->head_dim;
-    job.dimp = (pools->head_dim + MSKV__CPU_KTILE - 1) & ~(MSKV__CPU_KTILE - 1);
-    job.window_left = attn->window_left;
-    job.scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)pools->head_dim);
-
-    if (!cpu) {
-        /* no pool: small tiles on the stack (about 50 KB) */
-        enum { ROWS = 8, KEYS = 16 };
-        float q_t[ROWS * MSKV__CPU_MAX_DIM], o_t[ROWS * MSKV__CPU_MAX_DIM];
-        float kt_t[KEYS * MSKV__CPU_MAX_DIM], v_t[KEYS * MSKV__CPU_MAX_DIM], s_t[ROWS * KEYS];
-        float m_t[ROWS], l_t[ROWS], a_t[ROWS];
-        int64_t qp_t[ROWS];
-        const float *vr_t[KEYS + 1], *kr_t[KEYS + 1];
-        size_t el_t[KEYS];
-        stack_ws.q = q_t; stack_ws.o = o_t; stack_ws.kt = kt_t; stack_ws.v = v_t; stack_ws.s = s_t;
-        stack_ws.m = m_t; stack_ws.l = l_t; stack_ws.alpha = a_t; stack_ws.qpos = qp_t; stack_ws.vrow = vr_t; stack_ws.krow = kr_t; stack_ws.el = el_t;
-        stack_ws.rows = ROWS;
-        stack_ws.keys = KEYS;
-        job.rows = ROWS;
-        job.heads_cap = pools->kv_heads;
-        mskv__cpu_attn_task(&job, &stack_ws);
-        return MSKV_SUCCESS;
-    }
-
-    /* rows per item: as many as the tile holds at this head_dim, at most 64 */
-    rows_cap = cpu->ws[0].rows * MSKV__CPU_MAX_DIM / job.dimp;
-    job.rows = rows_cap < MSKV__CPU_MAX_ROWS ? rows_cap & ~3 : MSKV__CPU_MAX_ROWS;
-    /* grouping kv heads must still leave about 4 items per thread */
-    job.heads_cap = (int32_t)((int64_t)plan->batch * pools->kv_heads / (4 * (int64_t)cpu->num_threads));
-    if (job.heads_cap < 1) job.heads_cap = 1;
-#ifndef MSKV_NO_THREADS
-    if (cpu->num_threads > 1 && flops >= MSKV__CPU_SMALL_FLOPS) {
-        pthread_mutex_lock(&cpu->call_lock);
-        job.lock = &cpu->lock;
-        pthread_mutex_lock(&cpu->lock);
-        cpu->task = mskv__cpu_attn_task;
-        cpu->task_ctx = &job;
-        cpu->busy = cpu->started;
-        cpu->generation++;
-        pthread_cond_broadcast(&cpu->wake);
-        pthread_mutex_unlock(&cpu->lock);
-        mskv__cpu_attn_task(&job, &cpu->ws[0]);
-        pthread_mutex_lock(&cpu->lock);
-        while (cpu->busy > 0) pthread_cond_wait(&cpu->done, &cpu->lock);
-        pthread_mutex_unlock(&cpu->lock);
-        pthread_mutex_unlock(&cpu->call_lock);
-        return MSKV_SUCCESS;
-    }
-    /* the caller alone, but still one call at a time on workspace 0 */
-    pthread_mutex_lock(&cpu->call_lock);
-    mskv__cpu_attn_task(&job, &cpu->ws[0]);
-    pthread_mutex_unlock(&cpu->call_lock);
-#else
-    mskv__cpu_attn_task(&job, &cpu->ws[0]);
-#endif
+MSKV_IMPL mskv_result mskv_cpu_attention_dense(mskv_cpu *cpu, const mskv_dense_kv *kv, const mskv_plan *plan,
+                                              const mskv_attn *attn, const void *q, void *o, float *lse) {
+    mskv__cpu_job job;
+    mskv_pools pools;  /* the geometry the kernels read; no pages */
+    double work = 0;
+    mskv_result res;
+    if (!kv || !plan || !attn) return MSKV_ERROR_NULL_POINTER;
+    memset(&pools, 0, sizeof pools);
+    pools.k = kv->k;
+    pools.v = kv->v;
+    pools.dtype = kv->dtype;
+    pools.num_pages = 1;
+    pools.page_size = 1;
+    pools.kv_heads = kv->kv_heads;
+    pools.head_dim = kv->head_dim;
+    if ((res = mskv__cpu_check_args(&pools, attn)) != MSKV_SUCCESS) return res;
+    if (kv->tokens < 0 || kv->token_stride < 0 || kv->head_stride < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if ((res = mskv__dense_kv_check(kv)) != MSKV_SUCCESS) return res;   /* a stale view first: it explains the rest */
+    if ((res = mskv__cpu_check_dense(kv, plan, attn, &work)) != MSKV_SUCCESS) return res;
+    if (plan->total_q == 0) return MSKV_SUCCESS;
+    if (!q || !o) return MSKV_ERROR_NULL_POINTER;
+    if (plan->kv_token_indptr[plan->batch] > plan->kv_token_indptr[0] && (!kv->k || !kv->v)) return MSKV_ERROR_NULL_POINTER;
+    mskv__cpu_job_init(&job, &pools, plan, attn, q, o, lse);
+    job.dense = 1;
+    if (kv->token_stride) job.tstride = (size_t)kv->token_stride;
+    if (kv->head_stride) job.hstride = (size_t)kv->head_stride;
+    mskv__cpu_run(cpu, &job, work);
     return MSKV_SUCCESS;
 }
 
@@ -3661,9 +7172,10 @@ MSKV_IMPL mskv_result mskv_cpu_attention(mskv_cpu *cpu, mskv_arena *arena, int32
     mskv_store_info si;
     mskv_pools pools;
     mskv_result res;
-    if (!arena) return MSKV_ERROR_NULL_POINTER;
+    if (!arena || !plan) return MSKV_ERROR_NULL_POINTER;
     if ((res = mskv_store_info_get(arena, &si)) != MSKV_SUCCESS) return res;
     if (layer < 0 || layer >= si.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
+    if ((res = mskv_plan_check(arena, plan)) != MSKV_SUCCESS) return res;
     pools.k = mskv_store_pool(arena, layer, 0);
     pools.v = mskv_store_pool(arena, layer, 1);
     if (!pools.k || !pools.v) return MSKV_ERROR_UNSUPPORTED;

@@ -4,8 +4,9 @@
    launch wrappers of the kernels in kernels.cu (embedded below).
 
    Nothing here needs the CUDA toolkit, its headers or a GPU at compile time:
-   libcuda and libnvrtc are opened with dlopen when a context is created, and a
-   machine without them gets MSKV_ERROR_CUDA_UNAVAILABLE (the CPU backend of
+   libcuda and libnvrtc (nvcuda.dll and nvrtc64_*.dll on Windows) are opened
+   at run time (dlopen, LoadLibrary) when a context is created, and a machine
+   without them gets MSKV_ERROR_CUDA_UNAVAILABLE (the CPU backend of
    mstar_kv.h keeps working).
 
    Do this in exactly one C or C++ file, after mstar_kv.h:
@@ -13,13 +14,28 @@
        #include "mstar_kv.h"
        #define MSTAR_KV_CUDA_IMPLEMENTATION
        #include "mstar_kv_cuda.h"
+   (this layer reuses the platform wrappers of mstar_kv.h's implementation).
    Build:
        cc -std=c99 -O2 app.c -ldl -lpthread -lm
+   Windows: cl /O2 app.c, or x86_64-w64-mingw32-gcc -std=c99 -O2 app.c.
+
+   Compile-time options (define before the implementation):
+     MSKV_CUDA_VSNPRINTF  the vsnprintf every message of this layer is built
+                       with (default: the C library's); only failures, logs
+                       and a variant's first compile format anything
 
    Run-time environment:
-     MSKV_NVRTC_PATH   a libnvrtc to try first (after mskv_cuda_desc.nvrtc_path)
+     MSKV_NVRTC_PATH   a libnvrtc to try first (after mskv_cuda_desc.nvrtc_path);
+                       then NVRTC from PyPI (nvidia-cuda-nvrtc, -cu12) in
+                       $VIRTUAL_ENV, $CONDA_PREFIX or $PYTHONPATH, the system's
+                       libnvrtc.so.13/.12/.11.2/.so (/usr/local/cuda/lib64 too),
+                       and the wheels in the user's and system's site-packages
+                       (Windows: nvrtc64_130_0.dll, nvrtc64_120_0.dll,
+                       nvrtc64_112_0.dll, also under %CUDA_PATH%\bin\x64 and
+                       %CUDA_PATH%\bin)
      MSKV_CACHE_DIR    the kernel cache directory (else $XDG_CACHE_HOME/mstar_kv,
-                       else ~/.cache/mstar_kv); mskv_cuda_desc.cache_dir wins
+                       else ~/.cache/mstar_kv; Windows: %LOCALAPPDATA%\mstar_kv);
+                       mskv_cuda_desc.cache_dir wins
 
    Example:
        mskv_cuda_desc cd = {0};
@@ -39,18 +55,25 @@
 
    Streams and ordering: every launch and copy of a store runs on the store's
    stream, so the offload of a page is ordered after the kernels that wrote
-   it. K/V written on another stream must be ordered by the caller.
+   it. K/V written on another stream must be ordered by the caller, or the
+   store moved onto that stream (mskv_cuda_store_set_stream: a framework's
+   current stream). mskv_cuda_store_desc.pools adopts pools the caller
+   allocated (a framework's tensors) instead of allocating them.
 
    Thread safety: a context (mskv_cuda) may be shared by threads (loading
-   and the JIT cache are locked). A store has one stream and one attention
-   workspace: drive it, and the launches on it, from one thread at a time
-   (its bookkeeping locks only guard against the arena's callbacks).
+   and the JIT cache are locked). A store has one stream, one attention
+   workspace, and an unlocked cache of the kernels it launched with their
+   parameter blocks (so a call takes no lock): drive it, and the launches on
+   it, from one thread at a time (its bookkeeping locks only guard against
+   the arena's callbacks, whose page copies use the context's locked lookup).
 
    Fences: pages freed by anything (release, abort, remove, offload) are
    tagged with the current step and come back only after that step's event
    completed. Offload or remove outside a step therefore returns its pages
    when the step is ended: mskv_cuda_publish(st, NULL, 0, NULL) and then
-   mskv_cuda_retire (the demo does this before a reload that needs them).
+   mskv_cuda_retire (the demo does this before a reload that needs them),
+   or at once with mskv_arena_flush (the store's flush op waits for its
+   stream; e.g. after mskv_arena_reset or mskv_make_room).
 
    CUDA graphs: mskv_cuda_capture_begin/end capture the launches of a step;
    their plan arguments live in fixed device buffers, so upload a new plan
@@ -58,7 +81,9 @@
    mskv_cuda_graph_launch. Kernels are compiled on first use: run a step once
    before capturing it. A replay may change a plan's contents, not its shape
    (batch, token count, the longest segment's queries, keys beyond what the
-   captured split-KV launches reach): graph_launch refuses such a plan. While
+   captured split-KV launches reach, plan features beyond the captured plan's
+   or without the q_pos / bounds arrays it read): graph_launch refuses such a
+   plan. While
    graphs exist the attention workspace cannot grow (BAD_STATE).
 
    Hopper: on compute capability 9.0 prefill attention runs mskv_attn_sm90
@@ -126,9 +151,9 @@ typedef struct mskv_nvrtc_prog_st *mskv_nvrtc_program; /* nvrtcProgram */
    X(return type, name, versioned symbol exported by the library, parameters).
    Driver functions are resolved through cuGetProcAddress_v2 by their base
    name at ABI version 12.0 when the driver has it, else by the versioned
-   symbol with dlsym. cuTensorMapEncodeTiled (drivers from CUDA 12.0) may be
-   missing: it is left NULL and the sm_90a attention kernel loads K/V with
-   cp.async instead of TMA. */
+   symbol with dlsym (GetProcAddress on Windows). cuTensorMapEncodeTiled (drivers
+   from CUDA 12.0) may be missing: it is left NULL and the sm_90a attention
+   kernel loads K/V with cp.async instead of TMA. */
 #define MSKV_CUDA_DRIVER_FUNCTIONS(X)                                                          \
     X(mskv_cu_result, cuInit, "cuInit", (unsigned int flags))                                  \
     X(mskv_cu_result, cuDriverGetVersion, "cuDriverGetVersion", (int *version))                \
@@ -244,6 +269,13 @@ typedef struct mskv_cuda_info {
    MSKV_ERROR_CUDA_UNAVAILABLE with what was tried in why (optional).
    Thread safety: any thread; the libraries are loaded once. */
 MSKV_API mskv_result mskv_cuda_probe(const mskv_cuda_desc *desc, char *why, size_t why_cap);
+/* The driver and its devices alone, without NVRTC: tells "no GPU" from "a
+   GPU that cannot JIT" (the GPU check fails on the second). Return value:
+   MSKV_SUCCESS with *devices (> 0) and *driver_version (1000*major +
+   10*minor; both optional), or MSKV_ERROR_CUDA_UNAVAILABLE with why.
+   Thread safety: any thread. */
+MSKV_API mskv_result mskv_cuda_probe_driver(const mskv_cuda_desc *desc, int32_t *devices, int32_t *driver_version,
+                                            char *why, size_t why_cap);
 /* Loads the libraries (once per process), opens the device's primary context.
    Return value: MSKV_SUCCESS, CUDA_UNAVAILABLE (details to the logger and to
    mskv_cuda_probe), OUT_OF_MEMORY, CUDA. */
@@ -304,6 +336,13 @@ typedef struct mskv_cuda_store_desc {
     int32_t max_batch, max_tokens, max_page_ids;
     size_t staging_bytes;           /* offload/reload staging (0 = 16 MiB; at least one page of every layer) */
     int32_t plan_ring;              /* pinned plan buffers (0 = 3) */
+    /* Pools the caller allocated (a framework's tensors, so a model keeps its
+       K/V where it already lives), adopted instead of allocated: pools[layer*2
+       + kind] (kind 0 = K, 1 = V), 2 * num_layers device pointers, each
+       num_pages * page_size * kv_heads * head_dim elements of dtype, 16-byte
+       aligned. The store zeroes them on create and never frees them: keep
+       them alive until mskv_cuda_store_destroy. NULL: the store allocates. */
+    const mskv_cu_ptr *pools;
 } mskv_cuda_store_desc;
 
 /* A plan's arrays in the store's fixed device buffers (same addresses on
@@ -314,11 +353,17 @@ typedef struct mskv_cuda_dplan {
     mskv_cu_ptr qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_len;
     mskv_cu_ptr kv_pos_split, kv_pos_shift, kv_token_indptr, slot_mapping, positions;
     uint64_t step;
+    /* the plan's optional arrays (0 when it had none): query positions and
+       visibility bounds, read by mskv_cuda_attention when plan->features asks */
+    mskv_cu_ptr q_pos, vis_sink_end, vis_window_start;
 } mskv_cuda_dplan;
 
 /* Device pools, one per layer for K and one for V, layout
-   [page][slot][kv_head][dim] (the host store's), a stream, staging buffers.
-   Sizes are checked against what a kernel can index (64-bit offsets). */
+   [page][slot][kv_head][dim] (the host store's; allocated, or the caller's
+   desc->pools), a stream, staging buffers. Sizes are checked against what a
+   kernel can index (64-bit offsets). Return value: SUCCESS, NULL_POINTER,
+   INVALID_ARGUMENT (a geometry field, or an adopted pool that is 0 or not
+   16-byte aligned), OVERFLOW, OUT_OF_MEMORY, CUDA. */
 MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store_desc *desc, mskv_cuda_store **out);
 /* Waits for the stream, then frees everything. Destroy the arena bound to
    the store first: its store ops and host allocator point here. */
@@ -333,6 +378,17 @@ MSKV_API mskv_result mskv_cuda_store_bind(mskv_cuda_store *st, mskv_arena *arena
 MSKV_API const mskv_store_ops *mskv_cuda_store_ops(mskv_cuda_store *st);
 MSKV_API mskv_cu_ptr mskv_cuda_store_pool(mskv_cuda_store *st, int32_t layer, int kind);
 MSKV_API mskv_cu_stream mskv_cuda_store_stream(mskv_cuda_store *st);
+/* The legacy default stream (handle 0 in the runtime API, e.g. PyTorch's
+   default stream), for mskv_cuda_store_set_stream. */
+#define MSKV_CU_STREAM_LEGACY ((mskv_cu_stream)(uintptr_t)1)
+/* Runs the store's launches and copies on the caller's stream from now on
+   (a framework's current stream), so they are ordered with the caller's own
+   kernels without events; NULL goes back to the store's own stream. Work
+   queued on the previous stream is waited for first, so fences and offloads
+   stay ordered. The store never destroys a caller's stream: set another one
+   before destroying it. Return value: SUCCESS, NULL_POINTER, BAD_STATE (while
+   capturing), CUDA (the wait failed; the stream is unchanged). */
+MSKV_API mskv_result mskv_cuda_store_set_stream(mskv_cuda_store *st, mskv_cu_stream stream);
 /* Copies on the store's stream; return when the bytes have arrived. */
 MSKV_API mskv_result mskv_cuda_upload(mskv_cuda_store *st, mskv_cu_ptr dst, const void *src, size_t bytes);
 MSKV_API mskv_result mskv_cuda_download(mskv_cuda_store *st, void *dst, mskv_cu_ptr src, size_t bytes);
@@ -356,11 +412,26 @@ MSKV_API mskv_result mskv_cuda_retire(mskv_cuda_store *st, int wait);
    Return value: CAPACITY (past the store's max_batch / max_tokens /
    max_page_ids), OUT_OF_RANGE (a page id outside [1, num_pages) or a slot
    in the null page or past the pools: the kernels would trust it),
-   INVALID_ARGUMENT (another page size), BAD_STATE (while capturing), CUDA. */
+   INVALID_ARGUMENT (another page size, a pos_mode it does not know, or a
+   table whose indptrs do not run from 0 to total_q / num_page_ids without
+   decreasing, or a kv_len past its pages: a replayed graph trusts it),
+   STALE_PLAN (an arena-built plan whose pages changed since it was built:
+   mskv_plan_check against the bound arena), BAD_STATE (while capturing, or
+   an arena-built plan on a store bound to no arena), CUDA.
+   mskv_cuda_write_kv, mskv_cuda_attention and mskv_cuda_graph_launch check
+   the uploaded plan again (STALE_PLAN): they read it until the next upload. */
 MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan *plan, mskv_pos_mode pos_mode, mskv_cuda_dplan *out);
-/* Scatters k, v (device, [total_q][kv_heads][head_dim], the store's dtype)
-   into layer `layer` through plan->slot_mapping; rope (optional) rotates K on
-   the way in at plan->positions. */
+/* Scatters k, v (device, [total_q][kv_heads][head_dim], the store's dtype,
+   16-byte aligned) into layer `layer` through plan->slot_mapping; rope
+   (optional) rotates K on the way in at plan->positions.
+   Return value: SUCCESS, NULL_POINTER, OUT_OF_RANGE (layer), UNSUPPORTED
+   (head_dim), INVALID_ARGUMENT (k or v not 16-byte aligned: the kernel reads
+   16-byte vectors; a rope the CPU refuses or of another position mode),
+   STALE_PLAN (the plan uploaded last is an arena-built plan whose pages
+   changed since it was built), OVERFLOW, CUDA, NVRTC (first use compiles).
+   Cost: the first call of a variant compiles or loads it; later calls only
+   check, look the kernel up by an integer key and launch (no allocation, no
+   string, one cuCtxSetCurrent). The same holds for the wrappers below. */
 MSKV_API mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan, mskv_cu_ptr k, mskv_cu_ptr v, const mskv_rope *rope);
 
 /* // >>graphs --------------------------------------------------------------- */
@@ -429,8 +500,12 @@ MSKV_API void mskv_cuda_page_divisor(int32_t page_size, uint32_t *magic, int32_t
    On compute capability 9.0 prefill shapes (more than 16 rows of a segment)
    run mskv_attn_sm90 (mskv_cuda_desc.attn_path, mskv_cuda_info.wgmma).
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OUT_OF_RANGE (layer),
-   UNSUPPORTED (f32 store, head_dim; WGMMA forced on another device), CUDA,
-   NVRTC (first use compiles). */
+   UNSUPPORTED (f32 store, head_dim; WGMMA forced on another device; a plan
+   whose features hold a bit other than MSKV_PLAN_Q_POS and
+   MSKV_PLAN_VISIBILITY, which both kernels honour as the mskv_plan comment
+   says: q_pos and the bounds are read from the uploaded plan, so the plan
+   needs those arrays at upload, else NULL_POINTER), STALE_PLAN (plan, or the plan uploaded last, is an arena-built plan
+   whose pages changed since it was built), CUDA, NVRTC (first use compiles). */
 MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
                                          const mskv_cuda_dplan *dplan, const mskv_attn *attn,
                                          mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
@@ -462,14 +537,28 @@ MSKV_API mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* the >>platform section's system headers, here outside extern "C" */
+#ifdef _WIN32
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#else
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#ifndef MSKV_NO_THREADS
-#include <pthread.h>
+#endif
+
+#ifndef MSTAR_KV_IMPLEMENTED
+#error "define MSTAR_KV_IMPLEMENTATION and include mstar_kv.h in the same file, before MSTAR_KV_CUDA_IMPLEMENTATION (this layer reuses its platform wrappers)"
 #endif
 
 #ifdef __cplusplus
@@ -2293,7 +2382,33 @@ static void *mskv__cuda_calloc(const mskv_allocator *a, size_t n) {
     return p;
 }
 
+#ifndef MSKV_CUDA_VSNPRINTF
+#define MSKV_CUDA_VSNPRINTF vsnprintf
+#endif
+#if defined(__MINGW32__) && defined(__MINGW_PRINTF_FORMAT)
+/* MinGW's printf family is msvcrt's or its own C99 one: check against the one in use */
+#define MSKV__CUDA_PRINTF(f, a) __attribute__((format(__MINGW_PRINTF_FORMAT, f, a)))
+#elif defined(__GNUC__)
+#define MSKV__CUDA_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define MSKV__CUDA_PRINTF(f, a)
+#endif
+
+/* Every formatted string of this file is built here (one place to swap the
+   formatter, and to count it: the per-call launch path formats nothing). */
+static void mskv__cuda_vformat(char *buf, size_t cap, const char *fmt, va_list ap) {
+    if (buf && cap) MSKV_CUDA_VSNPRINTF(buf, cap, fmt, ap);
+}
+static void mskv__cuda_format(char *buf, size_t cap, const char *fmt, ...) MSKV__CUDA_PRINTF(3, 4);
+static void mskv__cuda_format(char *buf, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    mskv__cuda_vformat(buf, cap, fmt, ap);
+    va_end(ap);
+}
+
 /* snprintf that appends to buf and never overflows */
+static void mskv__cuda_appendf(char *buf, size_t cap, const char *fmt, ...) MSKV__CUDA_PRINTF(3, 4);
 static void mskv__cuda_appendf(char *buf, size_t cap, const char *fmt, ...) {
     size_t len;
     va_list ap;
@@ -2301,7 +2416,7 @@ static void mskv__cuda_appendf(char *buf, size_t cap, const char *fmt, ...) {
     len = strlen(buf);
     if (len + 1 >= cap) return;
     va_start(ap, fmt);
-    vsnprintf(buf + len, cap - len, fmt, ap);
+    mskv__cuda_vformat(buf + len, cap - len, fmt, ap);
     va_end(ap);
 }
 
@@ -2335,17 +2450,315 @@ static uint64_t mskv__cuda_mix(uint64_t h) {
     return h;
 }
 
-#ifndef MSKV_NO_THREADS
-typedef pthread_mutex_t mskv__cuda_mutex;
-#define MSKV__CUDA_MUTEX_INIT PTHREAD_MUTEX_INITIALIZER
-static void mskv__cuda_lock(mskv__cuda_mutex *m) { pthread_mutex_lock(m); }
-static void mskv__cuda_unlock(mskv__cuda_mutex *m) { pthread_mutex_unlock(m); }
+/* // >>platform -------------------------------------------------------------
+   What this layer needs from the operating system beyond mstar_kv.h's
+   platform section, whose mutex it reuses (the implementation of mstar_kv.h
+   is in the same file): loading a library, the driver's and NVRTC's names,
+   the environment, the cache directory, and for the disk cache whole-file
+   reads and a temp file renamed over the entry. LoadLibrary and Win32 files
+   on _WIN32, dlopen and POSIX files elsewhere. */
+
+#ifdef _WIN32
+#define MSKV__CUDA_SEP "\\"
+/* the driver ships with the display driver (System32); NVRTC's DLL is named
+   after its ABI: 13.x, 12.x, and 11.2-11.8 */
+static const char *const mskv__cuda_driver_names[] = { "nvcuda.dll" };
+static const char *const mskv__cuda_nvrtc_names[] = { "nvrtc64_130_0.dll", "nvrtc64_120_0.dll", "nvrtc64_112_0.dll" };
 #else
-typedef int mskv__cuda_mutex;
-#define MSKV__CUDA_MUTEX_INIT 0
-static void mskv__cuda_lock(mskv__cuda_mutex *m) { (void)m; }
-static void mskv__cuda_unlock(mskv__cuda_mutex *m) { (void)m; }
+#define MSKV__CUDA_SEP "/"
+/* libcuda.so.1 first: the unversioned name may be the toolkit's stub */
+static const char *const mskv__cuda_driver_names[] = { "libcuda.so.1", "libcuda.so" };
+static const char *const mskv__cuda_nvrtc_names[] = { "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so" };
 #endif
+#define MSKV__CUDA_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+typedef mskv__mutex mskv__cuda_mutex;
+#define MSKV__CUDA_MUTEX_INIT MSKV__MUTEX_INIT
+static void mskv__cuda_lock(mskv__cuda_mutex *m) { mskv__mutex_lock(m); }
+static void mskv__cuda_unlock(mskv__cuda_mutex *m) { mskv__mutex_unlock(m); }
+
+/* 1 and the value (cut to cap) when the variable is set and not empty */
+static int mskv__cuda_getenv(const char *name, char *out, size_t cap) {
+#ifdef _WIN32
+    /* the process environment itself: no CRT copy, no deprecation warning */
+    char tmp[32768];
+    DWORD n = GetEnvironmentVariableA(name, tmp, (DWORD)sizeof(tmp));
+    if (n == 0 || n >= sizeof(tmp)) return 0;
+    mskv__cuda_copystr(out, cap, tmp);
+    return 1;
+#else
+    const char *e = getenv(name);
+    if (!e || !*e) return 0;
+    mskv__cuda_copystr(out, cap, e);
+    return 1;
+#endif
+}
+
+/* The default cache directory, "" when there is none; one too long for out
+   comes back cut to the brim, which the caller's length check turns off. */
+static void mskv__cuda_default_cache_dir(char *out, size_t cap) {
+    out[0] = 0;
+#ifdef _WIN32
+    if (mskv__cuda_getenv("LOCALAPPDATA", out, cap)) mskv__cuda_appendf(out, cap, "\\mstar_kv");
+#else
+    if (mskv__cuda_getenv("XDG_CACHE_HOME", out, cap)) mskv__cuda_appendf(out, cap, "/mstar_kv");
+    else if (mskv__cuda_getenv("HOME", out, cap)) mskv__cuda_appendf(out, cap, "/.cache/mstar_kv");
+#endif
+}
+
+/* NVRTC's names after the caller's choices (at most MSKV__CUDA_NVRTC_MAX).
+   Windows: the bare DLL names (the loader's search: PATH), then the
+   toolkit's folders. POSIX: PyPI's wheels in the active Python environment
+   ($VIRTUAL_ENV, $CONDA_PREFIX, $PYTHONPATH: what that environment's other
+   CUDA code runs with), the bare names (the loader's search path), the
+   toolkit's default place, then the wheels in the user's and the system's
+   site-packages. Only wheel files that exist are listed, so absent wheels
+   add nothing to the reasons. */
+#define MSKV__CUDA_NVRTC_MAX 24
+#ifdef _WIN32
+#define MSKV__CUDA_NVRTC_NOT_FOUND " (no NVRTC)"
+static int mskv__cuda_nvrtc_candidates(char (*paths)[512], int max) {
+    /* CUDA 13 keeps its DLLs in bin\x64, earlier releases in bin; the
+       installer puts them on PATH, but not every environment keeps it */
+    static const char *const sub[2] = { "\\bin\\x64", "\\bin" };
+    char root[400];
+    int n = 0, i, s, have_root = mskv__cuda_getenv("CUDA_PATH", root, sizeof(root));
+    for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && n < max; i++)
+        mskv__cuda_copystr(paths[n++], sizeof(paths[0]), mskv__cuda_nvrtc_names[i]);
+    for (s = 0; s < 2 && have_root; s++)
+        for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && n < max; i++)
+            mskv__cuda_format(paths[n++], sizeof(paths[0]), "%s%s\\%s", root, sub[s], mskv__cuda_nvrtc_names[i]);
+    return n;
+}
+#else
+#define MSKV__CUDA_NVRTC_NOT_FOUND \
+    "; no NVRTC wheel (nvidia/cu13/lib/libnvrtc.so.13, nvidia/cuda_nvrtc/lib/libnvrtc.so.12) in " \
+    "$VIRTUAL_ENV, $CONDA_PREFIX, $PYTHONPATH or the user and system site-packages (no NVRTC)"
+/* Where PyPI's NVRTC wheels put the library below a site-packages
+   directory: nvidia-cuda-nvrtc 13.x, then nvidia-cuda-nvrtc-cu12 (each
+   library finds its builtins beside it through its $ORIGIN run path). */
+static const char *const mskv__cuda_nvrtc_wheels[2] = {
+    "nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12" };
+
+typedef struct mskv__cuda_paths { char (*p)[512]; int n, max; } mskv__cuda_paths;
+
+static void mskv__cuda_paths_add(mskv__cuda_paths *ps, const char *path) {
+    if (ps->n < ps->max && strlen(path) < sizeof(ps->p[0])) mskv__cuda_copystr(ps->p[ps->n++], sizeof(ps->p[0]), path);
+}
+
+/* The wheels' libraries that exist in one site-packages directory (len bytes of site). */
+static void mskv__cuda_paths_site(mskv__cuda_paths *ps, const char *site, size_t len) {
+    char path[512];
+    int i;
+    for (i = 0; i < 2; i++) {
+        size_t w = strlen(mskv__cuda_nvrtc_wheels[i]);
+        if (len == 0 || len + w + 2 > sizeof(path)) continue;
+        memcpy(path, site, len);
+        path[len] = '/';
+        memcpy(path + len + 1, mskv__cuda_nvrtc_wheels[i], w + 1);
+        if (access(path, F_OK) == 0) mskv__cuda_paths_add(ps, path);
+    }
+}
+
+/* <prefix>/lib/python3.X/<leaf> for each Python version X present: a venv, a
+   conda environment, ~/.local, /usr/local, /usr. One directory read per prefix. */
+static void mskv__cuda_paths_prefix(mskv__cuda_paths *ps, const char *prefix, const char *leaf) {
+    char dir[512], site[512];
+    DIR *d;
+    struct dirent *e;
+    if (!prefix || !*prefix || strlen(prefix) + 5 >= sizeof(dir)) return;
+    mskv__cuda_format(dir, sizeof(dir), "%s/lib", prefix);
+    if ((d = opendir(dir)) == NULL) return;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "python3", 7) != 0) continue;
+        if (strlen(dir) + strlen(e->d_name) + strlen(leaf) + 3 > sizeof(site)) continue;
+        mskv__cuda_format(site, sizeof(site), "%s/%s/%s", dir, e->d_name, leaf);
+        mskv__cuda_paths_site(ps, site, strlen(site));
+    }
+    closedir(d);
+}
+
+static int mskv__cuda_nvrtc_candidates(char (*paths)[512], int max) {
+    mskv__cuda_paths ps;
+    char env[1024], home[512];
+    const char *e;
+    int i;
+    ps.p = paths; ps.n = 0; ps.max = max;
+    if (mskv__cuda_getenv("VIRTUAL_ENV", env, sizeof(env))) mskv__cuda_paths_prefix(&ps, env, "site-packages");
+    if (mskv__cuda_getenv("CONDA_PREFIX", env, sizeof(env))) mskv__cuda_paths_prefix(&ps, env, "site-packages");
+    if (mskv__cuda_getenv("PYTHONPATH", env, sizeof(env))) {
+        for (e = env; *e; e += *e == ':') {
+            size_t n = strcspn(e, ":");
+            mskv__cuda_paths_site(&ps, e, n);
+            e += n;
+        }
+    }
+    for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names); i++) mskv__cuda_paths_add(&ps, mskv__cuda_nvrtc_names[i]);
+    for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && ps.n < max; i++)
+        mskv__cuda_format(paths[ps.n++], sizeof(paths[0]), "/usr/local/cuda/lib64/%s", mskv__cuda_nvrtc_names[i]);
+    if (mskv__cuda_getenv("HOME", env, sizeof(env)) && strlen(env) < 400) {
+        mskv__cuda_format(home, sizeof(home), "%s/.local", env);
+        mskv__cuda_paths_prefix(&ps, home, "site-packages");
+    }
+    mskv__cuda_paths_prefix(&ps, "/usr/local", "dist-packages");
+    mskv__cuda_paths_prefix(&ps, "/usr/local", "site-packages");
+    mskv__cuda_paths_prefix(&ps, "/usr", "dist-packages");
+    mskv__cuda_paths_prefix(&ps, "/usr", "site-packages");
+    return ps.n;
+}
+#endif
+
+/* Opens a library; NULL and the loader's reason in err otherwise. */
+static void *mskv__cuda_lib_open(const char *name, char *err, size_t cap) {
+#ifdef _WIN32
+    /* an absolute path (the only kind the flag allows): its own folder first
+       for the DLLs it needs */
+    int absolute = (name[0] && name[1] == ':' && (name[2] == '\\' || name[2] == '/')) ||
+                   (name[0] == '\\' && name[1] == '\\');
+    HMODULE h = LoadLibraryExA(name, NULL, absolute ? LOAD_WITH_ALTERED_SEARCH_PATH : 0);
+    if (!h) {
+        DWORD code = GetLastError();
+        char msg[256];
+        DWORD len = FormatMessageA(FORMAT_MESSAGE_FROM_SYSTEM | FORMAT_MESSAGE_IGNORE_INSERTS, NULL, code, 0, msg,
+                                   (DWORD)sizeof(msg), NULL);
+        while (len > 0 && (msg[len - 1] == '\r' || msg[len - 1] == '\n' || msg[len - 1] == ' ')) len--;
+        msg[len] = 0;
+        mskv__cuda_format(err, cap, "%s (Windows error %lu)", len ? msg : "LoadLibrary failed", (unsigned long)code);
+    }
+    return (void *)h;
+#else
+    void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *e = dlerror();
+        mskv__cuda_copystr(err, cap, e ? e : "not found");
+    }
+    return lib;
+#endif
+}
+
+/* A function's address; dlsym and GetProcAddress disagree on its type, and
+   going through memcpy keeps ISO C quiet either way. */
+static void *mskv__cuda_sym(void *lib, const char *name) {
+#ifdef _WIN32
+    FARPROC f = GetProcAddress((HMODULE)lib, name);
+    void *p = NULL;
+    memcpy(&p, &f, sizeof(p) < sizeof(f) ? sizeof(p) : sizeof(f));
+    return p;
+#else
+    return dlsym(lib, name);
+#endif
+}
+
+static void mskv__cuda_lib_close(void *lib) {
+#ifdef _WIN32
+    FreeLibrary((HMODULE)lib);
+#else
+    dlclose(lib);
+#endif
+}
+
+static unsigned long mskv__cuda_pid(void) {
+#ifdef _WIN32
+    return (unsigned long)GetCurrentProcessId();
+#else
+    return (unsigned long)getpid();
+#endif
+}
+
+static int mskv__cuda_is_sep(char c) {
+#ifdef _WIN32
+    return c == '\\' || c == '/';
+#else
+    return c == '/';
+#endif
+}
+
+/* One directory; an existing one (or a failure) is for the caller's next step to find out. */
+static void mskv__cuda_mkdir(const char *path) {
+#ifdef _WIN32
+    CreateDirectoryA(path, NULL);
+#else
+    mkdir(path, 0755);
+#endif
+}
+
+/* Reads a whole file; NULL when absent or unreadable. */
+static unsigned char *mskv__cuda_read_file(const mskv_allocator *a, const char *path, size_t *size) {
+    unsigned char *buf;
+    size_t got = 0, want;
+#ifdef _WIN32
+    /* FILE_SHARE_DELETE: a writer may rename a new entry over this one meanwhile */
+    HANDLE h = CreateFileA(path, GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, NULL,
+                           OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL, NULL);
+    LARGE_INTEGER sz;
+    if (h == INVALID_HANDLE_VALUE) return NULL;
+    if (!GetFileSizeEx(h, &sz) || sz.QuadPart < 0 || (uint64_t)sz.QuadPart >= (uint64_t)SIZE_MAX) { CloseHandle(h); return NULL; }
+    want = (size_t)sz.QuadPart;
+    buf = (unsigned char *)mskv__cuda_alloc(a, want + 1);
+    if (!buf) { CloseHandle(h); return NULL; }
+    while (got < want) {
+        DWORD r = 0, ask = want - got > 0x40000000u ? 0x40000000u : (DWORD)(want - got);
+        if (!ReadFile(h, buf + got, ask, &r, NULL) || r == 0) break;
+        got += r;
+    }
+    CloseHandle(h);
+#else
+    int fd = open(path, O_RDONLY);
+    struct stat sb;
+    if (fd < 0) return NULL;
+    if (fstat(fd, &sb) != 0 || sb.st_size < 0) { close(fd); return NULL; }
+    want = (size_t)sb.st_size;
+    buf = (unsigned char *)mskv__cuda_alloc(a, want + 1);
+    if (!buf) { close(fd); return NULL; }
+    while (got < want) {
+        ssize_t r = read(fd, buf + got, want - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+#endif
+    *size = got;
+    return buf;
+}
+
+/* Writes the parts to a new file tmp (failing if it exists), then renames it
+   over path in one step, so a reader sees the old entry or the new one,
+   never half of one. Nothing is left behind on failure. */
+static int mskv__cuda_write_replace(const char *tmp, const char *path, const void *const *part, const size_t *len, int nparts) {
+    int i, ok = 1;
+#ifdef _WIN32
+    HANDLE h = CreateFileA(tmp, GENERIC_WRITE, 0, NULL, CREATE_NEW, FILE_ATTRIBUTE_NORMAL, NULL);
+    if (h == INVALID_HANDLE_VALUE) return 0;
+    for (i = 0; i < nparts && ok; i++) {
+        const char *p = (const char *)part[i];
+        size_t n = len[i];
+        while (n && ok) {
+            DWORD w = 0, ask = n > 0x40000000u ? 0x40000000u : (DWORD)n;
+            if (!WriteFile(h, p, ask, &w, NULL) || w == 0) ok = 0;
+            p += w; n -= w;
+        }
+    }
+    if (!CloseHandle(h)) ok = 0;
+    if (!ok || !MoveFileExA(tmp, path, MOVEFILE_REPLACE_EXISTING)) { DeleteFileA(tmp); return 0; }
+#else
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) return 0;
+    for (i = 0; i < nparts && ok; i++) {
+        const char *p = (const char *)part[i];
+        size_t n = len[i];
+        while (n && ok) {
+            ssize_t w = write(fd, p, n);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) ok = 0;
+            else { p += w; n -= (size_t)w; }
+        }
+    }
+    if (close(fd) != 0) ok = 0;
+    if (!ok || rename(tmp, path) != 0) { unlink(tmp); return 0; }
+#endif
+    return 1;
+}
 
 /* // >>loader ---------------------------------------------------------------
    The libraries are opened once per process under one lock; the table is
@@ -2357,18 +2770,14 @@ typedef struct mskv__cuda_global {
     int driver_tried, nvrtc_ok;
     mskv_result driver_result;
     char driver_why[768];
-    char nvrtc_why[1024];
+    char nvrtc_why[2048];      /* every candidate tried, each with the loader's reason */
+    char nvrtc_used[512];      /* the libnvrtc that loaded */
     void *libcuda, *libnvrtc;
     mskv_cuda_functions fn;
 } mskv__cuda_global;
 
 static mskv__cuda_mutex mskv__cuda_g_lock = MSKV__CUDA_MUTEX_INIT;
 static mskv__cuda_global mskv__cuda_g;   /* zero: nothing loaded */
-
-/* dlsym returns an object pointer; going through memcpy keeps ISO C quiet */
-static void *mskv__cuda_sym(void *lib, const char *name) {
-    return dlsym(lib, name);
-}
 
 #define MSKV__CUDA_SET_FN(member, ptr) memcpy((void *)&(member), &(ptr), sizeof(void *))
 
@@ -2378,16 +2787,14 @@ static const char *mskv__cuda_cu_name(const mskv_cuda_functions *fn, mskv_cu_res
     return "unknown CUDA error";
 }
 
-/* dlopen the first of names that loads; every failure is appended to why. */
-static void *mskv__cuda_dlopen_first(const char *const *names, int n, const char **used, char *why, size_t cap) {
+/* Opens the first of names that loads; every failure is appended to why. */
+static void *mskv__cuda_open_first(const char *const *names, int n, const char **used, char *why, size_t cap) {
     int i;
     for (i = 0; i < n; i++) {
-        void *lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        char err[512] = "";
+        void *lib = mskv__cuda_lib_open(names[i], err, sizeof(err));
         if (lib) { *used = names[i]; return lib; }
-        {
-            const char *e = dlerror();
-            mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", names[i], e ? e : "not found");
-        }
+        mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", names[i], err);
     }
     return NULL;
 }
@@ -2405,7 +2812,7 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
     mskv__cuda_getproc_fn getproc = NULL;
     void *p;
     const char *used = NULL;
-    lib = mskv__cuda_dlopen_first(names, n_names, &used, why, cap);
+    lib = mskv__cuda_open_first(names, n_names, &used, why, cap);
     if (!lib) {
         mskv__cuda_appendf(why, cap, " (no CUDA driver)");
         return MSKV_ERROR_CUDA_UNAVAILABLE;
@@ -2418,7 +2825,7 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
     if (p) MSKV__CUDA_SET_FN(fn->cuDriverGetVersion, p);
     if (!fn->cuInit || !fn->cuDriverGetVersion) {
         mskv__cuda_appendf(why, cap, "%s%s: not a CUDA driver (no cuInit)", why[0] ? "; " : "", used);
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     r = fn->cuInit(0);
@@ -2427,7 +2834,7 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
                            mskv__cuda_cu_name(fn, r),
                            r == MSKV_CU_ERROR_STUB_LIBRARY ? ": the toolkit's stub, not a driver" :
                            r == MSKV_CU_ERROR_NO_DEVICE ? ": no CUDA device" : "");
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     fn->cuDriverGetVersion(&version);
@@ -2449,39 +2856,37 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
     MSKV_CUDA_DRIVER_FUNCTIONS(MSKV__CUDA_RESOLVE)
 #undef MSKV__CUDA_RESOLVE
     if (missing) {
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     r = fn->cuDeviceGetCount(&count);
     if (r != MSKV_CU_SUCCESS || count <= 0) {
         mskv__cuda_appendf(why, cap, "%s%s: no CUDA device (cuDeviceGetCount: %d, %d devices)",
                            why[0] ? "; " : "", used, r, count);
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     *lib_out = lib;
     return MSKV_SUCCESS;
 }
 
-static mskv_result mskv__cuda_open_nvrtc(const char *first, void **lib_out, mskv_cuda_functions *fn,
-                                         char *why, size_t cap) {
-    static const char *const names[] = {
-        "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so",
-        "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so.12",
-        "/usr/local/cuda/lib64/libnvrtc.so.11.2", "/usr/local/cuda/lib64/libnvrtc.so" };
-    const char *env = getenv("MSKV_NVRTC_PATH");
-    const char *cand[10];
-    int n = 0, i, missing = 0;
+static mskv_result mskv__cuda_open_nvrtc(const char *first, void **lib_out, char *used_out, size_t used_cap,
+                                         mskv_cuda_functions *fn, char *why, size_t cap) {
+    char env[1024], paths[MSKV__CUDA_NVRTC_MAX][512];
+    const char *cand[MSKV__CUDA_NVRTC_MAX + 2];
+    int n = 0, i, np, missing = 0;
     void *lib = NULL, *p;
     const char *used = NULL;
     if (first && *first) cand[n++] = first;
-    if (env && *env) cand[n++] = env;
-    for (i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++) cand[n++] = names[i];
-    lib = mskv__cuda_dlopen_first(cand, n, &used, why, cap);
+    if (mskv__cuda_getenv("MSKV_NVRTC_PATH", env, sizeof(env))) cand[n++] = env;
+    np = mskv__cuda_nvrtc_candidates(paths, MSKV__CUDA_NVRTC_MAX);
+    for (i = 0; i < np; i++) cand[n++] = paths[i];
+    lib = mskv__cuda_open_first(cand, n, &used, why, cap);
     if (!lib) {
-        mskv__cuda_appendf(why, cap, " (no NVRTC)");
+        mskv__cuda_appendf(why, cap, "%s", MSKV__CUDA_NVRTC_NOT_FOUND);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
+    if (used_out) mskv__cuda_copystr(used_out, used_cap, used);
 #define MSKV__CUDA_RESOLVE_NVRTC(ret, name, sym, params)                                   \
     p = mskv__cuda_sym(lib, sym);                                                          \
     if (p) MSKV__CUDA_SET_FN(fn->name, p);                                                 \
@@ -2489,7 +2894,7 @@ static mskv_result mskv__cuda_open_nvrtc(const char *first, void **lib_out, mskv
     MSKV_CUDA_NVRTC_FUNCTIONS(MSKV__CUDA_RESOLVE_NVRTC)
 #undef MSKV__CUDA_RESOLVE_NVRTC
     if (missing) {
-        dlclose(lib);
+        mskv__cuda_lib_close(lib);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     *lib_out = lib;
@@ -2503,11 +2908,11 @@ static mskv_result mskv__cuda_load(int want_driver, int want_nvrtc, const char *
     mskv__cuda_global *g = &mskv__cuda_g;
     mskv__cuda_lock(&mskv__cuda_g_lock);
     if (want_driver && !g->driver_tried) {
-        static const char *const names[] = { "libcuda.so.1", "libcuda.so" };
         mskv_cuda_functions tmp;
         memset(&tmp, 0, sizeof(tmp));
         g->driver_why[0] = 0;
-        g->driver_result = mskv__cuda_open_driver(names, 2, &g->libcuda, &tmp, g->driver_why, sizeof(g->driver_why));
+        g->driver_result = mskv__cuda_open_driver(mskv__cuda_driver_names, MSKV__CUDA_COUNT(mskv__cuda_driver_names),
+                                                  &g->libcuda, &tmp, g->driver_why, sizeof(g->driver_why));
         if (g->driver_result == MSKV_SUCCESS) {
 #define MSKV__CUDA_COPY(ret, name, sym, params) g->fn.name = tmp.name;
             MSKV_CUDA_DRIVER_FUNCTIONS(MSKV__CUDA_COPY)
@@ -2524,7 +2929,8 @@ static mskv_result mskv__cuda_load(int want_driver, int want_nvrtc, const char *
         mskv_cuda_functions tmp;
         memset(&tmp, 0, sizeof(tmp));
         g->nvrtc_why[0] = 0;
-        if (mskv__cuda_open_nvrtc(nvrtc_path, &g->libnvrtc, &tmp, g->nvrtc_why, sizeof(g->nvrtc_why)) == MSKV_SUCCESS) {
+        if (mskv__cuda_open_nvrtc(nvrtc_path, &g->libnvrtc, g->nvrtc_used, sizeof(g->nvrtc_used), &tmp, g->nvrtc_why,
+                                  sizeof(g->nvrtc_why)) == MSKV_SUCCESS) {
 #define MSKV__CUDA_COPY(ret, name, sym, params) g->fn.name = tmp.name;
             MSKV_CUDA_NVRTC_FUNCTIONS(MSKV__CUDA_COPY)
 #undef MSKV__CUDA_COPY
@@ -2542,13 +2948,62 @@ static mskv_result mskv__cuda_load(int want_driver, int want_nvrtc, const char *
 
 /* // >>context implementation ---------------------------------------------- */
 
-#define MSKV__CUDA_MAX_FUNCS 24
+/* Kernel variants. A variant is one value for each -D switch of kernels.cu
+   (the list below, with the bits its value may take) plus the arch flag,
+   packed into a 64-bit key; a function is one kernel of a variant. The
+   per-call path compares integers only: each store keeps a lock-free cache
+   of the functions it launches (a store is driven by one thread at a time),
+   and a miss goes to the context's list under its lock. Option strings are
+   made only when a variant is compiled, the first time it is used.
+   X(id, name, bits); values are >= 0. */
+#define MSKV__CUDA_DEFINE_LIST(X)                   \
+    X(DTYPE, "MSKV_DTYPE", 2)                       \
+    X(HEAD_DIM, "MSKV_HEAD_DIM", 9)                 \
+    X(ROPE, "MSKV_ROPE", 2)                         \
+    X(ROPE_STYLE, "MSKV_ROPE_STYLE", 1)             \
+    X(ROPE_D0, "MSKV_ROPE_D0", 9)                   \
+    X(ROPE_D1, "MSKV_ROPE_D1", 9)                   \
+    X(ROPE_D2, "MSKV_ROPE_D2", 9)                   \
+    X(ATTN_WARP_KEYS, "MSKV_ATTN_WARP_KEYS", 1)
+
+/* The kernels the wrappers launch: X(id, name in kernels.cu). */
+#define MSKV__CUDA_KERNEL_LIST(X)                   \
+    X(KV_WRITE, "mskv_kv_write")                    \
+    X(PAGE_GATHER, "mskv_page_gather")              \
+    X(PAGE_SCATTER, "mskv_page_scatter")            \
+    X(ATTN, "mskv_attn")                            \
+    X(ATTN_SM90, "mskv_attn_sm90")                  \
+    X(LSE_MERGE, "mskv_lse_merge")                  \
+    X(STATE_MERGE, "mskv_state_merge")              \
+    X(ROPE, "mskv_rope")
+
+enum {
+#define MSKV__CUDA_DEF_ID(id, name, bits) MSKV__D_##id,
+    MSKV__CUDA_DEFINE_LIST(MSKV__CUDA_DEF_ID)
+#undef MSKV__CUDA_DEF_ID
+    MSKV__CUDA_NDEFS
+};
+enum {
+#define MSKV__CUDA_KERNEL_ID(id, name) MSKV__K_##id,
+    MSKV__CUDA_KERNEL_LIST(MSKV__CUDA_KERNEL_ID)
+#undef MSKV__CUDA_KERNEL_ID
+    MSKV__CUDA_NKERNELS
+};
+/* key bits: the defines from bit 0, the arch flag, the kernel (6 bits); bit 63 marks a used cache slot */
+enum {
+    MSKV__CUDA_DEF_BITS = 0
+#define MSKV__CUDA_DEF_SUM(id, name, bits) + bits
+    MSKV__CUDA_DEFINE_LIST(MSKV__CUDA_DEF_SUM)
+#undef MSKV__CUDA_DEF_SUM
+    , MSKV__CUDA_KEY_KERNEL_SHIFT = MSKV__CUDA_DEF_BITS + 1
+};
+typedef char mskv__cuda_key_fits[MSKV__CUDA_KEY_KERNEL_SHIFT + 6 <= 63 && MSKV__CUDA_NKERNELS <= 64 ? 1 : -1];
 
 typedef struct mskv__cuda_variant {
-    char *key;                        /* options joined by '\n' + arch flag */
+    uint64_t key;                     /* mskv__cuda_variant_key of its defines */
     mskv_cu_module module;
-    int32_t nfuncs;
-    struct { char name[64]; mskv_cu_function f; } funcs[MSKV__CUDA_MAX_FUNCS];
+    mskv_cu_function funcs[MSKV__CUDA_NKERNELS];    /* by kernel id, fetched on first use */
+    unsigned int smem_limit[MSKV__CUDA_NKERNELS];   /* dynamic smem allowed so far (0: the default 48 KiB) */
     struct mskv__cuda_variant *next;
 } mskv__cuda_variant;
 
@@ -2564,18 +3019,20 @@ struct mskv_cuda {
     mskv_cu_device device;
     mskv_cu_context ctx;
     mskv_cuda_info info;
+    int32_t smem_optin;               /* shared memory a block may opt in to (0: unknown) */
     mskv__cuda_mutex lock;
     mskv__cuda_variant *variants;
     int32_t sm90_failed;              /* the sm_90a kernel did not compile or load (logged once) */
     char err[4096];
 };
 
+static void mskv__cuda_log(mskv_log_fn log, void *user, mskv_log_level lvl, const char *fmt, ...) MSKV__CUDA_PRINTF(4, 5);
 static void mskv__cuda_log(mskv_log_fn log, void *user, mskv_log_level lvl, const char *fmt, ...) {
     char buf[1024];
     va_list ap;
     if (!log) return;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
+    mskv__cuda_vformat(buf, sizeof(buf), fmt, ap);
     va_end(ap);
     log(user, lvl, buf);
 }
@@ -2583,16 +3040,17 @@ static void mskv__cuda_log(mskv_log_fn log, void *user, mskv_log_level lvl, cons
 /* Records a driver failure in cu->err and the logger; returns the mapped code. */
 static mskv_result mskv__cuda_fail(mskv_cuda *cu, mskv_cu_result r, const char *what) {
     mskv_result code = r == MSKV_CU_ERROR_OUT_OF_MEMORY ? MSKV_ERROR_OUT_OF_MEMORY : MSKV_ERROR_CUDA;
-    snprintf(cu->err, sizeof(cu->err), "%s failed: CUDA error %d (%s)", what, r, mskv__cuda_cu_name(&cu->fn, r));
+    mskv__cuda_format(cu->err, sizeof(cu->err), "%s failed: CUDA error %d (%s)", what, r, mskv__cuda_cu_name(&cu->fn, r));
     if (cu->log) cu->log(cu->log_user, MSKV_LOG_ERROR, cu->err);
     return code;
 }
 
 /* Records a refusal (not a driver error) in cu->err and the logger. */
+static void mskv__cuda_failf(mskv_cuda *cu, const char *fmt, ...) MSKV__CUDA_PRINTF(2, 3);
 static void mskv__cuda_failf(mskv_cuda *cu, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(cu->err, sizeof(cu->err), fmt, ap);
+    mskv__cuda_vformat(cu->err, sizeof(cu->err), fmt, ap);
     va_end(ap);
     if (cu->log) cu->log(cu->log_user, MSKV_LOG_ERROR, cu->err);
 }
@@ -2653,16 +3111,11 @@ static char *mskv__cuda_source(const mskv_cuda_desc *d, size_t *len) {
 }
 
 static void mskv__cuda_cache_dir(const mskv_cuda_desc *d, char *out, size_t cap) {
-    const char *e;
     out[0] = 0;
     if (d->disable_disk_cache) return;
     if (d->cache_dir && *d->cache_dir) { mskv__cuda_copystr(out, cap, d->cache_dir); return; }
-    e = getenv("MSKV_CACHE_DIR");
-    if (e && *e) { mskv__cuda_copystr(out, cap, e); return; }
-    e = getenv("XDG_CACHE_HOME");
-    if (e && *e) { snprintf(out, cap, "%s/mstar_kv", e); return; }
-    e = getenv("HOME");
-    if (e && *e) { snprintf(out, cap, "%s/.cache/mstar_kv", e); return; }
+    if (mskv__cuda_getenv("MSKV_CACHE_DIR", out, cap)) return;
+    mskv__cuda_default_cache_dir(out, cap);
 }
 
 /* A directory too long for "<dir>/<16 hex>.cubin" in the same buffer size
@@ -2687,11 +3140,45 @@ MSKV_API mskv_result mskv_cuda_probe(const mskv_cuda_desc *desc, char *why, size
         memset(&tmp, 0, sizeof(tmp));
         r = mskv__cuda_open_driver(&desc->driver_path, 1, &lib, &tmp, buf, sizeof(buf));
         mskv__cuda_appendf(why, why_cap, "%s", buf);
-        if (lib) dlclose(lib);
+        if (lib) mskv__cuda_lib_close(lib);
         if (r != MSKV_SUCCESS) return r;
         return mskv__cuda_load(0, 1, desc->nvrtc_path, NULL, why, why_cap);
     }
     return mskv__cuda_load(1, 1, desc->nvrtc_path, NULL, why, why_cap);
+}
+
+MSKV_API mskv_result mskv_cuda_probe_driver(const mskv_cuda_desc *desc, int32_t *devices, int32_t *driver_version,
+                                            char *why, size_t why_cap) {
+    mskv_cuda_desc zero;
+    mskv_cuda_functions fn;
+    void *lib = NULL;
+    int count = 0, version = 0;
+    mskv_result r = MSKV_SUCCESS;
+    if (why && why_cap) why[0] = 0;
+    if (devices) *devices = 0;
+    if (driver_version) *driver_version = 0;
+    if (!desc) { memset(&zero, 0, sizeof(zero)); desc = &zero; }
+    memset(&fn, 0, sizeof(fn));
+    if (desc->functions) {
+        fn = *desc->functions;
+        if (fn.cuInit(0) != MSKV_CU_SUCCESS) r = MSKV_ERROR_CUDA_UNAVAILABLE;
+    } else if (desc->driver_path) {
+        char buf[768] = "";
+        r = mskv__cuda_open_driver(&desc->driver_path, 1, &lib, &fn, buf, sizeof(buf));
+        mskv__cuda_appendf(why, why_cap, "%s", buf);
+    } else {
+        r = mskv__cuda_load(1, 0, NULL, &fn, why, why_cap);
+    }
+    if (r == MSKV_SUCCESS && (fn.cuDeviceGetCount(&count) != MSKV_CU_SUCCESS || count <= 0)) {
+        mskv__cuda_appendf(why, why_cap, "%sno CUDA device", why && why[0] ? "; " : "");
+        r = MSKV_ERROR_CUDA_UNAVAILABLE;
+    }
+    if (r == MSKV_SUCCESS && fn.cuDriverGetVersion(&version) != MSKV_CU_SUCCESS) version = 0;
+    if (lib) mskv__cuda_lib_close(lib);
+    if (r != MSKV_SUCCESS) return r;
+    if (devices) *devices = count;
+    if (driver_version) *driver_version = version;
+    return MSKV_SUCCESS;
 }
 
 MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **out) {
@@ -2699,7 +3186,7 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
     mskv_cuda *cu;
     mskv_result res;
     mskv_cu_result r;
-    char why[1536] = "";
+    char why[3072] = "";
     size_t len = 0;
     int major = 0, minor = 0, n = 0, i, best = 0, found = 0;
     int *archs = NULL;
@@ -2724,7 +3211,7 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
         cu->fn = *desc->functions;
         r = cu->fn.cuInit(0);
         if (r != MSKV_CU_SUCCESS) {
-            snprintf(why, sizeof(why), "cuInit failed with %d (%s)", r, mskv__cuda_cu_name(&cu->fn, r));
+            mskv__cuda_format(why, sizeof(why), "cuInit failed with %d (%s)", r, mskv__cuda_cu_name(&cu->fn, r));
             res = MSKV_ERROR_CUDA_UNAVAILABLE;
             goto unavailable;
         }
@@ -2744,7 +3231,7 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
     }
     r = cu->fn.cuDeviceGetCount(&n);
     if (r != MSKV_CU_SUCCESS || n <= 0 || desc->device < 0 || desc->device >= n) {
-        snprintf(why, sizeof(why), "no CUDA device %d (cuDeviceGetCount: %d, %d devices)", (int)desc->device, r, n);
+        mskv__cuda_format(why, sizeof(why), "no CUDA device %d (cuDeviceGetCount: %d, %d devices)", (int)desc->device, r, n);
         res = MSKV_ERROR_CUDA_UNAVAILABLE;
         goto unavailable;
     }
@@ -2758,9 +3245,12 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
         goto fail;
     }
     cu->info.name[sizeof(cu->info.name) - 1] = 0;
+    /* asked once here, not per attention call (0 = unknown: the geometry assumes 99 KiB) */
+    if (cu->fn.cuDeviceGetAttribute(&cu->smem_optin, MSKV_CU_ATTR_MAX_SMEM_OPTIN, cu->device) != MSKV_CU_SUCCESS)
+        cu->smem_optin = 0;
     cu->info.device = desc->device;
     if (cu->fn.nvrtcVersion(&major, &minor) != 0) {
-        snprintf(why, sizeof(why), "nvrtcVersion failed");
+        mskv__cuda_format(why, sizeof(why), "nvrtcVersion failed");
         res = MSKV_ERROR_CUDA_UNAVAILABLE;
         goto unavailable;
     }
@@ -2780,7 +3270,7 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
         mskv__cuda_dealloc(&cu->allocator, archs);
         if (!found) {
             if (!best) {
-                snprintf(why, sizeof(why), "NVRTC %d.%d supports no architecture at or below sm_%d",
+                mskv__cuda_format(why, sizeof(why), "NVRTC %d.%d supports no architecture at or below sm_%d",
                          major, minor, (int)cu->info.arch);
                 res = MSKV_ERROR_CUDA_UNAVAILABLE;
                 goto unavailable;
@@ -2815,16 +3305,24 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
     }
     cu->desc.disable_disk_cache = cu->cache_dir[0] ? 0 : 1;
     cu->info.wgmma = mskv__cuda_sm90_device(cu) && desc->attn_path != MSKV_CUDA_ATTN_MMA;
-    mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_INFO, "mstar_kv cuda: %s, sm_%d%s, driver %d, NVRTC %d, cache %s",
-                   cu->info.name, (int)cu->info.arch, cu->info.ptx_fallback ? " (PTX)" : "",
-                   (int)cu->info.driver_version, (int)cu->info.nvrtc_version,
-                   cu->cache_dir[0] ? cu->cache_dir : "off");
+    {
+        char nvrtc[512] = "injected";
+        if (!desc->functions) {
+            mskv__cuda_lock(&mskv__cuda_g_lock);
+            mskv__cuda_copystr(nvrtc, sizeof(nvrtc), mskv__cuda_g.nvrtc_used);
+            mskv__cuda_unlock(&mskv__cuda_g_lock);
+        }
+        mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_INFO, "mstar_kv cuda: %s, sm_%d%s, driver %d, NVRTC %d (%s), cache %s",
+                       cu->info.name, (int)cu->info.arch, cu->info.ptx_fallback ? " (PTX)" : "",
+                       (int)cu->info.driver_version, (int)cu->info.nvrtc_version, nvrtc,
+                       cu->cache_dir[0] ? cu->cache_dir : "off");
+    }
     *out = cu;
     return MSKV_SUCCESS;
 unavailable:
     mskv__cuda_log(desc->log, desc->log_user, MSKV_LOG_ERROR, "mstar_kv cuda unavailable: %s", why);
 fail:
-    if (cu->own_driver) dlclose(cu->own_driver);
+    if (cu->own_driver) mskv__cuda_lib_close(cu->own_driver);
     mskv__cuda_dealloc(&desc->allocator, cu);
     return res;
 }
@@ -2838,12 +3336,11 @@ MSKV_API void mskv_cuda_destroy(mskv_cuda *cu) {
     for (v = cu->variants; v; v = next) {
         next = v->next;
         if (v->module) cu->fn.cuModuleUnload(v->module);
-        mskv__cuda_dealloc(&a, v->key);
         mskv__cuda_dealloc(&a, v);
     }
     cu->fn.cuDevicePrimaryCtxRelease(cu->device);
     mskv__cuda_dealloc(&a, cu->source);
-    if (cu->own_driver) dlclose(cu->own_driver);
+    if (cu->own_driver) mskv__cuda_lib_close(cu->own_driver);
     mskv__cuda_dealloc(&a, cu);
 }
 
@@ -2900,44 +3397,13 @@ static void mskv__cuda_mkdirs(const char *path) {
     if (n >= sizeof(tmp)) return;
     memcpy(tmp, path, n + 1);
     for (i = 1; i <= n; i++) {
-        if (tmp[i] == '/' || tmp[i] == 0) {
+        if (mskv__cuda_is_sep(tmp[i]) || tmp[i] == 0) {
             char c = tmp[i];
             tmp[i] = 0;
-            mkdir(tmp, 0755);
+            mskv__cuda_mkdir(tmp);
             tmp[i] = c;
         }
     }
-}
-
-static int mskv__cuda_write_all(int fd, const void *data, size_t n) {
-    const char *p = (const char *)data;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) { if (errno == EINTR) continue; return 0; }
-        p += w; n -= (size_t)w;
-    }
-    return 1;
-}
-
-/* Reads a whole file; NULL when absent or unreadable. */
-static unsigned char *mskv__cuda_read_file(const mskv_allocator *a, const char *path, size_t *size) {
-    int fd = open(path, O_RDONLY);
-    struct stat sb;
-    unsigned char *buf;
-    size_t got = 0;
-    if (fd < 0) return NULL;
-    if (fstat(fd, &sb) != 0 || sb.st_size < 0) { close(fd); return NULL; }
-    buf = (unsigned char *)mskv__cuda_alloc(a, (size_t)sb.st_size + 1);
-    if (!buf) { close(fd); return NULL; }
-    while (got < (size_t)sb.st_size) {
-        ssize_t r = read(fd, buf + got, (size_t)sb.st_size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    *size = got;
-    return buf;
 }
 
 typedef struct mskv__cuda_key { uint64_t key, check; } mskv__cuda_key;
@@ -3001,12 +3467,13 @@ corrupt:
 
 static int mskv__cuda_cache_write(const char *dir, const char *path, mskv__cuda_key k, int is_ptx,
                                   const mskv_cuda_image *img) {
-    static unsigned long counter;
+    static unsigned long counter;     /* under the loader's lock: threads may compile at once */
+    unsigned long serial;
     unsigned char hdr[MSKV__CUDA_HDR_BYTES];
     char tmp[600];
-    size_t lsz = img->log ? strlen(img->log) : 0;
+    size_t lsz = img->log ? strlen(img->log) : 0, len[3];
+    const void *part[3];
     uint64_t h = 1469598103934665603ull;
-    int fd, ok;
     mskv__cuda_mkdirs(dir);
     memcpy(hdr, "MSKVJIT", 8);
     mskv__cuda_put64(hdr + 8, ((uint64_t)(unsigned)is_ptx << 32) | MSKV__CUDA_CACHE_FORMAT);
@@ -3018,15 +3485,15 @@ static int mskv__cuda_cache_write(const char *dir, const char *path, mskv__cuda_
     if (lsz) h = mskv__cuda_hash(img->log, lsz, h);
     mskv__cuda_put64(hdr + 48, mskv__cuda_mix(h));
     /* pid + a counter + the address of a stack object: unique across processes and threads */
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld.%lu.%lx", path, (long)getpid(), ++counter,
-             (unsigned long)(size_t)&fd);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
-    if (fd < 0) return 0;
-    ok = mskv__cuda_write_all(fd, hdr, sizeof(hdr)) && mskv__cuda_write_all(fd, img->data, img->size) &&
-         (!lsz || mskv__cuda_write_all(fd, img->log, lsz));
-    if (close(fd) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) { unlink(tmp); return 0; }
-    return 1;
+    mskv__cuda_lock(&mskv__cuda_g_lock);
+    serial = ++counter;
+    mskv__cuda_unlock(&mskv__cuda_g_lock);
+    mskv__cuda_format(tmp, sizeof(tmp), "%s.tmp.%lu.%lu.%lx", path, mskv__cuda_pid(), serial,
+             (unsigned long)(size_t)&h);
+    part[0] = hdr; len[0] = sizeof(hdr);
+    part[1] = img->data; len[1] = img->size;
+    part[2] = img->log; len[2] = lsz;
+    return mskv__cuda_write_replace(tmp, path, part, len, lsz ? 3 : 2);
 }
 
 typedef struct mskv__cuda_jit {
@@ -3062,19 +3529,19 @@ static mskv_result mskv__cuda_jit_compile(const mskv__cuda_jit *j, const mskv_cu
     memset(img, 0, sizeof(*img));
     if (info->num_options < 0 || (info->num_options && !info->options) || info->arch <= 0)
         return MSKV_ERROR_INVALID_ARGUMENT;
-    snprintf(target, sizeof(target), "--gpu-architecture=%s_%d%s", info->ptx ? "compute" : "sm",
+    mskv__cuda_format(target, sizeof(target), "--gpu-architecture=%s_%d%s", info->ptx ? "compute" : "sm",
              (int)info->arch, info->arch_specific ? "a" : "");
     {
         /* the fixed options below are part of the key too */
         char keyed[96];
-        snprintf(keyed, sizeof(keyed), "%s %s", target,
+        mskv__cuda_format(keyed, sizeof(keyed), "%s %s", target,
                  info->arch_specific ? mskv__cuda_fixed_option_sm90a : mskv__cuda_fixed_option);
         k = mskv__cuda_key_of(j->source, j->source_len, info->options, info->num_options, keyed, j->nvrtc_version);
     }
     img->key = k.key;
     img->is_ptx = info->ptx ? 1 : 0;
     if (j->cache_dir[0]) {
-        snprintf(img->path, sizeof(img->path), "%s/%016llx.%s", j->cache_dir, (unsigned long long)k.key,
+        mskv__cuda_format(img->path, sizeof(img->path), "%s" MSKV__CUDA_SEP "%016llx.%s", j->cache_dir, (unsigned long long)k.key,
                  info->ptx ? "ptx" : "cubin");
         hit = mskv__cuda_cache_read(a, img->path, k, img->is_ptx, img);
         if (hit == 1) { img->from_disk = 1; return MSKV_SUCCESS; }
@@ -3096,11 +3563,11 @@ static mskv_result mskv__cuda_jit_compile(const mskv__cuda_jit *j, const mskv_cu
     nr = fn->nvrtcCompileProgram(prog, nopts, opts);
     if (fn->nvrtcGetProgramLogSize(prog, &lsz) == 0) {
         img->log = (char *)mskv__cuda_alloc(a, lsz + 1);
-        if (img->log) {
-            img->log[0] = 0;
-            if (lsz && fn->nvrtcGetProgramLog(prog, img->log) != 0) img->log[0] = 0;
-            img->log[lsz] = 0;
-        }
+        /* no memory for the log: say so, rather than a success that hid a failed allocation */
+        if (!img->log) { res = MSKV_ERROR_OUT_OF_MEMORY; goto done; }
+        img->log[0] = 0;
+        if (lsz && fn->nvrtcGetProgramLog(prog, img->log) != 0) img->log[0] = 0;
+        img->log[lsz] = 0;
     }
     if (nr != 0) {
         mskv__cuda_log(j->log, j->log_user, MSKV_LOG_ERROR, "mstar_kv cuda: NVRTC failed (%s) for %s:\n%s",
@@ -3190,127 +3657,155 @@ MSKV_API int64_t mskv_cuda_log_spills(const char *log) {
     return seen ? total : -1;
 }
 
-/* Kernel variants: a small set of -D options, built by the wrappers. Start
-   from mskv__cuda_defines_base (every define kernels.cu knows, at the store's
-   dtype and head_dim) and override with mskv__cuda_define, so equal variants
-   get equal keys and share one module. */
+static const char *const mskv__cuda_define_names[MSKV__CUDA_NDEFS] = {
+#define MSKV__CUDA_DEF_NAME(id, name, bits) name,
+    MSKV__CUDA_DEFINE_LIST(MSKV__CUDA_DEF_NAME)
+#undef MSKV__CUDA_DEF_NAME
+};
+static const unsigned char mskv__cuda_define_bits[MSKV__CUDA_NDEFS] = {
+#define MSKV__CUDA_DEF_WIDTH(id, name, bits) bits,
+    MSKV__CUDA_DEFINE_LIST(MSKV__CUDA_DEF_WIDTH)
+#undef MSKV__CUDA_DEF_WIDTH
+};
+static const char *const mskv__cuda_kernel_names[MSKV__CUDA_NKERNELS] = {
+#define MSKV__CUDA_KERNEL_NAME(id, name) name,
+    MSKV__CUDA_KERNEL_LIST(MSKV__CUDA_KERNEL_NAME)
+#undef MSKV__CUDA_KERNEL_NAME
+};
+
 typedef struct mskv__cuda_defines {
-    int32_t n;
+    int32_t value[MSKV__CUDA_NDEFS];
     int32_t arch_specific;            /* compile for sm_XYa */
-    char opt[16][64];
+    int32_t bad;                      /* a value did not fit its bits: no such variant */
 } mskv__cuda_defines;
 
-/* sets -Dname=value, replacing an earlier value of the same name */
-static void mskv__cuda_define(mskv__cuda_defines *d, const char *name, long long value) {
-    char opt[64];
-    size_t nl;
-    int i;
-    snprintf(opt, sizeof(opt), "-D%s=%lld", name, value);
-    nl = strlen(name);
-    for (i = 0; i < d->n; i++)
-        if (strncmp(d->opt[i] + 2, name, nl) == 0 && d->opt[i][2 + nl] == '=') {
-            mskv__cuda_copystr(d->opt[i], sizeof(d->opt[0]), opt);
-            return;
-        }
-    if (d->n < 16) mskv__cuda_copystr(d->opt[d->n++], sizeof(d->opt[0]), opt);
+/* sets -D<name of id>=value */
+static void mskv__cuda_define(mskv__cuda_defines *d, int id, int32_t value) {
+    if (value < 0 || value >= (1 << mskv__cuda_define_bits[id])) d->bad = 1;
+    else d->value[id] = value;
 }
 
-/* Internal API for launch wrappers (this file's and the attention wrappers');
-   the names are stable:
-     mskv__cuda_defines_base(st, &defs)         every define kernels.cu knows, at the store's
-                                                 dtype and head_dim (RoPE off, prefill layout)
-     mskv__cuda_define(&defs, "NAME", value)    override one (defs.arch_specific: sm_XYa)
-     mskv__cuda_function(cu, "kernel", &defs, &f)  compiled through the memory and disk caches
-     mskv__cuda_launch(st, f, grid, block, smem, args)  on the store's stream; sets the
-                                                 dynamic smem attribute above 48 KiB
-     mskv_cuda_plan_upload(st, plan, pos_mode, &dplan)   plan arrays in fixed device buffers
-     mskv__cuda_workspace(st, bytes, &ptr)      a device scratch buffer (grows, never during a capture)
-     mskv_cuda_store_pool(st, layer, kind)      a layer's K (0) or V (1) pool
-   Failures go through mskv__cuda_fail (cu->err + the logger). */
-static mskv_result mskv__cuda_function(mskv_cuda *cu, const char *kernel, const mskv__cuda_defines *defs, mskv_cu_function *out) {
-    char key[16 * 65 + 8];
-    const char *opts[16];
-    mskv__cuda_variant *v;
+static uint64_t mskv__cuda_variant_key(const mskv__cuda_defines *d) {
+    uint64_t k = 0;
+    int i, shift = 0;
+    for (i = 0; i < MSKV__CUDA_NDEFS; i++) {
+        k |= (uint64_t)(uint32_t)d->value[i] << shift;
+        shift += mskv__cuda_define_bits[i];
+    }
+    return k | (uint64_t)(d->arch_specific ? 1 : 0) << MSKV__CUDA_DEF_BITS;
+}
+
+/* The -D options of a variant, sorted by their text as the string-keyed
+   versions did (so their disk-cache entries stay valid). Compile time only. */
+typedef struct mskv__cuda_options {
+    char text[MSKV__CUDA_NDEFS][48];
+    const char *opts[MSKV__CUDA_NDEFS];
+} mskv__cuda_options;
+
+static void mskv__cuda_options_of(const mskv__cuda_defines *d, mskv__cuda_options *o) {
+    int i, j;
+    for (i = 0; i < MSKV__CUDA_NDEFS; i++) {
+        mskv__cuda_format(o->text[i], sizeof(o->text[i]), "-D%s=%d", mskv__cuda_define_names[i], (int)d->value[i]);
+        o->opts[i] = o->text[i];
+    }
+    for (i = 1; i < MSKV__CUDA_NDEFS; i++)
+        for (j = i; j > 0 && strcmp(o->opts[j - 1], o->opts[j]) > 0; j--) {
+            const char *t = o->opts[j]; o->opts[j] = o->opts[j - 1]; o->opts[j - 1] = t;
+        }
+}
+
+/* Compiles (through the disk cache) and loads a new variant. Under cu->lock. */
+static mskv_result mskv__cuda_variant_load(mskv_cuda *cu, const mskv__cuda_defines *defs, uint64_t key, int kernel,
+                                           mskv__cuda_variant **out) {
+    mskv__cuda_options o;
     mskv_cuda_compile_info ci;
     mskv_cuda_image img;
     mskv__cuda_jit j;
+    mskv__cuda_variant *v;
     mskv_cu_result r;
-    mskv_result res = MSKV_SUCCESS;
-    int i;
-    int32_t order[16], a2, b2;
-    key[0] = 0;
-    /* the key and the options in sorted order: the same set, the same variant */
-    for (i = 0; i < defs->n && i < 16; i++) order[i] = i;
-    for (a2 = 1; a2 < defs->n; a2++)
-        for (b2 = a2; b2 > 0 && strcmp(defs->opt[order[b2 - 1]], defs->opt[order[b2]]) > 0; b2--) {
-            int32_t t = order[b2]; order[b2] = order[b2 - 1]; order[b2 - 1] = t;
-        }
-    for (i = 0; i < defs->n; i++) { mskv__cuda_appendf(key, sizeof(key), "%s\n", defs->opt[order[i]]); opts[i] = defs->opt[order[i]]; }
-    if (defs->arch_specific) mskv__cuda_appendf(key, sizeof(key), "arch-specific\n");
-    mskv__cuda_lock(&cu->lock);
-    for (v = cu->variants; v; v = v->next)
-        if (strcmp(v->key, key) == 0) break;
-    if (!v) {
-        memset(&ci, 0, sizeof(ci));
-        ci.arch = cu->info.arch;
-        ci.arch_specific = defs->arch_specific;
-        ci.ptx = cu->info.ptx_fallback;
-        ci.options = opts;
-        ci.num_options = defs->n;
-        memset(&j, 0, sizeof(j));
-        j.fn = &cu->fn;
-        j.allocator = &cu->allocator;
-        j.log = cu->log;
-        j.log_user = cu->log_user;
-        j.cache_dir = cu->cache_dir;
-        j.source = cu->source;
-        j.source_len = strlen(cu->source);
-        j.nvrtc_version = cu->info.nvrtc_version;
-        res = mskv__cuda_jit_compile(&j, &ci, &img);
-        if (res != MSKV_SUCCESS) {
-            snprintf(cu->err, sizeof(cu->err), "NVRTC failed for %s: %s", kernel, img.log ? img.log : "");
-            mskv_cuda_image_free(&cu->desc, &img);
-            mskv__cuda_unlock(&cu->lock);
-            return res;
-        }
-        if (img.from_disk) cu->info.disk_hits++;
-        else cu->info.compiles++;
-        v = (mskv__cuda_variant *)mskv__cuda_calloc(&cu->allocator, sizeof(*v));
-        if (v) v->key = mskv__cuda_strdup(&cu->allocator, key, strlen(key));
-        if (!v || !v->key) {
-            if (v) mskv__cuda_dealloc(&cu->allocator, v);
-            mskv_cuda_image_free(&cu->desc, &img);
-            mskv__cuda_unlock(&cu->lock);
-            return MSKV_ERROR_OUT_OF_MEMORY;
-        }
-        r = cu->fn.cuCtxSetCurrent(cu->ctx);
-        if (r == MSKV_CU_SUCCESS) r = cu->fn.cuModuleLoadData(&v->module, img.data);
+    mskv_result res;
+    mskv__cuda_options_of(defs, &o);
+    memset(&ci, 0, sizeof(ci));
+    ci.arch = cu->info.arch;
+    ci.arch_specific = defs->arch_specific;
+    ci.ptx = cu->info.ptx_fallback;
+    ci.options = o.opts;
+    ci.num_options = MSKV__CUDA_NDEFS;
+    memset(&j, 0, sizeof(j));
+    j.fn = &cu->fn;
+    j.allocator = &cu->allocator;
+    j.log = cu->log;
+    j.log_user = cu->log_user;
+    j.cache_dir = cu->cache_dir;
+    j.source = cu->source;
+    j.source_len = strlen(cu->source);
+    j.nvrtc_version = cu->info.nvrtc_version;
+    res = mskv__cuda_jit_compile(&j, &ci, &img);
+    if (res != MSKV_SUCCESS) {
+        mskv__cuda_format(cu->err, sizeof(cu->err), "NVRTC failed for %s: %s", mskv__cuda_kernel_names[kernel],
+                          img.log ? img.log : "");
         mskv_cuda_image_free(&cu->desc, &img);
-        if (r != MSKV_CU_SUCCESS) {
-            res = mskv__cuda_fail(cu, r, "cuModuleLoadData");
-            mskv__cuda_dealloc(&cu->allocator, v->key);
-            mskv__cuda_dealloc(&cu->allocator, v);
-            mskv__cuda_unlock(&cu->lock);
-            return res;
-        }
-        v->next = cu->variants;
-        cu->variants = v;
+        return res;
     }
-    for (i = 0; i < v->nfuncs; i++)
-        if (strcmp(v->funcs[i].name, kernel) == 0) { *out = v->funcs[i].f; break; }
-    if (i == v->nfuncs) {
-        if (strlen(kernel) >= sizeof(v->funcs[0].name) || v->nfuncs == MSKV__CUDA_MAX_FUNCS) {
-            mskv__cuda_unlock(&cu->lock);
-            return MSKV_ERROR_INVALID_ARGUMENT;
-        }
-        r = cu->fn.cuModuleGetFunction(out, v->module, kernel);
+    v = (mskv__cuda_variant *)mskv__cuda_calloc(&cu->allocator, sizeof(*v));
+    if (!v) {
+        mskv_cuda_image_free(&cu->desc, &img);
+        return MSKV_ERROR_OUT_OF_MEMORY;
+    }
+    r = cu->fn.cuCtxSetCurrent(cu->ctx);
+    if (r == MSKV_CU_SUCCESS) r = cu->fn.cuModuleLoadData(&v->module, img.data);
+    if (r != MSKV_CU_SUCCESS) {
+        mskv_cuda_image_free(&cu->desc, &img);
+        mskv__cuda_dealloc(&cu->allocator, v);
+        return mskv__cuda_fail(cu, r, "cuModuleLoadData");
+    }
+    if (img.from_disk) cu->info.disk_hits++;
+    else cu->info.compiles++;
+    mskv_cuda_image_free(&cu->desc, &img);
+    v->key = key;
+    v->next = cu->variants;
+    cu->variants = v;
+    *out = v;
+    return MSKV_SUCCESS;
+}
+
+/* Internal API for launch wrappers (this file's and the attention wrappers'):
+     st->defs                                   every define kernels.cu knows, at the store's
+                                                 dtype and head_dim (RoPE off, prefill layout):
+                                                 copy it, then override
+     mskv__cuda_define(&defs, MSKV__D_X, value) override one (defs.arch_specific: sm_XYa)
+     mskv__cuda_store_function(st, MSKV__K_X, &defs, &f)  the function, from the store's
+                                                 lock-free cache (the store's own thread), else
+                                                 compiled / fetched through the context
+     mskv__cuda_function(cu, MSKV__K_X, &defs, &f)  the same through the context alone
+                                                 (locked: for callers on other threads)
+     st->args[MSKV__K_X], mskv__cuda_arg_*      the store's parameter block of a kernel
+                                                 (pointers prepared once; write the values)
+     mskv__cuda_launch(st, f, grid, block, smem, args)  on the store's stream; raises the
+                                                 dynamic smem limit above 48 KiB once
+     mskv_cuda_plan_upload(st, plan, pos_mode, &dplan)   plan arrays in fixed device buffers
+     mskv__cuda_workspace(st, bytes, &ptr)      a device scratch buffer (grows, never during a capture)
+     mskv_cuda_store_pool(st, layer, kind)      a layer's K (0) or V (1) pool
+   A new -D switch or kernel goes into MSKV__CUDA_DEFINE_LIST / _KERNEL_LIST.
+   Failures go through mskv__cuda_fail (cu->err + the logger). */
+static mskv_result mskv__cuda_function(mskv_cuda *cu, int kernel, const mskv__cuda_defines *defs, mskv_cu_function *out) {
+    uint64_t key;
+    mskv__cuda_variant *v;
+    mskv_result res = MSKV_SUCCESS;
+    *out = NULL;
+    if (defs->bad || kernel < 0 || kernel >= MSKV__CUDA_NKERNELS) return MSKV_ERROR_INVALID_ARGUMENT;
+    key = mskv__cuda_variant_key(defs);
+    mskv__cuda_lock(&cu->lock);
+    for (v = cu->variants; v && v->key != key; v = v->next) {}
+    if (!v) res = mskv__cuda_variant_load(cu, defs, key, kernel, &v);
+    if (res == MSKV_SUCCESS && !v->funcs[kernel]) {
+        mskv_cu_result r = cu->fn.cuModuleGetFunction(&v->funcs[kernel], v->module, mskv__cuda_kernel_names[kernel]);
         if (r != MSKV_CU_SUCCESS) {
-            res = mskv__cuda_fail(cu, r, kernel);
-        } else {
-            mskv__cuda_copystr(v->funcs[v->nfuncs].name, sizeof(v->funcs[0].name), kernel);
-            v->funcs[v->nfuncs++].f = *out;
+            v->funcs[kernel] = NULL;
+            res = mskv__cuda_fail(cu, r, mskv__cuda_kernel_names[kernel]);
         }
     }
+    if (res == MSKV_SUCCESS) *out = v->funcs[kernel];
     mskv__cuda_unlock(&cu->lock);
     return res;
 }
@@ -3323,7 +3818,7 @@ static mskv_result mskv__cuda_function(mskv_cuda *cu, const char *kernel, const 
 /* byte offsets of the plan arrays in one plan buffer (host ring and device) */
 typedef struct mskv__cuda_plan_layout {
     size_t qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_len, kv_pos_split, kv_pos_shift;
-    size_t kv_token_indptr, slot_mapping, positions, total;
+    size_t kv_token_indptr, slot_mapping, positions, q_pos, vis_sink_end, vis_window_start, total;
 } mskv__cuda_plan_layout;
 
 /* What a replay may change: plan contents, never the launch sizes captured
@@ -3332,6 +3827,9 @@ typedef struct mskv__cuda_plan_layout {
 typedef struct mskv__cuda_shape {
     int32_t batch, total_q, max_qo;
     int64_t max_kv;
+    /* the plan's features (what the attention launches read: q_pos, the
+       bounds) and which optional arrays it uploaded (the same bits) */
+    uint32_t features, arrays;
 } mskv__cuda_shape;
 
 struct mskv_cuda_graph {
@@ -3341,12 +3839,37 @@ struct mskv_cuda_graph {
     int64_t kv_cover;           /* keys its split-KV launches reach (INT64_MAX: no split) */
 };
 
+#define MSKV__CUDA_FCACHE 32        /* a power of two; a store launches a handful of functions */
+#define MSKV__CUDA_SMEM_SEEN 8
+#define MSKV__CUDA_MAX_ARGS 27      /* the longest parameter list: mskv_attn_sm90 has 27 */
+
+typedef struct mskv__cuda_fslot {
+    uint64_t key;                   /* variant key | kernel << MSKV__CUDA_KEY_KERNEL_SHIFT | 1 << 63; 0 = empty */
+    mskv_cu_function f;
+} mskv__cuda_fslot;
+
+/* A kernel's launch parameters: ptr[i] points at val[i] from the store's
+   creation on, so a call writes only values (cuLaunchKernel copies them). */
+typedef struct mskv__cuda_args {
+    void *ptr[MSKV__CUDA_MAX_ARGS];
+    union { uint64_t u; double d; void *p; } val[MSKV__CUDA_MAX_ARGS];
+    int32_t once;                   /* the values fixed for the store's life are written */
+} mskv__cuda_args;
+
+static void mskv__cuda_arg_ptr(mskv__cuda_args *a, int i, mskv_cu_ptr v) { memcpy(&a->val[i], &v, sizeof(v)); }
+static void mskv__cuda_arg_i32(mskv__cuda_args *a, int i, int32_t v) { memcpy(&a->val[i], &v, sizeof(v)); }
+static void mskv__cuda_arg_u32(mskv__cuda_args *a, int i, uint32_t v) { memcpy(&a->val[i], &v, sizeof(v)); }
+static void mskv__cuda_arg_i64(mskv__cuda_args *a, int i, int64_t v) { memcpy(&a->val[i], &v, sizeof(v)); }
+static void mskv__cuda_arg_f32(mskv__cuda_args *a, int i, float v) { memcpy(&a->val[i], &v, sizeof(v)); }
+
 struct mskv_cuda_store {
     mskv_cuda *cu;
     mskv_cuda_store_desc d;
     size_t page_bytes, pool_bytes, set_bytes;   /* set: one page of every layer, K and V */
-    mskv_cu_ptr pools;                          /* (layer*2 + kind) * pool_bytes */
-    mskv_cu_stream stream;
+    mskv_cu_ptr pools;                          /* own pools, (layer*2 + kind) * pool_bytes; 0 when adopted */
+    mskv_cu_ptr *pool_at;                       /* [layer*2 + kind]: own or adopted */
+    mskv_cu_stream stream;                      /* where launches and copies go */
+    mskv_cu_stream own_stream;
     mskv_store_ops ops;
     mskv_arena *arena;
     /* offload/reload staging */
@@ -3371,10 +3894,18 @@ struct mskv_cuda_store {
     int capturing;
     int32_t graphs;             /* live graphs: the workspace they captured must stay */
     mskv__cuda_shape cur;       /* the plan uploaded last */
+    mskv_plan up_check;         /* what mskv_plan_check needs of the plan uploaded last (generation 0: none) */
+    mskv_request *up_requests;  /* [max_batch]: its requests */
     int64_t cap_kv_cover;       /* during a capture: the smallest split-KV key reach */
     mskv_cu_function occ_fn[2]; /* attention: the kernel (prefill, decode) whose residency is cached */
     int32_t occ_blocks[2];      /* its blocks per SM (cuOccupancyMaxActiveBlocksPerMultiprocessor) */
     mskv__cuda_mutex lock;
+    /* the per-call launch path (the store's own thread only) */
+    mskv__cuda_defines defs;                    /* the base variant: store dtype and head_dim */
+    mskv__cuda_fslot fcache[MSKV__CUDA_FCACHE]; /* functions by key, open addressing */
+    struct { mskv_cu_function f; unsigned int limit; } smem_seen[MSKV__CUDA_SMEM_SEEN];
+    int32_t smem_next;
+    mskv__cuda_args args[MSKV__CUDA_NKERNELS];  /* one parameter block per kernel */
     /* TMA tensor maps of every pool for the sm_90a kernel, 128 bytes each at
        64-byte alignment ((layer * 2 + kind) * 128), made on first use */
     unsigned char *tmap_mem, *tmaps;
@@ -3395,18 +3926,73 @@ static void mskv__cuda_plan_layout_of(mskv__cuda_plan_layout *l, size_t b, size_
     l->kv_token_indptr = o;  o += mskv__cuda_align16((b + 1) * 8);
     l->slot_mapping = o;     o += mskv__cuda_align16(t * 8);
     l->positions = o;        o += mskv__cuda_align16(t * 3 * 4);
+    l->q_pos = o;            o += mskv__cuda_align16(t * 4);
+    l->vis_sink_end = o;     o += mskv__cuda_align16(b * 4);
+    l->vis_window_start = o; o += mskv__cuda_align16(b * 4);
     l->total = o;
+}
+
+/* The function from the store's cache, else through the context (and then
+   cached). The store's own thread only. */
+static mskv_result mskv__cuda_store_function(mskv_cuda_store *st, int kernel, const mskv__cuda_defines *defs,
+                                             mskv_cu_function *out) {
+    uint64_t key;
+    uint32_t h, i;
+    mskv__cuda_fslot *slot = NULL;
+    mskv_result res;
+    if (defs->bad || kernel < 0 || kernel >= MSKV__CUDA_NKERNELS) return MSKV_ERROR_INVALID_ARGUMENT;
+    key = mskv__cuda_variant_key(defs) | (uint64_t)kernel << MSKV__CUDA_KEY_KERNEL_SHIFT | (uint64_t)1 << 63;
+    h = (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 59);
+    for (i = 0; i < MSKV__CUDA_FCACHE; i++) {
+        slot = &st->fcache[(h + i) & (MSKV__CUDA_FCACHE - 1)];
+        if (slot->key == key) { *out = slot->f; return MSKV_SUCCESS; }
+        if (!slot->key) break;
+    }
+    res = mskv__cuda_function(st->cu, kernel, defs, out);
+    if (res == MSKV_SUCCESS && i < MSKV__CUDA_FCACHE) { slot->key = key; slot->f = *out; }
+    return res;
+}
+
+/* Allows f `smem` bytes of dynamic shared memory. The limit is the
+   function's, shared by every store: it is only ever raised (under the
+   context lock), and each store remembers what it saw, so a launch asks the
+   driver once per function and size. */
+static mskv_result mskv__cuda_smem_allow(mskv_cuda_store *st, mskv_cu_function f, unsigned int smem) {
+    mskv_cuda *cu = st->cu;
+    mskv__cuda_variant *v;
+    mskv_cu_result r = MSKV_CU_SUCCESS;
+    unsigned int limit = 0;
+    int i, k = 0;
+    for (i = 0; i < MSKV__CUDA_SMEM_SEEN; i++)
+        if (st->smem_seen[i].f == f && st->smem_seen[i].limit >= smem) return MSKV_SUCCESS;
+    mskv__cuda_lock(&cu->lock);
+    for (v = cu->variants; v; v = v->next) {
+        for (k = 0; k < MSKV__CUDA_NKERNELS && v->funcs[k] != f; k++) {}
+        if (k < MSKV__CUDA_NKERNELS) break;
+    }
+    if (v && v->smem_limit[k] >= smem) limit = v->smem_limit[k];
+    else {
+        r = cu->fn.cuFuncSetAttribute(f, MSKV_CU_FUNC_ATTR_MAX_DYNAMIC_SMEM, (int)smem);
+        if (r == MSKV_CU_SUCCESS && v) limit = v->smem_limit[k] = smem;
+    }
+    mskv__cuda_unlock(&cu->lock);
+    if (r != MSKV_CU_SUCCESS) return mskv__cuda_fail(cu, r, "cuFuncSetAttribute(dynamic shared memory)");
+    if (limit) {
+        i = st->smem_next;
+        st->smem_next = (i + 1) % MSKV__CUDA_SMEM_SEEN;
+        st->smem_seen[i].f = f;
+        st->smem_seen[i].limit = limit;
+    }
+    return MSKV_SUCCESS;
 }
 
 static mskv_result mskv__cuda_launch(mskv_cuda_store *st, mskv_cu_function f, const unsigned int grid[3],
                                      const unsigned int block[3], unsigned int smem, void **args) {
     mskv_cuda *cu = st->cu;
     mskv_cu_result r;
+    mskv_result res;
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return MSKV_SUCCESS;
-    if (smem > 48 * 1024) {
-        r = cu->fn.cuFuncSetAttribute(f, MSKV_CU_FUNC_ATTR_MAX_DYNAMIC_SMEM, (int)smem);
-        if (r != MSKV_CU_SUCCESS) return mskv__cuda_fail(cu, r, "cuFuncSetAttribute(dynamic shared memory)");
-    }
+    if (smem > 48 * 1024 && (res = mskv__cuda_smem_allow(st, f, smem)) != MSKV_SUCCESS) return res;
     r = cu->fn.cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, st->stream, args, NULL);
     if (r != MSKV_CU_SUCCESS) return mskv__cuda_fail(cu, r, "cuLaunchKernel");
     return MSKV_SUCCESS;
@@ -3442,32 +4028,25 @@ MSKV__CUDA_MAYBE_UNUSED static mskv_result mskv__cuda_workspace(mskv_cuda_store 
    copies, which ignore it, run then). */
 static void mskv__cuda_defines_base(const mskv_cuda_store *st, mskv__cuda_defines *d) {
     int32_t hd = st->d.head_dim;
-    memset(d, 0, sizeof(*d));
-    mskv__cuda_define(d, "MSKV_DTYPE", (long long)st->d.dtype);
-    mskv__cuda_define(d, "MSKV_HEAD_DIM", hd == 64 || hd == 128 || hd == 256 ? hd : 128);
-    mskv__cuda_define(d, "MSKV_ROPE", 0);
-    mskv__cuda_define(d, "MSKV_ROPE_STYLE", 0);
-    mskv__cuda_define(d, "MSKV_ROPE_D0", 0);
-    mskv__cuda_define(d, "MSKV_ROPE_D1", 0);
-    mskv__cuda_define(d, "MSKV_ROPE_D2", 0);
-    mskv__cuda_define(d, "MSKV_ATTN_WARP_KEYS", 0);
+    memset(d, 0, sizeof(*d));      /* every other define 0 */
+    mskv__cuda_define(d, MSKV__D_DTYPE, (int32_t)st->d.dtype);
+    mskv__cuda_define(d, MSKV__D_HEAD_DIM, hd == 64 || hd == 128 || hd == 256 ? hd : 128);
 }
 
 /* The RoPE defines of a mskv_rope (dims of 0 mean the defaults kernels.cu
    derives itself, so they are passed as 0). */
 static void mskv__cuda_defines_rope(mskv__cuda_defines *d, const mskv_rope *rope) {
     if (!rope) return;
-    mskv__cuda_define(d, "MSKV_ROPE", rope->mode == MSKV_POS_3D ? 2 : 1);
-    mskv__cuda_define(d, "MSKV_ROPE_STYLE", rope->style == MSKV_ROPE_INTERLEAVED ? 1 : 0);
-    mskv__cuda_define(d, "MSKV_ROPE_D0", rope->dims[0]);
-    mskv__cuda_define(d, "MSKV_ROPE_D1", rope->mode == MSKV_POS_3D ? rope->dims[1] : 0);
-    mskv__cuda_define(d, "MSKV_ROPE_D2", rope->mode == MSKV_POS_3D ? rope->dims[2] : 0);
+    mskv__cuda_define(d, MSKV__D_ROPE, rope->mode == MSKV_POS_3D ? 2 : 1);
+    mskv__cuda_define(d, MSKV__D_ROPE_STYLE, rope->style == MSKV_ROPE_INTERLEAVED ? 1 : 0);
+    mskv__cuda_define(d, MSKV__D_ROPE_D0, rope->dims[0]);
+    mskv__cuda_define(d, MSKV__D_ROPE_D1, rope->mode == MSKV_POS_3D ? rope->dims[1] : 0);
+    mskv__cuda_define(d, MSKV__D_ROPE_D2, rope->mode == MSKV_POS_3D ? rope->dims[2] : 0);
 }
 
 /* gather (dir 0) or scatter (dir 1) c pages (ids already in d_ids) between
    every layer's pools and the staging buffer, page-major */
 static mskv_result mskv__cuda_move_pages(mskv_cuda_store *st, int dir, int32_t c) {
-    mskv__cuda_defines defs;
     mskv_cu_function f;
     mskv_result res;
     long long pb = (long long)st->page_bytes, stride = (long long)st->set_bytes;
@@ -3475,8 +4054,8 @@ static mskv_result mskv__cuda_move_pages(mskv_cuda_store *st, int dir, int32_t c
     int32_t l, kind;
     unsigned int grid[3], block[3] = { 256, 1, 1 };
     size_t blocks = (st->page_bytes + 4095) / 4096;
-    mskv__cuda_defines_base(st, &defs);
-    res = mskv__cuda_function(st->cu, dir ? "mskv_page_scatter" : "mskv_page_gather", &defs, &f);
+    /* the arena's callbacks may run beside the store's thread: the context's locked lookup */
+    res = mskv__cuda_function(st->cu, dir ? MSKV__K_PAGE_SCATTER : MSKV__K_PAGE_GATHER, &st->defs, &f);
     if (res != MSKV_SUCCESS) return res;
     grid[0] = (unsigned int)(blocks > 65535 ? 65535 : blocks);
     grid[1] = (unsigned int)c;
@@ -3584,6 +4163,39 @@ static mskv_result mskv__cuda_copy_page(void *user, int32_t src, int32_t dst) {
     return MSKV_SUCCESS;
 }
 
+/* store_ops.flush (mskv_arena_flush): everything queued on the store's
+   stream has finished, so no kernel reads a pending page any more */
+static mskv_result mskv__cuda_flush(void *user) {
+    mskv_cuda_store *st = (mskv_cuda_store *)user;
+    mskv_cuda *cu = st->cu;
+    mskv_result res;
+    if (st->capturing) return MSKV_ERROR_BAD_STATE;   /* a capture cannot be waited for */
+    if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) return res;
+    MSKV__CU_TRY(cu, cu->fn.cuStreamSynchronize(st->stream), "cuStreamSynchronize(flush)");
+    return MSKV_SUCCESS;
+}
+
+/* store_ops.fill_pages (the arena's debug poisoning of pages that became
+   free): every byte of the pages, every layer, K and V, on the store's
+   stream, so after everything that used them and before their next owner. */
+static mskv_result mskv__cuda_fill_pages(void *user, const int32_t *pages, int32_t n, unsigned char byte) {
+    mskv_cuda_store *st = (mskv_cuda_store *)user;
+    mskv_cuda *cu = st->cu;
+    mskv_result res;
+    int32_t i, l, kind;
+    if ((res = mskv__cuda_check_pages(st, pages, n)) != MSKV_SUCCESS) return res;
+    if (st->capturing) return MSKV_ERROR_BAD_STATE;   /* the memsets would join the graph */
+    if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) return res;
+    for (i = 0; i < n; i++)
+        for (l = 0; l < st->d.num_layers; l++)
+            for (kind = 0; kind < 2; kind++) {
+                mskv_cu_ptr pool = mskv_cuda_store_pool(st, l, kind);
+                MSKV__CU_TRY(cu, cu->fn.cuMemsetD8Async(pool + (mskv_cu_ptr)pages[i] * st->page_bytes, byte, st->page_bytes,
+                                                        st->stream), "cuMemsetD8Async(poison)");
+            }
+    return MSKV_SUCCESS;
+}
+
 static void mskv__cuda_store_release(mskv_cuda_store *st) {
     mskv_cuda *cu = st->cu;
     int i;
@@ -3600,7 +4212,9 @@ static void mskv__cuda_store_release(mskv_cuda_store *st) {
     if (st->d_ids) cu->fn.cuMemFree(st->d_ids);
     if (st->d_stage) cu->fn.cuMemFree(st->d_stage);
     if (st->pools) cu->fn.cuMemFree(st->pools);
-    if (st->stream) cu->fn.cuStreamDestroy(st->stream);
+    if (st->own_stream) cu->fn.cuStreamDestroy(st->own_stream);
+    if (st->pool_at) mskv__cuda_dealloc(&cu->allocator, st->pool_at);
+    mskv__cuda_dealloc(&cu->allocator, st->up_requests);
     mskv__cuda_dealloc(&cu->allocator, st->tmap_mem);
     mskv__cuda_dealloc(&cu->allocator, st);
 }
@@ -3618,6 +4232,11 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     if (!es || d.num_pages < 2 || d.page_size < 1 || d.num_layers < 1 || d.kv_heads < 1 || d.head_dim < 1 ||
         d.max_batch < 0 || d.max_tokens < 0 || d.max_page_ids < 0 || d.plan_ring < 0 || d.plan_ring > MSKV__CUDA_MAX_RING)
         return MSKV_ERROR_INVALID_ARGUMENT;
+    if (d.pools) {
+        /* the kernels read 16-byte vectors from the pools */
+        for (i = 0; i < 2 * d.num_layers; i++)
+            if (!d.pools[i] || (d.pools[i] & 15u) != 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    }
     if (!d.max_batch) d.max_batch = 64;
     if (!d.max_tokens) d.max_tokens = 16384;
     if (!d.max_page_ids) d.max_page_ids = 65536;
@@ -3627,6 +4246,7 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
     if (!st) return MSKV_ERROR_OUT_OF_MEMORY;
     st->cu = cu;
     st->d = d;
+    st->d.pools = NULL;   /* the caller's array need not outlive this call */
     {
         mskv__cuda_mutex m = MSKV__CUDA_MUTEX_INIT;
         st->lock = m;
@@ -3642,19 +4262,34 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
         mskv__cuda_dealloc(&cu->allocator, st);
         return MSKV_ERROR_OVERFLOW;
     }
-    st->stage_pages = (int32_t)(d.staging_bytes / st->set_bytes);
-    if (st->stage_pages < 1) st->stage_pages = 1;
-    if (st->stage_pages > d.num_pages) st->stage_pages = d.num_pages;
-    if (st->stage_pages > 65535) st->stage_pages = 65535;   /* the copies' grid.y is the page count */
+    {
+        /* clamped while still a size_t: narrowed first, 2^32 + 2 pages would become 2 */
+        size_t pages = d.staging_bytes / st->set_bytes;
+        if (pages < 1) pages = 1;
+        if (pages > (size_t)d.num_pages) pages = (size_t)d.num_pages;
+        if (pages > 65535) pages = 65535;   /* the copies' grid.y is the page count */
+        st->stage_pages = (int32_t)pages;
+    }
     st->stage_bytes = (size_t)st->stage_pages * st->set_bytes;
     ids_bytes = (size_t)st->stage_pages * 4;
+    st->pool_at = (mskv_cu_ptr *)mskv__cuda_calloc(&cu->allocator, sizeof(mskv_cu_ptr) * 2 * (size_t)d.num_layers);
+    if (!st->pool_at) { mskv__cuda_dealloc(&cu->allocator, st); return MSKV_ERROR_OUT_OF_MEMORY; }
     mskv__cuda_plan_layout_of(&st->lay, (size_t)d.max_batch, (size_t)d.max_tokens, (size_t)d.max_page_ids);
     st->ring_n = d.plan_ring;
-    if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) { mskv__cuda_dealloc(&cu->allocator, st); return res; }
+    if ((res = mskv__cuda_enter(cu)) != MSKV_SUCCESS) {
+        mskv__cuda_dealloc(&cu->allocator, st->pool_at);
+        mskv__cuda_dealloc(&cu->allocator, st);
+        return res;
+    }
 #define MSKV__CR_TRY(call, what) do { mskv_cu_result mskv__r = (call); \
         if (mskv__r != MSKV_CU_SUCCESS) { res = mskv__cuda_fail(cu, mskv__r, what); goto fail; } } while (0)
-    MSKV__CR_TRY(cu->fn.cuStreamCreate(&st->stream, MSKV_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->pools, all), "cuMemAlloc(K/V pools)");
+    st->up_requests = (mskv_request *)mskv__cuda_calloc(&cu->allocator, (size_t)d.max_batch * sizeof(mskv_request));
+    if (!st->up_requests) { res = MSKV_ERROR_OUT_OF_MEMORY; goto fail; }
+    MSKV__CR_TRY(cu->fn.cuStreamCreate(&st->own_stream, MSKV_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    st->stream = st->own_stream;
+    if (!d.pools) MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->pools, all), "cuMemAlloc(K/V pools)");
+    for (i = 0; i < 2 * d.num_layers; i++)
+        st->pool_at[i] = d.pools ? d.pools[i] : st->pools + (mskv_cu_ptr)((size_t)i * st->pool_bytes);
     MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->d_stage, st->stage_bytes), "cuMemAlloc(staging)");
     MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->d_ids, ids_bytes), "cuMemAlloc(page ids)");
     MSKV__CR_TRY(cu->fn.cuMemAlloc(&st->d_plan, st->lay.total), "cuMemAlloc(plan buffers)");
@@ -3664,14 +4299,23 @@ MSKV_API mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store
         MSKV__CR_TRY(cu->fn.cuEventCreate(&st->ring_ev[i], MSKV_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     }
     /* zeroed pools: the null page reads as zeros, and so does any unwritten slot */
-    MSKV__CR_TRY(cu->fn.cuMemsetD8Async(st->pools, 0, all, st->stream), "cuMemsetD8Async(pools)");
+    for (i = 0; i < 2 * d.num_layers; i++)
+        MSKV__CR_TRY(cu->fn.cuMemsetD8Async(st->pool_at[i], 0, st->pool_bytes, st->stream), "cuMemsetD8Async(pools)");
     MSKV__CR_TRY(cu->fn.cuMemsetD8Async(st->d_plan, 0, st->lay.total, st->stream), "cuMemsetD8Async(plan)");
     MSKV__CR_TRY(cu->fn.cuStreamSynchronize(st->stream), "cuStreamSynchronize");
 #undef MSKV__CR_TRY
+    mskv__cuda_defines_base(st, &st->defs);
+    {
+        int k, a;
+        for (k = 0; k < MSKV__CUDA_NKERNELS; k++)
+            for (a = 0; a < MSKV__CUDA_MAX_ARGS; a++) st->args[k].ptr[a] = &st->args[k].val[a];
+    }
     st->ops.user = st;
     st->ops.read_pages = mskv__cuda_read_pages;
     st->ops.write_pages = mskv__cuda_write_pages;
     st->ops.copy_page = mskv__cuda_copy_page;
+    st->ops.flush = mskv__cuda_flush;
+    st->ops.fill_pages = mskv__cuda_fill_pages;
     *out = st;
     return MSKV_SUCCESS;
 fail:
@@ -3750,10 +4394,24 @@ MSKV_API const mskv_store_ops *mskv_cuda_store_ops(mskv_cuda_store *st) { return
 
 MSKV_API mskv_cu_ptr mskv_cuda_store_pool(mskv_cuda_store *st, int32_t layer, int kind) {
     if (!st || layer < 0 || layer >= st->d.num_layers || kind < 0 || kind > 1) return 0;
-    return st->pools + (mskv_cu_ptr)(((size_t)layer * 2 + (size_t)kind) * st->pool_bytes);
+    return st->pool_at[layer * 2 + kind];
 }
 
 MSKV_API mskv_cu_stream mskv_cuda_store_stream(mskv_cuda_store *st) { return st ? st->stream : NULL; }
+
+MSKV_API mskv_result mskv_cuda_store_set_stream(mskv_cuda_store *st, mskv_cu_stream stream) {
+    mskv_result res;
+    if (!st) return MSKV_ERROR_NULL_POINTER;
+    if (st->capturing) return MSKV_ERROR_BAD_STATE;   /* the capture belongs to the current stream */
+    if (!stream) stream = st->own_stream;
+    if (stream == st->stream) return MSKV_SUCCESS;
+    if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
+    /* what is queued on the old stream (kernels writing pages, offload copies)
+       must be done before the new stream reuses the same pages and buffers */
+    MSKV__CU_TRY(st->cu, st->cu->fn.cuStreamSynchronize(st->stream), "cuStreamSynchronize(set stream)");
+    st->stream = stream;
+    return MSKV_SUCCESS;
+}
 
 MSKV_API mskv_result mskv_cuda_upload(mskv_cuda_store *st, mskv_cu_ptr dst, const void *src, size_t bytes) {
     mskv_result res;
@@ -3871,6 +4529,29 @@ MSKV_API mskv_result mskv_cuda_store_sync(mskv_cuda_store *st) {
 
 /* // >>launches implementation ---------------------------------------------- */
 
+/* The table arrays a plan carries, checked as the kernels (and the graphs
+   that replay them with whatever was uploaded) will index them: indptrs
+   from 0, never decreasing, ending at total_q and num_page_ids (they index
+   q, o and the page ids), and no kv_len past its pages. Missing arrays are
+   not checked (nor uploaded). */
+static mskv_result mskv__cuda_check_table(const mskv_plan *plan, int32_t page_size) {
+    int32_t b;
+    if (plan->qo_indptr) {
+        if (plan->qo_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
+        for (b = 0; b < plan->batch; b++)
+            if (plan->qo_indptr[b + 1] < plan->qo_indptr[b]) return MSKV_ERROR_INVALID_ARGUMENT;
+    }
+    if (plan->kv_indptr) {
+        if (plan->kv_indptr[0] != 0 || plan->kv_indptr[plan->batch] != plan->num_page_ids) return MSKV_ERROR_INVALID_ARGUMENT;
+        for (b = 0; b < plan->batch; b++) {
+            int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
+            if (np < 0 || (plan->kv_len && (plan->kv_len[b] < 0 || plan->kv_len[b] > np * page_size)))
+                return MSKV_ERROR_INVALID_ARGUMENT;
+        }
+    }
+    return MSKV_SUCCESS;
+}
+
 MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan *plan, mskv_pos_mode pos_mode, mskv_cuda_dplan *out) {
     mskv_cuda *cu;
     mskv_result res;
@@ -3884,9 +4565,14 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     if (plan->batch < 0 || plan->total_q < 0 || plan->num_page_ids < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->batch > st->d.max_batch || plan->total_q > st->d.max_tokens || plan->num_page_ids > st->d.max_page_ids)
         return MSKV_ERROR_CAPACITY;
+    if ((unsigned)pos_mode > 2u) return MSKV_ERROR_INVALID_ARGUMENT;
     b = (size_t)plan->batch; t = (size_t)plan->total_q; p = (size_t)plan->num_page_ids;
     npos = pos_mode == MSKV_POS_3D ? 3 * t : pos_mode == MSKV_POS_1D ? t : 0;
     if (npos && !plan->positions) return MSKV_ERROR_NULL_POINTER;
+    if ((res = mskv__cuda_check_table(plan, st->d.page_size)) != MSKV_SUCCESS) return res;
+    /* an arena's plan is checked against that arena: the one the store is bound to */
+    if (plan->generation && !st->arena) return MSKV_ERROR_BAD_STATE;
+    if (plan->generation && (res = mskv_plan_check(st->arena, plan)) != MSKV_SUCCESS) return res;
     /* the kernels trust these: a page id or slot outside the pools, or in the
        null page, is refused here as the CPU backend refuses it */
     if (p && plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
@@ -3926,6 +4612,9 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     MSKV__UP(kv_token_indptr, b + 1, 8)
     MSKV__UP(slot_mapping, t, 8)
     MSKV__UP(positions, npos, 4)
+    MSKV__UP(q_pos, t, 4)
+    MSKV__UP(vis_sink_end, b, 4)
+    MSKV__UP(vis_window_start, b, 4)
 #undef MSKV__UP
     if (r == MSKV_CU_SUCCESS) r = cu->fn.cuEventRecord(st->ring_ev[slot], st->stream);
     if (r != MSKV_CU_SUCCESS) {
@@ -3938,14 +4627,26 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     st->ring_used[slot] = 1;
     st->ring_next = (slot + 1) % st->ring_n;
     mskv__cuda_unlock(&st->lock);
+    /* launches read these buffers until the next upload: remember what to check them by */
+    memset(&st->up_check, 0, sizeof st->up_check);
+    st->up_check.batch = plan->batch;
+    st->up_check.generation = plan->generation;
+    st->up_check.cross = plan->cross;
+    st->up_check.group = plan->group;
+    if (plan->requests && plan->batch > 0) {
+        memcpy(st->up_requests, plan->requests, b * sizeof(mskv_request));
+        st->up_check.requests = st->up_requests;
+    }
     st->cur.batch = plan->batch;
     st->cur.total_q = plan->total_q;
+    st->cur.features = plan->features;
+    st->cur.arrays = (plan->q_pos ? MSKV_PLAN_Q_POS : 0u) | (plan->vis_sink_end && plan->vis_window_start ? MSKV_PLAN_VISIBILITY : 0u);
     st->cur.max_qo = 0;
     st->cur.max_kv = 0;
     if (plan->qo_indptr) {
         int32_t i;
         for (i = 0; i < plan->batch; i++) {
-            int32_t qo = plan->qo_indptr[i + 1] - plan->qo_indptr[i];
+            int32_t qo = plan->qo_indptr[i + 1] - plan->qo_indptr[i];   /* checked: 0 <= qo <= total_q */
             if (qo > st->cur.max_qo) st->cur.max_qo = qo;
             if (plan->kv_len && plan->kv_len[i] > st->cur.max_kv) st->cur.max_kv = plan->kv_len[i];
         }
@@ -3969,7 +4670,19 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
        so a launch that needs them is refused instead of reading the last plan's */
     out->slot_mapping = plan->slot_mapping ? st->d_plan + st->lay.slot_mapping : 0;
     out->positions = npos ? st->d_plan + st->lay.positions : 0;
+    out->q_pos = plan->q_pos ? st->d_plan + st->lay.q_pos : 0;
+    out->vis_sink_end = st->cur.arrays & MSKV_PLAN_VISIBILITY ? st->d_plan + st->lay.vis_sink_end : 0;
+    out->vis_window_start = st->cur.arrays & MSKV_PLAN_VISIBILITY ? st->d_plan + st->lay.vis_window_start : 0;
     return MSKV_SUCCESS;
+}
+
+/* The plan in the device buffers (the last upload) still describes the
+   bound arena's pages: a launch over a stale one would read pages that may
+   hold another request's tokens now. */
+static mskv_result mskv__cuda_uploaded_current(const mskv_cuda_store *st) {
+    if (!st->up_check.generation) return MSKV_SUCCESS;   /* a caller-made plan */
+    if (!st->arena) return MSKV_ERROR_BAD_STATE;
+    return mskv_plan_check(st->arena, &st->up_check);
 }
 
 /* The rotated parts become -D defines the kernels trust: refuse what
@@ -3991,45 +4704,55 @@ static mskv_result mskv__cuda_check_rope(const mskv_rope *rope, int32_t head_dim
 
 MSKV_API mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan,
                                         mskv_cu_ptr k, mskv_cu_ptr v, const mskv_rope *rope) {
+    static const unsigned int block[3] = { 128, 1, 1 };
     mskv__cuda_defines defs;
+    mskv__cuda_args *a;
     mskv_cu_function f;
     mskv_result res;
-    mskv_cu_ptr k_pool, v_pool, slots, pos;
-    long long pool_slots;
-    int n_tokens, kv_heads;
-    float theta;
-    size_t rows, blocks;
-    unsigned int grid[3], block[3] = { 128, 1, 1 };
-    void *args[10];
+    size_t blocks;
+    unsigned int grid[3];
     if (!st || !plan) return MSKV_ERROR_NULL_POINTER;
     if (layer < 0 || layer >= st->d.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
     if (st->d.head_dim != 64 && st->d.head_dim != 128 && st->d.head_dim != 256) return MSKV_ERROR_UNSUPPORTED;
     if (plan->total_q == 0) return MSKV_SUCCESS;
     if (!k || !v || !plan->slot_mapping) return MSKV_ERROR_NULL_POINTER;
+    if ((k | v) & 15) {
+        /* the kernel reads rows as 16-byte vectors: a misaligned address would
+           fault on the device and leave the context unusable */
+        mskv__cuda_failf(st->cu, "mskv_cuda_write_kv: k (0x%llx) and v (0x%llx) must be 16-byte aligned",
+                         (unsigned long long)k, (unsigned long long)v);
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    }
     if (rope) {
         if ((res = mskv__cuda_check_rope(rope, st->d.head_dim)) != MSKV_SUCCESS) return res;
         if (plan->pos_mode != rope->mode) return MSKV_ERROR_INVALID_ARGUMENT;
         if (!plan->positions) return MSKV_ERROR_NULL_POINTER;
     }
-    if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
-    mskv__cuda_defines_base(st, &defs);
-    mskv__cuda_defines_rope(&defs, rope);
-    if ((res = mskv__cuda_function(st->cu, "mskv_kv_write", &defs, &f)) != MSKV_SUCCESS) return res;
-    k_pool = mskv_cuda_store_pool(st, layer, 0);
-    v_pool = mskv_cuda_store_pool(st, layer, 1);
-    slots = plan->slot_mapping;
-    pos = rope ? plan->positions : 0;
-    n_tokens = plan->total_q;
-    kv_heads = st->d.kv_heads;
-    pool_slots = (long long)st->d.num_pages * st->d.page_size;
-    theta = rope && rope->theta > 0 ? rope->theta : 10000.0f;
-    rows = (size_t)n_tokens * (size_t)kv_heads;
-    blocks = (rows + 3) / 4;
+    if ((res = mskv__cuda_uploaded_current(st)) != MSKV_SUCCESS) return res;
+    blocks = ((size_t)plan->total_q * (size_t)st->d.kv_heads + 3) / 4;
     if (blocks > 0x7fffffffu) return MSKV_ERROR_OVERFLOW;
+    if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
+    defs = st->defs;
+    mskv__cuda_defines_rope(&defs, rope);
+    if ((res = mskv__cuda_store_function(st, MSKV__K_KV_WRITE, &defs, &f)) != MSKV_SUCCESS) return res;
     grid[0] = (unsigned int)blocks; grid[1] = 1; grid[2] = 1;
-    args[0] = &k; args[1] = &v; args[2] = &slots; args[3] = &n_tokens; args[4] = &kv_heads;
-    args[5] = &k_pool; args[6] = &v_pool; args[7] = &pool_slots; args[8] = &pos; args[9] = &theta;
-    return mskv__cuda_launch(st, f, grid, block, 0, args);
+    /* kernels.cu: mskv_kv_write(k_src, v_src, slot_mapping, n_tokens, kv_heads, k_pool, v_pool,
+       pool_slots, positions, theta) */
+    a = &st->args[MSKV__K_KV_WRITE];
+    if (!a->once) {
+        mskv__cuda_arg_i32(a, 4, st->d.kv_heads);
+        mskv__cuda_arg_i64(a, 7, (int64_t)st->d.num_pages * st->d.page_size);
+        a->once = 1;
+    }
+    mskv__cuda_arg_ptr(a, 0, k);
+    mskv__cuda_arg_ptr(a, 1, v);
+    mskv__cuda_arg_ptr(a, 2, plan->slot_mapping);
+    mskv__cuda_arg_i32(a, 3, plan->total_q);
+    mskv__cuda_arg_ptr(a, 5, mskv_cuda_store_pool(st, layer, 0));
+    mskv__cuda_arg_ptr(a, 6, mskv_cuda_store_pool(st, layer, 1));
+    mskv__cuda_arg_ptr(a, 8, rope ? plan->positions : 0);
+    mskv__cuda_arg_f32(a, 9, rope && rope->theta > 0 ? rope->theta : 10000.0f);
+    return mskv__cuda_launch(st, f, grid, block, 0, a->ptr);
 }
 
 /* // >>graphs implementation ------------------------------------------------ */
@@ -4090,6 +4813,16 @@ MSKV_API mskv_result mskv_cuda_graph_launch(mskv_cuda_store *st, mskv_cuda_graph
                          (int)g->shape.batch, (int)g->shape.total_q, (int)g->shape.max_qo, (long long)g->kv_cover);
         return MSKV_ERROR_INVALID_ARGUMENT;
     }
+    /* the captured attention launches read q_pos / the bounds as the plan
+       uploaded then asked: a plan asking for more would be attended without
+       them, and one without the arrays would leave the captured plan's there */
+    if ((st->cur.features & ~g->shape.features) || (g->shape.features & ~st->cur.arrays)) {
+        mskv__cuda_failf(st->cu, "graph replay: the uploaded plan's features 0x%x (arrays 0x%x) do not fit the captured "
+                         "plan's 0x%x: capture again", (unsigned)st->cur.features, (unsigned)st->cur.arrays,
+                         (unsigned)g->shape.features);
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    }
+    if ((res = mskv__cuda_uploaded_current(st)) != MSKV_SUCCESS) return res;   /* the replay reads the last upload */
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     MSKV__CU_TRY(st->cu, st->cu->fn.cuGraphLaunch(g->exec, st->stream), "cuGraphLaunch");
     return MSKV_SUCCESS;
@@ -4108,9 +4841,9 @@ MSKV_API void mskv_cuda_graph_destroy(mskv_cuda_store *st, mskv_cuda_graph *g) {
 #undef MSKV__ST_TRY
 
 /* // >>attention wrappers implementation ------------------------------------ */
-/* GPU attention, merge and RoPE launch wrappers (they use the internal launch API above:
-   mskv__cuda_function, mskv__cuda_launch, mskv__cuda_workspace,
-   mskv__cuda_defines_base / _rope / mskv__cuda_define). */
+/* GPU attention, merge and RoPE launch wrappers (they use the internal launch
+   API above: st->defs, mskv__cuda_define, mskv__cuda_store_function,
+   st->args + mskv__cuda_arg_*, mskv__cuda_launch, mskv__cuda_workspace). */
 
 /* must match kernels.cu (>>attention): MSKV_BM, MSKV_BN and MSKV_ATTN_SMEM */
 static int32_t mskv__attn_block_rows(int32_t decode, int32_t d) { return decode ? 16 : (d <= 128 ? 128 : 64); }
@@ -4211,8 +4944,8 @@ static int32_t mskv__attn_resident(mskv_cuda_store *st, mskv_cu_function f, int3
     mskv_cuda *cu = st->cu;
     int n = 0;
     if (st->occ_fn[decode] == f) return st->occ_blocks[decode];
-    if (smem > 48 * 1024 && cu->fn.cuFuncSetAttribute(f, MSKV_CU_FUNC_ATTR_MAX_DYNAMIC_SMEM, (int)smem) != MSKV_CU_SUCCESS)
-        return 0;
+    /* the launch needs the raised limit anyway; the count is 0 without it */
+    if (smem > 48 * 1024 && mskv__cuda_smem_allow(st, f, smem) != MSKV_SUCCESS) return 0;
     if (cu->fn.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, 128, (size_t)smem) != MSKV_CU_SUCCESS || n < 0) n = 0;
     st->occ_fn[decode] = f;
     st->occ_blocks[decode] = n;
@@ -4283,26 +5016,28 @@ static mskv_result mskv__cuda_attn_geometry_sm90(int32_t batch, int32_t total_q,
     return MSKV_SUCCESS;
 }
 
-/* The TMA tensor maps of every pool, made once per store: the pool as
-   [pages][page_size][kv_heads][D] (dims D, kv_heads, page_size, num_pages),
-   a box of 64 elements of one head over min(page_size, BN) slots of one page,
-   the 128-byte swizzle of the kernel's tiles. Without cuTensorMapEncodeTiled
-   (or when it refuses) the kernel copies with cp.async. */
-static void mskv__cuda_store_tmaps(mskv_cuda_store *st) {
+/* The TMA tensor maps of every pool, made once per store (on its first
+   sm_90a call): the pool as [pages][page_size][kv_heads][D] (dims D,
+   kv_heads, page_size, num_pages), a box of 64 elements of one head over
+   min(page_size, BN) slots of one page, the 128-byte swizzle of the
+   kernel's tiles. Without cuTensorMapEncodeTiled (or when it refuses) the
+   kernel copies with cp.async. OUT_OF_MEMORY (nothing made; the next call
+   tries again) is the only failure. */
+static mskv_result mskv__cuda_store_tmaps(mskv_cuda_store *st) {
     mskv_cuda *cu = st->cu;
     const int32_t D = st->d.head_dim, P = st->d.page_size, kvh = st->d.kv_heads, bn = mskv__attn_sm90_keys(D);
     unsigned long long dims[4], strides[3];
     unsigned int box[4], es[4] = { 1, 1, 1, 1 };
     int32_t i;
-    if (st->tmaps_state != 0) return;
-    if (!cu->fn.cuTensorMapEncodeTiled) { st->tmaps_state = -1; return; }
+    if (st->tmaps_state != 0) return MSKV_SUCCESS;
+    if (!cu->fn.cuTensorMapEncodeTiled) { st->tmaps_state = -1; return MSKV_SUCCESS; }
     dims[0] = (unsigned long long)D; dims[1] = (unsigned long long)kvh; dims[2] = (unsigned long long)P;
     dims[3] = (unsigned long long)st->d.num_pages;
     strides[0] = (unsigned long long)D * 2; strides[1] = strides[0] * (unsigned long long)kvh;
     strides[2] = strides[1] * (unsigned long long)P;
     box[0] = 64; box[1] = 1; box[2] = (unsigned int)(P < bn ? P : bn); box[3] = 1;
     st->tmap_mem = (unsigned char *)mskv__cuda_alloc(&cu->allocator, (size_t)st->d.num_layers * 256 + 64);
-    if (!st->tmap_mem) return;   /* cp.async this time; tried again on the next call */
+    if (!st->tmap_mem) return MSKV_ERROR_OUT_OF_MEMORY;
     st->tmaps = st->tmap_mem + ((64 - ((uintptr_t)st->tmap_mem & 63)) & 63);
     for (i = 0; i < 2 * st->d.num_layers; i++) {
         mskv_cu_result r = cu->fn.cuTensorMapEncodeTiled(st->tmaps + (size_t)i * 128, st->d.dtype == MSKV_DTYPE_F16 ? 6 : 9, 4,
@@ -4314,19 +5049,11 @@ static void mskv__cuda_store_tmaps(mskv_cuda_store *st) {
             mskv__cuda_dealloc(&cu->allocator, st->tmap_mem);
             st->tmap_mem = st->tmaps = NULL;
             st->tmaps_state = -1;
-            return;
+            return MSKV_SUCCESS;
         }
     }
     st->tmaps_state = 1;
-}
-
-/* A kernel of the sm_90a module (the arch-specific target wgmma needs). */
-static mskv_result mskv__cuda_sm90_function(mskv_cuda_store *st, const char *name, mskv_cu_function *f) {
-    mskv__cuda_defines defs;
-    mskv__cuda_defines_base(st, &defs);
-    mskv__cuda_define(&defs, "MSKV_ATTN_WARP_KEYS", 0);
-    defs.arch_specific = 1;
-    return mskv__cuda_function(st->cu, name, &defs, f);
+    return MSKV_SUCCESS;
 }
 
 /* AUTO gives up on the sm_90a kernel for the context's life, saying so once. */
@@ -4342,78 +5069,16 @@ static void mskv__cuda_sm90_off(mskv_cuda *cu, mskv_result why) {
     mskv__cuda_unlock(&cu->lock);
 }
 
-static mskv_result mskv__cuda_attention_sm90(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
-                                             const mskv_cuda_dplan *dplan, const mskv_attn *attn, mskv_cu_function f,
-                                             int32_t max_qo, int32_t max_kv, int32_t smem_optin,
-                                             mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse) {
-    static const unsigned char no_map[128] = { 0 };   /* the maps' place when the kernel copies with cp.async */
-    mskv_cuda_attn_geometry g;
+/* The host-side checks of mskv_cuda_attention, kernel-independent: the
+   kernel trusts the table, so refuse what mskv_cpu_attention refuses and no
+   block reads past the pages it was given (O(batch)). *empty: nothing to do.
+   Gives the longest segment's queries and keys. */
+static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
+                                    const mskv_cuda_dplan *dplan, const mskv_attn *attn, mskv_cu_ptr q,
+                                    mskv_cu_ptr o, mskv_cu_ptr lse, int *empty, int32_t *max_qo, int32_t *max_kv) {
+    int32_t b;
     mskv_result res;
-    mskv_cu_ptr k_pool, v_pool, ws = 0, o_part = 0, lse_part = 0, null_ptr = 0;
-    int q_heads, kv_heads, page_size, mask, window_left, kv_chunk, n_splits, use_tma;
-    const int32_t P = st->d.page_size, bn = mskv__attn_sm90_keys(st->d.head_dim);
-    float scale, scale_log2;
-    unsigned int block[3] = { 384, 1, 1 };
-    void *args[27];
-    res = mskv__cuda_attn_geometry_sm90(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
-                                        st->d.head_dim, st->cu->info.multiprocessors, smem_optin, &g);
-    if (res != MSKV_SUCCESS) return res;
-    if (g.n_splits > 1) {
-        int64_t cover = (int64_t)g.n_splits * g.kv_chunk;
-        if (st->capturing && cover < st->cap_kv_cover) st->cap_kv_cover = cover;
-        if ((res = mskv__cuda_workspace(st, g.workspace_bytes, &ws)) != MSKV_SUCCESS) return res;
-        o_part = ws;
-        lse_part = ws + (mskv_cu_ptr)((size_t)g.n_splits * (size_t)plan->total_q * (size_t)attn->q_heads * (size_t)st->d.head_dim * 4);
-    }
-    mskv__cuda_store_tmaps(st);
-    /* TMA when a tile holds whole pages: page_size a multiple of BN, or BN a multiple of a page of 16+ rows */
-    use_tma = st->tmaps_state == 1 && (P % bn == 0 || (bn % P == 0 && P >= 16));
-    k_pool = mskv_cuda_store_pool(st, layer, 0);
-    v_pool = mskv_cuda_store_pool(st, layer, 1);
-    q_heads = attn->q_heads; kv_heads = st->d.kv_heads; page_size = P;
-    scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)st->d.head_dim);
-    scale_log2 = scale * 1.44269504088896341f;
-    mask = (int)attn->mask; window_left = attn->window_left;
-    kv_chunk = g.kv_chunk; n_splits = g.n_splits;
-    args[0] = use_tma ? (void *)(st->tmaps + (size_t)layer * 256) : (void *)(uintptr_t)no_map;
-    args[1] = use_tma ? (void *)(st->tmaps + (size_t)layer * 256 + 128) : (void *)(uintptr_t)no_map;
-    args[2] = &use_tma;
-    args[3] = &q; args[4] = &k_pool; args[5] = &v_pool;
-    args[6] = (void *)&dplan->qo_indptr; args[7] = (void *)&dplan->kv_indptr; args[8] = (void *)&dplan->kv_indices;
-    args[9] = (void *)&dplan->kv_len; args[10] = (void *)&dplan->kv_pos_split; args[11] = (void *)&dplan->kv_pos_shift;
-    args[12] = &q_heads; args[13] = &kv_heads; args[14] = &page_size; args[15] = &scale_log2;
-    args[16] = &mask; args[17] = &window_left; args[18] = &kv_chunk; args[19] = &n_splits;
-    args[20] = &o; args[21] = lse ? &lse : &null_ptr; args[22] = &o_part; args[23] = &lse_part;
-    args[24] = &null_ptr; args[25] = &null_ptr; args[26] = &null_ptr;   /* q_pos, vis_sink_end, vis_window_start */
-    res = mskv__cuda_launch(st, f, g.grid, block, g.smem_bytes, args);
-    if (res != MSKV_SUCCESS || g.n_splits == 1) return res;
-    {
-        long long rows = (long long)plan->total_q * attn->q_heads, part_rows = rows;
-        unsigned int grid[3], mblock[3] = { 128, 1, 1 };
-        mskv_cu_function fm;
-        void *margs[7];
-        grid[0] = (unsigned int)((rows + 3) / 4); grid[1] = 1; grid[2] = 1;
-        if ((res = mskv__cuda_sm90_function(st, "mskv_lse_merge", &fm)) != MSKV_SUCCESS) return res;
-        margs[0] = &o_part; margs[1] = &lse_part; margs[2] = &n_splits; margs[3] = &part_rows; margs[4] = &rows;
-        margs[5] = &o; margs[6] = lse ? &lse : &null_ptr;
-        return mskv__cuda_launch(st, fm, grid, mblock, 0, margs);
-    }
-}
-
-MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
-                                         const mskv_cuda_dplan *dplan, const mskv_attn *attn,
-                                         mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse) {
-    mskv_cuda_attn_geometry g;
-    mskv__cuda_defines defs;
-    mskv_cu_function f, fm;
-    mskv_result res;
-    mskv_cu_ptr k_pool, v_pool, ws = 0, o_part = 0, lse_part = 0, null_ptr = 0;
-    int32_t b, max_qo = 0, max_kv = 0, smem_optin = 0;
-    int q_heads, kv_heads, page_size, page_shift, mask, window_left, kv_chunk, n_splits;
-    unsigned int page_magic;
-    float scale, scale_log2;
-    unsigned int block[3] = {128, 1, 1};
-    void *args[26];
+    *empty = 0;
     if (!st || !plan || !dplan || !attn) return MSKV_ERROR_NULL_POINTER;
     if (layer < 0 || layer >= st->d.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
     if (st->d.dtype != MSKV_DTYPE_F16 && st->d.dtype != MSKV_DTYPE_BF16) return MSKV_ERROR_UNSUPPORTED;
@@ -4424,7 +5089,20 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
     if (plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
     /* the kernel finds a key's bytes as page id x page bytes + slot x slot bytes in 32 bits */
     if ((int64_t)st->d.page_size * st->d.kv_heads * st->d.head_dim * 2 > (int64_t)0xffffffff) return MSKV_ERROR_UNSUPPORTED;
-    if (plan->total_q == 0 || plan->batch == 0) return MSKV_SUCCESS;
+    /* both kernels read q_pos and the visibility bounds; a feature they do
+       not know would be attended over other keys than the CPU's */
+    if (plan->features & ~(MSKV_PLAN_Q_POS | MSKV_PLAN_VISIBILITY)) {
+        mskv__cuda_failf(st->cu, "attention: plan features 0x%x: the kernels honour q_pos (0x%x) and visibility bounds (0x%x) only",
+                         (unsigned)plan->features, MSKV_PLAN_Q_POS, MSKV_PLAN_VISIBILITY);
+        return MSKV_ERROR_UNSUPPORTED;
+    }
+    /* what the features ask for must be in the plan and in the device buffers
+       (else they hold an earlier plan's) */
+    if ((plan->features & MSKV_PLAN_Q_POS) && (!plan->q_pos || !dplan->q_pos)) return MSKV_ERROR_NULL_POINTER;
+    if ((plan->features & MSKV_PLAN_VISIBILITY) &&
+        (!plan->vis_sink_end || !plan->vis_window_start || !dplan->vis_sink_end || !dplan->vis_window_start))
+        return MSKV_ERROR_NULL_POINTER;
+    if (plan->total_q == 0 || plan->batch == 0) { *empty = 1; return MSKV_SUCCESS; }
     if (!q || !o) return MSKV_ERROR_NULL_POINTER;
     /* the kernel reads q with 16-byte copies and writes o in 4-byte pairs */
     if ((q & 15) || (o & 3) || (lse & 3)) return MSKV_ERROR_INVALID_ARGUMENT;
@@ -4432,124 +5110,287 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
         return MSKV_ERROR_NULL_POINTER;   /* an array missing at upload would leave the previous plan's there */
     /* masks need positions; the device buffers would hold a previous plan's */
     if (attn->mask != MSKV_MASK_NONE && (!plan->kv_pos_split || !plan->kv_pos_shift)) return MSKV_ERROR_INVALID_ARGUMENT;
-    /* the kernel trusts the table: refuse what mskv_cpu_attention refuses,
-       so no block reads past the pages it was given (O(batch)) */
     if (plan->num_page_ids != dplan->num_page_ids || plan->qo_indptr[0] != 0 || plan->kv_indptr[0] != 0 ||
         plan->qo_indptr[plan->batch] != plan->total_q || plan->kv_indptr[plan->batch] != plan->num_page_ids)
         return MSKV_ERROR_INVALID_ARGUMENT;
+    *max_qo = 0;
+    *max_kv = 0;
     for (b = 0; b < plan->batch; b++) {
-        int32_t qo = plan->qo_indptr[b + 1] - plan->qo_indptr[b];
-        int32_t np = plan->kv_indptr[b + 1] - plan->kv_indptr[b], kv = plan->kv_len[b];
-        if (qo < 0 || np < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+        int64_t qo64 = (int64_t)plan->qo_indptr[b + 1] - plan->qo_indptr[b];
+        int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
+        int32_t qo = (int32_t)qo64, kv = plan->kv_len[b];
+        if (qo64 < 0 || qo64 > plan->total_q || np < 0) return MSKV_ERROR_INVALID_ARGUMENT;
         if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * st->d.page_size || kv > (int64_t)np * st->d.page_size))
             return MSKV_ERROR_INVALID_ARGUMENT;
-        if (attn->mask != MSKV_MASK_NONE &&
-            (qo > kv || plan->kv_pos_shift[b] < 0 || plan->kv_pos_split[b] < 0 || plan->kv_pos_split[b] > kv))
+        /* without q_pos the queries are the tail of their keys */
+        if (attn->mask != MSKV_MASK_NONE && ((qo > kv && !(plan->features & MSKV_PLAN_Q_POS)) || plan->kv_pos_shift[b] < 0 ||
+                                             plan->kv_pos_split[b] < 0 || plan->kv_pos_split[b] > kv))
             return MSKV_ERROR_INVALID_ARGUMENT;
-        if (qo > max_qo) max_qo = qo;
-        if (kv > max_kv) max_kv = kv;
+        if (qo > *max_qo) *max_qo = qo;
+        if (kv > *max_kv) *max_kv = kv;
     }
+    /* both the host plan and the uploaded one the kernel reads must be current
+       (no driver call, no formatting unless stale) */
+    if (plan->generation && !st->arena) return MSKV_ERROR_BAD_STATE;
+    if (plan->generation && (res = mskv_plan_check(st->arena, plan)) != MSKV_SUCCESS) return res;
+    return mskv__cuda_uploaded_current(st);
+}
+
+/* What one call launches: the attention kernel and its geometry, and the
+   merge when the keys are split. */
+typedef struct mskv__attn_launch {
+    mskv_cuda_attn_geometry g;
+    mskv_cu_function f, fm;
+    int32_t sm90;                   /* f is mskv_attn_sm90 (else mskv_attn) */
+} mskv__attn_launch;
+
+/* Picks the kernel and looks up every function the call launches (a
+   compile failure launches nothing). The sm_90a kernel serves prefill
+   shapes on compute capability 9.0 (every shape when forced); AUTO falls
+   back to mma.sync for good when it does not compile or load. mskv_attn's
+   layout (decode or prefill) comes first, then its splits from how many of
+   its blocks an SM holds (asked of the driver once per store and layout). */
+static mskv_result mskv__attn_pick(mskv_cuda_store *st, const mskv_plan *plan, const mskv_attn *attn, int32_t max_qo,
+                                   int32_t max_kv, mskv__attn_launch *L) {
+    mskv_cuda *cu = st->cu;
+    const int forced = cu->desc.attn_path == MSKV_CUDA_ATTN_WGMMA;
+    mskv__cuda_defines defs = st->defs;
+    mskv_result res;
+    L->fm = NULL;
+    res = mskv_cuda_attn_geometry_get(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
+                                      st->d.head_dim, cu->info.multiprocessors, cu->smem_optin, 0, &L->g);
+    if (res != MSKV_SUCCESS && !forced) return res;
+    L->sm90 = forced || (cu->info.wgmma && !L->g.decode);
+    if (L->sm90) {
+        if (!mskv__cuda_sm90_device(cu)) return MSKV_ERROR_UNSUPPORTED;
+        mskv__cuda_define(&defs, MSKV__D_ATTN_WARP_KEYS, 0);
+        defs.arch_specific = 1;
+        res = mskv__cuda_store_function(st, MSKV__K_ATTN_SM90, &defs, &L->f);
+        if (res == MSKV_SUCCESS) {
+            mskv_cuda_attn_geometry g;
+            res = mskv__cuda_attn_geometry_sm90(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads,
+                                                st->d.kv_heads, st->d.head_dim, cu->info.multiprocessors,
+                                                cu->smem_optin, &g);
+            /* the merge from the same (sm_90a) module */
+            if (res == MSKV_SUCCESS && g.n_splits > 1)
+                res = mskv__cuda_store_function(st, MSKV__K_LSE_MERGE, &defs, &L->fm);
+            if (res == MSKV_SUCCESS) L->g = g;
+            /* AUTO: a device that does not say it has the shared memory gets mma.sync */
+            if (res != MSKV_ERROR_UNSUPPORTED || forced) return res;
+        } else {
+            /* out of memory is this call's failure, not the kernel's */
+            if (forced || res == MSKV_ERROR_OUT_OF_MEMORY) return res;
+            mskv__cuda_sm90_off(cu, res);
+        }
+        L->sm90 = 0;
+        defs = st->defs;
+    }
+    mskv__cuda_define(&defs, MSKV__D_ATTN_WARP_KEYS, L->g.decode);
+    if ((res = mskv__cuda_store_function(st, MSKV__K_ATTN, &defs, &L->f)) != MSKV_SUCCESS) return res;
+    res = mskv_cuda_attn_geometry_get(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
+                                      st->d.head_dim, cu->info.multiprocessors, cu->smem_optin,
+                                      mskv__attn_resident(st, L->f, L->g.decode, L->g.smem_bytes), &L->g);
+    if (res == MSKV_SUCCESS && L->g.n_splits > 1)
+        res = mskv__cuda_store_function(st, MSKV__K_LSE_MERGE, &defs, &L->fm);
+    return res;
+}
+
+/* Both kernels' last three parameters, q_pos, vis_sink_end, vis_window_start
+   from parameter i on: the uploaded arrays where the plan's features ask for
+   them, else 0 (the tail rule, nothing hidden: the kernels then read
+   nothing more). */
+static void mskv__attn_args_vis(mskv__cuda_args *a, int i, const mskv_plan *plan, const mskv_cuda_dplan *dplan) {
+    const int vis = (plan->features & MSKV_PLAN_VISIBILITY) != 0;
+    mskv__cuda_arg_ptr(a, i, plan->features & MSKV_PLAN_Q_POS ? dplan->q_pos : 0);
+    mskv__cuda_arg_ptr(a, i + 1, vis ? dplan->vis_sink_end : 0);
+    mskv__cuda_arg_ptr(a, i + 2, vis ? dplan->vis_window_start : 0);
+}
+
+/* mskv_attn(q, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices, kv_len, kv_pos_split,
+   kv_pos_shift, q_heads, kv_heads, page_size, page_magic, page_shift, scale_log2, mask,
+   window_left, kv_chunk, n_splits, o, lse, o_part, lse_part, q_pos, vis_sink_end,
+   vis_window_start) */
+static mskv__cuda_args *mskv__attn_args(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
+                                        const mskv_cuda_dplan *dplan,
+                                        const mskv_attn *attn, const mskv_cuda_attn_geometry *g, float scale_log2,
+                                        mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse, mskv_cu_ptr o_part,
+                                        mskv_cu_ptr lse_part) {
+    mskv__cuda_args *a = &st->args[MSKV__K_ATTN];
+    if (!a->once) {
+        uint32_t magic;
+        int32_t shift;
+        mskv_cuda_page_divisor(st->d.page_size, &magic, &shift);
+        mskv__cuda_arg_i32(a, 10, st->d.kv_heads);
+        mskv__cuda_arg_i32(a, 11, st->d.page_size);
+        mskv__cuda_arg_u32(a, 12, magic);
+        mskv__cuda_arg_i32(a, 13, shift);
+        a->once = 1;
+    }
+    mskv__cuda_arg_ptr(a, 0, q);
+    mskv__cuda_arg_ptr(a, 1, mskv_cuda_store_pool(st, layer, 0));
+    mskv__cuda_arg_ptr(a, 2, mskv_cuda_store_pool(st, layer, 1));
+    mskv__cuda_arg_ptr(a, 3, dplan->qo_indptr);
+    mskv__cuda_arg_ptr(a, 4, dplan->kv_indptr);
+    mskv__cuda_arg_ptr(a, 5, dplan->kv_indices);
+    mskv__cuda_arg_ptr(a, 6, dplan->kv_len);
+    mskv__cuda_arg_ptr(a, 7, dplan->kv_pos_split);
+    mskv__cuda_arg_ptr(a, 8, dplan->kv_pos_shift);
+    mskv__cuda_arg_i32(a, 9, attn->q_heads);
+    mskv__cuda_arg_f32(a, 14, scale_log2);
+    mskv__cuda_arg_i32(a, 15, (int32_t)attn->mask);
+    mskv__cuda_arg_i32(a, 16, attn->window_left);
+    mskv__cuda_arg_i32(a, 17, g->kv_chunk);
+    mskv__cuda_arg_i32(a, 18, g->n_splits);
+    mskv__cuda_arg_ptr(a, 19, o);
+    mskv__cuda_arg_ptr(a, 20, lse);
+    mskv__cuda_arg_ptr(a, 21, o_part);
+    mskv__cuda_arg_ptr(a, 22, lse_part);
+    mskv__attn_args_vis(a, 23, plan, dplan);
+    return a;
+}
+
+/* mskv_attn_sm90(k_map, v_map, use_tma, q, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices,
+   kv_len, kv_pos_split, kv_pos_shift, q_heads, kv_heads, page_size, scale_log2, mask,
+   window_left, kv_chunk, n_splits, o, lse, o_part, lse_part, q_pos, vis_sink_end,
+   vis_window_start)
+   The maps are 128-byte CUtensorMaps passed by value: their parameter
+   pointers go to the store's maps of the layer (or to zeros when the kernel
+   copies with cp.async) instead of to a value slot. */
+static mskv__cuda_args *mskv__attn_args_sm90(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
+                                             const mskv_cuda_dplan *dplan,
+                                             const mskv_attn *attn, const mskv_cuda_attn_geometry *g,
+                                             float scale_log2, mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse,
+                                             mskv_cu_ptr o_part, mskv_cu_ptr lse_part) {
+    static const unsigned char no_map[128] = { 0 };
+    mskv__cuda_args *a = &st->args[MSKV__K_ATTN_SM90];
+    const int32_t P = st->d.page_size, bn = g->block_keys;
+    /* TMA when a tile holds whole pages: page_size a multiple of BN, or BN a multiple of a page of 16+ rows */
+    const int32_t use_tma = st->tmaps_state == 1 && (P % bn == 0 || (bn % P == 0 && P >= 16));
+    if (!a->once) {
+        mskv__cuda_arg_i32(a, 13, st->d.kv_heads);
+        mskv__cuda_arg_i32(a, 14, st->d.page_size);
+        a->once = 1;
+    }
+    a->ptr[0] = use_tma ? (void *)(st->tmaps + (size_t)layer * 256) : (void *)(uintptr_t)no_map;
+    a->ptr[1] = use_tma ? (void *)(st->tmaps + (size_t)layer * 256 + 128) : (void *)(uintptr_t)no_map;
+    mskv__cuda_arg_i32(a, 2, use_tma);
+    mskv__cuda_arg_ptr(a, 3, q);
+    mskv__cuda_arg_ptr(a, 4, mskv_cuda_store_pool(st, layer, 0));
+    mskv__cuda_arg_ptr(a, 5, mskv_cuda_store_pool(st, layer, 1));
+    mskv__cuda_arg_ptr(a, 6, dplan->qo_indptr);
+    mskv__cuda_arg_ptr(a, 7, dplan->kv_indptr);
+    mskv__cuda_arg_ptr(a, 8, dplan->kv_indices);
+    mskv__cuda_arg_ptr(a, 9, dplan->kv_len);
+    mskv__cuda_arg_ptr(a, 10, dplan->kv_pos_split);
+    mskv__cuda_arg_ptr(a, 11, dplan->kv_pos_shift);
+    mskv__cuda_arg_i32(a, 12, attn->q_heads);
+    mskv__cuda_arg_f32(a, 15, scale_log2);
+    mskv__cuda_arg_i32(a, 16, (int32_t)attn->mask);
+    mskv__cuda_arg_i32(a, 17, attn->window_left);
+    mskv__cuda_arg_i32(a, 18, g->kv_chunk);
+    mskv__cuda_arg_i32(a, 19, g->n_splits);
+    mskv__cuda_arg_ptr(a, 20, o);
+    mskv__cuda_arg_ptr(a, 21, lse);
+    mskv__cuda_arg_ptr(a, 22, o_part);
+    mskv__cuda_arg_ptr(a, 23, lse_part);
+    mskv__attn_args_vis(a, 24, plan, dplan);
+    return a;
+}
+
+MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
+                                         const mskv_cuda_dplan *dplan, const mskv_attn *attn,
+                                         mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse) {
+    static const unsigned int merge_block[3] = {128, 1, 1};
+    mskv__attn_launch L;
+    mskv__cuda_args *a, *m;
+    mskv_result res;
+    mskv_cu_ptr ws = 0, o_part = 0, lse_part = 0;
+    int32_t max_qo = 0, max_kv = 0;
+    int empty;
+    unsigned int block[3];
+    float scale, scale_log2;
+    res = mskv__attn_check(st, layer, plan, dplan, attn, q, o, lse, &empty, &max_qo, &max_kv);
+    if (res != MSKV_SUCCESS || empty) return res;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
-    if (st->cu->fn.cuDeviceGetAttribute(&smem_optin, MSKV_CU_ATTR_MAX_SMEM_OPTIN, st->cu->device) != MSKV_CU_SUCCESS)
-        smem_optin = 0;
-    /* the layout, its kernel, then the splits from how many of its blocks fit an SM */
-    res = mskv_cuda_attn_geometry_get(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
-                                      st->d.head_dim, st->cu->info.multiprocessors, smem_optin, 0, &g);
-    if (res != MSKV_SUCCESS && st->cu->desc.attn_path != MSKV_CUDA_ATTN_WGMMA) return res;
-    /* the sm_90a kernel: prefill shapes on compute capability 9.0, or every call when forced */
-    if (st->cu->desc.attn_path == MSKV_CUDA_ATTN_WGMMA || (st->cu->info.wgmma && !g.decode)) {
-        mskv_cu_function fs;
-        if (!mskv__cuda_sm90_device(st->cu)) return MSKV_ERROR_UNSUPPORTED;
-        res = mskv__cuda_sm90_function(st, "mskv_attn_sm90", &fs);
-        if (res == MSKV_SUCCESS)
-            return mskv__cuda_attention_sm90(st, layer, plan, dplan, attn, fs, max_qo, max_kv, smem_optin, q, o, lse);
-        if (st->cu->desc.attn_path == MSKV_CUDA_ATTN_WGMMA) return res;
-        mskv__cuda_sm90_off(st->cu, res);
-    }
-    mskv__cuda_defines_base(st, &defs);
-    mskv__cuda_define(&defs, "MSKV_ATTN_WARP_KEYS", g.decode);
-    if ((res = mskv__cuda_function(st->cu, "mskv_attn", &defs, &f)) != MSKV_SUCCESS) return res;
-    res = mskv_cuda_attn_geometry_get(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
-                                      st->d.head_dim, st->cu->info.multiprocessors, smem_optin,
-                                      mskv__attn_resident(st, f, g.decode, g.smem_bytes), &g);
-    if (res != MSKV_SUCCESS) return res;
-    if (g.n_splits > 1) {
-        int64_t cover = (int64_t)g.n_splits * g.kv_chunk;
+
+    /* ---- the part that follows kernels.cu: geometry, variants, workspace,
+       then each kernel's parameter values in its parameter order ---------- */
+    if ((res = mskv__attn_pick(st, plan, attn, max_qo, max_kv, &L)) != MSKV_SUCCESS) return res;
+    if (L.sm90 && (res = mskv__cuda_store_tmaps(st)) != MSKV_SUCCESS) return res;
+    if (L.g.n_splits > 1) {
+        int64_t cover = (int64_t)L.g.n_splits * L.g.kv_chunk;
+        if ((res = mskv__cuda_workspace(st, L.g.workspace_bytes, &ws)) != MSKV_SUCCESS) return res;
         if (st->capturing && cover < st->cap_kv_cover) st->cap_kv_cover = cover;
-        if ((res = mskv__cuda_workspace(st, g.workspace_bytes, &ws)) != MSKV_SUCCESS) return res;
         o_part = ws;
-        lse_part = ws + (mskv_cu_ptr)((size_t)g.n_splits * (size_t)plan->total_q * (size_t)attn->q_heads * (size_t)st->d.head_dim * 4);
+        lse_part = ws + (mskv_cu_ptr)((size_t)L.g.n_splits * (size_t)plan->total_q * (size_t)attn->q_heads * (size_t)st->d.head_dim * 4);
     }
-    k_pool = mskv_cuda_store_pool(st, layer, 0);
-    v_pool = mskv_cuda_store_pool(st, layer, 1);
-    q_heads = attn->q_heads; kv_heads = st->d.kv_heads; page_size = st->d.page_size;
     scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)st->d.head_dim);
     scale_log2 = scale * 1.44269504088896341f;
-    mask = (int)attn->mask; window_left = attn->window_left;
-    kv_chunk = g.kv_chunk; n_splits = g.n_splits;
+    a = L.sm90 ? mskv__attn_args_sm90(st, layer, plan, dplan, attn, &L.g, scale_log2, q, o, lse, o_part, lse_part)
+               : mskv__attn_args(st, layer, plan, dplan, attn, &L.g, scale_log2, q, o, lse, o_part, lse_part);
+    block[0] = L.g.block_threads; block[1] = 1; block[2] = 1;
+    res = mskv__cuda_launch(st, L.f, L.g.grid, block, L.g.smem_bytes, a->ptr);
+    if (res != MSKV_SUCCESS || L.g.n_splits == 1) return res;
     {
-        uint32_t m32;
-        int32_t sh32;
-        mskv_cuda_page_divisor(page_size, &m32, &sh32);
-        page_magic = m32; page_shift = sh32;
-    }
-    /* kernels.cu's mskv_attn parameter list, in order */
-    args[0] = &q; args[1] = &k_pool; args[2] = &v_pool;
-    args[3] = (void *)&dplan->qo_indptr; args[4] = (void *)&dplan->kv_indptr; args[5] = (void *)&dplan->kv_indices;
-    args[6] = (void *)&dplan->kv_len; args[7] = (void *)&dplan->kv_pos_split; args[8] = (void *)&dplan->kv_pos_shift;
-    args[9] = &q_heads; args[10] = &kv_heads; args[11] = &page_size; args[12] = &page_magic; args[13] = &page_shift;
-    args[14] = &scale_log2; args[15] = &mask; args[16] = &window_left; args[17] = &kv_chunk; args[18] = &n_splits;
-    args[19] = &o; args[20] = lse ? &lse : &null_ptr; args[21] = &o_part; args[22] = &lse_part;
-    args[23] = &null_ptr; args[24] = &null_ptr; args[25] = &null_ptr;   /* q_pos, vis_sink_end, vis_window_start */
-    res = mskv__cuda_launch(st, f, g.grid, block, g.smem_bytes, args);
-    if (res != MSKV_SUCCESS || g.n_splits == 1) return res;
-    {
-        long long rows = (long long)plan->total_q * attn->q_heads, part_rows = rows;
+        /* mskv_lse_merge(o_part, lse_part, n_splits, part_rows, rows, o, lse) */
+        int64_t rows = (int64_t)plan->total_q * attn->q_heads;
         unsigned int grid[3];
-        void *margs[7];
         grid[0] = (unsigned int)((rows + 3) / 4); grid[1] = 1; grid[2] = 1;
-        if ((res = mskv__cuda_function(st->cu, "mskv_lse_merge", &defs, &fm)) != MSKV_SUCCESS) return res;
-        margs[0] = &o_part; margs[1] = &lse_part; margs[2] = &n_splits; margs[3] = &part_rows; margs[4] = &rows;
-        margs[5] = &o; margs[6] = lse ? &lse : &null_ptr;
-        return mskv__cuda_launch(st, fm, grid, block, 0, margs);
+        m = &st->args[MSKV__K_LSE_MERGE];
+        mskv__cuda_arg_ptr(m, 0, o_part);
+        mskv__cuda_arg_ptr(m, 1, lse_part);
+        mskv__cuda_arg_i32(m, 2, L.g.n_splits);
+        mskv__cuda_arg_i64(m, 3, rows);
+        mskv__cuda_arg_i64(m, 4, rows);
+        mskv__cuda_arg_ptr(m, 5, o);
+        mskv__cuda_arg_ptr(m, 6, lse);
+        return mskv__cuda_launch(st, L.fm, grid, merge_block, 0, m->ptr);
     }
+    /* ---- end of the kernel-specific part -------------------------------- */
 }
 
 MSKV_API mskv_result mskv_cuda_merge(mskv_cuda_store *st, int64_t n, int32_t heads, int32_t head_dim,
                                      mskv_cu_ptr o_a, mskv_cu_ptr lse_a, mskv_cu_ptr o_b, mskv_cu_ptr lse_b,
                                      mskv_cu_ptr o, mskv_cu_ptr lse) {
+    static const unsigned int block[3] = {128, 1, 1};
     mskv__cuda_defines defs;
+    mskv__cuda_args *a;
     mskv_cu_function f;
     mskv_result res;
-    long long rows;
-    unsigned int grid[3], block[3] = {128, 1, 1};
-    void *args[7];
+    int64_t rows;
+    unsigned int grid[3];
     if (!st) return MSKV_ERROR_NULL_POINTER;
     if (n < 0 || heads <= 0 || (head_dim != 64 && head_dim != 128 && head_dim != 256)) return MSKV_ERROR_INVALID_ARGUMENT;
     if (n == 0) return MSKV_SUCCESS;
     if (!o_a || !lse_a || !o_b || !lse_b || !o || !lse) return MSKV_ERROR_NULL_POINTER;
     if (n > (int64_t)0x7fffffff * 4 / heads) return MSKV_ERROR_OVERFLOW;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
-    mskv__cuda_defines_base(st, &defs);
-    mskv__cuda_define(&defs, "MSKV_DTYPE", 0);
-    mskv__cuda_define(&defs, "MSKV_HEAD_DIM", head_dim);
-    if ((res = mskv__cuda_function(st->cu, "mskv_state_merge", &defs, &f)) != MSKV_SUCCESS) return res;
-    rows = (long long)n * heads;
+    defs = st->defs;
+    mskv__cuda_define(&defs, MSKV__D_DTYPE, 0);
+    mskv__cuda_define(&defs, MSKV__D_HEAD_DIM, head_dim);
+    if ((res = mskv__cuda_store_function(st, MSKV__K_STATE_MERGE, &defs, &f)) != MSKV_SUCCESS) return res;
+    rows = n * heads;
     grid[0] = (unsigned int)((rows + 3) / 4); grid[1] = 1; grid[2] = 1;
-    args[0] = &o_a; args[1] = &lse_a; args[2] = &o_b; args[3] = &lse_b; args[4] = &rows; args[5] = &o; args[6] = &lse;
-    return mskv__cuda_launch(st, f, grid, block, 0, args);
+    /* mskv_state_merge(o_a, lse_a, o_b, lse_b, rows, o, lse) */
+    a = &st->args[MSKV__K_STATE_MERGE];
+    mskv__cuda_arg_ptr(a, 0, o_a);
+    mskv__cuda_arg_ptr(a, 1, lse_a);
+    mskv__cuda_arg_ptr(a, 2, o_b);
+    mskv__cuda_arg_ptr(a, 3, lse_b);
+    mskv__cuda_arg_i64(a, 4, rows);
+    mskv__cuda_arg_ptr(a, 5, o);
+    mskv__cuda_arg_ptr(a, 6, lse);
+    return mskv__cuda_launch(st, f, grid, block, 0, a->ptr);
 }
 
 MSKV_API mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, mskv_cu_ptr x, int64_t n,
                                     int32_t heads, mskv_cu_ptr positions) {
+    static const unsigned int block[3] = {128, 1, 1};
     mskv__cuda_defines defs;
+    mskv__cuda_args *a;
     mskv_cu_function f;
     mskv_result res;
-    long long nn = (long long)n;
-    int h = heads;
-    float theta;
-    unsigned int grid[3], block[3] = {128, 1, 1};
-    void *args[5];
+    unsigned int grid[3];
     if (!st || !rope) return MSKV_ERROR_NULL_POINTER;
     if (n < 0 || heads <= 0 || (rope->mode != MSKV_POS_1D && rope->mode != MSKV_POS_3D)) return MSKV_ERROR_INVALID_ARGUMENT;
     if (st->d.head_dim != 64 && st->d.head_dim != 128 && st->d.head_dim != 256) return MSKV_ERROR_UNSUPPORTED;
@@ -4558,13 +5399,18 @@ MSKV_API mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, 
     if (!x || !positions) return MSKV_ERROR_NULL_POINTER;
     if (n > (int64_t)0x7fffffff * 4 / heads) return MSKV_ERROR_OVERFLOW;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
-    mskv__cuda_defines_base(st, &defs);
+    defs = st->defs;
     mskv__cuda_defines_rope(&defs, rope);
-    if ((res = mskv__cuda_function(st->cu, "mskv_rope", &defs, &f)) != MSKV_SUCCESS) return res;
-    theta = rope->theta > 0.0f ? rope->theta : 10000.0f;
-    grid[0] = (unsigned int)((nn * h + 3) / 4); grid[1] = 1; grid[2] = 1;
-    args[0] = &x; args[1] = &nn; args[2] = &h; args[3] = &positions; args[4] = &theta;
-    return mskv__cuda_launch(st, f, grid, block, 0, args);
+    if ((res = mskv__cuda_store_function(st, MSKV__K_ROPE, &defs, &f)) != MSKV_SUCCESS) return res;
+    grid[0] = (unsigned int)((n * heads + 3) / 4); grid[1] = 1; grid[2] = 1;
+    /* mskv_rope(x, n, heads, positions, theta) */
+    a = &st->args[MSKV__K_ROPE];
+    mskv__cuda_arg_ptr(a, 0, x);
+    mskv__cuda_arg_i64(a, 1, n);
+    mskv__cuda_arg_i32(a, 2, heads);
+    mskv__cuda_arg_ptr(a, 3, positions);
+    mskv__cuda_arg_f32(a, 4, rope->theta > 0.0f ? rope->theta : 10000.0f);
+    return mskv__cuda_launch(st, f, grid, block, 0, a->ptr);
 }
 
 #ifdef __cplusplus

@@ -125,12 +125,27 @@ static void hb_pages(int32_t live, int32_t batch) {
 typedef struct hb_plan_bufs {
     int32_t *qo, *kvp, *idx, *last, *kvlen, *split, *shift, *pos;
     int64_t *tok, *slots;
+    mskv_request *reqs;
 } hb_plan_bufs;
+
+/* median seconds of one mskv_plan_check of p (reps calls per sample) */
+static double hb_check_time(mskv_arena *a, const mskv_plan *p, mskv_result want) {
+    double t[9], t0;
+    int k, j, reps = 256;
+    for (k = 0; k < 9; k++) {
+        t0 = hb_now();
+        for (j = 0; j < reps; j++)
+            if (mskv_plan_check(a, p) != want) { fprintf(stderr, "host_bench: plan check: unexpected result\n"); exit(1); }
+        t[k] = (hb_now() - t0) / reps;
+    }
+    qsort(t, 9, sizeof(double), hb_cmp);
+    return t[4];
+}
 
 static void hb_steps(int32_t nreq, int64_t context, int steps) {
     const int32_t P = 16;
     int64_t pages_per_req = (context + steps + P) / P + 1;
-    int32_t num_pages = (int32_t)(pages_per_req * nreq + 1), i;
+    int32_t num_pages = (int32_t)(pages_per_req * nreq + 2), i;   /* + the null page, + one for the plan-check figure */
     hb_counter c = {0, 0, 0};
     mskv_arena *a = hb_arena(num_pages, P, 0, &c);
     mskv_request *r = (mskv_request *)malloc(sizeof(mskv_request) * (size_t)nreq);
@@ -170,11 +185,14 @@ static void hb_steps(int32_t nreq, int64_t context, int steps) {
     b.pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)nreq);
     b.tok = (int64_t *)malloc(sizeof(int64_t) * (size_t)(nreq + 1));
     b.slots = (int64_t *)malloc(sizeof(int64_t) * (size_t)nreq);
-    if (!b.qo || !b.kvp || !b.idx || !b.last || !b.kvlen || !b.split || !b.shift || !b.pos || !b.tok || !b.slots) exit(1);
+    b.reqs = (mskv_request *)malloc(sizeof(mskv_request) * (size_t)nreq);
+    if (!b.qo || !b.kvp || !b.idx || !b.last || !b.kvlen || !b.split || !b.shift || !b.pos || !b.tok || !b.slots || !b.reqs)
+        exit(1);
     memset(&p, 0, sizeof p);
     p.qo_indptr = b.qo; p.kv_indptr = b.kvp; p.kv_indices = b.idx; p.kv_last_page_len = b.last; p.kv_len = b.kvlen;
     p.kv_pos_split = b.split; p.kv_pos_shift = b.shift; p.kv_token_indptr = b.tok; p.slot_mapping = b.slots;
     p.positions = b.pos;
+    p.requests = b.reqs;   /* exact stale-plan checks */
     p.cap_batch = nreq; p.cap_tokens = nreq; p.cap_page_ids = cap_ids;
     /* memset the plan arrays once so page faults are not timed */
     memset(b.idx, 0, sizeof(int32_t) * (size_t)cap_ids);
@@ -206,9 +224,23 @@ static void hb_steps(int32_t nreq, int64_t context, int steps) {
     hb_report("plan: ns per page id (median plan)", per_plan[steps / 2] * 1e9 / ((double)ids / steps), "ns", "<=", 1);
     hb_report("heap allocations per steady-state step", (double)(c.allocs + c.reallocs - allocs_before) / steps, "allocs",
               "<=", 0);
+    /* the stale-plan check every CPU/GPU call makes: one compare while no table
+       lost pages; once another request lost some, one look per segment */
+    {
+        mskv_request other;
+        mskv_segment so;
+        double fast = hb_check_time(a, &p, MSKV_SUCCESS), slow;
+        hb_need(mskv_request_add(a, &other), "add");
+        so.request = other; so.n_tokens = 1;
+        hb_need(mskv_admit(a, &so, 1), "admit");
+        hb_need(mskv_abort(a, &so, 1), "abort");   /* pages leave a table: the generation moves */
+        slow = hb_check_time(a, &p, MSKV_SUCCESS);
+        printf("  %-46s %12.3f ns   (after another request lost pages: %.1f ns, %.2f ns per segment)\n",
+               "plan check, no table lost pages (median)", fast * 1e9, slow * 1e9, slow * 1e9 / nreq);
+    }
     mskv_arena_destroy(a);
     free(b.qo); free(b.kvp); free(b.idx); free(b.last); free(b.kvlen); free(b.split); free(b.shift); free(b.pos);
-    free(b.tok); free(b.slots);
+    free(b.tok); free(b.slots); free(b.reqs);
     free(per_step);
     free(per_plan);
     free(r);

@@ -4,6 +4,7 @@ K/V, non-causal), on each backend PyTorch offers for it; prints the fastest as
 "sdpa_tflops X" (4 * head_dim FLOPs per query-head-key triple).
 Usage: python3 bench/sdpa_peer.py --q 4680 --k 32760 --heads 12 --dim 128"""
 import argparse
+import contextlib
 import sys
 
 def main():
@@ -37,20 +38,18 @@ def main():
     best, best_name = 0.0, None
     for name, be in backends:
         try:
-            ctx = sdpa_kernel([be]) if be is not None else None
-            if ctx is not None:
-                ctx.__enter__()
-            for _ in range(3):
-                F.scaled_dot_product_attention(q, k, v)
-            torch.cuda.synchronize()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(a.iters):
-                F.scaled_dot_product_attention(q, k, v)
-            e.record()
-            torch.cuda.synchronize()
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
+            # a with-block leaves the backend selection even when the backend raises:
+            # a context left open would restrict every backend tried after it
+            with sdpa_kernel([be]) if be is not None else contextlib.nullcontext():
+                for _ in range(3):
+                    F.scaled_dot_product_attention(q, k, v)
+                torch.cuda.synchronize()
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                for _ in range(a.iters):
+                    F.scaled_dot_product_attention(q, k, v)
+                e.record()
+                torch.cuda.synchronize()
             t = s.elapsed_time(e) / 1e3 / a.iters
             tf = flops / t / 1e12
             print("backend %s: %.1f TFLOP/s" % (name, tf), file=sys.stderr)

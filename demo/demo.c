@@ -25,6 +25,11 @@
    then replaces the window's latents with the output: a Jacobi sweep in which
    a window frame becomes exact one step after the frame before it.
 
+   Guidance (--cfg SCALE, kv mode): two branches, a request each, bound into
+   a lockstep group and planned as one batch; their outputs combine as
+   o_uncond + SCALE (o_cond - o_uncond). See demo_run_cfg for why the guided
+   video is still the analytic truth.
+
    Backends (--backend): the host store and CPU attention of mstar_kv.h, or a
    device store with the GPU kernels of mstar_kv_cuda.h, which loads the CUDA
    driver and NVRTC at run time (no toolkit at build time; without a GPU,
@@ -75,6 +80,7 @@ typedef enum demo_break { DEMO_BREAK_NONE = 0, DEMO_BREAK_PAGE = 1, DEMO_BREAK_S
 typedef struct demo_cfg {
     int frames, width, height, window, overlap, sink, context, steps, threads, page_size;
     int offload, check, quiet;
+    double cfg;              /* --cfg: the guidance scale; 0 = one branch */
     demo_mode mode;
     demo_backend_kind backend;
     int dtype;               /* the cache's mskv_dtype; -1 = the backend's default */
@@ -115,6 +121,11 @@ static void demo_help(void) {
 "  --dtype T            the cache's storage: f32, f16 or bf16 (default: f32 on the\n"
 "                       CPU; f16 on the GPU, whose tensor-core kernels need 16 bits)\n"
 "  --threads N          attention threads (default: online cores, at most 8)\n"
+"  --cfg SCALE          kv mode: classifier-free guidance with two branches in\n"
+"                       lockstep, o = o_uncond + SCALE (o_cond - o_uncond), SCALE in\n"
+"                       (0, 100]; the conditional branch sees the prompt frame / SCALE,\n"
+"                       the unconditional one a blank prompt, so the guided video is\n"
+"                       the truth (--check judges it the same way)\n"
 "  --offload            kv mode: park the cache in host memory between windows and\n"
 "                       reload it (the output is bit-identical: compare latent_hash)\n"
 "  --seed N             scene and noise seed (default 1)\n"
@@ -206,6 +217,14 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
             else return demo_usage("--dtype: expected f32, f16 or bf16, got '%s'", val);
             continue;
         }
+        if (!strcmp(name, "--cfg")) {
+            char *end = NULL;
+            errno = 0;
+            c->cfg = strtod(val, &end);
+            if (errno || !end || end == val || *end || !(c->cfg > 0.0 && c->cfg <= 100.0))
+                return demo_usage("--cfg: expected a guidance scale in (0, 100], got '%s'", val);
+            continue;
+        }
         if (!strcmp(name, "--seed")) {
             char *end = NULL;
             errno = 0;
@@ -239,6 +258,7 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
             return demo_usage("chained mode: --overlap must be in [1, window-1] = [1, %d] (a window sees only its conditioning frames)", c->window - 1);
         if (c->window < 2) return demo_usage("chained mode: --window must be >= 2");
         if (c->offload) return demo_usage("--offload needs --mode kv (chained windows keep nothing between windows)");
+        if (c->cfg > 0.0) return demo_usage("--cfg needs --mode kv (the branches keep their prompts in the cache)");
     }
     if (c->backend == DEMO_BACKEND_CUDA && c->dtype == MSKV_DTYPE_F32)
         return demo_usage("--backend cuda: the GPU attention kernels need --dtype f16 or bf16");
@@ -281,6 +301,7 @@ typedef struct demo_backend {
 /* What a backend needs to size its store. */
 typedef struct demo_store_shape {
     int32_t num_pages, page_size, head_dim;
+    int32_t max_batch;       /* segments one plan holds: the branches */
     int64_t max_tokens;      /* the most tokens one step writes or queries */
     int dtype;               /* a mskv_dtype, or -1: the backend's default */
     int threads;
@@ -585,7 +606,7 @@ static int demo_gpu_open(demo_backend *b, const demo_store_shape *s, char *why, 
     sd.kv_heads = 1;
     sd.head_dim = s->head_dim;
     sd.dtype = g->dtype;
-    sd.max_batch = 1;
+    sd.max_batch = s->max_batch;
     sd.max_tokens = (int32_t)s->max_tokens;
     sd.max_page_ids = s->num_pages;
     r = mskv_cuda_store_create(g->cu, &sd, &g->st);
@@ -815,7 +836,9 @@ typedef struct demo_run {
     int64_t T;               /* latent frames in the video */
     int64_t T_gen;           /* latent frames generated (the last window may pass T) */
     float *lat;              /* [T_gen][lat_floats] every generated latent frame */
-    float *q, *k, *v, *o, *x;
+    float *q, *k, *v, *o, *x;   /* q, k, v, o: a row block per branch */
+    int nb;                  /* branches: 2 with --cfg */
+    float *prompt[2];        /* --cfg: each branch's own prompt frame (conditional, unconditional) */
     int32_t num_pages, peak_pages, page_bound;
     int64_t pages_freed, released_tokens, offloads;
     char err[512];
@@ -884,30 +907,64 @@ static void demo_build_queries(demo_run *r, int64_t f0, int nfr, int64_t anchor)
 }
 
 /* Keys from the plan's 3-D positions (frame relative to base_frame), after
-   checking they are the tokens the model thinks it is writing. */
+   checking they are the tokens the model thinks it is writing: in every
+   segment (each branch under --cfg holds the same tokens). */
 static int demo_build_keys(demo_run *r, const mskv_plan *p, int64_t base_frame, int64_t f0, int nfr) {
     const demo_geom *g = &r->g;
     int64_t n = (int64_t)nfr * g->tpf, t;
+    int b;
     char why[256];
-    if (p->total_q != n || p->batch != 1) return demo_fail(r, "plan has %d queries, expected %lld", p->total_q, (long long)n);
+    if (p->total_q != n * r->nb || p->batch != r->nb)
+        return demo_fail(r, "plan has %d queries in %d segments, expected %lld in %d", p->total_q, p->batch,
+                         (long long)n * r->nb, r->nb);
     if (mskv_plan_validate(p, r->num_pages, why, sizeof(why)) != MSKV_SUCCESS)
         return demo_fail(r, "invalid plan: %s", why);
-    for (t = 0; t < n; t++) {
-        int64_t frame = base_frame + p->positions[3 * t];
-        int row = p->positions[3 * t + 1], col = p->positions[3 * t + 2];
-        if (frame != f0 + t / g->tpf || row != (int)((t % g->tpf) / g->gw) || col != (int)(t % g->gw))
-            return demo_fail(r, "plan position of token %lld is (%lld,%d,%d), expected frame %lld", (long long)t,
-                             (long long)frame, row, col, (long long)(f0 + t / g->tpf));
-        demo_feat_encode(&r->feat, frame, row, col, r->k + (size_t)t * g->dim);
-    }
+    for (b = 0; b < r->nb; b++)
+        for (t = 0; t < n; t++) {
+            int64_t at = (int64_t)b * n + t;
+            int64_t frame = base_frame + p->positions[3 * at];
+            int row = p->positions[3 * at + 1], col = p->positions[3 * at + 2];
+            if (p->qo_indptr[b] != b * n || frame != f0 + t / g->tpf || row != (int)((t % g->tpf) / g->gw) || col != (int)(t % g->gw))
+                return demo_fail(r, "plan position of token %lld is (%lld,%d,%d), expected frame %lld", (long long)at,
+                                 (long long)frame, row, col, (long long)(f0 + t / g->tpf));
+            demo_feat_encode(&r->feat, frame, row, col, r->k + (size_t)at * g->dim);
+        }
     return 0;
+}
+
+/* The window's V rows, one block per branch: the state r->x, except that
+   under --cfg each branch's given (clamped) frames are its own prompt. */
+static void demo_values(demo_run *r, int nfr, int clamp) {
+    const demo_geom *g = &r->g;
+    size_t n = (size_t)nfr * g->tpf * (size_t)g->dim;
+    int b, f;
+    for (b = 0; b < r->nb; b++)
+        for (f = 0; f < nfr; f++) {
+            const float *src = r->nb > 1 && f < clamp ? r->prompt[b] : r->x + (size_t)f * g->lat_floats;
+            demo_patchify(g, src, r->v + (size_t)b * n + (size_t)f * g->tpf * g->dim);
+        }
+}
+
+/* The model's output per token, into the first block of r->v: the mean of
+   the two heads; under --cfg guided, o_uncond + SCALE (o_cond - o_uncond). */
+static void demo_outputs(demo_run *r, size_t n) {
+    size_t dim = (size_t)r->g.dim, i, d;
+    float s = (float)r->cfg.cfg;
+    for (i = 0; i < n; i++) {
+        const float *c = r->o + i * 2u * dim, *u = r->o + (n + i) * 2u * dim;
+        for (d = 0; d < dim; d++) {
+            float oc = 0.5f * (c[d] + c[dim + d]);
+            r->v[i * dim + d] = r->nb > 1 ? 0.5f * (u[d] + u[dim + d]) + s * (oc - 0.5f * (u[d] + u[dim + d])) : oc;
+        }
+    }
 }
 
 /* Denoises the window state r->x (nfr latent frames from f0, the first
    `clamp` of them given) over the open reservation: session (kv mode) or
-   seg (chained). */
-static int demo_denoise(demo_run *r, mskv_session *sess, const mskv_segment *seg, int64_t base_frame,
-                        int64_t f0, int nfr, int clamp, int64_t anchor, int64_t window) {
+   the r->nb segments segs (chained mode, --cfg). clean: write the final K/V
+   (the cache keeps them for later windows). */
+static int demo_denoise(demo_run *r, mskv_session *sess, const mskv_segment *segs, int64_t base_frame,
+                        int64_t f0, int nfr, int clamp, int64_t anchor, int64_t window, int clean) {
     const demo_geom *g = &r->g;
     size_t dim = (size_t)g->dim;
     int64_t n = (int64_t)nfr * g->tpf;
@@ -929,30 +986,26 @@ static int demo_denoise(demo_run *r, mskv_session *sess, const mskv_segment *seg
     for (f = clamp; f < nfr; f++)   /* seeded noise */
         for (i = 0; i < g->lat_floats; i++) r->x[(size_t)f * g->lat_floats + i] = demo_gauss(&rng);
     demo_build_queries(r, f0, nfr, anchor);
+    for (i = 1; i < (size_t)r->nb; i++)   /* every branch asks the same questions */
+        memcpy(r->q + i * (size_t)n * 2u * dim, r->q, (size_t)n * 2u * dim * sizeof(float));
     for (s = 0; s < r->cfg.steps; s++) {
         if (sess) DEMO_TRY(r, mskv_session_plan(sess, &pd, &r->plan), "plan");
-        else DEMO_TRY(r, mskv_plan_build(r->arena, seg, 1, &pd, &r->plan), "plan");
+        else DEMO_TRY(r, mskv_plan_build(r->arena, segs, r->nb, &pd, &r->plan), "plan");
         DEMO_TRY_BE(r, r->be.plan(r->be.impl, &r->plan), "upload plan");
         if (s == 0 && demo_build_keys(r, &r->plan, base_frame, f0, nfr) != 0) return -1;
-        for (f = 0; f < nfr; f++)
-            demo_patchify(g, r->x + (size_t)f * g->lat_floats, r->v + (size_t)f * g->tpf * dim);
+        demo_values(r, nfr, clamp);
         if (!(r->cfg.brk == DEMO_BREAK_STALE && s > 0))
             DEMO_TRY_BE(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write K/V");
         DEMO_TRY_BE(r, r->be.attend(r->be.impl, r->arena, &r->plan, &at, r->q, r->o), "attention");
-        for (i = 0; i < (size_t)n; i++) {   /* the two heads' mean, back into the v buffer */
-            const float *o0 = r->o + i * 2u * dim, *o1 = o0 + dim;
-            size_t d;
-            for (d = 0; d < dim; d++) r->v[i * dim + d] = 0.5f * (o0[d] + o1[d]);
-        }
+        demo_outputs(r, (size_t)n);
         for (f = clamp; f < nfr; f++)
             demo_unpatchify(g, r->v + (size_t)f * g->tpf * dim, r->x + (size_t)f * g->lat_floats);
     }
     /* The clean pass: the slots still hold the K/V of the state before the
        last step; later windows must read the final frames, so write those
        (a real model runs one more forward at noise level 0 for this). */
-    if (sess && r->cfg.brk != DEMO_BREAK_STALE) {
-        for (f = 0; f < nfr; f++)
-            demo_patchify(g, r->x + (size_t)f * g->lat_floats, r->v + (size_t)f * g->tpf * dim);
+    if (clean && r->cfg.brk != DEMO_BREAK_STALE) {
+        demo_values(r, nfr, clamp);
         DEMO_TRY_BE(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write K/V");
     }
     return 0;
@@ -1034,7 +1087,7 @@ static int demo_run_kv(demo_run *r, demo_queue *q, double t0) {
         if (r->cfg.offload && k > 0) DEMO_TRY_BE(r, mskv_request_reload(r->arena, req), "reload");
         DEMO_TRY(r, mskv_session_begin_chunk(&sess, chunk), "begin chunk");
         if (clamp) demo_scene_truth(&r->scene, 0, r->x);   /* the prompt frame */
-        if (demo_denoise(r, &sess, NULL, 0, w.start, r->cfg.window, clamp, 0, k) != 0) return -1;
+        if (demo_denoise(r, &sess, NULL, 0, w.start, r->cfg.window, clamp, 0, k, 1) != 0) return -1;
         before = demo_live_pages(r);
         DEMO_TRY(r, mskv_session_commit_chunk(&sess, &step), "commit chunk");
         DEMO_TRY_BE(r, r->be.fence(r->be.impl, step), "fence");
@@ -1054,6 +1107,78 @@ static int demo_run_kv(demo_run *r, demo_queue *q, double t0) {
     }
     r->released_tokens = sess.released_total;
     DEMO_TRY(r, mskv_request_remove(r->arena, req), "remove request");
+    return 0;
+}
+
+/* --cfg: classifier-free guidance, two branches in lockstep. They differ only
+   in their prompt frame: the conditional branch sees the true prompt / SCALE,
+   the unconditional one a blank (zero) prompt. The model is linear in the
+   values its attention picks, so every guided step, o_u + SCALE (o_c - o_u),
+   reproduces the scene exactly: what reads the prompt gives
+   0 + SCALE (prompt / SCALE) = prompt, and what reads a shared frame gives
+   it unchanged. Both branches commit the guided frames; they are admitted,
+   planned (one plan, branch b = segment b), committed, published (their
+   windows slide together), offloaded and reloaded as one lockstep group. */
+static int demo_run_cfg(demo_run *r, demo_queue *q, double t0) {
+    const demo_geom *g = &r->g;
+    mskv_retention ret;
+    mskv_request br[2];
+    mskv_lockstep ls;
+    mskv_segment segs[2];
+    mskv_window w;
+    int64_t chunk = (int64_t)r->cfg.window * g->tpf, k;
+    int32_t n = 0, b;
+    size_t i;
+    char why[256];
+    memset(&ret, 0, sizeof(ret));
+    ret.chunk_size = chunk;
+    ret.sink_chunks = r->cfg.sink;
+    ret.window_chunks = r->cfg.context;
+    if (mskv_retention_validate(&ret, r->cfg.page_size, why, sizeof(why)) != MSKV_SUCCESS)
+        return demo_fail(r, "retention: %s", why);
+    demo_scene_truth(&r->scene, 0, r->prompt[0]);
+    for (i = 0; i < g->lat_floats; i++) {
+        r->prompt[0][i] /= (float)r->cfg.cfg;   /* conditional: the prompt at 1/SCALE */
+        r->prompt[1][i] = 0.0f;                 /* unconditional: no prompt */
+    }
+    for (b = 0; b < 2; b++) {
+        DEMO_TRY(r, mskv_request_add(r->arena, &br[b]), "add branch");
+        DEMO_TRY(r, mskv_request_set_retention(r->arena, br[b], &ret), "retention");
+    }
+    DEMO_TRY(r, mskv_lockstep_create(r->arena, br, 2, &ls), "lockstep");
+    for (k = 0; k < r->sched.count; k++) {
+        int before, after, clamp = k == 0 ? 1 : 0;
+        DEMO_TRY(r, mskv_schedule_window(&r->sched, k, &w), "schedule");
+        DEMO_TRY_BE(r, r->be.retire(r->be.impl), "retire");
+        if (r->cfg.offload && k > 0) DEMO_TRY_BE(r, mskv_lockstep_reload(r->arena, ls), "reload");
+        DEMO_TRY(r, mskv_lockstep_segments(r->arena, ls, chunk, segs, 2, &n), "segments");
+        DEMO_TRY(r, mskv_admit(r->arena, segs, n), "admit");
+        if (clamp) demo_scene_truth(&r->scene, 0, r->x);   /* the guided prompt frame: what the video shows */
+        if (demo_denoise(r, NULL, segs, 0, w.start, r->cfg.window, clamp, 0, k, 1) != 0) return -1;
+        before = demo_live_pages(r);
+        DEMO_TRY(r, mskv_commit(r->arena, segs, n), "commit");
+        DEMO_TRY_BE(r, r->be.publish(r->be.impl, r->arena, segs, n), "publish");
+        after = demo_live_pages(r);
+        if (before > after) r->pages_freed += before - after;
+        memcpy(r->lat + (size_t)w.start * g->lat_floats, r->x, (size_t)r->cfg.window * g->lat_floats * sizeof(float));
+        /* a broken branch: the unconditional one's page, the conditional one intact */
+        if ((r->cfg.brk == DEMO_BREAK_PAGE || r->cfg.brk == DEMO_BREAK_SINK) && k == 1 && demo_break_page(r, br[1]) != 0)
+            return -1;
+        if (demo_audit(r) != 0 || demo_push_window(r, q, k) != 0) return -1;
+        demo_progress(r, k, w.commit_end, t0, after);
+        if (r->cfg.offload && k + 1 < r->sched.count) {
+            DEMO_TRY_BE(r, mskv_lockstep_offload(r->arena, ls), "offload");
+            /* the offload freed the pages: end the step so their fence can retire */
+            DEMO_TRY_BE(r, r->be.publish(r->be.impl, r->arena, NULL, 0), "publish");
+            r->offloads++;
+        }
+    }
+    for (b = 0; b < 2; b++) {   /* released tokens of both branches */
+        mskv_request_info info;
+        DEMO_TRY(r, mskv_request_info_get(r->arena, br[b], &info), "info");
+        r->released_tokens += info.live_start - (int64_t)info.prefix_pages * r->cfg.page_size;
+    }
+    DEMO_TRY(r, mskv_lockstep_remove(r->arena, ls), "remove branches");
     return 0;
 }
 
@@ -1097,7 +1222,7 @@ static int demo_run_chained(demo_run *r, demo_queue *q, double t0) {
         DEMO_TRY_BE(r, r->be.retire(r->be.impl), "retire");
         DEMO_TRY(r, mskv_admit(r->arena, &seg, 1), "admit window");
         live = demo_live_pages(r);
-        if (demo_denoise(r, NULL, &seg, c0, c1, nnew, 0, c0, k) != 0) return -1;
+        if (demo_denoise(r, NULL, &seg, c0, c1, nnew, 0, c0, k, 0) != 0) return -1;
         DEMO_TRY(r, mskv_commit(r->arena, &seg, 1), "commit window");
         DEMO_TRY_BE(r, r->be.publish(r->be.impl, r->arena, &seg, 1), "publish");
         memcpy(r->lat + (size_t)c1 * g->lat_floats, r->x, (size_t)nnew * g->lat_floats * sizeof(float));
@@ -1140,7 +1265,7 @@ int main(int argc, char **argv) {
     mskv_arena_desc ad;
     mskv_window last;
     mskv_result res;
-    char why[1024], path[4096];
+    char why[1024], path[4096], cfg_field[48] = "";
     double t0, secs, psnr = 0.0, worst_psnr = 0.0;
     int rc, status = 1, ok = 1, thread_started = 0, writer_open = 0, queue_init = 0, backend_open = 0;
     int chk_frames = 1, chk_decode = 1, chk_psnr = 1, chk_pages = 1;
@@ -1170,16 +1295,17 @@ int main(int argc, char **argv) {
     /* the arena: in kv mode exactly the pages the sink + window bound allows,
        so a cache that failed to release would run out of pages */
     chunk_tokens = (int64_t)r->cfg.window * r->g.tpf;
+    r->nb = r->cfg.cfg > 0.0 ? 2 : 1;   /* --cfg: a cache per branch */
     if (r->cfg.mode == DEMO_MODE_KV) {
         int64_t ps = r->cfg.page_size;
-        int64_t bound = (r->cfg.sink * chunk_tokens + ps - 1) / ps + ((r->cfg.context + 1) * chunk_tokens + ps - 1) / ps + 2;
+        int64_t bound = r->nb * ((r->cfg.sink * chunk_tokens + ps - 1) / ps + ((r->cfg.context + 1) * chunk_tokens + ps - 1) / ps + 2);
         if (bound >= INT32_MAX) { fprintf(stderr, "demo: the KV cache would need %lld pages\n", (long long)bound); return 2; }
         r->page_bound = (int32_t)bound;
     } else {
         r->page_bound = (int32_t)((chunk_tokens + r->g.tpf + r->cfg.page_size - 1) / r->cfg.page_size + 2);
     }
     r->num_pages = r->page_bound + 1;   /* + the null page */
-    max_q = chunk_tokens;
+    max_q = chunk_tokens * r->nb;
 
     if (demo_scene_init(&r->scene, &r->g, r->cfg.seed) != 0 || demo_decoder_init(&dec, &r->scene) != 0) {
         fprintf(stderr, "demo: out of memory\n");
@@ -1191,7 +1317,12 @@ int main(int argc, char **argv) {
     r->k = (float *)malloc((size_t)max_q * r->g.dim * sizeof(float));
     r->v = (float *)malloc((size_t)max_q * r->g.dim * sizeof(float));
     r->x = (float *)malloc((size_t)r->cfg.window * r->g.lat_floats * sizeof(float));
-    if (!r->lat || !r->q || !r->o || !r->k || !r->v || !r->x) { fprintf(stderr, "demo: out of memory\n"); goto done; }
+    r->prompt[0] = (float *)malloc(r->g.lat_floats * sizeof(float));
+    r->prompt[1] = (float *)malloc(r->g.lat_floats * sizeof(float));
+    if (!r->lat || !r->q || !r->o || !r->k || !r->v || !r->x || !r->prompt[0] || !r->prompt[1]) {
+        fprintf(stderr, "demo: out of memory\n");
+        goto done;
+    }
 
     /* the backend first: a device store decides the arena's store fields */
     memset(&shape, 0, sizeof(shape));
@@ -1199,6 +1330,7 @@ int main(int argc, char **argv) {
     shape.page_size = r->cfg.page_size;
     shape.head_dim = r->g.dim;
     shape.max_tokens = max_q;
+    shape.max_batch = r->nb;
     shape.dtype = r->cfg.dtype;
     shape.threads = r->cfg.threads;
     if (demo_backend_open(&r->be, r->cfg.backend, &shape, r->cfg.quiet, why, sizeof(why)) != 0) {
@@ -1215,7 +1347,7 @@ int main(int argc, char **argv) {
     res = r->be.arena_desc(r->be.impl, &ad);
     if (res == MSKV_SUCCESS) res = mskv_arena_create(&ad, &r->arena);
     if (res == MSKV_SUCCESS) res = r->be.bind(r->be.impl, r->arena);
-    if (res == MSKV_SUCCESS) res = mskv_plan_alloc(r->arena, 1, (int32_t)max_q, ad.num_pages, &r->plan);
+    if (res == MSKV_SUCCESS) res = mskv_plan_alloc(r->arena, r->nb, (int32_t)max_q, ad.num_pages, &r->plan);
     if (res != MSKV_SUCCESS) { fprintf(stderr, "demo: arena: %s\n", mskv_result_string(res)); goto done; }
 
     /* output */
@@ -1270,7 +1402,8 @@ int main(int argc, char **argv) {
 
     /* generate */
     t0 = demo_now();
-    rc = r->cfg.mode == DEMO_MODE_KV ? demo_run_kv(r, &queue, t0) : demo_run_chained(r, &queue, t0);
+    rc = r->cfg.mode == DEMO_MODE_CHAINED ? demo_run_chained(r, &queue, t0)
+       : r->nb > 1 ? demo_run_cfg(r, &queue, t0) : demo_run_kv(r, &queue, t0);
     if (!r->cfg.quiet && isatty(2)) fputc('\n', stderr);
     demo_queue_close(&queue);
     pthread_join(thread, NULL);
@@ -1297,14 +1430,15 @@ int main(int argc, char **argv) {
         worst_psnr = wmse > 0.0 ? 10.0 * log10(255.0 * 255.0 / wmse) : INFINITY;
     }
     lat_hash = demo_fnv(DEMO_FNV_INIT, r->lat, (size_t)r->T * r->g.lat_floats * sizeof(float));
+    if (r->nb > 1) snprintf(cfg_field, sizeof(cfg_field), " cfg=%g branches=2", r->cfg.cfg);
     printf("demo: mode=%s backend=%s dtype=%s threads=%d size=%dx%d latent=%dx%dx%d tokens_per_frame=%d head_dim=%d "
-           "window=%d %s=%d steps=%d\n",
+           "window=%d %s=%d steps=%d%s\n",
            r->cfg.mode == DEMO_MODE_KV ? "kv" : "chained", r->be.name,
            r->be.dtype == MSKV_DTYPE_F16 ? "f16" : r->be.dtype == MSKV_DTYPE_BF16 ? "bf16" : "f32",
            r->cfg.threads, r->g.width, r->g.height,
            r->g.lw, r->g.lh, DEMO_C, r->g.tpf, r->g.dim, r->cfg.window,
            r->cfg.mode == DEMO_MODE_KV ? "sink" : "overlap", r->cfg.mode == DEMO_MODE_KV ? r->cfg.sink : r->cfg.overlap,
-           r->cfg.steps);
+           r->cfg.steps, cfg_field);
     printf("demo: frames=%lld latents=%lld windows=%lld seconds=%.2f fps=%.1f\n", (long long)out.next,
            (long long)r->T, (long long)r->sched.count, secs, secs > 0 ? (double)out.next / secs : 0.0);
     printf("demo: page_size=%d peak_pages=%d page_bound=%d pages_freed=%lld released_tokens=%lld offloads=%lld\n",
@@ -1355,7 +1489,7 @@ done:
     if (backend_open) r->be.destroy(r->be.impl);
     demo_decoder_free(&dec);
     demo_scene_free(&r->scene);
-    free(r->lat); free(r->q); free(r->o); free(r->k); free(r->v); free(r->x);
+    free(r->lat); free(r->q); free(r->o); free(r->k); free(r->v); free(r->x); free(r->prompt[0]); free(r->prompt[1]);
     free(out.truth); free(out.truth_lat); free(out.c3); free(out.tmp); free(out.rgb); free(out.kept);
     return status;
 }

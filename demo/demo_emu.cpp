@@ -138,6 +138,7 @@ mskv_cuda_functions demu_make_table() {
     f.cuDeviceGetName = [](char *name, int len, mskv_cu_device) -> mskv_cu_result { std::snprintf(name, (size_t)len, "emulated"); return 0; };
     f.cuDevicePrimaryCtxRetain = [](mskv_cu_context *c, mskv_cu_device) -> mskv_cu_result { *c = (mskv_cu_context)(void *)&demu_sms; return 0; };
     f.cuOccupancyMaxActiveBlocksPerMultiprocessor = [](int *n, mskv_cu_function, int, size_t) -> mskv_cu_result { *n = 2; return 0; };
+    f.cuTensorMapEncodeTiled = NULL;   /* a driver without TMA (the sm_90a kernel is not emulated here anyway) */
     f.cuMemAlloc = [](mskv_cu_ptr *p, size_t n) -> mskv_cu_result {
         void *m = std::malloc(n ? n : 1);
         if (!m) return MSKV_CU_ERROR_OUT_OF_MEMORY;

@@ -4,9 +4,8 @@
    the merge. Pools start as NaN everywhere, page tables are shuffled. */
 #include "mskv_test.h"
 #include "emu/mskv_emu.h"
-#define MSTAR_KV_IMPLEMENTATION
-#include "../mstar_kv.h"
-#include "../mstar_kv_cuda.h"
+#include "../mstar_kv.h"   /* implemented in emu_cuda.cpp, beside the GPU layer that needs it */
+#include "../mstar_kv_cuda.h"  /* mskv_cuda_page_divisor (also implemented in emu_cuda.cpp) */
 #include <algorithm>
 #include <random>
 

@@ -14,7 +14,8 @@
      speed       offload/reload bandwidth and kv_write throughput (host-timed,
                  informative only)
      attention   the hook below (the kernel engineer's checks and benchmarks)
-   Exit status: 0 all passed, 1 a mismatch or error, 77 no usable GPU.
+   Exit status: 0 all passed, 1 a mismatch or error (also: a GPU without
+   NVRTC, with the fix in the first line), 77 no GPU.
 
    Attention hook: when tests/gpu_check_attn.h exists, gpu_check.sh compiles
    with -DMSKV_GPU_CHECK_ATTN and this file includes it; it must define
@@ -413,11 +414,24 @@ done:
     return c->failures - before;
 }
 
+#ifdef _WIN32
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#include <windows.h>   /* QueryPerformanceCounter: Windows has no clock_gettime */
+static double gpc_now(void) {
+    LARGE_INTEGER f, t;
+    QueryPerformanceFrequency(&f);
+    QueryPerformanceCounter(&t);
+    return (double)t.QuadPart / (double)f.QuadPart;
+}
+#else
 static double gpc_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+#endif
 
 /* Offload/reload bandwidth and kv_write throughput on a larger store. */
 static int gpc_speed(gpc_ctx *c) {
@@ -514,6 +528,25 @@ static int gpc_run(mskv_cuda *cu, int quick, FILE *out) {
     return c.failures;
 }
 
+/* Without a context: exit 77 ("nothing to check") only when there is no GPU.
+   A GPU the layer cannot use (no NVRTC, a context that fails) is a FAIL, the
+   fix in its first line; why (what was tried) follows. gpus and
+   driver_version come from mskv_cuda_probe_driver, nvrtc from loading NVRTC
+   alone. */
+static int gpc_no_context(FILE *out, const char *why, int gpus, int driver_version, int nvrtc) {
+    if (gpus <= 0) {
+        fprintf(out, "gpu check: no usable GPU: %s\n", why);
+        return 77;
+    }
+    if (!nvrtc)
+        fprintf(out, "gpu check: FAIL: %d GPU(s) but no NVRTC; fix: pip install %s (or point MSKV_NVRTC_PATH at a libnvrtc.so)\n",
+                gpus, driver_version >= 13000 ? "nvidia-cuda-nvrtc" : "nvidia-cuda-nvrtc-cu12");
+    else
+        fprintf(out, "gpu check: FAIL: %d GPU(s) but no CUDA context could be made (see below)\n", gpus);
+    fprintf(out, "  tried: %s\n", why);
+    return 1;
+}
+
 #ifndef MSKV_GPU_CHECK_NO_MAIN
 static void gpc_log(void *u, mskv_log_level lvl, const char *m) {
     (void)u;
@@ -530,8 +563,21 @@ int main(int argc, char **argv) {
     memset(&cd, 0, sizeof cd);
     cd.log = gpc_log;
     if (mskv_cuda_probe(&cd, why, sizeof why) != MSKV_SUCCESS || mskv_cuda_create(&cd, &cu) != MSKV_SUCCESS) {
-        printf("gpu check: no usable GPU: %s\n", why);
-        return 77;
+        int32_t gpus = 0, version = 0;
+        int nvrtc;
+        mskv_cuda_compile_info ci;
+        mskv_cuda_image img;
+        mskv_cuda_desc nd = cd;
+        mskv_cuda_probe_driver(&cd, &gpus, &version, NULL, 0);
+        /* NVRTC alone: a compile of an empty kernel loads it */
+        memset(&ci, 0, sizeof ci);
+        ci.arch = 80;
+        nd.kernel_source = "extern \"C\" __global__ void mskv_nothing(void) {}\n";
+        nd.disable_disk_cache = 1;
+        nd.log = NULL;
+        nvrtc = mskv_cuda_compile(&nd, &ci, &img) != MSKV_ERROR_CUDA_UNAVAILABLE;
+        mskv_cuda_image_free(&nd, &img);
+        return gpc_no_context(stdout, why, gpus, version, nvrtc);
     }
     failures = gpc_run(cu, quick, stdout);
     mskv_cuda_destroy(cu);

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The GPU check: builds tests/gpu_check.c (needs only a C compiler and -ldl;
 # the CUDA driver and NVRTC are loaded at run time) and runs it against the
-# CPU backend. Exit 0 = passed, 1 = a mismatch or error, 77 = no usable GPU.
+# CPU backend. Exit 0 = passed, 1 = a mismatch or error (or a GPU without
+# NVRTC: the fix is printed), 77 = no GPU.
 #   bash tests/gpu_check.sh [--quick]        (make gpu-check runs this)
 # Then the demo on the GPU (both modes, --check). Hooks for the attention kernels: tests/gpu_check_attn.h (compiled in when it
 # exists, see gpu_check.c) and bench/gpu_bench.c (built and run after the

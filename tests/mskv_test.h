@@ -31,18 +31,20 @@
 extern "C" {
 #endif
 
+/* MinGW checks "printf" formats against msvcrt's, which lacks %zu; its own
+   stdio (the default under -std=c99) has it, and says which one is in use */
+#if defined(__MINGW32__) && defined(__MINGW_PRINTF_FORMAT)
+#define MT__PRINTF(f, a) __attribute__((format(__MINGW_PRINTF_FORMAT, f, a)))
+#elif defined(__GNUC__)
+#define MT__PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define MT__PRINTF(f, a)
+#endif
+
 typedef void (*mt_fn)(void);
 void mt_register(const char *name, mt_fn fn, const char *file, int line);
-void mt_fail(const char *file, int line, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-void mt_skip(const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
+void mt_fail(const char *file, int line, const char *fmt, ...) MT__PRINTF(3, 4);
+void mt_skip(const char *fmt, ...) MT__PRINTF(1, 2);
 int mt_failed_now(void);       /* has the running test failed so far? */
 uint64_t mt_seed(void);         /* --seed N, else MSKV_TEST_SEED, else time-based; printed once */
 int mt_main(int argc, char **argv);

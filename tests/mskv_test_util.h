@@ -32,6 +32,27 @@ static inline int mtu_audit_at(mskv_arena *a, const char *file, int line) {
 extern "C" {
 #endif
 uint64_t mtu_blob_checksum(const void *p, size_t n);
+/* The platform, for tests that start threads or touch files the same way on
+   POSIX and Windows (tests/main.c: threads, locks and the once flag are the
+   library's own wrappers). */
+typedef struct mtu_thread mtu_thread;
+mtu_thread *mtu_thread_start(void (*fn)(void *), void *arg);   /* NULL when it cannot start */
+void mtu_thread_join(mtu_thread *t);
+typedef struct mtu_mutex mtu_mutex;
+mtu_mutex *mtu_mutex_new(void);
+void mtu_mutex_lock(mtu_mutex *m);
+void mtu_mutex_unlock(mtu_mutex *m);
+void mtu_mutex_free(mtu_mutex *m);
+typedef struct mtu_barrier mtu_barrier;                         /* n threads meet, round after round */
+mtu_barrier *mtu_barrier_new(int n);
+void mtu_barrier_wait(mtu_barrier *b);
+void mtu_barrier_free(mtu_barrier *b);
+void mtu_once(void (*fn)(void));                                /* one once flag for the program */
+unsigned long mtu_pid(void);
+int mtu_nvrtc_candidates(char (*paths)[512], int max);      /* the GPU layer's NVRTC names after the caller's */
+int mtu_setenv(const char *name, const char *value);           /* value NULL: unset; 0 on success */
+int mtu_rm_dir(const char *dir);                                /* a directory and its files; 0 on success */
+int mtu_dir_count(const char *dir, const char *substring);     /* entries whose name contains it; -1 unreadable */
 #ifdef __cplusplus
 }
 #endif

@@ -1,4 +1,4 @@
-/* MSKV_STATIC: both headers as a private copy in one file, with every warning
+/* MSKV_STATIC: every header as a private copy in one file, with every warning
    an error, although this file uses only a few of their functions. Built by
    `make tests` as C99, and as C++ with MSKV_NO_THREADS; nothing runs it. */
 #define MSKV_STATIC
@@ -6,6 +6,8 @@
 #include "../mstar_kv.h"
 #define MSTAR_KV_CUDA_IMPLEMENTATION
 #include "../mstar_kv_cuda.h"
+#define MSTAR_KV_UCX_IMPLEMENTATION
+#include "../mstar_kv_ucx.h"
 
 int main(void) {
     mskv_arena_desc d;

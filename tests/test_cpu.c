@@ -1,8 +1,14 @@
 /* The CPU backend: half conversions, RoPE, K/V write, paged attention and
    the LSE merge, each against a separate dense reference in double precision
-   that gathers K/V by absolute position (not through the page table). */
+   that gathers K/V by absolute position (not through the page table). The
+   attention tests run once more on every instruction-set path this machine
+   has (the per-path tests at the end). */
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L  /* setenv */
+#endif
 #include <stdlib.h>
 #include "mskv_test.h"
+#include "mskv_test_util.h"
 #include "../mstar_kv.h"
 
 #define TCPU_LONG 2048 /* the longest sequence of the sweeps (cheap enough under ASan too) */
@@ -39,6 +45,22 @@ static double tcpu_get(const void *buf, mskv_dtype t, size_t i) {
 }
 static double tcpu_tol(mskv_dtype t) { return t == MSKV_DTYPE_F32 ? 1e-5 : t == MSKV_DTYPE_F16 ? 1e-3 : 1e-2; }
 
+/* ---- the instruction-set path under test ---------------------------------------- */
+
+/* AUTO, except while the per-path runs at the end of this file repeat the
+   attention tests on one path: every pool the tests create takes tcpu_isa,
+   and a test's NULL pool becomes tcpu_small, a one-thread pool with the
+   smallest tiles on that path (a NULL pool itself always runs AUTO). */
+static mskv_cpu_isa tcpu_isa = MSKV_CPU_ISA_AUTO;
+static mskv_cpu *tcpu_small = NULL;
+static mskv_cpu *tcpu_pool(mskv_cpu *cpu) { return cpu ? cpu : tcpu_small; }
+static mskv_result tcpu_create(const mskv_cpu_desc *cd, mskv_cpu **out) {
+    mskv_cpu_desc d;
+    if (cd) d = *cd; else memset(&d, 0, sizeof d);
+    d.isa = tcpu_isa;
+    return mskv_cpu_create(&d, out);
+}
+
 /* ---- a hand-built paged fixture ------------------------------------------------- */
 
 typedef struct tcpu_seq { int32_t qo, kv, split, shift; } tcpu_seq;
@@ -57,6 +79,10 @@ typedef struct tcpu_fix {
     int32_t qo_indptr[TCPU_MAX_SEQS + 1], kv_indptr[TCPU_MAX_SEQS + 1], last[TCPU_MAX_SEQS], kv_len[TCPU_MAX_SEQS];
     int32_t split[TCPU_MAX_SEQS], shift[TCPU_MAX_SEQS];
     int32_t *indices;
+    /* optional plan arrays (tcpu_fix_qpos, tcpu_fix_bounds): explicit query positions, visibility bounds */
+    int32_t *qpos;
+    int32_t vse[TCPU_MAX_SEQS], vws[TCPU_MAX_SEQS];
+    int64_t tok[TCPU_MAX_SEQS + 1];  /* kv_token_indptr: the dense form's rows (tcpu_dense) */
 } tcpu_fix;
 
 static int64_t tcpu_kpos(const tcpu_seq *s, int64_t j) { return j < s->split ? j : j + s->shift; }
@@ -140,7 +166,29 @@ static int tcpu_fix_init(tcpu_fix *f, int32_t P, int32_t kvh, int32_t D, mskv_dt
 }
 
 static void tcpu_fix_free(tcpu_fix *f) {
-    free(f->k); free(f->v); free(f->kd); free(f->vd); free(f->indices);
+    free(f->k); free(f->v); free(f->kd); free(f->vd); free(f->indices); free(f->qpos);
+}
+
+/* Gives the plan explicit query positions (all at the tail rule's; the test edits them). */
+static int tcpu_fix_qpos(tcpu_fix *f) {
+    int32_t b, i;
+    f->qpos = (int32_t *)malloc(((size_t)f->plan.total_q + 1) * sizeof(int32_t));
+    if (!f->qpos) return 0;
+    for (b = 0; b < f->batch; b++)
+        for (i = 0; i < f->seq[b].qo; i++)
+            f->qpos[f->qo_indptr[b] + i] = (int32_t)tcpu_kpos(&f->seq[b], (int64_t)f->seq[b].kv - f->seq[b].qo + i);
+    f->plan.q_pos = f->qpos;
+    f->plan.features |= MSKV_PLAN_Q_POS;
+    return 1;
+}
+
+/* Gives the plan visibility bounds: sequence b sees positions p < se[b] and p >= ws[b]. */
+static void tcpu_fix_bounds(tcpu_fix *f, const int32_t *se, const int32_t *ws) {
+    int32_t b;
+    for (b = 0; b < f->batch; b++) { f->vse[b] = se[b]; f->vws[b] = ws[b]; }
+    f->plan.vis_sink_end = f->vse;
+    f->plan.vis_window_start = f->vws;
+    f->plan.features |= MSKV_PLAN_VISIBILITY;
 }
 
 static mskv_pools tcpu_pools(const tcpu_fix *f) {
@@ -160,8 +208,18 @@ static void *tcpu_queries(const tcpu_fix *f, int32_t qh, mskv_dtype qt, uint64_t
     return q;
 }
 
+/* Whether the query at qp sees the key at pos (absolute positions), as the
+   mskv_plan comment defines it: the plan's bounds, then the mask. */
+static int tcpu_sees(const tcpu_fix *f, const mskv_attn *at, int32_t b, int64_t qp, int64_t pos) {
+    if (f->plan.vis_sink_end && !(pos < f->plan.vis_sink_end[b] || pos >= f->plan.vis_window_start[b])) return 0;
+    if (at->mask != MSKV_MASK_NONE && pos > qp) return 0;
+    if (at->mask == MSKV_MASK_WINDOW && qp - pos > at->window_left) return 0;
+    return 1;
+}
+
 /* The dense reference: for each query, keys are the present absolute
-   positions [0, split) and [split + shift, kv + shift), read from kd/vd. */
+   positions [0, split) and [split + shift, kv + shift), read from kd/vd;
+   queries at the plan's q_pos when it has them, else the tail's. */
 static void tcpu_reference(const tcpu_fix *f, const mskv_attn *at, const void *q, double *o, double *lse) {
     int32_t b, i, h, d, D = f->D, group = at->q_heads / f->kvh;
     double scale = at->scale > 0 ? at->scale : 1.0 / sqrt((double)D);
@@ -175,7 +233,7 @@ static void tcpu_reference(const tcpu_fix *f, const mskv_attn *at, const void *q
         const tcpu_seq *s = &f->seq[b];
         int32_t split = s->split < s->kv ? s->split : s->kv;
         for (i = 0; i < s->qo; i++) {
-            int64_t qp = tcpu_kpos(s, (int64_t)s->kv - s->qo + i);
+            int64_t qp = f->plan.q_pos ? f->plan.q_pos[f->qo_indptr[b] + i] : tcpu_kpos(s, (int64_t)s->kv - s->qo + i);
             for (h = 0; h < at->q_heads; h++) {
                 size_t qrow = ((size_t)(f->qo_indptr[b] + i) * (size_t)at->q_heads + (size_t)h);
                 double mx = -INFINITY, sum = 0;
@@ -187,8 +245,7 @@ static void tcpu_reference(const tcpu_fix *f, const mskv_attn *at, const void *q
                     for (pos = p0; pos < p1; pos++) {
                         const double *kr = f->kd + (size_t)(f->dense_at[b] + pos) * row + (size_t)g * D;
                         double dot = 0;
-                        if (at->mask != MSKV_MASK_NONE && pos > qp) continue;
-                        if (at->mask == MSKV_MASK_WINDOW && qp - pos > at->window_left) continue;
+                        if (!tcpu_sees(f, at, b, qp, pos)) continue;
                         for (d = 0; d < D; d++) dot += tcpu_get(q, at->q_dtype, qrow * (size_t)D + (size_t)d) * kr[d];
                         w[n] = dot * scale;
                         if (w[n] > mx) mx = w[n];
@@ -203,8 +260,7 @@ static void tcpu_reference(const tcpu_fix *f, const mskv_attn *at, const void *q
                     for (pos = p0; pos < p1; pos++) {
                         const double *vr = f->vd + (size_t)(f->dense_at[b] + pos) * row + (size_t)g * D;
                         double e;
-                        if (at->mask != MSKV_MASK_NONE && pos > qp) continue;
-                        if (at->mask == MSKV_MASK_WINDOW && qp - pos > at->window_left) continue;
+                        if (!tcpu_sees(f, at, b, qp, pos)) continue;
                         e = exp(w[n++] - mx);
                         sum += e;
                         for (d = 0; d < D; d++) o[qrow * (size_t)D + (size_t)d] += e * vr[d];
@@ -227,14 +283,14 @@ static int tcpu_close(const char *what, const void *o, mskv_dtype ot, const floa
             double a = lse[r], e = rlse[r];
             int ok = (e == -INFINITY) ? (a == -INFINITY) : fabs(a - e) <= tol * (fabs(e) > 1 ? fabs(e) : 1);
             if (!ok) {
-                mt_fail(__FILE__, line, "%s: lse row %zu: expected %.9g, got %.9g", what, r, e, a);
+                mt_fail(__FILE__, line, "%s (%s path): lse row %zu: expected %.9g, got %.9g", what, mskv_cpu_isa_name(tcpu_isa), r, e, a);
                 return 0;
             }
         }
         for (i = 0; i < (size_t)D; i++) {
             double a = tcpu_get(o, ot, r * (size_t)D + i), e = ro[r * (size_t)D + i];
             if (!(fabs(a - e) <= tol * (fabs(e) > 1 ? fabs(e) : 1))) {
-                mt_fail(__FILE__, line, "%s: o row %zu dim %zu: expected %.9g, got %.9g", what, r, i, e, a);
+                mt_fail(__FILE__, line, "%s (%s path): o row %zu dim %zu: expected %.9g, got %.9g", what, mskv_cpu_isa_name(tcpu_isa), r, i, e, a);
                 return 0;
             }
         }
@@ -253,7 +309,7 @@ static int tcpu_check_case(const char *what, mskv_cpu *cpu, const tcpu_fix *f, c
     mskv_result res;
     int ok = 0;
     if (q && o && lse && ro && rl) {
-        res = mskv_cpu_attention_pools(cpu, &pools, &f->plan, at, q, o, lse);
+        res = mskv_cpu_attention_pools(tcpu_pool(cpu), &pools, &f->plan, at, q, o, lse);
         if (res != MSKV_SUCCESS) {
             mt_fail(__FILE__, line, "%s: attention returned %d (%s)", what, (int)res, mskv_result_string(res));
         } else {
@@ -589,7 +645,7 @@ TEST(write_kv_applies_rope_to_k_only) {
 static mskv_result tcpu_no_read(void *u, const int32_t *p, int32_t n, void *dst) { (void)u; (void)p; (void)n; (void)dst; return MSKV_ERROR_UNSUPPORTED; }
 static mskv_result tcpu_no_write(void *u, const int32_t *p, int32_t n, const void *src) { (void)u; (void)p; (void)n; (void)src; return MSKV_ERROR_UNSUPPORTED; }
 static mskv_result tcpu_no_copy(void *u, int32_t s, int32_t d) { (void)u; (void)s; (void)d; return MSKV_ERROR_UNSUPPORTED; }
-static const mskv_store_ops tcpu_elsewhere = {NULL, tcpu_no_read, tcpu_no_write, tcpu_no_copy};
+static const mskv_store_ops tcpu_elsewhere = {NULL, tcpu_no_read, tcpu_no_write, tcpu_no_copy, NULL, NULL};  /* no flush, no fill_pages */
 
 TEST(write_kv_through_an_arena_checks_the_layer_and_the_store) {
     mskv_arena_desc ad;
@@ -641,7 +697,7 @@ TEST(attention_matches_reference_for_every_page_size_and_length) {
     int pi, mi;
     uint64_t seed = mt_seed();
     mskv_cpu *cpu = NULL;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(NULL, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(NULL, &cpu));
     for (pi = 0; pi < 5; pi++) {
         int32_t P = Ps[pi];
         /* kv lengths 0, 1, P-1, P, P+1, 97, 2048 in one batch; two of them with
@@ -695,7 +751,7 @@ TEST(attention_matches_reference_in_f16_and_bf16) {
     uint64_t seed = mt_seed();
     int si, qi, mi;
     mskv_cpu *cpu = NULL;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(NULL, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(NULL, &cpu));
     for (si = 0; si < 3; si++)
         for (qi = 0; qi < 3; qi++)
             for (mi = 0; mi < 3; mi++) {
@@ -721,7 +777,7 @@ TEST(attention_matches_reference_over_long_sequences) {
     mskv_attn at;
     memset(&cd, 0, sizeof cd);
     cd.num_threads = 2;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
     ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, 128, MSKV_DTYPE_F32, s1, 1, 1, 0, 0, seed));
     at = tcpu_attn(4, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
     tcpu_check_case("f32 causal dim 128", cpu, &f, &at, seed, __LINE__);
@@ -747,7 +803,7 @@ TEST(decode_batches_of_one_query_per_sequence_match_reference) {
     int ti, ci;
     memset(&cd, 0, sizeof cd);
     cd.num_threads = 2;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
     for (ti = 0; ti < 3; ti++)
         for (ci = 0; ci < 2; ci++) {
             tcpu_fix f;
@@ -778,7 +834,7 @@ static int tcpu_run(mskv_cpu *cpu, const tcpu_fix *f, const mskv_attn *at, const
     *o = (float *)malloc(rows * (size_t)f->D * sizeof(float) + 4);
     *lse = (float *)malloc(rows * sizeof(float) + 4);
     if (!*o || !*lse) return 0;
-    return mskv_cpu_attention_pools(cpu, &pools, &f->plan, at, q, *o, *lse) == MSKV_SUCCESS;
+    return mskv_cpu_attention_pools(tcpu_pool(cpu), &pools, &f->plan, at, q, *o, *lse) == MSKV_SUCCESS;
 }
 
 TEST(shuffled_page_table_gives_the_same_result_as_contiguous) {
@@ -875,14 +931,305 @@ TEST(splitting_keys_and_merging_by_lse_equals_attention_over_all_keys) {
     oa = (float *)malloc(n * 4); ob = (float *)malloc(n * 4); lsa = (float *)malloc(rows * 4); lsb = (float *)malloc(rows * 4);
     ASSERT_TRUE(oa && ob && lsa && lsb);
     pools = tcpu_pools(&f);
-    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(NULL, &pools, &pa, &at, q, oa, lsa));
-    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(NULL, &pools, &pb, &at, q, ob, lsb));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(tcpu_pool(NULL), &pools, &pa, &at, q, oa, lsa));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(tcpu_pool(NULL), &pools, &pb, &at, q, ob, lsb));
     /* merged in place into part A */
     EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_merge(6, 4, 64, oa, lsa, ob, lsb, oa, lsa));
     for (i = 0; i < n; i++)
         if (fabs(oa[i] - o[i]) > 1e-5) { mt_fail(__FILE__, __LINE__, "o[%zu]: expected %.8g got %.8g", i, (double)o[i], (double)oa[i]); break; }
     for (i = 0; i < rows; i++) EXPECT_NEAR(lse[i], lsa[i], 1e-5 * (fabs(lse[i]) > 1 ? fabs(lse[i]) : 1));
     free(q); free(o); free(lse); free(oa); free(ob); free(lsa); free(lsb);
+    tcpu_fix_free(&f);
+}
+
+/* ---- explicit query positions, visibility bounds, dense K/V ------------------------ */
+
+/* The fixture's keys as dense K/V: sequence b's kv_len rows one after
+   another in compacted order, packed [row][kv_head][dim] or head-major
+   [kv_head][row][dim]; the plan gets kv_token_indptr over them. */
+static int tcpu_dense(tcpu_fix *f, int head_major, mskv_dense_kv *kv, void **kbuf, void **vbuf) {
+    size_t es = tcpu_esize(f->dt), row = (size_t)f->kvh * (size_t)f->D, total;
+    int32_t b, h, d;
+    int64_t j;
+    f->tok[0] = 0;
+    for (b = 0; b < f->batch; b++) f->tok[b + 1] = f->tok[b] + f->seq[b].kv;
+    total = (size_t)f->tok[f->batch];
+    *kbuf = malloc(total * row * es + 4);
+    *vbuf = malloc(total * row * es + 4);
+    if (!*kbuf || !*vbuf) return 0;
+    for (b = 0; b < f->batch; b++)
+        for (j = 0; j < f->seq[b].kv; j++) {
+            size_t src = (size_t)(f->dense_at[b] + tcpu_kpos(&f->seq[b], j)) * row, t = (size_t)(f->tok[b] + j);
+            for (h = 0; h < f->kvh; h++)
+                for (d = 0; d < f->D; d++) {
+                    size_t at = head_major ? ((size_t)h * total + t) * (size_t)f->D + (size_t)d : (t * (size_t)f->kvh + (size_t)h) * (size_t)f->D + (size_t)d;
+                    tcpu_put(*kbuf, f->dt, at, f->kd[src + (size_t)h * f->D + (size_t)d]);
+                    tcpu_put(*vbuf, f->dt, at, f->vd[src + (size_t)h * f->D + (size_t)d]);
+                }
+        }
+    memset(kv, 0, sizeof *kv);
+    kv->k = *kbuf; kv->v = *vbuf; kv->dtype = f->dt; kv->kv_heads = f->kvh; kv->head_dim = f->D;
+    kv->tokens = (int64_t)total;
+    kv->token_stride = head_major ? f->D : 0;
+    kv->head_stride = head_major ? (int64_t)total * f->D : 0;
+    f->plan.kv_token_indptr = f->tok;
+    return 1;
+}
+
+/* The largest absolute key position of the fixture, plus one. */
+static int64_t tcpu_end(const tcpu_fix *f, int32_t b) { return (int64_t)f->seq[b].kv + (f->seq[b].kv > f->seq[b].split ? f->seq[b].shift : 0); }
+
+/* Causal and window masks compare key positions with the plan's q_pos, not
+   with the tail of the sequence: queries before, inside and past the keys,
+   in any order, and more queries than keys. */
+TEST(attention_masks_use_the_plans_explicit_query_positions) {
+    static const int32_t Ps[3] = {1, 16, 40};
+    tcpu_seq seqs[4] = {{6, 97, 97, 0}, {5, 300, 80, 100}, {1, 2048, 2048, 0}, {8, 5, 5, 0}};
+    uint64_t seed = mt_seed();
+    int pi, mi;
+    mskv_cpu *cpu = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(NULL, &cpu));
+    for (pi = 0; pi < 3; pi++)
+        for (mi = 1; mi < 3; mi++) {
+            tcpu_fix f;
+            mskv_attn at = tcpu_attn(4, (mskv_mask)mi, 20, MSKV_DTYPE_F32);
+            int32_t b, i;
+            char what[96];
+            ASSERT_TRUE(tcpu_fix_init(&f, Ps[pi], 2, 64, MSKV_DTYPE_F32, seqs, 4, 1, 1, 1, seed + (uint64_t)pi));
+            ASSERT_TRUE(tcpu_fix_qpos(&f));
+            tcpu_srand(seed * 7 + (uint64_t)(pi * 3 + mi));
+            for (b = 0; b < 4; b++)
+                for (i = 0; i < seqs[b].qo; i++)
+                    f.qpos[f.qo_indptr[b] + i] = (int32_t)(tcpu_rand() % (uint64_t)(tcpu_end(&f, b) + 10)) - 5;
+            snprintf(what, sizeof what, "page size %d mask %s, explicit query positions", Ps[pi], tcpu_mask_name(at.mask));
+            tcpu_check_case(what, pi == 1 ? NULL : cpu, &f, &at, seed + (uint64_t)mi, __LINE__);
+            tcpu_fix_free(&f);
+        }
+    mskv_cpu_destroy(cpu);
+}
+
+/* A key at position p is visible iff p < vis_sink_end or p >= vis_window_start,
+   whatever the page size: bounds inside pages, on page edges, around a
+   released gap (split/shift), past the end, and ones that hide nothing. */
+TEST(visibility_bounds_hide_keys_token_exactly_for_every_page_size) {
+    static const int32_t Ps[4] = {1, 3, 16, 40};
+    tcpu_seq seqs[6] = {{5, 97, 97, 0}, {3, 300, 80, 100}, {1, 2000, 2000, 0}, {7, 64, 64, 0}, {4, 50, 50, 0}, {2, 130, 40, 21}};
+    uint64_t seed = mt_seed();
+    int pi, mi;
+    mskv_cpu *cpu = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(NULL, &cpu));
+    for (pi = 0; pi < 4; pi++)
+        for (mi = 0; mi < 3; mi++) {
+            tcpu_fix f;
+            mskv_attn at = tcpu_attn(4, (mskv_mask)mi, 30, MSKV_DTYPE_F32);
+            int32_t se[6], ws[6], b;
+            char what[96];
+            ASSERT_TRUE(tcpu_fix_init(&f, Ps[pi], 2, 64, MSKV_DTYPE_F32, seqs, 6, 1, 1, 1, seed + (uint64_t)pi));
+            tcpu_srand(seed * 13 + (uint64_t)(pi * 3 + mi));
+            for (b = 0; b < 6; b++) {
+                int64_t end = tcpu_end(&f, b);
+                se[b] = (int32_t)(tcpu_rand() % (uint64_t)end);
+                ws[b] = se[b] + (int32_t)(tcpu_rand() % (uint64_t)(end - se[b] + 1));
+            }
+            se[3] = 20; ws[3] = 20;        /* an empty hole: everything visible */
+            se[4] = 0; ws[4] = 45;         /* only the last 5 keys */
+            se[5] = 17; ws[5] = 1000;      /* the sink alone, inside the first page */
+            tcpu_fix_bounds(&f, se, ws);
+            if (mi == 1) {                 /* with explicit query positions as well */
+                ASSERT_TRUE(tcpu_fix_qpos(&f));
+                f.qpos[0] = se[0] > 0 ? se[0] - 1 : 0;
+            }
+            snprintf(what, sizeof what, "page size %d mask %s, visibility bounds", Ps[pi], tcpu_mask_name(at.mask));
+            tcpu_check_case(what, pi == 2 ? NULL : cpu, &f, &at, seed + (uint64_t)mi, __LINE__);
+            tcpu_fix_free(&f);
+        }
+    mskv_cpu_destroy(cpu);
+}
+
+/* Hidden keys are not read: NaN in every slot the bounds hide changes no
+   output (the paths that split long decode sequences into chunks too). */
+TEST(keys_hidden_by_visibility_bounds_are_never_read) {
+    tcpu_seq seqs[3] = {{1, 8000, 8000, 0}, {9, 333, 333, 0}, {64, 500, 200, 37}};
+    int32_t se[3] = {1003, 5, 150}, ws[3] = {7001, 301, 420};
+    uint64_t seed = mt_seed();
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = NULL;
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(8, MSKV_MASK_NONE, 0, MSKV_DTYPE_F32);
+    int32_t b, h, d;
+    int64_t j;
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 2;
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
+    ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, 64, MSKV_DTYPE_F32, seqs, 3, 1, 1, 0, seed));
+    tcpu_fix_bounds(&f, se, ws);
+    for (b = 0; b < 3; b++)
+        for (j = 0; j < seqs[b].kv; j++) {
+            int64_t pos = tcpu_kpos(&seqs[b], j), slot = (int64_t)f.indices[f.kv_indptr[b] + j / 16] * 16 + j % 16;
+            if (pos < se[b] || pos >= ws[b]) continue;
+            for (h = 0; h < 2; h++)
+                for (d = 0; d < 64; d++) {
+                    tcpu_put(f.k, f.dt, ((size_t)slot * 2 + (size_t)h) * 64 + (size_t)d, NAN);
+                    tcpu_put(f.v, f.dt, ((size_t)slot * 2 + (size_t)h) * 64 + (size_t)d, NAN);
+                }
+        }
+    tcpu_check_case("NaN in hidden keys, pool", cpu, &f, &at, seed, __LINE__);
+    tcpu_check_case("NaN in hidden keys, no pool", NULL, &f, &at, seed, __LINE__);
+    tcpu_fix_free(&f);
+    mskv_cpu_destroy(cpu);
+}
+
+/* Keys split at an arbitrary point s into two plans, each attended causally
+   with the queries' true positions, merged by LSE, give the causal result
+   over all keys: part A ends at s, mid-page, before its queries (q_pos says
+   where they are); part B starts on the page holding s and hides what lies
+   before it (a visibility bound). The same with dense slices [0, s) and
+   [s, n). Without q_pos part A would put its queries at its own tail. */
+TEST(causal_split_at_any_point_merges_to_the_unsplit_result) {
+    enum { P = 16, QO = 6, KV = 1000, QH = 4, D = 64 };
+    tcpu_seq all[1] = {{QO, KV, KV, 0}};
+    uint64_t seed = mt_seed();
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(QH, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
+    mskv_pools pools;
+    mskv_dense_kv dkv;
+    void *q, *kb = NULL, *vb = NULL;
+    float *o = NULL, *lse = NULL, *oa, *ob, *la, *lb;
+    size_t rows = QO * QH, n = rows * D, i;
+    int32_t s, t, qp[QO], ia[2], ib[2], lasta[1], lastb[1], kva[1], kvb[1], spa[1], spb[1], sha[1], shb[1], se[1], ws[1];
+    int64_t toka[2], tokb[2];
+    int differs = 0;
+    tcpu_srand(seed);
+    s = 1 + (int32_t)(tcpu_rand() % (KV - 2));
+    if (s % P == 0) s++;                     /* mid-page */
+    ASSERT_TRUE(tcpu_fix_init(&f, P, 2, D, MSKV_DTYPE_F32, all, 1, 1, 1, 1, seed));
+    q = tcpu_queries(&f, QH, MSKV_DTYPE_F32, seed);
+    oa = (float *)malloc(n * 4); ob = (float *)malloc(n * 4); la = (float *)malloc(rows * 4); lb = (float *)malloc(rows * 4);
+    ASSERT_TRUE(q && oa && ob && la && lb);
+    EXPECT_TRUE(tcpu_run(NULL, &f, &at, q, &o, &lse));
+    pools = tcpu_pools(&f);
+    for (t = 0; t < QO; t++) qp[t] = KV - QO + t;
+    for (t = 0; t < 2; t++) {
+        mskv_plan pa = f.plan, pb = f.plan;
+        pa.q_pos = qp; pa.features = MSKV_PLAN_Q_POS;
+        pb.q_pos = qp; pb.features = MSKV_PLAN_VISIBILITY;
+        kva[0] = s; spa[0] = s; sha[0] = 0;
+        kvb[0] = KV - s / P * P; spb[0] = 0; shb[0] = s / P * P;
+        se[0] = 0; ws[0] = s;
+        pa.kv_len = kva; pa.kv_pos_split = spa; pa.kv_pos_shift = sha;
+        pb.kv_len = kvb; pb.kv_pos_split = spb; pb.kv_pos_shift = shb;
+        pb.vis_sink_end = se; pb.vis_window_start = ws;
+        if (t == 0) {   /* paged: A the first pages, B from the page holding s */
+            ia[0] = 0; ia[1] = (s + P - 1) / P; ib[0] = 0; ib[1] = (KV + P - 1) / P - s / P;
+            lasta[0] = s - (ia[1] - 1) * P; lastb[0] = kvb[0] - (ib[1] - 1) * P;
+            pa.kv_indptr = ia; pa.kv_last_page_len = lasta; pa.num_page_ids = ia[1];
+            pb.kv_indptr = ib; pb.kv_last_page_len = lastb; pb.num_page_ids = ib[1];
+            pb.kv_indices = f.indices + s / P;
+            EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(tcpu_pool(NULL), &pools, &pa, &at, q, oa, la));
+            EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(tcpu_pool(NULL), &pools, &pb, &at, q, ob, lb));
+        } else {        /* dense: rows [0, s) and [s, KV) of one buffer */
+            ASSERT_TRUE(tcpu_dense(&f, 0, &dkv, &kb, &vb));
+            kvb[0] = KV - s; shb[0] = s;
+            toka[0] = 0; toka[1] = s; tokb[0] = s; tokb[1] = KV;
+            pa.kv_token_indptr = toka; pb.kv_token_indptr = tokb;
+            pb.vis_sink_end = pb.vis_window_start = NULL; pb.features = 0;
+            EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_dense(tcpu_pool(NULL), &dkv, &pa, &at, q, oa, la));
+            EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_dense(tcpu_pool(NULL), &dkv, &pb, &at, q, ob, lb));
+        }
+        EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_merge(QO, QH, D, oa, la, ob, lb, oa, la));
+        for (i = 0; i < n; i++)
+            if (fabs(oa[i] - o[i]) > 1e-5) { mt_fail(__FILE__, __LINE__, "%s split at %d: o[%zu]: expected %.8g got %.8g", t ? "dense" : "paged", (int)s, i, (double)o[i], (double)oa[i]); break; }
+        for (i = 0; i < rows; i++) EXPECT_NEAR(lse[i], la[i], 1e-5 * (fabs(lse[i]) > 1 ? fabs(lse[i]) : 1));
+    }
+    /* the test can fail: part A at its tail's positions sees other keys */
+    if (s >= QO) {
+        mskv_plan pa = f.plan;
+        kva[0] = s; spa[0] = s; sha[0] = 0;
+        pa.kv_len = kva; pa.kv_pos_split = spa; pa.kv_pos_shift = sha; pa.kv_token_indptr = toka;
+        EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_dense(tcpu_pool(NULL), &dkv, &pa, &at, q, oa, la));
+        pa.q_pos = qp; pa.features = MSKV_PLAN_Q_POS;
+        EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_dense(tcpu_pool(NULL), &dkv, &pa, &at, q, ob, lb));
+        for (i = 0; i < n; i++) differs |= oa[i] != ob[i];
+        EXPECT_TRUE(differs);
+    }
+    free(q); free(o); free(lse); free(oa); free(ob); free(la); free(lb); free(kb); free(vb);
+    tcpu_fix_free(&f);
+}
+
+/* Dense K/V in the caller's layout (packed, head-major) gives what the
+   paged form of the same keys gives: masks, split/shift positions, GQA,
+   bf16, with and without a pool. */
+TEST(dense_attention_matches_reference_in_packed_and_head_major_layouts) {
+    tcpu_seq seqs[4] = {{5, 97, 97, 0}, {3, 300, 80, 100}, {1, 1500, 1500, 0}, {40, 40, 40, 0}};
+    uint64_t seed = mt_seed();
+    mskv_cpu *cpu = NULL;
+    int layout, mi, dti;
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(NULL, &cpu));
+    for (dti = 0; dti < 2; dti++)
+        for (layout = 0; layout < 2; layout++)
+            for (mi = 0; mi < 3; mi++) {
+                mskv_dtype dt = dti ? MSKV_DTYPE_BF16 : MSKV_DTYPE_F32;
+                tcpu_fix f;
+                mskv_attn at = tcpu_attn(6, (mskv_mask)mi, 25, dt);
+                mskv_dense_kv kv;
+                void *kb = NULL, *vb = NULL, *q, *o;
+                float *lse;
+                double *ro, *rl;
+                size_t rows, n;
+                char what[96];
+                ASSERT_TRUE(tcpu_fix_init(&f, 16, 3, 64, dt, seqs, 4, 1, 1, 0, seed + (uint64_t)dti));
+                ASSERT_TRUE(tcpu_dense(&f, layout, &kv, &kb, &vb));
+                rows = (size_t)f.plan.total_q * 6; n = rows * 64;
+                q = tcpu_queries(&f, 6, dt, seed);
+                o = malloc(n * 4); lse = (float *)malloc(rows * 4);
+                ro = (double *)malloc(n * 8); rl = (double *)malloc(rows * 8);
+                ASSERT_TRUE(q && o && lse && ro && rl);
+                snprintf(what, sizeof what, "dense %s %s mask %s", dti ? "bf16" : "f32", layout ? "head-major" : "packed", tcpu_mask_name(at.mask));
+                EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_attention_dense(tcpu_pool(mi == 1 ? NULL : cpu), &kv, &f.plan, &at, q, o, lse));
+                tcpu_reference(&f, &at, q, ro, rl);
+                tcpu_close(what, o, dt, lse, ro, rl, rows, 64, tcpu_tol(dt), __LINE__);
+                free(kb); free(vb); free(q); free(o); free(lse); free(ro); free(rl);
+                tcpu_fix_free(&f);
+            }
+    mskv_cpu_destroy(cpu);
+}
+
+TEST(dense_attention_rejects_bad_arguments_and_writes_nothing) {
+    tcpu_seq seqs[2] = {{2, 20, 20, 0}, {1, 7, 7, 0}};
+    uint64_t seed = mt_seed();
+    tcpu_fix f;
+    mskv_dense_kv kv, bad;
+    mskv_attn at = tcpu_attn(2, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
+    void *kb = NULL, *vb = NULL, *q;
+    float o[3 * 2 * 8], lse[3 * 2];
+    int64_t tok[3];
+    size_t i;
+    int ok = 1;
+    ASSERT_TRUE(tcpu_fix_init(&f, 4, 1, 8, MSKV_DTYPE_F32, seqs, 2, 0, 0, 0, seed));
+    ASSERT_TRUE(tcpu_dense(&f, 0, &kv, &kb, &vb));
+    q = tcpu_queries(&f, 2, MSKV_DTYPE_F32, seed);
+    ASSERT_TRUE(q != NULL);
+    for (i = 0; i < sizeof o / sizeof o[0]; i++) o[i] = 7.0f;
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cpu_attention_dense(NULL, NULL, &f.plan, &at, q, o, lse));
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cpu_attention_dense(NULL, &kv, NULL, &at, q, o, lse));
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cpu_attention_dense(NULL, &kv, &f.plan, NULL, q, o, lse));
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cpu_attention_dense(NULL, &kv, &f.plan, &at, NULL, o, lse));
+    bad = kv; bad.tokens = 26;       /* the plan reads 27 rows */
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cpu_attention_dense(NULL, &bad, &f.plan, &at, q, o, lse));
+    bad = kv; bad.dtype = (mskv_dtype)9;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_attention_dense(NULL, &bad, &f.plan, &at, q, o, lse));
+    bad = kv; bad.token_stride = -1;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_attention_dense(NULL, &bad, &f.plan, &at, q, o, lse));
+    bad = kv; bad.kv_heads = 3;      /* 2 q heads are no multiple */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_attention_dense(NULL, &bad, &f.plan, &at, q, o, lse));
+    f.plan.kv_token_indptr = NULL;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_attention_dense(NULL, &kv, &f.plan, &at, q, o, lse));
+    tok[0] = 0; tok[1] = 19; tok[2] = 26;   /* not kv_len apart */
+    f.plan.kv_token_indptr = tok;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_attention_dense(NULL, &kv, &f.plan, &at, q, o, lse));
+    for (i = 0; i < sizeof o / sizeof o[0]; i++) ok &= o[i] == 7.0f;
+    EXPECT_TRUE(ok);
+    free(q); free(kb); free(vb);
     tcpu_fix_free(&f);
 }
 
@@ -913,9 +1260,9 @@ TEST(threaded_attention_is_bit_identical_to_one_thread) {
     void *q;
     size_t rows;
     memset(&cd, 0, sizeof cd);
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &one));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &one));
     cd.num_threads = 3;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &three));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &three));
     ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, 64, MSKV_DTYPE_F32, seqs, 3, 1, 1, 0, seed));
     rows = (size_t)f.plan.total_q * 8;
     q = tcpu_queries(&f, 8, MSKV_DTYPE_F32, seed);
@@ -954,7 +1301,7 @@ TEST(a_small_workspace_budget_picks_smaller_tiles) {
     cd.allocator.realloc = tcpu_realloc_sized;
     cd.allocator.free = tcpu_free_sized;
     tcpu_largest_alloc = 0;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
     /* one thread: its workspace is the largest block, within the budget (rounded to 64 bytes) */
     EXPECT_LE((long long)tcpu_largest_alloc, 100000 + 64);
     EXPECT_GT((long long)tcpu_largest_alloc, 10000);
@@ -984,7 +1331,7 @@ TEST(attention_allocates_nothing_after_create) {
     cd.allocator.alloc = tcpu_alloc;
     cd.allocator.realloc = tcpu_realloc;
     cd.allocator.free = tcpu_freefn;
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
     after_create = cnt.allocs;
     EXPECT_GT(after_create, 0);
     ASSERT_TRUE(tcpu_fix_init(&f, 16, 1, 64, MSKV_DTYPE_F32, seqs, 1, 1, 1, 0, mt_seed()));
@@ -1165,7 +1512,6 @@ TEST(after_release_with_a_protected_prefix_attention_sees_prefix_and_survivors) 
 /* ---- one mskv_cpu, several callers ---- */
 
 #ifndef MSKV_NO_THREADS
-#include <pthread.h>
 typedef struct tcpu_caller {
     mskv_cpu *cpu;
     const tcpu_fix *f;
@@ -1175,7 +1521,7 @@ typedef struct tcpu_caller {
     int mismatches;
 } tcpu_caller;
 
-static void *tcpu_caller_run(void *arg) {
+static void tcpu_caller_run(void *arg) {
     tcpu_caller *c = (tcpu_caller *)arg;
     size_t n = (size_t)c->f->plan.total_q * (size_t)c->at->q_heads * (size_t)c->f->D;
     int it;
@@ -1186,7 +1532,6 @@ static void *tcpu_caller_run(void *arg) {
         free(o);
         free(lse);
     }
-    return NULL;
 }
 
 /* A single-threaded mskv_cpu has one workspace: two callers at once take
@@ -1201,9 +1546,9 @@ TEST(one_thread_cpu_serialises_concurrent_callers) {
     void *qa, *qb;
     float *wa = NULL, *wb = NULL, *la = NULL, *lb = NULL;
     tcpu_caller ca, cb;
-    pthread_t ta, tb;
+    mtu_thread *ta, *tb;
     memset(&cd, 0, sizeof cd);   /* one thread: the caller's */
-    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
     ASSERT_TRUE(tcpu_fix_init(&fa, 16, 1, 64, MSKV_DTYPE_F32, seqs, 1, 0, 0, 0, seed));
     ASSERT_TRUE(tcpu_fix_init(&fb, 16, 1, 64, MSKV_DTYPE_F32, seqs + 1, 1, 1, 0, 0, seed + 1));
     qa = tcpu_queries(&fa, 2, MSKV_DTYPE_F32, seed + 2);
@@ -1213,10 +1558,13 @@ TEST(one_thread_cpu_serialises_concurrent_callers) {
     ASSERT_TRUE(tcpu_run(cpu, &fb, &at, qb, &wb, &lb));
     ca.cpu = cpu; ca.f = &fa; ca.at = &at; ca.q = qa; ca.want = wa; ca.mismatches = 0;
     cb.cpu = cpu; cb.f = &fb; cb.at = &at; cb.q = qb; cb.want = wb; cb.mismatches = 0;
-    ASSERT_EQ(0, pthread_create(&ta, NULL, tcpu_caller_run, &ca));
-    ASSERT_EQ(0, pthread_create(&tb, NULL, tcpu_caller_run, &cb));
-    pthread_join(ta, NULL);
-    pthread_join(tb, NULL);
+    ta = mtu_thread_start(tcpu_caller_run, &ca);
+    ASSERT_TRUE(ta != NULL);
+    tb = mtu_thread_start(tcpu_caller_run, &cb);
+    if (!tb) mtu_thread_join(ta);
+    ASSERT_TRUE(tb != NULL);
+    mtu_thread_join(ta);
+    mtu_thread_join(tb);
     EXPECT_EQ(0, ca.mismatches);
     EXPECT_EQ(0, cb.mismatches);
     free(qa); free(qb); free(wa); free(wb); free(la); free(lb);
@@ -1225,3 +1573,304 @@ TEST(one_thread_cpu_serialises_concurrent_callers) {
     mskv_cpu_destroy(cpu);
 }
 #endif
+
+/* ---- instruction-set paths --------------------------------------------------------- */
+
+static const mskv_cpu_isa tcpu_paths[4] = {MSKV_CPU_ISA_PORTABLE, MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_AVX512, MSKV_CPU_ISA_NEON};
+
+/* Keeps the last message a pool's logger received. */
+static char tcpu_logged[256];
+static void tcpu_log(void *u, mskv_log_level level, const char *msg) {
+    (void)u; (void)level;
+    snprintf(tcpu_logged, sizeof tcpu_logged, "%s", msg);
+}
+
+TEST(cpu_info_names_the_path_in_use) {
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = NULL;
+    mskv_cpu_info info;
+    int i;
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 2;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(cpu, &info));
+    EXPECT_TRUE(info.isa != MSKV_CPU_ISA_AUTO);  /* AUTO resolves to a real path */
+    EXPECT_TRUE(mskv_cpu_isa_available(info.isa));
+#ifndef MSKV_NO_THREADS
+    EXPECT_EQ(2, info.num_threads);
+#endif
+    EXPECT_GT((long long)info.workspace_bytes, 0);
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cpu_info_get(NULL, &info));
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cpu_info_get(cpu, NULL));
+    mskv_cpu_destroy(cpu);
+    for (i = 0; i < 4; i++) {
+        if (!mskv_cpu_isa_available(tcpu_paths[i])) continue;
+        cd.isa = tcpu_paths[i];
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(cpu, &info));
+        EXPECT_EQ((int)tcpu_paths[i], (int)info.isa);
+        mskv_cpu_destroy(cpu);
+    }
+    EXPECT_TRUE(mskv_cpu_isa_available(MSKV_CPU_ISA_PORTABLE));  /* everywhere */
+    EXPECT_TRUE(strcmp(mskv_cpu_isa_name(MSKV_CPU_ISA_AVX512), "avx512") == 0);
+    EXPECT_TRUE(strcmp(mskv_cpu_isa_name(MSKV_CPU_ISA_PORTABLE), "portable") == 0);
+}
+
+TEST(cpu_create_refuses_a_path_this_machine_lacks_and_logs_why) {
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = (mskv_cpu *)&cd;
+    int i, lacking = -1;
+    for (i = 1; i < 4; i++)
+        if (!mskv_cpu_isa_available(tcpu_paths[i])) lacking = i;
+    if (lacking < 0) SKIP("this machine runs every path (an x86 lacks NEON and an arm64 AVX2: not expected here)");
+    memset(&cd, 0, sizeof cd);
+    cd.isa = tcpu_paths[lacking];
+    cd.log = tcpu_log;
+    tcpu_logged[0] = 0;
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cpu_create(&cd, &cpu));
+    EXPECT_TRUE(cpu == NULL);
+    EXPECT_TRUE(strstr(tcpu_logged, mskv_cpu_isa_name(tcpu_paths[lacking])) != NULL);
+    cd.isa = (mskv_cpu_isa)7;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_create(&cd, &cpu));
+}
+
+#if !defined(_WIN32)
+/* Sets (value) or removes (NULL) MSKV_CPU_ISA. */
+static void tcpu_setenv(const char *value) {
+    if (value) setenv("MSKV_CPU_ISA", value, 1);
+    else unsetenv("MSKV_CPU_ISA");
+}
+
+/* The isa a default pool runs with MSKV_CPU_ISA set to value; what was logged in tcpu_logged. */
+static mskv_cpu_isa tcpu_isa_with_env(const char *value) {
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = NULL;
+    mskv_cpu_info info;
+    memset(&cd, 0, sizeof cd);
+    cd.log = tcpu_log;
+    tcpu_logged[0] = 0;
+    tcpu_setenv(value);
+    if (mskv_cpu_create(&cd, &cpu) != MSKV_SUCCESS) return MSKV_CPU_ISA_AUTO;
+    mskv_cpu_info_get(cpu, &info);
+    mskv_cpu_destroy(cpu);
+    return info.isa;
+}
+
+TEST(mskv_cpu_isa_in_the_environment_forces_a_path_and_a_bad_value_is_logged_and_ignored) {
+    const char *old = getenv("MSKV_CPU_ISA");
+    char saved[64] = {0};
+    mskv_cpu_isa best;
+    int i;
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    best = tcpu_isa_with_env(NULL);
+    EXPECT_EQ(0, (int)strlen(tcpu_logged));
+    EXPECT_EQ((int)MSKV_CPU_ISA_PORTABLE, (int)tcpu_isa_with_env("portable"));
+    EXPECT_EQ((int)best, (int)tcpu_isa_with_env("auto"));
+    EXPECT_EQ((int)best, (int)tcpu_isa_with_env("sse9"));
+    EXPECT_TRUE(strstr(tcpu_logged, "sse9") != NULL);
+    for (i = 1; i < 4; i++) {
+        const char *name = mskv_cpu_isa_name(tcpu_paths[i]);
+        if (mskv_cpu_isa_available(tcpu_paths[i])) {
+            EXPECT_EQ((int)tcpu_paths[i], (int)tcpu_isa_with_env(name));
+        } else {
+            EXPECT_EQ((int)best, (int)tcpu_isa_with_env(name));
+            EXPECT_TRUE(strstr(tcpu_logged, name) != NULL);
+        }
+    }
+    tcpu_setenv(old ? saved : NULL);
+}
+#endif
+
+/* One decode query per kv head group over a long sequence: its keys go to
+   several items (8 chunks of at least 512 keys), merged by LSE. */
+TEST(one_long_decode_sequence_splits_its_keys_into_chunks_and_matches_reference) {
+    tcpu_seq seqs[1] = {{1, 5000, 5000, 0}};
+    static const mskv_mask masks[3] = {MSKV_MASK_NONE, MSKV_MASK_CAUSAL, MSKV_MASK_WINDOW};
+    uint64_t seed = mt_seed();
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = NULL;
+    mskv_cpu_info info;
+    int mi;
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 2;
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
+    for (mi = 0; mi < 3; mi++) {
+        tcpu_fix f;
+        mskv_attn at = tcpu_attn(4, masks[mi], 1500, MSKV_DTYPE_F32);  /* the window leaves chunks empty */
+        char what[64];
+        ASSERT_TRUE(tcpu_fix_init(&f, 16, 1, 128, mi == 2 ? MSKV_DTYPE_F16 : MSKV_DTYPE_F32, seqs, 1, 1, 1, 1, seed + (uint64_t)mi));
+        snprintf(what, sizeof what, "one sequence, mask %s", tcpu_mask_name(at.mask));
+        tcpu_check_case(what, cpu, &f, &at, seed, __LINE__);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(cpu, &info));
+        EXPECT_EQ(8, (long long)info.last_call_items);
+        tcpu_fix_free(&f);
+    }
+    mskv_cpu_destroy(cpu);
+}
+
+TEST(split_decode_gives_the_same_bits_on_any_number_of_threads) {
+    tcpu_seq seqs[2] = {{1, 3000, 3000, 0}, {2, 1200, 600, 40}};
+    uint64_t seed = mt_seed();
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(8, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
+    mskv_cpu_desc cd;
+    mskv_cpu *cpus[3] = {NULL, NULL, NULL};
+    float *o[3] = {NULL, NULL, NULL}, *l[3] = {NULL, NULL, NULL};
+    mskv_cpu_info info;
+    void *q;
+    size_t rows;
+    int i;
+    memset(&cd, 0, sizeof cd);
+    ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, 64, MSKV_DTYPE_F32, seqs, 2, 1, 1, 0, seed));
+    rows = (size_t)f.plan.total_q * 8;
+    q = tcpu_queries(&f, 8, MSKV_DTYPE_F32, seed);
+    ASSERT_TRUE(q != NULL);
+    for (i = 0; i < 3; i++) {
+        cd.num_threads = i + 1;
+        ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpus[i]));
+        EXPECT_TRUE(tcpu_run(cpus[i], &f, &at, q, &o[i], &l[i]));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(cpus[i], &info));
+        EXPECT_EQ(2 * 6 + 2 * 3, (long long)info.last_call_items);  /* 6 and 3 chunks, per kv head */
+    }
+    for (i = 1; i < 3; i++) {
+        EXPECT_TRUE(memcmp(o[0], o[i], rows * 64 * sizeof(float)) == 0);
+        EXPECT_TRUE(memcmp(l[0], l[i], rows * sizeof(float)) == 0);
+    }
+    for (i = 0; i < 3; i++) { free(o[i]); free(l[i]); mskv_cpu_destroy(cpus[i]); }
+    free(q);
+    tcpu_fix_free(&f);
+}
+
+TEST(a_decode_batch_of_64_or_more_kv_head_units_runs_whole_sequences) {
+    tcpu_seq seqs[TCPU_MAX_SEQS];
+    uint64_t seed = mt_seed();
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(16, MSKV_MASK_NONE, 0, MSKV_DTYPE_F32);
+    mskv_cpu_desc cd;
+    mskv_cpu *cpu = NULL;
+    mskv_cpu_info info;
+    int b;
+    for (b = 0; b < TCPU_MAX_SEQS; b++) { seqs[b].qo = 1; seqs[b].kv = 600 + 7 * b; seqs[b].split = seqs[b].kv; seqs[b].shift = 0; }
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 1;  /* one thread: kv heads are grouped per item as far as the tiles allow */
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
+    ASSERT_TRUE(tcpu_fix_init(&f, 16, 4, 64, MSKV_DTYPE_BF16, seqs, TCPU_MAX_SEQS, 1, 1, 0, seed)); /* 16 x 4 = 64 units */
+    tcpu_check_case("64 units", cpu, &f, &at, seed, __LINE__);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(cpu, &info));
+    EXPECT_LE((long long)info.last_call_items, TCPU_MAX_SEQS * 4);  /* no sequence was cut */
+    tcpu_fix_free(&f);
+    mskv_cpu_destroy(cpu);
+}
+
+/* XINUSE (xgetbv with ecx = 1): the register state components not in their
+   initial configuration; bit 2 is the upper halves of YMM0-15, bit 6 those
+   of ZMM0-15. 0 when the CPU cannot say. */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#define TCPU_XINUSE 1
+static int tcpu_xinuse(uint64_t *out) {
+    unsigned a = 0, b = 0, c = 0, d = 0, lo, hi;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0;   /* OSXSAVE */
+    __cpuid_count(0xd, 1, a, b, c, d);
+    if (!(a & 4u)) return 0;                                                /* XGETBV with ecx = 1 */
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(1));
+    *out = (uint64_t)hi << 32 | lo;
+    return 1;
+}
+#endif
+
+/* Regression: the AVX paths returned with the vector registers' upper halves
+   dirty (GCC puts no vzeroupper at the end of target-attributed functions),
+   which made the caller's SSE code after each call several times slower. */
+TEST(attention_on_an_avx_path_returns_with_the_upper_vector_halves_clear) {
+#ifdef TCPU_XINUSE
+    static const mskv_cpu_isa isas[2] = {MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_AVX512};
+    tcpu_seq seqs[2] = {{9, 97, 97, 0}, {1, 700, 700, 0}};
+    uint64_t seed = mt_seed(), state = 0;
+    int i, ran = 0;
+    __asm__ volatile("vzeroupper");
+    if (!tcpu_xinuse(&state)) SKIP("this CPU cannot report which register state is in use (no XGETBV with ecx = 1)");
+    if (state & 0x44u) SKIP("this CPU reports the upper vector halves in use even right after vzeroupper (XINUSE 0x%llx)", (unsigned long long)state);
+    for (i = 0; i < 2; i++) {
+        mskv_cpu_desc cd;
+        mskv_cpu *cpu = NULL;
+        tcpu_fix f;
+        mskv_attn at = tcpu_attn(4, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_BF16);
+        float *o = NULL, *lse = NULL;
+        void *q;
+        if (!mskv_cpu_isa_available(isas[i])) continue;
+        memset(&cd, 0, sizeof cd);
+        cd.isa = isas[i];
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+        ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, 64, MSKV_DTYPE_BF16, seqs, 2, 1, 0, 0, seed));
+        q = tcpu_queries(&f, 4, MSKV_DTYPE_BF16, seed);
+        ASSERT_TRUE(q != NULL);
+        EXPECT_TRUE(tcpu_run(cpu, &f, &at, q, &o, &lse));
+        ASSERT_TRUE(tcpu_xinuse(&state));
+        if (state & 0x44u) mt_fail(__FILE__, __LINE__, "%s path: XINUSE 0x%llx after the call: upper vector halves left dirty", mskv_cpu_isa_name(isas[i]), (unsigned long long)state);
+        ran++;
+        free(q); free(o); free(lse);
+        tcpu_fix_free(&f);
+        mskv_cpu_destroy(cpu);
+    }
+    if (!ran) SKIP("no AVX path runs here");
+#else
+    SKIP("an x86 check (xgetbv), built here without GCC or Clang on x86");
+#endif
+}
+
+/* The attention tests above, on one path: every pool they create runs it. */
+static void tcpu_suite_on(mskv_cpu_isa isa) {
+    mskv_cpu_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.workspace_bytes = 100000;  /* small tiles, like a NULL pool's */
+    tcpu_isa = isa;
+    if (tcpu_create(&cd, &tcpu_small) != MSKV_SUCCESS) {
+        mt_fail(__FILE__, __LINE__, "cannot create a pool on the %s path", mskv_cpu_isa_name(isa));
+        tcpu_isa = MSKV_CPU_ISA_AUTO;
+        return;
+    }
+    attention_matches_reference_for_every_page_size_and_length();
+    attention_supports_every_gqa_ratio_and_head_dim();
+    attention_matches_reference_in_f16_and_bf16();
+    attention_matches_reference_over_long_sequences();
+    decode_batches_of_one_query_per_sequence_match_reference();
+    attention_applies_a_custom_scale();
+    shuffled_page_table_gives_the_same_result_as_contiguous();
+    unused_pages_filled_with_nan_change_no_output();
+    a_query_that_sees_no_key_gets_zero_output_and_minus_infinite_lse();
+    splitting_keys_and_merging_by_lse_equals_attention_over_all_keys();
+    attention_masks_use_the_plans_explicit_query_positions();
+    visibility_bounds_hide_keys_token_exactly_for_every_page_size();
+    keys_hidden_by_visibility_bounds_are_never_read();
+    causal_split_at_any_point_merges_to_the_unsplit_result();
+    dense_attention_matches_reference_in_packed_and_head_major_layouts();
+    threaded_attention_is_bit_identical_to_one_thread();
+    a_small_workspace_budget_picks_smaller_tiles();
+    one_long_decode_sequence_splits_its_keys_into_chunks_and_matches_reference();
+    split_decode_gives_the_same_bits_on_any_number_of_threads();
+    a_decode_batch_of_64_or_more_kv_head_units_runs_whole_sequences();
+    mskv_cpu_destroy(tcpu_small);
+    tcpu_small = NULL;
+    tcpu_isa = MSKV_CPU_ISA_AUTO;
+}
+
+TEST(portable_path_passes_the_attention_tests) { tcpu_suite_on(MSKV_CPU_ISA_PORTABLE); }
+
+TEST(avx2_path_passes_the_attention_tests) {
+    if (!mskv_cpu_isa_available(MSKV_CPU_ISA_AVX2))
+        SKIP("the AVX2 path cannot run here: this CPU lacks AVX2, FMA or F16C, or the build has no x86 kernels (not x86, or MSKV_CPU_NO_SIMD)");
+    tcpu_suite_on(MSKV_CPU_ISA_AVX2);
+}
+
+TEST(avx512_path_passes_the_attention_tests) {
+    if (!mskv_cpu_isa_available(MSKV_CPU_ISA_AVX512))
+        SKIP("the AVX-512 path cannot run here: this CPU lacks AVX-512 F, or the build has no x86 kernels (not x86, or MSKV_CPU_NO_SIMD)");
+    tcpu_suite_on(MSKV_CPU_ISA_AVX512);
+}
+
+TEST(neon_path_passes_the_attention_tests) {
+    if (!mskv_cpu_isa_available(MSKV_CPU_ISA_NEON))
+        SKIP("the NEON path cannot run here: not an arm64 build (or MSKV_CPU_NO_SIMD)");
+    tcpu_suite_on(MSKV_CPU_ISA_NEON);
+}

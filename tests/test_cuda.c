@@ -7,12 +7,27 @@
 #endif
 #include <stdlib.h>
 #include <time.h>
+#ifndef _WIN32
 #include <unistd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#endif
 #include "mskv_test.h"
+#include "mskv_test_util.h"
 #include "../mstar_kv.h"
 #include "../mstar_kv_cuda.h"
+
+/* the driver library the loader tries first on this platform */
+#ifdef _WIN32
+#define TCU_DRIVER_NAME "nvcuda.dll"
+#else
+#define TCU_DRIVER_NAME "libcuda.so.1"
+#endif
+/* main.c: how many messages the GPU layer has formatted (its MSKV_CUDA_VSNPRINTF) */
+#ifdef __cplusplus
+extern "C"
+#endif
+long mtu_format_count(void);
 
 /* ---- paths next to this file ------------------------------------------------ */
 
@@ -39,11 +54,19 @@ static char *tcu_read(const char *path, size_t *size) {
 
 /* ---- counting allocator -------------------------------------------------------- */
 
-static long tcu_live_allocs;
-static void *tcu_alloc(void *u, size_t n) { void *p = malloc(n); (void)u; if (p) tcu_live_allocs++; return p; }
-static void *tcu_realloc(void *u, void *p, size_t n) {
-    void *q = realloc(p, n);
+static long tcu_live_allocs, tcu_total_allocs;   /* live blocks; every alloc and realloc call */
+static int tcu_refuse_allocs;                    /* set: every alloc and realloc fails */
+static void *tcu_alloc(void *u, size_t n) {
+    void *p = tcu_refuse_allocs ? NULL : malloc(n);
     (void)u;
+    tcu_total_allocs++;
+    if (p) tcu_live_allocs++;
+    return p;
+}
+static void *tcu_realloc(void *u, void *p, size_t n) {
+    void *q = tcu_refuse_allocs ? NULL : realloc(p, n);
+    (void)u;
+    tcu_total_allocs++;
     if (!p && q) tcu_live_allocs++;
     return q;
 }
@@ -72,12 +95,14 @@ static void tcu_log(void *u, mskv_log_level lvl, const char *m) {
    fail_* fields make the n-th call of a function fail. */
 
 typedef struct tcm_module { int dtype, head_dim, rope, style, d0, d1, d2; } tcm_module;
-typedef struct tcm_func { int kind; const tcm_module *m; } tcm_func;   /* kind 1 gather, 2 scatter, 3 kv_write */
+/* kind 1 gather, 2 scatter, 3 kv_write; 4 and up (attention, merges, rope) are launched, not run */
+typedef struct tcm_func { int kind; const tcm_module *m; } tcm_func;
 typedef struct tcm_launch { const tcm_func *f; unsigned int grid[3]; unsigned char args[10][8]; } tcm_launch;
 typedef struct tcm_graph { int n; tcm_launch l[64]; } tcm_graph;
 
 static struct tcm_state {
     long dev_live, host_live, streams, events, modules, graphs, execs, ctx_refs, progs;
+    long calls;                         /* every driver and NVRTC call */
     int fail_alloc_at, allocs;          /* n-th cuMemAlloc fails with out of memory (1-based; 0 never) */
     int fail_dtoh_at, dtohs;
     int fail_htod_at, htods;
@@ -86,7 +111,16 @@ static struct tcm_state {
     int compile_error, compiles;
     int event_busy;                     /* cuEventQuery answers NOT_READY */
     int event_syncs;
+    int stream_syncs, stream_sync_fails; /* cuStreamSynchronize calls; fail them while set */
     int cc_major, cc_minor;             /* 0: 9.0 */
+    int sm90a;                          /* sm_90a images load, mskv_attn_sm90 exists and tensor maps are made
+                                           (else none of them: the runtime falls back to mskv_attn) */
+    int tmaps;                          /* tensor maps made */
+    int attn_kind;                      /* the last attention launch: 4 mskv_attn, 8 mskv_attn_sm90 */
+    uint64_t sm90_maps[2], sm90_pools[2];   /* its K and V maps' pool (as the mock encodes it) and pools */
+    int sm90_tma;                       /* its use_tma */
+    unsigned char *last_host;           /* the block of the last cuMemAllocHost */
+    mskv_cu_stream launch_stream, copy_stream, synced_stream;   /* the last launch's, copy's, wait's */
     char last_target[64];               /* the --gpu-architecture option of the last compile */
     int capturing;
     tcm_graph *capture;
@@ -100,26 +134,31 @@ static void tcm_reset(void) {
 
 static int tcm_count_fail(int *counter, int at) { return ++*counter == at; }
 
-static mskv_cu_result tcm_cuInit(unsigned int f) { (void)f; return 0; }
-static mskv_cu_result tcm_cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+static mskv_cu_result tcm_cuInit(unsigned int f) { tcm.calls++; (void)f; return 0; }
+static mskv_cu_result tcm_cuDriverGetVersion(int *v) { tcm.calls++; *v = 13000; return 0; }
 static mskv_cu_result tcm_cuGetErrorString(mskv_cu_result e, const char **s) {
+    tcm.calls++;
     *s = e == 2 ? "mock: out of memory" : e == 200 ? "mock: invalid image" : e == 719 ? "mock: launch failed" : "mock: error";
     return 0;
 }
-static mskv_cu_result tcm_cuDeviceGetCount(int *n) { *n = 1; return 0; }
-static mskv_cu_result tcm_cuDeviceGet(mskv_cu_device *d, int i) { *d = i; return 0; }
+static mskv_cu_result tcm_cuDeviceGetCount(int *n) { tcm.calls++; *n = 1; return 0; }
+static mskv_cu_result tcm_cuDeviceGet(mskv_cu_device *d, int i) { tcm.calls++; *d = i; return 0; }
 static mskv_cu_result tcm_cuDeviceGetAttribute(int *v, int a, mskv_cu_device d) {
+    tcm.calls++;
     (void)d;
-    *v = a == MSKV_CU_ATTR_CC_MAJOR ? (tcm.cc_major ? tcm.cc_major : 9) : a == MSKV_CU_ATTR_CC_MINOR ? tcm.cc_minor : a == MSKV_CU_ATTR_MULTIPROCESSOR_COUNT ? 132 : 0;
+    *v = a == MSKV_CU_ATTR_CC_MAJOR ? (tcm.cc_major ? tcm.cc_major : 9) : a == MSKV_CU_ATTR_CC_MINOR ? tcm.cc_minor : a == MSKV_CU_ATTR_MULTIPROCESSOR_COUNT ? 132 :
+         a == MSKV_CU_ATTR_MAX_SMEM_OPTIN ? 227 * 1024 : 0;   /* an H100's */
     return 0;
 }
-static mskv_cu_result tcm_cuDeviceGetName(char *name, int len, mskv_cu_device d) { (void)d; snprintf(name, (size_t)len, "mock device"); return 0; }
+static mskv_cu_result tcm_cuDeviceGetName(char *name, int len, mskv_cu_device d) { tcm.calls++; (void)d; snprintf(name, (size_t)len, "mock device"); return 0; }
 static mskv_cu_result tcm_cuDevicePrimaryCtxRetain(mskv_cu_context *c, mskv_cu_device d) {
+    tcm.calls++;
     (void)d; tcm.ctx_refs++; *c = (mskv_cu_context)(void *)&tcm; return 0;
 }
-static mskv_cu_result tcm_cuDevicePrimaryCtxRelease(mskv_cu_device d) { (void)d; tcm.ctx_refs--; return 0; }
-static mskv_cu_result tcm_cuCtxSetCurrent(mskv_cu_context c) { (void)c; return 0; }
+static mskv_cu_result tcm_cuDevicePrimaryCtxRelease(mskv_cu_device d) { tcm.calls++; (void)d; tcm.ctx_refs--; return 0; }
+static mskv_cu_result tcm_cuCtxSetCurrent(mskv_cu_context c) { tcm.calls++; (void)c; return 0; }
 static mskv_cu_result tcm_cuMemAlloc(mskv_cu_ptr *p, size_t n) {
+    tcm.calls++;
     void *q;
     if (tcm_count_fail(&tcm.allocs, tcm.fail_alloc_at)) return MSKV_CU_ERROR_OUT_OF_MEMORY;
     q = calloc(1, n);
@@ -128,57 +167,72 @@ static mskv_cu_result tcm_cuMemAlloc(mskv_cu_ptr *p, size_t n) {
     *p = (mskv_cu_ptr)(uintptr_t)q;
     return 0;
 }
-static mskv_cu_result tcm_cuMemFree(mskv_cu_ptr p) { if (p) { tcm.dev_live--; free((void *)(uintptr_t)p); } return 0; }
+static mskv_cu_result tcm_cuMemFree(mskv_cu_ptr p) { tcm.calls++; if (p) { tcm.dev_live--; free((void *)(uintptr_t)p); } return 0; }
 static mskv_cu_result tcm_cuMemAllocHost(void **p, size_t n) {
+    tcm.calls++;
     if (tcm_count_fail(&tcm.allocs, tcm.fail_alloc_at)) return MSKV_CU_ERROR_OUT_OF_MEMORY;
     *p = calloc(1, n);
     if (!*p) return MSKV_CU_ERROR_OUT_OF_MEMORY;
     tcm.host_live++;
+    tcm.last_host = (unsigned char *)*p;
     return 0;
 }
-static mskv_cu_result tcm_cuMemFreeHost(void *p) { if (p) { tcm.host_live--; free(p); } return 0; }
+static mskv_cu_result tcm_cuMemFreeHost(void *p) { tcm.calls++; if (p) { tcm.host_live--; free(p); } return 0; }
 static mskv_cu_result tcm_cuMemcpyHtoDAsync(mskv_cu_ptr d, const void *s, size_t n, mskv_cu_stream st) {
-    (void)st;
+    tcm.calls++;
+    tcm.copy_stream = st;
     if (tcm.capturing) return 900;      /* the runtime never captures copies */
     if (tcm_count_fail(&tcm.htods, tcm.fail_htod_at)) return 999;
     memcpy((void *)(uintptr_t)d, s, n);
     return 0;
 }
 static mskv_cu_result tcm_cuMemcpyDtoHAsync(void *d, mskv_cu_ptr s, size_t n, mskv_cu_stream st) {
-    (void)st;
+    tcm.calls++;
+    tcm.copy_stream = st;
     if (tcm.capturing) return 900;
     if (tcm_count_fail(&tcm.dtohs, tcm.fail_dtoh_at)) return 999;
     memcpy(d, (const void *)(uintptr_t)s, n);
     return 0;
 }
 static mskv_cu_result tcm_cuMemcpyDtoDAsync(mskv_cu_ptr d, mskv_cu_ptr s, size_t n, mskv_cu_stream st) {
+    tcm.calls++;
     (void)st; memmove((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n); return 0;
 }
 static mskv_cu_result tcm_cuMemsetD8Async(mskv_cu_ptr d, unsigned char v, size_t n, mskv_cu_stream st) {
+    tcm.calls++;
     (void)st; memset((void *)(uintptr_t)d, v, n); return 0;
 }
 static mskv_cu_result tcm_cuStreamCreate(mskv_cu_stream *s, unsigned int f) {
+    tcm.calls++;
     (void)f; tcm.streams++; *s = (mskv_cu_stream)malloc(1); return 0;
 }
-static mskv_cu_result tcm_cuStreamDestroy(mskv_cu_stream s) { tcm.streams--; free((void *)s); return 0; }
-static mskv_cu_result tcm_cuStreamSynchronize(mskv_cu_stream s) { (void)s; return tcm.capturing ? 901 : 0; }
+static mskv_cu_result tcm_cuStreamDestroy(mskv_cu_stream s) { tcm.calls++; tcm.streams--; free((void *)s); return 0; }
+static mskv_cu_result tcm_cuStreamSynchronize(mskv_cu_stream s) {
+    tcm.calls++;
+    tcm.synced_stream = s;
+    tcm.stream_syncs++;
+    return tcm.capturing ? 901 : tcm.stream_sync_fails ? 999 : 0;
+}
 static mskv_cu_result tcm_cuEventCreate(mskv_cu_event *e, unsigned int f) {
+    tcm.calls++;
     (void)f; tcm.events++; *e = (mskv_cu_event)malloc(1); return 0;
 }
-static mskv_cu_result tcm_cuEventRecord(mskv_cu_event e, mskv_cu_stream s) { (void)e; (void)s; return 0; }
-static mskv_cu_result tcm_cuEventQuery(mskv_cu_event e) { (void)e; return tcm.event_busy ? MSKV_CU_ERROR_NOT_READY : 0; }
-static mskv_cu_result tcm_cuEventSynchronize(mskv_cu_event e) { (void)e; tcm.event_syncs++; return 0; }
-static mskv_cu_result tcm_cuEventDestroy(mskv_cu_event e) { tcm.events--; free((void *)e); return 0; }
+static mskv_cu_result tcm_cuEventRecord(mskv_cu_event e, mskv_cu_stream s) { tcm.calls++; (void)e; (void)s; return 0; }
+static mskv_cu_result tcm_cuEventQuery(mskv_cu_event e) { tcm.calls++; (void)e; return tcm.event_busy ? MSKV_CU_ERROR_NOT_READY : 0; }
+static mskv_cu_result tcm_cuEventSynchronize(mskv_cu_event e) { tcm.calls++; (void)e; tcm.event_syncs++; return 0; }
+static mskv_cu_result tcm_cuEventDestroy(mskv_cu_event e) { tcm.calls++; tcm.events--; free((void *)e); return 0; }
 
 static int tcm_define(const char *image, const char *name) {
     const char *p = strstr(image, name);
     return p ? atoi(p + strlen(name) + 1) : 0;
 }
 static mskv_cu_result tcm_cuModuleLoadData(mskv_cu_module *m, const void *image) {
+    tcm.calls++;
     const char *img = (const char *)image;
     tcm_module *mod;
     if (tcm.fail_module_load) return MSKV_CU_ERROR_INVALID_IMAGE;
-    if (strncmp(img, "MOCKCUBIN sm_90\n", 16) != 0 && strncmp(img, "MOCKCUBIN compute_90\n", 21) != 0)
+    if (strncmp(img, "MOCKCUBIN sm_90\n", 16) != 0 && strncmp(img, "MOCKCUBIN compute_90\n", 21) != 0 &&
+        !(tcm.sm90a && strncmp(img, "MOCKCUBIN sm_90a\n", 17) == 0))
         return MSKV_CU_ERROR_INVALID_IMAGE;
     mod = (tcm_module *)calloc(1, sizeof *mod);
     mod->dtype = tcm_define(img, "-DMSKV_DTYPE");
@@ -192,18 +246,22 @@ static mskv_cu_result tcm_cuModuleLoadData(mskv_cu_module *m, const void *image)
     *m = (mskv_cu_module)(void *)mod;
     return 0;
 }
-static mskv_cu_result tcm_cuModuleUnload(mskv_cu_module m) { tcm.modules--; free((void *)m); return 0; }
+static mskv_cu_result tcm_cuModuleUnload(mskv_cu_module m) { tcm.calls++; tcm.modules--; free((void *)m); return 0; }
 static mskv_cu_result tcm_cuModuleGetFunction(mskv_cu_function *f, mskv_cu_module m, const char *name) {
+    tcm.calls++;
     int kind = !strcmp(name, "mskv_page_gather") ? 1 : !strcmp(name, "mskv_page_scatter") ? 2 :
-               !strcmp(name, "mskv_kv_write") ? 3 : 0;
+               !strcmp(name, "mskv_kv_write") ? 3 : !strcmp(name, "mskv_attn") ? 4 :
+               !strcmp(name, "mskv_lse_merge") ? 5 : !strcmp(name, "mskv_state_merge") ? 6 :
+               !strcmp(name, "mskv_rope") ? 7 : tcm.sm90a && !strcmp(name, "mskv_attn_sm90") ? 8 : 0;
     if (!kind || tcm.nfuncs == 64) return MSKV_CU_ERROR_NOT_FOUND;
     tcm.funcs[tcm.nfuncs].kind = kind;
     tcm.funcs[tcm.nfuncs].m = (const tcm_module *)(const void *)m;
     *f = (mskv_cu_function)(void *)&tcm.funcs[tcm.nfuncs++];
     return 0;
 }
-static mskv_cu_result tcm_cuFuncSetAttribute(mskv_cu_function f, int a, int v) { (void)f; (void)a; (void)v; return 0; }
+static mskv_cu_result tcm_cuFuncSetAttribute(mskv_cu_function f, int a, int v) { tcm.calls++; (void)f; (void)a; (void)v; return 0; }
 static mskv_cu_result tcm_cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, mskv_cu_function f, int b, size_t smem) {
+    tcm.calls++;
     (void)f; (void)b; (void)smem;
     *n = 2;
     return 0;
@@ -264,14 +322,27 @@ static void tcm_run(const tcm_launch *l) {
 static mskv_cu_result tcm_cuLaunchKernel(mskv_cu_function f, unsigned int gx, unsigned int gy, unsigned int gz,
                                          unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
                                          mskv_cu_stream s, void **params, void **extra) {
+    tcm.calls++;
     tcm_launch l;
     const tcm_func *fn = (const tcm_func *)(const void *)f;
     int i;
-    (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)s; (void)extra;
+    (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)extra;
+    tcm.launch_stream = s;
     if (tcm_count_fail(&tcm.launches, tcm.fail_launch_at)) return MSKV_CU_ERROR_LAUNCH_FAILED;
     memset(&l, 0, sizeof l);
     l.f = fn;
     l.grid[0] = gx; l.grid[1] = gy; l.grid[2] = gz;
+    if (fn->kind == 4) tcm.attn_kind = 4;
+    if (fn->kind == 8) {
+        /* the maps are passed by value: 128 bytes each */
+        tcm.attn_kind = 8;
+        memcpy(&tcm.sm90_maps[0], params[0], 8);
+        memcpy(&tcm.sm90_maps[1], params[1], 8);
+        memcpy(&tcm.sm90_tma, params[2], 4);
+        memcpy(&tcm.sm90_pools[0], params[4], 8);
+        memcpy(&tcm.sm90_pools[1], params[5], 8);
+    }
+    if (fn->kind > 3) return 0;
     for (i = 0; i < 10 && tcm_sizes[fn->kind][i]; i++) memcpy(l.args[i], params[i], (size_t)tcm_sizes[fn->kind][i]);
     if (tcm.capturing) {
         if (tcm.capture->n == 64) return 902;
@@ -282,6 +353,7 @@ static mskv_cu_result tcm_cuLaunchKernel(mskv_cu_function f, unsigned int gx, un
     return 0;
 }
 static mskv_cu_result tcm_cuStreamBeginCapture(mskv_cu_stream s, int mode) {
+    tcm.calls++;
     (void)s; (void)mode;
     tcm.capture = (tcm_graph *)calloc(1, sizeof(tcm_graph));
     tcm.capturing = 1;
@@ -289,6 +361,7 @@ static mskv_cu_result tcm_cuStreamBeginCapture(mskv_cu_stream s, int mode) {
     return 0;
 }
 static mskv_cu_result tcm_cuStreamEndCapture(mskv_cu_stream s, mskv_cu_graph *g) {
+    tcm.calls++;
     (void)s;
     tcm.capturing = 0;
     *g = (mskv_cu_graph)(void *)tcm.capture;
@@ -296,6 +369,7 @@ static mskv_cu_result tcm_cuStreamEndCapture(mskv_cu_stream s, mskv_cu_graph *g)
     return 0;
 }
 static mskv_cu_result tcm_cuGraphInstantiateWithFlags(mskv_cu_graph_exec *e, mskv_cu_graph g, unsigned long long f) {
+    tcm.calls++;
     tcm_graph *copy = (tcm_graph *)malloc(sizeof(tcm_graph));
     (void)f;
     memcpy(copy, (const void *)g, sizeof(tcm_graph));
@@ -304,29 +378,38 @@ static mskv_cu_result tcm_cuGraphInstantiateWithFlags(mskv_cu_graph_exec *e, msk
     return 0;
 }
 static mskv_cu_result tcm_cuGraphLaunch(mskv_cu_graph_exec e, mskv_cu_stream s) {
+    tcm.calls++;
     const tcm_graph *g = (const tcm_graph *)(const void *)e;
     int i;
     (void)s;
     for (i = 0; i < g->n; i++) tcm_run(&g->l[i]);
     return 0;
 }
-static mskv_cu_result tcm_cuGraphExecDestroy(mskv_cu_graph_exec e) { tcm.execs--; free((void *)e); return 0; }
-static mskv_cu_result tcm_cuGraphDestroy(mskv_cu_graph g) { tcm.graphs--; free((void *)g); return 0; }
-/* the mock device runs no TMA: any map it is asked for is refused */
+static mskv_cu_result tcm_cuGraphExecDestroy(mskv_cu_graph_exec e) { tcm.calls++; tcm.execs--; free((void *)e); return 0; }
+static mskv_cu_result tcm_cuGraphDestroy(mskv_cu_graph g) { tcm.calls++; tcm.graphs--; free((void *)g); return 0; }
+/* Without sm90a the mock device runs no TMA: any map it is asked for is
+   refused. With it, a map holds the pool's address in its first 8 bytes. */
 static mskv_cu_result tcm_cuTensorMapEncodeTiled(void *map, int dt, unsigned int rank, void *g, const unsigned long long *dims,
                                                  const unsigned long long *strides, const unsigned int *box,
                                                  const unsigned int *es, int il, int sw, int l2, int oob) {
-    (void)map; (void)dt; (void)rank; (void)g; (void)dims; (void)strides; (void)box; (void)es; (void)il; (void)sw; (void)l2; (void)oob;
-    return 1;
+    uint64_t addr = (uint64_t)(uintptr_t)g;
+    tcm.calls++;
+    (void)dt; (void)rank; (void)dims; (void)strides; (void)box; (void)es; (void)il; (void)sw; (void)l2; (void)oob;
+    if (!tcm.sm90a) return 1;
+    memset(map, 0, 128);
+    memcpy(map, &addr, 8);
+    tcm.tmaps++;
+    return 0;
 }
 
 typedef struct tcm_prog { char *options; } tcm_prog;
-static mskv_nvrtc_result tcm_nvrtcVersion(int *a, int *b) { *a = 13; *b = 0; return 0; }
+static mskv_nvrtc_result tcm_nvrtcVersion(int *a, int *b) { tcm.calls++; *a = 13; *b = 0; return 0; }
 static const char *tcm_nvrtcGetErrorString(mskv_nvrtc_result r) { return r == 6 ? "NVRTC_ERROR_COMPILATION" : "NVRTC_ERROR"; }
-static mskv_nvrtc_result tcm_nvrtcGetNumSupportedArchs(int *n) { *n = 4; return 0; }
-static mskv_nvrtc_result tcm_nvrtcGetSupportedArchs(int *a) { a[0] = 75; a[1] = 80; a[2] = 89; a[3] = 90; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetNumSupportedArchs(int *n) { tcm.calls++; *n = 4; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetSupportedArchs(int *a) { tcm.calls++; a[0] = 75; a[1] = 80; a[2] = 89; a[3] = 90; return 0; }
 static mskv_nvrtc_result tcm_nvrtcCreateProgram(mskv_nvrtc_program *p, const char *src, const char *name, int nh,
                                                 const char *const *h, const char *const *in) {
+    tcm.calls++;
     tcm_prog *q = (tcm_prog *)calloc(1, sizeof *q);
     (void)src; (void)name; (void)nh; (void)h; (void)in;
     tcm.progs++;
@@ -334,12 +417,14 @@ static mskv_nvrtc_result tcm_nvrtcCreateProgram(mskv_nvrtc_program *p, const cha
     return 0;
 }
 static mskv_nvrtc_result tcm_nvrtcDestroyProgram(mskv_nvrtc_program *p) {
+    tcm.calls++;
     tcm_prog *q = (tcm_prog *)(void *)*p;
     if (q) { free(q->options); free(q); tcm.progs--; }
     *p = NULL;
     return 0;
 }
 static mskv_nvrtc_result tcm_nvrtcCompileProgram(mskv_nvrtc_program p, int n, const char *const *opts) {
+    tcm.calls++;
     tcm_prog *q = (tcm_prog *)(void *)p;
     size_t len = 64;
     int i;
@@ -356,12 +441,12 @@ static const char *tcm_log_text(void) {
     return tcm.compile_error ? "kernels.cu(7): error: mock compile failure here\n"
                              : "ptxas info    : Used 20 registers\nptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n";
 }
-static mskv_nvrtc_result tcm_nvrtcGetProgramLogSize(mskv_nvrtc_program p, size_t *n) { (void)p; *n = strlen(tcm_log_text()) + 1; return 0; }
-static mskv_nvrtc_result tcm_nvrtcGetProgramLog(mskv_nvrtc_program p, char *log) { (void)p; strcpy(log, tcm_log_text()); return 0; }
-static mskv_nvrtc_result tcm_nvrtcGetPTXSize(mskv_nvrtc_program p, size_t *n) { *n = strlen(((tcm_prog *)(void *)p)->options) + 1; return 0; }
-static mskv_nvrtc_result tcm_nvrtcGetPTX(mskv_nvrtc_program p, char *out) { strcpy(out, ((tcm_prog *)(void *)p)->options); return 0; }
-static mskv_nvrtc_result tcm_nvrtcGetCUBINSize(mskv_nvrtc_program p, size_t *n) { *n = strlen(((tcm_prog *)(void *)p)->options) + 1; return 0; }
-static mskv_nvrtc_result tcm_nvrtcGetCUBIN(mskv_nvrtc_program p, char *out) { strcpy(out, ((tcm_prog *)(void *)p)->options); return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetProgramLogSize(mskv_nvrtc_program p, size_t *n) { tcm.calls++; (void)p; *n = strlen(tcm_log_text()) + 1; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetProgramLog(mskv_nvrtc_program p, char *log) { tcm.calls++; (void)p; strcpy(log, tcm_log_text()); return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetPTXSize(mskv_nvrtc_program p, size_t *n) { tcm.calls++; *n = strlen(((tcm_prog *)(void *)p)->options) + 1; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetPTX(mskv_nvrtc_program p, char *out) { tcm.calls++; strcpy(out, ((tcm_prog *)(void *)p)->options); return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetCUBINSize(mskv_nvrtc_program p, size_t *n) { tcm.calls++; *n = strlen(((tcm_prog *)(void *)p)->options) + 1; return 0; }
+static mskv_nvrtc_result tcm_nvrtcGetCUBIN(mskv_nvrtc_program p, char *out) { tcm.calls++; strcpy(out, ((tcm_prog *)(void *)p)->options); return 0; }
 
 static mskv_cuda_functions tcm_table(void) {
     mskv_cuda_functions f;
@@ -405,6 +490,9 @@ static mskv_cuda_store_desc tcu_store_desc(size_t staging) {
     return sd;
 }
 
+static uint32_t tcu_next_debug;   /* the debug checks of the next rig's arena */
+static int32_t tcu_next_groups;   /* the layer groups of the next rig's arena (0: one) */
+
 static mskv_result tcu_rig_open2(tcu_rig *r, size_t staging, const char *cache_dir) {
     mskv_cuda_store_desc sd = tcu_store_desc(staging);
     mskv_arena_desc ad;
@@ -424,6 +512,10 @@ static mskv_result tcu_rig_open2(tcu_rig *r, size_t staging, const char *cache_d
     memset(&ad, 0, sizeof ad);
     ad.allocator = tcu_allocator();
     if ((e = mskv_cuda_store_arena_desc(r->st, &ad)) != MSKV_SUCCESS) return e;
+    ad.debug = tcu_next_debug;
+    ad.num_groups = tcu_next_groups;
+    tcu_next_debug = 0;
+    tcu_next_groups = 0;
     if ((e = mskv_arena_create(&ad, &r->a)) != MSKV_SUCCESS) return e;
     return mskv_cuda_store_bind(r->st, r->a);
 }
@@ -553,7 +645,7 @@ TEST(cuda_without_driver_is_unavailable_and_cpu_backend_still_works) {
     r = mskv_cuda_probe(&cd, why, sizeof why);
     if (r == MSKV_SUCCESS) SKIP("a CUDA driver, a device and NVRTC are present on this machine");
     EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, r);
-    EXPECT_TRUE(strstr(why, "libcuda.so.1") != NULL || strstr(why, "NVRTC") != NULL);
+    EXPECT_TRUE(strstr(why, TCU_DRIVER_NAME) != NULL || strstr(why, "NVRTC") != NULL);
     EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_create(&cd, &cu));
     EXPECT_TRUE(cu == NULL);
     /* the CPU backend in the same process */
@@ -578,23 +670,21 @@ TEST(cuda_without_driver_is_unavailable_and_cpu_backend_still_works) {
 }
 
 #ifndef MSKV_NO_THREADS
-#include <pthread.h>
 typedef struct tcu_probe_arg { mskv_result r; char why[1024]; } tcu_probe_arg;
-static void *tcu_probe_thread(void *p) {
+static void tcu_probe_thread(void *p) {
     tcu_probe_arg *a = (tcu_probe_arg *)p;
     a->r = mskv_cuda_probe(NULL, a->why, sizeof a->why);
-    return NULL;
 }
 
 TEST(cuda_loader_is_initialised_once_from_many_threads) {
-    pthread_t th[4];
+    mtu_thread *th[4];
     tcu_probe_arg args[4];
     int i, started = 0;
     for (i = 0; i < 4; i++)
-        if (pthread_create(&th[i], NULL, tcu_probe_thread, &args[i]) == 0) started++;
+        if ((th[i] = mtu_thread_start(tcu_probe_thread, &args[i])) != NULL) started++;
         else break;
+    for (i = 0; i < started; i++) mtu_thread_join(th[i]);
     ASSERT_EQ(4, started);
-    for (i = 0; i < 4; i++) pthread_join(th[i], NULL);
     /* every thread sees the one outcome, with the same reason */
     for (i = 1; i < 4; i++) {
         EXPECT_EQ(args[0].r, args[i].r);
@@ -612,6 +702,9 @@ TEST(cuda_toolkit_stub_driver_is_unavailable) {
     char why[2048];
     size_t i;
     FILE *fp = NULL;
+#ifdef _WIN32
+    SKIP("Windows: the toolkit ships its driver stub as an import library (cuda.lib), not as a DLL");
+#endif
     for (i = 0; i < 2 && !fp; i++) fp = fopen(stubs[i], "rb");
     if (!fp) SKIP("no CUDA toolkit stub libcuda.so installed");
     fclose(fp);
@@ -619,6 +712,25 @@ TEST(cuda_toolkit_stub_driver_is_unavailable) {
     cd.driver_path = stubs[i - 1];
     EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_probe(&cd, why, sizeof why));
     EXPECT_TRUE(strstr(why, "stub") != NULL);
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_create(&cd, &cu));
+    EXPECT_TRUE(cu == NULL);
+}
+
+/* A library that loads but exports no cuInit is refused by name, and the
+   probe says which library (the loader's open, lookup and close). */
+TEST(cuda_driver_path_to_a_library_without_cuinit_is_unavailable_and_says_why) {
+#ifdef _WIN32
+    static const char *const lib = "C:\\windows\\system32\\kernel32.dll";   /* absolute: its own folder first */
+#else
+    static const char *const lib = "libm.so.6";
+#endif
+    mskv_cuda_desc cd;
+    mskv_cuda *cu = NULL;
+    char why[2048];
+    memset(&cd, 0, sizeof cd);
+    cd.driver_path = lib;
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_probe(&cd, why, sizeof why));
+    EXPECT_TRUE(strstr(why, lib) != NULL && strstr(why, "not a CUDA driver (no cuInit)") != NULL);
     EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_create(&cd, &cu));
     EXPECT_TRUE(cu == NULL);
 }
@@ -664,21 +776,36 @@ TEST(cuda_spill_report_is_parsed_from_the_ptxas_log) {
 
 /* ---- NVRTC: every shipped variant, three archs, no spills ------------------------------ */
 
-typedef struct tcu_variant { int dtype, head_dim, rope, style, warp_keys; } tcu_variant;
+typedef struct tcu_variant { int dtype, head_dim, rope, style, warp_keys, d[3]; } tcu_variant;
 
 /* What the runtime compiles: every dtype and head_dim with no RoPE (page
-   copies, kv_write, prefill attention), each RoPE mode and style (kv_write),
-   and the decode attention layout for the 16-bit dtypes. */
+   copies, kv_write, prefill attention), each RoPE mode and style at the
+   default part widths (kv_write, rope), and the decode attention layout for
+   the 16-bit dtypes. Then each mode and style at widths of the caller's:
+   1-D over half the head, 3-D parts that leave a tail unrotated; once per
+   dtype, the head_dim turning with it (a width is a -D define: a variant of
+   its own, compiled on first use). */
 static int tcu_variants(tcu_variant *out, int cap) {
     int n = 0, dt, hd, rope, style;
     static const int dims[3] = { 64, 128, 256 };
+    memset(out, 0, (size_t)cap * sizeof *out);
     for (dt = 0; dt < 3; dt++)
         for (hd = 0; hd < 3; hd++) {
             for (rope = 0; rope < 3; rope++)
                 for (style = 0; style < (rope ? 2 : 1); style++)
-                    if (n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].rope = rope; out[n].style = style; out[n].warp_keys = 0; n++; }
-            if (dt != 0 && n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].rope = 0; out[n].style = 0; out[n].warp_keys = 1; n++; }
+                    if (n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].rope = rope; out[n].style = style; n++; }
+            if (dt != 0 && n < cap) { out[n].dtype = dt; out[n].head_dim = dims[hd]; out[n].warp_keys = 1; n++; }
         }
+    for (dt = 0; dt < 3; dt++)
+        for (rope = 1; rope < 3; rope++)
+            for (style = 0; style < 2; style++) {
+                int D = dims[(dt + rope + style) % 3];
+                if (n == cap) return n;
+                out[n].dtype = dt; out[n].head_dim = D; out[n].rope = rope; out[n].style = style;
+                if (rope == 1) out[n].d[0] = D / 2;
+                else { out[n].d[0] = D / 4; out[n].d[1] = D / 4 - 2 * (D / 64); out[n].d[2] = out[n].d[1]; }
+                n++;
+            }
     return n;
 }
 
@@ -710,8 +837,8 @@ TEST(cuda_variant_sweep_covers_every_define_of_kernels_cu) {
 
 TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     static const int archs[3] = { 80, 89, 90 };
-    tcu_variant vs[64];
-    int nv = tcu_variants(vs, 64), i, a, compiled = 0, cached = 0;
+    tcu_variant vs[80];
+    int nv = tcu_variants(vs, 80), i, a, k, compiled = 0, cached = 0;
     mskv_cuda_desc cd;
     char cache[512], why[2048];
     clock_t t0 = clock();
@@ -742,8 +869,8 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     }
     for (i = 0; i < nv; i++) {
         for (a = 0; a < 3; a++) {
-            char o[6][48];
-            const char *opts[7];
+            char o[9][48];
+            const char *opts[9];
             mskv_cuda_compile_info ci;
             mskv_cuda_image img;
             mskv_result r;
@@ -754,16 +881,19 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
             snprintf(o[3], 48, "-DMSKV_ROPE_STYLE=%d", vs[i].style);
             snprintf(o[4], 48, "-DMSKV_ATTN_WARP_KEYS=%d", vs[i].warp_keys);
             snprintf(o[5], 48, "--ptxas-options=-v");
-            opts[0] = o[0]; opts[1] = o[1]; opts[2] = o[2]; opts[3] = o[3]; opts[4] = o[4]; opts[5] = o[5];
+            snprintf(o[6], 48, "-DMSKV_ROPE_D0=%d", vs[i].d[0]);
+            snprintf(o[7], 48, "-DMSKV_ROPE_D1=%d", vs[i].d[1]);
+            snprintf(o[8], 48, "-DMSKV_ROPE_D2=%d", vs[i].d[2]);
+            for (k = 0; k < 9; k++) opts[k] = o[k];
             memset(&ci, 0, sizeof ci);
             ci.arch = archs[a];
             ci.options = opts;
-            ci.num_options = 6;
+            ci.num_options = vs[i].d[0] ? 9 : 6;   /* default widths: the defines' own defaults */
             r = mskv_cuda_compile(&cd, &ci, &img);
             if (r != MSKV_SUCCESS) {
-                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d warp_keys %d: %s\n%.2000s", archs[a],
-                        vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].warp_keys,
-                        mskv_result_string(r), img.log ? img.log : "");
+                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s\n%.2000s",
+                        archs[a], vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].d[0], vs[i].d[1],
+                        vs[i].d[2], vs[i].warp_keys, mskv_result_string(r), img.log ? img.log : "");
                 mskv_cuda_image_free(&cd, &img);
                 continue;
             }
@@ -771,8 +901,9 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
             EXPECT_TRUE(img.size > 4 && memcmp(img.data, "\177ELF", 4) == 0);
             spills = mskv_cuda_log_spills(img.log);
             if (spills != 0)
-                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d warp_keys %d: %s (%lld bytes)", archs[a],
-                        vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].warp_keys,
+                mt_fail(__FILE__, __LINE__, "sm_%d dtype %d D %d rope %d/%d widths %d,%d,%d warp_keys %d: %s (%lld bytes)",
+                        archs[a], vs[i].dtype, vs[i].head_dim, vs[i].rope, vs[i].style, vs[i].d[0], vs[i].d[1], vs[i].d[2],
+                        vs[i].warp_keys,
                         spills < 0 ? "no ptxas report in the log" : "register spills", (long long)spills);
             if (img.from_disk) cached++; else compiled++;
             mskv_cuda_image_free(&cd, &img);
@@ -852,14 +983,116 @@ TEST(cuda_every_sm90a_variant_compiles_with_wgmma_setmaxnreg_and_no_spills) {
 static void tcu_cache_dir(char *out, size_t cap, const char *what) {
     char base[400];
     tcu_path(base, sizeof base, "../build");
-    snprintf(out, cap, "%s/test-cuda-%s-%ld", base, what, (long)getpid());
+    snprintf(out, cap, "%s/test-cuda-%s-%lu", base, what, mtu_pid());
 }
 
 static void tcu_rm_dir(const char *dir) {
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) mt_fail(__FILE__, __LINE__, "could not remove %s", dir);
+    if (mtu_rm_dir(dir) != 0) mt_fail(__FILE__, __LINE__, "could not remove %s", dir);
 }
+
+/* Keeps the first n bytes of a file. */
+static int tcu_truncate(const char *path, long n) {
+    size_t size = 0;
+    char *buf = tcu_read(path, &size);
+    FILE *fp;
+    int ok;
+    if (!buf || (size_t)n > size) { free(buf); return 0; }
+    fp = fopen(path, "wb");
+    ok = fp && fwrite(buf, 1, (size_t)n, fp) == (size_t)n;
+    if (fp && fclose(fp) != 0) ok = 0;
+    free(buf);
+    return ok;
+}
+
+/* ---- finding NVRTC where PyPI's wheels put it ---------------------------------------------------
+   The loader runs once per process, so each layout is tried by a fresh
+   build/nvrtc-find (the Python-environment variables cleared but the one
+   under test), over a stand-in libnvrtc linked where the wheel puts its
+   library: nvidia-cuda-nvrtc-cu12 at nvidia/cuda_nvrtc/lib/libnvrtc.so.12,
+   nvidia-cuda-nvrtc 13.x at nvidia/cu13/lib/libnvrtc.so.13 (their contents,
+   listed from the wheels). The environment's wheel comes before a system
+   libnvrtc, so these pass on a machine that has one too. */
+
+#ifndef _WIN32
+/* <root>/<site>/<wheel> -> build/fake-nvrtc/libnvrtc.so */
+static int tcu_fake_wheel(const char *root, const char *site, const char *wheel) {
+    char fake_rel[512], cwd[512], fake[1100], link[900], cmd[1000];
+    tcu_path(fake_rel, sizeof fake_rel, "../build/fake-nvrtc/libnvrtc.so");
+    if (access(fake_rel, R_OK) != 0 || !getcwd(cwd, sizeof cwd)) {
+        mt_fail(__FILE__, __LINE__, "%s is missing: make builds it with the tests", fake_rel);
+        return 0;
+    }
+    /* the link's target is read from the link's directory: make it absolute */
+    if (fake_rel[0] == '/') snprintf(fake, sizeof fake, "%s", fake_rel);
+    else snprintf(fake, sizeof fake, "%s/%s", cwd, fake_rel);
+    snprintf(link, sizeof link, "%s/%s/%s", root, site, wheel);
+    snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\"", link);
+    if (system(cmd) != 0 || symlink(fake, link) != 0) {
+        mt_fail(__FILE__, __LINE__, "could not link %s", link);
+        return 0;
+    }
+    return 1;
+}
+
+/* The output of build/nvrtc-find with only name=value of the search's environment set. */
+static int tcu_find_nvrtc(const char *name, const char *value, char *out, size_t cap) {
+    char prog[512], cmd[1400];
+    FILE *p;
+    size_t n;
+    tcu_path(prog, sizeof prog, "../build/nvrtc-find");
+    if (access(prog, X_OK) != 0) {
+        mt_fail(__FILE__, __LINE__, "%s is missing: make builds it with the tests", prog);
+        return 0;
+    }
+    snprintf(cmd, sizeof cmd, "env -u MSKV_NVRTC_PATH -u VIRTUAL_ENV -u CONDA_PREFIX -u PYTHONPATH %s='%s' '%s' 2>&1",
+             name, value, prog);
+    p = popen(cmd, "r");
+    if (!p) return 0;
+    n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    pclose(p);
+    return 1;
+}
+
+static void tcu_expect_fake_nvrtc(const char *name, const char *value) {
+    char out[2048];
+    if (!tcu_find_nvrtc(name, value, out, sizeof out)) return;
+    if (!strstr(out, "fake libnvrtc of the mstar_kv loader tests"))
+        mt_fail(__FILE__, __LINE__, "with %s=%s the wheel's NVRTC was not loaded:\n%s", name, value, out);
+}
+
+TEST(cuda_nvrtc_is_found_in_the_cu12_wheel_of_a_virtualenv) {
+    char root[512];
+    tcu_cache_dir(root, sizeof root, "venv");
+    if (tcu_fake_wheel(root, "lib/python3.11/site-packages", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12"))
+        tcu_expect_fake_nvrtc("VIRTUAL_ENV", root);
+    tcu_rm_dir(root);
+}
+
+TEST(cuda_nvrtc_is_found_in_the_cu13_wheel_of_a_conda_environment) {
+    char root[512];
+    tcu_cache_dir(root, sizeof root, "conda");
+    if (tcu_fake_wheel(root, "lib/python3.12/site-packages", "nvidia/cu13/lib/libnvrtc.so.13"))
+        tcu_expect_fake_nvrtc("CONDA_PREFIX", root);
+    tcu_rm_dir(root);
+}
+
+TEST(cuda_nvrtc_is_found_in_a_wheel_on_the_pythonpath) {
+    char root[512], path[1200];
+    tcu_cache_dir(root, sizeof root, "pythonpath");
+    if (tcu_fake_wheel(root, "site", "nvidia/cu13/lib/libnvrtc.so.13")) {
+        snprintf(path, sizeof path, "%s/elsewhere:%s/site", root, root);
+        tcu_expect_fake_nvrtc("PYTHONPATH", path);
+    }
+    tcu_rm_dir(root);
+}
+#else
+/* PyPI's NVRTC wheels and their layouts are searched on POSIX only */
+#define TCU_WHEEL_SKIP SKIP("the NVRTC wheel layouts are searched on POSIX only (Windows uses PATH and %%CUDA_PATH%%)")
+TEST(cuda_nvrtc_is_found_in_the_cu12_wheel_of_a_virtualenv) { TCU_WHEEL_SKIP; }
+TEST(cuda_nvrtc_is_found_in_the_cu13_wheel_of_a_conda_environment) { TCU_WHEEL_SKIP; }
+TEST(cuda_nvrtc_is_found_in_a_wheel_on_the_pythonpath) { TCU_WHEEL_SKIP; }
+#endif
 
 static mskv_result tcu_compile_mock(mskv_cuda_desc *cd, mskv_cuda_image *img) {
     static const char *const opts[2] = { "-DMSKV_DTYPE=1", "-DMSKV_HEAD_DIM=128" };
@@ -964,7 +1197,7 @@ TEST(cuda_corrupt_cache_entry_is_detected_and_rebuilt) {
             fclose(fp);
         } else {                    /* a truncated file */
             fclose(fp);
-            ASSERT_EQ(0, truncate(path, size / 2));
+            ASSERT_TRUE(tcu_truncate(path, size / 2));
         }
         ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
         EXPECT_FALSE(a.from_disk);
@@ -979,10 +1212,13 @@ TEST(cuda_corrupt_cache_entry_is_detected_and_rebuilt) {
 }
 
 TEST(cuda_two_processes_writing_one_cache_entry_do_not_corrupt_it) {
+#ifdef _WIN32
+    SKIP("needs fork(); the same entry written by two threads at once is checked on every platform");
+#else
     mskv_cuda_functions fn = tcm_table();
     mskv_cuda_desc cd;
     mskv_cuda_image ref;
-    char dir[512], path[600], cmd[800];
+    char dir[512], path[600];
     pid_t kids[2];
     int i, status, bad = 0;
     tcm_reset();
@@ -1024,11 +1260,198 @@ TEST(cuda_two_processes_writing_one_cache_entry_do_not_corrupt_it) {
         EXPECT_EQ(before, tcm.compiles);
         mskv_cuda_image_free(&cd, &img);
     }
-    /* no temp file left behind */
-    snprintf(cmd, sizeof cmd, "ls '%s' | grep -c tmp > /dev/null", dir);
-    EXPECT_TRUE(system(cmd) != 0);
+    EXPECT_EQ(0, mtu_dir_count(dir, ".tmp."));   /* no temp file left behind */
     mskv_cuda_image_free(&cd, &ref);
     tcu_rm_dir(dir);
+#endif
+}
+
+/* The mock NVRTC without the mock's counters: safe to call from several threads. */
+static mskv_nvrtc_result tcu_mt_create(mskv_nvrtc_program *p, const char *src, const char *name, int nh,
+                                       const char *const *h, const char *const *in) {
+    (void)src; (void)name; (void)nh; (void)h; (void)in;
+    *p = (mskv_nvrtc_program)calloc(1, sizeof(tcm_prog));
+    return *p ? 0 : 1;
+}
+static mskv_nvrtc_result tcu_mt_destroy(mskv_nvrtc_program *p) {
+    tcm_prog *q = (tcm_prog *)(void *)*p;
+    if (q) { free(q->options); free(q); }
+    *p = NULL;
+    return 0;
+}
+static mskv_nvrtc_result tcu_mt_compile(mskv_nvrtc_program p, int n, const char *const *opts) {
+    tcm_prog *q = (tcm_prog *)(void *)p;
+    size_t len = 16;
+    int i;
+    for (i = 0; i < n; i++) len += strlen(opts[i]) + 1;
+    q->options = (char *)calloc(1, len);
+    if (!q->options) return 1;
+    strcpy(q->options, "MOCKCUBIN\n");
+    for (i = 0; i < n; i++) { strcat(q->options, opts[i]); strcat(q->options, "\n"); }
+    return 0;
+}
+
+typedef struct tcu_writer {
+    mskv_cuda_desc cd;
+    const mskv_cuda_image *ref;
+    const char *path;
+    int index, errors;
+} tcu_writer;
+
+static void tcu_writer_run(void *arg) {
+    tcu_writer *w = (tcu_writer *)arg;
+    int round;
+    for (round = 0; round < 150; round++) {
+        mskv_cuda_image img;
+        if (round % 3 == w->index) remove(w->path);
+        if (tcu_compile_mock(&w->cd, &img) != MSKV_SUCCESS || img.size != w->ref->size ||
+            memcmp(img.data, w->ref->data, w->ref->size) != 0) w->errors++;
+        mskv_cuda_image_free(&w->cd, &img);
+    }
+}
+
+static int tcu_warned_corrupt;
+static void tcu_count_corrupt(void *u, mskv_log_level lvl, const char *m) {
+    (void)u;
+    if (lvl >= MSKV_LOG_WARN && strstr(m, "corrupt")) tcu_warned_corrupt = 1;  /* any writer: a flag, not a count */
+}
+
+/* Two threads of one process share the pid in their temp names, and on
+   Windows a reader holds the entry open while the other thread renames a new
+   one over it: every read still gets a whole, valid entry. */
+TEST(cuda_two_threads_writing_one_cache_entry_do_not_corrupt_it) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda_image ref;
+    tcu_writer w[2];
+    mtu_thread *th[2];
+    char dir[512], path[600];
+    int i, started = 0;
+    fn.nvrtcCreateProgram = tcu_mt_create;
+    fn.nvrtcDestroyProgram = tcu_mt_destroy;
+    fn.nvrtcCompileProgram = tcu_mt_compile;
+    memset(&cd, 0, sizeof cd);
+    tcu_cache_dir(dir, sizeof dir, "threads");
+    cd.functions = &fn;
+    cd.cache_dir = dir;
+    cd.log = tcu_count_corrupt;
+    tcu_warned_corrupt = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &ref));
+    snprintf(path, sizeof path, "%s", ref.path);
+    for (i = 0; i < 2; i++) {
+        w[i].cd = cd; w[i].ref = &ref; w[i].path = path; w[i].index = i; w[i].errors = 0;
+        if ((th[i] = mtu_thread_start(tcu_writer_run, &w[i])) == NULL) break;
+        started++;
+    }
+    for (i = 0; i < started; i++) mtu_thread_join(th[i]);
+    ASSERT_EQ(2, started);
+    EXPECT_EQ(0, w[0].errors);
+    EXPECT_EQ(0, w[1].errors);
+    EXPECT_EQ(0, tcu_warned_corrupt);
+    EXPECT_EQ(0, mtu_dir_count(dir, ".tmp."));   /* no temp file left behind */
+    mskv_cuda_image_free(&cd, &ref);
+    tcu_rm_dir(dir);
+}
+
+/* Saves an environment variable for tcu_env_restore. */
+typedef struct tcu_env { const char *name; char value[1024]; int set; } tcu_env;
+static void tcu_env_save(tcu_env *e, const char *name) {
+    const char *v = getenv(name);
+    e->name = name;
+    e->set = v != NULL;
+    snprintf(e->value, sizeof e->value, "%s", v ? v : "");
+}
+static void tcu_env_restore(const tcu_env *e) { mtu_setenv(e->name, e->set ? e->value : NULL); }
+
+/* With no cache_dir and no $MSKV_CACHE_DIR, entries go to the platform's
+   per-user cache: %LOCALAPPDATA%\mstar_kv on Windows, $XDG_CACHE_HOME/mstar_kv
+   elsewhere (the directory is created). */
+TEST(cuda_disk_cache_defaults_to_the_platform_user_cache_directory) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda_image a, b;
+    tcu_env saved[2];
+    char base[512], want[700];
+#ifdef _WIN32
+    const char *var = "LOCALAPPDATA";
+#else
+    const char *var = "XDG_CACHE_HOME";
+#endif
+    tcm_reset();
+    tcu_env_save(&saved[0], "MSKV_CACHE_DIR");
+    tcu_env_save(&saved[1], var);
+    tcu_cache_dir(base, sizeof base, "default");
+    ASSERT_EQ(0, mtu_setenv("MSKV_CACHE_DIR", NULL));
+    ASSERT_EQ(0, mtu_setenv(var, base));
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    EXPECT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
+    EXPECT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &b));
+    tcu_env_restore(&saved[0]);
+    tcu_env_restore(&saved[1]);
+#ifdef _WIN32
+    snprintf(want, sizeof want, "%s\\mstar_kv\\%016llx.cubin", base, (unsigned long long)a.key);
+#else
+    snprintf(want, sizeof want, "%s/mstar_kv/%016llx.cubin", base, (unsigned long long)a.key);
+#endif
+    EXPECT_STREQ(want, a.path);
+    EXPECT_FALSE(a.from_disk);
+    EXPECT_TRUE(b.from_disk);                  /* written there, read back from there */
+    EXPECT_EQ(1, tcm.compiles);
+    mskv_cuda_image_free(&cd, &a);
+    mskv_cuda_image_free(&cd, &b);
+#ifdef _WIN32
+    snprintf(want, sizeof want, "%s\\mstar_kv", base);
+#else
+    snprintf(want, sizeof want, "%s/mstar_kv", base);
+#endif
+    tcu_rm_dir(want);
+    tcu_rm_dir(base);
+}
+
+
+/* The driver is looked for under its platform name, and the reason says what
+   the system loader answered. */
+TEST(cuda_unavailable_reason_names_the_platform_driver_and_the_loaders_answer) {
+#ifdef _WIN32
+    const char *code = "(Windows error 126)";      /* ERROR_MOD_NOT_FOUND */
+#else
+    const char *code = "cannot open shared object file";
+#endif
+    mskv_cuda_desc cd;
+    char why[4096];
+    memset(&cd, 0, sizeof cd);
+    if (mskv_cuda_probe(&cd, why, sizeof why) == MSKV_SUCCESS) SKIP("a CUDA driver, a device and NVRTC are present on this machine");
+    if (!strstr(why, "(no CUDA driver)")) SKIP("a CUDA driver loads here: %.200s", why);
+    EXPECT_TRUE(strstr(why, TCU_DRIVER_NAME) == why);          /* tried first */
+    EXPECT_TRUE(strstr(why, code) != NULL);
+}
+
+/* NVRTC is looked for under every ABI name (newest first, through the
+   system's own search), then in the toolkit's folders: on Windows
+   %CUDA_PATH%\bin\x64 (CUDA 13) before %CUDA_PATH%\bin. */
+TEST(cuda_nvrtc_is_looked_for_under_every_abi_name_then_in_the_toolkit_folders) {
+#ifdef _WIN32
+    static const char *const want[] = {
+        "nvrtc64_130_0.dll", "nvrtc64_120_0.dll", "nvrtc64_112_0.dll",
+        "C:\\cuda\\bin\\x64\\nvrtc64_130_0.dll", "C:\\cuda\\bin\\x64\\nvrtc64_120_0.dll",
+        "C:\\cuda\\bin\\x64\\nvrtc64_112_0.dll", "C:\\cuda\\bin\\nvrtc64_130_0.dll",
+        "C:\\cuda\\bin\\nvrtc64_120_0.dll", "C:\\cuda\\bin\\nvrtc64_112_0.dll" };
+#else
+    static const char *const want[] = {
+        "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so",
+        "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so.12",
+        "/usr/local/cuda/lib64/libnvrtc.so.11.2", "/usr/local/cuda/lib64/libnvrtc.so" };
+#endif
+    char paths[12][512];
+    tcu_env saved;
+    int i, n;
+    tcu_env_save(&saved, "CUDA_PATH");
+    mtu_setenv("CUDA_PATH", "C:\\cuda");
+    n = mtu_nvrtc_candidates(paths, 12);
+    tcu_env_restore(&saved);
+    ASSERT_EQ((int)(sizeof want / sizeof want[0]), n);
+    for (i = 0; i < n; i++) EXPECT_STREQ(want[i], paths[i]);
 }
 
 TEST(cuda_warm_start_compiles_nothing) {
@@ -1327,6 +1750,45 @@ TEST(cuda_pages_freed_in_a_step_wait_for_its_event) {
     TCU_EXPECT_NO_LEAKS();
 }
 
+/* mskv_arena_flush reaches the device store through its flush op: the
+   stream is synchronised first, then every pending page is free, even those
+   of steps whose events were never recorded or have not answered yet. */
+TEST(cuda_arena_flush_waits_for_the_store_stream_then_frees_every_pending_page) {
+    tcu_rig r;
+    mskv_request a, b;
+    mskv_arena_stats s;
+    uint64_t digest;
+    int syncs;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &a, 12));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &b, 8));
+    tcm.event_busy = 1;                     /* the GPU is still running */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));   /* a recorded, unfinished fence */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, b));               /* freed in the current step */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(5, s.pending_pages);
+    /* a failed wait frees nothing */
+    tcm.stream_sync_fails = 1;
+    digest = mskv_arena_digest(r.a);
+    EXPECT_EQ(MSKV_ERROR_CUDA, mskv_arena_flush(r.a));
+    EXPECT_EQ_U64(digest, mskv_arena_digest(r.a));
+    tcm.stream_sync_fails = 0;
+    syncs = tcm.stream_syncs;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_flush(r.a));
+    EXPECT_EQ(syncs + 1, tcm.stream_syncs);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(r.a, &s));
+    EXPECT_EQ(0, s.pending_pages);
+    EXPECT_EQ(23, s.free_pages);
+    EXPECT_TRUE(tcu_audit(r.a));
+    /* the late event of the recorded fence retires nothing twice */
+    tcm.event_busy = 0;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_retire(r.st, 0));
+    EXPECT_TRUE(tcu_audit(r.a));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
 TEST(cuda_plan_ring_buffer_is_reused_only_after_its_event) {
     tcu_rig r;
     mskv_plan plan;
@@ -1500,6 +1962,514 @@ TEST(cuda_rope_paths_refuse_widths_the_cpu_refuses) {
     TCU_EXPECT_NO_LEAKS();
 }
 
+/* A framework runs its kernels on its own stream (PyTorch: the current
+   stream): after mskv_cuda_store_set_stream the store's launches and copies
+   go there, offloads included; NULL gives the store its own stream back, and
+   the caller's stream is never destroyed by the store. */
+TEST(cuda_store_runs_on_the_callers_stream_after_set_stream) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_cu_stream own, theirs = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    own = mskv_cuda_store_stream(r.st);
+    ASSERT_EQ(0, r.fn.cuStreamCreate(&theirs, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, theirs));
+    EXPECT_TRUE(mskv_cuda_store_stream(r.st) == theirs);
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 9));
+    EXPECT_TRUE(tcm.launch_stream == theirs);          /* K/V write */
+    EXPECT_TRUE(tcm.copy_stream == theirs);            /* plan upload */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    EXPECT_TRUE(tcm.launch_stream == theirs);          /* page gather */
+    EXPECT_TRUE(tcm.copy_stream == theirs);            /* the DMA to the host copy */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 9));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, NULL));
+    EXPECT_TRUE(mskv_cuda_store_stream(r.st) == own);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, MSKV_CU_STREAM_LEGACY));
+    EXPECT_TRUE(mskv_cuda_store_stream(r.st) == MSKV_CU_STREAM_LEGACY);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, NULL));
+    tcu_rig_close(&r);
+    EXPECT_EQ(1, tcm.streams);                         /* theirs is still alive */
+    r.fn.cuStreamDestroy(theirs);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* Work queued on the old stream (kernels writing pages) must be done before
+   the new stream touches the same pages: the switch waits for it. */
+TEST(cuda_set_stream_waits_for_the_previous_stream_first) {
+    tcu_rig r;
+    mskv_cu_stream own, theirs = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    own = mskv_cuda_store_stream(r.st);
+    ASSERT_EQ(0, r.fn.cuStreamCreate(&theirs, 0));
+    tcm.synced_stream = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, theirs));
+    EXPECT_TRUE(tcm.synced_stream == own);
+    tcm.synced_stream = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, theirs));   /* the same: nothing to wait for */
+    EXPECT_TRUE(tcm.synced_stream == NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, NULL));
+    EXPECT_TRUE(tcm.synced_stream == theirs);
+    tcu_rig_close(&r);
+    r.fn.cuStreamDestroy(theirs);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_set_stream_is_refused_while_capturing) {
+    tcu_rig r;
+    mskv_cu_stream own, theirs = NULL;
+    mskv_cuda_graph *g = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    own = mskv_cuda_store_stream(r.st);
+    ASSERT_EQ(0, r.fn.cuStreamCreate(&theirs, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(r.st));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_store_set_stream(r.st, theirs));
+    EXPECT_TRUE(mskv_cuda_store_stream(r.st) == own);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(r.st, &g));
+    mskv_cuda_graph_destroy(r.st, g);
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cuda_store_set_stream(NULL, theirs));
+    tcu_rig_close(&r);
+    r.fn.cuStreamDestroy(theirs);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A store over 4 pools (2 layers, K and V) the caller allocated. */
+static mskv_result tcu_rig_open_adopted(tcu_rig *r, mskv_cu_ptr pools[4]) {
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    mskv_arena_desc ad;
+    mskv_result e;
+    size_t pool_bytes = (size_t)24 * 4 * 2 * 64 * 4;
+    int i;
+    memset(r, 0, sizeof *r);
+    tcm_reset();
+    tcu_live_allocs = 0;
+    r->fn = tcm_table();
+    r->cd.functions = &r->fn;
+    r->cd.disable_disk_cache = 1;
+    r->cd.allocator = tcu_allocator();
+    if ((e = mskv_cuda_create(&r->cd, &r->cu)) != MSKV_SUCCESS) return e;
+    for (i = 0; i < 4; i++) {
+        if ((e = mskv_cuda_malloc(r->cu, pool_bytes, &pools[i])) != MSKV_SUCCESS) return e;
+        memset((void *)(uintptr_t)pools[i], 0xAB, pool_bytes);
+    }
+    sd.pools = pools;
+    if ((e = mskv_cuda_store_create(r->cu, &sd, &r->st)) != MSKV_SUCCESS) return e;
+    memset(&ad, 0, sizeof ad);
+    ad.allocator = tcu_allocator();
+    if ((e = mskv_cuda_store_arena_desc(r->st, &ad)) != MSKV_SUCCESS) return e;
+    if ((e = mskv_arena_create(&ad, &r->a)) != MSKV_SUCCESS) return e;
+    return mskv_cuda_store_bind(r->st, r->a);
+}
+
+/* So a model keeps its K/V in its own tensors: the store adopts the pools,
+   zeroes them, writes and offloads through them, and leaves them to the
+   caller when it is destroyed. */
+TEST(cuda_store_adopts_caller_pools_and_leaves_them_to_the_caller) {
+    tcu_rig r;
+    mskv_cu_ptr pools[4];
+    mskv_request req;
+    long dev_before;
+    int i;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open_adopted(&r, pools));
+    for (i = 0; i < 4; i++) {
+        EXPECT_TRUE(mskv_cuda_store_pool(r.st, i / 2, i % 2) == pools[i]);
+        EXPECT_EQ(0, ((const unsigned char *)(uintptr_t)pools[i])[100]);   /* zeroed on create */
+    }
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));                  /* written into the caller's memory */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    for (i = 0; i < 4; i++) memset((void *)(uintptr_t)pools[i], 0xAB, (size_t)24 * 4 * 2 * 64 * 4);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));
+    EXPECT_TRUE(tcu_audit(r.a));
+    mskv_arena_destroy(r.a);
+    dev_before = tcm.dev_live;
+    mskv_cuda_store_destroy(r.st);
+    EXPECT_EQ(4, tcm.dev_live);                              /* only the caller's pools are left */
+    EXPECT_TRUE(dev_before > 4);
+    for (i = 0; i < 4; i++) mskv_cuda_free(r.cu, pools[i]);
+    mskv_cuda_destroy(r.cu);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+TEST(cuda_store_refuses_missing_or_misaligned_adopted_pools) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda *cu = NULL;
+    mskv_cuda_store *st = NULL;
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    mskv_cu_ptr pools[4];
+    int i;
+    tcm_reset();
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    cd.disable_disk_cache = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_create(&cd, &cu));
+    for (i = 0; i < 4; i++) ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(cu, (size_t)24 * 4 * 2 * 64 * 4 + 16, &pools[i]));
+    sd.pools = pools;
+    tcm.allocs = 0;
+    pools[3] += 4;                                           /* not 16-byte aligned */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_store_create(cu, &sd, &st));
+    pools[3] -= 4;
+    {
+        mskv_cu_ptr keep = pools[1];
+        pools[1] = 0;                                        /* a missing pool */
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_store_create(cu, &sd, &st));
+        pools[1] = keep;
+    }
+    EXPECT_TRUE(st == NULL);
+    EXPECT_EQ(0, tcm.allocs);                                /* refused before allocating anything */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_create(cu, &sd, &st));
+    mskv_cuda_store_destroy(st);
+    for (i = 0; i < 4; i++) mskv_cuda_free(cu, pools[i]);
+    mskv_cuda_destroy(cu);
+    EXPECT_TRUE(tcm_nothing_live());
+}
+
+/* ---- the per-call launch path ---------------------------------------------------------------
+   Once a wrapper's kernel is loaded, a call checks its arguments, looks the
+   function up by an integer key in the store's cache and writes the
+   parameter values: no allocation, no formatted string, no driver call but
+   cuCtxSetCurrent and the launches. So on each attention path of the mock
+   compute capability 9.0 device: AUTO (prefill on the sm_90a kernel, decode
+   on mma.sync), AUTO after the sm_90a kernel failed to load (mma.sync from
+   then on), mma.sync forced, wgmma forced (decode too). */
+
+typedef struct tcu_hot {
+    tcu_rig r;
+    mskv_plan dec, pre;                 /* 1 query over 8000 keys (split: two launches); 64 over 200 */
+    int32_t dqo[2], dkvp[2], dlast[1], dkvl[1], dsplit[1], dshift[1];
+    int32_t pqo[2], pkvp[2], plast[1], pkvl[1], psplit[1], pshift[1], pos[64 * 3];
+    int32_t ids[500];
+    int64_t slots[64];
+    mskv_cuda_dplan dp;
+    mskv_attn attn;
+    mskv_rope rope3;
+    mskv_cu_ptr q, o, lse, k, v, part;
+} tcu_hot;
+
+enum { TCU_ATTN_DECODE, TCU_ATTN_PREFILL, TCU_WRITE_KV, TCU_WRITE_KV_ROPE, TCU_MERGE, TCU_ROPE, TCU_HOT_CASES };
+static const char *const tcu_hot_names[TCU_HOT_CASES] = { "attention (decode, split)", "attention (prefill)",
+                                                          "write_kv", "write_kv (3-D RoPE)", "merge", "rope" };
+static const int tcu_hot_launches[TCU_HOT_CASES] = { 2, 1, 1, 1, 1, 1 };
+
+typedef struct tcu_hot_path {
+    mskv_cuda_attn_path path;
+    int sm90a;                          /* the mock loads the sm_90a module */
+    int decode_kind, prefill_kind;      /* the attention kernel each case launches (tcm_func kinds) */
+    const char *name;
+} tcu_hot_path;
+#define TCU_HOT_PATHS 4
+static const tcu_hot_path tcu_hot_paths[TCU_HOT_PATHS] = {
+    { MSKV_CUDA_ATTN_AUTO, 1, 4, 8, "auto" },
+    { MSKV_CUDA_ATTN_AUTO, 0, 4, 4, "auto, sm_90a module fails to load" },
+    { MSKV_CUDA_ATTN_MMA, 1, 4, 4, "mma.sync forced" },
+    { MSKV_CUDA_ATTN_WGMMA, 1, 8, 8, "wgmma forced" },
+};
+
+/* A bf16 store of head_dim 128 (attention tiles above 48 KiB of shared memory) on the mock. */
+static mskv_result tcu_hot_open_path(tcu_hot *h, const tcu_hot_path *path) {
+    mskv_cuda_store_desc sd;
+    mskv_result e;
+    int i;
+    memset(h, 0, sizeof *h);
+    tcm_reset();
+    tcm.sm90a = path->sm90a;
+    tcu_live_allocs = 0;
+    h->r.fn = tcm_table();
+    h->r.cd.functions = &h->r.fn;
+    h->r.cd.attn_path = path->path;
+    h->r.cd.disable_disk_cache = 1;
+    h->r.cd.allocator = tcu_allocator();
+    h->r.cd.log = tcu_log;
+    if ((e = mskv_cuda_create(&h->r.cd, &h->r.cu)) != MSKV_SUCCESS) return e;
+    memset(&sd, 0, sizeof sd);
+    sd.num_pages = 504; sd.page_size = 16; sd.num_layers = 2; sd.kv_heads = 2; sd.head_dim = 128;
+    sd.dtype = MSKV_DTYPE_BF16; sd.max_batch = 4; sd.max_tokens = 64; sd.max_page_ids = 500; sd.plan_ring = 2;
+    if ((e = mskv_cuda_store_create(h->r.cu, &sd, &h->r.st)) != MSKV_SUCCESS) return e;
+    for (i = 0; i < 500; i++) h->ids[i] = i + 1;
+    h->dqo[1] = 1; h->dkvp[1] = 500; h->dlast[0] = 16; h->dkvl[0] = 8000; h->dshift[0] = 7999;
+    h->pqo[1] = 64; h->pkvp[1] = 13; h->plast[0] = 8; h->pkvl[0] = 200; h->pshift[0] = 136;
+    for (i = 0; i < 64; i++) h->slots[i] = 16 + 136 + i;
+    for (i = 0; i < 64 * 3; i++) h->pos[i] = i % 7;
+    h->dec.batch = 1; h->dec.total_q = 1; h->dec.num_page_ids = 500; h->dec.page_size = 16;
+    h->dec.qo_indptr = h->dqo; h->dec.kv_indptr = h->dkvp; h->dec.kv_indices = h->ids; h->dec.kv_last_page_len = h->dlast;
+    h->dec.kv_len = h->dkvl; h->dec.kv_pos_split = h->dsplit; h->dec.kv_pos_shift = h->dshift;
+    h->pre = h->dec;
+    h->pre.total_q = 64; h->pre.num_page_ids = 13;
+    h->pre.qo_indptr = h->pqo; h->pre.kv_indptr = h->pkvp; h->pre.kv_last_page_len = h->plast;
+    h->pre.kv_len = h->pkvl; h->pre.kv_pos_split = h->psplit; h->pre.kv_pos_shift = h->pshift;
+    h->pre.slot_mapping = h->slots; h->pre.positions = h->pos;
+    h->attn.q_heads = 4; h->attn.mask = MSKV_MASK_CAUSAL; h->attn.q_dtype = MSKV_DTYPE_BF16;
+    h->rope3.mode = MSKV_POS_3D; h->rope3.dims[0] = 44; h->rope3.dims[1] = 42; h->rope3.dims[2] = 42;
+#define TCU_HOT_MALLOC(p, n) if ((e = mskv_cuda_malloc(h->r.cu, (n), &(p))) != MSKV_SUCCESS) return e
+    TCU_HOT_MALLOC(h->q, 64 * 4 * 128 * 2);
+    TCU_HOT_MALLOC(h->o, 64 * 4 * 128 * 2);
+    TCU_HOT_MALLOC(h->lse, 64 * 4 * 4);
+    TCU_HOT_MALLOC(h->k, 64 * 2 * 128 * 2);
+    TCU_HOT_MALLOC(h->v, 64 * 2 * 128 * 2);
+    TCU_HOT_MALLOC(h->part, 4 * 2 * (4 * 128 + 4) * 4);
+#undef TCU_HOT_MALLOC
+    return MSKV_SUCCESS;
+}
+
+static mskv_result tcu_hot_open(tcu_hot *h) { return tcu_hot_open_path(h, &tcu_hot_paths[1]); }
+
+static void tcu_hot_close(tcu_hot *h) {
+    mskv_cuda_free(h->r.cu, h->q); mskv_cuda_free(h->r.cu, h->o); mskv_cuda_free(h->r.cu, h->lse);
+    mskv_cuda_free(h->r.cu, h->k); mskv_cuda_free(h->r.cu, h->v); mskv_cuda_free(h->r.cu, h->part);
+    tcu_rig_close(&h->r);
+}
+
+/* Uploads the plan a case reads (outside the counted calls). */
+static mskv_result tcu_hot_prepare(tcu_hot *h, int which) {
+    if (which == TCU_ATTN_DECODE) return mskv_cuda_plan_upload(h->r.st, &h->dec, MSKV_POS_NONE, &h->dp);
+    return mskv_cuda_plan_upload(h->r.st, &h->pre, MSKV_POS_3D, &h->dp);
+}
+
+static mskv_result tcu_hot_call(tcu_hot *h, int which, int i) {
+    mskv_cuda_store *st = h->r.st;
+    mskv_cu_ptr lse_b = h->part + 4 * 2 * 4 * 128 * 4;
+    switch (which) {
+    case TCU_ATTN_DECODE: return mskv_cuda_attention(st, i & 1, &h->dec, &h->dp, &h->attn, h->q, h->o, h->lse);
+    case TCU_ATTN_PREFILL: return mskv_cuda_attention(st, i & 1, &h->pre, &h->dp, &h->attn, h->q, h->o, h->lse);
+    case TCU_WRITE_KV: return mskv_cuda_write_kv(st, i & 1, &h->dp, h->k, h->v, NULL);
+    case TCU_WRITE_KV_ROPE: return mskv_cuda_write_kv(st, i & 1, &h->dp, h->k, h->v, &h->rope3);
+    case TCU_MERGE: return mskv_cuda_merge(st, 4, 2, 128, h->part, lse_b, h->part + 4 * 2 * 128 * 4, lse_b + 32, h->part, lse_b);
+    default: return mskv_cuda_rope(st, &h->rope3, h->k, 64, 2, h->dp.positions);
+    }
+}
+
+typedef struct tcu_counts { long allocs, formats, driver, launches; } tcu_counts;
+static tcu_counts tcu_counts_now(void) {
+    tcu_counts c;
+    c.allocs = tcu_total_allocs; c.formats = mtu_format_count(); c.driver = tcm.calls; c.launches = tcm.launches;
+    return c;
+}
+
+/* What 20 calls of a case cost once its first call has loaded the kernel;
+   *first: what that first call cost. */
+static int tcu_hot_measure(tcu_hot *h, int which, tcu_counts *first, tcu_counts *steady) {
+    tcu_counts c0, c1, c2;
+    int i, bad = 0;
+    if (tcu_hot_prepare(h, which) != MSKV_SUCCESS) return 0;
+    c0 = tcu_counts_now();
+    bad += tcu_hot_call(h, which, 0) != MSKV_SUCCESS;
+    c1 = tcu_counts_now();
+    for (i = 1; i <= 20; i++) bad += tcu_hot_call(h, which, i) != MSKV_SUCCESS;
+    c2 = tcu_counts_now();
+    first->allocs = c1.allocs - c0.allocs; first->formats = c1.formats - c0.formats;
+    first->driver = c1.driver - c0.driver; first->launches = c1.launches - c0.launches;
+    steady->allocs = c2.allocs - c1.allocs; steady->formats = c2.formats - c1.formats;
+    steady->driver = c2.driver - c1.driver; steady->launches = c2.launches - c1.launches;
+    if (bad) mt_fail(__FILE__, __LINE__, "%s: %d calls failed: %s", tcu_hot_names[which], bad, mskv_cuda_last_error(h->r.cu));
+    return bad == 0;
+}
+
+/* The attention kernel case w launched (its first call and the 20 after it). */
+static void tcu_hot_expect_kernel(const tcu_hot_path *p, int w) {
+    int want = w == TCU_ATTN_DECODE ? p->decode_kind : p->prefill_kind;
+    if ((w == TCU_ATTN_DECODE || w == TCU_ATTN_PREFILL) && tcm.attn_kind != want)
+        mt_fail(__FILE__, __LINE__, "%s, %s: launched %s", p->name, tcu_hot_names[w],
+                tcm.attn_kind == 8 ? "mskv_attn_sm90" : tcm.attn_kind == 4 ? "mskv_attn" : "no attention kernel");
+}
+
+TEST(cuda_launch_wrappers_allocate_nothing_once_their_kernel_is_loaded) {
+    tcu_hot h;
+    tcu_counts first, steady;
+    int w, p;
+    for (p = 0; p < TCU_HOT_PATHS; p++) {
+        ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open_path(&h, &tcu_hot_paths[p]));
+        for (w = 0; w < TCU_HOT_CASES; w++) {
+            if (!tcu_hot_measure(&h, w, &first, &steady)) continue;
+            tcu_hot_expect_kernel(&tcu_hot_paths[p], w);
+            if (steady.allocs != 0)
+                mt_fail(__FILE__, __LINE__, "%s, %s: %ld allocations in 20 calls", tcu_hot_paths[p].name, tcu_hot_names[w],
+                        steady.allocs);
+        }
+        tcu_hot_close(&h);
+        TCU_EXPECT_NO_LEAKS();
+    }
+}
+
+TEST(cuda_launch_wrappers_format_no_string_once_their_kernel_is_loaded) {
+    tcu_hot h;
+    tcu_counts first, steady;
+    int w, p;
+    for (p = 0; p < TCU_HOT_PATHS; p++) {
+        ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open_path(&h, &tcu_hot_paths[p]));
+        for (w = 0; w < TCU_HOT_CASES; w++) {
+            if (!tcu_hot_measure(&h, w, &first, &steady)) continue;
+            tcu_hot_expect_kernel(&tcu_hot_paths[p], w);
+            /* the counter counts: a first compile builds its option strings */
+            if (w == TCU_ATTN_DECODE) EXPECT_GT(first.formats, 0);
+            if (steady.formats != 0)
+                mt_fail(__FILE__, __LINE__, "%s, %s: %ld strings formatted in 20 calls", tcu_hot_paths[p].name,
+                        tcu_hot_names[w], steady.formats);
+        }
+        tcu_hot_close(&h);
+        TCU_EXPECT_NO_LEAKS();
+    }
+}
+
+TEST(cuda_launch_wrappers_call_the_driver_only_to_launch) {
+    tcu_hot h;
+    tcu_counts first, steady;
+    int w, p;
+    for (p = 0; p < TCU_HOT_PATHS; p++) {
+        ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open_path(&h, &tcu_hot_paths[p]));
+        for (w = 0; w < TCU_HOT_CASES; w++) {
+            if (!tcu_hot_measure(&h, w, &first, &steady)) continue;
+            tcu_hot_expect_kernel(&tcu_hot_paths[p], w);
+            if (steady.launches != 20 * tcu_hot_launches[w])
+                mt_fail(__FILE__, __LINE__, "%s, %s: %ld launches in 20 calls, expected %d", tcu_hot_paths[p].name,
+                        tcu_hot_names[w], steady.launches, 20 * tcu_hot_launches[w]);
+            /* each call: cuCtxSetCurrent, then its launches */
+            if (steady.driver != steady.launches + 20)
+                mt_fail(__FILE__, __LINE__, "%s, %s: %ld driver calls for %ld launches in 20 calls", tcu_hot_paths[p].name,
+                        tcu_hot_names[w], steady.driver, steady.launches);
+        }
+        tcu_hot_close(&h);
+        TCU_EXPECT_NO_LEAKS();
+    }
+}
+
+/* The sm_90a kernel gets each pool's map by value: made once per store for
+   every layer on its first call, then the layer's K and V maps each call. */
+TEST(cuda_sm90a_tensor_maps_are_made_once_per_store_and_passed_per_layer) {
+    tcu_hot h;
+    int i, bad = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open_path(&h, &tcu_hot_paths[0]));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_prepare(&h, TCU_ATTN_PREFILL));
+    EXPECT_EQ(0, tcm.tmaps);   /* not at store creation */
+    for (i = 0; i < 6; i++) {
+        int layer = i & 1;
+        tcm.attn_kind = 0;
+        bad += tcu_hot_call(&h, TCU_ATTN_PREFILL, i) != MSKV_SUCCESS;
+        bad += tcm.attn_kind != 8;
+        bad += tcm.sm90_tma != 1;   /* pages of 16 keys: whole pages per 128-key tile */
+        bad += tcm.sm90_maps[0] != (uint64_t)mskv_cuda_store_pool(h.r.st, layer, 0);
+        bad += tcm.sm90_maps[1] != (uint64_t)mskv_cuda_store_pool(h.r.st, layer, 1);
+        bad += tcm.sm90_pools[0] != (uint64_t)mskv_cuda_store_pool(h.r.st, layer, 0);
+    }
+    EXPECT_EQ(0, bad);
+    EXPECT_EQ(2 * 2, tcm.tmaps);   /* 2 layers x K and V */
+    tcu_hot_close(&h);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* Out of memory while the sm_90a module is made is that call's error, not a
+   reason to give the kernel up for the context's life: the next call, with
+   memory, runs it. */
+TEST(cuda_attention_out_of_memory_while_the_sm90a_kernel_loads_keeps_the_sm90a_path) {
+    tcu_hot h;
+    mskv_cuda_info info;
+    long launches;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open_path(&h, &tcu_hot_paths[0]));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_prepare(&h, TCU_ATTN_PREFILL));
+    launches = tcm.launches;
+    tcu_refuse_allocs = 1;
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_MEMORY, tcu_hot_call(&h, TCU_ATTN_PREFILL, 0));
+    tcu_refuse_allocs = 0;
+    EXPECT_EQ(launches, (long)tcm.launches);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_info_get(h.r.cu, &info));
+    EXPECT_EQ(1, info.wgmma);
+    tcm.attn_kind = 0;
+    EXPECT_EQ(MSKV_SUCCESS, tcu_hot_call(&h, TCU_ATTN_PREFILL, 1));
+    EXPECT_EQ(8, tcm.attn_kind);
+    tcu_hot_close(&h);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The stale-plan checks in the wrappers (the host plan, and the uploaded
+   one) cost no allocation, no string, no message and no driver call, also
+   when another request lost pages since the build (the check then looks
+   at each of the plan's requests). */
+static long tcu_arena_logs;
+static void tcu_count_log(void *u, mskv_log_level level, const char *msg) { (void)u; (void)level; (void)msg; tcu_arena_logs++; }
+
+TEST(cuda_launch_wrappers_check_an_arena_plan_without_allocating_formatting_or_calling_the_driver) {
+    tcu_hot h;
+    mskv_arena_desc ad;
+    mskv_request r, other;
+    mskv_segment seg;
+    mskv_plan plan;
+    tcu_counts c0, c1;
+    long logs;
+    int i, bad = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open(&h));
+    memset(&ad, 0, sizeof ad);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_arena_desc(h.r.st, &ad));
+    ad.allocator = tcu_allocator();
+    ad.log = tcu_count_log;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &h.r.a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_bind(h.r.st, h.r.a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(h.r.a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(h.r.a, r, 136));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(h.r.a, &other));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(h.r.a, other, 32));
+    seg.request = r; seg.n_tokens = 64;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(h.r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(h.r.a, 1, 64, 500, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(h.r.a, &seg, 1, NULL, &plan));
+    ASSERT_TRUE(plan.generation != 0);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(h.r.st, &plan, MSKV_POS_NONE, &h.dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(h.r.a, other, 16, NULL));   /* the generation moves */
+    /* first calls load the kernels */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(h.r.st, 0, &h.dp, h.k, h.v, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attention(h.r.st, 0, &plan, &h.dp, &h.attn, h.q, h.o, h.lse));
+    c0 = tcu_counts_now();
+    logs = tcu_arena_logs;
+    for (i = 0; i < 20; i++) {
+        bad += mskv_cuda_write_kv(h.r.st, i & 1, &h.dp, h.k, h.v, NULL) != MSKV_SUCCESS;
+        bad += mskv_cuda_attention(h.r.st, i & 1, &plan, &h.dp, &h.attn, h.q, h.o, h.lse) != MSKV_SUCCESS;
+    }
+    c1 = tcu_counts_now();
+    EXPECT_EQ(0, bad);
+    EXPECT_EQ(0, (int)(c1.allocs - c0.allocs));
+    EXPECT_EQ(0, (int)(c1.formats - c0.formats));
+    EXPECT_EQ(0, (int)(tcu_arena_logs - logs));
+    EXPECT_EQ(40, (int)(c1.launches - c0.launches));
+    EXPECT_EQ(40 + 40, (int)(c1.driver - c0.driver));   /* each call: cuCtxSetCurrent, then its launch */
+    mskv_plan_free(h.r.a, &plan);
+    tcu_hot_close(&h);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The kernel reads K and V rows as 16-byte vectors: a misaligned source
+   would fault on the device and leave the context unusable, so the wrapper
+   refuses it, says why, and launches nothing. */
+TEST(cuda_write_kv_refuses_k_or_v_not_16_byte_aligned) {
+    tcu_rig r;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr dk = 0, dv = 0;
+    int64_t slots[2] = { 4, 5 };
+    long launches;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 2 * 2 * 64 * 4 + 16, &dk));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 2 * 2 * 64 * 4 + 16, &dv));
+    memset(&plan, 0, sizeof plan);
+    plan.total_q = 2;
+    plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, dk, dv, NULL));
+    launches = tcm.launches;
+    tcu_logged[0] = 0;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_write_kv(r.st, 0, &dp, dk + 4, dv, NULL));
+    EXPECT_TRUE(strstr(tcu_logged, "16-byte aligned") != NULL);
+    EXPECT_TRUE(strstr(mskv_cuda_last_error(r.cu), "16-byte aligned") != NULL);
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_write_kv(r.st, 0, &dp, dk, dv + 8, NULL));
+    EXPECT_EQ(launches, tcm.launches);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, dk + 16, dv + 16, NULL));
+    mskv_cuda_free(r.cu, dk);
+    mskv_cuda_free(r.cu, dv);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
 TEST(cuda_export_import_works_for_a_device_resident_request) {
     tcu_rig r;
     mskv_request req, copy;
@@ -1550,4 +2520,427 @@ TEST(cuda_gpu_check_logic_passes_on_the_mock_device) {
     mskv_cuda_destroy(cu);
     fclose(sink);
     EXPECT_TRUE(tcm_nothing_live());
+}
+
+/* Without NVRTC a GPU cannot run the kernels: the check fails (not "no GPU",
+   which exits 77 and reads as nothing to check) and its first line is the
+   fix, the wheel matching the driver's CUDA major version. */
+TEST(cuda_gpu_check_fails_with_the_fix_when_a_gpu_has_no_nvrtc) {
+    static const struct { int driver; const char *wheel; } cases[2] = {
+        { 12080, "pip install nvidia-cuda-nvrtc-cu12 " }, { 13000, "pip install nvidia-cuda-nvrtc " } };
+    int i;
+    for (i = 0; i < 2; i++) {
+        FILE *sink = tmpfile();
+        char line[512] = "";
+        ASSERT_TRUE(sink != NULL);
+        EXPECT_EQ(1, gpc_no_context(sink, "libnvrtc.so.13: not found", 1, cases[i].driver, 0));
+        rewind(sink);
+        EXPECT_TRUE(fgets(line, sizeof line, sink) != NULL);
+        EXPECT_TRUE(strncmp(line, "gpu check: FAIL", 15) == 0);
+        if (!strstr(line, cases[i].wheel))
+            mt_fail(__FILE__, __LINE__, "driver %d: the first line does not say \"%s\": %s", cases[i].driver, cases[i].wheel, line);
+        fclose(sink);
+    }
+}
+
+TEST(cuda_gpu_check_exits_77_only_without_a_gpu) {
+    FILE *sink = tmpfile();
+    ASSERT_TRUE(sink != NULL);
+    EXPECT_EQ(77, gpc_no_context(sink, "libcuda.so.1: not found", 0, 0, 0));
+    EXPECT_EQ(77, gpc_no_context(sink, "libcuda.so.1: not found", 0, 0, 1));
+    EXPECT_EQ(1, gpc_no_context(sink, "cuDevicePrimaryCtxRetain failed", 2, 13000, 1));
+    fclose(sink);
+}
+
+TEST(cuda_probe_driver_counts_devices_without_nvrtc) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    int32_t devices = -1, version = -1;
+    char why[1024];
+    tcm_reset();
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_probe_driver(&cd, &devices, &version, why, sizeof why));
+    EXPECT_EQ(1, devices);
+    EXPECT_EQ(13000, version);
+    EXPECT_EQ(0, tcm.compiles);
+    /* a library that is no driver */
+    memset(&cd, 0, sizeof cd);
+#ifdef _WIN32
+    cd.driver_path = "kernel32.dll";
+#else
+    cd.driver_path = "libc.so.6";
+#endif
+    EXPECT_EQ(MSKV_ERROR_CUDA_UNAVAILABLE, mskv_cuda_probe_driver(&cd, &devices, &version, why, sizeof why));
+    EXPECT_EQ(0, devices);
+    EXPECT_TRUE(strstr(why, "not a CUDA driver") != NULL);
+}
+
+/* ---- hardening (issue 9): host-side checks of the store and the plan upload -------- */
+
+/* The staging page count was narrowed from size_t to int32: 2^32 + 2
+   pages' worth of staging became 2 pages (3 copies for a 5-page request)
+   instead of every page of the store (one copy). */
+TEST(cuda_store_staging_past_int32_pages_is_clamped_not_truncated) {
+    tcu_rig r;
+    mskv_request req;
+    int before;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, (((size_t)1 << 32) + 2) * 8192));   /* 8 KiB: one page of every layer */
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    before = tcm.dtohs;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    EXPECT_EQ(before + 1, tcm.dtohs);   /* 5 pages, one chunk */
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The uploaded buffers are what a captured graph replays with, unchecked:
+   upload refuses indptrs that do not add up (they index q, o and the page
+   ids) and a kv_len past its pages, and a pos_mode it does not know. */
+TEST(cuda_plan_upload_refuses_a_table_that_a_replay_would_overrun) {
+    tcu_rig r;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    int64_t slots[3] = { 4, 5, 6 };
+    int32_t qo[3] = { 0, 1, 3 }, kvp[3] = { 0, 1, 2 }, ids[2] = { 1, 2 }, len[2] = { 4, 3 };
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    memset(&plan, 0, sizeof plan);
+    plan.batch = 2; plan.total_q = 3; plan.num_page_ids = 2; plan.page_size = 4;
+    plan.qo_indptr = qo; plan.kv_indptr = kvp; plan.kv_indices = ids; plan.kv_len = len; plan.slot_mapping = slots;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    qo[2] = 5;                                       /* past total_q */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    qo[1] = -2147483647; qo[2] = 3;                  /* decreasing; the difference overflowed an int */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    qo[1] = 1;
+    kvp[2] = 3;                                      /* past num_page_ids */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    kvp[2] = 2;
+    len[1] = 5;                                      /* one page holds 4 */
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    len[1] = 3;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_plan_upload(r.st, &plan, (mskv_pos_mode)7, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* An arena-built plan is checked against the store's bound arena at upload,
+   and the uploaded one again by every launch that reads it: pages released
+   (or aborted, offloaded, removed) after the build make it STALE_PLAN;
+   tokens only added keep it valid. */
+TEST(cuda_wrappers_refuse_a_plan_whose_pages_changed_since_it_was_built) {
+    tcu_rig r;
+    mskv_request req, other;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr buf = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &other, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 64 * 2 * 64 * 4 * 2, &buf));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    /* another request losing pages changes nothing for this plan */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(r.a, other, 8, NULL));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    /* the plan's own reservation aborted: its last page goes */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(r.a, &seg, 1));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    /* a fresh plan after growth only: valid, and stays valid while the request grows */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(r.a, &seg, 1));
+    seg.n_tokens = 7;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(r.a, &seg, 1));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    /* released, then offloaded, then removed: stale each time */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(r.a, req, 4, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    seg.n_tokens = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(r.a, req));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    EXPECT_TRUE(tcu_audit(r.a));
+    mskv_cuda_free(r.cu, buf);
+    mskv_plan_free(r.a, &plan);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The uploaded plan is checked against the tables of its own layer group:
+   pages leaving another group's table leave it valid, its group's make it
+   STALE_PLAN. */
+TEST(cuda_uploaded_plan_of_a_layer_group_goes_stale_with_that_groups_table_only) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_plan_desc pd;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr buf = 0;
+    tcu_next_groups = 2;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 64 * 2 * 64 * 4 * 2, &buf));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    memset(&pd, 0, sizeof pd);
+    pd.group = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, &pd, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest_in_group(r.a, req, 0, 4, NULL));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest_in_group(r.a, req, 1, 4, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_TRUE(tcu_audit(r.a));
+    mskv_cuda_free(r.cu, buf);
+    mskv_plan_free(r.a, &plan);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A graph replays whatever was uploaded last: a stale upload is refused. */
+TEST(cuda_graph_replay_refuses_a_stale_uploaded_plan) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cuda_graph *g = NULL;
+    mskv_cu_ptr buf = 0;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 64 * 2 * 64 * 4 * 2, &buf));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));   /* compiles the variant first */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(r.st));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(r.st, &g));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(r.st, g));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(r.a, &seg, 1));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_graph_launch(r.st, g));
+    mskv_cuda_graph_destroy(r.st, g);
+    mskv_cuda_free(r.cu, buf);
+    mskv_plan_free(r.a, &plan);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The captured attention launches read q_pos and the visibility bounds as
+   the plan uploaded at capture asked (plan.features): a replay whose upload
+   asks for more, or lacks arrays the capture reads (the device buffers
+   would hold an older plan's), needs a new capture. */
+TEST(cuda_graph_replay_refuses_a_plan_whose_features_the_capture_did_not_read) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cuda_graph *g = NULL;
+    mskv_cu_ptr buf = 0;
+    int32_t *se, *ws;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 64 * 2 * 64 * 4 * 2, &buf));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    se = plan.vis_sink_end; ws = plan.vis_window_start;
+    ASSERT_TRUE(se != NULL && ws != NULL && plan.features == 0);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));   /* compiles the variant first */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(r.st));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(r.st, &g));
+    se[0] = 2; ws[0] = 5; plan.features = MSKV_PLAN_VISIBILITY;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_graph_launch(r.st, g));
+    EXPECT_TRUE(strstr(mskv_cuda_last_error(r.cu), "capture again") != NULL);
+    se[0] = 0; ws[0] = 0; plan.features = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(r.st, g));
+    mskv_cuda_graph_destroy(r.st, g);
+    /* captured with the bounds: a later plan may leave them at their defaults, not go without them */
+    se[0] = 2; ws[0] = 5; plan.features = MSKV_PLAN_VISIBILITY;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(r.st));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(r.st, &g));
+    se[0] = 0; ws[0] = 0; plan.features = 0;
+    plan.vis_sink_end = NULL; plan.vis_window_start = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_graph_launch(r.st, g));
+    plan.vis_sink_end = se; plan.vis_window_start = ws;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(r.st, g));
+    mskv_cuda_graph_destroy(r.st, g);
+    mskv_cuda_free(r.cu, buf);
+    mskv_plan_free(r.a, &plan);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* A plan's arena is the one to check it against: a store bound to none
+   cannot, and refuses an arena-built plan (a caller-made one is fine). */
+TEST(cuda_unbound_store_refuses_an_arena_built_plan) {
+    tcu_rig r;
+    mskv_cuda_store *loose = NULL;
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_create(r.cu, &sd, &loose));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(r.a, &req));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_plan_upload(loose, &plan, MSKV_POS_NONE, &dp));
+    plan.generation = 0;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(loose, &plan, MSKV_POS_NONE, &dp));
+    mskv_plan_free(r.a, &plan);
+    mskv_cuda_store_destroy(loose);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The attention wrapper checks the host plan it is given and the uploaded
+   plan the kernel reads (a bf16 store: attention runs on tensor cores). */
+TEST(cuda_attention_refuses_a_stale_host_plan_or_a_stale_upload) {
+    tcu_rig r;
+    mskv_cuda_store *st = NULL;
+    mskv_cuda_store_desc sd = tcu_store_desc(0);
+    mskv_arena_desc ad;
+    mskv_arena *a = NULL;
+    mskv_request req, other;
+    mskv_segment seg, so;
+    mskv_plan plan, fresh;
+    mskv_cuda_dplan dp, dfresh;
+    mskv_attn at;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    sd.dtype = MSKV_DTYPE_BF16;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_create(r.cu, &sd, &st));
+    memset(&ad, 0, sizeof ad);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_arena_desc(st, &ad));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_bind(st, a));
+    memset(&at, 0, sizeof at);
+    at.q_heads = 2; at.q_dtype = MSKV_DTYPE_BF16;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &req));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &other));
+    seg.request = req; seg.n_tokens = 6;
+    so.request = other; so.n_tokens = 6;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &so, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 4, 64, 32, &fresh));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &seg, 1, NULL, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_abort(a, &seg, 1));
+    /* the host plan is stale */
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_attention(st, 0, &plan, &dp, &at, 16, 16, 0));
+    /* a fresh host plan of the same shape (another request), over the stale upload */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &so, 1, NULL, &fresh));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_plan_check(a, &fresh));
+    EXPECT_EQ(MSKV_ERROR_STALE_PLAN, mskv_cuda_attention(st, 0, &fresh, &dp, &at, 16, 16, 0));
+    /* uploaded, it passes the checks (whether the mock driver then has an attention kernel is another matter) */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(st, &fresh, MSKV_POS_NONE, &dfresh));
+    EXPECT_NE(MSKV_ERROR_STALE_PLAN, mskv_cuda_attention(st, 0, &fresh, &dfresh, &at, 16, 16, 0));
+    mskv_plan_free(a, &plan);
+    mskv_plan_free(a, &fresh);
+    mskv_arena_destroy(a);
+    mskv_cuda_store_destroy(st);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* ---- debug mode on the device store ---- */
+
+/* every byte of device page p, every layer and kind, equals v */
+static int tcu_device_page_is(tcu_rig *r, int32_t p, unsigned char v) {
+    int l, kind;
+    size_t k, pb = (size_t)4 * 2 * 64 * 4;
+    for (l = 0; l < 2; l++)
+        for (kind = 0; kind < 2; kind++) {
+            const unsigned char *b = (const unsigned char *)(uintptr_t)mskv_cuda_store_pool(r->st, l, kind) + (size_t)p * pb;
+            for (k = 0; k < pb; k++)
+                if (b[k] != v) return 0;
+        }
+    return 1;
+}
+
+/* Freed device pages are poisoned by the store's fill (memsets on its
+   stream) once their fence retired, and the byte audit reads them back
+   through the store: a write into one is caught. */
+TEST(cuda_freed_device_pages_are_poisoned_after_their_fence_and_a_write_into_one_is_caught) {
+    tcu_rig r;
+    mskv_request req;
+    int32_t pages[8], n = 0;
+    char why[256];
+    tcu_next_debug = MSKV_DEBUG_ALL;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    EXPECT_TRUE(tcu_device_page_is(&r, 20, MSKV_POISON_BYTE));   /* free since creation */
+    EXPECT_TRUE(tcu_device_page_is(&r, 0, 0));                   /* the null page */
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(r.a, req, pages, 8, &n));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(r.a, req, 8, NULL));
+    EXPECT_FALSE(tcu_device_page_is(&r, pages[0], MSKV_POISON_BYTE));   /* pending: kernels may still read it */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));     /* the fence completes and retires */
+    EXPECT_TRUE(tcu_device_page_is(&r, pages[0], MSKV_POISON_BYTE));
+    EXPECT_TRUE(tcu_device_page_is(&r, pages[1], MSKV_POISON_BYTE));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit_bytes(r.a, why, sizeof why));
+    ((unsigned char *)(uintptr_t)mskv_cuda_store_pool(r.st, 1, 1))[(size_t)pages[1] * 2048 + 5] = 0;   /* a stray write */
+    why[0] = 0;
+    EXPECT_EQ(MSKV_ERROR_AUDIT_FAILED, mskv_arena_audit_bytes(r.a, why, sizeof why));
+    EXPECT_TRUE(strstr(why, "written after it was freed") != NULL);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
+/* The pinned host copy of an offloaded request carries a checksum per page:
+   a changed byte makes reload refuse it and change nothing. */
+TEST(cuda_corrupted_pinned_host_copy_is_refused_at_reload) {
+    tcu_rig r;
+    mskv_request req;
+    unsigned char *copy;
+    uint64_t before;
+    tcu_next_debug = MSKV_DEBUG_CHECKSUMS;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 18));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(r.a, req));
+    copy = tcm.last_host + 16;   /* the pinned allocator keeps its size in front */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_publish(r.st, NULL, 0, NULL));
+    copy[8192 * 3 + 100] ^= 0x40;
+    before = mskv_arena_digest(r.a);
+    EXPECT_EQ(MSKV_ERROR_HOST_COPY_CORRUPT, mskv_request_reload(r.a, req));
+    EXPECT_EQ_U64(before, mskv_arena_digest(r.a));
+    copy[8192 * 3 + 100] ^= 0x40;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(r.a, req));
+    EXPECT_TRUE(tcu_bytes_ok(&r, req, 18));
+    EXPECT_TRUE(tcu_audit(r.a));
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
 }

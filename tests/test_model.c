@@ -11,7 +11,20 @@
    the pending set in FENCED mode, and that the stats add up. Every written
    token carries a value derived from (writer, position) in the host store,
    and the bytes are checked after fork, reload and import (and periodically
-   for every request). */
+   for every request).
+   Every call's code is predicted exactly, also when several things are wrong
+   (the order is the one the header documents under Conventions), and the
+   digest is compared after every call: a failure leaves it, a success
+   changes it unless the model knows the call is a no-op (reserve, a plan,
+   protect at the same length, a release that frees no page). The walk also
+   pauses and resumes, reserves, publishes segments (page-stored events name
+   pages of those requests, each once, in order; page-removed events match
+   release, abort and remove), builds 3-D position and dense plans, binds
+   retention policies that publish applies (sink protected, whole chunks
+   released: the model computes the skipped tokens chunk by chunk), and
+   creates, seals, finds and removes keyed entries that cross plans read.
+   (Sessions are protect/release/admit over the same core; their own rules
+   are tested in test_windows.c and driven by the fuzzers.) */
 #include <stdlib.h>
 #include "mskv_test.h"
 #include "../mstar_kv.h"
@@ -24,6 +37,8 @@
 
 #ifdef MSKV_TEST_SANITIZED
 #define MTM_SEEDS 2
+#elif defined(MSKV_TEST_QUICK)   /* the Windows build under wine: the walk is the same logic the native builds run in full */
+#define MTM_SEEDS 1
 #else
 #define MTM_SEEDS 4
 #endif
@@ -41,6 +56,12 @@ typedef struct mtm_req {
     int32_t tab[MTM_MAXPAGES];     /* physical ids; -1 = not yet observed */
     uint32_t exp[MTM_MAXTOK];      /* expected value per compacted index */
     int check_bytes;
+    int paused;
+    int keyed, sealed;             /* a keyed entry (kept out of the general operations) */
+    uint64_t key;
+    int has_ret;                   /* a retention policy applied at publish */
+    mskv_retention ret;
+    int64_t stored_upto;           /* page-stored events so far covered [0, stored_upto) */
 } mtm_req;
 
 typedef struct mtm {
@@ -62,7 +83,12 @@ typedef struct mtm {
     int32_t pl_qo[4], pl_kvp[4], pl_idx[3 * MTM_MAXPAGES], pl_last[3], pl_len[3], pl_split[3], pl_shift[3];
     int32_t pl_pos[3 * 6 * MTM_MAXP];
     int64_t pl_tok[4], pl_slots[3 * 6 * MTM_MAXP];
-    long counts[16];               /* successful operations by kind, to show the walk went everywhere */
+    long counts[24];               /* successful operations by kind, to show the walk went everywhere */
+    long digest_checks;
+    long removed_events;           /* PAGE_REMOVED events since the counter was reset */
+    mskv_event stored[256];        /* PAGE_STORED events of the current publish */
+    uint64_t release_tag;          /* nonzero: pages that left a table in this operation wait for this fence */
+    int nstored;
 } mtm;
 
 static uint64_t mtm_rand(mtm *m) {
@@ -99,8 +125,8 @@ static int mtm_gap(const mtm *m, const mtm_req *q) { return q->live_start > (int
 /* Compacted index of an absolute position, or the error the slot lookup must give. */
 static mskv_result mtm_compact(const mtm *m, const mtm_req *q, int64_t pos, int64_t *j) {
     int64_t split = (int64_t)mtm_pp(m, q) * m->P;
+    if (pos < 0) return MSKV_ERROR_INVALID_ARGUMENT;   /* a value outside its domain comes before the state */
     if (q->offloaded) return MSKV_ERROR_OFFLOADED;
-    if (pos < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (pos >= q->committed + q->reserved) return MSKV_ERROR_NOT_WRITTEN;
     if (pos < split) { *j = pos; return MSKV_SUCCESS; }
     if (pos < q->live_start) return MSKV_ERROR_RELEASED;
@@ -184,6 +210,9 @@ static void mtm_verify(mtm *m) {
                   inf.has_reservation, (long long)inf.prefix_tokens, inf.prefix_pages, (long long)inf.live_start,
                   (int)inf.location, (long long)q->committed, (long long)q->reserved, q->has_res, (long long)q->prefix,
                   mtm_pp(m, q), (long long)q->live_start, q->offloaded);
+        MTM_CHECK(m, inf.keyed == q->keyed && inf.sealed == q->sealed && inf.paused == q->paused,
+                  "request %u: keyed %d sealed %d paused %d, model %d %d %d", q->h.id, inf.keyed, inf.sealed, inf.paused,
+                  q->keyed, q->sealed, q->paused);
         if (q->epoch_moves) MTM_CHECK(m, inf.prefix_epoch != q->epoch, "request %u: epoch did not move", q->h.id);
         else MTM_CHECK(m, inf.prefix_epoch == q->epoch, "request %u: epoch moved", q->h.id);
         q->epoch = inf.prefix_epoch;
@@ -213,7 +242,7 @@ static void mtm_verify(mtm *m) {
     for (p = 1; p < m->num_pages; p++) {
         if (m->live[p] && !now[p] && m->fenced) {
             m->pending[p] = 1;
-            m->pend_tag[p] = mskv_arena_step(m->a);
+            m->pend_tag[p] = m->release_tag ? m->release_tag : mskv_arena_step(m->a);
         }
         if (now[p]) m->pending[p] = 0;
         m->live[p] = now[p];
@@ -267,10 +296,6 @@ static void mtm_verify(mtm *m) {
             int64_t j = -1, slot = -1;
             mskv_result want = mtm_compact(m, q, probes[k], &j);
             mskv_result got = mskv_request_slot(m->a, q->h, probes[k], &slot);
-            if (probes[k] < 0 && want != MSKV_ERROR_OFFLOADED) {
-                MTM_CHECK(m, got != MSKV_SUCCESS, "slot of position -1 succeeded");
-                continue;
-            }
             MTM_CHECK(m, got == want, "request %u slot(%lld): expected %d, got %d", q->h.id, (long long)probes[k], (int)want, (int)got);
             if (want == MSKV_SUCCESS)
                 MTM_CHECK(m, slot == (int64_t)q->tab[j / m->P] * m->P + j % m->P, "request %u slot(%lld) = %lld",
@@ -287,11 +312,28 @@ static void mtm_verify(mtm *m) {
 /* ---- operations ---- */
 
 static mtm_req *mtm_pick(mtm *m) {
-    int i, n = mtm_count_used(m), k;
+    int i, n = 0, k;
+    for (i = 0; i < MTM_MAXREQ; i++) n += m->r[i].used && !m->r[i].keyed;
     if (n == 0) return NULL;
     k = (int)mtm_below(m, n);
     for (i = 0; i < MTM_MAXREQ; i++)
-        if (m->r[i].used && k-- == 0) return &m->r[i];
+        if (m->r[i].used && !m->r[i].keyed && k-- == 0) return &m->r[i];
+    return NULL;
+}
+
+static mtm_req *mtm_pick_keyed(mtm *m, int sealed_only) {
+    int i, n = 0, k;
+    for (i = 0; i < MTM_MAXREQ; i++) n += m->r[i].used && m->r[i].keyed && (m->r[i].sealed || !sealed_only);
+    if (n == 0) return NULL;
+    k = (int)mtm_below(m, n);
+    for (i = 0; i < MTM_MAXREQ; i++)
+        if (m->r[i].used && m->r[i].keyed && (m->r[i].sealed || !sealed_only) && k-- == 0) return &m->r[i];
+    return NULL;
+}
+static mtm_req *mtm_find_key(mtm *m, uint64_t key) {
+    int i;
+    for (i = 0; i < MTM_MAXREQ; i++)
+        if (m->r[i].used && m->r[i].keyed && m->r[i].key == key) return &m->r[i];
     return NULL;
 }
 
@@ -302,16 +344,29 @@ static mtm_req *mtm_slot_free(mtm *m) {
     return NULL;
 }
 
-/* Expected result when the model sees `nviol` violated conditions: exactly
-   one names the code; several leave the order open, but the call must fail. */
-/* The digest hashes host copies too, so it is taken only when a failure is predicted. */
-static uint64_t mtm_digest_if(mtm *m, int nviol) { return nviol ? mskv_arena_digest(m->a) : 0; }
+/* Several violated conditions: the code is the first in the header's order
+   (see "Errors" at the top of mstar_kv.h), which the model lists its checks in. */
+#define MTM_VIOL(code) do { if (nviol++ == 0) want = (code); } while (0)
 
-static void mtm_expect(mtm *m, mskv_result got, int nviol, mskv_result want, uint64_t digest_before) {
-    if (nviol == 0) MTM_CHECK(m, got == MSKV_SUCCESS, "expected success, got %d (%s)", (int)got, mskv_result_string(got));
-    else if (nviol == 1) MTM_CHECK(m, got == want, "expected %d, got %d", (int)want, (int)got);
-    else MTM_CHECK(m, got != MSKV_SUCCESS, "expected a failure, got success");
-    if (nviol > 0) MTM_CHECK(m, mskv_arena_digest(m->a) == digest_before, "a failed call changed the state");
+/* What a successful call does to the digest: the model knows when a call is a no-op. */
+enum { MTM_SAME = 0, MTM_CHANGES = 1, MTM_EITHER = 2 };
+
+static uint64_t mtm_digest(mtm *m) { return mskv_arena_digest(m->a); }
+
+/* The exact code, and the digest after every call: unchanged by a failure,
+   and changed or not by a success as the model says. */
+static void mtm_expect(mtm *m, mskv_result got, int nviol, mskv_result want, uint64_t digest_before, int change) {
+    uint64_t after = mskv_arena_digest(m->a);
+    if (nviol == 0) {
+        MTM_CHECK(m, got == MSKV_SUCCESS, "expected success, got %d (%s)", (int)got, mskv_result_string(got));
+        if (got == MSKV_SUCCESS && change == MTM_SAME) MTM_CHECK(m, after == digest_before, "a no-op changed the digest");
+        if (got == MSKV_SUCCESS && change == MTM_CHANGES) MTM_CHECK(m, after != digest_before, "a change left the digest as it was");
+    } else {
+        MTM_CHECK(m, got == want, "expected %d (%s), got %d (%s) with %d violations", (int)want, mskv_result_string(want),
+                  (int)got, mskv_result_string(got), nviol);
+        MTM_CHECK(m, after == digest_before, "a failed call changed the state");
+    }
+    m->digest_checks++;
 }
 
 static void mtm_new_req(mtm *m, mtm_req *q, mskv_request h) {
@@ -330,11 +385,11 @@ static void mtm_adopt_epoch(mtm *m, mtm_req *q) {
 static void mtm_op_add(mtm *m) {
     mtm_req *q = mtm_slot_free(m);
     mskv_request h;
-    uint64_t d = mtm_digest_if(m, q == NULL);
+    uint64_t d = mtm_digest(m);
     mskv_result e;
     m->op_name = "add";
     e = mskv_request_add(m->a, &h);
-    mtm_expect(m, e, q ? 0 : 1, MSKV_ERROR_TOO_MANY_REQUESTS, d);
+    mtm_expect(m, e, q ? 0 : 1, MSKV_ERROR_TOO_MANY_REQUESTS, d, MTM_CHANGES);
     if (e == MSKV_SUCCESS && q) {
         mtm_new_req(m, q, h);
         mtm_adopt_epoch(m, q);
@@ -344,9 +399,13 @@ static void mtm_op_add(mtm *m) {
 
 static void mtm_op_remove(mtm *m) {
     mtm_req *q = mtm_pick(m);
+    uint64_t d = mtm_digest(m);
     m->op_name = "remove";
     if (!q) return;
-    MTM_CHECK(m, mskv_request_remove(m->a, q->h) == MSKV_SUCCESS, "remove of request %u", q->h.id);
+    m->removed_events = 0;
+    mtm_expect(m, mskv_request_remove(m->a, q->h), 0, MSKV_SUCCESS, d, MTM_CHANGES);
+    MTM_CHECK(m, m->removed_events == (q->offloaded ? 0 : q->ntab), "remove: %ld page-removed events for %d pages",
+              m->removed_events, q->offloaded ? 0 : q->ntab);
     if (m->nstale < 8) m->stale[m->nstale++] = q->h;
     else m->stale[mtm_below(m, 8)] = q->h;
     q->used = 0;
@@ -361,10 +420,13 @@ static void mtm_op_stale(mtm *m) {
     if (m->nstale == 0) return;
     s.request = m->stale[mtm_below(m, m->nstale)];
     s.n_tokens = 1;
-    mtm_expect(m, mskv_admit(m->a, &s, 1), 1, MSKV_ERROR_INVALID_HANDLE, d);
-    mtm_expect(m, mskv_request_remove(m->a, s.request), 1, MSKV_ERROR_INVALID_HANDLE, d);
-    mtm_expect(m, mskv_request_slot(m->a, s.request, 0, &slot), 1, MSKV_ERROR_INVALID_HANDLE, d);
-    mtm_expect(m, mskv_request_reload(m->a, s.request), 1, MSKV_ERROR_INVALID_HANDLE, d);
+    mtm_expect(m, mskv_admit(m->a, &s, 1), 1, MSKV_ERROR_INVALID_HANDLE, d, MTM_SAME);
+    mtm_expect(m, mskv_request_remove(m->a, s.request), 1, MSKV_ERROR_INVALID_HANDLE, d, MTM_SAME);
+    mtm_expect(m, mskv_request_slot(m->a, s.request, 0, &slot), 1, MSKV_ERROR_INVALID_HANDLE, d, MTM_SAME);
+    mtm_expect(m, mskv_request_reload(m->a, s.request), 1, MSKV_ERROR_INVALID_HANDLE, d, MTM_SAME);
+    mtm_expect(m, mskv_request_pause(m->a, s.request), 1, MSKV_ERROR_INVALID_HANDLE, d, MTM_SAME);
+    s.n_tokens = -1;   /* a stale handle and a bad count: the handle is named first */
+    mtm_expect(m, mskv_admit(m->a, &s, 1), 1, MSKV_ERROR_INVALID_HANDLE, d, MTM_SAME);
 }
 
 static void mtm_op_fork(mtm *m) {
@@ -377,13 +439,13 @@ static void mtm_op_fork(mtm *m) {
     m->op_name = "fork";
     if (!p) return;
     need = (p->ntab > 0 && p->committed % m->P != 0) ? 1 : 0;
-    if (p->offloaded) { nviol++; want = MSKV_ERROR_OFFLOADED; }
-    if (p->has_res) { nviol++; want = MSKV_ERROR_RESERVATION_PENDING; }
-    if (!c) { nviol++; want = MSKV_ERROR_TOO_MANY_REQUESTS; }
-    if (!p->offloaded && need > mtm_free(m)) { nviol++; want = MSKV_ERROR_OUT_OF_PAGES; }
-    d = mtm_digest_if(m, nviol);
+    if (p->offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
+    if (p->has_res) MTM_VIOL(MSKV_ERROR_RESERVATION_PENDING);
+    if (!c) MTM_VIOL(MSKV_ERROR_TOO_MANY_REQUESTS);
+    if (!p->offloaded && need > mtm_free(m)) MTM_VIOL(MSKV_ERROR_OUT_OF_PAGES);
+    d = mtm_digest(m);
     e = mskv_request_fork(m->a, p->h, &h);
-    mtm_expect(m, e, nviol, want, d);
+    mtm_expect(m, e, nviol, want, d, MTM_CHANGES);
     if (e != MSKV_SUCCESS || nviol) return;
     mtm_new_req(m, c, h);
     c->committed = p->committed;
@@ -393,6 +455,7 @@ static void mtm_op_fork(mtm *m) {
     memcpy(c->tab, p->tab, sizeof c->tab);
     memcpy(c->exp, p->exp, sizeof c->exp);
     if (need) c->tab[c->ntab - 1] = -1;  /* the partial page is a fresh copy */
+    c->stored_upto = p->stored_upto;     /* what was published is carried, pausing is not */
     c->check_bytes = 1;
     mtm_adopt_epoch(m, c);
     m->counts[2]++;
@@ -466,18 +529,20 @@ static void mtm_op_admit(mtm *m) {
         s[k].n_tokens = 1 + mtm_below(m, mtm_below(m, 4) == 0 ? 6 * m->P : m->P + 1);
     }
     if (n == 0) return;
+    for (k = 0; k < n; k++)   /* handles and duplicates: the whole batch first */
+        for (k2 = 0; k2 < k; k2++)
+            if (qs[k2] == qs[k]) MTM_VIOL(MSKV_ERROR_DUPLICATE);
     for (k = 0; k < n; k++) {
         mtm_req *q = qs[k];
-        for (k2 = 0; k2 < k; k2++)
-            if (qs[k2] == q) { nviol++; want = MSKV_ERROR_DUPLICATE; }
-        if (q->offloaded) { nviol++; want = MSKV_ERROR_OFFLOADED; }
-        else if (q->has_res) { nviol++; want = MSKV_ERROR_RESERVATION_PENDING; }
+        if (q->offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
+        else if (q->has_res) MTM_VIOL(MSKV_ERROR_RESERVATION_PENDING);
+        else if (q->paused) MTM_VIOL(MSKV_ERROR_BAD_STATE);
         else need += mtm_entries(m, q, q->committed + s[k].n_tokens) - q->ntab;
     }
-    if (nviol == 0 && need > mtm_free(m)) { nviol++; want = MSKV_ERROR_OUT_OF_PAGES; }
-    d = mtm_digest_if(m, nviol);
+    if (nviol == 0 && need > mtm_free(m)) MTM_VIOL(MSKV_ERROR_OUT_OF_PAGES);
+    d = mtm_digest(m);
     e = mskv_admit(m->a, s, n);
-    mtm_expect(m, e, nviol, want, d);
+    mtm_expect(m, e, nviol, want, d, MTM_CHANGES);
     if (e != MSKV_SUCCESS || nviol) return;
     for (k = 0; k < n; k++) {
         mtm_req *q = qs[k];
@@ -514,7 +579,7 @@ static int mtm_open_batch(mtm *m, mskv_segment *s, mtm_req **qs, int *nviol) {
     *nviol = 0;
     for (i = 0; i < MTM_MAXREQ; i++) {
         mtm_req *q = &m->r[i];
-        if (!q->used) continue;
+        if (!q->used || q->keyed) continue;
         if (q->has_res ? mtm_below(m, 4) != 0 : mtm_below(m, 40) == 0) {
             if (!q->has_res) (*nviol)++;
             s[n].request = q->h;
@@ -534,10 +599,18 @@ static void mtm_op_commit(mtm *m, int abort_it) {
     m->op_name = abort_it ? "abort" : "commit";
     n = mtm_open_batch(m, s, qs, &nviol);
     if (n == 0) return;
-    d = mtm_digest_if(m, nviol);
+    d = mtm_digest(m);
+    m->removed_events = 0;
     e = abort_it ? mskv_abort(m->a, s, n) : mskv_commit(m->a, s, n);
-    mtm_expect(m, e, nviol, MSKV_ERROR_NO_RESERVATION, d);
+    mtm_expect(m, e, nviol, MSKV_ERROR_NO_RESERVATION, d, MTM_CHANGES);
     if (e != MSKV_SUCCESS || nviol) return;
+    if (abort_it) {   /* the pages the reservations added go, one event each */
+        long added = 0;
+        for (k = 0; k < n; k++) added += qs[k]->ntab - mtm_entries(m, qs[k], qs[k]->committed);
+        MTM_CHECK(m, m->removed_events == added, "abort: %ld page-removed events for %ld pages", m->removed_events, added);
+    } else {
+        MTM_CHECK(m, m->removed_events == 0, "commit removed pages");
+    }
     for (k = 0; k < n; k++) {
         mtm_req *q = qs[k];
         if (!abort_it) q->committed += q->reserved;
@@ -561,12 +634,14 @@ static void mtm_op_protect(mtm *m) {
     if (mtm_below(m, 3) == 0) n = q->prefix + mtm_below(m, 3) - 1;  /* near the current prefix */
     if (n < 0) n = 0;
     newpp = (int32_t)((n + m->P - 1) / m->P);
-    if (q->offloaded) { nviol++; want = MSKV_ERROR_OFFLOADED; }
-    else if (n > q->committed) { nviol++; want = MSKV_ERROR_OUT_OF_RANGE; }
-    else if (n != q->prefix && mtm_gap(m, q) && newpp != mtm_pp(m, q)) nviol += 2;  /* code left open by the header */
-    d = mtm_digest_if(m, nviol);
+    if (q->offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
+    if (n > q->committed) MTM_VIOL(MSKV_ERROR_OUT_OF_RANGE);
+    /* released pages behind the prefix: it may neither reach them nor give up pages in front of them */
+    if (n != q->prefix && mtm_gap(m, q) && newpp > mtm_pp(m, q)) MTM_VIOL(MSKV_ERROR_RELEASED);
+    if (n != q->prefix && mtm_gap(m, q) && newpp < mtm_pp(m, q)) MTM_VIOL(MSKV_ERROR_BAD_STATE);
+    d = mtm_digest(m);
     e = mskv_request_protect_prefix(m->a, q->h, n);
-    mtm_expect(m, e, nviol, want, d);
+    mtm_expect(m, e, nviol, want, d, n == q->prefix ? MTM_SAME : MTM_CHANGES);
     if (e != MSKV_SUCCESS || nviol) return;
     if (n != q->prefix) {
         if (!mtm_gap(m, q)) q->live_start = (int64_t)newpp * m->P;
@@ -576,10 +651,27 @@ static void mtm_op_protect(mtm *m) {
     m->counts[6]++;
 }
 
+/* Pages a release of n live tokens frees (page floor), and the model's table after it. */
+static int32_t mtm_freed_by(const mtm *m, const mtm_req *q, int64_t n) {
+    int64_t point = q->live_start + n;
+    int32_t freed = (int32_t)(point / m->P - q->live_start / m->P);
+    return freed < 0 ? 0 : freed;
+}
+static void mtm_model_release(mtm *m, mtm_req *q, int32_t freed) {
+    int32_t pp = mtm_pp(m, q);
+    if (freed <= 0) return;
+    memmove(q->tab + pp, q->tab + pp + freed, (size_t)(q->ntab - pp - freed) * sizeof(int32_t));
+    memmove(q->exp + (int64_t)pp * m->P, q->exp + (int64_t)(pp + freed) * m->P,
+            (size_t)(q->ntab - pp - freed) * (size_t)m->P * sizeof(uint32_t));
+    q->ntab -= freed;
+    q->live_start += (int64_t)freed * m->P;
+}
+
 static void mtm_op_release(mtm *m) {
     mtm_req *q = mtm_pick(m);
     int64_t live, n, got = -1, point;
     int32_t freed, pp;
+    mskv_request_info info, after;
     int nviol = 0;
     uint64_t d;
     mskv_result want = MSKV_SUCCESS, e;
@@ -588,24 +680,24 @@ static void mtm_op_release(mtm *m) {
     live = q->committed - q->live_start;
     if (live < 0) live = 0;
     n = mtm_below(m, 10) == 0 ? live + 1 + mtm_below(m, 4) : mtm_below(m, live + 1);
-    if (q->offloaded) { nviol++; want = MSKV_ERROR_OFFLOADED; }
-    else if (n > live) { nviol++; want = MSKV_ERROR_OUT_OF_RANGE; }
-    d = mtm_digest_if(m, nviol);
+    if (q->offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
+    if (n > live) MTM_VIOL(MSKV_ERROR_OUT_OF_RANGE);
+    freed = mtm_freed_by(m, q, n);
+    /* the token-exact release point moves even where no page goes: the
+       library's own before-value, the rule (max with live_start + n) checked after */
+    if (mskv_request_info_get(m->a, q->h, &info) != MSKV_SUCCESS) info.release_point = -1;
+    point = n > 0 && q->live_start + n > info.release_point ? q->live_start + n : info.release_point;
+    d = mtm_digest(m);
+    m->removed_events = 0;
     e = mskv_request_release_oldest(m->a, q->h, n, &got);
-    mtm_expect(m, e, nviol, want, d);
+    mtm_expect(m, e, nviol, want, d, freed || point != info.release_point ? MTM_CHANGES : MTM_SAME);
     if (e != MSKV_SUCCESS || nviol) return;
-    point = q->live_start + n;
-    freed = (int32_t)(point / m->P - q->live_start / m->P);
-    if (freed < 0) freed = 0;
+    MTM_CHECK(m, mskv_request_info_get(m->a, q->h, &after) == MSKV_SUCCESS && after.release_point == point,
+              "release point %lld, model %lld", (long long)after.release_point, (long long)point);
+    MTM_CHECK(m, m->removed_events == freed, "%ld page-removed events for %d released pages", m->removed_events, (int)freed);
     MTM_CHECK(m, got == (int64_t)freed * m->P, "released %lld tokens, model %lld", (long long)got, (long long)freed * m->P);
-    if (freed > 0) {
-        pp = mtm_pp(m, q);
-        memmove(q->tab + pp, q->tab + pp + freed, (size_t)(q->ntab - pp - freed) * sizeof(int32_t));
-        memmove(q->exp + (int64_t)pp * m->P, q->exp + (int64_t)(pp + freed) * m->P,
-                (size_t)(q->ntab - pp - freed) * (size_t)m->P * sizeof(uint32_t));
-        q->ntab -= freed;
-        q->live_start += (int64_t)freed * m->P;
-    }
+    mtm_model_release(m, q, freed);
+    (void)pp;
     m->counts[7]++;
 }
 
@@ -616,11 +708,11 @@ static void mtm_op_offload(mtm *m) {
     mskv_result want = MSKV_SUCCESS, e;
     m->op_name = "offload";
     if (!q) return;
-    if (q->offloaded) { nviol++; want = MSKV_ERROR_OFFLOADED; }
-    else if (q->has_res) { nviol++; want = MSKV_ERROR_RESERVATION_PENDING; }
-    d = mtm_digest_if(m, nviol);
+    if (q->offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
+    if (q->has_res) MTM_VIOL(MSKV_ERROR_RESERVATION_PENDING);
+    d = mtm_digest(m);
     e = mskv_request_offload(m->a, q->h);
-    mtm_expect(m, e, nviol, want, d);
+    mtm_expect(m, e, nviol, want, d, MTM_CHANGES);
     if (e != MSKV_SUCCESS || nviol) return;
     q->offloaded = 1;
     m->counts[8]++;
@@ -634,11 +726,11 @@ static void mtm_op_reload(mtm *m) {
     mskv_result want = MSKV_SUCCESS, e;
     m->op_name = "reload";
     if (!q) return;
-    if (!q->offloaded) { nviol++; want = MSKV_ERROR_NOT_OFFLOADED; }
-    else if (q->ntab > mtm_free(m)) { nviol++; want = MSKV_ERROR_OUT_OF_PAGES; }
-    d = mtm_digest_if(m, nviol);
+    if (!q->offloaded) MTM_VIOL(MSKV_ERROR_NOT_OFFLOADED);
+    else if (q->ntab > mtm_free(m)) MTM_VIOL(MSKV_ERROR_OUT_OF_PAGES);
+    d = mtm_digest(m);
     e = mskv_request_reload(m->a, q->h);
-    mtm_expect(m, e, nviol, want, d);
+    mtm_expect(m, e, nviol, want, d, MTM_CHANGES);
     if (e != MSKV_SUCCESS || nviol) return;
     q->offloaded = 0;
     for (t = 0; t < q->ntab; t++) q->tab[t] = -1;
@@ -657,7 +749,7 @@ static void mtm_op_export_import(mtm *m) {
     m->op_name = "export/import";
     if (!q) return;
     e = mskv_request_export(m->a, q->h, NULL, 0, &size);
-    mtm_expect(m, e, q->has_res, MSKV_ERROR_RESERVATION_PENDING, d);
+    mtm_expect(m, e, q->has_res, MSKV_ERROR_RESERVATION_PENDING, d, MTM_SAME);
     if (e != MSKV_SUCCESS) return;
     blob = (unsigned char *)malloc(size);
     if (!blob) return;
@@ -665,7 +757,7 @@ static void mtm_op_export_import(mtm *m) {
     MTM_CHECK(m, mskv_arena_digest(m->a) == d, "export changed the state");
     e = mskv_request_import(m->a, blob, size, &h);
     free(blob);
-    mtm_expect(m, e, c ? 0 : 1, MSKV_ERROR_TOO_MANY_REQUESTS, d);
+    mtm_expect(m, e, c ? 0 : 1, MSKV_ERROR_TOO_MANY_REQUESTS, d, MTM_CHANGES);
     if (e != MSKV_SUCCESS || !c) return;
     mtm_new_req(m, c, h);
     c->committed = q->committed;
@@ -673,6 +765,9 @@ static void mtm_op_export_import(mtm *m) {
     c->live_start = q->live_start;
     c->ntab = q->ntab;
     c->offloaded = 1;
+    c->stored_upto = q->stored_upto;
+    c->has_ret = q->has_ret;   /* a blob carries the policy; a fork does not */
+    c->ret = q->ret;
     memcpy(c->exp, q->exp, sizeof c->exp);
     mtm_adopt_epoch(m, c);
     m->counts[10]++;
@@ -697,6 +792,329 @@ static void mtm_op_retire(mtm *m) {
     m->counts[12]++;
 }
 
+static void mtm_on_event(void *user, const mskv_event *e) {
+    mtm *m = (mtm *)user;
+    if (e->type == MSKV_EVENT_PAGE_REMOVED) m->removed_events++;
+    else if (m->nstored < 256) m->stored[m->nstored++] = *e;
+}
+
+static void mtm_op_pause(mtm *m) {
+    mtm_req *q = mtm_pick(m);
+    int nviol = 0, resume;
+    uint64_t d;
+    mskv_result want = MSKV_SUCCESS, e;
+    if (!q) return;
+    resume = q->paused ? mtm_below(m, 4) != 0 : mtm_below(m, 8) == 0;
+    m->op_name = resume ? "resume" : "pause";
+    if (resume) {
+        if (!q->paused) MTM_VIOL(MSKV_ERROR_BAD_STATE);
+    } else {
+        if (q->has_res) MTM_VIOL(MSKV_ERROR_RESERVATION_PENDING);
+        if (q->paused) MTM_VIOL(MSKV_ERROR_BAD_STATE);
+    }
+    d = mtm_digest(m);
+    e = resume ? mskv_request_resume(m->a, q->h) : mskv_request_pause(m->a, q->h);
+    mtm_expect(m, e, nviol, want, d, MTM_CHANGES);
+    if (e != MSKV_SUCCESS || nviol) return;
+    q->paused = !resume;
+    m->counts[13 + resume]++;
+}
+
+/* Sizing the table changes no state; a count past 2^31 tokens overflows. */
+static void mtm_op_reserve(mtm *m) {
+    mtm_req *q = mtm_pick(m);
+    int64_t n;
+    int nviol = 0;
+    uint64_t d;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "reserve";
+    if (!q) return;
+    n = mtm_below(m, 10) == 0 ? -1 - mtm_below(m, 5) : mtm_below(m, 10) == 0 ? ((int64_t)1 << 31) + mtm_below(m, 9)
+                                                                                : mtm_below(m, (int64_t)MTM_MAXTOK);
+    if (n < 0) MTM_VIOL(MSKV_ERROR_INVALID_ARGUMENT);
+    if (n > INT32_MAX) MTM_VIOL(MSKV_ERROR_OVERFLOW);
+    d = mtm_digest(m);
+    e = mskv_request_reserve(m->a, q->h, n);
+    mtm_expect(m, e, nviol, want, d, MTM_SAME);
+    if (e == MSKV_SUCCESS) m->counts[15]++;
+}
+
+/* Chunk-window retention at publish, from DESIGN.md and the header: once the
+   sink is complete it is protected (when no release has left a gap), then
+   everything past the sink except the window goes, a whole chunk at a time
+   (skipped tokens), released like release_oldest (page floor). */
+static int64_t mtm_skipped(const mskv_retention *r, int64_t n) {
+    int64_t sink = r->sink_chunks * r->chunk_size, s = 0;
+    if (n <= sink) return 0;
+    while (s + r->chunk_size <= n - sink && (r->reset_at_boundary || n - sink - (s + r->chunk_size) >= r->window_chunks * r->chunk_size))
+        s += r->chunk_size;
+    return s;
+}
+static void mtm_model_retention(mtm *m, mtm_req *q) {
+    int64_t sink = q->ret.sink_chunks * q->ret.chunk_size, keep_from, live;
+    if (q->committed >= sink && q->prefix < sink && !mtm_gap(m, q)) {
+        q->live_start = (int64_t)((sink + m->P - 1) / m->P) * m->P;
+        q->prefix = sink;
+        q->epoch_moves = 1;
+    }
+    if (q->prefix < sink) return;
+    keep_from = sink + mtm_skipped(&q->ret, q->committed);
+    live = q->committed - q->live_start;
+    if (keep_from > q->live_start && live > 0)
+        mtm_model_release(m, q, mtm_freed_by(m, q, keep_from - q->live_start < live ? keep_from - q->live_start : live));
+}
+
+/* Publish with segments: page-stored events name pages of those requests,
+   full of committed tokens, each page once, in order. */
+static void mtm_op_publish_segments(mtm *m) {
+    mskv_segment s[MTM_MAXREQ];
+    mtm_req *qs[MTM_MAXREQ];
+    int n = 0, i, k, nviol = 0;
+    uint64_t d, ended = 0;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "publish segments";
+    for (i = 0; i < MTM_MAXREQ; i++)
+        if (m->r[i].used && !m->r[i].keyed && mtm_below(m, 2)) {
+            qs[n] = &m->r[i];
+            s[n].request = m->r[i].h;
+            s[n].n_tokens = 0;
+            if (m->r[i].offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
+            n++;
+        }
+    d = mtm_digest(m);
+    m->nstored = 0;
+    e = mskv_publish(m->a, s, n, &ended);
+    mtm_expect(m, e, nviol, want, d, MTM_CHANGES);
+    if (e != MSKV_SUCCESS || nviol) return;
+    for (k = 0; k < m->nstored && !m->bad; k++) {
+        const mskv_event *ev = &m->stored[k];
+        mtm_req *q = NULL;
+        int64_t j = -1;
+        for (i = 0; i < n; i++)
+            if (qs[i]->h.id == ev->request.id) q = qs[i];
+        MTM_CHECK(m, q != NULL, "page-stored event for request %u, not published", ev->request.id);
+        if (!q) return;
+        MTM_CHECK(m, ev->first_token % m->P == 0 && ev->first_token >= q->stored_upto && ev->first_token + m->P <= q->committed &&
+                         mtm_compact(m, q, ev->first_token, &j) == MSKV_SUCCESS && q->tab[j / m->P] == ev->page && ev->step == ended,
+                  "page-stored event: request %u page %d from %lld (stored up to %lld, committed %lld)", q->h.id, ev->page,
+                  (long long)ev->first_token, (long long)q->stored_upto, (long long)q->committed);
+        q->stored_upto = ev->first_token + m->P;
+    }
+    for (i = 0; i < n; i++)
+        if (qs[i]->has_ret) mtm_model_retention(m, qs[i]);
+    m->release_tag = ended;   /* retention releases inside the step that publish ends */
+    m->counts[16]++;
+}
+
+/* The plans of other kinds over the admitted-and-committed state: a dense plan
+   and a 3-D position plan for a resident request's last tokens. */
+static void mtm_op_plans(mtm *m) {
+    mtm_req *q = mtm_pick(m);
+    mskv_segment s;
+    mskv_plan p;
+    mskv_plan_desc pd;
+    int64_t dense[1], len, i, nq;
+    int nviol = 0;
+    uint64_t d;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "plan 3-D / dense";
+    if (!q) return;
+    len = mtm_kv_len(m, q);
+    nq = len > 0 ? 1 + mtm_below(m, len < 6 * m->P ? len : 6 * m->P) : 1;
+    memset(&p, 0, sizeof p);
+    p.qo_indptr = m->pl_qo; p.kv_indptr = m->pl_kvp; p.kv_indices = m->pl_idx; p.kv_last_page_len = m->pl_last;
+    p.kv_len = m->pl_len; p.kv_pos_split = m->pl_split; p.kv_pos_shift = m->pl_shift; p.kv_token_indptr = m->pl_tok;
+    p.slot_mapping = m->pl_slots; p.positions = m->pl_pos;
+    p.cap_batch = 3; p.cap_tokens = 3 * 6 * MTM_MAXP; p.cap_page_ids = 3 * MTM_MAXPAGES;
+    s.request = q->h;
+    s.n_tokens = nq;
+    memset(&pd, 0, sizeof pd);
+    if (mtm_below(m, 2)) {
+        pd.kind = MSKV_PLAN_DENSE;
+        dense[0] = nq + mtm_below(m, 3) - 1;   /* sometimes one key short */
+        pd.dense_kv_len = dense;
+        pd.pos_mode = MSKV_POS_1D;
+        if (dense[0] < nq) MTM_VIOL(MSKV_ERROR_OUT_OF_RANGE);
+    } else {
+        pd.pos_mode = MSKV_POS_3D;
+        pd.grid_h = 1 + (int32_t)mtm_below(m, 3);
+        pd.grid_w = 1 + (int32_t)mtm_below(m, 4);
+        pd.pos_offset = mtm_below(m, 5) - 2;
+        if (q->offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
+        if (nq > len) MTM_VIOL(MSKV_ERROR_OUT_OF_RANGE);
+    }
+    d = mtm_digest(m);
+    e = mskv_plan_build(m->a, &s, 1, &pd, &p);
+    mtm_expect(m, e, nviol, want, d, MTM_SAME);
+    if (e != MSKV_SUCCESS || nviol) return;
+    MTM_CHECK(m, p.batch == 1 && p.total_q == nq && p.qo_indptr[1] == nq, "plan sizes");
+    if (pd.kind == MSKV_PLAN_DENSE) {
+        MTM_CHECK(m, p.num_page_ids == 0 && p.kv_len[0] == dense[0] && p.kv_token_indptr[1] == dense[0], "dense plan: %d keys",
+                  p.kv_len[0]);
+        for (i = 0; i < nq; i++)
+            MTM_CHECK(m, p.slot_mapping[i] == -1 && p.positions[i] == dense[0] - nq + i, "dense plan query %lld", (long long)i);
+    } else {
+        int64_t tpf = (int64_t)pd.grid_h * pd.grid_w;
+        for (i = 0; i < nq && !m->bad; i++) {
+            int64_t cj = len - nq + i, abs_pos = cj < p.kv_pos_split[0] ? cj : cj + p.kv_pos_shift[0], rel, f;
+            rel = abs_pos - pd.pos_offset;
+            f = rel >= 0 ? rel / tpf : -((-rel + tpf - 1) / tpf);   /* floor */
+            MTM_CHECK(m, abs_pos == mtm_abs(m, q, cj) && p.positions[3 * i] == f &&
+                             p.positions[3 * i + 1] == (rel - f * tpf) / pd.grid_w && p.positions[3 * i + 2] == (rel - f * tpf) % pd.grid_w,
+                      "3-D position of query %lld (absolute %lld, offset %lld, grid %dx%d): (%d, %d, %d)", (long long)i,
+                      (long long)abs_pos, (long long)pd.pos_offset, pd.grid_h, pd.grid_w, p.positions[3 * i],
+                      p.positions[3 * i + 1], p.positions[3 * i + 2]);
+        }
+    }
+    m->counts[17 + (pd.kind == MSKV_PLAN_DENSE)]++;
+}
+
+static void mtm_op_set_retention(mtm *m) {
+    mtm_req *q = mtm_pick(m);
+    mskv_retention r;
+    int nviol = 0, clear;
+    uint64_t d;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "set_retention";
+    if (!q) return;
+    memset(&r, 0, sizeof r);
+    clear = mtm_below(m, 8) == 0;
+    r.chunk_size = (int64_t)m->P * (1 + mtm_below(m, 3));
+    r.sink_chunks = mtm_below(m, 3);
+    r.window_chunks = 1 + mtm_below(m, 3);
+    r.reset_at_boundary = mtm_below(m, 4) == 0;
+    r.exact = (int32_t)mtm_below(m, 2);
+    if (mtm_below(m, 6) == 0 && m->P > 1) { r.chunk_size += 1; r.exact = 1; }   /* exact eviction needs page-aligned chunks */
+    if (!clear && r.exact && r.chunk_size % m->P != 0) MTM_VIOL(MSKV_ERROR_INVALID_SPEC);
+    d = mtm_digest(m);
+    e = mskv_request_set_retention(m->a, q->h, clear ? NULL : &r);
+    mtm_expect(m, e, nviol, want, d, MTM_EITHER);
+    if (e != MSKV_SUCCESS || nviol) return;
+    q->has_ret = !clear;
+    if (!clear) q->ret = r;
+    m->counts[19]++;
+}
+
+static void mtm_op_keyed_create(mtm *m) {
+    mtm_req *c = mtm_slot_free(m);
+    uint64_t key = (uint64_t)mtm_below(m, 4) + 100, d;
+    int64_t n = mtm_below(m, 10) == 0 ? 0 : 1 + mtm_below(m, 3 * m->P), pos;
+    int32_t need = (int32_t)((n + m->P - 1) / m->P), t, count = 0;
+    int nviol = 0;
+    mskv_request h;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "keyed_create";
+    if (n < 1) MTM_VIOL(MSKV_ERROR_INVALID_ARGUMENT);
+    if (mtm_find_key(m, key)) MTM_VIOL(MSKV_ERROR_DUPLICATE);
+    if (!c) MTM_VIOL(MSKV_ERROR_TOO_MANY_REQUESTS);
+    if (need > mtm_free(m)) MTM_VIOL(MSKV_ERROR_OUT_OF_PAGES);
+    d = mtm_digest(m);
+    e = mskv_keyed_create(m->a, key, n, &h);
+    mtm_expect(m, e, nviol, want, d, MTM_CHANGES);
+    if (e != MSKV_SUCCESS || nviol) return;
+    mtm_new_req(m, c, h);
+    c->keyed = 1;
+    c->key = key;
+    c->reserved = n;
+    c->has_res = 1;
+    c->ntab = need;
+    mtm_adopt_epoch(m, c);
+    /* its tokens are written before it is sealed: learn the pages, write (uid, position) */
+    if (mskv_request_pages(m->a, h, m->scratch, MTM_MAXPAGES, &count) != MSKV_SUCCESS || count != need) {
+        MTM_CHECK(m, 0, "keyed entry %u: table of %d, model %d", h.id, count, need);
+        return;
+    }
+    for (t = 0; t < need; t++) {
+        MTM_CHECK(m, !m->pending[m->scratch[t]] && !m->live[m->scratch[t]], "keyed_create took page %d, not free", m->scratch[t]);
+        c->tab[t] = m->scratch[t];
+    }
+    for (pos = 0; pos < n; pos++) {
+        c->exp[pos] = mtm_value(c->uid, pos);
+        mtm_write_token(m, c, pos);
+    }
+    m->counts[20]++;
+}
+
+static void mtm_op_keyed_other(mtm *m) {
+    mtm_req *q = mtm_pick_keyed(m, 0), *f;
+    uint64_t key = (uint64_t)mtm_below(m, 5) + 100, d = mtm_digest(m);
+    mskv_request h;
+    mskv_result e;
+    int64_t pick = mtm_below(m, 3);
+    if (pick == 0) {
+        m->op_name = "keyed_seal";
+        if (!q) return;
+        e = mskv_keyed_seal(m->a, q->h);
+        mtm_expect(m, e, q->sealed, MSKV_ERROR_READ_ONLY, d, MTM_CHANGES);
+        if (e != MSKV_SUCCESS || q->sealed) return;
+        q->sealed = 1;
+        q->committed = q->reserved;
+        q->reserved = 0;
+        q->has_res = 0;
+        m->counts[21]++;
+    } else if (pick == 1) {
+        m->op_name = "keyed_find";
+        f = mtm_find_key(m, key);
+        h.id = 0;
+        e = mskv_keyed_find(m->a, key, &h);
+        mtm_expect(m, e, f ? 0 : 1, MSKV_ERROR_NOT_FOUND, d, MTM_SAME);
+        if (f) MTM_CHECK(m, h.id == f->h.id, "keyed_find(%llu) = %u, model %u", (unsigned long long)key, h.id, f->h.id);
+    } else {
+        m->op_name = "keyed_remove";
+        f = mtm_find_key(m, key);
+        m->removed_events = 0;
+        e = mskv_keyed_remove(m->a, key);
+        mtm_expect(m, e, f ? 0 : 1, MSKV_ERROR_NOT_FOUND, d, MTM_CHANGES);
+        if (e != MSKV_SUCCESS || !f) return;
+        MTM_CHECK(m, m->removed_events == f->ntab, "keyed_remove: %ld page-removed events for %d pages", m->removed_events, f->ntab);
+        if (m->nstale < 8) m->stale[m->nstale++] = f->h;
+        f->used = 0;
+        m->counts[22]++;
+    }
+}
+
+/* A cross plan: a request's last tokens attend over a keyed entry's pages. */
+static void mtm_op_cross(mtm *m) {
+    mtm_req *q = mtm_pick(m), *x = mtm_pick_keyed(m, 0);
+    mskv_segment s;
+    mskv_plan p;
+    mskv_plan_desc pd;
+    int64_t len, nq, i;
+    int nviol = 0, t;
+    uint64_t d;
+    mskv_result want = MSKV_SUCCESS, e;
+    m->op_name = "cross plan";
+    if (!q || !x || q->offloaded) return;
+    len = mtm_kv_len(m, q);
+    if (len < 1) return;
+    nq = 1 + mtm_below(m, len < 6 * m->P ? len : 6 * m->P);
+    memset(&p, 0, sizeof p);
+    p.qo_indptr = m->pl_qo; p.kv_indptr = m->pl_kvp; p.kv_indices = m->pl_idx; p.kv_last_page_len = m->pl_last;
+    p.kv_len = m->pl_len; p.kv_pos_split = m->pl_split; p.kv_pos_shift = m->pl_shift; p.kv_token_indptr = m->pl_tok;
+    p.slot_mapping = m->pl_slots; p.positions = m->pl_pos;
+    p.cap_batch = 3; p.cap_tokens = 3 * 6 * MTM_MAXP; p.cap_page_ids = 3 * MTM_MAXPAGES;
+    s.request = q->h;
+    s.n_tokens = nq;
+    memset(&pd, 0, sizeof pd);
+    pd.kind = MSKV_PLAN_CROSS;
+    pd.cross = x->h;
+    pd.pos_mode = MSKV_POS_1D;
+    if (!x->sealed) MTM_VIOL(MSKV_ERROR_BAD_STATE);
+    d = mtm_digest(m);
+    e = mskv_plan_build(m->a, &s, 1, &pd, &p);
+    mtm_expect(m, e, nviol, want, d, MTM_SAME);
+    if (e != MSKV_SUCCESS || nviol) return;
+    MTM_CHECK(m, p.batch == 1 && p.total_q == nq && p.kv_len[0] == x->committed && p.num_page_ids == x->ntab &&
+                     p.kv_last_page_len[0] == x->committed - (int64_t)(x->ntab - 1) * m->P,
+              "cross plan: %d keys over %d pages, the entry has %lld over %d", p.kv_len[0], p.num_page_ids,
+              (long long)x->committed, x->ntab);
+    for (t = 0; t < x->ntab && !m->bad; t++) MTM_CHECK(m, p.kv_indices[t] == x->tab[t], "cross plan page %d", t);
+    for (i = 0; i < nq && !m->bad; i++)
+        MTM_CHECK(m, p.slot_mapping[i] == -1 && p.positions[i] == mtm_abs(m, q, len - nq + i),
+                  "cross plan query %lld: slot %lld position %d", (long long)i, (long long)p.slot_mapping[i], p.positions[i]);
+    m->counts[23]++;
+}
+
 static void mtm_run_seed(uint64_t seed) {
     mtm *m = (mtm *)calloc(1, sizeof *m);
     mskv_arena_desc d;
@@ -712,6 +1130,8 @@ static void mtm_run_seed(uint64_t seed) {
     d.max_requests = MTM_MAXREQ;
     d.num_layers = 1; d.kv_heads = 1; d.head_dim = MTM_DIM; d.dtype = MSKV_DTYPE_F32;
     d.retire_mode = m->fenced ? MSKV_RETIRE_FENCED : MSKV_RETIRE_IMMEDIATE;
+    d.on_event = mtm_on_event;
+    d.event_user = m;
     if (mskv_arena_create(&d, &m->a) != MSKV_SUCCESS) {
         mt_fail(__FILE__, __LINE__, "arena_create");
         free(m);
@@ -722,36 +1142,54 @@ static void mtm_run_seed(uint64_t seed) {
     for (i = 0; i < MTM_OPS && !m->bad; i++) {
         int64_t pick = mtm_below(m, 100);
         m->op = i;
+        m->release_tag = 0;
         if (pick < 5) mtm_op_add(m);
         else if (pick < 8) mtm_op_remove(m);
         else if (pick < 12) mtm_op_fork(m);
-        else if (pick < 38) mtm_op_admit(m);
-        else if (pick < 52) mtm_op_commit(m, 0);
-        else if (pick < 57) mtm_op_commit(m, 1);
-        else if (pick < 64) mtm_op_protect(m);
-        else if (pick < 76) mtm_op_release(m);
-        else if (pick < 81) mtm_op_offload(m);
-        else if (pick < 87) mtm_op_reload(m);
-        else if (pick < 90) mtm_op_export_import(m);
-        else if (pick < 94) mtm_op_publish(m);
+        else if (pick < 36) mtm_op_admit(m);
+        else if (pick < 49) mtm_op_commit(m, 0);
+        else if (pick < 54) mtm_op_commit(m, 1);
+        else if (pick < 60) mtm_op_protect(m);
+        else if (pick < 71) mtm_op_release(m);
+        else if (pick < 76) mtm_op_offload(m);
+        else if (pick < 82) mtm_op_reload(m);
+        else if (pick < 85) mtm_op_export_import(m);
+        else if (pick < 87) mtm_op_publish(m);
+        else if (pick < 88) mtm_op_publish_segments(m);
+        else if (pick < 90) mtm_op_pause(m);
+        else if (pick < 91) mtm_op_reserve(m);
+        else if (pick < 93) mtm_op_plans(m);
+        else if (pick < 95) {
+            int64_t k = mtm_below(m, 4);
+            if (k == 0) mtm_op_set_retention(m);
+            else if (k == 1) mtm_op_keyed_create(m);
+            else if (k == 2) mtm_op_keyed_other(m);
+            else mtm_op_cross(m);
+        }
         else if (pick < 98) { if (m->fenced) mtm_op_retire(m); else mtm_op_publish(m); }
         else mtm_op_stale(m);
         if (!m->bad) mtm_verify(m);
     }
     if (!m->bad) {
         /* every kind of operation succeeded many times: the walk was not stuck */
-        static const char *names[13] = {"add", "remove", "fork", "admit", "commit", "abort", "protect",
-                                        "release", "offload", "reload", "export/import", "publish", "retire"};
+        static const char *names[24] = {"add", "remove", "fork", "admit", "commit", "abort", "protect", "release",
+                                        "offload", "reload", "export/import", "publish", "retire", "pause", "resume",
+                                        "reserve", "publish with segments", "3-D plan", "dense plan", "set_retention",
+                                        "keyed_create", "keyed_seal", "keyed_remove", "cross plan"};
         int k;
-        for (k = 0; k < 13; k++) {
+        for (k = 0; k < 24; k++) {
             if (k == 12 && !m->fenced) continue;
-            if (m->counts[k] < 200) mt_fail(__FILE__, __LINE__, "only %ld successful %s operations", m->counts[k], names[k]);
+            if (m->counts[k] < (k >= 19 ? 10 : k >= 13 ? 50 : 200)) mt_fail(__FILE__, __LINE__, "only %ld successful %s operations", m->counts[k], names[k]);
         }
     }
     printf("    successes: add %ld remove %ld fork %ld admit %ld commit %ld abort %ld protect %ld release %ld "
-           "offload %ld reload %ld import %ld publish %ld retire %ld\n", m->counts[0], m->counts[1], m->counts[2],
+           "offload %ld reload %ld import %ld publish %ld retire %ld pause %ld resume %ld reserve %ld "
+           "publish-with-segments %ld 3-D %ld dense %ld retention %ld keyed create %ld seal %ld remove %ld cross %ld; "
+           "%ld digest checks\n", m->counts[0], m->counts[1], m->counts[2],
            m->counts[3], m->counts[4], m->counts[5], m->counts[6], m->counts[7], m->counts[8], m->counts[9],
-           m->counts[10], m->counts[11], m->counts[12]);
+           m->counts[10], m->counts[11], m->counts[12], m->counts[13], m->counts[14], m->counts[15], m->counts[16],
+           m->counts[17], m->counts[18], m->counts[19], m->counts[20], m->counts[21], m->counts[22], m->counts[23],
+           m->digest_checks);
     mskv_arena_destroy(m->a);
     free(m);
 }

@@ -2,14 +2,15 @@
    (the core locks internally). Each thread checks its own requests after
    every operation and writes/reads its tokens' bytes; at the end the pages
    are conserved and the audit passes. */
-#define _POSIX_C_SOURCE 200809L  /* pthread barriers under -std=c99 */
-#include <pthread.h>
 #include <stdlib.h>
 #include "mskv_test.h"
+#include "mskv_test_util.h"
 #include "../mstar_kv.h"
 
 #define MTT_THREADS 4
-#define MTT_OPS 1000000L  /* 10^5 rarely exposes a missing lock on two cores; 10^6 did every time */
+#ifndef MTT_OPS
+#define MTT_OPS 1000000L  /* 10^5 rarely exposes a missing lock on two cores; 10^6 did every time (TSan needs fewer) */
+#endif
 #define MTT_REQS 3
 #define MTT_P 4
 
@@ -25,7 +26,7 @@ typedef struct mtt_thread {
     uint64_t rng;
     mtt_req r[MTT_REQS];
     uint32_t next_uid;
-    pthread_barrier_t *go;
+    mtu_barrier *go;
     long failures, ops_done, bytes_checked;
     char first[256];
 } mtt_thread;
@@ -66,10 +67,10 @@ static void mtt_check_one(mtt_thread *t, const mtt_req *q, long op) {
     t->bytes_checked++;
 }
 
-static void *mtt_main(void *arg) {
+static void mtt_main(void *arg) {
     mtt_thread *t = (mtt_thread *)arg;
     long op;
-    pthread_barrier_wait(t->go);  /* all threads start together, so they contend */
+    mtu_barrier_wait(t->go);  /* all threads start together, so they contend */
     for (op = 0; op < MTT_OPS && t->failures == 0; op++) {
         mtt_req *q = &t->r[mtt_rand(t) % MTT_REQS];
         mskv_request_info before, after;
@@ -147,18 +148,17 @@ static void *mtt_main(void *arg) {
             mtt_check_one(t, q, op);
         }
     }
-    return NULL;
 }
 
 TEST(threads_on_their_own_requests_keep_pages_conserved_and_the_audit_passing) {
     mskv_arena_desc d;
     mskv_arena *a = NULL;
     mtt_thread th[MTT_THREADS];
-    pthread_t tid[MTT_THREADS];
+    mtu_thread *tid[MTT_THREADS];
     mskv_arena_stats st;
     char why[256];
     uint64_t seed = mt_seed();
-    pthread_barrier_t go;
+    mtu_barrier *go;
     int i, k, started = 0;
     long total_ops = 0, checked = 0;
     memset(&d, 0, sizeof d);
@@ -168,13 +168,14 @@ TEST(threads_on_their_own_requests_keep_pages_conserved_and_the_audit_passing) {
     d.num_layers = 1; d.kv_heads = 1; d.head_dim = 1;
     ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
     memset(th, 0, sizeof th);
-    ASSERT_EQ(0, pthread_barrier_init(&go, NULL, MTT_THREADS));
+    go = mtu_barrier_new(MTT_THREADS);
+    ASSERT_TRUE(go != NULL);
     for (i = 0; i < MTT_THREADS; i++) {
         th[i].a = a;
-        th[i].go = &go;
+        th[i].go = go;
         th[i].index = i + 1;
         th[i].rng = (seed + (uint64_t)i * 0x9E3779B97F4A7C15ull) | 1;
-        if (pthread_create(&tid[i], NULL, mtt_main, &th[i]) != 0) break;
+        if ((tid[i] = mtu_thread_start(mtt_main, &th[i])) == NULL) break;
         started++;
     }
     if (started < MTT_THREADS) {
@@ -182,8 +183,8 @@ TEST(threads_on_their_own_requests_keep_pages_conserved_and_the_audit_passing) {
         mt_fail(__FILE__, __LINE__, "only %d threads started", started);
         exit(1);
     }
-    for (i = 0; i < started; i++) pthread_join(tid[i], NULL);
-    pthread_barrier_destroy(&go);
+    for (i = 0; i < started; i++) mtu_thread_join(tid[i]);
+    mtu_barrier_free(go);
     for (i = 0; i < MTT_THREADS; i++) {
         if (th[i].failures) mt_fail(__FILE__, __LINE__, "%s", th[i].first);
         total_ops += th[i].ops_done;

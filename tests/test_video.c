@@ -1,8 +1,9 @@
 /* test_video.c - the demo end to end: both modes pass their self-check, the
    .mp4 decodes (through libavformat/libavcodec, no ffmpeg CLI) to the frames
    the demo produced, page use stays flat however long the video, offload
-   changes nothing, a broken cache makes the self-check fail, and the backend
-   choice: --backend cuda without CUDA says why, auto falls back to the CPU,
+   changes nothing, a broken cache makes the self-check fail, --cfg guidance
+   with two lockstep branches passes it (one broken branch fails it), and the
+   backend choice: --backend cuda without CUDA says why, auto falls back to the CPU,
    and (where build/demo-emu exists) the CUDA backend passes the self-check
    on an emulated device.
 
@@ -385,6 +386,42 @@ TEST(offload_round_trip_leaves_the_output_bit_identical) {
     remove(tv_path("off1.mp4"));
 }
 
+/* --cfg: two branches in lockstep whose guided combination is the truth; the
+   same check judges it, also with both branches parked and reloaded. */
+TEST(cfg_guidance_passes_the_self_check) {
+    char args[512];
+    snprintf(args, sizeof(args), "%s --frames 41 --cfg 3 --check -o %s", TV_SMALL, tv_path("cfg.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    EXPECT_TRUE(tv_has(" cfg=3 branches=2") && tv_has(": PASS"));
+    EXPECT_TRUE(tv_field("worst_frame_psnr_db") >= 40.0);   /* inf: exact on the CPU's f32 cache */
+    snprintf(args, sizeof(args), "%s --frames 41 --cfg 7.5 --offload --check -o %s", TV_SMALL, tv_path("cfg.mp4"));
+    ASSERT_EQ(0, tv_expect(0, "", args));
+    EXPECT_TRUE(tv_has(": PASS"));
+    EXPECT_GT(tv_field("offloads"), 0.0);
+    remove(tv_path("cfg.mp4"));
+}
+
+/* One broken branch (the unconditional one's sink page; the conditional
+   branch is intact) ruins the guided output, and the check says so. */
+TEST(a_broken_cfg_branch_fails_the_self_check) {
+    char args[512];
+    snprintf(args, sizeof(args), "%s --frames 41 --cfg 3 --check -o %s", TV_SMALL, tv_path("cfgbrk.mp4"));
+    EXPECT_EQ(1, tv_expect(1, "MSKV_DEMO_BREAK=sink ", args));
+    EXPECT_TRUE(tv_psnr_check_failed());
+    remove(tv_path("cfgbrk.mp4"));
+}
+
+TEST(cfg_usage_errors_exit_2_with_a_one_line_reason) {
+    size_t n;
+    EXPECT_EQ(2, tv_expect(2, "", "--cfg 0 -o /dev/null"));
+    n = strlen(tv_out);
+    EXPECT_TRUE(n > 0 && strchr(tv_out, '\n') == tv_out + n - 1);
+    EXPECT_TRUE(tv_has("--cfg"));
+    EXPECT_EQ(2, tv_expect(2, "", "--cfg 101 -o /dev/null"));
+    EXPECT_EQ(2, tv_expect(2, "", "--cfg x -o /dev/null"));
+    EXPECT_EQ(2, tv_expect(2, "", "--cfg 3 --mode chained -o /dev/null"));
+}
+
 TEST(a_scribbled_cache_page_fails_the_self_check) {
     char args[512];
     snprintf(args, sizeof(args), "%s --frames 41 --check -o %s", TV_SMALL, tv_path("brk.mp4"));
@@ -593,6 +630,20 @@ TEST(a_scribbled_device_page_fails_the_self_check_on_the_emulated_device) {
     EXPECT_TRUE(tv_psnr_check_failed());
     tv_bin = NULL;
     remove(tv_path("gbrk.y4m"));
+}
+
+/* The GPU path of --cfg: both branches in one device plan, parked and
+   reloaded through the device store as one lockstep group. */
+TEST(cfg_guidance_passes_the_self_check_on_the_emulated_device) {
+    char args[512];
+    if (access(tv_emu(), X_OK) != 0) SKIP("%s not built (see the tests above)", tv_emu());
+    tv_bin = tv_emu();
+    snprintf(args, sizeof(args), "%s --backend cuda --frames 41 --cfg 3 --offload --check -o %s", TV_SMALL, tv_path("gcfg.y4m"));
+    EXPECT_EQ(0, tv_expect(0, "", args));
+    EXPECT_TRUE(tv_has(" backend=cuda ") && tv_has(" cfg=3 branches=2") && tv_has(": PASS"));
+    EXPECT_GT(tv_field("offloads"), 0.0);
+    tv_bin = NULL;
+    remove(tv_path("gcfg.y4m"));
 }
 
 TEST(help_exits_0_and_states_the_psnr_threshold) {

@@ -185,6 +185,10 @@ TEST(skipped_tokens_equals_the_tokens_a_window_plus_sink_policy_drops) {
                             mt_fail(__FILE__, __LINE__, "brute force not contiguous (test bug)");
                             return;
                         }
+                        if (mskv_skipped_tokens_get(&r, n, &t) != MSKV_SUCCESS || t != got) {
+                            mt_fail(__FILE__, __LINE__, "mskv_skipped_tokens_get disagrees at n %lld", (long long)n);
+                            return;
+                        }
                         if (got != dropped) {
                             mt_fail(__FILE__, __LINE__,
                                     "skipped_tokens(chunk %lld sink %lld window %lld reset %d, n %lld): expected %lld, got %lld",
@@ -206,15 +210,28 @@ TEST(skipped_tokens_is_a_whole_number_of_chunks) {
     for (n = 0; n < 200; n++) EXPECT_EQ(0, mskv_skipped_tokens(&r, n) % 5);
 }
 
-TEST(skipped_tokens_is_zero_for_an_invalid_policy) {
+/* 0 means "nothing to skip"; an invalid policy is an error, never 0 */
+TEST(skipped_tokens_of_an_invalid_policy_is_an_error_not_zero) {
     mskv_retention r;
+    int64_t out = 12345;
     memset(&r, 0, sizeof r);
     r.chunk_size = 0; r.sink_chunks = 1; r.window_chunks = 2;
-    EXPECT_EQ(0, mskv_skipped_tokens(&r, 1000));
+    EXPECT_EQ(MSKV_ERROR_INVALID_SPEC, mskv_skipped_tokens_get(&r, 1000, &out));
+    EXPECT_EQ(12345, out);   /* untouched on failure */
+    EXPECT_EQ(MSKV_ERROR_INVALID_SPEC, mskv_skipped_tokens(&r, 1000));
     r.chunk_size = 4; r.window_tokens = 9;  /* != 2 * 4 */
-    EXPECT_EQ(0, mskv_skipped_tokens(&r, 1000));
+    EXPECT_EQ(MSKV_ERROR_INVALID_SPEC, mskv_skipped_tokens_get(&r, 1000, &out));
+    EXPECT_EQ(MSKV_ERROR_INVALID_SPEC, mskv_skipped_tokens(&r, 1000));
     r.window_tokens = 8;  /* the same policy made valid does skip */
-    EXPECT_LT(0, mskv_skipped_tokens(&r, 1000));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_skipped_tokens_get(&r, -1, &out));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_skipped_tokens(&r, -1));
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_skipped_tokens_get(NULL, 1000, &out));
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_skipped_tokens_get(&r, 1000, NULL));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_skipped_tokens_get(&r, 1000, &out));
+    EXPECT_EQ(1000 - 4 - 8, out);
+    EXPECT_EQ(out, mskv_skipped_tokens(&r, 1000));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_skipped_tokens_get(&r, 10, &out));   /* a valid zero */
+    EXPECT_EQ(0, out);
 }
 
 static int mtw_nonempty(const char *s) { return s[0] != '\0'; }

@@ -1,0 +1,1236 @@
+/* mstar_kv_ucx.h - v0.1.0 - moving a request of mstar_kv.h between processes
+   and machines over UCX, in one C99 header.
+
+   A request (its blob: token counts, prefix, released window, retention,
+   key, and every page's bytes) goes from a sender's arena to a receiver's in
+   two phases: the receiver admits every page it needs (all or nothing),
+   takes the bytes straight into its pools, verifies the checksum and
+   acknowledges; only then does the sender remove its copy (or keep it: a
+   copy, not a move). A failure at any point, on either side, loses nothing:
+   the receiver keeps nothing half-imported and the sender keeps its request
+   intact and usable. UCX (the Unified Communication X library: TCP, shared
+   memory, RDMA) is loaded at run time, so this header needs no UCX header
+   and no UCX library to build; without libucp.so.0 every call that needs it
+   returns MSKV_ERROR_UNSUPPORTED with the reason.
+
+   Do this in exactly one C or C++ file, after mstar_kv.h's implementation:
+       #define MSTAR_KV_IMPLEMENTATION
+       #include "mstar_kv.h"
+       #define MSTAR_KV_UCX_IMPLEMENTATION
+       #include "mstar_kv_ucx.h"
+   Build: cc -std=c99 -O2 app.c -ldl -lpthread -lm
+   Run time: libucp.so.0 (Debian: apt-get install libucx0). UCX's own
+   variables choose the transports, e.g. UCX_TLS=tcp or UCX_TLS=shm,tcp.
+
+   UCX versions: the types below mirror UCP API 1.13 (Debian 12's 1.13.1),
+   and every call uses only fields that UCX has had since 1.12 and that
+   later releases keep at the same offsets (each struct is selected field
+   by field through its field_mask); mskv_ucx_* refuses a libucp older than
+   1.12. tests/test_ucx_abi.c checks every mirrored offset and constant
+   against the real headers (libucx-dev) when they are installed.
+
+   Example (the two sides run in two processes):
+       mskv_ucx *u;                                       receiver
+       mskv_ucx_listen(NULL, "127.0.0.1", 13337, &u);
+       mskv_ucx_accept(u);
+       mskv_ucx_recv(u, arena, &req);                     a resident request
+       mskv_ucx_destroy(u);
+
+       mskv_ucx *u;                                       sender
+       mskv_ucx_connect(NULL, "127.0.0.1", 13337, &u);
+       mskv_ucx_send(u, arena, req, 0);                   removed once acknowledged
+       mskv_ucx_destroy(u);
+
+   Pages: an arena with host pools is sent straight from its pools and
+   received straight into them (UCX gathers and scatters the pages itself;
+   no host copy of the blob). An arena whose pages live behind store_ops (the
+   GPU store of mstar_kv_cuda.h) is staged through one host copy of the blob
+   (mskv_request_export / mskv_request_import + reload) on its side only;
+   UCX's CUDA transports are not used. The two sides need not agree on this.
+
+   Thread safety: an mskv_ucx object belongs to one thread at a time (its
+   UCX worker runs in UCS_THREAD_MODE_SINGLE). Distinct objects may be used
+   from distinct threads. The arena calls it makes are ordinary arena calls.
+   Timeouts: every wait for the peer ends after timeout_ms without progress
+   (MSKV_ERROR_TIMEOUT), so nothing waits forever.
+
+   License: MIT, as mstar_kv.h.
+*/
+#ifndef MSTAR_KV_UCX_H
+#define MSTAR_KV_UCX_H
+
+#include "mstar_kv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* // >>ucp types -------------------------------------------------------------
+   The UCP and UCS types, constants and functions this layer uses, declared
+   here so that no UCX header is needed. Handles are opaque pointers, as in
+   ucp_def.h; structs mirror UCP API 1.13 field for field. */
+
+typedef struct mskv_ucp_context_st *mskv_ucp_context;   /* ucp_context_h */
+typedef struct mskv_ucp_config_st mskv_ucp_config;      /* ucp_config_t */
+typedef struct mskv_ucp_worker_st *mskv_ucp_worker;     /* ucp_worker_h */
+typedef struct mskv_ucp_listener_st *mskv_ucp_listener; /* ucp_listener_h */
+typedef struct mskv_ucp_ep_st *mskv_ucp_ep;             /* ucp_ep_h */
+typedef struct mskv_ucp_conn_request_st *mskv_ucp_conn_request; /* ucp_conn_request_h */
+typedef int8_t mskv_ucs_status;                         /* ucs_status_t: a packed enum, one byte; 0 = UCS_OK */
+typedef void *mskv_ucs_status_ptr;                      /* ucs_status_ptr_t */
+typedef uint64_t mskv_ucp_tag;                          /* ucp_tag_t */
+typedef uint64_t mskv_ucp_datatype;                     /* ucp_datatype_t */
+
+#define MSKV_UCS_OK 0
+#define MSKV_UCS_INPROGRESS 1
+#define MSKV_UCS_ERR_CANCELED (-16)
+#define MSKV_UCS_ERR_LAST (-100)
+#define MSKV_UCS_THREAD_MODE_SINGLE 0
+#define MSKV_UCP_PARAM_FIELD_FEATURES (1ull << 0)
+#define MSKV_UCP_FEATURE_TAG (1ull << 0)
+#define MSKV_UCP_WORKER_PARAM_FIELD_THREAD_MODE (1ull << 0)
+#define MSKV_UCP_LISTENER_PARAM_FIELD_SOCK_ADDR (1ull << 0)
+#define MSKV_UCP_LISTENER_PARAM_FIELD_CONN_HANDLER (1ull << 2)
+#define MSKV_UCP_LISTENER_ATTR_FIELD_SOCKADDR (1ull << 0)
+#define MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE (1ull << 1)
+#define MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLER (1ull << 2)
+#define MSKV_UCP_EP_PARAM_FIELD_SOCK_ADDR (1ull << 4)
+#define MSKV_UCP_EP_PARAM_FIELD_FLAGS (1ull << 5)
+#define MSKV_UCP_EP_PARAM_FIELD_CONN_REQUEST (1ull << 6)
+#define MSKV_UCP_EP_PARAMS_FLAGS_CLIENT_SERVER 1u
+#define MSKV_UCP_ERR_HANDLING_MODE_PEER 1
+#define MSKV_UCP_EP_CLOSE_FLAG_FORCE 1u
+#define MSKV_UCP_OP_ATTR_FIELD_CALLBACK (1u << 1)
+#define MSKV_UCP_OP_ATTR_FIELD_USER_DATA (1u << 2)
+#define MSKV_UCP_OP_ATTR_FIELD_DATATYPE (1u << 3)
+#define MSKV_UCP_OP_ATTR_FIELD_FLAGS (1u << 4)
+#define MSKV_UCP_OP_ATTR_FIELD_RECV_INFO (1u << 7)
+#define MSKV_UCP_DATATYPE_CONTIG_BYTE ((mskv_ucp_datatype)1 << 3)   /* ucp_dt_make_contig(1) */
+#define MSKV_UCP_DATATYPE_IOV ((mskv_ucp_datatype)2)                /* ucp_dt_make_iov() */
+
+typedef struct mskv_ucs_sock_addr { const void *addr; unsigned int addrlen; } mskv_ucs_sock_addr;  /* struct sockaddr *, socklen_t */
+typedef struct mskv_ucp_dt_iov { void *buffer; size_t length; } mskv_ucp_dt_iov;
+typedef struct mskv_ucp_tag_recv_info { mskv_ucp_tag sender_tag; size_t length; } mskv_ucp_tag_recv_info;
+typedef void (*mskv_ucp_send_cb)(void *request, mskv_ucs_status status, void *user_data);
+typedef void (*mskv_ucp_recv_cb)(void *request, mskv_ucs_status status, const mskv_ucp_tag_recv_info *info, void *user_data);
+typedef void (*mskv_ucp_err_cb)(void *arg, mskv_ucp_ep ep, mskv_ucs_status status);
+typedef void (*mskv_ucp_conn_cb)(mskv_ucp_conn_request request, void *arg);
+
+typedef struct mskv_ucp_params {
+    uint64_t field_mask, features;
+    size_t request_size;
+    void (*request_init)(void *request);
+    void (*request_cleanup)(void *request);
+    uint64_t tag_sender_mask;
+    int mt_workers_shared;
+    size_t estimated_num_eps, estimated_num_ppn;
+    const char *name;
+} mskv_ucp_params;
+
+typedef struct mskv_ucp_worker_params {
+    uint64_t field_mask;
+    int thread_mode;
+    struct { unsigned long bits[1024 / (8 * sizeof(unsigned long))]; } cpu_mask;   /* ucs_cpu_set_t */
+    unsigned events;
+    void *user_data;
+    int event_fd;
+    uint64_t flags;
+    const char *name;
+    size_t am_alignment;
+    uint64_t client_id;
+} mskv_ucp_worker_params;
+
+typedef struct mskv_ucp_listener_params {
+    uint64_t field_mask;
+    mskv_ucs_sock_addr sockaddr;
+    struct { void (*cb)(mskv_ucp_ep ep, void *arg); void *arg; } accept_handler;
+    struct { mskv_ucp_conn_cb cb; void *arg; } conn_handler;
+} mskv_ucp_listener_params;
+
+typedef struct mskv_ucp_listener_attr {
+    uint64_t field_mask;
+    union { unsigned char bytes[128]; uint64_t align; } sockaddr;   /* struct sockaddr_storage */
+} mskv_ucp_listener_attr;
+
+typedef struct mskv_ucp_ep_params {
+    uint64_t field_mask;
+    const void *address;
+    int err_mode;
+    struct { mskv_ucp_err_cb cb; void *arg; } err_handler;
+    void *user_data;
+    unsigned flags;
+    mskv_ucs_sock_addr sockaddr;
+    mskv_ucp_conn_request conn_request;
+    const char *name;
+    mskv_ucs_sock_addr local_sockaddr;
+} mskv_ucp_ep_params;
+
+typedef struct mskv_ucp_request_param {
+    uint32_t op_attr_mask;
+    uint32_t flags;
+    void *request;
+    union { mskv_ucp_send_cb send; mskv_ucp_recv_cb recv; void *other; } cb;
+    mskv_ucp_datatype datatype;
+    void *user_data;
+    void *reply_buffer;
+    int memory_type;
+    union { size_t *length; mskv_ucp_tag_recv_info *tag_info; } recv_info;
+    void *memh;
+} mskv_ucp_request_param;
+
+/* Every UCP/UCS function the layer calls: X(return type, name, parameters).
+   ucs_status_string lives in libucs, found through libucp's dependencies. */
+#define MSKV_UCX_FUNCTIONS(X)                                                                            \
+    X(void, ucp_get_version, (unsigned *major, unsigned *minor, unsigned *release))                     \
+    X(mskv_ucs_status, ucp_init_version, (unsigned api_major, unsigned api_minor, const mskv_ucp_params *params, const mskv_ucp_config *config, mskv_ucp_context *out)) \
+    X(void, ucp_cleanup, (mskv_ucp_context context))                                                   \
+    X(mskv_ucs_status, ucp_worker_create, (mskv_ucp_context context, const mskv_ucp_worker_params *params, mskv_ucp_worker *out)) \
+    X(void, ucp_worker_destroy, (mskv_ucp_worker worker))                                              \
+    X(unsigned, ucp_worker_progress, (mskv_ucp_worker worker))                                         \
+    X(mskv_ucs_status, ucp_listener_create, (mskv_ucp_worker worker, const mskv_ucp_listener_params *params, mskv_ucp_listener *out)) \
+    X(void, ucp_listener_destroy, (mskv_ucp_listener listener))                                        \
+    X(mskv_ucs_status, ucp_listener_query, (mskv_ucp_listener listener, mskv_ucp_listener_attr *attr))  \
+    X(mskv_ucs_status, ucp_listener_reject, (mskv_ucp_listener listener, mskv_ucp_conn_request request)) \
+    X(mskv_ucs_status, ucp_ep_create, (mskv_ucp_worker worker, const mskv_ucp_ep_params *params, mskv_ucp_ep *out)) \
+    X(mskv_ucs_status_ptr, ucp_ep_close_nbx, (mskv_ucp_ep ep, const mskv_ucp_request_param *param))    \
+    X(mskv_ucs_status_ptr, ucp_tag_send_nbx, (mskv_ucp_ep ep, const void *buffer, size_t count, mskv_ucp_tag tag, const mskv_ucp_request_param *param)) \
+    X(mskv_ucs_status_ptr, ucp_tag_recv_nbx, (mskv_ucp_worker worker, void *buffer, size_t count, mskv_ucp_tag tag, mskv_ucp_tag tag_mask, const mskv_ucp_request_param *param)) \
+    X(mskv_ucs_status, ucp_request_check_status, (void *request))                                      \
+    X(void, ucp_request_cancel, (mskv_ucp_worker worker, void *request))                               \
+    X(void, ucp_request_free, (void *request))                                                         \
+    X(const char *, ucs_status_string, (mskv_ucs_status status))
+
+typedef struct mskv_ucx_functions {
+#define MSKV__UCX_MEMBER(ret, name, params) ret (*name) params;
+    MSKV_UCX_FUNCTIONS(MSKV__UCX_MEMBER)
+#undef MSKV__UCX_MEMBER
+} mskv_ucx_functions;
+
+/* // >>migration ------------------------------------------------------------ */
+
+typedef struct mskv_ucx mskv_ucx;
+
+/* Where a test hook runs: on the sender after message m of the pages was
+   handed to UCX, on the receiver after message m landed (data: its first
+   range's bytes, which the hook may change). */
+typedef enum mskv_ucx_hook_point { MSKV_UCX_HOOK_SENT = 1, MSKV_UCX_HOOK_RECEIVED = 2 } mskv_ucx_hook_point;
+/* A hook returning MSKV_UCX_HOOK_DROP closes the connection right there, as
+   a dropped link would (the call returns MSKV_ERROR_PEER); 0 goes on. */
+#define MSKV_UCX_HOOK_DROP 1
+typedef int (*mskv_ucx_hook_fn)(void *user, mskv_ucx_hook_point point, int64_t message, void *data, size_t bytes);
+
+typedef struct mskv_ucx_desc {
+    const char *library;        /* NULL: "libucp.so.0" through the loader's search path */
+    int32_t timeout_ms;         /* 0 = 10000: a wait for the peer that makes no progress this long is TIMEOUT */
+    size_t message_bytes;       /* 0 = 1 MiB: page bytes per message (the sender's choice; whole pages) */
+    mskv_allocator allocator;
+    mskv_log_fn log;
+    void *log_user;
+    mskv_ucx_hook_fn hook;      /* tests: fault injection (NULL: none) */
+    void *hook_user;
+} mskv_ucx_desc;
+
+/* Flags of mskv_ucx_send. */
+#define MSKV_UCX_KEEP 1u        /* keep the sender's request after the acknowledgement: a copy, not a move */
+
+/* Whether UCX can be loaded: SUCCESS, or UNSUPPORTED with the reason in why
+   (the loader's message; "UCX is not available on Windows"). library NULL =
+   "libucp.so.0". Thread safety: any thread. */
+MSKV_API mskv_result mskv_ucx_probe(const char *library, char *why, size_t why_cap);
+
+/* The receiving side: a UCX context and worker listening on ip:port (IPv4
+   dotted quad; port 0 = any free port, see mskv_ucx_port).
+   Return value: SUCCESS, UNSUPPORTED (no UCX; the reason goes to the
+   logger), INVALID_ARGUMENT (not an IPv4 address), PEER (UCX refused the
+   address: in use, not local), OUT_OF_MEMORY. Nothing is left on error. */
+MSKV_API mskv_result mskv_ucx_listen(const mskv_ucx_desc *desc, const char *ip, uint16_t port, mskv_ucx **out);
+/* The port a listener is bound to. BAD_STATE for a connecting object. */
+MSKV_API mskv_result mskv_ucx_port(mskv_ucx *u, uint16_t *port);
+/* Waits (timeout_ms) for one peer to connect to the listener and makes
+   the endpoint to it; later peers are rejected. TIMEOUT, PEER, BAD_STATE
+   (already connected, or not a listener). */
+MSKV_API mskv_result mskv_ucx_accept(mskv_ucx *u);
+/* The sending side: a UCX context and worker with an endpoint to ip:port.
+   The connection completes with the first message (a peer that is not
+   there shows as PEER or TIMEOUT then). */
+MSKV_API mskv_result mskv_ucx_connect(const mskv_ucx_desc *desc, const char *ip, uint16_t port, mskv_ucx **out);
+
+/* Moves request req of arena to the peer (which calls mskv_ucx_recv): the
+   offer (blob header and checksum), the peer's answer, the pages, and the
+   peer's acknowledgement that it imported and verified them; then req is
+   removed (flags MSKV_UCX_KEEP: kept). The request is frozen meanwhile
+   (mskv_request_export_begin). On any failure the request is as it was
+   and usable, and the code says why:
+     PEER       the peer died, closed the connection, or sent nonsense
+     TIMEOUT    no progress for timeout_ms
+     OUT_OF_PAGES, BLOB_MISMATCH, DUPLICATE, TOO_MANY_REQUESTS,
+     OUT_OF_MEMORY, BLOB_CORRUPT (the pages arrived changed)
+                the receiver refused or failed the import with this code
+     RESERVATION_PENDING, BAD_STATE (a lockstep member, an open export),
+     INVALID_HANDLE: the request cannot be exported
+   After PEER or TIMEOUT the connection is closed (later calls: PEER). */
+MSKV_API mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request req, uint32_t flags);
+/* Receives one request from the peer into arena: a new resident request
+   in *out (a streamed import: every page admitted at once, all or
+   nothing). On any failure nothing was imported and the code says why:
+   OUT_OF_PAGES and the other import codes (the sender gets the same code),
+   BLOB_CORRUPT (the checksum did not match what arrived), PEER, TIMEOUT.
+   TIMEOUT before any offer arrived leaves the connection usable (call
+   again to wait longer); after PEER or a later TIMEOUT it is closed. */
+MSKV_API mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request *out);
+/* Closes the connection and the listener, frees everything. NULL is a no-op. */
+MSKV_API void mskv_ucx_destroy(mskv_ucx *u);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MSTAR_KV_UCX_H */
+
+/* ======================================================================== */
+
+#ifdef MSTAR_KV_UCX_IMPLEMENTATION
+#ifndef MSTAR_KV_UCX_IMPLEMENTATION_DONE
+#define MSTAR_KV_UCX_IMPLEMENTATION_DONE
+
+#ifndef MSKV_IMPL
+#error "mstar_kv_ucx.h: define MSTAR_KV_IMPLEMENTATION and include mstar_kv.h first, in the same file"
+#endif
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifndef _WIN32
+#include <dlfcn.h>
+#include <sched.h>
+#include <sys/time.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* // >>platform ---------------------------------------------------------------
+   What this layer needs from the operating system beyond mstar_kv.h's
+   platform section: loading a library, an IPv4 socket address, and a clock
+   for timeouts. POSIX only: on Windows the loader says UCX is unavailable
+   (UCX has no Windows build), and the rest is never reached. */
+
+#define MSKV__UCX_NO_WINDOWS "UCX is not available on Windows"
+
+static void mskv__ucx_copystr(char *dst, size_t cap, const char *src) {
+    size_t n;
+    if (!dst || cap == 0) return;
+    n = strlen(src);
+    if (n >= cap) n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}
+
+/* The library, or NULL and the loader's reason in why. */
+static void *mskv__ucx_lib_open(const char *name, char *why, size_t cap) {
+#ifdef _WIN32
+    (void)name;
+    mskv__ucx_copystr(why, cap, MSKV__UCX_NO_WINDOWS);
+    return NULL;
+#else
+    void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *e = dlerror();
+        mskv__ucx_copystr(why, cap, e ? e : "not found");
+    }
+    return lib;
+#endif
+}
+
+/* A function's address (dlsym searches the library and its dependencies). */
+static void *mskv__ucx_sym(void *lib, const char *name) {
+#ifdef _WIN32
+    (void)lib;
+    (void)name;
+    return NULL;
+#else
+    return dlsym(lib, name);
+#endif
+}
+
+static void mskv__ucx_lib_close(void *lib) {
+#ifndef _WIN32
+    if (lib) dlclose(lib);
+#else
+    (void)lib;
+#endif
+}
+
+/* Milliseconds on a clock that only the differences of matter. */
+static int64_t mskv__ucx_now_ms(void) {
+#ifdef _WIN32
+    return 0;
+#else
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+#endif
+}
+
+/* Gives the processor away for a moment: a peer on the same busy cores
+   gets to run instead of waiting for this process's time slice to end. */
+static void mskv__ucx_yield(void) {
+#ifndef _WIN32
+    sched_yield();
+#endif
+}
+
+/* An IPv4 socket address in storage (at least 16 bytes); 0 when ip is not a
+   dotted quad. */
+static int mskv__ucx_sockaddr(const char *ip, uint16_t port, void *storage, unsigned *len) {
+#ifdef _WIN32
+    (void)ip; (void)port; (void)storage; (void)len;
+    return 0;
+#else
+    struct sockaddr_in in;
+    memset(&in, 0, sizeof in);
+    in.sin_family = AF_INET;
+    in.sin_port = htons(port);
+    if (inet_pton(AF_INET, ip, &in.sin_addr) != 1) return 0;
+    memcpy(storage, &in, sizeof in);
+    *len = (unsigned)sizeof in;
+    return 1;
+#endif
+}
+
+static uint16_t mskv__ucx_sockaddr_port(const void *storage) {
+#ifdef _WIN32
+    (void)storage;
+    return 0;
+#else
+    struct sockaddr_in in;
+    memcpy(&in, storage, sizeof in);
+    return in.sin_family == AF_INET ? ntohs(in.sin_port) : 0;
+#endif
+}
+
+/* // >>loader -------------------------------------------------------------------
+   Each object opens the library for itself (the loader counts references),
+   so there is no global state at all. */
+
+#define MSKV__UCX_DEFAULT_LIB "libucp.so.0"
+
+static mskv_result mskv__ucx_load(const char *library, void **lib_out, mskv_ucx_functions *fn, char *why, size_t cap) {
+    const char *name = library ? library : MSKV__UCX_DEFAULT_LIB;
+    char err[400] = "";
+    void *lib = mskv__ucx_lib_open(name, err, sizeof err), *p;
+    unsigned major = 0, minor = 0, release = 0;
+    memset(fn, 0, sizeof *fn);
+    if (!lib) {
+        snprintf(why, cap, "%s: %s (no UCX: Debian's libucx0)", name, err);
+        return MSKV_ERROR_UNSUPPORTED;
+    }
+#define MSKV__UCX_RESOLVE(ret, fname, params)                                                   \
+    p = mskv__ucx_sym(lib, #fname);                                                            \
+    if (!p) {                                                                                  \
+        snprintf(why, cap, "%s: no symbol %s (not a UCP library, or too old)", name, #fname); \
+        mskv__ucx_lib_close(lib);                                                             \
+        return MSKV_ERROR_UNSUPPORTED;                                                        \
+    }                                                                                          \
+    memcpy((void *)&fn->fname, &p, sizeof p);
+    MSKV_UCX_FUNCTIONS(MSKV__UCX_RESOLVE)
+#undef MSKV__UCX_RESOLVE
+    fn->ucp_get_version(&major, &minor, &release);
+    if (major != 1 || minor < 12) {
+        snprintf(why, cap, "%s: UCX %u.%u.%u; this layer needs 1.12 or newer (1.x)", name, major, minor, release);
+        mskv__ucx_lib_close(lib);
+        return MSKV_ERROR_UNSUPPORTED;
+    }
+    *lib_out = lib;
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_probe(const char *library, char *why, size_t why_cap) {
+    mskv_ucx_functions fn;
+    void *lib = NULL;
+    char tmp[512] = "";
+    mskv_result r = mskv__ucx_load(library, &lib, &fn, tmp, sizeof tmp);
+    if (r == MSKV_SUCCESS) {
+        unsigned major = 0, minor = 0, release = 0;
+        fn.ucp_get_version(&major, &minor, &release);
+        snprintf(tmp, sizeof tmp, "UCX %u.%u.%u", major, minor, release);
+        mskv__ucx_lib_close(lib);
+    }
+    mskv__ucx_copystr(why, why_cap, tmp);
+    return r;
+}
+
+/* // >>endpoint -----------------------------------------------------------------
+   One context, one worker, at most one listener and one endpoint per
+   object. Operations complete by polling the worker; a window of messages
+   is in flight at a time. */
+
+#define MSKV__UCX_WINDOW 16             /* page messages in flight */
+#define MSKV__UCX_MAX_RANGES 1024      /* ranges per message (its gather list) */
+
+typedef struct mskv__ucx_op {
+    void *req;                  /* UCX's request while in flight */
+    int busy, done;
+    mskv_ucs_status status;
+    mskv_ucp_tag_recv_info info;
+    mskv_ucp_dt_iov *iov;       /* the message's gather/scatter list */
+    int64_t message;
+} mskv__ucx_op;
+
+struct mskv_ucx {
+    mskv_ucx_desc desc;
+    mskv_allocator al;
+    void *lib;
+    mskv_ucx_functions fn;
+    mskv_ucp_context ctx;
+    mskv_ucp_worker worker;
+    mskv_ucp_listener listener;
+    mskv_ucp_ep ep;
+    mskv_ucp_conn_request pending;     /* a connection request not yet accepted */
+    int is_listener;
+    mskv_ucs_status failed;            /* the endpoint's error (err handler), 0 while healthy */
+    int broken;                        /* the connection is gone: every later call is PEER */
+    mskv__ucx_op ops[MSKV__UCX_WINDOW + 2];   /* the page window, then the control messages' two */
+    mskv_ucp_dt_iov *iov_mem;          /* MSKV__UCX_WINDOW lists of MSKV__UCX_MAX_RANGES */
+    unsigned char addr[128];
+    unsigned addrlen;
+};
+
+static mskv_result mskv__ucx_err(mskv_ucx *u, mskv_result code, const char *fmt, ...) {
+    if (u && u->desc.log) {
+        char msg[512];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        u->desc.log(u->desc.log_user, MSKV_LOG_ERROR, msg);
+    }
+    return code;
+}
+
+static const char *mskv__ucx_status(mskv_ucx *u, mskv_ucs_status s) {
+    const char *t = u->fn.ucs_status_string ? u->fn.ucs_status_string(s) : NULL;
+    return t ? t : "unknown UCS status";
+}
+
+static void mskv__ucx_on_error(void *arg, mskv_ucp_ep ep, mskv_ucs_status status) {
+    mskv_ucx *u = (mskv_ucx *)arg;
+    (void)ep;
+    if (!u->failed) u->failed = status ? status : -1;
+}
+
+static void mskv__ucx_on_conn(mskv_ucp_conn_request request, void *arg) {
+    mskv_ucx *u = (mskv_ucx *)arg;
+    if (!u->pending && !u->ep) u->pending = request;
+    else u->fn.ucp_listener_reject(u->listener, request);   /* one peer per object */
+}
+
+static void mskv__ucx_on_send(void *request, mskv_ucs_status status, void *user) {
+    mskv__ucx_op *op = (mskv__ucx_op *)user;
+    (void)request;
+    op->status = status;
+    op->done = 1;
+}
+
+static void mskv__ucx_on_recv(void *request, mskv_ucs_status status, const mskv_ucp_tag_recv_info *info, void *user) {
+    mskv__ucx_op *op = (mskv__ucx_op *)user;
+    (void)request;
+    op->status = status;
+    if (info) op->info = *info;
+    op->done = 1;
+}
+
+/* The object and its worker; nothing is left on error. */
+static mskv_result mskv__ucx_create(const mskv_ucx_desc *desc, mskv_ucx **out) {
+    mskv_ucx_desc d;
+    mskv_ucx *u;
+    mskv_ucp_params cp;
+    mskv_ucp_worker_params wp;
+    mskv_ucs_status s;
+    mskv_allocator al;
+    char why[512];
+    mskv_result r;
+    int i;
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    if (d.timeout_ms <= 0) d.timeout_ms = 10000;
+    if (d.message_bytes == 0) d.message_bytes = (size_t)1 << 20;
+    al = d.allocator;
+    u = (mskv_ucx *)mskv__alloc(&al, sizeof *u);
+    if (!u) return MSKV_ERROR_OUT_OF_MEMORY;
+    memset(u, 0, sizeof *u);
+    u->desc = d;
+    u->al = al;
+    r = mskv__ucx_load(d.library, &u->lib, &u->fn, why, sizeof why);
+    if (r != MSKV_SUCCESS) {
+        mskv__ucx_err(u, r, "ucx: %s", why);
+        mskv__free(&al, u);
+        return r;
+    }
+    u->iov_mem = (mskv_ucp_dt_iov *)mskv__alloc(&al, sizeof(mskv_ucp_dt_iov) * MSKV__UCX_WINDOW * MSKV__UCX_MAX_RANGES);
+    if (!u->iov_mem) { mskv__ucx_lib_close(u->lib); mskv__free(&al, u); return MSKV_ERROR_OUT_OF_MEMORY; }
+    for (i = 0; i < MSKV__UCX_WINDOW; i++) u->ops[i].iov = u->iov_mem + (size_t)i * MSKV__UCX_MAX_RANGES;
+    memset(&cp, 0, sizeof cp);
+    cp.field_mask = MSKV_UCP_PARAM_FIELD_FEATURES;
+    cp.features = MSKV_UCP_FEATURE_TAG;
+    s = u->fn.ucp_init_version(1, 12, &cp, NULL, &u->ctx);
+    if (s == MSKV_UCS_OK) {
+        memset(&wp, 0, sizeof wp);
+        wp.field_mask = MSKV_UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        wp.thread_mode = MSKV_UCS_THREAD_MODE_SINGLE;
+        s = u->fn.ucp_worker_create(u->ctx, &wp, &u->worker);
+        if (s != MSKV_UCS_OK) { u->fn.ucp_cleanup(u->ctx); u->ctx = NULL; }
+    }
+    if (s != MSKV_UCS_OK) {
+        r = mskv__ucx_err(u, MSKV_ERROR_UNSUPPORTED, "ucx: no UCP context/worker: %s", mskv__ucx_status(u, s));
+        mskv__ucx_lib_close(u->lib);
+        mskv__free(&al, u->iov_mem);
+        mskv__free(&al, u);
+        return r;
+    }
+    *out = u;
+    return MSKV_SUCCESS;
+}
+
+/* Polls the worker until *flag is set, the endpoint fails, or timeout_ms
+   pass with no progress (every op that completes counts as progress). */
+static mskv_result mskv__ucx_wait(mskv_ucx *u, const int *flag, const char *what) {
+    int64_t last = mskv__ucx_now_ms();
+    unsigned idle = 0;
+    while (!*flag) {
+        if (u->fn.ucp_worker_progress(u->worker)) idle = 0;
+        if (*flag) break;
+        if (u->failed)
+            return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: %s: the connection failed: %s", what, mskv__ucx_status(u, u->failed));
+        if (idle > 64) mskv__ucx_yield();
+        /* the clock only now and then: reading it every spin costs more than the progress */
+        if (idle++ % 256 == 0) {
+            int64_t now = mskv__ucx_now_ms();
+            if (idle == 1) last = now;
+            else if (now - last > u->desc.timeout_ms)
+                return mskv__ucx_err(u, MSKV_ERROR_TIMEOUT, "ucx: %s: no progress for %d ms", what, (int)u->desc.timeout_ms);
+        }
+    }
+    return MSKV_SUCCESS;
+}
+
+/* An op after UCX took it: done now (NULL or an error) or in flight. */
+static void mskv__ucx_started(mskv_ucx *u, mskv__ucx_op *op, mskv_ucs_status_ptr p) {
+    op->busy = 1;
+    op->req = NULL;
+    if (p == NULL) {
+        op->done = 1;
+        op->status = MSKV_UCS_OK;
+    } else if ((uintptr_t)p >= (uintptr_t)(intptr_t)MSKV_UCS_ERR_LAST) {   /* UCS_PTR_IS_ERR */
+        op->done = 1;
+        op->status = (mskv_ucs_status)(intptr_t)p;
+    } else {
+        op->req = p;
+    }
+    (void)u;
+}
+
+/* Frees a completed op's request. */
+static void mskv__ucx_finish(mskv_ucx *u, mskv__ucx_op *op) {
+    if (op->req) u->fn.ucp_request_free(op->req);
+    op->req = NULL;
+    op->busy = 0;
+}
+
+static void mskv__ucx_param(mskv_ucp_request_param *p, mskv__ucx_op *op, int recv, mskv_ucp_datatype dt) {
+    memset(p, 0, sizeof *p);
+    p->op_attr_mask = MSKV_UCP_OP_ATTR_FIELD_CALLBACK | MSKV_UCP_OP_ATTR_FIELD_USER_DATA | MSKV_UCP_OP_ATTR_FIELD_DATATYPE;
+    if (recv) {
+        p->cb.recv = mskv__ucx_on_recv;
+        p->op_attr_mask |= MSKV_UCP_OP_ATTR_FIELD_RECV_INFO;
+        p->recv_info.tag_info = &op->info;   /* written on immediate completion */
+    } else {
+        p->cb.send = mskv__ucx_on_send;
+    }
+    p->user_data = op;
+    p->datatype = dt;
+}
+
+static void mskv__ucx_send_op(mskv_ucx *u, mskv__ucx_op *op, mskv_ucp_tag tag, const void *buf, size_t count, mskv_ucp_datatype dt) {
+    mskv_ucp_request_param p;
+    memset(&op->info, 0, sizeof op->info);
+    op->done = 0;
+    mskv__ucx_param(&p, op, 0, dt);
+    mskv__ucx_started(u, op, u->fn.ucp_tag_send_nbx(u->ep, buf, count, tag, &p));
+}
+
+static void mskv__ucx_recv_op(mskv_ucx *u, mskv__ucx_op *op, mskv_ucp_tag tag, void *buf, size_t count, mskv_ucp_datatype dt) {
+    mskv_ucp_request_param p;
+    memset(&op->info, 0, sizeof op->info);
+    op->done = 0;
+    mskv__ucx_param(&p, op, 1, dt);
+    mskv__ucx_started(u, op, u->fn.ucp_tag_recv_nbx(u->worker, buf, count, tag, ~(mskv_ucp_tag)0, &p));
+}
+
+/* Waits for one op and frees it; PEER when it completed with an error. */
+static mskv_result mskv__ucx_complete(mskv_ucx *u, mskv__ucx_op *op, const char *what) {
+    mskv_result r = mskv__ucx_wait(u, &op->done, what);
+    if (r != MSKV_SUCCESS) return r;
+    mskv__ucx_finish(u, op);
+    if (op->status != MSKV_UCS_OK)
+        return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: %s: %s", what, mskv__ucx_status(u, op->status));
+    return MSKV_SUCCESS;
+}
+
+/* Withdraws one in-flight receive (the connection stays as it is). */
+static void mskv__ucx_cancel(mskv_ucx *u, mskv__ucx_op *op) {
+    int spins;
+    if (!op->busy) return;
+    if (op->req && !op->done) u->fn.ucp_request_cancel(u->worker, op->req);
+    for (spins = 0; spins < 1000000 && !op->done; spins++) u->fn.ucp_worker_progress(u->worker);
+    if (op->done) mskv__ucx_finish(u, op);
+    else op->busy = 0;   /* UCX never finished it: its request is leaked rather than freed under it */
+}
+
+static int mskv__ucx_any_busy(const mskv_ucx *u) {
+    int i;
+    for (i = 0; i < (int)(sizeof u->ops / sizeof u->ops[0]); i++)
+        if (u->ops[i].busy) return 1;
+    return 0;
+}
+
+/* The connection is given up: the endpoint closed at once (in-flight sends
+   complete with an error), pending receives cancelled, and every op's
+   callback run before its memory may be reused. */
+static void mskv__ucx_break(mskv_ucx *u) {
+    int i, spins;
+    if (u->ep) {
+        mskv_ucp_request_param p;
+        mskv_ucs_status_ptr c;
+        memset(&p, 0, sizeof p);
+        p.op_attr_mask = MSKV_UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = MSKV_UCP_EP_CLOSE_FLAG_FORCE;
+        c = u->fn.ucp_ep_close_nbx(u->ep, &p);
+        if (c && (uintptr_t)c < (uintptr_t)(intptr_t)MSKV_UCS_ERR_LAST) {
+            for (spins = 0; spins < 1000000 && u->fn.ucp_request_check_status(c) == MSKV_UCS_INPROGRESS; spins++)
+                u->fn.ucp_worker_progress(u->worker);
+            u->fn.ucp_request_free(c);
+        }
+        u->ep = NULL;
+    }
+    for (i = 0; i < (int)(sizeof u->ops / sizeof u->ops[0]); i++) mskv__ucx_cancel(u, &u->ops[i]);
+    u->broken = 1;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_listen(const mskv_ucx_desc *desc, const char *ip, uint16_t port, mskv_ucx **out) {
+    mskv_ucx *u;
+    mskv_ucp_listener_params lp;
+    mskv_ucs_status s;
+    mskv_result r;
+    if (!ip || !out) return MSKV_ERROR_NULL_POINTER;
+    r = mskv__ucx_create(desc, &u);
+    if (r != MSKV_SUCCESS) return r;
+    if (!mskv__ucx_sockaddr(ip, port, u->addr, &u->addrlen)) {
+        r = mskv__ucx_err(u, MSKV_ERROR_INVALID_ARGUMENT, "ucx_listen: \"%s\" is not an IPv4 address", ip);
+        mskv_ucx_destroy(u);
+        return r;
+    }
+    memset(&lp, 0, sizeof lp);
+    lp.field_mask = MSKV_UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | MSKV_UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = u->addr;
+    lp.sockaddr.addrlen = u->addrlen;
+    lp.conn_handler.cb = mskv__ucx_on_conn;
+    lp.conn_handler.arg = u;
+    s = u->fn.ucp_listener_create(u->worker, &lp, &u->listener);
+    if (s != MSKV_UCS_OK) {
+        r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_listen: %s:%u: %s", ip, (unsigned)port, mskv__ucx_status(u, s));
+        mskv_ucx_destroy(u);
+        return r;
+    }
+    u->is_listener = 1;
+    *out = u;
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_port(mskv_ucx *u, uint16_t *port) {
+    mskv_ucp_listener_attr at;
+    mskv_ucs_status s;
+    if (!u || !port) return MSKV_ERROR_NULL_POINTER;
+    if (!u->listener) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_port: not a listener");
+    memset(&at, 0, sizeof at);
+    at.field_mask = MSKV_UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    s = u->fn.ucp_listener_query(u->listener, &at);
+    if (s != MSKV_UCS_OK) return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_port: %s", mskv__ucx_status(u, s));
+    *port = mskv__ucx_sockaddr_port(at.sockaddr.bytes);
+    return MSKV_SUCCESS;
+}
+
+static mskv_result mskv__ucx_make_ep(mskv_ucx *u, mskv_ucp_conn_request from) {
+    mskv_ucp_ep_params ep;
+    mskv_ucs_status s;
+    memset(&ep, 0, sizeof ep);
+    ep.field_mask = MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.err_mode = MSKV_UCP_ERR_HANDLING_MODE_PEER;   /* a dead peer fails the endpoint instead of hanging it */
+    ep.err_handler.cb = mskv__ucx_on_error;
+    ep.err_handler.arg = u;
+    if (from) {
+        ep.field_mask |= MSKV_UCP_EP_PARAM_FIELD_CONN_REQUEST;
+        ep.conn_request = from;
+    } else {
+        ep.field_mask |= MSKV_UCP_EP_PARAM_FIELD_FLAGS | MSKV_UCP_EP_PARAM_FIELD_SOCK_ADDR;
+        ep.flags = MSKV_UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+        ep.sockaddr.addr = u->addr;
+        ep.sockaddr.addrlen = u->addrlen;
+    }
+    s = u->fn.ucp_ep_create(u->worker, &ep, &u->ep);
+    if (s != MSKV_UCS_OK) {
+        u->ep = NULL;
+        return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: no endpoint: %s", mskv__ucx_status(u, s));
+    }
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_accept(mskv_ucx *u) {
+    mskv_result r;
+    int64_t start;
+    if (!u) return MSKV_ERROR_NULL_POINTER;
+    if (!u->is_listener || u->ep || u->broken) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_accept: not a listener, or connected already");
+    start = mskv__ucx_now_ms();
+    while (!u->pending) {
+        unsigned spin;
+        for (spin = 0; spin < 256 && !u->pending; spin++) u->fn.ucp_worker_progress(u->worker);
+        if (!u->pending && mskv__ucx_now_ms() - start > u->desc.timeout_ms)
+            return mskv__ucx_err(u, MSKV_ERROR_TIMEOUT, "ucx_accept: no peer connected within %d ms", (int)u->desc.timeout_ms);
+    }
+    r = mskv__ucx_make_ep(u, u->pending);
+    u->pending = NULL;
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_connect(const mskv_ucx_desc *desc, const char *ip, uint16_t port, mskv_ucx **out) {
+    mskv_ucx *u;
+    mskv_result r;
+    if (!ip || !out) return MSKV_ERROR_NULL_POINTER;
+    r = mskv__ucx_create(desc, &u);
+    if (r != MSKV_SUCCESS) return r;
+    if (!mskv__ucx_sockaddr(ip, port, u->addr, &u->addrlen)) r = mskv__ucx_err(u, MSKV_ERROR_INVALID_ARGUMENT, "ucx_connect: \"%s\" is not an IPv4 address", ip);
+    if (r == MSKV_SUCCESS) r = mskv__ucx_make_ep(u, NULL);
+    if (r != MSKV_SUCCESS) { mskv_ucx_destroy(u); return r; }
+    *out = u;
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL void mskv_ucx_destroy(mskv_ucx *u) {
+    mskv_allocator al;
+    if (!u) return;
+    al = u->al;
+    if (u->ep) {
+        /* a graceful close flushes what was sent; a peer that is gone makes it fail, which is fine */
+        mskv_ucp_request_param p;
+        mskv_ucs_status_ptr c;
+        int64_t start = mskv__ucx_now_ms();
+        memset(&p, 0, sizeof p);
+        c = u->fn.ucp_ep_close_nbx(u->ep, &p);
+        if (c && (uintptr_t)c < (uintptr_t)(intptr_t)MSKV_UCS_ERR_LAST) {
+            while (u->fn.ucp_request_check_status(c) == MSKV_UCS_INPROGRESS && mskv__ucx_now_ms() - start < u->desc.timeout_ms)
+                u->fn.ucp_worker_progress(u->worker);
+            if (u->fn.ucp_request_check_status(c) == MSKV_UCS_INPROGRESS) {
+                u->fn.ucp_request_cancel(u->worker, c);
+            }
+            u->fn.ucp_request_free(c);
+        }
+        u->ep = NULL;
+    }
+    mskv__ucx_break(u);
+    if (u->pending) u->fn.ucp_listener_reject(u->listener, u->pending);
+    if (u->listener) u->fn.ucp_listener_destroy(u->listener);
+    if (u->worker) u->fn.ucp_worker_destroy(u->worker);
+    if (u->ctx) u->fn.ucp_cleanup(u->ctx);
+    mskv__ucx_lib_close(u->lib);
+    mskv__free(&al, u->iov_mem);
+    mskv__free(&al, u);
+}
+
+/* // >>protocol -----------------------------------------------------------------
+   Four kinds of message, told apart by the tag's top byte (the rest is the
+   message number): the sender's OFFER (protocol header, the blob header,
+   its size, range count and checksum), the receiver's ANSWER (0 = ready,
+   else the mskv_result that refused it), the pages as DATA messages of
+   whole ranges each, and the receiver's DONE (0 = imported and verified,
+   else why not). Little-endian fields:
+     OFFER  0 u32 magic  4 u32 version  8 u64 header bytes  16 u64 blob bytes
+            24 u64 ranges  32 u64 range bytes  40 u64 checksum
+            48 u64 ranges per message  56 u64 0  64 the blob header
+     ANSWER, DONE  0 u32 magic  4 i32 status */
+
+#define MSKV__UCX_MAGIC 0x55564B4Du     /* "MKVU" */
+#define MSKV__UCX_PROTOCOL 1u
+#define MSKV__UCX_OFFER_FIXED 64u
+#define MSKV__UCX_OFFER_MAX (MSKV__UCX_OFFER_FIXED + MSKV_BLOB_HEADER_MAX)
+#define MSKV__UCX_TAG(kind, n) ((mskv_ucp_tag)(kind) << 56 | ((mskv_ucp_tag)(n) & 0x00FFFFFFFFFFFFFFull))
+enum { MSKV__UCX_OFFER = 1, MSKV__UCX_ANSWER = 2, MSKV__UCX_DATA = 3, MSKV__UCX_DONE = 4 };
+
+/* What both sides know about a transfer once the offer is through. */
+typedef struct mskv__ucx_xfer {
+    mskv_blob_layout layout;
+    int64_t per_msg, messages;
+    mskv_arena *arena;
+    mskv_request req;
+    unsigned char *staged;      /* the whole blob in host memory (a store_ops arena), else NULL */
+    mskv_blob_range *rg;        /* scratch: one message's ranges */
+} mskv__ucx_xfer;
+
+static void mskv__ucx_put32(unsigned char *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static void mskv__ucx_put64(unsigned char *p, uint64_t v) { int i; for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static uint32_t mskv__ucx_get32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t mskv__ucx_get64(const unsigned char *p) { return (uint64_t)mskv__ucx_get32(p) | (uint64_t)mskv__ucx_get32(p + 4) << 32; }
+
+/* Message m's gather/scatter list in op->iov; returns its entry count and
+   sets *bytes. Ranges that follow each other in memory share an entry, so
+   a host copy or a staged blob is one entry. */
+static mskv_result mskv__ucx_message(mskv_ucx *u, mskv__ucx_xfer *x, int64_t m, mskv__ucx_op *op, int *count, size_t *bytes) {
+    int64_t first = m * x->per_msg, n = x->layout.range_count - first < x->per_msg ? x->layout.range_count - first : x->per_msg, k;
+    int c = 0;
+    mskv_result r = MSKV_SUCCESS;
+    *bytes = (size_t)n * x->layout.range_bytes;
+    if (x->staged) {
+        op->iov[0].buffer = x->staged + x->layout.header_bytes + (size_t)first * x->layout.range_bytes;
+        op->iov[0].length = *bytes;
+        *count = 1;
+        return MSKV_SUCCESS;
+    }
+    r = mskv_request_blob_ranges(x->arena, x->req, first, n, x->rg);
+    if (r != MSKV_SUCCESS) return mskv__ucx_err(u, r, "ucx: the ranges of message %lld", (long long)m);
+    for (k = 0; k < n; k++) {
+        if (c > 0 && (unsigned char *)op->iov[c - 1].buffer + op->iov[c - 1].length == (unsigned char *)x->rg[k].data) {
+            op->iov[c - 1].length += x->rg[k].bytes;
+            continue;
+        }
+        op->iov[c].buffer = x->rg[k].data;
+        op->iov[c].length = x->rg[k].bytes;
+        c++;
+    }
+    *count = c;
+    return MSKV_SUCCESS;
+}
+
+/* Posts message m as a send or a receive. */
+static mskv_result mskv__ucx_post(mskv_ucx *u, mskv__ucx_xfer *x, int64_t m, mskv__ucx_op *op, int recv) {
+    int c = 0;
+    size_t bytes = 0;
+    mskv_result r = mskv__ucx_message(u, x, m, op, &c, &bytes);
+    mskv_ucp_tag tag = MSKV__UCX_TAG(MSKV__UCX_DATA, m);
+    if (r != MSKV_SUCCESS) return r;
+    op->message = m;
+    /* one contiguous piece goes as bytes: UCX's fastest path */
+    if (recv) {
+        if (c == 1) mskv__ucx_recv_op(u, op, tag, op->iov[0].buffer, bytes, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+        else mskv__ucx_recv_op(u, op, tag, op->iov, (size_t)c, MSKV_UCP_DATATYPE_IOV);
+    } else {
+        if (c == 1) mskv__ucx_send_op(u, op, tag, op->iov[0].buffer, bytes, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+        else mskv__ucx_send_op(u, op, tag, op->iov, (size_t)c, MSKV_UCP_DATATYPE_IOV);
+    }
+    return MSKV_SUCCESS;
+}
+
+static int mskv__ucx_hook(mskv_ucx *u, mskv_ucx_hook_point at, int64_t m, const mskv__ucx_op *op) {
+    if (!u->desc.hook) return 0;
+    return u->desc.hook(u->desc.hook_user, at, m, op->iov[0].buffer, op->iov[0].length);
+}
+
+/* Streams every DATA message through a window of MSKV__UCX_WINDOW ops,
+   each completion counting as progress. */
+static mskv_result mskv__ucx_pages(mskv_ucx *u, mskv__ucx_xfer *x, int recv) {
+    int64_t next = 0, done = 0;
+    mskv__ucx_op *win = u->ops;   /* ops[0 .. WINDOW) */
+    mskv_result r = MSKV_SUCCESS;
+    int i;
+    while (r == MSKV_SUCCESS && done < x->messages) {
+        for (i = 0; r == MSKV_SUCCESS && i < MSKV__UCX_WINDOW && next < x->messages; i++) {
+            if (win[i].busy) continue;
+            r = mskv__ucx_post(u, x, next, &win[i], recv);
+            if (r == MSKV_SUCCESS && !recv && mskv__ucx_hook(u, MSKV_UCX_HOOK_SENT, next, &win[i]) == MSKV_UCX_HOOK_DROP)
+                r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: send: the connection was dropped (test hook) after message %lld", (long long)next);
+            next++;
+        }
+        if (r != MSKV_SUCCESS) break;
+        /* the oldest in-flight message completes first (sends keep order; receives are posted in order) */
+        for (i = 0; i < MSKV__UCX_WINDOW; i++)
+            if (win[i].busy && win[i].message == done) break;
+        r = mskv__ucx_complete(u, &win[i], recv ? "receiving pages" : "sending pages");
+        if (r == MSKV_SUCCESS && recv && win[i].info.length != 0 &&
+            win[i].info.length != (size_t)(done + 1 < x->messages ? x->per_msg : x->layout.range_count - done * x->per_msg) * x->layout.range_bytes)
+            r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: message %lld has %zu bytes, not the offered size", (long long)done, win[i].info.length);
+        if (r == MSKV_SUCCESS && recv && mskv__ucx_hook(u, MSKV_UCX_HOOK_RECEIVED, done, &win[i]) == MSKV_UCX_HOOK_DROP)
+            r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: receive: the connection was dropped (test hook) after message %lld", (long long)done);
+        done++;
+    }
+    return r;
+}
+
+/* A 4-byte status message (ANSWER or DONE) and its wait. */
+static mskv_result mskv__ucx_send_status(mskv_ucx *u, int kind, int32_t status, const char *what) {
+    unsigned char b[8];
+    mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW];
+    mskv__ucx_put32(b, MSKV__UCX_MAGIC);
+    mskv__ucx_put32(b + 4, (uint32_t)status);
+    mskv__ucx_send_op(u, op, MSKV__UCX_TAG(kind, 0), b, sizeof b, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    return mskv__ucx_complete(u, op, what);
+}
+
+/* Receives a status message into *status. */
+static mskv_result mskv__ucx_recv_status(mskv_ucx *u, mskv__ucx_op *op, unsigned char *b, int kind, int32_t *status, const char *what) {
+    mskv_result r;
+    if (!op->busy) mskv__ucx_recv_op(u, op, MSKV__UCX_TAG(kind, 0), b, 8, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    r = mskv__ucx_complete(u, op, what);
+    if (r != MSKV_SUCCESS) return r;
+    if (op->info.length != 8 || mskv__ucx_get32(b) != MSKV__UCX_MAGIC)
+        return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: %s: not this protocol's message", what);
+    *status = (int32_t)mskv__ucx_get32(b + 4);
+    return MSKV_SUCCESS;
+}
+
+static int64_t mskv__ucx_ranges_per_msg(const mskv_ucx *u, size_t range_bytes) {
+    int64_t n = range_bytes ? (int64_t)(u->desc.message_bytes / range_bytes) : 1;
+    if (n < 1) n = 1;
+    if (n > MSKV__UCX_MAX_RANGES) n = MSKV__UCX_MAX_RANGES;
+    return n;
+}
+
+/* // >>sender -------------------------------------------------------------------- */
+
+/* The sender's blob: streamed from the pools (export_begin freezes the
+   request), or staged in one host copy when its pages live behind
+   store_ops. The offer's blob header is written at offer + 64. */
+static mskv_result mskv__ucx_export(mskv_ucx *u, mskv__ucx_xfer *x, unsigned char *offer) {
+    mskv_store_info si;
+    size_t size = 0;
+    mskv_result r = mskv_request_export_begin(x->arena, x->req, offer + MSKV__UCX_OFFER_FIXED, MSKV_BLOB_HEADER_MAX, &x->layout);
+    if (r != MSKV_ERROR_UNSUPPORTED) return r;
+    r = mskv_store_info_get(x->arena, &si);
+    if (r == MSKV_SUCCESS) r = mskv_request_export(x->arena, x->req, NULL, 0, &size);
+    if (r != MSKV_SUCCESS) return r;
+    x->staged = (unsigned char *)mskv__alloc(&u->al, size);
+    if (!x->staged) return mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx_send: %zu bytes to stage the blob", size);
+    r = mskv_request_export(x->arena, x->req, x->staged, size, &size);
+    if (r != MSKV_SUCCESS) return r;
+    x->layout.header_bytes = (size_t)mskv__ucx_get32(x->staged + 12);
+    x->layout.blob_bytes = size;
+    x->layout.range_bytes = si.page_bytes;
+    x->layout.range_count = si.page_bytes ? (int64_t)((size - x->layout.header_bytes - 8) / si.page_bytes) : 0;
+    x->layout.checksum = mskv__ucx_get64(x->staged + size - 8);
+    memcpy(offer + MSKV__UCX_OFFER_FIXED, x->staged, x->layout.header_bytes);
+    return MSKV_SUCCESS;
+}
+
+static void mskv__ucx_offer_write(unsigned char *b, const mskv__ucx_xfer *x) {
+    memset(b, 0, MSKV__UCX_OFFER_FIXED);
+    mskv__ucx_put32(b, MSKV__UCX_MAGIC);
+    mskv__ucx_put32(b + 4, MSKV__UCX_PROTOCOL);
+    mskv__ucx_put64(b + 8, (uint64_t)x->layout.header_bytes);
+    mskv__ucx_put64(b + 16, (uint64_t)x->layout.blob_bytes);
+    mskv__ucx_put64(b + 24, (uint64_t)x->layout.range_count);
+    mskv__ucx_put64(b + 32, (uint64_t)x->layout.range_bytes);
+    mskv__ucx_put64(b + 40, x->layout.checksum);
+    mskv__ucx_put64(b + 48, (uint64_t)x->per_msg);
+}
+
+/* A status the peer sent: a library code, or PEER for anything else. */
+static mskv_result mskv__ucx_peer_code(int32_t status) {
+    return status < 0 && status > -128 ? (mskv_result)status : MSKV_ERROR_PEER;
+}
+
+/* Offer, answer, pages, acknowledgement; the request stays frozen throughout. */
+static mskv_result mskv__ucx_send_steps(mskv_ucx *u, mskv__ucx_xfer *x, unsigned char *offer) {
+    mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW], *st = &u->ops[MSKV__UCX_WINDOW + 1];
+    unsigned char sb[8];
+    int32_t status = 0;
+    mskv_result r;
+    /* the answer's receive goes first, so it never waits in UCX's unexpected queue */
+    mskv__ucx_recv_op(u, st, MSKV__UCX_TAG(MSKV__UCX_ANSWER, 0), sb, sizeof sb, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    mskv__ucx_send_op(u, op, MSKV__UCX_TAG(MSKV__UCX_OFFER, 0), offer, MSKV__UCX_OFFER_FIXED + x->layout.header_bytes,
+                      MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    r = mskv__ucx_complete(u, op, "sending the offer");
+    if (r == MSKV_SUCCESS) r = mskv__ucx_recv_status(u, st, sb, MSKV__UCX_ANSWER, &status, "waiting for the answer");
+    if (r != MSKV_SUCCESS) return r;
+    if (status != 0) {
+        r = mskv__ucx_peer_code(status);
+        return mskv__ucx_err(u, r, "ucx_send: the receiver refused the request: %s", mskv_result_string(r));
+    }
+    mskv__ucx_recv_op(u, st, MSKV__UCX_TAG(MSKV__UCX_DONE, 0), sb, sizeof sb, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    r = mskv__ucx_pages(u, x, 0);
+    if (r == MSKV_SUCCESS) r = mskv__ucx_recv_status(u, st, sb, MSKV__UCX_DONE, &status, "waiting for the acknowledgement");
+    if (r == MSKV_SUCCESS && status != 0) {
+        r = mskv__ucx_peer_code(status);
+        return mskv__ucx_err(u, r, "ucx_send: the receiver did not import the request: %s", mskv_result_string(r));
+    }
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request req, uint32_t flags) {
+    unsigned char offer[MSKV__UCX_OFFER_MAX];
+    mskv__ucx_xfer x;
+    mskv_result r, e;
+    if (!u || !arena) return MSKV_ERROR_NULL_POINTER;
+    if (u->broken) return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_send: the connection is closed");
+    if (!u->ep) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_send: not connected (mskv_ucx_accept first)");
+    memset(&x, 0, sizeof x);
+    x.arena = arena;
+    x.req = req;
+    r = mskv__ucx_export(u, &x, offer);
+    if (r == MSKV_SUCCESS) {
+        x.per_msg = mskv__ucx_ranges_per_msg(u, x.layout.range_bytes);
+        x.messages = (x.layout.range_count + x.per_msg - 1) / x.per_msg;
+        mskv__ucx_offer_write(offer, &x);
+        if (!x.staged) {
+            x.rg = (mskv_blob_range *)mskv__alloc(&u->al, sizeof(mskv_blob_range) * (size_t)x.per_msg);
+            if (!x.rg) r = mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx_send: range list");
+        }
+        if (r == MSKV_SUCCESS) {
+            r = mskv__ucx_send_steps(u, &x, offer);
+            /* a refusal or a failed import ends the exchange in step; anything else leaves it unknown */
+            if (r == MSKV_ERROR_PEER || r == MSKV_ERROR_TIMEOUT || mskv__ucx_any_busy(u)) mskv__ucx_break(u);
+        }
+        if (!x.staged) {
+            e = mskv_request_export_end(arena, req);
+            MSKV_ASSERT(e == MSKV_SUCCESS);
+            (void)e;
+        }
+    }
+    mskv__free(&u->al, x.rg);
+    mskv__free(&u->al, x.staged);
+    if (r == MSKV_SUCCESS && !(flags & MSKV_UCX_KEEP)) {
+        /* acknowledged: the receiver holds a verified copy, ours may go */
+        r = mskv_request_remove(arena, req);
+        if (r != MSKV_SUCCESS) mskv__ucx_err(u, r, "ucx_send: the receiver has the request, removing ours failed");
+    }
+    return r;
+}
+
+/* // >>receiver ------------------------------------------------------------------ */
+
+/* Reads an offer into x: the layout it announces, checked for sense. */
+static mskv_result mskv__ucx_offer_read(mskv_ucx *u, const unsigned char *b, size_t len, mskv__ucx_xfer *x) {
+    uint64_t hb, bb, rc, rb, pm, want;
+    if (len < MSKV__UCX_OFFER_FIXED || mskv__ucx_get32(b) != MSKV__UCX_MAGIC || mskv__ucx_get32(b + 4) != MSKV__UCX_PROTOCOL)
+        return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_recv: the offer is not this protocol's (version %u)", (unsigned)MSKV__UCX_PROTOCOL);
+    hb = mskv__ucx_get64(b + 8);
+    bb = mskv__ucx_get64(b + 16);
+    rc = mskv__ucx_get64(b + 24);
+    rb = mskv__ucx_get64(b + 32);
+    pm = mskv__ucx_get64(b + 48);
+    want = hb + 8;
+    if (hb > MSKV_BLOB_HEADER_MAX || len != MSKV__UCX_OFFER_FIXED + hb || pm < 1 || pm > MSKV__UCX_MAX_RANGES ||
+        rc > ((uint64_t)1 << 40) || (rb != 0 && rc > (((uint64_t)-1 >> 1) - want) / rb) || want + rc * rb != bb ||
+        bb > (uint64_t)(size_t)-1)
+        return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_recv: the offer's sizes do not add up");
+    x->layout.header_bytes = (size_t)hb;
+    x->layout.blob_bytes = (size_t)bb;
+    x->layout.range_count = (int64_t)rc;
+    x->layout.range_bytes = (size_t)rb;
+    x->layout.checksum = mskv__ucx_get64(b + 40);
+    x->per_msg = (int64_t)pm;
+    x->messages = (x->layout.range_count + x->per_msg - 1) / x->per_msg;
+    return MSKV_SUCCESS;
+}
+
+/* Where the pages go: a streamed import (pages admitted now, all or
+   nothing), or a host copy of the blob when the pages live behind store_ops. */
+static mskv_result mskv__ucx_import(mskv_ucx *u, mskv__ucx_xfer *x, const unsigned char *header) {
+    mskv_blob_layout got;
+    mskv_result r = mskv_request_import_begin(x->arena, header, x->layout.header_bytes, &x->req, &got);
+    if (r == MSKV_SUCCESS) {
+        if (got.blob_bytes != x->layout.blob_bytes || got.range_count != x->layout.range_count || got.range_bytes != x->layout.range_bytes) {
+            mskv_request_import_abort(x->arena, x->req);
+            return mskv__ucx_err(u, MSKV_ERROR_BLOB_CORRUPT, "ucx_recv: the offer's sizes differ from its blob header's");
+        }
+        x->rg = (mskv_blob_range *)mskv__alloc(&u->al, sizeof(mskv_blob_range) * (size_t)x->per_msg);
+        if (!x->rg) {
+            mskv_request_import_abort(x->arena, x->req);
+            return mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx_recv: range list");
+        }
+        return MSKV_SUCCESS;
+    }
+    if (r != MSKV_ERROR_UNSUPPORTED) return r;
+    x->staged = (unsigned char *)mskv__alloc(&u->al, x->layout.blob_bytes);
+    if (!x->staged) return mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx_recv: %zu bytes to stage the blob", x->layout.blob_bytes);
+    memcpy(x->staged, header, x->layout.header_bytes);
+    return MSKV_SUCCESS;
+}
+
+/* Verifies what arrived and makes the request exist, or leaves nothing. */
+static mskv_result mskv__ucx_import_commit(mskv_ucx *u, mskv__ucx_xfer *x) {
+    mskv_result r;
+    if (!x->staged) {
+        r = mskv_request_import_commit(x->arena, x->req, x->layout.checksum);
+        if (r != MSKV_SUCCESS) mskv_request_import_abort(x->arena, x->req);
+        return r;
+    }
+    mskv__ucx_put64(x->staged + x->layout.blob_bytes - 8, x->layout.checksum);
+    r = mskv_request_import(x->arena, x->staged, x->layout.blob_bytes, &x->req);
+    if (r == MSKV_SUCCESS) {
+        r = mskv_request_reload(x->arena, x->req);
+        if (r != MSKV_SUCCESS) mskv_request_remove(x->arena, x->req);
+    }
+    (void)u;
+    return r;
+}
+
+/* Drops whatever the receiver holds of an unfinished import. */
+static void mskv__ucx_import_drop(mskv__ucx_xfer *x) {
+    if (!x->staged) mskv_request_import_abort(x->arena, x->req);
+}
+
+MSKV_IMPL mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request *out) {
+    unsigned char offer[MSKV__UCX_OFFER_MAX];
+    mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW];
+    mskv__ucx_xfer x;
+    mskv_result r, s;
+    if (!u || !arena || !out) return MSKV_ERROR_NULL_POINTER;
+    if (u->broken) return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_recv: the connection is closed");
+    if (!u->ep) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_recv: not connected (mskv_ucx_accept first)");
+    memset(&x, 0, sizeof x);
+    x.arena = arena;
+    mskv__ucx_recv_op(u, op, MSKV__UCX_TAG(MSKV__UCX_OFFER, 0), offer, sizeof offer, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    r = mskv__ucx_complete(u, op, "waiting for an offer");
+    if (r == MSKV_ERROR_TIMEOUT && !u->failed) {
+        /* nobody sent anything: the connection is as good as before */
+        mskv__ucx_cancel(u, op);
+        return r;
+    }
+    if (r == MSKV_SUCCESS) r = mskv__ucx_offer_read(u, offer, op->info.length, &x);
+    if (r != MSKV_SUCCESS) { mskv__ucx_break(u); return r; }
+    r = mskv__ucx_import(u, &x, offer + MSKV__UCX_OFFER_FIXED);
+    if (r != MSKV_SUCCESS) {
+        /* refused before any page moved: the sender learns why, the connection stays usable */
+        s = mskv__ucx_send_status(u, MSKV__UCX_ANSWER, (int32_t)r, "answering the offer");
+        if (s != MSKV_SUCCESS) mskv__ucx_break(u);
+        mskv__free(&u->al, x.rg);
+        mskv__free(&u->al, x.staged);
+        return r;
+    }
+    r = mskv__ucx_send_status(u, MSKV__UCX_ANSWER, 0, "answering the offer");
+    if (r == MSKV_SUCCESS) r = mskv__ucx_pages(u, &x, 1);
+    if (r != MSKV_SUCCESS) {
+        mskv__ucx_break(u);
+        mskv__ucx_import_drop(&x);
+    } else {
+        r = mskv__ucx_import_commit(u, &x);
+        s = mskv__ucx_send_status(u, MSKV__UCX_DONE, (int32_t)r, "acknowledging");
+        if (r == MSKV_SUCCESS && s != MSKV_SUCCESS) {
+            /* the sender never got the acknowledgement and keeps its copy: one copy, not two */
+            mskv_request_remove(arena, x.req);
+            r = s;
+        }
+        if (s != MSKV_SUCCESS) mskv__ucx_break(u);
+    }
+    mskv__free(&u->al, x.rg);
+    mskv__free(&u->al, x.staged);
+    if (r == MSKV_SUCCESS) *out = x.req;
+    return r;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MSTAR_KV_UCX_IMPLEMENTATION_DONE */
+#endif /* MSTAR_KV_UCX_IMPLEMENTATION */

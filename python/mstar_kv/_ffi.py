@@ -1,0 +1,500 @@
+"""The C side: loading the library, the mirrored structs and constants, and
+every function's prototype.
+
+Prototypes are written as C declarations (_DECLARATIONS) and turned into
+ctypes argtypes here; the test suite compiles the same text against the
+headers, so a signature that drifts from mstar_kv.h is a compile error there,
+and it compares every mirrored struct's size and field offsets with the C
+compiler's. Adding a field to a mirror is one line in its _fields_."""
+import ctypes
+import glob
+import importlib.machinery
+import os
+import re
+from ctypes import (Structure, c_char, c_char_p, c_float, c_int, c_int32, c_int64,
+                    c_size_t, c_uint32, c_uint64, c_void_p)
+
+# ---- constants (the test compares each with the header's value) -----------------
+
+CONSTANTS = {
+    "MSKV_DTYPE_F32": 0, "MSKV_DTYPE_F16": 1, "MSKV_DTYPE_BF16": 2,
+    "MSKV_LOG_DEBUG": 0, "MSKV_LOG_INFO": 1, "MSKV_LOG_WARN": 2, "MSKV_LOG_ERROR": 3,
+    "MSKV_EVENT_PAGE_STORED": 1, "MSKV_EVENT_PAGE_REMOVED": 2,
+    "MSKV_RETIRE_IMMEDIATE": 0, "MSKV_RETIRE_FENCED": 1,
+    "MSKV_DEBUG_POISON": 1, "MSKV_DEBUG_CHECKSUMS": 2, "MSKV_DEBUG_ALL": 3, "MSKV_POISON_BYTE": 0xFF,
+    "MSKV_RESIDENT": 0, "MSKV_OFFLOADED": 1,
+    "MSKV_POS_NONE": 0, "MSKV_POS_1D": 1, "MSKV_POS_3D": 2,
+    "MSKV_PLAN_SELF": 0, "MSKV_PLAN_CROSS": 1, "MSKV_PLAN_DENSE": 2, "MSKV_PLAN_PREFIX": 3,
+    "MSKV_VIS_PAGES": 0, "MSKV_VIS_EXACT": 1, "MSKV_VIS_CALLER": 2,
+    "MSKV_PLAN_Q_POS": 1, "MSKV_PLAN_VISIBILITY": 2,
+    "MSKV_ROPE_HALF": 0, "MSKV_ROPE_INTERLEAVED": 1,
+    "MSKV_MASK_NONE": 0, "MSKV_MASK_CAUSAL": 1, "MSKV_MASK_WINDOW": 2,
+    "MSKV_CPU_MAX_HEAD_DIM": 256,
+    "MSKV_CUDA_ATTN_AUTO": 0, "MSKV_CUDA_ATTN_MMA": 1, "MSKV_CUDA_ATTN_WGMMA": 2,
+}
+
+# every result code: (value, C name); the exception classes are made from this
+RESULTS = [
+    (-1, "MSKV_ERROR_INVALID_ARGUMENT"), (-2, "MSKV_ERROR_NULL_POINTER"),
+    (-3, "MSKV_ERROR_INVALID_HANDLE"), (-4, "MSKV_ERROR_OUT_OF_RANGE"), (-5, "MSKV_ERROR_RELEASED"),
+    (-6, "MSKV_ERROR_NOT_WRITTEN"), (-7, "MSKV_ERROR_CAPACITY"), (-8, "MSKV_ERROR_INVALID_SPEC"),
+    (-9, "MSKV_ERROR_DUPLICATE"), (-10, "MSKV_ERROR_NOT_FOUND"),
+    (-20, "MSKV_ERROR_OFFLOADED"), (-21, "MSKV_ERROR_NOT_OFFLOADED"),
+    (-22, "MSKV_ERROR_RESERVATION_PENDING"), (-23, "MSKV_ERROR_NO_RESERVATION"),
+    (-24, "MSKV_ERROR_READ_ONLY"), (-25, "MSKV_ERROR_BAD_STATE"), (-26, "MSKV_ERROR_STALE_PLAN"),
+    (-27, "MSKV_ERROR_STALE_VIEW"),
+    (-40, "MSKV_ERROR_OUT_OF_PAGES"), (-41, "MSKV_ERROR_OUT_OF_MEMORY"), (-42, "MSKV_ERROR_OVERFLOW"),
+    (-43, "MSKV_ERROR_TOO_MANY_REQUESTS"),
+    (-60, "MSKV_ERROR_BLOB_TRUNCATED"), (-61, "MSKV_ERROR_BLOB_CORRUPT"), (-62, "MSKV_ERROR_BLOB_VERSION"),
+    (-63, "MSKV_ERROR_BLOB_MISMATCH"), (-64, "MSKV_ERROR_AUDIT_FAILED"), (-65, "MSKV_ERROR_HOST_COPY_CORRUPT"),
+    (-80, "MSKV_ERROR_UNSUPPORTED"), (-81, "MSKV_ERROR_THREAD"), (-82, "MSKV_ERROR_IO"),
+    (-83, "MSKV_ERROR_CUDA_UNAVAILABLE"), (-84, "MSKV_ERROR_CUDA"), (-85, "MSKV_ERROR_NVRTC"),
+    (-86, "MSKV_ERROR_PEER"), (-87, "MSKV_ERROR_TIMEOUT"),
+]
+CONSTANTS.update({name: value for value, name in RESULTS})
+CONSTANTS["MSKV_SUCCESS"] = 0
+
+# ---- struct mirrors ---------------------------------------------------------------
+# Enums are C ints; function pointers and opaque pointers are c_void_p.
+
+
+class mskv_request(Structure):
+    _fields_ = [("id", c_uint32)]
+
+
+class mskv_allocator(Structure):
+    _fields_ = [("user", c_void_p), ("alloc", c_void_p), ("realloc", c_void_p), ("free", c_void_p)]
+
+
+class mskv_event(Structure):
+    _fields_ = [("type", c_int), ("request", mskv_request), ("page", c_int32), ("first_token", c_int64),
+                ("step", c_uint64), ("group", c_int32)]
+
+
+class mskv_store_ops(Structure):
+    _fields_ = [("user", c_void_p), ("read_pages", c_void_p), ("write_pages", c_void_p),
+                ("copy_page", c_void_p), ("flush", c_void_p), ("fill_pages", c_void_p)]
+
+
+class mskv_arena_desc(Structure):
+    _fields_ = [
+        ("num_pages", c_int32),
+        ("page_size", c_int32),
+        ("max_requests", c_int32),
+        ("num_layers", c_int32),
+        ("kv_heads", c_int32),
+        ("head_dim", c_int32),
+        ("dtype", c_int),
+        ("num_groups", c_int32),
+        ("store_ops", c_void_p),
+        ("retire_mode", c_int),
+        ("allocator", mskv_allocator),
+        ("host_allocator", mskv_allocator),
+        ("log", c_void_p),
+        ("log_user", c_void_p),
+        ("on_event", c_void_p),
+        ("event_user", c_void_p),
+        ("debug", c_uint32),
+    ]
+
+
+class mskv_arena_stats(Structure):
+    _fields_ = [
+        ("num_pages", c_int32),
+        ("free_pages", c_int32),
+        ("live_pages", c_int32),
+        ("protected_pages", c_int32),
+        ("pending_pages", c_int32),
+        ("offloaded_pages", c_int64),
+        ("requests", c_int32),
+        ("step", c_uint64),
+        ("completed_step", c_uint64),
+        ("host_spare_bytes", c_uint64),
+    ]
+
+
+class mskv_store_info(Structure):
+    _fields_ = [
+        ("num_layers", c_int32), ("kv_heads", c_int32), ("head_dim", c_int32), ("page_size", c_int32),
+        ("num_pages", c_int32),
+        ("dtype", c_int),
+        ("elem_size", c_size_t),
+        ("slot_bytes", c_size_t),
+        ("page_bytes", c_size_t),
+        ("pool_bytes", c_size_t),
+    ]
+
+
+class mskv_request_info(Structure):
+    _fields_ = [
+        ("committed", c_int64),
+        ("reserved", c_int64),
+        ("has_reservation", c_int32),
+        ("prefix_tokens", c_int64),
+        ("prefix_pages", c_int32),
+        ("live_start", c_int64),
+        ("num_pages", c_int32),
+        ("kv_len", c_int64),
+        ("prefix_epoch", c_uint64),
+        ("location", c_int),
+        ("keyed", c_int32),
+        ("sealed", c_int32),
+        ("paused", c_int32),
+        ("lockstep", c_int32),
+        ("last_admitted", c_uint64),
+        ("release_point", c_int64),
+        ("pos_shift", c_int64),
+        ("pos_shift_pending", c_int64),
+    ]
+
+
+class mskv_schedule(Structure):
+    _fields_ = [("total", c_int64), ("window", c_int64), ("overlap", c_int64), ("stride", c_int64),
+                ("count", c_int64)]
+
+
+class mskv_window(Structure):
+    _fields_ = [
+        ("index", c_int64),
+        ("start", c_int64), ("end", c_int64),
+        ("cond_start", c_int64), ("cond_end", c_int64),
+        ("commit_start", c_int64), ("commit_end", c_int64),
+        ("pad", c_int64),
+    ]
+
+
+class mskv_decode_span(Structure):
+    _fields_ = [("in_start", c_int64), ("in_end", c_int64), ("trim", c_int64)]
+
+
+class mskv_retention(Structure):
+    _fields_ = [
+        ("chunk_size", c_int64),
+        ("sink_chunks", c_int64),
+        ("window_chunks", c_int64),
+        ("window_tokens", c_int64),
+        ("reset_at_boundary", c_int32),
+        ("exact", c_int32),
+    ]
+
+
+class mskv_segment(Structure):
+    _fields_ = [("request", mskv_request), ("n_tokens", c_int64)]
+
+
+class mskv_plan_desc(Structure):
+    _fields_ = [
+        ("kind", c_int),
+        ("cross", mskv_request),
+        ("dense_kv_len", c_void_p),
+        ("pos_mode", c_int),
+        ("pos_offset", c_int64),
+        ("grid_h", c_int32), ("grid_w", c_int32),
+        ("group", c_int32),
+        ("positions", c_void_p),
+        ("visibility", c_int),
+        ("vis_sink_end", c_void_p),
+        ("vis_window_start", c_void_p),
+        ("exclude_prefix", c_int32),
+    ]
+
+
+class mskv_plan(Structure):
+    _fields_ = [
+        ("batch", c_int32), ("total_q", c_int32), ("num_page_ids", c_int32), ("page_size", c_int32),
+        ("qo_indptr", c_void_p),
+        ("kv_indptr", c_void_p),
+        ("kv_indices", c_void_p),
+        ("kv_last_page_len", c_void_p),
+        ("kv_len", c_void_p),
+        ("kv_pos_split", c_void_p),
+        ("kv_pos_shift", c_void_p),
+        ("kv_token_indptr", c_void_p),
+        ("slot_mapping", c_void_p),
+        ("positions", c_void_p),
+        ("cap_batch", c_int32), ("cap_tokens", c_int32), ("cap_page_ids", c_int32),
+        ("step", c_uint64),
+        ("owned", c_void_p),
+        ("requests", c_void_p),
+        ("cross", mskv_request),
+        ("group", c_int32),
+        ("generation", c_uint64),
+        ("q_pos", c_void_p),
+        ("vis_sink_end", c_void_p),
+        ("vis_window_start", c_void_p),
+        ("features", c_uint32),
+    ]
+
+
+class mskv_plan_size(Structure):
+    _fields_ = [("batch", c_int32), ("total_q", c_int32), ("num_page_ids", c_int32)]
+
+
+class mskv_session(Structure):
+    _fields_ = [
+        ("arena", c_void_p),
+        ("request", mskv_request),
+        ("retention", mskv_retention),
+        ("chunk_tokens", c_int64),
+        ("chunks_done", c_int64),
+        ("released_total", c_int64),
+    ]
+
+
+class mskv_rope(Structure):
+    _fields_ = [("style", c_int), ("mode", c_int), ("theta", c_float), ("dims", c_int32 * 3)]
+
+
+class mskv_cpu_desc(Structure):
+    _fields_ = [("num_threads", c_int32), ("workspace_bytes", c_size_t), ("allocator", mskv_allocator),
+                ("isa", c_int), ("log", c_void_p), ("log_user", c_void_p)]
+
+
+class mskv_attn(Structure):
+    _fields_ = [("q_heads", c_int32), ("scale", c_float), ("mask", c_int), ("window_left", c_int32),
+                ("q_dtype", c_int)]
+
+
+class mskv_pools(Structure):
+    _fields_ = [("k", c_void_p), ("v", c_void_p), ("dtype", c_int), ("num_pages", c_int32),
+                ("page_size", c_int32), ("kv_heads", c_int32), ("head_dim", c_int32)]
+
+
+class mskv_cuda_desc(Structure):
+    _fields_ = [
+        ("device", c_int32),
+        ("driver_path", c_char_p),
+        ("nvrtc_path", c_char_p),
+        ("kernel_source", c_char_p),
+        ("cache_dir", c_char_p),
+        ("disable_disk_cache", c_int32),
+        ("functions", c_void_p),
+        ("allocator", mskv_allocator),
+        ("log", c_void_p),
+        ("log_user", c_void_p),
+        ("attn_path", c_int),
+    ]
+
+
+class mskv_cuda_info(Structure):
+    _fields_ = [
+        ("name", c_char * 128),
+        ("device", c_int32),
+        ("cc_major", c_int32), ("cc_minor", c_int32),
+        ("arch", c_int32),
+        ("ptx_fallback", c_int32),
+        ("multiprocessors", c_int32),
+        ("driver_version", c_int32),
+        ("nvrtc_version", c_int32),
+        ("compiles", c_int32),
+        ("disk_hits", c_int32),
+        ("wgmma", c_int32),
+    ]
+
+
+class mskv_cuda_store_desc(Structure):
+    _fields_ = [
+        ("num_pages", c_int32), ("page_size", c_int32), ("num_layers", c_int32), ("kv_heads", c_int32),
+        ("head_dim", c_int32),
+        ("dtype", c_int),
+        ("max_batch", c_int32), ("max_tokens", c_int32), ("max_page_ids", c_int32),
+        ("staging_bytes", c_size_t),
+        ("plan_ring", c_int32),
+        ("pools", c_void_p),
+    ]
+
+
+class mskv_cuda_dplan(Structure):
+    _fields_ = [
+        ("batch", c_int32), ("total_q", c_int32), ("num_page_ids", c_int32), ("page_size", c_int32),
+        ("pos_mode", c_int),
+        ("qo_indptr", c_uint64), ("kv_indptr", c_uint64), ("kv_indices", c_uint64),
+        ("kv_last_page_len", c_uint64), ("kv_len", c_uint64),
+        ("kv_pos_split", c_uint64), ("kv_pos_shift", c_uint64), ("kv_token_indptr", c_uint64),
+        ("slot_mapping", c_uint64), ("positions", c_uint64),
+        ("step", c_uint64),
+        ("q_pos", c_uint64), ("vis_sink_end", c_uint64), ("vis_window_start", c_uint64),
+    ]
+
+
+STRUCTS = [mskv_request, mskv_allocator, mskv_event, mskv_store_ops, mskv_arena_desc, mskv_arena_stats,
+           mskv_store_info, mskv_request_info, mskv_schedule, mskv_window, mskv_decode_span,
+           mskv_retention, mskv_segment, mskv_plan_desc, mskv_plan, mskv_plan_size, mskv_session,
+           mskv_rope, mskv_cpu_desc, mskv_attn, mskv_pools, mskv_cuda_desc, mskv_cuda_info,
+           mskv_cuda_store_desc, mskv_cuda_dplan]
+
+LOG_FN = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
+
+# ---- prototypes, as C declarations --------------------------------------------------
+
+DECLARATIONS = """
+const char *mskv_result_string(mskv_result r);
+size_t mskv_dtype_size(mskv_dtype t);
+mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out);
+void mskv_arena_destroy(mskv_arena *arena);
+mskv_result mskv_arena_stats_get(mskv_arena *arena, mskv_arena_stats *out);
+mskv_result mskv_arena_audit(mskv_arena *arena, char *why, size_t why_cap);
+mskv_result mskv_arena_audit_bytes(mskv_arena *arena, char *why, size_t why_cap);
+uint64_t mskv_arena_digest(mskv_arena *arena);
+void mskv_arena_trim(mskv_arena *arena);
+mskv_result mskv_arena_retire(mskv_arena *arena, uint64_t completed);
+uint64_t mskv_arena_step(mskv_arena *arena);
+mskv_result mskv_store_info_get(mskv_arena *arena, mskv_store_info *out);
+void *mskv_store_pool(mskv_arena *arena, int32_t layer, int kind);
+mskv_result mskv_request_add(mskv_arena *arena, mskv_request *out);
+mskv_result mskv_request_remove(mskv_arena *arena, mskv_request req);
+mskv_result mskv_request_fork(mskv_arena *arena, mskv_request parent, mskv_request *child);
+mskv_result mskv_request_pause(mskv_arena *arena, mskv_request req);
+mskv_result mskv_request_resume(mskv_arena *arena, mskv_request req);
+mskv_result mskv_request_reserve(mskv_arena *arena, mskv_request req, int64_t tokens);
+mskv_result mskv_request_info_get(mskv_arena *arena, mskv_request req, mskv_request_info *out);
+mskv_result mskv_request_pages(mskv_arena *arena, mskv_request req, int32_t *pages, int32_t cap, int32_t *count);
+mskv_result mskv_request_protect_prefix(mskv_arena *arena, mskv_request req, int64_t n);
+mskv_result mskv_request_release_oldest(mskv_arena *arena, mskv_request req, int64_t n, int64_t *released);
+mskv_result mskv_request_slot(mskv_arena *arena, mskv_request req, int64_t pos, int64_t *slot);
+mskv_result mskv_request_offload(mskv_arena *arena, mskv_request req);
+mskv_result mskv_request_reload(mskv_arena *arena, mskv_request req);
+mskv_result mskv_request_export(mskv_arena *arena, mskv_request req, void *buf, size_t cap, size_t *size);
+mskv_result mskv_request_import(mskv_arena *arena, const void *blob, size_t size, mskv_request *out);
+mskv_result mskv_schedule_init(mskv_schedule *s, int64_t total, int64_t window, int64_t overlap);
+mskv_result mskv_schedule_window(const mskv_schedule *s, int64_t k, mskv_window *out);
+mskv_result mskv_schedule_decode_span(const mskv_schedule *s, int64_t k, int64_t ctx, mskv_decode_span *out);
+mskv_result mskv_retention_validate(const mskv_retention *r, int32_t page_size, char *why, size_t why_cap);
+int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed);
+mskv_result mskv_skipped_tokens_get(const mskv_retention *r, int64_t num_computed, int64_t *out);
+mskv_result mskv_request_set_retention(mskv_arena *arena, mskv_request req, const mskv_retention *r);
+mskv_result mskv_admit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
+mskv_result mskv_commit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
+mskv_result mskv_abort(mskv_arena *arena, const mskv_segment *segs, int32_t n);
+mskv_result mskv_publish(mskv_arena *arena, const mskv_segment *segs, int32_t n, uint64_t *step_out);
+mskv_result mskv_plan_query(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan_size *out);
+mskv_result mskv_plan_build(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *plan);
+mskv_result mskv_plan_validate(const mskv_plan *plan, int32_t num_pages, char *why, size_t why_cap);
+mskv_result mskv_plan_check(mskv_arena *arena, const mskv_plan *plan);
+mskv_result mskv_keyed_create(mskv_arena *arena, uint64_t key, int64_t n_tokens, mskv_request *out);
+mskv_result mskv_keyed_seal(mskv_arena *arena, mskv_request entry);
+mskv_result mskv_keyed_find(mskv_arena *arena, uint64_t key, mskv_request *out);
+mskv_result mskv_keyed_remove(mskv_arena *arena, uint64_t key);
+mskv_result mskv_session_init(mskv_session *s, mskv_arena *arena, mskv_request req, const mskv_retention *r);
+mskv_result mskv_session_begin_chunk(mskv_session *s, int64_t n_tokens);
+mskv_result mskv_session_plan(mskv_session *s, const mskv_plan_desc *desc, mskv_plan *plan);
+mskv_result mskv_session_commit_chunk(mskv_session *s, uint64_t *step_out);
+mskv_result mskv_session_abort_chunk(mskv_session *s);
+uint16_t mskv_f32_to_f16(float x);
+float mskv_f16_to_f32(uint16_t h);
+uint16_t mskv_f32_to_bf16(float x);
+float mskv_bf16_to_f32(uint16_t h);
+mskv_result mskv_rope_apply(const mskv_rope *rope, void *x, mskv_dtype dtype, int64_t n, int32_t heads, int32_t head_dim, const int32_t *positions);
+mskv_result mskv_cpu_create(const mskv_cpu_desc *desc, mskv_cpu **out);
+void mskv_cpu_destroy(mskv_cpu *cpu);
+mskv_result mskv_cpu_write_kv(mskv_arena *arena, int32_t layer, const mskv_plan *plan, const void *k, const void *v, mskv_dtype src_dtype, const mskv_rope *rope);
+mskv_result mskv_cpu_attention(mskv_cpu *cpu, mskv_arena *arena, int32_t layer, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
+mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *pools, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
+mskv_result mskv_cpu_write_kv_pools(const mskv_pools *pools, const mskv_plan *plan, const void *k, const void *v, mskv_dtype src_dtype, const mskv_rope *rope);
+mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, const float *o_a, const float *lse_a, const float *o_b, const float *lse_b, float *o, float *lse);
+mskv_result mskv_cuda_probe(const mskv_cuda_desc *desc, char *why, size_t why_cap);
+mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **out);
+void mskv_cuda_destroy(mskv_cuda *cu);
+mskv_result mskv_cuda_info_get(mskv_cuda *cu, mskv_cuda_info *out);
+const char *mskv_cuda_last_error(mskv_cuda *cu);
+mskv_result mskv_cuda_malloc(mskv_cuda *cu, size_t bytes, mskv_cu_ptr *out);
+void mskv_cuda_free(mskv_cuda *cu, mskv_cu_ptr ptr);
+mskv_result mskv_cuda_store_create(mskv_cuda *cu, const mskv_cuda_store_desc *desc, mskv_cuda_store **out);
+void mskv_cuda_store_destroy(mskv_cuda_store *st);
+mskv_result mskv_cuda_store_arena_desc(mskv_cuda_store *st, mskv_arena_desc *desc);
+mskv_result mskv_cuda_store_bind(mskv_cuda_store *st, mskv_arena *arena);
+mskv_cu_ptr mskv_cuda_store_pool(mskv_cuda_store *st, int32_t layer, int kind);
+mskv_cu_stream mskv_cuda_store_stream(mskv_cuda_store *st);
+mskv_result mskv_cuda_store_set_stream(mskv_cuda_store *st, mskv_cu_stream stream);
+mskv_result mskv_cuda_upload(mskv_cuda_store *st, mskv_cu_ptr dst, const void *src, size_t bytes);
+mskv_result mskv_cuda_download(mskv_cuda_store *st, void *dst, mskv_cu_ptr src, size_t bytes);
+mskv_result mskv_cuda_store_sync(mskv_cuda_store *st);
+mskv_result mskv_cuda_publish(mskv_cuda_store *st, const mskv_segment *segs, int32_t n, uint64_t *step_out);
+mskv_result mskv_cuda_retire(mskv_cuda_store *st, int wait);
+mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan *plan, mskv_pos_mode pos_mode, mskv_cuda_dplan *out);
+mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan, mskv_cu_ptr k, mskv_cu_ptr v, const mskv_rope *rope);
+mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan, const mskv_cuda_dplan *dplan, const mskv_attn *attn, mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
+mskv_result mskv_cuda_merge(mskv_cuda_store *st, int64_t n, int32_t heads, int32_t head_dim, mskv_cu_ptr o_a, mskv_cu_ptr lse_a, mskv_cu_ptr o_b, mskv_cu_ptr lse_b, mskv_cu_ptr o, mskv_cu_ptr lse);
+mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, mskv_cu_ptr x, int64_t n, int32_t heads, mskv_cu_ptr positions);
+"""
+
+# C scalar types by name; every pointer (and pointer typedef) is c_void_p,
+# except a returned const char *, which ctypes turns into bytes.
+_SCALARS = {
+    "void": None, "int": c_int, "float": c_float, "size_t": c_size_t,
+    "int32_t": c_int32, "int64_t": c_int64, "uint16_t": ctypes.c_uint16, "uint64_t": c_uint64,
+    "mskv_result": c_int, "mskv_dtype": c_int, "mskv_pos_mode": c_int,
+    "mskv_cu_ptr": c_uint64, "mskv_cu_stream": c_void_p, "mskv_request": mskv_request,
+}
+_DECL = re.compile(r"^\s*(?P<ret>[\w\s\*]+?)\s*\b(?P<name>mskv_\w+)\s*\((?P<params>[^)]*)\)\s*$")
+
+
+def _ctype(text, is_return=False):
+    stars = text.count("*")
+    words = [w for w in text.replace("*", " ").split() if w != "const"]
+    base = words[0]
+    if stars == 0:
+        return _SCALARS[base]
+    if is_return and stars == 1 and base == "char":
+        return c_char_p
+    return c_void_p
+
+
+def parse_declarations(text=DECLARATIONS):
+    """{name: (restype, [argtypes])} from the C declarations."""
+    out = {}
+    for decl in text.split(";"):
+        if not decl.strip():
+            continue
+        m = _DECL.match(decl.replace("\n", " "))
+        if not m:
+            raise ValueError("cannot parse declaration: " + decl.strip())
+        args = []
+        for p in m.group("params").split(","):
+            p = p.strip()
+            if p == "void":
+                continue
+            # drop the parameter name: the last identifier
+            args.append(_ctype(re.sub(r"\w+$", "", p)))
+        out[m.group("name")] = (_ctype(m.group("ret"), is_return=True), args)
+    return out
+
+
+# ---- loading ------------------------------------------------------------------------
+
+def _packaged_library():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        hits = glob.glob(os.path.join(here, "_libmstar_kv" + suffix))
+        if hits:
+            return hits[0]
+    return None
+
+
+def _load():
+    path = os.environ.get("MSKV_LIBRARY") or _packaged_library()
+    if not path:
+        raise ImportError("mstar_kv: the shared library was not built; install the package with "
+                          "`pip install ./python` from the repository root, or set MSKV_LIBRARY to a "
+                          "shared build of mstar_kv.h + mstar_kv_cuda.h")
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImportError("mstar_kv: cannot load the library %s (MSKV_LIBRARY=%s): %s"
+                          % (path, os.environ.get("MSKV_LIBRARY", ""), e)) from None
+    missing = []
+    for name, (restype, argtypes) in parse_declarations().items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            missing.append(name)
+            continue
+        fn.restype = restype
+        fn.argtypes = argtypes
+    if missing:
+        raise ImportError("mstar_kv: %s does not export %s (built from other headers?)"
+                          % (path, ", ".join(missing)))
+    return lib, path
+
+
+lib, library_path = _load()

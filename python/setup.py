@@ -1,0 +1,57 @@
+"""Builds the package's one native file: a plain C shared library compiled
+from mstar_kv.h + mstar_kv_cuda.h (python/mstar_kv/_lib.c), loaded with
+ctypes. setuptools' Extension machinery is used only because it knows how to
+drive the platform's C compiler; the library has no Python API in it.
+
+The headers come from python/include/ (an sdist carries them there) or from
+the repository root, one folder up (`pip install ./python`)."""
+import shutil
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.command.sdist import sdist
+
+HERE = Path(__file__).resolve().parent
+HEADERS = ("mstar_kv.h", "mstar_kv_cuda.h")
+
+
+def header_dir():
+    for d in (HERE / "include", HERE.parent):
+        if all((d / h).is_file() for h in HEADERS):
+            return d
+    sys.exit("mstar_kv: mstar_kv.h and mstar_kv_cuda.h were not found in python/include/ or next to "
+             "python/: run `pip install ./python` from a checkout of the repository (pip 21.3 or newer builds "
+             "in place; an older pip copies python/ away from the headers), or install an sdist")
+
+
+class build_shared_library(build_ext):
+    def build_extension(self, ext):
+        d = header_dir()
+        ext.include_dirs.append(str(d))
+        # _lib.c only includes the headers: name them, or a build directory
+        # left from another checkout's headers counts as up to date
+        ext.depends += [str(d / h) for h in HEADERS]
+        if self.compiler.compiler_type == "unix":
+            ext.extra_compile_args += ["-std=c99"]
+            ext.libraries += ["dl", "pthread", "m"]
+        super().build_extension(ext)
+
+    def get_export_symbols(self, ext):
+        return []  # not a Python extension module: there is no PyInit_ function to export
+
+
+class sdist_with_headers(sdist):
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        inc = Path(base_dir) / "include"
+        inc.mkdir(exist_ok=True)
+        for h in HEADERS:
+            shutil.copy2(header_dir() / h, inc / h)
+
+
+setup(
+    ext_modules=[Extension("mstar_kv._libmstar_kv", sources=["mstar_kv/_lib.c"])],
+    cmdclass={"build_ext": build_shared_library, "sdist": sdist_with_headers},
+)

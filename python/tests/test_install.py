@@ -1,0 +1,76 @@
+"""Where the library comes from: the package's own build, or MSKV_LIBRARY."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import mstar_kv as mk
+
+
+def _import_in_child(env_library):
+    env = dict(os.environ, MSKV_LIBRARY=env_library)
+    return subprocess.run([sys.executable, "-c", "import mstar_kv; print(mstar_kv.library_path); "
+                           "print(mstar_kv.Arena(num_pages=4, page_size=2).stats().free_pages)"],
+                          env=env, capture_output=True, text=True)
+
+
+def test_mskv_library_selects_a_library_built_elsewhere(cc, headers, tmp_path):
+    # a plain shared build of the two headers, as an application would make it
+    src = tmp_path / "impl.c"
+    src.write_text('#define MSTAR_KV_IMPLEMENTATION\n#include "mstar_kv.h"\n'
+                   '#define MSTAR_KV_CUDA_IMPLEMENTATION\n#include "mstar_kv_cuda.h"\n')
+    lib = tmp_path / "libmine.so"
+    subprocess.run([cc, "-std=c99", "-O0", "-shared", "-fPIC", "-I", str(headers), str(src), "-o", str(lib),
+                    "-ldl", "-lpthread", "-lm"], check=True)
+    r = _import_in_child(str(lib))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(lib), "3"]
+
+
+def test_mskv_library_that_cannot_be_loaded_is_a_clear_import_error(tmp_path):
+    r = _import_in_child(str(tmp_path / "missing.so"))
+    assert r.returncode != 0
+    assert "ImportError: mstar_kv: cannot load the library" in r.stderr and "MSKV_LIBRARY" in r.stderr
+
+
+def test_a_library_missing_a_function_is_refused_at_import(cc, tmp_path):
+    src = tmp_path / "empty.c"
+    src.write_text("int mskv_nothing_here;\n")
+    lib = tmp_path / "libempty.so"
+    subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    r = _import_in_child(str(lib))
+    assert r.returncode != 0 and "does not export mskv_result_string" in r.stderr
+
+
+def test_the_packaged_library_is_the_one_loaded_without_mskv_library():
+    if os.environ.get("MSKV_LIBRARY"):
+        pytest.skip("MSKV_LIBRARY is set for this run: the packaged library is not the one in use")
+    here = os.path.dirname(mk.__file__)
+    assert os.path.dirname(mk.library_path) == here
+    assert os.path.basename(mk.library_path).startswith("_libmstar_kv")
+
+
+def test_the_sdist_carries_the_headers(tmp_path):
+    """pip install of an sdist has no repository around it: the headers travel inside."""
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isfile(os.path.join(pkg, "setup.py")):
+        pytest.skip("not run from the source tree (python/setup.py absent)")
+    try:
+        import setuptools  # noqa: F401
+    except ImportError:
+        pytest.skip("setuptools is not installed in this environment")
+    work = tmp_path / "src"
+    shutil.copytree(pkg, work, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache"))
+    # the copy has no repository around it: setup.py must find the headers one level up, as in the checkout
+    for h in ("mstar_kv.h", "mstar_kv_cuda.h"):
+        shutil.copy2(os.path.join(pkg, "..", h), tmp_path / h)
+    r = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")], cwd=work,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    import tarfile
+    (dist,) = (tmp_path / "dist").iterdir()
+    names = tarfile.open(dist).getnames()
+    for h in ("include/mstar_kv.h", "include/mstar_kv_cuda.h", "mstar_kv/_lib.c", "mstar_kv/_core.py"):
+        assert any(n.endswith("/" + h) for n in names), h

@@ -1,0 +1,467 @@
+/* Streamed blobs (mskv_request_export_begin / import_begin): the same bytes
+   as mskv_request_export without a host copy, all-or-nothing admission on
+   the receiver, a checksum over what arrived, and nothing half-imported. */
+#include <stdlib.h>
+#include "mskv_test.h"
+#include "../mstar_kv.h"
+#include "mskv_test_util.h"
+#include "mskv_test_states.h"
+#include "../mstar_kv_ucx.h"
+
+/* The whole blob of a request (malloc'd), NULL on failure. */
+static unsigned char *mst_export(mskv_arena *a, mskv_request r, size_t *size) {
+    unsigned char *b;
+    if (mskv_request_export(a, r, NULL, 0, size) != MSKV_SUCCESS) return NULL;
+    b = (unsigned char *)malloc(*size);
+    if (b && mskv_request_export(a, r, b, *size, size) != MSKV_SUCCESS) { free(b); return NULL; }
+    return b;
+}
+
+/* A streamed export gathered into one buffer: header, ranges, checksum. */
+static unsigned char *mst_stream_out(mskv_arena *a, mskv_request r, size_t *size) {
+    mskv_blob_layout L;
+    unsigned char *b;
+    mskv_blob_range *rg;
+    int64_t k;
+    unsigned char hdr[MSKV_BLOB_HEADER_MAX];
+    if (mskv_request_export_begin(a, r, hdr, sizeof hdr, &L) != MSKV_SUCCESS) return NULL;
+    b = (unsigned char *)malloc(L.blob_bytes);
+    rg = (mskv_blob_range *)malloc((size_t)(L.range_count + 1) * sizeof *rg);
+    if (b && rg && mskv_request_blob_ranges(a, r, 0, L.range_count, rg) == MSKV_SUCCESS) {
+        memcpy(b, hdr, L.header_bytes);
+        for (k = 0; k < L.range_count; k++) memcpy(b + rg[k].offset, rg[k].data, rg[k].bytes);
+        mtu_put64(b + L.blob_bytes - 8, L.checksum);
+        *size = L.blob_bytes;
+    } else {
+        free(b);
+        b = NULL;
+    }
+    free(rg);
+    if (mskv_request_export_end(a, r) != MSKV_SUCCESS) { free(b); return NULL; }
+    return b;
+}
+
+/* A streamed import of a whole blob: begin on its header, each range
+   copied to where the ranges say, commit with its checksum. */
+static mskv_result mst_stream_in(mskv_arena *a, const unsigned char *blob, size_t size, mskv_request *out) {
+    mskv_blob_layout L;
+    mskv_blob_range *rg;
+    int64_t k;
+    mskv_result e = mskv_request_import_begin(a, blob, size, out, &L);
+    if (e != MSKV_SUCCESS) return e;
+    rg = (mskv_blob_range *)malloc((size_t)(L.range_count + 1) * sizeof *rg);
+    if (!rg) return MSKV_ERROR_OUT_OF_MEMORY;
+    e = mskv_request_blob_ranges(a, *out, 0, L.range_count, rg);
+    for (k = 0; e == MSKV_SUCCESS && k < L.range_count; k++) memcpy(rg[k].data, blob + rg[k].offset, rg[k].bytes);
+    free(rg);
+    if (e == MSKV_SUCCESS) {
+        uint64_t sum = 0;
+        int i;
+        for (i = 7; i >= 0; i--) sum = sum << 8 | blob[size - 8 + (size_t)i];
+        e = mskv_request_import_commit(a, *out, sum);
+    }
+    return e;
+}
+
+static mskv_arena *mst_arena_for(mts_state s, int32_t pages) { return mts_arena(pages, 4, s == MTS_GROUPS ? 2 : 1); }
+
+TEST(streamed_export_gives_the_bytes_of_mskv_request_export_in_every_state) {
+    int s;
+    for (s = 0; s < MTS_COUNT; s++) {
+        mskv_arena *a = mst_arena_for((mts_state)s, 64);
+        mskv_request r;
+        unsigned char *whole, *streamed;
+        size_t n1 = 0, n2 = 0;
+        ASSERT_TRUE(a != NULL);
+        ASSERT_EQ(MSKV_SUCCESS, mts_build(a, (mts_state)s, 37, 11u + (uint32_t)s, &r));
+        whole = mst_export(a, r, &n1);
+        streamed = mst_stream_out(a, r, &n2);
+        ASSERT_TRUE(whole && streamed);
+        EXPECT_EQ((int64_t)n1, (int64_t)n2);
+        if (n1 != n2 || memcmp(whole, streamed, n1) != 0) mt_fail(__FILE__, __LINE__, "state %s: streamed blob differs", mts_names[s]);
+        mtu_audit(a);
+        free(whole);
+        free(streamed);
+        mskv_arena_destroy(a);
+    }
+}
+
+TEST(streamed_import_of_an_exported_blob_exports_the_same_bytes_in_every_state) {
+    int s;
+    for (s = 0; s < MTS_COUNT; s++) {
+        mskv_arena *a = mst_arena_for((mts_state)s, 64), *b = mst_arena_for((mts_state)s, 64);
+        mskv_request r, got;
+        mskv_request_info info;
+        unsigned char *blob, *again;
+        size_t n1 = 0, n2 = 0;
+        ASSERT_TRUE(a && b);
+        ASSERT_EQ(MSKV_SUCCESS, mts_build(a, (mts_state)s, 37, 21u + (uint32_t)s, &r));
+        blob = mst_export(a, r, &n1);
+        ASSERT_TRUE(blob != NULL);
+        EXPECT_EQ(MSKV_SUCCESS, mst_stream_in(b, blob, n1, &got));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(b, got, &info));
+        EXPECT_EQ(MSKV_RESIDENT, info.location);   /* streamed in: the pages are taken at begin */
+        again = mst_export(b, got, &n2);
+        ASSERT_TRUE(again != NULL);
+        if (n1 != n2 || memcmp(blob, again, n1) != 0) mt_fail(__FILE__, __LINE__, "state %s: re-exported blob differs", mts_names[s]);
+        mtu_audit(a);
+        mtu_audit(b);
+        free(blob);
+        free(again);
+        mskv_arena_destroy(a);
+        mskv_arena_destroy(b);
+    }
+}
+
+TEST(whole_blob_import_of_a_streamed_export_exports_the_same_bytes) {
+    mskv_arena *a = mst_arena_for(MTS_GAP, 64), *b = mst_arena_for(MTS_GAP, 64);
+    mskv_request r, got;
+    unsigned char *streamed, *again;
+    size_t n1 = 0, n2 = 0;
+    ASSERT_TRUE(a && b);
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_GAP, 50, 5, &r));
+    streamed = mst_stream_out(a, r, &n1);
+    ASSERT_TRUE(streamed != NULL);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_import(b, streamed, n1, &got));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_reload(b, got));
+    again = mst_export(b, got, &n2);
+    ASSERT_TRUE(again != NULL);
+    EXPECT_TRUE(n1 == n2 && memcmp(streamed, again, n1) == 0);
+    free(streamed);
+    free(again);
+    mskv_arena_destroy(a);
+    mskv_arena_destroy(b);
+}
+
+TEST(the_largest_header_fits_MSKV_BLOB_HEADER_MAX_32_groups_with_positions) {
+    mskv_arena *a = mts_arena(128, 4, MSKV_MAX_GROUPS), *b = mts_arena(128, 4, MSKV_MAX_GROUPS);
+    mskv_request r, got;
+    mskv_segment seg;
+    mskv_blob_layout L;
+    int64_t released;
+    unsigned char hdr[MSKV_BLOB_HEADER_MAX], *blob;
+    size_t n = 0;
+    ASSERT_TRUE(a && b);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    seg.request = r;
+    seg.n_tokens = 10;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_commit(a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 5, &released));   /* a point inside a page */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_shift_positions(a, r, -4));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export_begin(a, r, hdr, sizeof hdr, &L));
+    EXPECT_EQ((int64_t)(128 + 8 + 64 * (MSKV_MAX_GROUPS - 1) + 8 + 8 * MSKV_MAX_GROUPS), (int64_t)L.header_bytes);
+    EXPECT_EQ((int64_t)MSKV_BLOB_HEADER_MAX, (int64_t)L.header_bytes);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_export_end(a, r));
+    blob = mst_stream_out(a, r, &n);
+    ASSERT_TRUE(blob != NULL);
+    EXPECT_EQ(MSKV_SUCCESS, mst_stream_in(b, blob, n, &got));
+    {
+        mskv_request_info ia, ib;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(a, r, &ia));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(b, got, &ib));
+        EXPECT_EQ(ia.pos_shift, ib.pos_shift);
+        EXPECT_EQ(-4, ib.pos_shift);
+    }
+    mtu_audit(a);
+    mtu_audit(b);
+    free(blob);
+    mskv_arena_destroy(a);
+    mskv_arena_destroy(b);
+}
+
+TEST(import_begin_with_too_few_pages_is_OUT_OF_PAGES_and_changes_nothing) {
+    mskv_arena *a = mst_arena_for(MTS_PLAIN, 64), *b = mst_arena_for(MTS_PLAIN, 8);
+    mskv_request r, got, filler;
+    mskv_blob_layout L;
+    unsigned char *blob;
+    size_t n = 0;
+    uint64_t before;
+    ASSERT_TRUE(a && b);
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_PLAIN, 40, 3, &r));   /* 10 pages; b has 7 */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(b, &filler));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(b, filler, 4));
+    blob = mst_export(a, r, &n);
+    ASSERT_TRUE(blob != NULL);
+    before = mskv_arena_digest(b);
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_PAGES, mskv_request_import_begin(b, blob, n, &got, &L));
+    EXPECT_EQ_U64(before, mskv_arena_digest(b));
+    mtu_audit(b);
+    free(blob);
+    mskv_arena_destroy(a);
+    mskv_arena_destroy(b);
+}
+
+TEST(import_commit_over_changed_bytes_is_BLOB_CORRUPT_and_abort_returns_every_page) {
+    mskv_arena *a = mst_arena_for(MTS_PREFIX, 64), *b = mst_arena_for(MTS_PREFIX, 64);
+    mskv_request r, got, probe;
+    mskv_blob_layout L;
+    mskv_blob_range rg[2];
+    mskv_arena_stats s0, s1;
+    int32_t pages_before[16], pages_after[16], n0 = 0, n1 = 0;
+    unsigned char *blob;
+    size_t n = 0;
+    uint64_t sum = 0;
+    int i;
+    ASSERT_TRUE(a && b);
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_PREFIX, 30, 9, &r));
+    blob = mst_export(a, r, &n);
+    ASSERT_TRUE(blob != NULL);
+    for (i = 7; i >= 0; i--) sum = sum << 8 | blob[n - 8 + (size_t)i];
+    /* the pages a request of 30 tokens gets in b before any import */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(b, &probe));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(b, probe, 30));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(b, probe, pages_before, 16, &n0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(b, probe));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(b, &s0));
+
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_import_begin(b, blob, n, &got, &L));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_blob_ranges(b, got, 0, 2, rg));
+    memcpy(rg[0].data, blob + rg[0].offset, rg[0].bytes);
+    memcpy(rg[1].data, blob + rg[1].offset, rg[1].bytes);
+    ((unsigned char *)rg[1].data)[3] ^= 0x10;   /* one flipped bit; the other ranges never arrived */
+    EXPECT_EQ(MSKV_ERROR_BLOB_CORRUPT, mskv_request_import_commit(b, got, sum));
+    EXPECT_EQ(MSKV_ERROR_BLOB_CORRUPT, mskv_request_import_commit(b, got, sum ^ 1));   /* still open */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_import_abort(b, got));
+    EXPECT_EQ(MSKV_ERROR_INVALID_HANDLE, mskv_request_import_abort(b, got));   /* the handle is stale */
+
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(b, &s1));
+    EXPECT_EQ(s0.free_pages, s1.free_pages);
+    EXPECT_EQ(s0.live_pages, s1.live_pages);
+    EXPECT_EQ(s0.requests, s1.requests);
+    mtu_audit(b);
+    /* the free list is as it was: the same request gets the same pages */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(b, &probe));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(b, probe, 30));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_pages(b, probe, pages_after, 16, &n1));
+    ASSERT_EQ(n0, n1);
+    for (i = 0; i < n0; i++) EXPECT_EQ(pages_before[i], pages_after[i]);
+    free(blob);
+    mskv_arena_destroy(a);
+    mskv_arena_destroy(b);
+}
+
+TEST(a_request_being_exported_refuses_changes_until_export_end) {
+    mskv_arena *a = mst_arena_for(MTS_PREFIX, 64);
+    mskv_request r, child, other;
+    mskv_blob_layout L;
+    mskv_segment seg;
+    unsigned char hdr[MSKV_BLOB_HEADER_MAX];
+    uint64_t digest;
+    int64_t rel = 0;
+    int32_t parked = 0;
+    mskv_request park[2];
+    ASSERT_TRUE(a != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_PREFIX, 30, 4, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &other));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export_begin(a, r, hdr, sizeof hdr, &L));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_export_begin(a, r, hdr, sizeof hdr, &L));
+    digest = mskv_arena_digest(a);
+    seg.request = r;
+    seg.n_tokens = 4;
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_admit(a, &seg, 1));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_protect_prefix(a, r, 8));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_release_oldest(a, r, 8, &rel));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_offload(a, r));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_remove(a, r));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_shift_positions(a, r, 5));   /* the header it streams says the shift */
+    {
+        mskv_request pair[2];
+        mskv_lockstep ls;
+        pair[0] = r;
+        pair[1] = other;
+        EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_lockstep_create(a, pair, 2, &ls));
+    }
+    /* 55 pages free: parking it would free 8 more, but make_room passes over it */
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_PAGES, mskv_make_room(a, 60, (uint64_t)1 << 30, NULL, 0, park, 2, &parked));
+    EXPECT_EQ(0, parked);
+    EXPECT_EQ_U64(digest, mskv_arena_digest(a));
+    /* reads go on: a fork shares its pages */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_fork(a, r, &child));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_export_end(a, r));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_export_end(a, r));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 8, &rel));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_remove(a, r));
+    mtu_audit(a);
+    mskv_arena_destroy(a);
+}
+
+TEST(a_request_being_imported_is_invisible_until_commit) {
+    mskv_arena *a = mst_arena_for(MTS_KEYED, 64), *b = mst_arena_for(MTS_KEYED, 64);
+    mskv_request r, got, found;
+    mskv_blob_layout L;
+    mskv_request_info info;
+    mskv_segment seg;
+    unsigned char *blob;
+    size_t n = 0;
+    ASSERT_TRUE(a && b);
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_KEYED, 20, 0, &r));
+    blob = mst_export(a, r, &n);
+    ASSERT_TRUE(blob != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_import_begin(b, blob, n, &got, &L));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_info_get(b, got, &info));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_remove(b, got));
+    seg.request = got;
+    seg.n_tokens = 0;
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_admit(b, &seg, 1));
+    EXPECT_EQ(MSKV_ERROR_NOT_FOUND, mskv_keyed_find(b, MTS_KEY, &found));
+    EXPECT_EQ(MSKV_ERROR_NOT_FOUND, mskv_keyed_remove(b, MTS_KEY));
+    EXPECT_EQ(MSKV_ERROR_DUPLICATE, mskv_request_import(b, blob, n, &found));   /* the key is taken */
+    mtu_audit(b);
+    free(blob);
+    mskv_arena_destroy(a);
+    mskv_arena_destroy(b);
+}
+
+TEST(import_begin_checks_the_header_as_import_does) {
+    mskv_arena *a = mst_arena_for(MTS_PLAIN, 64), *b = mst_arena_for(MTS_PLAIN, 64), *other = mts_arena(64, 8, 1);
+    mskv_request r, got;
+    mskv_blob_layout L;
+    unsigned char *blob;
+    size_t n = 0;
+    uint64_t before;
+    ASSERT_TRUE(a && b && other);
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_PLAIN, 20, 1, &r));
+    blob = mst_export(a, r, &n);
+    ASSERT_TRUE(blob != NULL);
+    before = mskv_arena_digest(b);
+    EXPECT_EQ(MSKV_ERROR_BLOB_TRUNCATED, mskv_request_import_begin(b, blob, 100, &got, &L));
+    EXPECT_EQ(MSKV_ERROR_BLOB_MISMATCH, mskv_request_import_begin(other, blob, n, &got, &L));
+    blob[44] ^= 1;   /* the page count no longer matches the size */
+    EXPECT_EQ(MSKV_ERROR_BLOB_CORRUPT, mskv_request_import_begin(b, blob, n, &got, &L));
+    blob[44] ^= 1;
+    blob[0] ^= 1;
+    EXPECT_EQ(MSKV_ERROR_BLOB_CORRUPT, mskv_request_import_begin(b, blob, n, &got, &L));
+    blob[0] ^= 1;
+    blob[8] = 9;
+    EXPECT_EQ(MSKV_ERROR_BLOB_VERSION, mskv_request_import_begin(b, blob, n, &got, &L));
+    EXPECT_EQ_U64(before, mskv_arena_digest(b));
+    free(blob);
+    mskv_arena_destroy(a);
+    mskv_arena_destroy(b);
+    mskv_arena_destroy(other);
+}
+
+TEST(blob_ranges_outside_the_blob_are_OUT_OF_RANGE_and_need_an_open_transfer) {
+    mskv_arena *a = mst_arena_for(MTS_PLAIN, 64);
+    mskv_request r;
+    mskv_blob_layout L;
+    mskv_blob_range rg[4];
+    unsigned char hdr[MSKV_BLOB_HEADER_MAX];
+    ASSERT_TRUE(a != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_PLAIN, 8, 1, &r));   /* 2 pages x 2 layers x K,V */
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_blob_ranges(a, r, 0, 1, rg));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export_begin(a, r, hdr, sizeof hdr, &L));
+    EXPECT_EQ(8, L.range_count);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_blob_ranges(a, r, 4, 4, rg));
+    EXPECT_EQ(1, rg[0].layer * 2 + rg[0].kind == 0 && rg[0].offset == L.header_bytes + 4 * L.range_bytes);
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_request_blob_ranges(a, r, 5, 4, rg));
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_request_blob_ranges(a, r, -1, 1, rg));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_request_export_end(a, r));
+    EXPECT_EQ(MSKV_ERROR_CAPACITY, mskv_request_export_begin(a, r, hdr, 10, &L));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_export_end(a, r));   /* a failed begin opened nothing */
+    mskv_arena_destroy(a);
+}
+
+static mskv_result mst_read(void *u, const int32_t *p, int32_t n, void *d) { (void)u; (void)p; (void)n; (void)d; return MSKV_SUCCESS; }
+static mskv_result mst_write(void *u, const int32_t *p, int32_t n, const void *s) { (void)u; (void)p; (void)n; (void)s; return MSKV_SUCCESS; }
+static mskv_result mst_copy(void *u, int32_t s, int32_t d) { (void)u; (void)s; (void)d; return MSKV_SUCCESS; }
+
+TEST(streaming_pages_behind_store_ops_is_UNSUPPORTED) {
+    mskv_store_ops ops;
+    mskv_arena_desc d;
+    mskv_arena *a = NULL;
+    mskv_request r, got;
+    mskv_blob_layout L;
+    unsigned char hdr[MSKV_BLOB_HEADER_MAX];
+    memset(&ops, 0, sizeof ops);
+    ops.read_pages = mst_read;
+    ops.write_pages = mst_write;
+    ops.copy_page = mst_copy;
+    memset(&d, 0, sizeof d);
+    d.num_pages = 16; d.page_size = 4; d.num_layers = 1; d.kv_heads = 1; d.head_dim = 4;
+    d.store_ops = &ops;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 5));
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_request_export_begin(a, r, hdr, sizeof hdr, &L));
+    memset(hdr, 0, sizeof hdr);
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_request_import_begin(a, hdr, sizeof hdr, &got, &L));
+    mskv_arena_destroy(a);
+}
+
+/* The transport over these streams (mstar_kv_ucx.h, tested with two
+   processes in tests/test_ucx.c) loads UCX at run time; without it every
+   call that needs it is UNSUPPORTED and says why. */
+TEST(ucx_layer_without_its_library_is_UNSUPPORTED_with_the_reason) {
+    char why[512];
+    mskv_ucx_desc d;
+    mskv_ucx *u = NULL;
+    memset(&d, 0, sizeof d);
+#ifdef _WIN32
+    d.library = NULL;
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_ucx_probe(NULL, why, sizeof why));
+    EXPECT_TRUE(strstr(why, "UCX is not available on Windows") != NULL);
+#else
+    d.library = "libucp-absent.so.0";
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_ucx_probe(d.library, why, sizeof why));
+    EXPECT_TRUE(strstr(why, "libucp-absent.so.0") != NULL);
+#endif
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_ucx_listen(&d, "127.0.0.1", 0, &u));
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_ucx_connect(&d, "127.0.0.1", 1, &u));
+    EXPECT_TRUE(u == NULL);
+}
+
+/* The debug checks of issue 9 meet streaming: an aborted import leaves its
+   pages poisoned again, and a changed host copy is never streamed out. */
+TEST(streamed_import_abort_leaves_every_page_poisoned_again_in_debug_mode) {
+    mskv_arena *a = mst_arena_for(MTS_PLAIN, 64), *b;
+    mskv_arena_desc d;
+    mskv_request r, got;
+    mskv_blob_layout L;
+    mskv_blob_range rg;
+    unsigned char *blob;
+    size_t n = 0;
+    char why[256];
+    ASSERT_TRUE(a != NULL);
+    memset(&d, 0, sizeof d);
+    d.num_pages = 64; d.page_size = 4; d.num_layers = MTS_LAYERS; d.kv_heads = MTS_HEADS; d.head_dim = MTS_DIM;
+    d.dtype = MSKV_DTYPE_BF16;
+    d.debug = MSKV_DEBUG_POISON;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &b));
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_PLAIN, 30, 2, &r));
+    blob = mst_export(a, r, &n);
+    ASSERT_TRUE(blob != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_import_begin(b, blob, n, &got, &L));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_blob_ranges(b, got, 3, 1, &rg));
+    memcpy(rg.data, blob + rg.offset, rg.bytes);   /* one range arrived, then the peer went away */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_import_abort(b, got));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit_bytes(b, why, sizeof why));
+    mtu_audit(b);
+    free(blob);
+    mskv_arena_destroy(a);
+    mskv_arena_destroy(b);
+}
+
+TEST(streamed_export_of_a_changed_host_copy_is_HOST_COPY_CORRUPT_in_debug_mode) {
+    mskv_arena_desc d;
+    mskv_arena *a;
+    mskv_request r;
+    mskv_blob_layout L;
+    mskv_blob_range rg;
+    unsigned char hdr[MSKV_BLOB_HEADER_MAX];
+    memset(&d, 0, sizeof d);
+    d.num_pages = 64; d.page_size = 4; d.num_layers = MTS_LAYERS; d.kv_heads = MTS_HEADS; d.head_dim = MTS_DIM;
+    d.dtype = MSKV_DTYPE_BF16;
+    d.debug = MSKV_DEBUG_CHECKSUMS;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_OFFLOADED, 30, 2, &r));
+    /* the ranges of an open export show where the host copy lies: change one byte of it */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export_begin(a, r, hdr, sizeof hdr, &L));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_blob_ranges(a, r, 1, 1, &rg));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_export_end(a, r));
+    ((unsigned char *)rg.data)[0] ^= 1;
+    EXPECT_EQ(MSKV_ERROR_HOST_COPY_CORRUPT, mskv_request_export_begin(a, r, hdr, sizeof hdr, &L));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_export_end(a, r));   /* nothing was opened */
+    mskv_arena_destroy(a);
+}

@@ -1,0 +1,529 @@
+/* Request migration over UCX (mstar_kv_ucx.h) between two processes on this
+   machine: the parent runs one side, a forked child the other, over
+   127.0.0.1 with UCX_TLS=tcp or shared memory. Every state a blob carries,
+   1 to 100,000 tokens, byte-identical after the move with the audit passing
+   on both sides; and each fault (a peer killed with SIGKILL, a dropped
+   connection, bytes flipped in flight, a receiver short of pages) gives a
+   specific code on both sides, nothing half-imported and the sender's
+   request intact and usable. Without libucp.so.0 the tests skip, saying why.
+   POSIX only (fork); the Windows build of the layer is a compile check. */
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L   /* setenv, kill */
+#endif
+#define MSKV_TEST_IMPLEMENTATION
+#define MSKV_TEST_MAIN
+#include "mskv_test.h"
+#define MSTAR_KV_IMPLEMENTATION
+#include "../mstar_kv.h"
+#define MSTAR_KV_UCX_IMPLEMENTATION
+#include "../mstar_kv_ucx.h"
+#include "mskv_test_states.h"
+#include <signal.h>
+#include <time.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef enum mtx_fault {
+    MTX_NONE = 0,
+    MTX_KILL_RECEIVER,     /* the receiver dies (SIGKILL) after message 1 landed */
+    MTX_KILL_SENDER,       /* the sender dies (SIGKILL) after handing message 1 to UCX */
+    MTX_DROP_RECEIVER,     /* the receiver closes the connection after message 1 */
+    MTX_DROP_SENDER,       /* the sender closes the connection after message 1 */
+    MTX_FLIP,              /* one bit of message 1 changes on its way */
+    MTX_FEW_PAGES          /* the receiver's arena is too small */
+} mtx_fault;
+
+typedef struct mtx_case {
+    mts_state state;
+    int64_t tokens;
+    int32_t page_size;
+    const char *tls;       /* UCX_TLS */
+    mtx_fault fault;
+    uint32_t flags;        /* mskv_ucx_send's */
+    int sender_ops, receiver_ops;   /* that side's pages behind store_ops (staged through host memory) */
+} mtx_case;
+
+/* What one side saw, sent from the child to the parent through a pipe. */
+typedef struct mtx_report {
+    int ran;
+    mskv_result result;
+    int ok;                /* its own checks passed */
+    char why[240];
+} mtx_report;
+
+#define MTX_TIMEOUT_MS 4000
+#define MTX_UCX_LOG 0
+
+static void mtx_log(void *user, mskv_log_level level, const char *msg) {
+    (void)user;
+    (void)level;
+    if (MTX_UCX_LOG) fprintf(stderr, "    [pid %d] %s\n", (int)getpid(), msg);
+}
+
+static int mtx_hook(void *user, mskv_ucx_hook_point at, int64_t m, void *data, size_t bytes) {
+    const mtx_case *c = (const mtx_case *)user;
+    if (m != 1) return 0;
+    if (at == MSKV_UCX_HOOK_RECEIVED) {
+        if (c->fault == MTX_KILL_RECEIVER) kill(getpid(), SIGKILL);
+        if (c->fault == MTX_DROP_RECEIVER) return MSKV_UCX_HOOK_DROP;
+        if (c->fault == MTX_FLIP && bytes > 0) ((unsigned char *)data)[bytes / 2] ^= 0x04;
+    } else {
+        if (c->fault == MTX_KILL_SENDER) kill(getpid(), SIGKILL);
+        if (c->fault == MTX_DROP_SENDER) return MSKV_UCX_HOOK_DROP;
+    }
+    return 0;
+}
+
+static mskv_ucx_desc mtx_desc(const mtx_case *c) {
+    mskv_ucx_desc d;
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = MTX_TIMEOUT_MS;
+    d.log = mtx_log;
+    d.hook = mtx_hook;
+    d.hook_user = (void *)c;
+    if (c->fault != MTX_NONE) d.message_bytes = 4096;   /* several messages, so a fault lands mid-transfer */
+    return d;
+}
+
+static int32_t mtx_groups(const mtx_case *c) { return c->state == MTS_GROUPS ? 2 : 1; }
+static int32_t mtx_pages(const mtx_case *c) { return (int32_t)(2 * (c->tokens / c->page_size + 2) * mtx_groups(c) + 16); }
+
+static unsigned char *mtx_export(mskv_arena *a, mskv_request r, size_t *n) {
+    unsigned char *b;
+    if (mskv_request_export(a, r, NULL, 0, n) != MSKV_SUCCESS) return NULL;
+    b = (unsigned char *)malloc(*n);
+    if (b && mskv_request_export(a, r, b, *n, n) != MSKV_SUCCESS) { free(b); b = NULL; }
+    return b;
+}
+
+static int mtx_fail(mtx_report *rep, const char *why) {
+    if (rep->ok) snprintf(rep->why, sizeof rep->why, "%s", why);
+    rep->ok = 0;
+    return 0;
+}
+
+static void mtx_audit(mskv_arena *a, mtx_report *rep, const char *side) {
+    char why[200], msg[240];
+    if (mskv_arena_audit(a, why, sizeof why) != MSKV_SUCCESS) {
+        snprintf(msg, sizeof msg, "%s audit: %s", side, why);
+        mtx_fail(rep, msg);
+    }
+}
+
+/* The sender: builds the request, sends it, then checks its own state:
+   gone after a move, else byte-identical to before and usable. */
+static void mtx_sender(const mtx_case *c, uint16_t port, mtx_report *rep) {
+    mskv_ucx_desc d = mtx_desc(c);
+    mskv_arena *a = c->sender_ops ? mts_arena_ops(mtx_pages(c), c->page_size, mtx_groups(c)) : mts_arena(mtx_pages(c), c->page_size, mtx_groups(c));
+    mskv_ucx *u = NULL;
+    mskv_request r;
+    mskv_request_info info;
+    unsigned char *before = NULL, *after = NULL;
+    size_t n0 = 0, n1 = 0;
+    rep->ran = 1;
+    rep->ok = 1;
+    if (!a || mts_build(a, c->state, c->tokens, 7, &r) != MSKV_SUCCESS) { mtx_fail(rep, "sender: building the request"); goto out; }
+    before = mtx_export(a, r, &n0);
+    rep->result = mskv_ucx_connect(&d, "127.0.0.1", port, &u);
+    if (rep->result == MSKV_SUCCESS) rep->result = mskv_ucx_send(u, a, r, c->flags);
+    if (rep->result == MSKV_SUCCESS && !(c->flags & MSKV_UCX_KEEP)) {
+        if (mskv_request_info_get(a, r, &info) != MSKV_ERROR_INVALID_HANDLE) mtx_fail(rep, "sender: the moved request is still there");
+    } else {
+        after = mtx_export(a, r, &n1);
+        if (!before || !after || n0 != n1 || memcmp(before, after, n0) != 0) mtx_fail(rep, "sender: the request changed");
+        if (mskv_request_info_get(a, r, &info) == MSKV_SUCCESS && !info.keyed) {
+            mskv_result e = info.location == MSKV_OFFLOADED ? mskv_request_reload(a, r) : mskv_request_protect_prefix(a, r, 0);
+            if (e != MSKV_SUCCESS && e != MSKV_ERROR_BAD_STATE /* unprotecting in front of a gap */) mtx_fail(rep, "sender: the request is not usable");
+        }
+    }
+    mtx_audit(a, rep, "sender");
+out:
+    mskv_ucx_destroy(u);
+    free(before);
+    free(after);
+    mts_arena_destroy(a);
+}
+
+/* The receiver: listens, tells the sender its port, receives, then checks:
+   the request exports the sender's exact bytes, or nothing was imported. */
+static void mtx_receiver(const mtx_case *c, int port_fd, mtx_report *rep) {
+    mskv_ucx_desc d = mtx_desc(c);
+    int32_t pages = c->fault == MTX_FEW_PAGES ? mtx_pages(c) / 4 : mtx_pages(c);
+    mskv_arena *a = c->receiver_ops ? mts_arena_ops(pages, c->page_size, mtx_groups(c)) : mts_arena(pages, c->page_size, mtx_groups(c));
+    mskv_arena *ref = mts_arena(mtx_pages(c), c->page_size, mtx_groups(c));
+    mskv_ucx *u = NULL;
+    mskv_request r, want;
+    mskv_arena_stats s0, s1;
+    unsigned char *expect = NULL, *got = NULL;
+    size_t n0 = 0, n1 = 0;
+    uint16_t port = 0;
+    rep->ran = 1;
+    rep->ok = 1;
+    if (!a || !ref || mts_build(ref, c->state, c->tokens, 7, &want) != MSKV_SUCCESS) { mtx_fail(rep, "receiver: the reference request"); goto out; }
+    expect = mtx_export(ref, want, &n0);
+    mskv_arena_stats_get(a, &s0);
+    rep->result = mskv_ucx_listen(&d, "127.0.0.1", 0, &u);
+    if (rep->result == MSKV_SUCCESS) rep->result = mskv_ucx_port(u, &port);
+    if (write(port_fd, &port, sizeof port) != (ssize_t)sizeof port) { mtx_fail(rep, "receiver: the port pipe"); goto out; }
+    if (rep->result == MSKV_SUCCESS) rep->result = mskv_ucx_accept(u);
+    if (rep->result == MSKV_SUCCESS) rep->result = mskv_ucx_recv(u, a, &r);
+    if (rep->result == MSKV_SUCCESS) {
+        mskv_request_info info;
+        got = mtx_export(a, r, &n1);
+        if (!expect || !got || n0 != n1 || memcmp(expect, got, n0) != 0) mtx_fail(rep, "receiver: the bytes differ from the sender's");
+        if (mskv_request_info_get(a, r, &info) != MSKV_SUCCESS || info.location != MSKV_RESIDENT) mtx_fail(rep, "receiver: not resident");
+    } else {
+        mskv_arena_stats_get(a, &s1);
+        if (s0.free_pages != s1.free_pages || s0.live_pages != s1.live_pages || s0.requests != s1.requests)
+            mtx_fail(rep, "receiver: something was imported after all");
+    }
+    mtx_audit(a, rep, "receiver");
+out:
+    mskv_ucx_destroy(u);
+    free(expect);
+    free(got);
+    mts_arena_destroy(a);
+    mskv_arena_destroy(ref);
+}
+
+/* Runs a case: the side that may be killed is the child. Fills both reports
+   (the child's ran = 0 when it died) and returns the child's wait status. */
+static int mtx_run(const mtx_case *c, mtx_report *snd, mtx_report *rcv) {
+    int to_parent[2], status = 0;
+    int child_receives = c->fault == MTX_KILL_RECEIVER;
+    pid_t pid;
+    memset(snd, 0, sizeof *snd);
+    memset(rcv, 0, sizeof *rcv);
+    if (setenv("UCX_TLS", c->tls, 1) != 0 || pipe(to_parent) != 0) return -1;
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        mtx_report mine;
+        uint16_t port = 0;
+        memset(&mine, 0, sizeof mine);
+        if (child_receives) {
+            mtx_receiver(c, to_parent[1], &mine);
+        } else {
+            if (read(to_parent[0], &port, sizeof port) == (ssize_t)sizeof port) mtx_sender(c, port, &mine);
+        }
+        if (write(to_parent[1], &mine, sizeof mine) != (ssize_t)sizeof mine) _exit(3);
+        _exit(0);
+    }
+    if (child_receives) {
+        uint16_t port = 0;
+        if (read(to_parent[0], &port, sizeof port) == (ssize_t)sizeof port) mtx_sender(c, port, snd);
+    } else {
+        /* the port goes to the child through the same pipe: the child reads it before writing its report */
+        mtx_receiver(c, to_parent[1], rcv);
+    }
+    close(to_parent[1]);
+    waitpid(pid, &status, 0);
+    {
+        mtx_report *theirs = child_receives ? rcv : snd;
+        if (read(to_parent[0], theirs, sizeof *theirs) != (ssize_t)sizeof *theirs) memset(theirs, 0, sizeof *theirs);
+    }
+    close(to_parent[0]);
+    return status;
+}
+
+static int mtx_have_ucx(char *why, size_t cap) {
+    /* before UCX is first loaded: it reads its log level then. It warns about
+       the messages a dropped connection leaves behind, expected here. */
+    setenv("UCX_LOG_LEVEL", "error", 1);
+    setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
+    return mskv_ucx_probe(NULL, why, cap) == MSKV_SUCCESS;
+}
+
+#define MTX_NEED_UCX()                                                   \
+    do {                                                                 \
+        char mtx_why[512];                                               \
+        if (!mtx_have_ucx(mtx_why, sizeof mtx_why)) SKIP("%s", mtx_why); \
+    } while (0)
+
+/* A case that must succeed: both sides report success and pass their checks. */
+static void mtx_expect_moved(const mtx_case *c) {
+    mtx_report s, r;
+    int st = mtx_run(c, &s, &r);
+    if (st != 0 || !s.ran || !r.ran || s.result != MSKV_SUCCESS || r.result != MSKV_SUCCESS || !s.ok || !r.ok)
+        mt_fail(__FILE__, __LINE__, "%s, %lld tokens, UCX_TLS=%s: sender %s (%s), receiver %s (%s), child status %d", mts_names[c->state],
+                (long long)c->tokens, c->tls, mskv_result_string(s.result), s.ok ? "ok" : s.why, mskv_result_string(r.result),
+                r.ok ? "ok" : r.why, st);
+}
+
+static mtx_case mtx_make(mts_state s, int64_t tokens, const char *tls) {
+    mtx_case c;
+    memset(&c, 0, sizeof c);
+    c.state = s;
+    c.tokens = tokens;
+    c.page_size = 16;
+    c.tls = tls;
+    return c;
+}
+
+TEST(ucx_moves_a_request_in_every_state_byte_identical_over_tcp) {
+    int s;
+    static const int64_t sizes[] = { 1, 777 };
+    MTX_NEED_UCX();
+    for (s = 0; s < MTS_COUNT; s++) {
+        size_t i;
+        for (i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            mtx_case c = mtx_make((mts_state)s, sizes[i], "tcp");
+            mtx_expect_moved(&c);
+        }
+    }
+}
+
+TEST(ucx_moves_a_request_in_every_state_byte_identical_over_shared_memory) {
+    int s;
+    MTX_NEED_UCX();
+    for (s = 0; s < MTS_COUNT; s++) {
+        mtx_case c = mtx_make((mts_state)s, 777, "shm,tcp");
+        mtx_expect_moved(&c);
+    }
+}
+
+TEST(ucx_moves_100000_tokens_over_tcp_and_shared_memory) {
+    mtx_case c = mtx_make(MTS_GAP, 100000, "tcp");
+    MTX_NEED_UCX();
+    mtx_expect_moved(&c);
+    c.tls = "shm,tcp";
+    c.state = MTS_GROUPS;
+    mtx_expect_moved(&c);
+    c.state = MTS_OFFLOADED;
+    c.page_size = 1;   /* 100,000 pages: a gather list per message */
+    mtx_expect_moved(&c);
+}
+
+TEST(ucx_send_with_KEEP_leaves_the_sender_its_copy) {
+    mtx_case c = mtx_make(MTS_PREFIX, 300, "tcp");
+    MTX_NEED_UCX();
+    c.flags = MSKV_UCX_KEEP;
+    mtx_expect_moved(&c);
+}
+
+/* A fault: both codes as expected, both sides' checks passed (the sender's
+   request intact, the receiver holding nothing). */
+static void mtx_expect_fault(const mtx_case *c, mskv_result sender_wants, mskv_result receiver_wants, int line) {
+    mtx_report s, r;
+    int st = mtx_run(c, &s, &r);
+    int receiver_killed = c->fault == MTX_KILL_RECEIVER, sender_killed = c->fault == MTX_KILL_SENDER;
+    if (receiver_killed || sender_killed) {
+        if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) mt_fail(__FILE__, line, "the child was to die of SIGKILL (status %d)", st);
+    } else if (st != 0) {
+        mt_fail(__FILE__, line, "child status %d", st);
+    }
+    if (!sender_killed && (s.result != sender_wants || !s.ok))
+        mt_fail(__FILE__, line, "UCX_TLS=%s: sender got %s (%s), wanted %s", c->tls, mskv_result_string(s.result), s.ok ? "checks ok" : s.why,
+                mskv_result_string(sender_wants));
+    if (!receiver_killed && (r.result != receiver_wants || !r.ok))
+        mt_fail(__FILE__, line, "UCX_TLS=%s: receiver got %s (%s), wanted %s", c->tls, mskv_result_string(r.result), r.ok ? "checks ok" : r.why,
+                mskv_result_string(receiver_wants));
+}
+
+TEST(ucx_stages_pages_behind_store_ops_through_host_memory_on_that_side_only) {
+    mtx_case c = mtx_make(MTS_GAP, 3000, "tcp");
+    MTX_NEED_UCX();
+    c.sender_ops = 1;
+    mtx_expect_moved(&c);
+    c.sender_ops = 0;
+    c.receiver_ops = 1;
+    c.state = MTS_GROUPS;
+    mtx_expect_moved(&c);
+    c.sender_ops = 1;
+    c.state = MTS_KEYED;
+    mtx_expect_moved(&c);
+}
+
+TEST(ucx_receiver_staging_through_host_memory_still_keeps_nothing_on_a_fault) {
+    mtx_case c = mtx_make(MTS_PLAIN, 3000, "tcp");
+    MTX_NEED_UCX();
+    c.receiver_ops = 1;
+    c.fault = MTX_FLIP;
+    mtx_expect_fault(&c, MSKV_ERROR_BLOB_CORRUPT, MSKV_ERROR_BLOB_CORRUPT, __LINE__);
+    c.fault = MTX_FEW_PAGES;
+    mtx_expect_fault(&c, MSKV_ERROR_OUT_OF_PAGES, MSKV_ERROR_OUT_OF_PAGES, __LINE__);
+}
+
+TEST(ucx_receiver_killed_mid_transfer_is_PEER_for_the_sender_whose_request_stays_intact) {
+    mtx_case c = mtx_make(MTS_GAP, 2000, "tcp");
+    MTX_NEED_UCX();
+    c.fault = MTX_KILL_RECEIVER;
+    mtx_expect_fault(&c, MSKV_ERROR_PEER, MSKV_SUCCESS, __LINE__);
+}
+
+TEST(ucx_sender_killed_mid_transfer_is_PEER_for_the_receiver_which_keeps_nothing) {
+    mtx_case c = mtx_make(MTS_GAP, 2000, "tcp");
+    MTX_NEED_UCX();
+    c.fault = MTX_KILL_SENDER;
+    mtx_expect_fault(&c, MSKV_SUCCESS, MSKV_ERROR_PEER, __LINE__);
+}
+
+TEST(ucx_peer_killed_over_shared_memory_is_PEER_or_TIMEOUT_never_a_hang) {
+    mtx_report s, r;
+    mtx_case c = mtx_make(MTS_PLAIN, 2000, "shm,tcp");
+    int st;
+    MTX_NEED_UCX();
+    c.fault = MTX_KILL_SENDER;
+    st = mtx_run(&c, &s, &r);
+    EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    EXPECT_TRUE(r.result == MSKV_ERROR_PEER || r.result == MSKV_ERROR_TIMEOUT);
+    if (!r.ok) mt_fail(__FILE__, __LINE__, "%s", r.why);
+}
+
+TEST(ucx_connection_dropped_by_the_receiver_is_PEER_on_both_sides) {
+    mtx_case c = mtx_make(MTS_RETENTION, 2000, "tcp");
+    MTX_NEED_UCX();
+    c.fault = MTX_DROP_RECEIVER;
+    mtx_expect_fault(&c, MSKV_ERROR_PEER, MSKV_ERROR_PEER, __LINE__);
+}
+
+TEST(ucx_connection_dropped_by_the_sender_is_PEER_on_both_sides) {
+    mtx_case c = mtx_make(MTS_OFFLOADED, 2000, "tcp");
+    MTX_NEED_UCX();
+    c.fault = MTX_DROP_SENDER;
+    mtx_expect_fault(&c, MSKV_ERROR_PEER, MSKV_ERROR_PEER, __LINE__);
+}
+
+TEST(ucx_bytes_changed_in_flight_are_BLOB_CORRUPT_on_both_sides) {
+    mtx_case c = mtx_make(MTS_GROUPS, 2000, "tcp");
+    MTX_NEED_UCX();
+    c.fault = MTX_FLIP;
+    mtx_expect_fault(&c, MSKV_ERROR_BLOB_CORRUPT, MSKV_ERROR_BLOB_CORRUPT, __LINE__);
+    c.tls = "shm,tcp";
+    c.state = MTS_KEYED;
+    mtx_expect_fault(&c, MSKV_ERROR_BLOB_CORRUPT, MSKV_ERROR_BLOB_CORRUPT, __LINE__);
+}
+
+TEST(ucx_receiver_short_of_pages_is_OUT_OF_PAGES_on_both_sides) {
+    mtx_case c = mtx_make(MTS_PREFIX, 2000, "tcp");
+    MTX_NEED_UCX();
+    c.fault = MTX_FEW_PAGES;
+    mtx_expect_fault(&c, MSKV_ERROR_OUT_OF_PAGES, MSKV_ERROR_OUT_OF_PAGES, __LINE__);
+}
+
+TEST(ucx_missing_library_is_UNSUPPORTED_with_the_loaders_reason) {
+    char why[512];
+    mskv_ucx_desc d;
+    mskv_ucx *u = NULL;
+    memset(&d, 0, sizeof d);
+    d.library = "libucp-not-here.so.0";
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_ucx_probe(d.library, why, sizeof why));
+    EXPECT_TRUE(strstr(why, "libucp-not-here.so.0") != NULL);
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_ucx_listen(&d, "127.0.0.1", 0, &u));
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_ucx_connect(&d, "127.0.0.1", 1, &u));
+    EXPECT_TRUE(u == NULL);
+    /* a library that is not UCP at all */
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_ucx_probe("libm.so.6", why, sizeof why));
+    EXPECT_TRUE(strstr(why, "no symbol") != NULL);
+}
+
+TEST(ucx_connect_to_nobody_fails_with_PEER_or_TIMEOUT) {
+    mskv_ucx_desc d;
+    mskv_ucx *u = NULL;
+    mskv_arena *a = mts_arena(64, 16, 1);
+    mskv_request r;
+    mskv_result e;
+    unsigned char *before, *after;
+    size_t n0 = 0, n1 = 0;
+    MTX_NEED_UCX();
+    ASSERT_TRUE(a != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_PLAIN, 100, 1, &r));
+    before = mtx_export(a, r, &n0);
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 1500;
+    d.log = mtx_log;
+    setenv("UCX_TLS", "tcp", 1);
+    e = mskv_ucx_connect(&d, "127.0.0.1", 9 /* discard: nothing listens here */, &u);
+    if (e == MSKV_SUCCESS) e = mskv_ucx_send(u, a, r, 0);
+    EXPECT_TRUE(e == MSKV_ERROR_PEER || e == MSKV_ERROR_TIMEOUT);
+    after = mtx_export(a, r, &n1);
+    EXPECT_TRUE(before && after && n0 == n1 && memcmp(before, after, n0) == 0);
+    if (u) EXPECT_EQ(MSKV_ERROR_PEER, mskv_ucx_send(u, a, r, 0));   /* the connection is closed now */
+    mskv_ucx_destroy(u);
+    free(before);
+    free(after);
+    mskv_arena_destroy(a);
+}
+
+TEST(ucx_listen_refuses_what_is_not_an_ipv4_address) {
+    mskv_ucx *u = NULL;
+    MTX_NEED_UCX();
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_ucx_listen(NULL, "localhost:80", 0, &u));
+    EXPECT_TRUE(u == NULL);
+}
+
+TEST(ucx_recv_with_no_offer_in_time_is_TIMEOUT_and_the_connection_stays_usable) {
+    int fds[2], status = 0;
+    pid_t pid;
+    mskv_ucx_desc d;
+    mskv_ucx *u = NULL;
+    mskv_arena *a = mts_arena(64, 16, 1);
+    mskv_request r;
+    uint16_t port = 0;
+    MTX_NEED_UCX();
+    ASSERT_TRUE(a != NULL);
+    setenv("UCX_TLS", "tcp", 1);
+    ASSERT_EQ(0, pipe(fds));
+    fflush(stdout);
+    pid = fork();
+    ASSERT_TRUE(pid >= 0);
+    if (pid == 0) {
+        /* the sender sends one request at once, and the next only after the receiver's wait for it ran out */
+        mskv_arena *b = mts_arena(64, 16, 1);
+        mskv_ucx *s = NULL;
+        mskv_request q, q2;
+        mskv_ucx_desc ds;
+        int ok;
+        memset(&ds, 0, sizeof ds);
+        ds.timeout_ms = MTX_TIMEOUT_MS;
+        ds.log = mtx_log;
+        ok = b && read(fds[0], &port, sizeof port) == (ssize_t)sizeof port && mts_build(b, MTS_PLAIN, 50, 3, &q) == MSKV_SUCCESS &&
+             mts_build(b, MTS_PLAIN, 20, 4, &q2) == MSKV_SUCCESS && mskv_ucx_connect(&ds, "127.0.0.1", port, &s) == MSKV_SUCCESS &&
+             mskv_ucx_send(s, b, q, 0) == MSKV_SUCCESS;
+        if (ok) {
+            struct timespec nap;
+            nap.tv_sec = 0;
+            nap.tv_nsec = 900 * 1000 * 1000L;
+            nanosleep(&nap, NULL);
+        }
+        ok = ok && mskv_ucx_send(s, b, q2, 0) == MSKV_SUCCESS;
+        mskv_ucx_destroy(s);
+        mskv_arena_destroy(b);
+        _exit(ok ? 0 : 1);
+    }
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 300;
+    d.log = mtx_log;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_listen(&d, "127.0.0.1", 0, &u));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_port(u, &port));
+    EXPECT_EQ((ssize_t)sizeof port, write(fds[1], &port, sizeof port));
+    {
+        mskv_result e = MSKV_ERROR_TIMEOUT;
+        int tries;
+        for (tries = 0; tries < 30 && e == MSKV_ERROR_TIMEOUT; tries++) e = mskv_ucx_accept(u);
+        ASSERT_EQ(MSKV_SUCCESS, e);
+    }
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_recv(u, a, &r));
+    EXPECT_EQ(MSKV_ERROR_TIMEOUT, mskv_ucx_recv(u, a, &r));
+    {
+        /* wait in slices, as a service loop would */
+        mskv_result e = MSKV_ERROR_TIMEOUT;
+        int tries;
+        for (tries = 0; tries < 20 && e == MSKV_ERROR_TIMEOUT; tries++) e = mskv_ucx_recv(u, a, &r);
+        EXPECT_EQ(MSKV_SUCCESS, e);
+    }
+    mskv_ucx_destroy(u);
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(fds[0]);
+    close(fds[1]);
+    {
+        char why[200];
+        EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(a, why, sizeof why));
+    }
+    mskv_arena_destroy(a);
+}
