@@ -53,7 +53,8 @@
    mskv_attn(q, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices, kv_len,
              kv_pos_split, kv_pos_shift, q_heads, kv_heads, page_size,
              page_magic, page_shift, scale_log2, mask, window_left,
-             kv_chunk, n_splits, o, lse, o_part, lse_part)
+             kv_chunk, n_splits, o, lse, o_part, lse_part, q_pos,
+             vis_sink_end, vis_window_start)
      Paged attention over a CSR plan (MSKV_DTYPE 1 or 2; mma.sync m16n8k16
      with f32 accumulation). A block takes one (segment, kv head, key split)
      and a tile of "rows", row = query * group + (q head within the kv head's
@@ -78,6 +79,18 @@
      the mask's reach bounds the key range a block visits.
      mask: 0 none, 1 causal (key pos <= query pos), 2 causal and
      q - k <= window_left, on absolute positions. scale_log2 = scale * log2(e).
+     Query i of segment b is at q_pos[qo_indptr[b] + i] when q_pos is not
+     NULL (any order), else at the position of key kv_len - qo_len + i (the
+     tail rule). With vis_sink_end and vis_window_start (per segment, both
+     or neither), keys at positions in [vis_sink_end[b], vis_window_start[b])
+     are hidden (none when window start <= sink end): as positions rise with
+     the index, the visible keys are two runs, [0, first(sink end)) and
+     [first(window start), kv_len). A block visits the tiles of each run
+     (tiles wholly hidden are not read); the one tile of the first run that
+     reaches past the hole masks the keys from its start on, and the tiles
+     every row sees whole run unmasked, in up to two runs of their own.
+     Everything is computed on the device from these arrays, so a plan
+     uploaded once and replayed by a graph needs nothing derived.
      Keys of split s: [s * kv_chunk, (s + 1) * kv_chunk) (kv_chunk a multiple
      of BN; n_splits 1 = no split). With n_splits == 1: o [total_q][q_heads][D]
      (dtype) and lse [total_q][q_heads] (natural log; may be NULL). Otherwise
@@ -88,9 +101,10 @@
    mskv_attn_sm90(k_map, v_map, use_tma, q, k_pool, v_pool, qo_indptr,
                   kv_indptr, kv_indices, kv_len, kv_pos_split, kv_pos_shift,
                   q_heads, kv_heads, page_size, scale_log2, mask, window_left,
-                  kv_chunk, n_splits, o, lse, o_part, lse_part)
-     The same attention as mskv_attn (plan, rows, masks, splits, outputs,
-     empty rows) for sm_90a only (wgmma, setmaxnreg: compiled when NVRTC
+                  kv_chunk, n_splits, o, lse, o_part, lse_part, q_pos,
+                  vis_sink_end, vis_window_start)
+     The same attention as mskv_attn (plan, rows, masks, q_pos, visibility
+     bounds, splits, outputs, empty rows) for sm_90a only (wgmma, setmaxnreg: compiled when NVRTC
      targets sm_90a, MSKV_SM90A; the sm_90a module has no mskv_attn), in the
      warp-specialised manner of FlashAttention-3. Block 384 threads =
      3 warpgroups, __launch_bounds__(384, 1); grid (ceil(max qo_len * group
@@ -127,7 +141,9 @@
          D = 128 each V tile is followed by a block of ones and N = D + 8,
          so the row sums come out of the tensor cores with O.
      Tiles that need a per-element mask run first, then the whole ones, in
-     loops of their own.
+     loops of their own. Tiles start on multiples of BN (a TMA box never
+     straddles a page), so the tiles at both ends of the hidden keys mask
+     them per element; tiles wholly hidden are not loaded.
 
    mskv_state_merge(o_a, lse_a, o_b, lse_b, rows, o, lse)
      Merges two partial states (f32 o [rows][D], lse [rows]) into o, lse
@@ -165,6 +181,9 @@ MSKV_DEV void mskv_sync(void) { __syncthreads(); }
 /* A barrier the emulation can drop on purpose (planted-bug tests); always real here. */
 #define MSKV_SYNC_ID(id) __syncthreads()
 MSKV_DEV float mskv_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+MSKV_DEV int mskv_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+/* lane 0's x in every lane: the compiler then knows x is warp-uniform (uniform registers and datapath) */
+MSKV_DEV int mskv_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 MSKV_DEV void mskv_syncwarp(void) { __syncwarp(); }
 MSKV_DEV float mskv_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 MSKV_DEV float mskv_h2f(mskv_u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
@@ -202,7 +221,7 @@ struct __align__(16) mskv_v16 { mskv_u32 x, y, z, w; };
 #else
 /* Host C++: tests/emu/mskv_emu.h must be included first; it defines the same
    names (MSKV_KERNEL, MSKV_DEV, MSKV_SMEM, mskv_tid, mskv_sync, MSKV_SYNC_ID,
-   mskv_shfl_xor, mskv_syncwarp, mskv_exp2, conversions, mma, ldmatrix, cp.async, mskv_v16). */
+   mskv_shfl_xor, mskv_shfl_xor_i, mskv_uniform, mskv_syncwarp, mskv_exp2, conversions, mma, ldmatrix, cp.async, mskv_v16). */
 #ifndef MSKV_EMU_H
 #error "kernels.cu: include tests/emu/mskv_emu.h before compiling the kernels on the host"
 #endif
@@ -560,6 +579,48 @@ MSKV_DEV int mskv_first_at(int p, int split, int shift) {
     return p - shift > split ? p - shift : split;
 }
 
+/* The mask position of query i of a segment of kvl keys and qo_len queries:
+   q_pos[i] when the plan gives it, else the tail rule. */
+MSKV_DEV int mskv_q_pos(const int *q_pos, int i, int kvl, int qo_len, int split, int shift) {
+    return q_pos ? q_pos[i] : mskv_abs_pos(kvl - qo_len + i, split, shift);
+}
+/* The hidden run of compacted keys [*h0, *h1) of segment b: keys at
+   positions in [vis_sink_end, vis_window_start) (positions rise with the
+   index, so they are one run); none (h0 = h1 = kvl) without bounds. */
+MSKV_DEV void mskv_vis_hole(const int *vis_sink_end, const int *vis_window_start, int b, int kvl, int split, int shift,
+                            int *h0, int *h1) {
+    *h0 = *h1 = kvl;
+    if (vis_sink_end && vis_window_start && vis_window_start[b] > vis_sink_end[b]) {
+        const int a = mskv_first_at(vis_sink_end[b], split, shift), z = mskv_first_at(vis_window_start[b], split, shift);
+        *h0 = a < kvl ? a : kvl;
+        *h1 = z < kvl ? z : kvl;
+    }
+}
+/* The smallest and largest q_pos of the block's queries [qa, qa + nq) (any
+   order: a caller's positions need not rise), for the block's key range.
+   Every thread of the block calls it (two barriers); scratch: 2 ints per
+   warp of shared memory that nothing else uses until the second barrier. */
+template <int THREADS>
+MSKV_DEV void mskv_q_pos_range(const int *q_pos, int qa, int nq, int *scratch, int *mn, int *mx) {
+    const int tid = mskv_tid(), warp = tid >> 5, nw = THREADS / 32;
+    int lo = 0x7fffffff, hi = -0x7fffffff - 1;
+    for (int i = tid; i < nq; i += THREADS) { const int v = q_pos[qa + i]; lo = v < lo ? v : lo; hi = v > hi ? v : hi; }
+    for (int m = 1; m < 32; m <<= 1) {
+        const int a = mskv_shfl_xor_i(lo, m), z = mskv_shfl_xor_i(hi, m);
+        lo = a < lo ? a : lo;
+        hi = z > hi ? z : hi;
+    }
+    if ((tid & 31) == 0) { scratch[warp] = lo; scratch[nw + warp] = hi; }
+    MSKV_SYNC_ID(8);
+    for (int k = 0; k < nw; k++) {
+        lo = scratch[k] < lo ? scratch[k] : lo;
+        hi = scratch[nw + k] > hi ? scratch[nw + k] : hi;
+    }
+    MSKV_SYNC_ID(9);  /* every thread has read the scratch before it is reused */
+    *mn = lo;
+    *mx = hi;
+}
+
 /* Page of compacted index j (0 <= j < 2^31) without a division:
    (j * magic) >> shift, magic = ceil(2^(31+l) / page_size), shift = 31 + l,
    l = ceil(log2(page_size)) (mskv_cuda_page_divisor on the host). Exact: the
@@ -614,14 +675,27 @@ MSKV_UNROLL
     }
 }
 
+/* The tiles a block visits. Its keys are at most two runs of compacted
+   indices (the visibility bounds hide the keys between them): run A from
+   a_lo, tiles 0..n_a-1, and run B from b_lo (at or past A's last tile, so no
+   key is visited twice), tiles n_a..n_tiles-1. Tiles wholly hidden are not
+   visited. Tiles every row sees whole form up to two runs of consecutive
+   tiles, [f1_lo, f1_hi) and [f2_lo, f2_hi) (f1 empty unless both are not);
+   the others need the per-element mask and come first ([0, f1_lo),
+   [f1_hi, f2_lo), [f2_hi, n_tiles)), so each kind runs in a loop of its own. */
+struct mskv_tiles { int n_hi, a_lo, n_a, b_lo, n_tiles, f1_lo, f1_hi, f2_lo, f2_hi, n_masked; };
+/* First key of tile k (in key order). */
+MSKV_DEV int mskv_tile_at(const mskv_tiles &t, int k) {
+    return k < t.n_a ? t.a_lo + k * MSKV_BN : t.b_lo + (k - t.n_a) * MSKV_BN;
+}
 /* Key index of the i-th tile a block visits (n_hi when past the last: a
-   zero-filled load). The tiles that need the per-element mask come first
-   ([0, f_lo), then [f_hi, n_tiles)), the unmasked ones [f_lo, f_hi) last, so
-   each kind runs in a loop of its own. */
-struct mskv_tiles { int n_lo, n_hi, n_tiles, f_lo, f_hi, n_masked; };
+   zero-filled load). */
 MSKV_DEV int mskv_tile_key(const mskv_tiles &t, int i) {
-    int tile = i < t.n_masked ? (i < t.f_lo ? i : i - t.f_lo + t.f_hi) : i - t.n_masked + t.f_lo;
-    return i < t.n_tiles ? t.n_lo + tile * MSKV_BN : t.n_hi;
+    const int m1 = t.f1_lo, m2 = m1 + t.f2_lo - t.f1_hi, w1 = t.f1_hi - t.f1_lo;
+    int k;
+    if (i < t.n_masked) k = i < m1 ? i : i < m2 ? i - m1 + t.f1_hi : i - m2 + t.f2_hi;
+    else k = i - t.n_masked < w1 ? i - t.n_masked + t.f1_lo : i - t.n_masked - w1 + t.f2_lo;
+    return i < t.n_tiles ? mskv_tile_at(t, k) : t.n_hi;
 }
 /* One warp's running softmax state and what it needs per tile. */
 struct mskv_attn_warp {
@@ -635,6 +709,10 @@ struct mskv_attn_warp {
     /* the keys row r may see, as compacted indices [klo[r], khi[r]): the
        mask, the split and kv_len in one interval (positions grow with j) */
     int klo[2 * MSKV_MT], khi[2 * MSKV_MT];
+    /* the first key the visibility bounds hide (kv_len: none): a tile of
+       run A (it starts below h0) masks the keys from h0 on; run B's tiles
+       start where the keys are visible again */
+    int h0;
 #if MSKV_QREG
     mskv_u32 qf[MSKV_MT][MSKV_D / 16][4];
 #endif
@@ -683,6 +761,7 @@ MSKV_UNROLL
     {
         float mx[2 * MSKV_MT], alpha[2 * MSKV_MT];
         const int jb = n0 + w.wkey0 + 2 * t4;   /* this lane's first key of the tile */
+        const int clip = n0 < w.h0 ? w.h0 : 0x7fffffff;
 MSKV_UNROLL
         for (int r = 0; r < 2 * MSKV_MT; r++) mx[r] = w.m[r];
 MSKV_UNROLL
@@ -694,7 +773,7 @@ MSKV_UNROLL
                     const int r = 2 * mt + (e >> 1);
                     if (MASKED) {
                         const int j = jb + nt * 8 + (e & 1);
-                        s[mt][nt][e] = (j >= w.klo[r]) & (j < w.khi[r]) ? s[mt][nt][e] : mskv_neg_inf();
+                        s[mt][nt][e] = (j >= w.klo[r]) & (j < w.khi[r]) & (j < clip) ? s[mt][nt][e] : mskv_neg_inf();
                     }
                     mx[r] = fmaxf(mx[r], s[mt][nt][e]);
                 }
@@ -796,33 +875,82 @@ MSKV_DEV void mskv_attn_step(mskv_attn_warp &w, mskv_pipe &p, const mskv_gather 
     }
 }
 
-/* The keys a block needs (its split, cut by the mask's reach) and which of
-   its tiles every row of the block sees whole (positions grow with the
-   compacted index, so those form one run of tiles). */
-MSKV_DEV mskv_tiles mskv_attn_tiles(int n_splits, int split, int kv_chunk, int kvl, int qo_len, int rows, int row0,
-                                    int group, int mask, int window_left, int psplit, int pshift) {
-    mskv_tiles t;
-    const int last = row0 + MSKV_BM - 1 < rows - 1 ? row0 + MSKV_BM - 1 : rows - 1;
-    const int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;
-    const int qpos_min = mskv_abs_pos(qi_first, psplit, pshift), qpos_max = mskv_abs_pos(qi_last, psplit, pshift);
-    int kc, kw;
-    t.n_lo = n_splits > 1 ? split * kv_chunk : 0;
-    t.n_hi = n_splits > 1 ? (t.n_lo + kv_chunk < kvl ? t.n_lo + kv_chunk : kvl) : kvl;
-    if (mask >= 1 && qi_last + 1 < t.n_hi) t.n_hi = qi_last + 1;
-    if (mask == 2) {
-        int lo = mskv_first_at(qpos_min - window_left, psplit, pshift);
-        if (lo > t.n_lo) t.n_lo = lo;
+/* A run of whole tiles, keys [n0, f_end), the block's last: loads past it
+   are zero-filled (n_hi). */
+MSKV_DEV void mskv_attn_run(mskv_attn_warp &w, mskv_pipe &p, const mskv_gather &g, unsigned char *smem,
+                            int n0, int f_end, int n_hi) {
+#define MSKV_FULL_STEP(st, n) \
+    mskv_attn_step<0, st>(w, p, g, smem, (n), (n) + (MSKV_STAGES - 1) * MSKV_BN < f_end ? (n) + (MSKV_STAGES - 1) * MSKV_BN : n_hi, \
+                          (n) + MSKV_STAGES * MSKV_BN < f_end ? (n) + MSKV_STAGES * MSKV_BN : n_hi)
+#if MSKV_ATTN_WARP_KEYS && MSKV_D <= 128
+    /* decode: three tiles an iteration, one per stage, so no stage
+       arithmetic and no address arithmetic for shared memory remains
+       (at D = 256 the unrolled addresses would spill registers) */
+    for (; n0 < f_end && p.cs != (mskv_u32)MSKV_Q_BYTES; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);
+    for (; n0 + 2 * MSKV_BN < f_end; n0 += 3 * MSKV_BN) {
+        MSKV_FULL_STEP(0, n0);
+        MSKV_FULL_STEP(1, n0 + MSKV_BN);
+        MSKV_FULL_STEP(2, n0 + 2 * MSKV_BN);
     }
-    t.n_tiles = t.n_hi > t.n_lo ? (t.n_hi - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;
+#endif
+    for (; n0 < f_end; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);
+#undef MSKV_FULL_STEP
+}
+/* The first of two runs of whole tiles (the sink's, before the hidden
+   keys), keys [n0, f_end): loads past its end continue gap keys later, in
+   the second run (and past that, where nothing is computed, they only
+   read keys of the sequence: mskv_row_key clamps). */
+MSKV_DEV void mskv_attn_run1(mskv_attn_warp &w, mskv_pipe &p, const mskv_gather &g, unsigned char *smem,
+                             int n0, int f_end, int gap) {
+    for (; n0 < f_end; n0 += MSKV_BN) {
+        const int l = n0 + (MSKV_STAGES - 1) * MSKV_BN, f = n0 + MSKV_STAGES * MSKV_BN;
+        mskv_attn_step<0, -1>(w, p, g, smem, n0, l < f_end ? l : l + gap, f < f_end ? f : f + gap);
+    }
+}
+
+/* Tiles [lo, hi) of a run of n tiles from key r0 that every row sees whole:
+   those inside [kw, kc); an empty range is (n, n). */
+template <int BN>
+MSKV_DEV void mskv_whole_tiles(int r0, int n, int kw, int kc, int *lo, int *hi) {
+    const int a = kw > r0 ? (kw - r0 + BN - 1) / BN : 0;
+    int z = kc > r0 ? (kc - r0) / BN : 0;
+    z = z < n ? z : n;
+    *lo = a < z ? a : n;
+    *hi = a < z ? z : n;
+}
+
+/* The keys a block needs (its split, cut by the mask's reach over the
+   block's query positions [qpos_min, qpos_max], less the hidden run
+   [h0, h1)) and which of its tiles every row of the block sees whole
+   (positions grow with the compacted index, so those form one run of tiles
+   on either side of the hidden keys). */
+MSKV_DEV mskv_tiles mskv_attn_tiles(int n_splits, int split, int kv_chunk, int kvl, int mask, int window_left,
+                                    int psplit, int pshift, int qpos_min, int qpos_max, int h0, int h1) {
+    mskv_tiles t;
+    int n_lo, a_hi, b_lo, kc, kw, alo, ahi, blo, bhi;
+    n_lo = n_splits > 1 ? split * kv_chunk : 0;
+    t.n_hi = n_splits > 1 ? (n_lo + kv_chunk < kvl ? n_lo + kv_chunk : kvl) : kvl;
+    if (mask >= 1) { const int c = mskv_first_at(qpos_max + 1, psplit, pshift); t.n_hi = c < t.n_hi ? c : t.n_hi; }
+    if (mask == 2) { const int c = mskv_first_at(qpos_min - window_left, psplit, pshift); n_lo = c > n_lo ? c : n_lo; }
+    /* run A: [n_lo, min(n_hi, h0)); run B: [max(n_lo, h1), n_hi), whose
+       first keys A's last tile may load too (masked there: they are >= h0) */
+    a_hi = h0 < t.n_hi ? h0 : t.n_hi;
+    t.a_lo = n_lo;
+    t.n_a = a_hi > n_lo ? (a_hi - n_lo + MSKV_BN - 1) / MSKV_BN : 0;
+    b_lo = h1 > n_lo ? h1 : n_lo;
+    t.b_lo = b_lo;
+    t.n_tiles = t.n_a + (t.n_hi > t.b_lo ? (t.n_hi - t.b_lo + MSKV_BN - 1) / MSKV_BN : 0);
     kc = t.n_hi;   /* keys below kc: seen by every row (causal) */
-    kw = t.n_lo;   /* keys from kw on: within every row's window */
-    if (mask >= 1) { int c = mskv_first_at(qpos_min + 1, psplit, pshift); kc = c < kc ? c : kc; }
-    if (mask == 2) { int c = mskv_first_at(qpos_max - window_left, psplit, pshift); kw = c > kw ? c : kw; }
-    t.f_hi = kc > t.n_lo ? (kc - t.n_lo) / MSKV_BN : 0;
-    t.f_lo = kw > t.n_lo ? (kw - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;
-    if (t.f_hi > t.n_tiles) t.f_hi = t.n_tiles;
-    if (t.f_lo >= t.f_hi) t.f_lo = t.f_hi = t.n_tiles;
-    t.n_masked = t.f_lo + t.n_tiles - t.f_hi;
+    kw = n_lo;     /* keys from kw on: within every row's window */
+    if (mask >= 1) { const int c = mskv_first_at(qpos_min + 1, psplit, pshift); kc = c < kc ? c : kc; }
+    if (mask == 2) { const int c = mskv_first_at(qpos_max - window_left, psplit, pshift); kw = c > kw ? c : kw; }
+    mskv_whole_tiles<MSKV_BN>(t.a_lo, t.n_a, kw, kc < a_hi ? kc : a_hi, &alo, &ahi);
+    mskv_whole_tiles<MSKV_BN>(t.b_lo, t.n_tiles - t.n_a, kw, kc, &blo, &bhi);
+    blo += t.n_a; bhi += t.n_a;
+    if (alo == ahi) { t.f1_lo = t.f1_hi = blo; t.f2_lo = blo; t.f2_hi = bhi; }       /* B's run (or none) last */
+    else if (blo == bhi) { t.f1_lo = t.f1_hi = alo; t.f2_lo = alo; t.f2_hi = ahi; }  /* A's run alone */
+    else { t.f1_lo = alo; t.f1_hi = ahi; t.f2_lo = blo; t.f2_hi = bhi; }
+    t.n_masked = t.n_tiles - (t.f1_hi - t.f1_lo) - (t.f2_hi - t.f2_lo);
     return t;
 }
 
@@ -911,7 +1039,8 @@ MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool
                            const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,
                            int q_heads, int kv_heads, int page_size, unsigned int page_magic, int page_shift,
                            float scale_log2, int mask, int window_left, int kv_chunk, int n_splits,
-                           void *o, float *lse, float *o_part, float *lse_part) {
+                           void *o, float *lse, float *o_part, float *lse_part,
+                           const int *q_pos, const int *vis_sink_end, const int *vis_window_start) {
     MSKV_SMEM(smem);
     const int tid = mskv_tid(), warp = tid >> 5, lane = tid & 31, g = lane >> 2;
     const int b = mskv_bid_y(), kvh = mskv_bid_z() % kv_heads, split = mskv_bid_z() / kv_heads;
@@ -924,7 +1053,7 @@ MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool
     mskv_tiles t;
     mskv_gather ga;
     mskv_pipe p;
-    int i;
+    int i, qpos_min, qpos_max, h0, h1;
     if (row0 >= rows) return;  /* whole block: before any barrier */
     w.wrow0 = MSKV_ATTN_WARP_KEYS ? 0 : warp * MSKV_WM;
     w.wkey0 = MSKV_ATTN_WARP_KEYS ? warp * 16 : 0;
@@ -939,7 +1068,24 @@ MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool
     w.vb = (mskv_u32)((w.wkey0 + (lane & 15)) * MSKV_ROWB + 16 * ((lane >> 4) ^ (lane & 7)));
     w.scale_log2 = scale_log2;
 
-    t = mskv_attn_tiles(n_splits, split, kv_chunk, kvl, qo_len, rows, row0, group, mask, window_left, psplit, pshift);
+    {
+        /* the block's queries [qa, qz] and their mask positions */
+        const int qa = row0 / group, qz = (row0 + MSKV_BM - 1 < rows - 1 ? row0 + MSKV_BM - 1 : rows - 1) / group;
+        if (q_pos && mask >= 1) {
+            mskv_q_pos_range<128>(q_pos + q0, qa, qz - qa + 1, (int *)(void *)smem, &qpos_min, &qpos_max);
+        } else {
+            qpos_min = mskv_abs_pos(kvl - qo_len + qa, psplit, pshift);
+            qpos_max = mskv_abs_pos(kvl - qo_len + qz, psplit, pshift);
+        }
+    }
+    mskv_vis_hole(vis_sink_end, vis_window_start, b, kvl, psplit, pshift, &h0, &h1);
+    /* block-uniform values the compiler cannot see as such (they went
+       through shared memory): said so, the key loop's bounds stay in
+       uniform registers */
+    qpos_min = mskv_uniform(qpos_min); qpos_max = mskv_uniform(qpos_max);
+    h0 = mskv_uniform(h0); h1 = mskv_uniform(h1);
+    w.h0 = h0;
+    t = mskv_attn_tiles(n_splits, split, kv_chunk, kvl, mask, window_left, psplit, pshift, qpos_min, qpos_max, h0, h1);
     {
         const int c0 = (tid % MSKV_TPR) * MSKV_CPT, row = tid / MSKV_TPR;
         ga.k_pool = (const unsigned char *)k_pool;
@@ -973,8 +1119,8 @@ MSKV_KERNEL void mskv_attn(const void *q, const void *k_pool, const void *v_pool
 
     for (int h = 0; h < 2 * MSKV_MT; h++) {
         const int R = row0 + w.wrow0 + 16 * (h >> 1) + g + 8 * (h & 1);
-        const int qpos = mskv_abs_pos(kvl - qo_len + (R < rows ? R : rows - 1) / group, psplit, pshift);
-        int lo = t.n_lo, hi = t.n_hi;
+        const int qpos = mskv_q_pos(q_pos ? q_pos + q0 : 0, (R < rows ? R : rows - 1) / group, kvl, qo_len, psplit, pshift);
+        int lo = t.a_lo, hi = t.n_hi;
         if (mask >= 1) { const int c = mskv_first_at(qpos + 1, psplit, pshift); hi = c < hi ? c : hi; }
         if (mask == 2) { const int c = mskv_first_at(qpos - window_left, psplit, pshift); lo = c > lo ? c : lo; }
         w.klo[h] = lo;
@@ -997,31 +1143,14 @@ MSKV_UNROLL
             mskv_ldsm_x4(w.qf[mt][kk], smem + ((w.qb ^ (mskv_u32)(32 * kk)) + mt * 16 * MSKV_ROWB));
 #endif
 
-    /* the masked tiles, then the rest: two loops, so the common one carries no mask code */
+    /* the masked tiles, then the whole ones: loops of their own, so the common one carries no mask code */
     for (i = 0; i < t.n_masked; i++)
         mskv_attn_step<1, -1>(w, p, ga, smem, mskv_tile_key(t, i), mskv_tile_key(t, i + MSKV_STAGES - 1),
                               mskv_tile_key(t, i + MSKV_STAGES));
-    {
-        /* the unmasked tiles are consecutive: walk their keys; loads past them are zero-filled */
-        const int f_end = t.n_lo + t.f_hi * MSKV_BN, n_hi = t.n_hi;
-        int n0 = t.n_lo + t.f_lo * MSKV_BN;
-#define MSKV_FULL_STEP(st, n) \
-        mskv_attn_step<0, st>(w, p, ga, smem, (n), (n) + (MSKV_STAGES - 1) * MSKV_BN < f_end ? (n) + (MSKV_STAGES - 1) * MSKV_BN : n_hi, \
-                              (n) + MSKV_STAGES * MSKV_BN < f_end ? (n) + MSKV_STAGES * MSKV_BN : n_hi)
-#if MSKV_ATTN_WARP_KEYS && MSKV_D <= 128
-        /* decode: three tiles an iteration, one per stage, so no stage
-           arithmetic and no address arithmetic for shared memory remains
-           (at D = 256 the unrolled addresses would spill registers) */
-        for (; n0 < f_end && p.cs != (mskv_u32)MSKV_Q_BYTES; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);
-        for (; n0 + 2 * MSKV_BN < f_end; n0 += 3 * MSKV_BN) {
-            MSKV_FULL_STEP(0, n0);
-            MSKV_FULL_STEP(1, n0 + MSKV_BN);
-            MSKV_FULL_STEP(2, n0 + 2 * MSKV_BN);
-        }
-#endif
-        for (; n0 < f_end; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);
-#undef MSKV_FULL_STEP
-    }
+    if (t.f1_hi > t.f1_lo)
+        mskv_attn_run1(w, p, ga, smem, mskv_tile_at(t, t.f1_lo), mskv_tile_at(t, t.f1_hi - 1) + MSKV_BN,
+                       mskv_tile_at(t, t.f2_lo) - (mskv_tile_at(t, t.f1_hi - 1) + MSKV_BN));
+    mskv_attn_run(w, p, ga, smem, mskv_tile_at(t, t.f2_lo), mskv_tile_at(t, t.f2_lo) + (t.f2_hi - t.f2_lo) * MSKV_BN, t.n_hi);
     mskv_cp_wait<0>();
 
     mskv_attn_store(w, smem, qo_indptr, q_heads, kv_heads, scale_log2, n_splits, o, lse, o_part, lse_part);
@@ -1208,48 +1337,63 @@ MSKV_DEV mskv_u64 mskv_h_desc(mskv_u32 addr, mskv_u32 lbo, mskv_u32 sbo) {
            ((mskv_u64)((sbo & 0x3ffffu) >> 4) << 32) | (1ull << 62);
 }
 
-/* The keys a block visits, as tiles of BN from tile0 (BN-aligned). Tiles
-   [f_lo, f_hi) are visible whole to every row of the block; the others
-   ("masked") go first, in a loop of their own, then the whole ones. */
+/* The keys a block visits, as tiles of BN on BN-aligned keys (a TMA box
+   never straddles a page). Like mskv_attn's: run A from a0 (tiles
+   0..n_a-1) up to the hidden keys, run B from b0 (at or past A's last tile)
+   after them, tiles n_a..n_tiles-1; tiles wholly hidden are not visited.
+   Tiles [f1_lo, f1_hi) and [f2_lo, f2_hi) are visible whole to every row of
+   the block (f1 empty unless both are not); the others ("masked") go first,
+   in a loop of their own, then the whole ones. */
 struct mskv_h_keys {
     int split_lo, split_hi;   /* the split's keys (kv_len cut) */
-    int n_lo, n_hi;           /* cut further by the mask's reach over the block's rows */
-    int tile0, n_tiles, f_lo, f_hi, n_masked;
+    int a0, n_a, b0, n_tiles, f1_lo, f1_hi, f2_lo, f2_hi, n_masked;
 };
-MSKV_DEV mskv_h_keys mskv_h_block_keys(int row0, int rows, int group, int qo_len, int kvl, int psplit, int pshift,
-                                       int mask, int window_left, int kv_chunk, int n_splits, int split) {
+MSKV_DEV mskv_h_keys mskv_h_block_keys(int kvl, int psplit, int pshift, int mask, int window_left, int kv_chunk,
+                                       int n_splits, int split, int qpos_min, int qpos_max, int h0, int h1) {
     mskv_h_keys k;
-    const int last = row0 + MSKV_H_BM - 1 < rows - 1 ? row0 + MSKV_H_BM - 1 : rows - 1;
-    const int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;
-    int lo_max, hi_min;
+    int n_lo, n_hi, lo_max, hi_min, a_hi, b_lo, alo, ahi, blo, bhi;
     k.split_lo = n_splits > 1 ? split * kv_chunk : 0;
     k.split_hi = n_splits > 1 ? (k.split_lo + kv_chunk < kvl ? k.split_lo + kv_chunk : kvl) : kvl;
-    k.n_lo = lo_max = k.split_lo;
-    k.n_hi = hi_min = k.split_hi;
+    n_lo = lo_max = k.split_lo;
+    n_hi = hi_min = k.split_hi;
     if (mask >= 1) {
-        if (qi_last + 1 < k.n_hi) k.n_hi = qi_last + 1;
-        if (qi_first + 1 < hi_min) hi_min = qi_first + 1;
+        const int c = mskv_first_at(qpos_max + 1, psplit, pshift), c2 = mskv_first_at(qpos_min + 1, psplit, pshift);
+        if (c < n_hi) n_hi = c;
+        if (c2 < hi_min) hi_min = c2;
     }
     if (mask == 2) {
-        const int lo = mskv_first_at(mskv_abs_pos(qi_first, psplit, pshift) - window_left, psplit, pshift);
-        const int lo2 = mskv_first_at(mskv_abs_pos(qi_last, psplit, pshift) - window_left, psplit, pshift);
-        if (lo > k.n_lo) k.n_lo = lo;
+        const int lo = mskv_first_at(qpos_min - window_left, psplit, pshift);
+        const int lo2 = mskv_first_at(qpos_max - window_left, psplit, pshift);
+        if (lo > n_lo) n_lo = lo;
         if (lo2 > lo_max) lo_max = lo2;
     }
-    k.tile0 = k.n_lo / MSKV_H_BN * MSKV_H_BN;
-    k.n_tiles = k.n_hi > k.n_lo ? (k.n_hi - k.tile0 + MSKV_H_BN - 1) / MSKV_H_BN : 0;
-    k.f_lo = (lo_max - k.tile0 + MSKV_H_BN - 1) / MSKV_H_BN;
-    if (k.f_lo > k.n_tiles) k.f_lo = k.n_tiles;
-    k.f_hi = hi_min > k.tile0 ? (hi_min - k.tile0) / MSKV_H_BN : 0;
-    if (k.f_hi > k.n_tiles) k.f_hi = k.n_tiles;
-    if (k.f_hi < k.f_lo) k.f_hi = k.f_lo;
-    k.n_masked = k.f_lo + (k.n_tiles - k.f_hi);
+    a_hi = h0 < n_hi ? h0 : n_hi;
+    k.a0 = n_lo / MSKV_H_BN * MSKV_H_BN;
+    k.n_a = a_hi > n_lo ? (a_hi - k.a0 + MSKV_H_BN - 1) / MSKV_H_BN : 0;
+    b_lo = h1 > n_lo ? h1 : n_lo;
+    k.b0 = b_lo / MSKV_H_BN * MSKV_H_BN;
+    if (k.b0 < k.a0 + k.n_a * MSKV_H_BN) k.b0 = k.a0 + k.n_a * MSKV_H_BN;
+    k.n_tiles = k.n_a + (n_hi > b_lo && n_hi > k.b0 ? (n_hi - k.b0 + MSKV_H_BN - 1) / MSKV_H_BN : 0);
+    mskv_whole_tiles<MSKV_H_BN>(k.a0, k.n_a, lo_max, hi_min < a_hi ? hi_min : a_hi, &alo, &ahi);
+    mskv_whole_tiles<MSKV_H_BN>(k.b0, k.n_tiles - k.n_a, lo_max > b_lo ? lo_max : b_lo, hi_min, &blo, &bhi);
+    blo += k.n_a; bhi += k.n_a;
+    if (alo == ahi) { k.f1_lo = k.f1_hi = blo; k.f2_lo = blo; k.f2_hi = bhi; }
+    else if (blo == bhi) { k.f1_lo = k.f1_hi = alo; k.f2_lo = alo; k.f2_hi = ahi; }
+    else { k.f1_lo = alo; k.f1_hi = ahi; k.f2_lo = blo; k.f2_hi = bhi; }
+    k.n_masked = k.n_tiles - (k.f1_hi - k.f1_lo) - (k.f2_hi - k.f2_lo);
     return k;
+}
+/* first key of tile k in key order */
+MSKV_DEV int mskv_h_tile_at(const mskv_h_keys &k, int t) {
+    return t < k.n_a ? k.a0 + t * MSKV_H_BN : k.b0 + (t - k.n_a) * MSKV_H_BN;
 }
 /* first key of the i-th tile in visiting order (producer and consumers agree) */
 MSKV_DEV int mskv_h_tile_key(const mskv_h_keys &k, int i) {
-    const int tile = i < k.n_masked ? (i < k.f_lo ? i : i - k.f_lo + k.f_hi) : i - k.n_masked + k.f_lo;
-    return k.tile0 + tile * MSKV_H_BN;
+    const int m1 = k.f1_lo, m2 = m1 + k.f2_lo - k.f1_hi, w1 = k.f1_hi - k.f1_lo;
+    int t;
+    if (i < k.n_masked) t = i < m1 ? i : i < m2 ? i - m1 + k.f1_hi : i - m2 + k.f2_hi;
+    else t = i - k.n_masked < w1 ? i - k.n_masked + k.f1_lo : i - k.n_masked - w1 + k.f2_lo;
+    return mskv_h_tile_at(k, t);
 }
 
 /* ---- producer: one tile of K and V into a stage ---- */
@@ -1310,6 +1454,8 @@ struct mskv_h_cons {
     mskv_u32 p[MSKV_H_BN / 16][4];       /* P of the previous tile as A fragments (k16 slices) */
     float m[2], l[2];                    /* running max (unscaled), this lane's part of the row sums */
     int klo[2], khi[2];                  /* the keys row h may see: [klo, khi) */
+    int h0;                              /* the visibility bounds' hidden keys [h0, h0 + hlen) */
+    mskv_u32 hlen;
     mskv_u64 qd;                         /* descriptor of this warpgroup's Q tile */
     mskv_u32 ring;                       /* shared address of stage 0 */
     mskv_u32 bars;                       /* shared address of full[0] */
@@ -1324,11 +1470,12 @@ MSKV_DEV void mskv_h_softmax(mskv_h_cons &c, int key0, float alpha[2]) {
     mx[0] = c.m[0]; mx[1] = c.m[1];
     if (MASKED) {
         int lo[2], hi[2];
+        const int hl = c.h0 - key0 - 2 * c.t4;
         for (int h = 0; h < 2; h++) { lo[h] = c.klo[h] - key0 - 2 * c.t4; hi[h] = c.khi[h] - key0 - 2 * c.t4; }
 MSKV_UNROLL
         for (int i = 0; i < MSKV_H_BN / 2; i++) {
             const int h = (i >> 1) & 1, col = (i >> 2) * 8 + (i & 1);
-            c.s[i] = col >= lo[h] && col < hi[h] ? c.s[i] : mskv_neg_inf();
+            c.s[i] = col >= lo[h] && col < hi[h] && (mskv_u32)(col - hl) >= c.hlen ? c.s[i] : mskv_neg_inf();
         }
     }
 MSKV_UNROLL
@@ -1433,7 +1580,8 @@ mskv_attn_sm90(const MSKV_GRID_CONST mskv_tmap k_map, const MSKV_GRID_CONST mskv
                const void *q, const void *k_pool, const void *v_pool, const int *qo_indptr, const int *kv_indptr,
                const int *kv_indices, const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,
                int q_heads, int kv_heads, int page_size, float scale_log2, int mask, int window_left, int kv_chunk,
-               int n_splits, void *o, float *lse, float *o_part, float *lse_part) {
+               int n_splits, void *o, float *lse, float *o_part, float *lse_part,
+               const int *q_pos, const int *vis_sink_end, const int *vis_window_start) {
     MSKV_SMEM(smem);
     const int tid = mskv_tid(), wg = tid >> 7;
     const int b = mskv_bid_y(), kvh = mskv_bid_z() % kv_heads, split = mskv_bid_z() / kv_heads;
@@ -1444,10 +1592,25 @@ mskv_attn_sm90(const MSKV_GRID_CONST mskv_tmap k_map, const MSKV_GRID_CONST mskv
     mskv_h_keys kb;
     mskv_u32 base;
     unsigned char *sbase;
+    int qpos_min, qpos_max, h0, h1;
     if (row0 >= rows) return;  /* whole block: before any barrier */
-    kb = mskv_h_block_keys(row0, rows, group, qo_len, kvl, psplit, pshift, mask, window_left, kv_chunk, n_splits, split);
     base = (mskv_smem_addr(smem) + 1023u) & ~1023u;
     sbase = smem + (base - mskv_smem_addr(smem));
+    {
+        /* the block's queries [qa, qz] and their mask positions (the scratch:
+           the Q tiles, loaded after the barrier that follows the mbarrier inits) */
+        const int qa = row0 / group, qz = (row0 + MSKV_H_BM - 1 < rows - 1 ? row0 + MSKV_H_BM - 1 : rows - 1) / group;
+        if (q_pos && mask >= 1) {
+            mskv_q_pos_range<MSKV_H_THREADS>(q_pos + q0, qa, qz - qa + 1, (int *)(void *)sbase, &qpos_min, &qpos_max);
+        } else {
+            qpos_min = mskv_abs_pos(kvl - qo_len + qa, psplit, pshift);
+            qpos_max = mskv_abs_pos(kvl - qo_len + qz, psplit, pshift);
+        }
+    }
+    mskv_vis_hole(vis_sink_end, vis_window_start, b, kvl, psplit, pshift, &h0, &h1);
+    qpos_min = mskv_uniform(qpos_min); qpos_max = mskv_uniform(qpos_max);   /* as in mskv_attn */
+    h0 = mskv_uniform(h0); h1 = mskv_uniform(h1);
+    kb = mskv_h_block_keys(kvl, psplit, pshift, mask, window_left, kv_chunk, n_splits, split, qpos_min, qpos_max, h0, h1);
     if (tid == 0) {
         for (int s = 0; s < MSKV_H_STAGES; s++) {
             mskv_mbar_init(base + MSKV_H_BARS + 8 * s, 1);                      /* full: the producer */
@@ -1485,6 +1648,7 @@ mskv_attn_sm90(const MSKV_GRID_CONST mskv_tmap k_map, const MSKV_GRID_CONST mskv
         const int cw = mskv_bcast0(wg - 1), t = tid & 127, warp = t >> 5, lane = tid & 31, g = lane >> 2;
         mskv_setmaxnreg_inc<MSKV_H_REGS_CONSUMER>();
         c.cw = cw; c.t4 = lane & 3; c.leader = t == 0; c.scale_log2 = scale_log2;
+        c.h0 = h0; c.hlen = (mskv_u32)(h1 - h0);
         c.ring = base + 2 * MSKV_H_QB;
         c.bars = base + MSKV_H_BARS;
         c.qd = mskv_h_desc(base + (mskv_u32)(cw * MSKV_H_QB), 16, 1024);
@@ -1506,10 +1670,13 @@ mskv_attn_sm90(const MSKV_GRID_CONST mskv_tmap k_map, const MSKV_GRID_CONST mskv
         }
         for (int h = 0; h < 2; h++) {
             const int R = row0 + 64 * cw + 16 * warp + g + 8 * h, Rc = R < rows ? R : rows - 1;
-            const int qi = kvl - qo_len + Rc / group, qpos = mskv_abs_pos(qi, psplit, pshift);
+            const int qpos = mskv_q_pos(q_pos ? q_pos + q0 : 0, Rc / group, kvl, qo_len, psplit, pshift);
             c.klo[h] = kb.split_lo;
             c.khi[h] = kb.split_hi;
-            if (mask >= 1 && qi + 1 < c.khi[h]) c.khi[h] = qi + 1;
+            if (mask >= 1) {
+                const int hi = mskv_first_at(qpos + 1, psplit, pshift);
+                if (hi < c.khi[h]) c.khi[h] = hi;
+            }
             if (mask == 2) {
                 const int lo = mskv_first_at(qpos - window_left, psplit, pshift);
                 if (lo > c.klo[h]) c.klo[h] = lo;
@@ -1525,7 +1692,8 @@ MSKV_UNROLL
             if (kb.n_masked > 0) mskv_h_turn<1, 1>(c, 0, mskv_h_tile_key(kb, 0));
             else mskv_h_turn<0, 1>(c, 0, mskv_h_tile_key(kb, 0));
             for (; it < kb.n_masked; it++) mskv_h_turn<1, 0>(c, it, mskv_h_tile_key(kb, it));
-            for (; it < kb.n_tiles; it++) mskv_h_turn<0, 0>(c, it, mskv_h_tile_key(kb, it));
+            /* whole tiles: the consumers need no key (only the producer does) */
+            for (; it < kb.n_tiles; it++) mskv_h_turn<0, 0>(c, it, 0);
             mskv_h_last_turn(c, kb.n_tiles);
         }
         /* the row sums: from the ones columns, else the 4 lanes of a row add theirs; write O / l and the LSE */

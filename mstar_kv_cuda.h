@@ -82,7 +82,9 @@
    mskv_cuda_graph_launch. Kernels are compiled on first use: run a step once
    before capturing it. A replay may change a plan's contents, not its shape
    (batch, token count, the longest segment's queries, keys beyond what the
-   captured split-KV launches reach): graph_launch refuses such a plan. While
+   captured split-KV launches reach, plan features beyond the captured plan's
+   or without the q_pos / bounds arrays it read): graph_launch refuses such a
+   plan. While
    graphs exist the attention workspace cannot grow (BAD_STATE).
 
    Hopper: on compute capability 9.0 prefill attention runs mskv_attn_sm90
@@ -352,6 +354,9 @@ typedef struct mskv_cuda_dplan {
     mskv_cu_ptr qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_len;
     mskv_cu_ptr kv_pos_split, kv_pos_shift, kv_token_indptr, slot_mapping, positions;
     uint64_t step;
+    /* the plan's optional arrays (0 when it had none): query positions and
+       visibility bounds, read by mskv_cuda_attention when plan->features asks */
+    mskv_cu_ptr q_pos, vis_sink_end, vis_window_start;
 } mskv_cuda_dplan;
 
 /* Device pools, one per layer for K and one for V, layout
@@ -517,11 +522,12 @@ MSKV_API void mskv_cuda_page_divisor(int32_t page_size, uint32_t *magic, int32_t
    run mskv_attn_sm90 (mskv_cuda_desc.attn_path, mskv_cuda_info.wgmma).
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OUT_OF_RANGE (layer),
    UNSUPPORTED (f32 store, f32 q, head_dim; WGMMA forced on another device;
-   a plan whose features ask for explicit query positions or visibility
-   bounds, which these kernels do not read yet: the CPU backend's
-   mskv_cpu_attention does), STALE_PLAN (plan, or the plan uploaded last, is
-   an arena-built plan whose pages changed since it was built), CUDA, NVRTC
-   (first use compiles). */
+   a plan whose features hold a bit other than MSKV_PLAN_Q_POS and
+   MSKV_PLAN_VISIBILITY, which both kernels honour as the mskv_plan comment
+   says: q_pos and the bounds are read from the uploaded plan, so the plan
+   needs those arrays at upload, else NULL_POINTER), STALE_PLAN (plan, or
+   the plan uploaded last, is an arena-built plan whose pages changed since
+   it was built), CUDA, NVRTC (first use compiles). */
 MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
                                          const mskv_cuda_dplan *dplan, const mskv_attn *attn,
                                          mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
@@ -738,7 +744,8 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "   mskv_attn(q, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices, kv_len,\n",
     "             kv_pos_split, kv_pos_shift, q_heads, kv_heads, page_size,\n",
     "             page_magic, page_shift, scale_log2, mask, window_left,\n",
-    "             kv_chunk, n_splits, o, lse, o_part, lse_part)\n",
+    "             kv_chunk, n_splits, o, lse, o_part, lse_part, q_pos,\n",
+    "             vis_sink_end, vis_window_start)\n",
     "     Paged attention over a CSR plan (MSKV_DTYPE 1 or 2; mma.sync m16n8k16\n",
     "     with f32 accumulation). A block takes one (segment, kv head, key split)\n",
     "     and a tile of \"rows\", row = query * group + (q head within the kv head's\n",
@@ -763,6 +770,18 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "     the mask's reach bounds the key range a block visits.\n",
     "     mask: 0 none, 1 causal (key pos <= query pos), 2 causal and\n",
     "     q - k <= window_left, on absolute positions. scale_log2 = scale * log2(e).\n",
+    "     Query i of segment b is at q_pos[qo_indptr[b] + i] when q_pos is not\n",
+    "     NULL (any order), else at the position of key kv_len - qo_len + i (the\n",
+    "     tail rule). With vis_sink_end and vis_window_start (per segment, both\n",
+    "     or neither), keys at positions in [vis_sink_end[b], vis_window_start[b])\n",
+    "     are hidden (none when window start <= sink end): as positions rise with\n",
+    "     the index, the visible keys are two runs, [0, first(sink end)) and\n",
+    "     [first(window start), kv_len). A block visits the tiles of each run\n",
+    "     (tiles wholly hidden are not read); the one tile of the first run that\n",
+    "     reaches past the hole masks the keys from its start on, and the tiles\n",
+    "     every row sees whole run unmasked, in up to two runs of their own.\n",
+    "     Everything is computed on the device from these arrays, so a plan\n",
+    "     uploaded once and replayed by a graph needs nothing derived.\n",
     "     Keys of split s: [s * kv_chunk, (s + 1) * kv_chunk) (kv_chunk a multiple\n",
     "     of BN; n_splits 1 = no split). With n_splits == 1: o [total_q][q_heads][D]\n",
     "     (dtype) and lse [total_q][q_heads] (natural log; may be NULL). Otherwise\n",
@@ -773,9 +792,10 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "   mskv_attn_sm90(k_map, v_map, use_tma, q, k_pool, v_pool, qo_indptr,\n",
     "                  kv_indptr, kv_indices, kv_len, kv_pos_split, kv_pos_shift,\n",
     "                  q_heads, kv_heads, page_size, scale_log2, mask, window_left,\n",
-    "                  kv_chunk, n_splits, o, lse, o_part, lse_part)\n",
-    "     The same attention as mskv_attn (plan, rows, masks, splits, outputs,\n",
-    "     empty rows) for sm_90a only (wgmma, setmaxnreg: compiled when NVRTC\n",
+    "                  kv_chunk, n_splits, o, lse, o_part, lse_part, q_pos,\n",
+    "                  vis_sink_end, vis_window_start)\n",
+    "     The same attention as mskv_attn (plan, rows, masks, q_pos, visibility\n",
+    "     bounds, splits, outputs, empty rows) for sm_90a only (wgmma, setmaxnreg: compiled when NVRTC\n",
     "     targets sm_90a, MSKV_SM90A; the sm_90a module has no mskv_attn), in the\n",
     "     warp-specialised manner of FlashAttention-3. Block 384 threads =\n",
     "     3 warpgroups, __launch_bounds__(384, 1); grid (ceil(max qo_len * group\n",
@@ -812,7 +832,9 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "         D = 128 each V tile is followed by a block of ones and N = D + 8,\n",
     "         so the row sums come out of the tensor cores with O.\n",
     "     Tiles that need a per-element mask run first, then the whole ones, in\n",
-    "     loops of their own.\n",
+    "     loops of their own. Tiles start on multiples of BN (a TMA box never\n",
+    "     straddles a page), so the tiles at both ends of the hidden keys mask\n",
+    "     them per element; tiles wholly hidden are not loaded.\n",
     "\n",
     "   mskv_state_merge(o_a, lse_a, o_b, lse_b, rows, o, lse)\n",
     "     Merges two partial states (f32 o [rows][D], lse [rows]) into o, lse\n",
@@ -850,6 +872,9 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "/* A barrier the emulation can drop on purpose (planted-bug tests); always real here. */\n",
     "#define MSKV_SYNC_ID(id) __syncthreads()\n",
     "MSKV_DEV float mskv_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }\n",
+    "MSKV_DEV int mskv_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }\n",
+    "/* lane 0's x in every lane: the compiler then knows x is warp-uniform (uniform registers and datapath) */\n",
+    "MSKV_DEV int mskv_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }\n",
     "MSKV_DEV void mskv_syncwarp(void) { __syncwarp(); }\n",
     "MSKV_DEV float mskv_exp2(float x) { float y; asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(y) : \"f\"(x)); return y; }\n",
     "MSKV_DEV float mskv_h2f(mskv_u16 h) { float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }\n",
@@ -887,7 +912,7 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "#else\n",
     "/* Host C++: tests/emu/mskv_emu.h must be included first; it defines the same\n",
     "   names (MSKV_KERNEL, MSKV_DEV, MSKV_SMEM, mskv_tid, mskv_sync, MSKV_SYNC_ID,\n",
-    "   mskv_shfl_xor, mskv_syncwarp, mskv_exp2, conversions, mma, ldmatrix, cp.async, mskv_v16). */\n",
+    "   mskv_shfl_xor, mskv_shfl_xor_i, mskv_uniform, mskv_syncwarp, mskv_exp2, conversions, mma, ldmatrix, cp.async, mskv_v16). */\n",
     "#ifndef MSKV_EMU_H\n",
     "#error \"kernels.cu: include tests/emu/mskv_emu.h before compiling the kernels on the host\"\n",
     "#endif\n",
@@ -1245,6 +1270,48 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    return p - shift > split ? p - shift : split;\n",
     "}\n",
     "\n",
+    "/* The mask position of query i of a segment of kvl keys and qo_len queries:\n",
+    "   q_pos[i] when the plan gives it, else the tail rule. */\n",
+    "MSKV_DEV int mskv_q_pos(const int *q_pos, int i, int kvl, int qo_len, int split, int shift) {\n",
+    "    return q_pos ? q_pos[i] : mskv_abs_pos(kvl - qo_len + i, split, shift);\n",
+    "}\n",
+    "/* The hidden run of compacted keys [*h0, *h1) of segment b: keys at\n",
+    "   positions in [vis_sink_end, vis_window_start) (positions rise with the\n",
+    "   index, so they are one run); none (h0 = h1 = kvl) without bounds. */\n",
+    "MSKV_DEV void mskv_vis_hole(const int *vis_sink_end, const int *vis_window_start, int b, int kvl, int split, int shift,\n",
+    "                            int *h0, int *h1) {\n",
+    "    *h0 = *h1 = kvl;\n",
+    "    if (vis_sink_end && vis_window_start && vis_window_start[b] > vis_sink_end[b]) {\n",
+    "        const int a = mskv_first_at(vis_sink_end[b], split, shift), z = mskv_first_at(vis_window_start[b], split, shift);\n",
+    "        *h0 = a < kvl ? a : kvl;\n",
+    "        *h1 = z < kvl ? z : kvl;\n",
+    "    }\n",
+    "}\n",
+    "/* The smallest and largest q_pos of the block's queries [qa, qa + nq) (any\n",
+    "   order: a caller's positions need not rise), for the block's key range.\n",
+    "   Every thread of the block calls it (two barriers); scratch: 2 ints per\n",
+    "   warp of shared memory that nothing else uses until the second barrier. */\n",
+    "template <int THREADS>\n",
+    "MSKV_DEV void mskv_q_pos_range(const int *q_pos, int qa, int nq, int *scratch, int *mn, int *mx) {\n",
+    "    const int tid = mskv_tid(), warp = tid >> 5, nw = THREADS / 32;\n",
+    "    int lo = 0x7fffffff, hi = -0x7fffffff - 1;\n",
+    "    for (int i = tid; i < nq; i += THREADS) { const int v = q_pos[qa + i]; lo = v < lo ? v : lo; hi = v > hi ? v : hi; }\n",
+    "    for (int m = 1; m < 32; m <<= 1) {\n",
+    "        const int a = mskv_shfl_xor_i(lo, m), z = mskv_shfl_xor_i(hi, m);\n",
+    "        lo = a < lo ? a : lo;\n",
+    "        hi = z > hi ? z : hi;\n",
+    "    }\n",
+    "    if ((tid & 31) == 0) { scratch[warp] = lo; scratch[nw + warp] = hi; }\n",
+    "    MSKV_SYNC_ID(8);\n",
+    "    for (int k = 0; k < nw; k++) {\n",
+    "        lo = scratch[k] < lo ? scratch[k] : lo;\n",
+    "        hi = scratch[nw + k] > hi ? scratch[nw + k] : hi;\n",
+    "    }\n",
+    "    MSKV_SYNC_ID(9);  /* every thread has read the scratch before it is reused */\n",
+    "    *mn = lo;\n",
+    "    *mx = hi;\n",
+    "}\n",
+    "\n",
     "/* Page of compacted index j (0 <= j < 2^31) without a division:\n",
     "   (j * magic) >> shift, magic = ceil(2^(31+l) / page_size), shift = 31 + l,\n",
     "   l = ceil(log2(page_size)) (mskv_cuda_page_divisor on the host). Exact: the\n",
@@ -1299,14 +1366,27 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    }\n",
     "}\n",
     "\n",
+    "/* The tiles a block visits. Its keys are at most two runs of compacted\n",
+    "   indices (the visibility bounds hide the keys between them): run A from\n",
+    "   a_lo, tiles 0..n_a-1, and run B from b_lo (at or past A's last tile, so no\n",
+    "   key is visited twice), tiles n_a..n_tiles-1. Tiles wholly hidden are not\n",
+    "   visited. Tiles every row sees whole form up to two runs of consecutive\n",
+    "   tiles, [f1_lo, f1_hi) and [f2_lo, f2_hi) (f1 empty unless both are not);\n",
+    "   the others need the per-element mask and come first ([0, f1_lo),\n",
+    "   [f1_hi, f2_lo), [f2_hi, n_tiles)), so each kind runs in a loop of its own. */\n",
+    "struct mskv_tiles { int n_hi, a_lo, n_a, b_lo, n_tiles, f1_lo, f1_hi, f2_lo, f2_hi, n_masked; };\n",
+    "/* First key of tile k (in key order). */\n",
+    "MSKV_DEV int mskv_tile_at(const mskv_tiles &t, int k) {\n",
+    "    return k < t.n_a ? t.a_lo + k * MSKV_BN : t.b_lo + (k - t.n_a) * MSKV_BN;\n",
+    "}\n",
     "/* Key index of the i-th tile a block visits (n_hi when past the last: a\n",
-    "   zero-filled load). The tiles that need the per-element mask come first\n",
-    "   ([0, f_lo), then [f_hi, n_tiles)), the unmasked ones [f_lo, f_hi) last, so\n",
-    "   each kind runs in a loop of its own. */\n",
-    "struct mskv_tiles { int n_lo, n_hi, n_tiles, f_lo, f_hi, n_masked; };\n",
+    "   zero-filled load). */\n",
     "MSKV_DEV int mskv_tile_key(const mskv_tiles &t, int i) {\n",
-    "    int tile = i < t.n_masked ? (i < t.f_lo ? i : i - t.f_lo + t.f_hi) : i - t.n_masked + t.f_lo;\n",
-    "    return i < t.n_tiles ? t.n_lo + tile * MSKV_BN : t.n_hi;\n",
+    "    const int m1 = t.f1_lo, m2 = m1 + t.f2_lo - t.f1_hi, w1 = t.f1_hi - t.f1_lo;\n",
+    "    int k;\n",
+    "    if (i < t.n_masked) k = i < m1 ? i : i < m2 ? i - m1 + t.f1_hi : i - m2 + t.f2_hi;\n",
+    "    else k = i - t.n_masked < w1 ? i - t.n_masked + t.f1_lo : i - t.n_masked - w1 + t.f2_lo;\n",
+    "    return i < t.n_tiles ? mskv_tile_at(t, k) : t.n_hi;\n",
     "}\n",
     "/* One warp's running softmax state and what it needs per tile. */\n",
     "struct mskv_attn_warp {\n",
@@ -1320,6 +1400,10 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    /* the keys row r may see, as compacted indices [klo[r], khi[r]): the\n",
     "       mask, the split and kv_len in one interval (positions grow with j) */\n",
     "    int klo[2 * MSKV_MT], khi[2 * MSKV_MT];\n",
+    "    /* the first key the visibility bounds hide (kv_len: none): a tile of\n",
+    "       run A (it starts below h0) masks the keys from h0 on; run B's tiles\n",
+    "       start where the keys are visible again */\n",
+    "    int h0;\n",
     "#if MSKV_QREG\n",
     "    mskv_u32 qf[MSKV_MT][MSKV_D / 16][4];\n",
     "#endif\n",
@@ -1368,6 +1452,7 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    {\n",
     "        float mx[2 * MSKV_MT], alpha[2 * MSKV_MT];\n",
     "        const int jb = n0 + w.wkey0 + 2 * t4;   /* this lane's first key of the tile */\n",
+    "        const int clip = n0 < w.h0 ? w.h0 : 0x7fffffff;\n",
     "MSKV_UNROLL\n",
     "        for (int r = 0; r < 2 * MSKV_MT; r++) mx[r] = w.m[r];\n",
     "MSKV_UNROLL\n",
@@ -1379,7 +1464,7 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "                    const int r = 2 * mt + (e >> 1);\n",
     "                    if (MASKED) {\n",
     "                        const int j = jb + nt * 8 + (e & 1);\n",
-    "                        s[mt][nt][e] = (j >= w.klo[r]) & (j < w.khi[r]) ? s[mt][nt][e] : mskv_neg_inf();\n",
+    "                        s[mt][nt][e] = (j >= w.klo[r]) & (j < w.khi[r]) & (j < clip) ? s[mt][nt][e] : mskv_neg_inf();\n",
     "                    }\n",
     "                    mx[r] = fmaxf(mx[r], s[mt][nt][e]);\n",
     "                }\n",
@@ -1481,33 +1566,82 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    }\n",
     "}\n",
     "\n",
-    "/* The keys a block needs (its split, cut by the mask's reach) and which of\n",
-    "   its tiles every row of the block sees whole (positions grow with the\n",
-    "   compacted index, so those form one run of tiles). */\n",
-    "MSKV_DEV mskv_tiles mskv_attn_tiles(int n_splits, int split, int kv_chunk, int kvl, int qo_len, int rows, int row0,\n",
-    "                                    int group, int mask, int window_left, int psplit, int pshift) {\n",
-    "    mskv_tiles t;\n",
-    "    const int last = row0 + MSKV_BM - 1 < rows - 1 ? row0 + MSKV_BM - 1 : rows - 1;\n",
-    "    const int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;\n",
-    "    const int qpos_min = mskv_abs_pos(qi_first, psplit, pshift), qpos_max = mskv_abs_pos(qi_last, psplit, pshift);\n",
-    "    int kc, kw;\n",
-    "    t.n_lo = n_splits > 1 ? split * kv_chunk : 0;\n",
-    "    t.n_hi = n_splits > 1 ? (t.n_lo + kv_chunk < kvl ? t.n_lo + kv_chunk : kvl) : kvl;\n",
-    "    if (mask >= 1 && qi_last + 1 < t.n_hi) t.n_hi = qi_last + 1;\n",
-    "    if (mask == 2) {\n",
-    "        int lo = mskv_first_at(qpos_min - window_left, psplit, pshift);\n",
-    "        if (lo > t.n_lo) t.n_lo = lo;\n",
+    "/* A run of whole tiles, keys [n0, f_end), the block's last: loads past it\n",
+    "   are zero-filled (n_hi). */\n",
+    "MSKV_DEV void mskv_attn_run(mskv_attn_warp &w, mskv_pipe &p, const mskv_gather &g, unsigned char *smem,\n",
+    "                            int n0, int f_end, int n_hi) {\n",
+    "#define MSKV_FULL_STEP(st, n) \\\n",
+    "    mskv_attn_step<0, st>(w, p, g, smem, (n), (n) + (MSKV_STAGES - 1) * MSKV_BN < f_end ? (n) + (MSKV_STAGES - 1) * MSKV_BN : n_hi, \\\n",
+    "                          (n) + MSKV_STAGES * MSKV_BN < f_end ? (n) + MSKV_STAGES * MSKV_BN : n_hi)\n",
+    "#if MSKV_ATTN_WARP_KEYS && MSKV_D <= 128\n",
+    "    /* decode: three tiles an iteration, one per stage, so no stage\n",
+    "       arithmetic and no address arithmetic for shared memory remains\n",
+    "       (at D = 256 the unrolled addresses would spill registers) */\n",
+    "    for (; n0 < f_end && p.cs != (mskv_u32)MSKV_Q_BYTES; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);\n",
+    "    for (; n0 + 2 * MSKV_BN < f_end; n0 += 3 * MSKV_BN) {\n",
+    "        MSKV_FULL_STEP(0, n0);\n",
+    "        MSKV_FULL_STEP(1, n0 + MSKV_BN);\n",
+    "        MSKV_FULL_STEP(2, n0 + 2 * MSKV_BN);\n",
     "    }\n",
-    "    t.n_tiles = t.n_hi > t.n_lo ? (t.n_hi - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;\n",
+    "#endif\n",
+    "    for (; n0 < f_end; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);\n",
+    "#undef MSKV_FULL_STEP\n",
+    "}\n",
+    "/* The first of two runs of whole tiles (the sink's, before the hidden\n",
+    "   keys), keys [n0, f_end): loads past its end continue gap keys later, in\n",
+    "   the second run (and past that, where nothing is computed, they only\n",
+    "   read keys of the sequence: mskv_row_key clamps). */\n",
+    "MSKV_DEV void mskv_attn_run1(mskv_attn_warp &w, mskv_pipe &p, const mskv_gather &g, unsigned char *smem,\n",
+    "                             int n0, int f_end, int gap) {\n",
+    "    for (; n0 < f_end; n0 += MSKV_BN) {\n",
+    "        const int l = n0 + (MSKV_STAGES - 1) * MSKV_BN, f = n0 + MSKV_STAGES * MSKV_BN;\n",
+    "        mskv_attn_step<0, -1>(w, p, g, smem, n0, l < f_end ? l : l + gap, f < f_end ? f : f + gap);\n",
+    "    }\n",
+    "}\n",
+    "\n",
+    "/* Tiles [lo, hi) of a run of n tiles from key r0 that every row sees whole:\n",
+    "   those inside [kw, kc); an empty range is (n, n). */\n",
+    "template <int BN>\n",
+    "MSKV_DEV void mskv_whole_tiles(int r0, int n, int kw, int kc, int *lo, int *hi) {\n",
+    "    const int a = kw > r0 ? (kw - r0 + BN - 1) / BN : 0;\n",
+    "    int z = kc > r0 ? (kc - r0) / BN : 0;\n",
+    "    z = z < n ? z : n;\n",
+    "    *lo = a < z ? a : n;\n",
+    "    *hi = a < z ? z : n;\n",
+    "}\n",
+    "\n",
+    "/* The keys a block needs (its split, cut by the mask's reach over the\n",
+    "   block's query positions [qpos_min, qpos_max], less the hidden run\n",
+    "   [h0, h1)) and which of its tiles every row of the block sees whole\n",
+    "   (positions grow with the compacted index, so those form one run of tiles\n",
+    "   on either side of the hidden keys). */\n",
+    "MSKV_DEV mskv_tiles mskv_attn_tiles(int n_splits, int split, int kv_chunk, int kvl, int mask, int window_left,\n",
+    "                                    int psplit, int pshift, int qpos_min, int qpos_max, int h0, int h1) {\n",
+    "    mskv_tiles t;\n",
+    "    int n_lo, a_hi, b_lo, kc, kw, alo, ahi, blo, bhi;\n",
+    "    n_lo = n_splits > 1 ? split * kv_chunk : 0;\n",
+    "    t.n_hi = n_splits > 1 ? (n_lo + kv_chunk < kvl ? n_lo + kv_chunk : kvl) : kvl;\n",
+    "    if (mask >= 1) { const int c = mskv_first_at(qpos_max + 1, psplit, pshift); t.n_hi = c < t.n_hi ? c : t.n_hi; }\n",
+    "    if (mask == 2) { const int c = mskv_first_at(qpos_min - window_left, psplit, pshift); n_lo = c > n_lo ? c : n_lo; }\n",
+    "    /* run A: [n_lo, min(n_hi, h0)); run B: [max(n_lo, h1), n_hi), whose\n",
+    "       first keys A's last tile may load too (masked there: they are >= h0) */\n",
+    "    a_hi = h0 < t.n_hi ? h0 : t.n_hi;\n",
+    "    t.a_lo = n_lo;\n",
+    "    t.n_a = a_hi > n_lo ? (a_hi - n_lo + MSKV_BN - 1) / MSKV_BN : 0;\n",
+    "    b_lo = h1 > n_lo ? h1 : n_lo;\n",
+    "    t.b_lo = b_lo;\n",
+    "    t.n_tiles = t.n_a + (t.n_hi > t.b_lo ? (t.n_hi - t.b_lo + MSKV_BN - 1) / MSKV_BN : 0);\n",
     "    kc = t.n_hi;   /* keys below kc: seen by every row (causal) */\n",
-    "    kw = t.n_lo;   /* keys from kw on: within every row's window */\n",
-    "    if (mask >= 1) { int c = mskv_first_at(qpos_min + 1, psplit, pshift); kc = c < kc ? c : kc; }\n",
-    "    if (mask == 2) { int c = mskv_first_at(qpos_max - window_left, psplit, pshift); kw = c > kw ? c : kw; }\n",
-    "    t.f_hi = kc > t.n_lo ? (kc - t.n_lo) / MSKV_BN : 0;\n",
-    "    t.f_lo = kw > t.n_lo ? (kw - t.n_lo + MSKV_BN - 1) / MSKV_BN : 0;\n",
-    "    if (t.f_hi > t.n_tiles) t.f_hi = t.n_tiles;\n",
-    "    if (t.f_lo >= t.f_hi) t.f_lo = t.f_hi = t.n_tiles;\n",
-    "    t.n_masked = t.f_lo + t.n_tiles - t.f_hi;\n",
+    "    kw = n_lo;     /* keys from kw on: within every row's window */\n",
+    "    if (mask >= 1) { const int c = mskv_first_at(qpos_min + 1, psplit, pshift); kc = c < kc ? c : kc; }\n",
+    "    if (mask == 2) { const int c = mskv_first_at(qpos_max - window_left, psplit, pshift); kw = c > kw ? c : kw; }\n",
+    "    mskv_whole_tiles<MSKV_BN>(t.a_lo, t.n_a, kw, kc < a_hi ? kc : a_hi, &alo, &ahi);\n",
+    "    mskv_whole_tiles<MSKV_BN>(t.b_lo, t.n_tiles - t.n_a, kw, kc, &blo, &bhi);\n",
+    "    blo += t.n_a; bhi += t.n_a;\n",
+    "    if (alo == ahi) { t.f1_lo = t.f1_hi = blo; t.f2_lo = blo; t.f2_hi = bhi; }       /* B's run (or none) last */\n",
+    "    else if (blo == bhi) { t.f1_lo = t.f1_hi = alo; t.f2_lo = alo; t.f2_hi = ahi; }  /* A's run alone */\n",
+    "    else { t.f1_lo = alo; t.f1_hi = ahi; t.f2_lo = blo; t.f2_hi = bhi; }\n",
+    "    t.n_masked = t.n_tiles - (t.f1_hi - t.f1_lo) - (t.f2_hi - t.f2_lo);\n",
     "    return t;\n",
     "}\n",
     "\n",
@@ -1596,7 +1730,8 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "                           const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,\n",
     "                           int q_heads, int kv_heads, int page_size, unsigned int page_magic, int page_shift,\n",
     "                           float scale_log2, int mask, int window_left, int kv_chunk, int n_splits,\n",
-    "                           void *o, float *lse, float *o_part, float *lse_part) {\n",
+    "                           void *o, float *lse, float *o_part, float *lse_part,\n",
+    "                           const int *q_pos, const int *vis_sink_end, const int *vis_window_start) {\n",
     "    MSKV_SMEM(smem);\n",
     "    const int tid = mskv_tid(), warp = tid >> 5, lane = tid & 31, g = lane >> 2;\n",
     "    const int b = mskv_bid_y(), kvh = mskv_bid_z() % kv_heads, split = mskv_bid_z() / kv_heads;\n",
@@ -1609,7 +1744,7 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    mskv_tiles t;\n",
     "    mskv_gather ga;\n",
     "    mskv_pipe p;\n",
-    "    int i;\n",
+    "    int i, qpos_min, qpos_max, h0, h1;\n",
     "    if (row0 >= rows) return;  /* whole block: before any barrier */\n",
     "    w.wrow0 = MSKV_ATTN_WARP_KEYS ? 0 : warp * MSKV_WM;\n",
     "    w.wkey0 = MSKV_ATTN_WARP_KEYS ? warp * 16 : 0;\n",
@@ -1624,7 +1759,24 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    w.vb = (mskv_u32)((w.wkey0 + (lane & 15)) * MSKV_ROWB + 16 * ((lane >> 4) ^ (lane & 7)));\n",
     "    w.scale_log2 = scale_log2;\n",
     "\n",
-    "    t = mskv_attn_tiles(n_splits, split, kv_chunk, kvl, qo_len, rows, row0, group, mask, window_left, psplit, pshift);\n",
+    "    {\n",
+    "        /* the block's queries [qa, qz] and their mask positions */\n",
+    "        const int qa = row0 / group, qz = (row0 + MSKV_BM - 1 < rows - 1 ? row0 + MSKV_BM - 1 : rows - 1) / group;\n",
+    "        if (q_pos && mask >= 1) {\n",
+    "            mskv_q_pos_range<128>(q_pos + q0, qa, qz - qa + 1, (int *)(void *)smem, &qpos_min, &qpos_max);\n",
+    "        } else {\n",
+    "            qpos_min = mskv_abs_pos(kvl - qo_len + qa, psplit, pshift);\n",
+    "            qpos_max = mskv_abs_pos(kvl - qo_len + qz, psplit, pshift);\n",
+    "        }\n",
+    "    }\n",
+    "    mskv_vis_hole(vis_sink_end, vis_window_start, b, kvl, psplit, pshift, &h0, &h1);\n",
+    "    /* block-uniform values the compiler cannot see as such (they went\n",
+    "       through shared memory): said so, the key loop's bounds stay in\n",
+    "       uniform registers */\n",
+    "    qpos_min = mskv_uniform(qpos_min); qpos_max = mskv_uniform(qpos_max);\n",
+    "    h0 = mskv_uniform(h0); h1 = mskv_uniform(h1);\n",
+    "    w.h0 = h0;\n",
+    "    t = mskv_attn_tiles(n_splits, split, kv_chunk, kvl, mask, window_left, psplit, pshift, qpos_min, qpos_max, h0, h1);\n",
     "    {\n",
     "        const int c0 = (tid % MSKV_TPR) * MSKV_CPT, row = tid / MSKV_TPR;\n",
     "        ga.k_pool = (const unsigned char *)k_pool;\n",
@@ -1658,8 +1810,8 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "\n",
     "    for (int h = 0; h < 2 * MSKV_MT; h++) {\n",
     "        const int R = row0 + w.wrow0 + 16 * (h >> 1) + g + 8 * (h & 1);\n",
-    "        const int qpos = mskv_abs_pos(kvl - qo_len + (R < rows ? R : rows - 1) / group, psplit, pshift);\n",
-    "        int lo = t.n_lo, hi = t.n_hi;\n",
+    "        const int qpos = mskv_q_pos(q_pos ? q_pos + q0 : 0, (R < rows ? R : rows - 1) / group, kvl, qo_len, psplit, pshift);\n",
+    "        int lo = t.a_lo, hi = t.n_hi;\n",
     "        if (mask >= 1) { const int c = mskv_first_at(qpos + 1, psplit, pshift); hi = c < hi ? c : hi; }\n",
     "        if (mask == 2) { const int c = mskv_first_at(qpos - window_left, psplit, pshift); lo = c > lo ? c : lo; }\n",
     "        w.klo[h] = lo;\n",
@@ -1682,31 +1834,14 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "            mskv_ldsm_x4(w.qf[mt][kk], smem + ((w.qb ^ (mskv_u32)(32 * kk)) + mt * 16 * MSKV_ROWB));\n",
     "#endif\n",
     "\n",
-    "    /* the masked tiles, then the rest: two loops, so the common one carries no mask code */\n",
+    "    /* the masked tiles, then the whole ones: loops of their own, so the common one carries no mask code */\n",
     "    for (i = 0; i < t.n_masked; i++)\n",
     "        mskv_attn_step<1, -1>(w, p, ga, smem, mskv_tile_key(t, i), mskv_tile_key(t, i + MSKV_STAGES - 1),\n",
     "                              mskv_tile_key(t, i + MSKV_STAGES));\n",
-    "    {\n",
-    "        /* the unmasked tiles are consecutive: walk their keys; loads past them are zero-filled */\n",
-    "        const int f_end = t.n_lo + t.f_hi * MSKV_BN, n_hi = t.n_hi;\n",
-    "        int n0 = t.n_lo + t.f_lo * MSKV_BN;\n",
-    "#define MSKV_FULL_STEP(st, n) \\\n",
-    "        mskv_attn_step<0, st>(w, p, ga, smem, (n), (n) + (MSKV_STAGES - 1) * MSKV_BN < f_end ? (n) + (MSKV_STAGES - 1) * MSKV_BN : n_hi, \\\n",
-    "                              (n) + MSKV_STAGES * MSKV_BN < f_end ? (n) + MSKV_STAGES * MSKV_BN : n_hi)\n",
-    "#if MSKV_ATTN_WARP_KEYS && MSKV_D <= 128\n",
-    "        /* decode: three tiles an iteration, one per stage, so no stage\n",
-    "           arithmetic and no address arithmetic for shared memory remains\n",
-    "           (at D = 256 the unrolled addresses would spill registers) */\n",
-    "        for (; n0 < f_end && p.cs != (mskv_u32)MSKV_Q_BYTES; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);\n",
-    "        for (; n0 + 2 * MSKV_BN < f_end; n0 += 3 * MSKV_BN) {\n",
-    "            MSKV_FULL_STEP(0, n0);\n",
-    "            MSKV_FULL_STEP(1, n0 + MSKV_BN);\n",
-    "            MSKV_FULL_STEP(2, n0 + 2 * MSKV_BN);\n",
-    "        }\n",
-    "#endif\n",
-    "        for (; n0 < f_end; n0 += MSKV_BN) MSKV_FULL_STEP(-1, n0);\n",
-    "#undef MSKV_FULL_STEP\n",
-    "    }\n",
+    "    if (t.f1_hi > t.f1_lo)\n",
+    "        mskv_attn_run1(w, p, ga, smem, mskv_tile_at(t, t.f1_lo), mskv_tile_at(t, t.f1_hi - 1) + MSKV_BN,\n",
+    "                       mskv_tile_at(t, t.f2_lo) - (mskv_tile_at(t, t.f1_hi - 1) + MSKV_BN));\n",
+    "    mskv_attn_run(w, p, ga, smem, mskv_tile_at(t, t.f2_lo), mskv_tile_at(t, t.f2_lo) + (t.f2_hi - t.f2_lo) * MSKV_BN, t.n_hi);\n",
     "    mskv_cp_wait<0>();\n",
     "\n",
     "    mskv_attn_store(w, smem, qo_indptr, q_heads, kv_heads, scale_log2, n_splits, o, lse, o_part, lse_part);\n",
@@ -1893,48 +2028,63 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "           ((mskv_u64)((sbo & 0x3ffffu) >> 4) << 32) | (1ull << 62);\n",
     "}\n",
     "\n",
-    "/* The keys a block visits, as tiles of BN from tile0 (BN-aligned). Tiles\n",
-    "   [f_lo, f_hi) are visible whole to every row of the block; the others\n",
-    "   (\"masked\") go first, in a loop of their own, then the whole ones. */\n",
+    "/* The keys a block visits, as tiles of BN on BN-aligned keys (a TMA box\n",
+    "   never straddles a page). Like mskv_attn's: run A from a0 (tiles\n",
+    "   0..n_a-1) up to the hidden keys, run B from b0 (at or past A's last tile)\n",
+    "   after them, tiles n_a..n_tiles-1; tiles wholly hidden are not visited.\n",
+    "   Tiles [f1_lo, f1_hi) and [f2_lo, f2_hi) are visible whole to every row of\n",
+    "   the block (f1 empty unless both are not); the others (\"masked\") go first,\n",
+    "   in a loop of their own, then the whole ones. */\n",
     "struct mskv_h_keys {\n",
     "    int split_lo, split_hi;   /* the split's keys (kv_len cut) */\n",
-    "    int n_lo, n_hi;           /* cut further by the mask's reach over the block's rows */\n",
-    "    int tile0, n_tiles, f_lo, f_hi, n_masked;\n",
+    "    int a0, n_a, b0, n_tiles, f1_lo, f1_hi, f2_lo, f2_hi, n_masked;\n",
     "};\n",
-    "MSKV_DEV mskv_h_keys mskv_h_block_keys(int row0, int rows, int group, int qo_len, int kvl, int psplit, int pshift,\n",
-    "                                       int mask, int window_left, int kv_chunk, int n_splits, int split) {\n",
+    "MSKV_DEV mskv_h_keys mskv_h_block_keys(int kvl, int psplit, int pshift, int mask, int window_left, int kv_chunk,\n",
+    "                                       int n_splits, int split, int qpos_min, int qpos_max, int h0, int h1) {\n",
     "    mskv_h_keys k;\n",
-    "    const int last = row0 + MSKV_H_BM - 1 < rows - 1 ? row0 + MSKV_H_BM - 1 : rows - 1;\n",
-    "    const int qi_first = kvl - qo_len + row0 / group, qi_last = kvl - qo_len + last / group;\n",
-    "    int lo_max, hi_min;\n",
+    "    int n_lo, n_hi, lo_max, hi_min, a_hi, b_lo, alo, ahi, blo, bhi;\n",
     "    k.split_lo = n_splits > 1 ? split * kv_chunk : 0;\n",
     "    k.split_hi = n_splits > 1 ? (k.split_lo + kv_chunk < kvl ? k.split_lo + kv_chunk : kvl) : kvl;\n",
-    "    k.n_lo = lo_max = k.split_lo;\n",
-    "    k.n_hi = hi_min = k.split_hi;\n",
+    "    n_lo = lo_max = k.split_lo;\n",
+    "    n_hi = hi_min = k.split_hi;\n",
     "    if (mask >= 1) {\n",
-    "        if (qi_last + 1 < k.n_hi) k.n_hi = qi_last + 1;\n",
-    "        if (qi_first + 1 < hi_min) hi_min = qi_first + 1;\n",
+    "        const int c = mskv_first_at(qpos_max + 1, psplit, pshift), c2 = mskv_first_at(qpos_min + 1, psplit, pshift);\n",
+    "        if (c < n_hi) n_hi = c;\n",
+    "        if (c2 < hi_min) hi_min = c2;\n",
     "    }\n",
     "    if (mask == 2) {\n",
-    "        const int lo = mskv_first_at(mskv_abs_pos(qi_first, psplit, pshift) - window_left, psplit, pshift);\n",
-    "        const int lo2 = mskv_first_at(mskv_abs_pos(qi_last, psplit, pshift) - window_left, psplit, pshift);\n",
-    "        if (lo > k.n_lo) k.n_lo = lo;\n",
+    "        const int lo = mskv_first_at(qpos_min - window_left, psplit, pshift);\n",
+    "        const int lo2 = mskv_first_at(qpos_max - window_left, psplit, pshift);\n",
+    "        if (lo > n_lo) n_lo = lo;\n",
     "        if (lo2 > lo_max) lo_max = lo2;\n",
     "    }\n",
-    "    k.tile0 = k.n_lo / MSKV_H_BN * MSKV_H_BN;\n",
-    "    k.n_tiles = k.n_hi > k.n_lo ? (k.n_hi - k.tile0 + MSKV_H_BN - 1) / MSKV_H_BN : 0;\n",
-    "    k.f_lo = (lo_max - k.tile0 + MSKV_H_BN - 1) / MSKV_H_BN;\n",
-    "    if (k.f_lo > k.n_tiles) k.f_lo = k.n_tiles;\n",
-    "    k.f_hi = hi_min > k.tile0 ? (hi_min - k.tile0) / MSKV_H_BN : 0;\n",
-    "    if (k.f_hi > k.n_tiles) k.f_hi = k.n_tiles;\n",
-    "    if (k.f_hi < k.f_lo) k.f_hi = k.f_lo;\n",
-    "    k.n_masked = k.f_lo + (k.n_tiles - k.f_hi);\n",
+    "    a_hi = h0 < n_hi ? h0 : n_hi;\n",
+    "    k.a0 = n_lo / MSKV_H_BN * MSKV_H_BN;\n",
+    "    k.n_a = a_hi > n_lo ? (a_hi - k.a0 + MSKV_H_BN - 1) / MSKV_H_BN : 0;\n",
+    "    b_lo = h1 > n_lo ? h1 : n_lo;\n",
+    "    k.b0 = b_lo / MSKV_H_BN * MSKV_H_BN;\n",
+    "    if (k.b0 < k.a0 + k.n_a * MSKV_H_BN) k.b0 = k.a0 + k.n_a * MSKV_H_BN;\n",
+    "    k.n_tiles = k.n_a + (n_hi > b_lo && n_hi > k.b0 ? (n_hi - k.b0 + MSKV_H_BN - 1) / MSKV_H_BN : 0);\n",
+    "    mskv_whole_tiles<MSKV_H_BN>(k.a0, k.n_a, lo_max, hi_min < a_hi ? hi_min : a_hi, &alo, &ahi);\n",
+    "    mskv_whole_tiles<MSKV_H_BN>(k.b0, k.n_tiles - k.n_a, lo_max > b_lo ? lo_max : b_lo, hi_min, &blo, &bhi);\n",
+    "    blo += k.n_a; bhi += k.n_a;\n",
+    "    if (alo == ahi) { k.f1_lo = k.f1_hi = blo; k.f2_lo = blo; k.f2_hi = bhi; }\n",
+    "    else if (blo == bhi) { k.f1_lo = k.f1_hi = alo; k.f2_lo = alo; k.f2_hi = ahi; }\n",
+    "    else { k.f1_lo = alo; k.f1_hi = ahi; k.f2_lo = blo; k.f2_hi = bhi; }\n",
+    "    k.n_masked = k.n_tiles - (k.f1_hi - k.f1_lo) - (k.f2_hi - k.f2_lo);\n",
     "    return k;\n",
+    "}\n",
+    "/* first key of tile k in key order */\n",
+    "MSKV_DEV int mskv_h_tile_at(const mskv_h_keys &k, int t) {\n",
+    "    return t < k.n_a ? k.a0 + t * MSKV_H_BN : k.b0 + (t - k.n_a) * MSKV_H_BN;\n",
     "}\n",
     "/* first key of the i-th tile in visiting order (producer and consumers agree) */\n",
     "MSKV_DEV int mskv_h_tile_key(const mskv_h_keys &k, int i) {\n",
-    "    const int tile = i < k.n_masked ? (i < k.f_lo ? i : i - k.f_lo + k.f_hi) : i - k.n_masked + k.f_lo;\n",
-    "    return k.tile0 + tile * MSKV_H_BN;\n",
+    "    const int m1 = k.f1_lo, m2 = m1 + k.f2_lo - k.f1_hi, w1 = k.f1_hi - k.f1_lo;\n",
+    "    int t;\n",
+    "    if (i < k.n_masked) t = i < m1 ? i : i < m2 ? i - m1 + k.f1_hi : i - m2 + k.f2_hi;\n",
+    "    else t = i - k.n_masked < w1 ? i - k.n_masked + k.f1_lo : i - k.n_masked - w1 + k.f2_lo;\n",
+    "    return mskv_h_tile_at(k, t);\n",
     "}\n",
     "\n",
     "/* ---- producer: one tile of K and V into a stage ---- */\n",
@@ -1995,6 +2145,8 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    mskv_u32 p[MSKV_H_BN / 16][4];       /* P of the previous tile as A fragments (k16 slices) */\n",
     "    float m[2], l[2];                    /* running max (unscaled), this lane's part of the row sums */\n",
     "    int klo[2], khi[2];                  /* the keys row h may see: [klo, khi) */\n",
+    "    int h0;                              /* the visibility bounds' hidden keys [h0, h0 + hlen) */\n",
+    "    mskv_u32 hlen;\n",
     "    mskv_u64 qd;                         /* descriptor of this warpgroup's Q tile */\n",
     "    mskv_u32 ring;                       /* shared address of stage 0 */\n",
     "    mskv_u32 bars;                       /* shared address of full[0] */\n",
@@ -2009,11 +2161,12 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    mx[0] = c.m[0]; mx[1] = c.m[1];\n",
     "    if (MASKED) {\n",
     "        int lo[2], hi[2];\n",
+    "        const int hl = c.h0 - key0 - 2 * c.t4;\n",
     "        for (int h = 0; h < 2; h++) { lo[h] = c.klo[h] - key0 - 2 * c.t4; hi[h] = c.khi[h] - key0 - 2 * c.t4; }\n",
     "MSKV_UNROLL\n",
     "        for (int i = 0; i < MSKV_H_BN / 2; i++) {\n",
     "            const int h = (i >> 1) & 1, col = (i >> 2) * 8 + (i & 1);\n",
-    "            c.s[i] = col >= lo[h] && col < hi[h] ? c.s[i] : mskv_neg_inf();\n",
+    "            c.s[i] = col >= lo[h] && col < hi[h] && (mskv_u32)(col - hl) >= c.hlen ? c.s[i] : mskv_neg_inf();\n",
     "        }\n",
     "    }\n",
     "MSKV_UNROLL\n",
@@ -2118,7 +2271,8 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "               const void *q, const void *k_pool, const void *v_pool, const int *qo_indptr, const int *kv_indptr,\n",
     "               const int *kv_indices, const int *kv_len, const int *kv_pos_split, const int *kv_pos_shift,\n",
     "               int q_heads, int kv_heads, int page_size, float scale_log2, int mask, int window_left, int kv_chunk,\n",
-    "               int n_splits, void *o, float *lse, float *o_part, float *lse_part) {\n",
+    "               int n_splits, void *o, float *lse, float *o_part, float *lse_part,\n",
+    "               const int *q_pos, const int *vis_sink_end, const int *vis_window_start) {\n",
     "    MSKV_SMEM(smem);\n",
     "    const int tid = mskv_tid(), wg = tid >> 7;\n",
     "    const int b = mskv_bid_y(), kvh = mskv_bid_z() % kv_heads, split = mskv_bid_z() / kv_heads;\n",
@@ -2129,10 +2283,25 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    mskv_h_keys kb;\n",
     "    mskv_u32 base;\n",
     "    unsigned char *sbase;\n",
+    "    int qpos_min, qpos_max, h0, h1;\n",
     "    if (row0 >= rows) return;  /* whole block: before any barrier */\n",
-    "    kb = mskv_h_block_keys(row0, rows, group, qo_len, kvl, psplit, pshift, mask, window_left, kv_chunk, n_splits, split);\n",
     "    base = (mskv_smem_addr(smem) + 1023u) & ~1023u;\n",
     "    sbase = smem + (base - mskv_smem_addr(smem));\n",
+    "    {\n",
+    "        /* the block's queries [qa, qz] and their mask positions (the scratch:\n",
+    "           the Q tiles, loaded after the barrier that follows the mbarrier inits) */\n",
+    "        const int qa = row0 / group, qz = (row0 + MSKV_H_BM - 1 < rows - 1 ? row0 + MSKV_H_BM - 1 : rows - 1) / group;\n",
+    "        if (q_pos && mask >= 1) {\n",
+    "            mskv_q_pos_range<MSKV_H_THREADS>(q_pos + q0, qa, qz - qa + 1, (int *)(void *)sbase, &qpos_min, &qpos_max);\n",
+    "        } else {\n",
+    "            qpos_min = mskv_abs_pos(kvl - qo_len + qa, psplit, pshift);\n",
+    "            qpos_max = mskv_abs_pos(kvl - qo_len + qz, psplit, pshift);\n",
+    "        }\n",
+    "    }\n",
+    "    mskv_vis_hole(vis_sink_end, vis_window_start, b, kvl, psplit, pshift, &h0, &h1);\n",
+    "    qpos_min = mskv_uniform(qpos_min); qpos_max = mskv_uniform(qpos_max);   /* as in mskv_attn */\n",
+    "    h0 = mskv_uniform(h0); h1 = mskv_uniform(h1);\n",
+    "    kb = mskv_h_block_keys(kvl, psplit, pshift, mask, window_left, kv_chunk, n_splits, split, qpos_min, qpos_max, h0, h1);\n",
     "    if (tid == 0) {\n",
     "        for (int s = 0; s < MSKV_H_STAGES; s++) {\n",
     "            mskv_mbar_init(base + MSKV_H_BARS + 8 * s, 1);                      /* full: the producer */\n",
@@ -2170,6 +2339,7 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "        const int cw = mskv_bcast0(wg - 1), t = tid & 127, warp = t >> 5, lane = tid & 31, g = lane >> 2;\n",
     "        mskv_setmaxnreg_inc<MSKV_H_REGS_CONSUMER>();\n",
     "        c.cw = cw; c.t4 = lane & 3; c.leader = t == 0; c.scale_log2 = scale_log2;\n",
+    "        c.h0 = h0; c.hlen = (mskv_u32)(h1 - h0);\n",
     "        c.ring = base + 2 * MSKV_H_QB;\n",
     "        c.bars = base + MSKV_H_BARS;\n",
     "        c.qd = mskv_h_desc(base + (mskv_u32)(cw * MSKV_H_QB), 16, 1024);\n",
@@ -2191,10 +2361,13 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "        }\n",
     "        for (int h = 0; h < 2; h++) {\n",
     "            const int R = row0 + 64 * cw + 16 * warp + g + 8 * h, Rc = R < rows ? R : rows - 1;\n",
-    "            const int qi = kvl - qo_len + Rc / group, qpos = mskv_abs_pos(qi, psplit, pshift);\n",
+    "            const int qpos = mskv_q_pos(q_pos ? q_pos + q0 : 0, Rc / group, kvl, qo_len, psplit, pshift);\n",
     "            c.klo[h] = kb.split_lo;\n",
     "            c.khi[h] = kb.split_hi;\n",
-    "            if (mask >= 1 && qi + 1 < c.khi[h]) c.khi[h] = qi + 1;\n",
+    "            if (mask >= 1) {\n",
+    "                const int hi = mskv_first_at(qpos + 1, psplit, pshift);\n",
+    "                if (hi < c.khi[h]) c.khi[h] = hi;\n",
+    "            }\n",
     "            if (mask == 2) {\n",
     "                const int lo = mskv_first_at(qpos - window_left, psplit, pshift);\n",
     "                if (lo > c.klo[h]) c.klo[h] = lo;\n",
@@ -2210,7 +2383,8 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "            if (kb.n_masked > 0) mskv_h_turn<1, 1>(c, 0, mskv_h_tile_key(kb, 0));\n",
     "            else mskv_h_turn<0, 1>(c, 0, mskv_h_tile_key(kb, 0));\n",
     "            for (; it < kb.n_masked; it++) mskv_h_turn<1, 0>(c, it, mskv_h_tile_key(kb, it));\n",
-    "            for (; it < kb.n_tiles; it++) mskv_h_turn<0, 0>(c, it, mskv_h_tile_key(kb, it));\n",
+    "            /* whole tiles: the consumers need no key (only the producer does) */\n",
+    "            for (; it < kb.n_tiles; it++) mskv_h_turn<0, 0>(c, it, 0);\n",
     "            mskv_h_last_turn(c, kb.n_tiles);\n",
     "        }\n",
     "        /* the row sums: from the ones columns, else the 4 lanes of a row add theirs; write O / l and the LSE */\n",
@@ -3788,7 +3962,7 @@ static mskv_result mskv__cuda_function(mskv_cuda *cu, int kernel, const mskv__cu
 /* byte offsets of the plan arrays in one plan buffer (host ring and device) */
 typedef struct mskv__cuda_plan_layout {
     size_t qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_len, kv_pos_split, kv_pos_shift;
-    size_t kv_token_indptr, slot_mapping, positions, total;
+    size_t kv_token_indptr, slot_mapping, positions, q_pos, vis_sink_end, vis_window_start, total;
 } mskv__cuda_plan_layout;
 
 /* What a replay may change: plan contents, never the launch sizes captured
@@ -3797,6 +3971,9 @@ typedef struct mskv__cuda_plan_layout {
 typedef struct mskv__cuda_shape {
     int32_t batch, total_q, max_qo;
     int64_t max_kv;
+    /* the plan's features (what the attention launches read: q_pos, the
+       bounds) and which optional arrays it uploaded (the same bits) */
+    uint32_t features, arrays;
 } mskv__cuda_shape;
 
 struct mskv_cuda_graph {
@@ -3808,7 +3985,7 @@ struct mskv_cuda_graph {
 
 #define MSKV__CUDA_FCACHE 32        /* a power of two; a store launches a handful of functions */
 #define MSKV__CUDA_SMEM_SEEN 8
-#define MSKV__CUDA_MAX_ARGS 24      /* the longest parameter list: mskv_attn_sm90 has 24 */
+#define MSKV__CUDA_MAX_ARGS 27      /* the longest parameter list: mskv_attn_sm90 has 27 */
 
 typedef struct mskv__cuda_fslot {
     uint64_t key;                   /* variant key | kernel << MSKV__CUDA_KEY_KERNEL_SHIFT | 1 << 63; 0 = empty */
@@ -3898,6 +4075,9 @@ static void mskv__cuda_plan_layout_of(mskv__cuda_plan_layout *l, size_t b, size_
     l->kv_token_indptr = o;  o += mskv__cuda_align16((b + 1) * 8);
     l->slot_mapping = o;     o += mskv__cuda_align16(t * 8);
     l->positions = o;        o += mskv__cuda_align16(t * 3 * 4);
+    l->q_pos = o;            o += mskv__cuda_align16(t * 4);
+    l->vis_sink_end = o;     o += mskv__cuda_align16(b * 4);
+    l->vis_window_start = o; o += mskv__cuda_align16(b * 4);
     l->total = o;
 }
 
@@ -4591,6 +4771,9 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     MSKV__UP(kv_token_indptr, b + 1, 8)
     MSKV__UP(slot_mapping, t, 8)
     MSKV__UP(positions, npos, 4)
+    MSKV__UP(q_pos, t, 4)
+    MSKV__UP(vis_sink_end, b, 4)
+    MSKV__UP(vis_window_start, b, 4)
 #undef MSKV__UP
     if (r == MSKV_CU_SUCCESS) r = cu->fn.cuEventRecord(st->ring_ev[slot], st->stream);
     if (r != MSKV_CU_SUCCESS) {
@@ -4615,6 +4798,8 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     }
     st->cur.batch = plan->batch;
     st->cur.total_q = plan->total_q;
+    st->cur.features = plan->features;
+    st->cur.arrays = (plan->q_pos ? MSKV_PLAN_Q_POS : 0u) | (plan->vis_sink_end && plan->vis_window_start ? MSKV_PLAN_VISIBILITY : 0u);
     st->cur.max_qo = 0;
     st->cur.max_kv = 0;
     if (plan->qo_indptr) {
@@ -4647,6 +4832,9 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
        so a launch that needs them is refused instead of reading the last plan's */
     out->slot_mapping = plan->slot_mapping ? st->d_plan + st->lay.slot_mapping : 0;
     out->positions = npos ? st->d_plan + st->lay.positions : 0;
+    out->q_pos = plan->q_pos ? st->d_plan + st->lay.q_pos : 0;
+    out->vis_sink_end = st->cur.arrays & MSKV_PLAN_VISIBILITY ? st->d_plan + st->lay.vis_sink_end : 0;
+    out->vis_window_start = st->cur.arrays & MSKV_PLAN_VISIBILITY ? st->d_plan + st->lay.vis_window_start : 0;
     return MSKV_SUCCESS;
 }
 
@@ -4801,6 +4989,15 @@ MSKV_API mskv_result mskv_cuda_graph_launch(mskv_cuda_store *st, mskv_cuda_graph
         mskv__cuda_failf(st->cu, "graph replay: the uploaded plan (batch %d, tokens %d) is smaller than the captured one "
                          "(batch %d, tokens %d): pad it to that shape (mskv_plan_desc.pad_batch, pad_tokens) or capture again",
                          (int)st->cur.batch, (int)st->cur.total_q, (int)g->shape.batch, (int)g->shape.total_q);
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    }
+    /* the captured attention launches read q_pos / the bounds as the plan
+       uploaded then asked: a plan asking for more would be attended without
+       them, and one without the arrays would leave the captured plan's there */
+    if ((st->cur.features & ~g->shape.features) || (g->shape.features & ~st->cur.arrays)) {
+        mskv__cuda_failf(st->cu, "graph replay: the uploaded plan's features 0x%x (arrays 0x%x) do not fit the captured "
+                         "plan's 0x%x: capture again", (unsigned)st->cur.features, (unsigned)st->cur.arrays,
+                         (unsigned)g->shape.features);
         return MSKV_ERROR_INVALID_ARGUMENT;
     }
     if ((res = mskv__cuda_uploaded_current(st)) != MSKV_SUCCESS) return res;   /* the replay reads the last upload */
@@ -5074,9 +5271,19 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
     if (plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
     /* the kernel finds a key's bytes as page id x page bytes + slot x slot bytes in 32 bits */
     if ((int64_t)st->d.page_size * st->d.kv_heads * st->d.head_dim * 2 > (int64_t)0xffffffff) return MSKV_ERROR_UNSUPPORTED;
-    /* q_pos and the visibility bounds are not read by these kernels yet: a
-       plan that needs them would attend to other keys than the CPU's */
-    if (plan->features & (MSKV_PLAN_Q_POS | MSKV_PLAN_VISIBILITY)) return MSKV_ERROR_UNSUPPORTED;
+    /* both kernels read q_pos and the visibility bounds; a feature they do
+       not know would be attended over other keys than the CPU's */
+    if (plan->features & ~(MSKV_PLAN_Q_POS | MSKV_PLAN_VISIBILITY)) {
+        mskv__cuda_failf(st->cu, "attention: plan features 0x%x: the kernels honour q_pos (0x%x) and visibility bounds (0x%x) only",
+                         (unsigned)plan->features, MSKV_PLAN_Q_POS, MSKV_PLAN_VISIBILITY);
+        return MSKV_ERROR_UNSUPPORTED;
+    }
+    /* what the features ask for must be in the plan and in the device buffers
+       (else they hold an earlier plan's) */
+    if ((plan->features & MSKV_PLAN_Q_POS) && (!plan->q_pos || !dplan->q_pos)) return MSKV_ERROR_NULL_POINTER;
+    if ((plan->features & MSKV_PLAN_VISIBILITY) &&
+        (!plan->vis_sink_end || !plan->vis_window_start || !dplan->vis_sink_end || !dplan->vis_window_start))
+        return MSKV_ERROR_NULL_POINTER;
     if (plan->total_q == 0 || plan->batch == 0) { *empty = 1; return MSKV_SUCCESS; }
     if (!q || !o) return MSKV_ERROR_NULL_POINTER;
     /* the kernel reads q with 16-byte copies and writes o in 4-byte pairs */
@@ -5098,8 +5305,9 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
         if (qo64 < 0 || qo64 > plan->total_q || np < 0) return MSKV_ERROR_INVALID_ARGUMENT;
         if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * st->d.page_size || kv > (int64_t)np * st->d.page_size))
             return MSKV_ERROR_INVALID_ARGUMENT;
-        if (attn->mask != MSKV_MASK_NONE &&
-            ((qo > kv && kv > 0) || plan->kv_pos_shift[b] < 0 || plan->kv_pos_split[b] < 0 || plan->kv_pos_split[b] > kv))
+        /* without q_pos the queries are the tail of their keys; a segment with no keys (padding) sees nothing */
+        if (attn->mask != MSKV_MASK_NONE && ((qo > kv && kv > 0 && !(plan->features & MSKV_PLAN_Q_POS)) ||
+                                             plan->kv_pos_shift[b] < 0 || plan->kv_pos_split[b] < 0 || plan->kv_pos_split[b] > kv))
             return MSKV_ERROR_INVALID_ARGUMENT;
         if (b >= plan->batch - plan->pad_segments) {   /* padding: no keys, not part of the launch shape */
             if (kv != 0) return MSKV_ERROR_INVALID_ARGUMENT;
@@ -5177,10 +5385,23 @@ static mskv_result mskv__attn_pick(mskv_cuda_store *st, const mskv_plan *plan, c
     return res;
 }
 
+/* Both kernels' last three parameters, q_pos, vis_sink_end, vis_window_start
+   from parameter i on: the uploaded arrays where the plan's features ask for
+   them, else 0 (the tail rule, nothing hidden: the kernels then read
+   nothing more). */
+static void mskv__attn_args_vis(mskv__cuda_args *a, int i, const mskv_plan *plan, const mskv_cuda_dplan *dplan) {
+    const int vis = (plan->features & MSKV_PLAN_VISIBILITY) != 0;
+    mskv__cuda_arg_ptr(a, i, plan->features & MSKV_PLAN_Q_POS ? dplan->q_pos : 0);
+    mskv__cuda_arg_ptr(a, i + 1, vis ? dplan->vis_sink_end : 0);
+    mskv__cuda_arg_ptr(a, i + 2, vis ? dplan->vis_window_start : 0);
+}
+
 /* mskv_attn(q, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices, kv_len, kv_pos_split,
    kv_pos_shift, q_heads, kv_heads, page_size, page_magic, page_shift, scale_log2, mask,
-   window_left, kv_chunk, n_splits, o, lse, o_part, lse_part) */
-static mskv__cuda_args *mskv__attn_args(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *dplan,
+   window_left, kv_chunk, n_splits, o, lse, o_part, lse_part, q_pos, vis_sink_end,
+   vis_window_start) */
+static mskv__cuda_args *mskv__attn_args(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
+                                        const mskv_cuda_dplan *dplan,
                                         const mskv_attn *attn, const mskv_cuda_attn_geometry *g, float scale_log2,
                                         mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse, mskv_cu_ptr o_part,
                                         mskv_cu_ptr lse_part) {
@@ -5214,16 +5435,19 @@ static mskv__cuda_args *mskv__attn_args(mskv_cuda_store *st, int32_t layer, cons
     mskv__cuda_arg_ptr(a, 20, lse);
     mskv__cuda_arg_ptr(a, 21, o_part);
     mskv__cuda_arg_ptr(a, 22, lse_part);
+    mskv__attn_args_vis(a, 23, plan, dplan);
     return a;
 }
 
 /* mskv_attn_sm90(k_map, v_map, use_tma, q, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices,
    kv_len, kv_pos_split, kv_pos_shift, q_heads, kv_heads, page_size, scale_log2, mask,
-   window_left, kv_chunk, n_splits, o, lse, o_part, lse_part)
+   window_left, kv_chunk, n_splits, o, lse, o_part, lse_part, q_pos, vis_sink_end,
+   vis_window_start)
    The maps are 128-byte CUtensorMaps passed by value: their parameter
    pointers go to the store's maps of the layer (or to zeros when the kernel
    copies with cp.async) instead of to a value slot. */
-static mskv__cuda_args *mskv__attn_args_sm90(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *dplan,
+static mskv__cuda_args *mskv__attn_args_sm90(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
+                                             const mskv_cuda_dplan *dplan,
                                              const mskv_attn *attn, const mskv_cuda_attn_geometry *g,
                                              float scale_log2, mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse,
                                              mskv_cu_ptr o_part, mskv_cu_ptr lse_part) {
@@ -5259,6 +5483,7 @@ static mskv__cuda_args *mskv__attn_args_sm90(mskv_cuda_store *st, int32_t layer,
     mskv__cuda_arg_ptr(a, 21, lse);
     mskv__cuda_arg_ptr(a, 22, o_part);
     mskv__cuda_arg_ptr(a, 23, lse_part);
+    mskv__attn_args_vis(a, 24, plan, dplan);
     return a;
 }
 
@@ -5291,8 +5516,8 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
     }
     scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)st->d.head_dim);
     scale_log2 = scale * 1.44269504088896341f;
-    a = L.sm90 ? mskv__attn_args_sm90(st, layer, dplan, attn, &L.g, scale_log2, q, o, lse, o_part, lse_part)
-               : mskv__attn_args(st, layer, dplan, attn, &L.g, scale_log2, q, o, lse, o_part, lse_part);
+    a = L.sm90 ? mskv__attn_args_sm90(st, layer, plan, dplan, attn, &L.g, scale_log2, q, o, lse, o_part, lse_part)
+               : mskv__attn_args(st, layer, plan, dplan, attn, &L.g, scale_log2, q, o, lse, o_part, lse_part);
     block[0] = L.g.block_threads; block[1] = 1; block[2] = 1;
     res = mskv__cuda_launch(st, L.f, L.g.grid, block, L.g.smem_bytes, a->ptr);
     if (res != MSKV_SUCCESS || L.g.n_splits == 1) return res;

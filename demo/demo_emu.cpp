@@ -65,7 +65,7 @@ template <typename T> T demu_ptr(void *p) { return (T)(uintptr_t)demu_u64(p); }
 
 typedef void (*demu_attn_fn)(const void *, const void *, const void *, const int *, const int *, const int *,
                              const int *, const int *, const int *, int, int, int, unsigned int, int, float, int, int, int, int,
-                             void *, float *, float *, float *);
+                             void *, float *, float *, float *, const int *, const int *, const int *);
 
 mskv_cu_result demu_launch(mskv_cu_function f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                            unsigned int by, unsigned int bz, unsigned int smem, mskv_cu_stream s, void **a, void **extra) {
@@ -85,7 +85,8 @@ mskv_cu_result demu_launch(mskv_cu_function f, unsigned int gx, unsigned int gy,
               demu_ptr<const int *>(a[6]), demu_ptr<const int *>(a[7]), demu_ptr<const int *>(a[8]), demu_i32(a[9]),
               demu_i32(a[10]), demu_i32(a[11]), (unsigned int)demu_i32(a[12]), demu_i32(a[13]), demu_f32(a[14]),
               demu_i32(a[15]), demu_i32(a[16]), demu_i32(a[17]), demu_i32(a[18]), demu_ptr<void *>(a[19]),
-              demu_ptr<float *>(a[20]), demu_ptr<float *>(a[21]), demu_ptr<float *>(a[22]));
+              demu_ptr<float *>(a[20]), demu_ptr<float *>(a[21]), demu_ptr<float *>(a[22]), demu_ptr<const int *>(a[23]),
+              demu_ptr<const int *>(a[24]), demu_ptr<const int *>(a[25]));
         };
     } else if (fn->name == "mskv_lse_merge") {
         auto k = b16 ? demu_bf16::mskv_lse_merge : demu_f16::mskv_lse_merge;

@@ -42,7 +42,7 @@ using mskv_emu::Dim3;
 
 typedef void (*eh_attn_fn)(const mskv_tmap, const mskv_tmap, int, const void *, const void *, const void *, const int *,
                            const int *, const int *, const int *, const int *, const int *, int, int, int, float, int,
-                           int, int, int, void *, float *, float *, float *);
+                           int, int, int, void *, float *, float *, float *, const int *, const int *, const int *);
 typedef void (*eh_merge_fn)(const float *, const float *, int, mskv_i64, mskv_i64, void *, float *);
 
 struct eh_variant { eh_attn_fn attn; eh_merge_fn merge; mskv_dtype dtype; int d, bn, smem; const char *name; };
@@ -68,6 +68,8 @@ struct eh_case {
     int tma = 1;   /* the TMA path where the page size allows it */
     mskv_mask mask = MSKV_MASK_NONE;
     std::vector<int> qo, kv, split, shift;
+    std::vector<int> q_pos;                   /* [total_q] each query's mask position; empty: the tail rule */
+    std::vector<int> sink_end, window_start;  /* [batch] visibility bounds; empty: none */
 };
 
 /* TMA needs whole pages per tile: page_size a multiple of BN, or BN a
@@ -80,6 +82,51 @@ static int eh_map(mskv_tmap *map, void *pool, mskv_dtype dt, int num_pages, int 
     const mskv_u64 strides[3] = {(mskv_u64)D * 2, (mskv_u64)kvh * D * 2, (mskv_u64)P * kvh * D * 2};
     const mskv_u32 box[4] = {64, 1, (mskv_u32)std::min(P, bn), 1}, es[4] = {1, 1, 1, 1};
     return mskv_emu::tmap_encode(map, dt == MSKV_DTYPE_F16 ? 6 : 9, 4, pool, dims, strides, box, es, 0, 3, 3, 0);
+}
+
+static int eh_pos(int j, int split, int shift) { return j < split ? j : j + shift; }
+
+/* The plan's masking rule in double precision (for q_pos and the visibility
+   bounds): key j of segment b is visible to query i iff its position is
+   outside [sink_end, window_start) and the mask lets the query's position see it. */
+static void eh_reference(const eh_case &c, int D, const std::vector<int32_t> &qo_indptr, const std::vector<int32_t> &kv_indptr,
+                         const std::vector<int32_t> &kv_indices, const std::vector<uint16_t> &kp,
+                         const std::vector<uint16_t> &vp, const std::vector<uint16_t> &q, std::vector<uint16_t> &ref_o,
+                         std::vector<float> &ref_lse) {
+    const mskv_dtype dt = eh_variants[c.variant].dtype;
+    const int P = c.page_size, group = c.q_heads / c.kv_heads;
+    const double scale = 1.0 / std::sqrt((double)D);
+    for (size_t b = 0; b < c.qo.size(); b++)
+        for (int i = 0; i < c.qo[b]; i++) {
+            const int qi = qo_indptr[b] + i;
+            const int qpos = c.q_pos.empty() ? eh_pos(c.kv[b] - c.qo[b] + i, c.split[b], c.shift[b]) : c.q_pos[(size_t)qi];
+            for (int h = 0; h < c.q_heads; h++) {
+                const size_t row = (size_t)qi * c.q_heads + h;
+                std::vector<double> sc;
+                std::vector<size_t> at;
+                double mx = -INFINITY;
+                for (int j = 0; j < c.kv[b]; j++) {
+                    const int kpos = eh_pos(j, c.split[b], c.shift[b]);
+                    if (!c.sink_end.empty() && kpos >= c.sink_end[b] && kpos < c.window_start[b]) continue;
+                    if (c.mask != MSKV_MASK_NONE && kpos > qpos) continue;
+                    if (c.mask == MSKV_MASK_WINDOW && qpos - kpos > c.window_left) continue;
+                    const size_t base = (((size_t)kv_indices[(size_t)(kv_indptr[b] + j / P)] * P + j % P) * c.kv_heads + h / group) * D;
+                    double dot = 0;
+                    for (int d = 0; d < D; d++) dot += (double)eh_f(dt, q[row * D + d]) * eh_f(dt, kp[base + d]);
+                    sc.push_back(dot * scale);
+                    at.push_back(base);
+                    mx = std::max(mx, dot * scale);
+                }
+                double sum = 0;
+                for (double x : sc) sum += std::exp(x - mx);
+                for (int d = 0; d < D; d++) {
+                    double acc = 0;
+                    for (size_t k = 0; k < sc.size(); k++) acc += std::exp(sc[k] - mx) * eh_f(dt, vp[at[k] + d]);
+                    ref_o[row * D + d] = eh_h(dt, sc.empty() ? 0.0f : (float)(acc / sum));
+                }
+                ref_lse[row] = sc.empty() ? -INFINITY : (float)(mx + std::log(sum));
+            }
+        }
 }
 
 /* Runs the case on the emulated kernel and the CPU backend; the worst |o| and
@@ -135,7 +182,9 @@ static void eh_compare(const eh_case &c, uint64_t seed, double *o_err, double *l
     std::vector<uint16_t> ref_o(q.size()), o(q.size(), 0x1234);
     std::vector<float> ref_lse((size_t)total_q * c.q_heads), lse(ref_lse.size(), 12345.0f);
     *o_err = *lse_err = 1e9;
-    if (mskv_cpu_attention_pools(NULL, &pools, &plan, &at, q.data(), ref_o.data(), ref_lse.data()) != MSKV_SUCCESS) {
+    if (!c.q_pos.empty() || !c.sink_end.empty()) {
+        eh_reference(c, D, qo_indptr, kv_indptr, kv_indices, kp, vp, q, ref_o, ref_lse);
+    } else if (mskv_cpu_attention_pools(NULL, &pools, &plan, &at, q.data(), ref_o.data(), ref_lse.data()) != MSKV_SUCCESS) {
         *why = "the CPU backend refused the case";
         return;
     }
@@ -155,7 +204,9 @@ static void eh_compare(const eh_case &c, uint64_t seed, double *o_err, double *l
     int ok = mskv_emu::launch(Dim3{std::max(1, (max_rows + 127) / 128), batch, c.kv_heads * n_splits}, 384, (size_t)v.smem, [&] {
         v.attn(kmap, vmap, use_tma, q.data(), kp.data(), vp.data(), qo_indptr.data(), kv_indptr.data(), kv_indices.data(),
                kv_len.data(), psplit.data(), pshift.data(), c.q_heads, c.kv_heads, P, scale_log2, (int)c.mask,
-               c.window_left, c.kv_chunk, n_splits, o.data(), lse.data(), o_part.data(), lse_part.data());
+               c.window_left, c.kv_chunk, n_splits, o.data(), lse.data(), o_part.data(), lse_part.data(),
+               c.q_pos.empty() ? nullptr : c.q_pos.data(), c.sink_end.empty() ? nullptr : c.sink_end.data(),
+               c.window_start.empty() ? nullptr : c.window_start.data());
     });
     if (ok && n_splits > 1) {
         mskv_i64 rows = (mskv_i64)total_q * c.q_heads;
@@ -300,6 +351,96 @@ TEST(attn_sm90_head_dim_128_and_256_match_cpu_backend) {
     c = eh_one(EH_BF16_256, 64, 2, 1, 20, 150, MSKV_MASK_WINDOW);
     c.window_left = 70;
     failures += !eh_check(c, 503);
+    EXPECT_EQ(0, failures);
+}
+
+/* ---- q_pos and the visibility bounds, against a double-precision reference ---- */
+
+TEST(attn_sm90_q_pos_puts_queries_anywhere_and_the_masks_compare_it) {
+    int failures = 0;
+    eh_case c = eh_one(EH_BF16_64, 16, 2, 1, 0, 300, MSKV_MASK_CAUSAL);
+    c.split = {300}; c.shift = {0};
+    c.q_pos = {150, 2, 299, 128, 127, 0, 40, 40, 255, 256};
+    c.qo = {(int)c.q_pos.size()};
+    failures += !eh_check(c, 21001);
+    c.mask = MSKV_MASK_WINDOW; c.window_left = 70;
+    failures += !eh_check(c, 21002);
+    /* 100 queries x 2 heads: two blocks, each with its own range of positions */
+    c.q_pos.clear();
+    for (int i = 0; i < 100; i++) c.q_pos.push_back((i * 53) % 300);
+    c.qo = {100}; c.mask = MSKV_MASK_CAUSAL;
+    failures += !eh_check(c, 21003);
+    EXPECT_EQ(0, failures);
+}
+
+TEST(attn_sm90_causal_split_with_q_pos_sees_only_the_keys_before_each_query) {
+    /* the first part of a split computation: keys [0, 200) of a 330-key
+       sequence whose last 40 tokens are the queries (positions 290..329),
+       and the second part's keys [200, 330) at their true positions */
+    int failures = 0;
+    for (int part = 0; part < 2; part++) {
+        eh_case c = eh_one(EH_F16_64, 16, 4, 2, 40, part ? 130 : 200, MSKV_MASK_CAUSAL);
+        c.split = {0}; c.shift = {part ? 200 : 0};
+        for (int i = 0; i < 40; i++) c.q_pos.push_back(290 + i - (part ? 0 : 100));  /* part 0: queries inside its keys */
+        failures += !eh_check(c, 21101 + (uint64_t)part);
+    }
+    EXPECT_EQ(0, failures);
+}
+
+TEST(attn_sm90_visibility_bounds_at_every_alignment_to_the_key_tile_and_the_page) {
+    /* 128-key tiles; pages of 16 (TMA), 64 (TMA) and 40 (cp.async) */
+    const int bounds[][2] = {{10, 40}, {128, 256}, {127, 257}, {129, 255}, {30, 420}, {0, 0}, {300, 100},
+                             {16, 32}, {200, 5000}, {0, 300}, {0, 459}, {0, 5000}, {100, 140}};
+    int failures = 0;
+    for (int P : {16, 64, 40})
+        for (const auto &bd : bounds)
+            for (int m = 0; m < 2 && failures < 4; m++) {
+                eh_case c = eh_one(EH_BF16_64, P, 4, 2, 20, 460, (mskv_mask)m);
+                c.sink_end = {bd[0]}; c.window_start = {bd[1]};
+                failures += !eh_check(c, 22001 + (uint64_t)(bd[0] * 3 + bd[1] + m));
+            }
+    EXPECT_EQ(0, failures);
+}
+
+TEST(attn_sm90_visibility_bounds_with_q_pos_gqa_splits_and_head_dim_128) {
+    int failures = 0;
+    eh_case c = eh_one(EH_BF16_64, 16, 6, 2, 0, 600, MSKV_MASK_WINDOW);
+    c.window_left = 300;
+    c.sink_end = {70}; c.window_start = {400};
+    c.q_pos = {599, 400, 399, 450, 70, 69, 150, 530, 300};
+    c.qo = {(int)c.q_pos.size()};
+    failures += !eh_check(c, 22101);
+    c.kv_chunk = 128;    /* splits wholly hidden, cut by a bound, or whole */
+    failures += !eh_check(c, 22102);
+    c.variant = EH_F16_128; c.kv_chunk = 0;
+    failures += !eh_check(c, 22103);
+    EXPECT_EQ(0, failures);
+}
+
+TEST(attn_sm90_visibility_bounds_per_segment_in_a_random_batch) {
+    uint64_t seed = mt_seed();
+    std::mt19937_64 rng(seed);
+    int failures = 0;
+    for (int rep = 0; rep < 4 && failures < 2; rep++) {
+        eh_case c;
+        const int Ps[] = {1, 16, 40, 128};
+        c.variant = EH_BF16_64;
+        c.page_size = Ps[rng() % 4];
+        c.kv_heads = 1 + (int)(rng() % 2);
+        c.q_heads = c.kv_heads * (1 + (int)(rng() % 3));
+        c.mask = (mskv_mask)(rng() % 3);
+        c.window_left = (int)(rng() % 300);
+        c.kv_chunk = rep % 2 ? 128 : 0;
+        int batch = 1 + (int)(rng() % 3);
+        for (int b = 0; b < batch; b++) {
+            int kv = (int)(rng() % 400), qo = 1 + (int)(rng() % 30), split = (int)(rng() % (kv + 1));
+            int shift = (int)(rng() % 100), end = kv + shift + 10;
+            c.qo.push_back(qo); c.kv.push_back(kv); c.split.push_back(split); c.shift.push_back(shift);
+            c.sink_end.push_back((int)(rng() % end)); c.window_start.push_back((int)(rng() % end));
+            for (int i = 0; i < qo; i++) c.q_pos.push_back((int)(rng() % end));
+        }
+        failures += !eh_check(c, seed + (uint64_t)rep);
+    }
     EXPECT_EQ(0, failures);
 }
 

@@ -56,7 +56,7 @@ using mskv_emu::Dim3;
 
 typedef void (*eor_attn_fn)(const void *, const void *, const void *, const int *, const int *, const int *,
                             const int *, const int *, const int *, int, int, int, unsigned int, int, float, int, int, int, int,
-                            void *, float *, float *, float *);
+                            void *, float *, float *, float *, const int *, const int *, const int *);
 typedef void (*eor_merge_fn)(const float *, const float *, int, mskv_i64, mskv_i64, void *, float *);
 
 struct eor_variant { eor_attn_fn attn; eor_merge_fn merge; mskv_dtype dtype; int d, bm, smem; const char *name; };
@@ -139,7 +139,7 @@ static void eor_compare(const eor_case &c, uint64_t seed, double *o_err, double 
     int ok = mskv_emu::launch(Dim3{(max_rows + v.bm - 1) / v.bm, batch, c.kv_heads * n_splits}, 128, (size_t)v.smem, [&] {
         v.attn(q.data(), kp.data(), vp.data(), qo_indptr.data(), kv_indptr.data(), kv_indices.data(), kv_len.data(),
                psplit.data(), pshift.data(), c.q_heads, c.kv_heads, P, magic, shift, scale_log2, (int)c.mask, c.window_left,
-               c.kv_chunk, n_splits, o.data(), lse.data(), o_part.data(), lse_part.data());
+               c.kv_chunk, n_splits, o.data(), lse.data(), o_part.data(), lse_part.data(), nullptr, nullptr, nullptr);
     });
     if (ok && n_splits > 1) {
         mskv_i64 rows = (mskv_i64)total_q * c.q_heads;

@@ -2857,6 +2857,61 @@ TEST(cuda_graph_replay_refuses_a_stale_uploaded_plan) {
     TCU_EXPECT_NO_LEAKS();
 }
 
+/* The captured attention launches read q_pos and the visibility bounds as
+   the plan uploaded at capture asked (plan.features): a replay whose upload
+   asks for more, or lacks arrays the capture reads (the device buffers
+   would hold an older plan's), needs a new capture. */
+TEST(cuda_graph_replay_refuses_a_plan_whose_features_the_capture_did_not_read) {
+    tcu_rig r;
+    mskv_request req;
+    mskv_segment seg;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cuda_graph *g = NULL;
+    mskv_cu_ptr buf = 0;
+    int32_t *se, *ws;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, tcu_fill(&r, &req, 10));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(r.cu, 64 * 2 * 64 * 4 * 2, &buf));
+    seg.request = req; seg.n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(r.a, &seg, 1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(r.a, 4, 64, 32, &plan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(r.a, &seg, 1, NULL, &plan));
+    se = plan.vis_sink_end; ws = plan.vis_window_start;
+    ASSERT_TRUE(se != NULL && ws != NULL && plan.features == 0);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));   /* compiles the variant first */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(r.st));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(r.st, &g));
+    se[0] = 2; ws[0] = 5; plan.features = MSKV_PLAN_VISIBILITY;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_graph_launch(r.st, g));
+    EXPECT_TRUE(strstr(mskv_cuda_last_error(r.cu), "capture again") != NULL);
+    se[0] = 0; ws[0] = 0; plan.features = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(r.st, g));
+    mskv_cuda_graph_destroy(r.st, g);
+    /* captured with the bounds: a later plan may leave them at their defaults, not go without them */
+    se[0] = 2; ws[0] = 5; plan.features = MSKV_PLAN_VISIBILITY;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(r.st));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(r.st, 0, &dp, buf, buf, NULL));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(r.st, &g));
+    se[0] = 0; ws[0] = 0; plan.features = 0;
+    plan.vis_sink_end = NULL; plan.vis_window_start = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_graph_launch(r.st, g));
+    plan.vis_sink_end = se; plan.vis_window_start = ws;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(r.st, &plan, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(r.st, g));
+    mskv_cuda_graph_destroy(r.st, g);
+    mskv_cuda_free(r.cu, buf);
+    mskv_plan_free(r.a, &plan);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
 /* A plan's arena is the one to check it against: a store bound to none
    cannot, and refuses an arena-built plan (a caller-made one is fine). */
 TEST(cuda_unbound_store_refuses_an_arena_built_plan) {

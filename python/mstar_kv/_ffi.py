@@ -318,6 +318,7 @@ class mskv_cuda_dplan(Structure):
         ("kv_pos_split", c_uint64), ("kv_pos_shift", c_uint64), ("kv_token_indptr", c_uint64),
         ("slot_mapping", c_uint64), ("positions", c_uint64),
         ("step", c_uint64),
+        ("q_pos", c_uint64), ("vis_sink_end", c_uint64), ("vis_window_start", c_uint64),
     ]
 
 

@@ -604,6 +604,10 @@ MSKV_DEV int mskv_nblk_y(void) { return mskv_emu::st().gy; }
 MSKV_DEV void mskv_sync(void) { mskv_emu::sync(); }
 #define MSKV_SYNC_ID(id) do { if (mskv_emu::cfg().skip_barrier != (id)) mskv_emu::sync(); } while (0)
 MSKV_DEV float mskv_shfl_xor(float v, int m) { return mskv_emu::shfl_xor(v, m); }
+/* the shuffle moves bits: an int rides in a float's 32 bits */
+MSKV_DEV int mskv_shfl_xor_i(int v, int m) { return (int)mskv_emu::f2u(mskv_emu::shfl_xor(mskv_emu::u2f((mskv_u32)v), m)); }
+/* shfl.idx from lane 0: lane l takes lane (l ^ l)'s value */
+MSKV_DEV int mskv_uniform(int x) { return mskv_shfl_xor_i(x, mskv_emu::lane()); }
 MSKV_DEV void mskv_syncwarp(void) { mskv_emu::syncwarp(); }
 MSKV_DEV float mskv_exp2(float x) { return std::exp2(x); }
 MSKV_DEV float mskv_h2f(mskv_u16 h) { return mskv_emu::h2f(h); }
