@@ -5040,6 +5040,33 @@ static int64_t mskv__attn_split_chunk(int64_t kv, int64_t s, int64_t bn) {
     int64_t c = (kv + s - 1) / s;
     return (c + bn - 1) / bn * bn;
 }
+/* Both kernels' launch from their tiles and split count: the key chunk a
+   split covers (whole blocks of keys), the grid, the split workspace. */
+static mskv_result mskv__attn_geometry_grid(mskv_cuda_attn_geometry *g, int64_t tiles, int64_t splits, int32_t batch,
+                                            int32_t total_q, int32_t max_kv_len, int32_t q_heads, int32_t kv_heads,
+                                            int32_t head_dim, mskv_cuda_attn_geometry *out) {
+    int64_t chunk = max_kv_len;
+    if (splits > 1) {
+        chunk = mskv__attn_split_chunk(max_kv_len, splits, g->block_keys);
+        splits = ((int64_t)max_kv_len + chunk - 1) / chunk;
+    }
+    if (tiles > 0x7fffffff || (int64_t)kv_heads * splits > 65535 || batch > 65535) return MSKV_ERROR_OVERFLOW;
+    g->n_splits = (int32_t)splits;
+    g->kv_chunk = splits > 1 ? (int32_t)chunk : 0;
+    g->grid[0] = (uint32_t)tiles;
+    g->grid[1] = (uint32_t)batch;
+    g->grid[2] = (uint32_t)(kv_heads * splits);
+    if (splits > 1) {
+        size_t per = 0, all = 0;
+        if (!mskv__cuda_mul((size_t)total_q * (size_t)q_heads, (size_t)head_dim + 1, &per) ||
+            !mskv__cuda_mul(per, (size_t)splits * 4, &all))
+            return MSKV_ERROR_OVERFLOW;
+        g->workspace_bytes = all;
+    }
+    *out = *g;
+    return MSKV_SUCCESS;
+}
+
 static int64_t mskv__attn_split_cost(int64_t blocks, int64_t slots, int64_t kv, int64_t s, int64_t bn) {
     int64_t chunk = mskv__attn_split_chunk(kv, s, bn), n = (kv + chunk - 1) / chunk;
     int64_t waves = (blocks * n + slots - 1) / slots;
@@ -5061,7 +5088,7 @@ MSKV_API mskv_result mskv_cuda_attn_geometry_get(int32_t batch, int32_t total_q,
                                                  int32_t max_smem_bytes, int32_t resident_blocks,
                                                  mskv_cuda_attn_geometry *out) {
     mskv_cuda_attn_geometry g;
-    int64_t rows, tiles, blocks, splits = 1, chunk, slots, by_work;
+    int64_t rows, tiles, blocks, splits = 1, slots, by_work;
     if (!out) return MSKV_ERROR_NULL_POINTER;
     if (batch < 0 || total_q < 0 || max_qo_len < 0 || max_kv_len < 0 || q_heads <= 0 || kv_heads <= 0 ||
         q_heads % kv_heads != 0 || (head_dim != 64 && head_dim != 128 && head_dim != 256))
@@ -5092,26 +5119,7 @@ MSKV_API mskv_result mskv_cuda_attn_geometry_get(int32_t batch, int32_t total_q,
             if (c < best) { best = c; splits = s; }
         }
     }
-    chunk = max_kv_len;
-    if (splits > 1) {
-        chunk = mskv__attn_split_chunk(max_kv_len, splits, g.block_keys);
-        splits = ((int64_t)max_kv_len + chunk - 1) / chunk;
-    }
-    if (tiles > 0x7fffffff || (int64_t)kv_heads * splits > 65535 || batch > 65535) return MSKV_ERROR_OVERFLOW;
-    g.n_splits = (int32_t)splits;
-    g.kv_chunk = splits > 1 ? (int32_t)chunk : 0;
-    g.grid[0] = (uint32_t)tiles;
-    g.grid[1] = (uint32_t)batch;
-    g.grid[2] = (uint32_t)(kv_heads * splits);
-    if (splits > 1) {
-        size_t per = 0, all = 0;
-        if (!mskv__cuda_mul((size_t)total_q * (size_t)q_heads, (size_t)head_dim + 1, &per) ||
-            !mskv__cuda_mul(per, (size_t)splits * 4, &all))
-            return MSKV_ERROR_OVERFLOW;
-        g.workspace_bytes = all;
-    }
-    *out = g;
-    return MSKV_SUCCESS;
+    return mskv__attn_geometry_grid(&g, tiles, splits, batch, total_q, max_kv_len, q_heads, kv_heads, head_dim, out);
 }
 
 /* Blocks of attention kernel f (layout decode) that fit on one SM with smem
@@ -5149,7 +5157,7 @@ static mskv_result mskv__cuda_attn_geometry_sm90(int32_t batch, int32_t total_q,
                                                  int32_t multiprocessors, int32_t max_smem_bytes,
                                                  mskv_cuda_attn_geometry *out) {
     mskv_cuda_attn_geometry g;
-    int64_t rows, tiles, blocks, splits = 1, chunk;
+    int64_t rows, tiles, blocks, splits = 1;
     const int64_t sms = multiprocessors > 0 ? multiprocessors : 1;
     if (!out) return MSKV_ERROR_NULL_POINTER;
     if (batch < 0 || total_q < 0 || max_qo_len < 0 || max_kv_len < 0 || q_heads <= 0 || kv_heads <= 0 ||
@@ -5170,27 +5178,7 @@ static mskv_result mskv__cuda_attn_geometry_sm90(int32_t batch, int32_t total_q,
         if (splits > by_work) splits = by_work;
         if (splits < 1) splits = 1;
     }
-    chunk = max_kv_len;
-    if (splits > 1) {
-        chunk = ((int64_t)max_kv_len + splits - 1) / splits;
-        chunk = (chunk + g.block_keys - 1) / g.block_keys * g.block_keys;
-        splits = ((int64_t)max_kv_len + chunk - 1) / chunk;
-    }
-    if (tiles > 0x7fffffff || (int64_t)kv_heads * splits > 65535 || batch > 65535) return MSKV_ERROR_OVERFLOW;
-    g.n_splits = (int32_t)splits;
-    g.kv_chunk = splits > 1 ? (int32_t)chunk : 0;
-    g.grid[0] = (uint32_t)tiles;
-    g.grid[1] = (uint32_t)batch;
-    g.grid[2] = (uint32_t)(kv_heads * splits);
-    if (splits > 1) {
-        size_t per = 0, all = 0;
-        if (!mskv__cuda_mul((size_t)total_q * (size_t)q_heads, (size_t)head_dim + 1, &per) ||
-            !mskv__cuda_mul(per, (size_t)splits * 4, &all))
-            return MSKV_ERROR_OVERFLOW;
-        g.workspace_bytes = all;
-    }
-    *out = g;
-    return MSKV_SUCCESS;
+    return mskv__attn_geometry_grid(&g, tiles, splits, batch, total_q, max_kv_len, q_heads, kv_heads, head_dim, out);
 }
 
 /* The TMA tensor maps of every pool, made once per store (on its first
