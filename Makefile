@@ -67,7 +67,7 @@ FUZZ_NAMES := import ops plans arith
 FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz-%)
 FUZZ_CC := clang -std=c99 $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TSAN_SRC := tests/main.c tests/test_threads.c tests/stress_threads.c
-HARDEN_BINS := $(FUZZ_BINS) $(B)/gen-corpus $(B)/tests-tsan $(B)/alloc-fail
+HARDEN_BINS := $(FUZZ_BINS) $(B)/gen-corpus $(B)/tests-tsan $(B)/alloc-fail $(B)/sync-fail
 
 # The Python package (python/): a venv under build/ (no system pip, so no
 # "externally-managed-environment") with NumPy, pytest and the build tools
@@ -141,6 +141,10 @@ $(B)/gen-corpus: tests/fuzz/gen_corpus.c tests/fuzz/fuzz_common.h $(HDRS) | $(B)
 # the race), and the stress of stress_threads.c (MSKV_STRESS_OPS per thread)
 $(B)/tests-tsan: $(TSAN_SRC) $(HDRS) | $(B)
 	clang -std=c99 $(WARN) -O1 -g -fsanitize=thread -DMTT_OPS=100000L -Itests $(TSAN_SRC) -o $@ $(LIBS)
+# lock and condition creation failing in turn (GNU ld's --wrap): under ASan, so a leak fails it
+$(B)/sync-fail: tests/sync_fail.c $(HDRS) | $(B)
+	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+	    -Wl,--wrap=pthread_mutex_init,--wrap=pthread_cond_init -Itests tests/sync_fail.c -o $@ $(LIBS)
 $(B)/alloc-fail: tests/alloc_fail.c tests/mskv_mock_cuda.h $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
 	    -Itests tests/alloc_fail.c -o $@ $(LIBS)
@@ -200,7 +204,7 @@ $(B)/tests-user: tests/user_checks.py | $(B)
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 RUN_FIRST := $(B)/tests-gcc-c99
 RUN_ORDER := $(RUN_FIRST) tests/fuzz/run.sh $(B)/tests-tsan $(filter-out $(RUN_FIRST),$(TEST_BINS)) $(VIDEO_TEST) $(WIN_TEST) \
-             tests/test_sdpa_peer.py $(B)/alloc-fail
+             tests/test_sdpa_peer.py $(B)/alloc-fail $(B)/sync-fail
 test:
 	@mkdir -p $(B); date +%s.%N > $(B)/build-start; \
 	  bash -c 'TIMEFORMAT="%U %S"; { time $(MAKE) -k -j$(JOBS) -Otarget --no-print-directory tests 2>&1; } 2> $(B)/build-cpu'; \

@@ -6496,6 +6496,7 @@ struct mskv_cpu {
     mskv__mutex lock;
     mskv__mutex call_lock;  /* one call at a time per pool (also with one thread: one workspace) */
     int32_t call_lock_ok;
+    int32_t sync_ok;          /* the worker pool's lock (1), wake (2) and done (4) made: teardown destroys these */
     mskv__cond wake, done;
     uint64_t generation;
     int32_t busy, shutdown;
@@ -6540,9 +6541,9 @@ static void mskv__cpu_teardown(mskv_cpu *cpu) {
         for (i = 0; i < cpu->started; i++) mskv__thread_join(&cpu->threads[i]);
     }
     if (cpu->threads) {
-        mskv__cond_destroy(&cpu->wake);
-        mskv__cond_destroy(&cpu->done);
-        mskv__mutex_destroy(&cpu->lock);
+        if (cpu->sync_ok & 2) mskv__cond_destroy(&cpu->wake);
+        if (cpu->sync_ok & 4) mskv__cond_destroy(&cpu->done);
+        if (cpu->sync_ok & 1) mskv__mutex_destroy(&cpu->lock);
         mskv__free(&cpu->allocator, cpu->threads);
     }
     if (cpu->call_lock_ok) mskv__mutex_destroy(&cpu->call_lock);
@@ -6619,9 +6620,10 @@ MSKV_IMPL mskv_result mskv_cpu_create(const mskv_cpu_desc *desc, mskv_cpu **out)
         cpu->threads = (mskv__thread *)mskv__alloc(&d.allocator, (sizeof(mskv__thread) + sizeof(*args)) * (size_t)d.num_threads);
         if (!cpu->threads) { mskv__cpu_teardown(cpu); mskv__free(&d.allocator, cpu); return MSKV_ERROR_OUT_OF_MEMORY; }
         args = (mskv__cpu_worker_arg *)(void *)(cpu->threads + d.num_threads);
-        mskv__mutex_init(&cpu->lock);
-        mskv__cond_init(&cpu->wake);
-        mskv__cond_init(&cpu->done);
+        if (mskv__mutex_init(&cpu->lock)) cpu->sync_ok |= 1;
+        if (mskv__cond_init(&cpu->wake)) cpu->sync_ok |= 2;
+        if (mskv__cond_init(&cpu->done)) cpu->sync_ok |= 4;
+        if (cpu->sync_ok != 7) { mskv__cpu_teardown(cpu); mskv__free(&d.allocator, cpu); return MSKV_ERROR_THREAD; }
         /* thread 0 is the caller; workers 1..n-1 */
         for (i = 1; i < d.num_threads && ok; i++) {
             args[i].cpu = cpu;
