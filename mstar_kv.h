@@ -946,9 +946,10 @@ MSKV_API mskv_result mskv_plan_check(mskv_arena *arena, const mskv_plan *plan);
    mskv_prefix_view_gather sets the others. Buffers hold the store's dtype,
    layout [num_layers][cap_tokens][kv_heads][head_dim] each for K and V.
    The host gather reads the arena's host pools, or whole pages through
-   store_ops (read_pages) for a device store; the GPU layer adds its own
-   gather into device buffers of the same layout (device = 1), and the
-   epoch rules here hold for both. */
+   store_ops (read_pages) for a device store; the GPU layer's
+   mskv_cuda_prefix_view_gather fills device buffers of the same layout
+   (device = 1) and mskv_cuda_attention_dense attends over them; the epoch
+   rules here hold for both. */
 typedef struct mskv_prefix_view {
     mskv_request request;
     int32_t group;
@@ -1261,20 +1262,40 @@ typedef struct mskv_dense_kv {
     mskv_request request;
     int32_t group;
     uint64_t epoch;
+    int32_t device;          /* 0: k and v are host memory (mskv_cpu_attention_dense); 1: device
+                                addresses (mskv_cuda_attention_dense); each call refuses the other */
 } mskv_dense_kv;
 
-/* The dense K/V of one layer of a host prefix view, with its epoch check
-   (arena may be NULL: no check). Return value: SUCCESS, NULL_POINTER,
-   OUT_OF_RANGE (layer), INVALID_ARGUMENT (a device view: its buffers are not
-   host memory), STALE_VIEW (never gathered). */
+/* The dense K/V of one layer of a prefix view, host or device (device set
+   from the view), with its epoch check (arena may be NULL: no check).
+   Return value: SUCCESS, NULL_POINTER, OUT_OF_RANGE (layer), STALE_VIEW
+   (never gathered). */
 MSKV_API mskv_result mskv_prefix_view_layer(const mskv_prefix_view *view, mskv_arena *arena, int32_t layer, mskv_dense_kv *out);
+/* The epoch check every dense attention starts with: SUCCESS when kv->arena
+   is NULL or kv->epoch is still the prefix_epoch of kv->request in
+   kv->group; STALE_VIEW (the message says both epochs), INVALID_HANDLE (a
+   removed request), INVALID_ARGUMENT (group), NULL_POINTER. For callers
+   that attend over a view with kernels of their own. */
+MSKV_API mskv_result mskv_dense_kv_check(const mskv_dense_kv *kv);
+/* The pages of a request's protected prefix in `group`, in order, with its
+   length and prefix_epoch, read together under the arena's lock: what a
+   gather of the prefix into a view needs (the GPU layer's device gather
+   uses it). pages may be NULL with cap 0 to learn *n_pages. Pages of a
+   protected prefix stay the request's until the prefix changes, which
+   moves the epoch, so a copy queued from them and tagged with *epoch is
+   either current or refused by the check.
+   Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (group, cap < 0),
+   INVALID_HANDLE, OFFLOADED, CAPACITY (cap < the page count: *n_pages is
+   set, nothing else). */
+MSKV_API mskv_result mskv_prefix_pages_get(mskv_arena *arena, mskv_request request, int32_t group, int32_t *pages, int32_t cap,
+                                           int32_t *n_pages, int64_t *tokens, uint64_t *epoch);
 
 /* Attention over dense K/V (the plan's page table is not read): the same
    masks, positions (q_pos, kv_pos_split/shift), visibility bounds, GQA,
    dtypes and results as mskv_cpu_attention; cpu may be NULL likewise.
    Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT (heads, dtype,
    mask, strides, an inconsistent plan: kv_token_indptr missing, decreasing,
-   or not kv_len apart), OUT_OF_RANGE (a row past kv->tokens),
+   or not kv_len apart; a device kv), OUT_OF_RANGE (a row past kv->tokens),
    INVALID_HANDLE (kv->request removed), STALE_VIEW (kv->epoch is no longer
    the request's prefix_epoch). Nothing is written on failure. */
 MSKV_API mskv_result mskv_cpu_attention_dense(mskv_cpu *cpu, const mskv_dense_kv *kv, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
@@ -4359,13 +4380,14 @@ MSKV_IMPL mskv_result mskv_prefix_view_layer(const mskv_prefix_view *v, mskv_are
     size_t off, es;
     if (!v || !out) return MSKV_ERROR_NULL_POINTER;
     if (v->epoch == 0) return MSKV_ERROR_STALE_VIEW;   /* never gathered */
-    if (v->device) return MSKV_ERROR_INVALID_ARGUMENT;
     if (layer < 0 || layer >= v->num_layers) return MSKV_ERROR_OUT_OF_RANGE;
     es = mskv_dtype_size(v->dtype);
     off = (size_t)layer * (size_t)v->cap_tokens * (size_t)v->kv_heads * (size_t)v->head_dim * es;  /* inside the buffers the gather filled */
     memset(out, 0, sizeof *out);
-    out->k = (const unsigned char *)v->k + off;
-    out->v = (const unsigned char *)v->v + off;
+    /* a device view's buffers are addresses, not host memory: offset as integers */
+    out->k = (const void *)((uintptr_t)v->k + off);
+    out->v = (const void *)((uintptr_t)v->v + off);
+    out->device = v->device ? 1 : 0;
     out->dtype = v->dtype;
     out->kv_heads = v->kv_heads;
     out->head_dim = v->head_dim;
@@ -4377,10 +4399,35 @@ MSKV_IMPL mskv_result mskv_prefix_view_layer(const mskv_prefix_view *v, mskv_are
     return MSKV_SUCCESS;
 }
 
-/* The dense K/V's epoch check (mskv_cpu_attention_dense). */
-static mskv_result mskv__dense_kv_check(const mskv_dense_kv *kv) {
+MSKV_IMPL mskv_result mskv_dense_kv_check(const mskv_dense_kv *kv) {
+    if (!kv) return MSKV_ERROR_NULL_POINTER;
     if (!kv->arena) return MSKV_SUCCESS;
     return mskv__epoch_check(kv->arena, kv->request, kv->group, kv->epoch, -1);
+}
+
+MSKV_IMPL mskv_result mskv_prefix_pages_get(mskv_arena *a, mskv_request h, int32_t g, int32_t *pages, int32_t cap,
+                                           int32_t *n_pages, int64_t *tokens, uint64_t *epoch) {
+    int32_t ri;
+    const mskv__tab *t;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a || !n_pages || !tokens || !epoch || (cap > 0 && !pages)) return MSKV_ERROR_NULL_POINTER;
+    if (cap < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    MSKV__CHECK_GROUP(a, g);
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    t = &a->reqs[ri].t[g];
+    if (a->reqs[ri].location != MSKV_RESIDENT) r = mskv__err(a, MSKV_ERROR_OFFLOADED, "prefix pages: the request is offloaded");
+    else {
+        *n_pages = t->prefix_pages;
+        if (t->prefix_pages > cap) r = MSKV_ERROR_CAPACITY;
+        else {
+            if (t->prefix_pages > 0) memcpy(pages, t->pages, (size_t)t->prefix_pages * sizeof *pages);
+            *tokens = t->prefix_tokens;
+            *epoch = t->epoch;
+        }
+    }
+    MSKV__UNLOCK(a);
+    return r;
 }
 
 /* Keyed entries */
@@ -7377,7 +7424,8 @@ MSKV_IMPL mskv_result mskv_cpu_attention_dense(mskv_cpu *cpu, const mskv_dense_k
     pools.head_dim = kv->head_dim;
     if ((res = mskv__cpu_check_args(&pools, attn)) != MSKV_SUCCESS) return res;
     if (kv->tokens < 0 || kv->token_stride < 0 || kv->head_stride < 0) return MSKV_ERROR_INVALID_ARGUMENT;
-    if ((res = mskv__dense_kv_check(kv)) != MSKV_SUCCESS) return res;   /* a stale view first: it explains the rest */
+    if (kv->device) return MSKV_ERROR_INVALID_ARGUMENT;   /* device addresses: mskv_cuda_attention_dense reads those */
+    if ((res = mskv_dense_kv_check(kv)) != MSKV_SUCCESS) return res;   /* a stale view first: it explains the rest */
     if ((res = mskv__cpu_check_dense(kv, plan, attn, &work)) != MSKV_SUCCESS) return res;
     if (plan->total_q == 0) return MSKV_SUCCESS;
     if (!q || !o) return MSKV_ERROR_NULL_POINTER;

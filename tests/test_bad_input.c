@@ -626,8 +626,38 @@ TEST(bad_input_prefix_view_functions_return_their_codes_and_change_nothing) {
     MTB(MSKV_ERROR_STALE_VIEW, mskv_prefix_view_layer(&v, f.a, 0, &kv));
     w = v; w.epoch = 1; w.num_layers = 1;
     MTB(MSKV_ERROR_OUT_OF_RANGE, mskv_prefix_view_layer(&w, f.a, 1, &kv));
+    /* a device view's layer carries the flag that keeps it away from the CPU */
     w.device = 1;
-    MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_prefix_view_layer(&w, f.a, 0, &kv));
+    MTB(MSKV_SUCCESS, mskv_prefix_view_layer(&w, f.a, 0, &kv));
+    EXPECT_EQ(1, kv.device);
+    MTB(MSKV_ERROR_NULL_POINTER, mskv_dense_kv_check(NULL));
+    kv.request = f.stale;
+    MTB(MSKV_ERROR_INVALID_HANDLE, mskv_dense_kv_check(&kv));
+    kv.request = f.ok; kv.epoch = 0;
+    MTB(MSKV_ERROR_STALE_VIEW, mskv_dense_kv_check(&kv));
+    kv.arena = NULL;
+    MTB(MSKV_SUCCESS, mskv_dense_kv_check(&kv));   /* no arena: no check */
+    {
+        int32_t pages[4], n = -7;
+        int64_t tokens = -7;
+        uint64_t epoch = 7;
+        MTB(MSKV_ERROR_NULL_POINTER, mskv_prefix_pages_get(NULL, f.ok, 0, pages, 4, &n, &tokens, &epoch));
+        MTB(MSKV_ERROR_NULL_POINTER, mskv_prefix_pages_get(f.a, f.ok, 0, NULL, 4, &n, &tokens, &epoch));
+        MTB(MSKV_ERROR_NULL_POINTER, mskv_prefix_pages_get(f.a, f.ok, 0, pages, 4, NULL, &tokens, &epoch));
+        MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_prefix_pages_get(f.a, f.ok, 0, pages, -1, &n, &tokens, &epoch));
+        MTB(MSKV_ERROR_INVALID_ARGUMENT, mskv_prefix_pages_get(f.a, f.ok, 1, pages, 4, &n, &tokens, &epoch));
+        MTB(MSKV_ERROR_INVALID_HANDLE, mskv_prefix_pages_get(f.a, f.stale, 0, pages, 4, &n, &tokens, &epoch));
+        MTB(MSKV_ERROR_OFFLOADED, mskv_prefix_pages_get(f.a, f.off, 0, pages, 4, &n, &tokens, &epoch));
+        EXPECT_EQ(-7, n);
+        /* too small: the count, nothing else */
+        MTB(MSKV_ERROR_CAPACITY, mskv_prefix_pages_get(f.a, f.ok, 0, NULL, 0, &n, &tokens, &epoch));
+        EXPECT_GT(n, 0);
+        EXPECT_EQ(-7, (int)tokens);
+        EXPECT_EQ_U64(7, epoch);
+        MTB(MSKV_SUCCESS, mskv_prefix_pages_get(f.a, f.ok, 0, pages, 4, &n, &tokens, &epoch));
+        EXPECT_EQ(4, (int)tokens);   /* ok's prefix */
+        EXPECT_NE_U64(0, epoch);
+    }
     /* an arena that keeps no bytes (num_layers 0) has nothing to gather */
     memset(&d, 0, sizeof d);
     d.num_pages = 8; d.page_size = 4;
