@@ -23,7 +23,8 @@ WARN    := -Wall -Wextra -pedantic -Werror
 OPT     := -O2 -g
 LIBS    := -ldl -lpthread -lm
 B       := build
-HDRS    := mstar_kv.h $(wildcard mstar_kv_cuda.h) $(wildcard mstar_kv_ucx.h) tests/mskv_test.h tests/mskv_test_util.h tests/mskv_test_states.h
+HDRS    := mstar_kv.h $(wildcard mstar_kv_cuda.h) $(wildcard mstar_kv_ucx.h) tests/mskv_test.h tests/mskv_test_util.h tests/mskv_test_states.h \
+           tests/gpu_check.c tests/mskv_mock_cuda.h
 TEST_SRC := tests/main.c $(filter-out tests/test_video%.c tests/test_ucx%.c,$(wildcard tests/test_*.c))
 EMU_SRC := $(wildcard tests/emu_*.cpp)
 FFMPEG_PKGS := libavformat libavcodec libswscale libavutil
@@ -117,7 +118,7 @@ $(B)/tests-asan: $(TEST_SRC) $(HDRS) | $(B)
 # MSKV_DEBUG is compile time: its own small program (under ASan + UBSan)
 $(B)/tests-debug: tests/debug_check.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -Itests tests/debug_check.c -o $@ $(LIBS)
-$(B)/tests-emu: $(EMU_SRC) kernels.cu $(HDRS) $(wildcard tests/emu/*) | $(B)
+$(B)/tests-emu: $(EMU_SRC) kernels.cu bench/gpu_bench.c $(HDRS) $(wildcard tests/emu/*) | $(B)
 	g++ -std=c++17 $(WARN) -O2 -g -Itests $(EMU_SRC) -o $@ $(LIBS)
 # the attention kernel's machine-code targets (bench/kernel_stats.c in a test harness)
 $(B)/kstats-check: tests/kstats_check.c bench/kernel_stats.c kernels.cu $(HDRS) | $(B)

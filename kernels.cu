@@ -91,6 +91,10 @@
      every row sees whole run unmasked, in up to two runs of their own.
      Everything is computed on the device from these arrays, so a plan
      uploaded once and replayed by a graph needs nothing derived.
+     Dense K/V (a prefix view, any caller buffer [row][kv_heads][D]): with
+     kv_indices NULL, k_pool / v_pool are the buffers, page_size 1
+     (page_magic 2^31, page_shift 31) and kv_indptr[b] the row of segment
+     b's key 0: key j is row kv_indptr[b] + j, no table is read.
      Keys of split s: [s * kv_chunk, (s + 1) * kv_chunk) (kv_chunk a multiple
      of BN; n_splits 1 = no split). With n_splits == 1: o [total_q][q_heads][D]
      (dtype) and lse [total_q][q_heads] (natural log; may be NULL). Otherwise
@@ -129,7 +133,9 @@
          is a 64-wide column block of up to BN consecutive slots of one page.
          The host passes use_tma when page_size is a multiple of BN or BN a
          multiple of a page of at least 16 slots; otherwise the maps are
-         not read.
+         not read. Dense K/V (kv_indices NULL, page_size 1, kv_indptr[b]
+         the row of segment b's key 0, as mskv_attn): the maps, if used,
+         are the buffers as dims (D, kv_heads, rows, 1), box (64, 1, BN, 1).
        consumers (warpgroups 1 and 2, setmaxnreg.inc 232): 64 rows each,
          Q (cp.async, fence.proxy.async) from a descriptor; per tile, in
          alternating turns at the tensor cores (named barriers 4 and 5,
@@ -649,9 +655,12 @@ struct mskv_gather {
 MSKV_DEV int mskv_row_key(const mskv_gather &g, int n0) {
     return n0 + g.row < g.n_hi ? n0 + g.row : g.n_hi - 1;
 }
-/* Its page id, loaded a tile before the copies that need it. */
+/* Its page id, loaded a tile before the copies that need it. Dense K/V
+   (kv_indices NULL, page_size 1): "page" page0 + j is row page0 + j of the
+   buffer, no table to read. */
 MSKV_DEV int mskv_row_fetch(const mskv_gather &g, int n0) {
-    return g.kv_indices[g.page0 + mskv_page_of(mskv_row_key(g, n0), g.magic, g.shift)];
+    const int at = g.page0 + mskv_page_of(mskv_row_key(g, n0), g.magic, g.shift);
+    return g.kv_indices ? g.kv_indices[at] : at;
 }
 
 /* Issues the copies of the thread's chunks of K and V of the tile at key n0
@@ -1402,15 +1411,18 @@ MSKV_DEV int mskv_h_tile_key(const mskv_h_keys &k, int i) {
    multiple of page_size), one box per page piece and 64-wide column block:
    the tensor map is the pool as [pages][page_size][kv_heads][D] (dims D,
    kv_heads, page_size, num_pages; box 64 x 1 x min(page_size, BN) x 1), so a
-   box is (c * 64, kvh, slot in page, page id). Lanes of one warp share the boxes. */
+   box is (c * 64, kvh, slot in page, page id). Dense K/V (pages NULL, key0
+   its buffer row): the map is the buffer as one page of all its rows (box
+   64 x 1 x BN x 1), a box (c * 64, kvh, key0, 0). Lanes of one warp share the boxes. */
 MSKV_DEV void mskv_h_load_tma(const mskv_tmap *k_map, const mskv_tmap *v_map, const int *pages, int page_size, int kvh,
                               int key0, mskv_u32 kst, mskv_u32 full, int lane) {
-    const int box_rows = page_size < MSKV_H_BN ? page_size : MSKV_H_BN, boxes = MSKV_H_BN / box_rows;
+    /* dense K/V (pages NULL): one page of every row, the box BN rows from row key0 */
+    const int box_rows = !pages || page_size >= MSKV_H_BN ? MSKV_H_BN : page_size, boxes = MSKV_H_BN / box_rows;
     /* the expectation may follow the first bytes: tx counts below zero until it comes */
     if (lane == 0) mskv_mbar_arrive_tx(full, 2 * MSKV_H_TB);
     for (int x = lane; x < boxes * (MSKV_D / 64); x += 32) {
         const int pb = x / (MSKV_D / 64), cb = x % (MSKV_D / 64), key = key0 + pb * box_rows;
-        const int page = pages[key / page_size], slot = key % page_size;
+        const int page = pages ? pages[key / page_size] : 0, slot = pages ? key % page_size : key;
         const mskv_u32 dst = kst + (mskv_u32)(cb * (MSKV_H_BN * 128) + pb * box_rows * 128);
         mskv_tma_load_4d(dst, k_map, cb * 64, kvh, slot, page, full);
         mskv_tma_load_4d(dst + MSKV_H_TB, v_map, cb * 64, kvh, slot, page, full);
@@ -1420,13 +1432,15 @@ MSKV_DEV void mskv_h_load_tma(const mskv_tmap *k_map, const mskv_tmap *v_map, co
 /* cp.async, any page size: team threads copy whole rows (one page id each),
    rows at or past kv_len zero-filled (a page's unused slots may hold NaN);
    then wait, fence the generic writes for the tensor cores, meet, arrive. */
-MSKV_DEV void mskv_h_load_rows(const unsigned char *k_pool, const unsigned char *v_pool, const int *pages, int page_size,
-                               int kv_heads, int kvh, int kvl, int key0, unsigned char *sk, mskv_u32 full, int idx, int team) {
+MSKV_DEV void mskv_h_load_rows(const unsigned char *k_pool, const unsigned char *v_pool, const int *pages, int krow0,
+                               int page_size, int kv_heads, int kvh, int kvl, int key0, unsigned char *sk, mskv_u32 full,
+                               int idx, int team) {
     const mskv_u64 slot_bytes = (mskv_u64)kv_heads * (MSKV_D * 2);
     for (int r = idx; r < MSKV_H_BN; r += team) {
         const int j = key0 + r, ok = j < kvl;
         mskv_u64 off = 0;
-        if (ok) off = ((mskv_u64)pages[j / page_size] * (mskv_u64)page_size + (mskv_u64)(j % page_size)) * slot_bytes +
+        if (ok) off = (pages ? (mskv_u64)pages[j / page_size] * (mskv_u64)page_size + (mskv_u64)(j % page_size)
+                             : (mskv_u64)(krow0 + j)) * slot_bytes +
                       (mskv_u64)kvh * (MSKV_D * 2);
 MSKV_UNROLL
         for (int c = 0; c < MSKV_D / 8; c++) {
@@ -1630,7 +1644,9 @@ mskv_attn_sm90(const MSKV_GRID_CONST mskv_tmap k_map, const MSKV_GRID_CONST mskv
     if (wg == 0) {
         /* producer: TMA needs one warp (the rest leave); cp.async takes all four */
         const int team = use_tma ? 32 : 128;
-        const int *pages = kv_indices + kv_indptr[b];
+        /* dense K/V (kv_indices NULL, page_size 1): key j of the segment is row krow0 + j */
+        const int krow0 = kv_indptr[b];
+        const int *pages = kv_indices ? kv_indices + krow0 : 0;
         mskv_setmaxnreg_dec<MSKV_H_REGS_PRODUCER>();
         if (tid >= team) return;
         for (int i = 0; i < kb.n_tiles; i++) {
@@ -1638,9 +1654,9 @@ mskv_attn_sm90(const MSKV_GRID_CONST mskv_tmap k_map, const MSKV_GRID_CONST mskv
             const mskv_u32 full = base + MSKV_H_BARS + 8 * s, stage = base + 2 * MSKV_H_QB + s * MSKV_H_SB;
             while (!mskv_mbar_try_wait(full + 8 * MSKV_H_STAGES, ((i / MSKV_H_STAGES) & 1) ^ 1)) {}
             if (use_tma && key0 + MSKV_H_BN <= kvl)
-                mskv_h_load_tma(&k_map, &v_map, pages, page_size, kvh, key0, stage, full, tid);
+                mskv_h_load_tma(&k_map, &v_map, pages, page_size, kvh, key0 + (pages ? 0 : krow0), stage, full, tid);
             else
-                mskv_h_load_rows((const unsigned char *)k_pool, (const unsigned char *)v_pool, pages, page_size,
+                mskv_h_load_rows((const unsigned char *)k_pool, (const unsigned char *)v_pool, pages, krow0, page_size,
                                  kv_heads, kvh, kvl, key0, sbase + (stage - base), full, tid, team);
         }
     } else {

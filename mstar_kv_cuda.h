@@ -454,7 +454,13 @@ MSKV_API mskv_result mskv_cuda_write_kv_ex(mskv_cuda_store *st, int32_t layer, c
    gives the same launch sizes; the padding reads and writes nothing.
    mskv_cuda_graph_launch returns CAPACITY for a step larger than the
    capture ("capture again" in mskv_cuda_last_error), INVALID_ARGUMENT for a
-   smaller one not padded to it, STALE_PLAN, BAD_STATE (capturing), CUDA. */
+   smaller one not padded to it, STALE_PLAN, BAD_STATE (capturing), CUDA.
+   Dense attention (mskv_cuda_attention_dense) is captured with its buffers:
+   a replay is refused with INVALID_ARGUMENT when the uploaded plan's rows
+   reach past the fewest rows a captured dense K/V had, and with STALE_VIEW
+   when a captured view's epoch is no longer its request's (a gather after
+   the capture, even in place, needs a new capture; at most 8 views per
+   graph, CAPACITY at the capture otherwise). */
 typedef struct mskv_cuda_graph mskv_cuda_graph;
 MSKV_API mskv_result mskv_cuda_capture_begin(mskv_cuda_store *st);
 MSKV_API mskv_result mskv_cuda_capture_end(mskv_cuda_store *st, mskv_cuda_graph **out);
@@ -531,6 +537,43 @@ MSKV_API void mskv_cuda_page_divisor(int32_t page_size, uint32_t *magic, int32_t
 MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
                                          const mskv_cuda_dplan *dplan, const mskv_attn *attn,
                                          mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
+
+/* Attention over dense K/V in device memory (kv->device = 1): a prefix
+   view's layer (mskv_prefix_view_layer of a view mskv_cuda_prefix_view_gather
+   filled) or any caller buffer of rows [kv_heads][head_dim] in the store's
+   dtype, under a MSKV_PLAN_PREFIX or DENSE plan (or any plan whose keys
+   the caller gathered) uploaded by mskv_cuda_plan_upload: segment b's key j
+   is row kv_token_indptr[b] + j. The same kernels, masks, positions,
+   visibility bounds, splits, graphs and results as mskv_cuda_attention;
+   the keys are found without a page table (each row is its own "page"), and
+   on compute capability 9.0 the sm_90a kernel loads them by TMA through a
+   map of the buffer (made when the buffers change). With kv->arena set the
+   call first checks kv->epoch against the request's prefix_epoch.
+   Return value: those of mskv_cuda_attention, and STALE_VIEW (the prefix
+   changed since the gather: gather again), INVALID_HANDLE (the request was
+   removed), INVALID_ARGUMENT (host K/V (device 0), another dtype, head_dim
+   or kv_heads than the store's, k or v not 16-byte aligned, a plan without
+   uploaded rows: kv_token_indptr past int32), OUT_OF_RANGE (a segment's
+   rows past kv->tokens), UNSUPPORTED (strides other than the row layout:
+   the CPU's mskv_cpu_attention_dense takes those). */
+MSKV_API mskv_result mskv_cuda_attention_dense(mskv_cuda_store *st, const mskv_dense_kv *kv, const mskv_plan *plan,
+                                               const mskv_cuda_dplan *dplan, const mskv_attn *attn,
+                                               mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
+/* The device side of mskv_prefix_view_gather: gathers (or refreshes, in
+   place) the protected prefix of view->request in view->group, every layer,
+   K and V, from the store's pools into the view's device buffers (view->k,
+   view->v: device addresses, 16-byte aligned, [num_layers][cap_tokens]
+   [kv_heads][head_dim] each) on the store's stream, and tags the view with
+   the prefix_epoch its pages were read at (device = 1). Returns once the
+   copies completed. The store must be bound to the arena. A prefix that
+   changes while the copies run moves the epoch, so the view is refused.
+   Return value: SUCCESS, NULL_POINTER, BAD_STATE (no bound arena, while
+   capturing), INVALID_ARGUMENT (group, cap_tokens < 0, a buffer not 16-byte
+   aligned), INVALID_HANDLE, OFFLOADED, CAPACITY (the prefix is longer than
+   cap_tokens), OVERFLOW, OUT_OF_MEMORY, CUDA, NVRTC (the copy kernel's first
+   use); after a failure once copies began, the view says epoch 0 (stale).
+   Nothing is written for any other failure. */
+MSKV_API mskv_result mskv_cuda_prefix_view_gather(mskv_cuda_store *st, mskv_prefix_view *view);
 
 /* mskv_cpu_merge on the device: two partial states over disjoint key sets
    (f32 [n][heads][head_dim] and [n][heads]) into their union; o/lse may alias
@@ -782,6 +825,10 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "     every row sees whole run unmasked, in up to two runs of their own.\n",
     "     Everything is computed on the device from these arrays, so a plan\n",
     "     uploaded once and replayed by a graph needs nothing derived.\n",
+    "     Dense K/V (a prefix view, any caller buffer [row][kv_heads][D]): with\n",
+    "     kv_indices NULL, k_pool / v_pool are the buffers, page_size 1\n",
+    "     (page_magic 2^31, page_shift 31) and kv_indptr[b] the row of segment\n",
+    "     b's key 0: key j is row kv_indptr[b] + j, no table is read.\n",
     "     Keys of split s: [s * kv_chunk, (s + 1) * kv_chunk) (kv_chunk a multiple\n",
     "     of BN; n_splits 1 = no split). With n_splits == 1: o [total_q][q_heads][D]\n",
     "     (dtype) and lse [total_q][q_heads] (natural log; may be NULL). Otherwise\n",
@@ -820,7 +867,9 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "         is a 64-wide column block of up to BN consecutive slots of one page.\n",
     "         The host passes use_tma when page_size is a multiple of BN or BN a\n",
     "         multiple of a page of at least 16 slots; otherwise the maps are\n",
-    "         not read.\n",
+    "         not read. Dense K/V (kv_indices NULL, page_size 1, kv_indptr[b]\n",
+    "         the row of segment b's key 0, as mskv_attn): the maps, if used,\n",
+    "         are the buffers as dims (D, kv_heads, rows, 1), box (64, 1, BN, 1).\n",
     "       consumers (warpgroups 1 and 2, setmaxnreg.inc 232): 64 rows each,\n",
     "         Q (cp.async, fence.proxy.async) from a descriptor; per tile, in\n",
     "         alternating turns at the tensor cores (named barriers 4 and 5,\n",
@@ -1340,9 +1389,12 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "MSKV_DEV int mskv_row_key(const mskv_gather &g, int n0) {\n",
     "    return n0 + g.row < g.n_hi ? n0 + g.row : g.n_hi - 1;\n",
     "}\n",
-    "/* Its page id, loaded a tile before the copies that need it. */\n",
+    "/* Its page id, loaded a tile before the copies that need it. Dense K/V\n",
+    "   (kv_indices NULL, page_size 1): \"page\" page0 + j is row page0 + j of the\n",
+    "   buffer, no table to read. */\n",
     "MSKV_DEV int mskv_row_fetch(const mskv_gather &g, int n0) {\n",
-    "    return g.kv_indices[g.page0 + mskv_page_of(mskv_row_key(g, n0), g.magic, g.shift)];\n",
+    "    const int at = g.page0 + mskv_page_of(mskv_row_key(g, n0), g.magic, g.shift);\n",
+    "    return g.kv_indices ? g.kv_indices[at] : at;\n",
     "}\n",
     "\n",
     "/* Issues the copies of the thread's chunks of K and V of the tile at key n0\n",
@@ -2093,15 +2145,18 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "   multiple of page_size), one box per page piece and 64-wide column block:\n",
     "   the tensor map is the pool as [pages][page_size][kv_heads][D] (dims D,\n",
     "   kv_heads, page_size, num_pages; box 64 x 1 x min(page_size, BN) x 1), so a\n",
-    "   box is (c * 64, kvh, slot in page, page id). Lanes of one warp share the boxes. */\n",
+    "   box is (c * 64, kvh, slot in page, page id). Dense K/V (pages NULL, key0\n",
+    "   its buffer row): the map is the buffer as one page of all its rows (box\n",
+    "   64 x 1 x BN x 1), a box (c * 64, kvh, key0, 0). Lanes of one warp share the boxes. */\n",
     "MSKV_DEV void mskv_h_load_tma(const mskv_tmap *k_map, const mskv_tmap *v_map, const int *pages, int page_size, int kvh,\n",
     "                              int key0, mskv_u32 kst, mskv_u32 full, int lane) {\n",
-    "    const int box_rows = page_size < MSKV_H_BN ? page_size : MSKV_H_BN, boxes = MSKV_H_BN / box_rows;\n",
+    "    /* dense K/V (pages NULL): one page of every row, the box BN rows from row key0 */\n",
+    "    const int box_rows = !pages || page_size >= MSKV_H_BN ? MSKV_H_BN : page_size, boxes = MSKV_H_BN / box_rows;\n",
     "    /* the expectation may follow the first bytes: tx counts below zero until it comes */\n",
     "    if (lane == 0) mskv_mbar_arrive_tx(full, 2 * MSKV_H_TB);\n",
     "    for (int x = lane; x < boxes * (MSKV_D / 64); x += 32) {\n",
     "        const int pb = x / (MSKV_D / 64), cb = x % (MSKV_D / 64), key = key0 + pb * box_rows;\n",
-    "        const int page = pages[key / page_size], slot = key % page_size;\n",
+    "        const int page = pages ? pages[key / page_size] : 0, slot = pages ? key % page_size : key;\n",
     "        const mskv_u32 dst = kst + (mskv_u32)(cb * (MSKV_H_BN * 128) + pb * box_rows * 128);\n",
     "        mskv_tma_load_4d(dst, k_map, cb * 64, kvh, slot, page, full);\n",
     "        mskv_tma_load_4d(dst + MSKV_H_TB, v_map, cb * 64, kvh, slot, page, full);\n",
@@ -2111,13 +2166,15 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "/* cp.async, any page size: team threads copy whole rows (one page id each),\n",
     "   rows at or past kv_len zero-filled (a page's unused slots may hold NaN);\n",
     "   then wait, fence the generic writes for the tensor cores, meet, arrive. */\n",
-    "MSKV_DEV void mskv_h_load_rows(const unsigned char *k_pool, const unsigned char *v_pool, const int *pages, int page_size,\n",
-    "                               int kv_heads, int kvh, int kvl, int key0, unsigned char *sk, mskv_u32 full, int idx, int team) {\n",
+    "MSKV_DEV void mskv_h_load_rows(const unsigned char *k_pool, const unsigned char *v_pool, const int *pages, int krow0,\n",
+    "                               int page_size, int kv_heads, int kvh, int kvl, int key0, unsigned char *sk, mskv_u32 full,\n",
+    "                               int idx, int team) {\n",
     "    const mskv_u64 slot_bytes = (mskv_u64)kv_heads * (MSKV_D * 2);\n",
     "    for (int r = idx; r < MSKV_H_BN; r += team) {\n",
     "        const int j = key0 + r, ok = j < kvl;\n",
     "        mskv_u64 off = 0;\n",
-    "        if (ok) off = ((mskv_u64)pages[j / page_size] * (mskv_u64)page_size + (mskv_u64)(j % page_size)) * slot_bytes +\n",
+    "        if (ok) off = (pages ? (mskv_u64)pages[j / page_size] * (mskv_u64)page_size + (mskv_u64)(j % page_size)\n",
+    "                             : (mskv_u64)(krow0 + j)) * slot_bytes +\n",
     "                      (mskv_u64)kvh * (MSKV_D * 2);\n",
     "MSKV_UNROLL\n",
     "        for (int c = 0; c < MSKV_D / 8; c++) {\n",
@@ -2321,7 +2378,9 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "    if (wg == 0) {\n",
     "        /* producer: TMA needs one warp (the rest leave); cp.async takes all four */\n",
     "        const int team = use_tma ? 32 : 128;\n",
-    "        const int *pages = kv_indices + kv_indptr[b];\n",
+    "        /* dense K/V (kv_indices NULL, page_size 1): key j of the segment is row krow0 + j */\n",
+    "        const int krow0 = kv_indptr[b];\n",
+    "        const int *pages = kv_indices ? kv_indices + krow0 : 0;\n",
     "        mskv_setmaxnreg_dec<MSKV_H_REGS_PRODUCER>();\n",
     "        if (tid >= team) return;\n",
     "        for (int i = 0; i < kb.n_tiles; i++) {\n",
@@ -2329,9 +2388,9 @@ static const char *const mskv__cuda_kernel_lines[] = {
     "            const mskv_u32 full = base + MSKV_H_BARS + 8 * s, stage = base + 2 * MSKV_H_QB + s * MSKV_H_SB;\n",
     "            while (!mskv_mbar_try_wait(full + 8 * MSKV_H_STAGES, ((i / MSKV_H_STAGES) & 1) ^ 1)) {}\n",
     "            if (use_tma && key0 + MSKV_H_BN <= kvl)\n",
-    "                mskv_h_load_tma(&k_map, &v_map, pages, page_size, kvh, key0, stage, full, tid);\n",
+    "                mskv_h_load_tma(&k_map, &v_map, pages, page_size, kvh, key0 + (pages ? 0 : krow0), stage, full, tid);\n",
     "            else\n",
-    "                mskv_h_load_rows((const unsigned char *)k_pool, (const unsigned char *)v_pool, pages, page_size,\n",
+    "                mskv_h_load_rows((const unsigned char *)k_pool, (const unsigned char *)v_pool, pages, krow0, page_size,\n",
     "                                 kv_heads, kvh, kvl, key0, sbase + (stage - base), full, tid, team);\n",
     "        }\n",
     "    } else {\n",
@@ -3962,7 +4021,9 @@ static mskv_result mskv__cuda_function(mskv_cuda *cu, int kernel, const mskv__cu
 /* byte offsets of the plan arrays in one plan buffer (host ring and device) */
 typedef struct mskv__cuda_plan_layout {
     size_t qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_len, kv_pos_split, kv_pos_shift;
-    size_t kv_token_indptr, slot_mapping, positions, q_pos, vis_sink_end, vis_window_start, total;
+    size_t kv_token_indptr, slot_mapping, positions, q_pos, vis_sink_end, vis_window_start;
+    size_t kv_rows;   /* int32 kv_token_indptr: the dense kernels' key-0 row of each segment */
+    size_t total;
 } mskv__cuda_plan_layout;
 
 /* What a replay may change: plan contents, never the launch sizes captured
@@ -3974,13 +4035,26 @@ typedef struct mskv__cuda_shape {
     /* the plan's features (what the attention launches read: q_pos, the
        bounds) and which optional arrays it uploaded (the same bits) */
     uint32_t features, arrays;
+    int32_t rows;   /* kv_rows holds its kv_token_indptr (present, within int32): dense attention can read it */
+    int64_t rows_end;   /* then the end of the rows it reaches: max over segments of kv_token_indptr[b] + kv_len[b] */
 } mskv__cuda_shape;
+
+/* The dense K/V a capture attended over: a replay must not reach past its
+   rows, and the views' epochs are checked again (a graph replays without
+   the wrapper's checks). */
+#define MSKV__CUDA_GRAPH_VIEWS 8
+typedef struct mskv__cuda_dense_use {
+    int64_t rows;                                   /* the fewest rows of a dense K/V it read (INT64_MAX: none) */
+    int32_t n;                                      /* epoch-checked K/V (arena set), distinct */
+    mskv_dense_kv views[MSKV__CUDA_GRAPH_VIEWS];
+} mskv__cuda_dense_use;
 
 struct mskv_cuda_graph {
     mskv_cu_graph graph;
     mskv_cu_graph_exec exec;
     mskv__cuda_shape shape;     /* of the plan uploaded when it was captured */
     int64_t kv_cover;           /* keys its split-KV launches reach (INT64_MAX: no split) */
+    mskv__cuda_dense_use dense; /* its dense attention launches */
 };
 
 #define MSKV__CUDA_FCACHE 32        /* a power of two; a store launches a handful of functions */
@@ -4045,6 +4119,7 @@ struct mskv_cuda_store {
     mskv_plan up_check;         /* what mskv_plan_check needs of the plan uploaded last (generation 0: none) */
     mskv_request *up_requests;  /* [max_batch]: its requests */
     int64_t cap_kv_cover;       /* during a capture: the smallest split-KV key reach */
+    mskv__cuda_dense_use cap_dense;   /* during a capture: the dense K/V it attends over */
     mskv_cu_function occ_fn[2]; /* attention: the kernel (prefill, decode) whose residency is cached */
     int32_t occ_blocks[2];      /* its blocks per SM (cuOccupancyMaxActiveBlocksPerMultiprocessor) */
     mskv__cuda_mutex lock;
@@ -4058,6 +4133,12 @@ struct mskv_cuda_store {
        64-byte alignment ((layer * 2 + kind) * 128), made on first use */
     unsigned char *tmap_mem, *tmaps;
     int32_t tmaps_state;        /* 0 not yet, 1 made, -1 none (no cuTensorMapEncodeTiled, or it refused) */
+    /* the K and V maps of the dense K/V attended last (mskv_cuda_attention_dense), at dense_maps
+       (64-byte aligned inside dense_mem), for the buffers, rows and heads below; dense_ok 0: none */
+    unsigned char dense_mem[2 * 128 + 64], *dense_maps;
+    const void *dense_k, *dense_v;
+    int64_t dense_rows;
+    int32_t dense_kvh, dense_bn, dense_ok;
 };
 
 static size_t mskv__cuda_align16(size_t x) { return (x + 15) & ~(size_t)15; }
@@ -4078,6 +4159,7 @@ static void mskv__cuda_plan_layout_of(mskv__cuda_plan_layout *l, size_t b, size_
     l->q_pos = o;            o += mskv__cuda_align16(t * 4);
     l->vis_sink_end = o;     o += mskv__cuda_align16(b * 4);
     l->vis_window_start = o; o += mskv__cuda_align16(b * 4);
+    l->kv_rows = o;          o += mskv__cuda_align16((b + 1) * 4);
     l->total = o;
 }
 
@@ -4673,6 +4755,106 @@ MSKV_API mskv_result mskv_cuda_publish(mskv_cuda_store *st, const mskv_segment *
     return mskv_cuda_retire(st, 0);
 }
 
+MSKV_API mskv_result mskv_cuda_prefix_view_gather(mskv_cuda_store *st, mskv_prefix_view *v) {
+    mskv_cuda *cu;
+    mskv_result res = MSKV_SUCCESS;
+    mskv_cu_result r;
+    mskv_cu_function f = NULL;
+    int32_t *pages = NULL, n = 0, cap = 0, done, c, l, kind;
+    int64_t tokens = 0;
+    uint64_t epoch = 0;
+    size_t slot, bytes;
+    int began = 0;
+    if (!st || !v) return MSKV_ERROR_NULL_POINTER;
+    cu = st->cu;
+    if (!st->arena) {
+        mskv__cuda_failf(cu, "prefix_view_gather: the store is bound to no arena (mskv_cuda_store_bind)");
+        return MSKV_ERROR_BAD_STATE;
+    }
+    if (st->capturing) return MSKV_ERROR_BAD_STATE;
+    if (v->cap_tokens < 0) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (v->cap_tokens > 0 && (!v->k || !v->v)) return MSKV_ERROR_NULL_POINTER;
+    if (((uintptr_t)v->k & 15) || ((uintptr_t)v->v & 15)) return MSKV_ERROR_INVALID_ARGUMENT;
+    slot = (size_t)st->d.kv_heads * (size_t)st->d.head_dim * mskv_dtype_size(st->d.dtype);
+    if ((uint64_t)v->cap_tokens > (uint64_t)SIZE_MAX / slot / (size_t)st->d.num_layers) return MSKV_ERROR_OVERFLOW;
+    /* the pages and the epoch in one read; a prefix that grew in between is read again */
+    for (;;) {
+        res = mskv_prefix_pages_get(st->arena, v->request, v->group, pages, cap, &n, &tokens, &epoch);
+        if (res != MSKV_ERROR_CAPACITY) break;
+        mskv__cuda_dealloc(&cu->allocator, pages);
+        cap = n;
+        if (!(pages = (int32_t *)mskv__cuda_alloc(&cu->allocator, (size_t)n * sizeof *pages))) return MSKV_ERROR_OUT_OF_MEMORY;
+    }
+    if (res == MSKV_SUCCESS && tokens > v->cap_tokens) {
+        mskv__cuda_failf(cu, "prefix_view_gather: the prefix has %lld tokens, the view room for %lld", (long long)tokens,
+                         (long long)v->cap_tokens);
+        res = MSKV_ERROR_CAPACITY;
+    }
+    if (res == MSKV_SUCCESS && n > 0) res = mskv__cuda_enter(cu);
+    if (res == MSKV_SUCCESS && n > 0) res = mskv__cuda_function(cu, MSKV__K_PAGE_GATHER, &st->defs, &f);
+    if (res != MSKV_SUCCESS || n == 0) goto out;
+    mskv__cuda_lock(&st->lock);
+    began = 1;
+    /* a chunk of page ids at a time through the staging buffer: its whole
+       pages by the gather kernel, the last page's rows (a prefix need not
+       end on a page) by a copy */
+    for (done = 0; done < n && res == MSKV_SUCCESS; done += c) {
+        const size_t pb = st->page_bytes;
+        int32_t whole;
+        int64_t tail = 0;
+        c = n - done < st->stage_pages ? n - done : st->stage_pages;
+        whole = c;
+        if (done + c == n && tokens - (int64_t)(n - 1) * st->d.page_size < st->d.page_size) {
+            tail = tokens - (int64_t)(n - 1) * st->d.page_size;
+            whole = c - 1;
+        }
+        memcpy(st->h_stage, pages + done, (size_t)c * sizeof *pages);
+        r = cu->fn.cuMemcpyHtoDAsync(st->d_ids, st->h_stage, (size_t)c * sizeof *pages, st->stream);
+        if (r != MSKV_CU_SUCCESS) res = mskv__cuda_fail(cu, r, "cuMemcpyHtoDAsync(prefix page ids)");
+        for (l = 0; res == MSKV_SUCCESS && l < st->d.num_layers; l++)
+            for (kind = 0; res == MSKV_SUCCESS && kind < 2; kind++) {
+                mskv_cu_ptr pool = mskv_cuda_store_pool(st, l, kind), ids = st->d_ids;
+                mskv_cu_ptr dst = (mskv_cu_ptr)(uintptr_t)(kind ? v->v : v->k) +
+                                  (mskv_cu_ptr)(((size_t)l * (size_t)v->cap_tokens + (size_t)done * (size_t)st->d.page_size) * slot);
+                long long pbl = (long long)pb;
+                int nw = whole;
+                if (whole > 0) {
+                    /* mskv_page_gather(pool, pages, n_pages, page_bytes, dst, dst_stride) */
+                    size_t blocks = (pb + 4095) / 4096;
+                    unsigned int grid[3], block[3] = { 256, 1, 1 };
+                    void *args[6];
+                    grid[0] = (unsigned int)(blocks > 65535 ? 65535 : blocks); grid[1] = (unsigned int)whole; grid[2] = 1;
+                    args[0] = &pool; args[1] = &ids; args[2] = &nw; args[3] = &pbl; args[4] = &dst; args[5] = &pbl;
+                    res = mskv__cuda_launch(st, f, grid, block, 0, args);
+                }
+                if (res == MSKV_SUCCESS && tail > 0) {
+                    bytes = (size_t)tail * slot;
+                    r = cu->fn.cuMemcpyDtoDAsync(dst + (mskv_cu_ptr)((size_t)whole * pb),
+                                                 pool + (mskv_cu_ptr)((size_t)pages[done + whole] * pb), bytes, st->stream);
+                    if (r != MSKV_CU_SUCCESS) res = mskv__cuda_fail(cu, r, "cuMemcpyDtoDAsync(prefix tail)");
+                }
+            }
+        /* after a failure too: the queued copies read the staging buffer */
+        r = cu->fn.cuStreamSynchronize(st->stream);
+        if (res == MSKV_SUCCESS && r != MSKV_CU_SUCCESS) res = mskv__cuda_fail(cu, r, "cuStreamSynchronize(prefix view)");
+    }
+    mskv__cuda_unlock(&st->lock);
+out:
+    mskv__cuda_dealloc(&cu->allocator, pages);
+    if (res == MSKV_SUCCESS) {
+        v->tokens = tokens;
+        v->epoch = epoch;
+        v->num_layers = st->d.num_layers;
+        v->kv_heads = st->d.kv_heads;
+        v->head_dim = st->d.head_dim;
+        v->dtype = st->d.dtype;
+        v->device = 1;
+    } else if (began) {
+        v->epoch = 0;   /* part old, part new: refuse it rather than let it pass for either */
+    }
+    return res;
+}
+
 MSKV_API mskv_result mskv_cuda_store_sync(mskv_cuda_store *st) {
     mskv_result res;
     if (!st) return MSKV_ERROR_NULL_POINTER;
@@ -4704,7 +4886,12 @@ static mskv_result mskv__cuda_check_table(const mskv_plan *plan, int32_t page_si
         if (plan->kv_indptr[0] != 0 || plan->kv_indptr[plan->batch] != plan->num_page_ids) return MSKV_ERROR_INVALID_ARGUMENT;
         for (b = 0; b < plan->batch; b++) {
             int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
-            if (np < 0 || (plan->kv_len && (plan->kv_len[b] < 0 || plan->kv_len[b] > np * page_size)))
+            if (np < 0 || (plan->kv_len && (plan->kv_len[b] < 0 || (plan->kv_len[b] > np * page_size && np > 0))))
+                return MSKV_ERROR_INVALID_ARGUMENT;
+            /* a dense sequence (keys, no pages: a DENSE or PREFIX plan) is rows of a dense K/V */
+            if (np == 0 && plan->kv_len && plan->kv_len[b] > 0 &&
+                (!plan->kv_token_indptr || plan->kv_token_indptr[b] < 0 ||
+                 plan->kv_token_indptr[b + 1] - plan->kv_token_indptr[b] != (int64_t)plan->kv_len[b]))
                 return MSKV_ERROR_INVALID_ARGUMENT;
         }
     }
@@ -4716,8 +4903,9 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     mskv_result res;
     mskv_cu_result r = MSKV_CU_SUCCESS;
     char *h;
-    int slot;
-    size_t b, t, p, npos;
+    int slot, rows;
+    int64_t rows_end;
+    size_t b, t, p, npos, i;
     if (!st || !plan || !out) return MSKV_ERROR_NULL_POINTER;
     cu = st->cu;
     if (st->capturing) return MSKV_ERROR_BAD_STATE;
@@ -4736,12 +4924,10 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
        null page, is refused here as the CPU backend refuses it */
     if (p && plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->kv_indices) {
-        size_t i;
         for (i = 0; i < p; i++)
             if (plan->kv_indices[i] < 1 || plan->kv_indices[i] >= st->d.num_pages) return MSKV_ERROR_OUT_OF_RANGE;
     }
     if (plan->slot_mapping) {
-        size_t i;
         long long lo = st->d.page_size, hi = (long long)st->d.num_pages * st->d.page_size;
         for (i = 0; i < t; i++)
             if (plan->slot_mapping[i] >= 0 && (plan->slot_mapping[i] < lo || plan->slot_mapping[i] >= hi))
@@ -4775,6 +4961,19 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     MSKV__UP(vis_sink_end, b, 4)
     MSKV__UP(vis_window_start, b, 4)
 #undef MSKV__UP
+    /* the dense rows a kernel can reach: segment b's kv_len rows from kv_token_indptr[b] */
+    rows = plan->kv_token_indptr != NULL && plan->kv_len != NULL;
+    rows_end = 0;
+    for (i = 0; rows && i <= b; i++) {
+        const int64_t end = plan->kv_token_indptr[i] + (i < b ? plan->kv_len[i] : 0);
+        rows = plan->kv_token_indptr[i] >= 0 && plan->kv_token_indptr[i] <= INT32_MAX && end <= INT32_MAX;
+        if (end > rows_end) rows_end = end;
+    }
+    if (r == MSKV_CU_SUCCESS && rows) {
+        int32_t *kr = (int32_t *)(void *)(h + st->lay.kv_rows);
+        for (i = 0; i <= b; i++) kr[i] = (int32_t)plan->kv_token_indptr[i];
+        r = cu->fn.cuMemcpyHtoDAsync(st->d_plan + st->lay.kv_rows, kr, (b + 1) * 4, st->stream);
+    }
     if (r == MSKV_CU_SUCCESS) r = cu->fn.cuEventRecord(st->ring_ev[slot], st->stream);
     if (r != MSKV_CU_SUCCESS) {
         /* copies already queued read this buffer: let them finish, keep it marked in use */
@@ -4799,6 +4998,8 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     st->cur.batch = plan->batch;
     st->cur.total_q = plan->total_q;
     st->cur.features = plan->features;
+    st->cur.rows = rows;
+    st->cur.rows_end = rows ? rows_end : 0;
     st->cur.arrays = (plan->q_pos ? MSKV_PLAN_Q_POS : 0u) | (plan->vis_sink_end && plan->vis_window_start ? MSKV_PLAN_VISIBILITY : 0u);
     st->cur.max_qo = 0;
     st->cur.max_kv = 0;
@@ -4937,6 +5138,8 @@ MSKV_API mskv_result mskv_cuda_capture_begin(mskv_cuda_store *st) {
     MSKV__CU_TRY(st->cu, st->cu->fn.cuStreamBeginCapture(st->stream, MSKV_CU_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
     st->capturing = 1;
     st->cap_kv_cover = INT64_MAX;
+    memset(&st->cap_dense, 0, sizeof st->cap_dense);
+    st->cap_dense.rows = INT64_MAX;
     return MSKV_SUCCESS;
 }
 
@@ -4959,6 +5162,7 @@ MSKV_API mskv_result mskv_cuda_capture_end(mskv_cuda_store *st, mskv_cuda_graph 
     g->graph = graph;
     g->shape = st->cur;
     g->kv_cover = st->cap_kv_cover;
+    g->dense = st->cap_dense;
     r = cu->fn.cuGraphInstantiateWithFlags(&g->exec, graph, 0);
     if (r != MSKV_CU_SUCCESS) {
         cu->fn.cuGraphDestroy(graph);
@@ -5001,6 +5205,22 @@ MSKV_API mskv_result mskv_cuda_graph_launch(mskv_cuda_store *st, mskv_cuda_graph
         return MSKV_ERROR_INVALID_ARGUMENT;
     }
     if ((res = mskv__cuda_uploaded_current(st)) != MSKV_SUCCESS) return res;   /* the replay reads the last upload */
+    if (g->dense.rows != INT64_MAX) {
+        int32_t i;
+        /* the captured dense launches read the uploaded rows of the buffers they were given */
+        if (!st->cur.rows || st->cur.rows_end > g->dense.rows) {
+            mskv__cuda_failf(st->cu, "graph replay: the uploaded plan's dense rows (%s%lld) reach past the captured dense K/V "
+                             "(%lld rows): capture again", st->cur.rows ? "" : "none, ", (long long)st->cur.rows_end,
+                             (long long)g->dense.rows);
+            return MSKV_ERROR_INVALID_ARGUMENT;
+        }
+        for (i = 0; i < g->dense.n; i++)
+            if ((res = mskv_dense_kv_check(&g->dense.views[i])) != MSKV_SUCCESS) {
+                mskv__cuda_failf(st->cu, "graph replay: a captured dense K/V's epoch %llu is no longer its request's: "
+                                 "gather the view again (in place) and replay", (unsigned long long)g->dense.views[i].epoch);
+                return res;
+            }
+    }
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     MSKV__CU_TRY(st->cu, st->cu->fn.cuGraphLaunch(g->exec, st->stream), "cuGraphLaunch");
     return MSKV_SUCCESS;
@@ -5221,6 +5441,38 @@ static mskv_result mskv__cuda_store_tmaps(mskv_cuda_store *st) {
     return MSKV_SUCCESS;
 }
 
+/* The sm_90a kernel's maps of a dense K/V (a prefix view's layer): the
+   buffer as one page of all its rows (dims D, kv_heads, rows, 1; box 64 x 1
+   x BN x 1, the pools' swizzle), made when the buffers change. 1: made;
+   0: the kernel copies with cp.async (no cuTensorMapEncodeTiled, no rows,
+   or a buffer the driver refuses). */
+static int32_t mskv__cuda_dense_tmaps(mskv_cuda_store *st, const mskv_dense_kv *dk, int32_t bn) {
+    mskv_cuda *cu = st->cu;
+    const unsigned long long D = (unsigned long long)st->d.head_dim, kvh = (unsigned long long)dk->kv_heads;
+    const unsigned long long rows = (unsigned long long)dk->tokens;
+    unsigned long long dims[4], strides[3];
+    unsigned int box[4], es[4] = { 1, 1, 1, 1 };
+    int32_t i;
+    if (!cu->fn.cuTensorMapEncodeTiled || rows == 0 || rows > 0xffffffffull) return 0;
+    if (st->dense_ok && st->dense_k == dk->k && st->dense_v == dk->v && st->dense_rows == dk->tokens &&
+        st->dense_kvh == dk->kv_heads && st->dense_bn == bn)
+        return 1;
+    st->dense_ok = 0;
+    st->dense_maps = st->dense_mem + ((64 - ((uintptr_t)st->dense_mem & 63)) & 63);
+    dims[0] = D; dims[1] = kvh; dims[2] = rows; dims[3] = 1;
+    strides[0] = D * 2; strides[1] = strides[0] * kvh; strides[2] = strides[1] * rows;
+    if (strides[2] >= (1ull << 40)) return 0;
+    box[0] = 64; box[1] = 1; box[2] = (unsigned int)bn; box[3] = 1;
+    for (i = 0; i < 2; i++)
+        if (cu->fn.cuTensorMapEncodeTiled(st->dense_maps + (size_t)i * 128, st->d.dtype == MSKV_DTYPE_F16 ? 6 : 9, 4,
+                                          (void *)(uintptr_t)(i ? dk->v : dk->k), dims, strides, box, es, 0,
+                                          3 /* 128 B swizzle */, 3 /* L2 256 B */, 0) != MSKV_CU_SUCCESS)
+            return 0;
+    st->dense_k = dk->k; st->dense_v = dk->v; st->dense_rows = dk->tokens; st->dense_kvh = dk->kv_heads; st->dense_bn = bn;
+    st->dense_ok = 1;
+    return 1;
+}
+
 /* AUTO gives up on the sm_90a kernel for the context's life, saying so once. */
 static void mskv__cuda_sm90_off(mskv_cuda *cu, mskv_result why) {
     mskv__cuda_lock(&cu->lock);
@@ -5234,19 +5486,54 @@ static void mskv__cuda_sm90_off(mskv_cuda *cu, mskv_result why) {
     mskv__cuda_unlock(&cu->lock);
 }
 
+/* The dense K/V of mskv_cuda_attention_dense: device addresses in the
+   store's dtype and head_dim, rows of [kv_heads][head_dim] one after another
+   (the layout the kernels read), 16-byte aligned, and a current epoch. */
+static mskv_result mskv__attn_check_dense(mskv_cuda_store *st, const mskv_dense_kv *kv) {
+    mskv_result res;
+    if (!kv->device) {
+        mskv__cuda_failf(st->cu, "attention_dense: k and v are host memory (device = 0): mskv_cpu_attention_dense reads those");
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    }
+    /* the variant (dtype, head_dim) and the grid (kv_heads) are the store's */
+    if (kv->dtype != st->d.dtype || kv->head_dim != st->d.head_dim || kv->kv_heads != st->d.kv_heads || kv->tokens < 0)
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    if (kv->tokens > 0 && (!kv->k || !kv->v)) return MSKV_ERROR_NULL_POINTER;
+    if ((kv->token_stride != 0 && kv->token_stride != (int64_t)kv->kv_heads * kv->head_dim) ||
+        (kv->head_stride != 0 && kv->head_stride != kv->head_dim)) {
+        mskv__cuda_failf(st->cu, "attention_dense: the kernels read rows of [kv_heads][head_dim] (token_stride %d, head_stride %d); "
+                         "strides %lld, %lld are the CPU's only", kv->kv_heads * kv->head_dim, kv->head_dim,
+                         (long long)kv->token_stride, (long long)kv->head_stride);
+        return MSKV_ERROR_UNSUPPORTED;
+    }
+    /* 16-byte copies of rows; the row offset is computed in 64 bits */
+    if (((uintptr_t)kv->k & 15) || ((uintptr_t)kv->v & 15)) return MSKV_ERROR_INVALID_ARGUMENT;
+    if ((int64_t)kv->kv_heads * kv->head_dim * 2 > (int64_t)0xffffffff) return MSKV_ERROR_UNSUPPORTED;
+    /* a stale view first: it explains the rest */
+    if ((res = mskv_dense_kv_check(kv)) != MSKV_SUCCESS) {
+        if (res == MSKV_ERROR_STALE_VIEW)
+            mskv__cuda_failf(st->cu, "attention_dense: epoch %llu is no longer the request's prefix_epoch: gather the view again",
+                             (unsigned long long)kv->epoch);
+        return res;
+    }
+    return MSKV_SUCCESS;
+}
+
 /* The host-side checks of mskv_cuda_attention, kernel-independent: the
    kernel trusts the table, so refuse what mskv_cpu_attention refuses and no
-   block reads past the pages it was given (O(batch)). *empty: nothing to do.
-   Gives the longest segment's queries and keys. */
-static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
+   block reads past the pages it was given (O(batch)); for dense K/V (dk),
+   past the rows it holds. *empty: nothing to do. Gives the longest
+   segment's queries and keys. */
+static mskv_result mskv__attn_check(mskv_cuda_store *st, int32_t layer, const mskv_dense_kv *dk, const mskv_plan *plan,
                                     const mskv_cuda_dplan *dplan, const mskv_attn *attn, mskv_cu_ptr q,
                                     mskv_cu_ptr o, mskv_cu_ptr lse, int *empty, int32_t *max_qo, int32_t *max_kv) {
     int32_t b;
     mskv_result res;
     *empty = 0;
     if (!st || !plan || !dplan || !attn) return MSKV_ERROR_NULL_POINTER;
-    if (layer < 0 || layer >= st->d.num_layers) return MSKV_ERROR_OUT_OF_RANGE;
+    if (!dk && (layer < 0 || layer >= st->d.num_layers)) return MSKV_ERROR_OUT_OF_RANGE;
     if (st->d.dtype != MSKV_DTYPE_F16 && st->d.dtype != MSKV_DTYPE_BF16) return MSKV_ERROR_UNSUPPORTED;
+    if (dk && (res = mskv__attn_check_dense(st, dk)) != MSKV_SUCCESS) return res;
     if (attn->q_dtype == MSKV_DTYPE_F32) {
         /* a conversion pass over q and o is the caller's framework's to fuse with its projections */
         mskv__cuda_failf(st->cu, "mskv_cuda_attention: q and o are in the store's dtype; convert f32 q where it is produced");
@@ -5256,7 +5543,7 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
     if ((int)attn->mask < 0 || (int)attn->mask > 2 || attn->window_left < 0) return MSKV_ERROR_INVALID_ARGUMENT;
     if (!(attn->scale >= 0.0f) || attn->scale > 3.0e38f) return MSKV_ERROR_INVALID_ARGUMENT;  /* the kernel needs scale > 0 */
     if (plan->batch != dplan->batch || plan->total_q != dplan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (!dk && plan->page_size != st->d.page_size) return MSKV_ERROR_INVALID_ARGUMENT;
     /* the kernel finds a key's bytes as page id x page bytes + slot x slot bytes in 32 bits */
     if ((int64_t)st->d.page_size * st->d.kv_heads * st->d.head_dim * 2 > (int64_t)0xffffffff) return MSKV_ERROR_UNSUPPORTED;
     /* both kernels read q_pos and the visibility bounds; a feature they do
@@ -5276,23 +5563,37 @@ static mskv_result mskv__attn_check(const mskv_cuda_store *st, int32_t layer, co
     if (!q || !o) return MSKV_ERROR_NULL_POINTER;
     /* the kernel reads q with 16-byte copies and writes o in 4-byte pairs */
     if ((q & 15) || (o & 3) || (lse & 3)) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (!plan->qo_indptr || !plan->kv_indptr || !plan->kv_len || (plan->num_page_ids > 0 && !plan->kv_indices))
+    if (!plan->qo_indptr || !plan->kv_len) return MSKV_ERROR_NULL_POINTER;
+    if (dk) {
+        /* the rows: in the host plan, and uploaded with it (else the device holds an earlier plan's) */
+        if (!plan->kv_token_indptr) return MSKV_ERROR_NULL_POINTER;
+        if (!st->cur.rows) return MSKV_ERROR_INVALID_ARGUMENT;
+        if (st->cur.rows_end > dk->tokens) return MSKV_ERROR_OUT_OF_RANGE;   /* what the uploaded plan reaches */
+    } else if (!plan->kv_indptr || (plan->num_page_ids > 0 && !plan->kv_indices)) {
         return MSKV_ERROR_NULL_POINTER;   /* an array missing at upload would leave the previous plan's there */
+    }
     /* masks need positions; the device buffers would hold a previous plan's */
     if (attn->mask != MSKV_MASK_NONE && (!plan->kv_pos_split || !plan->kv_pos_shift)) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->pad_segments < 0 || plan->pad_segments > plan->batch) return MSKV_ERROR_INVALID_ARGUMENT;
-    if (plan->num_page_ids != dplan->num_page_ids || plan->qo_indptr[0] != 0 || plan->kv_indptr[0] != 0 ||
-        plan->qo_indptr[plan->batch] != plan->total_q || plan->kv_indptr[plan->batch] != plan->num_page_ids)
+    if (plan->qo_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (!dk && (plan->num_page_ids != dplan->num_page_ids || plan->kv_indptr[0] != 0 ||
+                plan->kv_indptr[plan->batch] != plan->num_page_ids))
         return MSKV_ERROR_INVALID_ARGUMENT;
     *max_qo = 0;
     *max_kv = 0;
     for (b = 0; b < plan->batch; b++) {
         int64_t qo64 = (int64_t)plan->qo_indptr[b + 1] - plan->qo_indptr[b];
-        int64_t np = (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
+        int64_t np = dk ? 0 : (int64_t)plan->kv_indptr[b + 1] - plan->kv_indptr[b];
         int32_t qo = (int32_t)qo64, kv = plan->kv_len[b];
         if (qo64 < 0 || qo64 > plan->total_q || np < 0) return MSKV_ERROR_INVALID_ARGUMENT;
-        if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * st->d.page_size || kv > (int64_t)np * st->d.page_size))
+        if (dk) {
+            /* rows [t0, t0 + kv_len) of the buffer, whose row index the kernel holds in 32 bits */
+            const int64_t t0 = plan->kv_token_indptr[b], t1 = plan->kv_token_indptr[b + 1];
+            if (kv < 0 || t0 < 0 || t1 - t0 != (int64_t)kv) return MSKV_ERROR_INVALID_ARGUMENT;
+            if (t1 > dk->tokens) return MSKV_ERROR_OUT_OF_RANGE;
+        } else if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * st->d.page_size || kv > (int64_t)np * st->d.page_size)) {
             return MSKV_ERROR_INVALID_ARGUMENT;
+        }
         /* without q_pos the queries are the tail of their keys; a segment with no keys (padding) sees nothing */
         if (attn->mask != MSKV_MASK_NONE && ((qo > kv && kv > 0 && !(plan->features & MSKV_PLAN_Q_POS)) ||
                                              plan->kv_pos_shift[b] < 0 || plan->kv_pos_split[b] < 0 || plan->kv_pos_split[b] > kv))
@@ -5388,28 +5689,41 @@ static void mskv__attn_args_vis(mskv__cuda_args *a, int i, const mskv_plan *plan
    kv_pos_shift, q_heads, kv_heads, page_size, page_magic, page_shift, scale_log2, mask,
    window_left, kv_chunk, n_splits, o, lse, o_part, lse_part, q_pos, vis_sink_end,
    vis_window_start) */
-static mskv__cuda_args *mskv__attn_args(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
+/* The K/V a launch reads: layer's pools and the page table, or dense K/V
+   (dk) as pages of one row (kv_indices 0, the uploaded int32 rows) */
+static void mskv__attn_kv(const mskv_cuda_store *st, int32_t layer, const mskv_dense_kv *dk, const mskv_cuda_dplan *dplan,
+                          mskv_cu_ptr *k, mskv_cu_ptr *v, mskv_cu_ptr *indptr, mskv_cu_ptr *indices) {
+    *k = dk ? (mskv_cu_ptr)(uintptr_t)dk->k : mskv_cuda_store_pool((mskv_cuda_store *)(uintptr_t)st, layer, 0);
+    *v = dk ? (mskv_cu_ptr)(uintptr_t)dk->v : mskv_cuda_store_pool((mskv_cuda_store *)(uintptr_t)st, layer, 1);
+    *indptr = dk ? st->d_plan + st->lay.kv_rows : dplan->kv_indptr;
+    *indices = dk ? 0 : dplan->kv_indices;
+}
+
+static mskv__cuda_args *mskv__attn_args(mskv_cuda_store *st, int32_t layer, const mskv_dense_kv *dk, const mskv_plan *plan,
                                         const mskv_cuda_dplan *dplan,
                                         const mskv_attn *attn, const mskv_cuda_attn_geometry *g, float scale_log2,
                                         mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse, mskv_cu_ptr o_part,
                                         mskv_cu_ptr lse_part) {
     mskv__cuda_args *a = &st->args[MSKV__K_ATTN];
-    if (!a->once) {
+    mskv_cu_ptr k, v, indptr, indices;
+    /* once: 1 the pools' geometry is written, 2 a dense K/V's (rewritten each call) */
+    if (a->once != 1 || dk) {
         uint32_t magic;
         int32_t shift;
-        mskv_cuda_page_divisor(st->d.page_size, &magic, &shift);
-        mskv__cuda_arg_i32(a, 10, st->d.kv_heads);
-        mskv__cuda_arg_i32(a, 11, st->d.page_size);
+        mskv_cuda_page_divisor(dk ? 1 : st->d.page_size, &magic, &shift);
+        mskv__cuda_arg_i32(a, 10, dk ? dk->kv_heads : st->d.kv_heads);
+        mskv__cuda_arg_i32(a, 11, dk ? 1 : st->d.page_size);
         mskv__cuda_arg_u32(a, 12, magic);
         mskv__cuda_arg_i32(a, 13, shift);
-        a->once = 1;
+        a->once = dk ? 2 : 1;
     }
+    mskv__attn_kv(st, layer, dk, dplan, &k, &v, &indptr, &indices);
     mskv__cuda_arg_ptr(a, 0, q);
-    mskv__cuda_arg_ptr(a, 1, mskv_cuda_store_pool(st, layer, 0));
-    mskv__cuda_arg_ptr(a, 2, mskv_cuda_store_pool(st, layer, 1));
+    mskv__cuda_arg_ptr(a, 1, k);
+    mskv__cuda_arg_ptr(a, 2, v);
     mskv__cuda_arg_ptr(a, 3, dplan->qo_indptr);
-    mskv__cuda_arg_ptr(a, 4, dplan->kv_indptr);
-    mskv__cuda_arg_ptr(a, 5, dplan->kv_indices);
+    mskv__cuda_arg_ptr(a, 4, indptr);
+    mskv__cuda_arg_ptr(a, 5, indices);
     mskv__cuda_arg_ptr(a, 6, dplan->kv_len);
     mskv__cuda_arg_ptr(a, 7, dplan->kv_pos_split);
     mskv__cuda_arg_ptr(a, 8, dplan->kv_pos_shift);
@@ -5434,30 +5748,35 @@ static mskv__cuda_args *mskv__attn_args(mskv_cuda_store *st, int32_t layer, cons
    The maps are 128-byte CUtensorMaps passed by value: their parameter
    pointers go to the store's maps of the layer (or to zeros when the kernel
    copies with cp.async) instead of to a value slot. */
-static mskv__cuda_args *mskv__attn_args_sm90(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
-                                             const mskv_cuda_dplan *dplan,
+static mskv__cuda_args *mskv__attn_args_sm90(mskv_cuda_store *st, int32_t layer, const mskv_dense_kv *dk,
+                                             const mskv_plan *plan, const mskv_cuda_dplan *dplan,
                                              const mskv_attn *attn, const mskv_cuda_attn_geometry *g,
                                              float scale_log2, mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse,
                                              mskv_cu_ptr o_part, mskv_cu_ptr lse_part) {
     static const unsigned char no_map[128] = { 0 };
     mskv__cuda_args *a = &st->args[MSKV__K_ATTN_SM90];
     const int32_t P = st->d.page_size, bn = g->block_keys;
-    /* TMA when a tile holds whole pages: page_size a multiple of BN, or BN a multiple of a page of 16+ rows */
-    const int32_t use_tma = st->tmaps_state == 1 && (P % bn == 0 || (bn % P == 0 && P >= 16));
-    if (!a->once) {
-        mskv__cuda_arg_i32(a, 13, st->d.kv_heads);
-        mskv__cuda_arg_i32(a, 14, st->d.page_size);
-        a->once = 1;
+    /* TMA when a tile holds whole pages: page_size a multiple of BN, or BN a
+       multiple of a page of 16+ rows; dense K/V when its maps were made */
+    const int32_t use_tma = dk ? mskv__cuda_dense_tmaps(st, dk, bn)
+                               : st->tmaps_state == 1 && (P % bn == 0 || (bn % P == 0 && P >= 16));
+    const unsigned char *maps = dk ? st->dense_maps : st->tmaps + (size_t)layer * 256;
+    mskv_cu_ptr k, v, indptr, indices;
+    if (a->once != 1 || dk) {
+        mskv__cuda_arg_i32(a, 13, dk ? dk->kv_heads : st->d.kv_heads);
+        mskv__cuda_arg_i32(a, 14, dk ? 1 : st->d.page_size);
+        a->once = dk ? 2 : 1;
     }
-    a->ptr[0] = use_tma ? (void *)(st->tmaps + (size_t)layer * 256) : (void *)(uintptr_t)no_map;
-    a->ptr[1] = use_tma ? (void *)(st->tmaps + (size_t)layer * 256 + 128) : (void *)(uintptr_t)no_map;
+    mskv__attn_kv(st, layer, dk, dplan, &k, &v, &indptr, &indices);
+    a->ptr[0] = use_tma ? (void *)(uintptr_t)maps : (void *)(uintptr_t)no_map;
+    a->ptr[1] = use_tma ? (void *)(uintptr_t)(maps + 128) : (void *)(uintptr_t)no_map;
     mskv__cuda_arg_i32(a, 2, use_tma);
     mskv__cuda_arg_ptr(a, 3, q);
-    mskv__cuda_arg_ptr(a, 4, mskv_cuda_store_pool(st, layer, 0));
-    mskv__cuda_arg_ptr(a, 5, mskv_cuda_store_pool(st, layer, 1));
+    mskv__cuda_arg_ptr(a, 4, k);
+    mskv__cuda_arg_ptr(a, 5, v);
     mskv__cuda_arg_ptr(a, 6, dplan->qo_indptr);
-    mskv__cuda_arg_ptr(a, 7, dplan->kv_indptr);
-    mskv__cuda_arg_ptr(a, 8, dplan->kv_indices);
+    mskv__cuda_arg_ptr(a, 7, indptr);
+    mskv__cuda_arg_ptr(a, 8, indices);
     mskv__cuda_arg_ptr(a, 9, dplan->kv_len);
     mskv__cuda_arg_ptr(a, 10, dplan->kv_pos_split);
     mskv__cuda_arg_ptr(a, 11, dplan->kv_pos_shift);
@@ -5475,9 +5794,32 @@ static mskv__cuda_args *mskv__attn_args_sm90(mskv_cuda_store *st, int32_t layer,
     return a;
 }
 
-MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
-                                         const mskv_cuda_dplan *dplan, const mskv_attn *attn,
-                                         mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse) {
+/* A dense launch being captured: the replay's checks need its rows and,
+   for an epoch-checked K/V, its (request, group, epoch). */
+static mskv_result mskv__cuda_capture_dense(mskv_cuda_store *st, const mskv_dense_kv *dk) {
+    mskv__cuda_dense_use *u = &st->cap_dense;
+    int32_t i;
+    if (dk->arena) {
+        for (i = 0; i < u->n; i++)
+            if (u->views[i].arena == dk->arena && u->views[i].request.id == dk->request.id &&
+                u->views[i].group == dk->group && u->views[i].epoch == dk->epoch)
+                break;
+        if (i == u->n) {
+            if (u->n == MSKV__CUDA_GRAPH_VIEWS) {
+                mskv__cuda_failf(st->cu, "capture: a graph checks the epochs of %d prefix views at most", MSKV__CUDA_GRAPH_VIEWS);
+                return MSKV_ERROR_CAPACITY;
+            }
+            u->views[u->n++] = *dk;
+        }
+    }
+    if (dk->tokens < u->rows) u->rows = dk->tokens;
+    return MSKV_SUCCESS;
+}
+
+/* mskv_cuda_attention (dk NULL: layer's pools) and mskv_cuda_attention_dense (dk) */
+static mskv_result mskv__cuda_attend(mskv_cuda_store *st, int32_t layer, const mskv_dense_kv *dk, const mskv_plan *plan,
+                                     const mskv_cuda_dplan *dplan, const mskv_attn *attn,
+                                     mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse) {
     static const unsigned int merge_block[3] = {128, 1, 1};
     mskv__attn_launch L;
     mskv__cuda_args *a, *m;
@@ -5487,14 +5829,15 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
     int empty;
     unsigned int block[3];
     float scale, scale_log2;
-    res = mskv__attn_check(st, layer, plan, dplan, attn, q, o, lse, &empty, &max_qo, &max_kv);
+    res = mskv__attn_check(st, layer, dk, plan, dplan, attn, q, o, lse, &empty, &max_qo, &max_kv);
     if (res != MSKV_SUCCESS || empty) return res;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
+    if (dk && st->capturing && (res = mskv__cuda_capture_dense(st, dk)) != MSKV_SUCCESS) return res;
 
     /* ---- the part that follows kernels.cu: geometry, variants, workspace,
        then each kernel's parameter values in its parameter order ---------- */
     if ((res = mskv__attn_pick(st, plan, attn, max_qo, max_kv, &L)) != MSKV_SUCCESS) return res;
-    if (L.sm90 && (res = mskv__cuda_store_tmaps(st)) != MSKV_SUCCESS) return res;
+    if (L.sm90 && !dk && (res = mskv__cuda_store_tmaps(st)) != MSKV_SUCCESS) return res;
     if (L.g.n_splits > 1) {
         int64_t cover = (int64_t)L.g.n_splits * L.g.kv_chunk;
         if ((res = mskv__cuda_workspace(st, L.g.workspace_bytes, &ws)) != MSKV_SUCCESS) return res;
@@ -5504,8 +5847,8 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
     }
     scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)st->d.head_dim);
     scale_log2 = scale * 1.44269504088896341f;
-    a = L.sm90 ? mskv__attn_args_sm90(st, layer, plan, dplan, attn, &L.g, scale_log2, q, o, lse, o_part, lse_part)
-               : mskv__attn_args(st, layer, plan, dplan, attn, &L.g, scale_log2, q, o, lse, o_part, lse_part);
+    a = L.sm90 ? mskv__attn_args_sm90(st, layer, dk, plan, dplan, attn, &L.g, scale_log2, q, o, lse, o_part, lse_part)
+               : mskv__attn_args(st, layer, dk, plan, dplan, attn, &L.g, scale_log2, q, o, lse, o_part, lse_part);
     block[0] = L.g.block_threads; block[1] = 1; block[2] = 1;
     res = mskv__cuda_launch(st, L.f, L.g.grid, block, L.g.smem_bytes, a->ptr);
     if (res != MSKV_SUCCESS || L.g.n_splits == 1) return res;
@@ -5525,6 +5868,19 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
         return mskv__cuda_launch(st, L.fm, grid, merge_block, 0, m->ptr);
     }
     /* ---- end of the kernel-specific part -------------------------------- */
+}
+
+MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan,
+                                         const mskv_cuda_dplan *dplan, const mskv_attn *attn,
+                                         mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse) {
+    return mskv__cuda_attend(st, layer, NULL, plan, dplan, attn, q, o, lse);
+}
+
+MSKV_API mskv_result mskv_cuda_attention_dense(mskv_cuda_store *st, const mskv_dense_kv *kv, const mskv_plan *plan,
+                                               const mskv_cuda_dplan *dplan, const mskv_attn *attn,
+                                               mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse) {
+    if (!kv) return MSKV_ERROR_NULL_POINTER;
+    return mskv__cuda_attend(st, 0, kv, plan, dplan, attn, q, o, lse);
 }
 
 MSKV_API mskv_result mskv_cuda_merge(mskv_cuda_store *st, int64_t n, int32_t heads, int32_t head_dim,
