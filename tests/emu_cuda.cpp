@@ -1746,3 +1746,569 @@ TEST(cuda_shards_offload_reload_round_trip_is_byte_identical_and_exports_the_uns
     char why[256] = "";
     EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(e.a, why, sizeof why));
 }
+
+/* ---- prefix views on the device (issue 12, item 1): the protected prefix
+   gathered into device buffers by the store, attended without a page table
+   by both kernels, refused once the prefix changed, refreshed in place ---- */
+
+enum { EPV_P = 16, EPV_KVH = 2, EPV_QH = 8, EPV_D = 64, EPV_PAGES = 96, EPV_CAP = 512, EPV_NQ = 8 };
+
+static float epv_val(int kind, int layer, int64_t pos, int h, int d) {
+    uint32_t x = (uint32_t)(pos * 2654435761u) ^ (uint32_t)(kind * 40503 + layer * 7919 + h * 131 + d * 9973);
+    x ^= x >> 15; x *= 0x2c1b3c6du; x ^= x >> 12;
+    return (float)((int32_t)(x % 2001) - 1000) / 1000.0f;
+}
+
+/* A store-bound arena with one request on the emulated device, its K/V
+   written by mskv_cuda_write_kv, and a device view of it. */
+struct epv_rig {
+    ecu_env e;
+    mskv_arena *a = nullptr;
+    mskv_request r{};
+    mskv_prefix_view v{};
+    mskv_cu_ptr vk = 0, vv = 0;
+    std::vector<uint16_t> q;
+    ~epv_rig() {
+        if (vk) mskv_cuda_free(e.cu, vk);
+        if (vv) mskv_cuda_free(e.cu, vv);
+        if (a) mskv_arena_destroy(a);
+    }
+    bool open(mskv_cuda_attn_path path) {
+        mskv_arena_desc ad;
+        const size_t bytes = (size_t)2 * EPV_CAP * EPV_KVH * EPV_D * 2;
+        e.path = path;
+        if (e.open(MSKV_DTYPE_BF16, EPV_P, EPV_KVH, EPV_PAGES) != MSKV_SUCCESS) return false;
+        std::memset(&ad, 0, sizeof ad);
+        if (mskv_cuda_store_arena_desc(e.st, &ad) || mskv_arena_create(&ad, &a) || mskv_cuda_store_bind(e.st, a) ||
+            mskv_request_add(a, &r) || mskv_cuda_malloc(e.cu, bytes, &vk) || mskv_cuda_malloc(e.cu, bytes, &vv))
+            return false;
+        std::memset(&v, 0, sizeof v);
+        v.request = r;
+        v.k = (void *)(uintptr_t)vk;
+        v.v = (void *)(uintptr_t)vv;
+        v.cap_tokens = EPV_CAP;
+        q.resize((size_t)EPV_NQ * EPV_QH * EPV_D);
+        for (size_t i = 0; i < q.size(); i++) q[i] = mskv_f32_to_bf16(2.0f * epv_val(2, 0, (int64_t)i, 0, 0));
+        return true;
+    }
+    /* admits n tokens of `req`, writes both layers' K/V through the device, commits */
+    bool grow(mskv_request req, int n) {
+        mskv_segment s;
+        mskv_plan p;
+        mskv_cuda_dplan dp;
+        mskv_cu_ptr dk = 0, dv = 0;
+        std::vector<uint16_t> k((size_t)n * EPV_KVH * EPV_D), vb(k.size());
+        s.request = req; s.n_tokens = n;
+        std::memset(&p, 0, sizeof p);
+        bool ok = mskv_admit(a, &s, 1) == MSKV_SUCCESS && mskv_plan_alloc(a, 1, n, EPV_PAGES, &p) == MSKV_SUCCESS &&
+                  mskv_plan_build(a, &s, 1, NULL, &p) == MSKV_SUCCESS &&
+                  mskv_cuda_plan_upload(e.st, &p, MSKV_POS_NONE, &dp) == MSKV_SUCCESS &&
+                  mskv_cuda_malloc(e.cu, k.size() * 2, &dk) == MSKV_SUCCESS && mskv_cuda_malloc(e.cu, k.size() * 2, &dv) == MSKV_SUCCESS;
+        for (int l = 0; ok && l < 2; l++) {
+            for (int t = 0; t < n; t++)
+                for (int h = 0; h < EPV_KVH; h++)
+                    for (int d = 0; d < EPV_D; d++) {
+                        k[((size_t)t * EPV_KVH + h) * EPV_D + d] = mskv_f32_to_bf16(epv_val(0, l, p.q_pos[t], h, d));
+                        vb[((size_t)t * EPV_KVH + h) * EPV_D + d] = mskv_f32_to_bf16(epv_val(1, l, p.q_pos[t], h, d));
+                    }
+            ok = mskv_cuda_upload(e.st, dk, k.data(), k.size() * 2) == MSKV_SUCCESS &&
+                 mskv_cuda_upload(e.st, dv, vb.data(), vb.size() * 2) == MSKV_SUCCESS &&
+                 mskv_cuda_write_kv(e.st, l, &dp, dk, dv, NULL) == MSKV_SUCCESS;
+        }
+        ok = ok && mskv_commit(a, &s, 1) == MSKV_SUCCESS;
+        if (dk) mskv_cuda_free(e.cu, dk);
+        if (dv) mskv_cuda_free(e.cu, dv);
+        mskv_plan_free(a, &p);
+        return ok;
+    }
+    /* builds a plan for the newest EPV_NQ tokens, uploads it, attends on the
+       device over the pools (kv NULL) or dense K/V; o as f32 */
+    mskv_result attend(const mskv_plan_desc *pd, int layer, const mskv_dense_kv *kv, mskv_mask m, std::vector<float> &o,
+                       std::vector<float> &lse) {
+        mskv_segment s;
+        mskv_plan p;
+        mskv_cuda_dplan dp;
+        mskv_attn at;
+        mskv_cu_ptr dq = 0, dout = 0, dlse = 0;
+        const size_t n = q.size(), rows = n / EPV_D;
+        std::vector<uint16_t> ob(n);
+        mskv_result res;
+        s.request = r; s.n_tokens = EPV_NQ;
+        std::memset(&at, 0, sizeof at);
+        at.q_heads = EPV_QH; at.mask = m; at.q_dtype = MSKV_DTYPE_BF16;
+        if ((res = mskv_plan_alloc(a, 1, EPV_NQ, EPV_PAGES, &p)) != MSKV_SUCCESS) return res;
+        res = mskv_plan_build(a, &s, 1, pd, &p);
+        if (!res) res = mskv_cuda_plan_upload(e.st, &p, MSKV_POS_NONE, &dp);
+        if (!res) res = mskv_cuda_malloc(e.cu, n * 2, &dq);
+        if (!res) res = mskv_cuda_malloc(e.cu, n * 2, &dout);
+        if (!res) res = mskv_cuda_malloc(e.cu, rows * 4, &dlse);
+        if (!res) res = mskv_cuda_upload(e.st, dq, q.data(), n * 2);
+        if (!res) res = kv ? mskv_cuda_attention_dense(e.st, kv, &p, &dp, &at, dq, dout, dlse)
+                           : mskv_cuda_attention(e.st, layer, &p, &dp, &at, dq, dout, dlse);
+        lse.assign(rows, 0.0f);
+        if (!res) res = mskv_cuda_download(e.st, ob.data(), dout, n * 2);
+        if (!res) res = mskv_cuda_download(e.st, lse.data(), dlse, rows * 4);
+        if (dq) mskv_cuda_free(e.cu, dq);
+        if (dout) mskv_cuda_free(e.cu, dout);
+        if (dlse) mskv_cuda_free(e.cu, dlse);
+        mskv_plan_free(a, &p);
+        o.resize(n);
+        for (size_t i = 0; i < n; i++) o[i] = mskv_bf16_to_f32(ob[i]);
+        return res;
+    }
+    /* the paged attention over the prefix alone (caller bounds hide the rest) */
+    mskv_result paged_prefix(int layer, mskv_mask m, std::vector<float> &o, std::vector<float> &lse) {
+        mskv_request_info info;
+        mskv_plan_desc pd;
+        int64_t se, ws = INT32_MAX;
+        mskv_result res = mskv_request_info_get(a, r, &info);
+        if (res) return res;
+        se = info.prefix_tokens;
+        std::memset(&pd, 0, sizeof pd);
+        pd.visibility = MSKV_VIS_CALLER; pd.vis_sink_end = &se; pd.vis_window_start = &ws;
+        return attend(&pd, layer, NULL, m, o, lse);
+    }
+    /* the same through the view: a PREFIX plan over its layer */
+    mskv_result dense_prefix(int layer, mskv_mask m, std::vector<float> &o, std::vector<float> &lse) {
+        mskv_plan_desc pd;
+        mskv_dense_kv kv;
+        mskv_result res = mskv_prefix_view_layer(&v, a, layer, &kv);
+        if (res) return res;
+        std::memset(&pd, 0, sizeof pd);
+        pd.kind = MSKV_PLAN_PREFIX;
+        return attend(&pd, layer, &kv, m, o, lse);
+    }
+    /* both layers, no mask and causal: the view's result is the paged one,
+       bit for bit (the same keys in the same tiles), and o differs from
+       the CPU backend over the host view by bf16 rounding only */
+    bool same(int line) {
+        for (int l = 0; l < 2; l++)
+            for (int m = 0; m < 2; m++) {
+                std::vector<float> po, pl, dn, dl;
+                mskv_result r1 = paged_prefix(l, (mskv_mask)m, po, pl), r2 = dense_prefix(l, (mskv_mask)m, dn, dl);
+                if (r1 || r2) {
+                    mt_fail(__FILE__, line, "layer %d mask %d: paged %s, dense %s", l, m, mskv_result_string(r1), mskv_result_string(r2));
+                    return false;
+                }
+                if (po != dn || pl != dl) {
+                    mt_fail(__FILE__, line, "layer %d mask %d: the device view's result differs from the paged one", l, m);
+                    return false;
+                }
+            }
+        return true;
+    }
+    /* the device view's bytes equal the host gather's (through store_ops) */
+    bool bytes_match(int line) {
+        mskv_prefix_view h = v;
+        const size_t n = (size_t)2 * EPV_CAP * EPV_KVH * EPV_D;
+        std::vector<uint16_t> hk(n), hv(n), dk(n), dv(n);
+        h.k = hk.data(); h.v = hv.data();
+        if (mskv_prefix_view_gather(a, &h) || mskv_cuda_download(e.st, dk.data(), vk, n * 2) ||
+            mskv_cuda_download(e.st, dv.data(), vv, n * 2)) {
+            mt_fail(__FILE__, line, "gather or download failed");
+            return false;
+        }
+        if (h.epoch != v.epoch || h.tokens != v.tokens) {
+            mt_fail(__FILE__, line, "host view epoch %llu / %lld tokens, device view %llu / %lld", (unsigned long long)h.epoch,
+                    (long long)h.tokens, (unsigned long long)v.epoch, (long long)v.tokens);
+            return false;
+        }
+        for (int l = 0; l < 2; l++) {
+            const size_t at = (size_t)l * EPV_CAP * EPV_KVH * EPV_D, len = (size_t)v.tokens * EPV_KVH * EPV_D * 2;
+            if (std::memcmp(hk.data() + at, dk.data() + at, len) || std::memcmp(hv.data() + at, dv.data() + at, len)) {
+                mt_fail(__FILE__, line, "layer %d: the device view's bytes differ from the host gather", l);
+                return false;
+            }
+        }
+        return true;
+    }
+};
+
+TEST(cuda_prefix_view_attention_equals_paged_attention_exactly_and_stale_views_are_refused) {
+    const mskv_cuda_attn_path paths[2] = {MSKV_CUDA_ATTN_MMA, MSKV_CUDA_ATTN_WGMMA};
+    for (mskv_cuda_attn_path path : paths) {
+        const char *kernel = path == MSKV_CUDA_ATTN_WGMMA ? "mskv_attn_sm90" : "mskv_attn";
+        epv_rig g;
+        mskv_request filler;
+        mskv_dense_kv kv;
+        std::vector<float> o, lse;
+        uint64_t epoch;
+        printf("  %s\n", kernel);
+        ASSERT_TRUE(g.open(path));
+        ASSERT_TRUE(g.grow(g.r, 330));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(g.a, g.r, 300));   /* mid-page; two whole 128-key tiles */
+        EXPECT_EQ(MSKV_ERROR_STALE_VIEW, mskv_prefix_view_check(g.a, &g.v));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_prefix_view_gather(g.e.st, &g.v));
+        EXPECT_EQ(300, (int)g.v.tokens);
+        EXPECT_EQ(1, g.v.device);
+        EXPECT_EQ(MSKV_SUCCESS, mskv_prefix_view_check(g.a, &g.v));
+        EXPECT_TRUE(g.bytes_match(__LINE__));
+        ASSERT_TRUE(g.grow(g.r, EPV_NQ));   /* the queries are the newest tokens */
+        ecu.launched.clear();
+        ecu.tma_seen = -1;
+        EXPECT_TRUE(g.same(__LINE__));
+        EXPECT_STREQ(kernel, ecu.launched.empty() ? "" : ecu.launched.back().c_str());
+        if (path == MSKV_CUDA_ATTN_WGMMA) EXPECT_EQ(1, ecu.tma_seen);   /* the view's whole tiles by TMA */
+
+        /* a new length: the attention refuses the view, a gather refreshes it in place */
+        epoch = g.v.epoch;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(g.a, g.r, 170));
+        EXPECT_EQ(MSKV_ERROR_STALE_VIEW, g.dense_prefix(0, MSKV_MASK_NONE, o, lse));
+        EXPECT_TRUE(g.e.log.find("gather the view again") != std::string::npos || std::string(mskv_cuda_last_error(g.e.cu)).find("gather the view again") != std::string::npos);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_prefix_view_gather(g.e.st, &g.v));
+        EXPECT_NE_U64(epoch, g.v.epoch);
+        EXPECT_EQ(170, (int)g.v.tokens);
+        EXPECT_TRUE(g.bytes_match(__LINE__));
+        EXPECT_TRUE(g.same(__LINE__));
+
+        /* reloaded onto other pages */
+        epoch = g.v.epoch;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(g.a, g.r));
+        EXPECT_EQ(MSKV_ERROR_OFFLOADED, mskv_cuda_prefix_view_gather(g.e.st, &g.v));
+        EXPECT_EQ_U64(epoch, g.v.epoch);   /* a refused gather changes nothing */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(g.a, &filler));
+        ASSERT_TRUE(g.grow(filler, 5 * EPV_P));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(g.a, g.r));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_prefix_view_layer(&g.v, g.a, 1, &kv));
+        EXPECT_EQ(MSKV_ERROR_STALE_VIEW, g.dense_prefix(1, MSKV_MASK_CAUSAL, o, lse));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_prefix_view_gather(g.e.st, &g.v));
+        EXPECT_NE_U64(epoch, g.v.epoch);
+        EXPECT_TRUE(g.bytes_match(__LINE__));
+        EXPECT_TRUE(g.same(__LINE__));
+
+        /* the request removed: the view's handle is refused */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(g.a, filler));
+        char why[256] = "";
+        EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(g.a, why, sizeof why));
+    }
+}
+
+/* The dense prefix and the paged rest (exclude_prefix), both on the device,
+   merged by their LSE, equal the paged attention over the whole sequence. */
+TEST(cuda_prefix_view_plus_the_paged_rest_merge_to_the_whole_attention) {
+    const mskv_cuda_attn_path paths[2] = {MSKV_CUDA_ATTN_MMA, MSKV_CUDA_ATTN_WGMMA};
+    for (mskv_cuda_attn_path path : paths) {
+        epv_rig g;
+        ASSERT_TRUE(g.open(path));
+        ASSERT_TRUE(g.grow(g.r, 260));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(g.a, g.r, 150));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_prefix_view_gather(g.e.st, &g.v));
+        ASSERT_TRUE(g.grow(g.r, EPV_NQ));
+        for (int m = 0; m < 2; m++) {
+            mskv_plan_desc rest;
+            std::vector<float> ow, lw, od, ld, orr, lr;
+            std::memset(&rest, 0, sizeof rest);
+            rest.exclude_prefix = 1;
+            ASSERT_EQ(MSKV_SUCCESS, g.attend(NULL, 1, NULL, (mskv_mask)m, ow, lw));
+            ASSERT_EQ(MSKV_SUCCESS, g.dense_prefix(1, (mskv_mask)m, od, ld));
+            ASSERT_EQ(MSKV_SUCCESS, g.attend(&rest, 1, NULL, (mskv_mask)m, orr, lr));
+            std::vector<float> om(ow.size()), lm(lw.size());
+            ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_merge((int64_t)EPV_NQ, EPV_QH, EPV_D, od.data(), ld.data(), orr.data(), lr.data(), om.data(), lm.data()));
+            double oe = 0, le = 0;
+            for (size_t i = 0; i < ow.size(); i++) oe = std::max(oe, (double)std::fabs(om[i] - ow[i]));
+            for (size_t i = 0; i < lw.size(); i++) le = std::max(le, (double)std::fabs(lm[i] - lw[i]));
+            printf("  %s mask %d: merged vs whole: o %.2g, lse %.2g\n", path == MSKV_CUDA_ATTN_WGMMA ? "wgmma" : "mma.sync", m, oe, le);
+            EXPECT_NEAR(0.0, oe, 1e-2);
+            EXPECT_NEAR(0.0, le, 1e-3);
+        }
+    }
+}
+
+/* A DENSE plan over a caller's device buffer of two segments' rows (the
+   second from row 300: the kernels' row offsets, by cp.async and by TMA),
+   against mskv_cpu_attention_dense over the same bytes on the host. */
+TEST(cuda_attention_dense_over_a_caller_buffer_of_two_segments_matches_the_cpu) {
+    const mskv_cuda_attn_path paths[2] = {MSKV_CUDA_ATTN_MMA, MSKV_CUDA_ATTN_WGMMA};
+    const int rows = 500, qo[2] = {24, 9};
+    const int64_t lens[2] = {300, 200};
+    for (mskv_cuda_attn_path path : paths) {
+        epv_rig g;
+        std::mt19937_64 rng(77);
+        std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+        std::vector<uint16_t> hk((size_t)rows * EPV_KVH * EPV_D), hv(hk.size()), q((size_t)(qo[0] + qo[1]) * EPV_QH * EPV_D);
+        std::vector<uint16_t> ob(q.size()), oc(q.size());
+        std::vector<float> lg(q.size() / EPV_D), lc(lg.size());
+        mskv_cu_ptr dk = 0, dv = 0, dq = 0, dout = 0, dlse = 0;
+        mskv_segment segs[2];
+        mskv_plan_desc pd;
+        mskv_plan p;
+        mskv_cuda_dplan dp;
+        mskv_attn at;
+        ASSERT_TRUE(g.open(path));
+        for (size_t i = 0; i < hk.size(); i++) { hk[i] = mskv_f32_to_bf16(uni(rng)); hv[i] = mskv_f32_to_bf16(uni(rng)); }
+        for (auto &x : q) x = mskv_f32_to_bf16(2.0f * uni(rng));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, hk.size() * 2, &dk));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, hv.size() * 2, &dv));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, q.size() * 2, &dq));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, q.size() * 2, &dout));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, lg.size() * 4, &dlse));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_upload(g.e.st, dk, hk.data(), hk.size() * 2));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_upload(g.e.st, dv, hv.data(), hv.size() * 2));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_upload(g.e.st, dq, q.data(), q.size() * 2));
+        std::memset(&pd, 0, sizeof pd);
+        pd.kind = MSKV_PLAN_DENSE;
+        pd.dense_kv_len = lens;
+        segs[0].request = g.r; segs[0].n_tokens = qo[0];
+        segs[1].request = g.r; segs[1].n_tokens = qo[1];
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(g.a, 2, qo[0] + qo[1], EPV_PAGES, &p));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(g.a, segs, 2, &pd, &p));
+        EXPECT_EQ(300, (int)p.kv_token_indptr[1]);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(g.e.st, &p, MSKV_POS_NONE, &dp));
+        for (int m = 0; m < 3; m++) {
+            mskv_dense_kv kv;
+            std::memset(&kv, 0, sizeof kv);
+            std::memset(&at, 0, sizeof at);
+            at.q_heads = EPV_QH; at.q_dtype = MSKV_DTYPE_BF16; at.mask = (mskv_mask)m; at.window_left = 70;
+            kv.dtype = MSKV_DTYPE_BF16; kv.kv_heads = EPV_KVH; kv.head_dim = EPV_D; kv.tokens = rows;
+            kv.k = hk.data(); kv.v = hv.data();
+            ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_attention_dense(NULL, &kv, &p, &at, q.data(), oc.data(), lc.data()));
+            kv.k = (const void *)(uintptr_t)dk; kv.v = (const void *)(uintptr_t)dv; kv.device = 1;
+            ecu.tma_seen = -1;
+            ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attention_dense(g.e.st, &kv, &p, &dp, &at, dq, dout, dlse));
+            ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_download(g.e.st, ob.data(), dout, ob.size() * 2));
+            ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_download(g.e.st, lg.data(), dlse, lg.size() * 4));
+            double oe = 0, le = 0;
+            for (size_t i = 0; i < ob.size(); i++) {
+                double x = mskv_bf16_to_f32(ob[i]), y = mskv_bf16_to_f32(oc[i]);
+                oe = std::max(oe, std::isfinite(x) ? std::fabs(x - y) : 1e9);
+            }
+            for (size_t i = 0; i < lg.size(); i++) le = std::max(le, std::isfinite(lg[i]) ? (double)std::fabs(lg[i] - lc[i]) : 1e9);
+            printf("  %s mask %d: device vs CPU: o %.2g, lse %.2g\n", path == MSKV_CUDA_ATTN_WGMMA ? "wgmma" : "mma.sync", m, oe, le);
+            EXPECT_NEAR(0.0, oe, 2.5e-2);
+            EXPECT_NEAR(0.0, le, 2e-3);
+            if (path == MSKV_CUDA_ATTN_WGMMA) EXPECT_EQ(1, ecu.tma_seen);
+        }
+        mskv_plan_free(g.a, &p);
+        mskv_cuda_free(g.e.cu, dk); mskv_cuda_free(g.e.cu, dv); mskv_cuda_free(g.e.cu, dq);
+        mskv_cuda_free(g.e.cu, dout); mskv_cuda_free(g.e.cu, dlse);
+    }
+}
+
+/* A step with prefix attention captured into a CUDA graph: the replay gives
+   the eager result; once the prefix changed the replay is refused
+   (STALE_VIEW) until the view is gathered again in place; a plan whose rows
+   reach past the captured buffer is refused. */
+TEST(cuda_graph_with_prefix_view_attention_replays_and_checks_the_view) {
+    epv_rig g;
+    mskv_plan_desc pd;
+    mskv_segment s;
+    mskv_plan p;
+    mskv_cuda_dplan dp;
+    mskv_dense_kv kv;
+    mskv_attn at;
+    mskv_cuda_graph *graph = nullptr;
+    mskv_cu_ptr dq = 0, dout = 0, dlse = 0;
+    std::vector<uint16_t> eager(g.q.size()), replay(g.q.size());
+    ASSERT_TRUE(g.open(MSKV_CUDA_ATTN_AUTO));
+    ASSERT_TRUE(g.grow(g.r, 300));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(g.a, g.r, 200));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_prefix_view_gather(g.e.st, &g.v));
+    ASSERT_TRUE(g.grow(g.r, EPV_NQ));
+    std::memset(&pd, 0, sizeof pd);
+    pd.kind = MSKV_PLAN_PREFIX;
+    s.request = g.r; s.n_tokens = EPV_NQ;
+    std::memset(&at, 0, sizeof at);
+    at.q_heads = EPV_QH; at.q_dtype = MSKV_DTYPE_BF16; at.mask = MSKV_MASK_CAUSAL;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(g.a, 1, EPV_NQ, EPV_PAGES, &p));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(g.a, &s, 1, &pd, &p));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, g.q.size() * 2, &dq));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, g.q.size() * 2, &dout));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(g.e.cu, g.q.size() / EPV_D * 4, &dlse));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_upload(g.e.st, dq, g.q.data(), g.q.size() * 2));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(g.e.st, &p, MSKV_POS_NONE, &dp));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_prefix_view_layer(&g.v, g.a, 1, &kv));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attention_dense(g.e.st, &kv, &p, &dp, &at, dq, dout, dlse));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_download(g.e.st, eager.data(), dout, eager.size() * 2));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(g.e.st));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attention_dense(g.e.st, &kv, &p, &dp, &at, dq, dout, dlse));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(g.e.st, &graph));
+    std::vector<uint16_t> poison(g.q.size(), 0x7fc0);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_upload(g.e.st, dout, poison.data(), poison.size() * 2));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(g.e.st, graph));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_download(g.e.st, replay.data(), dout, replay.size() * 2));
+    EXPECT_TRUE(eager == replay);
+    /* the prefix changes: the captured launch would read a stale view */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(g.a, g.r, 100));
+    EXPECT_EQ(MSKV_ERROR_STALE_VIEW, mskv_cuda_graph_launch(g.e.st, graph));
+    /* a plan reaching past the captured 200 rows: refused */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(g.a, g.r, 250));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(g.a, &s, 1, &pd, &p));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(g.e.st, &p, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_graph_launch(g.e.st, graph));
+    /* back to 200 tokens, gathered again in place (the same buffers the graph holds): the replay runs */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(g.a, g.r, 200));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_prefix_view_gather(g.e.st, &g.v));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(g.a, &s, 1, &pd, &p));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(g.e.st, &p, MSKV_POS_NONE, &dp));
+    EXPECT_EQ(MSKV_ERROR_STALE_VIEW, mskv_cuda_graph_launch(g.e.st, graph));   /* the graph keeps the epoch it was captured with */
+    mskv_cuda_graph_destroy(g.e.st, graph);
+    graph = nullptr;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_prefix_view_layer(&g.v, g.a, 1, &kv));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(g.e.st));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attention_dense(g.e.st, &kv, &p, &dp, &at, dq, dout, dlse));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(g.e.st, &graph));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_upload(g.e.st, dout, poison.data(), poison.size() * 2));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_graph_launch(g.e.st, graph));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_download(g.e.st, replay.data(), dout, replay.size() * 2));
+    EXPECT_TRUE(eager == replay);   /* the same prefix bytes, gathered again */
+    mskv_cuda_graph_destroy(g.e.st, graph);
+    mskv_plan_free(g.a, &p);
+    mskv_cuda_free(g.e.cu, dq); mskv_cuda_free(g.e.cu, dout); mskv_cuda_free(g.e.cu, dlse);
+}
+
+TEST(cuda_prefix_view_calls_refuse_bad_input_and_change_nothing) {
+    epv_rig g;
+    mskv_prefix_view w;
+    mskv_dense_kv kv;
+    std::vector<float> o, lse;
+    ASSERT_TRUE(g.open(MSKV_CUDA_ATTN_AUTO));
+    ASSERT_TRUE(g.grow(g.r, 100));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(g.a, g.r, 40));
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cuda_prefix_view_gather(NULL, &g.v));
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cuda_prefix_view_gather(g.e.st, NULL));
+    w = g.v; w.cap_tokens = 39;
+    EXPECT_EQ(MSKV_ERROR_CAPACITY, mskv_cuda_prefix_view_gather(g.e.st, &w));
+    EXPECT_EQ_U64(0, w.epoch);
+    w = g.v; w.cap_tokens = -1;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_prefix_view_gather(g.e.st, &w));
+    w = g.v; w.k = (void *)((uintptr_t)w.k + 2);
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_prefix_view_gather(g.e.st, &w));
+    w = g.v; w.group = 1;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_prefix_view_gather(g.e.st, &w));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_prefix_view_gather(g.e.st, &g.v));
+    ASSERT_TRUE(g.grow(g.r, EPV_NQ));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_prefix_view_layer(&g.v, g.a, 0, &kv));
+    EXPECT_EQ(1, kv.device);
+    {
+        /* the CPU refuses device K/V; the device refuses host K/V, other strides, misaligned or short buffers */
+        mskv_plan_desc pd;
+        mskv_segment s;
+        mskv_plan p;
+        mskv_attn at;
+        mskv_cuda_dplan dp;
+        std::vector<uint16_t> oh(g.q.size());
+        std::memset(&pd, 0, sizeof pd);
+        pd.kind = MSKV_PLAN_PREFIX;
+        s.request = g.r; s.n_tokens = EPV_NQ;
+        std::memset(&at, 0, sizeof at);
+        at.q_heads = EPV_QH; at.q_dtype = MSKV_DTYPE_BF16;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(g.a, 1, EPV_NQ, EPV_PAGES, &p));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(g.a, &s, 1, &pd, &p));
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_attention_dense(NULL, &kv, &p, &at, g.q.data(), oh.data(), NULL));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(g.e.st, &p, MSKV_POS_NONE, &dp));
+        /* a paged launch over a dense plan would read no pages for its keys */
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attention(g.e.st, 0, &p, &dp, &at, 16, 16, 0));
+        mskv_dense_kv bad = kv;
+        bad.device = 0;
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attention_dense(g.e.st, &bad, &p, &dp, &at, 16, 16, 0));
+        bad = kv; bad.token_stride = 3 * EPV_KVH * EPV_D;
+        EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cuda_attention_dense(g.e.st, &bad, &p, &dp, &at, 16, 16, 0));
+        bad = kv; bad.k = (const void *)((uintptr_t)bad.k + 8);
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attention_dense(g.e.st, &bad, &p, &dp, &at, 16, 16, 0));
+        bad = kv; bad.tokens = 39;
+        EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cuda_attention_dense(g.e.st, &bad, &p, &dp, &at, 16, 16, 0));
+        bad = kv; bad.kv_heads = 1;
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_attention_dense(g.e.st, &bad, &p, &dp, &at, 16, 16, 0));
+        EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cuda_attention_dense(g.e.st, NULL, &p, &dp, &at, 16, 16, 0));
+        ecu.launched.clear();
+        bad = kv; bad.epoch = kv.epoch + 1;
+        EXPECT_EQ(MSKV_ERROR_STALE_VIEW, mskv_cuda_attention_dense(g.e.st, &bad, &p, &dp, &at, 16, 16, 0));
+        EXPECT_EQ(0, (int)ecu.launched.size());   /* nothing launched for any refusal */
+        mskv_plan_free(g.a, &p);
+    }
+    /* a store bound to no arena has no prefix to read */
+    {
+        ecu_env e2;
+        mskv_prefix_view u = g.v;
+        ASSERT_EQ(MSKV_SUCCESS, e2.open(MSKV_DTYPE_BF16, EPV_P, EPV_KVH, 8));
+        EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_prefix_view_gather(e2.st, &u));
+        EXPECT_EQ_U64(g.v.epoch, u.epoch);
+    }
+    EXPECT_EQ(MSKV_SUCCESS, mskv_prefix_view_check(g.a, &g.v));   /* the refusals left the view current */
+}
+
+/* Prefix views of a head-sharded arena: each device's store gathers its own
+   heads of the prefix (the same page ids on every device), equal to those
+   heads of the host gather (which reads every shard through the arena's
+   store ops), and attends over them densely like the CPU over the whole. */
+TEST(cuda_shards_prefix_views_hold_each_devices_heads_and_attend_like_the_cpu) {
+    esh_env e;
+    const int n[2] = {37, 13}, CAP = 64, hk = esh_env::KVH / esh_env::N, hq = esh_env::QH / esh_env::N, D = esh_env::D;
+    const int L = esh_env::L;
+    e.with_rope = false;
+    ASSERT_EQ(MSKV_SUCCESS, e.open());
+    ASSERT_EQ(MSKV_SUCCESS, e.step(n, false, nullptr, nullptr, nullptr, nullptr));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(e.a, e.ra[0], 29));
+    std::vector<uint16_t> hkb((size_t)L * CAP * esh_env::KVH * D), hvb(hkb.size());
+    mskv_prefix_view hv;
+    std::memset(&hv, 0, sizeof hv);
+    hv.request = e.ra[0]; hv.k = hkb.data(); hv.v = hvb.data(); hv.cap_tokens = CAP;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_prefix_view_gather(e.a, &hv));
+    /* this step's queries: 5 tokens at the end of request 0, its prefix attended densely */
+    mskv_segment seg;
+    mskv_plan p;
+    mskv_plan_desc pd;
+    mskv_attn at;
+    seg.request = e.ra[0]; seg.n_tokens = 5;
+    std::memset(&pd, 0, sizeof pd);
+    pd.kind = MSKV_PLAN_PREFIX;
+    std::memset(&at, 0, sizeof at);
+    at.q_heads = esh_env::QH; at.mask = MSKV_MASK_CAUSAL; at.q_dtype = MSKV_DTYPE_BF16;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(e.a, 1, 5, 8, &p));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(e.a, &seg, 1, &pd, &p));
+    std::vector<uint16_t> q = e.random((size_t)5 * esh_env::QH * D, 2.0f), oc(q.size());
+    std::vector<float> lc((size_t)5 * esh_env::QH);
+    mskv_dense_kv hkv;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_prefix_view_layer(&hv, e.a, 1, &hkv));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_attention_dense(NULL, &hkv, &p, &at, q.data(), oc.data(), lc.data()));
+    double oe = 0, le = 0;
+    for (int s = 0; s < esh_env::N; s++) {
+        mskv_cuda_store *st = mskv_cuda_shards_store(e.sh, s);
+        mskv_cu_ptr dk = 0, dv = 0, dq = 0, dout = 0, dlse = 0;
+        const size_t bytes = (size_t)L * CAP * hk * D * 2;
+        mskv_prefix_view v;
+        mskv_cuda_dplan dp;
+        mskv_dense_kv kv;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu[s], bytes, &dk));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu[s], bytes, &dv));
+        std::memset(&v, 0, sizeof v);
+        v.request = e.ra[0]; v.k = (void *)(uintptr_t)dk; v.v = (void *)(uintptr_t)dv; v.cap_tokens = CAP;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_prefix_view_gather(st, &v));
+        EXPECT_EQ(hk, v.kv_heads);
+        EXPECT_EQ_U64(hv.epoch, v.epoch);
+        std::vector<uint16_t> gk(bytes / 2), gv(bytes / 2);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_download(st, gk.data(), dk, bytes));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_download(st, gv.data(), dv, bytes));
+        for (int l = 0; l < L; l++)
+            for (int t = 0; t < 29; t++) {
+                const size_t dev = (((size_t)l * CAP + t) * hk) * D, host = (((size_t)l * CAP + t) * esh_env::KVH + (size_t)s * hk) * D;
+                EXPECT_EQ(0, std::memcmp(&gk[dev], &hkb[host], (size_t)hk * D * 2));
+                EXPECT_EQ(0, std::memcmp(&gv[dev], &hvb[host], (size_t)hk * D * 2));
+            }
+        /* this device's q heads over its K/V heads */
+        std::vector<uint16_t> os((size_t)5 * hq * D);
+        std::vector<float> ls((size_t)5 * hq);
+        mskv_attn as = at;
+        as.q_heads = hq;
+        ASSERT_EQ(MSKV_SUCCESS, e.to_device(s, esh_env::slice(q, esh_env::QH, s * hq, hq), &dq));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu[s], os.size() * 2, &dout));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu[s], ls.size() * 4, &dlse));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(st, &p, MSKV_POS_NONE, &dp));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_prefix_view_layer(&v, e.a, 1, &kv));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attention_dense(st, &kv, &p, &dp, &as, dq, dout, dlse));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_download(st, os.data(), dout, os.size() * 2));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_download(st, ls.data(), dlse, ls.size() * 4));
+        for (int t = 0; t < 5; t++)
+            for (int h = 0; h < hq; h++) {
+                le = std::max(le, (double)std::fabs(ls[(size_t)t * hq + h] - lc[(size_t)t * esh_env::QH + s * hq + h]));
+                for (int d = 0; d < D; d++)
+                    oe = std::max(oe, (double)std::fabs(mskv_bf16_to_f32(os[((size_t)t * hq + h) * D + d]) -
+                                                        mskv_bf16_to_f32(oc[((size_t)t * esh_env::QH + s * hq + h) * D + d])));
+            }
+        for (mskv_cu_ptr x : {dk, dv, dq, dout, dlse}) mskv_cuda_free(e.cu[s], x);
+    }
+    printf("  devices vs CPU over the whole prefix: o %.2g, lse %.2g\n", oe, le);
+    EXPECT_NEAR(0.0, oe, 2.5e-2);
+    EXPECT_NEAR(0.0, le, 2e-3);
+    mskv_plan_free(e.a, &p);
+}
