@@ -394,6 +394,65 @@ static int gb_figures(mskv_cuda *cu, mskv_cuda *mma, const char *python, int qui
 
 /* >>check --------------------------------------------------------------- */
 
+/* The same problem as dense K/V (mskv_cuda_attention_dense): every
+   segment's keys gathered into one device buffer, rows one after another,
+   under the plan without its page table. The same keys in the same tiles:
+   o and lse bit-identical to the paged run's (o1, l1). The paged plan is
+   uploaded again after. Returns 1 when identical. */
+static int gb_dense_same(mskv_cuda *cu, gb_problem *p, mskv_mask mask, int32_t window_left, const uint16_t *o1,
+                         const float *l1, size_t n, size_t rows, const char *what) {
+    const size_t slot = (size_t)p->kv_heads * (size_t)p->head_dim;
+    const int32_t batch = p->plan.batch, P = p->page_size;
+    int64_t *tok = (int64_t *)calloc((size_t)batch + 1, sizeof(int64_t));
+    int32_t *zero = (int32_t *)calloc((size_t)batch + 1, sizeof(int32_t));
+    uint16_t *hk = NULL, *hv = NULL, *o2 = (uint16_t *)malloc(n * 2 + 2);
+    float *l2 = (float *)malloc(rows * 4 + 4);
+    mskv_cu_ptr dk = 0, dv = 0;
+    mskv_plan dense = p->plan;
+    mskv_cuda_dplan dp;
+    mskv_dense_kv kv;
+    mskv_attn at;
+    mskv_result r = MSKV_ERROR_OUT_OF_MEMORY;
+    int32_t b, j, ok = 0;
+    if (!tok || !zero || !o2 || !l2) goto done;
+    for (b = 0; b < batch; b++) tok[b + 1] = tok[b] + p->plan.kv_len[b];
+    hk = (uint16_t *)malloc((size_t)tok[batch] * slot * 2 + 16);
+    hv = (uint16_t *)malloc((size_t)tok[batch] * slot * 2 + 16);
+    if (!hk || !hv) goto done;
+    for (b = 0; b < batch; b++)
+        for (j = 0; j < p->plan.kv_len[b]; j++) {
+            size_t at_slot = (size_t)p->plan.kv_indices[p->plan.kv_indptr[b] + j / P] * (size_t)P + (size_t)(j % P);
+            memcpy(hk + (size_t)(tok[b] + j) * slot, p->hk + at_slot * slot, slot * 2);
+            memcpy(hv + (size_t)(tok[b] + j) * slot, p->hv + at_slot * slot, slot * 2);
+        }
+    dense.num_page_ids = 0; dense.kv_indptr = zero; dense.kv_indices = NULL; dense.kv_last_page_len = zero;
+    dense.kv_token_indptr = tok;
+    memset(&kv, 0, sizeof kv);
+    kv.dtype = p->dtype; kv.kv_heads = p->kv_heads; kv.head_dim = p->head_dim; kv.tokens = tok[batch]; kv.device = 1;
+    memset(&at, 0, sizeof(at));
+    at.q_heads = p->q_heads; at.mask = mask; at.window_left = window_left; at.q_dtype = p->dtype;
+    if ((r = mskv_cuda_malloc(cu, (size_t)tok[batch] * slot * 2 + 16, &dk)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_malloc(cu, (size_t)tok[batch] * slot * 2 + 16, &dv)) != MSKV_SUCCESS ||
+        (tok[batch] && (r = mskv_cuda_upload(p->st, dk, hk, (size_t)tok[batch] * slot * 2)) != MSKV_SUCCESS) ||
+        (tok[batch] && (r = mskv_cuda_upload(p->st, dv, hv, (size_t)tok[batch] * slot * 2)) != MSKV_SUCCESS))
+        goto done;
+    kv.k = (const void *)(uintptr_t)dk; kv.v = (const void *)(uintptr_t)dv;
+    if ((r = mskv_cuda_plan_upload(p->st, &dense, MSKV_POS_NONE, &dp)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_attention_dense(p->st, &kv, &dense, &dp, &at, p->q, p->o, p->lse)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_download(p->st, o2, p->o, n * 2)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_download(p->st, l2, p->lse, rows * 4)) != MSKV_SUCCESS)
+        goto done;
+    ok = memcmp(o1, o2, n * 2) == 0 && memcmp(l1, l2, rows * 4) == 0;
+    if (!ok) printf("FAIL %s: dense K/V (mskv_cuda_attention_dense) differs from the paged run\n", what);
+done:
+    if (r != MSKV_SUCCESS) gb_fail(cu, what, r);
+    if (mskv_cuda_plan_upload(p->st, &p->plan, MSKV_POS_NONE, &p->dplan) != MSKV_SUCCESS) ok = 0;
+    if (dk) mskv_cuda_free(cu, dk);
+    if (dv) mskv_cuda_free(cu, dv);
+    free(tok); free(zero); free(hk); free(hv); free(o2); free(l2);
+    return ok;
+}
+
 /* One case on the device and on the CPU backend; returns 1 when they agree
    and two device runs are bit-identical. */
 static int gb_check_case(mskv_cuda *cu, mskv_cpu *cpu, mskv_dtype dtype, int32_t dim, int32_t P, int32_t kv_heads,
@@ -432,6 +491,7 @@ static int gb_check_case(mskv_cuda *cu, mskv_cpu *cpu, mskv_dtype dtype, int32_t
         printf("FAIL %s: two identical runs differ\n", what);
         goto done;
     }
+    if (!gb_dense_same(cu, &p, mask, window_left, o1, l1, n, rows, what)) goto done;
     for (i = 0; i < rows; i++) {
         size_t d;
         if (isinf(lref[i])) { if (!(isinf(l1[i]) && l1[i] < 0)) le = 1e9; }
@@ -497,7 +557,7 @@ static int gb_check(mskv_cuda *cu, int quick, int mini, int prefill_only) {
             failed++;
     }
     if (cpu) mskv_cpu_destroy(cpu);
-    printf("check     [%s%s] %d cases, %d failed (attention vs CPU backend, bit-identical reruns)\n", gb_path(cu),
+    printf("check     [%s%s] %d cases, %d failed (attention vs CPU backend, bit-identical reruns, dense K/V = paged)\n", gb_path(cu),
            prefill_only ? ", prefill" : " prefill, mma.sync decode", cases, failed);
     return failed ? 1 : 0;
 }
