@@ -4133,16 +4133,16 @@ struct mskv_cuda_store {
        64-byte alignment ((layer * 2 + kind) * 128), made on first use */
     unsigned char *tmap_mem, *tmaps;
     int32_t tmaps_state;        /* 0 not yet, 1 made, -1 none (no cuTensorMapEncodeTiled, or it refused) */
-    /* the K and V maps of the dense K/V attended last (mskv_cuda_attention_dense), at dense_maps
-       (64-byte aligned inside dense_mem), for the buffers, rows and heads below; dense_ok 0: none */
-    unsigned char dense_mem[2 * 128 + 64], *dense_maps;
-    const void *dense_k, *dense_v;
-    int64_t dense_rows;
-    int32_t dense_kvh, dense_bn, dense_ok;
+    /* the K and V maps of dense K/V (mskv_cuda_attention_dense), made on first use of a
+       buffer pair: an open-addressed table keyed by the buffers, allocated on first use */
+    unsigned char *dense_maps;                  /* [MSKV__CUDA_DENSE_MAPS][2][128], 64-byte aligned */
+    struct mskv__cuda_dense_key *dense_keys;    /* [MSKV__CUDA_DENSE_MAPS] */
+    int32_t dense_used;
 };
 
 static size_t mskv__cuda_align16(size_t x) { return (x + 15) & ~(size_t)15; }
 static mskv_result mskv__cuda_shards_settle(mskv_cuda_shards *sh);
+static void mskv__cuda_dense_maps_free(mskv_cuda_store *st);
 
 static void mskv__cuda_plan_layout_of(mskv__cuda_plan_layout *l, size_t b, size_t t, size_t p) {
     size_t o = 0;
@@ -4445,6 +4445,7 @@ static void mskv__cuda_store_release(mskv_cuda_store *st) {
     if (st->pool_at) mskv__cuda_dealloc(&cu->allocator, st->pool_at);
     mskv__cuda_dealloc(&cu->allocator, st->up_requests);
     mskv__cuda_dealloc(&cu->allocator, st->tmap_mem);
+    mskv__cuda_dense_maps_free(st);
     mskv__cuda_dealloc(&cu->allocator, st);
 }
 
@@ -5443,34 +5444,76 @@ static mskv_result mskv__cuda_store_tmaps(mskv_cuda_store *st) {
 
 /* The sm_90a kernel's maps of a dense K/V (a prefix view's layer): the
    buffer as one page of all its rows (dims D, kv_heads, rows, 1; box 64 x 1
-   x BN x 1, the pools' swizzle), made when the buffers change. 1: made;
-   0: the kernel copies with cp.async (no cuTensorMapEncodeTiled, no rows,
-   or a buffer the driver refuses). */
-static int32_t mskv__cuda_dense_tmaps(mskv_cuda_store *st, const mskv_dense_kv *dk, int32_t bn) {
+   x BN x 1, the pools' swizzle). A model attends over one view layer after
+   another, so the maps are kept per buffer pair (rows and BN in the key)
+   in an open-addressed table of MSKV__CUDA_DENSE_MAPS slots, emptied when
+   3/4 full: a steady loop over up to 96 layers' buffers encodes nothing.
+   Returns the K map (the V map follows it), or NULL: the kernel copies with
+   cp.async (no cuTensorMapEncodeTiled, no rows, a buffer the driver
+   refuses, no memory for the table). */
+#define MSKV__CUDA_DENSE_MAPS 128
+struct mskv__cuda_dense_key {
+    const void *k, *v;               /* k NULL: an empty slot */
+    int64_t rows;
+    int32_t bn;
+};
+static const unsigned char *mskv__cuda_dense_tmaps(mskv_cuda_store *st, const mskv_dense_kv *dk, int32_t bn) {
     mskv_cuda *cu = st->cu;
     const unsigned long long D = (unsigned long long)st->d.head_dim, kvh = (unsigned long long)dk->kv_heads;
     const unsigned long long rows = (unsigned long long)dk->tokens;
+    const size_t table = (size_t)256 * MSKV__CUDA_DENSE_MAPS + sizeof(struct mskv__cuda_dense_key) * MSKV__CUDA_DENSE_MAPS;
     unsigned long long dims[4], strides[3];
     unsigned int box[4], es[4] = { 1, 1, 1, 1 };
+    struct mskv__cuda_dense_key *e = NULL;
+    unsigned char *maps;
+    uint32_t h;
     int32_t i;
-    if (!cu->fn.cuTensorMapEncodeTiled || rows == 0 || rows > 0xffffffffull) return 0;
-    if (st->dense_ok && st->dense_k == dk->k && st->dense_v == dk->v && st->dense_rows == dk->tokens &&
-        st->dense_kvh == dk->kv_heads && st->dense_bn == bn)
-        return 1;
-    st->dense_ok = 0;
-    st->dense_maps = st->dense_mem + ((64 - ((uintptr_t)st->dense_mem & 63)) & 63);
+    if (!cu->fn.cuTensorMapEncodeTiled || rows == 0 || rows > 0xffffffffull) return NULL;
+    if (!st->dense_maps) {
+        /* 64-byte alignment for the maps: over-allocate, keep the allocation's address just below the table */
+        unsigned char *mem = (unsigned char *)mskv__cuda_alloc(&cu->allocator, table + 64 + sizeof(void *)), *at;
+        if (!mem) return NULL;
+        at = mem + sizeof(void *);
+        at += (64 - ((uintptr_t)at & 63)) & 63;
+        memcpy(at - sizeof(void *), &mem, sizeof(void *));
+        memset(at, 0, table);
+        st->dense_maps = at;
+        st->dense_keys = (struct mskv__cuda_dense_key *)(void *)(at + (size_t)256 * MSKV__CUDA_DENSE_MAPS);
+        st->dense_used = 0;
+    }
+    h = (uint32_t)(((uint64_t)((uintptr_t)dk->k >> 4) * 0x9E3779B97F4A7C15ull) >> 57) & (MSKV__CUDA_DENSE_MAPS - 1);
+    for (i = 0; i < MSKV__CUDA_DENSE_MAPS; i++) {
+        e = &st->dense_keys[(h + (uint32_t)i) & (MSKV__CUDA_DENSE_MAPS - 1)];
+        if (!e->k) break;
+        if (e->k == dk->k && e->v == dk->v && e->rows == dk->tokens && e->bn == bn) return st->dense_maps + (size_t)(e - st->dense_keys) * 256;
+    }
+    if (st->dense_used >= MSKV__CUDA_DENSE_MAPS * 3 / 4) {
+        memset(st->dense_maps, 0, table);
+        st->dense_used = 0;
+        e = &st->dense_keys[h];
+    }
+    maps = st->dense_maps + (size_t)(e - st->dense_keys) * 256;
     dims[0] = D; dims[1] = kvh; dims[2] = rows; dims[3] = 1;
     strides[0] = D * 2; strides[1] = strides[0] * kvh; strides[2] = strides[1] * rows;
-    if (strides[2] >= (1ull << 40)) return 0;
+    if (strides[2] >= (1ull << 40)) return NULL;
     box[0] = 64; box[1] = 1; box[2] = (unsigned int)bn; box[3] = 1;
     for (i = 0; i < 2; i++)
-        if (cu->fn.cuTensorMapEncodeTiled(st->dense_maps + (size_t)i * 128, st->d.dtype == MSKV_DTYPE_F16 ? 6 : 9, 4,
+        if (cu->fn.cuTensorMapEncodeTiled(maps + (size_t)i * 128, st->d.dtype == MSKV_DTYPE_F16 ? 6 : 9, 4,
                                           (void *)(uintptr_t)(i ? dk->v : dk->k), dims, strides, box, es, 0,
                                           3 /* 128 B swizzle */, 3 /* L2 256 B */, 0) != MSKV_CU_SUCCESS)
-            return 0;
-    st->dense_k = dk->k; st->dense_v = dk->v; st->dense_rows = dk->tokens; st->dense_kvh = dk->kv_heads; st->dense_bn = bn;
-    st->dense_ok = 1;
-    return 1;
+            return NULL;   /* the slot stays empty */
+    e->k = dk->k; e->v = dk->v; e->rows = dk->tokens; e->bn = bn;
+    st->dense_used++;
+    return maps;
+}
+
+static void mskv__cuda_dense_maps_free(mskv_cuda_store *st) {
+    unsigned char *mem;
+    if (!st->dense_maps) return;
+    memcpy(&mem, (unsigned char *)st->dense_maps - sizeof(void *), sizeof(void *));
+    mskv__cuda_dealloc(&st->cu->allocator, mem);
+    st->dense_maps = NULL;
+    st->dense_keys = NULL;
 }
 
 /* AUTO gives up on the sm_90a kernel for the context's life, saying so once. */
@@ -5758,9 +5801,8 @@ static mskv__cuda_args *mskv__attn_args_sm90(mskv_cuda_store *st, int32_t layer,
     const int32_t P = st->d.page_size, bn = g->block_keys;
     /* TMA when a tile holds whole pages: page_size a multiple of BN, or BN a
        multiple of a page of 16+ rows; dense K/V when its maps were made */
-    const int32_t use_tma = dk ? mskv__cuda_dense_tmaps(st, dk, bn)
-                               : st->tmaps_state == 1 && (P % bn == 0 || (bn % P == 0 && P >= 16));
-    const unsigned char *maps = dk ? st->dense_maps : st->tmaps + (size_t)layer * 256;
+    const unsigned char *maps = dk ? mskv__cuda_dense_tmaps(st, dk, bn) : st->tmaps + (size_t)layer * 256;
+    const int32_t use_tma = dk ? maps != NULL : st->tmaps_state == 1 && (P % bn == 0 || (bn % P == 0 && P >= 16));
     mskv_cu_ptr k, v, indptr, indices;
     if (a->once != 1 || dk) {
         mskv__cuda_arg_i32(a, 13, dk ? dk->kv_heads : st->d.kv_heads);

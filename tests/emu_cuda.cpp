@@ -157,6 +157,7 @@ static struct {
     int launches = 0, splits_seen = 0, occupancy_queries = 0;
     int fail_sm90a = 0;        /* NVRTC refuses sm_90a compiles */
     int tma_seen = -1;         /* use_tma of the last mskv_attn_sm90 launch */
+    int tmap_encodes = 0;      /* cuTensorMapEncodeTiled calls */
     std::vector<std::string> launched;
     std::string last_options;
     ecu_graph *capturing = nullptr;   /* launches are recorded, not run */
@@ -330,6 +331,7 @@ static mskv_cuda_functions ecu_table(void) {
     f.cuTensorMapEncodeTiled = [](void *map, int dt, unsigned int rank, void *g, const unsigned long long *dims,
                                   const unsigned long long *strides, const unsigned int *box, const unsigned int *es,
                                   int il, int sw, int l2, int oob) -> mskv_cu_result {
+        ecu.tmap_encodes++;
         return mskv_emu::tmap_encode(map, dt, rank, g, dims, strides, box, es, il, sw, l2, oob);
     };
     f.cuStreamBeginCapture = [](mskv_cu_stream, int) -> mskv_cu_result {
@@ -2154,6 +2156,39 @@ TEST(cuda_graph_with_prefix_view_attention_replays_and_checks_the_view) {
     mskv_cuda_graph_destroy(g.e.st, graph);
     mskv_plan_free(g.a, &p);
     mskv_cuda_free(g.e.cu, dq); mskv_cuda_free(g.e.cu, dout); mskv_cuda_free(g.e.cu, dlse);
+}
+
+/* A model's layer loop over a view's layers: the sm_90a kernel's tensor maps
+   of each layer's buffers are made once, then found again (no encode per
+   call), and the results do not depend on whether the maps were cached. */
+TEST(cuda_attention_dense_makes_each_buffers_tensor_maps_once_over_a_layer_loop) {
+    epv_rig g;
+    std::vector<float> first[2], lfirst[2];
+    ASSERT_TRUE(g.open(MSKV_CUDA_ATTN_WGMMA));
+    ASSERT_TRUE(g.grow(g.r, 300));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(g.a, g.r, 260));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_prefix_view_gather(g.e.st, &g.v));
+    ASSERT_TRUE(g.grow(g.r, EPV_NQ));
+    int before = ecu.tmap_encodes;
+    for (int step = 0; step < 3; step++)
+        for (int l = 0; l < 2; l++) {
+            std::vector<float> o, lse;
+            ecu.tma_seen = -1;
+            ASSERT_EQ(MSKV_SUCCESS, g.dense_prefix(l, MSKV_MASK_NONE, o, lse));
+            EXPECT_EQ(1, ecu.tma_seen);
+            if (step == 0) { first[l] = o; lfirst[l] = lse; }
+            else EXPECT_TRUE(o == first[l] && lse == lfirst[l]);
+        }
+    EXPECT_EQ(4, ecu.tmap_encodes - before);   /* K and V of two layers, once each */
+    /* a refreshed view of another length is another map (its rows changed) */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(g.a, g.r, 200));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_prefix_view_gather(g.e.st, &g.v));
+    std::vector<float> o, lse, po, pl;
+    before = ecu.tmap_encodes;
+    ASSERT_EQ(MSKV_SUCCESS, g.dense_prefix(0, MSKV_MASK_NONE, o, lse));
+    EXPECT_EQ(2, ecu.tmap_encodes - before);
+    ASSERT_EQ(MSKV_SUCCESS, g.paged_prefix(0, MSKV_MASK_NONE, po, pl));
+    EXPECT_TRUE(o == po && lse == pl);
 }
 
 TEST(cuda_prefix_view_calls_refuse_bad_input_and_change_nothing) {
