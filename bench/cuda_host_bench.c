@@ -14,6 +14,9 @@
                  with 3-D RoPE
      graph       mskv_cuda_graph_launch of a captured step (write_kv +
                  decode attention)
+     dense       mskv_cuda_attention_dense: the chunk's 4680 queries over a
+                 1560-token prefix view (wgmma), the view's two layers in
+                 turn, as a model's layer loop calls it
 
    Each line: ns per call (thread CPU time, best of 5 runs: the machine may
    be shared; wall time beside it), kernel launches per call, driver calls
@@ -240,7 +243,7 @@ static void chb_problem_free(chb_problem *p) {
     free(p->pos); free(p->slots);
 }
 
-enum { CHB_ATTENTION, CHB_WRITE_KV, CHB_GRAPH };
+enum { CHB_ATTENTION, CHB_WRITE_KV, CHB_GRAPH, CHB_DENSE };
 
 typedef struct chb_case {
     int what;
@@ -251,6 +254,9 @@ typedef struct chb_case {
     int use_rope;
     mskv_cuda_graph *graph;
     mskv_cu_ptr q, o, lse, k, v;
+    const mskv_plan *plan;       /* CHB_DENSE: its plan, upload and the view's layers */
+    const mskv_cuda_dplan *dplan;
+    mskv_dense_kv kv[2];
 } chb_case;
 
 /* One call of the case's wrapper. */
@@ -260,6 +266,8 @@ static mskv_result chb_call(const chb_case *c, int i) {
         return mskv_cuda_attention(c->st, i % CHB_LAYERS, &c->p->plan, &c->p->dplan, &c->attn, c->q, c->o, c->lse);
     case CHB_WRITE_KV:
         return mskv_cuda_write_kv(c->st, i % CHB_LAYERS, &c->p->dplan, c->k, c->v, c->use_rope ? &c->rope : NULL);
+    case CHB_DENSE:
+        return mskv_cuda_attention_dense(c->st, &c->kv[i & 1], c->plan, c->dplan, &c->attn, c->q, c->o, c->lse);
     default:
         return mskv_cuda_graph_launch(c->st, c->graph);
     }
@@ -359,6 +367,47 @@ static void chb_attention_cases(mskv_cuda_functions *fn, mskv_cuda_attn_path pat
     mskv_cuda_destroy(cu);
 }
 
+/* The chunk's queries over a one-frame prefix view (a MSKV_PLAN_PREFIX
+   plan's arrays, written here: 1560 keys, no pages, q_pos after the prefix). */
+static void chb_dense_case(mskv_cuda_functions *fn) {
+    static int32_t qo[2] = { 0, 4680 }, zero[2] = { 0, 0 }, kvl[1] = { 1560 }, split[1] = { 1560 }, qpos[4680];
+    static int64_t tok[2] = { 0, 1560 };
+    mskv_cuda *cu = NULL;
+    mskv_cuda_store *st = NULL;
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    mskv_cu_ptr vk, vv;
+    chb_case c;
+    int i;
+    if (chb_only && !strstr("attention dense prefix 4680 x 1560 (wgmma)", chb_only)) return;
+    chb_open(fn, MSKV_CUDA_ATTN_WGMMA, &cu, &st);
+    memset(&c, 0, sizeof c);
+    c.st = st;
+    c.what = CHB_DENSE;
+    chb_buffers(cu, &c);
+    for (i = 0; i < 4680; i++) qpos[i] = 1560 + i;
+    memset(&plan, 0, sizeof plan);
+    plan.batch = 1; plan.total_q = 4680; plan.page_size = CHB_P;
+    plan.qo_indptr = qo; plan.kv_indptr = zero; plan.kv_last_page_len = zero; plan.kv_len = kvl;
+    plan.kv_pos_split = split; plan.kv_pos_shift = zero; plan.kv_token_indptr = tok; plan.q_pos = qpos;
+    plan.features = MSKV_PLAN_Q_POS;
+    chb_need(mskv_cuda_plan_upload(st, &plan, MSKV_POS_NONE, &dp), "plan_upload");
+    /* a view of 2 layers x 1560 tokens: layer l's K at vk + l * its bytes */
+    chb_need(mskv_cuda_malloc(cu, (size_t)2 * 1560 * CHB_KVH * CHB_D * 2, &vk), "malloc");
+    chb_need(mskv_cuda_malloc(cu, (size_t)2 * 1560 * CHB_KVH * CHB_D * 2, &vv), "malloc");
+    for (i = 0; i < 2; i++) {
+        c.kv[i].k = (const void *)(uintptr_t)(vk + (mskv_cu_ptr)i * 1560 * CHB_KVH * CHB_D * 2);
+        c.kv[i].v = (const void *)(uintptr_t)(vv + (mskv_cu_ptr)i * 1560 * CHB_KVH * CHB_D * 2);
+        c.kv[i].dtype = MSKV_DTYPE_BF16; c.kv[i].kv_heads = CHB_KVH; c.kv[i].head_dim = CHB_D; c.kv[i].tokens = 1560;
+        c.kv[i].device = 1;
+    }
+    c.plan = &plan;
+    c.dplan = &dp;
+    chb_time("attention dense prefix 4680 x 1560 (wgmma)", &c, 1000);
+    mskv_cuda_store_destroy(st);
+    mskv_cuda_destroy(cu);
+}
+
 int main(int argc, char **argv) {
     mskv_cuda_functions fn = chb_table();
     mskv_cuda *cu = NULL;
@@ -377,6 +426,7 @@ int main(int argc, char **argv) {
            chb_calls, chb_runs);
     chb_attention_cases(&fn, MSKV_CUDA_ATTN_MMA);
     chb_attention_cases(&fn, MSKV_CUDA_ATTN_WGMMA);
+    chb_dense_case(&fn);
 
     /* the rest on the default path (AUTO: decode runs mma.sync on 9.0) */
     chb_open(&fn, MSKV_CUDA_ATTN_AUTO, &cu, &st);
