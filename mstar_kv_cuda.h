@@ -526,7 +526,11 @@ MSKV_API void mskv_cuda_page_divisor(int32_t page_size, uint32_t *magic, int32_t
    kernel reads only the pages it was given.
    On compute capability 9.0 prefill shapes (more than 16 rows of a segment)
    run mskv_attn_sm90 (mskv_cuda_desc.attn_path, mskv_cuda_info.wgmma).
-   Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OUT_OF_RANGE (layer),
+   Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OUT_OF_RANGE (layer;
+   for a masked call, an uploaded plan whose mask positions the kernels'
+   32-bit arithmetic cannot hold: a key at kv_len - 1 + kv_pos_shift or a
+   q_pos of 2^31 - 1, or a q_pos - window_left below -2^31; the CPU takes
+   them; graph replays check the same),
    UNSUPPORTED (f32 store, f32 q, head_dim; WGMMA forced on another device;
    a plan whose features hold a bit other than MSKV_PLAN_Q_POS and
    MSKV_PLAN_VISIBILITY, which both kernels honour as the mskv_plan comment
@@ -4037,6 +4041,9 @@ typedef struct mskv__cuda_shape {
     uint32_t features, arrays;
     int32_t rows;   /* kv_rows holds its kv_token_indptr (present, within int32): dense attention can read it */
     int64_t rows_end;   /* then the end of the rows it reaches: max over segments of kv_token_indptr[b] + kv_len[b] */
+    /* the mask positions the kernels compute in 32 bits: the highest (a key's
+       kv_len - 1 + kv_pos_shift, a q_pos) and the lowest q_pos (0 without) */
+    int64_t pos_hi, pos_lo;
 } mskv__cuda_shape;
 
 /* The dense K/V a capture attended over: a replay must not reach past its
@@ -4055,6 +4062,8 @@ struct mskv_cuda_graph {
     mskv__cuda_shape shape;     /* of the plan uploaded when it was captured */
     int64_t kv_cover;           /* keys its split-KV launches reach (INT64_MAX: no split) */
     mskv__cuda_dense_use dense; /* its dense attention launches */
+    int32_t masked;             /* it holds a masked attention launch */
+    int64_t window_left;        /* the widest window of its WINDOW launches (-1: none) */
 };
 
 #define MSKV__CUDA_FCACHE 32        /* a power of two; a store launches a handful of functions */
@@ -4120,6 +4129,8 @@ struct mskv_cuda_store {
     mskv_request *up_requests;  /* [max_batch]: its requests */
     int64_t cap_kv_cover;       /* during a capture: the smallest split-KV key reach */
     mskv__cuda_dense_use cap_dense;   /* during a capture: the dense K/V it attends over */
+    int32_t cap_masked;               /* during a capture: masks and windows it launched */
+    int64_t cap_window_left;
     mskv_cu_function occ_fn[2]; /* attention: the kernel (prefill, decode) whose residency is cached */
     int32_t occ_blocks[2];      /* its blocks per SM (cuOccupancyMaxActiveBlocksPerMultiprocessor) */
     mskv__cuda_mutex lock;
@@ -4143,6 +4154,7 @@ struct mskv_cuda_store {
 static size_t mskv__cuda_align16(size_t x) { return (x + 15) & ~(size_t)15; }
 static mskv_result mskv__cuda_shards_settle(mskv_cuda_shards *sh);
 static void mskv__cuda_dense_maps_free(mskv_cuda_store *st);
+static mskv_result mskv__cuda_positions_fit(mskv_cuda_store *st, int masked, int64_t window_left);
 
 static void mskv__cuda_plan_layout_of(mskv__cuda_plan_layout *l, size_t b, size_t t, size_t p) {
     size_t o = 0;
@@ -5004,6 +5016,15 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     st->cur.arrays = (plan->q_pos ? MSKV_PLAN_Q_POS : 0u) | (plan->vis_sink_end && plan->vis_window_start ? MSKV_PLAN_VISIBILITY : 0u);
     st->cur.max_qo = 0;
     st->cur.max_kv = 0;
+    st->cur.pos_hi = 0;
+    st->cur.pos_lo = 0;
+    for (i = 0; plan->kv_len && plan->kv_pos_shift && i < b; i++)
+        if (plan->kv_len[i] > 0 && (int64_t)plan->kv_len[i] - 1 + plan->kv_pos_shift[i] > st->cur.pos_hi)
+            st->cur.pos_hi = (int64_t)plan->kv_len[i] - 1 + plan->kv_pos_shift[i];
+    for (i = 0; plan->q_pos && i < t; i++) {
+        if (plan->q_pos[i] > st->cur.pos_hi) st->cur.pos_hi = plan->q_pos[i];
+        if (plan->q_pos[i] < st->cur.pos_lo) st->cur.pos_lo = plan->q_pos[i];
+    }
     if (plan->qo_indptr) {
         int32_t i;
         for (i = 0; i < plan->batch - plan->pad_segments; i++) {   /* padding is not part of the launch shape */
@@ -5141,6 +5162,8 @@ MSKV_API mskv_result mskv_cuda_capture_begin(mskv_cuda_store *st) {
     st->cap_kv_cover = INT64_MAX;
     memset(&st->cap_dense, 0, sizeof st->cap_dense);
     st->cap_dense.rows = INT64_MAX;
+    st->cap_masked = 0;
+    st->cap_window_left = -1;
     return MSKV_SUCCESS;
 }
 
@@ -5164,6 +5187,8 @@ MSKV_API mskv_result mskv_cuda_capture_end(mskv_cuda_store *st, mskv_cuda_graph 
     g->shape = st->cur;
     g->kv_cover = st->cap_kv_cover;
     g->dense = st->cap_dense;
+    g->masked = st->cap_masked;
+    g->window_left = st->cap_window_left;
     r = cu->fn.cuGraphInstantiateWithFlags(&g->exec, graph, 0);
     if (r != MSKV_CU_SUCCESS) {
         cu->fn.cuGraphDestroy(graph);
@@ -5206,6 +5231,7 @@ MSKV_API mskv_result mskv_cuda_graph_launch(mskv_cuda_store *st, mskv_cuda_graph
         return MSKV_ERROR_INVALID_ARGUMENT;
     }
     if ((res = mskv__cuda_uploaded_current(st)) != MSKV_SUCCESS) return res;   /* the replay reads the last upload */
+    if ((res = mskv__cuda_positions_fit(st, g->masked, g->window_left)) != MSKV_SUCCESS) return res;
     if (g->dense.rows != INT64_MAX) {
         int32_t i;
         /* the captured dense launches read the uploaded rows of the buffers they were given */
@@ -5529,6 +5555,23 @@ static void mskv__cuda_sm90_off(mskv_cuda *cu, mskv_result why) {
     mskv__cuda_unlock(&cu->lock);
 }
 
+/* The kernels compute mask positions in 32 bits (a query's position + 1,
+   position - window_left): the uploaded plan's must leave room, which the
+   CPU (64 bits) does not need; refused, not wrapped. */
+static mskv_result mskv__cuda_positions_fit(mskv_cuda_store *st, int masked, int64_t window_left) {
+    if (masked && st->cur.pos_hi >= INT32_MAX) {
+        mskv__cuda_failf(st->cu, "attention: a mask position of %lld: the kernels take positions up to 2^31 - 2",
+                         (long long)st->cur.pos_hi);
+        return MSKV_ERROR_OUT_OF_RANGE;
+    }
+    if (window_left >= 0 && st->cur.pos_lo - window_left < INT32_MIN) {
+        mskv__cuda_failf(st->cu, "attention: q_pos %lld with window_left %lld reaches below -2^31",
+                         (long long)st->cur.pos_lo, (long long)window_left);
+        return MSKV_ERROR_OUT_OF_RANGE;
+    }
+    return MSKV_SUCCESS;
+}
+
 /* The dense K/V of mskv_cuda_attention_dense: device addresses in the
    store's dtype and head_dim, rows of [kv_heads][head_dim] one after another
    (the layout the kernels read), 16-byte aligned, and a current epoch. */
@@ -5617,6 +5660,9 @@ static mskv_result mskv__attn_check(mskv_cuda_store *st, int32_t layer, const ms
     }
     /* masks need positions; the device buffers would hold a previous plan's */
     if (attn->mask != MSKV_MASK_NONE && (!plan->kv_pos_split || !plan->kv_pos_shift)) return MSKV_ERROR_INVALID_ARGUMENT;
+    if ((res = mskv__cuda_positions_fit(st, attn->mask != MSKV_MASK_NONE,
+                                        attn->mask == MSKV_MASK_WINDOW ? attn->window_left : -1)) != MSKV_SUCCESS)
+        return res;
     if (plan->pad_segments < 0 || plan->pad_segments > plan->batch) return MSKV_ERROR_INVALID_ARGUMENT;
     if (plan->qo_indptr[0] != 0 || plan->qo_indptr[plan->batch] != plan->total_q) return MSKV_ERROR_INVALID_ARGUMENT;
     if (!dk && (plan->num_page_ids != dplan->num_page_ids || plan->kv_indptr[0] != 0 ||
@@ -5875,6 +5921,10 @@ static mskv_result mskv__cuda_attend(mskv_cuda_store *st, int32_t layer, const m
     if (res != MSKV_SUCCESS || empty) return res;
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     if (dk && st->capturing && (res = mskv__cuda_capture_dense(st, dk)) != MSKV_SUCCESS) return res;
+    if (st->capturing && attn->mask != MSKV_MASK_NONE) {
+        st->cap_masked = 1;
+        if (attn->mask == MSKV_MASK_WINDOW && attn->window_left > st->cap_window_left) st->cap_window_left = attn->window_left;
+    }
 
     /* ---- the part that follows kernels.cu: geometry, variants, workspace,
        then each kernel's parameter values in its parameter order ---------- */

@@ -834,6 +834,65 @@ TEST(cuda_attention_honours_q_pos_and_visibility_bounds_on_both_kernels) {
     }
 }
 
+/* The kernels compute a query's mask position + 1 and position -
+   window_left in 32 bits: positions that would wrap are refused, eagerly
+   and at graph replay, before anything is launched (the CPU, in 64 bits,
+   takes them). */
+TEST(cuda_attention_refuses_mask_positions_the_kernels_cannot_hold) {
+    ecu_env e;
+    ecu_problem p;
+    const int P = 16, kvh = 1, qh = 2, pages = 8;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {3}, {40}, 5));
+    mskv_attn at;
+    std::memset(&at, 0, sizeof at);
+    at.q_heads = qh; at.q_dtype = MSKV_DTYPE_BF16; at.mask = MSKV_MASK_CAUSAL;
+    mskv_cu_ptr dq = 0, dout = 0, dlse = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, p.q.size() * 2, &dq));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, p.q.size() * 2, &dout));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, p.q.size() / 64 * 4, &dlse));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_upload(e.st, dq, p.q.data(), p.q.size() * 2));
+    /* a graph captured over a good plan with q_pos */
+    mskv_cuda_graph *g = nullptr;
+    std::vector<int32_t> good = {37, 38, 39};
+    p.plan.q_pos = good.data(); p.plan.features = MSKV_PLAN_Q_POS;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(e.st, &p.plan, MSKV_POS_NONE, &p.dplan));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attention(e.st, 1, &p.plan, &p.dplan, &at, dq, dout, dlse));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(e.st));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_attention(e.st, 1, &p.plan, &p.dplan, &at, dq, dout, dlse));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(e.st, &g));
+    /* a query at INT32_MAX */
+    std::vector<int32_t> qpos = {5, INT32_MAX, 39};
+    p.plan.q_pos = qpos.data(); p.plan.features = MSKV_PLAN_Q_POS;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(e.st, &p.plan, MSKV_POS_NONE, &p.dplan));
+    ecu.launched.clear();
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cuda_attention(e.st, 1, &p.plan, &p.dplan, &at, dq, dout, dlse));
+    EXPECT_TRUE(std::string(mskv_cuda_last_error(e.cu)).find("2^31 - 2") != std::string::npos);
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cuda_graph_launch(e.st, g));
+    EXPECT_EQ(0, (int)ecu.launched.size());
+    at.mask = MSKV_MASK_NONE;   /* no mask: positions are not computed */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_attention(e.st, 1, &p.plan, &p.dplan, &at, dq, dout, dlse));
+    /* keys shifted to the top of int32 */
+    at.mask = MSKV_MASK_CAUSAL;
+    p.plan.q_pos = NULL; p.plan.features = 0;
+    p.split = {0}; p.shift = {INT32_MAX - 39};   /* the last key at INT32_MAX */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(e.st, &p.plan, MSKV_POS_NONE, &p.dplan));
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cuda_attention(e.st, 1, &p.plan, &p.dplan, &at, dq, dout, dlse));
+    p.shift = {INT32_MAX - 40};   /* the last key at 2^31 - 2: the kernels' limit, run and checked */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(e.st, &p.plan, MSKV_POS_NONE, &p.dplan));
+    EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_CAUSAL, 0), 2.5e-2);
+    /* a window below INT32_MIN */
+    std::vector<int32_t> low = {INT32_MIN + 5, 0, 1};
+    p.split = {40}; p.shift = {0};
+    p.plan.q_pos = low.data(); p.plan.features = MSKV_PLAN_Q_POS;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(e.st, &p.plan, MSKV_POS_NONE, &p.dplan));
+    at.mask = MSKV_MASK_WINDOW; at.window_left = 6;
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_cuda_attention(e.st, 1, &p.plan, &p.dplan, &at, dq, dout, dlse));
+    EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_WINDOW, 5), 2.5e-2);   /* exactly INT32_MIN: fits */
+    mskv_cuda_graph_destroy(e.st, g);
+    mskv_cuda_free(e.cu, dq); mskv_cuda_free(e.cu, dout); mskv_cuda_free(e.cu, dlse);
+}
+
 /* The device's o (as f32) and lse of an uploaded plan on layer 1, q from p. */
 static int ecu_run(ecu_env &e, ecu_problem &p, mskv_plan *plan, const mskv_attn &at, std::vector<float> &o, std::vector<float> &lse) {
     mskv_cuda_dplan dp;
