@@ -2037,7 +2037,24 @@ TEST(cuda_prefix_view_attention_equals_paged_attention_exactly_and_stale_views_a
         EXPECT_TRUE(g.bytes_match(__LINE__));
         EXPECT_TRUE(g.same(__LINE__));
 
-        /* the request removed: the view's handle is refused */
+        /* imported as another request: the old handle is refused, the view
+           pointed at the new one is stale until gathered again */
+        size_t size = 0;
+        mskv_request x;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(g.a, g.r, NULL, 0, &size));
+        std::vector<unsigned char> blob(size);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(g.a, g.r, blob.data(), size, &size));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(g.a, g.r));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_import(g.a, blob.data(), size, &x));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(g.a, x));
+        EXPECT_EQ(MSKV_ERROR_INVALID_HANDLE, g.dense_prefix(0, MSKV_MASK_NONE, o, lse));
+        g.r = x;
+        g.v.request = x;
+        EXPECT_EQ(MSKV_ERROR_STALE_VIEW, g.dense_prefix(0, MSKV_MASK_NONE, o, lse));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_prefix_view_gather(g.e.st, &g.v));
+        EXPECT_TRUE(g.bytes_match(__LINE__));
+        EXPECT_TRUE(g.same(__LINE__));
+
         ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(g.a, filler));
         char why[256] = "";
         EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(g.a, why, sizeof why));
