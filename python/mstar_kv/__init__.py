@@ -5,8 +5,8 @@ Session; the CPU backend on NumPy arrays; the GPU layer on device tensors.
 See python/README.md."""
 from . import _ffi
 from ._core import (DTYPES, EVENT_TYPES, MASKS, PLAN_KINDS, POS_MODES, Arena, ArenaStats, Cpu, DecodeSpan,
-                    Event, Plan, Request, RequestInfo, Retention, Rope, Schedule, Session, StoreInfo, Window,
-                    attention, dtype_code, from_bf16, merge, to_bf16)
+                    Event, Plan, PrefixView, Request, RequestInfo, Retention, Rope, Schedule, Session, StoreInfo,
+                    Window, attention, attention_dense, dtype_code, from_bf16, merge, to_bf16)
 from ._cuda import STREAM_LEGACY, Cuda, CudaStore, DevicePlan, cuda_probe
 from ._errors import ERROR_CLASSES, MskvError, TensorError, error_for
 from ._errors import *  # noqa: F401,F403  (one class per result code: OutOfPagesError, ...)

@@ -275,8 +275,9 @@ class Arena:
         self._call("mskv_publish", self.ptr, *self._segments(segments), byref(step))
         return step.value
 
-    def _plan_desc(self, kind, cross, dense_kv_len, pos, pos_offset, grid, pad=None):
+    def _plan_desc(self, kind, cross, dense_kv_len, pos, pos_offset, grid, pad=None, exclude_prefix=False):
         d = mskv_plan_desc()
+        d.exclude_prefix = int(bool(exclude_prefix))
         if pad is not None:   # (batch, tokens, qo_len, kv_len) of a captured shape
             d.pad_batch, d.pad_tokens, d.pad_qo_len, d.pad_kv_len = pad
         d.kind = _enum(PLAN_KINDS, kind, "kind")
@@ -293,20 +294,22 @@ class Arena:
         return d, keep
 
     def plan_query(self, segments, kind="self", cross=None, dense_kv_len=None, pos="none", pos_offset=0,
-                   grid=None, pad=None):
+                   grid=None, pad=None, exclude_prefix=False):
         """(batch, total_q, num_page_ids) a plan of these segments needs."""
-        d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid, pad)
+        d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid, pad, exclude_prefix)
         out = mskv_plan_size()
         self._call("mskv_plan_query", self.ptr, *self._segments(segments), byref(d), byref(out))
         del keep
         return out.batch, out.total_q, out.num_page_ids
 
     def plan_build(self, segments, plan, kind="self", cross=None, dense_kv_len=None, pos="none",
-                   pos_offset=0, grid=None, pad=None):
+                   pos_offset=0, grid=None, pad=None, exclude_prefix=False):
         """Fills plan (a Plan) for these segments; returns it. pad: (batch,
         tokens, qo_len, kv_len) of a captured CUDA graph's step, planned into
-        that shape (mskv_plan_desc.pad_*); CapacityError if it does not fit."""
-        d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid, pad)
+        that shape (mskv_plan_desc.pad_*); CapacityError if it does not fit.
+        kind "prefix" attends over a PrefixView; exclude_prefix (kind "self")
+        hides the protected prefix, so the two merged give the whole."""
+        d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid, pad, exclude_prefix)
         self._call("mskv_plan_build", self.ptr, *self._segments(segments), byref(d), byref(plan._s))
         del keep
         plan.pos_mode = d.pos_mode
@@ -388,6 +391,11 @@ class Request:
 
     def protect_prefix(self, n):
         self._call("mskv_request_protect_prefix", n)
+
+    def prefix_view(self, cap_tokens, group=0):
+        """A PrefixView of this request's protected prefix with host buffers
+        for cap_tokens tokens per layer (not gathered yet: call gather())."""
+        return PrefixView(self.arena, self, cap_tokens, group)
 
     def release_oldest(self, n):
         """Releases the n oldest live tokens (whole pages only); returns the tokens freed."""
@@ -703,6 +711,9 @@ class Cpu:
     def attention(self, arena, layer, plan, q, out=None, lse=None, mask="none", window_left=0, scale=0.0):
         return attention(arena, layer, plan, q, out, lse, mask, window_left, scale, cpu=self)
 
+    def attention_dense(self, view, layer, plan, q, out=None, lse=None, mask="none", window_left=0, scale=0.0):
+        return attention_dense(view, layer, plan, q, out, lse, mask, window_left, scale, cpu=self)
+
 
 def attention(arena, layer, plan, q, out=None, lse=None, mask="none", window_left=0, scale=0.0, cpu=None):
     """Paged attention over plan for one layer of arena's host pools.
@@ -714,6 +725,81 @@ def attention(arena, layer, plan, q, out=None, lse=None, mask="none", window_lef
     a = _attn_struct(qb.shape[1], kdt, mask, window_left, scale)
     arena._call("mskv_cpu_attention", cpu.ptr if cpu is not None else None, arena.ptr, layer, byref(plan._s),
                 byref(a), qb.ptr, ob.ptr, lb.ptr if lb else None)
+    return (out, lse_arr) if lse_arr is not None else out
+
+
+class PrefixView:
+    """A request's protected prefix gathered into contiguous K/V
+    (mskv_prefix_view): k and v are NumPy arrays [num_layers][cap_tokens]
+    [kv_heads][head_dim] in the store's dtype (bf16 as uint16) owned by the
+    view. gather() fills them and tags the view with the request's
+    prefix_epoch; after the prefix changed (another length, a reload onto
+    other pages, an import) check() and attention_dense raise
+    StaleViewError until gather() refreshes it in place. (The GPU's
+    device-buffer view is CudaStore.prefix_view.)"""
+
+    def __init__(self, arena, request, cap_tokens, group=0, _s=None, _k=None, _v=None):
+        self.arena, self.request = arena, request
+        if _s is not None:   # the device view: its buffers are the caller's tensors
+            self._s, self.k, self.v = _s, _k, _v
+            return
+        i = arena._info
+        if cap_tokens < 0:
+            raise ValueError("prefix_view: cap_tokens must be >= 0")
+        shape = (i.num_layers, cap_tokens, i.kv_heads, i.head_dim)
+        self.k = np.zeros(shape, dtype=_NP_DTYPE[i.dtype])
+        self.v = np.zeros(shape, dtype=_NP_DTYPE[i.dtype])
+        s = self._s = _ffi.mskv_prefix_view()
+        s.request.id, s.group, s.cap_tokens = request.id, group, cap_tokens
+        s.k, s.v = self.k.ctypes.data, self.v.ctypes.data
+
+    tokens = property(lambda self: self._s.tokens)        # the prefix gathered: tokens [0, tokens)
+    epoch = property(lambda self: self._s.epoch)          # its prefix_epoch; 0: never gathered (or a failed refresh)
+    cap_tokens = property(lambda self: self._s.cap_tokens)
+    device = property(lambda self: bool(self._s.device))
+
+    def gather(self):
+        """Gathers (or refreshes, in place) the prefix of every layer; returns self."""
+        store = getattr(self, "_store", None)
+        if store is not None:
+            store._call("mskv_cuda_prefix_view_gather", store.ptr, byref(self._s))
+        else:
+            self.arena._call("mskv_prefix_view_gather", self.arena.ptr, byref(self._s))
+        return self
+
+    def check(self):
+        """StaleViewError when the request's prefix moved since the gather."""
+        self.arena._call("mskv_prefix_view_check", self.arena.ptr, byref(self._s))
+
+    @property
+    def current(self):
+        return _ffi.lib.mskv_prefix_view_check(self.arena.ptr, byref(self._s)) == 0
+
+    def _dense(self, layer):
+        kv = _ffi.mskv_dense_kv()
+        _check(_ffi.lib.mskv_prefix_view_layer(byref(self._s), self.arena.ptr, layer, byref(kv)),
+               "mskv_prefix_view_layer")
+        return kv
+
+    def layer(self, layer):
+        """(k, v) of one layer: views [tokens][kv_heads][head_dim] into the buffers."""
+        if self._s.device:
+            raise ValueError("layer: a device view's buffers are the tensors it was given")
+        self._dense(layer)   # the checks: gathered, layer in range
+        return self.k[layer, :self.tokens], self.v[layer, :self.tokens]
+
+
+def attention_dense(view, layer, plan, q, out=None, lse=None, mask="none", window_left=0, scale=0.0, cpu=None):
+    """Attention over a PrefixView's layer (a "prefix" plan, or any plan
+    whose kv_token_indptr rows the view holds), on the CPU: the same masks,
+    q_pos, results as attention(). StaleViewError when the view's epoch is no
+    longer the request's. Returns out, or (out, lse)."""
+    kv = view._dense(layer)
+    qb, ob, lb, out, lse_arr, kdt = _attention_args(plan, q, out, lse, kv.kv_heads, kv.head_dim)
+    a = _attn_struct(qb.shape[1], kdt, mask, window_left, scale)
+    _check(_ffi.lib.mskv_cpu_attention_dense(cpu.ptr if cpu is not None else None, byref(kv), byref(plan._s),
+                                             byref(a), qb.ptr, ob.ptr, lb.ptr if lb else None),
+           "mskv_cpu_attention_dense")
     return (out, lse_arr) if lse_arr is not None else out
 
 

@@ -10,7 +10,7 @@ import sys
 import weakref
 
 from . import _ffi, _tensors
-from ._core import DTYPES, POS_MODES, Arena, _attn_struct, _enum, _name, dtype_code
+from ._core import DTYPES, POS_MODES, Arena, PrefixView, _attn_struct, _enum, _name, dtype_code
 from ._errors import MskvError, TensorError, error_for
 from ._ffi import mskv_arena_desc, mskv_cuda_desc, mskv_cuda_dplan, mskv_cuda_info, mskv_cuda_store_desc
 
@@ -260,6 +260,42 @@ class CudaStore:
         self._follow(qb, ob, lb)
         self._call("mskv_cuda_attention", self.ptr, layer, byref(plan._s), byref(dplan._s), byref(a), qb.ptr,
                    ob.ptr, lb.ptr if lb else 0)
+        return out
+
+    def prefix_view(self, request, k, v, group=0):
+        """A PrefixView of request's protected prefix in device buffers k, v
+        ([num_layers][cap_tokens][kv_heads][head_dim], the store's dtype,
+        16-byte aligned): gather() copies the prefix from the pools on the
+        device (mskv_cuda_prefix_view_gather), attention_dense() reads it."""
+        d = self.desc
+        layout = "[num_layers][cap_tokens][kv_heads][head_dim]"
+        kb = self._device(k, "k", (d.num_layers, None, d.kv_heads, d.head_dim), layout, writable=True, align=16)
+        vb = self._device(v, "v", kb.shape, layout, writable=True, align=16)
+        s = _ffi.mskv_prefix_view()
+        s.request.id, s.group, s.cap_tokens = request.id, group, kb.shape[1]
+        s.k, s.v = kb.ptr, vb.ptr
+        view = PrefixView(request.arena, request, kb.shape[1], group, _s=s, _k=k, _v=v)
+        view._store = self
+        return view
+
+    def attention_dense(self, view, layer, dplan, q, out, lse=None, mask="none", window_left=0, scale=0.0):
+        """Attention over a device PrefixView's layer under dplan (a "prefix"
+        plan, uploaded): the same arguments and results as attention()."""
+        d, plan = self.desc, dplan.plan
+        kv = view._dense(layer)
+        layout = "[total_q][q_heads][head_dim]"
+        qb = self._device(q, "q", (plan.total_q, None, d.head_dim), layout, align=16)
+        if qb.shape[1] % d.kv_heads:
+            raise TensorError("q: %d heads is not a multiple of the %d kv heads" % (qb.shape[1], d.kv_heads))
+        ob = self._device(out, "out", qb.shape, layout, writable=True)
+        lb = None
+        if lse is not None:
+            lb = self._device(lse, "lse", (plan.total_q, qb.shape[1]), "[total_q][q_heads]", dtypes=("f32",),
+                              writable=True)
+        a = _attn_struct(qb.shape[1], self._dtype, mask, window_left, scale)
+        self._follow(qb, ob, lb)
+        self._call("mskv_cuda_attention_dense", self.ptr, byref(kv), byref(plan._s), byref(dplan._s), byref(a),
+                   qb.ptr, ob.ptr, lb.ptr if lb else 0)
         return out
 
     def rope(self, rope, x, positions):

@@ -235,6 +235,36 @@ class mskv_plan_size(Structure):
     _fields_ = [("batch", c_int32), ("total_q", c_int32), ("num_page_ids", c_int32)]
 
 
+class mskv_prefix_view(Structure):
+    _fields_ = [
+        ("request", mskv_request),
+        ("group", c_int32),
+        ("k", c_void_p), ("v", c_void_p),
+        ("cap_tokens", c_int64),
+        ("tokens", c_int64),
+        ("epoch", c_uint64),
+        ("num_layers", c_int32), ("kv_heads", c_int32), ("head_dim", c_int32),
+        ("dtype", c_int),
+        ("device", c_int32),
+    ]
+
+
+class mskv_dense_kv(Structure):
+    _fields_ = [
+        ("k", c_void_p), ("v", c_void_p),
+        ("dtype", c_int),
+        ("kv_heads", c_int32), ("head_dim", c_int32),
+        ("tokens", c_int64),
+        ("token_stride", c_int64),
+        ("head_stride", c_int64),
+        ("arena", c_void_p),
+        ("request", mskv_request),
+        ("group", c_int32),
+        ("epoch", c_uint64),
+        ("device", c_int32),
+    ]
+
+
 class mskv_session(Structure):
     _fields_ = [
         ("arena", c_void_p),
@@ -334,6 +364,7 @@ class mskv_cuda_shard_desc(Structure):
 STRUCTS = [mskv_request, mskv_allocator, mskv_event, mskv_store_ops, mskv_arena_desc, mskv_arena_stats,
            mskv_store_info, mskv_request_info, mskv_schedule, mskv_window, mskv_decode_span,
            mskv_retention, mskv_segment, mskv_plan_desc, mskv_plan, mskv_plan_size, mskv_session,
+           mskv_prefix_view, mskv_dense_kv,
            mskv_rope, mskv_cpu_desc, mskv_attn, mskv_pools, mskv_cuda_desc, mskv_cuda_info,
            mskv_cuda_store_desc, mskv_cuda_dplan, mskv_cuda_shard_desc]
 
@@ -404,6 +435,11 @@ void mskv_cpu_destroy(mskv_cpu *cpu);
 mskv_result mskv_cpu_write_kv(mskv_arena *arena, int32_t layer, const mskv_plan *plan, const void *k, const void *v, mskv_dtype src_dtype, const mskv_rope *rope);
 mskv_result mskv_cpu_attention(mskv_cpu *cpu, mskv_arena *arena, int32_t layer, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
 mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *pools, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
+mskv_result mskv_prefix_view_gather(mskv_arena *arena, mskv_prefix_view *view);
+mskv_result mskv_prefix_view_check(mskv_arena *arena, const mskv_prefix_view *view);
+mskv_result mskv_prefix_view_layer(const mskv_prefix_view *view, mskv_arena *arena, int32_t layer, mskv_dense_kv *out);
+mskv_result mskv_dense_kv_check(const mskv_dense_kv *kv);
+mskv_result mskv_cpu_attention_dense(mskv_cpu *cpu, const mskv_dense_kv *kv, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
 mskv_result mskv_cpu_write_kv_pools(const mskv_pools *pools, const mskv_plan *plan, const void *k, const void *v, mskv_dtype src_dtype, const mskv_rope *rope);
 mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, const float *o_a, const float *lse_a, const float *o_b, const float *lse_b, float *o, float *lse);
 mskv_result mskv_cuda_probe(const mskv_cuda_desc *desc, char *why, size_t why_cap);
@@ -429,6 +465,8 @@ mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan *plan, ms
 mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan, mskv_cu_ptr k, mskv_cu_ptr v, const mskv_rope *rope);
 mskv_result mskv_cuda_write_kv_ex(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan, mskv_cu_ptr k, mskv_cu_ptr v, mskv_dtype src_dtype, const mskv_rope *rope);
 mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, const mskv_plan *plan, const mskv_cuda_dplan *dplan, const mskv_attn *attn, mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
+mskv_result mskv_cuda_attention_dense(mskv_cuda_store *st, const mskv_dense_kv *kv, const mskv_plan *plan, const mskv_cuda_dplan *dplan, const mskv_attn *attn, mskv_cu_ptr q, mskv_cu_ptr o, mskv_cu_ptr lse);
+mskv_result mskv_cuda_prefix_view_gather(mskv_cuda_store *st, mskv_prefix_view *view);
 mskv_result mskv_cuda_merge(mskv_cuda_store *st, int64_t n, int32_t heads, int32_t head_dim, mskv_cu_ptr o_a, mskv_cu_ptr lse_a, mskv_cu_ptr o_b, mskv_cu_ptr lse_b, mskv_cu_ptr o, mskv_cu_ptr lse);
 mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, mskv_cu_ptr x, int64_t n, int32_t heads, mskv_cu_ptr positions);
 """
