@@ -551,14 +551,17 @@ MSKV_API mskv_result mskv_cuda_attention(mskv_cuda_store *st, int32_t layer, con
    visibility bounds, splits, graphs and results as mskv_cuda_attention;
    the keys are found without a page table (each row is its own "page"), and
    on compute capability 9.0 the sm_90a kernel loads them by TMA through a
-   map of the buffer (made when the buffers change). With kv->arena set the
-   call first checks kv->epoch against the request's prefix_epoch.
+   map of the buffer (made on a buffer pair's first use and kept, so a loop
+   over a view's layers encodes nothing after its first step). With
+   kv->arena set the call first checks kv->epoch against the request's
+   prefix_epoch.
    Return value: those of mskv_cuda_attention, and STALE_VIEW (the prefix
    changed since the gather: gather again), INVALID_HANDLE (the request was
    removed), INVALID_ARGUMENT (host K/V (device 0), another dtype, head_dim
    or kv_heads than the store's, k or v not 16-byte aligned, a plan without
    uploaded rows: kv_token_indptr past int32), OUT_OF_RANGE (a segment's
-   rows past kv->tokens), UNSUPPORTED (strides other than the row layout:
+   rows past kv->tokens, in the host plan or the uploaded one), UNSUPPORTED
+   (strides other than the row layout:
    the CPU's mskv_cpu_attention_dense takes those). */
 MSKV_API mskv_result mskv_cuda_attention_dense(mskv_cuda_store *st, const mskv_dense_kv *kv, const mskv_plan *plan,
                                                const mskv_cuda_dplan *dplan, const mskv_attn *attn,
