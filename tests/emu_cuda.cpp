@@ -2054,6 +2054,12 @@ TEST(cuda_prefix_view_attention_equals_paged_attention_exactly_and_stale_views_a
         ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_prefix_view_gather(g.e.st, &g.v));
         EXPECT_TRUE(g.bytes_match(__LINE__));
         EXPECT_TRUE(g.same(__LINE__));
+        /* a prefix that ends on a page boundary: no partial last page */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(g.a, x, 160));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_prefix_view_gather(g.e.st, &g.v));
+        EXPECT_EQ(160, (int)g.v.tokens);
+        EXPECT_TRUE(g.bytes_match(__LINE__));
+        EXPECT_TRUE(g.same(__LINE__));
 
         ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(g.a, filler));
         char why[256] = "";
@@ -2348,8 +2354,10 @@ TEST(cuda_shards_prefix_views_hold_each_devices_heads_and_attend_like_the_cpu) {
     const int L = esh_env::L;
     e.with_rope = false;
     ASSERT_EQ(MSKV_SUCCESS, e.open());
+    const int n2[2] = {40, 3}, PT = 61;   /* 7 whole pages and 5 rows: three rounds of the 3-page staging */
     ASSERT_EQ(MSKV_SUCCESS, e.step(n, false, nullptr, nullptr, nullptr, nullptr));
-    ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(e.a, e.ra[0], 29));
+    ASSERT_EQ(MSKV_SUCCESS, e.step(n2, false, nullptr, nullptr, nullptr, nullptr));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(e.a, e.ra[0], PT));
     std::vector<uint16_t> hkb((size_t)L * CAP * esh_env::KVH * D), hvb(hkb.size());
     mskv_prefix_view hv;
     std::memset(&hv, 0, sizeof hv);
@@ -2391,7 +2399,7 @@ TEST(cuda_shards_prefix_views_hold_each_devices_heads_and_attend_like_the_cpu) {
         ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_download(st, gk.data(), dk, bytes));
         ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_download(st, gv.data(), dv, bytes));
         for (int l = 0; l < L; l++)
-            for (int t = 0; t < 29; t++) {
+            for (int t = 0; t < PT; t++) {
                 const size_t dev = (((size_t)l * CAP + t) * hk) * D, host = (((size_t)l * CAP + t) * esh_env::KVH + (size_t)s * hk) * D;
                 EXPECT_EQ(0, std::memcmp(&gk[dev], &hkb[host], (size_t)hk * D * 2));
                 EXPECT_EQ(0, std::memcmp(&gv[dev], &hvb[host], (size_t)hk * D * 2));
