@@ -4292,30 +4292,36 @@ static void mskv__cuda_defines_rope(mskv__cuda_defines *d, const mskv_rope *rope
     mskv__cuda_define(d, MSKV__D_ROPE_D2, rope->mode == MSKV_POS_3D ? rope->dims[2] : 0);
 }
 
+/* mskv_page_gather / mskv_page_scatter (f) of the first n page ids in
+   d_ids between pool and buf + i * stride (page i). */
+static mskv_result mskv__cuda_page_copies(mskv_cuda_store *st, mskv_cu_function f, mskv_cu_ptr pool, int32_t n,
+                                          mskv_cu_ptr buf, size_t stride) {
+    long long pb = (long long)st->page_bytes, sl = (long long)stride;
+    int ni = n;
+    mskv_cu_ptr ids = st->d_ids;
+    unsigned int grid[3], block[3] = { 256, 1, 1 };
+    size_t blocks = (st->page_bytes + 4095) / 4096;
+    void *args[6];
+    grid[0] = (unsigned int)(blocks > 65535 ? 65535 : blocks);
+    grid[1] = (unsigned int)n;
+    grid[2] = 1;
+    args[0] = &pool; args[1] = &ids; args[2] = &ni; args[3] = &pb; args[4] = &buf; args[5] = &sl;
+    return mskv__cuda_launch(st, f, grid, block, 0, args);
+}
+
 /* gather (dir 0) or scatter (dir 1) c pages (ids already in d_ids) between
    every layer's pools and the staging buffer, page-major */
 static mskv_result mskv__cuda_move_pages(mskv_cuda_store *st, int dir, int32_t c) {
     mskv_cu_function f;
     mskv_result res;
-    long long pb = (long long)st->page_bytes, stride = (long long)st->set_bytes;
-    int n = c;
     int32_t l, kind;
-    unsigned int grid[3], block[3] = { 256, 1, 1 };
-    size_t blocks = (st->page_bytes + 4095) / 4096;
     /* the arena's callbacks may run beside the store's thread: the context's locked lookup */
     res = mskv__cuda_function(st->cu, dir ? MSKV__K_PAGE_SCATTER : MSKV__K_PAGE_GATHER, &st->defs, &f);
     if (res != MSKV_SUCCESS) return res;
-    grid[0] = (unsigned int)(blocks > 65535 ? 65535 : blocks);
-    grid[1] = (unsigned int)c;
-    grid[2] = 1;
     for (l = 0; l < st->d.num_layers; l++) {
         for (kind = 0; kind < 2; kind++) {
-            mskv_cu_ptr pool = mskv_cuda_store_pool(st, l, kind);
             mskv_cu_ptr stage = st->d_stage + (mskv_cu_ptr)(((size_t)l * 2 + (size_t)kind) * st->page_bytes);
-            mskv_cu_ptr ids = st->d_ids;
-            void *args[6];
-            args[0] = &pool; args[1] = &ids; args[2] = &n; args[3] = &pb; args[4] = &stage; args[5] = &stride;
-            res = mskv__cuda_launch(st, f, grid, block, 0, args);
+            res = mskv__cuda_page_copies(st, f, mskv_cuda_store_pool(st, l, kind), c, stage, st->set_bytes);
             if (res != MSKV_SUCCESS) return res;
         }
     }
@@ -4829,20 +4835,10 @@ MSKV_API mskv_result mskv_cuda_prefix_view_gather(mskv_cuda_store *st, mskv_pref
         if (r != MSKV_CU_SUCCESS) res = mskv__cuda_fail(cu, r, "cuMemcpyHtoDAsync(prefix page ids)");
         for (l = 0; res == MSKV_SUCCESS && l < st->d.num_layers; l++)
             for (kind = 0; res == MSKV_SUCCESS && kind < 2; kind++) {
-                mskv_cu_ptr pool = mskv_cuda_store_pool(st, l, kind), ids = st->d_ids;
+                mskv_cu_ptr pool = mskv_cuda_store_pool(st, l, kind);
                 mskv_cu_ptr dst = (mskv_cu_ptr)(uintptr_t)(kind ? v->v : v->k) +
                                   (mskv_cu_ptr)(((size_t)l * (size_t)v->cap_tokens + (size_t)done * (size_t)st->d.page_size) * slot);
-                long long pbl = (long long)pb;
-                int nw = whole;
-                if (whole > 0) {
-                    /* mskv_page_gather(pool, pages, n_pages, page_bytes, dst, dst_stride) */
-                    size_t blocks = (pb + 4095) / 4096;
-                    unsigned int grid[3], block[3] = { 256, 1, 1 };
-                    void *args[6];
-                    grid[0] = (unsigned int)(blocks > 65535 ? 65535 : blocks); grid[1] = (unsigned int)whole; grid[2] = 1;
-                    args[0] = &pool; args[1] = &ids; args[2] = &nw; args[3] = &pbl; args[4] = &dst; args[5] = &pbl;
-                    res = mskv__cuda_launch(st, f, grid, block, 0, args);
-                }
+                if (whole > 0) res = mskv__cuda_page_copies(st, f, pool, whole, dst, pb);   /* pages one after another */
                 if (res == MSKV_SUCCESS && tail > 0) {
                     bytes = (size_t)tail * slot;
                     r = cu->fn.cuMemcpyDtoDAsync(dst + (mskv_cu_ptr)((size_t)whole * pb),
@@ -5438,26 +5434,36 @@ static mskv_result mskv__cuda_attn_geometry_sm90(int32_t batch, int32_t total_q,
    kernel's tiles. Without cuTensorMapEncodeTiled (or when it refuses) the
    kernel copies with cp.async. OUT_OF_MEMORY (nothing made; the next call
    tries again) is the only failure. */
-static mskv_result mskv__cuda_store_tmaps(mskv_cuda_store *st) {
-    mskv_cuda *cu = st->cu;
-    const int32_t D = st->d.head_dim, P = st->d.page_size, kvh = st->d.kv_heads, bn = mskv__attn_sm90_keys(D);
+/* One tensor map of the sm_90a kernel's K/V layout at base: pages of
+   `rows` slots of [kv_heads][D] 16-bit elements (dims D, kv_heads, rows,
+   pages), a box of 64 elements of one head over box_rows slots of one page,
+   the 128-byte swizzle of the kernel's tiles. The pools are num_pages pages
+   of page_size rows; a dense K/V is one page of all its rows. */
+static mskv_cu_result mskv__cuda_tmap_encode(const mskv_cuda_store *st, unsigned char *map, mskv_cu_ptr base,
+                                             unsigned long long rows, unsigned long long pages, unsigned int box_rows) {
     unsigned long long dims[4], strides[3];
     unsigned int box[4], es[4] = { 1, 1, 1, 1 };
+    dims[0] = (unsigned long long)st->d.head_dim; dims[1] = (unsigned long long)st->d.kv_heads; dims[2] = rows;
+    dims[3] = pages;
+    strides[0] = dims[0] * 2; strides[1] = strides[0] * dims[1]; strides[2] = strides[1] * rows;
+    box[0] = 64; box[1] = 1; box[2] = box_rows; box[3] = 1;
+    return st->cu->fn.cuTensorMapEncodeTiled(map, st->d.dtype == MSKV_DTYPE_F16 ? 6 : 9, 4, (void *)(uintptr_t)base, dims,
+                                             strides, box, es, 0, 3 /* 128 B swizzle */, 3 /* L2 256 B */, 0);
+}
+
+static mskv_result mskv__cuda_store_tmaps(mskv_cuda_store *st) {
+    mskv_cuda *cu = st->cu;
+    const int32_t P = st->d.page_size, bn = mskv__attn_sm90_keys(st->d.head_dim);
     int32_t i;
     if (st->tmaps_state != 0) return MSKV_SUCCESS;
     if (!cu->fn.cuTensorMapEncodeTiled) { st->tmaps_state = -1; return MSKV_SUCCESS; }
-    dims[0] = (unsigned long long)D; dims[1] = (unsigned long long)kvh; dims[2] = (unsigned long long)P;
-    dims[3] = (unsigned long long)st->d.num_pages;
-    strides[0] = (unsigned long long)D * 2; strides[1] = strides[0] * (unsigned long long)kvh;
-    strides[2] = strides[1] * (unsigned long long)P;
-    box[0] = 64; box[1] = 1; box[2] = (unsigned int)(P < bn ? P : bn); box[3] = 1;
     st->tmap_mem = (unsigned char *)mskv__cuda_alloc(&cu->allocator, (size_t)st->d.num_layers * 256 + 64);
     if (!st->tmap_mem) return MSKV_ERROR_OUT_OF_MEMORY;
     st->tmaps = st->tmap_mem + ((64 - ((uintptr_t)st->tmap_mem & 63)) & 63);
     for (i = 0; i < 2 * st->d.num_layers; i++) {
-        mskv_cu_result r = cu->fn.cuTensorMapEncodeTiled(st->tmaps + (size_t)i * 128, st->d.dtype == MSKV_DTYPE_F16 ? 6 : 9, 4,
-                                                         (void *)(uintptr_t)mskv_cuda_store_pool(st, i / 2, i % 2), dims,
-                                                         strides, box, es, 0, 3 /* 128 B swizzle */, 3 /* L2 256 B */, 0);
+        mskv_cu_result r = mskv__cuda_tmap_encode(st, st->tmaps + (size_t)i * 128, mskv_cuda_store_pool(st, i / 2, i % 2),
+                                                  (unsigned long long)P, (unsigned long long)st->d.num_pages,
+                                                  (unsigned int)(P < bn ? P : bn));
         if (r != MSKV_CU_SUCCESS) {
             mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_WARN,
                            "mstar_kv cuda: cuTensorMapEncodeTiled refused the pools (CUDA error %d): K/V by cp.async", r);
@@ -5488,11 +5494,8 @@ struct mskv__cuda_dense_key {
 };
 static const unsigned char *mskv__cuda_dense_tmaps(mskv_cuda_store *st, const mskv_dense_kv *dk, int32_t bn) {
     mskv_cuda *cu = st->cu;
-    const unsigned long long D = (unsigned long long)st->d.head_dim, kvh = (unsigned long long)dk->kv_heads;
     const unsigned long long rows = (unsigned long long)dk->tokens;
     const size_t table = (size_t)256 * MSKV__CUDA_DENSE_MAPS + sizeof(struct mskv__cuda_dense_key) * MSKV__CUDA_DENSE_MAPS;
-    unsigned long long dims[4], strides[3];
-    unsigned int box[4], es[4] = { 1, 1, 1, 1 };
     struct mskv__cuda_dense_key *e = NULL;
     unsigned char *maps;
     uint32_t h;
@@ -5522,14 +5525,11 @@ static const unsigned char *mskv__cuda_dense_tmaps(mskv_cuda_store *st, const ms
         e = &st->dense_keys[h];
     }
     maps = st->dense_maps + (size_t)(e - st->dense_keys) * 256;
-    dims[0] = D; dims[1] = kvh; dims[2] = rows; dims[3] = 1;
-    strides[0] = D * 2; strides[1] = strides[0] * kvh; strides[2] = strides[1] * rows;
-    if (strides[2] >= (1ull << 40)) return NULL;
-    box[0] = 64; box[1] = 1; box[2] = (unsigned int)bn; box[3] = 1;
+    /* kv_heads is the store's (checked): one page of all the rows */
+    if ((unsigned long long)st->d.head_dim * 2 * (unsigned long long)st->d.kv_heads * rows >= (1ull << 40)) return NULL;
     for (i = 0; i < 2; i++)
-        if (cu->fn.cuTensorMapEncodeTiled(maps + (size_t)i * 128, st->d.dtype == MSKV_DTYPE_F16 ? 6 : 9, 4,
-                                          (void *)(uintptr_t)(i ? dk->v : dk->k), dims, strides, box, es, 0,
-                                          3 /* 128 B swizzle */, 3 /* L2 256 B */, 0) != MSKV_CU_SUCCESS)
+        if (mskv__cuda_tmap_encode(st, maps + (size_t)i * 128, (mskv_cu_ptr)(uintptr_t)(i ? dk->v : dk->k), rows, 1,
+                                   (unsigned int)bn) != MSKV_CU_SUCCESS)
             return NULL;   /* the slot stays empty */
     e->k = dk->k; e->v = dk->v; e->rows = dk->tokens; e->bn = bn;
     st->dense_used++;
