@@ -248,7 +248,13 @@ typedef struct mskv_cuda_desc {
     mskv_log_fn log;
     void *log_user;
     mskv_cuda_attn_path attn_path;  /* 0 = AUTO */
+    int32_t selftest;               /* MSKV_CUDA_SELFTEST_ON (0, the default): the first time a device loads an
+                                       attention or K/V write variant it runs a small known-answer problem
+                                       against the CPU backend, and a variant that fails is not used;
+                                       MSKV_CUDA_SELFTEST_OFF skips the check */
 } mskv_cuda_desc;
+
+enum { MSKV_CUDA_SELFTEST_ON = 0, MSKV_CUDA_SELFTEST_OFF = 1 };
 
 typedef struct mskv_cuda_info {
     char name[128];
@@ -263,6 +269,12 @@ typedef struct mskv_cuda_info {
     int32_t disk_hits;              /* variants read from the disk cache */
     int32_t wgmma;                  /* 1: prefill attention runs the sm_90a kernel (compute capability 9.0,
                                        not forced off, and it has not failed to compile or load) */
+    char nvrtc_path[512];           /* the libnvrtc in use ("injected" with mskv_cuda_desc.functions) */
+    char nvrtc_choice[512];         /* why that one: the candidates' CUDA majors against the driver's */
+    int32_t selftests_passed;       /* kernel variants whose known-answer self-test passed (this context) */
+    int32_t selftests_failed;       /* variants that failed it: marked bad, the fallback taken */
+    double selftest_ms;             /* wall time of those self-tests, in milliseconds */
+    char selftest_report[1024];     /* one line per variant tested: name, pass or FAIL, worst error, ms */
 } mskv_cuda_info;
 
 /* Checks, without creating anything, whether a context could be created:

@@ -71,7 +71,8 @@ class Cuda:
     def info(self):
         i = mskv_cuda_info()
         self._call("mskv_cuda_info_get", self.ptr, byref(i))
-        return {f: (getattr(i, f).decode() if f == "name" else getattr(i, f)) for f, _ in i._fields_}
+        return {f: (v.decode(errors="replace") if isinstance(v, bytes) else v)
+                for f, v in ((f, getattr(i, f)) for f, _ in i._fields_)}
 
     def close(self):
         """Closes every store of this context, then the context."""

@@ -11,7 +11,7 @@ import glob
 import importlib.machinery
 import os
 import re
-from ctypes import (Structure, c_char, c_char_p, c_float, c_int, c_int32, c_int64,
+from ctypes import (Structure, c_char, c_char_p, c_double, c_float, c_int, c_int32, c_int64,
                     c_size_t, c_uint32, c_uint64, c_void_p)
 
 # ---- constants (the test compares each with the header's value) -----------------
@@ -308,6 +308,7 @@ class mskv_cuda_desc(Structure):
         ("log", c_void_p),
         ("log_user", c_void_p),
         ("attn_path", c_int),
+        ("selftest", c_int32),
     ]
 
 
@@ -324,6 +325,12 @@ class mskv_cuda_info(Structure):
         ("compiles", c_int32),
         ("disk_hits", c_int32),
         ("wgmma", c_int32),
+        ("nvrtc_path", c_char * 512),
+        ("nvrtc_choice", c_char * 512),
+        ("selftests_passed", c_int32),
+        ("selftests_failed", c_int32),
+        ("selftest_ms", c_double),
+        ("selftest_report", c_char * 1024),
     ]
 
 
