@@ -51,7 +51,8 @@ WIN_CHECKS += $(B)/static-check-mingw-cxx.exe
 endif
 endif
 # what tests/test_cuda.c's NVRTC search tests run: a fresh process per layout, a stand-in libnvrtc
-LOADER_AIDS := $(B)/nvrtc-find $(B)/fake-nvrtc/libnvrtc.so
+# (NVRTC 12.34 and 13.0), and a stand-in libcuda whose version a test sets (the NVRTC choice)
+LOADER_AIDS := $(B)/nvrtc-find $(B)/fake-nvrtc/libnvrtc.so $(B)/fake-nvrtc13/libnvrtc.so $(B)/fake-cuda/libcuda.so.1
 ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
@@ -94,6 +95,12 @@ $(B)/nvrtc-find: tests/nvrtc_find.c $(HDRS) | $(B)
 $(B)/fake-nvrtc/libnvrtc.so: tests/fake_nvrtc.c | $(B)
 	mkdir -p $(B)/fake-nvrtc
 	gcc -std=c99 $(WARN) -O1 -shared -fPIC tests/fake_nvrtc.c -o $@
+$(B)/fake-nvrtc13/libnvrtc.so: tests/fake_nvrtc.c | $(B)
+	mkdir -p $(B)/fake-nvrtc13
+	gcc -std=c99 $(WARN) -O1 -shared -fPIC -DFAKE_NVRTC_MAJOR=13 -DFAKE_NVRTC_MINOR=0 tests/fake_nvrtc.c -o $@
+$(B)/fake-cuda/libcuda.so.1: tests/fake_cuda.c tests/mskv_mock_cuda.h mstar_kv.h mstar_kv_cuda.h | $(B)
+	mkdir -p $(B)/fake-cuda
+	gcc -std=c99 $(WARN) -O1 -shared -fPIC tests/fake_cuda.c -o $@
 
 # The test program as C99 and as C++17 under gcc and clang, -Werror. Three
 # of the four run the suite: each language and each compiler's code run at

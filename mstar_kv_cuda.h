@@ -32,7 +32,15 @@
                        and the wheels in the user's and system's site-packages
                        (Windows: nvrtc64_130_0.dll, nvrtc64_120_0.dll,
                        nvrtc64_112_0.dll, also under %CUDA_PATH%\bin\x64 and
-                       %CUDA_PATH%\bin)
+                       %CUDA_PATH%\bin). A context takes the newest NVRTC
+                       whose CUDA major is not above the driver's
+                       (cuDriverGetVersion / 1000), the first found among
+                       equals: what a newer NVRTC compiles that driver does not
+                       load (CUDA 13's CUBINs need R580 or newer). A named one
+                       (nvrtc_path, MSKV_NVRTC_PATH) is taken or refused, never
+                       replaced; none that fits: mskv_cuda_create fails with
+                       MSKV_ERROR_UNSUPPORTED and both fixes. mskv_cuda_info's
+                       nvrtc_path and nvrtc_choice say what was taken and why.
      MSKV_CACHE_DIR    the kernel cache directory (else $XDG_CACHE_HOME/mstar_kv,
                        else ~/.cache/mstar_kv; Windows: %LOCALAPPDATA%\mstar_kv);
                        mskv_cuda_desc.cache_dir wins
@@ -291,7 +299,9 @@ MSKV_API mskv_result mskv_cuda_probe_driver(const mskv_cuda_desc *desc, int32_t 
                                             char *why, size_t why_cap);
 /* Loads the libraries (once per process), opens the device's primary context.
    Return value: MSKV_SUCCESS, CUDA_UNAVAILABLE (details to the logger and to
-   mskv_cuda_probe), OUT_OF_MEMORY, CUDA. */
+   mskv_cuda_probe), UNSUPPORTED (every NVRTC found is of a newer CUDA major
+   than the driver: the logger gets both versions and the fixes, a driver for
+   that CUDA or `pip install nvidia-cuda-nvrtc-cu12`), OUT_OF_MEMORY, CUDA. */
 MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **out);
 /* Destroy every store of the context first. */
 MSKV_API void mskv_cuda_destroy(mskv_cuda *cu);
@@ -2991,6 +3001,9 @@ typedef struct mskv__cuda_global {
     char driver_why[768];
     char nvrtc_why[2048];      /* every candidate tried, each with the loader's reason */
     char nvrtc_used[512];      /* the libnvrtc that loaded */
+    char nvrtc_choice[512];    /* why that one (mskv_cuda_info.nvrtc_choice) */
+    int nvrtc_version;         /* its version, 1000*major + 10*minor */
+    int driver_version;        /* the loaded driver's, likewise (0: none) */
     void *libcuda, *libnvrtc;
     mskv_cuda_functions fn;
 } mskv__cuda_global;
@@ -3091,23 +3104,120 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
     return MSKV_SUCCESS;
 }
 
-static mskv_result mskv__cuda_open_nvrtc(const char *first, void **lib_out, char *used_out, size_t used_cap,
+/* The version of an opened NVRTC (1000*major + 10*minor), 0 when it has no
+   working nvrtcVersion. */
+static int mskv__cuda_nvrtc_version_of(void *lib) {
+    mskv_nvrtc_result (*version)(int *, int *) = NULL;
+    void *p = mskv__cuda_sym(lib, "nvrtcVersion");
+    int major = 0, minor = 0;
+    if (!p) return 0;
+    memcpy((void *)&version, &p, sizeof(p));
+    if (version(&major, &minor) != 0 || major <= 0 || major > 99 || minor < 0 || minor > 99) return 0;
+    return major * 1000 + minor * 10;
+}
+
+/* The fixes for an NVRTC too new for the driver, in a sentence. */
+static void mskv__cuda_nvrtc_fixes(char *out, size_t cap, int nvrtc_major, int driver_major) {
+    char pkg[64];
+    if (driver_major >= 13) mskv__cuda_format(pkg, sizeof(pkg), "nvidia-cuda-nvrtc==%d.*", driver_major);
+    else mskv__cuda_format(pkg, sizeof(pkg), "nvidia-cuda-nvrtc-cu%d", driver_major);
+    mskv__cuda_format(out, cap,
+                      "install a driver for CUDA %d or newer%s, or an NVRTC of CUDA %d or older "
+                      "(pip install %s: found in the active Python environment; or MSKV_NVRTC_PATH)",
+                      nvrtc_major, nvrtc_major == 13 ? " (R580 or newer)" : "", driver_major, pkg);
+}
+
+/* Opens NVRTC. With driver_major > 0 (the CUDA major of the driver that
+   will load what it compiles, cuDriverGetVersion / 1000) it takes the
+   newest major that is not newer than the driver's among every candidate
+   that loads, the first in search order among equals (the search order is
+   the environment's preference: a venv's wheel before the system's); a
+   CUBIN from a newer NVRTC is refused by that driver (CUDA 13's carry a new
+   ELF ABI that drivers before R580 reject), and its PTX too (a newer ISA).
+   An explicit library (desc.nvrtc_path, MSKV_NVRTC_PATH) that loads is
+   taken as it is, or refused when too new; it is never passed over for
+   another. With driver_major 0 (compiling without a device) the first that
+   loads. choice gets what was chosen and why; why gets every failure. A
+   fitting NVRTC absent: MSKV_ERROR_UNSUPPORTED. */
+static mskv_result mskv__cuda_open_nvrtc(const char *first, int driver_major, void **lib_out, char *used_out,
+                                         size_t used_cap, int *version_out, char *choice, size_t choice_cap,
                                          mskv_cuda_functions *fn, char *why, size_t cap) {
-    char env[1024], paths[MSKV__CUDA_NVRTC_MAX][512];
+    char env[1024], paths[MSKV__CUDA_NVRTC_MAX][512], over[1024] = "", fixes[512];
     const char *cand[MSKV__CUDA_NVRTC_MAX + 2];
-    int n = 0, i, np, missing = 0;
+    int n = 0, n_explicit = 0, i, np, missing = 0, best = -1, best_version = 0, newest_refused = 0;
     void *lib = NULL, *p;
     const char *used = NULL;
     if (first && *first) cand[n++] = first;
     if (mskv__cuda_getenv("MSKV_NVRTC_PATH", env, sizeof(env))) cand[n++] = env;
+    n_explicit = n;
     np = mskv__cuda_nvrtc_candidates(paths, MSKV__CUDA_NVRTC_MAX);
     for (i = 0; i < np; i++) cand[n++] = paths[i];
-    lib = mskv__cuda_open_first(cand, n, &used, why, cap);
+    choice[0] = 0;
+    for (i = 0; i < n; i++) {
+        char err[512] = "";
+        void *l = mskv__cuda_lib_open(cand[i], err, sizeof(err));
+        int v, major;
+        if (!l) {
+            /* dlerror's message starts with the name already (LoadLibrary's does not) */
+            if (strstr(err, cand[i])) mskv__cuda_appendf(why, cap, "%s%s", why[0] ? "; " : "", err);
+            else mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", cand[i], err);
+            continue;
+        }
+        if ((v = mskv__cuda_nvrtc_version_of(l)) == 0) {
+            mskv__cuda_appendf(why, cap, "%s%s: not an NVRTC (no working nvrtcVersion)", why[0] ? "; " : "", cand[i]);
+            mskv__cuda_lib_close(l);
+            continue;
+        }
+        major = v / 1000;
+        if (driver_major > 0 && major > driver_major) {
+            mskv__cuda_appendf(over, sizeof(over), "%sNVRTC %d.%d at %s", over[0] ? ", " : "", major, v % 1000 / 10,
+                               cand[i]);
+            if (v > newest_refused) newest_refused = v;
+            mskv__cuda_lib_close(l);
+            if (i < n_explicit) {
+                mskv__cuda_nvrtc_fixes(fixes, sizeof(fixes), major, driver_major);
+                mskv__cuda_appendf(why, cap, "%s%s (%s) is NVRTC %d.%d, newer than the CUDA %d driver: what it "
+                                   "compiles that driver cannot load; %s", why[0] ? "; " : "", cand[i],
+                                   i == 0 && first && *first ? "mskv_cuda_desc.nvrtc_path" : "MSKV_NVRTC_PATH",
+                                   major, v % 1000 / 10, driver_major, fixes);
+                if (lib) mskv__cuda_lib_close(lib);
+                return MSKV_ERROR_UNSUPPORTED;
+            }
+            continue;
+        }
+        if (lib && major <= best_version / 1000) { mskv__cuda_lib_close(l); continue; }
+        if (lib) mskv__cuda_lib_close(lib);
+        lib = l; best = i; best_version = v;
+        /* nothing later can be better: explicit, no driver to fit, or the driver's own major */
+        if (i < n_explicit || driver_major <= 0 || major == driver_major) break;
+    }
     if (!lib) {
+        if (newest_refused) {
+            /* the verdict first, then what else was tried */
+            char tried[2048];
+            mskv__cuda_copystr(tried, sizeof(tried), why);
+            mskv__cuda_nvrtc_fixes(fixes, sizeof(fixes), newest_refused / 1000, driver_major);
+            mskv__cuda_format(why, cap, "no NVRTC fits the CUDA %d driver: found only %s, newer than the driver "
+                              "(what they compile it cannot load); %s%s%s", driver_major, over, fixes,
+                              tried[0] ? "; also tried: " : "", tried);
+            return MSKV_ERROR_UNSUPPORTED;
+        }
         mskv__cuda_appendf(why, cap, "%s", MSKV__CUDA_NVRTC_NOT_FOUND);
         return MSKV_ERROR_CUDA_UNAVAILABLE;
     }
+    used = cand[best];
     if (used_out) mskv__cuda_copystr(used_out, used_cap, used);
+    if (version_out) *version_out = best_version;
+    if (best < n_explicit)
+        mskv__cuda_format(choice, choice_cap, "NVRTC %d.%d from %s", best_version / 1000, best_version % 1000 / 10,
+                          best == 0 && first && *first ? "mskv_cuda_desc.nvrtc_path" : "MSKV_NVRTC_PATH");
+    else if (driver_major <= 0)
+        mskv__cuda_format(choice, choice_cap, "NVRTC %d.%d, the first found (no driver to match)",
+                          best_version / 1000, best_version % 1000 / 10);
+    else
+        mskv__cuda_format(choice, choice_cap, "NVRTC %d.%d: the newest not newer than the CUDA %d driver",
+                          best_version / 1000, best_version % 1000 / 10, driver_major);
+    if (over[0]) mskv__cuda_appendf(choice, choice_cap, "; passed over (too new): %s", over);
 #define MSKV__CUDA_RESOLVE_NVRTC(ret, name, sym, params)                                   \
     p = mskv__cuda_sym(lib, sym);                                                          \
     if (p) MSKV__CUDA_SET_FN(fn->name, p);                                                 \
@@ -3122,8 +3232,13 @@ static mskv_result mskv__cuda_open_nvrtc(const char *first, void **lib_out, char
     return MSKV_SUCCESS;
 }
 
-/* Loads what is asked for (driver and/or NVRTC) into the global table, once. */
-static mskv_result mskv__cuda_load(int want_driver, int want_nvrtc, const char *nvrtc_path,
+/* Loads what is asked for (driver and/or NVRTC) into the global table, once.
+   NVRTC is chosen for the driver's CUDA major: the one loaded here
+   (want_driver), else driver_major (a driver the caller opened itself; 0:
+   none, compiling only). An NVRTC loaded earlier for no driver or another
+   one that this driver cannot take is chosen again; the library it came from
+   stays open, since contexts made before keep its functions. */
+static mskv_result mskv__cuda_load(int want_driver, int want_nvrtc, const char *nvrtc_path, int driver_major,
                                    mskv_cuda_functions *fn_out, char *why, size_t cap) {
     mskv_result r = MSKV_SUCCESS;
     mskv__cuda_global *g = &mskv__cuda_g;
@@ -3138,6 +3253,7 @@ static mskv_result mskv__cuda_load(int want_driver, int want_nvrtc, const char *
 #define MSKV__CUDA_COPY(ret, name, sym, params) g->fn.name = tmp.name;
             MSKV_CUDA_DRIVER_FUNCTIONS(MSKV__CUDA_COPY)
 #undef MSKV__CUDA_COPY
+            if (g->fn.cuDriverGetVersion(&g->driver_version) != MSKV_CU_SUCCESS) g->driver_version = 0;
         }
         g->driver_tried = 1;
     }
@@ -3145,22 +3261,31 @@ static mskv_result mskv__cuda_load(int want_driver, int want_nvrtc, const char *
         mskv__cuda_appendf(why, cap, "%s%s", why && why[0] ? "; " : "", g->driver_why);
         r = MSKV_ERROR_CUDA_UNAVAILABLE;
     }
+    if (want_driver && g->driver_result == MSKV_SUCCESS) driver_major = g->driver_version / 1000;
+    if (want_nvrtc && g->nvrtc_ok && driver_major > 0 && g->nvrtc_version / 1000 > driver_major) g->nvrtc_ok = 0;
     /* NVRTC is retried until it loads: a later desc may name a path */
     if (want_nvrtc && !g->nvrtc_ok) {
         mskv_cuda_functions tmp;
+        mskv_result nr;
+        void *lib = NULL;
         memset(&tmp, 0, sizeof(tmp));
         g->nvrtc_why[0] = 0;
-        if (mskv__cuda_open_nvrtc(nvrtc_path, &g->libnvrtc, g->nvrtc_used, sizeof(g->nvrtc_used), &tmp, g->nvrtc_why,
-                                  sizeof(g->nvrtc_why)) == MSKV_SUCCESS) {
+        nr = mskv__cuda_open_nvrtc(nvrtc_path, driver_major, &lib, g->nvrtc_used, sizeof(g->nvrtc_used),
+                                   &g->nvrtc_version, g->nvrtc_choice, sizeof(g->nvrtc_choice), &tmp, g->nvrtc_why,
+                                   sizeof(g->nvrtc_why));
+        if (nr == MSKV_SUCCESS) {
 #define MSKV__CUDA_COPY(ret, name, sym, params) g->fn.name = tmp.name;
             MSKV_CUDA_NVRTC_FUNCTIONS(MSKV__CUDA_COPY)
 #undef MSKV__CUDA_COPY
+            g->libnvrtc = lib;
             g->nvrtc_ok = 1;
+        } else if (r == MSKV_SUCCESS) {
+            r = nr;
         }
     }
     if (want_nvrtc && !g->nvrtc_ok) {
         mskv__cuda_appendf(why, cap, "%s%s", why && why[0] ? "; " : "", g->nvrtc_why);
-        r = MSKV_ERROR_CUDA_UNAVAILABLE;
+        if (r == MSKV_SUCCESS) r = MSKV_ERROR_CUDA_UNAVAILABLE;
     }
     if (fn_out) *fn_out = g->fn;
     mskv__cuda_unlock(&mskv__cuda_g_lock);
@@ -3352,6 +3477,7 @@ static void mskv__cuda_cache_dir_checked(const mskv_cuda_desc *d, char *out, siz
 MSKV_API mskv_result mskv_cuda_probe(const mskv_cuda_desc *desc, char *why, size_t why_cap) {
     mskv_cuda_desc zero;
     mskv_result r;
+    int version = 0;
     if (why && why_cap) why[0] = 0;
     if (!desc) { memset(&zero, 0, sizeof(zero)); desc = &zero; }
     if (desc->functions) return MSKV_SUCCESS;
@@ -3362,11 +3488,12 @@ MSKV_API mskv_result mskv_cuda_probe(const mskv_cuda_desc *desc, char *why, size
         memset(&tmp, 0, sizeof(tmp));
         r = mskv__cuda_open_driver(&desc->driver_path, 1, &lib, &tmp, buf, sizeof(buf));
         mskv__cuda_appendf(why, why_cap, "%s", buf);
+        if (r == MSKV_SUCCESS && tmp.cuDriverGetVersion(&version) != MSKV_CU_SUCCESS) version = 0;
         if (lib) mskv__cuda_lib_close(lib);
         if (r != MSKV_SUCCESS) return r;
-        return mskv__cuda_load(0, 1, desc->nvrtc_path, NULL, why, why_cap);
+        return mskv__cuda_load(0, 1, desc->nvrtc_path, version / 1000, NULL, why, why_cap);
     }
-    return mskv__cuda_load(1, 1, desc->nvrtc_path, NULL, why, why_cap);
+    return mskv__cuda_load(1, 1, desc->nvrtc_path, 0, NULL, why, why_cap);
 }
 
 MSKV_API mskv_result mskv_cuda_probe_driver(const mskv_cuda_desc *desc, int32_t *devices, int32_t *driver_version,
@@ -3389,7 +3516,7 @@ MSKV_API mskv_result mskv_cuda_probe_driver(const mskv_cuda_desc *desc, int32_t 
         r = mskv__cuda_open_driver(&desc->driver_path, 1, &lib, &fn, buf, sizeof(buf));
         mskv__cuda_appendf(why, why_cap, "%s", buf);
     } else {
-        r = mskv__cuda_load(1, 0, NULL, &fn, why, why_cap);
+        r = mskv__cuda_load(1, 0, NULL, 0, &fn, why, why_cap);
     }
     if (r == MSKV_SUCCESS && (fn.cuDeviceGetCount(&count) != MSKV_CU_SUCCESS || count <= 0)) {
         mskv__cuda_appendf(why, why_cap, "%sno CUDA device", why && why[0] ? "; " : "");
@@ -3441,14 +3568,16 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
         res = mskv__cuda_open_driver(&desc->driver_path, 1, &cu->own_driver, &cu->fn, why, sizeof(why));
         if (res == MSKV_SUCCESS) {
             mskv_cuda_functions g;
-            res = mskv__cuda_load(0, 1, desc->nvrtc_path, &g, why, sizeof(why));
+            int version = 0;
+            if (cu->fn.cuDriverGetVersion(&version) != MSKV_CU_SUCCESS) version = 0;
+            res = mskv__cuda_load(0, 1, desc->nvrtc_path, version / 1000, &g, why, sizeof(why));
 #define MSKV__CUDA_COPY(ret, name, sym, params) cu->fn.name = g.name;
             MSKV_CUDA_NVRTC_FUNCTIONS(MSKV__CUDA_COPY)
 #undef MSKV__CUDA_COPY
         }
         if (res != MSKV_SUCCESS) goto unavailable;
     } else {
-        res = mskv__cuda_load(1, 1, desc->nvrtc_path, &cu->fn, why, sizeof(why));
+        res = mskv__cuda_load(1, 1, desc->nvrtc_path, 0, &cu->fn, why, sizeof(why));
         if (res != MSKV_SUCCESS) goto unavailable;
     }
     r = cu->fn.cuDeviceGetCount(&n);
@@ -3477,6 +3606,27 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
         goto unavailable;
     }
     cu->info.nvrtc_version = major * 1000 + minor * 10;
+    if (desc->functions) {
+        mskv__cuda_copystr(cu->info.nvrtc_path, sizeof(cu->info.nvrtc_path), "injected");
+        mskv__cuda_format(cu->info.nvrtc_choice, sizeof(cu->info.nvrtc_choice), "NVRTC %d.%d of the injected table",
+                          major, minor);
+    } else {
+        mskv__cuda_lock(&mskv__cuda_g_lock);
+        mskv__cuda_copystr(cu->info.nvrtc_path, sizeof(cu->info.nvrtc_path), mskv__cuda_g.nvrtc_used);
+        mskv__cuda_copystr(cu->info.nvrtc_choice, sizeof(cu->info.nvrtc_choice), mskv__cuda_g.nvrtc_choice);
+        mskv__cuda_unlock(&mskv__cuda_g_lock);
+    }
+    /* the loader chose for the driver; this holds an injected table (and a
+       driver whose version call disagrees with the loader's) to the same rule */
+    if (major > cu->info.driver_version / 1000) {
+        char fixes[512];
+        mskv__cuda_nvrtc_fixes(fixes, sizeof(fixes), major, (int)cu->info.driver_version / 1000);
+        mskv__cuda_format(why, sizeof(why), "NVRTC %d.%d (%s) is newer than the driver (CUDA %d.%d): what it "
+                          "compiles that driver cannot load; %s", major, minor, cu->info.nvrtc_path,
+                          (int)cu->info.driver_version / 1000, (int)cu->info.driver_version % 1000 / 10, fixes);
+        res = MSKV_ERROR_UNSUPPORTED;
+        goto unavailable;
+    }
     /* CUBIN for the device's own arch when NVRTC knows it, else PTX for the
        newest arch NVRTC knows below it (the driver finishes the job) */
     cu->info.arch = cu->info.cc_major * 10 + cu->info.cc_minor;
@@ -3527,22 +3677,16 @@ MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **ou
     }
     cu->desc.disable_disk_cache = cu->cache_dir[0] ? 0 : 1;
     cu->info.wgmma = mskv__cuda_sm90_device(cu) && desc->attn_path != MSKV_CUDA_ATTN_MMA;
-    {
-        char nvrtc[512] = "injected";
-        if (!desc->functions) {
-            mskv__cuda_lock(&mskv__cuda_g_lock);
-            mskv__cuda_copystr(nvrtc, sizeof(nvrtc), mskv__cuda_g.nvrtc_used);
-            mskv__cuda_unlock(&mskv__cuda_g_lock);
-        }
-        mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_INFO, "mstar_kv cuda: %s, sm_%d%s, driver %d, NVRTC %d (%s), cache %s",
-                       cu->info.name, (int)cu->info.arch, cu->info.ptx_fallback ? " (PTX)" : "",
-                       (int)cu->info.driver_version, (int)cu->info.nvrtc_version, nvrtc,
-                       cu->cache_dir[0] ? cu->cache_dir : "off");
-    }
+    mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_INFO,
+                   "mstar_kv cuda: %s, sm_%d%s, driver %d, NVRTC %d (%s; %s), cache %s",
+                   cu->info.name, (int)cu->info.arch, cu->info.ptx_fallback ? " (PTX)" : "",
+                   (int)cu->info.driver_version, (int)cu->info.nvrtc_version, cu->info.nvrtc_path,
+                   cu->info.nvrtc_choice, cu->cache_dir[0] ? cu->cache_dir : "off");
     *out = cu;
     return MSKV_SUCCESS;
 unavailable:
-    mskv__cuda_log(desc->log, desc->log_user, MSKV_LOG_ERROR, "mstar_kv cuda unavailable: %s", why);
+    mskv__cuda_log(desc->log, desc->log_user, MSKV_LOG_ERROR, "mstar_kv cuda %s: %s",
+                   res == MSKV_ERROR_UNSUPPORTED ? "unsupported" : "unavailable", why);
 fail:
     if (cu->own_driver) mskv__cuda_lib_close(cu->own_driver);
     mskv__cuda_dealloc(&desc->allocator, cu);
@@ -3825,7 +3969,7 @@ MSKV_API mskv_result mskv_cuda_compile(const mskv_cuda_desc *desc, const mskv_cu
     if (!desc || !info || !out) return MSKV_ERROR_NULL_POINTER;
     memset(out, 0, sizeof(*out));
     if (desc->functions) fn = *desc->functions;
-    else if ((res = mskv__cuda_load(0, 1, desc->nvrtc_path, &fn, why, sizeof(why))) != MSKV_SUCCESS) {
+    else if ((res = mskv__cuda_load(0, 1, desc->nvrtc_path, 0, &fn, why, sizeof(why))) != MSKV_SUCCESS) {
         mskv__cuda_log(desc->log, desc->log_user, MSKV_LOG_ERROR, "mstar_kv cuda: %s", why);
         return res;
     }

@@ -1,15 +1,24 @@
 /* A stand-in libnvrtc for the loader tests (tests/test_cuda.c puts it where
    PyPI's wheels put theirs): every function the loader resolves; it
-   "compiles" to PTX text that names it, so a test can tell which library a
-   fresh process loaded. Built by make as build/fake-nvrtc/libnvrtc.so. */
+   "compiles" to PTX text that names it and its version, so a test can tell
+   which library a fresh process loaded. Built by make as
+   build/fake-nvrtc/libnvrtc.so (NVRTC 12.34) and, with FAKE_NVRTC_MAJOR=13
+   and FAKE_NVRTC_MINOR=0, build/fake-nvrtc13/libnvrtc.so (13.0). */
 #include <stddef.h>
 #include <string.h>
 
-#define FAKE_TEXT "// fake libnvrtc of the mstar_kv loader tests\n"
+#ifndef FAKE_NVRTC_MAJOR
+#define FAKE_NVRTC_MAJOR 12
+#define FAKE_NVRTC_MINOR 34
+#endif
+#define FAKE_STR2(x) #x
+#define FAKE_STR(x) FAKE_STR2(x)
+#define FAKE_TEXT "// fake libnvrtc of the mstar_kv loader tests\n// version " FAKE_STR(FAKE_NVRTC_MAJOR) "." \
+    FAKE_STR(FAKE_NVRTC_MINOR) "\n"
 
 static int fake_program;
 
-int nvrtcVersion(int *major, int *minor) { *major = 12; *minor = 34; return 0; }
+int nvrtcVersion(int *major, int *minor) { *major = FAKE_NVRTC_MAJOR; *minor = FAKE_NVRTC_MINOR; return 0; }
 const char *nvrtcGetErrorString(int r) { (void)r; return "fake NVRTC error"; }
 int nvrtcGetNumSupportedArchs(int *n) { *n = 1; return 0; }
 int nvrtcGetSupportedArchs(int *archs) { archs[0] = 80; return 0; }

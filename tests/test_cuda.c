@@ -1125,10 +1125,11 @@ static int tcu_truncate(const char *path, long n) {
    libnvrtc, so these pass on a machine that has one too. */
 
 #ifndef _WIN32
-/* <root>/<site>/<wheel> -> build/fake-nvrtc/libnvrtc.so */
-static int tcu_fake_wheel(const char *root, const char *site, const char *wheel) {
-    char fake_rel[512], cwd[512], fake[1100], link[900], cmd[1000];
-    tcu_path(fake_rel, sizeof fake_rel, "../build/fake-nvrtc/libnvrtc.so");
+/* <root>/<site>/<wheel> -> build/<lib> (a stand-in of tests/fake_nvrtc.c) */
+static int tcu_fake_wheel_of(const char *root, const char *site, const char *wheel, const char *lib) {
+    char fake_rel[512], cwd[512], fake[1100], link[900], cmd[1000], rel[128];
+    snprintf(rel, sizeof rel, "../build/%s", lib);
+    tcu_path(fake_rel, sizeof fake_rel, rel);
     if (access(fake_rel, R_OK) != 0 || !getcwd(cwd, sizeof cwd)) {
         mt_fail(__FILE__, __LINE__, "%s is missing: make builds it with the tests", fake_rel);
         return 0;
@@ -1143,6 +1144,11 @@ static int tcu_fake_wheel(const char *root, const char *site, const char *wheel)
         return 0;
     }
     return 1;
+}
+
+/* <root>/<site>/<wheel> -> build/fake-nvrtc/libnvrtc.so (NVRTC 12.34) */
+static int tcu_fake_wheel(const char *root, const char *site, const char *wheel) {
+    return tcu_fake_wheel_of(root, site, wheel, "fake-nvrtc/libnvrtc.so");
 }
 
 /* The output of build/nvrtc-find with only name=value of the search's environment set. */
@@ -1197,13 +1203,211 @@ TEST(cuda_nvrtc_is_found_in_a_wheel_on_the_pythonpath) {
     }
     tcu_rm_dir(root);
 }
+
+/* ---- an NVRTC the driver can take ----------------------------------------------------------------
+   A CUBIN (or PTX) from an NVRTC newer than the driver does not load there
+   (CUDA 13's cubins carry an ELF ABI that drivers before R580 reject), so
+   the loader picks the newest NVRTC whose CUDA major is not above the
+   driver's. Each case is a fresh build/nvrtc-find over the stand-in driver
+   of tests/fake_cuda.c (build/fake-cuda/libcuda.so.1, found through
+   LD_LIBRARY_PATH as a real driver is, or named by driver_path; its version
+   set by MSKV_FAKE_DRIVER_VERSION) and a virtualenv holding the cu13 wheel
+   (a stand-in NVRTC 13.0), the cu12 wheel (12.34), or both. The system's
+   own NVRTC (13 on these machines) is found too, after the venv's. */
+
+#define TCU_CU13 "nvidia/cu13/lib/libnvrtc.so.13"
+#define TCU_CU12 "nvidia/cuda_nvrtc/lib/libnvrtc.so.12"
+#define TCU_SITE "lib/python3.11/site-packages"
+
+/* a venv under build/ with the wheels asked for; 0 when it could not be made */
+static int tcu_nvrtc_venv(char *root, size_t cap, const char *what, int cu13, int cu12) {
+    tcu_cache_dir(root, cap, what);
+    if (cu13 && !tcu_fake_wheel_of(root, TCU_SITE, TCU_CU13, "fake-nvrtc13/libnvrtc.so")) return 0;
+    if (cu12 && !tcu_fake_wheel_of(root, TCU_SITE, TCU_CU12, "fake-nvrtc/libnvrtc.so")) return 0;
+    return 1;
+}
+
+/* build/nvrtc-find ARGS with driver version `driver`, VIRTUAL_ENV=venv and
+   extra ("NAME=value ..." or ""); its output in out */
+static int tcu_nvrtc_run(int driver, const char *venv, const char *extra, const char *args, char *out, size_t cap) {
+    char prog[512], fakecuda[512], cmd[2600];
+    FILE *p;
+    size_t n;
+    tcu_path(prog, sizeof prog, "../build/nvrtc-find");
+    tcu_path(fakecuda, sizeof fakecuda, "../build/fake-cuda");
+    if (access(prog, X_OK) != 0 || access(fakecuda, R_OK) != 0) {
+        mt_fail(__FILE__, __LINE__, "%s or %s is missing: make builds them with the tests", prog, fakecuda);
+        return 0;
+    }
+    snprintf(cmd, sizeof cmd,
+             "env -u MSKV_NVRTC_PATH -u CONDA_PREFIX -u PYTHONPATH MSKV_FAKE_DRIVER_VERSION=%d VIRTUAL_ENV='%s' "
+             "LD_LIBRARY_PATH='%s' %s '%s' %s 2>&1", driver, venv, fakecuda, extra, prog, args);
+    p = popen(cmd, "r");
+    if (!p) return 0;
+    n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    pclose(p);
+    return 1;
+}
+
+/* the value of "name: value" in out (to the line's end), "" when absent */
+static const char *tcu_field(const char *out, const char *name, char *buf, size_t cap) {
+    char key[64];
+    const char *at;
+    size_t n;
+    snprintf(key, sizeof key, "\n%s: ", name);
+    buf[0] = 0;
+    at = strstr(out, key);
+    if (!at) return buf;
+    at += strlen(key);
+    n = strcspn(at, "\n");
+    if (n >= cap) n = cap - 1;
+    memcpy(buf, at, n);
+    buf[n] = 0;
+    return buf;
+}
+
+TEST(cuda_nvrtc_for_a_cuda_12_driver_is_12_when_13_and_12_are_both_present) {
+    char root[512], out[8192], f[1024], want[1100];
+    if (tcu_nvrtc_venv(root, sizeof root, "pick12", 1, 1) && tcu_nvrtc_run(12040, root, "", "create", out, sizeof out)) {
+        if (!strstr(out, "\ncreate: success")) mt_fail(__FILE__, __LINE__, "create failed:\n%s", out);
+        EXPECT_STREQ("12340", tcu_field(out, "nvrtc_version", f, sizeof f));
+        snprintf(want, sizeof want, "%s/%s/%s", root, TCU_SITE, TCU_CU12);
+        EXPECT_STREQ(want, tcu_field(out, "nvrtc_path", f, sizeof f));
+        /* the choice says why, and names the NVRTC it passed over */
+        tcu_field(out, "nvrtc_choice", f, sizeof f);
+        EXPECT_TRUE(strstr(f, "not newer than the CUDA 12 driver") != NULL);
+        EXPECT_TRUE(strstr(f, "passed over (too new): NVRTC 13.0") != NULL && strstr(f, TCU_CU13) != NULL);
+        /* and the log line of the context says the same */
+        EXPECT_TRUE(strstr(out, "log: mstar_kv cuda: mock") != NULL && strstr(out, "NVRTC 12340 (") != NULL);
+    }
+    tcu_rm_dir(root);
+}
+
+TEST(cuda_nvrtc_for_a_cuda_13_driver_is_13) {
+    char root[512], out[8192], f[1024], want[1100];
+    if (tcu_nvrtc_venv(root, sizeof root, "pick13", 1, 1) && tcu_nvrtc_run(13000, root, "", "create", out, sizeof out)) {
+        if (!strstr(out, "\ncreate: success")) mt_fail(__FILE__, __LINE__, "create failed:\n%s", out);
+        EXPECT_STREQ("13000", tcu_field(out, "nvrtc_version", f, sizeof f));
+        snprintf(want, sizeof want, "%s/%s/%s", root, TCU_SITE, TCU_CU13);   /* the venv's, before the system's */
+        EXPECT_STREQ(want, tcu_field(out, "nvrtc_path", f, sizeof f));
+        EXPECT_TRUE(strstr(tcu_field(out, "nvrtc_choice", f, sizeof f), "passed over") == NULL);
+    }
+    tcu_rm_dir(root);
+}
+
+/* Only NVRTC 13 around a CUDA 12 driver: create fails, UNSUPPORTED, and
+   says both versions and both fixes. (A machine whose system has an NVRTC
+   12 or 11 too gets that one: then it must be that one, not the venv's.) */
+TEST(cuda_nvrtc_13_alone_with_a_cuda_12_driver_is_refused_with_both_fixes) {
+    char root[512], out[8192], f[1024], want[1100];
+    if (tcu_nvrtc_venv(root, sizeof root, "only13", 1, 0) && tcu_nvrtc_run(12040, root, "", "create", out, sizeof out)) {
+        if (strstr(out, "\ncreate: success")) {
+            snprintf(want, sizeof want, "%s/%s/%s", root, TCU_SITE, TCU_CU13);
+            EXPECT_TRUE(strtol(tcu_field(out, "nvrtc_version", f, sizeof f), NULL, 10) / 1000 <= 12);
+            EXPECT_TRUE(strcmp(want, tcu_field(out, "nvrtc_path", f, sizeof f)) != 0);
+        } else {
+            if (!strstr(out, "\ncreate: unsupported")) mt_fail(__FILE__, __LINE__, "not UNSUPPORTED:\n%s", out);
+            EXPECT_TRUE(strstr(out, "log: mstar_kv cuda unsupported: no NVRTC fits the CUDA 12 driver") != NULL);
+            EXPECT_TRUE(strstr(out, "NVRTC 13.0 at ") != NULL && strstr(out, TCU_CU13) != NULL);
+            EXPECT_TRUE(strstr(out, "a driver for CUDA 13 or newer (R580 or newer)") != NULL);
+            EXPECT_TRUE(strstr(out, "pip install nvidia-cuda-nvrtc-cu12") != NULL);
+        }
+    }
+    tcu_rm_dir(root);
+}
+
+/* MSKV_NVRTC_PATH names NVRTC 13 for a CUDA 12 driver: the error at
+   create (through driver_path here), not the venv's NVRTC 12 in its place
+   and not a module that fails to load later */
+TEST(cuda_nvrtc_path_naming_a_too_new_nvrtc_is_an_error_at_create) {
+    char root[512], out[8192], extra[700], fake13[512], args[700];
+    tcu_path(fake13, sizeof fake13, "../build/fake-nvrtc13/libnvrtc.so");
+    tcu_path(args, sizeof args, "../build/fake-cuda/libcuda.so.1");
+    snprintf(extra, sizeof extra, "MSKV_NVRTC_PATH='%s'", fake13);
+    {
+        char a2[800];
+        snprintf(a2, sizeof a2, "create '%s'", args);
+        if (tcu_nvrtc_venv(root, sizeof root, "envpath", 0, 1) && tcu_nvrtc_run(12040, root, extra, a2, out, sizeof out)) {
+            if (!strstr(out, "\ncreate: unsupported")) mt_fail(__FILE__, __LINE__, "not UNSUPPORTED:\n%s", out);
+            EXPECT_TRUE(strstr(out, "(MSKV_NVRTC_PATH) is NVRTC 13.0, newer than the CUDA 12 driver") != NULL);
+            EXPECT_TRUE(strstr(out, "pip install nvidia-cuda-nvrtc-cu12") != NULL);
+            EXPECT_TRUE(strstr(out, "nvrtc_path: ") == NULL);
+        }
+    }
+    tcu_rm_dir(root);
+}
+
+/* The disk cache keys on NVRTC's version: what NVRTC 13 compiled (a
+   compile without a driver takes the first NVRTC found: the venv's 13) is
+   not what a CUDA 12 driver's context is served (its NVRTC 12 compiles
+   afresh under another key), and a CUDA 13 driver's context gets it. */
+TEST(cuda_cache_filled_by_nvrtc_13_is_not_served_to_a_cuda_12_driver) {
+    char root[512], cache[600], out[8192], out13[8192], args[700];
+    const char *first, *second, *again;
+    if (!tcu_nvrtc_venv(root, sizeof root, "cache13", 1, 1)) { tcu_rm_dir(root); return; }
+    snprintf(cache, sizeof cache, "%s/cache", root);
+    snprintf(args, sizeof args, "compile-create '%s'", cache);
+    if (tcu_nvrtc_run(12040, root, "", args, out, sizeof out)) {
+        first = strstr(out, "compile: key ");
+        second = first ? strstr(first + 1, "compile: key ") : NULL;
+        if (!first || !second) mt_fail(__FILE__, __LINE__, "two compiles expected:\n%s", out);
+        else {
+            EXPECT_TRUE(strncmp(first, second, 29) != 0);                 /* another key */
+            EXPECT_TRUE(strstr(first, "from_disk 0\n// fake libnvrtc of the mstar_kv loader tests\n// version 13.0") == first + 30);
+            EXPECT_TRUE(strstr(second, "from_disk 0\n// fake libnvrtc of the mstar_kv loader tests\n// version 12.34") == second + 30);
+            snprintf(args, sizeof args, "create-compile '%s'", cache);
+            if (tcu_nvrtc_run(13000, root, "", args, out13, sizeof out13)) {
+                again = strstr(out13, "compile: key ");
+                EXPECT_TRUE(again && strncmp(again, first, 29) == 0 && strncmp(again + 29, " from_disk 1", 12) == 0);
+            }
+        }
+    }
+    tcu_rm_dir(root);
+}
 #else
 /* PyPI's NVRTC wheels and their layouts are searched on POSIX only */
 #define TCU_WHEEL_SKIP SKIP("the NVRTC wheel layouts are searched on POSIX only (Windows uses PATH and %%CUDA_PATH%%)")
 TEST(cuda_nvrtc_is_found_in_the_cu12_wheel_of_a_virtualenv) { TCU_WHEEL_SKIP; }
 TEST(cuda_nvrtc_is_found_in_the_cu13_wheel_of_a_conda_environment) { TCU_WHEEL_SKIP; }
 TEST(cuda_nvrtc_is_found_in_a_wheel_on_the_pythonpath) { TCU_WHEEL_SKIP; }
+#define TCU_PICK_SKIP SKIP("the NVRTC choice is tested with stand-in shared libraries on POSIX (the rule is the same code on Windows)")
+TEST(cuda_nvrtc_for_a_cuda_12_driver_is_12_when_13_and_12_are_both_present) { TCU_PICK_SKIP; }
+TEST(cuda_nvrtc_for_a_cuda_13_driver_is_13) { TCU_PICK_SKIP; }
+TEST(cuda_nvrtc_13_alone_with_a_cuda_12_driver_is_refused_with_both_fixes) { TCU_PICK_SKIP; }
+TEST(cuda_nvrtc_path_naming_a_too_new_nvrtc_is_an_error_at_create) { TCU_PICK_SKIP; }
+TEST(cuda_cache_filled_by_nvrtc_13_is_not_served_to_a_cuda_12_driver) { TCU_PICK_SKIP; }
 #endif
+
+/* An injected table is held to the same rule as the loader's choice: its
+   NVRTC may not be newer than its driver. */
+static mskv_cu_result tcu_driver_12_4(int *v) { *v = 12040; return 0; }
+static mskv_nvrtc_result tcu_nvrtc_12_8(int *a, int *b) { *a = 12; *b = 8; return 0; }
+TEST(cuda_injected_nvrtc_newer_than_its_driver_is_refused) {
+    mskv_cuda_functions fn = tcm_table();
+    mskv_cuda_desc cd;
+    mskv_cuda_info info;
+    mskv_cuda *cu = NULL;
+    tcm_reset();
+    memset(&cd, 0, sizeof cd);
+    fn.cuDriverGetVersion = tcu_driver_12_4;         /* the table's NVRTC is 13.0 */
+    cd.functions = &fn;
+    cd.disable_disk_cache = 1;
+    cd.log = tcu_log;
+    tcu_logged[0] = 0;
+    EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cuda_create(&cd, &cu));
+    EXPECT_TRUE(cu == NULL);
+    EXPECT_TRUE(strstr(tcu_logged, "NVRTC 13.0 (injected) is newer than the driver (CUDA 12.4)") != NULL);
+    EXPECT_TRUE(strstr(tcu_logged, "R580") != NULL && strstr(tcu_logged, "nvidia-cuda-nvrtc-cu12") != NULL);
+    /* an NVRTC 12.8 with the same driver is taken: a newer minor loads (the ABI is the major's) */
+    fn.nvrtcVersion = tcu_nvrtc_12_8;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_create(&cd, &cu));
+    mskv_cuda_info_get(cu, &info);
+    EXPECT_EQ(12080, info.nvrtc_version);
+    EXPECT_STREQ("injected", info.nvrtc_path);
+    EXPECT_STREQ("NVRTC 12.8 of the injected table", info.nvrtc_choice);
+    mskv_cuda_destroy(cu);
+}
 
 static mskv_result tcu_compile_mock(mskv_cuda_desc *cd, mskv_cuda_image *img) {
     static const char *const opts[2] = { "-DMSKV_DTYPE=1", "-DMSKV_HEAD_DIM=128" };
