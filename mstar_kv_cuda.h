@@ -146,6 +146,7 @@ typedef struct mskv_nvrtc_prog_st *mskv_nvrtc_program; /* nvrtcProgram */
 #define MSKV_CU_ERROR_NOT_FOUND 500
 #define MSKV_CU_ERROR_NOT_READY 600
 #define MSKV_CU_ERROR_LAUNCH_FAILED 719
+#define MSKV_CU_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
 #define MSKV_CU_ATTR_MULTIPROCESSOR_COUNT 16
 #define MSKV_CU_ATTR_CC_MAJOR 75
 #define MSKV_CU_ATTR_CC_MINOR 76
@@ -4355,7 +4356,10 @@ static mskv_result mskv__cuda_store_function(mskv_cuda_store *st, int kernel, co
     return res;
 }
 
-/* Allows f `smem` bytes of dynamic shared memory. The limit is the
+/* Allows f `smem` bytes of dynamic shared memory. Asked for every launch
+   with any (not only above the 48 KiB a kernel gets without asking): the
+   mma.sync d64 kernels use exactly 49,152 B, legal but on the edge, and a
+   kernel whose static shared memory grows would tip over it. The limit is the
    function's, shared by every store: it is only ever raised (under the
    context lock), and each store remembers what it saw, so a launch asks the
    driver once per function and size. */
@@ -4394,7 +4398,7 @@ static mskv_result mskv__cuda_launch(mskv_cuda_store *st, mskv_cu_function f, co
     mskv_cu_result r;
     mskv_result res;
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return MSKV_SUCCESS;
-    if (smem > 48 * 1024 && (res = mskv__cuda_smem_allow(st, f, smem)) != MSKV_SUCCESS) return res;
+    if (smem > 0 && (res = mskv__cuda_smem_allow(st, f, smem)) != MSKV_SUCCESS) return res;
     r = cu->fn.cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, st->stream, args, NULL);
     if (r != MSKV_CU_SUCCESS) return mskv__cuda_fail(cu, r, "cuLaunchKernel");
     return MSKV_SUCCESS;
@@ -5310,9 +5314,27 @@ MSKV_API mskv_result mskv_cuda_capture_begin(mskv_cuda_store *st) {
     mskv_result res;
     if (!st) return MSKV_ERROR_NULL_POINTER;
     if (st->capturing) return MSKV_ERROR_BAD_STATE;
+    /* the legacy default stream (a framework's default, set through
+       set_stream) synchronises with every other stream: CUDA cannot capture
+       it, and would say so with a generic error */
+    if (st->stream == NULL || st->stream == MSKV_CU_STREAM_LEGACY) {
+        mskv__cuda_failf(st->cu, "capture_begin: the store runs on the legacy default stream, which CUDA cannot "
+                         "capture; set a stream of its own (mskv_cuda_store_set_stream with a created stream, or "
+                         "NULL for the store's) before capturing");
+        return MSKV_ERROR_BAD_STATE;
+    }
     if ((res = mskv__cuda_enter(st->cu)) != MSKV_SUCCESS) return res;
     /* relaxed: the JIT may load a module while the stream is captured */
-    MSKV__CU_TRY(st->cu, st->cu->fn.cuStreamBeginCapture(st->stream, MSKV_CU_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
+    {
+        mskv_cu_result r = st->cu->fn.cuStreamBeginCapture(st->stream, MSKV_CU_CAPTURE_MODE_RELAXED);
+        if (r == MSKV_CU_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
+            mskv__cuda_failf(st->cu, "capture_begin: CUDA cannot capture the store's stream (CUDA error %d, %s): "
+                             "a legacy-synchronising stream; set a stream created without it "
+                             "(mskv_cuda_store_set_stream)", r, mskv__cuda_cu_name(&st->cu->fn, r));
+            return MSKV_ERROR_BAD_STATE;
+        }
+        if (r != MSKV_CU_SUCCESS) return mskv__cuda_fail(st->cu, r, "cuStreamBeginCapture");
+    }
     st->capturing = 1;
     st->cap_kv_cover = INT64_MAX;
     memset(&st->cap_dense, 0, sizeof st->cap_dense);
@@ -5532,7 +5554,7 @@ static int32_t mskv__attn_resident(mskv_cuda_store *st, mskv_cu_function f, int3
     int n = 0;
     if (st->occ_fn[decode] == f) return st->occ_blocks[decode];
     /* the launch needs the raised limit anyway; the count is 0 without it */
-    if (smem > 48 * 1024 && mskv__cuda_smem_allow(st, f, smem) != MSKV_SUCCESS) return 0;
+    if (smem > 0 && mskv__cuda_smem_allow(st, f, smem) != MSKV_SUCCESS) return 0;
     if (cu->fn.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, 128, (size_t)smem) != MSKV_CU_SUCCESS || n < 0) n = 0;
     st->occ_fn[decode] = f;
     st->occ_blocks[decode] = n;

@@ -99,7 +99,7 @@ static void tcu_log(void *u, mskv_log_level lvl, const char *m) {
 
 typedef struct tcm_module { int dtype, head_dim, rope, style, d0, d1, d2; } tcm_module;
 /* kind 1 gather, 2 scatter, 3 kv_write; 4 and up (attention, merges, rope) are launched, not run */
-typedef struct tcm_func { int kind; const tcm_module *m; } tcm_func;
+typedef struct tcm_func { int kind; const tcm_module *m; unsigned int smem_allowed; } tcm_func;
 typedef struct tcm_launch { const tcm_func *f; unsigned int grid[3]; unsigned char args[10][8]; } tcm_launch;
 typedef struct tcm_graph { int n; tcm_launch l[64]; } tcm_graph;
 
@@ -132,6 +132,9 @@ static struct tcm_state {
     mskv_cu_stream launch_stream, copy_stream, synced_stream;   /* the last launch's, copy's, wait's */
     char last_target[64];               /* the --gpu-architecture option of the last compile */
     int capturing;
+    int capture_unsupported;            /* cuStreamBeginCapture answers 900 (STREAM_CAPTURE_UNSUPPORTED) */
+    unsigned int attn_smem_max;         /* the most dynamic shared memory an attention-side launch (kind 4+) asked */
+    int smem_unallowed;                 /* such launches with more than cuFuncSetAttribute allowed their kernel */
     tcm_graph *capture;
     tcm_func funcs[64];
     int nfuncs;
@@ -283,7 +286,11 @@ static mskv_cu_result tcm_cuModuleGetFunction(mskv_cu_function *f, mskv_cu_modul
     *f = (mskv_cu_function)(void *)&tcm.funcs[tcm.nfuncs++];
     return 0;
 }
-static mskv_cu_result tcm_cuFuncSetAttribute(mskv_cu_function f, int a, int v) { tcm.calls++; (void)f; (void)a; (void)v; return 0; }
+static mskv_cu_result tcm_cuFuncSetAttribute(mskv_cu_function f, int a, int v) {
+    tcm.calls++;
+    if (a == MSKV_CU_FUNC_ATTR_MAX_DYNAMIC_SMEM && v >= 0) ((tcm_func *)(void *)f)->smem_allowed = (unsigned int)v;
+    return 0;
+}
 static mskv_cu_result tcm_cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, mskv_cu_function f, int b, size_t smem) {
     tcm.calls++;
     (void)f; (void)b; (void)smem;
@@ -350,9 +357,12 @@ static mskv_cu_result tcm_cuLaunchKernel(mskv_cu_function f, unsigned int gx, un
     tcm_launch l;
     const tcm_func *fn = (const tcm_func *)(const void *)f;
     int i;
-    (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)extra;
+    (void)gz; (void)bx; (void)by; (void)bz; (void)extra;
     tcm.launch_stream = s;
     if (tcm_device_fail(&tcm.launches, tcm.fail_launch_at)) return MSKV_CU_ERROR_LAUNCH_FAILED;
+    /* every attention launch opts in to its dynamic shared memory, even at 48 KiB and below */
+    if (fn->kind >= 4 && smem > tcm.attn_smem_max) tcm.attn_smem_max = smem;
+    if (fn->kind >= 4 && smem > 0 && fn->smem_allowed < smem) tcm.smem_unallowed++;
     memset(&l, 0, sizeof l);
     l.f = fn;
     l.grid[0] = gx; l.grid[1] = gy; l.grid[2] = gz;
@@ -379,6 +389,7 @@ static mskv_cu_result tcm_cuLaunchKernel(mskv_cu_function f, unsigned int gx, un
 static mskv_cu_result tcm_cuStreamBeginCapture(mskv_cu_stream s, int mode) {
     tcm.calls++;
     (void)s; (void)mode;
+    if (tcm.capture_unsupported) return 900;
     tcm.capture = (tcm_graph *)calloc(1, sizeof(tcm_graph));
     tcm.capturing = 1;
     tcm.graphs++;
@@ -2331,6 +2342,33 @@ TEST(cuda_set_stream_waits_for_the_previous_stream_first) {
     TCU_EXPECT_NO_LEAKS();
 }
 
+/* The legacy default stream cannot be captured: BAD_STATE with the reason
+   before the driver is asked (which would answer with a generic error), and
+   a driver that refuses another stream for that reason (900,
+   STREAM_CAPTURE_UNSUPPORTED) is BAD_STATE too; the store is not capturing
+   after either, and captures once on a stream of its own. */
+TEST(cuda_capture_on_the_legacy_stream_is_bad_state_with_the_reason) {
+    tcu_rig r;
+    mskv_cuda_graph *g = NULL;
+    ASSERT_EQ(MSKV_SUCCESS, tcu_rig_open(&r, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, MSKV_CU_STREAM_LEGACY));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_capture_begin(r.st));
+    EXPECT_TRUE(strstr(mskv_cuda_last_error(r.cu), "legacy default stream, which CUDA cannot capture") != NULL);
+    EXPECT_EQ(0, tcm.capturing);                              /* the driver was not asked */
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_capture_end(r.st, &g));   /* nothing was begun */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_store_set_stream(r.st, NULL));
+    tcm.capture_unsupported = 1;
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_capture_begin(r.st));
+    EXPECT_TRUE(strstr(mskv_cuda_last_error(r.cu), "CUDA error 900") != NULL);
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_cuda_capture_end(r.st, &g));
+    tcm.capture_unsupported = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_begin(r.st));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_capture_end(r.st, &g));
+    mskv_cuda_graph_destroy(r.st, g);
+    tcu_rig_close(&r);
+    TCU_EXPECT_NO_LEAKS();
+}
+
 TEST(cuda_set_stream_is_refused_while_capturing) {
     tcu_rig r;
     mskv_cu_stream own, theirs = NULL;
@@ -2485,6 +2523,7 @@ static const tcu_hot_path tcu_hot_paths[TCU_HOT_PATHS] = {
 };
 
 /* A bf16 store of head_dim 128 (attention tiles above 48 KiB of shared memory) on the mock. */
+static int32_t tcu_hot_head_dim;   /* the next hot rig's head_dim (0: 128; its buffers are sized for 128) */
 static mskv_result tcu_hot_open_path(tcu_hot *h, const tcu_hot_path *path) {
     mskv_cuda_store_desc sd;
     mskv_result e;
@@ -2501,7 +2540,9 @@ static mskv_result tcu_hot_open_path(tcu_hot *h, const tcu_hot_path *path) {
     h->r.cd.log = tcu_log;
     if ((e = mskv_cuda_create(&h->r.cd, &h->r.cu)) != MSKV_SUCCESS) return e;
     memset(&sd, 0, sizeof sd);
-    sd.num_pages = 504; sd.page_size = 16; sd.num_layers = 2; sd.kv_heads = 2; sd.head_dim = 128;
+    sd.num_pages = 504; sd.page_size = 16; sd.num_layers = 2; sd.kv_heads = 2;
+    sd.head_dim = tcu_hot_head_dim ? tcu_hot_head_dim : 128;
+    tcu_hot_head_dim = 0;
     sd.dtype = MSKV_DTYPE_BF16; sd.max_batch = 4; sd.max_tokens = 64; sd.max_page_ids = 500; sd.plan_ring = 2;
     if ((e = mskv_cuda_store_create(h->r.cu, &sd, &h->r.st)) != MSKV_SUCCESS) return e;
     for (i = 0; i < 500; i++) h->ids[i] = i + 1;
@@ -2702,6 +2743,26 @@ TEST(cuda_attention_out_of_memory_while_the_sm90a_kernel_loads_keeps_the_sm90a_p
    one) cost no allocation, no string, no message and no driver call, also
    when another request lost pages since the build (the check then looks
    at each of the plan's requests). */
+/* The mma.sync kernel at head_dim 64 uses exactly 48 KiB of dynamic shared
+   memory, what a kernel gets without opting in: it opts in all the same
+   (cuFuncSetAttribute), as every attention launch does, prefill and decode. */
+TEST(cuda_attention_at_48_kib_of_shared_memory_still_sets_the_opt_in) {
+    tcu_hot h;
+    int which;
+    for (which = TCU_ATTN_DECODE; which <= TCU_ATTN_PREFILL; which++) {
+        tcu_hot_head_dim = 64;
+        ASSERT_EQ(MSKV_SUCCESS, tcu_hot_open_path(&h, &tcu_hot_paths[2]));   /* mma.sync forced */
+        ASSERT_EQ(MSKV_SUCCESS, tcu_hot_prepare(&h, which));
+        ASSERT_EQ(MSKV_SUCCESS, tcu_hot_call(&h, which, 0));
+        EXPECT_EQ(4, tcm.attn_kind);
+        if (which == TCU_ATTN_PREFILL) EXPECT_EQ(49152, (int)tcm.attn_smem_max);
+        else EXPECT_TRUE(tcm.attn_smem_max > 0);
+        EXPECT_EQ(0, tcm.smem_unallowed);
+        tcu_hot_close(&h);
+        TCU_EXPECT_NO_LEAKS();
+    }
+}
+
 static long tcu_arena_logs;
 static void tcu_count_log(void *u, mskv_log_level level, const char *msg) { (void)u; (void)level; (void)msg; tcu_arena_logs++; }
 
@@ -2748,6 +2809,8 @@ TEST(cuda_launch_wrappers_check_an_arena_plan_without_allocating_formatting_or_c
     EXPECT_EQ(0, (int)(tcu_arena_logs - logs));
     EXPECT_EQ(40, (int)(c1.launches - c0.launches));
     EXPECT_EQ(40 + 40, (int)(c1.driver - c0.driver));   /* each call: cuCtxSetCurrent, then its launch */
+    EXPECT_TRUE(tcm.attn_smem_max > 0);
+    EXPECT_EQ(0, tcm.smem_unallowed);                  /* the opt-in was set, once, for every size */
     mskv_plan_free(h.r.a, &plan);
     tcu_hot_close(&h);
     TCU_EXPECT_NO_LEAKS();
