@@ -2,9 +2,9 @@
 #   make test     build the tests as C99 and C++ with gcc and clang (clang++
 #                 compile-only), and under ASan+UBSan, then run them, JOBS at a
 #                 time (the command CI runs); with mingw-w64 also for Windows,
-#                 run under wine; with a CUDA toolkit (CUDA_HOME) the GPU layer's
-#                 mirrored types, constants and prototypes against its headers
-#                 and libraries (tests-cuda-abi, tests-cuda-sig)
+#                 run under wine; with a CUDA toolkit (CUDA_HOME) the GPU
+#                 layer's mirrored types, constants and prototypes against
+#                 its headers and libraries (tests-cuda-abi, tests-cuda-sig)
 #   make demo     build and run the video demo (writes demo.mp4)
 #   make bench    build and run the benchmarks
 #   make gpu-check  the GPU check (needs an NVIDIA GPU)

@@ -148,7 +148,8 @@ typedef struct mskv_nvrtc_prog_st *mskv_nvrtc_program; /* nvrtcProgram */
 #define MSKV_CU_CAPTURE_MODE_RELAXED 2
 #define MSKV_CU_GET_PROC_ADDRESS_LEGACY_STREAM 1
 /* cuTensorMapEncodeTiled's arguments (the sm_90a kernel's K/V maps), and
-   CUtensorMap: 128 opaque bytes at 64-byte alignment */
+   CUtensorMap: 128 opaque bytes at the 64-byte alignment that call asks of
+   its address (CUDA 13's cuda.h aligns the type itself to 128) */
 #define MSKV_CU_TENSOR_MAP_DATA_TYPE_FLOAT16 6
 #define MSKV_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 9
 #define MSKV_CU_TENSOR_MAP_INTERLEAVE_NONE 0
