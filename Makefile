@@ -2,7 +2,9 @@
 #   make test     build the tests as C99 and C++ with gcc and clang (clang++
 #                 compile-only), and under ASan+UBSan, then run them, JOBS at a
 #                 time (the command CI runs); with mingw-w64 also for Windows,
-#                 run under wine
+#                 run under wine; with a CUDA toolkit (CUDA_HOME) the GPU
+#                 layer's mirrored types, constants and prototypes against
+#                 its headers and libraries (tests-cuda-abi, tests-cuda-sig)
 #   make demo     build and run the video demo (writes demo.mp4)
 #   make bench    build and run the benchmarks
 #   make gpu-check  the GPU check (needs an NVIDIA GPU)
@@ -61,6 +63,15 @@ TEST_BINS += $(B)/tests-python $(B)/tests-user
 # the mirrored UCP types against the real headers (skips without libucx-dev)
 TEST_BINS += $(B)/tests-ucx $(B)/tests-ucx-abi
 UCX_HEADERS := $(if $(wildcard /usr/include/ucp/api/ucp.h),-DMSKV_HAVE_UCX_HEADERS)
+# the GPU layer's mirrors of cuda.h and nvrtc.h against a CUDA toolkit's own
+# ($(CUDA_HOME), default /usr/local/cuda; each skips, saying why, without its
+# cuda.h and nvrtc.h): constants, type sizes, the stub libcuda and the real
+# libnvrtc through the loader (tests-cuda-abi); every function table entry's
+# prototype and symbol (tests-cuda-sig, compile-time)
+CUDA_HOME ?= /usr/local/cuda
+TEST_BINS += $(B)/tests-cuda-abi $(B)/tests-cuda-sig
+CUDA_ABI_FLAGS := -DMTA_CUDA_HOME='"$(CUDA_HOME)"' -DMTA_HEADER='"$(CURDIR)/mstar_kv_cuda.h"' \
+    $(if $(and $(wildcard $(CUDA_HOME)/include/cuda.h),$(wildcard $(CUDA_HOME)/include/nvrtc.h)),-DMSKV_HAVE_CUDA_HEADERS -isystem $(CUDA_HOME)/include)
 
 # Hardening (issue 9): libFuzzer harnesses, a ThreadSanitizer build of the
 # thread tests plus a stress, and allocation-failure injection under ASan.
@@ -137,6 +148,11 @@ $(B)/tests-ucx: tests/test_ucx.c tests/mskv_test_states.h $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests tests/test_ucx.c -o $@ $(LIBS)
 $(B)/tests-ucx-abi: tests/test_ucx_abi.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) -O1 $(UCX_HEADERS) -Itests tests/test_ucx_abi.c -o $@
+# C11 (_Static_assert, _Generic, CUtensorMap's alignment); the checks are in the build
+$(B)/tests-cuda-abi: tests/cuda_abi_check.c $(HDRS) | $(B)
+	gcc -std=c11 $(WARN) -O1 $(CUDA_ABI_FLAGS) -Itests tests/cuda_abi_check.c -o $@ $(LIBS)
+$(B)/tests-cuda-sig: tests/cuda_sig_check.cpp $(HDRS) | $(B)
+	g++ -std=c++17 $(WARN) -O1 $(CUDA_ABI_FLAGS) -Itests tests/cuda_sig_check.cpp -o $@
 $(B)/tests-video: tests/test_video.c $(HDRS) | $(B)
 	gcc -std=c99 $(WARN) $(OPT) -Itests $(FFMPEG_CFLAGS) tests/test_video.c -o $@ $(FFMPEG_LIBS) $(LIBS)
 

@@ -155,6 +155,20 @@ typedef struct mskv_nvrtc_prog_st *mskv_nvrtc_program; /* nvrtcProgram */
 #define MSKV_CU_STREAM_NON_BLOCKING 1
 #define MSKV_CU_EVENT_DISABLE_TIMING 2
 #define MSKV_CU_CAPTURE_MODE_RELAXED 2
+#define MSKV_CU_GET_PROC_ADDRESS_LEGACY_STREAM 1
+/* cuTensorMapEncodeTiled's arguments (the sm_90a kernel's K/V maps), and
+   CUtensorMap: 128 opaque bytes at the 64-byte alignment that call asks of
+   its address (CUDA 13's cuda.h aligns the type itself to 128) */
+#define MSKV_CU_TENSOR_MAP_DATA_TYPE_FLOAT16 6
+#define MSKV_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 9
+#define MSKV_CU_TENSOR_MAP_INTERLEAVE_NONE 0
+#define MSKV_CU_TENSOR_MAP_SWIZZLE_128B 3
+#define MSKV_CU_TENSOR_MAP_L2_PROMOTION_L2_256B 3
+#define MSKV_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE 0
+#define MSKV_CU_TENSOR_MAP_BYTES 128
+#define MSKV_CU_TENSOR_MAP_ALIGN 64
+#define MSKV_NVRTC_SUCCESS 0
+#define MSKV_NVRTC_ERROR_OUT_OF_MEMORY 1
 #define MSKV_NVRTC_ERROR_COMPILATION 6
 
 /* The one list of every driver and NVRTC function the layer calls:
@@ -3079,7 +3093,7 @@ static mskv_result mskv__cuda_open_driver(const char *const *names, int n_names,
     p = NULL;                                                                             \
     if (getproc) {                                                                        \
         int status = 0;                                                                   \
-        if (getproc(#name, &p, MSKV__CUDA_ABI_VERSION, 1ull /* legacy stream */, &status) \
+        if (getproc(#name, &p, MSKV__CUDA_ABI_VERSION, MSKV_CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) \
                 != MSKV_CU_SUCCESS) p = NULL;                                             \
     }                                                                                     \
     if (!p) p = mskv__cuda_sym(lib, sym);                                                 \
@@ -3925,7 +3939,7 @@ static mskv_result mskv__cuda_jit_compile(const mskv__cuda_jit *j, const mskv_cu
     if (nr != 0) {
         mskv__cuda_log(j->log, j->log_user, MSKV_LOG_ERROR, "nvrtcCreateProgram failed: %s", fn->nvrtcGetErrorString(nr));
         mskv__cuda_dealloc(a, opts);
-        return nr == 1 ? MSKV_ERROR_OUT_OF_MEMORY : MSKV_ERROR_NVRTC;
+        return nr == MSKV_NVRTC_ERROR_OUT_OF_MEMORY ? MSKV_ERROR_OUT_OF_MEMORY : MSKV_ERROR_NVRTC;
     }
     nr = fn->nvrtcCompileProgram(prog, nopts, opts);
     if (fn->nvrtcGetProgramLogSize(prog, &lsz) == 0) {
@@ -5625,8 +5639,11 @@ static mskv_cu_result mskv__cuda_tmap_encode(const mskv_cuda_store *st, unsigned
     dims[3] = pages;
     strides[0] = dims[0] * 2; strides[1] = strides[0] * dims[1]; strides[2] = strides[1] * rows;
     box[0] = 64; box[1] = 1; box[2] = box_rows; box[3] = 1;
-    return st->cu->fn.cuTensorMapEncodeTiled(map, st->d.dtype == MSKV_DTYPE_F16 ? 6 : 9, 4, (void *)(uintptr_t)base, dims,
-                                             strides, box, es, 0, 3 /* 128 B swizzle */, 3 /* L2 256 B */, 0);
+    return st->cu->fn.cuTensorMapEncodeTiled(map, st->d.dtype == MSKV_DTYPE_F16 ? MSKV_CU_TENSOR_MAP_DATA_TYPE_FLOAT16 :
+                                             MSKV_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)(uintptr_t)base, dims,
+                                             strides, box, es, MSKV_CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                             MSKV_CU_TENSOR_MAP_SWIZZLE_128B, MSKV_CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                             MSKV_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 static mskv_result mskv__cuda_store_tmaps(mskv_cuda_store *st) {
