@@ -744,6 +744,8 @@ MSKV_API mskv_result mskv_cuda_shards_sync(mskv_cuda_shards *sh);
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
+#include <time.h>
 
 /* the >>platform section's system headers, here outside extern "C" */
 #ifdef _WIN32
@@ -3366,6 +3368,9 @@ typedef struct mskv__cuda_variant {
     mskv_cu_module module;
     mskv_cu_function funcs[MSKV__CUDA_NKERNELS];    /* by kernel id, fetched on first use */
     unsigned int smem_limit[MSKV__CUDA_NKERNELS];   /* dynamic smem allowed so far (0: the default 48 KiB) */
+    signed char selftest[MSKV__CUDA_NKERNELS];      /* 0 untested, 1 passed, -1 failed, 2 running */
+    char selftest_why[400];                          /* why it failed (the first failing kernel) */
+    char path[512];                                  /* its disk-cache entry ("" without) */
     struct mskv__cuda_variant *next;
 } mskv__cuda_variant;
 
@@ -3385,6 +3390,7 @@ struct mskv_cuda {
     mskv__cuda_mutex lock;
     mskv__cuda_variant *variants;
     int32_t sm90_failed;              /* the sm_90a kernel did not compile or load (logged once) */
+    int32_t lost;                     /* a kernel faulted in its self-test: CUDA has lost the context */
     char err[4096];
 };
 
@@ -4142,6 +4148,7 @@ static mskv_result mskv__cuda_variant_load(mskv_cuda *cu, const mskv__cuda_defin
     }
     if (img.from_disk) cu->info.disk_hits++;
     else cu->info.compiles++;
+    mskv__cuda_copystr(v->path, sizeof(v->path), img.path);
     mskv_cuda_image_free(&cu->desc, &img);
     v->key = key;
     v->next = cu->variants;
@@ -4169,6 +4176,8 @@ static mskv_result mskv__cuda_variant_load(mskv_cuda *cu, const mskv__cuda_defin
      mskv_cuda_store_pool(st, layer, kind)      a layer's K (0) or V (1) pool
    A new -D switch or kernel goes into MSKV__CUDA_DEFINE_LIST / _KERNEL_LIST.
    Failures go through mskv__cuda_fail (cu->err + the logger). */
+static int mskv__cuda_selftest(mskv_cuda *cu, int kernel, const mskv__cuda_defines *defs, mskv__cuda_variant *v,
+                               char *why, size_t cap, mskv_result *res);
 static mskv_result mskv__cuda_function(mskv_cuda *cu, int kernel, const mskv__cuda_defines *defs, mskv_cu_function *out) {
     uint64_t key;
     mskv__cuda_variant *v;
@@ -4184,6 +4193,25 @@ static mskv_result mskv__cuda_function(mskv_cuda *cu, int kernel, const mskv__cu
         if (r != MSKV_CU_SUCCESS) {
             v->funcs[kernel] = NULL;
             res = mskv__cuda_fail(cu, r, mskv__cuda_kernel_names[kernel]);
+        }
+    }
+    /* a variant is trusted once its self-test passed (a test running now, on
+       this thread's private store or another thread's, lets its calls through) */
+    if (res == MSKV_SUCCESS && cu->desc.selftest != MSKV_CUDA_SELFTEST_OFF &&
+        (kernel == MSKV__K_ATTN || kernel == MSKV__K_ATTN_SM90 || kernel == MSKV__K_KV_WRITE)) {
+        if (v->selftest[kernel] == 0) {
+            char why[sizeof(v->selftest_why)] = "";
+            int ok;
+            v->selftest[kernel] = 2;
+            mskv__cuda_unlock(&cu->lock);
+            ok = mskv__cuda_selftest(cu, kernel, defs, v, why, sizeof(why), &res);
+            mskv__cuda_lock(&cu->lock);
+            v->selftest[kernel] = (signed char)(ok < 0 ? 0 : ok ? 1 : -1);
+            if (ok == 0) mskv__cuda_copystr(v->selftest_why, sizeof(v->selftest_why), why);
+        }
+        if (res == MSKV_SUCCESS && v->selftest[kernel] == -1) {
+            mskv__cuda_copystr(cu->err, sizeof(cu->err), v->selftest_why);
+            res = MSKV_ERROR_CUDA;
         }
     }
     if (res == MSKV_SUCCESS) *out = v->funcs[kernel];
@@ -4266,6 +4294,8 @@ static void mskv__cuda_arg_f32(mskv__cuda_args *a, int i, float v) { memcpy(&a->
 struct mskv_cuda_store {
     mskv_cuda *cu;
     mskv_cuda_store_desc d;
+    int32_t selftest_path;                      /* a self-test's private store: 1 mma.sync, 2 sm_90a (0: the context's choice) */
+    mskv_cu_function selftest_seen;             /* the attention or K/V write function its last call launched */
     size_t page_bytes, pool_bytes, set_bytes;   /* set: one page of every layer, K and V */
     mskv_cu_ptr pools;                          /* own pools, (layer*2 + kind) * pool_bytes; 0 when adopted */
     mskv_cu_ptr *pool_at;                       /* [layer*2 + kind]: own or adopted */
@@ -5302,6 +5332,7 @@ MSKV_API mskv_result mskv_cuda_write_kv_ex(mskv_cuda_store *st, int32_t layer, c
     mskv__cuda_defines_rope(&defs, rope);
     mskv__cuda_define(&defs, MSKV__D_SRC_DTYPE, (int32_t)src_dtype);
     if ((res = mskv__cuda_store_function(st, MSKV__K_KV_WRITE, &defs, &f)) != MSKV_SUCCESS) return res;
+    st->selftest_seen = f;
     grid[0] = (unsigned int)blocks; grid[1] = 1; grid[2] = 1;
     /* kernels.cu: mskv_kv_write(k_src, v_src, slot_mapping, n_tokens, kv_heads, k_pool, v_pool,
        pool_slots, positions, theta) */
@@ -5919,14 +5950,14 @@ typedef struct mskv__attn_launch {
 static mskv_result mskv__attn_pick(mskv_cuda_store *st, const mskv_plan *plan, const mskv_attn *attn, int32_t max_qo,
                                    int32_t max_kv, mskv__attn_launch *L) {
     mskv_cuda *cu = st->cu;
-    const int forced = cu->desc.attn_path == MSKV_CUDA_ATTN_WGMMA;
+    const int forced = cu->desc.attn_path == MSKV_CUDA_ATTN_WGMMA || st->selftest_path == 2;
     mskv__cuda_defines defs = st->defs;
     mskv_result res;
     L->fm = NULL;
     res = mskv_cuda_attn_geometry_get(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
                                       st->d.head_dim, cu->info.multiprocessors, cu->smem_optin, 0, &L->g);
     if (res != MSKV_SUCCESS && !forced) return res;
-    L->sm90 = forced || (cu->info.wgmma && !L->g.decode);
+    L->sm90 = st->selftest_path ? st->selftest_path == 2 : forced || (cu->info.wgmma && !L->g.decode);
     if (L->sm90) {
         if (!mskv__cuda_sm90_device(cu)) return MSKV_ERROR_UNSUPPORTED;
         mskv__cuda_define(&defs, MSKV__D_ATTN_WARP_KEYS, 0);
@@ -5952,7 +5983,15 @@ static mskv_result mskv__attn_pick(mskv_cuda_store *st, const mskv_plan *plan, c
         defs = st->defs;
     }
     mskv__cuda_define(&defs, MSKV__D_ATTN_WARP_KEYS, L->g.decode);
-    if ((res = mskv__cuda_store_function(st, MSKV__K_ATTN, &defs, &L->f)) != MSKV_SUCCESS) return res;
+    if ((res = mskv__cuda_store_function(st, MSKV__K_ATTN, &defs, &L->f)) != MSKV_SUCCESS) {
+        if (res == MSKV_ERROR_CUDA && strstr(cu->err, "failed its self-test")) {
+            char tmp[600];
+            mskv__cuda_copystr(tmp, sizeof(tmp), cu->err);
+            mskv__cuda_failf(cu, "no attention kernel passed its self-test on %s%s: %s", cu->info.name,
+                             mskv__cuda_sm90_device(cu) ? " (nor did mskv_attn_sm90, or it is off)" : "", tmp);
+        }
+        return res;
+    }
     res = mskv_cuda_attn_geometry_get(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
                                       st->d.head_dim, cu->info.multiprocessors, cu->smem_optin,
                                       mskv__attn_resident(st, L->f, L->g.decode, L->g.smem_bytes), &L->g);
@@ -6127,6 +6166,7 @@ static mskv_result mskv__cuda_attend(mskv_cuda_store *st, int32_t layer, const m
     /* ---- the part that follows kernels.cu: geometry, variants, workspace,
        then each kernel's parameter values in its parameter order ---------- */
     if ((res = mskv__attn_pick(st, plan, attn, max_qo, max_kv, &L)) != MSKV_SUCCESS) return res;
+    st->selftest_seen = L.f;
     if (L.sm90 && !dk && (res = mskv__cuda_store_tmaps(st)) != MSKV_SUCCESS) return res;
     if (L.g.n_splits > 1) {
         int64_t cover = (int64_t)L.g.n_splits * L.g.kv_chunk;
@@ -6549,6 +6589,421 @@ MSKV_API mskv_result mskv_cuda_shards_sync(mskv_cuda_shards *sh) {
     for (s = 0; s < sh->n; s++)
         if ((e = mskv_cuda_store_sync(sh->st[s])) != MSKV_SUCCESS && res == MSKV_SUCCESS) res = e;
     return res;
+}
+
+/* // >>self-test implementation ---------------------------------------------
+   The first time a context loads an attention or K/V write variant it runs
+   the variant once on a small fixed problem and compares with the CPU
+   backend (mstar_kv.h) at the GPU check's parity tolerances, before any
+   caller's data goes through it. The attention problem: GQA 4:2, pages of
+   16 slots in scattered order, a causal mask, two sequences of 150 and 37
+   keys (both end mid-page and mid-tile; the 150 holds a whole 128-key tile
+   and page edges inside every tile), prefill (40 and 9 queries) or decode
+   (one each) as the variant's layout; the variant is forced (a private
+   store on its own stream). The K/V write problem: 37 tokens scattered over
+   three pages, the variant's RoPE and source dtype, every slot of the pool
+   compared (a write to a wrong slot shows). A variant that does not match
+   is marked bad for the context (and beside its disk-cache entry, for this
+   device), logged with its worst error, and not used: sm_90a falls back to
+   mma.sync, and a kernel with nothing to fall back to fails its call with
+   MSKV_ERROR_CUDA. A kernel that faults cannot be recovered from in-process
+   (the CUDA context is lost): the GPU check runs each path in a process of
+   its own. */
+
+#define MSKV__ST_PAGES 16
+#define MSKV__ST_P 16
+#define MSKV__ST_KVH 2
+#define MSKV__ST_QH 4
+
+static uint32_t mskv__st_rand(uint32_t *s) {
+    *s ^= *s << 13; *s ^= *s >> 17; *s ^= *s << 5;
+    return *s;
+}
+/* uniform in [-1, 1) */
+static float mskv__st_uniform(uint32_t *s) { return (float)((int32_t)(mskv__st_rand(s) >> 8) - (1 << 23)) / (float)(1 << 23); }
+
+static void mskv__st_put(void *buf, mskv_dtype dt, size_t i, float x) {
+    if (dt == MSKV_DTYPE_F32) ((float *)buf)[i] = x;
+    else ((uint16_t *)buf)[i] = dt == MSKV_DTYPE_BF16 ? mskv_f32_to_bf16(x) : mskv_f32_to_f16(x);
+}
+static float mskv__st_get(const void *buf, mskv_dtype dt, size_t i) {
+    if (dt == MSKV_DTYPE_F32) return ((const float *)buf)[i];
+    return dt == MSKV_DTYPE_BF16 ? mskv_bf16_to_f32(((const uint16_t *)buf)[i]) : mskv_f16_to_f32(((const uint16_t *)buf)[i]);
+}
+
+static double mskv__st_now_ms(void) {
+#ifdef _WIN32
+    LARGE_INTEGER f, c;
+    if (!QueryPerformanceFrequency(&f) || !QueryPerformanceCounter(&c) || f.QuadPart == 0) return 0;
+    return (double)c.QuadPart * 1000.0 / (double)f.QuadPart;
+#elif defined(CLOCK_MONOTONIC)
+    struct timespec t;
+    if (clock_gettime(CLOCK_MONOTONIC, &t) != 0) return 0;
+    return (double)t.tv_sec * 1000.0 + (double)t.tv_nsec / 1e6;
+#else
+    return 0;   /* <time.h> without POSIX clocks (strict C without feature macros): no figure */
+#endif
+}
+
+/* The plan of the problem: two sequences over scattered pages. */
+typedef struct mskv__st_plan {
+    mskv_plan p;
+    int32_t qo[3], kvp[3], ids[13], last[2], kvl[2], split[2], shift[2];
+} mskv__st_plan;
+
+static void mskv__st_plan_make(mskv__st_plan *s, int decode) {
+    static const int32_t ids[13] = { 7, 2, 11, 4, 13, 9, 1, 6, 12, 3, 10, 5, 8 };
+    memset(s, 0, sizeof(*s));
+    memcpy(s->ids, ids, sizeof(ids));
+    s->kvl[0] = 150; s->kvl[1] = 37;
+    s->qo[0] = 0; s->qo[1] = decode ? 1 : 40; s->qo[2] = s->qo[1] + (decode ? 1 : 9);
+    s->kvp[0] = 0; s->kvp[1] = 10; s->kvp[2] = 13;
+    s->last[0] = 150 - 9 * MSKV__ST_P; s->last[1] = 37 - 2 * MSKV__ST_P;
+    s->split[0] = s->kvl[0]; s->split[1] = s->kvl[1];
+    s->p.batch = 2; s->p.total_q = s->qo[2]; s->p.num_page_ids = 13; s->p.page_size = MSKV__ST_P;
+    s->p.qo_indptr = s->qo; s->p.kv_indptr = s->kvp; s->p.kv_indices = s->ids; s->p.kv_last_page_len = s->last;
+    s->p.kv_len = s->kvl; s->p.kv_pos_split = s->split; s->p.kv_pos_shift = s->shift;
+    s->p.cap_batch = 2; s->p.cap_tokens = s->p.total_q; s->p.cap_page_ids = 13;
+}
+
+/* worst |gpu - cpu| over n values, and over the relative form */
+typedef struct mskv__st_err { double abs_err, rel_err; int bad; } mskv__st_err;
+
+static void mskv__st_compare(mskv__st_err *e, float gpu, float cpu, double tol_abs, double tol_rel) {
+    double d = fabs((double)gpu - (double)cpu);
+    if (gpu != gpu || (d > tol_abs + tol_rel * fabs((double)cpu))) e->bad++;
+    if (gpu != gpu) d = 1e30;
+    if (d > e->abs_err) e->abs_err = d;
+    if (fabs((double)cpu) > 1e-3 && d / fabs((double)cpu) > e->rel_err) e->rel_err = d / fabs((double)cpu);
+}
+
+/* -1: could not run (res says why: the caller's failure, nothing known of
+   the kernel), 0: mismatch, 1: passed, 2: not applicable (the wrappers do
+   not take this variant's dtype or shape) */
+static int mskv__st_attention(mskv_cuda *cu, int kernel, const mskv__cuda_defines *defs, mskv_cu_function f,
+                              char *detail, size_t cap, mskv_result *res_out) {
+    const mskv_dtype dt = (mskv_dtype)defs->value[MSKV__D_DTYPE];
+    const int32_t D = defs->value[MSKV__D_HEAD_DIM];
+    const int decode = kernel == MSKV__K_ATTN && defs->value[MSKV__D_ATTN_WARP_KEYS];
+    const size_t es = mskv_dtype_size(dt);
+    mskv_cuda_store_desc sd;
+    mskv_cuda_store *st = NULL;
+    mskv__st_plan sp;
+    mskv_cuda_dplan dp;
+    mskv_pools pools;
+    mskv_attn at;
+    mskv_cu_ptr dq = 0, dout = 0, dlse = 0;
+    size_t pool_elems = (size_t)MSKV__ST_PAGES * MSKV__ST_P * MSKV__ST_KVH * (size_t)D, q_elems, rows, i;
+    unsigned char *hk = NULL, *hv = NULL, *hq = NULL, *ho = NULL, *ref = NULL;
+    float *hl = NULL, *lref = NULL;
+    mskv__st_err eo, el;
+    uint32_t seed = 0x9e3779b9u ^ (uint32_t)D ^ ((uint32_t)dt << 12) ^ ((uint32_t)decode << 16);
+    double tol = dt == MSKV_DTYPE_F16 ? 4e-3 : dt == MSKV_DTYPE_BF16 ? 2.5e-2 : 1e-4;
+    int verdict = -1;
+    mskv_result r;
+    memset(&eo, 0, sizeof(eo));
+    memset(&el, 0, sizeof(el));
+    mskv__st_plan_make(&sp, decode);
+    q_elems = (size_t)sp.p.total_q * MSKV__ST_QH * (size_t)D;
+    rows = (size_t)sp.p.total_q * MSKV__ST_QH;
+    memset(&sd, 0, sizeof(sd));
+    sd.num_pages = MSKV__ST_PAGES; sd.page_size = MSKV__ST_P; sd.num_layers = 1; sd.kv_heads = MSKV__ST_KVH;
+    sd.head_dim = D; sd.dtype = dt; sd.max_batch = 2; sd.max_tokens = 64; sd.max_page_ids = 16; sd.plan_ring = 1;
+    sd.staging_bytes = (size_t)MSKV__ST_P * MSKV__ST_KVH * (size_t)D * es * 2;
+    if ((r = mskv_cuda_store_create(cu, &sd, &st)) != MSKV_SUCCESS) goto done;
+    st->selftest_path = kernel == MSKV__K_ATTN_SM90 ? 2 : 1;
+    hk = (unsigned char *)mskv__cuda_alloc(&cu->allocator, pool_elems * es);
+    hv = (unsigned char *)mskv__cuda_alloc(&cu->allocator, pool_elems * es);
+    hq = (unsigned char *)mskv__cuda_alloc(&cu->allocator, q_elems * es);
+    ho = (unsigned char *)mskv__cuda_calloc(&cu->allocator, q_elems * es);
+    ref = (unsigned char *)mskv__cuda_alloc(&cu->allocator, q_elems * es);
+    hl = (float *)mskv__cuda_calloc(&cu->allocator, rows * sizeof(float));
+    lref = (float *)mskv__cuda_alloc(&cu->allocator, rows * sizeof(float));
+    r = MSKV_ERROR_OUT_OF_MEMORY;
+    if (!hk || !hv || !hq || !ho || !ref || !hl || !lref) goto done;
+    /* every slot holds data, the unused ones too: a read outside the plan shows */
+    for (i = 0; i < pool_elems; i++) { mskv__st_put(hk, dt, i, mskv__st_uniform(&seed)); mskv__st_put(hv, dt, i, mskv__st_uniform(&seed)); }
+    for (i = 0; i < q_elems; i++) mskv__st_put(hq, dt, i, 2.0f * mskv__st_uniform(&seed));
+    pools.k = hk; pools.v = hv; pools.dtype = dt; pools.num_pages = MSKV__ST_PAGES; pools.page_size = MSKV__ST_P;
+    pools.kv_heads = MSKV__ST_KVH; pools.head_dim = D;
+    memset(&at, 0, sizeof(at));
+    at.q_heads = MSKV__ST_QH; at.mask = MSKV_MASK_CAUSAL; at.q_dtype = dt;
+    if ((r = mskv_cpu_attention_pools(NULL, &pools, &sp.p, &at, hq, ref, lref)) != MSKV_SUCCESS) goto done;
+    if ((r = mskv_cuda_malloc(cu, q_elems * es, &dq)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_malloc(cu, q_elems * es, &dout)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_malloc(cu, rows * sizeof(float), &dlse)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_upload(st, mskv_cuda_store_pool(st, 0, 0), hk, pool_elems * es)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_upload(st, mskv_cuda_store_pool(st, 0, 1), hv, pool_elems * es)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_upload(st, dq, hq, q_elems * es)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_plan_upload(st, &sp.p, MSKV_POS_NONE, &dp)) != MSKV_SUCCESS)
+        goto done;
+    r = mskv_cuda_attention(st, 0, &sp.p, &dp, &at, dq, dout, dlse);
+    if (r == MSKV_SUCCESS) r = mskv_cuda_download(st, ho, dout, q_elems * es);
+    if (r == MSKV_SUCCESS) r = mskv_cuda_download(st, hl, dlse, rows * sizeof(float));
+    if (r == MSKV_ERROR_CUDA && st->selftest_seen == f) {
+        /* the launch or the wait after it failed: the kernel faulted */
+        mskv__cuda_format(detail, cap, "faulted: %.300s", cu->err);
+        verdict = 3;
+        goto done;
+    }
+    if (r == MSKV_ERROR_UNSUPPORTED || r == MSKV_ERROR_INVALID_ARGUMENT) {
+        /* a dtype or head_dim the attention wrappers do not take */
+        verdict = 2;
+        r = MSKV_SUCCESS;
+        goto done;
+    }
+    if (r != MSKV_SUCCESS) goto done;
+    if (st->selftest_seen != f) {
+        /* the wrappers chose another kernel for this shape: nothing learnt of f */
+        verdict = 2;
+        goto done;
+    }
+    for (i = 0; i < q_elems; i++) mskv__st_compare(&eo, mskv__st_get(ho, dt, i), mskv__st_get(ref, dt, i), tol, 0);
+    for (i = 0; i < rows; i++) mskv__st_compare(&el, hl[i], lref[i], 2e-3, 0);
+    verdict = eo.bad == 0 && el.bad == 0;
+    mskv__cuda_format(detail, cap, "o err %.2g (tol %.2g), lse err %.2g (tol 2e-3)", eo.abs_err, tol, el.abs_err);
+done:
+    if (dq) mskv_cuda_free(cu, dq);
+    if (dout) mskv_cuda_free(cu, dout);
+    if (dlse) mskv_cuda_free(cu, dlse);
+    if (st) mskv_cuda_store_destroy(st);
+    mskv__cuda_dealloc(&cu->allocator, hk); mskv__cuda_dealloc(&cu->allocator, hv);
+    mskv__cuda_dealloc(&cu->allocator, hq); mskv__cuda_dealloc(&cu->allocator, ho);
+    mskv__cuda_dealloc(&cu->allocator, ref); mskv__cuda_dealloc(&cu->allocator, hl);
+    mskv__cuda_dealloc(&cu->allocator, lref);
+    *res_out = r;
+    return verdict;
+}
+
+/* The K/V write variant's problem: 37 tokens of the variant's source dtype
+   and RoPE into three scattered pages; every pool element compared. */
+static int mskv__st_kv_write(mskv_cuda *cu, const mskv__cuda_defines *defs, mskv_cu_function f, char *detail,
+                             size_t cap, mskv_result *res_out) {
+    const mskv_dtype dt = (mskv_dtype)defs->value[MSKV__D_DTYPE], src = (mskv_dtype)defs->value[MSKV__D_SRC_DTYPE];
+    const int32_t D = defs->value[MSKV__D_HEAD_DIM], n = 37;
+    const size_t es = mskv_dtype_size(dt), ss = mskv_dtype_size(src);
+    static const int32_t pages[3] = { 5, 9, 2 };
+    mskv_cuda_store_desc sd;
+    mskv_cuda_store *st = NULL;
+    mskv__st_plan sp;
+    mskv_cuda_dplan dp;
+    mskv_pools pools;
+    mskv_rope rope, *rp = NULL;
+    mskv_cu_ptr dk = 0, dv = 0;
+    size_t pool_elems = (size_t)MSKV__ST_PAGES * MSKV__ST_P * MSKV__ST_KVH * (size_t)D, src_elems = (size_t)n * MSKV__ST_KVH * (size_t)D, i;
+    unsigned char *hk = NULL, *hv = NULL, *gk = NULL, *gv = NULL, *sk = NULL, *sv = NULL;
+    int64_t slots[37];
+    int32_t pos[3 * 37];
+    mskv__st_err e;
+    uint32_t seed = 0x85ebca6bu ^ (uint32_t)D ^ ((uint32_t)dt << 12) ^ ((uint32_t)src << 14);
+    double tol_rel = dt == MSKV_DTYPE_BF16 ? 1.6e-2 : dt == MSKV_DTYPE_F16 ? 2e-3 : 1e-5;
+    int verdict = -1;
+    mskv_result r;
+    memset(&e, 0, sizeof(e));
+    mskv__st_plan_make(&sp, 0);
+    /* one sequence of 48 keys on pages 5, 9, 2; the 37 new tokens land one page after another */
+    sp.p.batch = 1; sp.p.total_q = n; sp.p.num_page_ids = 3;
+    sp.qo[1] = n; sp.kvp[1] = 3; sp.kvl[0] = 48; sp.split[0] = 48; sp.last[0] = MSKV__ST_P;
+    memcpy(sp.ids, pages, sizeof(pages));
+    for (i = 0; i < (size_t)n; i++) {
+        slots[i] = (int64_t)pages[i % 3] * MSKV__ST_P + (int64_t)(i / 3);
+        if (defs->value[MSKV__D_ROPE] == 2) {   /* (frame, row, col) on a 3 x 4 grid */
+            pos[3 * i] = (int32_t)(i / 12); pos[3 * i + 1] = (int32_t)(i / 4 % 3); pos[3 * i + 2] = (int32_t)(i % 4);
+        } else {
+            pos[i] = (int32_t)(3 * i + 1);
+        }
+    }
+    sp.p.slot_mapping = slots;
+    sp.p.positions = pos;
+    memset(&rope, 0, sizeof(rope));
+    if (defs->value[MSKV__D_ROPE]) {
+        rope.mode = defs->value[MSKV__D_ROPE] == 2 ? MSKV_POS_3D : MSKV_POS_1D;
+        rope.style = defs->value[MSKV__D_ROPE_STYLE] ? MSKV_ROPE_INTERLEAVED : MSKV_ROPE_HALF;
+        rope.dims[0] = defs->value[MSKV__D_ROPE_D0];
+        rope.dims[1] = defs->value[MSKV__D_ROPE_D1];
+        rope.dims[2] = defs->value[MSKV__D_ROPE_D2];
+        rp = &rope;
+    }
+    memset(&sd, 0, sizeof(sd));
+    sd.num_pages = MSKV__ST_PAGES; sd.page_size = MSKV__ST_P; sd.num_layers = 1; sd.kv_heads = MSKV__ST_KVH;
+    sd.head_dim = D; sd.dtype = dt; sd.max_batch = 2; sd.max_tokens = 64; sd.max_page_ids = 16; sd.plan_ring = 1;
+    sd.staging_bytes = (size_t)MSKV__ST_P * MSKV__ST_KVH * (size_t)D * es * 2;
+    if ((r = mskv_cuda_store_create(cu, &sd, &st)) != MSKV_SUCCESS) goto done;
+    hk = (unsigned char *)mskv__cuda_calloc(&cu->allocator, pool_elems * es);
+    hv = (unsigned char *)mskv__cuda_calloc(&cu->allocator, pool_elems * es);
+    gk = (unsigned char *)mskv__cuda_alloc(&cu->allocator, pool_elems * es);
+    gv = (unsigned char *)mskv__cuda_calloc(&cu->allocator, pool_elems * es);
+    sk = (unsigned char *)mskv__cuda_alloc(&cu->allocator, src_elems * ss);
+    sv = (unsigned char *)mskv__cuda_alloc(&cu->allocator, src_elems * ss);
+    r = MSKV_ERROR_OUT_OF_MEMORY;
+    if (!hk || !hv || !gk || !gv || !sk || !sv) goto done;
+    for (i = 0; i < src_elems; i++) { mskv__st_put(sk, src, i, mskv__st_uniform(&seed)); mskv__st_put(sv, src, i, mskv__st_uniform(&seed)); }
+    pools.k = hk; pools.v = hv; pools.dtype = dt; pools.num_pages = MSKV__ST_PAGES; pools.page_size = MSKV__ST_P;
+    pools.kv_heads = MSKV__ST_KVH; pools.head_dim = D;
+    if ((r = mskv_cpu_write_kv_pools(&pools, &sp.p, sk, sv, src, rp)) != MSKV_SUCCESS) goto done;
+    if ((r = mskv_cuda_malloc(cu, src_elems * ss, &dk)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_malloc(cu, src_elems * ss, &dv)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_upload(st, dk, sk, src_elems * ss)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_upload(st, dv, sv, src_elems * ss)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_plan_upload(st, &sp.p, rp ? rope.mode : MSKV_POS_NONE, &dp)) != MSKV_SUCCESS)
+        goto done;
+    /* the pools start zeroed, as the host copy */
+    memset(gk, 0, pool_elems * es);
+    if ((r = mskv_cuda_upload(st, mskv_cuda_store_pool(st, 0, 0), gk, pool_elems * es)) != MSKV_SUCCESS ||
+        (r = mskv_cuda_upload(st, mskv_cuda_store_pool(st, 0, 1), gk, pool_elems * es)) != MSKV_SUCCESS)
+        goto done;
+    r = mskv_cuda_write_kv_ex(st, 0, &dp, dk, dv, src, rp);
+    if (r == MSKV_SUCCESS) r = mskv_cuda_download(st, gk, mskv_cuda_store_pool(st, 0, 0), pool_elems * es);
+    if (r == MSKV_SUCCESS) r = mskv_cuda_download(st, gv, mskv_cuda_store_pool(st, 0, 1), pool_elems * es);
+    if (r == MSKV_ERROR_CUDA && st->selftest_seen == f) {
+        mskv__cuda_format(detail, cap, "faulted: %.300s", cu->err);
+        verdict = 3;
+        goto done;
+    }
+    if (r != MSKV_SUCCESS) goto done;
+    if (st->selftest_seen != f) { verdict = 2; goto done; }
+    for (i = 0; i < pool_elems; i++) {
+        /* K within a pool ulp or two plus the angles' f32 error (RoPE), V likewise (a plain conversion: exact) */
+        mskv__st_compare(&e, mskv__st_get(gk, dt, i), mskv__st_get(hk, dt, i), 1e-3, tol_rel);
+        mskv__st_compare(&e, mskv__st_get(gv, dt, i), mskv__st_get(hv, dt, i), 1e-3, tol_rel);
+    }
+    verdict = e.bad == 0;
+    mskv__cuda_format(detail, cap, "%d of %d values off, worst err %.2g (tol %.2g relative)", e.bad,
+                      (int)(2 * pool_elems), e.abs_err, tol_rel);
+done:
+    if (dk) mskv_cuda_free(cu, dk);
+    if (dv) mskv_cuda_free(cu, dv);
+    if (st) mskv_cuda_store_destroy(st);
+    mskv__cuda_dealloc(&cu->allocator, hk); mskv__cuda_dealloc(&cu->allocator, hv);
+    mskv__cuda_dealloc(&cu->allocator, gk); mskv__cuda_dealloc(&cu->allocator, gv);
+    mskv__cuda_dealloc(&cu->allocator, sk); mskv__cuda_dealloc(&cu->allocator, sv);
+    *res_out = r;
+    return verdict;
+}
+
+/* A name for a variant in logs and the report: "mskv_attn_sm90 bf16 d128". */
+static void mskv__st_name(char *out, size_t cap, int kernel, const mskv__cuda_defines *d) {
+    static const char *const dts[3] = { "f32", "f16", "bf16" };
+    int dt = d->value[MSKV__D_DTYPE];
+    mskv__cuda_format(out, cap, "%s %s d%d", mskv__cuda_kernel_names[kernel], dt >= 0 && dt < 3 ? dts[dt] : "?",
+                      (int)d->value[MSKV__D_HEAD_DIM]);
+    if (kernel == MSKV__K_ATTN) mskv__cuda_appendf(out, cap, d->value[MSKV__D_ATTN_WARP_KEYS] ? " decode" : " prefill");
+    if (kernel == MSKV__K_KV_WRITE) {
+        int s = d->value[MSKV__D_SRC_DTYPE];
+        mskv__cuda_appendf(out, cap, " from %s", s >= 0 && s < 3 ? dts[s] : "?");
+        if (d->value[MSKV__D_ROPE])
+            mskv__cuda_appendf(out, cap, " rope %s%s (%d,%d,%d)", d->value[MSKV__D_ROPE] == 2 ? "3d" : "1d",
+                               d->value[MSKV__D_ROPE_STYLE] ? " interleaved" : "", (int)d->value[MSKV__D_ROPE_D0],
+                               (int)d->value[MSKV__D_ROPE_D1], (int)d->value[MSKV__D_ROPE_D2]);
+    }
+}
+
+/* The sidecar of a variant's disk-cache entry that records a failed self-test per device. */
+static void mskv__st_mark_path(char *out, size_t cap, const char *entry) { mskv__cuda_format(out, cap, "%s.selftest-failed", entry); }
+
+static void mskv__st_mark(mskv_cuda *cu, const char *entry, const char *line) {
+    char path[600], tmp[640];
+    size_t size = 0, n;
+    unsigned char *old;
+    const void *parts[2];
+    size_t len[2];
+    static unsigned long serial;
+    if (!entry[0]) return;
+    mskv__st_mark_path(path, sizeof(path), entry);
+    old = mskv__cuda_read_file(&cu->allocator, path, &size);
+    parts[0] = old ? (const void *)old : (const void *)""; len[0] = old ? size : 0;
+    parts[1] = line; len[1] = strlen(line);
+    mskv__cuda_format(tmp, sizeof(tmp), "%s.%lu.%lu.tmp", path, mskv__cuda_pid(), ++serial);
+    n = mskv__cuda_write_replace(tmp, path, parts, len, 2);
+    (void)n;
+    mskv__cuda_dealloc(&cu->allocator, old);
+}
+
+/* 1 and the reason when the sidecar says this variant failed on this device */
+static int mskv__st_marked(mskv_cuda *cu, const char *entry, const char *key, char *why, size_t cap) {
+    char path[600];
+    size_t size = 0, klen = strlen(key);
+    unsigned char *buf;
+    const char *at, *end;
+    int found = 0;
+    if (!entry[0]) return 0;
+    mskv__st_mark_path(path, sizeof(path), entry);
+    if ((buf = mskv__cuda_read_file(&cu->allocator, path, &size)) == NULL) return 0;
+    buf[size] = 0;
+    for (at = (const char *)buf; *at && !found; at = *end ? end + 1 : end) {
+        end = strchr(at, '\n');
+        if (!end) end = at + strlen(at);
+        if ((size_t)(end - at) > klen && memcmp(at, key, klen) == 0 && at[klen] == '\t') {
+            size_t n = (size_t)(end - at) - klen - 1;
+            if (n >= cap) n = cap - 1;
+            memcpy(why, at + klen + 1, n);
+            why[n] = 0;
+            found = 1;
+        }
+    }
+    mskv__cuda_dealloc(&cu->allocator, buf);
+    return found;
+}
+
+/* Runs the self-test of one kernel of variant v (not under cu->lock).
+   Returns 1 passed (or nothing to test), 0 failed (why set), -1 could not
+   run (res: the error to return to the caller; the variant stays untested). */
+static int mskv__cuda_selftest(mskv_cuda *cu, int kernel, const mskv__cuda_defines *defs, mskv__cuda_variant *v,
+                               char *why, size_t cap, mskv_result *res) {
+    char name[160], detail[200] = "", key[220], line[600];
+    double t0 = mskv__st_now_ms(), ms;
+    int verdict;
+    mskv__st_name(name, sizeof(name), kernel, defs);
+    mskv__cuda_format(key, sizeof(key), "%s on %s", name, cu->info.name);
+    *res = MSKV_SUCCESS;
+    if (cu->lost) {
+        mskv__cuda_failf(cu, "%s is not self-tested: a kernel faulted in its self-test before, and CUDA lost the "
+                         "context (create a new process)", name);
+        *res = MSKV_ERROR_CUDA;
+        return -1;
+    }
+    if (mskv__st_marked(cu, v->path, key, detail, sizeof(detail))) {
+        mskv__cuda_format(why, cap, "%s failed its self-test on %s (recorded beside its cache entry %s: %s)", name,
+                          cu->info.name, v->path, detail);
+        verdict = 0;
+    } else {
+        verdict = kernel == MSKV__K_KV_WRITE ? mskv__st_kv_write(cu, defs, v->funcs[kernel], detail, sizeof(detail), res)
+                                             : mskv__st_attention(cu, kernel, defs, v->funcs[kernel], detail, sizeof(detail), res);
+        if (verdict < 0) return -1;
+        if (verdict == 3) {
+            /* recorded (the next process refuses it without running it), then the caller gets the fault */
+            mskv__cuda_format(line, sizeof(line), "%s\t%s\n", key, detail);
+            mskv__st_mark(cu, v->path, line);
+            mskv__cuda_lock(&cu->lock);
+            cu->lost = 1;
+            cu->info.selftests_failed++;
+            mskv__cuda_appendf(cu->info.selftest_report, sizeof(cu->info.selftest_report), "%s: FAULT, %s\n", name, detail);
+            mskv__cuda_unlock(&cu->lock);
+            mskv__cuda_failf(cu, "%s faulted in its self-test on %s (%s): the CUDA context is lost; the variant is "
+                             "recorded as failed%s%s, so the next process does not run it", name, cu->info.name,
+                             detail, v->path[0] ? " beside " : "", v->path);
+            *res = MSKV_ERROR_CUDA;
+            return -1;
+        }
+        if (verdict == 0) {
+            mskv__cuda_format(why, cap, "%s failed its self-test on %s: %s", name, cu->info.name, detail);
+            mskv__cuda_format(line, sizeof(line), "%s\t%s\n", key, detail);
+            mskv__st_mark(cu, v->path, line);
+        }
+    }
+    ms = mskv__st_now_ms() - t0;
+    mskv__cuda_lock(&cu->lock);
+    if (verdict == 1) cu->info.selftests_passed++;
+    if (verdict == 0) cu->info.selftests_failed++;
+    cu->info.selftest_ms += ms;
+    mskv__cuda_appendf(cu->info.selftest_report, sizeof(cu->info.selftest_report), "%s: %s%s%s (%.1f ms)\n", name,
+                       verdict == 1 ? "pass" : verdict == 0 ? "FAIL" : "not tested: the wrappers do not launch it so",
+                       detail[0] ? ", " : "", detail, ms);
+    mskv__cuda_unlock(&cu->lock);
+    if (verdict == 0) mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_ERROR, "mstar_kv cuda: %s", why);
+    else mskv__cuda_log(cu->log, cu->log_user, MSKV_LOG_INFO, "mstar_kv cuda: self-test of %s: %s%s%s (%.1f ms)", name,
+                        verdict == 1 ? "pass" : "not applicable", detail[0] ? ", " : "", detail, ms);
+    return verdict != 0;
 }
 
 #ifdef __cplusplus

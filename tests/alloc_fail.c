@@ -333,6 +333,7 @@ static mskv_result af_cuda(void *c) {
     mskv_cuda_desc d;
     memset(&d, 0, sizeof d);
     d.functions = &x->fn; d.disable_disk_cache = 1; d.allocator = af_allocator();
+    d.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     return mskv_cuda_create(&d, &x->cu);
 }
 static mskv_result af_store(void *c) {

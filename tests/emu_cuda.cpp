@@ -160,7 +160,12 @@ static struct {
     int tmap_encodes = 0;      /* cuTensorMapEncodeTiled calls */
     std::vector<std::string> launched;
     std::string last_options;
-    ecu_graph *capturing = nullptr;   /* launches are recorded, not run */
+    ecu_graph *capturing = nullptr;   /* launches on capture_stream are recorded, not run */
+    mskv_cu_stream capture_stream = nullptr;
+    /* planted faults for the self-test tests: the named kernel runs with its
+       softmax scale (attention) or RoPE theta (K/V write) times scale_factor */
+    std::string plant_kernel;
+    float plant_factor = 1.0f;
 } ecu;
 
 template <typename F> struct ecu_stub;
@@ -182,8 +187,8 @@ static mskv_cu_result ecu_launch(mskv_cu_function f, unsigned int gx, unsigned i
     const ecu_func *fn = (const ecu_func *)(const void *)f;
     const ecu_module &m = fn->mod;
     std::function<void()> body;
-    (void)by; (void)bz; (void)s; (void)extra;
-    if (ecu.capturing) {
+    (void)by; (void)bz; (void)extra;
+    if (ecu.capturing && s == ecu.capture_stream) {
         ecu_call c = ecu_call();
         c.f = f; c.g[0] = gx; c.g[1] = gy; c.g[2] = gz; c.b[0] = bx; c.b[1] = by; c.b[2] = bz; c.smem = smem;
         bool maps = fn->name == "mskv_attn_sm90";
@@ -195,6 +200,19 @@ static mskv_cu_result ecu_launch(mskv_cu_function f, unsigned int gx, unsigned i
     }
     ecu.launches++;
     ecu.launched.push_back(fn->name);
+    float planted[1];
+    void *planted_args[MSKV__CUDA_MAX_ARGS];
+    if (!ecu.plant_kernel.empty() && fn->name == ecu.plant_kernel) {
+        /* the parameter block is the store's: plant on a copy of the one value
+           (the body below runs before this function returns) */
+        int at = fn->name == "mskv_attn_sm90" ? 15 : fn->name == "mskv_attn" ? 14 : fn->name == "mskv_kv_write" ? 9 : -1;
+        if (at >= 0) {
+            planted[0] = ecu_f32(a[at]) * ecu.plant_factor;
+            std::memcpy(planted_args, a, sizeof planted_args);
+            planted_args[at] = planted;
+            a = planted_args;
+        }
+    }
     if (fn->name == "mskv_attn_sm90") {
         if (m.dtype != 2 || m.head_dim != 64 || !m.sm90a) return 700;
         if (ecu_i32(a[19]) > 1) ecu.splits_seen = ecu_i32(a[19]);
@@ -334,14 +352,17 @@ static mskv_cuda_functions ecu_table(void) {
         ecu.tmap_encodes++;
         return mskv_emu::tmap_encode(map, dt, rank, g, dims, strides, box, es, il, sw, l2, oob);
     };
-    f.cuStreamBeginCapture = [](mskv_cu_stream, int) -> mskv_cu_result {
+    f.cuStreamBeginCapture = [](mskv_cu_stream s, int) -> mskv_cu_result {
         if (ecu.capturing) return 401;
         ecu.capturing = new ecu_graph();
+        ecu.capture_stream = s;
         return 0;
     };
-    f.cuStreamEndCapture = [](mskv_cu_stream, mskv_cu_graph *g) -> mskv_cu_result {
+    f.cuStreamEndCapture = [](mskv_cu_stream s, mskv_cu_graph *g) -> mskv_cu_result {
+        if (s != ecu.capture_stream) return 401;
         *g = (mskv_cu_graph)(void *)ecu.capturing;
         ecu.capturing = nullptr;
+        ecu.capture_stream = nullptr;
         return *g ? 0 : 401;
     };
     f.cuGraphInstantiateWithFlags = [](mskv_cu_graph_exec *e, mskv_cu_graph g, unsigned long long) -> mskv_cu_result {
@@ -396,6 +417,10 @@ struct ecu_env {
     mskv_cuda_functions table;
     mskv_cuda_attn_path path = MSKV_CUDA_ATTN_AUTO;
     int no_tensor_maps = 0;    /* a driver without cuTensorMapEncodeTiled */
+    /* off for the tests that count launches (a variant's first use would add
+       its self-test's); the self-test tests, gpu_bench and the demo run it */
+    int selftest = MSKV_CUDA_SELFTEST_OFF;
+    const char *cache_dir = nullptr;   /* a disk cache (nullptr: none) */
     std::string log;
     mskv_cuda *cu = nullptr;
     mskv_cuda_store *st = nullptr;
@@ -411,7 +436,9 @@ struct ecu_env {
         if (no_tensor_maps) table.cuTensorMapEncodeTiled = NULL;
         std::memset(&d, 0, sizeof d);
         d.functions = &table;
-        d.disable_disk_cache = 1;
+        d.disable_disk_cache = cache_dir == nullptr;
+        d.cache_dir = cache_dir;
+        d.selftest = selftest;
         d.attn_path = path;
         d.log = ecu_log;
         d.log_user = &log;
@@ -2430,4 +2457,199 @@ TEST(cuda_shards_prefix_views_hold_each_devices_heads_and_attend_like_the_cpu) {
     EXPECT_NEAR(0.0, oe, 2.5e-2);
     EXPECT_NEAR(0.0, le, 2e-3);
     mskv_plan_free(e.a, &p);
+}
+
+/* >>self-test ---------------------------------------------------------------
+   Each attention and K/V write variant is run once on a known problem
+   against the CPU backend the first time the context loads it. Faults are
+   planted in the emulated device: the sm_90a kernel's wgmma reading shared
+   memory with another swizzle than the one the copies wrote, a kernel run
+   with a wrong softmax scale or RoPE theta. */
+
+static mskv_cuda_info ecu_info(ecu_env &e) {
+    mskv_cuda_info i;
+    std::memset(&i, 0, sizeof i);
+    mskv_cuda_info_get(e.cu, &i);
+    return i;
+}
+
+TEST(cuda_selftest_passes_each_variant_once_and_reports_it) {
+    ecu_env e;
+    ecu_problem p, d;
+    const int P = 16, kvh = 2, qh = 4, pages = 32;
+    e.selftest = MSKV_CUDA_SELFTEST_ON;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {30, 5}, {100, 37}, 41));
+    EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_CAUSAL, 0), 2.5e-2);   /* sm_90a */
+    mskv_cuda_info i1 = ecu_info(e);
+    EXPECT_EQ(1, i1.selftests_passed);
+    EXPECT_EQ(0, i1.selftests_failed);
+    EXPECT_TRUE(std::strstr(i1.selftest_report, "mskv_attn_sm90 bf16 d64: pass") != NULL);
+    /* the same variant again: not tested again */
+    ecu.launched.clear();
+    EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_NONE, 0), 2.5e-2);
+    EXPECT_EQ(1, (int)ecu.launched.size());
+    EXPECT_EQ(1, ecu_info(e).selftests_passed);
+    /* a decode shape: the mma.sync decode layout, tested on its first use */
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, d, P, kvh, qh, pages, {1, 1}, {150, 37}, 42));
+    EXPECT_NEAR(0.0, ecu_attention_error(e, d, P, kvh, qh, pages, MSKV_MASK_CAUSAL, 0), 2.5e-2);
+    mskv_cuda_info i2 = ecu_info(e);
+    EXPECT_EQ(2, i2.selftests_passed);
+    EXPECT_TRUE(std::strstr(i2.selftest_report, "mskv_attn bf16 d64 decode: pass") != NULL);
+    EXPECT_TRUE(i2.selftest_ms >= i1.selftest_ms);
+    printf("  self-test report:\n%s", i2.selftest_report);
+}
+
+TEST(cuda_selftest_catches_a_planted_wrong_scale_in_the_sm90a_kernel) {
+    ecu_env e;
+    ecu_problem p;
+    const int P = 16, kvh = 2, qh = 4, pages = 32;
+    e.selftest = MSKV_CUDA_SELFTEST_ON;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {30, 5}, {100, 37}, 44));
+    ecu.plant_kernel = "mskv_attn_sm90"; ecu.plant_factor = 1.25f;
+    double err = ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_CAUSAL, 0);
+    ecu.plant_kernel.clear();
+    EXPECT_NEAR(0.0, err, 2.5e-2);
+    EXPECT_EQ(1, ecu_info(e).selftests_failed);
+    EXPECT_EQ(0, ecu_info(e).wgmma);
+}
+
+/* Nothing to fall back to: the call fails, says so, and launches nothing. */
+TEST(cuda_selftest_failing_mma_sync_fails_the_call_with_the_reason) {
+    ecu_env e;
+    ecu_problem p;
+    const int P = 16, kvh = 2, qh = 4, pages = 32;
+    e.selftest = MSKV_CUDA_SELFTEST_ON;
+    e.path = MSKV_CUDA_ATTN_MMA;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {30, 5}, {100, 37}, 45));
+    ecu.plant_kernel = "mskv_attn"; ecu.plant_factor = 0.8f;
+    mskv_attn at;
+    std::memset(&at, 0, sizeof at);
+    at.q_heads = qh; at.mask = MSKV_MASK_CAUSAL; at.q_dtype = MSKV_DTYPE_BF16;
+    mskv_cu_ptr dq = 0, dout = 0, dlse = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, p.q.size() * 2, &dq));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, p.q.size() * 2, &dout));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, p.q.size() / 64 * 4, &dlse));
+    int before = ecu.launches;
+    EXPECT_EQ(MSKV_ERROR_CUDA, mskv_cuda_attention(e.st, 1, &p.plan, &p.dplan, &at, dq, dout, dlse));
+    int tested = ecu.launches - before;
+    EXPECT_TRUE(std::strstr(mskv_cuda_last_error(e.cu), "no attention kernel passed its self-test on emulated") != NULL);
+    EXPECT_TRUE(std::strstr(mskv_cuda_last_error(e.cu), "mskv_attn bf16 d64 prefill failed its self-test") != NULL);
+    /* a second call: refused at once, nothing launched, not tested again */
+    before = ecu.launches;
+    EXPECT_EQ(MSKV_ERROR_CUDA, mskv_cuda_attention(e.st, 1, &p.plan, &p.dplan, &at, dq, dout, dlse));
+    EXPECT_EQ(0, ecu.launches - before);
+    ecu.plant_kernel.clear();
+    EXPECT_EQ(1, tested);          /* the self-test's own launch, not the caller's */
+    EXPECT_EQ(1, ecu_info(e).selftests_failed);
+    for (mskv_cu_ptr x : {dq, dout, dlse}) mskv_cuda_free(e.cu, x);
+}
+
+/* The same planted bug with the self-test off goes through: what the test is for. */
+TEST(cuda_selftest_off_lets_a_planted_bug_through) {
+    ecu_env e;
+    ecu_problem p;
+    const int P = 16, kvh = 2, qh = 4, pages = 32;
+    e.path = MSKV_CUDA_ATTN_MMA;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {30, 5}, {100, 37}, 45));
+    ecu.plant_kernel = "mskv_attn"; ecu.plant_factor = 0.8f;
+    double err = ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_CAUSAL, 0);
+    ecu.plant_kernel.clear();
+    EXPECT_GT(err, 2.5e-2);
+    EXPECT_EQ(0, ecu_info(e).selftests_passed + ecu_info(e).selftests_failed);
+}
+
+/* A K/V write variant with a wrong RoPE: refused before it writes anything. */
+TEST(cuda_selftest_catches_a_planted_rope_bug_in_kv_write_and_writes_nothing) {
+    ecu_env e;
+    const int P = 16, kvh = 2, pages = 16, n = 3;
+    e.selftest = MSKV_CUDA_SELFTEST_ON;
+    ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+    mskv_rope rope;
+    std::memset(&rope, 0, sizeof rope);
+    rope.mode = MSKV_POS_1D;
+    int64_t slots[n] = {17, 18, 40};
+    int32_t pos[n] = {5, 6, 7};
+    mskv_plan plan;
+    mskv_cuda_dplan dp;
+    std::memset(&plan, 0, sizeof plan);
+    plan.total_q = n; plan.page_size = P; plan.slot_mapping = slots; plan.positions = pos;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_plan_upload(e.st, &plan, MSKV_POS_1D, &dp));
+    std::vector<uint16_t> src((size_t)n * kvh * 64, mskv_f32_to_bf16(0.5f)), pool((size_t)pages * P * kvh * 64, 0);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_upload(e.st, mskv_cuda_store_pool(e.st, 0, 0), pool.data(), pool.size() * 2));
+    mskv_cu_ptr dk = 0;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(e.cu, src.size() * 2, &dk));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_upload(e.st, dk, src.data(), src.size() * 2));
+    ecu.plant_kernel = "mskv_kv_write"; ecu.plant_factor = 3.0f;
+    EXPECT_EQ(MSKV_ERROR_CUDA, mskv_cuda_write_kv(e.st, 0, &dp, dk, dk, &rope));
+    ecu.plant_kernel.clear();
+    EXPECT_TRUE(std::strstr(mskv_cuda_last_error(e.cu), "mskv_kv_write bf16 d64 from bf16 rope 1d (0,0,0) failed its self-test on emulated") != NULL);
+    std::vector<uint16_t> back(pool.size(), 1);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_download(e.st, back.data(), mskv_cuda_store_pool(e.st, 0, 0), back.size() * 2));
+    EXPECT_TRUE(back == pool);
+    /* without RoPE: another variant, which passes and writes */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_write_kv(e.st, 0, &dp, dk, dk, NULL));
+    mskv_cuda_info i = ecu_info(e);
+    EXPECT_EQ(1, i.selftests_failed);
+    EXPECT_EQ(1, i.selftests_passed);
+    mskv_cuda_free(e.cu, dk);
+}
+
+/* The sm_90a kernel reads shared memory with another swizzle than the
+   copies wrote: the emulator stops it as a fault (it reads shared memory
+   nothing has written), as a GPU may. A fault loses the CUDA context, so
+   the call fails with the reason and nothing else is tested in this
+   context; the variant is recorded as failed beside its disk-cache entry,
+   and the next process (a new context on the same cache; the emulator's
+   sticky error cleared, as a new process would start) refuses it without
+   running it and attends through mma.sync, correctly. */
+TEST(cuda_selftest_fault_loses_the_context_and_the_next_process_skips_the_variant) {
+    char dir[256], rm[300];
+    std::snprintf(dir, sizeof dir, "build/test-emu-selftest-%lu", (unsigned long)getpid());
+    std::snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    if (std::system(rm) != 0) mt_fail(__FILE__, __LINE__, "could not clear %s", dir);
+    const int P = 16, kvh = 2, qh = 4, pages = 32;
+    {
+        ecu_env e;
+        ecu_problem p;
+        e.selftest = MSKV_CUDA_SELFTEST_ON;
+        e.cache_dir = dir;
+        ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+        ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {30, 5}, {100, 37}, 46));
+        mskv_emu::cfg().wgmma_swizzle_override = 2;
+        double err = ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_CAUSAL, 0);
+        mskv_emu::cfg().wgmma_swizzle_override = -1;
+        EXPECT_EQ(1e9, err);   /* the call failed */
+        EXPECT_TRUE(std::strstr(mskv_cuda_last_error(e.cu), "mskv_attn_sm90 bf16 d64 faulted in its self-test on emulated") != NULL);
+        EXPECT_TRUE(std::strstr(mskv_cuda_last_error(e.cu), "the CUDA context is lost") != NULL);
+        mskv_cuda_info i = ecu_info(e);
+        EXPECT_EQ(1, i.selftests_failed);
+        EXPECT_EQ(0, i.selftests_passed);   /* mma.sync was not tested in a lost context */
+        EXPECT_TRUE(std::strstr(i.selftest_report, "mskv_attn_sm90 bf16 d64: FAULT, faulted: ") != NULL);
+        mskv_emu::clear_error();
+    }
+    {
+        ecu_env e;
+        ecu_problem p;
+        e.selftest = MSKV_CUDA_SELFTEST_ON;
+        e.cache_dir = dir;
+        ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
+        ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {30, 5}, {100, 37}, 47));
+        ecu.launched.clear();
+        EXPECT_NEAR(0.0, ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_CAUSAL, 0), 2.5e-2);
+        mskv_cuda_info i = ecu_info(e);
+        EXPECT_TRUE(i.disk_hits >= 1);
+        EXPECT_EQ(1, i.selftests_failed);
+        EXPECT_EQ(1, i.selftests_passed);   /* mskv_attn prefill */
+        EXPECT_EQ(0, i.wgmma);
+        EXPECT_EQ(1, ecu_count(e.log, "recorded beside its cache entry"));
+        /* no sm_90a launch at all: the mma.sync self-test and the caller's call */
+        ASSERT_EQ(2, (int)ecu.launched.size());
+        EXPECT_STREQ("mskv_attn", ecu.launched[0].c_str());
+        EXPECT_STREQ("mskv_attn", ecu.launched[1].c_str());
+    }
+    if (std::system(rm) != 0) mt_fail(__FILE__, __LINE__, "could not remove %s", dir);
 }

@@ -538,6 +538,7 @@ static mskv_result tcu_rig_open2(tcu_rig *r, size_t staging, const char *cache_d
     tcu_logged[0] = 0;
     r->fn = tcm_table();
     r->cd.functions = &r->fn;
+    r->cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     r->cd.disable_disk_cache = cache_dir ? 0 : 1;
     r->cd.cache_dir = cache_dir;
     r->cd.allocator = tcu_allocator();
@@ -1403,6 +1404,7 @@ TEST(cuda_injected_nvrtc_newer_than_its_driver_is_refused) {
     memset(&cd, 0, sizeof cd);
     fn.cuDriverGetVersion = tcu_driver_12_4;         /* the table's NVRTC is 13.0 */
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     cd.disable_disk_cache = 1;
     cd.log = tcu_log;
     tcu_logged[0] = 0;
@@ -1443,6 +1445,7 @@ TEST(cuda_disk_cache_with_a_too_long_directory_is_off_not_truncated) {
     tcm_reset();
     memset(&cd, 0, sizeof cd);
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     cd.cache_dir = dir;
     ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
     EXPECT_FALSE(a.from_disk);
@@ -1462,6 +1465,7 @@ TEST(cuda_disk_cache_miss_compiles_then_hit_reads_without_compiling) {
     memset(&cd, 0, sizeof cd);
     tcu_cache_dir(dir, sizeof dir, "hit");
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     cd.cache_dir = dir;
     ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
     EXPECT_EQ(1, tcm.compiles);
@@ -1502,6 +1506,7 @@ TEST(cuda_corrupt_cache_entry_is_detected_and_rebuilt) {
     memset(&cd, 0, sizeof cd);
     tcu_cache_dir(dir, sizeof dir, "corrupt");
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     cd.cache_dir = dir;
     cd.log = tcu_log;
     ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
@@ -1551,6 +1556,7 @@ TEST(cuda_two_processes_writing_one_cache_entry_do_not_corrupt_it) {
     memset(&cd, 0, sizeof cd);
     tcu_cache_dir(dir, sizeof dir, "race");
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     cd.cache_dir = dir;
     cd.log = tcu_log;
     ASSERT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &ref));
@@ -1659,6 +1665,7 @@ TEST(cuda_two_threads_writing_one_cache_entry_do_not_corrupt_it) {
     memset(&cd, 0, sizeof cd);
     tcu_cache_dir(dir, sizeof dir, "threads");
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     cd.cache_dir = dir;
     cd.log = tcu_count_corrupt;
     tcu_warned_corrupt = 0;
@@ -1711,6 +1718,7 @@ TEST(cuda_disk_cache_defaults_to_the_platform_user_cache_directory) {
     ASSERT_EQ(0, mtu_setenv(var, base));
     memset(&cd, 0, sizeof cd);
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     EXPECT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &a));
     EXPECT_EQ(MSKV_SUCCESS, tcu_compile_mock(&cd, &b));
     tcu_env_restore(&saved[0]);
@@ -1837,6 +1845,7 @@ TEST(cuda_device_newer_than_nvrtc_gets_ptx_for_the_newest_known_arch) {
     fn = tcm_table();
     memset(&cd, 0, sizeof cd);
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     cd.disable_disk_cache = 1;
     ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_create(&cd, &cu));
     ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_info_get(cu, &info));
@@ -1869,6 +1878,7 @@ TEST(cuda_store_out_of_device_memory_fails_cleanly_at_every_allocation) {
     fn = tcm_table();
     memset(&cd, 0, sizeof cd);
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     cd.disable_disk_cache = 1;
     cd.allocator = tcu_allocator();
     ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_create(&cd, &cu));
@@ -1904,6 +1914,7 @@ TEST(cuda_store_rejects_sizes_past_what_kernels_can_index) {
     tcm_reset();
     memset(&cd, 0, sizeof cd);
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     cd.disable_disk_cache = 1;
     ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_create(&cd, &cu));
     sd.num_pages = 0x7fffffff; sd.page_size = 0x7fffffff; sd.kv_heads = 1 << 20; sd.head_dim = 256;
@@ -2399,6 +2410,7 @@ static mskv_result tcu_rig_open_adopted(tcu_rig *r, mskv_cu_ptr pools[4]) {
     tcu_live_allocs = 0;
     r->fn = tcm_table();
     r->cd.functions = &r->fn;
+    r->cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     r->cd.disable_disk_cache = 1;
     r->cd.allocator = tcu_allocator();
     if ((e = mskv_cuda_create(&r->cd, &r->cu)) != MSKV_SUCCESS) return e;
@@ -2458,6 +2470,7 @@ TEST(cuda_store_refuses_missing_or_misaligned_adopted_pools) {
     tcm_reset();
     memset(&cd, 0, sizeof cd);
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     cd.disable_disk_cache = 1;
     ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_create(&cd, &cu));
     for (i = 0; i < 4; i++) ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_malloc(cu, (size_t)24 * 4 * 2 * 64 * 4 + 16, &pools[i]));
@@ -2534,6 +2547,7 @@ static mskv_result tcu_hot_open_path(tcu_hot *h, const tcu_hot_path *path) {
     tcu_live_allocs = 0;
     h->r.fn = tcm_table();
     h->r.cd.functions = &h->r.fn;
+    h->r.cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     h->r.cd.attn_path = path->path;
     h->r.cd.disable_disk_cache = 1;
     h->r.cd.allocator = tcu_allocator();
@@ -2884,6 +2898,7 @@ TEST(cuda_gpu_check_logic_passes_on_the_mock_device) {
     fn = tcm_table();
     memset(&cd, 0, sizeof cd);
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     cd.disable_disk_cache = 1;
     cd.allocator = tcu_allocator();
     ASSERT_TRUE(sink != NULL);
@@ -2938,6 +2953,7 @@ TEST(cuda_probe_driver_counts_devices_without_nvrtc) {
     tcm_reset();
     memset(&cd, 0, sizeof cd);
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     EXPECT_EQ(MSKV_SUCCESS, mskv_cuda_probe_driver(&cd, &devices, &version, why, sizeof why));
     EXPECT_EQ(1, devices);
     EXPECT_EQ(13000, version);
@@ -3347,6 +3363,7 @@ static mskv_result tsh_open(tsh_rig *r, size_t staging) {
     r->fn = tcm_table();
     memset(&cd, 0, sizeof cd);
     cd.functions = &r->fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     cd.disable_disk_cache = 1;
     cd.allocator = tcu_allocator();
     cd.log = tcu_log;

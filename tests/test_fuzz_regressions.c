@@ -54,6 +54,7 @@ TEST(cuda_plan_upload_refuses_a_plan_whose_query_steps_do_not_fit_int32) {
     mmc_reset();
     memset(&cd, 0, sizeof cd);
     cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;   /* the mock launches kernels without running them */
     cd.disable_disk_cache = 1;
     ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_create(&cd, &cu));
     memset(&sd, 0, sizeof sd);
