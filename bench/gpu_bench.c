@@ -27,8 +27,10 @@
    filled with NaN; and two identical runs must give bit-identical bytes. Exit status 1 on a mismatch.
 
    With no option it runs the check without its 16k-key cases, then the
-   figures (tests/gpu_check.sh runs it so); --check: the whole check only;
-   --figures: the figures only. Exit status 1 on a mismatch or an error.
+   figures; --check: the whole check only; --figures: the figures only.
+   Exit status 1 on a mismatch or an error. tests/gpu_check.sh runs the
+   same check and figures as separate stages of build/gpu_check
+   (tests/gpu_check.c includes this file), each in its own process.
 
    Build (no CUDA needed to build; without a GPU it says so and exits 0):
        cc -std=c99 -O2 -Wall -Wextra -pedantic -Werror bench/gpu_bench.c -o build/gpu_bench -ldl -lpthread -lm
@@ -674,6 +676,9 @@ GB_MAYBE_UNUSED static int gb_main(int argc, char **argv, const mskv_cuda_functi
 }
 
 #ifndef GB_NO_MAIN
-int main(int argc, char **argv) { return gb_main(argc, argv, NULL); }
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);   /* a timeout loses nothing printed */
+    return gb_main(argc, argv, NULL);
+}
 #endif
 #endif /* MSKV_GPU_BENCH_C */
