@@ -650,7 +650,7 @@ static void gpc_jcheck(const char *stage, int cases, int failed, int stopped) {
 static int gpc_open(int attn_path, mskv_cuda **out) {
     mskv_cuda_desc cd;
     char why[2048] = "";
-    mskv_result r;
+    mskv_result r = MSKV_ERROR_CUDA_UNAVAILABLE;
     *out = NULL;
     memset(&cd, 0, sizeof cd);
     cd.log = gpc_log;
@@ -673,6 +673,12 @@ static int gpc_open(int attn_path, mskv_cuda **out) {
         nd.log = NULL;
         nvrtc = mskv_cuda_compile(&nd, &ci, &img) != MSKV_ERROR_CUDA_UNAVAILABLE;
         mskv_cuda_image_free(&nd, &img);
+        if (r != MSKV_ERROR_CUDA_UNAVAILABLE && gpus > 0) {
+            /* the probe passed, the context did not: the layer's reason (also logged above) */
+            printf("gpu check: FAIL: mskv_cuda_create: %s\n", mskv_result_string(r));
+            printf("why: mskv_cuda_create: %s (driver %d; the log above says why)\n", mskv_result_string(r), (int)version);
+            return 1;
+        }
         rc = gpc_no_context(stdout, why, gpus, version, nvrtc);
         if (rc == 77) printf("why: no usable GPU (%.300s)\n", why);
         else printf("why: %d GPU(s) the layer cannot use: %.300s\n", (int)gpus, why);
@@ -855,10 +861,12 @@ static const struct { const char *name; int (*run)(const gpc_opts *); } gpc_stag
 
 #ifdef GPC_MOCK
 /* tests/test_gpu_check.sh: GPU_CHECK_PLANT=crash:STAGE or hang:STAGE plants a
-   fault (SIGSEGV) or a hang in that stage (the mock build only) */
+   fault (SIGSEGV) or a hang in that stage, nogpu a machine without one (the
+   mock build only) */
 static void gpc_plant(const char *stage) {
     const char *p = getenv("GPU_CHECK_PLANT");
     if (!p) return;
+    if (strcmp(p, "nogpu") == 0) { printf("why: no usable GPU (planted)\n"); exit(77); }
     if (strncmp(p, "crash:", 6) == 0 && strcmp(p + 6, stage) == 0) { printf("planted fault in %s\n", stage); raise(SIGSEGV); }
     if (strncmp(p, "hang:", 5) == 0 && strcmp(p + 5, stage) == 0) { printf("planted hang in %s\n", stage); for (;;) sleep(1); }
 }

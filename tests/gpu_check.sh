@@ -97,8 +97,8 @@ command -v stdbuf > /dev/null 2>&1 && lb="stdbuf -oL -eL"
 budget_of() {
     local v def
     case "$1" in
-        build) def=60 ;; info) def=20 ;; mma) def=80 ;; sm90a) def=80 ;; selftest) def=30 ;;
-        kvwrite) def=60 ;; demo) def=40 ;; figures) def=50 ;; *) def=30 ;;
+        build) def=50 ;; info) def=20 ;; mma) def=80 ;; sm90a) def=80 ;; selftest) def=30 ;;
+        kvwrite) def=60 ;; demo) def=40 ;; figures) def=60 ;; *) def=30 ;;
     esac
     v=$(printenv "GPU_CHECK_BUDGET_$1" || true)
     echo "${v:-$def}"

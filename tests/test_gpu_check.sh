@@ -91,6 +91,11 @@ expect "the total budget caps a stage's own" sh -c "[ '$(status_of mma)' = timeo
 expect "stages with no time left are skipped, and say so" \
     sh -c "[ '$(status_of figures)' = skip ] && [ '$(why_of figures)' = 'no time left of the 4 s' ]"
 
+run_check nogpu GPU_CHECK_PLANT=nogpu
+expect "no GPU: info skips with the reason, every later stage skips, exit status 77" \
+    sh -c "[ $rc = 77 ] && [ '$(status_of info)' = skip ] && [ '$(why_of info)' = 'no usable GPU (planted)' ] &&
+           [ '$(status_of figures)' = skip ] && [ '$(grep -c '"status":"skip"' "$res")' = 7 ]"
+
 # gpu-warm: the stages on the compile-only device fill the cache; then their runs compile nothing
 rm -rf "$work/cache"
 log=$work/warm.txt
