@@ -122,7 +122,7 @@ run_stage() {
     budget=$(budget_of "$name")
     left=$((total - $(elapsed)))
     echo "=== $name (budget ${budget} s, ${left} s left of ${total})"
-    if [ -n "$no_gpu" ] && [ "$name" != build ]; then verdict "$name" skip 0 "no GPU ($no_gpu)"; return; fi
+    if [ -n "$no_gpu" ] && [ "$name" != build ]; then verdict "$name" skip 0 "no GPU (see stage info)"; return; fi
     if [ "$left" -lt 3 ]; then verdict "$name" skip 0 "no time left of the ${total} s"; return; fi
     [ "$budget" -gt "$left" ] && budget=$left
     t0=$(date +%s.%N)
