@@ -270,7 +270,8 @@ $(B)/demo-gpu: $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) -O2 -DMSKV_DEMO_NO_FFMPEG demo/demo.c -o $@ $(LIBS)
 $(B)/demo-warm: tests/gpu_warm_demo.c tests/gpu_warm.h $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
 	$(CC) -std=c99 $(WARN) -O1 -DMSKV_DEMO_NO_FFMPEG -Itests tests/gpu_warm_demo.c -o $@ $(LIBS)
-$(B)/tests-gpu-check: tests/test_gpu_check.sh tests/gpu_check.sh $(B)/gpu_check-mock | $(B)
+# (the real stage program and the demo's warm build too: a compile error in them fails make test)
+$(B)/tests-gpu-check: tests/test_gpu_check.sh tests/gpu_check.sh $(B)/gpu_check-mock $(B)/gpu_check $(B)/demo-warm | $(B)
 	printf '#!/bin/sh\n# made by make: tests/test_gpu_check.sh (the GPU check on the mock driver)\ncd "%s" && B="%s" exec bash tests/test_gpu_check.sh "$$@"\n' \
 	    "$(CURDIR)" "$(B)" > $@
 	chmod +x $@

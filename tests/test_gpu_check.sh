@@ -74,6 +74,12 @@ expect "a failed stage makes the exit status 1 and the summary table lists every
     sh -c "[ $rc = 1 ] && grep -q '^  mma       fail' '$log' && grep -q '^  figures   pass' '$log' && grep -q '^gpu check: FAILED' '$log'"
 expect "no line points at the attention hook that never existed" sh -c "! grep -q 'gpu_check_attn' '$log' '$work/plain/kvwrite.log'"
 expect "each stage's output is kept in its log" test -s "$work/plain/mma.log"
+if command -v python3 > /dev/null 2>&1; then
+    expect "every line of the results file is one JSON object" \
+        python3 -c 'import json, sys; [json.loads(l) for l in open(sys.argv[1])]' "$res"
+else
+    skipped=$((skipped + 1)); echo "  skip the results file's JSON (no python3)"
+fi
 
 run_check crash GPU_CHECK_PLANT=crash:sm90a
 expect "a planted SIGSEGV: crash, with the signal" sh -c "[ '$(status_of sm90a)' = crash ] && [ '$(why_of sm90a)' = 'killed by SIGSEGV' ]"
