@@ -147,7 +147,7 @@ run_stage() {
 
 echo "gpu check: ${total} s in all; results in $results; kernel cache $MSKV_CACHE_DIR"
 if [ -z "${GPU_CHECK_NO_BUILD:-}" ] && [ -z "${GPU_CHECK_STAGE_CMD:-}" ]; then
-    run_stage build make -s --no-print-directory "$B/gpu_check" "$B/demo-gpu"
+    run_stage build make -s -j2 --no-print-directory "$B/gpu_check" "$B/demo-gpu"
 fi
 # shellcheck disable=SC2086
 {
