@@ -7,7 +7,10 @@
 #                 its headers and libraries (tests-cuda-abi, tests-cuda-sig)
 #   make demo     build and run the video demo (writes demo.mp4)
 #   make bench    build and run the benchmarks
-#   make gpu-check  the GPU check (needs an NVIDIA GPU)
+#   make gpu-check  the GPU check (needs an NVIDIA GPU; stages and budgets: tests/gpu_check.sh)
+#   make gpu-warm   no GPU needed: builds the check's programs and fills the kernel cache
+#                 (build/nvrtc-cache, or $MSKV_CACHE_DIR) with every variant the check loads
+#                 for sm_90 and sm_90a; carry both to the GPU machine
 #   make python   install the Python package into build/venv (make test runs its tests)
 #   make install PREFIX=/usr/local   the three headers into $(PREFIX)/include and
 #                 mstar_kv.pc into $(PREFIX)/lib/pkgconfig (DESTDIR is honoured);
@@ -62,6 +65,8 @@ TEST_BINS += $(B)/tests-python $(B)/tests-user
 # UCX migration: two processes over loopback (skips without libucp.so.0), and
 # the mirrored UCP types against the real headers (skips without libucx-dev)
 TEST_BINS += $(B)/tests-ucx $(B)/tests-ucx-abi
+# the GPU check's stage runner (tests/gpu_check.sh) and gpu-warm, on the mock driver
+TEST_BINS += $(B)/tests-gpu-check
 UCX_HEADERS := $(if $(wildcard /usr/include/ucp/api/ucp.h),-DMSKV_HAVE_UCX_HEADERS)
 # the GPU layer's mirrors of cuda.h and nvrtc.h against a CUDA toolkit's own
 # ($(CUDA_HOME), default /usr/local/cuda; each skips, saying why, without its
@@ -275,6 +280,42 @@ bench: $(B)/host_bench $(B)/attn_bench $(B)/cuda_host_bench $(B)/ucx_bench
 
 gpu-check:
 	bash tests/gpu_check.sh
+
+# The GPU check's programs: the stages (tests/gpu_check.c with bench/gpu_bench.c),
+# the demo on the device, and for gpu-warm the demo on the compile-only device
+# of tests/gpu_warm.h; the stage program on the mock driver for the tests.
+GPU_CHECK_SRC := tests/gpu_check.c bench/gpu_bench.c tests/gpu_warm.h $(HDRS)
+$(B)/gpu_check: $(GPU_CHECK_SRC) | $(B)
+	$(CC) -std=c99 $(WARN) $(OPT) -Itests tests/gpu_check.c -o $@ $(LIBS)
+$(B)/gpu_check-mock: $(GPU_CHECK_SRC) | $(B)
+	gcc -std=c99 $(WARN) -O1 -g -DGPC_MOCK -DGPW_MOCK_NVRTC -Itests tests/gpu_check.c -o $@ $(LIBS)
+$(B)/demo-gpu: $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
+	$(CC) -std=c99 $(WARN) -O2 -DMSKV_DEMO_NO_FFMPEG demo/demo.c -o $@ $(LIBS)
+$(B)/demo-warm: tests/gpu_warm_demo.c tests/gpu_warm.h $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
+	$(CC) -std=c99 $(WARN) -O1 -DMSKV_DEMO_NO_FFMPEG -Itests tests/gpu_warm_demo.c -o $@ $(LIBS)
+# (the real stage program and the demo's warm build too: a compile error in them fails make test)
+$(B)/tests-gpu-check: tests/test_gpu_check.sh tests/gpu_check.sh $(B)/gpu_check-mock $(B)/gpu_check $(B)/demo-warm | $(B)
+	printf '#!/bin/sh\n# made by make: tests/test_gpu_check.sh (the GPU check on the mock driver)\ncd "%s" && B="%s" exec bash tests/test_gpu_check.sh "$$@"\n' \
+	    "$(CURDIR)" "$(B)" > $@
+	chmod +x $@
+
+# Every variant the check's stages load, compiled by their own code on a
+# device that runs nothing (tests/gpu_warm.h): two processes (both cores),
+# the attention stages and a third of kv_write in one, the rest of kv_write
+# and the demo's three runs in the other. The cache serves a GPU run whose
+# NVRTC has the version used here (MSKV_NVRTC_PATH chooses).
+.PHONY: gpu-warm
+gpu-warm: $(B)/gpu_check $(B)/demo-gpu $(B)/demo-warm
+	@export MSKV_CACHE_DIR="$${MSKV_CACHE_DIR:-$(CURDIR)/$(B)/nvrtc-cache}"; echo "gpu-warm: into $$MSKV_CACHE_DIR"; \
+	  start=$$(date +%s); \
+	  ./$(B)/gpu_check --warm --stage mma,sm90a,selftest,figures,kvwrite --part 0/3 > $(B)/gpu-warm-1.log 2>&1 & p1=$$!; \
+	  { ./$(B)/gpu_check --warm --stage kvwrite --part 1/3 && ./$(B)/gpu_check --warm --stage kvwrite --part 2/3 && \
+	    for m in "" "--offload" "--mode chained"; do \
+	        ./$(B)/demo-warm --backend cuda $$m --check -q -o $(B)/demo-warm.y4m > /dev/null 2>&1; \
+	        echo "gpu warm: demo $$m done (its --check is meaningless here: nothing ran)"; done; } > $(B)/gpu-warm-2.log 2>&1; r2=$$?; \
+	  wait $$p1; r1=$$?; grep -h '^gpu warm\|^jit' $(B)/gpu-warm-1.log $(B)/gpu-warm-2.log; \
+	  echo "gpu-warm: $$(ls "$$MSKV_CACHE_DIR" | grep -c 'cubin$$') cached kernel images, $$(( $$(date +%s) - start )) s"; \
+	  if [ $$r1 -ne 0 ] || [ $$r2 -ne 0 ]; then echo "gpu-warm: FAILED (logs: $(B)/gpu-warm-1.log $(B)/gpu-warm-2.log)"; exit 1; fi
 
 # Install: the headers are the library. kernels.cu is not installed: the
 # GPU header carries it embedded (mskv_cuda_desc.kernel_source takes another).

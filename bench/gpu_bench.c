@@ -27,14 +27,18 @@
    filled with NaN; and two identical runs must give bit-identical bytes. Exit status 1 on a mismatch.
 
    With no option it runs the check without its 16k-key cases, then the
-   figures (tests/gpu_check.sh runs it so); --check: the whole check only;
-   --figures: the figures only. Exit status 1 on a mismatch or an error.
+   figures; --check: the whole check only; --figures: the figures only.
+   Exit status 1 on a mismatch or an error. tests/gpu_check.sh runs the
+   same check and figures as separate stages of build/gpu_check
+   (tests/gpu_check.c includes this file), each in its own process.
 
    Build (no CUDA needed to build; without a GPU it says so and exits 0):
        cc -std=c99 -O2 -Wall -Wextra -pedantic -Werror bench/gpu_bench.c -o build/gpu_bench -ldl -lpthread -lm
    Run: build/gpu_bench [--check | --figures] [--quick] [--mini] [--python python3]
    (--quick: fewer iterations, no 16k-key check cases; --mini: shapes and the
    check cut down to what tests/emu_cuda.cpp runs on the emulated device) */
+#ifndef MSKV_GPU_BENCH_C
+#define MSKV_GPU_BENCH_C   /* tests/gpu_check.c includes it too (its stages), and may be included beside this */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
@@ -54,6 +58,12 @@
 #include <string.h>
 #include <time.h>
 
+#if defined(__GNUC__) || defined(__clang__)
+#define GB_MAYBE_UNUSED __attribute__((unused))
+#else
+#define GB_MAYBE_UNUSED
+#endif
+
 static double gb_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -69,6 +79,27 @@ static float gb_rand(void) { return (float)(gb_next() >> 40) / 8388608.0f - 1.0f
 
 static uint16_t gb_half(mskv_dtype t, float x) { return t == MSKV_DTYPE_F16 ? mskv_f32_to_f16(x) : mskv_f32_to_bf16(x); }
 static float gb_float(mskv_dtype t, uint16_t h) { return t == MSKV_DTYPE_F16 ? mskv_f16_to_f32(h) : mskv_bf16_to_f32(h); }
+
+/* Set by tests/gpu_check.c (its stages and its warm step):
+     gb_json          every figure also as a JSON line here (NULL: none)
+     gb_compile_only  gpu_check --warm: the device runs nothing (a compile-only
+                      table), so the check skips the CPU oracle and its
+                      comparisons, and the figures their peers: the same
+                      launches, hence the same kernel variants, are asked for
+   gb_check leaves its counts in gb_cases / gb_failed, and gb_cuda_error = 1
+   when it stopped at a call that failed (not a mismatch: those go on). */
+static FILE *gb_json;
+static int gb_compile_only, gb_cases, gb_failed, gb_cuda_error;
+
+/* {"figure":name,"value":v,"unit":u,"peer":p,"ratio":r} (peer/ratio null when 0) */
+static void gb_figure(const char *name, double value, const char *unit, double peer, double ratio) {
+    char ps[48] = "null", rs[48] = "null";
+    if (!gb_json) return;
+    if (peer > 0) snprintf(ps, sizeof(ps), "%.6g", peer);
+    if (ratio > 0) snprintf(rs, sizeof(rs), "%.6g", ratio);
+    fprintf(gb_json, "{\"figure\":\"%s\",\"value\":%.6g,\"unit\":\"%s\",\"peer\":%s,\"ratio\":%s}\n", name, value, unit, ps, rs);
+    fflush(gb_json);
+}
 
 static int gb_fail(mskv_cuda *cu, const char *what, mskv_result r) {
     fprintf(stderr, "gpu_bench: %s: %s (%s)\n", what, mskv_result_string(r), cu ? mskv_cuda_last_error(cu) : "");
@@ -220,6 +251,12 @@ static gb_shapes gb_shapes_of(int quick, int mini) {
     s.iters_dec = mini ? 1 : quick ? 10 : 100;
     s.iters_write = mini ? 1 : quick ? 10 : 100;
     s.iters_lat = mini ? 2 : quick ? 50 : 500;
+    if (gb_compile_only && !mini) {
+        /* the warm step: the figures' dtype, head_dim and head counts (what
+           selects a variant), with allocations a compile-only device holds */
+        s.copy_bytes = (size_t)1 << 20; s.dec_keys = 512; s.dec_long_keys = 16384;
+        s.iters_chunk = s.iters_dec = s.iters_write = s.iters_lat = 1;
+    }
     return s;
 }
 
@@ -293,6 +330,11 @@ static int gb_chunk(mskv_cuda *cu, const gb_shapes *sh, double peer, int mini) {
             printf("chunk     [%s] %d x %d keys, page %d: %.1f TFLOP/s (%.3f ms); SDPA peer unavailable%s (target >= %d)\n",
                    path, sh->chunk_q, sh->chunk_k, page_sizes[ps], tf, t * 1e3, mini ? " (--mini)" : " (see stderr)",
                    strcmp(path, "wgmma") == 0 ? 550 : 300);
+        {
+            char name[64];
+            snprintf(name, sizeof(name), "chunk_%s_page%d", strcmp(path, "wgmma") == 0 ? "wgmma" : "mma", (int)page_sizes[ps]);
+            gb_figure(name, tf, "TFLOP/s", peer, peer > 0 ? tf / peer : 0);
+        }
         gb_problem_free(cu, &p);
     }
     return 0;
@@ -314,12 +356,14 @@ static int gb_figures(mskv_cuda *cu, mskv_cuda *mma, const char *python, int qui
             return gb_fail(cu, "setup", r);
         copy = gb_copy_bandwidth(cu, p.st, sh.copy_bytes);
         gb_problem_free(cu, &p);
+        if (copy <= 0 && gb_compile_only) copy = 1;   /* nothing ran: no figure to mean anything */
         if (copy <= 0) { fprintf(stderr, "gpu_bench: copy bandwidth could not be measured\n"); return 1; }
         printf("copy      %.1f GB/s (cuMemcpyDtoD, bytes read + written)\n", copy / 1e9);
+        gb_figure("copy_dtod", copy / 1e9, "GB/s", 0, 0);
     }
     /* chunk attention, video shape, non-causal: each path beside PyTorch SDPA */
     {
-        double peer = mini ? 0 : gb_sdpa_peer(python, sh.chunk_q, sh.chunk_k, sh.chunk_heads, sh.dim);
+        double peer = mini || gb_compile_only ? 0 : gb_sdpa_peer(python, sh.chunk_q, sh.chunk_k, sh.chunk_heads, sh.dim);
         if (gb_chunk(cu, &sh, peer, mini) != 0) return 1;
         if (mma && gb_chunk(mma, &sh, peer, mini) != 0) return 1;
     }
@@ -335,6 +379,7 @@ static int gb_figures(mskv_cuda *cu, mskv_cuda *mma, const char *python, int qui
         if (t < 0) return gb_fail(cu, "decode attention", MSKV_ERROR_CUDA);
         printf("decode    %d x %d keys: %.1f GB/s of K/V (%.1f us), %.0f%% of copy bandwidth (target >= %d%%)\n",
                batch, keys, bytes / t / 1e9, t * 1e6, 100.0 * bytes / t / copy, i == 0 ? 80 : 60);
+        gb_figure(i == 0 ? "decode_batch" : "decode_long", bytes / t / 1e9, "GB/s", copy / 1e9, bytes / t / copy);
         gb_problem_free(cu, &p);
     }
     /* K/V write of a chunk */
@@ -364,6 +409,7 @@ static int gb_figures(mskv_cuda *cu, mskv_cuda *mma, const char *python, int qui
         t = (gb_now() - t) / sh.iters_write;
         printf("kv_write  %d tokens: %.1f GB/s (%.1f us), %.0f%% of copy bandwidth (target >= 75%%)\n",
                n, 4.0 * (double)src_bytes / t / 1e9, t * 1e6, 100.0 * 4.0 * (double)src_bytes / t / copy);
+        gb_figure("kv_write_chunk", 4.0 * (double)src_bytes / t / 1e9, "GB/s", copy / 1e9, 4.0 * (double)src_bytes / t / copy);
         mskv_cuda_free(cu, dk); mskv_cuda_free(cu, dv); free(slots);
         gb_problem_free(cu, &p);
     }
@@ -387,6 +433,7 @@ static int gb_figures(mskv_cuda *cu, mskv_cuda *mma, const char *python, int qui
         t = (gb_now() - t) / sh.iters_lat;
         printf("latency   decode 1 x %d keys: %.1f us mean, %.1f us best, launch + sync (target <= 10 us)\n",
                sh.lat_keys, t * 1e6, best * 1e6);
+        gb_figure("decode_latency", t * 1e6, "us", 0, 0);
         gb_problem_free(cu, &p);
     }
     return 0;
@@ -398,7 +445,8 @@ static int gb_figures(mskv_cuda *cu, mskv_cuda *mma, const char *python, int qui
    segment's keys gathered into one device buffer, rows one after another,
    under the plan without its page table. The same keys in the same tiles:
    o and lse bit-identical to the paged run's (o1, l1). The paged plan is
-   uploaded again after. Returns 1 when identical. */
+   uploaded again after. Returns 1 when identical, 0 when not, -1 when a
+   call failed. */
 static int gb_dense_same(mskv_cuda *cu, gb_problem *p, mskv_mask mask, int32_t window_left, const uint16_t *o1,
                          const float *l1, size_t n, size_t rows, const char *what) {
     const size_t slot = (size_t)p->kv_heads * (size_t)p->head_dim;
@@ -442,11 +490,11 @@ static int gb_dense_same(mskv_cuda *cu, gb_problem *p, mskv_mask mask, int32_t w
         (r = mskv_cuda_download(p->st, o2, p->o, n * 2)) != MSKV_SUCCESS ||
         (r = mskv_cuda_download(p->st, l2, p->lse, rows * 4)) != MSKV_SUCCESS)
         goto done;
-    ok = memcmp(o1, o2, n * 2) == 0 && memcmp(l1, l2, rows * 4) == 0;
+    ok = gb_compile_only || (memcmp(o1, o2, n * 2) == 0 && memcmp(l1, l2, rows * 4) == 0);
     if (!ok) printf("FAIL %s: dense K/V (mskv_cuda_attention_dense) differs from the paged run\n", what);
 done:
-    if (r != MSKV_SUCCESS) gb_fail(cu, what, r);
-    if (mskv_cuda_plan_upload(p->st, &p->plan, MSKV_POS_NONE, &p->dplan) != MSKV_SUCCESS) ok = 0;
+    if (r != MSKV_SUCCESS) { gb_fail(cu, what, r); ok = -1; }
+    if (mskv_cuda_plan_upload(p->st, &p->plan, MSKV_POS_NONE, &p->dplan) != MSKV_SUCCESS) ok = -1;
     if (dk) mskv_cuda_free(cu, dk);
     if (dv) mskv_cuda_free(cu, dv);
     free(tok); free(zero); free(hk); free(hv); free(o2); free(l2);
@@ -454,7 +502,8 @@ done:
 }
 
 /* One case on the device and on the CPU backend; returns 1 when they agree
-   and two device runs are bit-identical. */
+   and two device runs are bit-identical, 0 on a mismatch, -1 when a call
+   failed (the sweep stops there: after a CUDA error the context is gone). */
 static int gb_check_case(mskv_cuda *cu, mskv_cpu *cpu, mskv_dtype dtype, int32_t dim, int32_t P, int32_t kv_heads,
                          int32_t group, int32_t batch, const int32_t *qo, const int32_t *kv, const int32_t *split,
                          const int32_t *shift, mskv_mask mask, int32_t window_left, const char *what) {
@@ -470,28 +519,34 @@ static int gb_check_case(mskv_cuda *cu, mskv_cpu *cpu, mskv_dtype dtype, int32_t
     if ((r = gb_problem_make(cu, &p, dtype, P, kv_heads, kv_heads * group, dim, batch, qo, kv, split, shift, 1, 1)) != MSKV_SUCCESS) {
         gb_fail(cu, what, r);
         gb_problem_free(cu, &p);
-        return 0;
+        return -1;
     }
     n = p.q_elems; rows = (size_t)p.plan.total_q * (size_t)p.q_heads;
     o1 = (uint16_t *)malloc(n * 2 + 2); o2 = (uint16_t *)malloc(n * 2 + 2); ref = (uint16_t *)malloc(n * 2 + 2);
     l1 = (float *)malloc(rows * 4 + 4); l2 = (float *)malloc(rows * 4 + 4); lref = (float *)malloc(rows * 4 + 4);
+    ok = -1;   /* until the calls below succeed */
     if (!o1 || !o2 || !ref || !l1 || !l2 || !lref) goto done;
     pools.k = p.hk; pools.v = p.hv; pools.dtype = dtype; pools.num_pages = p.num_pages; pools.page_size = P;
     pools.kv_heads = kv_heads; pools.head_dim = dim;
     memset(&at, 0, sizeof(at));
     at.q_heads = p.q_heads; at.mask = mask; at.window_left = window_left; at.q_dtype = dtype;
-    if ((r = mskv_cpu_attention_pools(cpu, &pools, &p.plan, &at, p.hq, ref, lref)) != MSKV_SUCCESS) { gb_fail(NULL, "cpu oracle", r); goto done; }
+    if (!gb_compile_only && (r = mskv_cpu_attention_pools(cpu, &pools, &p.plan, &at, p.hq, ref, lref)) != MSKV_SUCCESS) {
+        gb_fail(NULL, "cpu oracle", r);
+        goto done;
+    }
     if ((r = gb_attend(&p, mask, window_left)) != MSKV_SUCCESS ||
         (r = mskv_cuda_download(p.st, o1, p.o, n * 2)) != MSKV_SUCCESS ||
         (r = mskv_cuda_download(p.st, l1, p.lse, rows * 4)) != MSKV_SUCCESS ||
         (r = gb_attend(&p, mask, window_left)) != MSKV_SUCCESS ||
         (r = mskv_cuda_download(p.st, o2, p.o, n * 2)) != MSKV_SUCCESS ||
         (r = mskv_cuda_download(p.st, l2, p.lse, rows * 4)) != MSKV_SUCCESS) { gb_fail(cu, what, r); goto done; }
-    if (memcmp(o1, o2, n * 2) != 0 || memcmp(l1, l2, rows * 4) != 0) {
+    ok = 0;
+    if (!gb_compile_only && (memcmp(o1, o2, n * 2) != 0 || memcmp(l1, l2, rows * 4) != 0)) {
         printf("FAIL %s: two identical runs differ\n", what);
         goto done;
     }
-    if (!gb_dense_same(cu, &p, mask, window_left, o1, l1, n, rows, what)) goto done;
+    if ((ok = gb_dense_same(cu, &p, mask, window_left, o1, l1, n, rows, what)) != 1) goto done;
+    if (gb_compile_only) goto done;   /* ok: nothing ran to compare */
     for (i = 0; i < rows; i++) {
         size_t d;
         if (isinf(lref[i])) { if (!(isinf(l1[i]) && l1[i] < 0)) le = 1e9; }
@@ -517,20 +572,20 @@ static int gb_check(mskv_cuda *cu, int quick, int mini, int prefill_only) {
     const int n_dtypes = mini ? 1 : 2, n_dims = mini ? 1 : 3, n_ps = mini ? 2 : 4, n_groups = mini ? 2 : 4;
     mskv_cpu *cpu = NULL;
     mskv_cpu_desc cd;
-    int cases = 0, failed = 0, di, ti, pi, gi, li, m, qi;
+    int cases = 0, failed = 0, stop = 0, di, ti, pi, gi, li, m, qi, rc;
     memset(&cd, 0, sizeof(cd));
     cd.num_threads = 8;
     if (mskv_cpu_create(&cd, &cpu) != MSKV_SUCCESS) cpu = NULL;
-    for (ti = 0; ti < n_dtypes; ti++)
-        for (di = 0; di < n_dims; di++)
-            for (pi = 0; pi < n_ps; pi++)
-                for (gi = 0; gi < n_groups; gi++) {
+    for (ti = 0; ti < n_dtypes && !stop; ti++)
+        for (di = 0; di < n_dims && !stop; di++)
+            for (pi = 0; pi < n_ps && !stop; pi++)
+                for (gi = 0; gi < n_groups && !stop; gi++) {
                     const int32_t P = Ps[pi], lens[5] = {0, P - 1, P, P + 1, 16384};
-                    for (li = 0; li < 5; li++) {
+                    for (li = 0; li < 5 && !stop; li++) {
                         int32_t kv = lens[li];
                         if ((quick || mini) && li == 4) continue;
-                        for (m = 0; m < 3; m++)
-                            for (qi = 0; qi < 2; qi++) {  /* decode (1 query) and prefill (up to 300 queries) */
+                        for (m = 0; m < 3 && !stop; m++)
+                            for (qi = 0; qi < 2 && !stop; qi++) {  /* decode (1 query) and prefill (up to 300 queries) */
                                 char what[160];
                                 int32_t qcap = mini ? 24 : li == 4 ? 64 : 300;  /* the CPU oracle's time at 16k keys */
                                 int32_t qo = qi == 0 ? 1 : (kv < qcap ? kv : qcap), split = kv / 3, shift = m ? 1000 : 0;
@@ -541,29 +596,33 @@ static int gb_check(mskv_cuda *cu, int quick, int mini, int prefill_only) {
                                 snprintf(what, sizeof(what), "%s d%d P=%d gqa %d kv %d mask %d qo %d",
                                          ti ? "f16" : "bf16", dims[di], P, groups[gi], kv, m, qo);
                                 cases++;
-                                if (!gb_check_case(cu, cpu, dtypes[ti], dims[di], P, 2, groups[gi], 1, &qo, &kv, &split, &shift,
-                                                   (mskv_mask)m, 37, what))
-                                    failed++;
+                                rc = gb_check_case(cu, cpu, dtypes[ti], dims[di], P, 2, groups[gi], 1, &qo, &kv, &split, &shift,
+                                                   (mskv_mask)m, 37, what);
+                                if (rc != 1) failed++;
+                                if (rc < 0) stop = 1;   /* a failed call, not a mismatch: stop here */
                             }
                     }
                 }
     /* a batch of uneven segments (split-KV decides per batch) */
-    if (!prefill_only) {
+    if (!prefill_only && !stop) {
         int32_t qo[5] = {1, 1, 1, 1, 1}, kv[5] = {16384, 1, 2, 4095, 700}, split[5] = {100, 1, 1, 4000, 699}, shift[5] = {7, 0, 0, 3, 9};
         if (mini) { kv[0] = 300; kv[3] = 95; split[3] = 90; }
         cases++;
-        if (!gb_check_case(cu, cpu, MSKV_DTYPE_BF16, mini ? 64 : 128, 16, mini ? 2 : 8, 4, 5, qo, kv, split, shift,
-                           MSKV_MASK_CAUSAL, 0, "bf16 decode batch"))
-            failed++;
+        rc = gb_check_case(cu, cpu, MSKV_DTYPE_BF16, mini ? 64 : 128, 16, mini ? 2 : 8, 4, 5, qo, kv, split, shift,
+                           MSKV_MASK_CAUSAL, 0, "bf16 decode batch");
+        if (rc != 1) failed++;
+        if (rc < 0) stop = 1;
     }
     if (cpu) mskv_cpu_destroy(cpu);
-    printf("check     [%s%s] %d cases, %d failed (attention vs CPU backend, bit-identical reruns, dense K/V = paged)\n", gb_path(cu),
-           prefill_only ? ", prefill" : " prefill, mma.sync decode", cases, failed);
+    printf("check     [%s%s] %d cases, %d failed%s (attention vs CPU backend, bit-identical reruns, dense K/V = paged)\n", gb_path(cu),
+           prefill_only ? ", prefill" : " prefill, mma.sync decode", cases, failed,
+           stop ? "; stopped at the first failed call" : "");
+    gb_cases = cases; gb_failed = failed; gb_cuda_error = stop;
     return failed ? 1 : 0;
 }
 
 /* fn: an injected driver/NVRTC table (tests), NULL = the real libraries */
-static int gb_main(int argc, char **argv, const mskv_cuda_functions *fn) {
+GB_MAYBE_UNUSED static int gb_main(int argc, char **argv, const mskv_cuda_functions *fn) {
     mskv_cuda_desc desc;
     mskv_cuda *cu = NULL, *mma = NULL;
     mskv_cuda_info info;
@@ -617,5 +676,9 @@ static int gb_main(int argc, char **argv, const mskv_cuda_functions *fn) {
 }
 
 #ifndef GB_NO_MAIN
-int main(int argc, char **argv) { return gb_main(argc, argv, NULL); }
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);   /* a timeout loses nothing printed */
+    return gb_main(argc, argv, NULL);
+}
 #endif
+#endif /* MSKV_GPU_BENCH_C */

@@ -625,6 +625,9 @@ static int demo_gpu_open(demo_backend *b, const demo_store_shape *s, char *why, 
     cd.functions = DEMO_CUDA_FUNCTIONS;   /* demo_emu.cpp: an emulated device */
     cd.disable_disk_cache = 1;
 #endif
+#ifdef DEMO_CUDA_DESC_HOOK
+    DEMO_CUDA_DESC_HOOK(&cd);             /* tests/gpu_warm_demo.c: the compile-only device, its disk cache on */
+#endif
     r = mskv_cuda_create(&cd, &g->cu);
     if (r != MSKV_SUCCESS) {
         *unavailable = r == MSKV_ERROR_CUDA_UNAVAILABLE;

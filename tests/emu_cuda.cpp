@@ -1614,6 +1614,67 @@ TEST(gpu_bench_default_run_checks_then_prints_figures_on_the_emulated_device) {
     EXPECT_EQ(0, gb_main(2, argv, &table));
 }
 
+/* A lost context (every launch failing from the N-th on, as after an illegal
+   address) stops the parity sweep at once; a mismatch does not: every case
+   still runs and is counted (tests/gpu_check.sh's mma and sm90a stages). */
+static int ecu_fail_after = -1;   /* launches that still succeed; -1: never fail */
+static mskv_cu_result ecu_launch_failing(mskv_cu_function f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                                         unsigned int by, unsigned int bz, unsigned int smem, mskv_cu_stream s, void **a, void **x) {
+    if (ecu_fail_after == 0) return 700;   /* CUDA_ERROR_ILLEGAL_ADDRESS, for good */
+    if (ecu_fail_after > 0) ecu_fail_after--;
+    return ecu_launch(f, gx, gy, gz, bx, by, bz, smem, s, a, x);
+}
+
+TEST(gpu_bench_sweep_stops_at_a_failed_call_and_goes_on_past_mismatches) {
+    mskv_cuda_functions table = ecu_table();
+    char a0[] = "gpu_bench", a1[] = "--check", a2[] = "--mini";
+    char *argv[] = {a0, a1, a2};
+    ASSERT_EQ(0, gb_main(3, argv, &table));
+    const int full = gb_cases;
+    EXPECT_EQ(0, gb_cuda_error);
+    ASSERT_GT(full, 10);
+    std::printf("  a fragment bug is planted: the gpu_bench FAIL lines that follow are expected\n");
+    mskv_emu::cfg().mma_swap_rows = 1;
+    EXPECT_EQ(1, gb_main(3, argv, &table));
+    mskv_emu::cfg().mma_swap_rows = 0;
+    EXPECT_EQ(full, gb_cases);
+    EXPECT_GT(gb_failed, 0);
+    EXPECT_EQ(0, gb_cuda_error);
+    std::printf("  launches fail from the 6th on: the gpu_bench errors that follow are expected\n");
+    table.cuLaunchKernel = ecu_launch_failing;
+    ecu_fail_after = 5;
+    EXPECT_EQ(1, gb_main(3, argv, &table));
+    ecu_fail_after = -1;
+    EXPECT_EQ(1, gb_cuda_error);
+    EXPECT_LT(gb_cases, 5);
+}
+
+TEST(gpu_bench_figures_go_to_the_results_file_as_json_lines) {
+    mskv_cuda_functions table = ecu_table();
+    char a0[] = "gpu_bench", a1[] = "--figures", a2[] = "--mini";
+    char *argv[] = {a0, a1, a2};
+    char line[512];
+    int chunk = 0, decode = 0, copy = 0, kvw = 0;
+    gb_json = std::tmpfile();
+    ASSERT_TRUE(gb_json != NULL);
+    EXPECT_EQ(0, gb_main(3, argv, &table));
+    std::rewind(gb_json);
+    while (std::fgets(line, sizeof line, gb_json)) {
+        auto starts = [&](const char *p) { return std::strncmp(line, p, std::strlen(p)) == 0; };
+        if (starts("{\"figure\":\"chunk_") && std::strstr(line, "\"unit\":\"TFLOP/s\"")) chunk++;
+        if (starts("{\"figure\":\"copy_dtod\",")) copy++;
+        /* decode and kv_write carry the copy bandwidth as their peer, and the ratio */
+        if (starts("{\"figure\":\"decode_batch\",") || starts("{\"figure\":\"decode_long\",")) decode += !std::strstr(line, "\"ratio\":null");
+        if (starts("{\"figure\":\"kv_write_chunk\",")) kvw += !std::strstr(line, "\"peer\":null");
+    }
+    std::fclose(gb_json);
+    gb_json = NULL;
+    EXPECT_GE(chunk, 2);
+    EXPECT_EQ(1, copy);
+    EXPECT_EQ(2, decode);
+    EXPECT_EQ(1, kvw);
+}
+
 /* >>head shards ------------------------------------------------------------ */
 /* One arena over two emulated devices (2 of the 4 KV heads each) against a
    CPU arena of the same geometry making the same calls: the page ids agree

@@ -3,7 +3,18 @@
    summary. Run it with `make gpu-check` (or `bash tests/gpu_check.sh`) on a
    machine with an NVIDIA GPU; it needs only -ldl at build time.
 
-   Checks:
+   Stages (--stage NAME[,NAME...]; tests/gpu_check.sh runs each in its own
+   process under its own budget, writing JSON lines to $GPU_CHECK_RESULTS):
+     info        device, driver, the NVRTC chosen and why (mskv_cuda_info)
+     mma         bench/gpu_bench.c's attention parity sweep (quick: no 16k-key
+                 cases) on a context forced to mma.sync, prefill and decode
+     sm90a       the same sweep's prefill cases on the sm_90a kernel (exit 77,
+                 skip, off compute capability 9.0)
+     selftest    one attention per path on default contexts (self-test on),
+                 then mskv_cuda_info's self-test fields
+     kvwrite     the store checks below
+     figures     bench/gpu_bench.c's figures (both paths on 9.0)
+   Store checks (kvwrite; gpc_run_store, also run by tests/test_cuda.c):
      kv_write    every dtype x head_dim x RoPE mode/style, odd page size:
                  bit-exact without RoPE; with it within 2 ulp of the pool dtype
                  plus the f32 angle error (pos * 4e-6 relative: the device
@@ -13,16 +24,18 @@
      graph       a captured step replayed with new plan contents and new K/V
      speed       offload/reload bandwidth and kv_write throughput (host-timed,
                  informative only)
-     attention   the hook below (the kernel engineer's checks and benchmarks)
-   Exit status: 0 all passed, 1 a mismatch or error (also: a GPU without
-   NVRTC, with the fix in the first line), 77 no GPU.
+   A sweep stops at its first failed call (on a GPU the context is then
+   lost), not at a mismatch. Exit status of a stage: 0 passed, 1 a mismatch
+   or error (also: a GPU without NVRTC, with the fix in the first line), 77
+   skipped (no GPU; the reason in a "why: " line, as for every failure).
 
-   Attention hook: when tests/gpu_check_attn.h exists, gpu_check.sh compiles
-   with -DMSKV_GPU_CHECK_ATTN and this file includes it; it must define
-       static int gpc_attn_check(mskv_cuda *cu, int quick);
-   returning the number of failures and printing its own summary lines.
+   --warm runs the stages on the compile-only device of tests/gpu_warm.h
+   (make gpu-warm): every variant they load goes into the disk cache, and a
+   GPU run then compiles nothing. Built with -DGPC_MOCK (build/gpu_check-mock)
+   the stages run on the mock driver and GPU_CHECK_PLANT=crash:STAGE /
+   hang:STAGE plants a fault or a hang: tests/test_gpu_check.sh.
    tests/test_cuda.c includes this file with MSKV_GPU_CHECK_NO_MAIN and runs
-   gpc_run() through its mock driver, so the check's logic is tested on CI. */
+   gpc_run() through its mock driver, so the store checks' logic is tested on CI. */
 #ifndef MSKV_GPU_CHECK_NO_MAIN
 #if !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L   /* clock_gettime */
@@ -36,17 +49,25 @@
 #include "../mstar_kv.h"
 #define MSTAR_KV_CUDA_IMPLEMENTATION
 #include "../mstar_kv_cuda.h"
-#ifdef MSKV_GPU_CHECK_ATTN
-#include "gpu_check_attn.h"
 #endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define GPC_MAYBE_UNUSED __attribute__((unused))
+#else
+#define GPC_MAYBE_UNUSED
 #endif
 
 typedef struct gpc_ctx {
     mskv_cuda *cu;
     int quick;             /* fewer variants (the mock run in the tests) */
     int failures, checks;
+    int stopped;           /* a call failed (not a mismatch): the sweep stops, the context may be gone */
+    int small;             /* speed on a small store (gpu-warm: the mock's memory; the same variant) */
+    int part, parts;       /* kv_write: only the cases with index % parts == part (gpu-warm's two
+                              processes); offload/graph/speed with part 0. parts 0: every case */
     uint64_t rng;
     FILE *out;
+    FILE *json;            /* figures as JSON lines too (NULL: none) */
 } gpc_ctx;
 
 static uint32_t gpc_rand(gpc_ctx *c) {
@@ -216,6 +237,7 @@ static mskv_result gpc_step(gpc_ctx *c, gpc_pair *p, const mskv_request *rc, con
 #define GPC_TRY(c, call, what)                                                                   \
     do { mskv_result gpc__r = (call);                                                            \
          if (gpc__r != MSKV_SUCCESS) {                                                           \
+             (c)->stopped = 1;                                                                   \
              gpc_fail((c), "%s: failed (%lld) %lld", what, (long long)gpc__r, 0);               \
              fprintf((c)->out, "       %s (%s)\n", mskv_result_string(gpc__r), mskv_cuda_last_error((c)->cu)); \
              goto done; } } while (0)
@@ -240,12 +262,13 @@ done:
 static int gpc_check_kv_write(gpc_ctx *c) {
     static const int32_t dims[3] = { 64, 128, 256 };
     int before = c->failures, cases = 0, d, t, m;
-    for (t = 0; t < 3; t++)
-        for (d = 0; d < 3; d++)
-            for (m = 0; m < 5; m++) {
+    for (t = 0; t < 3 && !c->stopped; t++)
+        for (d = 0; d < 3 && !c->stopped; d++)
+            for (m = 0; m < 5 && !c->stopped; m++) {
                 mskv_rope rope;
                 char name[96];
                 if (c->quick && (d != 1 || (m != 0 && m != 3))) continue;
+                if (c->parts > 1 && (t * 15 + d * 5 + m) % c->parts != c->part) continue;
                 memset(&rope, 0, sizeof rope);
                 rope.mode = m >= 3 ? MSKV_POS_3D : MSKV_POS_1D;
                 rope.style = (m == 2 || m == 4) ? MSKV_ROPE_INTERLEAVED : MSKV_ROPE_HALF;
@@ -255,7 +278,8 @@ static int gpc_check_kv_write(gpc_ctx *c) {
                 gpc_kv_write_case(c, (mskv_dtype)t, dims[d], m ? &rope : NULL, name);
                 cases++;
             }
-    fprintf(c->out, "kv_write      %3d cases   %s\n", cases, c->failures == before ? "ok" : "FAILED");
+    fprintf(c->out, "kv_write      %3d cases   %s%s\n", cases, c->failures == before ? "ok" : "FAILED",
+            c->stopped ? " (stopped at the first failed call)" : "");
     return c->failures - before;
 }
 
@@ -445,8 +469,8 @@ static int gpc_speed(gpc_ctx *c) {
     mskv_plan_desc pd;
     mskv_cuda_dplan dp;
     mskv_cu_ptr dk = 0, dv = 0;
-    int before = c->failures, i, reps = c->quick ? 1 : 5;
-    int64_t tokens = c->quick ? 256 : 32768;
+    int before = c->failures, i, reps = c->quick || c->small ? 1 : 5;
+    int64_t tokens = c->quick || c->small ? 256 : 32768;
     double t0, t_off = 0, t_rel = 0, t_kv = 0;
     size_t bytes = 0;
     memset(&sd, 0, sizeof sd);
@@ -488,6 +512,14 @@ static int gpc_speed(gpc_ctx *c) {
     }
     {
         double moved = (double)(tokens / 16) * 16.0 * 4 * 2 * 8 * 128 * 2;   /* pages x page bytes x layers x K,V */
+        if (c->json) {
+            fprintf(c->json, "{\"figure\":\"store_kv_write\",\"value\":%.6g,\"unit\":\"GB/s\",\"peer\":null,\"ratio\":null}\n"
+                    "{\"figure\":\"offload\",\"value\":%.6g,\"unit\":\"GB/s\",\"peer\":null,\"ratio\":null}\n"
+                    "{\"figure\":\"reload\",\"value\":%.6g,\"unit\":\"GB/s\",\"peer\":null,\"ratio\":null}\n",
+                    t_kv > 0 ? 4.0 * (double)bytes / t_kv / 1e9 : 0.0, t_off > 0 ? moved * reps / t_off / 1e9 : 0.0,
+                    t_rel > 0 ? moved * reps / t_rel / 1e9 : 0.0);
+            fflush(c->json);
+        }
         fprintf(c->out, "speed         kv_write %lld tokens x 8 heads x 128 bf16: %.1f us (%.0f GB/s); "
                 "offload %.1f GB/s, reload %.1f GB/s (%.0f MiB)\n",
                 (long long)tokens, t_kv * 1e6, t_kv > 0 ? 4.0 * (double)bytes / t_kv / 1e9 : 0.0,
@@ -502,31 +534,39 @@ done:
     return c->failures - before;
 }
 
-/* Runs every check on a context; returns the number of failures. */
-static int gpc_run(mskv_cuda *cu, int quick, FILE *out) {
+/* Runs the store checks (kv_write, offload, graph, speed) on a context;
+   returns the number of failures. After a failed call the later checks do
+   not run (*stopped = 1; optional): on a GPU the context is then lost. The
+   attention checks are bench/gpu_bench.c's, run as their own stages (see
+   main below). json: figures as JSON lines too (NULL: none). quick 2: every
+   case, the speed check on a small store (gpu-warm). part/parts: gpc_ctx's. */
+static int gpc_run_store(mskv_cuda *cu, int quick, FILE *out, FILE *json, int *stopped, int part, int parts) {
     gpc_ctx c;
     mskv_cuda_info info;
     memset(&c, 0, sizeof c);
     c.cu = cu;
-    c.quick = quick;
+    c.quick = quick == 1;
+    c.small = quick == 2;
     c.rng = 0x2545F4914F6CDD1Dull;
     c.out = out;
+    c.json = json;
+    c.part = part;
+    c.parts = parts;
     if (mskv_cuda_info_get(cu, &info) == MSKV_SUCCESS)
         fprintf(out, "device        %s, sm_%d, %d SMs, driver %d, NVRTC %d\n", info.name, (int)info.arch,
                 (int)info.multiprocessors, (int)info.driver_version, (int)info.nvrtc_version);
     gpc_check_kv_write(&c);
-    gpc_check_offload(&c);
-    gpc_check_graph(&c);
-    gpc_speed(&c);
-#ifdef MSKV_GPU_CHECK_ATTN
-    c.failures += gpc_attn_check(cu, quick);
-#else
-    fprintf(out, "attention     (no tests/gpu_check_attn.h yet)\n");
-#endif
+    if (!c.stopped && c.part == 0) gpc_check_offload(&c);
+    if (!c.stopped && c.part == 0) gpc_check_graph(&c);
+    if (!c.stopped && c.part == 0) gpc_speed(&c);
+    fprintf(out, "attention     not here: bench/gpu_bench.c's parity sweep, stages mma and sm90a of tests/gpu_check.sh\n");
     if (mskv_cuda_info_get(cu, &info) == MSKV_SUCCESS)
         fprintf(out, "jit           %d compiled, %d from the disk cache\n", (int)info.compiles, (int)info.disk_hits);
+    if (stopped) *stopped = c.stopped;
     return c.failures;
 }
+
+GPC_MAYBE_UNUSED static int gpc_run(mskv_cuda *cu, int quick, FILE *out) { return gpc_run_store(cu, quick, out, NULL, NULL, 0, 0); }
 
 /* Without a context: exit 77 ("nothing to check") only when there is no GPU.
    A GPU the layer cannot use (no NVRTC, a context that fails) is a FAIL, the
@@ -548,23 +588,79 @@ static int gpc_no_context(FILE *out, const char *why, int gpus, int driver_versi
 }
 
 #ifndef MSKV_GPU_CHECK_NO_MAIN
+/* ---- the stages of tests/gpu_check.sh ------------------------------------------------------- */
+
+/* bench/gpu_bench.c's attention parity sweep and figures, run by the stages below */
+#define GB_EMBEDDED
+#define GB_NO_MAIN
+#include "../bench/gpu_bench.c"
+#include "gpu_warm.h"
+#ifdef GPC_MOCK
+#include <signal.h>
+#include <unistd.h>
+#endif
+
+/* the device table: NULL (the real driver and NVRTC), the compile-only
+   device (--warm), or the mock driver (GPC_MOCK: the build tests/test_gpu_check.sh runs) */
+static const mskv_cuda_functions *gpc_fn;
+static int gpc_warm;
+static FILE *gpc_json;
+static int gpc_compiles, gpc_disk_hits;   /* over the contexts a stage closed (gpc_close) */
+
+/* mskv_cuda_info_get, the struct zeroed first (so a failure leaves zeros) */
+static mskv_result gpc_info_get(mskv_cuda *cu, mskv_cuda_info *i) {
+    memset(i, 0, sizeof *i);
+    return mskv_cuda_info_get(cu, i);
+}
+
+/* destroys a stage's context, adding its JIT counts to the stage's */
+static void gpc_close(mskv_cuda *cu) {
+    mskv_cuda_info i;
+    if (!cu) return;
+    if (mskv_cuda_info_get(cu, &i) == MSKV_SUCCESS) { gpc_compiles += i.compiles; gpc_disk_hits += i.disk_hits; }
+    mskv_cuda_destroy(cu);
+}
+
 static void gpc_log(void *u, mskv_log_level lvl, const char *m) {
     (void)u;
     if (lvl >= MSKV_LOG_WARN) fprintf(stderr, "%s\n", m);
 }
 
-int main(int argc, char **argv) {
+/* JSON string body: quotes, backslashes and control characters escaped */
+static void gpc_jstr(FILE *f, const char *s) {
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+        else if (ch == '\n') fputs("\\n", f);
+        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+        else fputc(ch, f);
+    }
+}
+
+/* the stage's own results line: {"check":stage,"cases":..,"failed":..,"stopped":..} */
+static void gpc_jcheck(const char *stage, int cases, int failed, int stopped) {
+    if (!gpc_json) return;
+    fprintf(gpc_json, "{\"check\":\"%s\",\"cases\":%d,\"failed\":%d,\"stopped\":%s}\n", stage, cases, failed,
+            stopped ? "true" : "false");
+    fflush(gpc_json);
+}
+
+/* A context on the stage's device: 0, or the stage's exit status (77 no
+   GPU, 1 a GPU the layer cannot use) with the reason printed as "why: ..." */
+static int gpc_open(int attn_path, mskv_cuda **out) {
     mskv_cuda_desc cd;
-    mskv_cuda *cu = NULL;
-    char why[2048];
-    int failures, quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
-    clock_t t0 = clock();
-    time_t w0 = time(NULL);
+    char why[2048] = "";
+    mskv_result r = MSKV_ERROR_CUDA_UNAVAILABLE;
+    *out = NULL;
     memset(&cd, 0, sizeof cd);
     cd.log = gpc_log;
-    if (mskv_cuda_probe(&cd, why, sizeof why) != MSKV_SUCCESS || mskv_cuda_create(&cd, &cu) != MSKV_SUCCESS) {
+    cd.functions = gpc_fn;
+    cd.attn_path = attn_path;
+    /* the compile-only device runs nothing: a known-answer test there could only fail */
+    if (gpc_warm) cd.selftest = MSKV_CUDA_SELFTEST_OFF;
+    if (mskv_cuda_probe(&cd, why, sizeof why) != MSKV_SUCCESS || (r = mskv_cuda_create(&cd, out)) != MSKV_SUCCESS) {
         int32_t gpus = 0, version = 0;
-        int nvrtc;
+        int nvrtc, rc;
         mskv_cuda_compile_info ci;
         mskv_cuda_image img;
         mskv_cuda_desc nd = cd;
@@ -577,12 +673,287 @@ int main(int argc, char **argv) {
         nd.log = NULL;
         nvrtc = mskv_cuda_compile(&nd, &ci, &img) != MSKV_ERROR_CUDA_UNAVAILABLE;
         mskv_cuda_image_free(&nd, &img);
-        return gpc_no_context(stdout, why, gpus, version, nvrtc);
+        if (r != MSKV_ERROR_CUDA_UNAVAILABLE && gpus > 0) {
+            /* the probe passed, the context did not: the layer's reason (also logged above) */
+            printf("gpu check: FAIL: mskv_cuda_create: %s\n", mskv_result_string(r));
+            printf("why: mskv_cuda_create: %s (driver %d; the log above says why)\n", mskv_result_string(r), (int)version);
+            return 1;
+        }
+        rc = gpc_no_context(stdout, why, gpus, version, nvrtc);
+        if (rc == 77) printf("why: no usable GPU (%.300s)\n", why);
+        else printf("why: %d GPU(s) the layer cannot use: %.300s\n", (int)gpus, why);
+        return rc;
     }
-    failures = gpc_run(cu, quick, stdout);
-    mskv_cuda_destroy(cu);
-    printf("gpu check: %s, %d failure%s, %.1f s cpu, %ld s wall\n", failures ? "FAILED" : "passed", failures,
-           failures == 1 ? "" : "s", (double)(clock() - t0) / CLOCKS_PER_SEC, (long)(time(NULL) - w0));
+    return 0;
+}
+
+static void gpc_print_info(mskv_cuda *cu) {
+    mskv_cuda_info i;
+    if (gpc_info_get(cu, &i) != MSKV_SUCCESS) return;
+    printf("device        %s (device %d), compute capability %d.%d, %d SMs\n", i.name, (int)i.device, (int)i.cc_major,
+           (int)i.cc_minor, (int)i.multiprocessors);
+    printf("driver        %d\n", (int)i.driver_version);
+    printf("nvrtc         %d, %s\n", (int)i.nvrtc_version, i.nvrtc_path[0] ? i.nvrtc_path : "(path not reported)");
+    printf("nvrtc choice  %s\n", i.nvrtc_choice[0] ? i.nvrtc_choice : "(not reported)");
+    printf("kernels       sm_%d%s; prefill attention: %s\n", (int)i.arch, i.ptx_fallback ? " as PTX (the driver finishes the JIT)" : " CUBIN",
+           i.wgmma ? "sm_90a (wgmma)" : "mma.sync");
+    if (gpc_json) {
+        fprintf(gpc_json, "{\"info\":\"device\",\"name\":\"");
+        gpc_jstr(gpc_json, i.name);
+        fprintf(gpc_json, "\",\"cc\":\"%d.%d\",\"sms\":%d,\"arch\":%d,\"ptx_fallback\":%d,\"wgmma\":%d,\"driver\":%d,\"nvrtc\":%d,\"nvrtc_path\":\"",
+                (int)i.cc_major, (int)i.cc_minor, (int)i.multiprocessors, (int)i.arch, (int)i.ptx_fallback, (int)i.wgmma,
+                (int)i.driver_version, (int)i.nvrtc_version);
+        gpc_jstr(gpc_json, i.nvrtc_path);
+        fprintf(gpc_json, "\",\"nvrtc_choice\":\"");
+        gpc_jstr(gpc_json, i.nvrtc_choice);
+        fprintf(gpc_json, "\"}\n");
+        fflush(gpc_json);
+    }
+}
+
+static void gpc_print_selftests(const char *label, mskv_cuda *cu) {
+    mskv_cuda_info i;
+    if (gpc_info_get(cu, &i) != MSKV_SUCCESS) return;
+    printf("selftest      [%s] %d passed, %d failed, %.2f ms\n", label, (int)i.selftests_passed, (int)i.selftests_failed,
+           i.selftest_ms);
+    if (i.selftest_report[0]) printf("%s%s", i.selftest_report, i.selftest_report[strlen(i.selftest_report) - 1] == '\n' ? "" : "\n");
+    if (gpc_json) {
+        fprintf(gpc_json, "{\"figure\":\"selftest_ms_%s\",\"value\":%.6g,\"unit\":\"ms\",\"peer\":null,\"ratio\":null}\n", label,
+                i.selftest_ms);
+        fprintf(gpc_json, "{\"info\":\"selftest\",\"path\":\"%s\",\"passed\":%d,\"failed\":%d,\"report\":\"", label,
+                (int)i.selftests_passed, (int)i.selftests_failed);
+        gpc_jstr(gpc_json, i.selftest_report);
+        fprintf(gpc_json, "\"}\n");
+        fflush(gpc_json);
+    }
+}
+
+/* Each stage returns its exit status: 0 pass, 1 fail, 77 skip (the
+   reason in a "why: " line). quick/mini: bench/gpu_bench.c's. */
+typedef struct gpc_opts { int quick, mini, part, parts; const char *python; } gpc_opts;
+
+static int gpc_stage_info(const gpc_opts *o) {
+    mskv_cuda *cu;
+    int rc = gpc_open(MSKV_CUDA_ATTN_AUTO, &cu);
+    (void)o;
+    if (rc) return rc;
+    gpc_print_info(cu);
+    gpc_close(cu);
+    return 0;
+}
+
+/* mma.sync: every variant, prefill and decode, forced on compute capability 9.0 too */
+static int gpc_stage_mma(const gpc_opts *o) {
+    mskv_cuda *cu;
+    int rc = gpc_open(MSKV_CUDA_ATTN_MMA, &cu);
+    if (rc) return rc;
+    rc = gb_check(cu, 1, o->mini, 0);
+    gpc_jcheck("mma", gb_cases, gb_failed, gb_cuda_error);
+    if (gb_cuda_error) printf("why: a call failed after %d cases (the rest of the sweep did not run)\n", gb_cases);
+    else if (rc) printf("why: %d of %d cases mismatched\n", gb_failed, gb_cases);
+    gpc_close(cu);
+    return rc ? 1 : 0;
+}
+
+/* sm_90a: the prefill sweep on the default context (decode shapes stay on mma.sync) */
+static int gpc_stage_sm90a(const gpc_opts *o) {
+    mskv_cuda *cu;
+    mskv_cuda_info i;
+    int rc = gpc_open(MSKV_CUDA_ATTN_AUTO, &cu);
+    if (rc) return rc;
+    gpc_info_get(cu, &i);
+    if (!i.wgmma) {
+        printf("why: the sm_90a kernel runs on compute capability 9.0 only (this device: %d.%d%s)\n", (int)i.cc_major,
+               (int)i.cc_minor, i.ptx_fallback ? ", PTX fallback" : "");
+        gpc_close(cu);
+        return 77;
+    }
+    rc = gb_check(cu, 1, o->mini, 1);
+    gpc_jcheck("sm90a", gb_cases, gb_failed, gb_cuda_error);
+    if (gb_cuda_error) printf("why: a call failed after %d cases (the rest of the sweep did not run)\n", gb_cases);
+    else if (rc) printf("why: %d of %d cases mismatched\n", gb_failed, gb_cases);
+    if (strcmp(gb_path(cu), "wgmma") != 0) {
+        printf("FAIL path: the sm_90a kernel did not compile or load on this device (mma.sync ran instead)\n");
+        printf("why: the sm_90a kernel did not compile or load (see the log above)\n");
+        rc = 1;
+    }
+    gpc_close(cu);
+    return rc ? 1 : 0;
+}
+
+/* One attention call per path (prefill and decode, bf16, head_dim 128) on
+   contexts with the default desc (self-test on), so each variant's
+   known-answer self-test runs as it loads; then what mskv_cuda_info says. */
+static int gpc_stage_selftest(const gpc_opts *o) {
+    mskv_cuda *cu[2] = { NULL, NULL };
+    const char *label[2] = { "default", "mma" };
+    int rc, k, failed = 0, n = 1;
+    mskv_cuda_info i;
+    if ((rc = gpc_open(MSKV_CUDA_ATTN_AUTO, &cu[0])) != 0) return rc;
+    gpc_info_get(cu[0], &i);
+    if (i.wgmma) {
+        label[0] = "sm90a";
+        if ((rc = gpc_open(MSKV_CUDA_ATTN_MMA, &cu[1])) != 0) { gpc_close(cu[0]); return rc; }
+        n = 2;
+    }
+    for (k = 0; k < n; k++) {
+        int32_t qo[2] = { 200, 1 }, kv[2] = { 300, 300 }, q;
+        int32_t dim = o->mini ? 64 : 128;
+        for (q = 0; q < 2; q++) {
+            gb_problem p;
+            mskv_result r = gb_problem_make(cu[k], &p, MSKV_DTYPE_BF16, 16, 2, 8, dim, 1, &qo[q], &kv[q], NULL, NULL, 1, 0);
+            if (r == MSKV_SUCCESS) r = gb_attend(&p, MSKV_MASK_CAUSAL, 0);
+            if (r == MSKV_SUCCESS) r = mskv_cuda_store_sync(p.st);
+            if (r != MSKV_SUCCESS) {
+                printf("FAIL selftest [%s]: %s attention: %s (%s)\n", label[k], q ? "decode" : "prefill", mskv_result_string(r),
+                       mskv_cuda_last_error(cu[k]));
+                failed++;
+            }
+            gb_problem_free(cu[k], &p);
+        }
+        gpc_print_selftests(label[k], cu[k]);
+        gpc_info_get(cu[k], &i);
+        failed += i.selftests_failed;
+    }
+    gpc_jcheck("selftest", 2 * n, failed, 0);
+    if (failed) printf("why: %d self-test(s) or calls failed (the fallback is in the lines above)\n", failed);
+    for (k = 0; k < n; k++) gpc_close(cu[k]);
+    return failed ? 1 : 0;
+}
+
+/* kv_write / offload / graph and the store's speed: gpc_run_store */
+static int gpc_stage_kvwrite(const gpc_opts *o) {
+    mskv_cuda *cu;
+    FILE *out = stdout;
+    int rc = gpc_open(MSKV_CUDA_ATTN_AUTO, &cu), failures, stopped = 0;
+    if (rc) return rc;
+    /* on the compile-only device the comparisons mean nothing: their lines go nowhere */
+    if (gpc_warm && (out = tmpfile()) == NULL) out = stdout;
+    failures = gpc_run_store(cu, o->quick || o->mini ? 1 : gpc_warm ? 2 : 0, out, gpc_warm ? NULL : gpc_json, &stopped, o->part, o->parts);
+    if (out != stdout) fclose(out);
+    gpc_jcheck("kvwrite", 0, failures, stopped);
+    if (gpc_warm) failures = stopped;   /* only a failed call (a compile) counts there */
+    else if (failures) printf("why: %d failure(s)%s\n", failures, stopped ? ", stopped at the first failed call" : "");
+    gpc_close(cu);
     return failures ? 1 : 0;
+}
+
+/* the figures: each path's Wan chunk TFLOP/s (beside SDPA), decode and
+   kv_write against the device copy measured in the same run */
+static int gpc_stage_figures(const gpc_opts *o) {
+    mskv_cuda *cu, *mma = NULL;
+    mskv_cuda_info i;
+    int rc = gpc_open(MSKV_CUDA_ATTN_AUTO, &cu);
+    if (rc) return rc;
+    gpc_info_get(cu, &i);
+    if (i.wgmma && (rc = gpc_open(MSKV_CUDA_ATTN_MMA, &mma)) != 0) { gpc_close(cu); return rc; }
+    rc = gb_figures(cu, mma, o->python, o->quick, o->mini);
+    if (rc) printf("why: a figure could not be measured (a call failed: see above)\n");
+    if (mma) gpc_close(mma);
+    gpc_close(cu);
+    return rc ? 1 : 0;
+}
+
+static const struct { const char *name; int (*run)(const gpc_opts *); } gpc_stages[] = {
+    { "info", gpc_stage_info }, { "mma", gpc_stage_mma }, { "sm90a", gpc_stage_sm90a }, { "selftest", gpc_stage_selftest },
+    { "kvwrite", gpc_stage_kvwrite }, { "figures", gpc_stage_figures } };
+#define GPC_NSTAGES ((int)(sizeof gpc_stages / sizeof gpc_stages[0]))
+
+#ifdef GPC_MOCK
+/* tests/test_gpu_check.sh: GPU_CHECK_PLANT=crash:STAGE or hang:STAGE plants a
+   fault (SIGSEGV) or a hang in that stage, nogpu a machine without one (the
+   mock build only) */
+static void gpc_plant(const char *stage) {
+    const char *p = getenv("GPU_CHECK_PLANT");
+    if (!p) return;
+    if (strcmp(p, "nogpu") == 0) { printf("why: no usable GPU (planted)\n"); exit(77); }
+    if (strncmp(p, "crash:", 6) == 0 && strcmp(p + 6, stage) == 0) { printf("planted fault in %s\n", stage); raise(SIGSEGV); }
+    if (strncmp(p, "hang:", 5) == 0 && strcmp(p + 5, stage) == 0) { printf("planted hang in %s\n", stage); for (;;) sleep(1); }
+}
+#endif
+
+static int gpc_usage(const char *argv0) {
+    fprintf(stderr, "usage: %s [--stage NAME[,NAME...]] [--warm] [--quick] [--mini] [--python PYTHON] [--part K/N]\n"
+                    "  stages: info mma sm90a selftest kvwrite figures (tests/gpu_check.sh runs each in its own process)\n"
+                    "  --warm: run them on a compile-only sm_90 device (real NVRTC, nothing launched) to fill the\n"
+                    "          disk cache with every variant they load (make gpu-warm)\n"
+                    "  --part K/N: kvwrite's K-th of N shares of its kv_write cases (gpu-warm's two processes)\n"
+                    "  no --stage: kvwrite only (the store checks), as before\n", argv0);
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    gpc_opts o;
+    const char *stages = NULL, *results = getenv("GPU_CHECK_RESULTS");
+    char why[1024] = "";
+    int i, rc = 0, ran = 0;
+    clock_t t0 = clock();
+    time_t w0 = time(NULL);
+    /* a stage killed by its budget loses nothing it printed */
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    memset(&o, 0, sizeof o);
+    o.python = "python3";
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) o.quick = 1;
+        else if (!strcmp(argv[i], "--mini")) o.mini = 1;
+        else if (!strcmp(argv[i], "--warm")) gpc_warm = 1;
+        else if (!strcmp(argv[i], "--stage") && i + 1 < argc) stages = argv[++i];
+        else if (!strcmp(argv[i], "--python") && i + 1 < argc) o.python = argv[++i];
+        else if (!strcmp(argv[i], "--part") && i + 1 < argc &&
+                 sscanf(argv[++i], "%d/%d", &o.part, &o.parts) == 2 && o.parts > 0 && o.part >= 0 && o.part < o.parts) {}
+        else return gpc_usage(argv[0]);
+    }
+#ifdef GPC_MOCK
+    gpc_fn = gpw_functions(why, sizeof why);   /* the mock device (its NVRTC too: -DGPW_MOCK_NVRTC) */
+#endif
+    if (gpc_warm) {
+        if ((gpc_fn = gpw_functions(why, sizeof why)) == NULL) {
+            printf("gpu warm: FAIL: no NVRTC to compile with: %s\n", why);
+            return 1;
+        }
+        gb_compile_only = 1;
+        if (!stages) stages = "mma,sm90a,selftest,kvwrite,figures";
+    } else if (results && *results && (gpc_json = fopen(results, "a")) == NULL) {
+        fprintf(stderr, "gpu check: cannot append to %s\n", results);
+        return 1;
+    }
+    gb_json = gpc_json;
+    if (!stages) stages = "kvwrite";
+    while (*stages) {
+        size_t n = strcspn(stages, ",");
+        int k, found = 0;
+        for (k = 0; k < GPC_NSTAGES; k++)
+            if (strlen(gpc_stages[k].name) == n && strncmp(gpc_stages[k].name, stages, n) == 0) {
+                int s;
+                double ts = gb_now();
+                found = 1;
+#ifdef GPC_MOCK
+                gpc_plant(gpc_stages[k].name);
+#endif
+                gpc_compiles = gpc_disk_hits = 0;
+                s = gpc_stages[k].run(&o);
+                printf("jit           %s: %d compiled, %d from the disk cache (%s)\n", gpc_stages[k].name, gpc_compiles,
+                       gpc_disk_hits, getenv("MSKV_CACHE_DIR") ? getenv("MSKV_CACHE_DIR") : "the default cache directory");
+                if (gpc_json) {
+                    fprintf(gpc_json, "{\"jit\":\"%s\",\"compiles\":%d,\"disk_hits\":%d}\n", gpc_stages[k].name, gpc_compiles,
+                            gpc_disk_hits);
+                    fflush(gpc_json);
+                }
+                if (gpc_warm) {
+                    printf("gpu warm: %-9s %s in %.1f s\n", gpc_stages[k].name, s == 0 ? "done" : s == 77 ? "skipped" : "FAILED",
+                           gb_now() - ts);
+                    if (s == 77) s = 0;
+                }
+                if (s && (rc == 0 || rc == 77)) rc = s;
+                ran++;
+            }
+        if (!found) { fprintf(stderr, "gpu check: no stage \"%.*s\"\n", (int)n, stages); return gpc_usage(argv[0]); }
+        stages += n;
+        if (*stages == ',') stages++;
+    }
+    if (gpc_json) fclose(gpc_json);
+    printf("gpu %s: %d stage%s, %s, %.1f s cpu, %ld s wall\n", gpc_warm ? "warm" : "check", ran, ran == 1 ? "" : "s",
+           rc == 0 ? "passed" : rc == 77 ? "skipped" : "FAILED", (double)(clock() - t0) / CLOCKS_PER_SEC, (long)(time(NULL) - w0));
+    return rc;
 }
 #endif

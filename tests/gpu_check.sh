@@ -1,49 +1,173 @@
-#!/bin/sh
-# The GPU check: builds tests/gpu_check.c (needs only a C compiler and -ldl;
-# the CUDA driver and NVRTC are loaded at run time) and runs it against the
-# CPU backend. Exit 0 = passed, 1 = a mismatch or error (or a GPU without
-# NVRTC: the fix is printed), 77 = no GPU.
-#   bash tests/gpu_check.sh [--quick]        (make gpu-check runs this)
-# Then the demo on the GPU (both modes, --check). Hooks for the attention kernels: tests/gpu_check_attn.h (compiled in when it
-# exists, see gpu_check.c) and bench/gpu_bench.c (built and run after the
-# check when it exists). Kernels are cached in $MSKV_CACHE_DIR
-# (default here: build/nvrtc-cache), so a second run compiles nothing.
-set -eu
+#!/usr/bin/env bash
+# The GPU check: one prepared run that answers every question even when a
+# stage faults, hangs or runs out of time. `make gpu-check` runs it.
+#   bash tests/gpu_check.sh [--quick]
+#
+# Stages, in this order (the most valuable first, so a run that dies late
+# has still answered them), each in its own process under its own budget
+# (timeout), so a fault (a lost context, a SIGSEGV) or a hang in one cannot
+# hide the others:
+#   build     make build/gpu_check build/demo-gpu (nothing when they are current)
+#   info      device, driver, the NVRTC chosen and why (mskv_cuda_info)
+#   mma       mma.sync attention parity (forced: MSKV_CUDA_ATTN_MMA), every variant
+#   sm90a     sm_90a (wgmma) prefill parity; skipped, with the reason, off compute capability 9.0
+#   selftest  the known-answer self-tests of the variants one attention per path loads
+#   kvwrite   kv_write (every dtype x head_dim x RoPE), offload round trips, graph replay, store speed
+#   demo      demo/demo.c --backend cuda --check: kv, offload (latents bit-identical) and chained
+#   figures   Wan chunk TFLOP/s per path (4,680 queries = 3 latent frames of 1,560 tokens, head_dim
+#             128) beside PyTorch SDPA (bench/sdpa_peer.py, when torch imports); decode and kv_write
+#             GB/s as a ratio of the device copy (cuMemcpyDtoD) measured in the same run
+# The stages are one program, build/gpu_check --stage NAME (tests/gpu_check.c:
+# the store checks, and bench/gpu_bench.c's parity sweep and figures), and the
+# demo; one binary keeps one build and one set of kernel variants to warm.
+# A sweep stops at its first failed call (after a CUDA error the context is
+# gone), never at a mismatch: mismatches are counted and the sweep goes on.
+#
+# Time: 420 s in all (GPU_CHECK_TOTAL), the stage budgets below (each
+# GPU_CHECK_BUDGET_<stage> overrides one), a stage never past what is left.
+# Nothing should compile on the GPU machine: run `make gpu-warm` first (no GPU
+# needed; it fills build/nvrtc-cache, or $MSKV_CACHE_DIR, with every kernel
+# variant these stages load for sm_90 and sm_90a, and builds the programs)
+# and carry that cache directory (and build/gpu_check, build/demo-gpu) to the
+# GPU machine; the "jit" lines then say 0 compiled. The cache serves an NVRTC
+# of the version that warmed it (its key holds the version).
+#
+# Output is line-buffered (a budget that kills a stage loses nothing it
+# printed), each stage's also in build/gpu-check/<stage>.log, and every
+# verdict and figure goes as JSON lines to build/gpu-check/results.jsonl
+# ($OUT/results.jsonl when OUT is set):
+#   {"stage":..., "status":"pass|fail|skip|timeout|crash", "seconds":..., "why":...}
+#   {"figure":..., "value":..., "unit":..., "peer":..., "ratio":...}
+# (and the stage programs' own {"info":...}, {"check":...}, {"jit":...} lines).
+# The end prints a table of the stages. Exit status: 0 every stage passed or
+# was skipped for a reason, 1 a stage failed, timed out or crashed, 77 no GPU.
+#
+# For the tests (tests/test_gpu_check.sh, on the mock driver): GPU_CHECK_STAGE_CMD
+# (the stage program, default build/gpu_check), GPU_CHECK_DEMO_CMD (the demo,
+# default build/demo-gpu), GPU_CHECK_ARGS (more arguments to every stage),
+# GPU_CHECK_NO_BUILD=1 (no build stage).
+set -u
 cd "$(dirname "$0")/.."
-mkdir -p build
-CC=${CC:-cc}
-defs=""
-if [ -f tests/gpu_check_attn.h ]; then defs="-DMSKV_GPU_CHECK_ATTN"; fi
-$CC -std=c99 -O2 -g -Wall -Wextra -pedantic -Werror $defs -Itests tests/gpu_check.c -o build/gpu_check -ldl -lpthread -lm
-export MSKV_CACHE_DIR="${MSKV_CACHE_DIR:-$PWD/build/nvrtc-cache}"
-# one budget for everything: the whole check stays under 5 minutes
-start=$(date +%s)
-budget=290
-if [ -f bench/gpu_bench.c ]; then
-    $CC -std=c99 -O2 -g -Wall -Wextra -pedantic -Werror bench/gpu_bench.c -o build/gpu_bench -ldl -lpthread -lm
+B=${B:-build}
+if [ "${1:-}" = "--demo-stage" ]; then
+    # the demo stage, in its own process: both modes pass --check, and offload
+    # through the store's ops leaves the latents bit-identical
+    demo=${GPU_CHECK_DEMO_CMD:-$B/demo-gpu}
+    dir=$2
+    for run in "kv:" "offload:--offload" "chained:--mode chained"; do
+        name=${run%%:*}
+        # shellcheck disable=SC2086
+        $demo --backend cuda ${run#*:} --check -q -o "$dir/demo-$name.y4m" > "$dir/demo-$name.txt" 2>&1
+        rc=$?
+        if [ "$rc" -ne 0 ]; then
+            cat "$dir/demo-$name.txt"
+            echo "why: the demo ($name) exited with status $rc"
+            [ "$rc" -gt 128 ] && exit "$rc"
+            exit 1
+        fi
+        grep '^check:' "$dir/demo-$name.txt"
+    done
+    a=$(grep -o 'latent_hash=[0-9a-f]*' "$dir/demo-kv.txt"); b=$(grep -o 'latent_hash=[0-9a-f]*' "$dir/demo-offload.txt")
+    if [ -z "$a" ] || [ "$a" != "$b" ]; then echo "why: offload changed the latents ($a vs $b)"; exit 1; fi
+    echo "demo on the GPU: kv, offload and chained pass --check"
+    exit 0
 fi
-status=0
-timeout "$budget" ./build/gpu_check "$@" || status=$?
-if [ "$status" -eq 124 ]; then echo "gpu check: timed out after $budget s"; exit 1; fi
-if [ "$status" -ne 0 ]; then exit "$status"; fi
-# the demo on the device store: both modes pass --check, and offload through
-# the store's ops leaves the latents bit-identical
-$CC -std=c99 -O2 -Wall -Wextra -pedantic -Werror -DMSKV_DEMO_NO_FFMPEG demo/demo.c -o build/demo-gpu -ldl -lpthread -lm
-for run in "kv:" "offload:--offload" "chained:--mode chained"; do
-    name=${run%%:*}
-    timeout 60 ./build/demo-gpu --backend cuda ${run#*:} --check -q -o build/demo-gpu.y4m > build/demo-gpu-$name.txt \
-        || { cat build/demo-gpu-$name.txt; echo "demo on the GPU ($name): FAIL"; exit 1; }
-    grep '^check:' build/demo-gpu-$name.txt
+
+quick=""
+for a in "$@"; do
+    case "$a" in
+        --quick) quick="--quick" ;;
+        *) echo "usage: bash tests/gpu_check.sh [--quick]"; exit 2 ;;
+    esac
 done
-[ "$(grep -o 'latent_hash=[0-9a-f]*' build/demo-gpu-kv.txt)" = "$(grep -o 'latent_hash=[0-9a-f]*' build/demo-gpu-offload.txt)" ] \
-    || { echo "demo on the GPU: offload changed the latents"; exit 1; }
-echo "demo on the GPU: kv, offload and chained pass --check"
-if [ -x build/gpu_bench ] && [ -f bench/gpu_bench.c ]; then
-    left=$((budget - ($(date +%s) - start)))
-    if [ "$left" -lt 10 ]; then echo "gpu check: no time left for bench/gpu_bench"; exit 1; fi
-    status=0
-    timeout "$left" ./build/gpu_bench || status=$?
-    if [ "$status" -eq 124 ]; then echo "gpu check: bench/gpu_bench timed out ($left s left of $budget)"; exit 1; fi
-    [ "$status" -eq 0 ] || exit 1
+total=${GPU_CHECK_TOTAL:-420}
+dir=${OUT:-$B/gpu-check}
+mkdir -p "$dir"
+results=$dir/results.jsonl
+: > "$results"
+export GPU_CHECK_RESULTS="$PWD/$results"
+case "$results" in /*) export GPU_CHECK_RESULTS="$results" ;; esac
+export MSKV_CACHE_DIR="${MSKV_CACHE_DIR:-$PWD/$B/nvrtc-cache}"
+stage_cmd=${GPU_CHECK_STAGE_CMD:-$B/gpu_check}
+extra=${GPU_CHECK_ARGS:-}
+lb=""
+command -v stdbuf > /dev/null 2>&1 && lb="stdbuf -oL -eL"
+
+# default budgets (seconds): the sum is the total
+budget_of() {
+    local v def
+    case "$1" in
+        build) def=50 ;; info) def=20 ;; mma) def=80 ;; sm90a) def=80 ;; selftest) def=30 ;;
+        kvwrite) def=60 ;; demo) def=40 ;; figures) def=60 ;; *) def=30 ;;
+    esac
+    v=$(printenv "GPU_CHECK_BUDGET_$1" || true)
+    echo "${v:-$def}"
+}
+
+start=$(date +%s.%N)
+elapsed() { awk -v s="$start" -v n="$(date +%s.%N)" 'BEGIN { printf "%d", n - s }'; }
+json_escape() { printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' | tr -d '\000-\037'; }
+names=(); statuses=(); times=(); whys=()
+verdict() {   # name status seconds why
+    names+=("$1"); statuses+=("$2"); times+=("$3"); whys+=("$4")
+    printf '{"stage":"%s","status":"%s","seconds":%s,"why":"%s"}\n' "$1" "$2" "$3" "$(json_escape "$4")" >> "$results"
+    echo "=== $1: $2 (${3} s)${4:+: $4}"
+}
+no_gpu=""
+# run_stage NAME COMMAND...: the command in its own process, under the stage's budget
+run_stage() {
+    local name=$1 budget left t0 t rc why status log
+    shift
+    log=$dir/$name.log
+    budget=$(budget_of "$name")
+    left=$((total - $(elapsed)))
+    echo "=== $name (budget ${budget} s, ${left} s left of ${total})"
+    if [ -n "$no_gpu" ] && [ "$name" != build ]; then verdict "$name" skip 0 "no GPU (see stage info)"; return; fi
+    if [ "$left" -lt 3 ]; then verdict "$name" skip 0 "no time left of the ${total} s"; return; fi
+    [ "$budget" -gt "$left" ] && budget=$left
+    t0=$(date +%s.%N)
+    # shellcheck disable=SC2086
+    $lb timeout -k 5 "$budget" "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    t=$(awk -v s="$t0" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1f", n - s }')
+    why=$(grep '^why: ' "$log" | tail -n 1 | cut -c6-)
+    case "$rc" in
+        0) status=pass ;;
+        77) status=skip ;;
+        124|137) status=timeout; why="over its ${budget} s budget${why:+ (last said: $why)}" ;;
+        *) if [ "$rc" -gt 128 ]; then
+               status=crash; why="killed by SIG$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128)))${why:+ ($why)}"
+           else
+               status=fail; [ -z "$why" ] && why="exit status $rc"
+           fi ;;
+    esac
+    verdict "$name" "$status" "$t" "$why"
+    if [ "$name" = info ] && [ "$status" = skip ]; then no_gpu=${why:-the info stage found none}; fi
+}
+
+echo "gpu check: ${total} s in all; results in $results; kernel cache $MSKV_CACHE_DIR"
+if [ -z "${GPU_CHECK_NO_BUILD:-}" ] && [ -z "${GPU_CHECK_STAGE_CMD:-}" ]; then
+    run_stage build make -s -j2 --no-print-directory "$B/gpu_check" "$B/demo-gpu"
 fi
-echo "gpu check: done in $(($(date +%s) - start)) s"
+# shellcheck disable=SC2086
+{
+run_stage info     $stage_cmd --stage info $quick $extra
+run_stage mma      $stage_cmd --stage mma $quick $extra
+run_stage sm90a    $stage_cmd --stage sm90a $quick $extra
+run_stage selftest $stage_cmd --stage selftest $quick $extra
+run_stage kvwrite  $stage_cmd --stage kvwrite $quick $extra
+run_stage demo     bash "$0" --demo-stage "$dir"
+run_stage figures  $stage_cmd --stage figures $quick $extra
+}
+
+echo
+echo "gpu check: $(elapsed) s of ${total}"
+printf '  %-9s %-8s %7s  %s\n' stage status seconds why
+bad=0
+for i in "${!names[@]}"; do
+    printf '  %-9s %-8s %7s  %s\n' "${names[$i]}" "${statuses[$i]}" "${times[$i]}" "${whys[$i]}"
+    case "${statuses[$i]}" in fail|timeout|crash) bad=1 ;; esac
+done
+if [ "$bad" -ne 0 ]; then echo "gpu check: FAILED"; exit 1; fi
+if [ -n "$no_gpu" ]; then echo "gpu check: no GPU, nothing checked"; exit 77; fi
+echo "gpu check: passed"
