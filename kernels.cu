@@ -143,7 +143,9 @@
          (wgmma m64nBNk16, both operands from descriptors) and O += P V of
          the previous tile (wgmma m64nNk16, P from registers, V N-major),
          then mask and online softmax while the other warpgroup's GEMMs run,
-         wait for P V, release the stage (mbarrier arrive), rescale O. Up to
+         wait for P V, release the stage (lane 0 of each consumer warp
+         arrives after its own warp's wgmma.wait_group: the "empty"
+         mbarrier counts all 8 consumer warps), rescale O. Up to
          D = 128 each V tile is followed by a block of ones and N = D + 8,
          so the row sums come out of the tensor cores with O.
      Tiles that need a per-element mask run first, then the whole ones, in
@@ -1327,6 +1329,19 @@ MSKV_DEV void mskv_wgmma_rs256(float *d, const mskv_u32 *a, mskv_u64 db, int acc
 #define MSKV_H_SB (2 * MSKV_H_TB + MSKV_H_OB)      /* a stage: K, V, ones */
 #define MSKV_H_BARS (2 * MSKV_H_QB + MSKV_H_STAGES * MSKV_H_SB)   /* full[STAGES], empty[STAGES] */
 #define MSKV_H_SMEM (1024 + MSKV_H_BARS + 16 * MSKV_H_STAGES)     /* + slack to align the base */
+/* A stage goes back to the producer when every consumer warp that read it
+   has waited for its own wgmma groups: wgmma.commit_group / wait_group track
+   the executing warp's groups, so one warp's wait says nothing of the other
+   three. Lane 0 of each consumer warp arrives on the stage's "empty" barrier
+   after its warp's wgmma.wait_group (.sync.aligned: the whole warp waits
+   together), and the barrier counts 4 warps x 2 consumer warpgroups. The
+   leader-only form (one arrival per warpgroup, count 2) is kept as a planted
+   bug for the emulator's tests only: MSKV_SM90_PLANT_LEADER_RELEASE. */
+#if !defined(MSKV_GPU) && defined(MSKV_SM90_PLANT_LEADER_RELEASE)
+#define MSKV_H_RELEASERS 2
+#else
+#define MSKV_H_RELEASERS 8
+#endif
 #define MSKV_H_REGS_PRODUCER 40
 #define MSKV_H_REGS_CONSUMER 232                  /* 128 x 40 + 256 x 232 <= 64K */
 /* named barriers: 1 producer team, 2 + w consumer w's Q, 4 + w consumer w's turn at the tensor cores */
@@ -1473,7 +1488,7 @@ struct mskv_h_cons {
     mskv_u64 qd;                         /* descriptor of this warpgroup's Q tile */
     mskv_u32 ring;                       /* shared address of stage 0 */
     mskv_u32 bars;                       /* shared address of full[0] */
-    int cw, t4, leader;                  /* consumer 0 or 1 (warp-uniform), lane in quad, arrives for the warpgroup */
+    int cw, t4, leader;                  /* consumer 0 or 1 (warp-uniform), lane in quad, arrives for its warp */
     float scale_log2;
 };
 
@@ -1525,7 +1540,8 @@ MSKV_UNROLL
     mskv_wgmma_commit();
 }
 
-/* PV done: the stage goes back to the producer (one arrival per warpgroup) */
+/* PV done (this warp's wgmma.wait_group 0): the stage goes back to the
+   producer, one arrival per consumer warp (see MSKV_H_RELEASERS) */
 MSKV_DEV void mskv_h_release(mskv_h_cons &c, int ps) {
 MSKV_UNROLL
     for (int i = 0; i < MSKV_H_PVN / 2; i++) mskv_wg_keep(c.o[i]);
@@ -1628,7 +1644,7 @@ mskv_attn_sm90(const MSKV_GRID_CONST mskv_tmap k_map, const MSKV_GRID_CONST mskv
     if (tid == 0) {
         for (int s = 0; s < MSKV_H_STAGES; s++) {
             mskv_mbar_init(base + MSKV_H_BARS + 8 * s, 1);                      /* full: the producer */
-            mskv_mbar_init(base + MSKV_H_BARS + 8 * (MSKV_H_STAGES + s), 2);    /* empty: both consumers */
+            mskv_mbar_init(base + MSKV_H_BARS + 8 * (MSKV_H_STAGES + s), MSKV_H_RELEASERS);   /* empty: every consumer warp */
         }
         mskv_mbar_init_fence();
     }
@@ -1663,7 +1679,7 @@ mskv_attn_sm90(const MSKV_GRID_CONST mskv_tmap k_map, const MSKV_GRID_CONST mskv
         mskv_h_cons c;
         const int cw = mskv_bcast0(wg - 1), t = tid & 127, warp = t >> 5, lane = tid & 31, g = lane >> 2;
         mskv_setmaxnreg_inc<MSKV_H_REGS_CONSUMER>();
-        c.cw = cw; c.t4 = lane & 3; c.leader = t == 0; c.scale_log2 = scale_log2;
+        c.cw = cw; c.t4 = lane & 3; c.leader = MSKV_H_RELEASERS == 8 ? lane == 0 : t == 0; c.scale_log2 = scale_log2;
         c.h0 = h0; c.hlen = (mskv_u32)(h1 - h0);
         c.ring = base + 2 * MSKV_H_QB;
         c.bars = base + MSKV_H_BARS;
@@ -1804,6 +1820,8 @@ MSKV_UNROLL
 #undef MSKV_H_BARS
 #undef MSKV_H_SMEM
 #undef MSKV_H_REGS_PRODUCER
+#undef MSKV_H_RELEASERS
+#undef MSKV_SM90_PLANT_LEADER_RELEASE
 #undef MSKV_H_REGS_CONSUMER
 #undef MSKV_CAT2
 #undef MSKV_CAT

@@ -37,6 +37,14 @@ namespace eh_bf16_256 {
 #define MSKV_HEAD_DIM 256
 #include "../kernels.cu"
 }
+/* planted: the old stage hand-back (one arrival per consumer warpgroup, by its
+   first thread, after that thread's own wgmma.wait_group; "empty" counts 2) */
+namespace eh_bf16_64_leader {
+#define MSKV_DTYPE 2
+#define MSKV_HEAD_DIM 64
+#define MSKV_SM90_PLANT_LEADER_RELEASE 1
+#include "../kernels.cu"
+}
 
 using mskv_emu::Dim3;
 
@@ -46,7 +54,7 @@ typedef void (*eh_attn_fn)(const mskv_tmap, const mskv_tmap, int, const void *, 
 typedef void (*eh_merge_fn)(const float *, const float *, int, mskv_i64, mskv_i64, void *, float *);
 
 struct eh_variant { eh_attn_fn attn; eh_merge_fn merge; mskv_dtype dtype; int d, bn, smem; const char *name; };
-enum { EH_BF16_64, EH_F16_64, EH_BF16_128, EH_F16_128, EH_BF16_256 };
+enum { EH_BF16_64, EH_F16_64, EH_BF16_128, EH_F16_128, EH_BF16_256, EH_BF16_64_LEADER };
 static const eh_variant eh_variants[] = {
     {eh_bf16_64::mskv_attn_sm90, eh_bf16_64::mskv_lse_merge, MSKV_DTYPE_BF16, 64, eh_bf16_64::mskv_attn_sm90_block_keys,
      eh_bf16_64::mskv_attn_sm90_smem_bytes, "bf16 d64"},
@@ -58,6 +66,9 @@ static const eh_variant eh_variants[] = {
      eh_f16_128::mskv_attn_sm90_smem_bytes, "f16 d128"},
     {eh_bf16_256::mskv_attn_sm90, eh_bf16_256::mskv_lse_merge, MSKV_DTYPE_BF16, 256, eh_bf16_256::mskv_attn_sm90_block_keys,
      eh_bf16_256::mskv_attn_sm90_smem_bytes, "bf16 d256"},
+    {eh_bf16_64_leader::mskv_attn_sm90, eh_bf16_64_leader::mskv_lse_merge, MSKV_DTYPE_BF16, 64,
+     eh_bf16_64_leader::mskv_attn_sm90_block_keys, eh_bf16_64_leader::mskv_attn_sm90_smem_bytes,
+     "bf16 d64 (planted leader-only release)"},
 };
 
 static float eh_f(mskv_dtype t, uint16_t h) { return t == MSKV_DTYPE_F16 ? mskv_f16_to_f32(h) : mskv_bf16_to_f32(h); }
@@ -460,6 +471,30 @@ TEST(attn_sm90_passes_under_skewed_warps_early_copies_and_an_unaligned_shared_ba
     EXPECT_EQ(0, failures);
 }
 
+TEST(attn_sm90_passes_under_random_warp_orders) {
+    /* every pass runs the 12 warps in a fresh random order, each as far as it
+       goes; a stage's reads stay live until all 4 warps of a consumer have
+       waited: the ring on both load paths (3 stages at d64, 2 at d128), a
+       split, and GQA, 3 schedules each */
+    const uint64_t seed = mt_seed();
+    const unsigned long long before = mskv_emu::cfg().random_warps;
+    int failures = 0;
+    for (int k = 0; k < 3 && failures < 3; k++) {
+        eh_case cs[4] = {eh_one(EH_BF16_64, 64, 2, 1, 100, 520, MSKV_MASK_CAUSAL), eh_one(EH_BF16_64, 5, 2, 1, 60, 300),
+                         eh_one(EH_F16_128, 16, 4, 2, 30, 400, MSKV_MASK_WINDOW), eh_one(EH_BF16_64, 16, 4, 2, 20, 520)};
+        cs[2].window_left = 200;
+        cs[3].kv_chunk = 256;
+        for (int i = 0; i < 4; i++) {
+            mskv_emu::cfg().random_warps = seed * 8 + (uint64_t)(4 * k + i) + 1;
+            const int ok = eh_check(cs[i], 801 + (uint64_t)i);
+            if (!ok) printf("  failed under random_warps %llu\n", mskv_emu::cfg().random_warps);
+            failures += !ok;
+            mskv_emu::cfg().random_warps = before;
+        }
+    }
+    EXPECT_EQ(0, failures);
+}
+
 /* ---- planted bugs ------------------------------------------------------------------------ */
 
 /* What a planted bug did to a case that passes: the emulator's complaint, or "" with wrong numbers. */
@@ -530,4 +565,32 @@ TEST(attn_sm90_planted_producer_overrunning_the_ring_is_caught) {
     EXPECT_TRUE(why.find("more arrivals") != std::string::npos || why.find("two copies in flight") != std::string::npos ||
                 why.find("in-flight wgmma") != std::string::npos);
     printf("  %s\n", why.c_str());
+}
+
+TEST(attn_sm90_planted_leader_only_release_is_caught_under_random_warp_orders) {
+    /* the old hand-back: the first consumer warp's wait alone returns the
+       stage, so the producer may refill K/V the other three warps' wgmma
+       still read; a random warp order shows it within a few schedules */
+    const uint64_t seed = mt_seed();
+    eh_case c = eh_planted_case();
+    c.variant = EH_BF16_64_LEADER;
+    const unsigned long long before = mskv_emu::cfg().random_warps;
+    int wrong = 0, caught = -1;
+    std::string why, first;
+    /* in the fixed warp order the variant is right: only the hand-back differs */
+    mskv_emu::cfg().random_warps = 0;
+    why = eh_planted(c, 707, &wrong);
+    EXPECT_TRUE(why.empty() && !wrong);
+    if (!why.empty() || wrong) printf("  in warp order: %s\n", wrong ? "wrong results" : why.c_str());
+    for (int k = 0; k < 16 && caught < 0; k++) {
+        mskv_emu::cfg().random_warps = seed * 16 + (uint64_t)k + 1;
+        why = eh_planted(c, 707, &wrong);
+        if (why.find("in-flight wgmma") != std::string::npos) caught = k;
+        else if (first.empty()) first = wrong ? "wrong results" : why.empty() ? "passed" : why;
+        if (caught >= 0) printf("  caught under random_warps %llu (schedule %d of 16): %s\n", mskv_emu::cfg().random_warps, k + 1,
+                                why.c_str());
+        mskv_emu::cfg().random_warps = before;
+    }
+    EXPECT_TRUE(caught >= 0);
+    if (caught < 0) printf("  not caught in 16 schedules from %llu (first: %s)\n", (unsigned long long)(seed * 16 + 1), first.c_str());
 }

@@ -7,6 +7,7 @@
    proxy, ordering and deadlock checks; setmaxnreg; named barriers. */
 #include "mskv_test.h"
 #include "emu/mskv_emu.h"
+#include <algorithm>
 #include <vector>
 
 using mskv_emu::Dim3;
@@ -617,6 +618,97 @@ TEST(emu_copy_into_a_tile_an_inflight_wgmma_reads_is_an_error) {
     EXPECT_FALSE(ok);
     EXPECT_TRUE(mskv_emu::error().find("in-flight wgmma") != std::string::npos);
     mskv_emu::clear_error();
+}
+
+/* A producer (warp 0) refills a tile that warpgroup 1's wgmma read, once the
+   "empty" mbarrier completes. per_warp 0: warp 4 (the warpgroup's first)
+   alone arrives after its wgmma.wait_group while warps 5-7 wait for the
+   producer before theirs (the order the hardware allows when wait_group
+   tracks the executing warp's groups only); per_warp 1: lane 0 of each warp
+   arrives after its own wait, the barrier counting 4. Returns the launch. */
+static int esm_release_run(int per_warp) {
+    std::vector<mskv_u16> g((size_t)64 * 64, 0x3f80);   /* bf16 1.0 */
+    std::vector<unsigned char> z(8192, 0);
+    alignas(64) mskv_tmap map;
+    if (esm_map2d(&map, g, 64, 64, 64, 64, 64, 3) != 0) return -1;
+    return mskv_emu::launch(Dim3{1, 1, 1}, 256, 2048 + 8192, [&] {
+        const mskv_u32 empty = mskv_smem_addr(mskv_emu::smem()), full = empty + 8, tile = empty + 2048;
+        const int t = mskv_tid(), warp = t >> 5, lane = t & 31;
+        if (t == 0) {
+            mskv_mbar_init(empty, per_warp ? 4 : 1);
+            mskv_mbar_init(full, 1);
+            mskv_mbar_init_fence();
+        }
+        esm_stage(z, 2048);
+        if (warp == 0) {
+            if (lane == 0) {
+                while (!mskv_mbar_try_wait(empty, 0)) {}
+                mskv_mbar_arrive_tx(full, 8192);
+                const int c[2] = {0, 0};
+                mskv_emu::tma_load(tile, &map, c, 2, full);
+            }
+            if (!per_warp) mskv_bar_arrive(1, 128);
+            if (lane == 0) while (!mskv_mbar_try_wait(full, 0)) {}
+        } else if (t >= 128) {
+            float d[32];
+            mskv_u32 a[4] = {0, 0, 0, 0};
+            mskv_wgmma_fence();
+            mskv_emu::wgmma(d, 64, a, 0, esm_desc(tile, 16, 1024, 0, 128), 0, 0, 0, 1);
+            mskv_wgmma_commit();
+            if (!per_warp && warp > 4) mskv_bar_sync(1, 128);   /* after the producer's copy */
+            mskv_wgmma_wait<0>();
+            if (lane == 0 && (per_warp || warp == 4)) mskv_mbar_arrive(empty);
+        }
+    });
+}
+
+TEST(emu_wgmma_reads_stay_live_until_every_warp_of_the_warpgroup_has_waited) {
+    /* one warp's wait does not free the warpgroup's reads: the copy is caught */
+    EXPECT_FALSE(esm_release_run(0));
+    EXPECT_TRUE(mskv_emu::error().find("in-flight wgmma") != std::string::npos);
+    if (mskv_emu::error().find("in-flight wgmma") == std::string::npos) printf("  error: %s\n", mskv_emu::error().c_str());
+    mskv_emu::clear_error();
+    /* every warp arriving after its own wait hands the tile back safely */
+    EXPECT_TRUE(esm_release_run(1));
+    if (!mskv_emu::error().empty()) printf("  error: %s\n", mskv_emu::error().c_str());
+    mskv_emu::clear_error();
+}
+
+TEST(emu_random_warp_order_is_seeded_and_changes_at_every_pass) {
+    /* 8 warps; lane 0 of each logs its warp at each of 16 steps between __syncthreads */
+    const unsigned long long seed = (unsigned long long)mt_seed() | 1;
+    const unsigned long long before = mskv_emu::cfg().random_warps;
+    auto run = [before](unsigned long long s, std::vector<int> &log) {
+        log.clear();
+        mskv_emu::cfg().random_warps = s;
+        const int ok = mskv_emu::launch(Dim3{1, 1, 1}, 256, 0, [&] {
+            for (int step = 0; step < 16; step++) {
+                if ((mskv_tid() & 31) == 0) log.push_back(mskv_tid() >> 5);
+                mskv_sync();
+            }
+        });
+        mskv_emu::cfg().random_warps = before;
+        return ok;
+    };
+    std::vector<int> a, b, fixed;
+    ASSERT_TRUE(run(seed, a));
+    ASSERT_TRUE(run(seed, b));
+    ASSERT_TRUE(run(0, fixed));
+    ASSERT_EQ(128, (int)a.size());
+    EXPECT_TRUE(a == b);          /* the seed reproduces the schedule */
+    int orders = 0, all_warps = 1, fixed_sorted = 1;
+    std::vector<std::vector<int>> seen;
+    for (int step = 0; step < 16; step++) {
+        std::vector<int> o(a.begin() + 8 * step, a.begin() + 8 * step + 8), sorted = o;
+        std::sort(sorted.begin(), sorted.end());
+        for (int w = 0; w < 8; w++) all_warps &= sorted[(size_t)w] == w;
+        if (std::find(seen.begin(), seen.end(), o) == seen.end()) { seen.push_back(o); orders++; }
+        for (int w = 0; w < 8; w++) fixed_sorted &= fixed[(size_t)(8 * step + w)] == w;
+    }
+    EXPECT_TRUE(all_warps);       /* every warp once per step */
+    EXPECT_TRUE(fixed_sorted);    /* without the mode: warp order */
+    EXPECT_TRUE(orders >= 8);     /* a fresh order (almost) every pass */
+    printf("  random_warps %llu: %d distinct warp orders in 16 passes\n", seed, orders);
 }
 
 /* ---- setmaxnreg, named barriers ------------------------------------------------------ */

@@ -2,8 +2,9 @@
    against, so the kernels run (slowly, exactly) on a CPU in CI.
 
    Each block runs on the CPU with one fibre per GPU thread (ucontext stacks,
-   round-robin scheduling). __syncthreads waits until every live fibre of the
-   block arrives. Warp-collective operations (shuffles, mma.sync, ldmatrix)
+   round-robin scheduling; or a warp at a time as far as it goes, in warp
+   order or, cfg().random_warps, in a seeded random order at every pass).
+   __syncthreads waits until every live fibre of the block arrives. Warp-collective operations (shuffles, mma.sync, ldmatrix)
    are rendezvous of the warp's 32 lanes: each lane deposits its operands, the
    last to arrive computes every lane's result following the PTX ISA fragment
    layouts, and each lane then takes its own. cp.async copies are deferred
@@ -36,7 +37,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <functional>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -65,6 +69,12 @@ struct Config {
     int greedy_warps = 0;     /* run each warp as far as it goes before the next
                                  (maximal skew between warps) instead of
                                  round-robin over threads */
+    unsigned long long random_warps = 0; /* nonzero: the seed of a scheduling mode that, at
+                                 every pass, runs the block's warps in a fresh random
+                                 order (so the warps of a warpgroup, and the other
+                                 warpgroups' between them), each as far as it goes
+                                 (as greedy_warps); reseeded at each launch; starts
+                                 as $MSKV_EMU_RANDOM_WARPS (to run any test so) */
     int smem_base_offset = 0; /* dynamic shared memory starts this many bytes past a
                                  1024-byte boundary (a multiple of 16): kernels that
                                  align their own buffers must not assume it is 0 */
@@ -78,7 +88,15 @@ struct Config {
     int tma_eager = 0;               /* bulk copies land at issue (else at the latest legal
                                         time: when a wait needs their bytes) */
 };
-inline Config &cfg() { static Config c; return c; }
+inline Config &cfg() {
+    static Config c = [] {
+        Config x;
+        const char *e = std::getenv("MSKV_EMU_RANDOM_WARPS");
+        if (e && *e) x.random_warps = std::strtoull(e, nullptr, 10);
+        return x;
+    }();
+    return c;
+}
 
 enum Op { OP_NONE, OP_SYNCWARP, OP_SHFL, OP_MMA_F16, OP_MMA_BF16, OP_LDSM, OP_LDSM_T };
 
@@ -127,6 +145,8 @@ struct State {
     std::vector<Fiber> fibers;
     std::vector<Warp> warps;
     std::vector<std::vector<unsigned char>> stacks;
+    std::mt19937_64 warp_rng;                /* cfg().random_warps */
+    std::vector<int> warp_order;
     Fiber *cur = nullptr;
     ucontext_t sched;
     const std::function<void()> *body = nullptr;
@@ -507,6 +527,7 @@ inline bool launch(Dim3 grid, int block_threads, size_t smem_bytes, const std::f
     const size_t stack_bytes = 64 * 1024;
     if (block_threads <= 0 || block_threads % 32 != 0 || block_threads > 1024) { fail("block size must be a multiple of 32 up to 1024"); return false; }
     s.body = &body;
+    if (cfg().random_warps) s.warp_rng.seed(cfg().random_warps);
     s.gx = grid.x; s.gy = grid.y; s.gz = grid.z;
     s.nthreads = block_threads;
     s.stacks.resize((size_t)block_threads);
@@ -548,7 +569,7 @@ inline bool launch(Dim3 grid, int block_threads, size_t smem_bytes, const std::f
         sm90_block_begin();
         while (s.alive > 0 && s.error.empty()) {
             const long before = s.events;
-            if (!cfg().greedy_warps) {
+            if (!cfg().greedy_warps && !cfg().random_warps) {
                 for (int t = 0; t < block_threads; t++) {
                     Fiber &f = s.fibers[(size_t)t];
                     if (f.done) continue;
@@ -559,7 +580,11 @@ inline bool launch(Dim3 grid, int block_threads, size_t smem_bytes, const std::f
                 check_progress(before);
                 continue;
             }
-            for (int w = 0; w < block_threads / 32 && s.error.empty(); w++) {
+            s.warp_order.resize((size_t)(block_threads / 32));
+            std::iota(s.warp_order.begin(), s.warp_order.end(), 0);
+            if (cfg().random_warps) std::shuffle(s.warp_order.begin(), s.warp_order.end(), s.warp_rng);
+            for (size_t wi = 0; wi < s.warp_order.size() && s.error.empty(); wi++) {
+                const int w = s.warp_order[wi];
                 for (;;) {  /* this warp until every lane is done or waits on the others */
                     int ran = 0;
                     const long e = s.events;

@@ -35,7 +35,14 @@
    must be fenced (fence.proxy.async by the writing thread) before wgmma
    reads it; wgmma may not read shared memory a copy is still writing, nor
    memory nothing wrote; copies may not land in memory an in-flight wgmma
-   reads (mskv_emu.h tracks every 16-byte granule).
+   reads (mskv_emu.h tracks every 16-byte granule). A wgmma's shared-memory
+   reads stay live until EVERY warp of its warpgroup has waited for it:
+   wgmma.commit_group / wait_group track the executing warp's groups, so
+   one warp's wait says nothing of the other three (a warp executes
+   wait_group together, .sync.aligned: its first lane's wait retires the
+   warp's part). A stage handed back after only one warp's wait is then
+   caught when the producer refills it while another warp has not waited;
+   cfg().random_warps makes that order happen.
 
    setmaxnreg.inc / .dec: checked (a multiple of 8 in [24, 256], the same
    value and direction across the warpgroup), otherwise nothing: the
@@ -73,10 +80,10 @@ struct TmaCopy {
     mskv_u32 bar;
 };
 
-/* smem granules one wgmma reads, until the first thread's wait retires it */
+/* smem granules one wgmma reads, live until each of the warpgroup's 4 warps has waited for it */
 struct WgReads {
     std::vector<size_t> granules;
-    bool released = false;
+    unsigned live_warps = 0xfu;   /* bit w: warp w of the warpgroup has not waited yet */
 };
 
 struct WgRec {
@@ -535,11 +542,13 @@ inline void wgmma(float *d, int n, const mskv_u32 *a, mskv_u64 da, mskv_u64 db, 
 inline void wgmma_fence() { sm90().threads[(size_t)my_tid()].fenced = true; note(); }
 inline void wgmma_commit() { sm90().threads[(size_t)my_tid()].committed++; note(); }
 
-inline void wg_release(WgRec &r) {
-    if (r.reads && !r.reads->released) {
+/* thread tid's warp is done with the op's reads; the last of the 4 warps frees them */
+inline void wg_release(WgRec &r, int tid) {
+    const unsigned bit = 1u << ((tid >> 5) & 3);
+    if (!r.reads || !(r.reads->live_warps & bit)) return;
+    r.reads->live_warps &= ~bit;
+    if (r.reads->live_warps == 0)
         for (size_t g : r.reads->granules) st().g_reads[g]--;
-        r.reads->released = true;
-    }
 }
 
 inline void wgmma_wait(int n) {
@@ -565,7 +574,7 @@ inline void wgmma_wait(int n) {
                 }
             std::memcpy(r.d, r.vals.data(), (size_t)r.nd * 4);
         }
-        wg_release(r);
+        wg_release(r, my_tid());
     }
     th.recs.swap(keep);
     th.fenced = false;
@@ -593,7 +602,7 @@ inline void sm90_thread_exit() {
     if ((size_t)my_tid() < h.threads.size() && !h.threads[(size_t)my_tid()].recs.empty() && !cfg().skip_wgmma_wait)
         fail("a thread exited with wgmma operations in flight (a missing wgmma.wait_group)");
     if ((size_t)my_tid() < h.threads.size())
-        for (WgRec &r : h.threads[(size_t)my_tid()].recs) wg_release(r);
+        for (WgRec &r : h.threads[(size_t)my_tid()].recs) wg_release(r, my_tid());
 }
 
 inline bool sm90_flush() { return tma_land_pending(0); }
