@@ -115,8 +115,9 @@
      / 128), batch, kv_heads * n_splits); dynamic shared memory MSKV_H_SMEM:
      1 KiB alignment slack + two 64-row Q tiles + STAGES x (K tile, V tile,
      ones block) + 2 x STAGES mbarriers; BN = 128 keys (64 at D = 256),
-     STAGES = 3 at D = 64, else 2: 113 KiB at D = 64, 193 KiB at D = 128,
-     193 KiB at D = 256. Every tile is K-major with the 128-byte swizzle:
+     STAGES = 3 at D = 64, else 2: 164,912 B (161 KiB) at D = 64, 197,664 B
+     (193 KiB) at D = 128 and at D = 256 (what the host's formula and
+     kernel-stats' smem_dyn give). Every tile is K-major with the 128-byte swizzle:
      [D / 64 column blocks][rows][128 B], 16-byte chunk c of row r at
      c ^ (r & 7), 1024-byte aligned.
        producer (warpgroup 0, setmaxnreg.dec 40): for each key tile, waits

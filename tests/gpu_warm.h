@@ -52,7 +52,7 @@ static const mskv_cuda_functions *gpw_functions(char *why, size_t cap) {
     {
         mskv_cuda_functions nv;
         memset(&nv, 0, sizeof nv);
-        if (mskv__cuda_load(0, 1, NULL, &nv, why, cap) != MSKV_SUCCESS) return NULL;
+        if (mskv__cuda_load(0, 1, NULL, 0, &nv, why, cap) != MSKV_SUCCESS) return NULL;
 #define GPW_NVRTC(ret, name, sym, params) f.name = nv.name;
         MSKV_CUDA_NVRTC_FUNCTIONS(GPW_NVRTC)
 #undef GPW_NVRTC
