@@ -5348,11 +5348,13 @@ static mskv_result mskv__cpu_rope_resolve(const mskv_rope *r, int32_t head_dim, 
     } else {
         return MSKV_ERROR_INVALID_ARGUMENT;
     }
+    /* each width against what is left of the head before it is added: the
+       running sum stays within head_dim and cannot wrap (two widths near
+       2^31 once summed with 8 to 4, and the angle table overflowed) */
     for (k = 0; k < out->nparts; k++) {
-        if (out->width[k] < 0 || (out->width[k] & 1)) return MSKV_ERROR_INVALID_ARGUMENT;
+        if (out->width[k] < 0 || (out->width[k] & 1) || out->width[k] > head_dim - sum) return MSKV_ERROR_INVALID_ARGUMENT;
         out->off[k] = sum;
         sum += out->width[k];
-        if (sum > head_dim) return MSKV_ERROR_INVALID_ARGUMENT;
     }
     return MSKV_SUCCESS;
 }

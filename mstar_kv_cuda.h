@@ -5302,10 +5302,10 @@ static mskv_result mskv__cuda_check_rope(const mskv_rope *rope, int32_t head_dim
     if (!(rope->theta >= 0.0f) || rope->theta > 3.0e38f) return MSKV_ERROR_INVALID_ARGUMENT;
     parts = rope->mode == MSKV_POS_3D ? 3 : 1;
     for (i = 0; i < parts; i++) {
-        if (rope->dims[i] < 0 || rope->dims[i] % 2 != 0 || rope->dims[i] > head_dim) return MSKV_ERROR_INVALID_ARGUMENT;
+        /* against what is left of the head: the sum stays within head_dim (no wrap) */
+        if (rope->dims[i] < 0 || rope->dims[i] % 2 != 0 || rope->dims[i] > head_dim - sum) return MSKV_ERROR_INVALID_ARGUMENT;
         sum += rope->dims[i];
     }
-    if (sum > head_dim) return MSKV_ERROR_INVALID_ARGUMENT;
     return MSKV_SUCCESS;
 }
 

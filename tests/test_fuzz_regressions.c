@@ -78,3 +78,136 @@ TEST(cuda_plan_upload_refuses_a_plan_whose_query_steps_do_not_fit_int32) {
     mskv_cuda_destroy(cu);
     EXPECT_TRUE(mmc_nothing_live());
 }
+
+/* fuzz_plans, seed 18118 (issue 20; the input is
+   tests/fuzz/regressions/plans/rope-widths-wrap-seed18118): a 3-D RoPE of
+   widths {8, 2^31 - 2, 2^31 - 2} summed in int32 to 4 (signed overflow),
+   passed the head_dim check, and the angle table on the stack (head_dim / 2
+   entries) was written for 2^31 pairs. Each width is now checked against
+   what is left of the head before it is added. Fails before the fix under
+   UBSan (tests-asan), and segfaults in a plain -O2 build. */
+static void tfr_wrap_rope(mskv_rope *r, int32_t d0, int32_t d1, int32_t d2) {
+    memset(r, 0, sizeof *r);
+    r->style = MSKV_ROPE_HALF;
+    r->mode = MSKV_POS_3D;
+    r->dims[0] = d0; r->dims[1] = d1; r->dims[2] = d2;
+}
+
+TEST(rope_widths_whose_int32_sum_wraps_are_refused_by_rope_apply_with_no_write) {
+    /* the sums that wrap: to 4 (<= head_dim), to a negative, to exactly head_dim */
+    static const int32_t bad[][3] = {
+        { 8, INT32_MAX - 1, INT32_MAX - 1 }, { 2, INT32_MAX - 1, INT32_MAX - 1 },
+        { 8, INT32_MAX - 1, INT32_MAX - 3 }, { 0, INT32_MAX - 1, 2 }, { 4, 2, 4 },
+    };
+    mskv_rope r;
+    float x[2 * 8], x0[2 * 8];
+    int32_t pos[2 * 3] = { 1, 2, 3, 4, 5, 6 };
+    size_t i;
+    for (i = 0; i < 16; i++) x[i] = x0[i] = (float)i + 0.5f;
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tfr_wrap_rope(&r, bad[i][0], bad[i][1], bad[i][2]);
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_rope_apply(&r, x, MSKV_DTYPE_F32, 2, 1, 8, pos));
+        EXPECT_TRUE(memcmp(x, x0, sizeof x) == 0);
+    }
+    /* widths that fill the head exactly still rotate */
+    tfr_wrap_rope(&r, 4, 2, 2);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_rope_apply(&r, x, MSKV_DTYPE_F32, 2, 1, 8, pos));
+    EXPECT_TRUE(memcmp(x, x0, sizeof x) != 0);
+}
+
+TEST(rope_widths_whose_int32_sum_wraps_are_refused_by_write_kv_and_write_kv_pools_with_no_write) {
+    mskv_arena_desc d;
+    mskv_arena *a = NULL;
+    mskv_plan p;
+    mskv_pools pools;
+    mskv_rope r;
+    int64_t slots[2] = { 2, 3 };   /* page 1 (page 0 is the null page) */
+    int32_t pos[2 * 3] = { 1, 2, 3, 4, 5, 6 };
+    float k[2 * 8], v[2 * 8], kp[4 * 2 * 8], vp[4 * 2 * 8], snap[4 * 2 * 8];
+    size_t pool_bytes = 4 * 2 * 8 * sizeof(float), i;
+    uint64_t dg;
+    void *ak, *av;
+    memset(&d, 0, sizeof d);
+    d.num_pages = 4; d.page_size = 2; d.num_layers = 1; d.kv_heads = 1; d.head_dim = 8;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    ak = mskv_store_pool(a, 0, 0);
+    av = mskv_store_pool(a, 0, 1);
+    ASSERT_TRUE(ak != NULL && av != NULL);
+    memset(&p, 0, sizeof p);
+    p.batch = 0; p.total_q = 2; p.page_size = 2;
+    p.slot_mapping = slots; p.positions = pos;
+    for (i = 0; i < 16; i++) { k[i] = (float)i + 1.0f; v[i] = -(float)i; }
+    memcpy(snap, ak, pool_bytes);
+    dg = mskv_arena_digest(a);
+    tfr_wrap_rope(&r, 8, INT32_MAX - 1, INT32_MAX - 1);
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_write_kv(a, 0, &p, k, v, MSKV_DTYPE_F32, &r));
+    EXPECT_TRUE(memcmp(ak, snap, pool_bytes) == 0 && memcmp(av, snap, pool_bytes) == 0);
+    EXPECT_EQ(dg, mskv_arena_digest(a));
+    tfr_wrap_rope(&r, 2, INT32_MAX - 1, INT32_MAX - 1);
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_write_kv(a, 0, &p, k, v, MSKV_DTYPE_F32, &r));
+    EXPECT_TRUE(memcmp(ak, snap, pool_bytes) == 0 && memcmp(av, snap, pool_bytes) == 0);
+    /* the raw-pools form (also with a source dtype to convert from) */
+    memset(kp, 0, sizeof kp); memset(vp, 0, sizeof vp);
+    memset(&pools, 0, sizeof pools);
+    pools.k = kp; pools.v = vp; pools.dtype = MSKV_DTYPE_F32;
+    pools.num_pages = 4; pools.page_size = 2; pools.kv_heads = 1; pools.head_dim = 8;
+    tfr_wrap_rope(&r, 8, INT32_MAX - 1, INT32_MAX - 1);
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_write_kv_pools(&pools, &p, k, v, MSKV_DTYPE_F32, &r));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_write_kv_pools(&pools, &p, k, v, MSKV_DTYPE_BF16, &r));
+    for (i = 0; i < 4 * 2 * 8; i++) EXPECT_TRUE(kp[i] == 0.0f && vp[i] == 0.0f);
+    /* the same calls with widths that fit write both rows */
+    tfr_wrap_rope(&r, 4, 2, 2);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_write_kv_pools(&pools, &p, k, v, MSKV_DTYPE_F32, &r));
+    EXPECT_TRUE(vp[2 * 8] == v[0] && vp[3 * 8 + 7] == v[15]);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_cpu_write_kv(a, 0, &p, k, v, MSKV_DTYPE_F32, &r));
+    EXPECT_TRUE(memcmp((float *)av + 2 * 8, v, sizeof v) == 0);
+    mskv_arena_destroy(a);
+}
+
+/* The GPU layer's check of the same widths (mskv__cuda_check_rope, for
+   mskv_cuda_rope and mskv_cuda_write_kv): it bounded each width by head_dim
+   first, so its sum could not wrap; now each is bounded by what is left, as
+   on the CPU. A guard, not a regression: this passed before. */
+TEST(cuda_rope_refuses_widths_whose_int32_sum_would_wrap_and_launches_nothing) {
+    static const int32_t bad[][3] = {
+        { 8, INT32_MAX - 1, INT32_MAX - 1 }, { 2, INT32_MAX - 1, INT32_MAX - 1 }, { 32, 32, 2 }, { -2, 2, 2 },
+    };
+    mskv_cuda_functions fn = mmc_table();
+    mskv_cuda_desc cd;
+    mskv_cuda_store_desc sd;
+    mskv_cuda *cu = NULL;
+    mskv_cuda_store *st = NULL;
+    mskv_cu_ptr x = 0, pos = 0;
+    mskv_rope r;
+    long launches;
+    size_t i;
+    mmc_reset();
+    memset(&cd, 0, sizeof cd);
+    cd.functions = &fn;
+    cd.selftest = MSKV_CUDA_SELFTEST_OFF;
+    cd.disable_disk_cache = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cuda_create(&cd, &cu));
+    memset(&sd, 0, sizeof sd);
+    sd.num_pages = 8; sd.page_size = 4; sd.num_layers = 1; sd.kv_heads = 1; sd.head_dim = 64;
+    sd.dtype = MSKV_DTYPE_F16; sd.max_batch = 4; sd.max_tokens = 16; sd.max_page_ids = 16; sd.staging_bytes = 1 << 16;
+    if (mskv_cuda_store_create(cu, &sd, &st) != MSKV_SUCCESS) {
+        mskv_cuda_destroy(cu);
+        ASSERT_TRUE(!"mock store");
+    }
+    if (mskv_cuda_malloc(cu, 4 * 64 * 2, &x) != MSKV_SUCCESS || mskv_cuda_malloc(cu, 4 * 3 * 4, &pos) != MSKV_SUCCESS) {
+        mskv_cuda_store_destroy(st);
+        mskv_cuda_destroy(cu);
+        ASSERT_TRUE(!"mock malloc");
+    }
+    launches = mmc.launches;
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tfr_wrap_rope(&r, bad[i][0], bad[i][1], bad[i][2]);
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cuda_rope(st, &r, x, 4, 1, pos));
+    }
+    EXPECT_EQ(launches, mmc.launches);
+    mskv_cuda_free(cu, x);
+    mskv_cuda_free(cu, pos);
+    mskv_cuda_store_destroy(st);
+    mskv_cuda_destroy(cu);
+    EXPECT_TRUE(mmc_nothing_live());
+}
