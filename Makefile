@@ -18,7 +18,9 @@
 #   make install-python   pip install ./python (into the active venv; PIP_FLAGS adds options)
 #   make check-neon the CPU backend's NEON path, cross-built and run under qemu
 #   make fuzz     every libFuzzer harness of tests/fuzz for FUZZ_SECONDS each
-#                 (make test runs them for 20 s each)
+#                 (make test runs them for 20 s each), each with a fresh seed
+#                 it prints (FUZZ_SEED=N repeats one; FUZZ_RUNS=N bounds by
+#                 executions); a finding is copied into tests/fuzz/regressions/
 #   make stress   the ThreadSanitizer stress with 10x the operations of make test
 #   make kernel-stats  the machine-code figures of every attention and K/V
 #                 write variant (NVRTC + nvdisasm on the CPU; no GPU)

@@ -2,12 +2,110 @@
    defects of issue 9, which have their own tests). Each failed before its
    fix under UBSan (tests-asan, or clang's where gcc's has no such check, as
    noted); the input that found it is also in the fuzzer's corpus, which
-   make test replays under clang's sanitizers. */
+   make test replays under clang's sanitizers.
+   Since issue 20 the fuzz runner (tests/fuzz/run.sh) copies every finding
+   into tests/fuzz/regressions/NAME/, and the first test below replays each
+   committed file there through its harness (build/fuzz-NAME, clang's ASan
+   and UBSan), so a finding stays a test even before it has one by hand. */
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L   /* popen, dirent */
+#endif
 #include <stdlib.h>
+#include <stdio.h>
+#ifndef _WIN32
+#include <dirent.h>
+#endif
 #include "mskv_test.h"
 #include "../mstar_kv.h"
 #include "../mstar_kv_cuda.h"
 #include "mskv_mock_cuda.h"
+
+/* Every committed finding of tests/fuzz/regressions/NAME, replayed once
+   through build/fuzz-NAME (libFuzzer runs each file given as an argument
+   once and exits non-zero on a crash or sanitizer report). $B names the
+   build directory as for make (default build). The replay must say it ran
+   each file, and the plans directory must hold at least the seed-18118
+   RoPE finding, so the test cannot pass by finding nothing. */
+#ifndef _WIN32
+#define TFR_MAX_FILES 256
+typedef struct tfr_dir { int n; char path[TFR_MAX_FILES][800]; } tfr_dir;
+static void tfr_root(char *out, size_t cap, const char *rel) {
+    const char *f = __FILE__, *slash = strrchr(f, '/');
+    if (slash) snprintf(out, cap, "%.*s/../%s", (int)(slash - f), f, rel);
+    else snprintf(out, cap, "../%s", rel);
+}
+static int tfr_list(const char *dir, tfr_dir *out) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    out->n = 0;
+    if (!d) return -1;
+    while ((e = readdir(d)) != NULL && out->n < TFR_MAX_FILES) {
+        if (e->d_name[0] == '.' || strchr(e->d_name, '\'') != NULL) continue;
+        snprintf(out->path[out->n++], sizeof out->path[0], "%s/%s", dir, e->d_name);
+    }
+    closedir(d);
+    return 0;
+}
+#endif
+
+TEST(fuzz_regressions_every_committed_finding_replays_clean_through_its_harness) {
+#ifdef _WIN32
+    SKIP("the libFuzzer harnesses are built for Linux only (clang -fsanitize=fuzzer)");
+#else
+    static const char *names[] = { "import", "ops", "plans", "arith" };
+    static tfr_dir files;
+    char dir[512], bin[512], rel[128], line[1024], last[8][256];
+    const char *b = getenv("B");
+    size_t k, cmd_len;
+    int i, missing = 0, ran = 0, replayed = 0, plans_files = 0;
+    for (k = 0; k < sizeof names / sizeof names[0]; k++) {
+        char *cmd;
+        FILE *p;
+        int executed = 0, nlast = 0, status;
+        snprintf(rel, sizeof rel, "tests/fuzz/regressions/%s", names[k]);
+        tfr_root(dir, sizeof dir, rel);
+        if (tfr_list(dir, &files) != 0 || files.n == 0) continue;
+        if (k == 2) plans_files = files.n;
+        if (b && b[0] == '/') snprintf(bin, sizeof bin, "%.400s/fuzz-%s", b, names[k]);
+        else {
+            snprintf(rel, sizeof rel, "%.100s/fuzz-%s", b && b[0] ? b : "build", names[k]);
+            tfr_root(bin, sizeof bin, rel);
+        }
+        p = fopen(bin, "rb");
+        if (!p) { missing++; continue; }
+        fclose(p);
+        cmd_len = strlen(bin) + 64 + (size_t)files.n * (sizeof files.path[0] + 3);
+        cmd = (char *)malloc(cmd_len);
+        ASSERT_TRUE(cmd != NULL);
+        snprintf(cmd, cmd_len, "'%s' -timeout=60 -rss_limit_mb=2048", bin);
+        for (i = 0; i < files.n; i++) {
+            strcat(cmd, " '");
+            strcat(cmd, files.path[i]);
+            strcat(cmd, "'");
+        }
+        strcat(cmd, " 2>&1");
+        p = popen(cmd, "r");
+        free(cmd);
+        ran++;
+        ASSERT_TRUE(p != NULL);
+        while (fgets(line, sizeof line, p)) {
+            if (strncmp(line, "Executed ", 9) == 0) executed++;
+            snprintf(last[nlast++ % 8], sizeof last[0], "%.250s", line);
+        }
+        status = pclose(p);
+        if (status != 0 || executed != files.n) {
+            printf("  fuzz-%s over %s: exit status %d, %d of %d inputs executed; its last lines:\n", names[k], dir, status, executed, files.n);
+            for (i = nlast > 8 ? nlast - 8 : 0; i < nlast; i++) printf("    %s", last[i % 8]);
+        }
+        EXPECT_EQ(0, status);
+        EXPECT_EQ(files.n, executed);
+        replayed += executed;
+    }
+    EXPECT_TRUE(plans_files >= 1);   /* at least rope-widths-wrap-seed18118 */
+    if (missing && !ran) SKIP("the fuzz harnesses are not built (make %s/fuzz-plans ...): no finding replayed", b && b[0] ? b : "build");
+    if (missing) printf("  note: %d harness(es) with committed findings not built; %d findings replayed\n", missing, replayed);
+#endif
+}
 
 /* fuzz_plans: a plan without page ids may have kv_indices == NULL; the
    attention took kv_indices + kv_indptr[b] anyway (NULL + 0 is undefined in
