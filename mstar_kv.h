@@ -4056,7 +4056,10 @@ static int mskv__plan_queries(mskv_arena *a, const mskv_plan_desc *d, const mskv
             for (k = 0; k < w; k++) p->positions[w * (q_at + i) + k] = expl[w * i + k];
             continue;
         }
-        pos += (q ? q->pos_shift : 0) - d->pos_offset;   /* checked by mskv__plan_sizes: exact, and in int32 */
+        /* in the order mskv__pos_check checked, so no partial sum overflows: (absolute
+           + pos_shift) - pos_offset (pos_shift - pos_offset alone may pass int64) */
+        if (q) pos += q->pos_shift;
+        pos -= d->pos_offset;
         if (d->pos_mode == MSKV_POS_1D) {
             p->positions[q_at + i] = (int32_t)pos;
         } else {
@@ -4239,7 +4242,8 @@ MSKV_IMPL mskv_result mskv_plan_validate(const mskv_plan *p, int32_t num_pages, 
         if (np > 0 && (int64_t)p->kv_len[b] != (int64_t)(np - 1) * P + last) MSKV__BAD("kv_len[%d] = %d does not match its pages", (int)b, (int)p->kv_len[b]);
         if (np == 0 && p->kv_len[b] > 0 && !p->kv_token_indptr) MSKV__BAD("sequence %d has keys but no pages and no kv_token_indptr", (int)b);
         if (np == 0 && p->kv_len[b] > 0 &&
-            (p->kv_token_indptr[b] < 0 || p->kv_token_indptr[b + 1] - p->kv_token_indptr[b] != (int64_t)p->kv_len[b]))
+            (p->kv_token_indptr[b] < 0 || p->kv_token_indptr[b + 1] < p->kv_token_indptr[b] /* then the difference fits */ ||
+             p->kv_token_indptr[b + 1] - p->kv_token_indptr[b] != (int64_t)p->kv_len[b]))
             MSKV__BAD("dense sequence %d: kv_token_indptr[%d..%d] is not kv_len apart", (int)b, (int)b, (int)b + 1);
         if (p->kv_pos_split && (p->kv_pos_split[b] < 0 || p->kv_pos_split[b] > p->kv_len[b])) MSKV__BAD("kv_pos_split[%d] outside [0, kv_len]", (int)b);
         if (p->kv_pos_shift && p->kv_pos_shift[b] < 0) MSKV__BAD("kv_pos_shift[%d] is negative", (int)b);
@@ -7248,7 +7252,7 @@ static mskv_result mskv__cpu_check_dense(const mskv_dense_kv *kv, const mskv_pla
     if (!plan->kv_token_indptr) return MSKV_ERROR_INVALID_ARGUMENT;
     for (b = 0; b < plan->batch; b++) {
         int64_t t0 = plan->kv_token_indptr[b], t1 = plan->kv_token_indptr[b + 1];
-        if (t0 < 0 || t1 - t0 != (int64_t)plan->kv_len[b]) return MSKV_ERROR_INVALID_ARGUMENT;
+        if (t0 < 0 || t1 < t0 /* then t1 - t0 fits */ || t1 - t0 != (int64_t)plan->kv_len[b]) return MSKV_ERROR_INVALID_ARGUMENT;
         if (t1 > kv->tokens) return MSKV_ERROR_OUT_OF_RANGE;
     }
     return MSKV_SUCCESS;

@@ -5125,7 +5125,7 @@ static mskv_result mskv__cuda_check_table(const mskv_plan *plan, int32_t page_si
                 return MSKV_ERROR_INVALID_ARGUMENT;
             /* a dense sequence (keys, no pages: a DENSE or PREFIX plan) is rows of a dense K/V */
             if (np == 0 && plan->kv_len && plan->kv_len[b] > 0 &&
-                (!plan->kv_token_indptr || plan->kv_token_indptr[b] < 0 ||
+                (!plan->kv_token_indptr || plan->kv_token_indptr[b] < 0 || plan->kv_token_indptr[b + 1] < plan->kv_token_indptr[b] ||
                  plan->kv_token_indptr[b + 1] - plan->kv_token_indptr[b] != (int64_t)plan->kv_len[b]))
                 return MSKV_ERROR_INVALID_ARGUMENT;
         }
@@ -5200,8 +5200,10 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
     rows = plan->kv_token_indptr != NULL && plan->kv_len != NULL;
     rows_end = 0;
     for (i = 0; rows && i <= b; i++) {
-        const int64_t end = plan->kv_token_indptr[i] + (i < b ? plan->kv_len[i] : 0);
-        rows = plan->kv_token_indptr[i] >= 0 && plan->kv_token_indptr[i] <= INT32_MAX && end <= INT32_MAX;
+        /* the start bounded first: the sum of a wild start and kv_len would pass int64 */
+        const int64_t start = plan->kv_token_indptr[i];
+        const int64_t end = start >= 0 && start <= INT32_MAX ? start + (i < b ? plan->kv_len[i] : 0) : INT64_MAX;
+        rows = end <= INT32_MAX;
         if (end > rows_end) rows_end = end;
     }
     if (r == MSKV_CU_SUCCESS && rows) {
@@ -5926,7 +5928,7 @@ static mskv_result mskv__attn_check(mskv_cuda_store *st, int32_t layer, const ms
         if (dk) {
             /* rows [t0, t0 + kv_len) of the buffer, whose row index the kernel holds in 32 bits */
             const int64_t t0 = plan->kv_token_indptr[b], t1 = plan->kv_token_indptr[b + 1];
-            if (kv < 0 || t0 < 0 || t1 - t0 != (int64_t)kv) return MSKV_ERROR_INVALID_ARGUMENT;
+            if (kv < 0 || t0 < 0 || t1 < t0 /* then t1 - t0 fits */ || t1 - t0 != (int64_t)kv) return MSKV_ERROR_INVALID_ARGUMENT;
             if (t1 > dk->tokens) return MSKV_ERROR_OUT_OF_RANGE;
         } else if (np == 0 ? kv != 0 : (kv <= (int64_t)(np - 1) * st->d.page_size || kv > (int64_t)np * st->d.page_size)) {
             return MSKV_ERROR_INVALID_ARGUMENT;
