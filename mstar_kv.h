@@ -373,14 +373,20 @@ MSKV_API uint64_t mskv_arena_step(mskv_arena *arena);
    events stay valid); the kept host buffer stays (mskv_arena_trim). When no
    page is pending afterwards, the free list and request slots are reordered
    as in a new arena, so the same calls hand out the same page ids again.
-   Parameters: arena. Return value: SUCCESS, NULL_POINTER.
+   BAD_STATE while a streamed export or import is open (export_begin ..
+   export_end, import_begin .. import_commit or import_abort), naming the
+   request: its transport still reads or writes the pages, so they cannot go
+   back; nothing changes. End or abort the transfer first.
+   Parameters: arena. Return value: SUCCESS, NULL_POINTER, BAD_STATE.
    Thread safety: like every arena call; another thread's handles go stale. */
 MSKV_API mskv_result mskv_arena_reset(mskv_arena *arena);
 /* Waits until no kernel may read a pending page, then makes every pending
    page free: with store_ops, its flush op waits for the device (the GPU
    store's waits for its stream); without, the caller's word that its work
    is done (the CPU backend returns only when it is). The current fence
-   counts as completed. Parameters: arena. Return value: SUCCESS,
+   counts as completed. Pages an open streamed transfer holds are not
+   pending, so a flush while one is open leaves them (and the transfer) alone.
+   Parameters: arena. Return value: SUCCESS,
    NULL_POINTER, or the flush op's error (then nothing changes).
    Thread safety: like every arena call; the flush op runs under the lock. */
 MSKV_API mskv_result mskv_arena_flush(mskv_arena *arena);
@@ -566,7 +572,13 @@ MSKV_API mskv_result mskv_request_import(mskv_arena *arena, const void *blob, si
    then V), then the 8-byte little-endian checksum of everything before it.
    Only for arenas with host pools or bookkeeping only: pages behind
    store_ops (a GPU store) have no host address, so their blobs go through
-   mskv_request_export / mskv_request_import (staged in host memory). */
+   mskv_request_export / mskv_request_import (staged in host memory).
+   An open transfer holds its pages (or host copy): no call frees or moves
+   them until export_end, import_commit or import_abort. The request's own
+   calls that would return BAD_STATE, make_room passes over it, and
+   mskv_arena_reset returns BAD_STATE naming it (nothing changes);
+   mskv_arena_flush and mskv_arena_retire go on, as they free only pages no
+   request holds. */
 #define MSKV_BLOB_HEADER_MAX 2384   /* the largest header: 32 layer groups with the positions record (version 3) */
 
 typedef struct mskv_blob_layout {
@@ -4893,6 +4905,14 @@ MSKV_IMPL mskv_result mskv_arena_reset(mskv_arena *a) {
     int32_t i;
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
+    for (i = 0; i < a->max_req; i++)   /* a transport still reads or writes through the ranges it holds */
+        if (a->reqs[i].used && a->reqs[i].xfer) {
+            mskv_result r = mskv__err(a, MSKV_ERROR_BAD_STATE, "arena_reset: request handle 0x%08x has an open streamed %s (%s first); nothing changed",
+                                      (unsigned)mskv__handle(a, i).id, a->reqs[i].xfer == MSKV__XFER_IMPORT ? "import" : "export",
+                                      a->reqs[i].xfer == MSKV__XFER_IMPORT ? "mskv_request_import_commit or _abort" : "mskv_request_export_end");
+            MSKV__UNLOCK(a);
+            return r;
+        }
     for (i = 0; i < a->max_ls; i++)
         if (a->ls[i].used) mskv__ls_unlink(a, i);
     for (i = 0; i < a->max_req; i++)
