@@ -573,6 +573,10 @@ MSKV_API mskv_result mskv_request_import(mskv_arena *arena, const void *blob, si
    Only for arenas with host pools or bookkeeping only: pages behind
    store_ops (a GPU store) have no host address, so their blobs go through
    mskv_request_export / mskv_request_import (staged in host memory).
+   The layout of an import is the arriving blob's (its header_bytes are the
+   blob's, also for a version-3 header that an older version could have
+   said), so header_bytes + range_count * range_bytes + 8 == blob_bytes, and
+   a streamed import accepts exactly the blobs mskv_request_import accepts.
    An open transfer holds its pages (or host copy): no call frees or moves
    them until export_end, import_commit or import_abort. The request's own
    calls that would return BAD_STATE, make_room passes over it, and
@@ -1710,6 +1714,7 @@ typedef struct mskv__req {
     uint16_t gen;
     uint8_t used, location, keyed, sealed, has_res, mark, paused;
     uint8_t xfer;             /* a streamed blob: MSKV__XFER_EXPORT (frozen) or MSKV__XFER_IMPORT (not yet a request) */
+    uint8_t xfer_version;     /* importing: the arriving blob's header version (a version 3 header may say what 1 or 2 could) */
     int64_t committed, reserved, published;   /* tokens: the same in every group */
     int64_t pos_shift, pos_pending;           /* added to derived RoPE positions; the part waiting for commit */
     mskv__tab *t;             /* [num_groups], fixed per slot */
@@ -2939,6 +2944,9 @@ static int64_t mskv__implied_release_point(const mskv_arena *a, const mskv__tab 
 static uint32_t mskv__blob_version_of(const mskv_arena *a, const mskv__req *q) {
     int32_t g;
     int extra = q->pos_shift != 0;
+    /* an import's blob is the one that arrives: its ranges, and the header
+       its checksum covers, follow that header, not the one export would write */
+    if (q->xfer == MSKV__XFER_IMPORT && q->xfer_version) return q->xfer_version;
     for (g = 0; g < a->G; g++) extra |= q->t[g].release_point != mskv__implied_release_point(a, &q->t[g]);
     if (extra) return MSKV__BLOB_VERSION_POSITIONS;
     return a->G == 1 ? MSKV__BLOB_VERSION : MSKV__BLOB_VERSION_GROUPS;
@@ -3407,6 +3415,8 @@ MSKV_IMPL mskv_result mskv_request_import_begin(mskv_arena *a, const void *heade
     }
     mskv__blob_apply(a, q, &x);
     q->xfer = MSKV__XFER_IMPORT;
+    q->xfer_version = (uint8_t)mskv__get32(b + 8);   /* checked: 1 to 3 */
+    MSKV_ASSERT(mskv__blob_header_of(a, q) == x.hdr);
     mskv__layout(a, q, x.hdr + x.payload + 8, layout);
     *out = mskv__handle(a, ri);
     MSKV__UNLOCK(a);
@@ -3433,6 +3443,7 @@ MSKV_IMPL mskv_result mskv_request_import_commit(mskv_arena *a, mskv_request h, 
     }
     if (r == MSKV_SUCCESS) {
         q->xfer = 0;
+        q->xfer_version = 0;   /* from now on it exports as mskv_request_import's request would */
         ++a->epoch_counter;
         for (g = 0; g < a->G; g++) q->t[g].epoch = a->epoch_counter;
     }
@@ -3453,6 +3464,7 @@ MSKV_IMPL mskv_result mskv_request_import_abort(mskv_arena *a, mskv_request h) {
         q->t[g].num_pages = 0;
     }
     q->xfer = 0;
+    q->xfer_version = 0;
     mskv__undo_new_req(a, ri);
     q->gen = (uint16_t)(q->gen + 1);    /* the import's handle is stale */
     MSKV__UNLOCK(a);

@@ -702,3 +702,84 @@ TEST(every_page_freeing_call_leaves_an_open_transfer_alone) {
     mskv_arena_destroy(a);
     mskv_arena_destroy(b);
 }
+
+/* ---- a version-3 header that an older version could have said (item 3) -- */
+
+static uint64_t mst_get64(const unsigned char *p) { uint64_t v = 0; int i; for (i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
+static uint32_t mst_get32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+/* blob (version 1 or 2, `groups` layer groups) rewritten as version 3 with
+   the positions record the old version implies (pos_shift 0; each group's
+   release point live_start when pages were released, else 0), re-signed:
+   a blob another writer may send, and mskv_request_import accepts. */
+static unsigned char *mst_as_v3(const unsigned char *blob, size_t n, int32_t groups, size_t *out_n) {
+    size_t old_hdr = mst_get32(blob + 12), base = 128 + 8 + 64 * (size_t)(groups - 1), hdr = base + 8 + 8 * (size_t)groups;
+    size_t m = n - old_hdr + hdr;
+    uint32_t P = mst_get32(blob + 24);
+    int32_t g;
+    unsigned char *b = (unsigned char *)calloc(1, m);
+    if (!b) return NULL;
+    memcpy(b, blob, old_hdr);
+    mtu_put32(b + 8, 3);
+    mtu_put32(b + 12, (uint32_t)hdr);
+    mtu_put64(b + 16, (uint64_t)m);
+    mtu_put32(b + 128, (uint32_t)groups);
+    mtu_put32(b + 132, 0);
+    for (g = 0; g < groups; g++) {
+        const unsigned char *p = blob + 136 + 64 * (size_t)(g - 1);
+        uint64_t live = g == 0 ? mst_get64(blob + 72) : mst_get64(p + 24);
+        uint32_t pp = g == 0 ? mst_get32(blob + 52) : mst_get32(p + 4);
+        mtu_put64(b + base + 8 + 8 * (size_t)g, live > (uint64_t)pp * P ? live : 0);
+    }
+    memcpy(b + hdr, blob + old_hdr, n - old_hdr);
+    mtu_blob_sign(b, m);
+    *out_n = m;
+    return b;
+}
+
+TEST(streamed_import_of_a_version_3_header_an_older_version_could_say_lays_out_its_real_header) {
+    /* 32 tokens: the gap's release ends on a page boundary (a version-1 blob) */
+    static const mts_state states[] = { MTS_PLAIN, MTS_GAP, MTS_KEYED, MTS_PLAIN };
+    size_t si;
+    for (si = 0; si < sizeof states / sizeof states[0]; si++) {
+        mts_state s = states[si];
+        int32_t groups = si == 3 ? 2 : 1;   /* a version-2 blob */
+        mskv_arena *a = mts_arena(64, 4, groups), *b = mts_arena(64, 4, groups), *c = mts_arena(64, 4, groups);
+        mskv_request r, whole, streamed;
+        mskv_blob_layout L;
+        mskv_blob_range first;
+        unsigned char *blob, *v3, *e_whole, *e_streamed;
+        size_t n = 0, m = 0, nw = 0, ns = 0;
+        ASSERT_TRUE(a && b && c);
+        ASSERT_EQ(MSKV_SUCCESS, mts_build(a, s, 32, 2, &r));
+        blob = mst_export(a, r, &n);
+        ASSERT_TRUE(blob != NULL);
+        ASSERT_EQ(groups, (int32_t)mst_get32(blob + 8));   /* version 1 or 2: what the rewrite starts from */
+        v3 = mst_as_v3(blob, n, groups, &m);
+        ASSERT_TRUE(v3 != NULL);
+        EXPECT_EQ(MSKV_SUCCESS, mskv_request_import(b, v3, m, &whole));
+        /* the layout is the arriving blob's: header + ranges + 8 == blob */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_import_begin(c, v3, m, &streamed, &L));
+        EXPECT_EQ((int64_t)mst_get32(v3 + 12), (int64_t)L.header_bytes);
+        EXPECT_EQ((int64_t)m, (int64_t)L.blob_bytes);
+        EXPECT_EQ((int64_t)L.blob_bytes, (int64_t)(L.header_bytes + (size_t)L.range_count * L.range_bytes + 8));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_blob_ranges(c, streamed, 0, 1, &first));
+        EXPECT_EQ_U64((uint64_t)L.header_bytes, first.offset);
+        EXPECT_EQ(MSKV_SUCCESS, mskv_request_import_abort(c, streamed));
+        EXPECT_EQ(MSKV_SUCCESS, mst_stream_in(c, v3, m, &streamed));
+        /* both paths give the same request: the same blob (the version the state needs) */
+        e_whole = mst_export(b, whole, &nw);
+        e_streamed = mst_export(c, streamed, &ns);
+        ASSERT_TRUE(e_whole && e_streamed);
+        EXPECT_TRUE(nw == ns && memcmp(e_whole, e_streamed, nw) == 0);
+        EXPECT_TRUE(nw == n && memcmp(e_whole, blob, n) == 0);
+        mtu_audit(c);
+        free(e_whole);
+        free(e_streamed);
+        free(v3);
+        free(blob);
+        mskv_arena_destroy(a);
+        mskv_arena_destroy(b);
+        mskv_arena_destroy(c);
+    }
+}
