@@ -606,8 +606,8 @@ typedef struct mskv_blob_range {
    MSKV_BLOB_HEADER_MAX is always enough), fills layout (checksum included:
    this call reads every range once) and freezes the request until
    mskv_request_export_end: calls that would change it or its bytes (admit,
-   commit, abort, publish, protect, release, offload, reload, remove,
-   lockstep_create) return BAD_STATE, make_room passes over it, and reads
+   commit, abort, publish, protect, release, set_retention, shift_positions,
+   offload, reload, remove, lockstep_create) return BAD_STATE, make_room passes over it, and reads
    (info, pages, plans, export, fork) work as before. A copy may be exported
    by several readers of the ranges, but only one export is open at a time.
    Parameters: arena, req (resident or offloaded, or a sealed keyed entry),
@@ -719,7 +719,8 @@ MSKV_API mskv_result mskv_skipped_tokens_get(const mskv_retention *r, int64_t nu
    same count, or a negative value, the mskv_result code of
    mskv_skipped_tokens_get, when the call is invalid. */
 MSKV_API int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed);
-/* Bind a retention policy to a request (NULL clears it); publish applies it. */
+/* Bind a retention policy to a request (NULL clears it); publish applies it.
+   BAD_STATE while a streamed export of it is open (its header says the policy). */
 MSKV_API mskv_result mskv_request_set_retention(mskv_arena *arena, mskv_request req, const mskv_retention *r);
 /* The same for one layer group (e.g. a window for the chunk-window layers,
    none for the full-attention ones). */
@@ -3585,6 +3586,7 @@ MSKV_IMPL mskv_result mskv_request_set_retention_in_group(mskv_arena *a, mskv_re
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     if (a->reqs[ri].keyed) res = mskv__err(a, MSKV_ERROR_READ_ONLY, "retention: keyed entries are never released");
+    else if (a->reqs[ri].xfer) res = mskv__err(a, MSKV_ERROR_BAD_STATE, "retention: the request is being exported (its header says the policy)");
     else if (r && (res = mskv__retention_check(r, a->P, why, sizeof why)) != MSKV_SUCCESS)
         res = mskv__err(a, res, "retention: %s", why);
     if (res == MSKV_SUCCESS) {

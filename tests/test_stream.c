@@ -634,7 +634,13 @@ TEST(every_page_freeing_call_leaves_an_open_transfer_alone) {
     int32_t parked = 0, side;
     mskv_result mr;
     mskv_arena_stats st;
+    mskv_retention ret;
     ASSERT_TRUE(a && b);
+    memset(&ret, 0, sizeof ret);
+    ret.chunk_size = 4;
+    ret.sink_chunks = 1;
+    ret.window_chunks = 1;
+    ret.window_tokens = 4;
     ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_GAP, 30, 7, &r));
     blob = mst_export(a, r, &n);
     ASSERT_TRUE(blob != NULL);
@@ -669,6 +675,9 @@ TEST(every_page_freeing_call_leaves_an_open_transfer_alone) {
         seg.n_tokens = 0;
         EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_abort(x, &seg, 1));
         EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_commit(x, &seg, 1));
+        EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_publish(x, &seg, 1, NULL));   /* publish applies retention */
+        EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_set_retention(x, h, &ret));   /* frozen: its header says the policy */
+        EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_request_shift_positions(x, h, 2));
         pair[0] = h;
         pair[1] = other;
         EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_lockstep_create(x, pair, 2, &ls));
