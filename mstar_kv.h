@@ -448,7 +448,8 @@ MSKV_API mskv_result mskv_request_add(mskv_arena *arena, mskv_request *out);
 /* Removes a request in any state (an open reservation is dropped, a host copy
    freed). Every page goes back: pending until the current fence retires in
    FENCED mode. The handle is stale from now on. BAD_STATE for a member of a
-   lockstep group (mskv_lockstep_remove, or dissolve the group first). */
+   lockstep group (mskv_lockstep_remove, or dissolve the group first), or
+   one in an open streamed export or import (end, commit or abort it). */
 MSKV_API mskv_result mskv_request_remove(mskv_arena *arena, mskv_request req);
 /* A child sharing the parent's full pages (refcounted); the partial last page
    is copied into a fresh page. The child has the parent's tokens, prefix and
@@ -490,7 +491,8 @@ MSKV_API mskv_result mskv_request_protect_prefix(mskv_arena *arena, mskv_request
    the released tokens a kept page still holds.
    Return value: OUT_OF_RANGE (past the committed live tokens: reserved
    tokens are never released), INVALID_ARGUMENT (n < 0), OFFLOADED, READ_ONLY,
-   BAD_STATE (a lockstep member: mskv_lockstep_release_oldest). */
+   BAD_STATE (a lockstep member: mskv_lockstep_release_oldest; an open
+   streamed export or import). */
 MSKV_API mskv_result mskv_request_release_oldest(mskv_arena *arena, mskv_request req, int64_t n, int64_t *released);
 /* Custom position advance (M-RoPE's position delta, or re-indexing RoPE
    positions after releases so they stay bounded over an endless video):
@@ -535,7 +537,8 @@ MSKV_API mskv_result mskv_request_release_oldest_in_group(mskv_arena *arena, msk
    free the pages; only once the copy is complete. Token counts, prefix, released window and epoch are kept.
    Return value: OFFLOADED (already), RESERVATION_PENDING, READ_ONLY (keyed
    entry), OUT_OF_MEMORY, or the store ops' error (the request stays resident),
-   BAD_STATE (a lockstep member: mskv_lockstep_offload).
+   BAD_STATE (a lockstep member: mskv_lockstep_offload; an open streamed
+   export or import).
    With MSKV_DEBUG_CHECKSUMS a checksum of every page is kept with the copy. */
 MSKV_API mskv_result mskv_request_offload(mskv_arena *arena, mskv_request req);
 /* All or nothing: fresh pages (possibly other ids), bytes copied back,
@@ -748,7 +751,8 @@ MSKV_API mskv_result mskv_admit(mskv_arena *arena, const mskv_segment *segs, int
 MSKV_API mskv_result mskv_commit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
 /* Return reservations without committing; the pages they added are freed
    (pending in FENCED mode: a kernel may have written them). NO_RESERVATION
-   when a segment has none. */
+   when a segment has none; BAD_STATE for a request in an open streamed
+   export or import. */
 MSKV_API mskv_result mskv_abort(mskv_arena *arena, const mskv_segment *segs, int32_t n);
 /* End of step: for the given segments' requests, retention policies release
    pages and page-stored events are emitted; then the fence advances (also
@@ -1088,6 +1092,7 @@ MSKV_API mskv_result mskv_lockstep_release_oldest(mskv_arena *arena, mskv_lockst
    not a clock: the same calls park the same requests; ties go to the lower
    request slot). Idle means resident, no open reservation, not paused (a
    paused request is parked by its scheduler, not here), not a keyed entry,
+   not in an open streamed export or import (its transport holds the pages),
    and not in batch (the step being admitted). A lockstep group is parked
    whole or not at all, as one candidate as recent as its most recent
    member. A candidate is passed over when its host copy (its pages in every
