@@ -4,7 +4,8 @@
    blob, its size field and checksum made to match, so mutations reach the
    state checks behind the checksum instead of stopping at it.
    A failed import must change nothing. A successful one must pass the audit,
-   export to the same bytes, and be usable: reload, plan + validate + K/V
+   export to the same bytes (a version-3 blob whose positions record says
+   only what versions 1 and 2 imply: to the same blob in that version), and be usable: reload, plan + validate + K/V
    write + attention in every layer group (a keyed entry through a cross
    plan), release in every group, offload, reload again (same bytes once
    more), remove. */
