@@ -83,7 +83,7 @@ CUDA_ABI_FLAGS := -DMTA_CUDA_HOME='"$(CUDA_HOME)"' -DMTA_HEADER='"$(CURDIR)/msta
 # Hardening (issue 9): libFuzzer harnesses, a ThreadSanitizer build of the
 # thread tests plus a stress, and allocation-failure injection under ASan.
 FUZZ_SECONDS ?= 20
-FUZZ_NAMES := import ops plans arith
+FUZZ_NAMES := import import_stream ops plans arith
 FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz-%)
 FUZZ_CC := clang -std=c99 $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TSAN_SRC := tests/main.c tests/test_threads.c tests/stress_threads.c
@@ -230,7 +230,7 @@ $(B)/tests-user: tests/user_checks.py | $(B)
 # compiles and test programs at a time (default: the online cores). Programs start in
 # RUN_ORDER, longest first: on a fresh clone tests-gcc-c99 by far (its NVRTC
 # sweep compiles every kernel variant, minutes of one core), then the fixed
-# 4 x 20 s of the fuzzers and the TSan build; the others together fit beside
+# 5 x 20 s of the fuzzers and the TSan build; the others together fit beside
 # them.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 RUN_FIRST := $(B)/tests-gcc-c99

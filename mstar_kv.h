@@ -373,14 +373,20 @@ MSKV_API uint64_t mskv_arena_step(mskv_arena *arena);
    events stay valid); the kept host buffer stays (mskv_arena_trim). When no
    page is pending afterwards, the free list and request slots are reordered
    as in a new arena, so the same calls hand out the same page ids again.
-   Parameters: arena. Return value: SUCCESS, NULL_POINTER.
+   BAD_STATE while a streamed export or import is open (export_begin ..
+   export_end, import_begin .. import_commit or import_abort), naming the
+   request: its transport still reads or writes the pages, so they cannot go
+   back; nothing changes. End or abort the transfer first.
+   Parameters: arena. Return value: SUCCESS, NULL_POINTER, BAD_STATE.
    Thread safety: like every arena call; another thread's handles go stale. */
 MSKV_API mskv_result mskv_arena_reset(mskv_arena *arena);
 /* Waits until no kernel may read a pending page, then makes every pending
    page free: with store_ops, its flush op waits for the device (the GPU
    store's waits for its stream); without, the caller's word that its work
    is done (the CPU backend returns only when it is). The current fence
-   counts as completed. Parameters: arena. Return value: SUCCESS,
+   counts as completed. Pages an open streamed transfer holds are not
+   pending, so a flush while one is open leaves them (and the transfer) alone.
+   Parameters: arena. Return value: SUCCESS,
    NULL_POINTER, or the flush op's error (then nothing changes).
    Thread safety: like every arena call; the flush op runs under the lock. */
 MSKV_API mskv_result mskv_arena_flush(mskv_arena *arena);
@@ -442,7 +448,8 @@ MSKV_API mskv_result mskv_request_add(mskv_arena *arena, mskv_request *out);
 /* Removes a request in any state (an open reservation is dropped, a host copy
    freed). Every page goes back: pending until the current fence retires in
    FENCED mode. The handle is stale from now on. BAD_STATE for a member of a
-   lockstep group (mskv_lockstep_remove, or dissolve the group first). */
+   lockstep group (mskv_lockstep_remove, or dissolve the group first), or
+   one in an open streamed export or import (end, commit or abort it). */
 MSKV_API mskv_result mskv_request_remove(mskv_arena *arena, mskv_request req);
 /* A child sharing the parent's full pages (refcounted); the partial last page
    is copied into a fresh page. The child has the parent's tokens, prefix and
@@ -484,7 +491,8 @@ MSKV_API mskv_result mskv_request_protect_prefix(mskv_arena *arena, mskv_request
    the released tokens a kept page still holds.
    Return value: OUT_OF_RANGE (past the committed live tokens: reserved
    tokens are never released), INVALID_ARGUMENT (n < 0), OFFLOADED, READ_ONLY,
-   BAD_STATE (a lockstep member: mskv_lockstep_release_oldest). */
+   BAD_STATE (a lockstep member: mskv_lockstep_release_oldest; an open
+   streamed export or import). */
 MSKV_API mskv_result mskv_request_release_oldest(mskv_arena *arena, mskv_request req, int64_t n, int64_t *released);
 /* Custom position advance (M-RoPE's position delta, or re-indexing RoPE
    positions after releases so they stay bounded over an endless video):
@@ -529,7 +537,8 @@ MSKV_API mskv_result mskv_request_release_oldest_in_group(mskv_arena *arena, msk
    free the pages; only once the copy is complete. Token counts, prefix, released window and epoch are kept.
    Return value: OFFLOADED (already), RESERVATION_PENDING, READ_ONLY (keyed
    entry), OUT_OF_MEMORY, or the store ops' error (the request stays resident),
-   BAD_STATE (a lockstep member: mskv_lockstep_offload).
+   BAD_STATE (a lockstep member: mskv_lockstep_offload; an open streamed
+   export or import).
    With MSKV_DEBUG_CHECKSUMS a checksum of every page is kept with the copy. */
 MSKV_API mskv_result mskv_request_offload(mskv_arena *arena, mskv_request req);
 /* All or nothing: fresh pages (possibly other ids), bytes copied back,
@@ -566,7 +575,17 @@ MSKV_API mskv_result mskv_request_import(mskv_arena *arena, const void *blob, si
    then V), then the 8-byte little-endian checksum of everything before it.
    Only for arenas with host pools or bookkeeping only: pages behind
    store_ops (a GPU store) have no host address, so their blobs go through
-   mskv_request_export / mskv_request_import (staged in host memory). */
+   mskv_request_export / mskv_request_import (staged in host memory).
+   The layout of an import is the arriving blob's (its header_bytes are the
+   blob's, also for a version-3 header that an older version could have
+   said), so header_bytes + range_count * range_bytes + 8 == blob_bytes, and
+   a streamed import accepts exactly the blobs mskv_request_import accepts.
+   An open transfer holds its pages (or host copy): no call frees or moves
+   them until export_end, import_commit or import_abort. The request's own
+   calls that would return BAD_STATE, make_room passes over it, and
+   mskv_arena_reset returns BAD_STATE naming it (nothing changes);
+   mskv_arena_flush and mskv_arena_retire go on, as they free only pages no
+   request holds. */
 #define MSKV_BLOB_HEADER_MAX 2384   /* the largest header: 32 layer groups with the positions record (version 3) */
 
 typedef struct mskv_blob_layout {
@@ -590,8 +609,8 @@ typedef struct mskv_blob_range {
    MSKV_BLOB_HEADER_MAX is always enough), fills layout (checksum included:
    this call reads every range once) and freezes the request until
    mskv_request_export_end: calls that would change it or its bytes (admit,
-   commit, abort, publish, protect, release, offload, reload, remove,
-   lockstep_create) return BAD_STATE, make_room passes over it, and reads
+   commit, abort, publish, protect, release, set_retention, shift_positions,
+   offload, reload, remove, lockstep_create) return BAD_STATE, make_room passes over it, and reads
    (info, pages, plans, export, fork) work as before. A copy may be exported
    by several readers of the ranges, but only one export is open at a time.
    Parameters: arena, req (resident or offloaded, or a sealed keyed entry),
@@ -703,7 +722,8 @@ MSKV_API mskv_result mskv_skipped_tokens_get(const mskv_retention *r, int64_t nu
    same count, or a negative value, the mskv_result code of
    mskv_skipped_tokens_get, when the call is invalid. */
 MSKV_API int64_t mskv_skipped_tokens(const mskv_retention *r, int64_t num_computed);
-/* Bind a retention policy to a request (NULL clears it); publish applies it. */
+/* Bind a retention policy to a request (NULL clears it); publish applies it.
+   BAD_STATE while a streamed export of it is open (its header says the policy). */
 MSKV_API mskv_result mskv_request_set_retention(mskv_arena *arena, mskv_request req, const mskv_retention *r);
 /* The same for one layer group (e.g. a window for the chunk-window layers,
    none for the full-attention ones). */
@@ -731,7 +751,8 @@ MSKV_API mskv_result mskv_admit(mskv_arena *arena, const mskv_segment *segs, int
 MSKV_API mskv_result mskv_commit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
 /* Return reservations without committing; the pages they added are freed
    (pending in FENCED mode: a kernel may have written them). NO_RESERVATION
-   when a segment has none. */
+   when a segment has none; BAD_STATE for a request in an open streamed
+   export or import. */
 MSKV_API mskv_result mskv_abort(mskv_arena *arena, const mskv_segment *segs, int32_t n);
 /* End of step: for the given segments' requests, retention policies release
    pages and page-stored events are emitted; then the fence advances (also
@@ -1071,6 +1092,7 @@ MSKV_API mskv_result mskv_lockstep_release_oldest(mskv_arena *arena, mskv_lockst
    not a clock: the same calls park the same requests; ties go to the lower
    request slot). Idle means resident, no open reservation, not paused (a
    paused request is parked by its scheduler, not here), not a keyed entry,
+   not in an open streamed export or import (its transport holds the pages),
    and not in batch (the step being admitted). A lockstep group is parked
    whole or not at all, as one candidate as recent as its most recent
    member. A candidate is passed over when its host copy (its pages in every
@@ -1698,6 +1720,7 @@ typedef struct mskv__req {
     uint16_t gen;
     uint8_t used, location, keyed, sealed, has_res, mark, paused;
     uint8_t xfer;             /* a streamed blob: MSKV__XFER_EXPORT (frozen) or MSKV__XFER_IMPORT (not yet a request) */
+    uint8_t xfer_version;     /* importing: the arriving blob's header version (a version 3 header may say what 1 or 2 could) */
     int64_t committed, reserved, published;   /* tokens: the same in every group */
     int64_t pos_shift, pos_pending;           /* added to derived RoPE positions; the part waiting for commit */
     mskv__tab *t;             /* [num_groups], fixed per slot */
@@ -2927,6 +2950,9 @@ static int64_t mskv__implied_release_point(const mskv_arena *a, const mskv__tab 
 static uint32_t mskv__blob_version_of(const mskv_arena *a, const mskv__req *q) {
     int32_t g;
     int extra = q->pos_shift != 0;
+    /* an import's blob is the one that arrives: its ranges, and the header
+       its checksum covers, follow that header, not the one export would write */
+    if (q->xfer == MSKV__XFER_IMPORT && q->xfer_version) return q->xfer_version;
     for (g = 0; g < a->G; g++) extra |= q->t[g].release_point != mskv__implied_release_point(a, &q->t[g]);
     if (extra) return MSKV__BLOB_VERSION_POSITIONS;
     return a->G == 1 ? MSKV__BLOB_VERSION : MSKV__BLOB_VERSION_GROUPS;
@@ -3395,6 +3421,8 @@ MSKV_IMPL mskv_result mskv_request_import_begin(mskv_arena *a, const void *heade
     }
     mskv__blob_apply(a, q, &x);
     q->xfer = MSKV__XFER_IMPORT;
+    q->xfer_version = (uint8_t)mskv__get32(b + 8);   /* checked: 1 to 3 */
+    MSKV_ASSERT(mskv__blob_header_of(a, q) == x.hdr);
     mskv__layout(a, q, x.hdr + x.payload + 8, layout);
     *out = mskv__handle(a, ri);
     MSKV__UNLOCK(a);
@@ -3421,6 +3449,7 @@ MSKV_IMPL mskv_result mskv_request_import_commit(mskv_arena *a, mskv_request h, 
     }
     if (r == MSKV_SUCCESS) {
         q->xfer = 0;
+        q->xfer_version = 0;   /* from now on it exports as mskv_request_import's request would */
         ++a->epoch_counter;
         for (g = 0; g < a->G; g++) q->t[g].epoch = a->epoch_counter;
     }
@@ -3441,6 +3470,7 @@ MSKV_IMPL mskv_result mskv_request_import_abort(mskv_arena *a, mskv_request h) {
         q->t[g].num_pages = 0;
     }
     q->xfer = 0;
+    q->xfer_version = 0;
     mskv__undo_new_req(a, ri);
     q->gen = (uint16_t)(q->gen + 1);    /* the import's handle is stale */
     MSKV__UNLOCK(a);
@@ -3561,6 +3591,7 @@ MSKV_IMPL mskv_result mskv_request_set_retention_in_group(mskv_arena *a, mskv_re
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     if (a->reqs[ri].keyed) res = mskv__err(a, MSKV_ERROR_READ_ONLY, "retention: keyed entries are never released");
+    else if (a->reqs[ri].xfer) res = mskv__err(a, MSKV_ERROR_BAD_STATE, "retention: the request is being exported (its header says the policy)");
     else if (r && (res = mskv__retention_check(r, a->P, why, sizeof why)) != MSKV_SUCCESS)
         res = mskv__err(a, res, "retention: %s", why);
     if (res == MSKV_SUCCESS) {
@@ -4897,6 +4928,14 @@ MSKV_IMPL mskv_result mskv_arena_reset(mskv_arena *a) {
     int32_t i;
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
+    for (i = 0; i < a->max_req; i++)   /* a transport still reads or writes through the ranges it holds */
+        if (a->reqs[i].used && a->reqs[i].xfer) {
+            mskv_result r = mskv__err(a, MSKV_ERROR_BAD_STATE, "arena_reset: request handle 0x%08x has an open streamed %s (%s first); nothing changed",
+                                      (unsigned)mskv__handle(a, i).id, a->reqs[i].xfer == MSKV__XFER_IMPORT ? "import" : "export",
+                                      a->reqs[i].xfer == MSKV__XFER_IMPORT ? "mskv_request_import_commit or _abort" : "mskv_request_export_end");
+            MSKV__UNLOCK(a);
+            return r;
+        }
     for (i = 0; i < a->max_ls; i++)
         if (a->ls[i].used) mskv__ls_unlink(a, i);
     for (i = 0; i < a->max_req; i++)

@@ -77,6 +77,77 @@ static inline void fz_audit(mskv_arena *a, const char *after) {
     if (mskv_arena_audit(a, why, sizeof why) != MSKV_SUCCESS) FZ_FAIL("audit failed after %s: %s", after, why);
 }
 
+/* ---- version 3 saying what versions 1 and 2 imply ----------------------- */
+
+/* A version-3 header may carry a positions record that versions 1 and 2
+   imply (pos_shift 0; each group's release point live_start when pages were
+   released, else 0): another writer may send it, and both imports accept it;
+   this library exports the state with the older version. */
+static inline uint32_t fz_get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static inline uint64_t fz_get64(const uint8_t *p) { uint64_t v = 0; int i; for (i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
+static inline void fz_put64(uint8_t *p, uint64_t v) { int i; for (i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline void fz_put32(uint8_t *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+/* The release point versions 1 and 2 imply for group g of a blob header. */
+static inline uint64_t fz_implied_rp(const uint8_t *b, uint32_t g) {
+    const uint8_t *p = b + 136 + 64 * (size_t)(g ? g - 1 : 0);
+    uint64_t live = g == 0 ? fz_get64(b + 72) : fz_get64(p + 24);
+    uint32_t pp = g == 0 ? fz_get32(b + 52) : fz_get32(p + 4);
+    return live > (uint64_t)pp * fz_get32(b + 24) ? live : 0;
+}
+/* A version 1 or 2 blob of `groups` groups rewritten as version 3 with the
+   implied positions, re-signed (malloc'd); NULL for anything else. */
+static inline uint8_t *fz_blob_as_v3(const uint8_t *blob, size_t n, uint32_t groups, size_t *out_n) {
+    size_t old_hdr, base = 136 + 64 * (size_t)(groups - 1), hdr = base + 8 + 8 * (size_t)groups, m;
+    uint32_t g, v;
+    uint8_t *b;
+    if (n < 136 || groups < 1 || groups > MSKV_MAX_GROUPS) return NULL;
+    v = fz_get32(blob + 8);
+    old_hdr = fz_get32(blob + 12);
+    if (!(v == 1 && groups == 1 && old_hdr == 128) && !(v == 2 && groups > 1 && old_hdr == base)) return NULL;
+    if (n < old_hdr + 8) return NULL;
+    m = n - old_hdr + hdr;
+    b = (uint8_t *)calloc(1, m);
+    if (!b) return NULL;
+    memcpy(b, blob, old_hdr);
+    fz_put32(b + 8, 3);
+    fz_put32(b + 12, (uint32_t)hdr);
+    fz_put64(b + 16, (uint64_t)m);
+    fz_put32(b + 128, groups);
+    fz_put32(b + 132, 0);
+    for (g = 0; g < groups; g++) fz_put64(b + base + 8 + 8 * (size_t)g, fz_implied_rp(blob, g));
+    memcpy(b + hdr, blob + old_hdr, n - old_hdr);
+    fz_put64(b + m - 8, mskv__checksum(b, m - 8));
+    *out_n = m;
+    return b;
+}
+/* The inverse: a version-3 blob whose positions record is the implied one,
+   as this library exports it (version 1 or 2, malloc'd); NULL otherwise. */
+static inline uint8_t *fz_blob_canonical(const uint8_t *blob, size_t n, size_t *out_n) {
+    uint32_t G, g;
+    size_t base, hdr, nh, m;
+    uint8_t *b;
+    if (n < 160 || fz_get32(blob + 8) != 3) return NULL;
+    G = fz_get32(blob + 128);
+    if (G < 1 || G > MSKV_MAX_GROUPS) return NULL;
+    base = 136 + 64 * (size_t)(G - 1);
+    hdr = base + 8 + 8 * (size_t)G;
+    if (fz_get32(blob + 12) != hdr || n < hdr + 8 || fz_get64(blob + base) != 0) return NULL;
+    for (g = 0; g < G; g++)
+        if (fz_get64(blob + base + 8 + 8 * (size_t)g) != fz_implied_rp(blob, g)) return NULL;
+    nh = G == 1 ? 128 : base;
+    m = n - hdr + nh;
+    b = (uint8_t *)malloc(m);
+    if (!b) return NULL;
+    memcpy(b, blob, nh);
+    fz_put32(b + 8, G == 1 ? 1u : 2u);
+    fz_put32(b + 12, (uint32_t)nh);
+    fz_put64(b + 16, (uint64_t)m);
+    memcpy(b + nh, blob + hdr, n - hdr);
+    fz_put64(b + m - 8, mskv__checksum(b, m - 8));
+    *out_n = m;
+    return b;
+}
+
 /* ---- the byte reader: every read succeeds (zeros past the end) ---------- */
 
 typedef struct fz_in { const uint8_t *p; size_t n; } fz_in;

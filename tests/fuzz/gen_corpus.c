@@ -5,6 +5,8 @@
    requests that mskv_make_room parked.
        gen_corpus OUT_DIR
    Each file is one configuration byte (the geometry index) and the blob.
+   Files named v3-* hold the same blob as a version-3 blob with the positions
+   record versions 1 and 2 imply (another writer's, which imports accept).
    Deterministic: the same library writes the same files. */
 #define MSTAR_KV_IMPLEMENTATION
 #include "fuzz_common.h"
@@ -55,6 +57,29 @@ static void gc_write(const char *dir, const char *state, int gi, mskv_arena *a, 
     free(b);
 }
 
+/* The blob of gc_write rewritten as a version-3 blob with the positions
+   record that versions 1 and 2 imply ("v3-" + state): another writer's
+   blob, which both imports accept. Skipped when the blob needs version 3. */
+static void gc_write_v3(const char *dir, const char *state, int gi, mskv_arena *a, mskv_request r) {
+    size_t size = 0, m = 0;
+    unsigned char *b, *v3;
+    char path[1024];
+    FILE *fp;
+    const fz_geom *g = &fz_geoms[gi];
+    GC(mskv_request_export(a, r, NULL, 0, &size));
+    b = (unsigned char *)malloc(size);
+    if (!b) gc_fail("malloc", MSKV_ERROR_OUT_OF_MEMORY);
+    GC(mskv_request_export(a, r, b, size, &size));
+    v3 = fz_blob_as_v3(b, size, (uint32_t)(g->num_groups > 1 ? g->num_groups : 1), &m);
+    free(b);
+    if (!v3) return;
+    snprintf(path, sizeof path, "%s/v3-%s-g%d", dir, state, gi);
+    fp = fopen(path, "wb");
+    if (!fp || fputc(gi, fp) == EOF || fwrite(v3, 1, m, fp) != m) { fprintf(stderr, "gen_corpus: cannot write %s\n", path); exit(1); }
+    fclose(fp);
+    free(v3);
+}
+
 /* The last group of a multi-group arena differs from group 0 (the calls
    without a group act on group 0): a longer prefix, a later release, its own
    retention. */
@@ -93,6 +118,7 @@ static void gc_states(const char *dir, int gi) {
     GC(mskv_request_add(a, &r));
     gc_grow(a, r, P + (P > 1 ? P / 2 : 0) + 1);   /* the last page partly filled */
     gc_write(dir, "partial", gi, a, r);
+    gc_write_v3(dir, "partial", gi, a, r);
     GC(mskv_request_fork(a, r, &c));
     gc_grow(a, c, 1);
     gc_write(dir, "fork", gi, a, c);
@@ -107,8 +133,10 @@ static void gc_states(const char *dir, int gi) {
     GC(mskv_request_release_oldest(a, r, P, NULL));   /* the prefix ends inside page 2: the first live page goes */
     if (last) GC(mskv_request_release_oldest_in_group(a, r, last, P + 1, NULL));
     gc_write(dir, "released-gap", gi, a, r);
+    gc_write_v3(dir, "released-gap", gi, a, r);
     GC(mskv_request_offload(a, r));
     gc_write(dir, "offloaded", gi, a, r);
+    gc_write_v3(dir, "offloaded", gi, a, r);
     GC(mskv_request_reload(a, r));
     gc_write(dir, "reloaded", gi, a, r);
     GC(mskv_request_remove(a, r));
@@ -116,6 +144,7 @@ static void gc_states(const char *dir, int gi) {
     GC(mskv_keyed_create(a, 0x5EED0000u + (uint64_t)gi, 2 * P + 1, &r));
     GC(mskv_keyed_seal(a, r));
     gc_write(dir, "keyed-sealed", gi, a, r);
+    gc_write_v3(dir, "keyed-sealed", gi, a, r);
     GC(mskv_keyed_remove(a, 0x5EED0000u + (uint64_t)gi));
 
     memset(&ret, 0, sizeof ret);

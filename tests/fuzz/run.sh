@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer harness of tests/fuzz for FUZZ_SECONDS seconds each
 # (default 20) over its committed corpus (tests/fuzz/corpus/NAME) plus, for
-# the import harness, seeds freshly exported by the current library
-# (build/gen-corpus) and the findings of earlier runs (tests/fuzz/regressions/NAME).
+# the import harnesses (import, import_stream: the streamed import against the
+# whole one), seeds freshly exported by the current library (build/gen-corpus)
+# and the findings of earlier runs (tests/fuzz/regressions/NAME).
 # Each harness first replays every committed finding of
 # tests/fuzz/regressions/NAME once (a finding that crashes again fails at
 # once), then fuzzes with a seed that changes per run, printed on its own
@@ -25,7 +26,7 @@ B=${B:-build}
 here=$(cd "$(dirname "$0")" && pwd)
 passed=0; failed=0
 mkdir -p "$B/fuzz-findings"
-for name in import ops plans arith; do
+for name in import import_stream ops plans arith; do
   [ -n "${FUZZ_ONLY:-}" ] && [ "$FUZZ_ONLY" != "$name" ] && continue
   bin=$B/fuzz-$name
   if [ ! -x "$bin" ]; then
@@ -34,7 +35,8 @@ for name in import ops plans arith; do
   work=$(mktemp -d); out=$(mktemp)
   if [ -n "${FUZZ_KEEP:-}" ]; then rmdir "$work"; work=$FUZZ_KEEP/$name; mkdir -p "$work"; fi
   dirs=("$work" "$here/corpus/$name")
-  if [ "$name" = import ] && [ -x "$B/gen-corpus" ]; then
+  [ "$name" = import_stream ] && dirs+=("$here/corpus/import")   # every import seed is a stream seed, delivered in order
+  if { [ "$name" = import ] || [ "$name" = import_stream ]; } && [ -x "$B/gen-corpus" ]; then
     mkdir -p "$work/seeds"
     if "$B/gen-corpus" "$work/seeds"; then dirs+=("$work/seeds"); else echo "note: gen-corpus failed; committed seeds only"; fi
   fi
