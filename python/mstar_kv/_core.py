@@ -256,8 +256,8 @@ class Arena:
         for i, (req, n) in enumerate(segs):
             if not isinstance(req, Request) or req.arena is not self:
                 raise ValueError("segment %d: %r is not a request of this arena" % (i, req))
-            arr[i].request.id = req.id
-            arr[i].n_tokens = n
+            e = arr[i]
+            e.request, e.n_tokens = req._c, n
         return arr, len(segs)
 
     def admit(self, segments):
@@ -337,10 +337,11 @@ class Arena:
 
 class Request:
     """A request handle (one KV stream) of an arena."""
-    __slots__ = ("_arena", "_id", "__weakref__")
+    __slots__ = ("_arena", "_id", "_c", "__weakref__")
 
     def __init__(self, arena, id):
         self._arena, self._id = arena, id
+        self._c = mskv_request(id)   # checked once: the handle as C takes it (passed by value)
 
     # read-only: a handle is hashed by both
     arena = property(lambda self: self._arena)
@@ -357,10 +358,11 @@ class Request:
 
     @property
     def _h(self):
-        return mskv_request(self.id)
+        return self._c
 
     def _call(self, function, *args):
-        self.arena._call(function, self.arena.ptr, self._h, *args)
+        arena = self._arena
+        arena._call(function, arena.ptr, self._c, *args)
 
     def info(self):
         s = mskv_request_info()
@@ -387,7 +389,7 @@ class Request:
     def pages(self):
         """The page table, [prefix pages][live pages], as a new int32 array."""
         count = ctypes.c_int32()
-        code = _ffi.lib.mskv_request_pages(self.arena.ptr, self._h, None, 0, byref(count))
+        code = _ffi.lib.mskv_request_pages(self._arena.ptr, self._c, None, 0, byref(count))
         if code not in (0, _CAPACITY):
             _check(code, "mskv_request_pages")
         out = np.zeros(count.value, dtype=np.int32)

@@ -652,10 +652,13 @@ def checked(name, fn, argtypes, params):
     type (see Structure); fn itself when it takes no integer."""
     specs = []
     for i, (t, (ctext, pname)) in enumerate(zip(argtypes, params)):
+        cname = ctext.replace("const", "").strip()
         if _is_int_type(t):
             lo, hi, _, _ = _int_limits(t)
-            cname = ctext.replace("const", "").strip()
             specs.append((i, lo, hi, "%s: %s" % (name, pname), cname))
+        elif t is c_void_p and "*" not in ctext:
+            # a handle typedef (mskv_cu_stream) a caller passes as an int: an address (None passes)
+            specs.append((i, 0, (1 << (8 * ctypes.sizeof(c_void_p))) - 1, "%s: %s" % (name, pname), cname))
     if not specs:
         return fn
     args = ", ".join("a%d" % i for i in range(len(argtypes)))
