@@ -203,3 +203,26 @@ def test_a_nested_struct_pins_on_the_struct_that_owns_its_memory():
     gc.collect()
     assert outer.store.pinned("pools") is not None and outer.store.pools == outer.store.pinned("pools").ctypes.data
     assert outer.pinned("pools") is None         # its own field of the same name is another one
+
+
+class _FakeDeviceArray:
+    """A device tensor as __cuda_array_interface__ describes one (never dereferenced here)."""
+
+    def __init__(self, shape, addr):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f2", "data": (addr, False), "version": 2}
+
+
+def test_a_device_prefix_view_owns_the_callers_tensors():
+    a, r = _rig()
+    st = object.__new__(mk.CudaStore)   # no GPU: prefix_view itself makes no C call
+    st._ptr, st._cuda, st._arenas, st._stream, st._dtype = None, None, (), None, "f16"
+    st._desc = _ffi.mskv_cuda_store_desc(num_layers=2, kv_heads=2, head_dim=8)
+    k, v = _FakeDeviceArray((2, 16, 2, 8), 0x10000), _FakeDeviceArray((2, 16, 2, 8), 0x20000)
+    view = st.prefix_view(r, k, v)
+    assert view._s.k == 0x10000 and view._s.v == 0x20000 and view._s.cap_tokens == 16
+    assert view._s.pinned("k").keep is k and view._s.pinned("v").keep is v
+    assert view.k is k and view.v is v
+    for name in ("k", "v", "arena", "request"):
+        with pytest.raises(AttributeError):
+            setattr(view, name, None)
+    a.close()
