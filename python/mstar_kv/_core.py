@@ -3,6 +3,7 @@ Arena, Request, Plan, Session, plus the window arithmetic (Schedule,
 Retention), RoPE and the CPU attention backend (Cpu)."""
 import collections
 import ctypes
+import types
 import weakref
 
 import numpy as np
@@ -154,7 +155,7 @@ class Arena:
             raise error_for(code, function, self._log_last if self._log_count != n else "")
 
     def close(self):
-        """Destroys the arena (pool views keep its memory until they are gone)."""
+        """Destroys the arena (pool views and sessions keep its memory until they are gone)."""
         # the last reference goes: destroyed now, or once the last pool view is gone
         self._h = None
 
@@ -255,8 +256,8 @@ class Arena:
         for i, (req, n) in enumerate(segs):
             if not isinstance(req, Request) or req.arena is not self:
                 raise ValueError("segment %d: %r is not a request of this arena" % (i, req))
-            arr[i].request.id = req.id
-            arr[i].n_tokens = n
+            e = arr[i]
+            e.request, e.n_tokens = req._c, n
         return arr, len(segs)
 
     def admit(self, segments):
@@ -286,7 +287,7 @@ class Arena:
         keep = None
         if dense_kv_len is not None:
             keep = np.ascontiguousarray(dense_kv_len, dtype=np.int64)
-            d.dense_kv_len = keep.ctypes.data
+            d.dense_kv_len = keep   # kept by d
         d.pos_mode = _enum(POS_MODES, pos, "pos")
         d.pos_offset = pos_offset
         if grid is not None:
@@ -312,7 +313,7 @@ class Arena:
         d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid, pad, exclude_prefix)
         self._call("mskv_plan_build", self.ptr, *self._segments(segments), byref(d), byref(plan._s))
         del keep
-        plan.pos_mode = d.pos_mode
+        plan._pos_mode = d.pos_mode
         return plan
 
     # -- CPU backend on this arena's host pools
@@ -336,10 +337,15 @@ class Arena:
 
 class Request:
     """A request handle (one KV stream) of an arena."""
-    __slots__ = ("arena", "id", "__weakref__")
+    __slots__ = ("_arena", "_id", "_c", "__weakref__")
 
     def __init__(self, arena, id):
-        self.arena, self.id = arena, id
+        self._arena, self._id = arena, id
+        self._c = mskv_request(id)   # checked once: the handle as C takes it (passed by value)
+
+    # read-only: a handle is hashed by both
+    arena = property(lambda self: self._arena)
+    id = property(lambda self: self._id)
 
     def __repr__(self):
         return "Request(id=0x%x)" % self.id
@@ -352,10 +358,11 @@ class Request:
 
     @property
     def _h(self):
-        return mskv_request(self.id)
+        return self._c
 
     def _call(self, function, *args):
-        self.arena._call(function, self.arena.ptr, self._h, *args)
+        arena = self._arena
+        arena._call(function, arena.ptr, self._c, *args)
 
     def info(self):
         s = mskv_request_info()
@@ -382,7 +389,7 @@ class Request:
     def pages(self):
         """The page table, [prefix pages][live pages], as a new int32 array."""
         count = ctypes.c_int32()
-        code = _ffi.lib.mskv_request_pages(self.arena.ptr, self._h, None, 0, byref(count))
+        code = _ffi.lib.mskv_request_pages(self._arena.ptr, self._c, None, 0, byref(count))
         if code not in (0, _CAPACITY):
             _check(code, "mskv_request_pages")
         out = np.zeros(count.value, dtype=np.int32)
@@ -464,14 +471,20 @@ class Plan:
 
     def __init__(self, cap_batch, cap_tokens, cap_page_ids):
         self._s = mskv_plan()
-        self.buffers = {}
+        # checked first (int32_t, >= 0), before anything is allocated from them
+        self._s.cap_batch, self._s.cap_tokens, self._s.cap_page_ids = cap_batch, cap_tokens, cap_page_ids
+        buffers = {}
         for name, dt, length in _PLAN_ARRAYS:
             a = np.zeros(max(length(cap_batch, cap_tokens, cap_page_ids), 1), dtype=dt)
-            setattr(self._s, name, a.ctypes.data)
+            setattr(self._s, name, a)   # the struct keeps the array it points into
             a.flags.writeable = False   # the plan is the library's output
-            self.buffers[name] = a
-        self._s.cap_batch, self._s.cap_tokens, self._s.cap_page_ids = cap_batch, cap_tokens, cap_page_ids
-        self.pos_mode = 0
+            buffers[name] = a
+        self._buffers = types.MappingProxyType(buffers)
+        self._pos_mode = 0
+
+    # read-only: the C struct points into these arrays, so none can be rebound or dropped
+    buffers = property(lambda self: self._buffers)
+    pos_mode = property(lambda self: self._pos_mode)   # what the last build planned positions for
 
     batch = property(lambda self: self._s.batch)
     total_q = property(lambda self: self._s.total_q)
@@ -569,6 +582,11 @@ class Retention:
             return getattr(self._s, name)
         raise AttributeError(name)
 
+    def __setattr__(self, name, value):
+        if name in dict(mskv_retention._fields_):
+            raise AttributeError("Retention.%s is read-only (a session copied the policy; make a new Retention)" % name)
+        object.__setattr__(self, name, value)
+
     def __repr__(self):
         return "Retention(%s)" % ", ".join("%s=%r" % (f, getattr(self._s, f)) for f, _ in mskv_retention._fields_)
 
@@ -590,33 +608,46 @@ class Session:
     """A windowed session: a request bound to a retention policy, doing the
     protect/release bookkeeping. begin_chunk, then per denoise step plan +
     write K/V + attend, then commit_chunk. As a context manager it aborts a
-    chunk left open by an exception, so its pages come back."""
+    chunk left open by an exception, so its pages come back. The C session
+    points at the C arena: it keeps it alive, and its calls raise once the
+    Arena is closed."""
 
     def __init__(self, arena, request, retention):
-        self.arena, self.request, self.retention = arena, request, retention
+        self._arena, self._request, self._retention = arena, request, retention
         self._s = mskv_session()
         arena._call("mskv_session_init", byref(self._s), arena.ptr, request._h, byref(retention._s))
+        self._s.arena = arena._h   # the same address; the struct now owns the arena it points at
+
+    # read-only: the C session is bound to these (the retention is copied into it)
+    arena = property(lambda self: self._arena)
+    request = property(lambda self: self._request)
+    retention = property(lambda self: self._retention)
+
+    def _open(self):
+        if self._arena._h is not self._s.pinned("arena"):
+            raise MskvError("the session's arena is closed")
+        return byref(self._s)
 
     chunk_tokens = property(lambda self: self._s.chunk_tokens)
     chunks_done = property(lambda self: self._s.chunks_done)
     released_total = property(lambda self: self._s.released_total)
 
     def begin_chunk(self, n_tokens):
-        self.arena._call("mskv_session_begin_chunk", byref(self._s), n_tokens)
+        self.arena._call("mskv_session_begin_chunk", self._open(), n_tokens)
 
     def plan(self, plan, pos="none", pos_offset=0, grid=None):
         d, _ = self.arena._plan_desc("self", None, None, pos, pos_offset, grid)
-        self.arena._call("mskv_session_plan", byref(self._s), byref(d), byref(plan._s))
-        plan.pos_mode = d.pos_mode
+        self.arena._call("mskv_session_plan", self._open(), byref(d), byref(plan._s))
+        plan._pos_mode = d.pos_mode
         return plan
 
     def commit_chunk(self):
         step = ctypes.c_uint64()
-        self.arena._call("mskv_session_commit_chunk", byref(self._s), byref(step))
+        self.arena._call("mskv_session_commit_chunk", self._open(), byref(step))
         return step.value
 
     def abort_chunk(self):
-        self.arena._call("mskv_session_abort_chunk", byref(self._s))
+        self.arena._call("mskv_session_abort_chunk", self._open())
 
     def __enter__(self):
         return self
@@ -635,8 +666,7 @@ class Rope:
 
     def __init__(self, mode="1d", style="half", theta=0.0, dims=(0, 0, 0)):
         dims = tuple(dims) + (0,) * (3 - len(dims))
-        self._s = mskv_rope(_enum(ROPE_STYLES, style, "style"), _enum(POS_MODES, mode, "mode"), theta,
-                            (ctypes.c_int32 * 3)(*dims))
+        self._s = mskv_rope(_enum(ROPE_STYLES, style, "style"), _enum(POS_MODES, mode, "mode"), theta, dims)
 
     mode = property(lambda self: self._s.mode)
 
@@ -736,22 +766,26 @@ class PrefixView:
     prefix_epoch; after the prefix changed (another length, a reload onto
     other pages, an import) check() and attention_dense raise
     StaleViewError until gather() refreshes it in place. (The GPU's
-    device-buffer view is CudaStore.prefix_view.)"""
+    device-buffer view is CudaStore.prefix_view.) arena, request, k and v
+    are read-only: the C view writes into k and v (its struct owns them)."""
 
     def __init__(self, arena, request, cap_tokens, group=0, _s=None, _k=None, _v=None):
-        self.arena, self.request = arena, request
-        if _s is not None:   # the device view: its buffers are the caller's tensors
-            self._s, self.k, self.v = _s, _k, _v
+        self._arena, self._request = arena, request
+        if _s is not None:   # the device view: its buffers are the caller's tensors (pinned by _s)
+            self._s, self._k, self._v = _s, _k, _v
             return
         i = arena._info
-        if cap_tokens < 0:
-            raise ValueError("prefix_view: cap_tokens must be >= 0")
-        shape = (i.num_layers, cap_tokens, i.kv_heads, i.head_dim)
-        self.k = np.zeros(shape, dtype=_NP_DTYPE[i.dtype])
-        self.v = np.zeros(shape, dtype=_NP_DTYPE[i.dtype])
         s = self._s = _ffi.mskv_prefix_view()
-        s.request.id, s.group, s.cap_tokens = request.id, group, cap_tokens
-        s.k, s.v = self.k.ctypes.data, self.v.ctypes.data
+        s.request.id, s.group, s.cap_tokens = request.id, group, cap_tokens   # checked (>= 0) before allocating
+        shape = (i.num_layers, cap_tokens, i.kv_heads, i.head_dim)
+        self._k = np.zeros(shape, dtype=_NP_DTYPE[i.dtype])
+        self._v = np.zeros(shape, dtype=_NP_DTYPE[i.dtype])
+        s.k, s.v = self._k, self._v   # the struct keeps the arrays it points into
+
+    arena = property(lambda self: self._arena)
+    request = property(lambda self: self._request)
+    k = property(lambda self: self._k)
+    v = property(lambda self: self._v)
 
     tokens = property(lambda self: self._s.tokens)        # the prefix gathered: tokens [0, tokens)
     epoch = property(lambda self: self._s.epoch)          # its prefix_epoch; 0: never gathered (or a failed refresh)
@@ -779,6 +813,7 @@ class PrefixView:
         kv = _ffi.mskv_dense_kv()
         _check(_ffi.lib.mskv_prefix_view_layer(byref(self._s), self.arena.ptr, layer, byref(kv)),
                "mskv_prefix_view_layer")
+        kv.view = self._s   # kv points into the view's buffers: it keeps them
         return kv
 
     def layer(self, layer):

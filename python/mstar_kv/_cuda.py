@@ -105,15 +105,22 @@ def _torch_stream(bufs):
 
 class DevicePlan:
     """A plan uploaded into the store's fixed device buffers (same addresses
-    every upload); the host Plan it came from gives the sizes."""
+    every upload); the host Plan it came from gives the sizes (read-only)."""
 
     def __init__(self, plan, s):
-        self.plan, self._s = plan, s
+        self._plan, self._s = plan, s
+
+    plan = property(lambda self: self._plan)
 
     def __getattr__(self, name):
         if name in dict(mskv_cuda_dplan._fields_):
             return getattr(self._s, name)
         raise AttributeError(name)
+
+    def __setattr__(self, name, value):
+        if name in dict(mskv_cuda_dplan._fields_):
+            raise AttributeError("DevicePlan.%s is read-only (the device buffers hold what the upload wrote)" % name)
+        object.__setattr__(self, name, value)
 
 
 class CudaStore:
@@ -125,7 +132,7 @@ class CudaStore:
 
     def __init__(self, cuda, num_pages, page_size, num_layers, kv_heads, head_dim, dtype="f16", pools=None,
                  max_batch=0, max_tokens=0, max_page_ids=0, staging_bytes=0, plan_ring=0):
-        self.cuda, self._ptr, self._arenas = cuda, None, weakref.WeakSet()
+        self._cuda, self._ptr, self._arenas = cuda, None, weakref.WeakSet()
         d = mskv_cuda_store_desc()
         d.num_pages, d.page_size, d.num_layers = num_pages, page_size, num_layers
         d.kv_heads, d.head_dim, d.dtype = kv_heads, head_dim, dtype_code(dtype)
@@ -136,13 +143,20 @@ class CudaStore:
         if pools is not None:
             self._pools = self._check_pools(pools, d)
             self._pool_ptrs = (ctypes.c_uint64 * (2 * num_layers))(*[b.ptr for pair in self._pools for b in pair])
-            d.pools = ctypes.cast(self._pool_ptrs, ctypes.c_void_p)
+            d.pools = self._pool_ptrs   # kept by d
         out = ctypes.c_void_p()
         cuda._call("mskv_cuda_store_create", cuda.ptr, byref(d), byref(out))
         self._ptr = out.value
         self._stream = None
-        self.desc = d
+        self._desc = d
         cuda._stores.add(self)
+
+    cuda = property(lambda self: self._cuda)   # the context the store lives in (read-only)
+
+    @property
+    def desc(self):
+        """A copy of the store's description (the shapes every call is checked against stay the store's)."""
+        return mskv_cuda_store_desc.from_buffer_copy(self._desc)
 
     def _check_pools(self, pools, d):
         pools = list(pools)
@@ -232,7 +246,7 @@ class CudaStore:
         """Scatters device k, v [total_q][kv_heads][head_dim] into layer's
         pools: f32, f16 or bf16 (k and v alike), converted on the device into
         the store's dtype (rounded to nearest even, as the CPU backend does)."""
-        d = self.desc
+        d = self._desc
         shape, layout = (dplan.total_q, d.kv_heads, d.head_dim), "[total_q][kv_heads][head_dim]"
         kb = self._device(k, "k", shape, layout, dtypes=_tensors.FLOATS + ("u16",))
         vb = self._device(v, "v", shape, layout, dtypes=_tensors.FLOATS + ("u16",))
@@ -247,7 +261,7 @@ class CudaStore:
     def attention(self, layer, dplan, q, out, lse=None, mask="none", window_left=0, scale=0.0):
         """Paged attention on the device: q, out [total_q][q_heads][head_dim]
         (the store's dtype, q 16-byte aligned), lse (optional) f32 [total_q][q_heads]."""
-        d, plan = self.desc, dplan.plan
+        d, plan = self._desc, dplan.plan
         layout = "[total_q][q_heads][head_dim]"
         qb = self._device(q, "q", (plan.total_q, None, d.head_dim), layout, align=16)
         if qb.shape[1] % d.kv_heads:
@@ -268,13 +282,13 @@ class CudaStore:
         ([num_layers][cap_tokens][kv_heads][head_dim], the store's dtype,
         16-byte aligned): gather() copies the prefix from the pools on the
         device (mskv_cuda_prefix_view_gather), attention_dense() reads it."""
-        d = self.desc
+        d = self._desc
         layout = "[num_layers][cap_tokens][kv_heads][head_dim]"
         kb = self._device(k, "k", (d.num_layers, None, d.kv_heads, d.head_dim), layout, writable=True, align=16)
         vb = self._device(v, "v", kb.shape, layout, writable=True, align=16)
         s = _ffi.mskv_prefix_view()
         s.request.id, s.group, s.cap_tokens = request.id, group, kb.shape[1]
-        s.k, s.v = kb.ptr, vb.ptr
+        s.k, s.v = kb, vb   # kept by s (the Bufs keep the tensors)
         view = PrefixView(request.arena, request, kb.shape[1], group, _s=s, _k=k, _v=v)
         view._store = self
         return view
@@ -282,7 +296,7 @@ class CudaStore:
     def attention_dense(self, view, layer, dplan, q, out, lse=None, mask="none", window_left=0, scale=0.0):
         """Attention over a device PrefixView's layer under dplan (a "prefix"
         plan, uploaded): the same arguments and results as attention()."""
-        d, plan = self.desc, dplan.plan
+        d, plan = self._desc, dplan.plan
         kv = view._dense(layer)
         layout = "[total_q][q_heads][head_dim]"
         qb = self._device(q, "q", (plan.total_q, None, d.head_dim), layout, align=16)
@@ -301,7 +315,7 @@ class CudaStore:
 
     def rope(self, rope, x, positions):
         """Rotates device x [n][heads][head_dim] in place at device int32 positions."""
-        xb = self._device(x, "x", (None, None, self.desc.head_dim), "[n][heads][head_dim]", writable=True)
+        xb = self._device(x, "x", (None, None, self._desc.head_dim), "[n][heads][head_dim]", writable=True)
         n = xb.shape[0]
         pb = self._device(positions, "positions", (n, 3) if rope.mode == 2 else (n,), "", dtypes=("i32",))
         self._follow(xb, pb)

@@ -9,9 +9,10 @@ compiler's. Adding a field to a mirror is one line in its _fields_."""
 import ctypes
 import glob
 import importlib.machinery
+import operator
 import os
 import re
-from ctypes import (Structure, c_char, c_char_p, c_double, c_float, c_int, c_int32, c_int64,
+from ctypes import (c_char, c_char_p, c_double, c_float, c_int, c_int32, c_int64,
                     c_size_t, c_uint32, c_uint64, c_void_p)
 
 # ---- constants (the test compares each with the header's value) -----------------
@@ -55,6 +56,117 @@ RESULTS = [
 ]
 CONSTANTS.update({name: value for value, name in RESULTS})
 CONSTANTS["MSKV_SUCCESS"] = 0
+
+# ---- checked integers, owned pointers ------------------------------------------------
+# ctypes converts a Python int into a C integer by truncation (2**32 + 1 into
+# an int32_t is 1, -1 into a size_t is SIZE_MAX) and keeps no reference to the
+# memory a pointer field is given. Every mirror below derives from this
+# Structure, and every function in `lib` is wrapped from its prototype, so an
+# integer that does not fit its C type raises (OverflowError; ValueError for a
+# negative value where C takes an unsigned one, or a field in _nonneg_) naming
+# the field or parameter, before anything is stored or called; and a pointer
+# field given an object (a NumPy array, a tensors.Buf, a ctypes object) keeps
+# that object alive as long as the struct holds its address.
+
+
+def _int_limits(t, nonneg=False):
+    bits = ctypes.sizeof(t) * 8
+    signed = t(-1).value < 0
+    name = "%sint%d_t" % ("" if signed else "u", bits)
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    return (0 if nonneg else lo), hi, name, signed
+
+
+def _is_int_type(t):
+    return isinstance(t, type) and issubclass(t, ctypes._SimpleCData) and t._type_ in "bBhHiIlLqQ"
+
+
+def _bad_int(value, lo, hi, where, cname):
+    """value as an int for a C integer in [lo, hi], or the error naming `where`."""
+    if value.__class__ is not int:
+        try:
+            value = operator.index(value)   # bool, NumPy integers
+        except TypeError:
+            return value                    # not an integer: ctypes raises its own TypeError
+        if lo <= value <= hi:
+            return int(value)
+    if value < 0 and lo == 0:
+        raise ValueError("%s: %d is negative; it must be >= 0 (%s)" % (where, value, cname))
+    raise OverflowError("%s: %d does not fit %s (%d to %d)" % (where, value, cname, lo, hi))
+
+
+def _address(value):
+    if isinstance(value, int):
+        return value
+    ai = getattr(value, "__array_interface__", None)
+    if ai is not None:
+        return ai["data"][0]
+    ptr = getattr(value, "ptr", None)        # a _tensors.Buf
+    if isinstance(ptr, int):
+        return ptr
+    return ctypes.cast(value, c_void_p).value
+
+
+_store = ctypes.Structure.__setattr__
+
+
+class Structure(ctypes.Structure):
+    """The base of every mirror: checked integer fields (a subclass's _nonneg_
+    names the signed ones that must be >= 0) and owning pointer fields."""
+    _ints_, _ptrs_, _arrays_ = {}, frozenset(), {}
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        nonneg = set(cls.__dict__.get("_nonneg_", ()))
+        ints, ptrs, arrays = {}, set(), {}
+        for name, t in cls.__dict__.get("_fields_", ()):
+            if _is_int_type(t):
+                lo, hi, cname, _ = _int_limits(t, name in nonneg)
+                ints[name] = (lo, hi, "%s.%s" % (cls.__name__, name), cname)
+            elif t is c_void_p:
+                ptrs.add(name)
+            elif issubclass(t, ctypes.Array) and _is_int_type(t._type_):
+                lo, hi, cname, _ = _int_limits(t._type_, name in nonneg)
+                arrays[name] = (t, lo, hi, "%s.%s" % (cls.__name__, name), cname)
+        unknown = nonneg - set(ints) - set(arrays)
+        if unknown:
+            raise TypeError("%s._nonneg_ names no integer field: %s" % (cls.__name__, ", ".join(sorted(unknown))))
+        cls._ints_, cls._ptrs_, cls._arrays_ = ints, frozenset(ptrs), arrays
+
+    def __setattr__(self, name, value):
+        spec = self._ints_.get(name)
+        if spec is not None:
+            if value.__class__ is not int or not spec[0] <= value <= spec[1]:
+                value = _bad_int(value, *spec)
+        elif name in self._ptrs_:
+            value = self._pin(name, value)
+        elif name in self._arrays_ and not isinstance(value, ctypes.Array):
+            t, lo, hi, where, cname = self._arrays_[name]
+            value = t(*[_bad_int(x, lo, hi, "%s[%d]" % (where, i), cname)
+                        if x.__class__ is not int or not lo <= x <= hi else x for i, x in enumerate(value)])
+        _store(self, name, value)
+
+    def _pin(self, name, value):
+        """The address to store; the object behind it is kept by the outermost
+        ctypes object this struct is part of (a nested struct is a view)."""
+        root = self
+        while root._b_base_ is not None:
+            root = root._b_base_
+        key = (ctypes.addressof(self) - ctypes.addressof(root), name)
+        pins = root.__dict__.setdefault("_pins_", {})
+        if value is None or value.__class__ is int:
+            pins.pop(key, None)     # a raw address: the caller keeps its memory
+            return value
+        pins[key] = value
+        return _address(value)
+
+    def pinned(self, name):
+        """The object whose memory pointer field `name` holds (None: a raw address or NULL)."""
+        root = self
+        while root._b_base_ is not None:
+            root = root._b_base_
+        return root.__dict__.get("_pins_", {}).get((ctypes.addressof(self) - ctypes.addressof(root), name))
+
 
 # ---- struct mirrors ---------------------------------------------------------------
 # Enums are C ints; function pointers and opaque pointers are c_void_p.
@@ -185,6 +297,7 @@ class mskv_segment(Structure):
 
 
 class mskv_plan_desc(Structure):
+    _nonneg_ = ("pad_batch", "pad_tokens", "pad_qo_len", "pad_kv_len")   # sizes; 0 = no padding
     _fields_ = [
         ("kind", c_int32),
         ("cross", mskv_request),
@@ -203,6 +316,7 @@ class mskv_plan_desc(Structure):
 
 
 class mskv_plan(Structure):
+    _nonneg_ = ("cap_batch", "cap_tokens", "cap_page_ids")   # capacities the caller's buffers have
     _fields_ = [
         ("batch", c_int32), ("total_q", c_int32), ("num_page_ids", c_int32), ("page_size", c_int32),
         ("qo_indptr", c_void_p),
@@ -236,6 +350,7 @@ class mskv_plan_size(Structure):
 
 
 class mskv_prefix_view(Structure):
+    _nonneg_ = ("cap_tokens",)   # the capacity of the caller's buffers
     _fields_ = [
         ("request", mskv_request),
         ("group", c_int32),
@@ -520,6 +635,54 @@ def parse_declarations(text=DECLARATIONS):
     return out
 
 
+def parameters(text=DECLARATIONS):
+    """{name: [(C type, parameter name), ...]} from the C declarations."""
+    out = {}
+    for decl in text.split(";"):
+        m = _DECL.match(decl.replace("\n", " ")) if decl.strip() else None
+        if m:
+            params = [p.strip() for p in m.group("params").split(",") if p.strip() not in ("", "void")]
+            out[m.group("name")] = [(re.sub(r"\w+$", "", p).strip(), re.search(r"\w+$", p).group(0))
+                                    for p in params]
+    return out
+
+
+def checked(name, fn, argtypes, params):
+    """fn, called through a check of every integer argument against its C
+    type (see Structure); fn itself when it takes no integer."""
+    specs = []
+    for i, (t, (ctext, pname)) in enumerate(zip(argtypes, params)):
+        cname = ctext.replace("const", "").strip()
+        if _is_int_type(t):
+            lo, hi, _, _ = _int_limits(t)
+            specs.append((i, lo, hi, "%s: %s" % (name, pname), cname))
+        elif t is c_void_p and "*" not in ctext:
+            # a handle typedef (mskv_cu_stream) a caller passes as an int: an address (None passes)
+            specs.append((i, 0, (1 << (8 * ctypes.sizeof(c_void_p))) - 1, "%s: %s" % (name, pname), cname))
+    if not specs:
+        return fn
+    args = ", ".join("a%d" % i for i in range(len(argtypes)))
+    # generated so that the common case (an int in range) costs one comparison per integer
+    src = ["def %s(%s):" % (name, args)]
+    for i, lo, hi, where, cname in specs:
+        src.append("    if a%d.__class__ is not int or not %d <= a%d <= %d: a%d = _bad(a%d, *_s%d)"
+                   % (i, lo, i, hi, i, i, i))
+    src.append("    return _fn(%s)" % args)
+    env = {"_fn": fn, "_bad": _bad_int}
+    env.update({"_s%d" % i: (lo, hi, where, cname) for i, lo, hi, where, cname in specs})
+    exec("\n".join(src), env)
+    w = env[name]
+    w.raw, w.argtypes, w.restype, w.checks = fn, fn.argtypes, fn.restype, tuple(specs)
+    return w
+
+
+class _Lib:
+    """The library's functions, each checked (see checked()); .raw is the ctypes.CDLL."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+
 # ---- loading ------------------------------------------------------------------------
 
 def _packaged_library():
@@ -542,7 +705,7 @@ def _load():
     except OSError as e:
         raise ImportError("mstar_kv: cannot load the library %s (MSKV_LIBRARY=%s): %s"
                           % (path, os.environ.get("MSKV_LIBRARY", ""), e)) from None
-    missing = []
+    missing, checked_lib, params = [], _Lib(lib), parameters()
     for name, (restype, argtypes) in parse_declarations().items():
         try:
             fn = getattr(lib, name)
@@ -551,10 +714,11 @@ def _load():
             continue
         fn.restype = restype
         fn.argtypes = argtypes
+        setattr(checked_lib, name, checked(name, fn, argtypes, params[name]))
     if missing:
         raise ImportError("mstar_kv: %s does not export %s (built from other headers?)"
                           % (path, ", ".join(missing)))
-    return lib, path
+    return checked_lib, path
 
 
 lib, library_path = _load()

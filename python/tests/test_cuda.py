@@ -54,7 +54,7 @@ class _TorchLikeStream:
 
 def test_set_stream_maps_the_default_stream_to_legacy_and_none_to_the_stores_own():
     st = object.__new__(mk.CudaStore)
-    st._ptr, st.cuda = 0x1234, _Recorder()
+    st._ptr, st._cuda = 0x1234, _Recorder()
     st.set_stream(_TorchLikeStream(0))          # torch's default stream is handle 0
     st.set_stream(_TorchLikeStream(0xBEEF))
     st.set_stream(0xCAFE)
