@@ -474,9 +474,11 @@ MSKV_API mskv_result mskv_request_pages(mskv_arena *arena, mskv_request req, int
    the prefix pages cannot change: RELEASED (n reaches released tokens) or
    BAD_STATE (n would unprotect pages in front of the released ones). */
 MSKV_API mskv_result mskv_request_protect_prefix(mskv_arena *arena, mskv_request req, int64_t n);
-/* Release the n oldest live tokens: the release point is live_start + n.
-   Only pages whose every slot lies before it are freed (page floor), the
-   table is front-compacted to [prefix pages][live pages], and *released
+/* Release the n oldest still-visible live tokens: the release point moves on
+   by n from where the previous release left it (live_start when none), so
+   twelve release_oldest(1) calls hide twelve tokens. Only pages whose
+   every slot lies before it are freed (page floor), the table is
+   front-compacted to [prefix pages][live pages], and *released
    (optional) gets the tokens actually freed (a multiple of page_size).
    The release point itself is kept token-exact (mskv_request_info.
    release_point: it never moves back, and a protect that moves the prefix
@@ -2573,26 +2575,38 @@ MSKV_IMPL mskv_result mskv_request_protect_prefix(mskv_arena *a, mskv_request h,
     return mskv_request_protect_prefix_in_group(a, h, 0, n);
 }
 
-static int64_t mskv__release(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
+/* Where the still-visible live tokens start: the previous release point, or
+   live_start when nothing was released since the prefix last moved. */
+static int64_t mskv__visible_start(const mskv__tab *t) {
+    return t->release_point > t->live_start ? t->release_point : t->live_start;
+}
+
+/* Move group g's release point to absolute position point (never back) and
+   free the pages whole behind it; returns the tokens freed. */
+static int64_t mskv__release_to(mskv_arena *a, int32_t ri, int32_t g, int64_t point) {
     mskv__tab *t = &a->reqs[ri].t[g];
-    int64_t point = t->live_start + n;
     int32_t count = (int32_t)(point / a->P - t->live_start / a->P);
-    if (n > 0 && point > t->release_point) t->release_point = point;  /* exact, even where no page goes */
+    if (point > mskv__visible_start(t)) t->release_point = point;  /* exact, even where no page goes */
     if (count <= 0) return 0;
     mskv__drop_pages(a, ri, g, t->prefix_pages, count);
     t->live_start += (int64_t)count * a->P;
     return (int64_t)count * a->P;
 }
 
+/* Release the n oldest still-visible tokens of group g. */
+static int64_t mskv__release(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
+    return mskv__release_to(a, ri, g, mskv__visible_start(&a->reqs[ri].t[g]) + n);
+}
+
 /* What release_oldest(n) of group g checks, without the lockstep rule. */
 static mskv_result mskv__check_release(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
     const mskv__req *q = &a->reqs[ri];
-    int64_t live = q->committed - q->t[g].live_start;
+    int64_t live = q->committed - mskv__visible_start(&q->t[g]);
     mskv_result r = mskv__check_mutable(a, q, "release");
     if (live < 0) live = 0;
     if (r == MSKV_SUCCESS && n < 0) r = mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "release: negative count");
     if (r == MSKV_SUCCESS && n > live)
-        r = mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "release %lld: only %lld committed live tokens", (long long)n,
+        r = mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "release %lld: only %lld committed tokens are still visible", (long long)n,
                       (long long)live);
     return r;
 }
@@ -3766,7 +3780,7 @@ static void mskv__apply_retention(mskv_arena *a, int32_t ri, int32_t g) {
     keep_from = sink + skip;
     live = q->committed - t->live_start;
     if (keep_from > t->live_start && live > 0)
-        (void)mskv__release(a, ri, g, keep_from - t->live_start < live ? keep_from - t->live_start : live);
+        (void)mskv__release_to(a, ri, g, keep_from < q->committed ? keep_from : q->committed);
 }
 
 MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int32_t n, uint64_t *step_out) {
