@@ -993,7 +993,9 @@ MSKV_API mskv_result mskv_keyed_remove(mskv_arena *arena, uint64_t key);
    protect/release bookkeeping. begin_chunk reserves a chunk's tokens (admit);
    the model writes K/V through mskv_session_plan's slots and attends; after
    the last denoise step, commit_chunk commits, protects the sink once it is
-   complete and releases what fell out of the window. */
+   complete and releases what fell out of the window: commit and publish
+   under one lock, all or nothing (on an error the chunk stays open and
+   neither the arena nor the session changed). */
 typedef struct mskv_session {
     mskv_arena *arena;
     mskv_request request;
@@ -3726,20 +3728,21 @@ static mskv_result mskv__check_open(mskv_arena *a, const mskv_segment *segs, int
     return r;
 }
 
+static void mskv__commit_one(mskv__req *q) {
+    q->committed += q->reserved;
+    q->reserved = 0;
+    q->has_res = 0;
+    q->pos_shift += q->pos_pending;   /* the custom position advance takes effect after the chunk */
+    q->pos_pending = 0;
+}
+
 MSKV_IMPL mskv_result mskv_commit(mskv_arena *a, const mskv_segment *segs, int32_t n) {
     int32_t i;
     mskv_result r;
     MSKV__CHECK_SEGS(a, segs, n);
     MSKV__LOCK(a);
     r = mskv__check_open(a, segs, n, "commit");
-    for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
-        mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
-        q->committed += q->reserved;
-        q->reserved = 0;
-        q->has_res = 0;
-        q->pos_shift += q->pos_pending;   /* the custom position advance takes effect after the chunk */
-        q->pos_pending = 0;
-    }
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) mskv__commit_one(&a->reqs[mskv__lookup(a, segs[i].request)]);
     MSKV__UNLOCK(a);
     return r;
 }
@@ -3783,15 +3786,19 @@ static void mskv__apply_retention(mskv_arena *a, int32_t ri, int32_t g) {
         (void)mskv__release_to(a, ri, g, keep_from < q->committed ? keep_from : q->committed);
 }
 
-MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int32_t n, uint64_t *step_out) {
-    int32_t i, g;
-    mskv_result r;
-    MSKV__CHECK_SEGS(a, segs, n);
-    MSKV__LOCK(a);
-    r = mskv__resolve(a, segs, n, 1, "publish");
+/* What publish checks; nothing it does after them can fail. */
+static mskv_result mskv__check_publish(mskv_arena *a, const mskv_segment *segs, int32_t n) {
+    int32_t i;
+    mskv_result r = mskv__resolve(a, segs, n, 1, "publish");
     for (i = 0; r == MSKV_SUCCESS && i < n; i++)
         if (a->reqs[mskv__lookup(a, segs[i].request)].location != MSKV_RESIDENT)
             r = mskv__err(a, MSKV_ERROR_OFFLOADED, "publish: segment %d's request is offloaded", (int)i);
+    return r;
+}
+
+/* Publish a checked batch (r: mskv__check_publish's verdict; returned). */
+static mskv_result mskv__publish_checked(mskv_arena *a, const mskv_segment *segs, int32_t n, uint64_t *step_out, mskv_result r) {
+    int32_t i, g;
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
         int32_t ri = mskv__lookup(a, segs[i].request);
         mskv__req *q = &a->reqs[ri];
@@ -3813,6 +3820,14 @@ MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int3
         a->step++;
         if (a->desc.retire_mode == MSKV_RETIRE_IMMEDIATE) a->completed = a->step - 1;
     }
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int32_t n, uint64_t *step_out) {
+    mskv_result r;
+    MSKV__CHECK_SEGS(a, segs, n);
+    MSKV__LOCK(a);
+    r = mskv__publish_checked(a, segs, n, step_out, mskv__check_publish(a, segs, n));
     MSKV__UNLOCK(a);
     return r;
 }
@@ -4573,25 +4588,33 @@ MSKV_IMPL mskv_result mskv_session_plan(mskv_session *s, const mskv_plan_desc *d
     return mskv_plan_build(s->arena, &seg, 1, desc, plan);
 }
 
+/* Commit and publish under one lock, every check of both first: a failed
+   call changes neither the arena nor the session (the chunk stays open). */
 MSKV_IMPL mskv_result mskv_session_commit_chunk(mskv_session *s, uint64_t *step_out) {
     mskv_segment seg;
-    mskv_request_info before, after;
+    mskv_arena *a;
+    const mskv__tab *t;
+    int64_t before;
     mskv_result r;
     if (!s || !s->arena) return MSKV_ERROR_NULL_POINTER;
     if (s->chunk_tokens == 0) return MSKV_ERROR_NO_RESERVATION;
+    a = s->arena;
     seg.request = s->request;
     seg.n_tokens = s->chunk_tokens;
-    memset(&before, 0, sizeof before);
-    memset(&after, 0, sizeof after);
-    r = mskv_request_info_get(s->arena, s->request, &before);
-    if (r == MSKV_SUCCESS) r = mskv_commit(s->arena, &seg, 1);
-    if (r != MSKV_SUCCESS) return r;
-    s->chunk_tokens = 0;
-    s->chunks_done++;
-    r = mskv_publish(s->arena, &seg, 1, step_out);
-    if (r == MSKV_SUCCESS && mskv_request_info_get(s->arena, s->request, &after) == MSKV_SUCCESS)
-        s->released_total += (after.live_start - after.prefix_pages * (int64_t)s->arena->P) -
-                             (before.live_start - before.prefix_pages * (int64_t)s->arena->P);
+    MSKV__LOCK(a);
+    r = mskv__check_open(a, &seg, 1, "session commit");
+    if (r == MSKV_SUCCESS) r = mskv__check_publish(a, &seg, 1);
+    if (r == MSKV_SUCCESS) {
+        t = &a->reqs[mskv__lookup(a, seg.request)].t[0];
+        before = t->live_start - (int64_t)t->prefix_pages * a->P;
+        mskv__commit_one(&a->reqs[mskv__lookup(a, seg.request)]);
+        r = mskv__publish_checked(a, &seg, 1, step_out, r);
+        MSKV_ASSERT(r == MSKV_SUCCESS);   /* checked above, under the same lock */
+        s->released_total += (t->live_start - (int64_t)t->prefix_pages * a->P) - before;
+        s->chunk_tokens = 0;
+        s->chunks_done++;
+    }
+    MSKV__UNLOCK(a);
     return r;
 }
 
