@@ -681,7 +681,8 @@ MSKV_API mskv_result mskv_schedule_decode_span(const mskv_schedule *s, int64_t k
 
 /* Chunk-window retention: keep `sink_chunks` leading chunks and the last
    `window_chunks` chunks (window_tokens must equal window_chunks*chunk_size,
-   or be 0 = derive it). */
+   or be 0 = derive it). A window of 0 chunks keeps only the sink (and the
+   chunk still being filled), as reset_at_boundary does. */
 typedef struct mskv_retention {
     int64_t chunk_size;
     int64_t sink_chunks;
@@ -3518,7 +3519,6 @@ static mskv_result mskv__retention_check(const mskv_retention *r, int32_t page_s
     if (!r) return MSKV_ERROR_NULL_POINTER;
     if (r->chunk_size <= 0) { mskv__why(why, cap, "chunk_size must be positive (got %lld)", (long long)r->chunk_size); return MSKV_ERROR_INVALID_SPEC; }
     if (r->sink_chunks < 0 || r->window_chunks < 0) { mskv__why(why, cap, "sink_chunks and window_chunks must not be negative"); return MSKV_ERROR_INVALID_SPEC; }
-    if (!r->reset_at_boundary && r->window_chunks < 1) { mskv__why(why, cap, "window_chunks must be at least 1 without reset_at_boundary"); return MSKV_ERROR_INVALID_SPEC; }
     if (r->chunk_size > ((int64_t)1 << 40) || r->sink_chunks > ((int64_t)1 << 20) || r->window_chunks > ((int64_t)1 << 20)) {
         mskv__why(why, cap, "chunk_size, sink_chunks or window_chunks is too large");
         return MSKV_ERROR_INVALID_SPEC;

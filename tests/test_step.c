@@ -925,6 +925,59 @@ TEST(windowed_session_in_reset_mode_keeps_only_the_sink_after_each_chunk) {
     mskv_arena_destroy(a);
 }
 
+/* A sliding window of 0 chunks without reset is the design's eviction function
+   with nothing kept after the sink: skipped = (n - sink) snapped down to a
+   chunk boundary, the same as reset_at_boundary. It used to be refused
+   (INVALID_SPEC); now a session under it keeps what reset mode keeps, step
+   for step, on pages that chunks and the sink end inside. */
+TEST(window_of_zero_chunks_without_reset_keeps_only_the_sink_like_reset_mode) {
+    static const int64_t sizes[] = {6, 3, 3, 6, 2, 4, 1, 5};
+    mskv_request r0, r1;
+    mskv_session s0, s1;
+    mskv_retention zero, reset;
+    int chunk;
+    mskv_arena *a = mts_make(64, 4), *b = mts_make(64, 4);
+    ASSERT_TRUE(a != NULL && b != NULL);
+    memset(&zero, 0, sizeof zero);
+    zero.chunk_size = 6; zero.sink_chunks = 1; zero.window_chunks = 0;
+    reset = zero;
+    reset.reset_at_boundary = 1;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_retention_validate(&zero, 4, NULL, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(b, &r1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_session_init(&s0, a, r0, &zero));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_session_init(&s1, b, r1, &reset));
+    for (chunk = 0; chunk < 120; chunk++) {
+        int64_t n = sizes[chunk % 8], skipped = -1, sink = 6, after;
+        mskv_request_info i0, i1;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_begin_chunk(&s0, n));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_begin_chunk(&s1, n));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_commit_chunk(&s0, NULL));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_commit_chunk(&s1, NULL));
+        i0 = mts_info(a, r0);
+        i1 = mts_info(b, r1);
+        /* the design's function, written out */
+        after = i0.committed - sink;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_skipped_tokens_get(&zero, i0.committed, &skipped));
+        EXPECT_EQ(after <= 0 ? 0 : after / 6 * 6, skipped);
+        if (i0.committed >= sink) {
+            EXPECT_EQ(sink, i0.prefix_tokens);
+            if (skipped > 0) EXPECT_EQ(sink + skipped, i0.release_point);   /* exactly the sink stays visible, and the open chunk */
+        }
+        EXPECT_EQ(i1.committed, i0.committed);
+        EXPECT_EQ(i1.kv_len, i0.kv_len);
+        EXPECT_EQ(i1.num_pages, i0.num_pages);
+        EXPECT_EQ(i1.live_start, i0.live_start);
+        EXPECT_EQ(i1.release_point, i0.release_point);
+        EXPECT_EQ(s1.released_total, s0.released_total);
+        ASSERT_LE(i0.num_pages, 2 + 3);   /* the sink's 2 pages + at most 6 + 5 tokens across pages */
+        if (!mtu_audit(a) || !mtu_audit(b)) break;
+    }
+    EXPECT_LT(0, s0.released_total);
+    mskv_arena_destroy(a);
+    mskv_arena_destroy(b);
+}
+
 TEST(retention_policy_travels_with_an_exported_request) {
     mskv_request r, y;
     mskv_retention ret;
