@@ -481,9 +481,11 @@ MSKV_API mskv_result mskv_request_pages(mskv_arena *arena, mskv_request req, int
    the prefix pages cannot change: RELEASED (n reaches released tokens) or
    BAD_STATE (n would unprotect pages in front of the released ones). */
 MSKV_API mskv_result mskv_request_protect_prefix(mskv_arena *arena, mskv_request req, int64_t n);
-/* Release the n oldest live tokens: the release point is live_start + n.
-   Only pages whose every slot lies before it are freed (page floor), the
-   table is front-compacted to [prefix pages][live pages], and *released
+/* Release the n oldest still-visible live tokens: the release point moves on
+   by n from where the previous release left it (live_start when none), so
+   twelve release_oldest(1) calls hide twelve tokens. Only pages whose
+   every slot lies before it are freed (page floor), the table is
+   front-compacted to [prefix pages][live pages], and *released
    (optional) gets the tokens actually freed (a multiple of page_size).
    The release point itself is kept token-exact (mskv_request_info.
    release_point: it never moves back, and a protect that moves the prefix
@@ -698,7 +700,8 @@ MSKV_API mskv_result mskv_schedule_decode_span(const mskv_schedule *s, int64_t k
 
 /* Chunk-window retention: keep `sink_chunks` leading chunks and the last
    `window_chunks` chunks (window_tokens must equal window_chunks*chunk_size,
-   or be 0 = derive it). */
+   or be 0 = derive it). A window of 0 chunks keeps only the sink (and the
+   chunk still being filled), as reset_at_boundary does. */
 typedef struct mskv_retention {
     int64_t chunk_size;
     int64_t sink_chunks;
@@ -1012,7 +1015,9 @@ MSKV_API mskv_result mskv_keyed_remove(mskv_arena *arena, uint64_t key);
    protect/release bookkeeping. begin_chunk reserves a chunk's tokens (admit);
    the model writes K/V through mskv_session_plan's slots and attends; after
    the last denoise step, commit_chunk commits, protects the sink once it is
-   complete and releases what fell out of the window. */
+   complete and releases what fell out of the window: commit and publish
+   under one lock, all or nothing (on an error the chunk stays open and
+   neither the arena nor the session changed). */
 typedef struct mskv_session {
     mskv_arena *arena;
     mskv_request request;
@@ -2596,26 +2601,38 @@ MSKV_IMPL mskv_result mskv_request_protect_prefix(mskv_arena *a, mskv_request h,
     return mskv_request_protect_prefix_in_group(a, h, 0, n);
 }
 
-static int64_t mskv__release(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
+/* Where the still-visible live tokens start: the previous release point, or
+   live_start when nothing was released since the prefix last moved. */
+static int64_t mskv__visible_start(const mskv__tab *t) {
+    return t->release_point > t->live_start ? t->release_point : t->live_start;
+}
+
+/* Move group g's release point to absolute position point (never back) and
+   free the pages whole behind it; returns the tokens freed. */
+static int64_t mskv__release_to(mskv_arena *a, int32_t ri, int32_t g, int64_t point) {
     mskv__tab *t = &a->reqs[ri].t[g];
-    int64_t point = t->live_start + n;
     int32_t count = (int32_t)(point / a->P - t->live_start / a->P);
-    if (n > 0 && point > t->release_point) t->release_point = point;  /* exact, even where no page goes */
+    if (point > mskv__visible_start(t)) t->release_point = point;  /* exact, even where no page goes */
     if (count <= 0) return 0;
     mskv__drop_pages(a, ri, g, t->prefix_pages, count);
     t->live_start += (int64_t)count * a->P;
     return (int64_t)count * a->P;
 }
 
+/* Release the n oldest still-visible tokens of group g. */
+static int64_t mskv__release(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
+    return mskv__release_to(a, ri, g, mskv__visible_start(&a->reqs[ri].t[g]) + n);
+}
+
 /* What release_oldest(n) of group g checks, without the lockstep rule. */
 static mskv_result mskv__check_release(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
     const mskv__req *q = &a->reqs[ri];
-    int64_t live = q->committed - q->t[g].live_start;
+    int64_t live = q->committed - mskv__visible_start(&q->t[g]);
     mskv_result r = mskv__check_mutable(a, q, "release");
     if (live < 0) live = 0;
     if (r == MSKV_SUCCESS && n < 0) r = mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "release: negative count");
     if (r == MSKV_SUCCESS && n > live)
-        r = mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "release %lld: only %lld committed live tokens", (long long)n,
+        r = mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "release %lld: only %lld committed tokens are still visible", (long long)n,
                       (long long)live);
     return r;
 }
@@ -3532,7 +3549,6 @@ static mskv_result mskv__retention_check(const mskv_retention *r, int32_t page_s
     if (!r) return MSKV_ERROR_NULL_POINTER;
     if (r->chunk_size <= 0) { mskv__why(why, cap, "chunk_size must be positive (got %lld)", (long long)r->chunk_size); return MSKV_ERROR_INVALID_SPEC; }
     if (r->sink_chunks < 0 || r->window_chunks < 0) { mskv__why(why, cap, "sink_chunks and window_chunks must not be negative"); return MSKV_ERROR_INVALID_SPEC; }
-    if (!r->reset_at_boundary && r->window_chunks < 1) { mskv__why(why, cap, "window_chunks must be at least 1 without reset_at_boundary"); return MSKV_ERROR_INVALID_SPEC; }
     if (r->chunk_size > ((int64_t)1 << 40) || r->sink_chunks > ((int64_t)1 << 20) || r->window_chunks > ((int64_t)1 << 20)) {
         mskv__why(why, cap, "chunk_size, sink_chunks or window_chunks is too large");
         return MSKV_ERROR_INVALID_SPEC;
@@ -3743,20 +3759,21 @@ static mskv_result mskv__check_open(mskv_arena *a, const mskv_segment *segs, int
     return r;
 }
 
+static void mskv__commit_one(mskv__req *q) {
+    q->committed += q->reserved;
+    q->reserved = 0;
+    q->has_res = 0;
+    q->pos_shift += q->pos_pending;   /* the custom position advance takes effect after the chunk */
+    q->pos_pending = 0;
+}
+
 MSKV_IMPL mskv_result mskv_commit(mskv_arena *a, const mskv_segment *segs, int32_t n) {
     int32_t i;
     mskv_result r;
     MSKV__CHECK_SEGS(a, segs, n);
     MSKV__LOCK(a);
     r = mskv__check_open(a, segs, n, "commit");
-    for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
-        mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
-        q->committed += q->reserved;
-        q->reserved = 0;
-        q->has_res = 0;
-        q->pos_shift += q->pos_pending;   /* the custom position advance takes effect after the chunk */
-        q->pos_pending = 0;
-    }
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) mskv__commit_one(&a->reqs[mskv__lookup(a, segs[i].request)]);
     MSKV__UNLOCK(a);
     return r;
 }
@@ -3797,18 +3814,22 @@ static void mskv__apply_retention(mskv_arena *a, int32_t ri, int32_t g) {
     keep_from = sink + skip;
     live = q->committed - t->live_start;
     if (keep_from > t->live_start && live > 0)
-        (void)mskv__release(a, ri, g, keep_from - t->live_start < live ? keep_from - t->live_start : live);
+        (void)mskv__release_to(a, ri, g, keep_from < q->committed ? keep_from : q->committed);
 }
 
-MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int32_t n, uint64_t *step_out) {
-    int32_t i, g;
-    mskv_result r;
-    MSKV__CHECK_SEGS(a, segs, n);
-    MSKV__LOCK(a);
-    r = mskv__resolve(a, segs, n, 1, "publish");
+/* What publish checks; nothing it does after them can fail. */
+static mskv_result mskv__check_publish(mskv_arena *a, const mskv_segment *segs, int32_t n) {
+    int32_t i;
+    mskv_result r = mskv__resolve(a, segs, n, 1, "publish");
     for (i = 0; r == MSKV_SUCCESS && i < n; i++)
         if (a->reqs[mskv__lookup(a, segs[i].request)].location != MSKV_RESIDENT)
             r = mskv__err(a, MSKV_ERROR_OFFLOADED, "publish: segment %d's request is offloaded", (int)i);
+    return r;
+}
+
+/* Publish a checked batch (r: mskv__check_publish's verdict; returned). */
+static mskv_result mskv__publish_checked(mskv_arena *a, const mskv_segment *segs, int32_t n, uint64_t *step_out, mskv_result r) {
+    int32_t i, g;
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
         int32_t ri = mskv__lookup(a, segs[i].request);
         mskv__req *q = &a->reqs[ri];
@@ -3830,6 +3851,14 @@ MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int3
         a->step++;
         if (a->desc.retire_mode == MSKV_RETIRE_IMMEDIATE) a->completed = a->step - 1;
     }
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_publish(mskv_arena *a, const mskv_segment *segs, int32_t n, uint64_t *step_out) {
+    mskv_result r;
+    MSKV__CHECK_SEGS(a, segs, n);
+    MSKV__LOCK(a);
+    r = mskv__publish_checked(a, segs, n, step_out, mskv__check_publish(a, segs, n));
     MSKV__UNLOCK(a);
     return r;
 }
@@ -4594,25 +4623,33 @@ MSKV_IMPL mskv_result mskv_session_plan(mskv_session *s, const mskv_plan_desc *d
     return mskv_plan_build(s->arena, &seg, 1, desc, plan);
 }
 
+/* Commit and publish under one lock, every check of both first: a failed
+   call changes neither the arena nor the session (the chunk stays open). */
 MSKV_IMPL mskv_result mskv_session_commit_chunk(mskv_session *s, uint64_t *step_out) {
     mskv_segment seg;
-    mskv_request_info before, after;
+    mskv_arena *a;
+    const mskv__tab *t;
+    int64_t before;
     mskv_result r;
     if (!s || !s->arena) return MSKV_ERROR_NULL_POINTER;
     if (s->chunk_tokens == 0) return MSKV_ERROR_NO_RESERVATION;
+    a = s->arena;
     seg.request = s->request;
     seg.n_tokens = s->chunk_tokens;
-    memset(&before, 0, sizeof before);
-    memset(&after, 0, sizeof after);
-    r = mskv_request_info_get(s->arena, s->request, &before);
-    if (r == MSKV_SUCCESS) r = mskv_commit(s->arena, &seg, 1);
-    if (r != MSKV_SUCCESS) return r;
-    s->chunk_tokens = 0;
-    s->chunks_done++;
-    r = mskv_publish(s->arena, &seg, 1, step_out);
-    if (r == MSKV_SUCCESS && mskv_request_info_get(s->arena, s->request, &after) == MSKV_SUCCESS)
-        s->released_total += (after.live_start - after.prefix_pages * (int64_t)s->arena->P) -
-                             (before.live_start - before.prefix_pages * (int64_t)s->arena->P);
+    MSKV__LOCK(a);
+    r = mskv__check_open(a, &seg, 1, "session commit");
+    if (r == MSKV_SUCCESS) r = mskv__check_publish(a, &seg, 1);
+    if (r == MSKV_SUCCESS) {
+        t = &a->reqs[mskv__lookup(a, seg.request)].t[0];
+        before = t->live_start - (int64_t)t->prefix_pages * a->P;
+        mskv__commit_one(&a->reqs[mskv__lookup(a, seg.request)]);
+        r = mskv__publish_checked(a, &seg, 1, step_out, r);
+        MSKV_ASSERT(r == MSKV_SUCCESS);   /* checked above, under the same lock */
+        s->released_total += (t->live_start - (int64_t)t->prefix_pages * a->P) - before;
+        s->chunk_tokens = 0;
+        s->chunks_done++;
+    }
+    MSKV__UNLOCK(a);
     return r;
 }
 

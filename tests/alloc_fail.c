@@ -88,13 +88,20 @@ static void af_broke(af_run *run, const char *fmt, const char *call, mskv_result
     snprintf(run->what, sizeof run->what, fmt, call, (int)r, mskv_result_string(r));
 }
 
+/* The scenario's session once it exists: a failed call leaves it as it was too. */
+static const mskv_session *af_watch;
+
 /* One call of the scenario: when an allocation was refused during it, it
    must have failed, changed nothing, and succeed on a retry. */
 static int af_step(af_run *run, mskv_arena *a, const char *call, mskv_result (*fn)(void *), void *ctx) {
     uint64_t d = a ? mskv_arena_digest(a) : 0;
     long failed_before = af.failed;
-    mskv_result r = fn(ctx);
+    mskv_session was;
+    mskv_result r;
     char why[256];
+    if (af_watch) was = *af_watch;
+    else memset(&was, 0, sizeof was);
+    r = fn(ctx);
     run->steps++;
     if (af.failed == failed_before) {
         if (r != MSKV_SUCCESS) { af_broke(run, "%s failed without a refused allocation: %d %s", call, r); return 0; }
@@ -104,6 +111,7 @@ static int af_step(af_run *run, mskv_arena *a, const char *call, mskv_result (*f
     if (r == MSKV_SUCCESS) { af_broke(run, "%s reported success after a refused allocation (%d %s)", call, r); return 0; }
     if (r != MSKV_ERROR_OUT_OF_MEMORY && r != MSKV_ERROR_CUDA) { af_broke(run, "%s: %d %s instead of OUT_OF_MEMORY", call, r); return 0; }
     if (a && mskv_arena_digest(a) != d) { af_broke(run, "%s failed (%d %s) and changed the arena", call, r); return 0; }
+    if (af_watch && memcmp(&was, af_watch, sizeof was) != 0) { af_broke(run, "%s failed (%d %s) and changed the session", call, r); return 0; }
     why[0] = '\0';
     if (a && mskv_arena_audit(a, why, sizeof why) != MSKV_SUCCESS) { af_broke(run, "%s failed (%d %s) and broke the audit", call, r); return 0; }
     af.paused = 1;
@@ -451,15 +459,17 @@ static void af_scenario(af_run *run) {
     for (i = 0; i < 64 * 32; i++) x->q[i] = 0.25f;
     x->segs[0].n_tokens = 5; x->segs[1].n_tokens = 9; x->segs[2].n_tokens = 3;
     memset(&x->ret, 0, sizeof x->ret);
-    x->ret.chunk_size = 6; x->ret.sink_chunks = 1; x->ret.window_chunks = 2;
+    x->ret.chunk_size = 6; x->ret.sink_chunks = 1; x->ret.window_chunks = 4;   /* sink + window + chunk: the table grows past 8 in a begin_chunk */
     ok = af_step(run, NULL, "arena_create", af_create, x);
     for (i = 0; ok && i < sizeof af_steps / sizeof af_steps[0]; i++) {
         ok = af_step(run, af_steps[i].on_gpu_arena < 0 ? NULL : x->a, af_steps[i].name, af_steps[i].fn, x);
         if (i == 3) { x->segs[0].request = x->r[0]; x->segs[1].request = x->r[1]; x->segs[2].request = x->r[2]; }
     }
+    af_watch = &x->s;
     for (chunk = 0; ok && chunk < 10; chunk++)
         for (i = 0; ok && i < sizeof af_chunk_steps / sizeof af_chunk_steps[0]; i++)
             ok = af_step(run, x->a, af_chunk_steps[i].name, af_chunk_steps[i].fn, x);
+    af_watch = NULL;
     for (i = 0; ok && i < sizeof af_tail_steps / sizeof af_tail_steps[0]; i++)
         ok = af_step(run, af_tail_steps[i].on_gpu_arena < 0 ? NULL : af_tail_steps[i].on_gpu_arena == 2 ? x->two
                           : af_tail_steps[i].on_gpu_arena ? x->ga : x->a,

@@ -272,7 +272,7 @@ static void mst_one_op(mst_thread *t, long op) {
     } else if (pick < 38) {
         mst_attend(t, q, 0, op);
     } else if (pick < 46) {
-        int64_t live = before.committed - before.live_start;
+        int64_t live = before.committed - (before.release_point > before.live_start ? before.release_point : before.live_start);
         if (live > 0 && (e = mskv_request_release_oldest(a, q->h, 1 + (int64_t)(mst_rand(t) % (uint64_t)live), NULL)) != MSKV_SUCCESS)
             mst_fail(t, op, "release", e);
     } else if (pick < 50) {
@@ -520,8 +520,10 @@ static int64_t msg_live(msg_thread *t, const mskv_request *r, int n, int32_t g) 
     int i;
     for (i = 0; i < n; i++) {
         mskv_request_info info;
+        int64_t from;
         if (mskv_request_info_in_group(t->sh->base.a, r[i], g, &info) != MSKV_SUCCESS) return 0;
-        if (info.committed - info.live_start < least) least = info.committed - info.live_start;
+        from = info.release_point > info.live_start ? info.release_point : info.live_start;
+        if (info.committed - from < least) least = info.committed - from;   /* still visible */
     }
     return least > 0 ? least : 0;   /* live_start runs ahead of committed behind a partial prefix page */
 }

@@ -821,13 +821,13 @@ TEST(bad_input_retention_fields_are_each_checked) {
     MTB_RET(MSKV_ERROR_INVALID_SPEC, r.sink_chunks = -1);
     MTB_RET(MSKV_ERROR_INVALID_SPEC, r.sink_chunks = ((int64_t)1 << 20) + 1);
     MTB_RET(MSKV_ERROR_INVALID_SPEC, r.window_chunks = -1);
-    MTB_RET(MSKV_ERROR_INVALID_SPEC, r.window_chunks = 0);            /* without reset_at_boundary */
     MTB_RET(MSKV_ERROR_INVALID_SPEC, r.window_chunks = ((int64_t)1 << 20) + 1);
     MTB_RET(MSKV_ERROR_INVALID_SPEC, r.window_tokens = 17);
     MTB_RET(MSKV_ERROR_INVALID_SPEC, r.chunk_size = 6);                /* exact, not page-aligned */
     MTB_RET(MSKV_ERROR_INVALID_SPEC, (r.chunk_size = 2, r.sink_chunks = 1, r.window_chunks = 2)); /* the sink, 2 tokens */
     MTB_CODE(MSKV_ERROR_INVALID_ARGUMENT, mskv_retention_validate(&ok, -4, why, sizeof why));
     MTB_RET(MSKV_SUCCESS, (r.chunk_size = 6, r.exact = 0));           /* not exact: any chunk size */
+    MTB_RET(MSKV_SUCCESS, r.window_chunks = 0);                       /* without reset too: only the sink is kept */
 #undef MTB_RET
 }
 

@@ -45,12 +45,12 @@ TEST(release_point_is_token_exact_while_pages_go_whole) {
     EXPECT_EQ(48, released);
     EXPECT_EQ(80, i.live_start);
     EXPECT_EQ(82, i.release_point);
-    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 1, &released));   /* point 81: behind, kept at 82 */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 1, &released));   /* on from 82: point 83 */
     EXPECT_EQ(0, released);
-    EXPECT_EQ(82, mtx_info(a, r).release_point);
+    EXPECT_EQ(83, mtx_info(a, r).release_point);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 0, &released));
-    EXPECT_EQ(82, mtx_info(a, r).release_point);
-    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 19, &released));  /* point 99 */
+    EXPECT_EQ(83, mtx_info(a, r).release_point);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 16, &released));  /* point 99 */
     i = mtx_info(a, r);
     EXPECT_EQ(16, released);
     EXPECT_EQ(96, i.live_start);

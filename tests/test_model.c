@@ -671,7 +671,7 @@ static void mtm_model_release(mtm *m, mtm_req *q, int32_t freed) {
 
 static void mtm_op_release(mtm *m) {
     mtm_req *q = mtm_pick(m);
-    int64_t live, n, got = -1, point;
+    int64_t live, n, got = -1, point, from;
     int32_t freed, pp;
     mskv_request_info info, after;
     int nviol = 0;
@@ -679,16 +679,18 @@ static void mtm_op_release(mtm *m) {
     mskv_result want = MSKV_SUCCESS, e;
     m->op_name = "release";
     if (!q) return;
-    live = q->committed - q->live_start;
+    /* the token-exact release point moves even where no page goes, and n
+       counts on from it (the still-visible tokens): the library's own
+       before-value, the rule (previous point or live_start, + n) checked after */
+    if (mskv_request_info_get(m->a, q->h, &info) != MSKV_SUCCESS) info.release_point = -1;
+    from = info.release_point > q->live_start ? info.release_point : q->live_start;
+    live = q->committed - from;
     if (live < 0) live = 0;
     n = mtm_below(m, 10) == 0 ? live + 1 + mtm_below(m, 4) : mtm_below(m, live + 1);
     if (q->offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
     if (n > live) MTM_VIOL(MSKV_ERROR_OUT_OF_RANGE);
-    freed = mtm_freed_by(m, q, n);
-    /* the token-exact release point moves even where no page goes: the
-       library's own before-value, the rule (max with live_start + n) checked after */
-    if (mskv_request_info_get(m->a, q->h, &info) != MSKV_SUCCESS) info.release_point = -1;
-    point = n > 0 && q->live_start + n > info.release_point ? q->live_start + n : info.release_point;
+    freed = mtm_freed_by(m, q, from + n - q->live_start);
+    point = n > 0 ? from + n : info.release_point;
     d = mtm_digest(m);
     m->removed_events = 0;
     e = mskv_request_release_oldest(m->a, q->h, n, &got);
@@ -1266,8 +1268,15 @@ static int32_t mtg_free(const mtg *m) {
         if (m->r[i].used && !m->r[i].offloaded) used += mtg_pages(m, &m->r[i], m->r[i].committed + m->r[i].reserved);
     return m->num_pages - 1 - used;
 }
-static int64_t mtg_live(const mtg_req *q, int g) {
-    int64_t live = q->committed - q->live_start[g];
+/* where group g's still-visible tokens start: the library's release point
+   (checked by the walk of one group), else the model's live_start */
+static int64_t mtg_from(const mtg *m, const mtg_req *q, int g) {
+    mskv_request_info info;
+    if (mskv_request_info_in_group(m->a, q->h, g, &info) != MSKV_SUCCESS) info.release_point = 0;
+    return info.release_point > q->live_start[g] ? info.release_point : q->live_start[g];
+}
+static int64_t mtg_live(const mtg *m, const mtg_req *q, int g) {
+    int64_t live = q->committed - mtg_from(m, q, g);
     return live > 0 ? live : 0;
 }
 static void mtg_release(mtg *m, mtg_req *q, int g, int64_t n) {
@@ -1456,16 +1465,20 @@ static void mtg_op_commit(mtg *m, int abort_it) {
 static void mtg_op_release(mtg *m) {
     mtg_req *q = mtg_pick(m);
     int g = (int)mtg_below(m, 2), nviol = 0, k, whole;
-    int64_t n, live, got = -1, want_got = 0;
+    int64_t n, live, got = -1, want_got = 0, from[2] = {0, 0};
     mskv_result want = MSKV_SUCCESS, e;
     uint64_t d = mskv_arena_digest(m->a);
     m->op_name = "release in a group";
     if (!q) return;
     whole = q->pair >= 0 && mtg_below(m, 6) != 0;   /* mostly the pair's call */
-    live = mtg_live(q, g);
+    live = mtg_live(m, q, g);
     if (whole)
-        for (k = 0; k < 2; k++)
-            if (mtg_live(&m->r[m->ls[q->pair].m[k]], g) < live) live = mtg_live(&m->r[m->ls[q->pair].m[k]], g);
+        for (k = 0; k < 2; k++) {
+            from[k] = mtg_from(m, &m->r[m->ls[q->pair].m[k]], g);
+            if (mtg_live(m, &m->r[m->ls[q->pair].m[k]], g) < live) live = mtg_live(m, &m->r[m->ls[q->pair].m[k]], g);
+        }
+    else
+        from[0] = mtg_from(m, q, g);
     n = mtg_below(m, 10) == 0 ? live + 1 : mtg_below(m, live + 1);
     if (q->offloaded) MTM_VIOL(MSKV_ERROR_OFFLOADED);
     if (n > live) MTM_VIOL(MSKV_ERROR_OUT_OF_RANGE);
@@ -1477,7 +1490,7 @@ static void mtg_op_release(mtg *m) {
     for (k = 0; k < (whole ? 2 : 1); k++) {
         mtg_req *x = whole ? &m->r[m->ls[q->pair].m[k]] : q;
         int64_t before = x->live_start[g];
-        mtg_release(m, x, g, n);
+        mtg_release(m, x, g, from[k] + n - before);   /* n counts on from the previous release point */
         want_got += x->live_start[g] - before;
     }
     MTM_CHECK(m, got == want_got, "released %lld tokens, model %lld", (long long)got, (long long)want_got);

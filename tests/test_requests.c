@@ -199,13 +199,86 @@ TEST(release_frees_whole_pages_only) {
     i = mtr_info(a, r);
     EXPECT_EQ(3, i.num_pages);
     EXPECT_EQ(0, i.live_start);
-    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 9, &released));
-    EXPECT_EQ(8, released);  /* release point 9: pages [0,4) and [4,8) */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 6, &released));
+    EXPECT_EQ(8, released);  /* release point 3 + 6 = 9: pages [0,4) and [4,8) */
     i = mtr_info(a, r);
     EXPECT_EQ(1, i.num_pages);
     EXPECT_EQ(8, i.live_start);
     EXPECT_EQ(2, i.kv_len);
     EXPECT_EQ(10, i.committed);
+    EXPECT_TRUE(mtu_audit(a));
+    mskv_arena_destroy(a);
+}
+
+/* Each release hides the n oldest tokens still visible, counting on from
+   the previous release point, so repeated small releases add up (they used
+   to count from the page-level live_start: twelve release_oldest(1) freed
+   nothing); pages go once they lie wholly behind the point. */
+TEST(repeated_small_releases_move_the_window_and_free_whole_pages) {
+    mskv_request r, s;
+    mskv_arena_stats st0, st;
+    mskv_request_info i;
+    mskv_plan p;
+    mskv_plan_desc d;
+    mskv_segment seg;
+    int64_t released = -1, total = 0, slot = 0;
+    uint64_t digest;
+    int k;
+    mskv_arena *a = mtr_make(32, 4, 1);
+    ASSERT_TRUE(a != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 20));
+    ASSERT_TRUE(mtr_write(a, r, 3, 0, 20));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st0));
+    for (k = 1; k <= 12; k++) {
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 1, &released));
+        total += released;
+        i = mtr_info(a, r);
+        EXPECT_EQ(k, i.release_point);
+        EXPECT_EQ((k / 4) * 4, i.live_start);          /* the page floor of the point */
+        EXPECT_EQ((k / 4) * 4, total);
+        if (k >= 4) EXPECT_EQ(MSKV_ERROR_RELEASED, mskv_request_slot(a, r, (k / 4) * 4 - 1, &slot));
+        EXPECT_EQ(MSKV_SUCCESS, mskv_request_slot(a, r, (k / 4) * 4, &slot));   /* a kept page */
+    }
+    EXPECT_EQ(12, total);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_stats_get(a, &st));
+    EXPECT_EQ(st0.free_pages + 3, st.free_pages);        /* pages [0,4), [4,8), [8,12) */
+    i = mtr_info(a, r);
+    EXPECT_EQ(2, i.num_pages);
+    EXPECT_EQ(8, i.kv_len);
+    EXPECT_EQ(0, mtr_check(a, r, 3, 12, 20));          /* the kept tokens keep their bytes */
+    /* an exact plan hides exactly the twelve */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 1, 4, 8, &p));
+    memset(&d, 0, sizeof d);
+    d.visibility = MSKV_VIS_EXACT;
+    seg.request = r; seg.n_tokens = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &seg, 1, &d, &p));
+    EXPECT_EQ(12, p.vis_window_start[0]);
+    mskv_plan_free(a, &p);
+    /* eight still visible: nine is past them, and a refusal changes nothing */
+    digest = mskv_arena_digest(a);
+    released = -1;
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_RANGE, mskv_request_release_oldest(a, r, 9, &released));
+    EXPECT_EQ(-1, released);
+    EXPECT_EQ_U64(digest, mskv_arena_digest(a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 0, &released));
+    EXPECT_EQ(0, released);
+    EXPECT_EQ(12, mtr_info(a, r).release_point);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 8, &released));
+    EXPECT_EQ(8, released);
+    i = mtr_info(a, r);
+    EXPECT_EQ(20, i.live_start);
+    EXPECT_EQ(0, i.kv_len);
+    /* behind a prefix that ends inside a page: counting starts at live_start */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &s));
+    ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, s, 20));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(a, s, 2));   /* prefix page [0, 4) */
+    for (k = 1; k <= 12; k++) ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, s, 1, NULL));
+    i = mtr_info(a, s);
+    EXPECT_EQ(16, i.release_point);
+    EXPECT_EQ(16, i.live_start);
+    EXPECT_EQ(1, i.prefix_pages);
+    EXPECT_EQ(4 + 4, i.kv_len);
     EXPECT_TRUE(mtu_audit(a));
     mskv_arena_destroy(a);
 }

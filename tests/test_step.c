@@ -692,6 +692,93 @@ TEST(windowed_session_keeps_memory_flat_over_a_long_run) {
     free(b);
 }
 
+/* commit_chunk is all or nothing (issue 20, item 7). It used to commit, unlock,
+   then publish: another thread that offloaded the request in between (legal
+   once the reservation was committed) made publish fail with the chunk
+   already committed and the session closed. Now commit and publish run under
+   one lock with both calls' checks first, so the other thread's offload can
+   only land outside the chunk, and a failed commit_chunk (a removed request
+   here) leaves the arena and the session as they were. */
+typedef struct mts_racer {
+    mskv_arena *a;
+    mskv_request r;
+    mtu_mutex *m;
+    int stop;
+    long offloads;
+} mts_racer;
+
+static void mts_racer_main(void *arg) {
+    mts_racer *x = (mts_racer *)arg;
+    int stop = 0;
+    while (!stop) {
+        if (mskv_request_offload(x->a, x->r) == MSKV_SUCCESS) {
+            x->offloads++;
+            while (mskv_request_reload(x->a, x->r) != MSKV_SUCCESS) {}
+        }
+        mtu_mutex_lock(x->m);
+        stop = x->stop;
+        mtu_mutex_unlock(x->m);
+    }
+}
+
+TEST(session_commit_chunk_is_all_or_nothing_while_another_thread_offloads) {
+    mskv_request r;
+    mskv_session ses, was;
+    mskv_retention ret;
+    mskv_request_info i;
+    mts_racer x;
+    mtu_thread *th;
+    mskv_result e;
+    long chunk, commits = 0, broken = 0;
+    uint64_t d;
+    mskv_arena *a = mts_make(64, 4);
+    ASSERT_TRUE(a != NULL);
+    memset(&ret, 0, sizeof ret);
+    ret.chunk_size = 4; ret.sink_chunks = 1; ret.window_chunks = 2;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_session_init(&ses, a, r, &ret));
+    memset(&x, 0, sizeof x);
+    x.a = a; x.r = r; x.m = mtu_mutex_new();
+    ASSERT_TRUE(x.m != NULL);
+    th = mtu_thread_start(mts_racer_main, &x);
+    if (!th) { mtu_mutex_free(x.m); mskv_arena_destroy(a); SKIP("no thread"); }
+    for (chunk = 0; commits < 300000 && chunk < 6000000 && broken == 0; chunk++) {   /* the old code failed in 6 runs of 6 */
+        if ((e = mskv_session_begin_chunk(&ses, 4)) != MSKV_SUCCESS) {
+            if (e != MSKV_ERROR_OFFLOADED) broken++;   /* the other thread holds it offloaded: try again */
+            continue;
+        }
+        i = mts_info(a, r);
+        was = ses;
+        e = mskv_session_commit_chunk(&ses, NULL);
+        if (e == MSKV_SUCCESS) { commits++; continue; }
+        /* a failure must have changed nothing: report the first and stop */
+        broken++;
+        EXPECT_EQ(MSKV_SUCCESS, e);
+        EXPECT_EQ(i.committed, mts_info(a, r).committed);
+        EXPECT_EQ(was.chunk_tokens, ses.chunk_tokens);
+        EXPECT_EQ(was.chunks_done, ses.chunks_done);
+    }
+    mtu_mutex_lock(x.m);
+    x.stop = 1;
+    mtu_mutex_unlock(x.m);
+    mtu_thread_join(th);
+    mtu_mutex_free(x.m);
+    EXPECT_EQ(0, broken);
+    EXPECT_LT(0, commits);
+    printf("  %ld chunks committed, %ld offloads between them\n", commits, x.offloads);
+    /* a failed commit_chunk changes neither the arena nor the session */
+    if (mts_info(a, r).location != MSKV_RESIDENT) ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(a, r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_session_begin_chunk(&ses, 4));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(a, r));
+    d = mskv_arena_digest(a);
+    was = ses;
+    EXPECT_EQ(MSKV_ERROR_INVALID_HANDLE, mskv_session_commit_chunk(&ses, NULL));
+    EXPECT_EQ_U64(d, mskv_arena_digest(a));
+    EXPECT_EQ(0, memcmp(&was, &ses, sizeof ses));
+    EXPECT_TRUE(mtu_audit(a));
+    mskv_arena_destroy(a);
+}
+
 /* A sink of several chunks is kept whole while it is still being filled:
    nothing before the sink's end is released, before or after it is protected. */
 TEST(session_never_releases_a_sink_of_several_chunks_while_it_fills) {
@@ -836,6 +923,59 @@ TEST(windowed_session_in_reset_mode_keeps_only_the_sink_after_each_chunk) {
         if (!mtu_audit(a)) break;
     }
     mskv_arena_destroy(a);
+}
+
+/* A sliding window of 0 chunks without reset is the design's eviction function
+   with nothing kept after the sink: skipped = (n - sink) snapped down to a
+   chunk boundary, the same as reset_at_boundary. It used to be refused
+   (INVALID_SPEC); now a session under it keeps what reset mode keeps, step
+   for step, on pages that chunks and the sink end inside. */
+TEST(window_of_zero_chunks_without_reset_keeps_only_the_sink_like_reset_mode) {
+    static const int64_t sizes[] = {6, 3, 3, 6, 2, 4, 1, 5};
+    mskv_request r0, r1;
+    mskv_session s0, s1;
+    mskv_retention zero, reset;
+    int chunk;
+    mskv_arena *a = mts_make(64, 4), *b = mts_make(64, 4);
+    ASSERT_TRUE(a != NULL && b != NULL);
+    memset(&zero, 0, sizeof zero);
+    zero.chunk_size = 6; zero.sink_chunks = 1; zero.window_chunks = 0;
+    reset = zero;
+    reset.reset_at_boundary = 1;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_retention_validate(&zero, 4, NULL, 0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r0));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(b, &r1));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_session_init(&s0, a, r0, &zero));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_session_init(&s1, b, r1, &reset));
+    for (chunk = 0; chunk < 120; chunk++) {
+        int64_t n = sizes[chunk % 8], skipped = -1, sink = 6, after;
+        mskv_request_info i0, i1;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_begin_chunk(&s0, n));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_begin_chunk(&s1, n));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_commit_chunk(&s0, NULL));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_commit_chunk(&s1, NULL));
+        i0 = mts_info(a, r0);
+        i1 = mts_info(b, r1);
+        /* the design's function, written out */
+        after = i0.committed - sink;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_skipped_tokens_get(&zero, i0.committed, &skipped));
+        EXPECT_EQ(after <= 0 ? 0 : after / 6 * 6, skipped);
+        if (i0.committed >= sink) {
+            EXPECT_EQ(sink, i0.prefix_tokens);
+            if (skipped > 0) EXPECT_EQ(sink + skipped, i0.release_point);   /* exactly the sink stays visible, and the open chunk */
+        }
+        EXPECT_EQ(i1.committed, i0.committed);
+        EXPECT_EQ(i1.kv_len, i0.kv_len);
+        EXPECT_EQ(i1.num_pages, i0.num_pages);
+        EXPECT_EQ(i1.live_start, i0.live_start);
+        EXPECT_EQ(i1.release_point, i0.release_point);
+        EXPECT_EQ(s1.released_total, s0.released_total);
+        ASSERT_LE(i0.num_pages, 2 + 3);   /* the sink's 2 pages + at most 6 + 5 tokens across pages */
+        if (!mtu_audit(a) || !mtu_audit(b)) break;
+    }
+    EXPECT_LT(0, s0.released_total);
+    mskv_arena_destroy(a);
+    mskv_arena_destroy(b);
 }
 
 TEST(retention_policy_travels_with_an_exported_request) {

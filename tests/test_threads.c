@@ -115,7 +115,7 @@ static void mtt_main(void *arg) {
                 k[slot] = mtt_value(q->uid, pos);
             }
         } else if (pick < 60) {
-            int64_t live = before.committed - before.live_start, got = -1;
+            int64_t live = before.committed - (before.release_point > before.live_start ? before.release_point : before.live_start), got = -1;
             if (live <= 0) continue;
             e = mskv_request_release_oldest(t->a, q->h, 1 + (int64_t)(mtt_rand(t) % (uint64_t)live), &got);
             if (e != MSKV_SUCCESS || got < 0 || got % MTT_P != 0) mtt_fail(t, op, "release", e);

@@ -65,6 +65,14 @@ def test_skipped_tokens_with_reset_drops_everything_past_the_sink_at_each_bounda
         assert r.skipped_tokens(n) == _skipped(8, 2, 1, n, reset=True), n
 
 
+def test_a_window_of_zero_chunks_keeps_only_the_sink_as_reset_mode_does():
+    zero = mk.Retention(10, sink_chunks=1, window_chunks=0)
+    zero.validate(page_size=4)
+    reset = mk.Retention(10, sink_chunks=1, window_chunks=0, reset_at_boundary=True)
+    for n in range(0, 120):
+        assert zero.skipped_tokens(n) == _skipped(10, 1, 0, n) == reset.skipped_tokens(n), n
+
+
 def test_retention_validate_says_why_a_policy_is_invalid():
     with pytest.raises(mk.InvalidSpecError) as e:
         mk.Retention(0, window_chunks=1).validate()

@@ -150,6 +150,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int32_t group;
         for (group = 0; group < (g->num_groups > 1 ? g->num_groups : 1); group++) {   /* each group's own window */
             FZ_CHECK(mskv_request_info_in_group(a, h, group, &info) == MSKV_SUCCESS, "info");
+            if (info.release_point > info.live_start) info.live_start = info.release_point;   /* where the visible tokens start */
             r = mskv_request_release_oldest_in_group(a, h, group, (info.committed - info.live_start) / 2 > 0 ? (info.committed - info.live_start) / 2 : 0, &got);
             FZ_CHECK(r == MSKV_SUCCESS, "release half the live tokens of group %d: %s", (int)group, mskv_result_string(r));
             fz_audit(a, "release");
