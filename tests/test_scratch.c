@@ -13,9 +13,9 @@
 enum { MSC_P = 4, MSC_L = 2, MSC_KVH = 2, MSC_QH = 4, MSC_D = 8, MSC_CAP = 24 };
 
 /* an allocator that counts its calls */
-typedef struct msc_count { long allocs, reallocs, frees; } msc_count;
-static void *msc_alloc(void *u, size_t n) { ((msc_count *)u)->allocs++; return malloc(n); }
-static void *msc_realloc(void *u, void *p, size_t n) { ((msc_count *)u)->reallocs++; return realloc(p, n); }
+typedef struct msc_count { long allocs, reallocs, frees; int refuse; } msc_count;
+static void *msc_alloc(void *u, size_t n) { ((msc_count *)u)->allocs++; return ((msc_count *)u)->refuse ? NULL : malloc(n); }
+static void *msc_realloc(void *u, void *p, size_t n) { ((msc_count *)u)->reallocs++; return ((msc_count *)u)->refuse ? NULL : realloc(p, n); }
 static void msc_free(void *u, void *p) { if (p) ((msc_count *)u)->frees++; free(p); }
 
 static mskv_arena *msc_make(msc_count *c, mskv_retire_mode mode) {
@@ -319,6 +319,30 @@ TEST(scratch_bad_input_is_refused_and_changes_nothing) {
     ASSERT_EQ(MSKV_SUCCESS, mskv_keyed_remove(a, 1));
     EXPECT_EQ(MSKV_ERROR_INVALID_HANDLE, mskv_scratch_reset(a, scr));
     EXPECT_EQ(MSKV_ERROR_NOT_FOUND, mskv_keyed_find(a, 1, &dup));
+    mtu_audit(a);
+    mskv_arena_destroy(a);
+}
+
+/* create's one allocation (the page tables) failing: nothing changes, and the key stays free */
+TEST(scratch_create_out_of_memory_changes_nothing) {
+    msc_count c;
+    mskv_arena *a;
+    mskv_request scr, found;
+    uint64_t dg;
+    long calls;
+    memset(&c, 0, sizeof c);
+    ASSERT_TRUE((a = msc_make(&c, MSKV_RETIRE_IMMEDIATE)) != NULL);
+    dg = mskv_arena_digest(a);
+    calls = c.allocs + c.reallocs;
+    c.refuse = 1;
+    EXPECT_EQ(MSKV_ERROR_OUT_OF_MEMORY, mskv_scratch_create(a, 3, 40, &scr));
+    c.refuse = 0;
+    EXPECT_TRUE(c.allocs + c.reallocs > calls);   /* it did ask */
+    EXPECT_EQ(dg, mskv_arena_digest(a));
+    EXPECT_EQ(MSKV_ERROR_NOT_FOUND, mskv_keyed_find(a, 3, &found));
+    mtu_audit(a);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_scratch_create(a, 3, 40, &scr));
+    EXPECT_EQ(MSKV_SUCCESS, mtu_grow(a, scr, 40));
     mtu_audit(a);
     mskv_arena_destroy(a);
 }
