@@ -720,8 +720,9 @@ typedef struct mskv_segment {
 /* All or nothing: every segment gets its tokens reserved (pages allocated), or
    none does. A request may appear once; it must be resident with no open
    reservation. Return value: OUT_OF_PAGES (nothing allocated), DUPLICATE,
-   OFFLOADED, RESERVATION_PENDING, READ_ONLY (keyed entry), INVALID_ARGUMENT
-   (n < 0 or a negative token count), OVERFLOW (past 2^31 tokens),
+   OFFLOADED, RESERVATION_PENDING, READ_ONLY (a write-once keyed entry),
+   CAPACITY (a scratch entry past its cap_tokens: mskv_scratch_create),
+   INVALID_ARGUMENT (n < 0 or a negative token count), OVERFLOW (past 2^31 tokens),
    OUT_OF_MEMORY (a page table could not grow: see mskv_request_reserve),
    BAD_STATE (a paused request, or some but not all members of a lockstep
    group: admit, commit, abort and publish take a lockstep group whole). */
