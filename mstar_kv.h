@@ -743,8 +743,9 @@ typedef struct mskv_segment {
 /* All or nothing: every segment gets its tokens reserved (pages allocated), or
    none does. A request may appear once; it must be resident with no open
    reservation. Return value: OUT_OF_PAGES (nothing allocated), DUPLICATE,
-   OFFLOADED, RESERVATION_PENDING, READ_ONLY (keyed entry), INVALID_ARGUMENT
-   (n < 0 or a negative token count), OVERFLOW (past 2^31 tokens),
+   OFFLOADED, RESERVATION_PENDING, READ_ONLY (a write-once keyed entry),
+   CAPACITY (a scratch entry past its cap_tokens: mskv_scratch_create),
+   INVALID_ARGUMENT (n < 0 or a negative token count), OVERFLOW (past 2^31 tokens),
    OUT_OF_MEMORY (a page table could not grow: see mskv_request_reserve),
    BAD_STATE (a paused request, or some but not all members of a lockstep
    group: admit, commit, abort and publish take a lockstep group whole). */
@@ -1010,6 +1011,41 @@ MSKV_API mskv_result mskv_keyed_create(mskv_arena *arena, uint64_t key, int64_t 
 MSKV_API mskv_result mskv_keyed_seal(mskv_arena *arena, mskv_request entry);
 MSKV_API mskv_result mskv_keyed_find(mskv_arena *arena, uint64_t key, mskv_request *out);
 MSKV_API mskv_result mskv_keyed_remove(mskv_arena *arena, uint64_t key);
+
+/* Keyed scratch: a rewritable keyed entry for a small model that runs a short
+   autoregressive loop inside every step of a larger one (a speech or audio
+   code predictor): its per-step K/V live in the arena's pages instead of
+   private tensors, and are thrown away when the next step starts.
+   mskv_scratch_create makes an empty entry under key (found and removed by
+   mskv_keyed_find / mskv_keyed_remove, the key taken like any keyed entry's)
+   whose page tables are sized for cap_tokens tokens now, and takes no page.
+   Each step, mskv_scratch_reset drops its tokens; then it is admitted,
+   planned (SELF, like any request: mskv_plan_build, mskv_cpu_write_kv,
+   mskv_cpu_attention), committed, aborted and published like any request,
+   up to cap_tokens tokens in all. Its pages come from the arena's shared
+   budget and go back at each reset (pending on their fence in FENCED mode,
+   like any freed page: a kernel of the last step may still read them), so
+   the same steps take the same page ids again and no host memory is
+   allocated after create. What changes a kept sequence is refused as for a
+   keyed entry (READ_ONLY: protect, release, retention, fork, offload,
+   shift_positions, lockstep); it is never sealed, exported or parked by
+   mskv_make_room (BAD_STATE for seal and export). mskv_request_info says
+   keyed = 1, sealed = 0.
+   create: Parameters: arena, key, cap_tokens (>= 1), out. Return value:
+   SUCCESS, NULL_POINTER, INVALID_ARGUMENT (cap_tokens < 1), OVERFLOW (past
+   2^31 tokens), OUT_OF_PAGES (cap_tokens would need more pages, in every
+   layer group, than the arena has at all), DUPLICATE (key exists),
+   TOO_MANY_REQUESTS, OUT_OF_MEMORY (the page tables); nothing changes on
+   error. admit of a scratch entry past cap_tokens is CAPACITY (nothing
+   admitted).
+   reset: Parameters: arena, entry. Return value: SUCCESS, NULL_POINTER,
+   INVALID_HANDLE, BAD_STATE (not a scratch entry), RESERVATION_PENDING (a
+   step is open: commit or abort it first); nothing changes on error. A
+   plan built before the reset reads pages the entry no longer holds:
+   mskv_plan_check says STALE_PLAN.
+   Thread safety: like every arena call. */
+MSKV_API mskv_result mskv_scratch_create(mskv_arena *arena, uint64_t key, int64_t cap_tokens, mskv_request *out);
+MSKV_API mskv_result mskv_scratch_reset(mskv_arena *arena, mskv_request entry);
 
 /* Windowed session: binds a request to a retention policy and does the
    protect/release bookkeeping. begin_chunk reserves a chunk's tokens (admit);
@@ -1736,6 +1772,7 @@ typedef struct mskv__req {
     uint64_t *sums;           /* MSKV_DEBUG_CHECKSUMS: a checksum per record of host, all groups */
     int32_t lock;             /* lockstep slot + 1; 0 = none */
     int32_t lock_next;        /* the next member's index; -1 after the last */
+    int64_t scratch_cap;      /* a keyed scratch entry (mskv_scratch_create): its tokens at most; 0 = not one */
 } mskv__req;
 #define MSKV__XFER_EXPORT 1
 #define MSKV__XFER_IMPORT 2
@@ -2525,6 +2562,7 @@ MSKV_IMPL mskv_result mskv_request_pages(mskv_arena *a, mskv_request h, int32_t 
 static mskv_result mskv__check_mutable(mskv_arena *a, const mskv__req *q, const char *what) {
     if (q->xfer) return mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: the request is being exported (mskv_request_export_end first)", what);
     if (q->location != MSKV_RESIDENT) return mskv__err(a, MSKV_ERROR_OFFLOADED, "%s: request is offloaded", what);
+    if (q->keyed && q->scratch_cap) return mskv__err(a, MSKV_ERROR_READ_ONLY, "%s: a scratch entry keeps no sequence (admit, commit, abort, mskv_scratch_reset)", what);
     if (q->keyed) return mskv__err(a, MSKV_ERROR_READ_ONLY, "%s: keyed entries are write-once", what);
     return MSKV_SUCCESS;
 }
@@ -3053,6 +3091,7 @@ MSKV_IMPL mskv_result mskv_request_export(mskv_arena *a, mskv_request h, void *b
     q = &a->reqs[ri];
     hdr = mskv__blob_header_v(a->G, mskv__blob_version_of(a, q));
     if (q->has_res) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "export: commit or abort first"); }
+    if (q->scratch_cap) { MSKV__UNLOCK(a); return mskv__err(a, MSKV_ERROR_BAD_STATE, "export: a scratch entry is rewritten every step (never exported)"); }
     if (buf && q->location == MSKV_OFFLOADED && q->sums && (bad = mskv__sums_bad(a, q)) >= 0) {
         MSKV__UNLOCK(a);   /* a signed blob of changed bytes would import as valid */
         return mskv__err(a, MSKV_ERROR_HOST_COPY_CORRUPT, "export: page %lld of the host copy changed since it was made", (long long)bad);
@@ -3359,6 +3398,7 @@ MSKV_IMPL mskv_result mskv_request_export_begin(mskv_arena *a, mskv_request h, v
     hdr = mskv__blob_header_of(a, q);
     if (a->desc.store_ops) r = mskv__err(a, MSKV_ERROR_UNSUPPORTED, "export_begin: the pages live behind store_ops (use mskv_request_export)");
     else if (q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "export_begin: commit or abort first");
+    else if (q->scratch_cap) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "export_begin: a scratch entry is rewritten every step (never exported)");
     else if (q->xfer) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "export_begin: an export of this request is open");
     else if (q->lock) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "export_begin: a lockstep member (dissolve the group first)");
     else if (q->location == MSKV_OFFLOADED && q->sums && (bad = mskv__sums_bad(a, q)) >= 0)   /* as export: never sign changed bytes */
@@ -3693,7 +3733,10 @@ static mskv_result mskv__admit_need(mskv_arena *a, const mskv_segment *segs, int
         if (segs[i].n_tokens < 0) r = mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "admit: segment %d has %lld tokens", (int)i, (long long)segs[i].n_tokens);
         else if (q->location != MSKV_RESIDENT) r = mskv__err(a, MSKV_ERROR_OFFLOADED, "admit: segment %d's request is offloaded", (int)i);
         else if (q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "admit: segment %d's request already has a reservation", (int)i);
-        else if (q->keyed) r = mskv__err(a, MSKV_ERROR_READ_ONLY, "admit: segment %d is a keyed entry", (int)i);
+        else if (q->keyed && !q->scratch_cap) r = mskv__err(a, MSKV_ERROR_READ_ONLY, "admit: segment %d is a keyed entry", (int)i);
+        else if (q->scratch_cap && segs[i].n_tokens > q->scratch_cap - q->committed)
+            r = mskv__err(a, MSKV_ERROR_CAPACITY, "admit: segment %d: %lld more tokens pass the scratch entry's %lld (mskv_scratch_reset)", (int)i,
+                          (long long)segs[i].n_tokens, (long long)q->scratch_cap);
         else if (q->paused) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "admit: segment %d's request is paused", (int)i);
         else if (segs[i].n_tokens > (int64_t)INT32_MAX - a->P - q->committed)
             r = mskv__err(a, MSKV_ERROR_OVERFLOW, "admit: segment %d would pass 2^31 tokens", (int)i);
@@ -3754,7 +3797,7 @@ static mskv_result mskv__check_open(mskv_arena *a, const mskv_segment *segs, int
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
         const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
         if (!q->has_res) r = mskv__err(a, MSKV_ERROR_NO_RESERVATION, "%s: segment %d's request has no reservation", what, (int)i);
-        else if (q->keyed) r = mskv__err(a, MSKV_ERROR_READ_ONLY, "%s: segment %d is a keyed entry (use mskv_keyed_seal)", what, (int)i);
+        else if (q->keyed && !q->scratch_cap) r = mskv__err(a, MSKV_ERROR_READ_ONLY, "%s: segment %d is a keyed entry (use mskv_keyed_seal)", what, (int)i);
     }
     return r;
 }
@@ -4546,6 +4589,7 @@ MSKV_IMPL mskv_result mskv_keyed_seal(mskv_arena *a, mskv_request h) {
     MSKV__GET(a, h, ri);
     q = &a->reqs[ri];
     if (!q->keyed) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "keyed_seal: not a keyed entry");
+    else if (q->scratch_cap) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "keyed_seal: a scratch entry is never sealed (mskv_scratch_reset)");
     else if (q->sealed) r = mskv__err(a, MSKV_ERROR_READ_ONLY, "keyed_seal: already sealed");
     else if (q->location != MSKV_RESIDENT) r = mskv__err(a, MSKV_ERROR_OFFLOADED, "keyed_seal: offloaded");
     if (r == MSKV_SUCCESS) {
@@ -4584,6 +4628,57 @@ MSKV_IMPL mskv_result mskv_keyed_remove(mskv_arena *a, uint64_t key) {
     if (ri >= 0) mskv__del_req(a, ri);   /* keyed entries are never lockstep members */
     MSKV__UNLOCK(a);
     return ri >= 0 ? MSKV_SUCCESS : mskv__err(a, MSKV_ERROR_NOT_FOUND, "keyed_remove: no such key");
+}
+
+/* Keyed scratch entries: a keyed request whose tokens are dropped at each
+   step (mskv_scratch_reset) while its tables keep their size. */
+MSKV_IMPL mskv_result mskv_scratch_create(mskv_arena *a, uint64_t key, int64_t cap_tokens, mskv_request *out) {
+    int32_t ri, need, g;
+    mskv__req *q;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a || !out) return MSKV_ERROR_NULL_POINTER;
+    if (cap_tokens < 1) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "scratch_create: cap_tokens %lld < 1", (long long)cap_tokens);
+    if (cap_tokens > (int64_t)INT32_MAX - a->P) return mskv__err(a, MSKV_ERROR_OVERFLOW, "scratch_create: cap_tokens %lld passes 2^31", (long long)cap_tokens);
+    need = mskv__ceil_div(cap_tokens, a->P);
+    MSKV__LOCK(a);
+    if ((int64_t)need * a->G > a->num_pages - 1) r = mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "scratch_create: %lld tokens need %lld pages, the arena has %d",
+                                                            (long long)cap_tokens, (long long)need * a->G, (int)a->num_pages - 1);
+    else if (mskv__find_key(a, key) >= 0) r = mskv__err(a, MSKV_ERROR_DUPLICATE, "scratch_create: key exists");
+    else if (a->req_free_top == 0) r = mskv__err(a, MSKV_ERROR_TOO_MANY_REQUESTS, "scratch_create: no request slot");
+    if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
+    ri = mskv__new_req(a);
+    q = &a->reqs[ri];
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++) r = mskv__reserve_table(a, &q->t[g], need);   /* the only allocation */
+    if (r != MSKV_SUCCESS) {
+        mskv__undo_new_req(a, ri);   /* a table grown already keeps its memory for the slot's next request */
+        MSKV__UNLOCK(a);
+        return r;
+    }
+    q->keyed = 1;
+    q->key = key;
+    q->scratch_cap = cap_tokens;
+    *out = mskv__handle(a, ri);
+    MSKV__UNLOCK(a);
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_scratch_reset(mskv_arena *a, mskv_request h) {
+    int32_t ri;
+    mskv__req *q;
+    mskv_result r = MSKV_SUCCESS;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);
+    MSKV__GET(a, h, ri);
+    q = &a->reqs[ri];
+    if (!q->scratch_cap) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "scratch_reset: not a scratch entry (mskv_scratch_create)");
+    else if (q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "scratch_reset: a step is open (commit or abort it first)");
+    if (r == MSKV_SUCCESS) {
+        mskv__drop_all(a, ri);   /* the last group first, as remove: the next step takes the same ids */
+        q->committed = 0;
+        q->published = 0;
+    }
+    MSKV__UNLOCK(a);
+    return r;
 }
 
 /* Windowed session */
@@ -5047,6 +5142,8 @@ MSKV_IMPL mskv_result mskv_arena_audit(mskv_arena *a, char *why, size_t cap) {
         if (q->committed < 0 || q->reserved < 0 || (q->reserved > 0 && !q->has_res)) MSKV__FAIL("request %d: bad token counts", (int)i);
         if (q->published > q->committed) MSKV__FAIL("request %d: published past committed", (int)i);
         if (q->keyed && q->sealed && q->has_res) MSKV__FAIL("request %d: sealed entry with a reservation", (int)i);
+        if (q->scratch_cap && (!q->keyed || q->sealed || end > q->scratch_cap || q->location != MSKV_RESIDENT))
+            MSKV__FAIL("request %d: scratch entry keyed %d sealed %d with %lld of %lld tokens", (int)i, (int)q->keyed, (int)q->sealed, (long long)end, (long long)q->scratch_cap);
         if (q->last_admit > a->admits) MSKV__FAIL("request %d: admitted after the last admit", (int)i);
         if (q->location == MSKV_OFFLOADED && q->has_res) MSKV__FAIL("request %d: offloaded with a reservation", (int)i);
         if (q->pos_pending != 0 && !q->has_res) MSKV__FAIL("request %d: a position shift waits without a reservation", (int)i);
@@ -5177,7 +5274,8 @@ static uint64_t mskv__digest(const mskv_arena *a, int with_bytes) {
         if (!q->used) continue;
         mskv__hash_u64(&h, (uint64_t)q->location | (uint64_t)q->keyed << 8 | (uint64_t)q->sealed << 16 |
                                (uint64_t)q->has_res << 24 | (uint64_t)q->paused << 40 |
-                               (uint64_t)q->xfer << 48);
+                               (uint64_t)q->xfer << 48 | (uint64_t)(q->scratch_cap != 0) << 56);
+        if (q->scratch_cap) mskv__hash_u64(&h, (uint64_t)q->scratch_cap);
         mskv__hash_u64(&h, (uint64_t)q->committed);
         mskv__hash_u64(&h, (uint64_t)q->reserved);
         mskv__hash_u64(&h, (uint64_t)q->published);

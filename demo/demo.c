@@ -68,6 +68,7 @@
 
 #define DEMO_FPS 16
 #define DEMO_PSNR_MIN 40.0       /* dB against the analytic truth, both modes */
+#define DEMO_OVERLAP_MIN 0.2     /* --check: decode overlapped with denoising, of what could overlap at most (serial: 0) */
 #define DEMO_QUEUE_CAP 2         /* finished windows waiting for the decoder */
 #define DEMO_MAX_FRAMES 100000
 #define DEMO_MAX_SIDE 4096
@@ -76,11 +77,13 @@
 
 typedef enum demo_mode { DEMO_MODE_KV = 0, DEMO_MODE_CHAINED = 1 } demo_mode;
 typedef enum demo_backend_kind { DEMO_BACKEND_AUTO = 0, DEMO_BACKEND_CPU = 1, DEMO_BACKEND_CUDA = 2 } demo_backend_kind;
-typedef enum demo_break { DEMO_BREAK_NONE = 0, DEMO_BREAK_PAGE = 1, DEMO_BREAK_STALE = 2, DEMO_BREAK_SINK = 3 } demo_break;
+typedef enum demo_break { DEMO_BREAK_NONE = 0, DEMO_BREAK_PAGE = 1, DEMO_BREAK_STALE = 2, DEMO_BREAK_SINK = 3,
+                          DEMO_BREAK_SERIAL = 4 /* not the cache: each window decoded before the next is denoised */ } demo_break;
 
 typedef struct demo_cfg {
     int frames, width, height, window, overlap, sink, context, steps, threads, page_size;
     int offload, check, quiet;
+    int timeline;            /* --timeline: a line per window, when its denoise and its decode ran */
     double progress;         /* --progress: least seconds between denoise-step lines */
     double cfg;              /* --cfg: the guidance scale; 0 = one branch */
     demo_mode mode;
@@ -137,9 +140,12 @@ static void demo_help(void) {
 "  --check              self-check, exit 1 if any part fails: exact frame count;\n"
 "                       windowed decode byte-identical to decoding the whole latent\n"
 "                       stream at once; PSNR against the analytic truth >= %.0f dB in every frame;\n"
-"                       kv mode: peak KV pages within the sink + window bound\n"
+"                       kv mode: peak KV pages within the sink + window bound;\n"
+"                       decoding overlaps denoising (see decode_overlap below)\n"
 "  --dump-raw FILE      also write every frame as raw RGB24 (what the tests compare)\n", DEMO_PSNR_MIN);
     printf(
+"  --timeline           a line per window on stdout: when its denoise and its\n"
+"                       decode ran (seconds from the start of generation)\n"
 "  --progress S         at least S seconds between denoise-step progress lines\n"
 "                       (default 1; 0: every step); a line per window regardless\n"
 "  -q                   no progress lines and no estimate\n"
@@ -147,12 +153,16 @@ static void demo_help(void) {
 "\n"
 "Progress goes to stderr: the work to come, after the first denoise step an\n"
 "estimate of the whole run, then a line per window and, at most every --progress\n"
-"seconds, one per step. The summary (key=value fields) goes to stdout.\n"
+"seconds, one per step. The summary (key=value fields) goes to stdout; in it\n"
+"decode_overlap is the part of the decode time (windows with a next one) that ran\n"
+"while the next windows were denoised, and overlap_of_possible that time over the\n"
+"most that could overlap (the smaller of those decode and denoise times); --check\n"
+"wants overlap_of_possible >= %.1f: 0 means decoding ran serially behind denoising.\n"
 "Ctrl-C (SIGINT), SIGTERM or SIGHUP stops at the end of the denoise step in\n"
 "progress and finishes the output with the frames written so far (a playable\n"
 "file), then the demo dies of that signal; before the first frame it removes\n"
 "the output and dies at once. A second signal kills it at once.\n"
-"Exit status: 0 success, 1 failure, 2 usage error.\n");
+"Exit status: 0 success, 1 failure, 2 usage error.\n", DEMO_OVERLAP_MIN);
 }
 
 static int demo_usage(const char *fmt, ...) {
@@ -199,6 +209,7 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
         if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { c->quiet = 1; continue; }
         if (!strcmp(a, "--check")) { c->check = 1; continue; }
         if (!strcmp(a, "--offload")) { c->offload = 1; continue; }
+        if (!strcmp(a, "--timeline")) { c->timeline = 1; continue; }
         if (strncmp(a, "--", 2) != 0 && strcmp(a, "-o") != 0)
             return demo_usage("unexpected argument '%s'", a);
         if (eq && (size_t)(eq - a) < sizeof(name)) {
@@ -302,7 +313,8 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
         if (!strcmp(brk, "page")) c->brk = DEMO_BREAK_PAGE;
         else if (!strcmp(brk, "stale")) c->brk = DEMO_BREAK_STALE;
         else if (!strcmp(brk, "sink")) c->brk = DEMO_BREAK_SINK;
-        else return demo_usage("MSKV_DEMO_BREAK: expected page, sink or stale, got '%s'", brk);
+        else if (!strcmp(brk, "serial")) c->brk = DEMO_BREAK_SERIAL;
+        else return demo_usage("MSKV_DEMO_BREAK: expected page, sink, stale or serial, got '%s'", brk);
     }
     return 0;
 }
@@ -775,6 +787,7 @@ typedef struct demo_queue {
     demo_job *items[DEMO_QUEUE_CAP];
     int head, count, closed;
     int aborted;               /* the output thread failed: generating more is pointless */
+    int64_t pushed, done;      /* jobs queued, and finished by the decoder thread (MSKV_DEMO_BREAK=serial waits on them) */
 } demo_queue;
 
 /* 0, or -1 (the job is not taken) once the consumer has given up */
@@ -784,6 +797,7 @@ static int demo_queue_push(demo_queue *q, demo_job *j) {
     if (q->aborted) { pthread_mutex_unlock(&q->mu); return -1; }
     q->items[(q->head + q->count) % DEMO_QUEUE_CAP] = j;
     q->count++;
+    q->pushed++;
     pthread_cond_signal(&q->not_empty);
     pthread_mutex_unlock(&q->mu);
     return 0;
@@ -800,6 +814,21 @@ static void demo_queue_close(demo_queue *q) {
     pthread_mutex_lock(&q->mu);
     q->closed = 1;
     pthread_cond_broadcast(&q->not_empty);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* The decoder thread is done with a job (decoded, or skipped after a failure). */
+static void demo_queue_done(demo_queue *q) {
+    pthread_mutex_lock(&q->mu);
+    q->done++;
+    pthread_cond_broadcast(&q->not_full);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* MSKV_DEMO_BREAK=serial: wait until every job queued so far is decoded */
+static void demo_queue_drain(demo_queue *q) {
+    pthread_mutex_lock(&q->mu);
+    while (q->done < q->pushed && !q->aborted) pthread_cond_wait(&q->not_full, &q->mu);
     pthread_mutex_unlock(&q->mu);
 }
 
@@ -837,9 +866,13 @@ typedef struct demo_out {
     int64_t truth_first, truth_n, truth_cap;
     float *c3, *tmp, *truth_lat;
     unsigned char *rgb;
+    double *dec_t0, *dec_t1;   /* per window: when its decode (truth, decode, encode) began and ended; 0 = never */
+    int64_t timed;             /* windows the arrays hold */
     int failed;
     char err[256];
 } demo_out;
+
+static double demo_now(void);
 
 static int demo_keep_truth(void *user, int64_t p, const unsigned char *rgb) {
     demo_out *o = (demo_out *)user;
@@ -892,6 +925,8 @@ static void *demo_out_main(void *arg) {
     const demo_geom *g = &o->scene->g;
     demo_job *j;
     while ((j = demo_queue_pop(o->queue)) != NULL) {
+        int timed = !o->failed && !demo_signal && j->window >= 0 && j->window < o->timed;
+        if (timed) o->dec_t0[j->window] = demo_now();
         if (!o->failed && !demo_signal) {   /* stopped: the file ends with the frames done so far */
             int64_t i;
             /* the truth through the same decoder, for the PSNR */
@@ -908,8 +943,10 @@ static void *demo_out_main(void *arg) {
             }
             if (o->failed) demo_queue_abort(o->queue);   /* stop the generator too */
         }
+        if (timed) o->dec_t1[j->window] = demo_now();
         free(j->lat);
         free(j);
+        demo_queue_done(o->queue);
     }
     return NULL;
 }
@@ -934,6 +971,8 @@ typedef struct demo_run {
     int32_t num_pages, peak_pages, page_bound;
     int64_t pages_freed, released_tokens, offloads;
     double t_start;          /* when generation began */
+    double *den_t0, *den_t1; /* per window: when its denoise began and ended (0 = never), as demo_out.dec_t0/1 */
+    int serial_noted;        /* MSKV_DEMO_BREAK=serial said what it does */
     double units_total, units_done;   /* denoise work, weighted by context (demo_window_units) */
     double last_line;        /* when the last progress line was printed */
     int estimated;           /* the estimate was printed */
@@ -1147,6 +1186,7 @@ static int demo_denoise(demo_run *r, mskv_session *sess, const mskv_segment *seg
     uint64_t rng = demo_mix64(r->cfg.seed * 0x9E37ull + (uint64_t)window);
     size_t i;
     int s, f;
+    if (r->den_t0 && window >= 0 && window < r->sched.count) r->den_t0[window] = demo_now();
     memset(&pd, 0, sizeof(pd));
     pd.kind = MSKV_PLAN_SELF;
     pd.pos_mode = MSKV_POS_3D;
@@ -1191,6 +1231,7 @@ static int demo_denoise(demo_run *r, mskv_session *sess, const mskv_segment *seg
         demo_values(r, nfr, clamp);
         DEMO_TRY_BE(r, r->be.write_kv(r->be.impl, r->arena, &r->plan, r->k, r->v), "write K/V");
     }
+    if (r->den_t1 && window >= 0 && window < r->sched.count) r->den_t1[window] = demo_now();
     return 0;
 }
 
@@ -1224,6 +1265,13 @@ static int demo_push_window(demo_run *r, demo_queue *q, int64_t k) {
         free(j->lat);
         free(j);
         return -1;
+    }
+    if (r->cfg.brk == DEMO_BREAK_SERIAL) {   /* what a demo without the pipeline does: --check's overlap fails */
+        if (!r->serial_noted) {
+            r->serial_noted = 1;
+            fprintf(stderr, "demo: MSKV_DEMO_BREAK: each window is decoded before the next is denoised (serial)\n");
+        }
+        demo_queue_drain(q);
     }
     return 0;
 }
@@ -1592,6 +1640,14 @@ static int demo_open_output(demo_app *app) {
 static int demo_generate(demo_app *app) {
     demo_run *r = &app->run;
     int rc, ok = 1;
+    size_t nw = (size_t)r->sched.count;
+    /* the timeline: set before the first job is queued (the queue's lock hands it to the decoder thread) */
+    r->den_t0 = (double *)calloc(nw ? 4 * nw : 1, sizeof(double));
+    if (!r->den_t0) { fprintf(stderr, "demo: out of memory\n"); return 1; }
+    r->den_t1 = r->den_t0 + nw;
+    app->out.dec_t0 = r->den_t0 + 2 * nw;
+    app->out.dec_t1 = r->den_t0 + 3 * nw;
+    app->out.timed = (int64_t)nw;
     demo_progress_init(r);
     rc = r->cfg.mode == DEMO_MODE_CHAINED ? demo_run_chained(r, &app->queue)
        : r->nb > 1 ? demo_run_cfg(r, &app->queue) : demo_run_kv(r, &app->queue);
@@ -1622,6 +1678,57 @@ static int demo_generate(demo_app *app) {
     return r->interrupted ? 1 : 0;
 }
 
+/* Decoding against denoising, over the windows that have a next one (the
+   last window's decode has nothing left to overlap with): the seconds their
+   decode ran while the generator was denoising any window; fraction = that
+   over their decode seconds; of_possible = that over the most that could
+   overlap, the smaller of their decode seconds and the denoise seconds of
+   windows 1 on (a pipeline overlaps about all of it whichever side is
+   slower; a serial demo none). Both -1 when no such window was decoded. */
+typedef struct demo_overlap {
+    double decode_s, denoise_s, overlap_s, fraction, of_possible;
+    int64_t windows;
+} demo_overlap;
+
+static void demo_overlap_get(const demo_app *app, demo_overlap *ov) {
+    const demo_run *r = &app->run;
+    const demo_out *o = &app->out;
+    int64_t k, j, n = o->timed;
+    memset(ov, 0, sizeof(*ov));
+    ov->fraction = ov->of_possible = -1.0;
+    if (!r->den_t0) return;
+    for (k = 0; k + 1 < n; k++) {
+        double d0 = o->dec_t0[k], d1 = o->dec_t1[k];
+        if (d0 <= 0.0 || d1 < d0) continue;   /* not decoded (a failure or a signal) */
+        ov->windows++;
+        ov->decode_s += d1 - d0;
+        for (j = 0; j < n; j++) {
+            double a = r->den_t0[j] > d0 ? r->den_t0[j] : d0, b = r->den_t1[j] < d1 ? r->den_t1[j] : d1;
+            if (r->den_t0[j] > 0.0 && r->den_t1[j] >= r->den_t0[j] && b > a) ov->overlap_s += b - a;
+        }
+    }
+    for (j = 1; j < n; j++)
+        if (r->den_t0[j] > 0.0 && r->den_t1[j] >= r->den_t0[j]) ov->denoise_s += r->den_t1[j] - r->den_t0[j];
+    if (ov->windows > 0 && ov->decode_s > 0.0) {
+        double possible = ov->decode_s < ov->denoise_s ? ov->decode_s : ov->denoise_s;
+        ov->fraction = ov->overlap_s / ov->decode_s;
+        ov->of_possible = possible > 0.0 ? ov->overlap_s / possible : 0.0;
+    }
+}
+
+/* --timeline: when each window's denoise and decode ran, from the start of generation */
+static void demo_timeline(const demo_app *app) {
+    const demo_run *r = &app->run;
+    const demo_out *o = &app->out;
+    int64_t k;
+    for (k = 0; r->den_t0 && k < o->timed; k++) {
+        double t = r->t_start;
+        printf("timeline: window=%lld denoise=%.4f..%.4f decode=%.4f..%.4f\n", (long long)k,
+               r->den_t0[k] > 0.0 ? r->den_t0[k] - t : -1.0, r->den_t1[k] > 0.0 ? r->den_t1[k] - t : -1.0,
+               o->dec_t0[k] > 0.0 ? o->dec_t0[k] - t : -1.0, o->dec_t1[k] > 0.0 ? o->dec_t1[k] - t : -1.0);
+    }
+}
+
 /* The summary (key=value fields on stdout). */
 static void demo_report(demo_app *app, double *worst_psnr) {
     demo_run *r = &app->run;
@@ -1647,6 +1754,15 @@ static void demo_report(demo_app *app, double *worst_psnr) {
            (long long)r->offloads);
     printf("demo: psnr_db=%.2f worst_frame_psnr_db=%.2f worst_frame=%lld psnr_min_db=%.0f latent_hash=%016llx\n", psnr,
            *worst_psnr, (long long)app->out.worst_frame, DEMO_PSNR_MIN, (unsigned long long)lat_hash);
+    {
+        demo_overlap ov;
+        char f[32] = "n/a", p[32] = "n/a";
+        demo_overlap_get(app, &ov);
+        if (ov.fraction >= 0.0) { snprintf(f, sizeof(f), "%.3f", ov.fraction); snprintf(p, sizeof(p), "%.3f", ov.of_possible); }
+        printf("demo: decode_overlap=%s overlap_of_possible=%s overlapped_seconds=%.3f decode_seconds=%.3f denoise_seconds=%.3f\n",
+               f, p, ov.overlap_s, ov.decode_s, ov.denoise_s);
+    }
+    if (r->cfg.timeline) demo_timeline(app);
     printf("demo: wrote %s (%s, %lld frames, %dx%d, %d fps)\n", app->path, app->writer.codec, (long long)app->writer.frames,
            r->g.width, r->g.height, DEMO_FPS);
 }
@@ -1659,7 +1775,9 @@ static int demo_self_check(demo_app *app, double worst_psnr) {
     demo_out *out = &app->out;
     demo_cmp c;
     float *c3 = (float *)malloc((size_t)r->T * r->g.lw * r->g.lh * 3u * sizeof(float));
-    int chk_frames, chk_decode, chk_psnr, chk_pages;
+    int chk_frames, chk_decode, chk_psnr, chk_pages, chk_overlap;
+    demo_overlap ov;
+    char ovs[96];
     chk_frames = out->next == r->cfg.frames && app->writer.frames == r->cfg.frames;
     c.kept = out->kept;
     c.fb = r->g.rgb_bytes;
@@ -1670,13 +1788,18 @@ static int demo_self_check(demo_app *app, double worst_psnr) {
     free(c3);
     chk_psnr = worst_psnr >= DEMO_PSNR_MIN;   /* every frame, not the mean: a few ruined frames must fail */
     chk_pages = r->cfg.mode != DEMO_MODE_KV || r->peak_pages <= r->page_bound;
-    printf("check: frames=%lld/%d %s, windowed_decode=%s %s, psnr %.2f (worst frame %lld) >= %.0f %s, kv_pages %d <= %d %s: %s\n",
+    demo_overlap_get(app, &ov);
+    chk_overlap = ov.windows == 0 || ov.of_possible >= DEMO_OVERLAP_MIN;   /* one window: nothing can overlap */
+    if (ov.windows == 0) snprintf(ovs, sizeof(ovs), "decode_overlap n/a (one window) ok");
+    else snprintf(ovs, sizeof(ovs), "decode_overlap %.2f of the possible >= %.1f %s", ov.of_possible, DEMO_OVERLAP_MIN,
+                  chk_overlap ? "ok" : "FAIL (decoding ran serially behind denoising)");
+    printf("check: frames=%lld/%d %s, windowed_decode=%s %s, psnr %.2f (worst frame %lld) >= %.0f %s, kv_pages %d <= %d %s, %s: %s\n",
            (long long)out->next, r->cfg.frames, chk_frames ? "ok" : "FAIL",
            chk_decode ? "identical" : "differs", chk_decode ? "ok" : "FAIL",
            worst_psnr, (long long)out->worst_frame, DEMO_PSNR_MIN, chk_psnr ? "ok" : "FAIL",
-           r->peak_pages, r->page_bound, chk_pages ? "ok" : "FAIL",
-           chk_frames && chk_decode && chk_psnr && chk_pages ? "PASS" : "FAIL");
-    return chk_frames && chk_decode && chk_psnr && chk_pages ? 0 : 1;
+           r->peak_pages, r->page_bound, chk_pages ? "ok" : "FAIL", ovs,
+           chk_frames && chk_decode && chk_psnr && chk_pages && chk_overlap ? "PASS" : "FAIL");
+    return chk_frames && chk_decode && chk_psnr && chk_pages && chk_overlap ? 0 : 1;
 }
 
 static void demo_close(demo_app *app) {
@@ -1699,6 +1822,7 @@ static void demo_close(demo_app *app) {
     if (app->backend_open) r->be.destroy(r->be.impl);
     demo_decoder_free(&app->dec);
     demo_scene_free(&r->scene);
+    free(r->den_t0);   /* every timeline array */
     free(r->lat); free(r->q); free(r->o); free(r->k); free(r->v); free(r->x); free(r->prompt[0]); free(r->prompt[1]);
     free(out->truth); free(out->truth_lat); free(out->c3); free(out->tmp); free(out->rgb); free(out->kept);
 }

@@ -453,6 +453,63 @@ TEST(stale_kv_fails_the_self_check) {
     remove(tv_path("stale.mp4"));
 }
 
+/* Window k decodes while window k+1 denoises: the summary measures it
+   (decode_overlap, overlap_of_possible), --timeline gives every window's
+   intervals, and --check passes on it. In both modes. */
+TEST(decoding_overlaps_denoising_and_the_check_passes_on_it) {
+    static const char *const modes[2] = { "--mode kv", "--mode chained --window 4 --overlap 2" };
+    char args[512];
+    int m;
+    for (m = 0; m < 2; m++) {
+        const char *s;
+        double n0[64], n1[64], d0[64], d1[64], ov = 0.0;
+        long long windows, lines = 0, k, j;
+        snprintf(args, sizeof(args), "%s %s --frames 81 --check --timeline -o %s", TV_SMALL, modes[m], tv_path("overlap.y4m"));
+        ASSERT_EQ(0, tv_expect(0, "", args));
+        EXPECT_TRUE(tv_has("check: ") && tv_has(": PASS"));
+        EXPECT_TRUE(tv_has(" of the possible >= 0.2 ok"));
+        EXPECT_TRUE(tv_field("decode_overlap") > 0.0);
+        EXPECT_TRUE(tv_field("overlap_of_possible") >= 0.2 && tv_field("overlap_of_possible") <= 1.0);
+        EXPECT_TRUE(tv_field("overlapped_seconds") > 0.0 && tv_field("decode_seconds") > 0.0);
+        windows = (long long)tv_field("windows");
+        ASSERT_TRUE(windows >= 3 && windows <= 64);
+        for (s = tv_out; (s = strstr(s, "timeline: window=")) != NULL && lines < 64; s++) {
+            if (sscanf(s, "timeline: window=%lld denoise=%lf..%lf decode=%lf..%lf", &k, &n0[lines], &n1[lines], &d0[lines], &d1[lines]) != 5 ||
+                k != lines) {
+                mt_fail(__FILE__, __LINE__, "timeline line %lld does not parse: %.80s", lines, s);
+                break;
+            }
+            EXPECT_TRUE(n0[k] >= 0.0 && n1[k] >= n0[k] && d1[k] >= d0[k]);
+            EXPECT_TRUE(k == 0 || n0[k] >= n1[k - 1]);   /* one generator: denoises follow each other */
+            EXPECT_TRUE(d0[k] >= n1[k]);                 /* a window is decoded after it is denoised */
+            lines++;
+        }
+        ASSERT_EQ(windows, lines);
+        /* the summary's overlapped seconds, from the timeline: each decode (but the last) against every denoise */
+        for (k = 0; k + 1 < lines; k++)
+            for (j = 0; j < lines; j++) {
+                double a = n0[j] > d0[k] ? n0[j] : d0[k], b = n1[j] < d1[k] ? n1[j] : d1[k];
+                if (b > a) ov += b - a;
+            }
+        EXPECT_NEAR(tv_field("overlapped_seconds"), ov, 0.002 + 0.01 * ov);
+    }
+    remove(tv_path("overlap.y4m"));
+}
+
+/* MSKV_DEMO_BREAK=serial decodes each window before denoising the next: no
+   overlap at all, and --check fails on that alone (the video is as good). */
+TEST(serial_decoding_fails_the_self_check) {
+    char args[512];
+    snprintf(args, sizeof(args), "%s --frames 41 --check -o %s", TV_SMALL, tv_path("serial.y4m"));
+    EXPECT_EQ(1, tv_expect(1, "MSKV_DEMO_BREAK=serial ", args));
+    EXPECT_TRUE(tv_has("demo: MSKV_DEMO_BREAK: each window is decoded before the next is denoised"));
+    EXPECT_TRUE(tv_field("decode_seconds") > 0.0);
+    EXPECT_TRUE(tv_field("decode_overlap") == 0.0 && tv_field("overlapped_seconds") == 0.0);
+    EXPECT_TRUE(tv_has("FAIL (decoding ran serially behind denoising): FAIL"));
+    EXPECT_TRUE(tv_has("frames=41/41 ok") && tv_has("windowed_decode=identical ok") && tv_has(">= 40 ok"));
+    remove(tv_path("serial.y4m"));
+}
+
 TEST(too_few_denoise_steps_leave_noise_that_fails_the_self_check) {
     char args[512];
     snprintf(args, sizeof(args), "%s --frames 41 --steps 2 --check -o %s", TV_SMALL, tv_path("steps.mp4"));
@@ -728,13 +785,13 @@ TEST(every_option_the_demo_parses_is_in_its_help) {
     EXPECT_TRUE(strstr(help, "  --page-size ") && strstr(help, "  --dump-raw ") && strstr(help, "  --progress "));
 }
 
-/* page, sink and stale each say once what they broke (stale used to be silent) */
+/* page, sink, stale and serial each say once what they broke (stale used to be silent) */
 TEST(every_deliberate_cache_break_prints_one_note) {
-    static const char *const kinds[3] = { "page", "sink", "stale" };
+    static const char *const kinds[4] = { "page", "sink", "stale", "serial" };
     char args[512], env[64];
     int i;
     snprintf(args, sizeof(args), "%s --frames 41 -o %s", TV_SMALL, tv_path("note.mp4"));
-    for (i = 0; i < 3; i++) {
+    for (i = 0; i < 4; i++) {
         snprintf(env, sizeof(env), "MSKV_DEMO_BREAK=%s ", kinds[i]);
         EXPECT_EQ(0, tv_expect(0, env, args));   /* without --check a broken cache is not a failure */
         if (tv_lines_with("demo: MSKV_DEMO_BREAK: ") != 1)
