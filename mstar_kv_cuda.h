@@ -5996,8 +5996,14 @@ static mskv_result mskv__attn_pick(mskv_cuda_store *st, const mskv_plan *plan, c
             /* AUTO: a device that does not say it has the shared memory gets mma.sync */
             if (res != MSKV_ERROR_UNSUPPORTED || forced) return res;
         } else {
-            /* out of memory is this call's failure, not the kernel's */
+            int lost;
+            /* out of memory is this call's failure, not the kernel's; after
+               a fault in its self-test the context is gone: nothing to fall back on */
             if (forced || res == MSKV_ERROR_OUT_OF_MEMORY) return res;
+            mskv__cuda_lock(&cu->lock);
+            lost = cu->lost;
+            mskv__cuda_unlock(&cu->lock);
+            if (lost) return res;
             mskv__cuda_sm90_off(cu, res);
         }
         L->sm90 = 0;

@@ -2617,9 +2617,12 @@ TEST(cuda_selftest_off_lets_a_planted_bug_through) {
     ASSERT_EQ(MSKV_SUCCESS, e.open(MSKV_DTYPE_BF16, P, kvh, pages));
     ASSERT_EQ(MSKV_SUCCESS, ecu_make(e, p, P, kvh, qh, pages, {30, 5}, {100, 37}, 45));
     ecu.plant_kernel = "mskv_attn"; ecu.plant_factor = 0.8f;
+    ecu.launched.clear();
     double err = ecu_attention_error(e, p, P, kvh, qh, pages, MSKV_MASK_CAUSAL, 0);
     ecu.plant_kernel.clear();
-    EXPECT_GT(err, 2.5e-2);
+    printf("  planted scale x0.8 without the self-test: worst error %.3g (%d launches, first %s)\n", err,
+           (int)ecu.launched.size(), ecu.launched.empty() ? "none" : ecu.launched[0].c_str());
+    EXPECT_TRUE(err > 2.5e-2);
     EXPECT_EQ(0, ecu_info(e).selftests_passed + ecu_info(e).selftests_failed);
 }
 
@@ -2706,7 +2709,7 @@ TEST(cuda_selftest_fault_loses_the_context_and_the_next_process_skips_the_varian
         EXPECT_EQ(1, i.selftests_failed);
         EXPECT_EQ(1, i.selftests_passed);   /* mskv_attn prefill */
         EXPECT_EQ(0, i.wgmma);
-        EXPECT_EQ(1, ecu_count(e.log, "recorded beside its cache entry"));
+        EXPECT_TRUE(ecu_count(e.log, "failed its self-test on emulated (recorded beside its cache entry") >= 1);
         /* no sm_90a launch at all: the mma.sync self-test and the caller's call */
         ASSERT_EQ(2, (int)ecu.launched.size());
         EXPECT_STREQ("mskv_attn", ecu.launched[0].c_str());

@@ -606,6 +606,12 @@ static const mskv_cuda_functions *gpc_fn;
 static int gpc_warm;
 static FILE *gpc_json;
 static int gpc_compiles, gpc_disk_hits;   /* over the contexts a stage closed (gpc_close) */
+static int gpc_selftest_on;               /* gpc_open's contexts run the kernel self-test (the selftest stage) */
+#ifdef GPC_MOCK
+static const int gpc_mock = 1;
+#else
+static const int gpc_mock = 0;
+#endif
 
 /* mskv_cuda_info_get, the struct zeroed first (so a failure leaves zeros) */
 static mskv_result gpc_info_get(mskv_cuda *cu, mskv_cuda_info *i) {
@@ -656,8 +662,12 @@ static int gpc_open(int attn_path, mskv_cuda **out) {
     cd.log = gpc_log;
     cd.functions = gpc_fn;
     cd.attn_path = attn_path;
-    /* the compile-only device runs nothing: a known-answer test there could only fail */
-    if (gpc_warm) cd.selftest = MSKV_CUDA_SELFTEST_OFF;
+    /* The parity sweeps compare every case with the CPU themselves, and a
+       variant failing its self-test would stop them at the call with
+       MSKV_ERROR_CUDA instead of showing the mismatch: only the selftest
+       stage runs it. The compile-only device and the mock run no kernel, so
+       a known-answer test there could only fail. */
+    cd.selftest = gpc_selftest_on && !gpc_warm && !gpc_mock ? MSKV_CUDA_SELFTEST_ON : MSKV_CUDA_SELFTEST_OFF;
     if (mskv_cuda_probe(&cd, why, sizeof why) != MSKV_SUCCESS || (r = mskv_cuda_create(&cd, out)) != MSKV_SUCCESS) {
         int32_t gpus = 0, version = 0;
         int nvrtc, rc;
@@ -789,11 +799,17 @@ static int gpc_stage_selftest(const gpc_opts *o) {
     const char *label[2] = { "default", "mma" };
     int rc, k, failed = 0, n = 1;
     mskv_cuda_info i;
-    if ((rc = gpc_open(MSKV_CUDA_ATTN_AUTO, &cu[0])) != 0) return rc;
+    gpc_selftest_on = 1;
+    rc = gpc_open(MSKV_CUDA_ATTN_AUTO, &cu[0]);
+    gpc_selftest_on = 0;
+    if (rc != 0) return rc;
     gpc_info_get(cu[0], &i);
     if (i.wgmma) {
         label[0] = "sm90a";
-        if ((rc = gpc_open(MSKV_CUDA_ATTN_MMA, &cu[1])) != 0) { gpc_close(cu[0]); return rc; }
+        gpc_selftest_on = 1;
+        rc = gpc_open(MSKV_CUDA_ATTN_MMA, &cu[1]);
+        gpc_selftest_on = 0;
+        if (rc != 0) { gpc_close(cu[0]); return rc; }
         n = 2;
     }
     for (k = 0; k < n; k++) {
