@@ -405,7 +405,7 @@ class Request:
         return PrefixView(self.arena, self, cap_tokens, group)
 
     def release_oldest(self, n):
-        """Releases the n oldest live tokens (whole pages only); returns the tokens freed."""
+        """Releases the n oldest tokens still visible: n counts on from the previous release point (repeated small releases add up); pages go only when whole. Returns the tokens freed."""
         released = ctypes.c_int64()
         self._call("mskv_request_release_oldest", n, byref(released))
         return released.value
