@@ -3055,6 +3055,13 @@ static const char *mskv__cuda_cu_name(const mskv_cuda_functions *fn, mskv_cu_res
     return "unknown CUDA error";
 }
 
+/* Appends a library that did not open, and why, to why. */
+static void mskv__cuda_why_open(char *why, size_t cap, const char *name, const char *err) {
+    /* dlerror's message starts with the name already (LoadLibrary's does not) */
+    if (strstr(err, name)) mskv__cuda_appendf(why, cap, "%s%s", why[0] ? "; " : "", err);
+    else mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", name, err);
+}
+
 /* Opens the first of names that loads; every failure is appended to why. */
 static void *mskv__cuda_open_first(const char *const *names, int n, const char **used, char *why, size_t cap) {
     int i;
@@ -3062,9 +3069,7 @@ static void *mskv__cuda_open_first(const char *const *names, int n, const char *
         char err[512] = "";
         void *lib = mskv__cuda_lib_open(names[i], err, sizeof(err));
         if (lib) { *used = names[i]; return lib; }
-        /* dlerror's message starts with the name already (LoadLibrary's does not) */
-        if (strstr(err, names[i])) mskv__cuda_appendf(why, cap, "%s%s", why[0] ? "; " : "", err);
-        else mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", names[i], err);
+        mskv__cuda_why_open(why, cap, names[i], err);
     }
     return NULL;
 }
@@ -3194,9 +3199,7 @@ static mskv_result mskv__cuda_open_nvrtc(const char *first, int driver_major, vo
         void *l = mskv__cuda_lib_open(cand[i], err, sizeof(err));
         int v, major;
         if (!l) {
-            /* dlerror's message starts with the name already (LoadLibrary's does not) */
-            if (strstr(err, cand[i])) mskv__cuda_appendf(why, cap, "%s%s", why[0] ? "; " : "", err);
-            else mskv__cuda_appendf(why, cap, "%s%s: %s", why[0] ? "; " : "", cand[i], err);
+            mskv__cuda_why_open(why, cap, cand[i], err);
             continue;
         }
         if ((v = mskv__cuda_nvrtc_version_of(l)) == 0) {
@@ -4201,6 +4204,7 @@ static mskv_result mskv__cuda_function(mskv_cuda *cu, int kernel, const mskv__cu
     uint64_t key;
     mskv__cuda_variant *v;
     mskv_result res = MSKV_SUCCESS;
+    int log_refusal = 0;
     *out = NULL;
     if (defs->bad || kernel < 0 || kernel >= MSKV__CUDA_NKERNELS) return MSKV_ERROR_INVALID_ARGUMENT;
     key = mskv__cuda_variant_key(defs);
@@ -4229,12 +4233,21 @@ static mskv_result mskv__cuda_function(mskv_cuda *cu, int kernel, const mskv__cu
             if (ok == 0) mskv__cuda_copystr(v->selftest_why, sizeof(v->selftest_why), why);
         }
         if (res == MSKV_SUCCESS && v->selftest[kernel] == -1) {
-            mskv__cuda_copystr(cu->err, sizeof(cu->err), v->selftest_why);
+            /* mskv_attn is the last resort of every shape: nothing else serves the call */
+            if (kernel == MSKV__K_ATTN) {
+                mskv__cuda_format(cu->err, sizeof(cu->err), "no attention kernel passed its self-test on %s%s: %s",
+                                  cu->info.name, mskv__cuda_sm90_device(cu) ? " (nor did mskv_attn_sm90, or it is off)" : "",
+                                  v->selftest_why);
+                log_refusal = 1;   /* after the lock: a logger may call back into the layer */
+            } else {
+                mskv__cuda_copystr(cu->err, sizeof(cu->err), v->selftest_why);
+            }
             res = MSKV_ERROR_CUDA;
         }
     }
     if (res == MSKV_SUCCESS) *out = v->funcs[kernel];
     mskv__cuda_unlock(&cu->lock);
+    if (log_refusal && cu->log) cu->log(cu->log_user, MSKV_LOG_ERROR, cu->err);
     return res;
 }
 
@@ -6010,15 +6023,7 @@ static mskv_result mskv__attn_pick(mskv_cuda_store *st, const mskv_plan *plan, c
         defs = st->defs;
     }
     mskv__cuda_define(&defs, MSKV__D_ATTN_WARP_KEYS, L->g.decode);
-    if ((res = mskv__cuda_store_function(st, MSKV__K_ATTN, &defs, &L->f)) != MSKV_SUCCESS) {
-        if (res == MSKV_ERROR_CUDA && strstr(cu->err, "failed its self-test")) {
-            char tmp[600];
-            mskv__cuda_copystr(tmp, sizeof(tmp), cu->err);
-            mskv__cuda_failf(cu, "no attention kernel passed its self-test on %s%s: %s", cu->info.name,
-                             mskv__cuda_sm90_device(cu) ? " (nor did mskv_attn_sm90, or it is off)" : "", tmp);
-        }
-        return res;
-    }
+    if ((res = mskv__cuda_store_function(st, MSKV__K_ATTN, &defs, &L->f)) != MSKV_SUCCESS) return res;
     res = mskv_cuda_attn_geometry_get(plan->batch, plan->total_q, max_qo, max_kv, attn->q_heads, st->d.kv_heads,
                                       st->d.head_dim, cu->info.multiprocessors, cu->smem_optin,
                                       mskv__attn_resident(st, L->f, L->g.decode, L->g.smem_bytes), &L->g);
@@ -6672,6 +6677,26 @@ static double mskv__st_now_ms(void) {
 #endif
 }
 
+/* The private store a problem runs on: one layer of MSKV__ST_PAGES pages,
+   the smallest staging and plan buffers, its own stream. */
+static mskv_result mskv__st_store(mskv_cuda *cu, mskv_dtype dt, int32_t D, mskv_cuda_store **out) {
+    mskv_cuda_store_desc sd;
+    memset(&sd, 0, sizeof(sd));
+    sd.num_pages = MSKV__ST_PAGES; sd.page_size = MSKV__ST_P; sd.num_layers = 1; sd.kv_heads = MSKV__ST_KVH;
+    sd.head_dim = D; sd.dtype = dt; sd.max_batch = 2; sd.max_tokens = 64; sd.max_page_ids = 16; sd.plan_ring = 1;
+    sd.staging_bytes = (size_t)MSKV__ST_P * MSKV__ST_KVH * (size_t)D * mskv_dtype_size(dt) * 2;
+    return mskv_cuda_store_create(cu, &sd, out);
+}
+
+/* 1 and the detail when r is the launch or its wait failing after f ran:
+   the kernel faulted (CUDA has lost the context) */
+static int mskv__st_faulted(mskv_cuda *cu, const mskv_cuda_store *st, mskv_cu_function f, mskv_result r, char *detail,
+                            size_t cap) {
+    if (r != MSKV_ERROR_CUDA || st->selftest_seen != f) return 0;
+    mskv__cuda_format(detail, cap, "faulted: %.300s", cu->err);
+    return 1;
+}
+
 /* The plan of the problem: two sequences over scattered pages. */
 typedef struct mskv__st_plan {
     mskv_plan p;
@@ -6713,7 +6738,6 @@ static int mskv__st_attention(mskv_cuda *cu, int kernel, const mskv__cuda_define
     const int32_t D = defs->value[MSKV__D_HEAD_DIM];
     const int decode = kernel == MSKV__K_ATTN && defs->value[MSKV__D_ATTN_WARP_KEYS];
     const size_t es = mskv_dtype_size(dt);
-    mskv_cuda_store_desc sd;
     mskv_cuda_store *st = NULL;
     mskv__st_plan sp;
     mskv_cuda_dplan dp;
@@ -6733,11 +6757,7 @@ static int mskv__st_attention(mskv_cuda *cu, int kernel, const mskv__cuda_define
     mskv__st_plan_make(&sp, decode);
     q_elems = (size_t)sp.p.total_q * MSKV__ST_QH * (size_t)D;
     rows = (size_t)sp.p.total_q * MSKV__ST_QH;
-    memset(&sd, 0, sizeof(sd));
-    sd.num_pages = MSKV__ST_PAGES; sd.page_size = MSKV__ST_P; sd.num_layers = 1; sd.kv_heads = MSKV__ST_KVH;
-    sd.head_dim = D; sd.dtype = dt; sd.max_batch = 2; sd.max_tokens = 64; sd.max_page_ids = 16; sd.plan_ring = 1;
-    sd.staging_bytes = (size_t)MSKV__ST_P * MSKV__ST_KVH * (size_t)D * es * 2;
-    if ((r = mskv_cuda_store_create(cu, &sd, &st)) != MSKV_SUCCESS) goto done;
+    if ((r = mskv__st_store(cu, dt, D, &st)) != MSKV_SUCCESS) goto done;
     st->selftest_path = kernel == MSKV__K_ATTN_SM90 ? 2 : 1;
     hk = (unsigned char *)mskv__cuda_alloc(&cu->allocator, pool_elems * es);
     hv = (unsigned char *)mskv__cuda_alloc(&cu->allocator, pool_elems * es);
@@ -6767,12 +6787,7 @@ static int mskv__st_attention(mskv_cuda *cu, int kernel, const mskv__cuda_define
     r = mskv_cuda_attention(st, 0, &sp.p, &dp, &at, dq, dout, dlse);
     if (r == MSKV_SUCCESS) r = mskv_cuda_download(st, ho, dout, q_elems * es);
     if (r == MSKV_SUCCESS) r = mskv_cuda_download(st, hl, dlse, rows * sizeof(float));
-    if (r == MSKV_ERROR_CUDA && st->selftest_seen == f) {
-        /* the launch or the wait after it failed: the kernel faulted */
-        mskv__cuda_format(detail, cap, "faulted: %.300s", cu->err);
-        verdict = 3;
-        goto done;
-    }
+    if (mskv__st_faulted(cu, st, f, r, detail, cap)) { verdict = 3; goto done; }
     if (r == MSKV_ERROR_UNSUPPORTED || r == MSKV_ERROR_INVALID_ARGUMENT) {
         /* a dtype or head_dim the attention wrappers do not take */
         verdict = 2;
@@ -6810,7 +6825,6 @@ static int mskv__st_kv_write(mskv_cuda *cu, const mskv__cuda_defines *defs, mskv
     const int32_t D = defs->value[MSKV__D_HEAD_DIM], n = 37;
     const size_t es = mskv_dtype_size(dt), ss = mskv_dtype_size(src);
     static const int32_t pages[3] = { 5, 9, 2 };
-    mskv_cuda_store_desc sd;
     mskv_cuda_store *st = NULL;
     mskv__st_plan sp;
     mskv_cuda_dplan dp;
@@ -6851,11 +6865,7 @@ static int mskv__st_kv_write(mskv_cuda *cu, const mskv__cuda_defines *defs, mskv
         rope.dims[2] = defs->value[MSKV__D_ROPE_D2];
         rp = &rope;
     }
-    memset(&sd, 0, sizeof(sd));
-    sd.num_pages = MSKV__ST_PAGES; sd.page_size = MSKV__ST_P; sd.num_layers = 1; sd.kv_heads = MSKV__ST_KVH;
-    sd.head_dim = D; sd.dtype = dt; sd.max_batch = 2; sd.max_tokens = 64; sd.max_page_ids = 16; sd.plan_ring = 1;
-    sd.staging_bytes = (size_t)MSKV__ST_P * MSKV__ST_KVH * (size_t)D * es * 2;
-    if ((r = mskv_cuda_store_create(cu, &sd, &st)) != MSKV_SUCCESS) goto done;
+    if ((r = mskv__st_store(cu, dt, D, &st)) != MSKV_SUCCESS) goto done;
     hk = (unsigned char *)mskv__cuda_calloc(&cu->allocator, pool_elems * es);
     hv = (unsigned char *)mskv__cuda_calloc(&cu->allocator, pool_elems * es);
     gk = (unsigned char *)mskv__cuda_alloc(&cu->allocator, pool_elems * es);
@@ -6882,11 +6892,7 @@ static int mskv__st_kv_write(mskv_cuda *cu, const mskv__cuda_defines *defs, mskv
     r = mskv_cuda_write_kv_ex(st, 0, &dp, dk, dv, src, rp);
     if (r == MSKV_SUCCESS) r = mskv_cuda_download(st, gk, mskv_cuda_store_pool(st, 0, 0), pool_elems * es);
     if (r == MSKV_SUCCESS) r = mskv_cuda_download(st, gv, mskv_cuda_store_pool(st, 0, 1), pool_elems * es);
-    if (r == MSKV_ERROR_CUDA && st->selftest_seen == f) {
-        mskv__cuda_format(detail, cap, "faulted: %.300s", cu->err);
-        verdict = 3;
-        goto done;
-    }
+    if (mskv__st_faulted(cu, st, f, r, detail, cap)) { verdict = 3; goto done; }
     if (r != MSKV_SUCCESS) goto done;
     if (st->selftest_seen != f) { verdict = 2; goto done; }
     for (i = 0; i < pool_elems; i++) {
