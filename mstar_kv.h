@@ -3976,6 +3976,9 @@ static mskv_result mskv__plan_bounds(mskv_arena *a, const mskv_plan_desc *d, con
     } else if (d->visibility == MSKV_VIS_EXACT && d->kind == MSKV_PLAN_SELF) {
         se = t->prefix_tokens;   /* a keyed entry, a prefix or a dense sequence has released nothing */
         ws = t->release_point;
+        /* bounds only where they hide a token the pages hold: none when the sink
+           fills its last page and the release point is a page boundary */
+        if (se == (int64_t)t->prefix_pages * a->P && ws <= t->live_start) se = ws = 0;
     }
     if (ws <= se) se = ws = 0;
     if (d->exclude_prefix && t->prefix_tokens > 0) {

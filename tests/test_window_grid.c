@@ -182,3 +182,49 @@ TEST(exact_window_minimal_case_hides_the_tail_of_the_sinks_last_page) {
     mskv_plan_free(a, &p);
     mskv_arena_destroy(a);
 }
+
+/* Caller-owned arrays without the bounds (written before they existed):
+   the default plan builds while the window hides nothing and is refused,
+   naming the case, once it would have to hide tokens its pages hold (it
+   cannot say what the rolling cache holds); whole pages stay on request. */
+TEST(exact_default_without_bound_arrays_builds_until_something_is_hidden) {
+    mskv_arena_desc ad;
+    mskv_arena *a = NULL;
+    mskv_request r;
+    mskv_session ses;
+    mskv_retention ret;
+    mskv_plan full, p;
+    mskv_plan_desc d;
+    unsigned char got[16];
+    int32_t k;
+    memset(&ad, 0, sizeof ad);
+    ad.num_pages = 32; ad.page_size = 3;
+    memset(&ret, 0, sizeof ret);
+    ret.chunk_size = 2; ret.sink_chunks = 2; ret.window_chunks = 1;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_session_init(&ses, a, r, &ret));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 1, 2, 16, &full));
+    p = full;                                  /* the same arrays, minus the bounds */
+    p.vis_sink_end = NULL;
+    p.vis_window_start = NULL;
+    memset(&d, 0, sizeof d);
+    for (k = 0; k < 4; k++) {
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_begin_chunk(&ses, 2));
+        EXPECT_EQ(MSKV_SUCCESS, mskv_session_plan(&ses, &d, &p));   /* chunks 0-3: nothing hidden yet */
+        EXPECT_EQ(0u, p.features & MSKV_PLAN_VISIBILITY);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_commit_chunk(&ses, NULL));
+    }
+    ASSERT_EQ(MSKV_SUCCESS, mskv_session_begin_chunk(&ses, 2));
+    p.kv_len[0] = -7;                          /* a refused build writes nothing */
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_session_plan(&ses, &d, &p));
+    EXPECT_EQ(-7, p.kv_len[0]);
+    d.visibility = MSKV_VIS_PAGES;             /* the opt-in: every token of the pages */
+    ASSERT_EQ(MSKV_SUCCESS, mskv_session_plan(&ses, &d, &p));
+    ASSERT_TRUE(mwg_plan_visible(&p, got, 10));
+    EXPECT_EQ(1, got[4]);
+    EXPECT_EQ(1, got[5]);
+    EXPECT_EQ(10, p.kv_len[0]);
+    mskv_plan_free(a, &full);
+    mskv_arena_destroy(a);
+}
