@@ -228,3 +228,103 @@ TEST(exact_default_without_bound_arrays_builds_until_something_is_hidden) {
     mskv_plan_free(a, &full);
     mskv_arena_destroy(a);
 }
+
+/* ---- the unaligned loop, by default ----------------------------------------------
+   40-token chunks on 16-token pages, sink 1 chunk, window 2 committed chunks,
+   GQA 4:2, causal inside each chunk: a session, NULL plan descriptions and
+   the CPU attention, with no visibility option anywhere, against a
+   contiguous rolling cache (sink kept, the oldest tokens dropped exactly) in
+   double. Whole pages attend over 168, then 176 keys where the cache has 160
+   (40 + 80 + 40); the default must attend over exactly the cache's keys. */
+enum { MWU_C = 40, MWU_P = 16, MWU_QH = 4, MWU_KVH = 2, MWU_D = 16, MWU_W = 2, MWU_CHUNKS = 12 };
+
+static float mwu_val(int kind, int64_t pos, int32_t h, int32_t d) {
+    uint32_t x = (uint32_t)(pos * 2654435761u) ^ (uint32_t)(kind * 40503 + h * 7919 + d * 9973);
+    x ^= x >> 15; x *= 0x2c1b3c6du; x ^= x >> 12; x ^= x >> 16;
+    return (float)((int32_t)(x % 2001) - 1000) / 1000.0f;
+}
+
+/* One chunk against the rolling cache [0, C) + [keep_from, first) + the chunk's
+   own causal prefix; returns the largest difference and the keys the last
+   query saw in *keys. */
+static double mwu_chunk(const float *q, const float *o, int64_t first, int64_t keep_from, int32_t *keys) {
+    double worst = 0;
+    int32_t i, h, d;
+    for (i = 0; i < MWU_C; i++)
+        for (h = 0; h < MWU_QH; h++) {
+            double w[MWU_C * (MWU_W + 2)], mx = -INFINITY, sum = 0, ref[MWU_D];
+            int64_t pos[MWU_C * (MWU_W + 2)], t;
+            int32_t n = 0, j, kh = h / (MWU_QH / MWU_KVH);
+            for (t = 0; t <= first + i; t++)
+                if (t < MWU_C || t >= keep_from) pos[n++] = t;
+            for (j = 0; j < n; j++) {
+                double dot = 0;
+                for (d = 0; d < MWU_D; d++) dot += (double)q[(i * MWU_QH + h) * MWU_D + d] * mwu_val(0, pos[j], kh, d);
+                w[j] = dot * 0.25;
+                if (w[j] > mx) mx = w[j];
+            }
+            for (d = 0; d < MWU_D; d++) ref[d] = 0;
+            for (j = 0; j < n; j++) {
+                double e = exp(w[j] - mx);
+                sum += e;
+                for (d = 0; d < MWU_D; d++) ref[d] += e * mwu_val(1, pos[j], kh, d);
+            }
+            for (d = 0; d < MWU_D; d++) {
+                double e = fabs(ref[d] / sum - o[(i * MWU_QH + h) * MWU_D + d]);
+                if (e > worst) worst = e;
+            }
+            if (i == MWU_C - 1) *keys = n;
+        }
+    return worst;
+}
+
+TEST(unaligned_chunks_match_a_rolling_cache_by_default) {
+    mskv_arena_desc ad;
+    mskv_arena *a = NULL;
+    mskv_cpu *cpu = NULL;
+    mskv_request r;
+    mskv_session ses;
+    mskv_retention ret;
+    mskv_plan p;
+    mskv_attn at;
+    static float k[MWU_C * MWU_KVH * MWU_D], v[MWU_C * MWU_KVH * MWU_D], q[MWU_C * MWU_QH * MWU_D], o[MWU_C * MWU_QH * MWU_D];
+    int32_t c, t, h, d, keys = 0;
+    double worst = 0;
+    memset(&ad, 0, sizeof ad);
+    ad.num_pages = 64; ad.page_size = MWU_P; ad.num_layers = 1; ad.kv_heads = MWU_KVH; ad.head_dim = MWU_D; ad.dtype = MSKV_DTYPE_F32;
+    memset(&ret, 0, sizeof ret);
+    ret.chunk_size = MWU_C; ret.sink_chunks = 1; ret.window_chunks = MWU_W;
+    memset(&at, 0, sizeof at);
+    at.q_heads = MWU_QH; at.q_dtype = MSKV_DTYPE_F32; at.mask = MSKV_MASK_CAUSAL;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&ad, &a));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(NULL, &cpu));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_session_init(&ses, a, r, &ret));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 1, MWU_C, 64, &p));
+    for (c = 0; c < MWU_CHUNKS; c++) {
+        int64_t first = (int64_t)c * MWU_C, keep_from = first - MWU_W * MWU_C;
+        double e;
+        if (keep_from < MWU_C) keep_from = MWU_C;
+        for (t = 0; t < MWU_C; t++)
+            for (h = 0; h < MWU_KVH; h++)
+                for (d = 0; d < MWU_D; d++) {
+                    k[(t * MWU_KVH + h) * MWU_D + d] = mwu_val(0, first + t, h, d);
+                    v[(t * MWU_KVH + h) * MWU_D + d] = mwu_val(1, first + t, h, d);
+                }
+        for (t = 0; t < MWU_C * MWU_QH * MWU_D; t++) q[t] = 3.0f * mwu_val(2, first + t / (MWU_QH * MWU_D), t % (MWU_QH * MWU_D), 0);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_begin_chunk(&ses, MWU_C));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_plan(&ses, NULL, &p));     /* no option set */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_write_kv(a, 0, &p, k, v, MSKV_DTYPE_F32, NULL));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_attention(cpu, a, 0, &p, &at, q, o, NULL));
+        e = mwu_chunk(q, o, first, keep_from, &keys);
+        if (e > worst) worst = e;
+        if (e > 1e-5) mt_fail(__FILE__, __LINE__, "chunk %d: %.3g from the rolling cache (%d keys for the last query)", (int)c, e, (int)keys);
+        if (c >= MWU_W + 1) EXPECT_EQ(MWU_C * (MWU_W + 2), keys);   /* 160: sink + window + the chunk */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_session_commit_chunk(&ses, NULL));
+    }
+    printf("  40-token chunks on 16-token pages, sink 1, window 2, by default: %d keys, worst %.3g\n", (int)keys, worst);
+    EXPECT_TRUE(mtu_audit(a));
+    mskv_plan_free(a, &p);
+    mskv_cpu_destroy(cpu);
+    mskv_arena_destroy(a);
+}
