@@ -247,13 +247,17 @@ TEST(repeated_small_releases_move_the_window_and_free_whole_pages) {
     EXPECT_EQ(2, i.num_pages);
     EXPECT_EQ(8, i.kv_len);
     EXPECT_EQ(0, mtr_check(a, r, 3, 12, 20));          /* the kept tokens keep their bytes */
-    /* an exact plan hides exactly the twelve */
+    /* an exact plan shows exactly the eight kept: the twelve left with their
+       pages, so it needs no bounds (the canonical (0, 0)) */
     ASSERT_EQ(MSKV_SUCCESS, mskv_plan_alloc(a, 1, 4, 8, &p));
     memset(&d, 0, sizeof d);
     d.visibility = MSKV_VIS_EXACT;
     seg.request = r; seg.n_tokens = 1;
     ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &seg, 1, &d, &p));
-    EXPECT_EQ(12, p.vis_window_start[0]);
+    EXPECT_EQ(0, p.vis_window_start[0]);
+    EXPECT_EQ(0u, p.features & MSKV_PLAN_VISIBILITY);
+    EXPECT_EQ(8, p.kv_len[0]);
+    EXPECT_EQ(12, p.kv_pos_shift[0]);                   /* key j sits at 12 + j */
     mskv_plan_free(a, &p);
     /* eight still visible: nine is past them, and a refusal changes nothing */
     digest = mskv_arena_digest(a);
