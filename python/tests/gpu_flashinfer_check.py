@@ -98,7 +98,8 @@ def main():
                     chunk, mask, list(zip(plan.vis_sink_end.tolist(), plan.vis_window_start.tolist())),
                     a.custom_mask is not None, err))
                 if not err <= TOL:
-                    print("why: FlashInfer prefill differs from mstar_kv by %.3g at chunk %d, mask %s" % (err, chunk, mask))
+                    print("why: FlashInfer prefill differs from mstar_kv by %.3g at chunk %d, mask %s"
+                          % (err, chunk, mask))
                     return 1
             for s in sessions:
                 s.commit_chunk()

@@ -37,19 +37,23 @@ def _paged_keys(pool, pages, kv_len):
     return pool[pages.long()].reshape(-1, pool.shape[2], pool.shape[3])[:kv_len]
 
 
-def _attend(q, k, v, keep, scale):
-    """q [n, H, D], k/v [m, Hk, D], keep [n, m] bool -> o [n, H, D]."""
+def _attend(q, k, v, keep, scale, lse=None):
+    """q [n, H, D], k/v [m, Hk, D], keep [n, m] bool -> o [n, H, D]; lse
+    (optional, [n, H]) gets the log-sum-exp in base 2, as FlashInfer keeps it."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     s = torch.einsum("nhd,mhd->hnm", q, k) * scale
     s = s.masked_fill(~keep[None], float("-inf"))
+    if lse is not None:
+        lse[:] = (torch.logsumexp(s, dim=-1) / np.log(2.0)).T
     return torch.einsum("hnm,mhd->nhd", torch.softmax(s, dim=-1), v)
 
 
 def flashinfer_reference(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size,
-                         causal=False, custom_mask=None, window_left=-1, sm_scale=None):
-    """FlashInfer's batch prefill over a paged NHD cache (k, v), as documented."""
+                         causal=False, custom_mask=None, window_left=-1, sm_scale=None, lse=None):
+    """FlashInfer's batch prefill over a paged NHD cache (k, v), as documented
+    (lse: a [total_q, q_heads] tensor to fill, base 2)."""
     k_cache, v_cache = paged_kv_cache
     scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
     out = torch.zeros_like(q)
@@ -73,17 +77,18 @@ def flashinfer_reference(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv
         if window_left >= 0:
             keep = keep & (kj + qo_len + window_left >= kv_len + qi)
         out[q0:q1] = _attend(q[q0:q1], _paged_keys(k_cache, pages, kv_len), _paged_keys(v_cache, pages, kv_len),
-                             keep, scale)
+                             keep, scale, None if lse is None else lse[q0:q1])
     if custom_mask is not None:
         assert moff == len(custom_mask), "custom_mask: sum(qo_len * kv_len) elements"
     return out
 
 
-def flashinfer_decode_reference(q, paged_kv_cache, indptr, indices, last_page_len, page_size, window_left=-1):
+def flashinfer_decode_reference(q, paged_kv_cache, indptr, indices, last_page_len, page_size, window_left=-1,
+                                lse=None):
     """BatchDecode: one query per request, at the end of its keys."""
     qo_indptr = torch.arange(len(last_page_len) + 1, dtype=torch.int32)
     return flashinfer_reference(q, paged_kv_cache, qo_indptr, indptr, indices, last_page_len, page_size,
-                                causal=False, window_left=window_left)
+                                causal=False, window_left=window_left, lse=lse)
 
 
 def flash_attn_reference(q, k_cache, v_cache, block_table, cache_seqlens, causal=False, window_size=(-1, -1)):
@@ -117,9 +122,10 @@ def _exact_desc(arena, pos="1d"):
     return d
 
 
-def exact_plan(arena, segments, cap=(4, 64, 64)):
+def exact_plan(arena, segments, cap=(4, 64, 64), exclude_prefix=False):
     plan = mk.Plan(*cap)
     d = _exact_desc(arena)
+    d.exclude_prefix = int(exclude_prefix)
     arena._call("mskv_plan_build", arena.ptr, *arena._segments(segments), ctypes.byref(d), ctypes.byref(plan._s))
     plan._pos_mode = d.pos_mode
     return plan
@@ -177,7 +183,7 @@ def test_flashinfer_prefill_matches_mstar_over_a_windowed_video_session(mask):
             for step in range(2):   # denoise steps attend over the same plan
                 a = _check_flashinfer_prefill(arena, plan, mask, 0, rng)
                 used_mask += a.custom_mask is not None
-            if chunk >= 4:   # from the first release on: the sink's last page (6, 7), later also the window's first page
+            if chunk >= 4:   # from the first release on: the sink's last page (6, 7), then the window's first
                 assert all(w > s for s, w in _hidden(plan)), _hidden(plan)
                 assert a.custom_mask is not None
                 assert not a.causal and a.window_left == -1
@@ -272,6 +278,22 @@ def test_decode_hidden_front_of_the_window_becomes_window_left(mask):
         a, f = _check_decode(arena, plan, mask, rng)
         assert a.window_left == int(plan.kv_len[0]) - 1 - 1   # one hidden key at the front
         assert f.window_size[0] == a.window_left
+        p = _check_flashinfer_prefill(arena, plan, mask, 0, rng, expect_mask=False)   # one query: a window will do
+        assert p.window_left == a.window_left
+
+
+def test_bad_arguments_are_refused_by_name():
+    rng = np.random.default_rng(14)
+    arena, plan = _decode_arena(0, 0, [6], rng)
+    with arena:
+        with pytest.raises(ValueError, match="fmt: 'jax'"):
+            interop.flashinfer_prefill_args(plan, fmt="jax")
+        with pytest.raises(ValueError, match="mask"):
+            interop.flash_attn_args(plan, mask="sliding", page_multiple=1)
+        with pytest.raises(interop.UnsupportedCase, match="page_size 4 is not a multiple of 0"):
+            interop.flash_attn_args(plan, page_multiple=0)
+        with pytest.raises(ValueError, match="window_left -2"):
+            interop.flashinfer_decode_args(plan, mask="window", window_left=-2)
 
 
 def test_decode_segments_needing_different_windows_are_refused_by_name():
@@ -310,6 +332,37 @@ def test_decode_sink_and_hole_is_refused_and_prefill_masks_it():
                 call(plan)
             assert e.value.case == "sink_and_hole" and "segment 0" in str(e.value)
         _check_flashinfer_prefill(arena, plan, "causal", 0, rng, expect_mask=True)
+
+
+def test_decode_sink_and_hole_in_two_parts_merged_by_lse_is_the_whole():
+    # the rule docs/interop.md gives for BatchDecode: the window part from an
+    # exclude_prefix plan (a hidden front: window_left), the sink part cut
+    # with last_page_len alone, the two merged by their LSE
+    rng = np.random.default_rng(13)
+    arena, plan = _decode_arena(5, 9, [22], rng)
+    with arena:
+        q = rng.standard_normal((1, QH, DIM)).astype(np.float32)
+        whole = mk.attention(arena, 0, plan, q, mask="causal")
+        window = exact_plan(arena, [(arena_req, 1) for arena_req in _requests(arena, plan)], exclude_prefix=True)
+        a = interop.flashinfer_decode_args(window, mask="causal")
+        assert a.window_left >= 0
+        pools = interop.arena_pools(arena, 0)
+        lse_w = torch.empty(1, QH)
+        o_w = flashinfer_decode_reference(torch.from_numpy(q), pools, a.kv_indptr, a.kv_indices, a.kv_last_page_len,
+                                          PAGE, a.window_left, lse=lse_w)
+        sink_pages = plan.kv_indices[:2].copy()          # tokens 0..4 on two pages, the second holds 1
+        lse_s = torch.empty(1, QH)
+        o_s = flashinfer_decode_reference(torch.from_numpy(q), pools, torch.tensor([0, 2], dtype=torch.int32),
+                                          torch.from_numpy(sink_pages), torch.tensor([1], dtype=torch.int32), PAGE,
+                                          lse=lse_s)
+        ln2 = float(np.log(2.0))
+        o, _ = mk.merge(o_w.numpy(), (lse_w * ln2).numpy(), o_s.numpy(), (lse_s * ln2).numpy())
+        np.testing.assert_allclose(o, whole, atol=1e-5, rtol=1e-5)
+        assert np.abs(o_w.numpy() - whole).max() > 1e-3   # the window part alone is not the answer
+
+
+def _requests(arena, plan):
+    return [mk.Request(arena, int(i)) for i in plan.buffers["requests"][:plan.batch]]
 
 
 # ---- flash-attn over chunks ------------------------------------------------------------------------
