@@ -17,13 +17,16 @@
 #   figures   Wan chunk TFLOP/s per path (4,680 queries = 3 latent frames of 1,560 tokens, head_dim
 #             128) beside PyTorch SDPA (bench/sdpa_peer.py, when torch imports); decode and kv_write
 #             GB/s as a ratio of the device copy (cuMemcpyDtoD) measured in the same run
+#   flashinfer FlashInfer's paged wrappers over mstar_kv's pages and token-exact plans against the
+#             store's attention (python/tests/gpu_flashinfer_check.py); skipped when flashinfer or
+#             torch does not import
 # The stages are one program, build/gpu_check --stage NAME (tests/gpu_check.c:
 # the store checks, and bench/gpu_bench.c's parity sweep and figures), and the
 # demo; one binary keeps one build and one set of kernel variants to warm.
 # A sweep stops at its first failed call (after a CUDA error the context is
 # gone), never at a mismatch: mismatches are counted and the sweep goes on.
 #
-# Time: 420 s in all (GPU_CHECK_TOTAL), the stage budgets below (each
+# Time: 450 s in all (GPU_CHECK_TOTAL), the stage budgets below (each
 # GPU_CHECK_BUDGET_<stage> overrides one), a stage never past what is left.
 # Nothing should compile on the GPU machine: run `make gpu-warm` first (no GPU
 # needed; it fills build/nvrtc-cache, or $MSKV_CACHE_DIR, with every kernel
@@ -80,7 +83,7 @@ for a in "$@"; do
         *) echo "usage: bash tests/gpu_check.sh [--quick]"; exit 2 ;;
     esac
 done
-total=${GPU_CHECK_TOTAL:-420}
+total=${GPU_CHECK_TOTAL:-450}
 dir=${OUT:-$B/gpu-check}
 mkdir -p "$dir"
 results=$dir/results.jsonl
@@ -90,6 +93,8 @@ case "$results" in /*) export GPU_CHECK_RESULTS="$results" ;; esac
 export MSKV_CACHE_DIR="${MSKV_CACHE_DIR:-$PWD/$B/nvrtc-cache}"
 stage_cmd=${GPU_CHECK_STAGE_CMD:-$B/gpu_check}
 extra=${GPU_CHECK_ARGS:-}
+py=$B/venv/bin/python   # the flashinfer stage's interpreter (make python), else the system's
+[ -x "$py" ] || py=python3
 lb=""
 command -v stdbuf > /dev/null 2>&1 && lb="stdbuf -oL -eL"
 
@@ -98,7 +103,7 @@ budget_of() {
     local v def
     case "$1" in
         build) def=50 ;; info) def=20 ;; mma) def=80 ;; sm90a) def=80 ;; selftest) def=30 ;;
-        kvwrite) def=60 ;; demo) def=40 ;; figures) def=60 ;; *) def=30 ;;
+        kvwrite) def=60 ;; demo) def=40 ;; figures) def=60 ;; flashinfer) def=30 ;; *) def=30 ;;
     esac
     v=$(printenv "GPU_CHECK_BUDGET_$1" || true)
     echo "${v:-$def}"
@@ -158,6 +163,7 @@ run_stage selftest $stage_cmd --stage selftest $quick $extra
 run_stage kvwrite  $stage_cmd --stage kvwrite $quick $extra
 run_stage demo     bash "$0" --demo-stage "$dir"
 run_stage figures  $stage_cmd --stage figures $quick $extra
+run_stage flashinfer "$py" python/tests/gpu_flashinfer_check.py
 }
 
 echo

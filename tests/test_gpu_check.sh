@@ -52,10 +52,10 @@ seconds_of() { grep "{\"stage\":\"$1\"," "$res" | sed 's/.*"seconds":\([0-9.]*\)
 echo "gpu_check.sh on the mock driver"
 t0=$(date +%s)
 run_check plain
-expect "stages run in order: info mma sm90a selftest kvwrite demo figures" \
-    test "$(grep -o '{"stage":"[a-z0-9]*"' "$res" | cut -d'"' -f4 | tr '\n' ' ')" = "info mma sm90a selftest kvwrite demo figures "
+expect "stages run in order: info mma sm90a selftest kvwrite demo figures flashinfer" \
+    test "$(grep -o '{"stage":"[a-z0-9]*"' "$res" | cut -d'"' -f4 | tr '\n' ' ')" = "info mma sm90a selftest kvwrite demo figures flashinfer "
 expect "every stage verdict has status, seconds and why" \
-    test "$(grep -c '^{"stage":"[a-z0-9]*","status":"\(pass\|fail\|skip\|timeout\|crash\)","seconds":[0-9.]*,"why":".*"}$' "$res")" = 7
+    test "$(grep -c '^{"stage":"[a-z0-9]*","status":"\(pass\|fail\|skip\|timeout\|crash\)","seconds":[0-9.]*,"why":".*"}$' "$res")" = 8
 expect "info passes and reports the device in the results" \
     sh -c "[ '$(status_of info)' = pass ] && grep -q '^{\"info\":\"device\",\"name\":\"compile-only sm_90 (gpu-warm)\"' '$res'"
 expect "a mismatching parity sweep fails its stage and goes on (cases = failed > 0, not stopped)" \
@@ -100,7 +100,7 @@ expect "stages with no time left are skipped, and say so" \
 run_check nogpu GPU_CHECK_PLANT=nogpu
 expect "no GPU: info skips with the reason, every later stage skips, exit status 77" \
     sh -c "[ $rc = 77 ] && [ '$(status_of info)' = skip ] && [ '$(why_of info)' = 'no usable GPU (planted)' ] &&
-           [ '$(status_of figures)' = skip ] && [ '$(grep -c '"status":"skip"' "$res")' = 7 ]"
+           [ '$(status_of figures)' = skip ] && [ '$(grep -c '"status":"skip"' "$res")' = 8 ]"
 
 # gpu-warm: the stages on the compile-only device fill the cache; then their runs compile nothing
 rm -rf "$work/cache"

@@ -19,3 +19,4 @@ __version__ = "0.1.0"
 def result_string(code):
     """The library's description of a result code."""
     return _ffi.lib.mskv_result_string(code).decode()
+from . import interop  # FlashInfer / flash-attn arguments from a plan (docs/interop.md)
