@@ -14,7 +14,7 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.sdist import sdist
 
 HERE = Path(__file__).resolve().parent
-HEADERS = ("mstar_kv.h", "mstar_kv_cuda.h")
+HEADERS = ("mstar_kv.h", "mstar_kv_cuda.h", "mstar_kv_ucx.h")
 
 
 def header_dir():

@@ -10,6 +10,8 @@ import numpy as np
 
 from . import _ffi, _tensors
 from ._errors import MskvError, TensorError, error_for
+from ._sched import ArenaScheduling, RequestScheduling
+from ._stream import ArenaStreaming
 from ._ffi import (mskv_arena_desc, mskv_arena_stats, mskv_attn, mskv_cpu_desc, mskv_decode_span,
                    mskv_plan, mskv_plan_desc, mskv_plan_size, mskv_request, mskv_request_info,
                    mskv_retention, mskv_rope, mskv_schedule, mskv_segment, mskv_session, mskv_store_info,
@@ -90,7 +92,7 @@ class _Owned:
         self.release()
 
 
-class Arena:
+class Arena(ArenaScheduling, ArenaStreaming):
     """An mskv_arena: pages, requests, plans; with num_layers > 0 also the
     host K/V pools the CPU backend reads and writes
     (2 * num_layers * num_pages * page_size * kv_heads * head_dim elements).
@@ -101,9 +103,10 @@ class Arena:
     call the arena."""
 
     def __init__(self, num_pages, page_size, num_layers=0, kv_heads=0, head_dim=0, dtype="f32",
-                 max_requests=0, retire="immediate", on_event=None, debug=0, _desc=None, _keep=None):
+                 max_requests=0, retire="immediate", on_event=None, debug=0, _desc=None, _keep=None, num_groups=0):
         d = _desc if _desc is not None else mskv_arena_desc()
         if _desc is None:
+            d.num_groups = num_groups   # layer groups (0 = 1): see Request.group()
             d.num_pages, d.page_size, d.max_requests = num_pages, page_size, max_requests
             d.num_layers, d.kv_heads, d.head_dim = num_layers, kv_heads, head_dim
             d.dtype = dtype_code(dtype)
@@ -119,6 +122,7 @@ class Arena:
             self._event_fn = _EVENT_FN(lambda user, ev: Arena._event(me, ev))
             d.on_event = ctypes.cast(self._event_fn, ctypes.c_void_p)
         self._keep = _keep
+        self._num_groups = d.num_groups
         out = ctypes.c_void_p()
         self._h = None
         self._call("mskv_arena_create", byref(d), byref(out))
@@ -335,7 +339,7 @@ class Arena:
         return Session(self, request, retention)
 
 
-class Request:
+class Request(RequestScheduling):
     """A request handle (one KV stream) of an arena."""
     __slots__ = ("_arena", "_id", "_c", "__weakref__")
 

@@ -13,6 +13,7 @@ from . import _ffi, _tensors
 from ._core import DTYPES, POS_MODES, Arena, PrefixView, _attn_struct, _enum, _name, dtype_code
 from ._errors import MskvError, TensorError, error_for
 from ._ffi import mskv_arena_desc, mskv_cuda_desc, mskv_cuda_dplan, mskv_cuda_info, mskv_cuda_store_desc
+from ._graphs import CudaStoreGraphs
 
 byref = ctypes.byref
 STREAM_LEGACY = 1   # MSKV_CU_STREAM_LEGACY: the runtime's default stream (handle 0)
@@ -123,7 +124,7 @@ class DevicePlan:
         object.__setattr__(self, name, value)
 
 
-class CudaStore:
+class CudaStore(CudaStoreGraphs):
     """A device K/V store (mskv_cuda_store): pools per layer (its own, or the
     caller's: pools=[(k0, v0), (k1, v1), ...], device tensors of shape
     [num_pages, page_size, kv_heads, head_dim] in the store's dtype, which the
