@@ -11,6 +11,7 @@ from ._cuda import STREAM_LEGACY, Cuda, CudaStore, DevicePlan, cuda_probe
 from ._cpuinfo import CpuInfo, cpu_isa_available, cpu_isa_name, cpu_isas
 from ._cudax import (AttnGeometry, CudaImage, CudaShards, cuda_attn_geometry, cuda_compile, cuda_embedded_lines,
                      cuda_embedded_source, cuda_log_spills, cuda_page_divisor, cuda_probe_driver)
+from ._extras import DeviceBuffer, Pools, bf16_to_f32, dtype_size, f16_to_f32, f32_to_bf16, f32_to_f16
 from ._enums import (AttnPath, CpuIsa, DebugFlags, Dtype, EventType, Location, LogLevel, Mask, PlanFeature,
                      PlanKind, PosMode, RetireMode, RopeStyle, Visibility)
 from ._graphs import CudaGraph

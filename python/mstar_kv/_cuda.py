@@ -13,6 +13,7 @@ from . import _ffi, _tensors
 from ._core import DTYPES, POS_MODES, Arena, PrefixView, _attn_struct, _enum, _name, dtype_code
 from ._errors import MskvError, TensorError, error_for
 from ._ffi import mskv_arena_desc, mskv_cuda_desc, mskv_cuda_dplan, mskv_cuda_info, mskv_cuda_store_desc
+from ._extras import CudaMemory, CudaStoreCopies
 from ._graphs import CudaStoreGraphs
 
 byref = ctypes.byref
@@ -41,7 +42,7 @@ def cuda_probe(device=0, driver_path=None, nvrtc_path=None):
     return code == 0, why.value.decode(errors="replace")
 
 
-class Cuda:
+class Cuda(CudaMemory):
     """A GPU context (mskv_cuda). CudaUnavailableError, with what was tried,
     on a machine without a driver, a device or NVRTC. attn_path: "auto" (the
     sm_90a kernel for prefill on compute capability 9.0), "mma" or "wgmma"
@@ -124,7 +125,7 @@ class DevicePlan:
         object.__setattr__(self, name, value)
 
 
-class CudaStore(CudaStoreGraphs):
+class CudaStore(CudaStoreGraphs, CudaStoreCopies):
     """A device K/V store (mskv_cuda_store): pools per layer (its own, or the
     caller's: pools=[(k0, v0), (k1, v1), ...], device tensors of shape
     [num_pages, page_size, kv_heads, head_dim] in the store's dtype, which the

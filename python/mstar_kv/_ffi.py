@@ -732,6 +732,8 @@ EXCLUDED = {
     "mskv_plan_free": "Plan owns its buffers (NumPy arrays at fixed addresses)",
     # the function-pointer table a C arena descriptor takes; CudaStore.arena() already passes it
     "mskv_cuda_store_ops": "a C function-pointer table; CudaStore.arena() binds the store's ops itself",
+    # the store-dtype form of mskv_cuda_write_kv_ex, which CudaStore.write_kv calls for every dtype
+    "mskv_cuda_write_kv": "CudaStore.write_kv calls mskv_cuda_write_kv_ex (the same call with src_dtype)",
     # the deprecated form of mskv_skipped_tokens_get (declared for the prototype check, unused)
     "mskv_skipped_tokens": "deprecated: Retention.skipped_tokens calls mskv_skipped_tokens_get",
 }
