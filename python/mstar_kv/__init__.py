@@ -25,6 +25,6 @@ RESIDENT, OFFLOADED = Location.RESIDENT, Location.OFFLOADED   # RequestInfo.loca
 __version__ = "0.1.0"
 
 
-def result_string(code):
+def result_string(code: int) -> str:
     """The library's description of a result code."""
     return _ffi.lib.mskv_result_string(code).decode()

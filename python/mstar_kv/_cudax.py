@@ -8,6 +8,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from . import _core, _cuda, _ffi
 from ._errors import MskvError, TensorError, error_for
+from ._types import Choice, Segments, Tensor
 from ._ffi import mskv_cuda_attn_geometry, mskv_cuda_compile_info, mskv_cuda_image, mskv_cuda_shard_desc
 
 byref = ctypes.byref
@@ -198,14 +199,15 @@ class CudaShards:
         self._arenas.append(a)
         return a
 
-    def plan_upload(self, plan: "_core.Plan", pos=None) -> "List[_cuda.DevicePlan]":
+    def plan_upload(self, plan: "_core.Plan", pos: "Optional[Choice]" = None) -> "List[_cuda.DevicePlan]":
         """The plan on every device: one DevicePlan per shard."""
         mode = plan.pos_mode if pos is None else _core._enum(_core.POS_MODES, pos, "pos")
         out = (_ffi.mskv_cuda_dplan * len(self._stores))()
         self._call("mskv_cuda_shards_plan_upload", self.ptr, byref(plan._s), mode, out)
         return [_cuda.DevicePlan(plan, _ffi.mskv_cuda_dplan.from_buffer_copy(out[i])) for i in range(len(out))]
 
-    def write_kv(self, shard: int, layer: int, dplan: "_cuda.DevicePlan", k, v, rope=None) -> None:
+    def write_kv(self, shard: int, layer: int, dplan: "_cuda.DevicePlan", k: Tensor, v: Tensor,
+                 rope: "Optional[_core.Rope]" = None) -> None:
         """write_kv on device shard with its slice k, v [total_q][kv_heads / N][head_dim] (the store's dtype)."""
         st = self.store(shard)
         d = st._desc
@@ -215,8 +217,9 @@ class CudaShards:
         self._call("mskv_cuda_shards_write_kv", self.ptr, shard, layer, byref(dplan._s), kb.ptr, vb.ptr,
                    byref(rope._s) if rope is not None else None, shard=shard)
 
-    def attention(self, shard: int, layer: int, dplan: "_cuda.DevicePlan", q, out, lse=None, mask="none",
-                  window_left: int = 0, scale: float = 0.0):
+    def attention(self, shard: int, layer: int, dplan: "_cuda.DevicePlan", q: Tensor, out: Tensor,
+                  lse: Optional[Tensor] = None, mask: Choice = "none", window_left: int = 0,
+                  scale: float = 0.0) -> Tensor:
         """attention on device shard: q, out [total_q][q_heads / N][head_dim], lse [total_q][q_heads / N]."""
         st = self.store(shard)
         d, plan, n = st._desc, dplan.plan, len(self._stores)
@@ -234,7 +237,7 @@ class CudaShards:
                    qb.ptr, ob.ptr, lb.ptr if lb else 0, shard=shard)
         return out
 
-    def publish(self, segments=()) -> int:
+    def publish(self, segments: Segments = ()) -> int:
         """Ends the step: mskv_publish plus an event on every device; returns the fence."""
         if not self._arenas:
             raise MskvError("publish: the shards have no arena (CudaShards.arena())")

@@ -4,13 +4,14 @@ pools (Pools, mskv_pools), the dense K/V epoch check, and on the GPU:
 device memory (Cuda.malloc, DeviceBuffer), host <-> device copies on a
 store's stream and the LSE merge on the device."""
 import ctypes
-from typing import Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
 from . import _core, _ffi, _tensors
 from ._enums import Dtype
 from ._errors import MskvError, TensorError
+from ._types import Choice, Tensor
 
 byref = ctypes.byref
 
@@ -81,7 +82,7 @@ class Pools:
         return "Pools(num_pages=%d, page_size=%d, kv_heads=%d, head_dim=%d, dtype=%s)" % (
             s.num_pages, s.page_size, s.kv_heads, s.head_dim, self.dtype.name.lower())
 
-    def write_kv(self, plan: "_core.Plan", k, v, rope: "Optional[_core.Rope]" = None) -> None:
+    def write_kv(self, plan: "_core.Plan", k: Tensor, v: Tensor, rope: "Optional[_core.Rope]" = None) -> None:
         """Scatters k, v [total_q][kv_heads][head_dim] through plan.slot_mapping (mskv_cpu_write_kv_pools)."""
         s = self._s
         shape, layout = (plan.total_q, s.kv_heads, s.head_dim), "[total_q][kv_heads][head_dim]"
@@ -95,8 +96,9 @@ class Pools:
                                                       byref(rope._s) if rope is not None else None),
                      "mskv_cpu_write_kv_pools")
 
-    def attention(self, plan: "_core.Plan", q, out=None, lse=None, mask="none", window_left: int = 0,
-                  scale: float = 0.0, cpu: "Optional[_core.Cpu]" = None):
+    def attention(self, plan: "_core.Plan", q: Tensor, out: Optional[Tensor] = None, lse: Union[bool, Tensor, None] = None,
+                  mask: Choice = "none", window_left: int = 0, scale: float = 0.0,
+                  cpu: "Optional[_core.Cpu]" = None) -> Any:
         """Paged attention over the pools (mskv_cpu_attention_pools): the
         arguments and results of mstar_kv.attention."""
         s = self._s
@@ -126,7 +128,7 @@ class DeviceBuffer:
     """Device memory from Cuda.malloc (mskv_cuda_malloc): .ptr (the device
     address), .nbytes; close() frees it (mskv_cuda_free), also when collected."""
 
-    def __init__(self, cuda, ptr: int, nbytes: int):
+    def __init__(self, cuda: object, ptr: int, nbytes: int):
         self._cuda, self._ptr, self.nbytes = cuda, ptr, nbytes
 
     @property
@@ -176,7 +178,7 @@ class CudaStoreCopies:
     """CudaStore methods: host <-> device copies on the store's stream and the device LSE merge."""
     __slots__ = ()
 
-    def upload(self, dst, src: np.ndarray) -> None:
+    def upload(self, dst: Union[DeviceBuffer, int, Tensor], src: np.ndarray) -> None:
         """Copies host array src into device memory dst (a DeviceBuffer, a
         device address or tensor) on the store's stream; returns once the
         bytes arrived (mskv_cuda_upload)."""
@@ -185,7 +187,7 @@ class CudaStoreCopies:
             raise TensorError("src: %d bytes do not fit the %d-byte device buffer" % (sb.nbytes, dst.nbytes))
         self._call("mskv_cuda_upload", self.ptr, _device_address(dst, "dst"), sb.ptr, sb.nbytes)
 
-    def download(self, dst: np.ndarray, src) -> np.ndarray:
+    def download(self, dst: np.ndarray, src: Union[DeviceBuffer, int, Tensor]) -> np.ndarray:
         """Copies device memory src into host array dst (all of dst's bytes); returns dst."""
         db = _tensors.check(dst, "dst", device="cpu", dtypes=tuple(_tensors._ITEMSIZE), writable=True)
         if isinstance(src, DeviceBuffer) and db.nbytes > src.nbytes:
@@ -193,7 +195,8 @@ class CudaStoreCopies:
         self._call("mskv_cuda_download", self.ptr, db.ptr, _device_address(src, "src"), db.nbytes)
         return dst
 
-    def merge(self, o_a, lse_a, o_b, lse_b, out, out_lse) -> Tuple[object, object]:
+    def merge(self, o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor, out: Tensor,
+              out_lse: Tensor) -> Tuple[Tensor, Tensor]:
         """mstar_kv.merge on the device (mskv_cuda_merge): f32 device tensors
         [n][heads][head_dim] (head_dim 64, 128, 256) and [n][heads]; out may
         alias an input. Returns (out, out_lse)."""

@@ -9,7 +9,7 @@ the pools (export) or written straight into them (import). Only for arenas
 with host pools or bookkeeping only (UnsupportedError with a device store)."""
 import collections
 import ctypes
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -30,7 +30,7 @@ class BlobRange:
     a host copy), valid until the stream ends."""
     __slots__ = ("offset", "page", "group", "layer", "kind", "data")
 
-    def __init__(self, r: mskv_blob_range, owner):
+    def __init__(self, r: mskv_blob_range, owner: object):
         self.offset, self.page, self.group, self.layer, self.kind = r.offset, r.page, r.group, r.layer, r.kind
         raw = (ctypes.c_char * r.bytes).from_address(r.data) if r.bytes else bytearray()
         if r.bytes:
@@ -118,7 +118,7 @@ class ImportStream(_Stream):
     block without commit aborts."""
     _verb = "import"
 
-    def __init__(self, arena: "_core.Arena", header):
+    def __init__(self, arena: "_core.Arena", header: bytes):
         hdr = np.frombuffer(memoryview(header).cast("B"), dtype=np.uint8)
         out, lay = mskv_request(), mskv_blob_layout()
         arena._call("mskv_request_import_begin", arena.ptr, hdr.ctypes.data if hdr.size else None, hdr.size,
@@ -130,7 +130,7 @@ class ImportStream(_Stream):
         return "ImportStream(request=0x%x, blob_bytes=%d, ranges=%d, open=%s)" % (
             self._request.id, self._layout.blob_bytes, self._layout.range_count, self._open)
 
-    def write(self, blob) -> None:
+    def write(self, blob: bytes) -> None:
         """Copies every range's bytes from a whole blob (bytes-like) into place."""
         b = np.frombuffer(memoryview(blob).cast("B"), dtype=np.uint8)
         if b.size < self._layout.blob_bytes:
@@ -163,7 +163,7 @@ class ArenaStreaming:
     """Arena methods: the streamed import."""
     __slots__ = ()
 
-    def import_begin(self, header) -> ImportStream:
+    def import_begin(self, header: bytes) -> ImportStream:
         """Begins a streamed import from a blob's header (bytes-like; the rest
         of the blob is not needed yet): takes every page, all or nothing,
         and returns the open ImportStream (mskv_request_import_begin)."""
@@ -179,7 +179,7 @@ def _need_ucx():
                                code=_ffi.CONSTANTS["MSKV_ERROR_UNSUPPORTED"])
 
 
-def ucx_probe(library: Optional[str] = None) -> "tuple":
+def ucx_probe(library: Optional[str] = None) -> Tuple[bool, str]:
     """(True, "") when UCX (libucp.so.0, or library) can be loaded, else
     (False, the loader's reason) (mskv_ucx_probe)."""
     _need_ucx()
@@ -200,7 +200,7 @@ class Ucx:
     receiving side, Ucx.connect() then send() on the sending side. Each
     object belongs to one thread at a time. A context manager; close()."""
 
-    def __init__(self, _ptr, _desc):
+    def __init__(self, _ptr: int, _desc: object):
         self._ptr, self._desc = _ptr, _desc
 
     @staticmethod
