@@ -11,12 +11,12 @@ from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _ffi, _tensors
+from . import _ffi, _hints, _tensors
 from ._errors import MskvError, TensorError, error_for
 from ._sched import ArenaScheduling, RequestScheduling
 from ._stream import ArenaStreaming
 from ._types import Choice, Segments, Tensor
-from ._enums import Dtype
+from ._enums import Dtype, Location, PlanFeature, PosMode
 from ._ffi import (mskv_arena_desc, mskv_arena_stats, mskv_attn, mskv_cpu_desc, mskv_decode_span,
                    mskv_plan, mskv_plan_desc, mskv_plan_size, mskv_request, mskv_request_info,
                    mskv_retention, mskv_rope, mskv_schedule, mskv_segment, mskv_session, mskv_store_info,
@@ -164,7 +164,8 @@ class Arena(ArenaScheduling, ArenaStreaming):
         n = self._log_count
         code = getattr(_ffi.lib, function)(*args)
         if code != 0:
-            raise error_for(code, function, self._log_last if self._log_count != n else "")
+            detail = self._log_last if self._log_count != n else _hints.explain(function, code, self, args)
+            raise error_for(code, function, detail)
 
     def close(self) -> None:
         """Destroys the arena (pool views and sessions keep its memory until they are gone)."""
@@ -176,6 +177,16 @@ class Arena(ArenaScheduling, ArenaStreaming):
 
     def __exit__(self, *exc):
         self.close()
+
+    def __repr__(self) -> str:
+        if self._h is None or not self._h.ptr:
+            return "Arena(closed)"
+        i, st = self._info, self.stats()
+        geo = ", layers=%d, kv_heads=%d, head_dim=%d, dtype=%s" % (
+            i.num_layers, i.kv_heads, i.head_dim, Dtype(i.dtype).name.lower()) if i.num_layers else ""
+        groups = ", groups=%d" % self.num_groups if self.num_groups > 1 else ""
+        return "Arena(pages=%d, page_size=%d%s%s, free=%d, requests=%d, step=%d)" % (
+            st.num_pages, i.page_size, geo, groups, st.free_pages, st.requests, st.step)
 
     # -- state
     def stats(self) -> ArenaStats:
@@ -223,14 +234,18 @@ class Arena(ArenaScheduling, ArenaStreaming):
         """Host store geometry: layers, heads, head_dim, page size, dtype, byte sizes (mskv_store_info_get)."""
         s = mskv_store_info()
         self._call("mskv_store_info_get", self.ptr, byref(s))
-        return _record(StoreInfo, s)
+        return _record(StoreInfo, s)._replace(dtype=Dtype(s.dtype))
 
     def pool(self, layer: int, kind: Union[str, int]) -> Optional[np.ndarray]:
         """A zero-copy NumPy view of one host pool, [num_pages][page_size][kv_heads][head_dim]
         (kind "k"/0 or "v"/1; bf16 as uint16). None when the arena has no host pools."""
         k = {"k": 0, "v": 1}.get(kind, kind)
-        if k not in (0, 1) or not 0 <= layer < self._info.num_layers:
-            raise ValueError("pool: layer %r / kind %r out of range" % (layer, kind))
+        if k not in (0, 1):
+            raise ValueError("pool: kind %r is not \"k\" (0) or \"v\" (1)" % (kind,))
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise TypeError("pool: layer: expected an int, got %s" % type(layer).__name__)
+        if not 0 <= layer < self._info.num_layers:
+            raise ValueError("pool: layer %d is not in [0, %d) (the arena's num_layers)" % (layer, self._info.num_layers))
         ptr = _ffi.lib.mskv_store_pool(self.ptr, layer, k)
         if not ptr:
             return None
@@ -272,10 +287,21 @@ class Arena(ArenaScheduling, ArenaStreaming):
 
     # -- the step lifecycle
     def _segments(self, segments):
+        if isinstance(segments, Request) or (isinstance(segments, tuple) and len(segments) == 2 and
+                                             isinstance(segments[0], Request)):
+            raise TypeError("segments: expected a list of (Request, n_tokens) pairs, got one %s: %r"
+                            % ("Request" if isinstance(segments, Request) else "pair", segments))
         segs = list(segments)
         arr = (mskv_segment * max(len(segs), 1))()
-        for i, (req, n) in enumerate(segs):
-            if not isinstance(req, Request) or req.arena is not self:
+        for i, seg in enumerate(segs):
+            if not isinstance(seg, tuple) or len(seg) != 2:
+                raise TypeError("segments[%d]: expected a (Request, n_tokens) pair, got %r" % (i, seg))
+            req, n = seg
+            if not isinstance(req, Request):
+                raise TypeError("segments[%d]: expected a Request, got %s" % (i, type(req).__name__))
+            if isinstance(n, bool) or not hasattr(n, "__index__"):
+                raise TypeError("segments[%d]: n_tokens: expected an int, got %s" % (i, type(n).__name__))
+            if req.arena is not self:
                 raise ValueError("segment %d: %r is not a request of this arena" % (i, req))
             e = arr[i]
             e.request, e.n_tokens = req._c, n
@@ -373,8 +399,14 @@ class Request(RequestScheduling):
     arena = property(lambda self: self._arena)
     id = property(lambda self: self._id)
 
-    def __repr__(self):
-        return "Request(id=0x%x)" % self.id
+    def __repr__(self) -> str:
+        try:
+            i = self.info()
+        except MskvError:   # a closed arena or a stale handle: the id is all there is
+            return "Request(id=0x%x, stale)" % self.id
+        flags = "".join(", " + f for f in ("keyed", "sealed", "paused", "lockstep") if getattr(i, f))
+        return "Request(id=0x%x, committed=%d, reserved=%d, prefix=%d, pages=%d, %s%s)" % (
+            self.id, i.committed, i.reserved, i.prefix_tokens, i.num_pages, Location(i.location).name.lower(), flags)
 
     def __eq__(self, other):
         return isinstance(other, Request) and other.arena is self.arena and other.id == self.id
@@ -391,10 +423,10 @@ class Request(RequestScheduling):
         arena._call(function, arena.ptr, self._c, *args)
 
     def info(self) -> RequestInfo:
-        """Token counts, prefix, pages, epoch, location, flags (mskv_request_info_get)."""
+        """Token counts, prefix, pages, epoch, location (a Location), flags (mskv_request_info_get)."""
         s = mskv_request_info()
         self._call("mskv_request_info_get", byref(s))
-        return _record(RequestInfo, s)
+        return _record(RequestInfo, s)._replace(location=Location(s.location))
 
     def remove(self) -> None:
         """Removes the request in any state; every page goes back and the handle is stale (mskv_request_remove)."""
@@ -521,7 +553,7 @@ class Plan:
 
     # read-only: the C struct points into these arrays, so none can be rebound or dropped
     buffers = property(lambda self: self._buffers)
-    pos_mode = property(lambda self: self._pos_mode)   # what the last build planned positions for
+    pos_mode = property(lambda self: PosMode(self._pos_mode))   # what the last build planned positions for
 
     batch = property(lambda self: self._s.batch)
     total_q = property(lambda self: self._s.total_q)
@@ -530,6 +562,11 @@ class Plan:
     step = property(lambda self: self._s.step)
     capacity = property(lambda self: (self._s.cap_batch, self._s.cap_tokens, self._s.cap_page_ids))
     pad_segments = property(lambda self: self._s.pad_segments)   # trailing padding segments (plan_build pad=)
+
+    def __repr__(self) -> str:
+        return "Plan(batch=%d, total_q=%d, num_page_ids=%d, page_size=%d, pos=%s, step=%d, capacity=%s)" % (
+            self.batch, self.total_q, self.num_page_ids, self.page_size, PosMode(self.pos_mode).name.lower().replace("pos_", ""),
+            self.step, self.capacity)
 
     def _part(self, name, n):
         return self.buffers[name][:n]
@@ -546,7 +583,7 @@ class Plan:
     q_pos = property(lambda self: self._part("q_pos", self.total_q))
     vis_sink_end = property(lambda self: self._part("vis_sink_end", self.batch))
     vis_window_start = property(lambda self: self._part("vis_window_start", self.batch))
-    features = property(lambda self: self._s.features)
+    features = property(lambda self: PlanFeature(self._s.features))   # MSKV_PLAN_Q_POS | MSKV_PLAN_VISIBILITY
 
     @property
     def positions(self) -> np.ndarray:
@@ -670,6 +707,11 @@ class Session:
     chunk_tokens = property(lambda self: self._s.chunk_tokens)
     chunks_done = property(lambda self: self._s.chunks_done)
     released_total = property(lambda self: self._s.released_total)
+
+    def __repr__(self) -> str:
+        r = self._s.retention
+        return "Session(request=0x%x, chunk_size=%d, chunks_done=%d, open_chunk=%d, released_total=%d)" % (
+            self._request.id, r.chunk_size, self.chunks_done, self.chunk_tokens, self.released_total)
 
     def begin_chunk(self, n_tokens: int) -> None:
         """Reserves a chunk of n_tokens (admit) for the denoise steps to come (mskv_session_begin_chunk)."""

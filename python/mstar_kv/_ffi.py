@@ -92,10 +92,12 @@ def _is_int_type(t):
 def _bad_int(value, lo, hi, where, cname):
     """value as an int for a C integer in [lo, hi], or the error naming `where`."""
     if value.__class__ is not int:
+        if value is None:
+            return value                    # NULL for a handle typedef; ctypes refuses it for an integer
         try:
             value = operator.index(value)   # bool, NumPy integers
         except TypeError:
-            return value                    # not an integer: ctypes raises its own TypeError
+            raise TypeError("%s: expected an int (C %s), got %s" % (where, cname, type(value).__name__)) from None
         if lo <= value <= hi:
             return int(value)
     if value < 0 and lo == 0:

@@ -203,7 +203,7 @@ class RequestGroup:
         """mskv_request_info_in_group: tokens, and this group's prefix, window, pages, kv_len and epoch."""
         s = mskv_request_info()
         self._call("mskv_request_info_in_group", byref(s))
-        return _core._record(_core.RequestInfo, s)
+        return _core._record(_core.RequestInfo, s)._replace(location=_core.Location(s.location))
 
     def pages(self) -> np.ndarray:
         """This group's page table, [prefix pages][live pages], as a new int32 array."""
