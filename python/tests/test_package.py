@@ -198,3 +198,37 @@ def test_a_logged_c_message_reaches_the_exception():
         r = a.add_request()
         with pytest.raises(mk.InvalidArgumentError, match=r"layer group 5 is not in \[0, 2\)"):
             r.group(5).pages()
+
+
+# ---- python -m mstar_kv ----------------------------------------------------------------------------------
+
+def _main(**env):
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "mstar_kv"], env=dict(os.environ, **env), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return dict(line.split(": ", 1) if ": " in line else (line, "") for line in r.stdout.splitlines())
+
+
+def test_python_m_mstar_kv_reports_the_installation():
+    got = _main()
+    assert "mstar_kv %s" % mk.__version__ in got
+    assert got["library"].split(" (")[0] == mk.library_path
+    with mk.Cpu() as cpu:
+        isa = mk.cpu_isa_name(cpu.info().isa)
+    assert got["cpu isa"].startswith(isa + " (available: ") and "portable" in got["cpu isa"]
+    ok, devices, _, why = mk.cuda_probe_driver()
+    assert got["cuda driver"] == ("no (%s)" % why if not ok else got["cuda driver"])
+    assert got["cuda driver"].startswith("yes (%d device" % devices if ok else "no (")
+    ok_c, why_c = mk.cuda_probe()
+    assert got["cuda"] == ("no (%s)" % why_c if not ok_c else "yes: the GPU layer can create a context")
+    assert got["nvrtc"].startswith(("yes (", "no ("))
+    ok_u, why_u = mk.ucx_probe()
+    assert got["ucx"] == ("yes (%s)" % why_u if ok_u else "no (%s)" % why_u)
+
+
+def test_python_m_mstar_kv_shows_the_isa_the_environment_chose():
+    got = _main(MSKV_CPU_ISA="portable")
+    assert got["cpu isa"].startswith("portable (") and "MSKV_CPU_ISA=portable" in got["cpu isa"]
