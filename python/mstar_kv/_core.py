@@ -245,7 +245,8 @@ class Arena(ArenaScheduling, ArenaStreaming):
         if isinstance(layer, bool) or not isinstance(layer, int):
             raise TypeError("pool: layer: expected an int, got %s" % type(layer).__name__)
         if not 0 <= layer < self._info.num_layers:
-            raise ValueError("pool: layer %d is not in [0, %d) (the arena's num_layers)" % (layer, self._info.num_layers))
+            raise ValueError("pool: layer %d is not in [0, %d) (the arena's num_layers)"
+                             % (layer, self._info.num_layers))
         ptr = _ffi.lib.mskv_store_pool(self.ptr, layer, k)
         if not ptr:
             return None
@@ -565,8 +566,8 @@ class Plan:
 
     def __repr__(self) -> str:
         return "Plan(batch=%d, total_q=%d, num_page_ids=%d, page_size=%d, pos=%s, step=%d, capacity=%s)" % (
-            self.batch, self.total_q, self.num_page_ids, self.page_size, PosMode(self.pos_mode).name.lower().replace("pos_", ""),
-            self.step, self.capacity)
+            self.batch, self.total_q, self.num_page_ids, self.page_size,
+            PosMode(self.pos_mode).name.lower().replace("pos_", ""), self.step, self.capacity)
 
     def _part(self, name, n):
         return self.buffers[name][:n]
@@ -583,7 +584,7 @@ class Plan:
     q_pos = property(lambda self: self._part("q_pos", self.total_q))
     vis_sink_end = property(lambda self: self._part("vis_sink_end", self.batch))
     vis_window_start = property(lambda self: self._part("vis_window_start", self.batch))
-    features = property(lambda self: PlanFeature(self._s.features))   # MSKV_PLAN_Q_POS | MSKV_PLAN_VISIBILITY
+    features = property(lambda self: PlanFeature(self._s.features))   # PlanFeature.Q_POS | VISIBILITY
 
     @property
     def positions(self) -> np.ndarray:

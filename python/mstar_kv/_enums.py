@@ -3,14 +3,13 @@ values of mstar_kv.h / mstar_kv_cuda.h (taken from _ffi.CONSTANTS, which the
 test suite compares with the headers). Every call that takes one also takes
 its plain int and its lower-case name ("causal", "1d", "bf16", ...)."""
 import enum
-from typing import Dict, Union
+from typing import Union
 
 from ._ffi import CONSTANTS
 
 
 class _Parse:
     """parse(): a member from a member, its int value, its name or an alias (any case)."""
-    _aliases_: Dict[str, str] = {}
 
     @classmethod
     def parse(cls, value: Union[str, int], what: str = "value"):
@@ -52,10 +51,6 @@ def _make(name, base, prefix, members, aliases=None, doc=""):
     for attr in ("parse", "names"):
         setattr(cls, attr, classmethod(getattr(_Parse, attr).__func__))
     return cls
-
-
-class _IntEnumBase(enum.IntEnum):
-    pass
 
 
 Dtype = _make("Dtype", enum.IntEnum, "MSKV_DTYPE_", ["F32", "F16", "BF16"],

@@ -96,8 +96,8 @@ class Pools:
                                                       byref(rope._s) if rope is not None else None),
                      "mskv_cpu_write_kv_pools")
 
-    def attention(self, plan: "_core.Plan", q: Tensor, out: Optional[Tensor] = None, lse: Union[bool, Tensor, None] = None,
-                  mask: Choice = "none", window_left: int = 0, scale: float = 0.0,
+    def attention(self, plan: "_core.Plan", q: Tensor, out: Optional[Tensor] = None,
+                  lse: Union[bool, Tensor, None] = None, mask: Choice = "none", window_left: int = 0, scale: float = 0.0,
                   cpu: "Optional[_core.Cpu]" = None) -> Any:
         """Paged attention over the pools (mskv_cpu_attention_pools): the
         arguments and results of mstar_kv.attention."""

@@ -2,9 +2,13 @@
 CudaGraph) and fences recorded by a caller that publishes itself
 (CudaStore.fence_record): mstar_kv_cuda.h's >>graphs and >>fences calls."""
 import ctypes
+from typing import TYPE_CHECKING
 
 from . import _ffi
 from ._errors import MskvError
+
+if TYPE_CHECKING:
+    from ._cuda import CudaStore
 
 byref = ctypes.byref
 

@@ -12,7 +12,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _core, _ffi
+from . import _core, _ffi, _stream
 from ._enums import PlanKind, PosMode, Visibility
 from ._errors import error_for
 from ._ffi import mskv_lockstep, mskv_request, mskv_request_info, mskv_segment
@@ -174,12 +174,11 @@ class RequestScheduling:
         return pages, tokens.value, epoch.value
 
     # -- streamed export (mstar_kv.h's streaming calls; see _stream.py)
-    def export_begin(self) -> "ExportStream":
+    def export_begin(self) -> "_stream.ExportStream":
         """Begins a streamed export (mskv_request_export_begin): the blob's
         header and layout now, its page ranges read in place from the pools;
         the request is frozen until the stream's end(). A context manager."""
-        from ._stream import ExportStream
-        return ExportStream(self)
+        return _stream.ExportStream(self)
 
 
 class RequestGroup:
