@@ -355,8 +355,10 @@ class Arena(ArenaScheduling, ArenaStreaming):
         del keep
         return out.batch, out.total_q, out.num_page_ids
 
-    def plan_build(self, segments, plan, kind="self", cross=None, dense_kv_len=None, pos="none",
-                   pos_offset=0, grid=None, pad=None, exclude_prefix=False):
+    def plan_build(self, segments: Segments, plan: "Plan", kind: Choice = "self", cross: "Optional[Request]" = None,
+                   dense_kv_len: Optional[Sequence[int]] = None, pos: Choice = "none", pos_offset: int = 0,
+                   grid: Optional[Tuple[int, int]] = None, pad: Optional[Tuple[int, int, int, int]] = None,
+                   exclude_prefix: bool = False) -> "Plan":
         """Fills plan (a Plan) for these segments; returns it. pad: (batch,
         tokens, qo_len, kv_len) of a captured CUDA graph's step, planned into
         that shape (mskv_plan_desc.pad_*); CapacityError if it does not fit.
@@ -369,7 +371,7 @@ class Arena(ArenaScheduling, ArenaStreaming):
         return plan
 
     # -- CPU backend on this arena's host pools
-    def write_kv(self, layer, plan, k, v, rope=None):
+    def write_kv(self, layer: int, plan: "Plan", k: Tensor, v: Tensor, rope: "Optional[Rope]" = None) -> None:
         """Scatters new K/V rows [total_q][kv_heads][head_dim] (f32, f16, bf16
         as uint16) into the layer's pools through plan.slot_mapping; rope
         (optional) rotates K on the way in."""
@@ -649,8 +651,8 @@ class Retention:
     """Chunk-window retention: keep sink_chunks leading chunks and the last
     window_chunks chunks (or drop everything past the sink at each boundary)."""
 
-    def __init__(self, chunk_size, sink_chunks=0, window_chunks=0, window_tokens=0, reset_at_boundary=False,
-                 exact=False):
+    def __init__(self, chunk_size: int, sink_chunks: int = 0, window_chunks: int = 0, window_tokens: int = 0,
+                 reset_at_boundary: bool = False, exact: bool = False):
         self._s = mskv_retention(chunk_size, sink_chunks, window_chunks, window_tokens,
                                  int(bool(reset_at_boundary)), int(bool(exact)))
 
@@ -718,7 +720,9 @@ class Session:
         """Reserves a chunk of n_tokens (admit) for the denoise steps to come (mskv_session_begin_chunk)."""
         self.arena._call("mskv_session_begin_chunk", self._open(), n_tokens)
 
-    def plan(self, plan, pos="none", pos_offset=0, grid=None):
+    def plan(self, plan: Plan, pos: Choice = "none", pos_offset: int = 0,
+             grid: Optional[Tuple[int, int]] = None) -> Plan:
+        """The plan of the open chunk's tokens (mskv_session_plan); returns plan."""
         d, _ = self.arena._plan_desc("self", None, None, pos, pos_offset, grid)
         self.arena._call("mskv_session_plan", self._open(), byref(d), byref(plan._s))
         plan._pos_mode = d.pos_mode
@@ -749,13 +753,14 @@ class Rope:
     frame, row, col, with a width per axis in dims; zeros = the default
     split), style "half" or "interleaved", theta (0 = 10000)."""
 
-    def __init__(self, mode="1d", style="half", theta=0.0, dims=(0, 0, 0)):
+    def __init__(self, mode: Choice = "1d", style: Choice = "half", theta: float = 0.0,
+                 dims: Sequence[int] = (0, 0, 0)):
         dims = tuple(dims) + (0,) * (3 - len(dims))
         self._s = mskv_rope(_enum(ROPE_STYLES, style, "style"), _enum(POS_MODES, mode, "mode"), theta, dims)
 
     mode = property(lambda self: self._s.mode)
 
-    def apply(self, x, positions):
+    def apply(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotates x [n][heads][head_dim] (f32, f16, bf16 as uint16) in place."""
         xb = _tensors.check(x, "x", device="cpu", dtypes=_tensors.FLOATS + ("u16",), shape=(None, None, None),
                             layout="[n][heads][head_dim]", writable=True)
@@ -799,7 +804,7 @@ class Cpu:
     """The CPU backend's thread pool and scratch (mskv_cpu). num_threads 0 or
     1: the caller's thread only. A context manager; close() frees it."""
 
-    def __init__(self, num_threads=0, workspace_bytes=0):
+    def __init__(self, num_threads: int = 0, workspace_bytes: int = 0):
         d = mskv_cpu_desc()
         d.num_threads, d.workspace_bytes = num_threads, workspace_bytes
         out = ctypes.c_void_p()
@@ -825,7 +830,10 @@ class Cpu:
             raise MskvError("the CPU backend is closed")
         return self._h.ptr
 
-    def attention(self, arena, layer, plan, q, out=None, lse=None, mask="none", window_left=0, scale=0.0):
+    def attention(self, arena: Arena, layer: int, plan: Plan, q: Tensor, out: Optional[Tensor] = None,
+                  lse: Union[bool, Tensor, None] = None, mask: Choice = "none", window_left: int = 0,
+                  scale: float = 0.0) -> Any:
+        """mstar_kv.attention on this pool's threads."""
         return attention(arena, layer, plan, q, out, lse, mask, window_left, scale, cpu=self)
 
     def attention_dense(self, view: "PrefixView", layer: int, plan: Plan, q: Tensor, out: Optional[Tensor] = None,
@@ -835,7 +843,9 @@ class Cpu:
         return attention_dense(view, layer, plan, q, out, lse, mask, window_left, scale, cpu=self)
 
 
-def attention(arena, layer, plan, q, out=None, lse=None, mask="none", window_left=0, scale=0.0, cpu=None):
+def attention(arena: Arena, layer: int, plan: Plan, q: Tensor, out: Optional[Tensor] = None,
+              lse: Union[bool, Tensor, None] = None, mask: Choice = "none", window_left: int = 0,
+              scale: float = 0.0, cpu: Optional[Cpu] = None) -> Any:
     """Paged attention over plan for one layer of arena's host pools.
     q: [total_q][q_heads][head_dim] (f32, f16, bf16 as uint16); out: same (new
     if None); lse: True for a new [total_q][q_heads] f32 array, or one to fill.

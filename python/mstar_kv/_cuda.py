@@ -253,7 +253,7 @@ class CudaStore(CudaStoreGraphs, CudaStoreCopies):
         self._call("mskv_cuda_plan_upload", self.ptr, byref(plan._s), mode, byref(out))
         return DevicePlan(plan, out)
 
-    def write_kv(self, layer, dplan, k, v, rope=None):
+    def write_kv(self, layer: int, dplan: DevicePlan, k: Tensor, v: Tensor, rope: Optional[Any] = None) -> None:
         """Scatters device k, v [total_q][kv_heads][head_dim] into layer's
         pools: f32, f16 or bf16 (k and v alike), converted on the device into
         the store's dtype (rounded to nearest even, as the CPU backend does)."""
@@ -269,7 +269,8 @@ class CudaStore(CudaStoreGraphs, CudaStoreCopies):
         self._call("mskv_cuda_write_kv_ex", self.ptr, layer, byref(dplan._s), kb.ptr, vb.ptr,
                    dtype_code(_tensors._kernel_dtype(kb.dtype)), byref(rope._s) if rope is not None else None)
 
-    def attention(self, layer, dplan, q, out, lse=None, mask="none", window_left=0, scale=0.0):
+    def attention(self, layer: int, dplan: DevicePlan, q: Tensor, out: Tensor, lse: Optional[Tensor] = None,
+                  mask: Choice = "none", window_left: int = 0, scale: float = 0.0) -> Tensor:
         """Paged attention on the device: q, out [total_q][q_heads][head_dim]
         (the store's dtype, q 16-byte aligned), lse (optional) f32 [total_q][q_heads]."""
         d, plan = self._desc, dplan.plan
@@ -326,7 +327,7 @@ class CudaStore(CudaStoreGraphs, CudaStoreCopies):
                    qb.ptr, ob.ptr, lb.ptr if lb else 0)
         return out
 
-    def rope(self, rope, x, positions):
+    def rope(self, rope: Any, x: Tensor, positions: Tensor) -> Tensor:
         """Rotates device x [n][heads][head_dim] in place at device int32 positions."""
         xb = self._device(x, "x", (None, None, self._desc.head_dim), "[n][heads][head_dim]", writable=True)
         n = xb.shape[0]
