@@ -42,6 +42,12 @@ class build_shared_library(build_ext):
         if self.compiler.compiler_type == "unix":
             ext.extra_compile_args += ["-std=c99"]
             ext.libraries += ["dl", "pthread", "m"]
+        # a build directory from before the library lost its interpreter tag
+        # holds a stale _libmstar_kv.cpython-*.so that would ship beside it
+        target = Path(self.get_ext_fullpath(ext.name))
+        for old in target.parent.glob(target.name.split(".")[0] + ".*"):
+            if old.name != target.name:
+                old.unlink()
         super().build_extension(ext)
 
     def get_ext_filename(self, ext_name):

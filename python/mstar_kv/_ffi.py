@@ -836,7 +836,8 @@ class _Lib:
 
 def _packaged_library():
     here = os.path.dirname(os.path.abspath(__file__))
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+    # the interpreter-neutral name (".so", ".pyd": what setup.py builds) first
+    for suffix in reversed(importlib.machinery.EXTENSION_SUFFIXES):
         hits = glob.glob(os.path.join(here, "_libmstar_kv" + suffix))
         if hits:
             return hits[0]
