@@ -191,7 +191,9 @@ class CudaStore(CudaStoreGraphs, CudaStoreCopies):
         self.cuda._call(function, *args)
 
     def close(self) -> None:
-        """Closes the store's arenas, then the store."""
+        """Closes the store's graphs and arenas, then the store."""
+        for g in list(getattr(self, "_graphs", ())):
+            g.close()
         for a in list(getattr(self, "_arenas", ())):
             a.close()
         if getattr(self, "_ptr", None):

@@ -2,6 +2,7 @@
 CudaGraph) and fences recorded by a caller that publishes itself
 (CudaStore.fence_record): mstar_kv_cuda.h's >>graphs and >>fences calls."""
 import ctypes
+import weakref
 from typing import TYPE_CHECKING
 
 from . import _ffi
@@ -62,7 +63,10 @@ class CudaStoreGraphs:
         """Ends the capture; the graph of what was launched since capture_begin()."""
         out = ctypes.c_void_p()
         self._call("mskv_cuda_capture_end", self.ptr, byref(out))
-        return CudaGraph(self, out.value)
+        g = CudaGraph(self, out.value)
+        graphs = self.__dict__.setdefault("_graphs", weakref.WeakSet())
+        graphs.add(g)   # destroyed before the store is (CudaStore.close)
+        return g
 
     def fence_record(self, fence: int) -> None:
         """Records the event of fence on the store's stream and polls

@@ -150,3 +150,50 @@ def test_shards_split_the_heads_over_devices():
         a.commit([(r, 4)])
         sh.publish([(r, 4)])
         sh.sync()
+
+
+class _FakeLib:
+    """Stands in for the library: records the graph calls, fails none."""
+
+    def __init__(self):
+        self.calls = []
+
+    def mskv_cuda_capture_begin(self, st):
+        self.calls.append(("begin", st))
+        return 0
+
+    def mskv_cuda_capture_end(self, st, out):
+        out._obj.value = 0xD00D
+        self.calls.append(("end", st))
+        return 0
+
+    def mskv_cuda_graph_launch(self, st, g):
+        self.calls.append(("launch", st, g))
+        return 0
+
+    def mskv_cuda_graph_destroy(self, st, g):
+        self.calls.append(("destroy", st, g))
+
+    def mskv_cuda_store_destroy(self, st):
+        self.calls.append(("store_destroy", st))
+
+
+def test_a_graph_is_destroyed_once_and_before_its_store(monkeypatch):
+    fake = _FakeLib()
+    monkeypatch.setattr(mk._ffi, "lib", fake)
+    st = object.__new__(mk.CudaStore)
+
+    class _Ctx:
+        def _call(self, function, *args):
+            assert getattr(fake, function)(*args) == 0
+    st._ptr, st._cuda, st._arenas = 0x5700, _Ctx(), set()
+    st.capture_begin()
+    g = st.capture_end()
+    g.launch()
+    st.close()
+    assert fake.calls == [("begin", 0x5700), ("end", 0x5700), ("launch", 0x5700, 0xD00D),
+                          ("destroy", 0x5700, 0xD00D), ("store_destroy", 0x5700)]
+    g.close()                                  # already gone with the store: nothing more
+    assert len(fake.calls) == 5
+    with pytest.raises(mk.MskvError, match="closed"):
+        g.launch()
