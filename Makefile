@@ -207,9 +207,9 @@ $(B)/demo: $(wildcard demo/*.c demo/*.h) $(HDRS) | $(B)
 
 $(VENV)/ready: | $(B)
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q --disable-pip-version-check numpy pytest setuptools wheel
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check numpy pytest setuptools wheel build
 	touch $@
-$(B)/python-installed: $(VENV)/ready $(PY_SRC) mstar_kv.h mstar_kv_cuda.h
+$(B)/python-installed: $(VENV)/ready $(PY_SRC) mstar_kv.h mstar_kv_cuda.h mstar_kv_ucx.h
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation ./python
 	touch $@
 $(B)/tests-python: $(B)/python-installed

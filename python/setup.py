@@ -1,10 +1,11 @@
 """Builds the package's one native file: a plain C shared library compiled
-from mstar_kv.h + mstar_kv_cuda.h (python/mstar_kv/_lib.c), loaded with
+from mstar_kv.h + mstar_kv_cuda.h + mstar_kv_ucx.h (python/mstar_kv/_lib.c), loaded with
 ctypes. setuptools' Extension machinery is used only because it knows how to
 drive the platform's C compiler; the library has no Python API in it.
 
 The headers come from python/include/ (an sdist carries them there) or from
 the repository root, one folder up (`pip install ./python`)."""
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -13,15 +14,20 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.sdist import sdist
 
+try:   # setuptools 70.1 and newer have it; older ones take the wheel package's
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    from wheel.bdist_wheel import bdist_wheel
+
 HERE = Path(__file__).resolve().parent
-HEADERS = ("mstar_kv.h", "mstar_kv_cuda.h")
+HEADERS = ("mstar_kv.h", "mstar_kv_cuda.h", "mstar_kv_ucx.h")
 
 
 def header_dir():
     for d in (HERE / "include", HERE.parent):
         if all((d / h).is_file() for h in HEADERS):
             return d
-    sys.exit("mstar_kv: mstar_kv.h and mstar_kv_cuda.h were not found in python/include/ or next to "
+    sys.exit("mstar_kv: mstar_kv.h, mstar_kv_cuda.h and mstar_kv_ucx.h were not found in python/include/ or next to "
              "python/: run `pip install ./python` from a checkout of the repository (pip 21.3 or newer builds "
              "in place; an older pip copies python/ away from the headers), or install an sdist")
 
@@ -36,10 +42,36 @@ class build_shared_library(build_ext):
         if self.compiler.compiler_type == "unix":
             ext.extra_compile_args += ["-std=c99"]
             ext.libraries += ["dl", "pthread", "m"]
+        # a build directory from before the library lost its interpreter tag
+        # holds a stale _libmstar_kv.cpython-*.so that would ship beside it
+        target = Path(self.get_ext_fullpath(ext.name))
+        for old in target.parent.glob(target.name.split(".")[0] + ".*"):
+            if old.name != target.name:
+                old.unlink()
         super().build_extension(ext)
+
+    def get_ext_filename(self, ext_name):
+        # the interpreter-neutral suffix (".so", ".pyd"): a ctypes library loads
+        # from any Python 3, as the wheel's py3-none tag says
+        import importlib.machinery
+        return os.path.join(*ext_name.split(".")) + importlib.machinery.EXTENSION_SUFFIXES[-1]
 
     def get_export_symbols(self, ext):
         return []  # not a Python extension module: there is no PyInit_ function to export
+
+
+class bdist_wheel_ctypes(bdist_wheel):
+    """The wheel holds a plain C library loaded with ctypes, no extension
+    module: any Python 3 on the platform loads it, so it is tagged
+    py3-none-<platform> rather than for one interpreter and ABI."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False   # platform-specific: it carries a shared library
+
+    def get_tag(self):
+        _, _, plat = super().get_tag()
+        return "py3", "none", plat
 
 
 class sdist_with_headers(sdist):
@@ -53,5 +85,5 @@ class sdist_with_headers(sdist):
 
 setup(
     ext_modules=[Extension("mstar_kv._libmstar_kv", sources=["mstar_kv/_lib.c"])],
-    cmdclass={"build_ext": build_shared_library, "sdist": sdist_with_headers},
+    cmdclass={"build_ext": build_shared_library, "sdist": sdist_with_headers, "bdist_wheel": bdist_wheel_ctypes},
 )

@@ -8,15 +8,24 @@ from ._core import (DTYPES, EVENT_TYPES, MASKS, PLAN_KINDS, POS_MODES, Arena, Ar
                     Event, Plan, PrefixView, Request, RequestInfo, Retention, Rope, Schedule, Session, StoreInfo,
                     Window, attention, attention_dense, dtype_code, from_bf16, merge, to_bf16)
 from ._cuda import STREAM_LEGACY, Cuda, CudaStore, DevicePlan, cuda_probe
+from ._cpuinfo import CpuInfo, cpu_isa_available, cpu_isa_name, cpu_isas
+from ._cudax import (AttnGeometry, CudaImage, CudaShards, cuda_attn_geometry, cuda_compile, cuda_embedded_lines,
+                     cuda_embedded_source, cuda_log_spills, cuda_page_divisor, cuda_probe_driver)
+from ._extras import DeviceBuffer, Pools, bf16_to_f32, dtype_size, f16_to_f32, f32_to_bf16, f32_to_f16
+from ._enums import (AttnPath, CpuIsa, DebugFlags, Dtype, EventType, Location, LogLevel, Mask, PlanFeature,
+                     PlanKind, PosMode, RetireMode, RopeStyle, Visibility)
+from ._graphs import CudaGraph
+from ._sched import LockstepGroup, PlanDesc, RequestGroup
+from ._stream import BlobLayout, BlobRange, ExportStream, ImportStream, Ucx, ucx_probe
 from ._errors import ERROR_CLASSES, MskvError, TensorError, error_for
 from ._errors import *  # noqa: F401,F403  (one class per result code: OutOfPagesError, ...)
 
 library_path = _ffi.library_path
-RESIDENT, OFFLOADED = _ffi.CONSTANTS["MSKV_RESIDENT"], _ffi.CONSTANTS["MSKV_OFFLOADED"]   # RequestInfo.location
+RESIDENT, OFFLOADED = Location.RESIDENT, Location.OFFLOADED   # RequestInfo.location
 __version__ = "0.1.0"
 
 
-def result_string(code):
+def result_string(code: int) -> str:
     """The library's description of a result code."""
     return _ffi.lib.mskv_result_string(code).decode()
 from . import interop  # FlashInfer / flash-attn arguments from a plan (docs/interop.md)

@@ -1,15 +1,22 @@
 """The host core and CPU backend of mstar_kv.h, with the C API's nouns:
 Arena, Request, Plan, Session, plus the window arithmetic (Schedule,
 Retention), RoPE and the CPU attention backend (Cpu)."""
+from __future__ import annotations
+
 import collections
 import ctypes
 import types
 import weakref
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _ffi, _tensors
+from . import _ffi, _hints, _tensors
 from ._errors import MskvError, TensorError, error_for
+from ._sched import ArenaScheduling, RequestScheduling
+from ._stream import ArenaStreaming
+from ._types import Choice, Segments, Tensor
+from ._enums import Dtype, Location, PlanFeature, PosMode
 from ._ffi import (mskv_arena_desc, mskv_arena_stats, mskv_attn, mskv_cpu_desc, mskv_decode_span,
                    mskv_plan, mskv_plan_desc, mskv_plan_size, mskv_request, mskv_request_info,
                    mskv_retention, mskv_rope, mskv_schedule, mskv_segment, mskv_session, mskv_store_info,
@@ -38,14 +45,14 @@ def _enum(table, value, what):
     raise ValueError("%s: %r is not one of %s" % (what, value, ", ".join(table)))
 
 
-def dtype_code(dtype):
+def dtype_code(dtype: Union[Choice, Any]) -> Dtype:
     """'f32' / 'f16' / 'bf16', a NumPy dtype (uint16 means bf16) or a code."""
     if isinstance(dtype, str):
-        return _enum(DTYPES, _DTYPE_ALIASES.get(dtype.lower(), dtype.lower()), "dtype")
+        return Dtype(_enum(DTYPES, _DTYPE_ALIASES.get(dtype.lower(), dtype.lower()), "dtype"))
     if isinstance(dtype, int) and not isinstance(dtype, bool):
-        return _enum(DTYPES, dtype, "dtype")
+        return Dtype(_enum(DTYPES, dtype, "dtype"))
     name = np.dtype(dtype).name
-    return _enum(DTYPES, _DTYPE_ALIASES.get(name, name), "dtype")
+    return Dtype(_enum(DTYPES, _DTYPE_ALIASES.get(name, name), "dtype"))
 
 
 def _check(code, function, detail=""):
@@ -90,7 +97,7 @@ class _Owned:
         self.release()
 
 
-class Arena:
+class Arena(ArenaScheduling, ArenaStreaming):
     """An mskv_arena: pages, requests, plans; with num_layers > 0 also the
     host K/V pools the CPU backend reads and writes
     (2 * num_layers * num_pages * page_size * kv_heads * head_dim elements).
@@ -100,10 +107,13 @@ class Arena:
     page-stored / page-removed events with the arena's lock held: it must not
     call the arena."""
 
-    def __init__(self, num_pages, page_size, num_layers=0, kv_heads=0, head_dim=0, dtype="f32",
-                 max_requests=0, retire="immediate", on_event=None, debug=0, _desc=None, _keep=None):
+    def __init__(self, num_pages: int, page_size: int, num_layers: int = 0, kv_heads: int = 0, head_dim: int = 0,
+                 dtype: Choice = "f32", max_requests: int = 0, retire: Choice = "immediate",
+                 on_event: Optional[Callable[["Event"], None]] = None, debug: int = 0, _desc=None, _keep=None,
+                 num_groups: int = 0):
         d = _desc if _desc is not None else mskv_arena_desc()
         if _desc is None:
+            d.num_groups = num_groups   # layer groups (0 = 1): see Request.group()
             d.num_pages, d.page_size, d.max_requests = num_pages, page_size, max_requests
             d.num_layers, d.kv_heads, d.head_dim = num_layers, kv_heads, head_dim
             d.dtype = dtype_code(dtype)
@@ -119,6 +129,7 @@ class Arena:
             self._event_fn = _EVENT_FN(lambda user, ev: Arena._event(me, ev))
             d.on_event = ctypes.cast(self._event_fn, ctypes.c_void_p)
         self._keep = _keep
+        self._num_groups = d.num_groups
         out = ctypes.c_void_p()
         self._h = None
         self._call("mskv_arena_create", byref(d), byref(out))
@@ -143,7 +154,8 @@ class Arena:
                                  e.first_token, e.step))
 
     @property
-    def ptr(self):
+    def ptr(self) -> int:
+        """The C arena's address (MskvError once the arena is closed)."""
         if self._h is None or not self._h.ptr:
             raise MskvError("the arena is closed")
         return self._h.ptr
@@ -152,9 +164,10 @@ class Arena:
         n = self._log_count
         code = getattr(_ffi.lib, function)(*args)
         if code != 0:
-            raise error_for(code, function, self._log_last if self._log_count != n else "")
+            detail = self._log_last if self._log_count != n else _hints.explain(function, code, self, args)
+            raise error_for(code, function, detail)
 
-    def close(self):
+    def close(self) -> None:
         """Destroys the arena (pool views and sessions keep its memory until they are gone)."""
         # the last reference goes: destroyed now, or once the last pool view is gone
         self._h = None
@@ -165,19 +178,30 @@ class Arena:
     def __exit__(self, *exc):
         self.close()
 
+    def __repr__(self) -> str:
+        if self._h is None or not self._h.ptr:
+            return "Arena(closed)"
+        i, st = self._info, self.stats()
+        geo = ", layers=%d, kv_heads=%d, head_dim=%d, dtype=%s" % (
+            i.num_layers, i.kv_heads, i.head_dim, Dtype(i.dtype).name.lower()) if i.num_layers else ""
+        groups = ", groups=%d" % self.num_groups if self.num_groups > 1 else ""
+        return "Arena(pages=%d, page_size=%d%s%s, free=%d, requests=%d, step=%d)" % (
+            st.num_pages, i.page_size, geo, groups, st.free_pages, st.requests, st.step)
+
     # -- state
-    def stats(self):
+    def stats(self) -> ArenaStats:
+        """Page and request counts, fences (mskv_arena_stats_get)."""
         s = mskv_arena_stats()
         self._call("mskv_arena_stats_get", self.ptr, byref(s))
         return _record(ArenaStats, s)
 
-    def audit(self):
+    def audit(self) -> None:
         """Checks every invariant; AuditFailedError says which one broke."""
         why = ctypes.create_string_buffer(512)
         code = _ffi.lib.mskv_arena_audit(self.ptr, why, len(why))
         _check(code, "mskv_arena_audit", why.value.decode(errors="replace"))
 
-    def audit_bytes(self):
+    def audit_bytes(self) -> None:
         """audit(), then the bytes the debug checks (debug=...) make checkable:
         free pages still poisoned, host copies still matching their checksums.
         AuditFailedError says which page; UnsupportedError without debug checks."""
@@ -185,34 +209,44 @@ class Arena:
         code = _ffi.lib.mskv_arena_audit_bytes(self.ptr, why, len(why))
         _check(code, "mskv_arena_audit_bytes", why.value.decode(errors="replace"))
 
-    def check_plan(self, plan):
+    def check_plan(self, plan: "Plan") -> None:
         """StalePlanError when pages left one of the plan's requests since it was built."""
         self._call("mskv_plan_check", self.ptr, byref(plan._s))
 
-    def digest(self):
+    def digest(self) -> int:
+        """A hash of the whole bookkeeping state: equal digests mean nothing changed (mskv_arena_digest)."""
         return _ffi.lib.mskv_arena_digest(self.ptr)
 
-    def trim(self):
+    def trim(self) -> None:
+        """Frees the host memory kept for reuse by the next offload (mskv_arena_trim)."""
         _ffi.lib.mskv_arena_trim(self.ptr)
 
-    def retire(self, completed):
+    def retire(self, completed: int) -> None:
+        """Pages freed during fences <= completed become reusable (fenced mode; mskv_arena_retire)."""
         self._call("mskv_arena_retire", self.ptr, completed)
 
     @property
-    def step(self):
+    def step(self) -> int:
+        """The current fence: pages freed now are tagged with it (mskv_arena_step)."""
         return _ffi.lib.mskv_arena_step(self.ptr)
 
-    def store_info(self):
+    def store_info(self) -> StoreInfo:
+        """Host store geometry: layers, heads, head_dim, page size, dtype, byte sizes (mskv_store_info_get)."""
         s = mskv_store_info()
         self._call("mskv_store_info_get", self.ptr, byref(s))
-        return _record(StoreInfo, s)
+        return _record(StoreInfo, s)._replace(dtype=Dtype(s.dtype))
 
-    def pool(self, layer, kind):
+    def pool(self, layer: int, kind: Union[str, int]) -> Optional[np.ndarray]:
         """A zero-copy NumPy view of one host pool, [num_pages][page_size][kv_heads][head_dim]
         (kind "k"/0 or "v"/1; bf16 as uint16). None when the arena has no host pools."""
         k = {"k": 0, "v": 1}.get(kind, kind)
-        if k not in (0, 1) or not 0 <= layer < self._info.num_layers:
-            raise ValueError("pool: layer %r / kind %r out of range" % (layer, kind))
+        if k not in (0, 1):
+            raise ValueError("pool: kind %r is not \"k\" (0) or \"v\" (1)" % (kind,))
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise TypeError("pool: layer: expected an int, got %s" % type(layer).__name__)
+        if not 0 <= layer < self._info.num_layers:
+            raise ValueError("pool: layer %d is not in [0, %d) (the arena's num_layers)"
+                             % (layer, self._info.num_layers))
         ptr = _ffi.lib.mskv_store_pool(self.ptr, layer, k)
         if not ptr:
             return None
@@ -223,54 +257,70 @@ class Arena:
                                                                       i.head_dim)
 
     # -- requests
-    def add_request(self):
+    def add_request(self) -> "Request":
+        """A new, empty request (one KV stream; mskv_request_add)."""
         r = mskv_request()
         self._call("mskv_request_add", self.ptr, byref(r))
         return Request(self, r.id)
 
-    def import_request(self, blob):
+    def import_request(self, blob: bytes) -> "Request":
         """A new, offloaded request from an exported blob (bytes-like)."""
         buf = np.frombuffer(memoryview(blob).cast("B"), dtype=np.uint8)
         r = mskv_request()
         self._call("mskv_request_import", self.ptr, buf.ctypes.data, buf.size, byref(r))
         return Request(self, r.id)
 
-    def keyed_create(self, key, n_tokens):
+    def keyed_create(self, key: int, n_tokens: int) -> "Request":
         """A keyed, write-once entry (e.g. text-encoder K/V) with n_tokens reserved."""
         r = mskv_request()
         self._call("mskv_keyed_create", self.ptr, key, n_tokens, byref(r))
         return Request(self, r.id)
 
-    def keyed_find(self, key):
+    def keyed_find(self, key: int) -> "Request":
+        """The keyed entry of key (NotFoundError when there is none)."""
         r = mskv_request()
         self._call("mskv_keyed_find", self.ptr, key, byref(r))
         return Request(self, r.id)
 
-    def keyed_remove(self, key):
+    def keyed_remove(self, key: int) -> None:
+        """Removes the keyed entry of key (its pages wait for the fence like any free)."""
         self._call("mskv_keyed_remove", self.ptr, key)
 
     # -- the step lifecycle
     def _segments(self, segments):
+        if isinstance(segments, Request) or (isinstance(segments, tuple) and len(segments) == 2 and
+                                             isinstance(segments[0], Request)):
+            raise TypeError("segments: expected a list of (Request, n_tokens) pairs, got one %s: %r"
+                            % ("Request" if isinstance(segments, Request) else "pair", segments))
         segs = list(segments)
         arr = (mskv_segment * max(len(segs), 1))()
-        for i, (req, n) in enumerate(segs):
-            if not isinstance(req, Request) or req.arena is not self:
+        for i, seg in enumerate(segs):
+            if not isinstance(seg, tuple) or len(seg) != 2:
+                raise TypeError("segments[%d]: expected a (Request, n_tokens) pair, got %r" % (i, seg))
+            req, n = seg
+            if not isinstance(req, Request):
+                raise TypeError("segments[%d]: expected a Request, got %s" % (i, type(req).__name__))
+            if isinstance(n, bool) or not hasattr(n, "__index__"):
+                raise TypeError("segments[%d]: n_tokens: expected an int, got %s" % (i, type(n).__name__))
+            if req.arena is not self:
                 raise ValueError("segment %d: %r is not a request of this arena" % (i, req))
             e = arr[i]
             e.request, e.n_tokens = req._c, n
         return arr, len(segs)
 
-    def admit(self, segments):
+    def admit(self, segments: Segments) -> None:
         """Reserves every segment's tokens ((request, n_tokens) pairs), all or nothing."""
         self._call("mskv_admit", self.ptr, *self._segments(segments))
 
-    def commit(self, segments):
+    def commit(self, segments: Segments) -> None:
+        """Reserved tokens become committed; every segment needs an open reservation (mskv_commit)."""
         self._call("mskv_commit", self.ptr, *self._segments(segments))
 
-    def abort(self, segments):
+    def abort(self, segments: Segments) -> None:
+        """Returns the segments' reservations without committing; the pages they added are freed (mskv_abort)."""
         self._call("mskv_abort", self.ptr, *self._segments(segments))
 
-    def publish(self, segments=()):
+    def publish(self, segments: Segments = ()) -> int:
         """Ends the step (retention, events, fence); returns the fence that ended."""
         step = ctypes.c_uint64()
         self._call("mskv_publish", self.ptr, *self._segments(segments), byref(step))
@@ -294,8 +344,10 @@ class Arena:
             d.grid_h, d.grid_w = grid
         return d, keep
 
-    def plan_query(self, segments, kind="self", cross=None, dense_kv_len=None, pos="none", pos_offset=0,
-                   grid=None, pad=None, exclude_prefix=False):
+    def plan_query(self, segments: Segments, kind: Choice = "self", cross: "Optional[Request]" = None,
+                   dense_kv_len: Optional[Sequence[int]] = None, pos: Choice = "none", pos_offset: int = 0,
+                   grid: Optional[Tuple[int, int]] = None, pad: Optional[Tuple[int, int, int, int]] = None,
+                   exclude_prefix: bool = False) -> Tuple[int, int, int]:
         """(batch, total_q, num_page_ids) a plan of these segments needs."""
         d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid, pad, exclude_prefix)
         out = mskv_plan_size()
@@ -303,8 +355,10 @@ class Arena:
         del keep
         return out.batch, out.total_q, out.num_page_ids
 
-    def plan_build(self, segments, plan, kind="self", cross=None, dense_kv_len=None, pos="none",
-                   pos_offset=0, grid=None, pad=None, exclude_prefix=False):
+    def plan_build(self, segments: Segments, plan: "Plan", kind: Choice = "self", cross: "Optional[Request]" = None,
+                   dense_kv_len: Optional[Sequence[int]] = None, pos: Choice = "none", pos_offset: int = 0,
+                   grid: Optional[Tuple[int, int]] = None, pad: Optional[Tuple[int, int, int, int]] = None,
+                   exclude_prefix: bool = False) -> "Plan":
         """Fills plan (a Plan) for these segments; returns it. pad: (batch,
         tokens, qo_len, kv_len) of a captured CUDA graph's step, planned into
         that shape (mskv_plan_desc.pad_*); CapacityError if it does not fit.
@@ -317,7 +371,7 @@ class Arena:
         return plan
 
     # -- CPU backend on this arena's host pools
-    def write_kv(self, layer, plan, k, v, rope=None):
+    def write_kv(self, layer: int, plan: "Plan", k: Tensor, v: Tensor, rope: "Optional[Rope]" = None) -> None:
         """Scatters new K/V rows [total_q][kv_heads][head_dim] (f32, f16, bf16
         as uint16) into the layer's pools through plan.slot_mapping; rope
         (optional) rotates K on the way in."""
@@ -331,15 +385,16 @@ class Arena:
         self._call("mskv_cpu_write_kv", self.ptr, layer, byref(plan._s), kb.ptr, vb.ptr,
                    dtype_code(_tensors._kernel_dtype(kb.dtype)), byref(rope._s) if rope is not None else None)
 
-    def session(self, request, retention):
+    def session(self, request: "Request", retention: "Retention") -> "Session":
+        """A Session binding request to retention (mskv_session_init)."""
         return Session(self, request, retention)
 
 
-class Request:
+class Request(RequestScheduling):
     """A request handle (one KV stream) of an arena."""
     __slots__ = ("_arena", "_id", "_c", "__weakref__")
 
-    def __init__(self, arena, id):
+    def __init__(self, arena: Arena, id: int):
         self._arena, self._id = arena, id
         self._c = mskv_request(id)   # checked once: the handle as C takes it (passed by value)
 
@@ -347,8 +402,14 @@ class Request:
     arena = property(lambda self: self._arena)
     id = property(lambda self: self._id)
 
-    def __repr__(self):
-        return "Request(id=0x%x)" % self.id
+    def __repr__(self) -> str:
+        try:
+            i = self.info()
+        except MskvError:   # a closed arena or a stale handle: the id is all there is
+            return "Request(id=0x%x, stale)" % self.id
+        flags = "".join(", " + f for f in ("keyed", "sealed", "paused", "lockstep") if getattr(i, f))
+        return "Request(id=0x%x, committed=%d, reserved=%d, prefix=%d, pages=%d, %s%s)" % (
+            self.id, i.committed, i.reserved, i.prefix_tokens, i.num_pages, Location(i.location).name.lower(), flags)
 
     def __eq__(self, other):
         return isinstance(other, Request) and other.arena is self.arena and other.id == self.id
@@ -364,29 +425,35 @@ class Request:
         arena = self._arena
         arena._call(function, arena.ptr, self._c, *args)
 
-    def info(self):
+    def info(self) -> RequestInfo:
+        """Token counts, prefix, pages, epoch, location (a Location), flags (mskv_request_info_get)."""
         s = mskv_request_info()
         self._call("mskv_request_info_get", byref(s))
-        return _record(RequestInfo, s)
+        return _record(RequestInfo, s)._replace(location=Location(s.location))
 
-    def remove(self):
+    def remove(self) -> None:
+        """Removes the request in any state; every page goes back and the handle is stale (mskv_request_remove)."""
         self._call("mskv_request_remove")
 
-    def fork(self):
+    def fork(self) -> "Request":
+        """A child sharing the full pages (the partial last page copied), with the parent's tokens and prefix (mskv_request_fork)."""
         child = mskv_request()
         self._call("mskv_request_fork", byref(child))
         return Request(self.arena, child.id)
 
-    def pause(self):
+    def pause(self) -> None:
+        """Keeps the pages but makes admit refuse the request (BadStateError) until resume()."""
         self._call("mskv_request_pause")
 
-    def resume(self):
+    def resume(self) -> None:
+        """Undoes pause()."""
         self._call("mskv_request_resume")
 
-    def reserve(self, tokens):
+    def reserve(self, tokens: int) -> None:
+        """Sizes the page table for tokens tokens now, so steps up to that length never allocate."""
         self._call("mskv_request_reserve", tokens)
 
-    def pages(self):
+    def pages(self) -> np.ndarray:
         """The page table, [prefix pages][live pages], as a new int32 array."""
         count = ctypes.c_int32()
         code = _ffi.lib.mskv_request_pages(self._arena.ptr, self._c, None, 0, byref(count))
@@ -396,35 +463,40 @@ class Request:
         self._call("mskv_request_pages", out.ctypes.data, out.size, byref(count))
         return out
 
-    def protect_prefix(self, n):
+    def protect_prefix(self, n: int) -> None:
+        """Protects the first n committed tokens (their pages whole) against release; a new length moves prefix_epoch."""
         self._call("mskv_request_protect_prefix", n)
 
-    def prefix_view(self, cap_tokens, group=0):
+    def prefix_view(self, cap_tokens: int, group: int = 0) -> "PrefixView":
         """A PrefixView of this request's protected prefix with host buffers
         for cap_tokens tokens per layer (not gathered yet: call gather())."""
         return PrefixView(self.arena, self, cap_tokens, group)
 
-    def release_oldest(self, n):
+    def release_oldest(self, n: int) -> int:
         """Releases the n oldest tokens still visible: n counts on from the previous release point (repeated small releases add up); pages go only when whole. Returns the tokens freed."""
         released = ctypes.c_int64()
         self._call("mskv_request_release_oldest", n, byref(released))
         return released.value
 
-    def slot(self, pos):
+    def slot(self, pos: int) -> int:
+        """page * page_size + offset of absolute position pos (ReleasedError, NotWrittenError otherwise)."""
         s = ctypes.c_int64()
         self._call("mskv_request_slot", pos, byref(s))
         return s.value
 
-    def set_retention(self, retention):
+    def set_retention(self, retention: "Optional[Retention]") -> None:
+        """Binds a retention policy (None clears it); publish applies it (mskv_request_set_retention)."""
         self._call("mskv_request_set_retention", byref(retention._s) if retention is not None else None)
 
-    def offload(self):
+    def offload(self) -> None:
+        """Copies every page to host memory the request owns, then frees the pages (mskv_request_offload)."""
         self._call("mskv_request_offload")
 
-    def reload(self):
+    def reload(self) -> None:
+        """Fresh pages, bytes copied back, prefix_epoch moves, the host copy freed; all or nothing (mskv_request_reload)."""
         self._call("mskv_request_reload")
 
-    def export(self):
+    def export(self) -> bytes:
         """The request as a versioned, checksummed blob (bytes)."""
         size = ctypes.c_size_t()
         code = _ffi.lib.mskv_request_export(self.arena.ptr, self._h, None, 0, byref(size))
@@ -434,7 +506,7 @@ class Request:
         self._call("mskv_request_export", buf, size.value, byref(size))
         return buf.raw[:size.value]
 
-    def seal(self):
+    def seal(self) -> None:
         """Seals a keyed entry: read-only from now on, readable by CROSS plans."""
         self._call("mskv_keyed_seal")
 
@@ -469,7 +541,7 @@ class Plan:
     consumer holding a pointer, reads the new contents). `buffers` has the
     whole buffers; the attributes are the parts the last build filled."""
 
-    def __init__(self, cap_batch, cap_tokens, cap_page_ids):
+    def __init__(self, cap_batch: int, cap_tokens: int, cap_page_ids: int):
         self._s = mskv_plan()
         # checked first (int32_t, >= 0), before anything is allocated from them
         self._s.cap_batch, self._s.cap_tokens, self._s.cap_page_ids = cap_batch, cap_tokens, cap_page_ids
@@ -484,7 +556,7 @@ class Plan:
 
     # read-only: the C struct points into these arrays, so none can be rebound or dropped
     buffers = property(lambda self: self._buffers)
-    pos_mode = property(lambda self: self._pos_mode)   # what the last build planned positions for
+    pos_mode = property(lambda self: PosMode(self._pos_mode))   # what the last build planned positions for
 
     batch = property(lambda self: self._s.batch)
     total_q = property(lambda self: self._s.total_q)
@@ -493,6 +565,11 @@ class Plan:
     step = property(lambda self: self._s.step)
     capacity = property(lambda self: (self._s.cap_batch, self._s.cap_tokens, self._s.cap_page_ids))
     pad_segments = property(lambda self: self._s.pad_segments)   # trailing padding segments (plan_build pad=)
+
+    def __repr__(self) -> str:
+        return "Plan(batch=%d, total_q=%d, num_page_ids=%d, page_size=%d, pos=%s, step=%d, capacity=%s)" % (
+            self.batch, self.total_q, self.num_page_ids, self.page_size,
+            PosMode(self.pos_mode).name.lower().replace("pos_", ""), self.step, self.capacity)
 
     def _part(self, name, n):
         return self.buffers[name][:n]
@@ -509,10 +586,10 @@ class Plan:
     q_pos = property(lambda self: self._part("q_pos", self.total_q))
     vis_sink_end = property(lambda self: self._part("vis_sink_end", self.batch))
     vis_window_start = property(lambda self: self._part("vis_window_start", self.batch))
-    features = property(lambda self: self._s.features)
+    features = property(lambda self: PlanFeature(self._s.features))   # PlanFeature.Q_POS | VISIBILITY
 
     @property
-    def positions(self):
+    def positions(self) -> np.ndarray:
         """[total_q] (1-D) or [total_q, 3] (3-D: frame, row, col); empty without a position plan."""
         if self.pos_mode == 2:
             return self._part("positions", 3 * self.total_q).reshape(self.total_q, 3)
@@ -523,7 +600,7 @@ class Plan:
             raise ValueError("rope: the plan was built with pos=%r, the rope needs %r"
                              % (_name(POS_MODES, self.pos_mode), _name(POS_MODES, mode)))
 
-    def validate(self, num_pages):
+    def validate(self, num_pages: int) -> None:
         """Checks the CSR invariants; InvalidArgumentError (with the broken rule) otherwise."""
         why = ctypes.create_string_buffer(512)
         code = _ffi.lib.mskv_plan_validate(byref(self._s), num_pages, why, len(why))
@@ -540,7 +617,7 @@ class Schedule:
     """Window schedule over `total` units: window k denoises
     [k*stride, k*stride + window), stride = window - overlap."""
 
-    def __init__(self, total, window, overlap=0):
+    def __init__(self, total: int, window: int, overlap: int = 0):
         self._s = mskv_schedule()
         _check(_ffi.lib.mskv_schedule_init(byref(self._s), total, window, overlap), "mskv_schedule_init")
 
@@ -553,7 +630,8 @@ class Schedule:
     def __len__(self):
         return self._s.count
 
-    def window(self, k):
+    def window(self, k: int) -> Window:
+        """Window k: what it denoises, its conditioning and commit spans (mskv_schedule_window)."""
         w = mskv_window()
         _check(_ffi.lib.mskv_schedule_window(byref(self._s), k, byref(w)), "mskv_schedule_window")
         return _record(Window, w)
@@ -561,7 +639,8 @@ class Schedule:
     def __iter__(self):
         return (self.window(k) for k in range(self.count))
 
-    def decode_span(self, k, ctx):
+    def decode_span(self, k: int, ctx: int) -> DecodeSpan:
+        """What a causal decoder with ctx units of left context decodes for window k (mskv_schedule_decode_span)."""
         d = mskv_decode_span()
         _check(_ffi.lib.mskv_schedule_decode_span(byref(self._s), k, ctx, byref(d)),
                "mskv_schedule_decode_span")
@@ -572,8 +651,8 @@ class Retention:
     """Chunk-window retention: keep sink_chunks leading chunks and the last
     window_chunks chunks (or drop everything past the sink at each boundary)."""
 
-    def __init__(self, chunk_size, sink_chunks=0, window_chunks=0, window_tokens=0, reset_at_boundary=False,
-                 exact=False):
+    def __init__(self, chunk_size: int, sink_chunks: int = 0, window_chunks: int = 0, window_tokens: int = 0,
+                 reset_at_boundary: bool = False, exact: bool = False):
         self._s = mskv_retention(chunk_size, sink_chunks, window_chunks, window_tokens,
                                  int(bool(reset_at_boundary)), int(bool(exact)))
 
@@ -590,13 +669,13 @@ class Retention:
     def __repr__(self):
         return "Retention(%s)" % ", ".join("%s=%r" % (f, getattr(self._s, f)) for f, _ in mskv_retention._fields_)
 
-    def validate(self, page_size=0):
+    def validate(self, page_size: int = 0) -> None:
         """InvalidSpecError with the reason unless the policy is valid (for this page size)."""
         why = ctypes.create_string_buffer(256)
         code = _ffi.lib.mskv_retention_validate(byref(self._s), page_size, why, len(why))
         _check(code, "mskv_retention_validate", why.value.decode(errors="replace"))
 
-    def skipped_tokens(self, num_computed):
+    def skipped_tokens(self, num_computed: int) -> int:
         """Tokens after the sink no longer needed once num_computed exist (pure);
         InvalidSpecError for an invalid policy, InvalidArgumentError for num_computed < 0."""
         out = ctypes.c_int64()
@@ -612,7 +691,7 @@ class Session:
     points at the C arena: it keeps it alive, and its calls raise once the
     Arena is closed."""
 
-    def __init__(self, arena, request, retention):
+    def __init__(self, arena: Arena, request: Request, retention: Retention):
         self._arena, self._request, self._retention = arena, request, retention
         self._s = mskv_session()
         arena._call("mskv_session_init", byref(self._s), arena.ptr, request._h, byref(retention._s))
@@ -632,21 +711,31 @@ class Session:
     chunks_done = property(lambda self: self._s.chunks_done)
     released_total = property(lambda self: self._s.released_total)
 
-    def begin_chunk(self, n_tokens):
+    def __repr__(self) -> str:
+        r = self._s.retention
+        return "Session(request=0x%x, chunk_size=%d, chunks_done=%d, open_chunk=%d, released_total=%d)" % (
+            self._request.id, r.chunk_size, self.chunks_done, self.chunk_tokens, self.released_total)
+
+    def begin_chunk(self, n_tokens: int) -> None:
+        """Reserves a chunk of n_tokens (admit) for the denoise steps to come (mskv_session_begin_chunk)."""
         self.arena._call("mskv_session_begin_chunk", self._open(), n_tokens)
 
-    def plan(self, plan, pos="none", pos_offset=0, grid=None):
+    def plan(self, plan: Plan, pos: Choice = "none", pos_offset: int = 0,
+             grid: Optional[Tuple[int, int]] = None) -> Plan:
+        """The plan of the open chunk's tokens (mskv_session_plan); returns plan."""
         d, _ = self.arena._plan_desc("self", None, None, pos, pos_offset, grid)
         self.arena._call("mskv_session_plan", self._open(), byref(d), byref(plan._s))
         plan._pos_mode = d.pos_mode
         return plan
 
-    def commit_chunk(self):
+    def commit_chunk(self) -> int:
+        """Commits the chunk, protects the sink, releases what left the window, publishes; returns the fence (mskv_session_commit_chunk)."""
         step = ctypes.c_uint64()
         self.arena._call("mskv_session_commit_chunk", self._open(), byref(step))
         return step.value
 
-    def abort_chunk(self):
+    def abort_chunk(self) -> None:
+        """Drops the open chunk; its pages come back (mskv_session_abort_chunk)."""
         self.arena._call("mskv_session_abort_chunk", self._open())
 
     def __enter__(self):
@@ -664,13 +753,14 @@ class Rope:
     frame, row, col, with a width per axis in dims; zeros = the default
     split), style "half" or "interleaved", theta (0 = 10000)."""
 
-    def __init__(self, mode="1d", style="half", theta=0.0, dims=(0, 0, 0)):
+    def __init__(self, mode: Choice = "1d", style: Choice = "half", theta: float = 0.0,
+                 dims: Sequence[int] = (0, 0, 0)):
         dims = tuple(dims) + (0,) * (3 - len(dims))
         self._s = mskv_rope(_enum(ROPE_STYLES, style, "style"), _enum(POS_MODES, mode, "mode"), theta, dims)
 
     mode = property(lambda self: self._s.mode)
 
-    def apply(self, x, positions):
+    def apply(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotates x [n][heads][head_dim] (f32, f16, bf16 as uint16) in place."""
         xb = _tensors.check(x, "x", device="cpu", dtypes=_tensors.FLOATS + ("u16",), shape=(None, None, None),
                             layout="[n][heads][head_dim]", writable=True)
@@ -714,14 +804,15 @@ class Cpu:
     """The CPU backend's thread pool and scratch (mskv_cpu). num_threads 0 or
     1: the caller's thread only. A context manager; close() frees it."""
 
-    def __init__(self, num_threads=0, workspace_bytes=0):
+    def __init__(self, num_threads: int = 0, workspace_bytes: int = 0):
         d = mskv_cpu_desc()
         d.num_threads, d.workspace_bytes = num_threads, workspace_bytes
         out = ctypes.c_void_p()
         _check(_ffi.lib.mskv_cpu_create(byref(d), byref(out)), "mskv_cpu_create")
         self._h = _Owned(out.value, _ffi.lib.mskv_cpu_destroy)
 
-    def close(self):
+    def close(self) -> None:
+        """Stops the threads and frees the scratch (mskv_cpu_destroy)."""
         if self._h is not None:
             self._h.release()
             self._h = None
@@ -733,19 +824,28 @@ class Cpu:
         self.close()
 
     @property
-    def ptr(self):
+    def ptr(self) -> int:
+        """The C pool's address (MskvError once closed)."""
         if self._h is None:
             raise MskvError("the CPU backend is closed")
         return self._h.ptr
 
-    def attention(self, arena, layer, plan, q, out=None, lse=None, mask="none", window_left=0, scale=0.0):
+    def attention(self, arena: Arena, layer: int, plan: Plan, q: Tensor, out: Optional[Tensor] = None,
+                  lse: Union[bool, Tensor, None] = None, mask: Choice = "none", window_left: int = 0,
+                  scale: float = 0.0) -> Any:
+        """mstar_kv.attention on this pool's threads."""
         return attention(arena, layer, plan, q, out, lse, mask, window_left, scale, cpu=self)
 
-    def attention_dense(self, view, layer, plan, q, out=None, lse=None, mask="none", window_left=0, scale=0.0):
+    def attention_dense(self, view: "PrefixView", layer: int, plan: Plan, q: Tensor, out: Optional[Tensor] = None,
+                        lse: Union[bool, Tensor, None] = None, mask: Choice = "none", window_left: int = 0,
+                        scale: float = 0.0) -> Any:
+        """mstar_kv.attention_dense on this pool's threads."""
         return attention_dense(view, layer, plan, q, out, lse, mask, window_left, scale, cpu=self)
 
 
-def attention(arena, layer, plan, q, out=None, lse=None, mask="none", window_left=0, scale=0.0, cpu=None):
+def attention(arena: Arena, layer: int, plan: Plan, q: Tensor, out: Optional[Tensor] = None,
+              lse: Union[bool, Tensor, None] = None, mask: Choice = "none", window_left: int = 0,
+              scale: float = 0.0, cpu: Optional[Cpu] = None) -> Any:
     """Paged attention over plan for one layer of arena's host pools.
     q: [total_q][q_heads][head_dim] (f32, f16, bf16 as uint16); out: same (new
     if None); lse: True for a new [total_q][q_heads] f32 array, or one to fill.
@@ -769,7 +869,7 @@ class PrefixView:
     device-buffer view is CudaStore.prefix_view.) arena, request, k and v
     are read-only: the C view writes into k and v (its struct owns them)."""
 
-    def __init__(self, arena, request, cap_tokens, group=0, _s=None, _k=None, _v=None):
+    def __init__(self, arena: Arena, request: Request, cap_tokens: int, group: int = 0, _s=None, _k=None, _v=None):
         self._arena, self._request = arena, request
         if _s is not None:   # the device view: its buffers are the caller's tensors (pinned by _s)
             self._s, self._k, self._v = _s, _k, _v
@@ -792,7 +892,7 @@ class PrefixView:
     cap_tokens = property(lambda self: self._s.cap_tokens)
     device = property(lambda self: bool(self._s.device))
 
-    def gather(self):
+    def gather(self) -> "PrefixView":
         """Gathers (or refreshes, in place) the prefix of every layer; returns self."""
         store = getattr(self, "_store", None)
         if store is not None:
@@ -801,12 +901,13 @@ class PrefixView:
             self.arena._call("mskv_prefix_view_gather", self.arena.ptr, byref(self._s))
         return self
 
-    def check(self):
+    def check(self) -> None:
         """StaleViewError when the request's prefix moved since the gather."""
         self.arena._call("mskv_prefix_view_check", self.arena.ptr, byref(self._s))
 
     @property
-    def current(self):
+    def current(self) -> bool:
+        """Whether the view still holds the request's prefix (check() without raising)."""
         return _ffi.lib.mskv_prefix_view_check(self.arena.ptr, byref(self._s)) == 0
 
     def _dense(self, layer):
@@ -816,7 +917,7 @@ class PrefixView:
         kv.view = self._s   # kv points into the view's buffers: it keeps them
         return kv
 
-    def layer(self, layer):
+    def layer(self, layer: int) -> Tuple[np.ndarray, np.ndarray]:
         """(k, v) of one layer: views [tokens][kv_heads][head_dim] into the buffers."""
         if self._s.device:
             raise ValueError("layer: a device view's buffers are the tensors it was given")
@@ -824,7 +925,9 @@ class PrefixView:
         return self.k[layer, :self.tokens], self.v[layer, :self.tokens]
 
 
-def attention_dense(view, layer, plan, q, out=None, lse=None, mask="none", window_left=0, scale=0.0, cpu=None):
+def attention_dense(view: PrefixView, layer: int, plan: Plan, q: Tensor, out: Optional[Tensor] = None,
+                    lse: Union[bool, Tensor, None] = None, mask: Choice = "none", window_left: int = 0,
+                    scale: float = 0.0, cpu: Optional[Cpu] = None) -> Any:
     """Attention over a PrefixView's layer (a "prefix" plan, or any plan
     whose kv_token_indptr rows the view holds), on the CPU: the same masks,
     q_pos, results as attention(). StaleViewError when the view's epoch is no
@@ -838,7 +941,8 @@ def attention_dense(view, layer, plan, q, out=None, lse=None, mask="none", windo
     return (out, lse_arr) if lse_arr is not None else out
 
 
-def merge(o_a, lse_a, o_b, lse_b, out=None, out_lse=None):
+def merge(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor, out: Optional[Tensor] = None,
+          out_lse: Optional[Tensor] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Merges two partial attention results over disjoint key sets (f32
     [n][heads][head_dim] and [n][heads]) into their union; returns (o, lse).
     out / out_lse may be o_a, lse_a, o_b or lse_b."""
@@ -860,7 +964,7 @@ def merge(o_a, lse_a, o_b, lse_b, out=None, out_lse=None):
 
 # ---- bf16 / f16 bits, as the library rounds them --------------------------------------------------
 
-def to_bf16(x):
+def to_bf16(x: Any) -> np.ndarray:
     """float32 values as bf16 bits (uint16), rounded to nearest even like the store."""
     a = np.ascontiguousarray(x, dtype=np.float32)
     u = a.view(np.uint32).astype(np.uint64)
@@ -870,6 +974,6 @@ def to_bf16(x):
     return r
 
 
-def from_bf16(bits):
+def from_bf16(bits: Any) -> np.ndarray:
     """bf16 bits (uint16) as float32."""
     return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)

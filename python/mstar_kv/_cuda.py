@@ -5,14 +5,20 @@ Device tensors are PyTorch CUDA tensors, objects with __cuda_array_interface__
 (CuPy, Numba, ...) or CUDA DLPack producers. When a call gets torch tensors,
 it runs on torch's current stream (the store follows it with
 mskv_cuda_store_set_stream), so it is ordered with the model's own kernels."""
+from __future__ import annotations
+
 import ctypes
 import sys
 import weakref
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from . import _ffi, _tensors
-from ._core import DTYPES, POS_MODES, Arena, PrefixView, _attn_struct, _enum, _name, dtype_code
+from ._core import DTYPES, POS_MODES, Arena, Plan, PrefixView, _attn_struct, _enum, _name, dtype_code
+from ._types import Choice, Segments, Tensor
 from ._errors import MskvError, TensorError, error_for
 from ._ffi import mskv_arena_desc, mskv_cuda_desc, mskv_cuda_dplan, mskv_cuda_info, mskv_cuda_store_desc
+from ._extras import CudaMemory, CudaStoreCopies
+from ._graphs import CudaStoreGraphs
 
 byref = ctypes.byref
 STREAM_LEGACY = 1   # MSKV_CU_STREAM_LEGACY: the runtime's default stream (handle 0)
@@ -32,7 +38,7 @@ def _desc(device, driver_path, nvrtc_path, cache_dir, disable_disk_cache, attn_p
     return d
 
 
-def cuda_probe(device=0, driver_path=None, nvrtc_path=None):
+def cuda_probe(device: int = 0, driver_path: Optional[str] = None, nvrtc_path: Optional[str] = None) -> Tuple[bool, str]:
     """(True, "") when a context could be created, else (False, what was tried)."""
     why = ctypes.create_string_buffer(1024)
     d = _desc(device, driver_path, nvrtc_path, None, False)
@@ -40,14 +46,14 @@ def cuda_probe(device=0, driver_path=None, nvrtc_path=None):
     return code == 0, why.value.decode(errors="replace")
 
 
-class Cuda:
+class Cuda(CudaMemory):
     """A GPU context (mskv_cuda). CudaUnavailableError, with what was tried,
     on a machine without a driver, a device or NVRTC. attn_path: "auto" (the
     sm_90a kernel for prefill on compute capability 9.0), "mma" or "wgmma"
     (mskv_cuda_desc.attn_path); info()["wgmma"] says what auto runs."""
 
-    def __init__(self, device=0, driver_path=None, nvrtc_path=None, cache_dir=None, disable_disk_cache=False,
-                 attn_path="auto"):
+    def __init__(self, device: int = 0, driver_path: Optional[str] = None, nvrtc_path: Optional[str] = None,
+                 cache_dir: Optional[str] = None, disable_disk_cache: bool = False, attn_path: Choice = "auto"):
         self._ptr, self._stores = None, weakref.WeakSet()
         self._d = _desc(device, driver_path, nvrtc_path, cache_dir, disable_disk_cache, attn_path)
         out = ctypes.c_void_p()
@@ -58,7 +64,8 @@ class Cuda:
         self._ptr = out.value
 
     @property
-    def ptr(self):
+    def ptr(self) -> int:
+        """The context's address (MskvError once closed)."""
         if not self._ptr:
             raise MskvError("the CUDA context is closed")
         return self._ptr
@@ -68,13 +75,14 @@ class Cuda:
         if code != 0:
             raise error_for(code, function, (_ffi.lib.mskv_cuda_last_error(self.ptr) or b"").decode(errors="replace"))
 
-    def info(self):
+    def info(self) -> Dict[str, Any]:
+        """The device and compiler: name, compute capability, arch, versions, cache hits, self-tests (mskv_cuda_info_get)."""
         i = mskv_cuda_info()
         self._call("mskv_cuda_info_get", self.ptr, byref(i))
         return {f: (v.decode(errors="replace") if isinstance(v, bytes) else v)
                 for f, v in ((f, getattr(i, f)) for f, _ in i._fields_)}
 
-    def close(self):
+    def close(self) -> None:
         """Closes every store of this context, then the context."""
         for st in list(getattr(self, "_stores", ())):
             st.close()
@@ -107,7 +115,7 @@ class DevicePlan:
     """A plan uploaded into the store's fixed device buffers (same addresses
     every upload); the host Plan it came from gives the sizes (read-only)."""
 
-    def __init__(self, plan, s):
+    def __init__(self, plan: Plan, s: mskv_cuda_dplan):
         self._plan, self._s = plan, s
 
     plan = property(lambda self: self._plan)
@@ -123,15 +131,16 @@ class DevicePlan:
         object.__setattr__(self, name, value)
 
 
-class CudaStore:
+class CudaStore(CudaStoreGraphs, CudaStoreCopies):
     """A device K/V store (mskv_cuda_store): pools per layer (its own, or the
     caller's: pools=[(k0, v0), (k1, v1), ...], device tensors of shape
     [num_pages, page_size, kv_heads, head_dim] in the store's dtype, which the
     store adopts, zeroes and never frees), fixed plan buffers, a stream.
     arena() makes the arena bound to it."""
 
-    def __init__(self, cuda, num_pages, page_size, num_layers, kv_heads, head_dim, dtype="f16", pools=None,
-                 max_batch=0, max_tokens=0, max_page_ids=0, staging_bytes=0, plan_ring=0):
+    def __init__(self, cuda: Cuda, num_pages: int, page_size: int, num_layers: int, kv_heads: int, head_dim: int,
+                 dtype: Choice = "f16", pools: Optional[Sequence[Tuple[Tensor, Tensor]]] = None, max_batch: int = 0,
+                 max_tokens: int = 0, max_page_ids: int = 0, staging_bytes: int = 0, plan_ring: int = 0):
         self._cuda, self._ptr, self._arenas = cuda, None, weakref.WeakSet()
         d = mskv_cuda_store_desc()
         d.num_pages, d.page_size, d.num_layers = num_pages, page_size, num_layers
@@ -154,7 +163,7 @@ class CudaStore:
     cuda = property(lambda self: self._cuda)   # the context the store lives in (read-only)
 
     @property
-    def desc(self):
+    def desc(self) -> mskv_cuda_store_desc:
         """A copy of the store's description (the shapes every call is checked against stay the store's)."""
         return mskv_cuda_store_desc.from_buffer_copy(self._desc)
 
@@ -172,7 +181,8 @@ class CudaStore:
         return out
 
     @property
-    def ptr(self):
+    def ptr(self) -> int:
+        """The store's address (MskvError once closed)."""
         if not self._ptr:
             raise MskvError("the CUDA store is closed")
         return self._ptr
@@ -180,8 +190,10 @@ class CudaStore:
     def _call(self, function, *args):
         self.cuda._call(function, *args)
 
-    def close(self):
-        """Closes the store's arenas, then the store."""
+    def close(self) -> None:
+        """Closes the store's graphs and arenas, then the store."""
+        for g in list(getattr(self, "_graphs", ())):
+            g.close()
         for a in list(getattr(self, "_arenas", ())):
             a.close()
         if getattr(self, "_ptr", None):
@@ -196,7 +208,7 @@ class CudaStore:
     def __exit__(self, *exc):
         self.close()
 
-    def arena(self, max_requests=0, on_event=None):
+    def arena(self, max_requests: int = 0, on_event: Optional[Callable[[Any], None]] = None) -> Arena:
         """An Arena whose pages live in this store (fenced retirement, offload
         through pinned host copies), bound to it."""
         d = mskv_arena_desc()
@@ -207,15 +219,16 @@ class CudaStore:
         self._arenas.add(a)
         return a
 
-    def pool(self, layer, kind):
+    def pool(self, layer: int, kind: Union[str, int]) -> int:
         """The device address of a pool (kind "k"/0 or "v"/1)."""
         return _ffi.lib.mskv_cuda_store_pool(self.ptr, layer, {"k": 0, "v": 1}.get(kind, kind))
 
     @property
-    def stream(self):
+    def stream(self) -> int:
+        """The stream handle the store runs on (0: its own)."""
         return _ffi.lib.mskv_cuda_store_stream(self.ptr) or 0
 
-    def set_stream(self, stream):
+    def set_stream(self, stream: Any) -> None:
         """Runs on stream from now on: a handle (int), an object with
         .cuda_stream (a torch stream; its 0 means the default stream), or None
         for the store's own stream."""
@@ -234,7 +247,7 @@ class CudaStore:
         return _tensors.check(obj, name, device="cuda", dtypes=dtypes or _same(self._dtype), shape=shape,
                               layout=layout, writable=writable, align=align, stream=self._stream)
 
-    def upload_plan(self, plan, pos=None):
+    def upload_plan(self, plan: Plan, pos: Optional[Choice] = None) -> DevicePlan:
         """Copies a host Plan into the store's fixed device buffers; pos
         (default: the plan's own position mode) says which positions go."""
         out = mskv_cuda_dplan()
@@ -242,7 +255,7 @@ class CudaStore:
         self._call("mskv_cuda_plan_upload", self.ptr, byref(plan._s), mode, byref(out))
         return DevicePlan(plan, out)
 
-    def write_kv(self, layer, dplan, k, v, rope=None):
+    def write_kv(self, layer: int, dplan: DevicePlan, k: Tensor, v: Tensor, rope: Optional[Any] = None) -> None:
         """Scatters device k, v [total_q][kv_heads][head_dim] into layer's
         pools: f32, f16 or bf16 (k and v alike), converted on the device into
         the store's dtype (rounded to nearest even, as the CPU backend does)."""
@@ -258,7 +271,8 @@ class CudaStore:
         self._call("mskv_cuda_write_kv_ex", self.ptr, layer, byref(dplan._s), kb.ptr, vb.ptr,
                    dtype_code(_tensors._kernel_dtype(kb.dtype)), byref(rope._s) if rope is not None else None)
 
-    def attention(self, layer, dplan, q, out, lse=None, mask="none", window_left=0, scale=0.0):
+    def attention(self, layer: int, dplan: DevicePlan, q: Tensor, out: Tensor, lse: Optional[Tensor] = None,
+                  mask: Choice = "none", window_left: int = 0, scale: float = 0.0) -> Tensor:
         """Paged attention on the device: q, out [total_q][q_heads][head_dim]
         (the store's dtype, q 16-byte aligned), lse (optional) f32 [total_q][q_heads]."""
         d, plan = self._desc, dplan.plan
@@ -277,7 +291,7 @@ class CudaStore:
                    ob.ptr, lb.ptr if lb else 0)
         return out
 
-    def prefix_view(self, request, k, v, group=0):
+    def prefix_view(self, request: Any, k: Tensor, v: Tensor, group: int = 0) -> PrefixView:
         """A PrefixView of request's protected prefix in device buffers k, v
         ([num_layers][cap_tokens][kv_heads][head_dim], the store's dtype,
         16-byte aligned): gather() copies the prefix from the pools on the
@@ -293,7 +307,9 @@ class CudaStore:
         view._store = self
         return view
 
-    def attention_dense(self, view, layer, dplan, q, out, lse=None, mask="none", window_left=0, scale=0.0):
+    def attention_dense(self, view: PrefixView, layer: int, dplan: DevicePlan, q: Tensor, out: Tensor,
+                        lse: Optional[Tensor] = None, mask: Choice = "none", window_left: int = 0,
+                        scale: float = 0.0) -> Tensor:
         """Attention over a device PrefixView's layer under dplan (a "prefix"
         plan, uploaded): the same arguments and results as attention()."""
         d, plan = self._desc, dplan.plan
@@ -313,7 +329,7 @@ class CudaStore:
                    qb.ptr, ob.ptr, lb.ptr if lb else 0)
         return out
 
-    def rope(self, rope, x, positions):
+    def rope(self, rope: Any, x: Tensor, positions: Tensor) -> Tensor:
         """Rotates device x [n][heads][head_dim] in place at device int32 positions."""
         xb = self._device(x, "x", (None, None, self._desc.head_dim), "[n][heads][head_dim]", writable=True)
         n = xb.shape[0]
@@ -322,7 +338,7 @@ class CudaStore:
         self._call("mskv_cuda_rope", self.ptr, byref(rope._s), xb.ptr, n, xb.shape[1], pb.ptr)
         return x
 
-    def publish(self, segments=()):
+    def publish(self, segments: Segments = ()) -> int:
         """mskv_cuda_publish: ends the step and records its fence event."""
         arena = next(iter(self._arenas), None)
         if arena is None:
@@ -332,10 +348,12 @@ class CudaStore:
         self._call("mskv_cuda_publish", self.ptr, segs, n, byref(step))
         return step.value
 
-    def retire(self, wait=False):
+    def retire(self, wait: bool = False) -> None:
+        """Retires every recorded fence whose event completed (wait: wait for all; mskv_cuda_retire)."""
         self._call("mskv_cuda_retire", self.ptr, int(bool(wait)))
 
-    def sync(self):
+    def sync(self) -> None:
+        """Waits for the store's stream (mskv_cuda_store_sync)."""
         self._call("mskv_cuda_store_sync", self.ptr)
 
 

@@ -2,6 +2,8 @@
 
 The message is the library's own (mskv_result_string), the C function that
 failed, and the logger's detail when the call logged one."""
+from typing import Optional
+
 from . import _ffi
 
 
@@ -11,7 +13,7 @@ class MskvError(Exception):
     code = None
     name = "MSKV_ERROR"
 
-    def __init__(self, message, code=None, detail="", function=""):
+    def __init__(self, message: str, code: Optional[int] = None, detail: str = "", function: str = ""):
         super().__init__(message)
         if code is not None:
             self.code = code
@@ -53,7 +55,7 @@ for _code, _cname in _ffi.RESULTS:
 ERROR_CLASSES = dict(_BY_CODE)
 
 
-def error_for(code, function="", detail=""):
+def error_for(code: int, function: str = "", detail: str = "") -> "MskvError":
     """The exception for a result code (MskvError itself for a code this
     package does not know yet)."""
     cls = _BY_CODE.get(code, MskvError)

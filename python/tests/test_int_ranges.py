@@ -23,7 +23,8 @@ from mstar_kv import _ffi
 # the C types, written out here (not taken from the package's own tables)
 C_TYPES = {"int": (32, True), "int32_t": (32, True), "int64_t": (64, True), "uint16_t": (16, False),
            "uint32_t": (32, False), "uint64_t": (64, False), "size_t": (64, False), "mskv_dtype": (32, True),
-           "mskv_pos_mode": (32, True), "mskv_result": (32, True), "mskv_cu_ptr": (64, False)}
+           "mskv_pos_mode": (32, True), "mskv_result": (32, True), "mskv_cu_ptr": (64, False),
+           "mskv_cpu_isa": (32, True)}
 
 
 def limits(bits, signed):
@@ -48,7 +49,8 @@ def int_params():
             if "*" not in base and base in C_TYPES:
                 yield name, i, pname, base
             else:
-                assert "*" in base or base == "mskv_request" or base in ("mskv_cu_stream", "float"), \
+                assert "*" in base or base in ("mskv_request", "mskv_lockstep") or \
+                    base in ("mskv_cu_stream", "float", "mskv_allreduce_min_fn"), \
                     "%s: parameter %s has a type this test does not know: %r" % (name, pname, ctext)
 
 
@@ -109,7 +111,7 @@ def test_the_loaded_library_checks_before_calling():
 
 
 def struct_int_fields():
-    for s in _ffi.STRUCTS:
+    for s in _ffi.STRUCTS + _ffi.UCX_STRUCTS:
         for name, t in s._fields_:
             elem = t._type_ if isinstance(t, type) and issubclass(t, ctypes.Array) else t
             if isinstance(elem, type) and issubclass(elem, ctypes._SimpleCData) and elem._type_ in "bBhHiIlLqQ":
@@ -159,7 +161,7 @@ def test_positional_and_keyword_construction_are_checked_too():
 def test_every_mirror_is_a_checked_struct():
     mirrors = [v for v in vars(_ffi).values() if isinstance(v, type) and issubclass(v, ctypes.Structure)
                and v.__module__ == _ffi.__name__ and v.__name__.startswith("mskv_")]
-    assert sorted(m.__name__ for m in mirrors) == sorted(s.__name__ for s in _ffi.STRUCTS)
+    assert sorted(m.__name__ for m in mirrors) == sorted(s.__name__ for s in _ffi.STRUCTS + _ffi.UCX_STRUCTS)
     assert all(issubclass(m, _ffi.Structure) and m.__mro__[1] is _ffi.Structure for m in mirrors)
 
 

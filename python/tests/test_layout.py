@@ -11,7 +11,7 @@ from mstar_kv import _ffi
 def _compile_and_run(cc, headers, tmp_path, body, name):
     src = tmp_path / (name + ".c")
     exe = tmp_path / name
-    src.write_text('#include <stddef.h>\n#include <stdio.h>\n#include "mstar_kv.h"\n#include "mstar_kv_cuda.h"\n'
+    src.write_text('#include <stddef.h>\n#include <stdio.h>\n#include "mstar_kv.h"\n#include "mstar_kv_cuda.h"\n#include "mstar_kv_ucx.h"\n'
                    + body)
     r = subprocess.run([cc, "-std=c99", "-Wall", "-Wextra", "-Werror", "-I", str(headers), str(src), "-o", str(exe)],
                        capture_output=True, text=True)
@@ -22,7 +22,7 @@ def _compile_and_run(cc, headers, tmp_path, body, name):
 
 def test_every_mirrored_struct_has_the_c_size_and_field_offsets(cc, headers, tmp_path):
     lines, expect = [], {}
-    for s in _ffi.STRUCTS:
+    for s in _ffi.STRUCTS + _ffi.UCX_STRUCTS:
         n = s.__name__
         lines.append('printf("%s %%zu\\n", sizeof(%s));' % (n, n))
         expect[n] = ctypes.sizeof(s)
@@ -44,7 +44,7 @@ def test_every_mirrored_constant_has_the_header_value(cc, headers, tmp_path):
 
 def test_every_prototype_compiles_against_the_headers(cc, headers, tmp_path):
     # a redeclaration with other parameter or return types is a C error
-    body = _ffi.DECLARATIONS + "\nint main(void) { return 0; }\n"
+    body = _ffi.DECLARATIONS + _ffi.UCX_DECLARATIONS + "\nint main(void) { return 0; }\n"
     _compile_and_run(cc, headers, tmp_path, body, "prototypes")
 
 

@@ -169,7 +169,7 @@ def test_the_store_description_is_a_copy():
 
 
 def pointer_fields():
-    for s in _ffi.STRUCTS:
+    for s in _ffi.STRUCTS + _ffi.UCX_STRUCTS:
         for name, t in s._fields_:
             if t is ctypes.c_void_p:
                 yield s, name
