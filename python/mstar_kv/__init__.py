@@ -8,6 +8,9 @@ from ._core import (DTYPES, EVENT_TYPES, MASKS, PLAN_KINDS, POS_MODES, Arena, Ar
                     Event, Plan, PrefixView, Request, RequestInfo, Retention, Rope, Schedule, Session, StoreInfo,
                     Window, attention, attention_dense, dtype_code, from_bf16, merge, to_bf16)
 from ._cuda import STREAM_LEGACY, Cuda, CudaStore, DevicePlan, cuda_probe
+from ._core import VISIBILITY, default_threads
+from ._backend import CpuBackend, CudaBackend, backend
+from ._research import CausalKVCache, LayerCache, pages_needed, retention_from_research
 from ._errors import ERROR_CLASSES, MskvError, TensorError, error_for
 from ._errors import *  # noqa: F401,F403  (one class per result code: OutOfPagesError, ...)
 
