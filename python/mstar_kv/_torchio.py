@@ -61,12 +61,13 @@ def plan_tensors(plan, name=None):
     sharing its buffers: torch.from_numpy of the writable owner arrays, so
     no copy and no "not writable" warning."""
     torch = _need_torch("Plan.torch()")
+    public = [n for n in plan._raw if n != "requests"]   # requests: the stale-plan check's own
     if name is not None:
-        if name not in plan._raw:
-            raise KeyError("Plan.torch: no array %r (one of %s)" % (name, ", ".join(plan._raw)))
+        if name not in public:
+            raise KeyError("Plan.torch: no array %r (one of %s)" % (name, ", ".join(public)))
         names = [name]
     else:
-        names = list(plan._raw)
+        names = public
     out = {}
     for n in names:
         part = getattr(plan, n)     # the read-only view of what the build filled: its length and shape
