@@ -80,8 +80,10 @@ def pages_needed(retention: Retention, block_tokens: int, page_size: int, batch:
                  extra_tokens: int = 0, total_tokens: "int | None" = None) -> int:
     """num_pages to give an Arena so `batch` requests under retention, blocks
     of block_tokens tokens at a time, never run out: per request the sink's
-    pages, the window's and the open block's, plus one more where the page
-    size does not divide the chunk (the window then starts mid-page), plus
+    pages, the window's and the open block's, plus up to one more where the
+    page size does not divide the chunk (the window then starts mid-page:
+    40-token chunks on 16-token pages, sink 1, window 2 hold 11 pages where
+    their 160 tokens fill 10), plus
     ceil(extra_tokens / page_size) per sample (e.g. its text entry), plus the
     null page. total_tokens: the generation's length (needed for an
     unbounded retention; otherwise the peak is reached early)."""
@@ -361,6 +363,10 @@ class CausalKVCache:
         self._text = entries
         if self._open is not None:
             self._build()
+
+    def request_info(self) -> list:
+        """RequestInfo of every sample's request (committed, reserved, kv_len, ...)."""
+        return [r.info() for r in self.requests]
 
     @property
     def pages_in_use(self) -> int:
