@@ -86,7 +86,7 @@
 #include <stdint.h>
 
 #define MSKV_VERSION_MAJOR 0
-#define MSKV_VERSION_MINOR 1
+#define MSKV_VERSION_MINOR 2
 #define MSKV_VERSION_PATCH 0
 
 #ifdef MSKV_STATIC
@@ -782,13 +782,17 @@ typedef enum mskv_plan_kind {
                              queries where they are in the request (q_pos, needed), no slots */
 } mskv_plan_kind;
 
-/* Which keys of a segment the plan lets its queries see (on top of the mask). */
+/* Which keys of a segment the plan lets its queries see (on top of the mask).
+   The default (0, a zero-initialised mskv_plan_desc, a NULL desc) is
+   token-exact: a plan shows exactly what a contiguous rolling cache with the
+   same retention holds, whatever the page size. Whole-page visibility is the
+   explicit opt-in. (Before version 0.2 the values were PAGES = 0, EXACT = 1.) */
 typedef enum mskv_visibility {
-    MSKV_VIS_PAGES = 0,  /* every token of the pages in the table: a release frees whole pages only, so up to
-                            page_size - 1 released tokens stay visible at each edge of the window */
-    MSKV_VIS_EXACT = 1,  /* token-exact, from the request's state: its protected prefix [0, prefix_tokens) and
+    MSKV_VIS_EXACT = 0,  /* token-exact, from the request's state: its protected prefix [0, prefix_tokens) and
                             the live tokens from its release_point on (a retention policy's sink and window:
                             exactly what a contiguous rolling cache keeps, whatever the page size) */
+    MSKV_VIS_PAGES = 1,  /* every token of the pages in the table: a release frees whole pages only, so up to
+                            page_size - 1 released tokens stay visible at each edge of the window */
     MSKV_VIS_CALLER = 2  /* the caller's bounds: mskv_plan_desc.vis_sink_end / vis_window_start */
 } mskv_visibility;
 
@@ -806,7 +810,10 @@ typedef struct mskv_plan_desc {
        pos_offset, no pos_shift). NULL, or a NULL entry, = derived as pos_mode
        says. Needs pos_mode 1-D or 3-D. Masks do not read them. */
     const int32_t *const *positions;
-    /* Token-exact visibility (plan->vis_sink_end / vis_window_start). */
+    /* Which keys the queries see: MSKV_VIS_EXACT (0, the default: the
+       rolling cache's window, token-exact, as plan->vis_sink_end /
+       vis_window_start), MSKV_VIS_PAGES (every token of the table's pages) or
+       MSKV_VIS_CALLER. */
     mskv_visibility visibility;
     const int64_t *vis_sink_end;     /* MSKV_VIS_CALLER: [n], absolute positions in [0, INT32_MAX] */
     const int64_t *vis_window_start; /* MSKV_VIS_CALLER: [n] */
@@ -893,7 +900,8 @@ typedef struct mskv_plan {
     /* Optional (NULL = absent, the rules above); capacities cap_tokens and
        cap_batch. mskv_plan_build fills them when present, and needs them
        when the plan cannot do without (q_pos for PREFIX; the bounds for
-       MSKV_VIS_EXACT / CALLER and exclude_prefix). */
+       MSKV_VIS_CALLER and exclude_prefix, and for MSKV_VIS_EXACT when a
+       window hides tokens its pages still hold: NULL_POINTER then). */
     int32_t *q_pos;            /* [total_q] each query's absolute (mask) position */
     int32_t *vis_sink_end;     /* [batch] */
     int32_t *vis_window_start; /* [batch] */
@@ -2640,9 +2648,12 @@ MSKV_IMPL mskv_result mskv_request_protect_prefix(mskv_arena *a, mskv_request h,
 }
 
 /* Where the still-visible live tokens start: the previous release point, or
-   live_start when nothing was released since the prefix last moved. */
+   live_start when nothing was released since the prefix last moved. A
+   retention's release point may lie inside the protected prefix's last page
+   (below live_start: a sink ending mid-page, the window starting before its
+   page ends); it is where the visible tokens start all the same. */
 static int64_t mskv__visible_start(const mskv__tab *t) {
-    return t->release_point > t->live_start ? t->release_point : t->live_start;
+    return t->release_point != 0 ? t->release_point : t->live_start;
 }
 
 /* Move group g's release point to absolute position point (never back) and
@@ -2715,11 +2726,14 @@ MSKV_IMPL mskv_result mskv_request_shift_positions(mskv_arena *a, mskv_request h
 }
 
 /* The release point agrees with the pages: 0 with nothing released, else
-   inside the first live page (whole pages went up to its floor), past the
-   prefix, within the committed tokens. */
+   inside the first live page (whole pages went up to its floor) or, while no
+   live page went, inside the prefix's last page; past the prefix, within the
+   committed tokens. */
 static int mskv__release_point_ok(const mskv_arena *a, const mskv__tab *t, int64_t committed) {
-    if (t->release_point == 0) return t->live_start == (int64_t)t->prefix_pages * a->P;
-    return t->release_point >= t->live_start && t->release_point < t->live_start + a->P &&
+    int no_gap = t->live_start == (int64_t)t->prefix_pages * a->P;
+    if (t->release_point == 0) return no_gap;
+    /* inside the first live page, or (no live page released yet) inside the prefix's last page */
+    return (t->release_point >= t->live_start || no_gap) && t->release_point < t->live_start + a->P &&
            t->release_point > t->prefix_tokens && t->release_point <= committed;
 }
 
@@ -3855,9 +3869,16 @@ static void mskv__apply_retention(mskv_arena *a, int32_t ri, int32_t g) {
     if (t->prefix_tokens < sink) return; /* the sink is not complete (or not protectable): nothing may go yet */
     if (mskv_skipped_tokens_get(rt, q->committed, &skip) != MSKV_SUCCESS) return; /* validated when bound: cannot happen */
     keep_from = sink + skip;
+    if (keep_from > q->committed) keep_from = q->committed;
     live = q->committed - t->live_start;
-    if (keep_from > t->live_start && live > 0)
-        (void)mskv__release_to(a, ri, g, keep_from < q->committed ? keep_from : q->committed);
+    if (keep_from > t->live_start && live > 0) {
+        (void)mskv__release_to(a, ri, g, keep_from);
+    } else if (keep_from > t->prefix_tokens && keep_from > t->release_point) {
+        /* The window starts at or before the first live page, behind a sink that
+           ends mid-page: no page can go, but the tokens between the sink's end
+           and the window's start left the window all the same. */
+        t->release_point = keep_from;
+    }
 }
 
 /* What publish checks; nothing it does after them can fail. */
@@ -3955,6 +3976,9 @@ static mskv_result mskv__plan_bounds(mskv_arena *a, const mskv_plan_desc *d, con
     } else if (d->visibility == MSKV_VIS_EXACT && d->kind == MSKV_PLAN_SELF) {
         se = t->prefix_tokens;   /* a keyed entry, a prefix or a dense sequence has released nothing */
         ws = t->release_point;
+        /* bounds only where they hide a token the pages hold: none when the sink
+           fills its last page and the release point is a page boundary */
+        if (se == (int64_t)t->prefix_pages * a->P && ws <= t->live_start) se = ws = 0;
     }
     if (ws <= se) se = ws = 0;
     if (d->exclude_prefix && t->prefix_tokens > 0) {
@@ -4096,7 +4120,8 @@ static mskv_result mskv__plan_arrays_check(mskv_arena *a, const mskv_plan_desc *
         return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: an output array is NULL");
     if (d->kind == MSKV_PLAN_PREFIX && sz->total_q > 0 && !p->q_pos)
         return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: a PREFIX plan needs q_pos (its queries are not the tail of its keys)");
-    if ((d->visibility != MSKV_VIS_PAGES || d->exclude_prefix) && sz->batch > 0 && (!p->vis_sink_end || !p->vis_window_start))
+    /* exact visibility (the default) needs the bounds only where they hide something: mskv__plan_bounds_fit */
+    if ((d->visibility == MSKV_VIS_CALLER || d->exclude_prefix) && sz->batch > 0 && (!p->vis_sink_end || !p->vis_window_start))
         return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: visibility bounds need vis_sink_end and vis_window_start");
     if (p->cap_batch < sz->batch || p->cap_tokens < sz->total_q || p->cap_page_ids < sz->num_page_ids)
         return mskv__err(a, MSKV_ERROR_CAPACITY, "plan: needs batch %d, tokens %d, page ids %d; capacity %d, %d, %d", (int)sz->batch,
@@ -4197,6 +4222,24 @@ static void mskv__plan_pad_segment(const mskv_plan_desc *d, int32_t b, int32_t n
     p->qo_indptr[b + 1] = q_at + nq;
 }
 
+/* A plan without the bound arrays (caller-owned arrays from before they
+   existed) is fine under exact visibility as long as no segment's window
+   hides a token its pages still hold; otherwise the plan cannot say what the
+   rolling cache would, and the build refuses rather than show evicted keys. */
+static mskv_result mskv__plan_bounds_fit(mskv_arena *a, const mskv_segment *segs, int32_t n, const mskv_plan_desc *d, const mskv_plan *p) {
+    int32_t b;
+    if (d->visibility != MSKV_VIS_EXACT || d->kind != MSKV_PLAN_SELF || (p->vis_sink_end && p->vis_window_start)) return MSKV_SUCCESS;
+    for (b = 0; b < n; b++) {
+        int64_t se = 0, ws = 0;
+        (void)mskv__plan_bounds(a, d, &a->reqs[mskv__lookup(a, segs[b].request)], b, &se, &ws);   /* checked by mskv__plan_sizes */
+        if (ws > se)
+            return mskv__err(a, MSKV_ERROR_NULL_POINTER, "plan: segment %d: the window hides tokens %lld..%lld that its pages still hold; "
+                             "give the plan vis_sink_end and vis_window_start (mskv_plan_alloc does), or ask for MSKV_VIS_PAGES",
+                             (int)b, (long long)se, (long long)ws - 1);
+    }
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *p) {
     mskv_plan_desc zero;
     mskv_plan_size sz;
@@ -4209,6 +4252,7 @@ MSKV_IMPL mskv_result mskv_plan_build(mskv_arena *a, const mskv_segment *segs, i
     MSKV__LOCK(a);
     r = mskv__plan_sizes(a, segs, n, desc, &sz, &cross);
     if (r == MSKV_SUCCESS) r = mskv__plan_arrays_check(a, desc, &sz, p);
+    if (r == MSKV_SUCCESS) r = mskv__plan_bounds_fit(a, segs, n, desc, p);
     if (r != MSKV_SUCCESS) { MSKV__UNLOCK(a); return r; }
     p->batch = sz.batch;
     p->total_q = sz.total_q;

@@ -1465,9 +1465,13 @@ TEST(after_release_with_a_protected_prefix_attention_sees_prefix_and_survivors) 
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(a, req, &info));
     EXPECT_EQ(2, info.prefix_pages);
     EXPECT_EQ(80, info.live_start);
-    for (pos = 0; pos < 32; pos++) kept[nkept++] = pos;
-    for (pos = 80; pos < FIRST + NEW; pos++) kept[nkept++] = pos;
-    EXPECT_EQ(nkept, plan.kv_len[0]);
+    /* the pages hold [0, 32) and [80, ...); the default (exact) plan shows the
+       protected 20 and the tokens from the release point on, as a rolling cache would */
+    EXPECT_EQ(32 + FIRST + NEW - 80, plan.kv_len[0]);
+    EXPECT_EQ(PREFIX, plan.vis_sink_end[0]);
+    EXPECT_EQ(32 + RELEASE, plan.vis_window_start[0]);   /* released from 32 on */
+    for (pos = 0; pos < PREFIX; pos++) kept[nkept++] = pos;
+    for (pos = 32 + RELEASE; pos < FIRST + NEW; pos++) kept[nkept++] = pos;
     for (i = 0; i < NEW; i++) EXPECT_EQ(FIRST + i, plan.positions[i]);
     tcpu_srand(mt_seed());
     for (i = 0; i < NEW * QH * D; i++) q[i] = (float)tcpu_uniform(-2, 2);

@@ -244,7 +244,7 @@ static double mtx_video(mskv_cpu *cpu, int32_t frames, mskv_visibility vis, int3
             memset(&d, 0, sizeof d);
             d.visibility = vis;
             s.request = r; s.n_tokens = MTX_NQ;
-            if (mskv_cpu_write_kv(a, 0, &wp, bk, bv, MSKV_DTYPE_F32, NULL) || mskv_plan_build(a, &s, 1, &d, &ap) ||
+            if (mskv_cpu_write_kv(a, 0, &wp, bk, bv, MSKV_DTYPE_F32, NULL) || mskv_plan_build(a, &s, 1, vis == MSKV_VIS_EXACT ? NULL : &d, &ap) ||   /* exact: the default, no desc */
                 mskv_cpu_attention(cpu, a, 0, &ap, &at, q, o, NULL))
                 return -1;
             mtx_roll_attend(&c, bk, bv, q, ro);

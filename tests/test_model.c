@@ -472,6 +472,7 @@ static void mtm_check_plan(mtm *m, const mskv_segment *s, mtm_req *const *qs, in
     memset(&p, 0, sizeof p);
     memset(&pd, 0, sizeof pd);
     pd.pos_mode = MSKV_POS_1D;
+    pd.visibility = MSKV_VIS_PAGES;   /* the table as it is: what the model checks */
     p.qo_indptr = m->pl_qo; p.kv_indptr = m->pl_kvp; p.kv_indices = m->pl_idx; p.kv_last_page_len = m->pl_last;
     p.kv_len = m->pl_len; p.kv_pos_split = m->pl_split; p.kv_pos_shift = m->pl_shift; p.kv_token_indptr = m->pl_tok;
     p.slot_mapping = m->pl_slots; p.positions = m->pl_pos;
@@ -933,6 +934,7 @@ static void mtm_op_plans(mtm *m) {
     s.request = q->h;
     s.n_tokens = nq;
     memset(&pd, 0, sizeof pd);
+    pd.visibility = MSKV_VIS_PAGES;   /* the plan has no bound arrays: positions are what this checks */
     if (mtm_below(m, 2)) {
         pd.kind = MSKV_PLAN_DENSE;
         dense[0] = nq + mtm_below(m, 3) - 1;   /* sometimes one key short */

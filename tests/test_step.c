@@ -226,6 +226,7 @@ TEST(plan_of_a_batch_is_valid_csr_matching_each_requests_table_and_slots) {
     mskv_arena *a = mts_make(64, 5);
     ASSERT_TRUE(a != NULL && b != NULL);
     memset(&pd, 0, sizeof pd);
+    pd.visibility = MSKV_VIS_PAGES;   /* the tables as they are (the plan has no bound arrays) */
     for (k = 0; k < 3; k++) {
         ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r[k]));
         ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r[k], 7 * k + 3));
@@ -252,6 +253,7 @@ TEST(plan_maps_compacted_indices_to_absolute_positions_across_the_released_gap) 
     mskv_arena *a = mts_make(64, 4);
     ASSERT_TRUE(a != NULL && b != NULL);
     memset(&pd, 0, sizeof pd);
+    pd.visibility = MSKV_VIS_PAGES;   /* the tables as they are (the plan has no bound arrays) */
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
     ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 30));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_protect_prefix(a, r, 8));
