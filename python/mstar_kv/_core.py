@@ -809,7 +809,13 @@ class Session:
 class Rope:
     """RoPE parameters: mode "1d" (positions [n]) or "3d" (positions [n, 3] =
     frame, row, col, with a width per axis in dims; zeros = the default
-    split), style "half" or "interleaved", theta (0 = 10000)."""
+    split, Wan's), style "half" or "interleaved", theta (0 = 10000).
+
+    The style is the model family's: Wan (and CausVid / Self-Forcing on it)
+    rotates adjacent channel pairs as complex numbers in its rope_apply:
+    style="interleaved"; Llama and Hugging Face models rotate the first half
+    against the second (rotate_half): style="half". apply() returns a
+    rotated copy; apply_() rotates in place."""
 
     def __init__(self, mode="1d", style="half", theta=0.0, dims=(0, 0, 0)):
         dims = tuple(dims) + (0,) * (3 - len(dims))
@@ -894,12 +900,14 @@ class Cpu:
     def __init__(self, num_threads: "int | None" = None, workspace_bytes: int = 0):
         if num_threads is None:
             num_threads = default_threads()
-        self.num_threads = num_threads
+        self._num_threads = num_threads
         d = mskv_cpu_desc()
         d.num_threads, d.workspace_bytes = num_threads, workspace_bytes
         out = ctypes.c_void_p()
         _check(_ffi.lib.mskv_cpu_create(byref(d), byref(out)), "mskv_cpu_create")
         self._h = _Owned(out.value, _ffi.lib.mskv_cpu_destroy)
+
+    num_threads = property(lambda self: self._num_threads)   # what the pool was made with (read-only)
 
     def close(self):
         if self._h is not None:
