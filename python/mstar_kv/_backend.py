@@ -19,7 +19,10 @@ class CpuBackend:
     tensors). cpu: a Cpu thread pool (None: the caller's thread)."""
 
     def __init__(self, arena: Arena, cpu: "Cpu | None" = None):
-        self.arena, self.cpu = arena, cpu
+        self._arena, self._cpu = arena, cpu
+
+    arena = property(lambda self: self._arena)   # read-only, as every object bound to C memory
+    cpu = property(lambda self: self._cpu)
 
     def __repr__(self):
         return "CpuBackend(arena=%r, threads=%s)" % (self.arena, getattr(self.cpu, "num_threads", 1))
@@ -50,8 +53,10 @@ class CudaBackend:
     another plan is uploaded (the store's plan buffers hold the last one)."""
 
     def __init__(self, store):
-        self.store = store
+        self._store = store
         self._last = None   # (plan, its build count, the DevicePlan)
+
+    store = property(lambda self: self._store)   # read-only
 
     def __repr__(self):
         return "CudaBackend(store=%r)" % (self.store,)

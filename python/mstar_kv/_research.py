@@ -116,7 +116,10 @@ class LayerCache:
     current model call (every layer shares it)."""
 
     def __init__(self, cache: "CausalKVCache", layer: int):
-        self.cache, self.layer = cache, layer
+        self._cache, self._layer = cache, layer
+
+    cache = property(lambda self: self._cache)   # read-only: the handle is bound to its cache and layer
+    layer = property(lambda self: self._layer)
 
     def __repr__(self):
         return "LayerCache(layer=%d, %r)" % (self.layer, self.cache)
@@ -192,17 +195,29 @@ class CausalKVCache:
         if rope is not None and rope.mode == 2 and grid is None:
             raise ValueError("grid: a 3-D rope needs the token grid (h, w) of a frame")
         retention.validate(arena.store_info().page_size)
-        self.arena, self.retention, self.batch, self.grid, self.rope = arena, retention, batch, grid, rope
-        self.backend = backend if backend is not None else arena.backend(cpu=cpu)
+        self._arena, self._retention, self._batch, self._grid, self._rope = arena, retention, batch, grid, rope
+        self._backend = backend if backend is not None else arena.backend(cpu=cpu)
         self._pos = "3d" if grid is not None else ("1d" if rope is not None else "none")
         if rope is not None and rope.mode != {"3d": 2, "1d": 1}[self._pos]:
             raise ValueError("rope: mode %d does not match the cache's positions (%s)" % (rope.mode, self._pos))
         self._max_block = max_block_tokens
         self._plan = self._cross = None
-        self._text, self.requests = [], []
-        self.layers = [LayerCache(self, i) for i in range(max(arena.store_info().num_layers, 1))]
-        self.pages_per_block = []   # live pages in the arena after each committed block
+        self._text, self._requests = [], ()
+        self._layers = tuple(LayerCache(self, i) for i in range(max(arena.store_info().num_layers, 1)))
+        self._pages = []   # live pages in the arena after each committed block
         self._new_video()
+
+    # read-only: the requests carry this retention, the plans this batch and grid
+    arena = property(lambda self: self._arena)
+    retention = property(lambda self: self._retention)
+    batch = property(lambda self: self._batch)
+    grid = property(lambda self: self._grid)
+    rope = property(lambda self: self._rope)
+    backend = property(lambda self: self._backend)
+    layers = property(lambda self: self._layers, doc="the per-layer handles: kv_cache[i] of research code")
+    requests = property(lambda self: self._requests, doc="one request per sample")
+    pages_per_block = property(lambda self: tuple(self._pages), doc="live pages after each committed block")
+    calls = property(lambda self: self._calls, doc="model calls planned (one plan each, shared by every layer)")
 
     def __getitem__(self, i: int) -> LayerCache:
         return self.layers[i]
@@ -215,13 +230,19 @@ class CausalKVCache:
                                                                       self.retention)
 
     def _new_video(self):
-        self.requests = []
-        for _ in range(self.batch):
-            r = self.arena.add_request()
-            r.set_retention(self.retention)
-            self.requests.append(r)
+        requests = []
+        try:
+            for _ in range(self.batch):
+                r = self.arena.add_request()
+                requests.append(r)
+                r.set_retention(self.retention)
+        except BaseException:
+            for r in requests:
+                r.remove()
+            raise
+        self._requests = tuple(requests)
         self._open, self._next = None, 0          # (start, n) of the open block; tokens committed
-        self._served, self.calls = set(), 0
+        self._served, self._calls = set(), 0
 
     # -- the step, keyed by current_start
     def step(self, current_start: int, n_tokens: int) -> Plan:
@@ -268,7 +289,7 @@ class CausalKVCache:
         self.arena.plan_build(segs, self._plan, pos=self._pos, grid=self.grid)
         for b, entry in enumerate(self._text):
             self.arena.plan_build([(self.requests[b], n)], self._cross[b], kind="cross", cross=entry)
-        self._served, self.calls = set(), self.calls + 1
+        self._served, self._calls = set(), self._calls + 1
         return self._plan
 
     def _enter(self, layer, current_start, n):
@@ -306,7 +327,7 @@ class CausalKVCache:
         self.arena.commit(segs)
         self.arena.publish(segs)
         self._open, self._next = None, start + n
-        self.pages_per_block.append(self.arena.stats().live_pages)
+        self._pages.append(self.arena.stats().live_pages)
 
     finish = commit   # the end of generation: commits the last block
 
@@ -333,7 +354,7 @@ class CausalKVCache:
             for e in self._text:
                 e.remove()
             self._text = []
-        self.pages_per_block = []
+        self._pages = []
         self._new_video()
 
     # -- the text (cross-attention) K/V
