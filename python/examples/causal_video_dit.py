@@ -239,7 +239,7 @@ def run(device="cpu", blocks=13, verbose=True):
     if device == "cuda":
         cu = mk.Cuda()
         store = mk.CudaStore(cu, num_pages=pages, page_size=PAGE, num_layers=LAYERS, kv_heads=HEADS, head_dim=HD,
-                             dtype="f32")
+                             dtype="f16")   # the GPU attends in f16 / bf16: f32 q and K/V are converted
         arena = store.arena()
     else:
         arena = mk.Arena(num_pages=pages, page_size=PAGE, num_layers=LAYERS, kv_heads=HEADS, head_dim=HD)
@@ -281,7 +281,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     err = run(a.device, a.blocks)[0]
-    return 0 if err <= 1e-5 else 1
+    return 0 if err <= (1e-5 if a.device == "cpu" else 5e-2) else 1   # f32 on the CPU, f16 on the GPU
 
 
 if __name__ == "__main__":

@@ -137,13 +137,14 @@ class LayerCache:
         if current_start is not None:
             c._enter(self.layer, current_start, n)
         plan = c._plan_for(self.layer)
-        qf, kf, vf = _flat(q), _flat(k), _flat(v)
+        qf, back = c._to_kernel(_flat(q))
+        kf, vf = _flat(k), _flat(v)
         be = c.backend
         be.write_kv(self.layer, plan, kf, vf, rope=c.rope)
         if c.rope is not None:
             qf = be.rope(c.rope, qf, plan)
         out = be.attention(self.layer, plan, qf, mask=mask, scale=scale)
-        return out.reshape(tuple(q.shape))
+        return back(out).reshape(tuple(q.shape))
 
     def cross_attention(self, q, scale: float = 0.0):
         """Attention of q [B, n, q_heads, head_dim] over each sample's text
@@ -152,12 +153,16 @@ class LayerCache:
         if not c._text:
             raise ValueError("cross_attention: no text K/V; call CausalKVCache.write_text first")
         plans = c._cross_for(self.layer)
-        qf = _flat(q)
+        qf, back = c._to_kernel(_flat(q))
         out = _torchio.empty_like(qf, tuple(qf.shape))
         n = qf.shape[0] // c.batch
         for b, plan in enumerate(plans):
             c.backend.attention(self.layer, plan, qf[b * n:(b + 1) * n], out=out[b * n:(b + 1) * n], scale=scale)
-        return out.reshape(tuple(q.shape))
+        return back(out).reshape(tuple(q.shape))
+
+
+def _same(x):
+    return x
 
 
 def _rows(x, batch):
@@ -186,7 +191,9 @@ class CausalKVCache:
     one plan per model call. grid (h, w): tokens per frame h*w, 3-D RoPE
     positions (frame, row, col); rope (a Rope; Wan's rope_apply pairs
     adjacent channels: style="interleaved") is applied to k when written
-    and to q inside attention. backend: mk.backend(arena, cpu) by default."""
+    and to q inside attention. backend: mk.backend(arena, cpu) by default
+    (an arena of a CudaStore: the GPU, which attends in the store's f16 /
+    bf16; a torch q of another dtype is converted and the result back)."""
 
     def __init__(self, arena: Arena, retention: Retention, batch: int = 1, grid=None, rope: "Rope | None" = None,
                  backend=None, cpu=None, max_block_tokens: int = 0):
@@ -273,6 +280,20 @@ class CausalKVCache:
             self.arena.abort([(r, n_tokens) for r in self.requests])
             self._open = None
             raise
+
+    def _to_kernel(self, q):
+        """(q in the dtype the backend attends in, the way back to q's dtype).
+        The GPU attends in its store's f16 / bf16: a torch q of another
+        dtype is converted there and the result back (the CPU takes q as it is)."""
+        store = getattr(self.backend, "store", None)
+        if store is None or not _torchio.is_tensor(q):
+            return q, _same
+        torch = _torchio.torch_module()
+        want = getattr(torch, {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}[store._dtype])
+        if q.dtype == want:
+            return q, _same
+        dt = q.dtype
+        return q.to(want), (lambda o: o.to(dt))
 
     def _ensure_plans(self, n):
         cap_pages = self.arena.store_info().num_pages

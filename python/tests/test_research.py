@@ -245,4 +245,22 @@ def test_the_example_dit_on_cuda():
     if not torch.cuda.is_available() or not mk.cuda_probe()[0]:
         pytest.skip("needs a GPU (no CUDA device for torch and mstar_kv here)")
     err, pages, _, _ = _run_example("cuda")
-    assert err <= 1e-4, err
+    print("cuda: max error %g (an f16 store), pages %s" % (err, pages))
+    assert err <= 5e-2, err                  # f16 K/V and attention against the f32 rolling cache
+    assert pages == list(_run_example("cpu")[1])
+
+
+def test_on_a_gpu_store_a_torch_q_goes_in_the_stores_dtype_and_comes_back_in_its_own():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (the conversion is of torch tensors)")
+    st = object.__new__(mk.CudaStore)
+    st._ptr, st._dtype = None, "f16"                 # a stand-in: only its dtype is read
+    with mk.Arena(num_pages=8, page_size=4, num_layers=1, kv_heads=1, head_dim=4) as a:
+        cache = mk.CausalKVCache(a, mk.Retention(4, 1, 1), backend=mk.CudaBackend(st))
+        q = torch.randn((4, 1, 4))
+        qk, back = cache._to_kernel(q)
+        assert qk.dtype == torch.float16 and back(qk).dtype == torch.float32
+        assert torch.allclose(back(qk), q, atol=1e-3)
+        same, back = cache._to_kernel(q.half())
+        assert back(same) is same
+        cpu = mk.CausalKVCache(a, mk.Retention(4, 1, 1))
+        assert cpu._to_kernel(q)[0] is q               # the CPU attends in q's own dtype
