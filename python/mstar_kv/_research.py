@@ -346,17 +346,31 @@ class CausalKVCache:
         start, n = self._open
         segs = [(r, n) for r in self.requests]
         self.arena.commit(segs)
-        self.arena.publish(segs)
+        self._publish(segs)
         self._open, self._next = None, start + n
         self._pages.append(self.arena.stats().live_pages)
 
     finish = commit   # the end of generation: commits the last block
+
+    def _publish(self, segs, settle=False):
+        """Ends the step: on a GPU store with its fence event (mskv_cuda_publish,
+        which retires what completed); settle waits, so pages freed outside a
+        step (offload, remove) come back now, as mstar_kv_cuda.h's Fences say."""
+        store = getattr(self.backend, "store", None)
+        if store is None:
+            self.arena.publish(segs)
+            return
+        store.publish(segs)
+        if settle:
+            store.retire(wait=True)
 
     def offload(self) -> None:
         """Commits the open block, then parks every sample's request in host memory."""
         self.commit()
         for r in self.requests:
             r.offload()
+        if getattr(self.backend, "store", None) is not None:
+            self._publish((), settle=True)   # the device pages come back once their fence completed
 
     def reload(self) -> None:
         """Brings every sample's request back (maybe onto other pages; the next step re-plans)."""
@@ -375,6 +389,8 @@ class CausalKVCache:
             for e in self._text:
                 e.remove()
             self._text = []
+        if getattr(self.backend, "store", None) is not None:
+            self._publish((), settle=True)
         self._pages = []
         self._new_video()
 

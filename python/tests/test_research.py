@@ -264,3 +264,25 @@ def test_on_a_gpu_store_a_torch_q_goes_in_the_stores_dtype_and_comes_back_in_its
         assert back(same) is same
         cpu = mk.CausalKVCache(a, mk.Retention(4, 1, 1))
         assert cpu._to_kernel(q)[0] is q               # the CPU attends in q's own dtype
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def _call(self, function, *args):
+        self.calls.append(function)
+
+
+def test_on_a_gpu_store_blocks_end_with_the_stores_publish_and_offload_waits_for_the_fence():
+    with mk.Arena(num_pages=16, page_size=4) as a:
+        st = object.__new__(mk.CudaStore)           # a recording stand-in for the store's C calls
+        st._ptr, st._cuda, st._arenas, st._dtype = 0x1234, _Recorder(), [a], "f16"
+        cache = mk.CausalKVCache(a, mk.Retention(4, 1, 1), backend=mk.CudaBackend(st))
+        cache.step(0, 4)
+        cache.step(4, 4)                            # commits the first block: the store's publish
+        assert st.cuda.calls == ["mskv_cuda_publish"]
+        cache.offload()                             # commits, offloads, then settles the fence
+        assert st.cuda.calls == ["mskv_cuda_publish"] * 3 + ["mskv_cuda_retire"]
+        assert cache.request_info()[0].location == mk.OFFLOADED
+        st._ptr = None
