@@ -33,6 +33,8 @@ def empty_like(like, shape, dtype=None):
         dt = like.dtype if dtype is None else getattr(torch, _TORCH[dtype])
         return torch.empty(tuple(shape), dtype=dt, device=like.device)
     if dtype is None:
+        if isinstance(like, np.ndarray):
+            return np.empty(tuple(shape), dtype=like.dtype)   # uint16 bits or ml_dtypes.bfloat16 alike
         dtype = _tensors.view(like, "like").dtype
     return np.empty(tuple(shape), dtype=_NP[dtype])
 

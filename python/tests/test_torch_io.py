@@ -80,9 +80,15 @@ def test_torch_dtypes_and_ml_dtypes_are_dtypes():
         assert a.store_info().dtype == 2
 
 
-def test_ml_dtypes_bfloat16_is_a_dtype():
+def test_ml_dtypes_bfloat16_is_a_dtype_and_its_arrays_come_back_as_such():
     ml = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
     assert mk.dtype_code(ml.bfloat16) == 2
+    a, r, plan = _rig(dtype=ml.bfloat16)
+    q = np.ones((10, 2, 8), np.float32).astype(ml.bfloat16)
+    a.write_kv(0, plan, q, (q.astype(np.float32) * 2).astype(ml.bfloat16))
+    out = mk.attention(a, 0, plan, q)
+    assert out.dtype == ml.bfloat16 and np.all(out.astype(np.float32) == 2.0)
+    a.close()
 
 
 def test_plan_torch_shares_the_buffers_without_a_copy_or_a_warning():
