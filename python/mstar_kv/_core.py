@@ -796,6 +796,27 @@ class Session:
     def abort_chunk(self):
         self.arena._call("mskv_session_abort_chunk", self._open())
 
+    def reset(self) -> "Request":
+        """A new video: a fresh request under the same retention takes the
+        old one's place; the old one (its open chunk aborted) is removed, so
+        its pages come back. Returns the new request. On an error nothing
+        changed (the new request is made and bound first)."""
+        self._open()
+        arena = self._arena
+        new = arena.add_request()
+        s = mskv_session()
+        try:
+            arena._call("mskv_session_init", byref(s), arena.ptr, new._h, byref(self._retention._s))
+        except BaseException:
+            new.remove()
+            raise
+        s.arena = arena._h
+        if self._s.chunk_tokens:
+            self.abort_chunk()
+        self._request.remove()
+        self._s, self._request = s, new
+        return new
+
     def __enter__(self):
         return self
 

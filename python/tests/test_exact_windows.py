@@ -126,3 +126,24 @@ def test_visibility_names_codes_and_caller_bounds():
         with pytest.raises(ValueError, match="one sink_end and one window_start per segment"):
             a.plan_build([(req, 10)], plan, visibility=([1, 2], [3, 4]))
         assert a.plan_query([(req, 10)], visibility="pages") == (1, 10, 3)
+
+
+def test_session_reset_starts_a_new_video_and_gives_the_pages_back():
+    with mk.Arena(num_pages=32, page_size=16, num_layers=1, kv_heads=1, head_dim=4) as a:
+        old = a.add_request()
+        s = a.session(old, mk.Retention(40, sink_chunks=1, window_chunks=2))
+        plan = mk.Plan(1, 40, 16)
+        for _ in range(4):
+            s.begin_chunk(40)
+            s.commit_chunk()
+        s.begin_chunk(40)                          # a chunk left open
+        used = a.stats().live_pages
+        new = s.reset()
+        assert new != old and s.request is new and a.stats().live_pages == 0 < used
+        with pytest.raises(mk.InvalidHandleError):
+            old.info()
+        assert s.chunks_done == 0 and s.chunk_tokens == 0
+        s.begin_chunk(40)
+        assert s.plan(plan).visible_positions()[0].tolist() == list(range(40))
+        s.commit_chunk()
+        assert new.info().committed == 40
