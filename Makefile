@@ -11,7 +11,9 @@
 #   make gpu-warm   no GPU needed: builds the check's programs and fills the kernel cache
 #                 (build/nvrtc-cache, or $MSKV_CACHE_DIR) with every variant the check loads
 #                 for sm_90 and sm_90a; carry both to the GPU machine
-#   make python   install the Python package into build/venv (make test runs its tests)
+#   make python   install the Python package into build/venv (make test runs its tests);
+#                 MSKV_TORCH=1 adds PyTorch from PyPI (what CI does), so the torch
+#                 tests and the example model run instead of skipping with the reason
 #   make install PREFIX=/usr/local   the three headers into $(PREFIX)/include and
 #                 mstar_kv.pc into $(PREFIX)/lib/pkgconfig (DESTDIR is honoured);
 #                 make uninstall removes them
@@ -209,7 +211,14 @@ $(VENV)/ready: | $(B)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check numpy pytest setuptools wheel build
 	touch $@
-$(B)/python-installed: $(VENV)/ready $(PY_SRC) mstar_kv.h mstar_kv_cuda.h mstar_kv_ucx.h
+# PyTorch in the venv only when asked (MSKV_TORCH=1): a machine without it keeps
+# a working make test, its torch tests skipped with the reason
+MSKV_TORCH ?= 0
+TORCH_READY := $(if $(filter 1,$(MSKV_TORCH)),$(VENV)/torch-ready)
+$(VENV)/torch-ready: $(VENV)/ready
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check torch
+	touch $@
+$(B)/python-installed: $(VENV)/ready $(TORCH_READY) $(PY_SRC) mstar_kv.h mstar_kv_cuda.h mstar_kv_ucx.h
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation ./python
 	touch $@
 $(B)/tests-python: $(B)/python-installed

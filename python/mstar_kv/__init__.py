@@ -17,6 +17,9 @@ from ._enums import (AttnPath, CpuIsa, DebugFlags, Dtype, EventType, Location, L
 from ._graphs import CudaGraph
 from ._sched import LockstepGroup, PlanDesc, RequestGroup
 from ._stream import BlobLayout, BlobRange, ExportStream, ImportStream, Ucx, ucx_probe
+from ._core import VISIBILITY, default_threads
+from ._backend import CpuBackend, CudaBackend, backend
+from ._research import CausalKVCache, LayerCache, pages_needed, retention_from_research
 from ._errors import ERROR_CLASSES, MskvError, TensorError, error_for
 from ._errors import *  # noqa: F401,F403  (one class per result code: OutOfPagesError, ...)
 

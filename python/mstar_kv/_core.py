@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import os
+import sys
 import types
 import weakref
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -33,6 +35,35 @@ PLAN_KINDS = {"self": 0, "cross": 1, "dense": 2, "prefix": 3}
 MASKS = {"none": 0, "causal": 1, "window": 2}
 ROPE_STYLES = {"half": 0, "interleaved": 1}
 RETIRE_MODES = {"immediate": 0, "fenced": 1}
+
+
+VISIBILITY = ("exact", "pages", "caller")   # plan_build(visibility=...): see _visibility
+
+
+def _visibility_table():
+    c = _ffi.CONSTANTS
+    return {"exact": c["MSKV_VIS_EXACT"], "pages": c["MSKV_VIS_PAGES"], "caller": c["MSKV_VIS_CALLER"]}
+
+
+def _visibility(value, n_segments):
+    """(mskv_visibility code, kept arrays) for plan_build's visibility=:
+    "exact" (the default: token-exact, what a rolling cache keeps), "pages"
+    (every token of the pages in the table), an mskv_visibility code / enum,
+    or caller bounds (sink_end, window_start), one absolute position per
+    segment each."""
+    table = _visibility_table()
+    if isinstance(value, tuple) and len(value) == 2 and not isinstance(value[0], str):
+        se = np.ascontiguousarray(np.atleast_1d(value[0]), dtype=np.int64)
+        ws = np.ascontiguousarray(np.atleast_1d(value[1]), dtype=np.int64)
+        if se.shape != (n_segments,) or ws.shape != (n_segments,):
+            raise ValueError("visibility: caller bounds need one sink_end and one window_start per segment "
+                             "(%d segments; got %d and %d)" % (n_segments, se.size, ws.size))
+        return table["caller"], (se, ws)
+    code = _enum(table, value, "visibility")
+    if code == table["caller"]:
+        raise ValueError("visibility: 'caller' needs the bounds: pass visibility=(sink_end, window_start), "
+                         "one absolute position per segment each")
+    return code, None
 _NP_DTYPE = {0: np.float32, 1: np.float16, 2: np.uint16}   # bf16 is seen as uint16 bits
 
 
@@ -46,7 +77,12 @@ def _enum(table, value, what):
 
 
 def dtype_code(dtype: Union[Choice, Any]) -> Dtype:
-    """'f32' / 'f16' / 'bf16', a NumPy dtype (uint16 means bf16) or a code."""
+    """'f32' / 'f16' / 'bf16', a NumPy dtype (uint16 means bf16), a
+    torch.dtype (torch.float32, torch.float16, torch.bfloat16),
+    ml_dtypes.bfloat16, or a code."""
+    if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":
+        name = str(dtype).replace("torch.", "")
+        return Dtype(_enum(DTYPES, _DTYPE_ALIASES.get(name, name), "dtype"))
     if isinstance(dtype, str):
         return Dtype(_enum(DTYPES, _DTYPE_ALIASES.get(dtype.lower(), dtype.lower()), "dtype"))
     if isinstance(dtype, int) and not isinstance(dtype, bool):
@@ -326,8 +362,12 @@ class Arena(ArenaScheduling, ArenaStreaming):
         self._call("mskv_publish", self.ptr, *self._segments(segments), byref(step))
         return step.value
 
-    def _plan_desc(self, kind, cross, dense_kv_len, pos, pos_offset, grid, pad=None, exclude_prefix=False):
+    def _plan_desc(self, kind, cross, dense_kv_len, pos, pos_offset, grid, pad=None, exclude_prefix=False,
+                   visibility="exact", n_segments=1):
         d = mskv_plan_desc()
+        d.visibility, bounds = _visibility(visibility, n_segments)
+        if bounds is not None:
+            d.vis_sink_end, d.vis_window_start = bounds   # kept by d
         d.exclude_prefix = int(bool(exclude_prefix))
         if pad is not None:   # (batch, tokens, qo_len, kv_len) of a captured shape
             d.pad_batch, d.pad_tokens, d.pad_qo_len, d.pad_kv_len = pad
@@ -347,9 +387,11 @@ class Arena(ArenaScheduling, ArenaStreaming):
     def plan_query(self, segments: Segments, kind: Choice = "self", cross: "Optional[Request]" = None,
                    dense_kv_len: Optional[Sequence[int]] = None, pos: Choice = "none", pos_offset: int = 0,
                    grid: Optional[Tuple[int, int]] = None, pad: Optional[Tuple[int, int, int, int]] = None,
-                   exclude_prefix: bool = False) -> Tuple[int, int, int]:
+                   exclude_prefix: bool = False, visibility: Any = "exact") -> Tuple[int, int, int]:
         """(batch, total_q, num_page_ids) a plan of these segments needs."""
-        d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid, pad, exclude_prefix)
+        segments = list(segments)
+        d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid, pad, exclude_prefix,
+                                  visibility, len(segments))
         out = mskv_plan_size()
         self._call("mskv_plan_query", self.ptr, *self._segments(segments), byref(d), byref(out))
         del keep
@@ -358,16 +400,24 @@ class Arena(ArenaScheduling, ArenaStreaming):
     def plan_build(self, segments: Segments, plan: "Plan", kind: Choice = "self", cross: "Optional[Request]" = None,
                    dense_kv_len: Optional[Sequence[int]] = None, pos: Choice = "none", pos_offset: int = 0,
                    grid: Optional[Tuple[int, int]] = None, pad: Optional[Tuple[int, int, int, int]] = None,
-                   exclude_prefix: bool = False) -> "Plan":
+                   exclude_prefix: bool = False, visibility: Any = "exact") -> "Plan":
         """Fills plan (a Plan) for these segments; returns it. pad: (batch,
         tokens, qo_len, kv_len) of a captured CUDA graph's step, planned into
         that shape (mskv_plan_desc.pad_*); CapacityError if it does not fit.
         kind "prefix" attends over a PrefixView; exclude_prefix (kind "self")
-        hides the protected prefix, so the two merged give the whole."""
-        d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid, pad, exclude_prefix)
+        hides the protected prefix, so the two merged give the whole.
+        visibility: "exact" (default: attention sees exactly the tokens the
+        retention keeps, the protected prefix and everything from the
+        release point on, whatever the page size), "pages" (every token of
+        the pages still in the table: up to page_size - 1 released tokens
+        stay visible at each edge), or (sink_end, window_start) caller
+        bounds per segment; an mskv_visibility code is accepted too."""
+        segments = list(segments)
+        d, keep = self._plan_desc(kind, cross, dense_kv_len, pos, pos_offset, grid, pad, exclude_prefix,
+                                  visibility, len(segments))
         self._call("mskv_plan_build", self.ptr, *self._segments(segments), byref(d), byref(plan._s))
         del keep
-        plan._pos_mode = d.pos_mode
+        plan._built(d.pos_mode)
         return plan
 
     # -- CPU backend on this arena's host pools
@@ -388,6 +438,13 @@ class Arena(ArenaScheduling, ArenaStreaming):
     def session(self, request: "Request", retention: "Retention") -> "Session":
         """A Session binding request to retention (mskv_session_init)."""
         return Session(self, request, retention)
+
+    def backend(self, cpu=None):
+        """The backend for this arena behind one protocol: mstar_kv.CpuBackend
+        over its host pools (cpu: a Cpu, default none = the caller's thread),
+        or mstar_kv.CudaBackend when the arena is bound to a CudaStore."""
+        from ._backend import backend
+        return backend(self, cpu=cpu)
 
 
 class Request(RequestScheduling):
@@ -545,14 +602,22 @@ class Plan:
         self._s = mskv_plan()
         # checked first (int32_t, >= 0), before anything is allocated from them
         self._s.cap_batch, self._s.cap_tokens, self._s.cap_page_ids = cap_batch, cap_tokens, cap_page_ids
-        buffers = {}
+        buffers, raw = {}, {}
         for name, dt, length in _PLAN_ARRAYS:
             a = np.zeros(max(length(cap_batch, cap_tokens, cap_page_ids), 1), dtype=dt)
             setattr(self._s, name, a)   # the struct keeps the array it points into
-            a.flags.writeable = False   # the plan is the library's output
-            buffers[name] = a
+            raw[name] = a               # writable owner: torch() shares it without a copy or a warning
+            ro = a.view()
+            ro.flags.writeable = False  # what NumPy users see: the plan is the library's output
+            buffers[name] = ro
+        self._raw = raw
         self._buffers = types.MappingProxyType(buffers)
         self._pos_mode = 0
+        self._builds = 0   # counts builds: a backend uploads a plan again when it changed
+
+    def _built(self, pos_mode: int) -> None:
+        self._pos_mode = pos_mode
+        self._builds += 1
 
     # read-only: the C struct points into these arrays, so none can be rebound or dropped
     buffers = property(lambda self: self._buffers)
@@ -599,6 +664,32 @@ class Plan:
         if self.pos_mode != mode:
             raise ValueError("rope: the plan was built with pos=%r, the rope needs %r"
                              % (_name(POS_MODES, self.pos_mode), _name(POS_MODES, mode)))
+
+    def torch(self, name: "Optional[str]" = None) -> Any:
+        """The plan's arrays as CPU torch tensors sharing its buffers (no
+        copy, no "not writable" warning): one array by name (e.g.
+        "kv_indices", "positions"), or a dict of every array when name is
+        None. They alias the fixed buffers, so they show what the next build
+        writes; the library owns their contents, do not write into them."""
+        from . import _torchio
+        return _torchio.plan_tensors(self, name)
+
+    def visible_positions(self) -> "List[np.ndarray]":
+        """Per segment, the absolute positions of the keys its queries may
+        see (before any mask): kpos(j) of mstar_kv.h's mskv_plan comment,
+        minus what the visibility bounds hide. For a windowed session with
+        exact visibility, the sink and the window a rolling cache keeps."""
+        out = []
+        vis = self._s.features & _ffi.CONSTANTS["MSKV_PLAN_VISIBILITY"]
+        for b in range(self.batch):
+            j = np.arange(int(self.kv_len[b]), dtype=np.int64)
+            kpos = np.where(j < self.kv_pos_split[b], j, j + self.kv_pos_shift[b])
+            if vis:
+                se, ws = int(self.vis_sink_end[b]), int(self.vis_window_start[b])
+                if ws > se:
+                    kpos = kpos[(kpos < se) | (kpos >= ws)]
+            out.append(kpos)
+        return out
 
     def validate(self, num_pages: int) -> None:
         """Checks the CSR invariants; InvalidArgumentError (with the broken rule) otherwise."""
@@ -649,12 +740,46 @@ class Schedule:
 
 class Retention:
     """Chunk-window retention: keep sink_chunks leading chunks and the last
-    window_chunks chunks (or drop everything past the sink at each boundary)."""
+    window_chunks chunks (or drop everything past the sink at each boundary).
+
+    Pages always go whole; what attention sees is a plan's visibility.
+    exact=True asks that attention see exactly the tokens kept (a rolling
+    cache's sink and window): plans are token-exact by default, so any page
+    size is accepted; only a visibility="pages" plan needs chunk and sink to
+    be page-aligned (Session.plan refuses it otherwise). Research parameters
+    (local_attn_size, sink_size in frames): Retention.from_research;
+    keeping everything: Retention.unbounded()."""
 
     def __init__(self, chunk_size: int, sink_chunks: int = 0, window_chunks: int = 0, window_tokens: int = 0,
                  reset_at_boundary: bool = False, exact: bool = False):
+        # the C field means "refuse unaligned shapes": that is only needed for whole-page
+        # visibility, so the C policy never carries it (validate(visibility="pages") does the check)
         self._s = mskv_retention(chunk_size, sink_chunks, window_chunks, window_tokens,
-                                 int(bool(reset_at_boundary)), int(bool(exact)))
+                                 int(bool(reset_at_boundary)), 0)
+        object.__setattr__(self, "_exact", bool(exact))
+        object.__setattr__(self, "_unbounded", False)
+
+    @classmethod
+    def from_research(cls, local_attn_size: int, sink_size: int, frames_per_block: int,
+                      tokens_per_frame: int) -> "Retention":
+        """The policy a causal video model's rolling KV cache keeps
+        (Self-Forcing / CausVid's CausalWanModel): local_attn_size frames of
+        attention including the block being generated (-1: unbounded),
+        sink_size leading frames kept, blocks of frames_per_block frames of
+        tokens_per_frame tokens. See mstar_kv._research.retention_from_research."""
+        from . import _research
+        return _research.retention_from_research(local_attn_size, sink_size, frames_per_block, tokens_per_frame)
+
+    @classmethod
+    def unbounded(cls) -> "Retention":
+        """Keeps every token (nothing is ever released): a model with
+        local_attn_size = -1. Token-exact like any other policy."""
+        r = cls(1 << 40, 0, 1, exact=True)   # a window no stream reaches (2^40 > 2^31 tokens)
+        object.__setattr__(r, "_unbounded", True)
+        return r
+
+    exact = property(lambda self: self._exact)
+    is_unbounded = property(lambda self: self._unbounded)
 
     def __getattr__(self, name):
         if name != "_s" and name in dict(mskv_retention._fields_):
@@ -662,18 +787,33 @@ class Retention:
         raise AttributeError(name)
 
     def __setattr__(self, name, value):
-        if name in dict(mskv_retention._fields_):
-            raise AttributeError("Retention.%s is read-only (a session copied the policy; make a new Retention)" % name)
+        if name in dict(mskv_retention._fields_) or name in ("_exact", "_unbounded"):
+            raise AttributeError("Retention.%s is read-only (a session copied the policy; make a new Retention)"
+                                 % name.lstrip("_"))
         object.__setattr__(self, name, value)
 
     def __repr__(self):
-        return "Retention(%s)" % ", ".join("%s=%r" % (f, getattr(self._s, f)) for f, _ in mskv_retention._fields_)
+        if self._unbounded:
+            return "Retention.unbounded()"
+        fields = ", ".join("%s=%r" % (f, getattr(self._s, f)) for f, _ in mskv_retention._fields_ if f != "exact")
+        return "Retention(%s, exact=%r)" % (fields, self._exact)
 
-    def validate(self, page_size: int = 0) -> None:
-        """InvalidSpecError with the reason unless the policy is valid (for this page size)."""
+    def validate(self, page_size: int = 0, visibility: Any = "exact") -> None:
+        """InvalidSpecError with the reason unless the policy is valid (for
+        this page size). With exact=True and visibility="pages" the chunk and
+        the sink must be multiples of page_size (whole pages are then the
+        exact set); with exact visibility any page size is fine."""
+        s = self._s
+        pages = _visibility(visibility, 1)[0] == _ffi.CONSTANTS["MSKV_VIS_PAGES"]
+        if self._exact and pages:
+            s = mskv_retention.from_buffer_copy(self._s)
+            s.exact = 1
         why = ctypes.create_string_buffer(256)
-        code = _ffi.lib.mskv_retention_validate(byref(self._s), page_size, why, len(why))
-        _check(code, "mskv_retention_validate", why.value.decode(errors="replace"))
+        code = _ffi.lib.mskv_retention_validate(byref(s), page_size, why, len(why))
+        detail = why.value.decode(errors="replace")
+        if code != 0 and s is not self._s:
+            detail += " (visibility='pages' shows whole pages; the default visibility='exact' takes any page size)"
+        _check(code, "mskv_retention_validate", detail)
 
     def skipped_tokens(self, num_computed: int) -> int:
         """Tokens after the sink no longer needed once num_computed exist (pure);
@@ -721,11 +861,17 @@ class Session:
         self.arena._call("mskv_session_begin_chunk", self._open(), n_tokens)
 
     def plan(self, plan: Plan, pos: Choice = "none", pos_offset: int = 0,
-             grid: Optional[Tuple[int, int]] = None) -> Plan:
-        """The plan of the open chunk's tokens (mskv_session_plan); returns plan."""
-        d, _ = self.arena._plan_desc("self", None, None, pos, pos_offset, grid)
+             grid: Optional[Tuple[int, int]] = None, visibility: Any = "exact") -> Plan:
+        """Plans the open chunk into plan (a Plan); returns it. visibility as
+        Arena.plan_build's: "exact" by default, so attention sees exactly the
+        sink and window the retention keeps at any page size. "pages" under
+        an exact=True retention needs page-aligned chunks and sink
+        (InvalidSpecError otherwise, nothing planned)."""
+        d, _ = self.arena._plan_desc("self", None, None, pos, pos_offset, grid, visibility=visibility)
+        if d.visibility == _ffi.CONSTANTS["MSKV_VIS_PAGES"] and self._retention.exact:
+            self._retention.validate(self._arena._info.page_size, visibility="pages")
         self.arena._call("mskv_session_plan", self._open(), byref(d), byref(plan._s))
-        plan._pos_mode = d.pos_mode
+        plan._built(d.pos_mode)
         return plan
 
     def commit_chunk(self) -> int:
@@ -737,6 +883,27 @@ class Session:
     def abort_chunk(self) -> None:
         """Drops the open chunk; its pages come back (mskv_session_abort_chunk)."""
         self.arena._call("mskv_session_abort_chunk", self._open())
+
+    def reset(self) -> "Request":
+        """A new video: a fresh request under the same retention takes the
+        old one's place; the old one (its open chunk aborted) is removed, so
+        its pages come back. Returns the new request. On an error nothing
+        changed (the new request is made and bound first)."""
+        self._open()
+        arena = self._arena
+        new = arena.add_request()
+        s = mskv_session()
+        try:
+            arena._call("mskv_session_init", byref(s), arena.ptr, new._h, byref(self._retention._s))
+        except BaseException:
+            new.remove()
+            raise
+        s.arena = arena._h
+        if self._s.chunk_tokens:
+            self.abort_chunk()
+        self._request.remove()
+        self._s, self._request = s, new
+        return new
 
     def __enter__(self):
         return self
@@ -751,7 +918,13 @@ class Session:
 class Rope:
     """RoPE parameters: mode "1d" (positions [n]) or "3d" (positions [n, 3] =
     frame, row, col, with a width per axis in dims; zeros = the default
-    split), style "half" or "interleaved", theta (0 = 10000)."""
+    split, Wan's), style "half" or "interleaved", theta (0 = 10000).
+
+    The style is the model family's: Wan (and CausVid / Self-Forcing on it)
+    rotates adjacent channel pairs as complex numbers in its rope_apply:
+    style="interleaved"; Llama and Hugging Face models rotate the first half
+    against the second (rotate_half): style="half". apply() returns a
+    rotated copy; apply_() rotates in place."""
 
     def __init__(self, mode: Choice = "1d", style: Choice = "half", theta: float = 0.0,
                  dims: Sequence[int] = (0, 0, 0)):
@@ -759,17 +932,35 @@ class Rope:
         self._s = mskv_rope(_enum(ROPE_STYLES, style, "style"), _enum(POS_MODES, mode, "mode"), theta, dims)
 
     mode = property(lambda self: self._s.mode)
+    style = property(lambda self: _name(ROPE_STYLES, self._s.style))
 
-    def apply(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Rotates x [n][heads][head_dim] (f32, f16, bf16 as uint16) in place."""
+    def _check(self, x, positions):
         xb = _tensors.check(x, "x", device="cpu", dtypes=_tensors.FLOATS + ("u16",), shape=(None, None, None),
                             layout="[n][heads][head_dim]", writable=True)
         n = xb.shape[0]
         pshape = (n, 3) if self._s.mode == 2 else (n,)
         pb = _tensors.check(positions, "positions", device="cpu", dtypes=("i32",), shape=pshape)
+        return xb, pb
+
+    def apply_(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotates x [n][heads][head_dim] (f32, f16, bf16: a torch bf16
+        tensor or uint16 bits) in place at int32 positions ([n], or [n, 3]
+        frame/row/col for "3d") and returns x (PyTorch's `_` convention)."""
+        xb, pb = self._check(x, positions)
         _check(_ffi.lib.mskv_rope_apply(byref(self._s), xb.ptr, dtype_code(_tensors._kernel_dtype(xb.dtype)),
-                                        n, xb.shape[1], xb.shape[2], pb.ptr), "mskv_rope_apply")
+                                        xb.shape[0], xb.shape[1], xb.shape[2], pb.ptr), "mskv_rope_apply")
         return x
+
+    def apply(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x rotated, as a new array or tensor of x's type and dtype; x is
+        not changed (apply_ rotates in place). The rotation is the one
+        write_kv(rope=...) gives K, so q and k rotated alike meet."""
+        _tensors.check(x, "x", device="cpu", dtypes=_tensors.FLOATS + ("u16",), shape=(None, None, None),
+                       layout="[n][heads][head_dim]")
+        from . import _torchio
+        y = _torchio.copy_of(x)
+        self._check(y, positions)   # positions checked before anything is written
+        return self.apply_(y, positions)
 
 
 def _attn_struct(q_heads, dtype, mask, window_left, scale):
@@ -783,15 +974,16 @@ def _attention_args(plan, q, out, lse, kv_heads, head_dim):
     if kv_heads and q_heads % kv_heads:
         raise TensorError("q: %d heads is not a multiple of the %d kv heads" % (q_heads, kv_heads))
     kdt = _tensors._kernel_dtype(qb.dtype)
-    if out is None:
-        out = np.empty(qb.shape, dtype={"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[kdt])
+    from . import _torchio
+    if out is None:   # the result takes q's type, device and dtype
+        out = _torchio.empty_like(q, qb.shape)
     ob = _tensors.check(out, "out", device="cpu", dtypes=(qb.dtype,) if kdt != "bf16" else ("bf16", "u16"),
                         shape=qb.shape, layout=layout, writable=True)
     if _tensors.overlaps(ob, qb):
         raise TensorError("out: overlaps q; the call needs separate memory")
     lb = None
     if lse is True:
-        lse = np.empty((plan.total_q, q_heads), dtype=np.float32)
+        lse = _torchio.empty_like(q, (plan.total_q, q_heads), "f32")
     if lse is not None and lse is not False:
         lb = _tensors.check(lse, "lse", device="cpu", dtypes=("f32",), shape=(plan.total_q, q_heads),
                             layout="[total_q][q_heads]", writable=True)
@@ -800,19 +992,34 @@ def _attention_args(plan, q, out, lse, kv_heads, head_dim):
     return qb, ob, lb, out, lse, kdt
 
 
-class Cpu:
-    """The CPU backend's thread pool and scratch (mskv_cpu). num_threads 0 or
-    1: the caller's thread only. A context manager; close() frees it."""
+def default_threads() -> int:
+    """The CPU backend's default thread count: torch.get_num_threads() when
+    torch is already imported (so the two pools agree), else os.cpu_count()."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        return max(1, int(torch.get_num_threads()))
+    return max(1, os.cpu_count() or 1)
 
-    def __init__(self, num_threads: int = 0, workspace_bytes: int = 0):
+
+class Cpu:
+    """The CPU backend's thread pool and scratch (mskv_cpu). num_threads
+    None (the default): default_threads(), i.e. torch.get_num_threads()
+    when torch is imported, else os.cpu_count(); 0 or 1: the caller's
+    thread only. A context manager; close() frees it."""
+
+    def __init__(self, num_threads: Optional[int] = None, workspace_bytes: int = 0) -> None:
+        if num_threads is None:
+            num_threads = default_threads()
+        self._num_threads = num_threads
         d = mskv_cpu_desc()
         d.num_threads, d.workspace_bytes = num_threads, workspace_bytes
         out = ctypes.c_void_p()
         _check(_ffi.lib.mskv_cpu_create(byref(d), byref(out)), "mskv_cpu_create")
         self._h = _Owned(out.value, _ffi.lib.mskv_cpu_destroy)
 
+    num_threads = property(lambda self: self._num_threads)   # what the pool was made with (read-only)
+
     def close(self) -> None:
-        """Stops the threads and frees the scratch (mskv_cpu_destroy)."""
         if self._h is not None:
             self._h.release()
             self._h = None
@@ -953,8 +1160,9 @@ def merge(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor, out: Optional[
     bb = _tensors.check(o_b, "o_b", device="cpu", dtypes=("f32",), shape=shape3, layout="[n][heads][head_dim]")
     la = _tensors.check(lse_a, "lse_a", device="cpu", dtypes=("f32",), shape=shape2, layout="[n][heads]")
     lbb = _tensors.check(lse_b, "lse_b", device="cpu", dtypes=("f32",), shape=shape2, layout="[n][heads]")
-    out = np.empty(shape3, np.float32) if out is None else out
-    out_lse = np.empty(shape2, np.float32) if out_lse is None else out_lse
+    from . import _torchio
+    out = _torchio.empty_like(o_a, shape3, "f32") if out is None else out
+    out_lse = _torchio.empty_like(o_a, shape2, "f32") if out_lse is None else out_lse
     ob = _tensors.check(out, "out", device="cpu", dtypes=("f32",), shape=shape3, writable=True)
     olb = _tensors.check(out_lse, "out_lse", device="cpu", dtypes=("f32",), shape=shape2, writable=True)
     _check(_ffi.lib.mskv_cpu_merge(n, heads, dim, ab.ptr, la.ptr, bb.ptr, lbb.ptr, ob.ptr, olb.ptr),

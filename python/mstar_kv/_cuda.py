@@ -115,10 +115,22 @@ class DevicePlan:
     """A plan uploaded into the store's fixed device buffers (same addresses
     every upload); the host Plan it came from gives the sizes (read-only)."""
 
-    def __init__(self, plan: Plan, s: mskv_cuda_dplan):
-        self._plan, self._s = plan, s
+    def __init__(self, plan: Plan, s: mskv_cuda_dplan, store: Optional["CudaStore"] = None):
+        self._plan, self._s, self._store = plan, s, store
 
     plan = property(lambda self: self._plan)
+
+    def torch(self, name: "str | None" = None):
+        """The device buffers as CUDA torch tensors, no copy (one by name, or
+        a dict of all): through __cuda_array_interface__, so they alias the
+        store's fixed plan buffers and show what the next upload writes."""
+        from . import _torchio
+        return _torchio.dplan_tensors(self, self._store, name)
+
+    def arrays(self) -> dict:
+        """The device buffers as objects with __cuda_array_interface__ (for CuPy, Numba, torch.as_tensor)."""
+        from . import _torchio
+        return _torchio.dplan_arrays(self, self._store)
 
     def __getattr__(self, name):
         if name in dict(mskv_cuda_dplan._fields_):
@@ -208,6 +220,12 @@ class CudaStore(CudaStoreGraphs, CudaStoreCopies):
     def __exit__(self, *exc):
         self.close()
 
+    def backend(self) -> Any:
+        """This store behind the one backend protocol (mstar_kv.CudaBackend):
+        write_kv / attention / rope taking host plans, uploaded on demand."""
+        from ._backend import CudaBackend
+        return CudaBackend(self)
+
     def arena(self, max_requests: int = 0, on_event: Optional[Callable[[Any], None]] = None) -> Arena:
         """An Arena whose pages live in this store (fenced retirement, offload
         through pinned host copies), bound to it."""
@@ -253,7 +271,7 @@ class CudaStore(CudaStoreGraphs, CudaStoreCopies):
         out = mskv_cuda_dplan()
         mode = plan.pos_mode if pos is None else _enum(POS_MODES, pos, "pos")
         self._call("mskv_cuda_plan_upload", self.ptr, byref(plan._s), mode, byref(out))
-        return DevicePlan(plan, out)
+        return DevicePlan(plan, out, self)
 
     def write_kv(self, layer: int, dplan: DevicePlan, k: Tensor, v: Tensor, rope: Optional[Any] = None) -> None:
         """Scatters device k, v [total_q][kv_heads][head_dim] into layer's

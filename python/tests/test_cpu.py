@@ -86,7 +86,7 @@ def test_write_kv_with_rope_equals_rope_then_write(arena):
     plan = arena.plan_build([(r, 6)], mk.Plan(1, 8, 8), pos="1d")
     k = g.standard_normal((6, 2, 8)).astype(np.float32)
     arena.write_kv(0, plan, k, k, rope=rope)
-    expect = rope.apply(k.copy(), plan.positions)
+    expect = rope.apply(k, plan.positions)
     pool = arena.pool(0, "k")
     got = np.stack([pool[s // 4, s % 4] for s in plan.slot_mapping])
     assert np.array_equal(got, expect)
@@ -97,7 +97,7 @@ def test_rope_1d_matches_the_formula():
     g = np.random.default_rng(SEED)
     x = g.standard_normal((5, 3, 8)).astype(np.float32)
     pos = np.array([0, 1, 7, 100, 12345], np.int32)
-    got = mk.Rope(mode="1d").apply(x.copy(), pos)
+    got = mk.Rope(mode="1d").apply(x, pos)
     ang = pos[:, None].astype(np.float64) * 10000.0 ** (-2.0 * np.arange(4) / 8)
     c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
     a, b = x[..., :4].astype(np.float64), x[..., 4:].astype(np.float64)
@@ -108,7 +108,7 @@ def test_rope_1d_matches_the_formula():
 def test_rope_3d_rotates_each_axis_part_by_its_own_position():
     x = np.ones((2, 1, 12), np.float32)
     rope = mk.Rope(mode="3d", dims=(4, 4, 4))
-    got = rope.apply(x.copy(), np.array([[0, 0, 0], [0, 5, 0]], np.int32))
+    got = rope.apply(x, np.array([[0, 0, 0], [0, 5, 0]], np.int32))
     assert np.array_equal(got[0], x[0])                         # position (0, 0, 0): no rotation
     assert np.array_equal(got[1][0, :4], x[1][0, :4]) and np.array_equal(got[1][0, 8:], x[1][0, 8:])
     assert not np.allclose(got[1][0, 4:8], 1.0)                  # only the row part turned
@@ -143,3 +143,41 @@ def test_bf16_helpers_round_like_the_library():
     assert np.array_equal(mk.to_bf16(x), lib)
     back = np.array([_ffi.lib.mskv_bf16_to_f32(int(b)) for b in lib], np.float32)
     assert np.array_equal(mk.from_bf16(lib), back, equal_nan=True)
+
+
+def test_rope_apply_is_pure_and_apply__rotates_in_place():
+    g = np.random.default_rng(SEED)
+    print("seed", SEED)
+    x = g.standard_normal((4, 2, 8)).astype(np.float32)
+    keep = x.copy()
+    pos = np.array([0, 3, 9, 40], np.int32)
+    rope = mk.Rope(mode="1d", style="interleaved")
+    y = rope.apply(x, pos)
+    assert y is not x and np.array_equal(x, keep)          # x unchanged
+    assert not np.allclose(y[1:], keep[1:])
+    z = rope.apply_(x, pos)
+    assert z is x and np.array_equal(x, y)                 # the same rotation, in place
+    ro = keep.copy()
+    ro.flags.writeable = False
+    assert np.array_equal(rope.apply(ro, pos), y)          # pure: a read-only input is fine
+
+
+def test_rope_interleaved_pairs_adjacent_channels_as_wans_rope_apply():
+    x = np.random.default_rng(SEED).standard_normal((3, 1, 8)).astype(np.float32)
+    pos = np.array([0, 2, 5], np.int32)
+    got = mk.Rope(mode="1d", style="interleaved").apply(x, pos)
+    ang = pos[:, None].astype(np.float64) * 10000.0 ** (-2.0 * np.arange(4) / 8)
+    c = (x[..., 0::2] + 1j * x[..., 1::2]).astype(np.complex128) * np.exp(1j * ang)[:, None]   # Wan: view_as_complex
+    expect = np.stack([c.real, c.imag], axis=-1).reshape(x.shape)
+    assert np.abs(got - expect).max() <= 1e-5
+
+
+def test_cpu_defaults_to_the_machines_cores():
+    import os
+    import sys
+    with mk.Cpu() as c:
+        torch = sys.modules.get("torch")
+        want = torch.get_num_threads() if torch is not None else os.cpu_count()
+        assert c.num_threads == max(1, want) == mk.default_threads()
+    with mk.Cpu(num_threads=1) as c:
+        assert c.num_threads == 1

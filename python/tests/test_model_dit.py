@@ -221,7 +221,7 @@ class MstarCache:
                                  (self.plan.kv_indices, self.plan.slot_mapping, self.plan.positions)))
 
     def self_attention(self, q, k, v):
-        q = self.rope.apply(q.copy(), self.plan.positions)
+        q = self.rope.apply(q, self.plan.positions)
         self.arena.write_kv(SELF_LAYER, self.plan, k, v, rope=self.rope)   # scratch: reserved slots
         return self.cpu.attention(self.arena, SELF_LAYER, self.plan, q)
 

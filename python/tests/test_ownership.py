@@ -69,11 +69,13 @@ def _owners():
     plan = a.plan_build([(r, 0)], mk.Plan(2, 8, 16))
     st = object.__new__(mk.CudaStore)      # no GPU needed: its attributes, not its calls
     st._ptr, st._cuda, st._arenas, st._desc = None, None, (), _ffi.mskv_cuda_store_desc(head_dim=8)
+    cache = mk.CausalKVCache(a, mk.Retention(4, sink_chunks=1, window_chunks=1), batch=2)
     return a, [("Arena", a), ("Request", r), ("Plan", plan), ("PrefixView", r.prefix_view(16)),
                ("Session", a.session(a.add_request(), mk.Retention(4, window_chunks=1))), ("Cpu", mk.Cpu()),
                ("Schedule", mk.Schedule(8, 4)), ("Retention", mk.Retention(4, window_chunks=2)),
                ("Rope", mk.Rope()), ("DevicePlan", mk.DevicePlan(plan, _ffi.mskv_cuda_dplan())),
-               ("CudaStore", st)]
+               ("CudaStore", st), ("CpuBackend", a.backend()), ("CudaBackend", mk.CudaBackend(st)),
+               ("CausalKVCache", cache), ("LayerCache", cache.layers[1])]
 
 
 def test_no_public_attribute_of_an_owner_can_be_rebound_or_cleared():

@@ -77,9 +77,10 @@ def test_retention_validate_says_why_a_policy_is_invalid():
     with pytest.raises(mk.InvalidSpecError) as e:
         mk.Retention(0, window_chunks=1).validate()
     assert e.value.detail
-    with pytest.raises(mk.InvalidSpecError) as e:
-        mk.Retention(10, sink_chunks=1, window_chunks=1, exact=True).validate(page_size=16)
+    with pytest.raises(mk.InvalidSpecError) as e:   # whole-page visibility of an exact policy needs alignment
+        mk.Retention(10, sink_chunks=1, window_chunks=1, exact=True).validate(page_size=16, visibility="pages")
     assert e.value.detail
-    mk.Retention(16, sink_chunks=1, window_chunks=1, exact=True).validate(page_size=16)
+    mk.Retention(10, sink_chunks=1, window_chunks=1, exact=True).validate(page_size=16)   # exact plans: any size
+    mk.Retention(16, sink_chunks=1, window_chunks=1, exact=True).validate(page_size=16, visibility="pages")
     r = mk.Retention(10, 1, 3)
     assert (r.chunk_size, r.sink_chunks, r.window_chunks) == (10, 1, 3)
