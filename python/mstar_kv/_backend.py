@@ -10,6 +10,8 @@ on demand (once per build) or takes a DevicePlan. Results take q's type,
 device and dtype. The older per-backend calls (mk.attention,
 Arena.write_kv, CudaStore.attention, ...) keep working."""
 from . import _torchio
+from typing import Any, Optional, Union
+
 from ._core import Arena, Cpu, Plan, Rope, attention
 from ._errors import TensorError
 
@@ -18,7 +20,7 @@ class CpuBackend:
     """The CPU backend over an arena's host pools (NumPy arrays or CPU torch
     tensors). cpu: a Cpu thread pool (None: the caller's thread)."""
 
-    def __init__(self, arena: Arena, cpu: "Cpu | None" = None):
+    def __init__(self, arena: Arena, cpu: Optional[Cpu] = None) -> None:
         self._arena, self._cpu = arena, cpu
 
     arena = property(lambda self: self._arena)   # read-only, as every object bound to C memory
@@ -27,21 +29,21 @@ class CpuBackend:
     def __repr__(self):
         return "CpuBackend(arena=%r, threads=%s)" % (self.arena, getattr(self.cpu, "num_threads", 1))
 
-    def write_kv(self, layer: int, plan: Plan, k, v, rope: "Rope | None" = None) -> None:
+    def write_kv(self, layer: int, plan: Plan, k: Any, v: Any, rope: Optional[Rope] = None) -> None:
         """Scatters k, v [total_q][kv_heads][head_dim] into layer's pools through plan (rope rotates k)."""
         self.arena.write_kv(layer, plan, k, v, rope=rope)
 
-    def attention(self, layer: int, plan: Plan, q, out=None, lse=None, mask="none", window_left: int = 0,
-                  scale: float = 0.0):
+    def attention(self, layer: int, plan: Plan, q: Any, out: Any = None, lse: Any = None, mask: Union[str, int] = "none",
+                  window_left: int = 0, scale: float = 0.0) -> Any:
         """Paged attention of q [total_q][q_heads][head_dim] over plan; returns
         out (new, of q's kind, when None), or (out, lse) when lse is asked for."""
         return attention(self.arena, layer, plan, q, out, lse, mask, window_left, scale, cpu=self.cpu)
 
-    def rope_(self, rope: Rope, x, positions):
+    def rope_(self, rope: Rope, x: Any, positions: Any) -> Any:
         """Rotates x in place at positions (int32, or a Plan: its positions); returns x."""
         return rope.apply_(x, positions.positions if isinstance(positions, Plan) else positions)
 
-    def rope(self, rope: Rope, x, positions):
+    def rope(self, rope: Rope, x: Any, positions: Any) -> Any:
         """x rotated, as a new array/tensor (x unchanged); positions as rope_'s."""
         return rope.apply(x, positions.positions if isinstance(positions, Plan) else positions)
 
@@ -52,7 +54,7 @@ class CudaBackend:
     time it is used after each build, and reused until it is built again or
     another plan is uploaded (the store's plan buffers hold the last one)."""
 
-    def __init__(self, store):
+    def __init__(self, store: Any) -> None:
         self._store = store
         self._last = None   # (plan, its build count, the DevicePlan)
 
@@ -61,7 +63,7 @@ class CudaBackend:
     def __repr__(self):
         return "CudaBackend(store=%r)" % (self.store,)
 
-    def device_plan(self, plan):
+    def device_plan(self, plan: Any) -> Any:
         """The DevicePlan for plan (uploaded when it changed); a DevicePlan passes through."""
         from ._cuda import DevicePlan
         if isinstance(plan, DevicePlan):
@@ -75,12 +77,12 @@ class CudaBackend:
         self._last = (plan, plan._builds, dp)
         return dp
 
-    def write_kv(self, layer: int, plan, k, v, rope: "Rope | None" = None) -> None:
+    def write_kv(self, layer: int, plan: Any, k: Any, v: Any, rope: Optional[Rope] = None) -> None:
         """Scatters device k, v into layer's pools through plan (rope rotates k)."""
         self.store.write_kv(layer, self.device_plan(plan), k, v, rope=rope)
 
-    def attention(self, layer: int, plan, q, out=None, lse=None, mask="none", window_left: int = 0,
-                  scale: float = 0.0):
+    def attention(self, layer: int, plan: Any, q: Any, out: Any = None, lse: Any = None, mask: Union[str, int] = "none",
+                  window_left: int = 0, scale: float = 0.0) -> Any:
         """Paged attention on the device; out (new when None: q must then be a
         torch tensor), lse True for a new f32 [total_q][q_heads] tensor.
         Returns out, or (out, lse) when lse is asked for."""
@@ -105,12 +107,12 @@ class CudaBackend:
             return arrays["positions"]
         return positions
 
-    def rope_(self, rope: Rope, x, positions):
+    def rope_(self, rope: Rope, x: Any, positions: Any) -> Any:
         """Rotates device x in place at device int32 positions (or a plan's:
         a Plan is uploaded on demand); returns x."""
         return self.store.rope(rope, x, self._positions(positions))
 
-    def rope(self, rope: Rope, x, positions):
+    def rope(self, rope: Rope, x: Any, positions: Any) -> Any:
         """x rotated, as a new device tensor (x unchanged; x must be a torch tensor)."""
         if not _torchio.is_tensor(x):
             raise TensorError("x: a pure device rope copies x, which needs a torch tensor; use rope_ for a %s"
@@ -118,7 +120,7 @@ class CudaBackend:
         return self.store.rope(rope, _torchio.copy_of(x), self._positions(positions))
 
 
-def backend(target, cpu: "Cpu | None" = None):
+def backend(target: Any, cpu: Optional[Cpu] = None) -> Any:
     """The backend for an Arena (CpuBackend; CudaBackend when the arena is
     bound to a CudaStore) or a CudaStore (CudaBackend)."""
     from ._cuda import CudaStore

@@ -439,7 +439,7 @@ class Arena(ArenaScheduling, ArenaStreaming):
         """A Session binding request to retention (mskv_session_init)."""
         return Session(self, request, retention)
 
-    def backend(self, cpu=None):
+    def backend(self, cpu: "Optional[Cpu]" = None) -> Any:
         """The backend for this arena behind one protocol: mstar_kv.CpuBackend
         over its host pools (cpu: a Cpu, default none = the caller's thread),
         or mstar_kv.CudaBackend when the arena is bound to a CudaStore."""
@@ -1020,6 +1020,7 @@ class Cpu:
     num_threads = property(lambda self: self._num_threads)   # what the pool was made with (read-only)
 
     def close(self) -> None:
+        """Stops the threads and frees the scratch (mskv_cpu_destroy)."""
         if self._h is not None:
             self._h.release()
             self._h = None

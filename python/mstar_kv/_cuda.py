@@ -120,7 +120,7 @@ class DevicePlan:
 
     plan = property(lambda self: self._plan)
 
-    def torch(self, name: "str | None" = None):
+    def torch(self, name: Optional[str] = None) -> Any:
         """The device buffers as CUDA torch tensors, no copy (one by name, or
         a dict of all): through __cuda_array_interface__, so they alias the
         store's fixed plan buffers and show what the next upload writes."""

@@ -18,6 +18,8 @@ per sample in one multi-segment plan."""
 import itertools
 import math
 
+from typing import Any, Optional, Tuple
+
 from . import _torchio
 from ._core import Arena, Plan, Retention, Rope
 
@@ -124,7 +126,8 @@ class LayerCache:
     def __repr__(self):
         return "LayerCache(layer=%d, %r)" % (self.layer, self.cache)
 
-    def attention(self, q, k, v, current_start: "int | None" = None, mask="none", scale: float = 0.0):
+    def attention(self, q: Any, k: Any, v: Any, current_start: Optional[int] = None, mask: Any = "none",
+                  scale: float = 0.0) -> Any:
         """Self-attention of this block's q over the kept keys plus its own:
         writes k, v (rotated by the cache's rope) into the open block's
         slots, rotates q alike (pure), attends. q [B, n, q_heads, head_dim]
@@ -146,7 +149,7 @@ class LayerCache:
         out = be.attention(self.layer, plan, qf, mask=mask, scale=scale)
         return back(out).reshape(tuple(q.shape))
 
-    def cross_attention(self, q, scale: float = 0.0):
+    def cross_attention(self, q: Any, scale: float = 0.0) -> Any:
         """Attention of q [B, n, q_heads, head_dim] over each sample's text
         K/V of this layer (keyed entries written by CausalKVCache.write_text)."""
         c = self.cache
@@ -195,8 +198,8 @@ class CausalKVCache:
     (an arena of a CudaStore: the GPU, which attends in the store's f16 /
     bf16; a torch q of another dtype is converted and the result back)."""
 
-    def __init__(self, arena: Arena, retention: Retention, batch: int = 1, grid=None, rope: "Rope | None" = None,
-                 backend=None, cpu=None, max_block_tokens: int = 0):
+    def __init__(self, arena: Arena, retention: Retention, batch: int = 1, grid: Optional[Tuple[int, int]] = None,
+                 rope: Optional[Rope] = None, backend: Any = None, cpu: Any = None, max_block_tokens: int = 0) -> None:
         if batch < 1:
             raise ValueError("batch: %d; it must be >= 1" % batch)
         if rope is not None and rope.mode == 2 and grid is None:
@@ -395,7 +398,7 @@ class CausalKVCache:
         self._new_video()
 
     # -- the text (cross-attention) K/V
-    def write_text(self, k, v) -> None:
+    def write_text(self, k: Any, v: Any) -> None:
         """Writes each sample's text K/V once, into a sealed keyed entry per
         sample: k, v indexable by layer, each [B, text_tokens, kv_heads,
         head_dim] (CFG: sample 0 the prompt, sample 1 the negative one)."""
