@@ -25,7 +25,7 @@ from ._errors import *  # noqa: F401,F403  (one class per result code: OutOfPage
 
 library_path = _ffi.library_path
 RESIDENT, OFFLOADED = Location.RESIDENT, Location.OFFLOADED   # RequestInfo.location
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def result_string(code: int) -> str:

@@ -134,3 +134,16 @@ def test_the_package_license_is_the_repositorys():
     if not os.path.isfile(os.path.join(pkg, "..", "LICENSE")):
         pytest.skip("not run from a checkout (no LICENSE next to python/)")
     assert open(os.path.join(pkg, "LICENSE"), "rb").read() == open(os.path.join(pkg, "..", "LICENSE"), "rb").read()
+
+
+def test_package_version_is_the_headers_version():
+    """One version for the C library and the package: mstar_kv.h's
+    MSKV_VERSION_MAJOR/MINOR/PATCH, __version__ and pyproject.toml agree."""
+    import re
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    with open(os.path.join(root, "mstar_kv.h")) as f:
+        h = f.read()
+    parts = [re.search(r"#define MSKV_VERSION_%s (\d+)" % p, h).group(1) for p in ("MAJOR", "MINOR", "PATCH")]
+    with open(os.path.join(root, "python", "pyproject.toml")) as f:
+        toml = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
+    assert ".".join(parts) == mk.__version__ == toml
