@@ -216,7 +216,10 @@ $(VENV)/ready: | $(B)
 MSKV_TORCH ?= 0
 TORCH_READY := $(if $(filter 1,$(MSKV_TORCH)),$(VENV)/torch-ready)
 $(VENV)/torch-ready: $(VENV)/ready
-	$(VENV)/bin/python -m pip install -q --disable-pip-version-check torch
+	@echo "python: installing torch from PyPI into $(VENV) (MSKV_TORCH=1; a few minutes)"; start=$$(date +%s); \
+	  $(VENV)/bin/python -m pip install -q --disable-pip-version-check torch \
+	  || { echo "python: torch install failed; retrying once"; $(VENV)/bin/python -m pip install -q --disable-pip-version-check torch; } \
+	  && echo "python: torch $$($(VENV)/bin/python -c 'import torch; print(torch.__version__)') in $$(( $$(date +%s) - start )) s"
 	touch $@
 $(B)/python-installed: $(VENV)/ready $(TORCH_READY) $(PY_SRC) mstar_kv.h mstar_kv_cuda.h mstar_kv_ucx.h
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation ./python
