@@ -267,6 +267,11 @@ class Arena:
     def commit(self, segments):
         self._call("mskv_commit", self.ptr, *self._segments(segments))
 
+    def admit_and_commit(self, segments):
+        """mskv_step: admit then commit of the same segments in one call (one lock), the single-pass
+        step whose tokens are never aborted. All or nothing, with admit's errors."""
+        self._call("mskv_step", self.ptr, *self._segments(segments))
+
     def abort(self, segments):
         self._call("mskv_abort", self.ptr, *self._segments(segments))
 
