@@ -7000,6 +7000,8 @@ typedef struct mskv__cpu_job {
     int32_t q_heads, group, dim, dimp, window_left;
     int32_t dense;      /* keys are rows of dense K/V (kv_token_indptr), not pages */
     size_t tstride, hstride; /* elements from a key row to the next (dense) and from a kv head to the next */
+    uint32_t p_magic;   /* key j's page is (j * p_magic) >> p_shift (mskv__pdiv_init; 0 below 2^31) */
+    int32_t p_shift;
     int32_t rows;       /* rows per item */
     int32_t wide;       /* items of more than 8 rows use the transposed tiles (rows a multiple of kern->rw) */
     int32_t heads_cap;  /* most kv heads per item (few-row segments), so threads still get items */
@@ -7236,32 +7238,52 @@ static void mskv__cpu_key_row(const mskv__cpu_job *job, const void *pool, size_t
 /* Element offsets (kv head 0) of keys [j0, j0 + kb) into el, and a prefetch
    of the next block's rows of kv heads [g0, g0 + ng): rows scattered over
    pages are not followed by the hardware prefetcher, and they arrive while
-   this block computes. */
+   this block computes. Addresses go a page at a time: the page of j0 from
+   the job's divisor (no divide), each page's base once, then its slots in
+   order; a page whose slots hold only the heads asked for is one span. */
 static void mskv__cpu_block_rows(const mskv__cpu_job *job, const mskv__cpu_seg *sg, int64_t j0, int32_t kb, int64_t hi,
                                  int32_t g0, int32_t ng, size_t *el) {
     const int32_t P = job->pools->page_size, D = job->dim;
-    int64_t pi = j0 / P, off = j0 % P;
+    const size_t ts = job->tstride;
+    int64_t pi, off;
     int32_t jj;
     if (job->dense) { /* dense rows: in order, which the hardware prefetches by itself */
-        for (jj = 0; jj < kb; jj++) el[jj] = (size_t)(sg->tok0 + j0 + jj) * job->tstride;
+        for (jj = 0; jj < kb; jj++) el[jj] = (size_t)(sg->tok0 + j0 + jj) * ts;
         return;
     }
-    for (jj = 0; jj < kb; jj++) {
-        el[jj] = ((size_t)sg->pages[pi] * (size_t)P + (size_t)off) * job->tstride;
-        if (++off == P) { off = 0; pi++; }
+    pi = mskv__pdiv_by(job->p_magic, job->p_shift, P, j0);
+    off = j0 - pi * P;
+    for (jj = 0; jj < kb;) {
+        size_t base = (size_t)sg->pages[pi] * (size_t)P * ts;   /* once per page */
+        int32_t n = (int32_t)((int64_t)P - off < (int64_t)(kb - jj) ? (int64_t)P - off : (int64_t)(kb - jj)), t;
+        for (t = 0; t < n; t++) el[jj + t] = base + (size_t)(off + t) * ts;
+        jj += n;
+        off += n;
+        if (off == P) { off = 0; pi++; }
     }
 #if defined(__GNUC__)
     {
-        size_t pes = mskv__cpu_esize(job->pools->dtype), bytes = (size_t)ng * (size_t)D * pes;
-        for (jj = 0; jj < kb && j0 + kb + jj < hi; jj++) {
-            size_t e = ((size_t)sg->pages[pi] * (size_t)P + (size_t)off) * job->tstride + (size_t)g0 * job->hstride, at;
-            const char *kp = (const char *)job->pools->k + e * pes, *vp = (const char *)job->pools->v + e * pes;
-            for (at = 0; at < bytes; at += 64) { __builtin_prefetch(kp + at); __builtin_prefetch(vp + at); }
-            if (++off == P) { off = 0; pi++; }
+        size_t pes = mskv__cpu_esize(job->pools->dtype), bytes = (size_t)ng * (size_t)D * pes, at;
+        const char *k = (const char *)job->pools->k, *v = (const char *)job->pools->v;
+        int64_t left = hi - (j0 + kb) < (int64_t)kb ? hi - (j0 + kb) : (int64_t)kb;  /* the next block's keys */
+        int whole = (size_t)ng * job->hstride == ts && (size_t)D == job->hstride; /* slots hold just these heads */
+        while (left > 0) {
+            int32_t n = (int32_t)((int64_t)P - off < left ? (int64_t)P - off : left), t;
+            size_t e = ((size_t)sg->pages[pi] * (size_t)P + (size_t)off) * ts + (size_t)g0 * job->hstride;
+            if (whole) {  /* the page's n slots: one contiguous span */
+                size_t span = (size_t)n * bytes;
+                for (at = 0; at < span; at += 64) { __builtin_prefetch(k + e * pes + at); __builtin_prefetch(v + e * pes + at); }
+            } else {
+                for (t = 0; t < n; t++, e += ts)
+                    for (at = 0; at < bytes; at += 64) { __builtin_prefetch(k + e * pes + at); __builtin_prefetch(v + e * pes + at); }
+            }
+            left -= n;
+            off += n;
+            if (off == P) { off = 0; pi++; }
         }
     }
 #else
-    (void)hi; (void)g0; (void)ng;
+    (void)hi; (void)g0; (void)ng; (void)D;
 #endif
 }
 
@@ -7682,6 +7704,9 @@ static void mskv__cpu_job_init(mskv__cpu_job *job, const mskv_pools *pools, cons
     job->scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)pools->head_dim);
     job->tstride = (size_t)pools->kv_heads * (size_t)pools->head_dim;
     job->hstride = (size_t)pools->head_dim;
+    job->p_magic = 0;
+    job->p_shift = 31;
+    if (pools->page_size > 0) mskv__pdiv_init(pools->page_size, &job->p_magic, &job->p_shift);
 }
 
 MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *pools, const mskv_plan *plan,
