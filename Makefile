@@ -275,9 +275,9 @@ demo: $(B)/demo
 	./$(B)/demo -o demo.mp4
 
 $(B)/host_bench: bench/host_bench.c $(HDRS) | $(B)
-	$(CC) -std=c99 $(WARN) -O3 -march=native bench/host_bench.c -o $@ $(LIBS)
+	$(CC) -std=c99 $(WARN) -O3 -march=native -DNDEBUG bench/host_bench.c -o $@ $(LIBS)
 $(B)/attn_bench: bench/attn_bench.c $(HDRS) | $(B)
-	$(CC) -std=c99 $(WARN) -O2 bench/attn_bench.c -o $@ $(LIBS)
+	$(CC) -std=c99 $(WARN) -O2 -DNDEBUG bench/attn_bench.c -o $@ $(LIBS)
 
 # -O2 without -march=native: valgrind (callgrind) must be able to run it
 $(B)/cuda_host_bench: bench/cuda_host_bench.c $(HDRS) | $(B)

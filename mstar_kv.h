@@ -26,7 +26,9 @@
                                  compile-time allocator; define all three or none.
                                  A run-time allocator (mskv_allocator) in a
                                  descriptor overrides them for that object.
-     MSKV_ASSERT(x)              internal consistency checks (default: assert.h)
+     MSKV_ASSERT(x)              internal consistency checks (default: assert.h's
+                                 assert, on unless NDEBUG is defined: a release
+                                 build -DNDEBUG runs none; make test builds keep them)
      MSKV_NO_THREADS             no threads: no internal lock, no worker threads
      MSKV_DEBUG                  every arena runs with every debug check
                                  (mskv_arena_desc.debug = MSKV_DEBUG_ALL, whatever
@@ -753,6 +755,15 @@ MSKV_API mskv_result mskv_admit(mskv_arena *arena, const mskv_segment *segs, int
 /* Reserved tokens become committed. Every segment must have an open
    reservation (else NO_RESERVATION, and nothing is committed). */
 MSKV_API mskv_result mskv_commit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
+/* mskv_admit then mskv_commit of the same segments, under one lock: the
+   common single-pass step, whose tokens are never aborted (their K/V are
+   written after the call, at the slots a plan built after it maps). All or
+   nothing: on any error nothing is reserved or committed and the return value
+   is the one mskv_admit gives (OUT_OF_PAGES, DUPLICATE, INVALID_HANDLE,
+   OFFLOADED, RESERVATION_PENDING, READ_ONLY, CAPACITY, INVALID_ARGUMENT,
+   OVERFLOW, OUT_OF_MEMORY, BAD_STATE); on success the state is exactly that
+   of the two calls (one admit counted, as make_room's order sees it). */
+MSKV_API mskv_result mskv_step(mskv_arena *arena, const mskv_segment *segs, int32_t n);
 /* Return reservations without committing; the pages they added are freed
    (pending in FENCED mode: a kernel may have written them). NO_RESERVATION
    when a segment has none; BAD_STATE for a request in an open streamed
@@ -1443,8 +1454,12 @@ MSKV_API mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, 
 #endif
 
 #ifndef MSKV_ASSERT
+#ifdef NDEBUG
+#define MSKV_ASSERT(x) ((void)0)   /* every check is side-effect free: nothing is lost */
+#else
 #include <assert.h>
 #define MSKV_ASSERT(x) assert(x)
+#endif
 #endif
 
 #ifdef MSKV_STATIC
@@ -1792,6 +1807,9 @@ struct mskv_arena {
     mskv_arena_desc desc;
     mskv_allocator al;
     int32_t P, num_pages, max_req, G;
+    uint32_t p_magic;          /* x / P = (x * p_magic) >> p_shift for 0 <= x < 2^31 (mskv__pdiv) */
+    int32_t p_shift;
+    int32_t *seg_ri;           /* mskv__resolve: each segment's request index, max_req entries (after pick's) */
     uint8_t *state;
     int32_t *refcount;
     int32_t *free_stack;
@@ -1827,6 +1845,25 @@ struct mskv_arena {
     mskv__mutex lock;
     int lock_ok;
 };
+
+/* Division by the page size without a divide (the GPU kernels' page divisor,
+   mskv_page_of in kernels.cu): l = ceil(log2 P), magic = ceil(2^(31+l) / P),
+   shift = 31 + l; for 0 <= x < 2^31, (x * magic) >> shift == x / P exactly
+   (the rounding adds x * (magic - 2^(31+l) / P) / 2^(31+l) < 2^-l <= 1 / P).
+   A power of two gives magic 2^31: a shift. */
+static void mskv__pdiv_init(int32_t P, uint32_t *magic, int32_t *shift) {
+    int32_t l = 0;
+    while (((int64_t)1 << l) < (int64_t)P) l++;
+    *magic = (uint32_t)((((uint64_t)1 << (31 + l)) + (uint64_t)P - 1) / (uint64_t)P);
+    *shift = 31 + l;
+}
+static int64_t mskv__pdiv_by(uint32_t magic, int32_t shift, int32_t P, int64_t x) {
+    if ((uint64_t)x < ((uint64_t)1 << 31)) return (int64_t)(((uint64_t)x * magic) >> shift);
+    return x / P;   /* out of the exact range (and negative): the divide */
+}
+static int64_t mskv__pdiv(const struct mskv_arena *a, int64_t x) { return mskv__pdiv_by(a->p_magic, a->p_shift, a->P, x); }
+/* Pages covering x >= 0 tokens (x + P - 1 < 2^31 on every path that counts pages). */
+static int32_t mskv__pages_for(const struct mskv_arena *a, int64_t x) { return (int32_t)mskv__pdiv(a, x + a->P - 1); }
 
 #define MSKV__LOCK(a) mskv__mutex_lock(&(a)->lock)
 #define MSKV__UNLOCK(a) mskv__mutex_unlock(&(a)->lock)
@@ -1973,6 +2010,7 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     a->desc = *desc;
     a->al = desc->allocator;
     a->P = desc->page_size;
+    mskv__pdiv_init(a->P, &a->p_magic, &a->p_shift);
     a->num_pages = desc->num_pages;
     a->max_req = desc->max_requests ? desc->max_requests : 256;
     a->G = desc->num_groups ? desc->num_groups : 1;
@@ -1995,7 +2033,8 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
     a->ls = (mskv__lockstep *)mskv__alloc(&a->al, (size_t)a->max_ls * sizeof(mskv__lockstep));
     a->ls_free = (int32_t *)mskv__alloc(&a->al, (size_t)a->max_ls * sizeof(int32_t));
     a->rank = (mskv__rank *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(mskv__rank));
-    a->pick = (int32_t *)mskv__alloc(&a->al, (size_t)a->max_req * sizeof(int32_t));
+    a->pick = (int32_t *)mskv__alloc(&a->al, (size_t)a->max_req * 2 * sizeof(int32_t));
+    a->seg_ri = a->pick ? a->pick + a->max_req : NULL;
     if (nl > 0 && !desc->store_ops) {
         a->pools = (unsigned char **)mskv__alloc(&a->al, (size_t)nl * 2 * sizeof(unsigned char *));
         if (a->pools) {
@@ -2224,7 +2263,7 @@ static int32_t mskv__ceil_div(int64_t x, int64_t d) { return (int32_t)((x + d - 
 
 /* Table entries needed to cover absolute tokens [0, total) given the group's prefix and gap. */
 static int32_t mskv__entries_for(const mskv_arena *a, const mskv__tab *t, int64_t total) {
-    int64_t live = (int64_t)mskv__ceil_div(total, a->P) - t->live_start / a->P;
+    int64_t live = (int64_t)mskv__pages_for(a, total) - mskv__pdiv(a, t->live_start);
     return t->prefix_pages + (int32_t)(live > 0 ? live : 0);
 }
 static int64_t mskv__kv_len(const mskv_arena *a, const mskv__req *q, const mskv__tab *t) {
@@ -2577,7 +2616,7 @@ static mskv_result mskv__check_mutable(mskv_arena *a, const mskv__req *q, const 
 
 static mskv_result mskv__protect(mskv_arena *a, int32_t ri, int32_t g, int64_t n) {
     mskv__tab *t = &a->reqs[ri].t[g];
-    int32_t pp = mskv__ceil_div(n, a->P);
+    int32_t pp = mskv__pages_for(a, n);
     int gap = t->live_start > (int64_t)t->prefix_pages * a->P;
     if (n == t->prefix_tokens) return MSKV_SUCCESS;
     if (gap && pp > t->prefix_pages)
@@ -2605,7 +2644,7 @@ MSKV_IMPL mskv_result mskv_request_reserve(mskv_arena *a, mskv_request h, int64_
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
     for (g = 0; r == MSKV_SUCCESS && g < a->G; g++)
-        r = mskv__reserve_table(a, &a->reqs[ri].t[g], mskv__ceil_div(tokens, a->P) + 1);
+        r = mskv__reserve_table(a, &a->reqs[ri].t[g], mskv__pages_for(a, tokens) + 1);
     MSKV__UNLOCK(a);
     return r;
 }
@@ -2660,7 +2699,7 @@ static int64_t mskv__visible_start(const mskv__tab *t) {
    free the pages whole behind it; returns the tokens freed. */
 static int64_t mskv__release_to(mskv_arena *a, int32_t ri, int32_t g, int64_t point) {
     mskv__tab *t = &a->reqs[ri].t[g];
-    int32_t count = (int32_t)(point / a->P - t->live_start / a->P);
+    int32_t count = (int32_t)(mskv__pdiv(a, point) - mskv__pdiv(a, t->live_start));
     if (point > mskv__visible_start(t)) t->release_point = point;  /* exact, even where no page goes */
     if (count <= 0) return 0;
     mskv__drop_pages(a, ri, g, t->prefix_pages, count);
@@ -3697,8 +3736,9 @@ static void mskv__unmark(mskv_arena *a, const mskv_segment *segs, int32_t n) {
         if ((ri = mskv__lookup(a, segs[i].request)) >= 0) a->reqs[ri].mark = 0;
 }
 
-/* Mark every segment's request; rejects unknown handles and duplicates, and
-   then leaves no mark. */
+/* Mark every segment's request, each handle resolved once into a->seg_ri
+   (at most max_req distinct requests pass: the one after is unknown or a
+   repeat); rejects unknown handles and duplicates, and then leaves no mark. */
 static mskv_result mskv__mark(mskv_arena *a, const mskv_segment *segs, int32_t n, const char *what) {
     int32_t i, ri;
     mskv_result r = MSKV_SUCCESS;
@@ -3707,25 +3747,28 @@ static mskv_result mskv__mark(mskv_arena *a, const mskv_segment *segs, int32_t n
         if (ri < 0) { r = mskv__err(a, MSKV_ERROR_INVALID_HANDLE, "%s: segment %d has an unknown or removed request", what, (int)i); break; }
         if (a->reqs[ri].mark) { r = mskv__err(a, MSKV_ERROR_DUPLICATE, "%s: segment %d repeats a request", what, (int)i); break; }
         a->reqs[ri].mark = 1;
+        a->seg_ri[i] = ri;
     }
-    if (r != MSKV_SUCCESS) mskv__unmark(a, segs, i);
+    if (r != MSKV_SUCCESS)
+        for (n = i, i = 0; i < n; i++) a->reqs[a->seg_ri[i]].mark = 0;
     return r;
 }
 
 /* Checks every segment's request (unknown handles, duplicates) and, when
    whole, that the batch holds every member of each lockstep group it
-   touches. Leaves no mark. */
+   touches. Leaves no mark; on success a->seg_ri[i] is segment i's request
+   index (valid until the lock is released or the next resolve). */
 static mskv_result mskv__resolve(mskv_arena *a, const mskv_segment *segs, int32_t n, int whole, const char *what) {
     int32_t i, m;
     mskv_result r = mskv__mark(a, segs, n, what);
     if (r != MSKV_SUCCESS) return r;
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
-        uint8_t x = a->reqs[mskv__lookup(a, segs[i].request)].xfer;
+        uint8_t x = a->reqs[a->seg_ri[i]].xfer;
         if (x == MSKV__XFER_IMPORT || (x && whole))
             r = mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: segment %d's request is being %s", what, (int)i, x == MSKV__XFER_IMPORT ? "imported" : "exported");
     }
     for (i = 0; whole && a->nls > 0 && r == MSKV_SUCCESS && i < n; i++) {
-        const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
+        const mskv__req *q = &a->reqs[a->seg_ri[i]];
         if (!q->lock) continue;
         for (m = a->ls[q->lock - 1].first; m >= 0; m = a->reqs[m].lock_next)
             if (!a->reqs[m].mark) {
@@ -3733,7 +3776,7 @@ static mskv_result mskv__resolve(mskv_arena *a, const mskv_segment *segs, int32_
                 break;
             }
     }
-    mskv__unmark(a, segs, n);
+    for (i = 0; i < n; i++) a->reqs[a->seg_ri[i]].mark = 0;
     return r;
 }
 
@@ -3743,7 +3786,7 @@ static mskv_result mskv__admit_need(mskv_arena *a, const mskv_segment *segs, int
     mskv_result r = mskv__resolve(a, segs, n, 1, "admit");
     *need = 0;
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
-        const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
+        const mskv__req *q = &a->reqs[a->seg_ri[i]];
         if (segs[i].n_tokens < 0) r = mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "admit: segment %d has %lld tokens", (int)i, (long long)segs[i].n_tokens);
         else if (q->location != MSKV_RESIDENT) r = mskv__err(a, MSKV_ERROR_OFFLOADED, "admit: segment %d's request is offloaded", (int)i);
         else if (q->has_res) r = mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "admit: segment %d's request already has a reservation", (int)i);
@@ -3772,24 +3815,72 @@ MSKV_IMPL mskv_result mskv_admit_query(mskv_arena *a, const mskv_segment *segs, 
     return r;
 }
 
-MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_t n) {
+/* admit of one segment under the lock (the one-page decode step): the
+   checks of mskv__resolve and mskv__admit_need in their order and with their
+   messages, the handle looked up once and nothing marked (one request cannot
+   repeat; its lockstep group is whole only without other members). */
+static mskv_result mskv__admit_one(mskv_arena *a, const mskv_segment *seg) {
+    int32_t ri = mskv__lookup(a, seg->request), g, m;
+    int64_t need = 0, end;
+    mskv__req *q;
+    mskv_result r = MSKV_SUCCESS;
+    if (ri < 0) return mskv__err(a, MSKV_ERROR_INVALID_HANDLE, "%s: segment %d has an unknown or removed request", "admit", 0);
+    q = &a->reqs[ri];
+    a->seg_ri[0] = ri;
+    if (q->xfer)
+        return mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: segment %d's request is being %s", "admit", 0,
+                         q->xfer == MSKV__XFER_IMPORT ? "imported" : "exported");
+    if (a->nls > 0 && q->lock)
+        for (m = a->ls[q->lock - 1].first; m >= 0; m = a->reqs[m].lock_next)
+            if (m != ri) return mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: segment %d's lockstep group is not whole in the batch", "admit", 0);
+    if (seg->n_tokens < 0) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "admit: segment %d has %lld tokens", 0, (long long)seg->n_tokens);
+    if (q->location != MSKV_RESIDENT) return mskv__err(a, MSKV_ERROR_OFFLOADED, "admit: segment %d's request is offloaded", 0);
+    if (q->has_res) return mskv__err(a, MSKV_ERROR_RESERVATION_PENDING, "admit: segment %d's request already has a reservation", 0);
+    if (q->keyed && !q->scratch_cap) return mskv__err(a, MSKV_ERROR_READ_ONLY, "admit: segment %d is a keyed entry", 0);
+    if (q->scratch_cap && seg->n_tokens > q->scratch_cap - q->committed)
+        return mskv__err(a, MSKV_ERROR_CAPACITY, "admit: segment %d: %lld more tokens pass the scratch entry's %lld (mskv_scratch_reset)", 0,
+                         (long long)seg->n_tokens, (long long)q->scratch_cap);
+    if (q->paused) return mskv__err(a, MSKV_ERROR_BAD_STATE, "admit: segment %d's request is paused", 0);
+    if (seg->n_tokens > (int64_t)INT32_MAX - a->P - q->committed)
+        return mskv__err(a, MSKV_ERROR_OVERFLOW, "admit: segment %d would pass 2^31 tokens", 0);
+    end = q->committed + seg->n_tokens;
+    for (g = 0; g < a->G; g++) need += mskv__entries_for(a, &q->t[g], end) - q->t[g].num_pages;
+    if (need > a->free_top)
+        return mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "admit: need %lld pages, %d free (%d pending)", (long long)need, (int)a->free_top, (int)a->pend_count);
+    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++) r = mskv__reserve_table(a, &q->t[g], mskv__entries_for(a, &q->t[g], end));
+    if (r != MSKV_SUCCESS) return r;
+    a->admits++;
+    for (g = 0; g < a->G; g++) {
+        mskv__tab *t = &q->t[g];
+        int32_t add = mskv__entries_for(a, t, end) - t->num_pages;
+        if (add > 0) r = mskv__take(a, add, t->pages + t->num_pages);
+        MSKV_ASSERT(r == MSKV_SUCCESS); /* the total was checked above */
+        t->num_pages += add;
+    }
+    q->reserved = seg->n_tokens;
+    q->has_res = 1;
+    q->last_admit = a->admits;
+    return MSKV_SUCCESS;
+}
+
+/* admit under the lock: every check, then the pages (all or nothing). */
+static mskv_result mskv__admit_locked(mskv_arena *a, const mskv_segment *segs, int32_t n) {
     int32_t i, g;
     int64_t need = 0;
     mskv_result r;
-    MSKV__CHECK_SEGS(a, segs, n);
-    MSKV__LOCK(a);
+    if (n == 1) return mskv__admit_one(a, segs);
     r = mskv__admit_need(a, segs, n, &need);
     if (r == MSKV_SUCCESS && need > a->free_top)
         r = mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "admit: need %lld pages, %d free (%d pending)", (long long)need, (int)a->free_top, (int)a->pend_count);
     /* grow tables first: growing changes no state, and cannot fail half-way through pages */
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
-        mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
+        mskv__req *q = &a->reqs[a->seg_ri[i]];
         for (g = 0; r == MSKV_SUCCESS && g < a->G; g++)
             r = mskv__reserve_table(a, &q->t[g], mskv__entries_for(a, &q->t[g], q->committed + segs[i].n_tokens));
     }
     if (r == MSKV_SUCCESS && n > 0) a->admits++;
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
-        mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
+        mskv__req *q = &a->reqs[a->seg_ri[i]];
         for (g = 0; g < a->G; g++) {
             mskv__tab *t = &q->t[g];
             int32_t add = mskv__entries_for(a, t, q->committed + segs[i].n_tokens) - t->num_pages;
@@ -3801,6 +3892,14 @@ MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_
         q->has_res = 1;
         q->last_admit = a->admits;
     }
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_t n) {
+    mskv_result r;
+    MSKV__CHECK_SEGS(a, segs, n);
+    MSKV__LOCK(a);
+    r = mskv__admit_locked(a, segs, n);
     MSKV__UNLOCK(a);
     return r;
 }
@@ -3809,7 +3908,7 @@ static mskv_result mskv__check_open(mskv_arena *a, const mskv_segment *segs, int
     int32_t i;
     mskv_result r = mskv__resolve(a, segs, n, 1, what);
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
-        const mskv__req *q = &a->reqs[mskv__lookup(a, segs[i].request)];
+        const mskv__req *q = &a->reqs[a->seg_ri[i]];
         if (!q->has_res) r = mskv__err(a, MSKV_ERROR_NO_RESERVATION, "%s: segment %d's request has no reservation", what, (int)i);
         else if (q->keyed && !q->scratch_cap) r = mskv__err(a, MSKV_ERROR_READ_ONLY, "%s: segment %d is a keyed entry (use mskv_keyed_seal)", what, (int)i);
     }
@@ -3830,7 +3929,21 @@ MSKV_IMPL mskv_result mskv_commit(mskv_arena *a, const mskv_segment *segs, int32
     MSKV__CHECK_SEGS(a, segs, n);
     MSKV__LOCK(a);
     r = mskv__check_open(a, segs, n, "commit");
-    for (i = 0; r == MSKV_SUCCESS && i < n; i++) mskv__commit_one(&a->reqs[mskv__lookup(a, segs[i].request)]);
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) mskv__commit_one(&a->reqs[a->seg_ri[i]]);
+    MSKV__UNLOCK(a);
+    return r;
+}
+
+/* admit + commit under one lock: admit's checks are commit's too (the
+   reservation it makes is open, and a keyed entry without scratch is refused
+   by both), so after a successful admit the commits cannot fail. */
+MSKV_IMPL mskv_result mskv_step(mskv_arena *a, const mskv_segment *segs, int32_t n) {
+    int32_t i;
+    mskv_result r;
+    MSKV__CHECK_SEGS(a, segs, n);
+    MSKV__LOCK(a);
+    r = mskv__admit_locked(a, segs, n);
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) mskv__commit_one(&a->reqs[a->seg_ri[i]]);
     MSKV__UNLOCK(a);
     return r;
 }
@@ -3853,7 +3966,7 @@ MSKV_IMPL mskv_result mskv_abort(mskv_arena *a, const mskv_segment *segs, int32_
     MSKV__CHECK_SEGS(a, segs, n);
     MSKV__LOCK(a);
     r = mskv__check_open(a, segs, n, "abort");
-    for (i = 0; r == MSKV_SUCCESS && i < n; i++) mskv__abort_one(a, mskv__lookup(a, segs[i].request));
+    for (i = 0; r == MSKV_SUCCESS && i < n; i++) mskv__abort_one(a, a->seg_ri[i]);
     MSKV__UNLOCK(a);
     return r;
 }
@@ -6931,6 +7044,8 @@ typedef struct mskv__cpu_job {
     int32_t q_heads, group, dim, dimp, window_left;
     int32_t dense;      /* keys are rows of dense K/V (kv_token_indptr), not pages */
     size_t tstride, hstride; /* elements from a key row to the next (dense) and from a kv head to the next */
+    uint32_t p_magic;   /* key j's page is (j * p_magic) >> p_shift (mskv__pdiv_init; 0 below 2^31) */
+    int32_t p_shift;
     int32_t rows;       /* rows per item */
     int32_t wide;       /* items of more than 8 rows use the transposed tiles (rows a multiple of kern->rw) */
     int32_t heads_cap;  /* most kv heads per item (few-row segments), so threads still get items */
@@ -7167,32 +7282,52 @@ static void mskv__cpu_key_row(const mskv__cpu_job *job, const void *pool, size_t
 /* Element offsets (kv head 0) of keys [j0, j0 + kb) into el, and a prefetch
    of the next block's rows of kv heads [g0, g0 + ng): rows scattered over
    pages are not followed by the hardware prefetcher, and they arrive while
-   this block computes. */
+   this block computes. Addresses go a page at a time: the page of j0 from
+   the job's divisor (no divide), each page's base once, then its slots in
+   order; a page whose slots hold only the heads asked for is one span. */
 static void mskv__cpu_block_rows(const mskv__cpu_job *job, const mskv__cpu_seg *sg, int64_t j0, int32_t kb, int64_t hi,
                                  int32_t g0, int32_t ng, size_t *el) {
     const int32_t P = job->pools->page_size, D = job->dim;
-    int64_t pi = j0 / P, off = j0 % P;
+    const size_t ts = job->tstride;
+    int64_t pi, off;
     int32_t jj;
     if (job->dense) { /* dense rows: in order, which the hardware prefetches by itself */
-        for (jj = 0; jj < kb; jj++) el[jj] = (size_t)(sg->tok0 + j0 + jj) * job->tstride;
+        for (jj = 0; jj < kb; jj++) el[jj] = (size_t)(sg->tok0 + j0 + jj) * ts;
         return;
     }
-    for (jj = 0; jj < kb; jj++) {
-        el[jj] = ((size_t)sg->pages[pi] * (size_t)P + (size_t)off) * job->tstride;
-        if (++off == P) { off = 0; pi++; }
+    pi = mskv__pdiv_by(job->p_magic, job->p_shift, P, j0);
+    off = j0 - pi * P;
+    for (jj = 0; jj < kb;) {
+        size_t base = (size_t)sg->pages[pi] * (size_t)P * ts;   /* once per page */
+        int32_t n = (int32_t)((int64_t)P - off < (int64_t)(kb - jj) ? (int64_t)P - off : (int64_t)(kb - jj)), t;
+        for (t = 0; t < n; t++) el[jj + t] = base + (size_t)(off + t) * ts;
+        jj += n;
+        off += n;
+        if (off == P) { off = 0; pi++; }
     }
 #if defined(__GNUC__)
     {
-        size_t pes = mskv__cpu_esize(job->pools->dtype), bytes = (size_t)ng * (size_t)D * pes;
-        for (jj = 0; jj < kb && j0 + kb + jj < hi; jj++) {
-            size_t e = ((size_t)sg->pages[pi] * (size_t)P + (size_t)off) * job->tstride + (size_t)g0 * job->hstride, at;
-            const char *kp = (const char *)job->pools->k + e * pes, *vp = (const char *)job->pools->v + e * pes;
-            for (at = 0; at < bytes; at += 64) { __builtin_prefetch(kp + at); __builtin_prefetch(vp + at); }
-            if (++off == P) { off = 0; pi++; }
+        size_t pes = mskv__cpu_esize(job->pools->dtype), bytes = (size_t)ng * (size_t)D * pes, at;
+        const char *k = (const char *)job->pools->k, *v = (const char *)job->pools->v;
+        int64_t left = hi - (j0 + kb) < (int64_t)kb ? hi - (j0 + kb) : (int64_t)kb;  /* the next block's keys */
+        int whole = (size_t)ng * job->hstride == ts && (size_t)D == job->hstride; /* slots hold just these heads */
+        while (left > 0) {
+            int32_t n = (int32_t)((int64_t)P - off < left ? (int64_t)P - off : left), t;
+            size_t e = ((size_t)sg->pages[pi] * (size_t)P + (size_t)off) * ts + (size_t)g0 * job->hstride;
+            if (whole) {  /* the page's n slots: one contiguous span */
+                size_t span = (size_t)n * bytes;
+                for (at = 0; at < span; at += 64) { __builtin_prefetch(k + e * pes + at); __builtin_prefetch(v + e * pes + at); }
+            } else {
+                for (t = 0; t < n; t++, e += ts)
+                    for (at = 0; at < bytes; at += 64) { __builtin_prefetch(k + e * pes + at); __builtin_prefetch(v + e * pes + at); }
+            }
+            left -= n;
+            off += n;
+            if (off == P) { off = 0; pi++; }
         }
     }
 #else
-    (void)hi; (void)g0; (void)ng;
+    (void)hi; (void)g0; (void)ng; (void)D;
 #endif
 }
 
@@ -7613,6 +7748,9 @@ static void mskv__cpu_job_init(mskv__cpu_job *job, const mskv_pools *pools, cons
     job->scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)pools->head_dim);
     job->tstride = (size_t)pools->kv_heads * (size_t)pools->head_dim;
     job->hstride = (size_t)pools->head_dim;
+    job->p_magic = 0;
+    job->p_shift = 31;
+    if (pools->page_size > 0) mskv__pdiv_init(pools->page_size, &job->p_magic, &job->p_shift);
 }
 
 MSKV_IMPL mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *pools, const mskv_plan *plan,

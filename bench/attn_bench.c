@@ -1,23 +1,27 @@
 /* attn_bench: GFLOP/s of the CPU backend's paged attention, on one thread and
-   on all of them, against three baselines measured in the same run:
-   - the machine's f32 FMA peak on all threads, with the vector width of the
-     instruction-set path in use (12 independent FMA chains per thread);
-   - its read bandwidth on all threads (a streaming sum over a buffer much
-     larger than the last-level cache);
-   - a naive triple loop (per query and head: every score, softmax, weighted
-     sum of V) over the same pages. Where it would take too long, it runs on
-     the first rows only and its time is scaled by rows (the line says so).
-   Video shapes are compute-bound and are given as a fraction of the FMA
-   peak; decode reads every K/V byte once per call and is given as GB/s of
-   K/V read and a fraction of the read bandwidth.
+   on all of them, against the machine's limits and a plain baseline, all
+   measured in the same run on the same threads:
+   - the f32 FMA peak with the vector width of the instruction-set path in
+     use (12 independent FMA chains per thread; scalar for the portable path);
+   - the read bandwidth with the same vector loads (a streaming sum over a
+     buffer of 4x the last-level cache);
+   - a baseline written here: llama.cpp-style row-at-a-time f16 attention (per
+     query row and key, one f16 dot product, an online softmax, one V
+     multiply-add), over the same pages, on f16 copies of the same data.
+   The limits are the best of short runs that alternate with the shape's own
+   calls and the baseline's (five rounds per shape), so a load on a shared
+   machine lowers them together; every figure is printed as a ratio to the
+   limit and the baseline of its own window. Video shapes are compute-bound
+   (a fraction of the FMA peak); decode reads every K/V byte once per call
+   (GB/s of K/V read, a fraction of the read bandwidth). A naive triple loop
+   on about 1/16 of the rows checks both outputs.
 
    Build and run:  make bench   (or: cc -std=c99 -O2 bench/attn_bench.c -lpthread -lm,
    the README's own build line: no -march flag is needed for the fast paths)
-   MSKV_CPU_ISA=portable|avx2|avx512|neon forces a path. Every figure is the
-   best of repeats; on a shared machine run it a few times and keep the best.
+   MSKV_CPU_ISA=portable|avx2|avx512|neon forces a path (the limits follow it).
    FLOPs count 4 * head_dim per (query head, visible key): Q.K and P.V.
-   "cores busy" is process CPU time over wall time during the all-thread run:
-   on a shared machine it shows how many cores the threads actually got. */
+   "cores busy" is process CPU time over wall time during the all-thread
+   calls: on a shared machine it shows how many cores the threads got. */
 #define _POSIX_C_SOURCE 200809L
 #define MSTAR_KV_IMPLEMENTATION
 #include "../mstar_kv.h"
@@ -152,7 +156,7 @@ typedef struct ab_thread_arg {
 
 static void *ab_fma_thread(void *p) {
     ab_thread_arg *a = (ab_thread_arg *)p;
-    long n = 20000000;
+    long n = (long)a->n;
 #if defined(__x86_64__) || defined(__i386__)
     if (a->isa == MSKV_CPU_ISA_AVX512) { a->flops = ab_fma_avx512(n); return NULL; }
     if (a->isa == MSKV_CPU_ISA_AVX2) { a->flops = ab_fma_avx2(n); return NULL; }
@@ -165,12 +169,64 @@ static void *ab_fma_thread(void *p) {
 }
 
 /* Sums floats with 8 independent accumulators (named, so they stay in
-   registers; the loop is bound by the loads). */
+   registers; the loop is bound by the loads), with the vector width of the
+   instruction-set path in use: the same loads the kernels issue. */
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx512f"))) static double ab_read_avx512(const float *b, size_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    float out[16];
+    size_t i;
+    for (i = 0; i + 128 <= n; i += 128) {
+        s0 = _mm512_add_ps(s0, _mm512_loadu_ps(b + i)); s1 = _mm512_add_ps(s1, _mm512_loadu_ps(b + i + 16));
+        s2 = _mm512_add_ps(s2, _mm512_loadu_ps(b + i + 32)); s3 = _mm512_add_ps(s3, _mm512_loadu_ps(b + i + 48));
+        s4 = _mm512_add_ps(s4, _mm512_loadu_ps(b + i + 64)); s5 = _mm512_add_ps(s5, _mm512_loadu_ps(b + i + 80));
+        s6 = _mm512_add_ps(s6, _mm512_loadu_ps(b + i + 96)); s7 = _mm512_add_ps(s7, _mm512_loadu_ps(b + i + 112));
+    }
+    s0 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)), _mm512_add_ps(_mm512_add_ps(s4, s5), _mm512_add_ps(s6, s7)));
+    _mm512_storeu_ps(out, s0);
+    return out[0];
+}
+__attribute__((target("avx2"))) static double ab_read_avx2(const float *b, size_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    float out[8];
+    size_t i;
+    for (i = 0; i + 64 <= n; i += 64) {
+        s0 = _mm256_add_ps(s0, _mm256_loadu_ps(b + i)); s1 = _mm256_add_ps(s1, _mm256_loadu_ps(b + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_loadu_ps(b + i + 16)); s3 = _mm256_add_ps(s3, _mm256_loadu_ps(b + i + 24));
+        s4 = _mm256_add_ps(s4, _mm256_loadu_ps(b + i + 32)); s5 = _mm256_add_ps(s5, _mm256_loadu_ps(b + i + 40));
+        s6 = _mm256_add_ps(s6, _mm256_loadu_ps(b + i + 48)); s7 = _mm256_add_ps(s7, _mm256_loadu_ps(b + i + 56));
+    }
+    s0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)), _mm256_add_ps(_mm256_add_ps(s4, s5), _mm256_add_ps(s6, s7)));
+    _mm256_storeu_ps(out, s0);
+    return out[0];
+}
+#endif
+#if defined(__aarch64__)
+static double ab_read_neon(const float *b, size_t n) {
+    float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    size_t i;
+    for (i = 0; i + 32 <= n; i += 32) {
+        s0 = vaddq_f32(s0, vld1q_f32(b + i)); s1 = vaddq_f32(s1, vld1q_f32(b + i + 4));
+        s2 = vaddq_f32(s2, vld1q_f32(b + i + 8)); s3 = vaddq_f32(s3, vld1q_f32(b + i + 12));
+        s4 = vaddq_f32(s4, vld1q_f32(b + i + 16)); s5 = vaddq_f32(s5, vld1q_f32(b + i + 20));
+        s6 = vaddq_f32(s6, vld1q_f32(b + i + 24)); s7 = vaddq_f32(s7, vld1q_f32(b + i + 28));
+    }
+    s0 = vaddq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)), vaddq_f32(vaddq_f32(s4, s5), vaddq_f32(s6, s7)));
+    return vgetq_lane_f32(s0, 0);
+}
+#endif
 static void *ab_read_thread(void *p) {
     ab_thread_arg *a = (ab_thread_arg *)p;
     const float *b = a->buf;
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
     size_t i;
+#if defined(__x86_64__) || defined(__i386__)
+    if (a->isa == MSKV_CPU_ISA_AVX512) { a->sum = ab_read_avx512(b, a->n); return NULL; }
+    if (a->isa == MSKV_CPU_ISA_AVX2) { a->sum = ab_read_avx2(b, a->n); return NULL; }
+#endif
+#if defined(__aarch64__)
+    if (a->isa == MSKV_CPU_ISA_NEON) { a->sum = ab_read_neon(b, a->n); return NULL; }
+#endif
     for (i = 0; i + 8 <= a->n; i += 8) {
         s0 += b[i]; s1 += b[i + 1]; s2 += b[i + 2]; s3 += b[i + 3];
         s4 += b[i + 4]; s5 += b[i + 5]; s6 += b[i + 6]; s7 += b[i + 7];
@@ -202,47 +258,52 @@ static double ab_parallel(void *(*fn)(void *), int32_t threads, mskv_cpu_isa isa
     return t0;
 }
 
-/* Best GFLOP/s of 5 runs of the FMA chains on all threads; *per_core gets the
-   best GFLOP per second of CPU time the threads got (one core's peak, which
-   a busy machine does not lower as much as the wall-clock figure). */
-static double ab_fma_peak(int32_t threads, mskv_cpu_isa isa, double *per_core) {
-    double best = 0, flops, t, c;
-    int r;
-    *per_core = 0;
-    for (r = 0; r < 5; r++) {
-        c = ab_cpu_now();
-        t = ab_parallel(ab_fma_thread, threads, isa, NULL, 0, &flops);
-        c = ab_cpu_now() - c;
-        if (flops / t * 1e-9 > best) best = flops / t * 1e-9;
-        if (c > 0 && flops / c * 1e-9 > *per_core) *per_core = flops / c * 1e-9;
+/* The machine's limits, kept as the best of short runs that alternate with
+   the kernel being measured (ab_limits_round), so a load that slows one
+   slows the other too. One FMA run is 4 million iterations of 12 chains a
+   thread (a few milliseconds); *per_core is GFLOP per second of CPU time the
+   threads got (one core's peak, which a busy machine lowers less). */
+typedef struct ab_limits {
+    int32_t threads;
+    mskv_cpu_isa isa;
+    float *buf;          /* the read-bandwidth buffer */
+    size_t bytes;
+    double fma, fma_core, bw;
+    int runs;
+} ab_limits;
+
+static void ab_limits_round(ab_limits *l) {
+    double flops, t, c;
+    c = ab_cpu_now();
+    t = ab_parallel(ab_fma_thread, l->threads, l->isa, NULL, (size_t)4000000 * (size_t)l->threads, &flops);
+    c = ab_cpu_now() - c;
+    if (flops / t * 1e-9 > l->fma) l->fma = flops / t * 1e-9;
+    if (c > 0 && flops / c * 1e-9 > l->fma_core) l->fma_core = flops / c * 1e-9;
+    if (l->buf) {
+        t = ab_parallel(ab_read_thread, l->threads, l->isa, l->buf, l->bytes / 4, NULL);
+        if ((double)l->bytes / t * 1e-9 > l->bw) l->bw = (double)l->bytes / t * 1e-9;
     }
-    return best;
+    l->runs++;
 }
 
-/* Best GB/s of 5 streaming reads of a buffer of 4x the last-level cache
-   (at least 512 MiB, at most 2 GiB), on all threads. */
-static double ab_read_bandwidth(int32_t threads, size_t *bytes_out) {
+/* The read-bandwidth buffer: 4x the last-level cache (at least 512 MiB, at
+   most 2 GiB), every page touched before it is timed. */
+static int ab_limits_init(ab_limits *l, int32_t threads, mskv_cpu_isa isa) {
     long llc = 0;
-    size_t bytes, i;
-    float *buf;
-    double best = 0;
-    int r;
+    size_t i;
+    memset(l, 0, sizeof *l);
+    l->threads = threads;
+    l->isa = isa;
 #ifdef _SC_LEVEL3_CACHE_SIZE
     llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
 #endif
-    bytes = llc > 0 ? 4 * (size_t)llc : (size_t)1 << 30;
-    if (bytes < ((size_t)512 << 20)) bytes = (size_t)512 << 20;
-    if (bytes > ((size_t)2 << 30)) bytes = (size_t)2 << 30;
-    *bytes_out = bytes;
-    buf = (float *)malloc(bytes);
-    if (!buf) return 0;
-    for (i = 0; i < bytes / 4; i++) buf[i] = (float)(i & 7); /* touch every page first */
-    for (r = 0; r < 5; r++) {
-        double t = ab_parallel(ab_read_thread, threads, MSKV_CPU_ISA_AUTO, buf, bytes / 4, NULL);
-        if ((double)bytes / t * 1e-9 > best) best = (double)bytes / t * 1e-9;
-    }
-    free(buf);
-    return best;
+    l->bytes = llc > 0 ? 4 * (size_t)llc : (size_t)1 << 30;
+    if (l->bytes < ((size_t)512 << 20)) l->bytes = (size_t)512 << 20;
+    if (l->bytes > ((size_t)2 << 30)) l->bytes = (size_t)2 << 30;
+    l->buf = (float *)malloc(l->bytes);
+    if (!l->buf) return 0;
+    for (i = 0; i < l->bytes / 4; i++) l->buf[i] = (float)(i & 7);
+    return 1;
 }
 
 typedef struct ab_shape {
@@ -359,6 +420,129 @@ static void ab_naive(const ab_shape *s, const ab_case *c, int64_t rows, float *o
     }
 }
 
+/* ---- the plain baseline: llama.cpp-style row-at-a-time f16 attention ----
+   Written here for this bench (not ggml's code; the same kind of loop as
+   ggml's CPU flash attention): per (query, head) row, for each key, the page
+   and slot from the page table, one f16 dot product of the query row with the
+   K row (F16C conversion + FMA, 8 lanes, with 4 accumulators; scalar on other
+   paths), an online-softmax update, and one multiply-add of the V row into an
+   f32 accumulator. K, V and Q are f16 copies of the bench's bf16 data. Rows
+   are split evenly across the same threads. */
+typedef struct ab_base {
+    const ab_shape *s;
+    const ab_case *c;
+    const uint16_t *k, *v, *q;
+    float *out;
+    int64_t r0, r1;
+    int simd;
+} ab_base;
+
+static float ab_dot_f16(const uint16_t *x, const uint16_t *y, int32_t n) {
+    float s = 0.0f;
+    int32_t i;
+    for (i = 0; i < n; i++) s += mskv_f16_to_f32(x[i]) * mskv_f16_to_f32(y[i]);
+    return s;
+}
+static void ab_mad_f16(float *acc, const uint16_t *v, float w, int32_t n) {
+    int32_t i;
+    for (i = 0; i < n; i++) acc[i] += w * mskv_f16_to_f32(v[i]);
+}
+#if defined(__x86_64__) || defined(__i386__)
+#define AB_H8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
+__attribute__((target("avx2,fma,f16c"))) static float ab_dot_f16_avx2(const uint16_t *x, const uint16_t *y, int32_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    float out[8], s;
+    int32_t i;
+    for (i = 0; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(AB_H8(x + i), AB_H8(y + i), s0);
+        s1 = _mm256_fmadd_ps(AB_H8(x + i + 8), AB_H8(y + i + 8), s1);
+        s2 = _mm256_fmadd_ps(AB_H8(x + i + 16), AB_H8(y + i + 16), s2);
+        s3 = _mm256_fmadd_ps(AB_H8(x + i + 24), AB_H8(y + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(AB_H8(x + i), AB_H8(y + i), s0);
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    s = out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
+    return s + ab_dot_f16(x + i, y + i, n - i);
+}
+__attribute__((target("avx2,fma,f16c"))) static void ab_mad_f16_avx2(float *acc, const uint16_t *v, float w, int32_t n) {
+    const __m256 wv = _mm256_set1_ps(w);
+    int32_t i;
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(AB_H8(v + i), wv, _mm256_loadu_ps(acc + i)));
+    ab_mad_f16(acc + i, v + i, w, n - i);
+}
+#undef AB_H8
+#endif
+
+static void *ab_base_thread(void *p) {
+    const ab_base *w = (const ab_base *)p;
+    const ab_shape *s = w->s;
+    int32_t D = s->dim, P = s->page_size, group = s->q_heads / s->kv_heads, j, d;
+    float scale = 1.0f / sqrtf((float)D), acc[512];
+    int64_t r;
+    for (r = w->r0; r < w->r1; r++) {
+        int64_t tok = r / s->q_heads;
+        int32_t h = (int32_t)(r % s->q_heads), b = (int32_t)(tok / s->qo), g = h / group;
+        const int32_t *pages = w->c->indices + w->c->kv_indptr[b];
+        const uint16_t *q = w->q + (size_t)r * (size_t)D;
+        float m = -INFINITY, l = 0.0f;
+        for (d = 0; d < D; d++) acc[d] = 0.0f;
+        for (j = 0; j < s->kv; j++) {
+            size_t el = (((size_t)pages[j / P] * (size_t)P + (size_t)(j % P)) * (size_t)s->kv_heads + (size_t)g) * (size_t)D;
+            float x, e;
+#if defined(__x86_64__) || defined(__i386__)
+            x = (w->simd ? ab_dot_f16_avx2(q, w->k + el, D) : ab_dot_f16(q, w->k + el, D)) * scale;
+#else
+            x = ab_dot_f16(q, w->k + el, D) * scale;
+#endif
+            if (x > m) {  /* a new maximum: rescale what is summed so far */
+                float ms = expf(m - x);
+                for (d = 0; d < D; d++) acc[d] *= ms;
+                l *= ms;
+                m = x;
+                e = 1.0f;
+            } else {
+                e = expf(x - m);
+            }
+            l += e;
+#if defined(__x86_64__) || defined(__i386__)
+            if (w->simd) ab_mad_f16_avx2(acc, w->v + el, e, D);
+            else ab_mad_f16(acc, w->v + el, e, D);
+#else
+            ab_mad_f16(acc, w->v + el, e, D);
+#endif
+        }
+        for (d = 0; d < D; d++) w->out[(size_t)r * (size_t)D + (size_t)d] = acc[d] / l;
+    }
+    return NULL;
+}
+
+/* Seconds for one baseline call over every row on `threads` threads. */
+static double ab_baseline(const ab_base *proto, int32_t threads, int64_t rows) {
+    pthread_t th[64];
+    ab_base w[64];
+    double t0;
+    int32_t i;
+    if (threads > 64) threads = 64;
+    for (i = 0; i < threads; i++) {
+        w[i] = *proto;
+        w[i].r0 = rows * i / threads;
+        w[i].r1 = rows * (i + 1) / threads;
+    }
+    t0 = ab_now();
+    for (i = 1; i < threads; i++) pthread_create(&th[i], NULL, ab_base_thread, &w[i]);
+    ab_base_thread(&w[0]);
+    for (i = 1; i < threads; i++) pthread_join(th[i], NULL);
+    return ab_now() - t0;
+}
+
+/* An f16 copy of n values of dtype t. */
+static uint16_t *ab_to_f16(const void *p, mskv_dtype t, size_t n) {
+    uint16_t *h = (uint16_t *)malloc(n * 2 + 2);
+    size_t i;
+    if (h) for (i = 0; i < n; i++) h[i] = mskv_f32_to_f16(ab_get(p, t, i));
+    return h;
+}
+
 static int ab_reps; /* calls the last ab_time_attention made */
 
 /* Best seconds per call over repeats lasting at least min_s in all. */
@@ -391,34 +575,42 @@ int main(void) {
         {"video  d128  GQA 4:2, 1560 q x 4680 k", 1, 1560, 4680, 4, 2, 128, 40, MSKV_DTYPE_BF16, MSKV_MASK_NONE},
         {"decode d128  GQA 32:8, 64 seq x 1 q x 4096 k", 64, 1, 4096, 32, 8, 128, 16, MSKV_DTYPE_BF16, MSKV_MASK_NONE},
     };
+    const int rounds = 5;
     long nproc = sysconf(_SC_NPROCESSORS_ONLN);
     int32_t threads = nproc > 0 ? (int32_t)nproc : 1;
     mskv_cpu *probe = NULL;
     mskv_cpu_info info;
-    size_t si, bw_bytes = 0;
-    double peak, peak_core, bw;
+    ab_limits lim;
+    size_t si;
+    int base_simd = 0;
+    setvbuf(stdout, NULL, _IOLBF, 0);   /* each line as it is made, into a pipe too */
     if (mskv_cpu_create(NULL, &probe) != MSKV_SUCCESS || mskv_cpu_info_get(probe, &info) != MSKV_SUCCESS) return 1;
     mskv_cpu_destroy(probe);
-    peak = ab_fma_peak(threads, info.isa, &peak_core);
-    bw = ab_read_bandwidth(threads, &bw_bytes);
-    printf("attn_bench: paged attention, bf16 storage and Q/O, f32 accumulation; %d threads; path %s\n", (int)threads,
+#if defined(__x86_64__) || defined(__i386__)
+    base_simd = info.isa == MSKV_CPU_ISA_AVX2 || info.isa == MSKV_CPU_ISA_AVX512;
+#endif
+    if (!ab_limits_init(&lim, threads, info.isa)) { fprintf(stderr, "out of memory\n"); return 1; }
+    printf("attn_bench: paged attention, bf16 storage and Q/O, f32 accumulation; %d threads; ISA path %s\n", (int)threads,
            mskv_cpu_isa_name(info.isa));
-    printf("machine, measured now on %d threads: f32 FMA peak %.1f GFLOP/s (%s, 12 chains a thread; %.1f per "
-           "second of CPU time); read bandwidth %.1f GB/s (%.0f MiB buffer)\n", (int)threads, peak,
-           info.isa == MSKV_CPU_ISA_PORTABLE ? "scalar" : mskv_cpu_isa_name(info.isa), peak_core, bw,
-           (double)bw_bytes / 1048576.0);
-    printf("%-46s %8s %10s %10s %10s   %s\n", "shape", "threads", "ms/call", "GFLOP/s", "x naive", "of the machine");
+    printf("limits, measured in the same run on the same %d threads with the path's vector width (%s): f32 FMA peak "
+           "(12 chains a thread) and a streaming read of %.0f MiB, best of %d short runs alternating with each shape's "
+           "calls\n", (int)threads, info.isa == MSKV_CPU_ISA_PORTABLE ? "scalar" : mskv_cpu_isa_name(info.isa),
+           (double)lim.bytes / 1048576.0, rounds);
+    printf("baseline: row-at-a-time f16 dot attention written here (llama.cpp-style; %s), same threads, same pages\n",
+           base_simd ? "F16C + FMA, 8 lanes" : "scalar");
     for (si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const ab_shape *s = &shapes[si];
         ab_case c;
+        ab_base bw;
         mskv_cpu *one = NULL, *all = NULL;
         mskv_cpu_desc cd;
         int64_t rows = (int64_t)s->batch * s->qo * s->q_heads, naive_rows;
-        double flops = 4.0 * (double)rows * (double)s->kv * (double)s->dim, t_naive, t1, tn, maxdiff = 0;
-        double cpu0, w0, util, gf, cpu_s;
-        int decode = s->qo == 1;
-        char frac[96];
-        float *naive_o, *scores;
+        size_t nkv = (size_t)(s->batch * ((s->kv + s->page_size - 1) / s->page_size) + 1) * (size_t)s->page_size *
+                     (size_t)s->kv_heads * (size_t)s->dim;
+        double flops = 4.0 * (double)rows * (double)s->kv * (double)s->dim, t1, tn = 1e30, tb = 1e30;
+        double maxdiff = 0, basediff = 0, tb_sum = 0, cpu_s = 0, wall_s = 0, util, gf;
+        int decode = s->qo == 1, r, reps = 0;
+        float *naive_o, *scores, *base_o;
         int64_t i;
         if (!ab_setup(s, &c)) { fprintf(stderr, "out of memory\n"); return 1; }
         memset(&cd, 0, sizeof cd);
@@ -426,54 +618,79 @@ int main(void) {
         if (mskv_cpu_create(&cd, &one) != MSKV_SUCCESS) return 1;
         cd.num_threads = threads;
         if (mskv_cpu_create(&cd, &all) != MSKV_SUCCESS) return 1;
-        /* naive: about 1/16 of the rows at most, never fewer than q_heads */
+        /* the naive loop checks both, on about 1/16 of the rows (never fewer than q_heads) */
         naive_rows = rows / 16 > s->q_heads ? rows / 16 : (rows < s->q_heads ? rows : s->q_heads);
         naive_o = (float *)malloc((size_t)naive_rows * (size_t)s->dim * 4);
         scores = (float *)malloc((size_t)s->kv * 4);
-        if (!naive_o || !scores) return 1;
-        {   /* best of repeats lasting at least half a second */
-            double t0 = ab_now(), best = 1e30;
-            int reps = 0;
-            while (reps < 2 || ab_now() - t0 < 0.5) {
-                double t = ab_now();
-                ab_naive(s, &c, naive_rows, naive_o, scores);
-                t = ab_now() - t;
-                if (t < best) best = t;
-                reps++;
+        base_o = (float *)malloc((size_t)rows * (size_t)s->dim * 4);
+        memset(&bw, 0, sizeof bw);
+        bw.s = s; bw.c = &c; bw.out = base_o; bw.simd = base_simd;
+        bw.k = ab_to_f16(c.k, s->dtype, nkv);
+        bw.v = ab_to_f16(c.v, s->dtype, nkv);
+        bw.q = ab_to_f16(c.q, s->dtype, (size_t)rows * (size_t)s->dim);
+        if (!naive_o || !scores || !base_o || !bw.k || !bw.v || !bw.q) { fprintf(stderr, "out of memory\n"); return 1; }
+        ab_naive(s, &c, naive_rows, naive_o, scores);
+        t1 = ab_time_attention(one, s, &c, 0.5);
+        if (t1 < 0) return 1;
+        lim.fma = lim.fma_core = lim.bw = 0;   /* this shape's window */
+        lim.runs = 0;
+        for (r = 0; r < rounds; r++) {  /* limits, kernel, baseline, in turn */
+            double c0, w0, t;
+            ab_limits_round(&lim);
+            c0 = ab_cpu_now();
+            w0 = ab_now();
+            t = ab_time_attention(all, s, &c, 0.2);
+            cpu_s += ab_cpu_now() - c0;
+            wall_s += ab_now() - w0;
+            reps += ab_reps;
+            if (t < 0) return 1;
+            if (t < tn) tn = t;
+            if (tb_sum < 2.0) {  /* a slow (scalar) baseline: fewer rounds */
+                t = ab_baseline(&bw, threads, rows);
+                tb_sum += t;
+                if (t < tb) tb = t;
             }
-            t_naive = best * (double)rows / (double)naive_rows;
         }
-        t1 = ab_time_attention(one, s, &c, 1.0);
-        /* the all-thread run leaves its output in c.o: compare with the naive rows */
-        cpu0 = ab_cpu_now();
-        w0 = ab_now();
-        tn = ab_time_attention(all, s, &c, 1.0);
-        cpu_s = ab_cpu_now() - cpu0;
-        util = cpu_s / (ab_now() - w0);
-        if (t1 < 0 || tn < 0) return 1;
+        util = cpu_s / wall_s;
+        /* the all-thread run leaves its output in c.o */
         for (i = 0; i < naive_rows * s->dim; i++) {
             double d = fabs((double)naive_o[i] - (double)ab_get(c.o, s->dtype, (size_t)i));
+            double e = fabs((double)naive_o[i] - (double)base_o[i]);
             if (d > maxdiff) maxdiff = d;
+            if (e > basediff) basediff = e;
         }
         gf = flops / tn * 1e-9;
-        if (decode)
-            snprintf(frac, sizeof frac, "K/V read at %.1f GB/s = %.0f%% of read bandwidth", ab_kv_bytes(s) / tn * 1e-9,
-                     100.0 * ab_kv_bytes(s) / tn * 1e-9 / bw);
-        else  /* and per second of CPU time, against the peak's: the fraction a busy machine distorts least */
-            snprintf(frac, sizeof frac, "%.0f%% of FMA peak (%.0f%% per CPU-second)", 100.0 * gf / peak,
-                     100.0 * flops * ab_reps / cpu_s * 1e-9 / peak_core);
-        printf("%-46s %8s %10.1f %10.2f %10s   (naive timed on %lld of %lld rows, scaled)\n", s->name, "naive",
-               t_naive * 1e3, flops / t_naive * 1e-9, "1.0", (long long)naive_rows, (long long)rows);
-        printf("%-46s %8d %10.2f %10.2f %9.1fx\n", "", 1, t1 * 1e3, flops / t1 * 1e-9, t_naive / t1);
-        printf("%-46s %8d %10.2f %10.2f %9.1fx   %s\n", "", (int)threads, tn * 1e3, gf, t_naive / tn, frac);
-        printf("%-46s %8s   cores busy %.2f; max |blocked - naive| %.2g\n", "", "", util, maxdiff);
+        printf("\n%s\n", s->name);
+        printf("  limits in this window: f32 FMA peak %.1f GFLOP/s (%.1f per CPU-second), read %.1f GB/s\n", lim.fma,
+               lim.fma_core, lim.bw);
+        printf("  %-28s %8s %10s %10s %10s %12s\n", "", "threads", "ms/call", "GFLOP/s", "x baseline",
+               decode ? "of read bw" : "of FMA peak");
+        if (decode) {
+            double kv = ab_kv_bytes(s);
+            printf("  %-28s %8d %10.2f %10.2f %10s %11.0f%%   K/V read at %.1f GB/s\n", "baseline (f16 rows)", (int)threads,
+                   tb * 1e3, flops / tb * 1e-9, "1.0", 100.0 * kv / tb * 1e-9 / lim.bw, kv / tb * 1e-9);
+            printf("  %-28s %8d %10.2f %10.2f %9.2fx %11s\n", "mstar_kv", 1, t1 * 1e3, flops / t1 * 1e-9, tb / t1, "");
+            printf("  %-28s %8d %10.2f %10.2f %9.2fx %11.0f%%   K/V read at %.1f GB/s\n", "mstar_kv", (int)threads,
+                   tn * 1e3, gf, tb / tn, 100.0 * kv / tn * 1e-9 / lim.bw, kv / tn * 1e-9);
+        } else {
+            printf("  %-28s %8d %10.2f %10.2f %10s %11.0f%%\n", "baseline (f16 rows)", (int)threads, tb * 1e3,
+                   flops / tb * 1e-9, "1.0", 100.0 * flops / tb * 1e-9 / lim.fma);
+            printf("  %-28s %8d %10.2f %10.2f %9.2fx %11s\n", "mstar_kv", 1, t1 * 1e3, flops / t1 * 1e-9, tb / t1, "");
+            /* and per second of CPU time, against the peak's: the fraction a busy machine distorts least */
+            printf("  %-28s %8d %10.2f %10.2f %9.2fx %11.0f%%   (mean per CPU-second: %.0f%%)\n", "mstar_kv", (int)threads,
+                   tn * 1e3, gf, tb / tn, 100.0 * gf / lim.fma, 100.0 * flops * reps / cpu_s * 1e-9 / lim.fma_core);
+        }
+        printf("  cores busy %.2f; max |mstar_kv - naive| %.2g, max |baseline - naive| %.2g (%lld of %lld rows)\n", util,
+               maxdiff, basediff, (long long)naive_rows, (long long)rows);
         if (threads > 1 && util < 0.75 * (double)threads)
-            printf("%-46s %8s   (the threads got %.2f of %d cores: the machine is busy, the all-thread figure is low)\n", "",
-                   "", util, (int)threads);
-        free(naive_o); free(scores);
+            printf("  (the threads got %.2f of %d cores: the machine is busy, the all-thread figures are low)\n", util,
+                   (int)threads);
+        free(naive_o); free(scores); free(base_o);
+        free((void *)bw.k); free((void *)bw.v); free((void *)bw.q);
         mskv_cpu_destroy(one);
         mskv_cpu_destroy(all);
         ab_free(&c);
     }
+    free(lim.buf);
     return 0;
 }

@@ -41,6 +41,13 @@ long mtu_format_count(void) { return mtu_formats; }
 extern "C" {
 #endif
 uint64_t mtu_blob_checksum(const void *p, size_t n) { return mskv__checksum(p, n); }
+/* x / P the way the host core divides by its page size (no divide below 2^31) */
+int64_t mtu_page_div(int32_t P, int64_t x) {
+    uint32_t magic;
+    int32_t shift;
+    mskv__pdiv_init(P, &magic, &shift);
+    return mskv__pdiv_by(magic, shift, P, x);
+}
 
 /* ---- the platform, for tests that start threads or touch files ----------------
    Threads, locks and the once flag are the library's own wrappers (so these

@@ -352,6 +352,11 @@ class Arena(ArenaScheduling, ArenaStreaming):
         """Reserved tokens become committed; every segment needs an open reservation (mskv_commit)."""
         self._call("mskv_commit", self.ptr, *self._segments(segments))
 
+    def admit_and_commit(self, segments: Segments) -> None:
+        """mskv_step: admit then commit of the same segments in one call (one lock), the single-pass
+        step whose tokens are never aborted. All or nothing, with admit's errors."""
+        self._call("mskv_step", self.ptr, *self._segments(segments))
+
     def abort(self, segments: Segments) -> None:
         """Returns the segments' reservations without committing; the pages they added are freed (mskv_abort)."""
         self._call("mskv_abort", self.ptr, *self._segments(segments))

@@ -587,6 +587,7 @@ mskv_result mskv_skipped_tokens_get(const mskv_retention *r, int64_t num_compute
 mskv_result mskv_request_set_retention(mskv_arena *arena, mskv_request req, const mskv_retention *r);
 mskv_result mskv_admit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
 mskv_result mskv_commit(mskv_arena *arena, const mskv_segment *segs, int32_t n);
+mskv_result mskv_step(mskv_arena *arena, const mskv_segment *segs, int32_t n);
 mskv_result mskv_abort(mskv_arena *arena, const mskv_segment *segs, int32_t n);
 mskv_result mskv_publish(mskv_arena *arena, const mskv_segment *segs, int32_t n, uint64_t *step_out);
 mskv_result mskv_plan_query(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan_size *out);

@@ -63,6 +63,27 @@ def test_admit_is_all_or_nothing_over_a_batch(arena):
     assert a.info().reserved == 0 and b.info().reserved == 0
 
 
+def test_admit_and_commit_is_admit_then_commit_and_all_or_nothing():
+    with mk.Arena(num_pages=9, page_size=4) as a, mk.Arena(num_pages=9, page_size=4) as b:
+        ra, rb = a.add_request(), b.add_request()
+        for n in (3, 1, 4, 0, 6):
+            a.admit_and_commit([(ra, n)])
+            b.admit([(rb, n)])
+            b.commit([(rb, n)])
+            ia, ib = ra.info(), rb.info()
+            assert (ia.committed, ia.reserved, ia.num_pages) == (ib.committed, ib.reserved, ib.num_pages)
+            assert np.array_equal(ra.pages(), rb.pages()) and ia.reserved == 0 and not ia.has_reservation
+        assert ra.info().committed == 14 and ra.info().num_pages == 4
+        other = a.add_request()
+        d = a.digest()
+        with pytest.raises(mk.OutOfPagesError, match="need 5 pages, 4 free"):
+            a.admit_and_commit([(other, 2), (ra, 17)])   # the second needs 5 pages: neither gets any
+        with pytest.raises(mk.MskvError, match="repeats a request"):
+            a.admit_and_commit([(other, 1), (other, 1)])
+        assert a.digest() == d and other.info().committed == 0
+        a.audit()
+
+
 def test_a_failed_call_changes_nothing(arena):
     r, _, _ = filled(arena, 9)
     d = arena.digest()

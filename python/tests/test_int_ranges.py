@@ -370,7 +370,7 @@ COMPUTED = {("mskv_arena_audit", "why_cap"), ("mskv_arena_audit_bytes", "why_cap
             ("mskv_cpu_merge", "n"), ("mskv_cpu_merge", "heads"), ("mskv_cpu_merge", "head_dim"),
             ("mskv_cuda_retire", "wait"), ("mskv_cuda_plan_upload", "pos_mode"),
             ("mskv_cuda_write_kv_ex", "src_dtype"), ("mskv_cuda_rope", "n"), ("mskv_cuda_rope", "heads")}
-COMPUTED |= {(f, "n") for f in ("mskv_admit", "mskv_commit", "mskv_abort", "mskv_publish", "mskv_plan_query",
+COMPUTED |= {(f, "n") for f in ("mskv_admit", "mskv_commit", "mskv_step", "mskv_abort", "mskv_publish", "mskv_plan_query",
                                 "mskv_plan_build", "mskv_cuda_publish")}   # len(segments)
 GPU_ONLY = {("mskv_cuda_store_pool", "layer"), ("mskv_cuda_write_kv_ex", "layer"), ("mskv_cuda_attention", "layer")}
 
