@@ -159,7 +159,9 @@ typedef enum mskv_result {
     MSKV_ERROR_CUDA = -84,             /* a driver call failed */
     MSKV_ERROR_NVRTC = -85,            /* kernel compilation failed; the log went to the logger */
     MSKV_ERROR_PEER = -86,             /* the peer of a transfer failed, went away or dropped the connection */
-    MSKV_ERROR_TIMEOUT = -87           /* the peer of a transfer did not answer in time */
+    MSKV_ERROR_TIMEOUT = -87,          /* the peer of a transfer did not answer in time */
+    MSKV_ERROR_IN_DOUBT = -88,         /* a hand-over's outcome is unknown to this side: its copy stays frozen until resolved */
+    MSKV_ERROR_DENIED = -89            /* a peer without the shared secret, or an offer replayed */
 } mskv_result;
 
 /* A static, human-readable description; never NULL. */
@@ -1491,6 +1493,8 @@ MSKV_IMPL const char *mskv_result_string(mskv_result r) {
     case MSKV_ERROR_NVRTC: return "NVRTC compilation failed";
     case MSKV_ERROR_PEER: return "the peer failed or the connection dropped";
     case MSKV_ERROR_TIMEOUT: return "the peer did not answer in time";
+    case MSKV_ERROR_IN_DOUBT: return "the hand-over's outcome is not known here (resolve it)";
+    case MSKV_ERROR_DENIED: return "the peer is not authenticated, or its offer was replayed";
     }
     return "unknown result";
 }

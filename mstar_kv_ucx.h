@@ -212,11 +212,41 @@ typedef struct mskv_ucx mskv_ucx;
 
 /* Where a test hook runs: on the sender after message m of the pages was
    handed to UCX, on the receiver after message m landed (data: its first
-   range's bytes, which the hook may change). */
-typedef enum mskv_ucx_hook_point { MSKV_UCX_HOOK_SENT = 1, MSKV_UCX_HOOK_RECEIVED = 2 } mskv_ucx_hook_point;
+   range's bytes, which the hook may change); MSKV_UCX_HOOK_POSTING: on the
+   sender before page message m is handed to UCX; MSKV_UCX_HOOK_STEP: on
+   either side at hand-over step m (an MSKV_UCX_STEP_*; data NULL);
+   MSKV_UCX_HOOK_CONTROL: before the control message of kind m (an
+   MSKV_UCX_MSG_*) is sent. */
+typedef enum mskv_ucx_hook_point {
+    MSKV_UCX_HOOK_SENT = 1, MSKV_UCX_HOOK_RECEIVED = 2, MSKV_UCX_HOOK_POSTING = 3, MSKV_UCX_HOOK_STEP = 4, MSKV_UCX_HOOK_CONTROL = 5
+} mskv_ucx_hook_point;
 /* A hook returning MSKV_UCX_HOOK_DROP closes the connection right there, as
-   a dropped link would (the call returns MSKV_ERROR_PEER); 0 goes on. */
+   a dropped link would (the call returns MSKV_ERROR_PEER); at
+   MSKV_UCX_HOOK_CONTROL it loses that one message instead (it is not sent,
+   the connection stays). MSKV_UCX_HOOK_EMPTY at MSKV_UCX_HOOK_POSTING sends
+   the page message with no bytes (a lying sender). 0 goes on. */
 #define MSKV_UCX_HOOK_DROP 1
+#define MSKV_UCX_HOOK_EMPTY 2
+
+/* The hand-over's control messages (MSKV_UCX_HOOK_CONTROL) and steps
+   (MSKV_UCX_HOOK_STEP), in protocol order. */
+#define MSKV_UCX_MSG_OFFER 1      /* sender: the blob header, sizes, checksum */
+#define MSKV_UCX_MSG_ANSWER 2     /* receiver: pages taken (0) or the refusal's code */
+#define MSKV_UCX_MSG_PREPARED 4   /* receiver: imported, verified, held frozen (0) or why not */
+#define MSKV_UCX_MSG_COMMIT 5     /* sender: the decision; from here the move happens */
+#define MSKV_UCX_MSG_ACK 6        /* receiver: the request is usable here */
+#define MSKV_UCX_STEP_OFFER_SENT 1
+#define MSKV_UCX_STEP_ANSWER_RECEIVED 2
+#define MSKV_UCX_STEP_PAGES_SENT 3
+#define MSKV_UCX_STEP_PREPARED_RECEIVED 4
+#define MSKV_UCX_STEP_COMMIT_SENT 5
+#define MSKV_UCX_STEP_ACK_RECEIVED 6
+#define MSKV_UCX_STEP_OFFER_RECEIVED 11
+#define MSKV_UCX_STEP_ANSWER_SENT 12
+#define MSKV_UCX_STEP_PAGES_RECEIVED 13
+#define MSKV_UCX_STEP_PREPARED_SENT 14
+#define MSKV_UCX_STEP_COMMIT_RECEIVED 15
+#define MSKV_UCX_STEP_ACK_SENT 16
 typedef int (*mskv_ucx_hook_fn)(void *user, mskv_ucx_hook_point point, int64_t message, void *data, size_t bytes);
 
 typedef struct mskv_ucx_desc {
@@ -255,12 +285,44 @@ MSKV_API mskv_result mskv_ucx_accept(mskv_ucx *u);
    there shows as PEER or TIMEOUT then). */
 MSKV_API mskv_result mskv_ucx_connect(const mskv_ucx_desc *desc, const char *ip, uint16_t port, mskv_ucx **out);
 
+/* The hand-over: at no moment do both sides hold a usable copy, and the
+   request is never lost.
+     sender                          receiver
+     OFFER  ---------------------->  takes the pages (all or nothing)
+            <----------------------  ANSWER (0, or the refusal)
+     pages  ---------------------->  lands them, verifies, holds the request FROZEN
+            <----------------------  PREPARED (0, or why not: nothing kept)
+     COMMIT ---------------------->  the decision: the request becomes usable here
+     (frozen until) <--------------  ACK
+     removes its copy
+   The sender's request is frozen from the offer on (export_begin: reads
+   work, changes are BAD_STATE); before it sends COMMIT, any failure gives
+   it back usable. A side whose wait times out (or whose connection fails)
+   after the outcome left its hands returns MSKV_ERROR_IN_DOUBT: the sender
+   after COMMIT (no ACK), the receiver after PREPARED (no COMMIT). Its copy
+   stays frozen, the connection is closed, and nothing else may happen on
+   this object until mskv_ucx_resolve says which way it went, decided from
+   the other side's result (learned out of band, e.g. by the program that
+   runs both):
+     the other side returned SUCCESS, or IN_DOUBT too    -> MSKV_UCX_COMMITTED
+     the other side returned any other code              -> MSKV_UCX_ABORTED
+     the other side's process is gone (its copy with it) -> keep ours:
+         a sender MSKV_UCX_ABORTED, a receiver MSKV_UCX_COMMITTED
+   (A receiver returns another code only before its PREPARED left, and a
+   sender only before its COMMIT did, so these rules never keep two.)
+   Pages behind store_ops (staged) cannot be frozen by the arena: there the
+   in-doubt copy is frozen by contract only (the sender's caller must not
+   use its handle; the receiver's handle is given out only by resolve). */
+#define MSKV_UCX_COMMITTED 1      /* the move happened: a sender drops its copy, a receiver keeps its */
+#define MSKV_UCX_ABORTED 2        /* it did not: a sender keeps its copy, a receiver drops its */
+
 /* Moves request req of arena to the peer (which calls mskv_ucx_recv): the
-   offer (blob header and checksum), the peer's answer, the pages, and the
-   peer's acknowledgement that it imported and verified them; then req is
-   removed (flags MSKV_UCX_KEEP: kept). The request is frozen meanwhile
-   (mskv_request_export_begin). On any failure the request is as it was
-   and usable, and the code says why:
+   offer (blob header and checksum), the peer's answer, the pages, the
+   peer's word that it imported and verified them, the commit and the
+   peer's acknowledgement; then req is removed (flags MSKV_UCX_KEEP: kept;
+   a copy). The request is frozen meanwhile (mskv_request_export_begin).
+   IN_DOUBT: see above (req frozen, mskv_ucx_resolve). On any other failure
+   the request is as it was and usable, and the code says why:
      PEER       the peer died, closed the connection, or sent nonsense
      TIMEOUT    no progress for timeout_ms
      OUT_OF_PAGES, BLOB_MISMATCH, DUPLICATE, TOO_MANY_REQUESTS,
@@ -274,11 +336,26 @@ MSKV_API mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request 
    in *out (a streamed import: every page admitted at once, all or
    nothing). On any failure nothing was imported and the code says why:
    OUT_OF_PAGES and the other import codes (the sender gets the same code),
-   BLOB_CORRUPT (the checksum did not match what arrived), PEER, TIMEOUT.
+   BLOB_CORRUPT (the checksum did not match what arrived), PEER (also a
+   page message that is not exactly its offered length), TIMEOUT.
+   IN_DOUBT: the request was verified and PREPARED sent, but no COMMIT came:
+   it stays frozen (*out holds its handle) until mskv_ucx_resolve.
    TIMEOUT before any offer arrived leaves the connection usable (call
    again to wait longer); after PEER or a later TIMEOUT it is closed. */
 MSKV_API mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request *out);
-/* Closes the connection and the listener, frees everything. NULL is a no-op. */
+/* Ends an IN_DOUBT hand-over the way outcome (MSKV_UCX_COMMITTED or
+   MSKV_UCX_ABORTED) says: a sender removes its request (COMMITTED; with
+   MSKV_UCX_KEEP it keeps it) or gives it back usable (ABORTED); a receiver
+   makes its request usable and returns it in *out (COMMITTED; out may be
+   NULL on a sender) or removes it (ABORTED). Return value: SUCCESS,
+   NULL_POINTER, INVALID_ARGUMENT (outcome neither; nothing changes),
+   BAD_STATE (nothing is in doubt), or the arena call's code. */
+MSKV_API mskv_result mskv_ucx_resolve(mskv_ucx *u, int outcome, mskv_request *out);
+/* Whether u holds a hand-over in doubt: 0 none, 1 as the sender, 2 as the
+   receiver; *req (may be NULL) gets the frozen request's handle. */
+MSKV_API int mskv_ucx_in_doubt(const mskv_ucx *u, mskv_request *req);
+/* Closes the connection and the listener, frees everything. NULL is a no-op.
+   A hand-over still in doubt stays as it is in the arena (frozen). */
 MSKV_API void mskv_ucx_destroy(mskv_ucx *u);
 
 #ifdef __cplusplus
@@ -498,6 +575,11 @@ struct mskv_ucx {
     mskv_ucp_dt_iov *iov_mem;          /* MSKV__UCX_WINDOW lists of MSKV__UCX_MAX_RANGES */
     unsigned char addr[128];
     unsigned addrlen;
+    int doubt;                         /* a hand-over in doubt: 0 none, 1 sender, 2 receiver */
+    mskv_arena *doubt_arena;
+    mskv_request doubt_req;
+    uint32_t doubt_flags;              /* the sender's mskv_ucx_send flags */
+    int doubt_frozen;                  /* the request's export is open (host pools) */
 };
 
 static mskv_result mskv__ucx_err(mskv_ucx *u, mskv_result code, const char *fmt, ...) {
@@ -855,19 +937,22 @@ MSKV_IMPL void mskv_ucx_destroy(mskv_ucx *u) {
    message number): the sender's OFFER (protocol header, the blob header,
    its size, range count and checksum), the receiver's ANSWER (0 = ready,
    else the mskv_result that refused it), the pages as DATA messages of
-   whole ranges each, and the receiver's DONE (0 = imported and verified,
-   else why not). Little-endian fields:
+   whole ranges each, the receiver's PREPARED (0 = imported, verified and
+   held frozen, else why not), the sender's COMMIT and the receiver's ACK
+   (both status 0). Every page message must arrive with exactly its
+   offered length. Little-endian fields:
      OFFER  0 u32 magic  4 u32 version  8 u64 header bytes  16 u64 blob bytes
             24 u64 ranges  32 u64 range bytes  40 u64 checksum
             48 u64 ranges per message  56 u64 0  64 the blob header
-     ANSWER, DONE  0 u32 magic  4 i32 status */
+     ANSWER, PREPARED, COMMIT, ACK  0 u32 magic  4 i32 status */
 
 #define MSKV__UCX_MAGIC 0x55564B4Du     /* "MKVU" */
-#define MSKV__UCX_PROTOCOL 1u
+#define MSKV__UCX_PROTOCOL 2u
 #define MSKV__UCX_OFFER_FIXED 64u
 #define MSKV__UCX_OFFER_MAX (MSKV__UCX_OFFER_FIXED + MSKV_BLOB_HEADER_MAX)
 #define MSKV__UCX_TAG(kind, n) ((mskv_ucp_tag)(kind) << 56 | ((mskv_ucp_tag)(n) & 0x00FFFFFFFFFFFFFFull))
-enum { MSKV__UCX_OFFER = 1, MSKV__UCX_ANSWER = 2, MSKV__UCX_DATA = 3, MSKV__UCX_DONE = 4 };
+enum { MSKV__UCX_OFFER = MSKV_UCX_MSG_OFFER, MSKV__UCX_ANSWER = MSKV_UCX_MSG_ANSWER, MSKV__UCX_DATA = 3,
+       MSKV__UCX_DONE = MSKV_UCX_MSG_PREPARED, MSKV__UCX_COMMIT = MSKV_UCX_MSG_COMMIT, MSKV__UCX_ACK = MSKV_UCX_MSG_ACK };
 
 /* What both sides know about a transfer once the offer is through. */
 typedef struct mskv__ucx_xfer {
@@ -921,6 +1006,10 @@ static mskv_result mskv__ucx_post(mskv_ucx *u, mskv__ucx_xfer *x, int64_t m, msk
     mskv_ucp_tag tag = MSKV__UCX_TAG(MSKV__UCX_DATA, m);
     if (r != MSKV_SUCCESS) return r;
     op->message = m;
+    if (!recv && u->desc.hook && u->desc.hook(u->desc.hook_user, MSKV_UCX_HOOK_POSTING, m, op->iov[0].buffer, op->iov[0].length) == MSKV_UCX_HOOK_EMPTY) {
+        mskv__ucx_send_op(u, op, tag, op->iov[0].buffer, 0, MSKV_UCP_DATATYPE_CONTIG_BYTE);   /* tests: a lying sender */
+        return MSKV_SUCCESS;
+    }
     /* one contiguous piece goes as bytes: UCX's fastest path */
     if (recv) {
         if (c == 1) mskv__ucx_recv_op(u, op, tag, op->iov[0].buffer, bytes, MSKV_UCP_DATATYPE_CONTIG_BYTE);
@@ -935,6 +1024,11 @@ static mskv_result mskv__ucx_post(mskv_ucx *u, mskv__ucx_xfer *x, int64_t m, msk
 static int mskv__ucx_hook(mskv_ucx *u, mskv_ucx_hook_point at, int64_t m, const mskv__ucx_op *op) {
     if (!u->desc.hook) return 0;
     return u->desc.hook(u->desc.hook_user, at, m, op->iov[0].buffer, op->iov[0].length);
+}
+
+/* The test hook at a hand-over step (it may stop or kill this process there). */
+static void mskv__ucx_step(mskv_ucx *u, int step) {
+    if (u->desc.hook) (void)u->desc.hook(u->desc.hook_user, MSKV_UCX_HOOK_STEP, step, NULL, 0);
 }
 
 /* Streams every DATA message through a window of MSKV__UCX_WINDOW ops,
@@ -957,7 +1051,7 @@ static mskv_result mskv__ucx_pages(mskv_ucx *u, mskv__ucx_xfer *x, int recv) {
         for (i = 0; i < MSKV__UCX_WINDOW; i++)
             if (win[i].busy && win[i].message == done) break;
         r = mskv__ucx_complete(u, &win[i], recv ? "receiving pages" : "sending pages");
-        if (r == MSKV_SUCCESS && recv && win[i].info.length != 0 &&
+        if (r == MSKV_SUCCESS && recv &&
             win[i].info.length != (size_t)(done + 1 < x->messages ? x->per_msg : x->layout.range_count - done * x->per_msg) * x->layout.range_bytes)
             r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: message %lld has %zu bytes, not the offered size", (long long)done, win[i].info.length);
         if (r == MSKV_SUCCESS && recv && mskv__ucx_hook(u, MSKV_UCX_HOOK_RECEIVED, done, &win[i]) == MSKV_UCX_HOOK_DROP)
@@ -971,6 +1065,8 @@ static mskv_result mskv__ucx_pages(mskv_ucx *u, mskv__ucx_xfer *x, int recv) {
 static mskv_result mskv__ucx_send_status(mskv_ucx *u, int kind, int32_t status, const char *what) {
     unsigned char b[8];
     mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW];
+    if (u->desc.hook && u->desc.hook(u->desc.hook_user, MSKV_UCX_HOOK_CONTROL, kind, NULL, 0) == MSKV_UCX_HOOK_DROP)
+        return MSKV_SUCCESS;   /* tests: the message is lost on its way */
     mskv__ucx_put32(b, MSKV__UCX_MAGIC);
     mskv__ucx_put32(b + 4, (uint32_t)status);
     mskv__ucx_send_op(u, op, MSKV__UCX_TAG(kind, 0), b, sizeof b, MSKV_UCP_DATATYPE_CONTIG_BYTE);
@@ -1039,30 +1135,47 @@ static mskv_result mskv__ucx_peer_code(int32_t status) {
     return status < 0 && status > -128 ? (mskv_result)status : MSKV_ERROR_PEER;
 }
 
-/* Offer, answer, pages, acknowledgement; the request stays frozen throughout. */
-static mskv_result mskv__ucx_send_steps(mskv_ucx *u, mskv__ucx_xfer *x, unsigned char *offer) {
+/* Offer, answer, pages, PREPARED, COMMIT, ACK; the request stays frozen
+   throughout. *decided is set once COMMIT may have left: from then on a
+   failure leaves the outcome unknown here. */
+static mskv_result mskv__ucx_send_steps(mskv_ucx *u, mskv__ucx_xfer *x, unsigned char *offer, int *decided) {
     mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW], *st = &u->ops[MSKV__UCX_WINDOW + 1];
     unsigned char sb[8];
     int32_t status = 0;
-    mskv_result r;
+    mskv_result r = MSKV_SUCCESS;
     /* the answer's receive goes first, so it never waits in UCX's unexpected queue */
     mskv__ucx_recv_op(u, st, MSKV__UCX_TAG(MSKV__UCX_ANSWER, 0), sb, sizeof sb, MSKV_UCP_DATATYPE_CONTIG_BYTE);
-    mskv__ucx_send_op(u, op, MSKV__UCX_TAG(MSKV__UCX_OFFER, 0), offer, MSKV__UCX_OFFER_FIXED + x->layout.header_bytes,
-                      MSKV_UCP_DATATYPE_CONTIG_BYTE);
-    r = mskv__ucx_complete(u, op, "sending the offer");
+    if (!(u->desc.hook && u->desc.hook(u->desc.hook_user, MSKV_UCX_HOOK_CONTROL, MSKV__UCX_OFFER, NULL, 0) == MSKV_UCX_HOOK_DROP)) {
+        mskv__ucx_send_op(u, op, MSKV__UCX_TAG(MSKV__UCX_OFFER, 0), offer, MSKV__UCX_OFFER_FIXED + x->layout.header_bytes,
+                          MSKV_UCP_DATATYPE_CONTIG_BYTE);
+        r = mskv__ucx_complete(u, op, "sending the offer");
+    }
+    if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_OFFER_SENT);
     if (r == MSKV_SUCCESS) r = mskv__ucx_recv_status(u, st, sb, MSKV__UCX_ANSWER, &status, "waiting for the answer");
     if (r != MSKV_SUCCESS) return r;
+    mskv__ucx_step(u, MSKV_UCX_STEP_ANSWER_RECEIVED);
     if (status != 0) {
         r = mskv__ucx_peer_code(status);
         return mskv__ucx_err(u, r, "ucx_send: the receiver refused the request: %s", mskv_result_string(r));
     }
     mskv__ucx_recv_op(u, st, MSKV__UCX_TAG(MSKV__UCX_DONE, 0), sb, sizeof sb, MSKV_UCP_DATATYPE_CONTIG_BYTE);
     r = mskv__ucx_pages(u, x, 0);
-    if (r == MSKV_SUCCESS) r = mskv__ucx_recv_status(u, st, sb, MSKV__UCX_DONE, &status, "waiting for the acknowledgement");
-    if (r == MSKV_SUCCESS && status != 0) {
+    if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_PAGES_SENT);
+    if (r == MSKV_SUCCESS) r = mskv__ucx_recv_status(u, st, sb, MSKV__UCX_DONE, &status, "waiting for PREPARED");
+    if (r != MSKV_SUCCESS) return r;
+    if (status != 0) {
         r = mskv__ucx_peer_code(status);
         return mskv__ucx_err(u, r, "ucx_send: the receiver did not import the request: %s", mskv_result_string(r));
     }
+    mskv__ucx_step(u, MSKV_UCX_STEP_PREPARED_RECEIVED);
+    /* the decision: the receiver holds a verified frozen copy, ours stays frozen until its ACK */
+    mskv__ucx_recv_op(u, st, MSKV__UCX_TAG(MSKV__UCX_ACK, 0), sb, sizeof sb, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    *decided = 1;
+    r = mskv__ucx_send_status(u, MSKV__UCX_COMMIT, 0, "sending COMMIT");
+    if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_COMMIT_SENT);
+    if (r == MSKV_SUCCESS) r = mskv__ucx_recv_status(u, st, sb, MSKV__UCX_ACK, &status, "waiting for the ACK");
+    if (r == MSKV_SUCCESS && status != 0) r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_send: an ACK with status %d", (int)status);
+    if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_ACK_RECEIVED);
     return r;
 }
 
@@ -1070,7 +1183,9 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
     unsigned char offer[MSKV__UCX_OFFER_MAX];
     mskv__ucx_xfer x;
     mskv_result r, e;
+    int decided = 0;
     if (!u || !arena) return MSKV_ERROR_NULL_POINTER;
+    if (u->doubt) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_send: a hand-over is in doubt (mskv_ucx_resolve first)");
     if (u->broken) return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_send: the connection is closed");
     if (!u->ep) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_send: not connected (mskv_ucx_accept first)");
     memset(&x, 0, sizeof x);
@@ -1086,9 +1201,21 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
             if (!x.rg) r = mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx_send: range list");
         }
         if (r == MSKV_SUCCESS) {
-            r = mskv__ucx_send_steps(u, &x, offer);
+            r = mskv__ucx_send_steps(u, &x, offer, &decided);
             /* a refusal or a failed import ends the exchange in step; anything else leaves it unknown */
-            if (r == MSKV_ERROR_PEER || r == MSKV_ERROR_TIMEOUT || mskv__ucx_any_busy(u)) mskv__ucx_break(u);
+            if (r == MSKV_ERROR_PEER || r == MSKV_ERROR_TIMEOUT || mskv__ucx_any_busy(u) || (decided && r != MSKV_SUCCESS)) mskv__ucx_break(u);
+        }
+        if (decided && r != MSKV_SUCCESS) {
+            /* COMMIT may have arrived: the receiver may hold the request now, or may not. Ours stays frozen. */
+            u->doubt = 1;
+            u->doubt_arena = arena;
+            u->doubt_req = req;
+            u->doubt_flags = flags;
+            u->doubt_frozen = !x.staged;
+            mskv__free(&u->al, x.rg);
+            mskv__free(&u->al, x.staged);
+            return mskv__ucx_err(u, MSKV_ERROR_IN_DOUBT, "ucx_send: COMMIT sent, no ACK (%s): the request stays frozen until mskv_ucx_resolve",
+                                 mskv_result_string(r));
         }
         if (!x.staged) {
             /* the arena refuses every call that would end the export under us
@@ -1104,7 +1231,7 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
     mskv__free(&u->al, x.rg);
     mskv__free(&u->al, x.staged);
     if (r == MSKV_SUCCESS && !(flags & MSKV_UCX_KEEP)) {
-        /* acknowledged: the receiver holds a verified copy, ours may go */
+        /* acknowledged: the receiver holds a verified usable copy, ours may go */
         r = mskv_request_remove(arena, req);
         if (r != MSKV_SUCCESS) mskv__ucx_err(u, r, "ucx_send: the receiver has the request, removing ours failed");
     }
@@ -1185,14 +1312,32 @@ static void mskv__ucx_import_drop(mskv__ucx_xfer *x) {
     if (!x->staged) mskv_request_import_abort(x->arena, x->req);
 }
 
+/* Holds a verified import frozen (host pools: an open export) until COMMIT. */
+static mskv_result mskv__ucx_freeze(mskv_ucx *u, mskv__ucx_xfer *x) {
+    unsigned char hdr[MSKV_BLOB_HEADER_MAX];
+    mskv_blob_layout lay;
+    mskv_result r;
+    if (x->staged) return MSKV_SUCCESS;   /* store_ops: frozen by contract (the handle is not given out) */
+    r = mskv_request_export_begin(x->arena, x->req, hdr, sizeof hdr, &lay);
+    if (r != MSKV_SUCCESS) {
+        mskv_request_remove(x->arena, x->req);
+        return mskv__ucx_err(u, r, "ucx_recv: freezing the imported request failed: %s", mskv_result_string(r));
+    }
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request *out) {
-    unsigned char offer[MSKV__UCX_OFFER_MAX];
-    mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW];
+    unsigned char offer[MSKV__UCX_OFFER_MAX], cb[8];
+    mskv__ucx_op *op, *cop;
     mskv__ucx_xfer x;
     mskv_result r, s;
+    int32_t status = 0;
     if (!u || !arena || !out) return MSKV_ERROR_NULL_POINTER;
+    if (u->doubt) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_recv: a hand-over is in doubt (mskv_ucx_resolve first)");
     if (u->broken) return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_recv: the connection is closed");
     if (!u->ep) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_recv: not connected (mskv_ucx_accept first)");
+    op = &u->ops[MSKV__UCX_WINDOW];
+    cop = &u->ops[MSKV__UCX_WINDOW + 1];
     memset(&x, 0, sizeof x);
     x.arena = arena;
     mskv__ucx_recv_op(u, op, MSKV__UCX_TAG(MSKV__UCX_OFFER, 0), offer, sizeof offer, MSKV_UCP_DATATYPE_CONTIG_BYTE);
@@ -1204,6 +1349,7 @@ MSKV_IMPL mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request
     }
     if (r == MSKV_SUCCESS) r = mskv__ucx_offer_read(u, offer, op->info.length, &x);
     if (r != MSKV_SUCCESS) { mskv__ucx_break(u); return r; }
+    mskv__ucx_step(u, MSKV_UCX_STEP_OFFER_RECEIVED);
     r = mskv__ucx_import(u, &x, offer + MSKV__UCX_OFFER_FIXED);
     if (r != MSKV_SUCCESS) {
         /* refused before any page moved: the sender learns why, the connection stays usable */
@@ -1214,24 +1360,84 @@ MSKV_IMPL mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request
         return r;
     }
     r = mskv__ucx_send_status(u, MSKV__UCX_ANSWER, 0, "answering the offer");
+    if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_ANSWER_SENT);
     if (r == MSKV_SUCCESS) r = mskv__ucx_pages(u, &x, 1);
+    if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_PAGES_RECEIVED);
     if (r != MSKV_SUCCESS) {
         mskv__ucx_break(u);
         mskv__ucx_import_drop(&x);
-    } else {
-        r = mskv__ucx_import_commit(u, &x);
-        s = mskv__ucx_send_status(u, MSKV__UCX_DONE, (int32_t)r, "acknowledging");
-        if (r == MSKV_SUCCESS && s != MSKV_SUCCESS) {
-            /* the sender never got the acknowledgement and keeps its copy: one copy, not two */
-            mskv_request_remove(arena, x.req);
-            r = s;
-        }
-        if (s != MSKV_SUCCESS) mskv__ucx_break(u);
+        goto done;
     }
+    r = mskv__ucx_import_commit(u, &x);
+    if (r == MSKV_SUCCESS) r = mskv__ucx_freeze(u, &x);
+    if (r != MSKV_SUCCESS) {
+        /* nothing kept: the sender learns why and keeps its copy */
+        s = mskv__ucx_send_status(u, MSKV__UCX_DONE, (int32_t)r, "answering the pages");
+        if (s != MSKV_SUCCESS) mskv__ucx_break(u);
+        goto done;
+    }
+    /* PREPARED: from here the decision is the sender's; the COMMIT's receive goes first */
+    mskv__ucx_recv_op(u, cop, MSKV__UCX_TAG(MSKV__UCX_COMMIT, 0), cb, sizeof cb, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    s = mskv__ucx_send_status(u, MSKV__UCX_DONE, 0, "sending PREPARED");
+    if (s == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_PREPARED_SENT);
+    if (s == MSKV_SUCCESS) s = mskv__ucx_recv_status(u, cop, cb, MSKV__UCX_COMMIT, &status, "waiting for COMMIT");
+    if (s == MSKV_SUCCESS && status != 0) s = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_recv: a COMMIT with status %d", (int)status);
+    if (s != MSKV_SUCCESS) {
+        /* the sender may have decided either way: hold the request frozen until resolved */
+        mskv__ucx_break(u);
+        u->doubt = 2;
+        u->doubt_arena = arena;
+        u->doubt_req = x.req;
+        u->doubt_flags = 0;
+        u->doubt_frozen = !x.staged;
+        *out = x.req;
+        r = mskv__ucx_err(u, MSKV_ERROR_IN_DOUBT, "ucx_recv: PREPARED sent, no COMMIT (%s): the request stays frozen until mskv_ucx_resolve",
+                          mskv_result_string(s));
+        goto done;
+    }
+    mskv__ucx_step(u, MSKV_UCX_STEP_COMMIT_RECEIVED);
+    if (!x.staged) {
+        r = mskv_request_export_end(arena, x.req);
+        if (r != MSKV_SUCCESS) mskv__ucx_err(u, r, "ucx_recv: unfreezing the request failed (it stays frozen)");
+    }
+    /* committed: the request is ours whether or not the ACK gets through (a sender left without it resolves COMMITTED) */
+    s = mskv__ucx_send_status(u, MSKV__UCX_ACK, 0, "sending the ACK");
+    if (s != MSKV_SUCCESS) mskv__ucx_break(u);
+    else mskv__ucx_step(u, MSKV_UCX_STEP_ACK_SENT);
+    *out = x.req;
+done:
     mskv__free(&u->al, x.rg);
     mskv__free(&u->al, x.staged);
-    if (r == MSKV_SUCCESS) *out = x.req;
     return r;
+}
+
+MSKV_IMPL int mskv_ucx_in_doubt(const mskv_ucx *u, mskv_request *req) {
+    if (!u) return 0;
+    if (req && u->doubt) *req = u->doubt_req;
+    return u->doubt;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_resolve(mskv_ucx *u, int outcome, mskv_request *out) {
+    mskv_result r = MSKV_SUCCESS;
+    int drop;
+    if (!u) return MSKV_ERROR_NULL_POINTER;
+    if (outcome != MSKV_UCX_COMMITTED && outcome != MSKV_UCX_ABORTED)
+        return mskv__ucx_err(u, MSKV_ERROR_INVALID_ARGUMENT, "ucx_resolve: outcome %d is neither MSKV_UCX_COMMITTED (%d) nor MSKV_UCX_ABORTED (%d)",
+                             outcome, MSKV_UCX_COMMITTED, MSKV_UCX_ABORTED);
+    if (!u->doubt) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_resolve: no hand-over is in doubt");
+    if (u->doubt_frozen) {
+        r = mskv_request_export_end(u->doubt_arena, u->doubt_req);
+        if (r != MSKV_SUCCESS) return mskv__ucx_err(u, r, "ucx_resolve: unfreezing the request: %s", mskv_result_string(r));
+        u->doubt_frozen = 0;
+    }
+    drop = u->doubt == 1 ? outcome == MSKV_UCX_COMMITTED && !(u->doubt_flags & MSKV_UCX_KEEP) : outcome == MSKV_UCX_ABORTED;
+    if (drop) {
+        r = mskv_request_remove(u->doubt_arena, u->doubt_req);
+        if (r != MSKV_SUCCESS) return mskv__ucx_err(u, r, "ucx_resolve: removing the request: %s", mskv_result_string(r));
+    }
+    if (out && u->doubt == 2 && outcome == MSKV_UCX_COMMITTED) *out = u->doubt_req;
+    u->doubt = 0;
+    return MSKV_SUCCESS;
 }
 
 #ifdef __cplusplus

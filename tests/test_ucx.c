@@ -5,7 +5,11 @@
    on both sides; and each fault (a peer killed with SIGKILL, a dropped
    connection, bytes flipped in flight, a receiver short of pages) gives a
    specific code on both sides, nothing half-imported and the sender's
-   request intact and usable. Without libucp.so.0 the tests skip, saying why.
+   request intact and usable. The hand-over: each side stopped (SIGSTOP) or
+   killed (SIGKILL) at every protocol step, each protocol message lost, and
+   page messages sent empty; afterwards (in-doubt sides resolved by the
+   documented rule) exactly one side holds a usable, byte-identical request.
+   Without libucp.so.0 the tests skip, saying why.
    POSIX only (fork); the Windows build of the layer is a compile check. */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L   /* setenv, kill */
@@ -23,6 +27,7 @@
 #include <stdlib.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <poll.h>
 #include <unistd.h>
 
 typedef enum mtx_fault {
@@ -54,7 +59,7 @@ typedef struct mtx_report {
 } mtx_report;
 
 #define MTX_TIMEOUT_MS 4000
-#define MTX_UCX_LOG 0
+#define MTX_UCX_LOG (getenv("MTX_UCX_LOG") != NULL)
 
 static void mtx_log(void *user, mskv_log_level level, const char *msg) {
     (void)user;
@@ -64,7 +69,7 @@ static void mtx_log(void *user, mskv_log_level level, const char *msg) {
 
 static int mtx_hook(void *user, mskv_ucx_hook_point at, int64_t m, void *data, size_t bytes) {
     const mtx_case *c = (const mtx_case *)user;
-    if (m != 1) return 0;
+    if (m != 1 || (at != MSKV_UCX_HOOK_SENT && at != MSKV_UCX_HOOK_RECEIVED)) return 0;
     if (at == MSKV_UCX_HOOK_RECEIVED) {
         if (c->fault == MTX_KILL_RECEIVER) kill(getpid(), SIGKILL);
         if (c->fault == MTX_DROP_RECEIVER) return MSKV_UCX_HOOK_DROP;
@@ -526,4 +531,340 @@ TEST(ucx_recv_with_no_offer_in_time_is_TIMEOUT_and_the_connection_stays_usable) 
         EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(a, why, sizeof why));
     }
     mskv_arena_destroy(a);
+}
+
+/* ---- the hand-over: a side stopped or killed at each step, each message lost ----
+   The faulty side is the child; the parent drives it on (SIGCONT) once its
+   own call has returned. Both sides then swap results through the pipes,
+   resolve an IN_DOUBT by mskv_ucx_resolve's rule, and report what they hold. */
+
+typedef enum mth_kind { MTH_STOP = 1, MTH_KILL, MTH_LOSE, MTH_EMPTY } mth_kind;
+
+typedef struct mth_case {
+    mth_kind kind;
+    int at;                /* the step (STOP, KILL) or the message kind (LOSE) */
+    int child_sends;       /* the child is the sender */
+    const char *tls;
+} mth_case;
+
+typedef struct mth_report {
+    int ran;
+    mskv_result result, peer, resolved;
+    int holds;             /* requests it holds beyond what it started with */
+    int usable, identical, ok;
+    char why[200];
+} mth_report;
+
+#define MTH_TIMEOUT_MS 700
+#define MTH_GONE 1          /* the peer's "result" when its process is gone */
+
+static int mth_hook(void *user, mskv_ucx_hook_point at, int64_t m, void *data, size_t bytes) {
+    const mth_case *c = (const mth_case *)user;
+    (void)data;
+    (void)bytes;
+    if (at == MSKV_UCX_HOOK_STEP && m == c->at && c->kind == MTH_STOP) kill(getpid(), SIGSTOP);
+    if (at == MSKV_UCX_HOOK_STEP && m == c->at && c->kind == MTH_KILL) kill(getpid(), SIGKILL);
+    if (at == MSKV_UCX_HOOK_CONTROL && m == c->at && c->kind == MTH_LOSE) return MSKV_UCX_HOOK_DROP;
+    if (at == MSKV_UCX_HOOK_POSTING && m == 1 && c->kind == MTH_EMPTY) return MSKV_UCX_HOOK_EMPTY;
+    return 0;
+}
+
+static int mth_child_status, mth_child_reaped;
+
+/* Reads n bytes from fd; the parent (child > 0) meanwhile resumes a stopped
+   child and notices one that is gone. 0 when the writer is gone. */
+static int mth_read(int fd, void *buf, size_t n, pid_t child) {
+    for (;;) {
+        struct pollfd p;
+        int st = 0;
+        if (child > 0 && !mth_child_reaped) {
+            pid_t w = waitpid(child, &st, WNOHANG | WUNTRACED);
+            if (w == child && WIFSTOPPED(st)) kill(child, SIGCONT);
+            else if (w == child) { mth_child_status = st; mth_child_reaped = 1; }
+        }
+        p.fd = fd;
+        p.events = POLLIN;
+        p.revents = 0;
+        if (poll(&p, 1, 50) > 0) return read(fd, buf, n) == (ssize_t)n;
+    }
+}
+
+static void mth_side(const mth_case *c, int sender, int in_fd, int out_fd, pid_t child, mth_report *rep) {
+    int faulty = (child == 0);
+    mskv_ucx_desc d;
+    mskv_arena *a = mts_arena(256, 16, 1), *ref = NULL;
+    mskv_ucx *u = NULL;
+    mskv_request r, want, mine;
+    mskv_arena_stats s0, s1;
+    unsigned char *expect = NULL, *got = NULL, hdr[MSKV_BLOB_HEADER_MAX];
+    mskv_blob_layout lay;
+    size_t n0 = 0, n1 = 0;
+    uint16_t port = 0;
+    int32_t peer = 0, mine_code;
+    int have = 0;
+    memset(&d, 0, sizeof d);
+    memset(&mine, 0, sizeof mine);
+    d.timeout_ms = MTH_TIMEOUT_MS;
+    d.log = mtx_log;
+    d.message_bytes = 4096;   /* several page messages */
+    if (faulty) {
+        d.hook = mth_hook;
+        d.hook_user = (void *)c;
+    }
+    rep->ran = 1;
+    rep->ok = 1;
+    rep->resolved = MSKV_SUCCESS;
+    if (!a) { snprintf(rep->why, sizeof rep->why, "no arena"); rep->ok = 0; return; }
+    if (sender) {
+        if (mts_build(a, MTS_GAP, 600, 7, &r) != MSKV_SUCCESS) { snprintf(rep->why, sizeof rep->why, "sender: build"); rep->ok = 0; goto out; }
+        expect = mtx_export(a, r, &n0);
+        mskv_arena_stats_get(a, &s0);
+        s0.requests -= 1;   /* it starts holding one */
+        if (!mth_read(in_fd, &port, sizeof port, child)) { snprintf(rep->why, sizeof rep->why, "sender: no port"); rep->ok = 0; goto out; }
+        rep->result = mskv_ucx_connect(&d, "127.0.0.1", port, &u);
+        if (rep->result == MSKV_SUCCESS) rep->result = mskv_ucx_send(u, a, r, 0);
+        if (rep->result == MSKV_ERROR_IN_DOUBT) {
+            if (mskv_ucx_in_doubt(u, NULL) != 1) { snprintf(rep->why, sizeof rep->why, "sender: IN_DOUBT but not recorded"); rep->ok = 0; }
+            if (mskv_request_export_begin(a, r, hdr, sizeof hdr, &lay) != MSKV_ERROR_BAD_STATE) { snprintf(rep->why, sizeof rep->why, "sender: not frozen in doubt"); rep->ok = 0; }
+        }
+        mine = r;
+    } else {
+        ref = mts_arena(256, 16, 1);
+        if (!ref || mts_build(ref, MTS_GAP, 600, 7, &want) != MSKV_SUCCESS) { snprintf(rep->why, sizeof rep->why, "receiver: reference"); rep->ok = 0; goto out; }
+        expect = mtx_export(ref, want, &n0);
+        mskv_arena_stats_get(a, &s0);
+        rep->result = mskv_ucx_listen(&d, "127.0.0.1", 0, &u);
+        if (rep->result == MSKV_SUCCESS) rep->result = mskv_ucx_port(u, &port);
+        if (write(out_fd, &port, sizeof port) != (ssize_t)sizeof port) { snprintf(rep->why, sizeof rep->why, "receiver: port pipe"); rep->ok = 0; goto out; }
+        if (rep->result == MSKV_SUCCESS) rep->result = mskv_ucx_accept(u);
+        if (rep->result == MSKV_SUCCESS || rep->result == MSKV_ERROR_IN_DOUBT) rep->result = mskv_ucx_recv(u, a, &mine);
+        if (rep->result == MSKV_SUCCESS) have = 1;
+        if (rep->result == MSKV_ERROR_IN_DOUBT) {
+            mskv_request q;
+            if (mskv_ucx_in_doubt(u, &q) != 2 || q.id != mine.id) { snprintf(rep->why, sizeof rep->why, "receiver: IN_DOUBT but not recorded"); rep->ok = 0; }
+            if (mskv_request_export_begin(a, mine, hdr, sizeof hdr, &lay) != MSKV_ERROR_BAD_STATE) { snprintf(rep->why, sizeof rep->why, "receiver: not frozen in doubt"); rep->ok = 0; }
+        }
+    }
+    /* swap results */
+    mine_code = (int32_t)rep->result;
+    if (write(out_fd, &mine_code, sizeof mine_code) != (ssize_t)sizeof mine_code) { /* the peer is gone: its read says so */ }
+    if (!mth_read(in_fd, &peer, sizeof peer, child)) peer = MTH_GONE;
+    rep->peer = (mskv_result)peer;
+    if (rep->result == MSKV_ERROR_IN_DOUBT) {
+        int outcome;
+        if (peer == MTH_GONE) outcome = sender ? MSKV_UCX_ABORTED : MSKV_UCX_COMMITTED;
+        else if (peer == MSKV_SUCCESS || peer == MSKV_ERROR_IN_DOUBT) outcome = MSKV_UCX_COMMITTED;
+        else outcome = MSKV_UCX_ABORTED;
+        /* a bad outcome and other calls change nothing while in doubt */
+        if (mskv_ucx_resolve(u, 7, NULL) != MSKV_ERROR_INVALID_ARGUMENT || mskv_ucx_in_doubt(u, NULL) != (sender ? 1 : 2) ||
+            (sender && mskv_ucx_send(u, a, r, 0) != MSKV_ERROR_BAD_STATE)) {
+            snprintf(rep->why, sizeof rep->why, "a call in doubt changed something or was not refused");
+            rep->ok = 0;
+        }
+        rep->resolved = mskv_ucx_resolve(u, outcome, sender ? NULL : &mine);
+        if (!sender && outcome == MSKV_UCX_COMMITTED && rep->resolved == MSKV_SUCCESS) have = 1;
+        if (mskv_ucx_resolve(u, outcome, NULL) != MSKV_ERROR_BAD_STATE) { snprintf(rep->why, sizeof rep->why, "resolved twice"); rep->ok = 0; }
+    }
+    mskv_arena_stats_get(a, &s1);
+    rep->holds = (int)(s1.requests - s0.requests);
+    if (sender) {
+        mskv_request_info info;
+        have = mskv_request_info_get(a, r, &info) == MSKV_SUCCESS;
+    }
+    if (have) {
+        /* usable: not frozen (an export opens and closes), and the sender's exact bytes */
+        rep->usable = mskv_request_export_begin(a, mine, hdr, sizeof hdr, &lay) == MSKV_SUCCESS;
+        if (rep->usable) mskv_request_export_end(a, mine);
+        got = mtx_export(a, mine, &n1);
+        rep->identical = expect && got && n0 == n1 && memcmp(expect, got, n0) == 0;
+    }
+    if (rep->holds != (have ? 1 : 0)) { snprintf(rep->why, sizeof rep->why, "holds %d requests, knows of %d", rep->holds, have); rep->ok = 0; }
+    {
+        char why[160];
+        if (mskv_arena_audit(a, why, sizeof why) != MSKV_SUCCESS) { snprintf(rep->why, sizeof rep->why, "audit: %s", why); rep->ok = 0; }
+    }
+out:
+    mskv_ucx_destroy(u);
+    free(expect);
+    free(got);
+    mskv_arena_destroy(a);
+    if (ref) mskv_arena_destroy(ref);
+}
+
+/* Runs one hand-over case; the child is the faulty side. */
+static void mth_run(const mth_case *c, mth_report *snd, mth_report *rcv) {
+    int p2c[2], c2p[2];
+    pid_t pid;
+    mth_report *theirs = c->child_sends ? snd : rcv, *ours = c->child_sends ? rcv : snd;
+    memset(snd, 0, sizeof *snd);
+    memset(rcv, 0, sizeof *rcv);
+    mth_child_reaped = 0;
+    mth_child_status = 0;
+    signal(SIGPIPE, SIG_IGN);   /* a killed child's pipe: the write fails instead */
+    if (setenv("UCX_TLS", c->tls, 1) != 0 || pipe(p2c) != 0 || pipe(c2p) != 0) return;
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid < 0) return;
+    if (pid == 0) {
+        mth_report mine;
+        close(p2c[1]);
+        close(c2p[0]);
+        memset(&mine, 0, sizeof mine);
+        mth_side(c, c->child_sends, p2c[0], c2p[1], 0, &mine);
+        if (write(c2p[1], &mine, sizeof mine) != (ssize_t)sizeof mine) _exit(3);
+        _exit(0);
+    }
+    close(p2c[0]);
+    close(c2p[1]);
+    mth_side(c, !c->child_sends, c2p[0], p2c[1], pid, ours);
+    if (!mth_read(c2p[0], theirs, sizeof *theirs, pid)) memset(theirs, 0, sizeof *theirs);
+    close(p2c[1]);
+    close(c2p[0]);
+    while (!mth_child_reaped) {
+        int st = 0;
+        pid_t w = waitpid(pid, &st, WUNTRACED);
+        if (w == pid && WIFSTOPPED(st)) kill(pid, SIGCONT);
+        else if (w == pid || w < 0) { mth_child_status = st; mth_child_reaped = 1; }
+    }
+}
+
+static const char *mth_kinds[] = { "", "stopped", "killed", "lost message", "empty page message" };
+
+/* Exactly one side holds a usable, byte-identical request; every side that
+   ran passed its own checks. */
+static void mth_expect_one_copy(const mth_case *c, mth_report *s, mth_report *r, int line) {
+    int killed = c->kind == MTH_KILL && WIFSIGNALED(mth_child_status) && WTERMSIG(mth_child_status) == SIGKILL;
+    mth_report *child = c->child_sends ? s : r;
+    int holders = (s->ran && s->holds) + (r->ran && r->holds);
+    const mth_report *holder = s->ran && s->holds ? s : r;
+    char what[120];
+    snprintf(what, sizeof what, "%s %s at %d, UCX_TLS=%s", c->child_sends ? "sender" : "receiver", mth_kinds[c->kind], c->at, c->tls);
+    if (killed) child->ran = 0;
+    else if (c->kind == MTH_KILL && c->at != 0)
+        mt_fail(__FILE__, line, "%s: the child was to die of SIGKILL (status %d)", what, mth_child_status);
+    if (!killed && !child->ran) mt_fail(__FILE__, line, "%s: the child's report is missing (status %d)", what, mth_child_status);
+    if (killed) {
+        /* the dead side's copy died with it; the survivor holds the request
+           exactly when the dead side could not have held it usable */
+        mth_report *alive = c->child_sends ? r : s;
+        int want = c->child_sends ? c->at >= MSKV_UCX_STEP_PREPARED_RECEIVED : c->at < MSKV_UCX_STEP_ACK_SENT;
+        /* the last page or the ACK may or may not have left before the kill */
+        if ((c->child_sends && c->at == MSKV_UCX_STEP_PAGES_SENT) || (!c->child_sends && c->at == MSKV_UCX_STEP_ACK_SENT)) want = alive->holds;
+        if (!alive->ok || alive->holds != want || (want && (!alive->usable || !alive->identical)))
+            mt_fail(__FILE__, line, "%s: the survivor got %s, holds %d (wanted %d), usable %d identical %d, checks %s", what,
+                    mskv_result_string(alive->result), alive->holds, want, alive->usable, alive->identical, alive->ok ? "ok" : alive->why);
+        return;
+    }
+    if ((s->ran && !s->ok) || (r->ran && !r->ok))
+        mt_fail(__FILE__, line, "%s: sender %s (%s), receiver %s (%s)", what, mskv_result_string(s->result), s->ok ? "ok" : s->why,
+                mskv_result_string(r->result), r->ok ? "ok" : r->why);
+    if (holders != 1 || !holder->usable || !holder->identical)
+        mt_fail(__FILE__, line, "%s: %d copies (sender %s holds %d, receiver %s holds %d; holder usable %d identical %d)", what, holders,
+                mskv_result_string(s->result), s->holds, mskv_result_string(r->result), r->holds, holder->usable, holder->identical);
+}
+
+static const int mth_sender_steps[] = { MSKV_UCX_STEP_OFFER_SENT, MSKV_UCX_STEP_ANSWER_RECEIVED, MSKV_UCX_STEP_PAGES_SENT,
+                                        MSKV_UCX_STEP_PREPARED_RECEIVED, MSKV_UCX_STEP_COMMIT_SENT, MSKV_UCX_STEP_ACK_RECEIVED };
+static const int mth_receiver_steps[] = { MSKV_UCX_STEP_OFFER_RECEIVED, MSKV_UCX_STEP_ANSWER_SENT, MSKV_UCX_STEP_PAGES_RECEIVED,
+                                          MSKV_UCX_STEP_PREPARED_SENT, MSKV_UCX_STEP_COMMIT_RECEIVED, MSKV_UCX_STEP_ACK_SENT };
+
+static void mth_every_step(mth_kind kind, const char *tls) {
+    int side, i;
+    for (side = 0; side < 2; side++)
+        for (i = 0; i < 6; i++) {
+            mth_case c;
+            mth_report s, r;
+            c.kind = kind;
+            c.child_sends = side == 0;
+            c.at = side == 0 ? mth_sender_steps[i] : mth_receiver_steps[i];
+            c.tls = tls;
+            mth_run(&c, &s, &r);
+            mth_expect_one_copy(&c, &s, &r, __LINE__);
+        }
+}
+
+TEST(ucx_handover_either_side_stopped_at_every_step_leaves_exactly_one_usable_copy_over_tcp) {
+    MTX_NEED_UCX();
+    mth_every_step(MTH_STOP, "tcp");
+}
+
+TEST(ucx_handover_either_side_killed_at_every_step_leaves_exactly_one_usable_copy_over_tcp) {
+    MTX_NEED_UCX();
+    mth_every_step(MTH_KILL, "tcp");
+}
+
+TEST(ucx_handover_over_shared_memory_stopped_or_killed_at_the_commit_leaves_one_copy) {
+    mth_case c;
+    mth_report s, r;
+    MTX_NEED_UCX();
+    c.tls = "shm,tcp";
+    c.kind = MTH_STOP; c.child_sends = 0; c.at = MSKV_UCX_STEP_PREPARED_SENT;
+    mth_run(&c, &s, &r);
+    mth_expect_one_copy(&c, &s, &r, __LINE__);
+    c.kind = MTH_KILL; c.child_sends = 1; c.at = MSKV_UCX_STEP_COMMIT_SENT;
+    mth_run(&c, &s, &r);
+    mth_expect_one_copy(&c, &s, &r, __LINE__);
+}
+
+TEST(ucx_handover_each_lost_protocol_message_leaves_exactly_one_usable_copy) {
+    static const int kinds[] = { MSKV_UCX_MSG_OFFER, MSKV_UCX_MSG_ANSWER, MSKV_UCX_MSG_PREPARED, MSKV_UCX_MSG_COMMIT, MSKV_UCX_MSG_ACK };
+    size_t i;
+    MTX_NEED_UCX();
+    for (i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        mth_case c;
+        mth_report s, r;
+        c.kind = MTH_LOSE;
+        c.at = kinds[i];
+        c.child_sends = kinds[i] == MSKV_UCX_MSG_OFFER || kinds[i] == MSKV_UCX_MSG_COMMIT;   /* the side that sends it */
+        c.tls = "tcp";
+        mth_run(&c, &s, &r);
+        mth_expect_one_copy(&c, &s, &r, __LINE__);
+        /* where the outcome is certain, so are the codes */
+        if (kinds[i] == MSKV_UCX_MSG_COMMIT) {
+            EXPECT_EQ(MSKV_ERROR_IN_DOUBT, s.result);
+            EXPECT_EQ(MSKV_ERROR_IN_DOUBT, r.result);
+            EXPECT_EQ(1, r.holds);
+        } else if (kinds[i] == MSKV_UCX_MSG_ACK) {
+            EXPECT_EQ(MSKV_ERROR_IN_DOUBT, s.result);
+            EXPECT_EQ(MSKV_SUCCESS, r.result);
+            EXPECT_EQ(1, r.holds);
+        } else if (kinds[i] == MSKV_UCX_MSG_PREPARED) {
+            EXPECT_EQ(MSKV_ERROR_TIMEOUT, s.result);
+            EXPECT_EQ(MSKV_ERROR_IN_DOUBT, r.result);
+            EXPECT_EQ(1, s.holds);
+        } else {
+            EXPECT_EQ(MSKV_ERROR_TIMEOUT, s.result);
+            EXPECT_EQ(MSKV_ERROR_TIMEOUT, r.result);
+            EXPECT_EQ(1, s.holds);
+        }
+    }
+}
+
+TEST(ucx_empty_page_messages_are_PEER_not_a_verified_import) {
+    mth_case c;
+    mth_report s, r;
+    MTX_NEED_UCX();
+    c.kind = MTH_EMPTY;
+    c.at = 0;
+    c.child_sends = 1;
+    c.tls = "tcp";
+    mth_run(&c, &s, &r);
+    mth_expect_one_copy(&c, &s, &r, __LINE__);
+    EXPECT_EQ(MSKV_ERROR_PEER, r.result);   /* the length check, not the checksum (BLOB_CORRUPT) */
+    EXPECT_EQ(0, r.holds);
+    EXPECT_TRUE(s.result == MSKV_ERROR_PEER || s.result == MSKV_ERROR_TIMEOUT);
+}
+
+TEST(ucx_resolve_refuses_bad_arguments_and_an_object_with_nothing_in_doubt) {
+    mskv_ucx *u = NULL;
+    MTX_NEED_UCX();
+    EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_ucx_resolve(NULL, MSKV_UCX_COMMITTED, NULL));
+    EXPECT_EQ(0, mskv_ucx_in_doubt(NULL, NULL));
+    setenv("UCX_TLS", "tcp", 1);
+    ASSERT_EQ(MSKV_SUCCESS, mskv_ucx_listen(NULL, "127.0.0.1", 0, &u));
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_ucx_resolve(u, 0, NULL));
+    EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_ucx_resolve(u, MSKV_UCX_ABORTED, NULL));
+    EXPECT_EQ(0, mskv_ucx_in_doubt(u, NULL));
+    mskv_ucx_destroy(u);
 }
