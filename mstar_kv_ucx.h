@@ -258,10 +258,20 @@ typedef struct mskv_ucx_desc {
     void *log_user;
     mskv_ucx_hook_fn hook;      /* tests: fault injection (NULL: none) */
     void *hook_user;
+    const void *secret;         /* NULL: no authentication. Else a shared secret (secret_bytes, 1 to 1024): a receiver
+                                   refuses (DENIED) every offer without a valid HMAC-SHA-256 under it, before it takes a page;
+                                   a sender signs its offers with it. Copied at listen/connect. */
+    size_t secret_bytes;
 } mskv_ucx_desc;
 
 /* Flags of mskv_ucx_send. */
 #define MSKV_UCX_KEEP 1u        /* keep the sender's request after the acknowledgement: a copy, not a move */
+
+/* SHA-256 (FIPS 180-4) of n bytes into out[32], and HMAC-SHA-256 (RFC 2104)
+   of data under key; the offer's MAC. NULL data/key with n = 0 is fine.
+   Thread safety: any thread. */
+MSKV_API void mskv_sha256(const void *data, size_t n, unsigned char out[32]);
+MSKV_API void mskv_hmac_sha256(const void *key, size_t key_bytes, const void *data, size_t n, unsigned char out[32]);
 
 /* Whether UCX can be loaded: SUCCESS, or UNSUPPORTED with the reason in why
    (the loader's message; "UCX is not available on Windows"). library NULL =
@@ -325,6 +335,9 @@ MSKV_API mskv_result mskv_ucx_connect(const mskv_ucx_desc *desc, const char *ip,
    the request is as it was and usable, and the code says why:
      PEER       the peer died, closed the connection, or sent nonsense
      TIMEOUT    no progress for timeout_ms
+     DENIED     the receiver has a secret and the offer's MAC did not match
+                it (no secret here, another one), or the offer was a replay;
+                the connection is closed
      OUT_OF_PAGES, BLOB_MISMATCH, DUPLICATE, TOO_MANY_REQUESTS,
      OUT_OF_MEMORY, BLOB_CORRUPT (the pages arrived changed)
                 the receiver refused or failed the import with this code
@@ -336,6 +349,9 @@ MSKV_API mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request 
    in *out (a streamed import: every page admitted at once, all or
    nothing). On any failure nothing was imported and the code says why:
    OUT_OF_PAGES and the other import codes (the sender gets the same code),
+   DENIED (desc.secret set and the offer's HMAC-SHA-256 missing or wrong,
+   or its counter not past the last accepted one: a replay; refused before
+   a single page is taken, the connection is closed),
    BLOB_CORRUPT (the checksum did not match what arrived), PEER (also a
    page message that is not exactly its offered length), TIMEOUT.
    IN_DOUBT: the request was verified and PREPARED sent, but no COMMIT came:
@@ -490,6 +506,159 @@ static uint16_t mskv__ucx_sockaddr_port(const void *storage) {
 #endif
 }
 
+/* // >>sha256 -------------------------------------------------------------------
+   SHA-256 as FIPS 180-4 section 6.2 gives it (big-endian words, 64 rounds),
+   and HMAC (RFC 2104): H((K0 ^ opad) || H((K0 ^ ipad) || text)), K0 the key
+   padded to the 64-byte block (hashed first when longer). */
+
+typedef struct mskv__sha256 {
+    uint32_t h[8];
+    unsigned char buf[64];
+    size_t fill;
+    uint64_t bytes;
+} mskv__sha256;
+
+static const uint32_t mskv__sha256_k[64] = {
+    0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
+    0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u, 0xc19bf174u,
+    0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau,
+    0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u,
+    0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, 0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u,
+    0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u,
+    0x19a4c116u, 0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u,
+    0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u};
+
+#define MSKV__ROTR32(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void mskv__sha256_block(mskv__sha256 *c, const unsigned char *p) {
+    uint32_t w[64], a, b, d, e, f, g, h, cc, t1, t2;
+    int t;
+    for (t = 0; t < 16; t++) w[t] = (uint32_t)p[4 * t] << 24 | (uint32_t)p[4 * t + 1] << 16 | (uint32_t)p[4 * t + 2] << 8 | (uint32_t)p[4 * t + 3];
+    for (t = 16; t < 64; t++) {
+        uint32_t s0 = MSKV__ROTR32(w[t - 15], 7) ^ MSKV__ROTR32(w[t - 15], 18) ^ (w[t - 15] >> 3);
+        uint32_t s1 = MSKV__ROTR32(w[t - 2], 17) ^ MSKV__ROTR32(w[t - 2], 19) ^ (w[t - 2] >> 10);
+        w[t] = s1 + w[t - 7] + s0 + w[t - 16];
+    }
+    a = c->h[0]; b = c->h[1]; cc = c->h[2]; d = c->h[3]; e = c->h[4]; f = c->h[5]; g = c->h[6]; h = c->h[7];
+    for (t = 0; t < 64; t++) {
+        t1 = h + (MSKV__ROTR32(e, 6) ^ MSKV__ROTR32(e, 11) ^ MSKV__ROTR32(e, 25)) + ((e & f) ^ (~e & g)) + mskv__sha256_k[t] + w[t];
+        t2 = (MSKV__ROTR32(a, 2) ^ MSKV__ROTR32(a, 13) ^ MSKV__ROTR32(a, 22)) + ((a & b) ^ (a & cc) ^ (b & cc));
+        h = g; g = f; f = e; e = d + t1; d = cc; cc = b; b = a; a = t1 + t2;
+    }
+    c->h[0] += a; c->h[1] += b; c->h[2] += cc; c->h[3] += d; c->h[4] += e; c->h[5] += f; c->h[6] += g; c->h[7] += h;
+}
+
+static void mskv__sha256_init(mskv__sha256 *c) {
+    static const uint32_t h0[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au, 0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
+    memcpy(c->h, h0, sizeof h0);
+    c->fill = 0;
+    c->bytes = 0;
+}
+
+static void mskv__sha256_update(mskv__sha256 *c, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    c->bytes += n;
+    while (n > 0) {
+        size_t k = 64 - c->fill < n ? 64 - c->fill : n;
+        if (c->fill == 0 && n >= 64) {
+            mskv__sha256_block(c, p);
+            p += 64;
+            n -= 64;
+            continue;
+        }
+        memcpy(c->buf + c->fill, p, k);
+        c->fill += k;
+        p += k;
+        n -= k;
+        if (c->fill == 64) {
+            mskv__sha256_block(c, c->buf);
+            c->fill = 0;
+        }
+    }
+}
+
+static void mskv__sha256_final(mskv__sha256 *c, unsigned char out[32]) {
+    uint64_t bits = c->bytes * 8;
+    unsigned char pad[72];
+    size_t padn = (c->fill < 56 ? 56 : 120) - c->fill;
+    int i;
+    memset(pad, 0, sizeof pad);
+    pad[0] = 0x80;
+    for (i = 0; i < 8; i++) pad[padn + (size_t)i] = (unsigned char)(bits >> (56 - 8 * i));
+    mskv__sha256_update(c, pad, padn + 8);
+    for (i = 0; i < 8; i++) {
+        out[4 * i] = (unsigned char)(c->h[i] >> 24);
+        out[4 * i + 1] = (unsigned char)(c->h[i] >> 16);
+        out[4 * i + 2] = (unsigned char)(c->h[i] >> 8);
+        out[4 * i + 3] = (unsigned char)c->h[i];
+    }
+}
+
+MSKV_IMPL void mskv_sha256(const void *data, size_t n, unsigned char out[32]) {
+    mskv__sha256 c;
+    mskv__sha256_init(&c);
+    if (n) mskv__sha256_update(&c, data, n);
+    mskv__sha256_final(&c, out);
+}
+
+/* K0 of a key: the key padded with zeros to 64 bytes, or its hash when longer. */
+static void mskv__hmac_k0(const void *key, size_t kn, unsigned char k0[64]) {
+    memset(k0, 0, 64);
+    if (kn > 64) mskv_sha256(key, kn, k0);
+    else if (kn) memcpy(k0, key, kn);
+}
+
+/* HMAC over the concatenation of up to three pieces, from K0. */
+static void mskv__hmac3(const unsigned char k0[64], const void *a, size_t an, const void *b, size_t bn, const void *c3, size_t cn, unsigned char out[32]) {
+    unsigned char pad[64], inner[32];
+    mskv__sha256 c;
+    int i;
+    for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k0[i] ^ 0x36);
+    mskv__sha256_init(&c);
+    mskv__sha256_update(&c, pad, 64);
+    if (an) mskv__sha256_update(&c, a, an);
+    if (bn) mskv__sha256_update(&c, b, bn);
+    if (cn) mskv__sha256_update(&c, c3, cn);
+    mskv__sha256_final(&c, inner);
+    for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k0[i] ^ 0x5c);
+    mskv__sha256_init(&c);
+    mskv__sha256_update(&c, pad, 64);
+    mskv__sha256_update(&c, inner, 32);
+    mskv__sha256_final(&c, out);
+}
+
+MSKV_IMPL void mskv_hmac_sha256(const void *key, size_t key_bytes, const void *data, size_t n, unsigned char out[32]) {
+    unsigned char k0[64];
+    mskv__hmac_k0(key, key_bytes, k0);
+    mskv__hmac3(k0, data, n, NULL, 0, NULL, 0, out);
+}
+
+/* Compares two MACs in time that does not depend on where they differ. */
+static int mskv__mac_equal(const unsigned char *a, const unsigned char *b) {
+    unsigned d = 0;
+    int i;
+    for (i = 0; i < 32; i++) d |= (unsigned)(a[i] ^ b[i]);
+    return d == 0;
+}
+
+/* 16 unpredictable bytes (the receiver's challenge): /dev/urandom, else the clock and addresses mixed by SHA-256. */
+static void mskv__ucx_random(unsigned char out[16]) {
+    unsigned char h[32];
+    struct { int64_t t; const void *p; const void *q; unsigned char b[16]; } seed;
+    FILE *f = fopen("/dev/urandom", "rb");
+    memset(&seed, 0, sizeof seed);
+    if (f) {
+        size_t got = fread(seed.b, 1, sizeof seed.b, f);
+        fclose(f);
+        if (got == sizeof seed.b) { memcpy(out, seed.b, 16); return; }
+    }
+    seed.t = mskv__ucx_now_ms();
+    seed.p = (const void *)&seed;
+    seed.q = (const void *)out;
+    mskv_sha256(&seed, sizeof seed, h);
+    memcpy(out, h, 16);
+}
+
 /* // >>loader -------------------------------------------------------------------
    Each object opens the library for itself (the loader counts references),
    so there is no global state at all. */
@@ -541,6 +710,21 @@ MSKV_IMPL mskv_result mskv_ucx_probe(const char *library, char *why, size_t why_
     return r;
 }
 
+/* The protocol's constants (described in its section below) and byte order. */
+#define MSKV__UCX_MAGIC 0x55564B4Du     /* "MKVU" */
+#define MSKV__UCX_PROTOCOL 3u
+#define MSKV__UCX_OFFER_FIXED 128u
+#define MSKV__UCX_OFFER_MAX (MSKV__UCX_OFFER_FIXED + MSKV_BLOB_HEADER_MAX)
+#define MSKV__UCX_TAG(kind, n) ((mskv_ucp_tag)(kind) << 56 | ((mskv_ucp_tag)(n) & 0x00FFFFFFFFFFFFFFull))
+enum { MSKV__UCX_OFFER = MSKV_UCX_MSG_OFFER, MSKV__UCX_ANSWER = MSKV_UCX_MSG_ANSWER, MSKV__UCX_DATA = 3,
+       MSKV__UCX_DONE = MSKV_UCX_MSG_PREPARED, MSKV__UCX_COMMIT = MSKV_UCX_MSG_COMMIT, MSKV__UCX_ACK = MSKV_UCX_MSG_ACK,
+       MSKV__UCX_CHALLENGE = 7 };
+
+static void mskv__ucx_put32(unsigned char *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static void mskv__ucx_put64(unsigned char *p, uint64_t v) { int i; for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static uint32_t mskv__ucx_get32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t mskv__ucx_get64(const unsigned char *p) { return (uint64_t)mskv__ucx_get32(p) | (uint64_t)mskv__ucx_get32(p + 4) << 32; }
+
 /* // >>endpoint -----------------------------------------------------------------
    One context, one worker, at most one listener and one endpoint per
    object. Operations complete by polling the worker; a window of messages
@@ -571,7 +755,7 @@ struct mskv_ucx {
     int is_listener;
     mskv_ucs_status failed;            /* the endpoint's error (err handler), 0 while healthy */
     int broken;                        /* the connection is gone: every later call is PEER */
-    mskv__ucx_op ops[MSKV__UCX_WINDOW + 2];   /* the page window, then the control messages' two */
+    mskv__ucx_op ops[MSKV__UCX_WINDOW + 3];   /* the page window, the control messages' two, the challenge's */
     mskv_ucp_dt_iov *iov_mem;          /* MSKV__UCX_WINDOW lists of MSKV__UCX_MAX_RANGES */
     unsigned char addr[128];
     unsigned addrlen;
@@ -580,6 +764,11 @@ struct mskv_ucx {
     mskv_request doubt_req;
     uint32_t doubt_flags;              /* the sender's mskv_ucx_send flags */
     int doubt_frozen;                  /* the request's export is open (host pools) */
+    int authed;                        /* a secret was given: k0 is its HMAC key block */
+    unsigned char k0[64];
+    unsigned char challenge[24];       /* the receiver's: magic, version, 16 random bytes, fresh per connection */
+    int have_challenge;
+    uint64_t offers_sent, last_counter;   /* the offers' counter: each must exceed the last one accepted */
 };
 
 static mskv_result mskv__ucx_err(mskv_ucx *u, mskv_result code, const char *fmt, ...) {
@@ -639,12 +828,26 @@ static mskv_result mskv__ucx_create(const mskv_ucx_desc *desc, mskv_ucx **out) {
     int i;
     if (desc) d = *desc;
     else memset(&d, 0, sizeof d);
+    if (d.secret && (d.secret_bytes < 1 || d.secret_bytes > 1024)) {
+        if (d.log) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "ucx: secret_bytes %zu is not within 1 to 1024", d.secret_bytes);
+            d.log(d.log_user, MSKV_LOG_ERROR, msg);
+        }
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    }
     if (d.timeout_ms <= 0) d.timeout_ms = 10000;
     if (d.message_bytes == 0) d.message_bytes = (size_t)1 << 20;
     al = d.allocator;
     u = (mskv_ucx *)mskv__alloc(&al, sizeof *u);
     if (!u) return MSKV_ERROR_OUT_OF_MEMORY;
     memset(u, 0, sizeof *u);
+    if (d.secret) {
+        mskv__hmac_k0(d.secret, d.secret_bytes, u->k0);
+        u->authed = 1;
+    }
+    d.secret = NULL;   /* only its key block is kept */
+    d.secret_bytes = 0;
     u->desc = d;
     u->al = al;
     r = mskv__ucx_load(d.library, &u->lib, &u->fn, why, sizeof why);
@@ -885,6 +1088,16 @@ MSKV_IMPL mskv_result mskv_ucx_accept(mskv_ucx *u) {
     }
     r = mskv__ucx_make_ep(u, u->pending);
     u->pending = NULL;
+    if (r == MSKV_SUCCESS) {
+        /* a fresh challenge per connection: every offer's MAC covers it, so none replays onto another connection */
+        mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW + 2];
+        mskv__ucx_put32(u->challenge, MSKV__UCX_MAGIC);
+        mskv__ucx_put32(u->challenge + 4, MSKV__UCX_PROTOCOL);
+        mskv__ucx_random(u->challenge + 8);
+        mskv__ucx_send_op(u, op, MSKV__UCX_TAG(MSKV__UCX_CHALLENGE, 0), u->challenge, sizeof u->challenge, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+        r = mskv__ucx_complete(u, op, "sending the challenge");
+        if (r != MSKV_SUCCESS) mskv__ucx_break(u);
+    }
     return r;
 }
 
@@ -897,6 +1110,9 @@ MSKV_IMPL mskv_result mskv_ucx_connect(const mskv_ucx_desc *desc, const char *ip
     if (!mskv__ucx_sockaddr(ip, port, u->addr, &u->addrlen)) r = mskv__ucx_err(u, MSKV_ERROR_INVALID_ARGUMENT, "ucx_connect: \"%s\" is not an IPv4 address", ip);
     if (r == MSKV_SUCCESS) r = mskv__ucx_make_ep(u, NULL);
     if (r != MSKV_SUCCESS) { mskv_ucx_destroy(u); return r; }
+    /* the receiver's challenge comes first; the first send waits for it */
+    mskv__ucx_recv_op(u, &u->ops[MSKV__UCX_WINDOW + 2], MSKV__UCX_TAG(MSKV__UCX_CHALLENGE, 0), u->challenge, sizeof u->challenge,
+                      MSKV_UCP_DATATYPE_CONTIG_BYTE);
     *out = u;
     return MSKV_SUCCESS;
 }
@@ -937,22 +1153,19 @@ MSKV_IMPL void mskv_ucx_destroy(mskv_ucx *u) {
    message number): the sender's OFFER (protocol header, the blob header,
    its size, range count and checksum), the receiver's ANSWER (0 = ready,
    else the mskv_result that refused it), the pages as DATA messages of
-   whole ranges each, the receiver's PREPARED (0 = imported, verified and
+   whole ranges each (before all that, once per connection, the receiver's
+   CHALLENGE: magic, version, 16 random bytes), the receiver's PREPARED (0 = imported, verified and
    held frozen, else why not), the sender's COMMIT and the receiver's ACK
    (both status 0). Every page message must arrive with exactly its
    offered length. Little-endian fields:
      OFFER  0 u32 magic  4 u32 version  8 u64 header bytes  16 u64 blob bytes
             24 u64 ranges  32 u64 range bytes  40 u64 checksum
-            48 u64 ranges per message  56 u64 0  64 the blob header
+            48 u64 ranges per message  56 u64 counter (1, 2, ...: each offer's
+            exceeds the last one accepted on the connection)
+            64 32 bytes HMAC-SHA-256 under the secret over bytes 0..63, the
+               challenge's 16 random bytes and the blob header (zero without
+               a secret)  96 32 bytes 0  128 the blob header
      ANSWER, PREPARED, COMMIT, ACK  0 u32 magic  4 i32 status */
-
-#define MSKV__UCX_MAGIC 0x55564B4Du     /* "MKVU" */
-#define MSKV__UCX_PROTOCOL 2u
-#define MSKV__UCX_OFFER_FIXED 64u
-#define MSKV__UCX_OFFER_MAX (MSKV__UCX_OFFER_FIXED + MSKV_BLOB_HEADER_MAX)
-#define MSKV__UCX_TAG(kind, n) ((mskv_ucp_tag)(kind) << 56 | ((mskv_ucp_tag)(n) & 0x00FFFFFFFFFFFFFFull))
-enum { MSKV__UCX_OFFER = MSKV_UCX_MSG_OFFER, MSKV__UCX_ANSWER = MSKV_UCX_MSG_ANSWER, MSKV__UCX_DATA = 3,
-       MSKV__UCX_DONE = MSKV_UCX_MSG_PREPARED, MSKV__UCX_COMMIT = MSKV_UCX_MSG_COMMIT, MSKV__UCX_ACK = MSKV_UCX_MSG_ACK };
 
 /* What both sides know about a transfer once the offer is through. */
 typedef struct mskv__ucx_xfer {
@@ -964,10 +1177,6 @@ typedef struct mskv__ucx_xfer {
     mskv_blob_range *rg;        /* scratch: one message's ranges */
 } mskv__ucx_xfer;
 
-static void mskv__ucx_put32(unsigned char *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
-static void mskv__ucx_put64(unsigned char *p, uint64_t v) { int i; for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
-static uint32_t mskv__ucx_get32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
-static uint64_t mskv__ucx_get64(const unsigned char *p) { return (uint64_t)mskv__ucx_get32(p) | (uint64_t)mskv__ucx_get32(p + 4) << 32; }
 
 /* Message m's gather/scatter list in op->iov; returns its entry count and
    sets *bytes. Ranges that follow each other in memory share an entry, so
@@ -1130,6 +1339,11 @@ static void mskv__ucx_offer_write(unsigned char *b, const mskv__ucx_xfer *x) {
     mskv__ucx_put64(b + 48, (uint64_t)x->per_msg);
 }
 
+/* The offer's MAC (fixed part's first 64 bytes, the challenge, the blob header). */
+static void mskv__ucx_offer_mac(const mskv_ucx *u, const unsigned char *b, size_t header_bytes, unsigned char mac[32]) {
+    mskv__hmac3(u->k0, b, 64, u->challenge + 8, 16, b + MSKV__UCX_OFFER_FIXED, header_bytes, mac);
+}
+
 /* A status the peer sent: a library code, or PEER for anything else. */
 static mskv_result mskv__ucx_peer_code(int32_t status) {
     return status < 0 && status > -128 ? (mskv_result)status : MSKV_ERROR_PEER;
@@ -1145,7 +1359,8 @@ static mskv_result mskv__ucx_send_steps(mskv_ucx *u, mskv__ucx_xfer *x, unsigned
     mskv_result r = MSKV_SUCCESS;
     /* the answer's receive goes first, so it never waits in UCX's unexpected queue */
     mskv__ucx_recv_op(u, st, MSKV__UCX_TAG(MSKV__UCX_ANSWER, 0), sb, sizeof sb, MSKV_UCP_DATATYPE_CONTIG_BYTE);
-    if (!(u->desc.hook && u->desc.hook(u->desc.hook_user, MSKV_UCX_HOOK_CONTROL, MSKV__UCX_OFFER, NULL, 0) == MSKV_UCX_HOOK_DROP)) {
+    if (!(u->desc.hook && u->desc.hook(u->desc.hook_user, MSKV_UCX_HOOK_CONTROL, MSKV__UCX_OFFER, offer,
+                                       MSKV__UCX_OFFER_FIXED + x->layout.header_bytes) == MSKV_UCX_HOOK_DROP)) {
         mskv__ucx_send_op(u, op, MSKV__UCX_TAG(MSKV__UCX_OFFER, 0), offer, MSKV__UCX_OFFER_FIXED + x->layout.header_bytes,
                           MSKV_UCP_DATATYPE_CONTIG_BYTE);
         r = mskv__ucx_complete(u, op, "sending the offer");
@@ -1191,11 +1406,26 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
     memset(&x, 0, sizeof x);
     x.arena = arena;
     x.req = req;
+    if (!u->have_challenge) {
+        mskv__ucx_op *ch = &u->ops[MSKV__UCX_WINDOW + 2];
+        r = ch->busy ? mskv__ucx_complete(u, ch, "waiting for the receiver's challenge")
+                     : mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_send: no challenge is on its way");
+        if (r == MSKV_SUCCESS && (ch->info.length != sizeof u->challenge || mskv__ucx_get32(u->challenge) != MSKV__UCX_MAGIC ||
+                                  mskv__ucx_get32(u->challenge + 4) != MSKV__UCX_PROTOCOL))
+            r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_send: the receiver's challenge is not this protocol's (version %u)", (unsigned)MSKV__UCX_PROTOCOL);
+        if (r != MSKV_SUCCESS) {
+            if (r != MSKV_ERROR_TIMEOUT || u->failed) mskv__ucx_break(u);
+            return r;
+        }
+        u->have_challenge = 1;
+    }
     r = mskv__ucx_export(u, &x, offer);
     if (r == MSKV_SUCCESS) {
         x.per_msg = mskv__ucx_ranges_per_msg(u, x.layout.range_bytes);
         x.messages = (x.layout.range_count + x.per_msg - 1) / x.per_msg;
         mskv__ucx_offer_write(offer, &x);
+        mskv__ucx_put64(offer + 56, ++u->offers_sent);
+        if (u->authed) mskv__ucx_offer_mac(u, offer, x.layout.header_bytes, offer + 64);
         if (!x.staged) {
             x.rg = (mskv_blob_range *)mskv__alloc(&u->al, sizeof(mskv_blob_range) * (size_t)x.per_msg);
             if (!x.rg) r = mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx_send: range list");
@@ -1203,7 +1433,9 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
         if (r == MSKV_SUCCESS) {
             r = mskv__ucx_send_steps(u, &x, offer, &decided);
             /* a refusal or a failed import ends the exchange in step; anything else leaves it unknown */
-            if (r == MSKV_ERROR_PEER || r == MSKV_ERROR_TIMEOUT || mskv__ucx_any_busy(u) || (decided && r != MSKV_SUCCESS)) mskv__ucx_break(u);
+            /* DENIED: the receiver ends the connection */
+            if (r == MSKV_ERROR_PEER || r == MSKV_ERROR_TIMEOUT || r == MSKV_ERROR_DENIED || mskv__ucx_any_busy(u) || (decided && r != MSKV_SUCCESS))
+                mskv__ucx_break(u);
         }
         if (decided && r != MSKV_SUCCESS) {
             /* COMMIT may have arrived: the receiver may hold the request now, or may not. Ours stays frozen. */
@@ -1243,8 +1475,20 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
 /* Reads an offer into x: the layout it announces, checked for sense. */
 static mskv_result mskv__ucx_offer_read(mskv_ucx *u, const unsigned char *b, size_t len, mskv__ucx_xfer *x) {
     uint64_t hb, bb, rc, rb, pm, want;
+    uint64_t counter;
     if (len < MSKV__UCX_OFFER_FIXED || mskv__ucx_get32(b) != MSKV__UCX_MAGIC || mskv__ucx_get32(b + 4) != MSKV__UCX_PROTOCOL)
         return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_recv: the offer is not this protocol's (version %u)", (unsigned)MSKV__UCX_PROTOCOL);
+    if (u->authed) {
+        /* before anything in it is believed: its header bytes are what the MAC covers */
+        unsigned char mac[32];
+        mskv__ucx_offer_mac(u, b, len - MSKV__UCX_OFFER_FIXED, mac);
+        if (!mskv__mac_equal(mac, b + 64))
+            return mskv__ucx_err(u, MSKV_ERROR_DENIED, "ucx_recv: the offer's HMAC-SHA-256 does not match (no secret, another secret, or changed bytes)");
+    }
+    counter = mskv__ucx_get64(b + 56);
+    if (counter <= u->last_counter)
+        return mskv__ucx_err(u, MSKV_ERROR_DENIED, "ucx_recv: offer counter %llu is not past %llu: a replayed offer", (unsigned long long)counter,
+                             (unsigned long long)u->last_counter);
     hb = mskv__ucx_get64(b + 8);
     bb = mskv__ucx_get64(b + 16);
     rc = mskv__ucx_get64(b + 24);
@@ -1262,6 +1506,7 @@ static mskv_result mskv__ucx_offer_read(mskv_ucx *u, const unsigned char *b, siz
     x->layout.checksum = mskv__ucx_get64(b + 40);
     x->per_msg = (int64_t)pm;
     x->messages = (x->layout.range_count + x->per_msg - 1) / x->per_msg;
+    u->last_counter = counter;
     return MSKV_SUCCESS;
 }
 
@@ -1348,6 +1593,12 @@ MSKV_IMPL mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request
         return r;
     }
     if (r == MSKV_SUCCESS) r = mskv__ucx_offer_read(u, offer, op->info.length, &x);
+    if (r == MSKV_ERROR_DENIED) {
+        /* not a peer of ours, or a replay: no page was taken; it learns why, and the connection ends */
+        (void)mskv__ucx_send_status(u, MSKV__UCX_ANSWER, (int32_t)r, "refusing the offer");
+        mskv__ucx_break(u);
+        return r;
+    }
     if (r != MSKV_SUCCESS) { mskv__ucx_break(u); return r; }
     mskv__ucx_step(u, MSKV_UCX_STEP_OFFER_RECEIVED);
     r = mskv__ucx_import(u, &x, offer + MSKV__UCX_OFFER_FIXED);

@@ -37,7 +37,8 @@ typedef enum mtx_fault {
     MTX_DROP_RECEIVER,     /* the receiver closes the connection after message 1 */
     MTX_DROP_SENDER,       /* the sender closes the connection after message 1 */
     MTX_FLIP,              /* one bit of message 1 changes on its way */
-    MTX_FEW_PAGES          /* the receiver's arena is too small */
+    MTX_FEW_PAGES,         /* the receiver's arena is too small */
+    MTX_TAMPER             /* one byte of the offer's blob header changes after it was signed */
 } mtx_fault;
 
 typedef struct mtx_case {
@@ -48,6 +49,7 @@ typedef struct mtx_case {
     mtx_fault fault;
     uint32_t flags;        /* mskv_ucx_send's */
     int sender_ops, receiver_ops;   /* that side's pages behind store_ops (staged through host memory) */
+    const char *send_secret, *recv_secret;   /* mskv_ucx_desc.secret of each side (NULL: none) */
 } mtx_case;
 
 /* What one side saw, sent from the child to the parent through a pipe. */
@@ -69,6 +71,7 @@ static void mtx_log(void *user, mskv_log_level level, const char *msg) {
 
 static int mtx_hook(void *user, mskv_ucx_hook_point at, int64_t m, void *data, size_t bytes) {
     const mtx_case *c = (const mtx_case *)user;
+    if (at == MSKV_UCX_HOOK_CONTROL && m == MSKV_UCX_MSG_OFFER && c->fault == MTX_TAMPER && bytes > 140) ((unsigned char *)data)[140] ^= 1;
     if (m != 1 || (at != MSKV_UCX_HOOK_SENT && at != MSKV_UCX_HOOK_RECEIVED)) return 0;
     if (at == MSKV_UCX_HOOK_RECEIVED) {
         if (c->fault == MTX_KILL_RECEIVER) kill(getpid(), SIGKILL);
@@ -81,9 +84,14 @@ static int mtx_hook(void *user, mskv_ucx_hook_point at, int64_t m, void *data, s
     return 0;
 }
 
-static mskv_ucx_desc mtx_desc(const mtx_case *c) {
+static mskv_ucx_desc mtx_desc(const mtx_case *c, int sender) {
     mskv_ucx_desc d;
+    const char *secret = sender ? c->send_secret : c->recv_secret;
     memset(&d, 0, sizeof d);
+    if (secret) {
+        d.secret = secret;
+        d.secret_bytes = strlen(secret);
+    }
     d.timeout_ms = MTX_TIMEOUT_MS;
     d.log = mtx_log;
     d.hook = mtx_hook;
@@ -120,7 +128,7 @@ static void mtx_audit(mskv_arena *a, mtx_report *rep, const char *side) {
 /* The sender: builds the request, sends it, then checks its own state:
    gone after a move, else byte-identical to before and usable. */
 static void mtx_sender(const mtx_case *c, uint16_t port, mtx_report *rep) {
-    mskv_ucx_desc d = mtx_desc(c);
+    mskv_ucx_desc d = mtx_desc(c, 1);
     mskv_arena *a = c->sender_ops ? mts_arena_ops(mtx_pages(c), c->page_size, mtx_groups(c)) : mts_arena(mtx_pages(c), c->page_size, mtx_groups(c));
     mskv_ucx *u = NULL;
     mskv_request r;
@@ -154,7 +162,7 @@ out:
 /* The receiver: listens, tells the sender its port, receives, then checks:
    the request exports the sender's exact bytes, or nothing was imported. */
 static void mtx_receiver(const mtx_case *c, int port_fd, mtx_report *rep) {
-    mskv_ucx_desc d = mtx_desc(c);
+    mskv_ucx_desc d = mtx_desc(c, 0);
     int32_t pages = c->fault == MTX_FEW_PAGES ? mtx_pages(c) / 4 : mtx_pages(c);
     mskv_arena *a = c->receiver_ops ? mts_arena_ops(pages, c->page_size, mtx_groups(c)) : mts_arena(pages, c->page_size, mtx_groups(c));
     mskv_arena *ref = mts_arena(mtx_pages(c), c->page_size, mtx_groups(c));
@@ -867,4 +875,191 @@ TEST(ucx_resolve_refuses_bad_arguments_and_an_object_with_nothing_in_doubt) {
     EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_ucx_resolve(u, MSKV_UCX_ABORTED, NULL));
     EXPECT_EQ(0, mskv_ucx_in_doubt(u, NULL));
     mskv_ucx_destroy(u);
+}
+
+/* ---- only invited peers: SHA-256, HMAC-SHA-256, the offer's MAC and counter ---- */
+
+static void mta_hex(const unsigned char *b, size_t n, char *out) {
+    size_t i;
+    for (i = 0; i < n; i++) sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+TEST(sha256_matches_the_fips_180_4_examples) {
+    unsigned char h[32];
+    char hex[65];
+    char *million = (char *)malloc(1000000);
+    ASSERT_TRUE(million != NULL);
+    mskv_sha256("abc", 3, h);
+    mta_hex(h, 32, hex);
+    EXPECT_STREQ("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", hex);
+    mskv_sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", 56, h);   /* the 448-bit message */
+    mta_hex(h, 32, hex);
+    EXPECT_STREQ("248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1", hex);
+    mskv_sha256(NULL, 0, h);
+    mta_hex(h, 32, hex);
+    EXPECT_STREQ("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", hex);
+    memset(million, 'a', 1000000);   /* one million 'a' (NIST's long example) */
+    mskv_sha256(million, 1000000, h);
+    mta_hex(h, 32, hex);
+    EXPECT_STREQ("cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0", hex);
+    free(million);
+}
+
+TEST(hmac_sha256_matches_rfc_4231_test_cases_1_to_7) {
+    static const char *want[7] = {
+        "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7",
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843",
+        "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe",
+        "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b",
+        "a3b6167473100ee06e0c796c2955552b",   /* test case 5: truncated to 128 bits */
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54",
+        "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2"};
+    static const char *t6 = "Test Using Larger Than Block-Size Key - Hash Key First";
+    static const char *t7 = "This is a test using a larger than block-size key and a larger than block-size data. The key needs to be hashed "
+                            "before being used by the HMAC algorithm.";
+    unsigned char key[131], data[152], mac[32];
+    char hex[65];
+    int i;
+    for (i = 0; i < 7; i++) {
+        size_t kn = 0, dn = 0;
+        switch (i) {
+        case 0: kn = 20; memset(key, 0x0b, kn); dn = 8; memcpy(data, "Hi There", dn); break;
+        case 1: kn = 4; memcpy(key, "Jefe", kn); dn = 28; memcpy(data, "what do ya want for nothing?", dn); break;
+        case 2: kn = 20; memset(key, 0xaa, kn); dn = 50; memset(data, 0xdd, dn); break;
+        case 3: kn = 25; { size_t k; for (k = 0; k < kn; k++) key[k] = (unsigned char)(k + 1); } dn = 50; memset(data, 0xcd, dn); break;
+        case 4: kn = 20; memset(key, 0x0c, kn); dn = 20; memcpy(data, "Test With Truncation", dn); break;
+        case 5: kn = 131; memset(key, 0xaa, kn); dn = strlen(t6); memcpy(data, t6, dn); break;
+        default: kn = 131; memset(key, 0xaa, kn); dn = strlen(t7); memcpy(data, t7, dn); break;
+        }
+        mskv_hmac_sha256(key, kn, data, dn, mac);
+        mta_hex(mac, strlen(want[i]) / 2, hex);
+        if (strcmp(hex, want[i]) != 0) mt_fail(__FILE__, __LINE__, "RFC 4231 test case %d: %s, wanted %s", i + 1, hex, want[i]);
+    }
+}
+
+TEST(ucx_with_the_same_secret_on_both_sides_moves_the_request) {
+    mtx_case c = mtx_make(MTS_KEYED, 500, "tcp");
+    MTX_NEED_UCX();
+    c.send_secret = c.recv_secret = "an invitation to the arena";
+    mtx_expect_moved(&c);
+}
+
+TEST(ucx_offer_without_or_with_a_wrong_or_changed_MAC_is_DENIED_before_a_page_is_taken) {
+    mtx_case c = mtx_make(MTS_GAP, 800, "tcp");
+    MTX_NEED_UCX();
+    c.recv_secret = "the receiver's secret";
+    mtx_expect_fault(&c, MSKV_ERROR_DENIED, MSKV_ERROR_DENIED, __LINE__);   /* no secret: unauthenticated */
+    c.send_secret = "another secret";
+    mtx_expect_fault(&c, MSKV_ERROR_DENIED, MSKV_ERROR_DENIED, __LINE__);
+    c.send_secret = c.recv_secret;
+    c.fault = MTX_TAMPER;
+    mtx_expect_fault(&c, MSKV_ERROR_DENIED, MSKV_ERROR_DENIED, __LINE__);
+}
+
+TEST(ucx_secret_of_a_bad_length_is_INVALID_ARGUMENT) {
+    mskv_ucx_desc d;
+    mskv_ucx *u = NULL;
+    MTX_NEED_UCX();
+    memset(&d, 0, sizeof d);
+    d.secret = "x";
+    d.secret_bytes = 0;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_ucx_listen(&d, "127.0.0.1", 0, &u));
+    d.secret_bytes = 1025;
+    EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_ucx_connect(&d, "127.0.0.1", 1, &u));
+    EXPECT_TRUE(u == NULL);
+}
+
+/* The sender's hook keeps its first offer and sends it again in place of later ones. */
+typedef struct mta_replay { unsigned char offer[MSKV__UCX_OFFER_MAX]; size_t n; int count; } mta_replay;
+
+static int mta_replay_hook(void *user, mskv_ucx_hook_point at, int64_t m, void *data, size_t bytes) {
+    mta_replay *st = (mta_replay *)user;
+    if (at != MSKV_UCX_HOOK_CONTROL || m != MSKV_UCX_MSG_OFFER || bytes > sizeof st->offer) return 0;
+    if (st->count++ == 0) {
+        memcpy(st->offer, data, bytes);
+        st->n = bytes;
+    } else if (bytes == st->n) {
+        memcpy(data, st->offer, bytes);
+    }
+    return 0;
+}
+
+TEST(ucx_replayed_offer_is_DENIED_on_the_same_and_on_a_new_connection_with_no_page_held) {
+    static const char secret[] = "replays are refused";
+    int fds[2], status = 0;
+    pid_t pid;
+    mskv_ucx_desc d;
+    mskv_ucx *u1 = NULL, *u2 = NULL;
+    mskv_arena *a = mts_arena(256, 16, 1);
+    mskv_arena_stats s0, s1;
+    mskv_request r;
+    uint16_t ports[2] = {0, 0};
+    MTX_NEED_UCX();
+    ASSERT_TRUE(a != NULL);
+    setenv("UCX_TLS", "tcp", 1);
+    ASSERT_EQ(0, pipe(fds));
+    fflush(stdout);
+    pid = fork();
+    ASSERT_TRUE(pid >= 0);
+    if (pid == 0) {
+        /* the sender: A goes through, B's offer is A's again (same connection), then C's on a new connection */
+        mskv_arena *b = mts_arena(256, 16, 1);
+        mskv_ucx *s = NULL;
+        mskv_request q[3];
+        mskv_ucx_desc ds;
+        mta_replay st;
+        int code = 0, i;
+        memset(&st, 0, sizeof st);
+        memset(&ds, 0, sizeof ds);
+        ds.timeout_ms = MTX_TIMEOUT_MS;
+        ds.log = mtx_log;
+        ds.secret = secret;
+        ds.secret_bytes = sizeof secret - 1;
+        ds.hook = mta_replay_hook;
+        ds.hook_user = &st;
+        if (!b || read(fds[0], ports, sizeof ports) != (ssize_t)sizeof ports) _exit(20);
+        for (i = 0; i < 3; i++)
+            if (mts_build(b, MTS_PLAIN, 100, 3 + i, &q[i]) != MSKV_SUCCESS) _exit(21);
+        if (mskv_ucx_connect(&ds, "127.0.0.1", ports[0], &s) != MSKV_SUCCESS) _exit(22);
+        if (mskv_ucx_send(s, b, q[0], 0) != MSKV_SUCCESS) code |= 1;
+        if (mskv_ucx_send(s, b, q[1], 0) != MSKV_ERROR_DENIED) code |= 2;
+        mskv_ucx_destroy(s);
+        s = NULL;
+        if (mskv_ucx_connect(&ds, "127.0.0.1", ports[1], &s) != MSKV_SUCCESS || mskv_ucx_send(s, b, q[2], 0) != MSKV_ERROR_DENIED) code |= 4;
+        mskv_ucx_destroy(s);
+        mskv_arena_destroy(b);
+        _exit(code);
+    }
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = MTX_TIMEOUT_MS;
+    d.log = mtx_log;
+    d.secret = secret;
+    d.secret_bytes = sizeof secret - 1;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_listen(&d, "127.0.0.1", 0, &u1));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_listen(&d, "127.0.0.1", 0, &u2));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_port(u1, &ports[0]));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_port(u2, &ports[1]));
+    EXPECT_EQ((ssize_t)sizeof ports, write(fds[1], ports, sizeof ports));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_accept(u1));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_recv(u1, a, &r));
+    mskv_arena_stats_get(a, &s0);
+    EXPECT_EQ(MSKV_ERROR_DENIED, mskv_ucx_recv(u1, a, &r));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_accept(u2));
+    EXPECT_EQ(MSKV_ERROR_DENIED, mskv_ucx_recv(u2, a, &r));
+    mskv_arena_stats_get(a, &s1);
+    EXPECT_EQ(s0.free_pages, s1.free_pages);
+    EXPECT_EQ(s0.requests, s1.requests);
+    EXPECT_EQ(1, s1.requests);
+    mskv_ucx_destroy(u1);
+    mskv_ucx_destroy(u2);
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(0, WEXITSTATUS(status));
+    close(fds[0]);
+    close(fds[1]);
+    {
+        char why[200];
+        EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(a, why, sizeof why));
+    }
+    mskv_arena_destroy(a);
 }
