@@ -92,6 +92,7 @@ typedef uint64_t mskv_ucp_datatype;                     /* ucp_datatype_t */
 #define MSKV_UCP_LISTENER_PARAM_FIELD_SOCK_ADDR (1ull << 0)
 #define MSKV_UCP_LISTENER_PARAM_FIELD_CONN_HANDLER (1ull << 2)
 #define MSKV_UCP_LISTENER_ATTR_FIELD_SOCKADDR (1ull << 0)
+#define MSKV_UCP_EP_PARAM_FIELD_REMOTE_ADDRESS (1ull << 0)
 #define MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE (1ull << 1)
 #define MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLER (1ull << 2)
 #define MSKV_UCP_EP_PARAM_FIELD_SOCK_ADDR (1ull << 4)
@@ -186,6 +187,8 @@ typedef struct mskv_ucp_request_param {
     X(void, ucp_cleanup, (mskv_ucp_context context))                                                   \
     X(mskv_ucs_status, ucp_worker_create, (mskv_ucp_context context, const mskv_ucp_worker_params *params, mskv_ucp_worker *out)) \
     X(void, ucp_worker_destroy, (mskv_ucp_worker worker))                                              \
+    X(mskv_ucs_status, ucp_worker_get_address, (mskv_ucp_worker worker, void **address, size_t *length)) \
+    X(void, ucp_worker_release_address, (mskv_ucp_worker worker, void *address))                      \
     X(unsigned, ucp_worker_progress, (mskv_ucp_worker worker))                                         \
     X(mskv_ucs_status, ucp_listener_create, (mskv_ucp_worker worker, const mskv_ucp_listener_params *params, mskv_ucp_listener *out)) \
     X(void, ucp_listener_destroy, (mskv_ucp_listener listener))                                        \
@@ -290,6 +293,26 @@ MSKV_API mskv_result mskv_ucx_port(mskv_ucx *u, uint16_t *port);
    the endpoint to it; later peers are rejected. TIMEOUT, PEER, BAD_STATE
    (already connected, or not a listener). */
 MSKV_API mskv_result mskv_ucx_accept(mskv_ucx *u);
+/* The rendezvous through worker addresses, with no listening socket of
+   UCX's connection manager: UCX 1.13's tcp_sockcm aborts the process (an
+   assertion in tcp_sockcm_ep.c) on a TCP connection whose first bytes claim
+   a short private-data length, and no UCX setting avoids it, so a port
+   scan can kill a receiver made by mskv_ucx_listen. The default for
+   untrusted networks: mskv_ucx_listen_address makes a receiver and gives
+   its worker address (mskv_ucx_address: bytes valid while u lives), which
+   the caller carries to the sender out of band; mskv_ucx_connect_address
+   makes the sender's endpoint from it and sends its own worker address;
+   mskv_ucx_accept then takes the first such hello and connects back. From
+   there everything is as with a listener (set desc.secret: anyone who
+   learns the address can still offer). UCX's transports keep their own
+   sockets (the tcp transport listens for its connections), which take
+   junk without aborting (tests/test_ucx.c sends junk to every listening
+   port of a receiver made this way). Return values as mskv_ucx_listen /
+   mskv_ucx_connect; INVALID_ARGUMENT for a NULL or empty address or one
+   over 64 KiB. */
+MSKV_API mskv_result mskv_ucx_listen_address(const mskv_ucx_desc *desc, mskv_ucx **out);
+MSKV_API mskv_result mskv_ucx_address(mskv_ucx *u, const void **address, size_t *bytes);
+MSKV_API mskv_result mskv_ucx_connect_address(const mskv_ucx_desc *desc, const void *address, size_t bytes, mskv_ucx **out);
 /* The sending side: a UCX context and worker with an endpoint to ip:port.
    The connection completes with the first message (a peer that is not
    there shows as PEER or TIMEOUT then). */
@@ -718,7 +741,8 @@ MSKV_IMPL mskv_result mskv_ucx_probe(const char *library, char *why, size_t why_
 #define MSKV__UCX_TAG(kind, n) ((mskv_ucp_tag)(kind) << 56 | ((mskv_ucp_tag)(n) & 0x00FFFFFFFFFFFFFFull))
 enum { MSKV__UCX_OFFER = MSKV_UCX_MSG_OFFER, MSKV__UCX_ANSWER = MSKV_UCX_MSG_ANSWER, MSKV__UCX_DATA = 3,
        MSKV__UCX_DONE = MSKV_UCX_MSG_PREPARED, MSKV__UCX_COMMIT = MSKV_UCX_MSG_COMMIT, MSKV__UCX_ACK = MSKV_UCX_MSG_ACK,
-       MSKV__UCX_CHALLENGE = 7 };
+       MSKV__UCX_CHALLENGE = 7, MSKV__UCX_HELLO = 8 };
+#define MSKV__UCX_HELLO_MAX 65536u   /* a hello: magic, version, the sender's worker address */
 
 static void mskv__ucx_put32(unsigned char *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
 static void mskv__ucx_put64(unsigned char *p, uint64_t v) { int i; for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
@@ -753,6 +777,10 @@ struct mskv_ucx {
     mskv_ucp_ep ep;
     mskv_ucp_conn_request pending;     /* a connection request not yet accepted */
     int is_listener;
+    int by_address;                    /* a rendezvous through worker addresses (no listener) */
+    void *my_addr;                     /* this worker's address (ucp_worker_get_address), or NULL */
+    size_t my_addr_len;
+    unsigned char *hello;              /* receiver: the peer's worker address arrives here */
     mskv_ucs_status failed;            /* the endpoint's error (err handler), 0 while healthy */
     int broken;                        /* the connection is gone: every later call is PEER */
     mskv__ucx_op ops[MSKV__UCX_WINDOW + 3];   /* the page window, the control messages' two, the challenge's */
@@ -766,7 +794,8 @@ struct mskv_ucx {
     int doubt_frozen;                  /* the request's export is open (host pools) */
     int authed;                        /* a secret was given: k0 is its HMAC key block */
     unsigned char k0[64];
-    unsigned char challenge[24];       /* the receiver's: magic, version, 16 random bytes, fresh per connection */
+    unsigned char challenge[24];
+    int challenge_sent;       /* the receiver's: magic, version, 16 random bytes, fresh per connection */
     int have_challenge;
     uint64_t offers_sent, last_counter;   /* the offers' counter: each must exceed the last one accepted */
 };
@@ -1074,11 +1103,130 @@ static mskv_result mskv__ucx_make_ep(mskv_ucx *u, mskv_ucp_conn_request from) {
     return MSKV_SUCCESS;
 }
 
+/* A fresh challenge per connection: every offer's MAC covers it, so none replays onto another connection. */
+static mskv_result mskv__ucx_send_challenge(mskv_ucx *u) {
+    mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW + 2];
+    mskv_result r;
+    mskv__ucx_put32(u->challenge, MSKV__UCX_MAGIC);
+    mskv__ucx_put32(u->challenge + 4, MSKV__UCX_PROTOCOL);
+    mskv__ucx_random(u->challenge + 8);
+    mskv__ucx_send_op(u, op, MSKV__UCX_TAG(MSKV__UCX_CHALLENGE, 0), u->challenge, sizeof u->challenge, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    r = mskv__ucx_complete(u, op, "sending the challenge");
+    if (r != MSKV_SUCCESS) mskv__ucx_break(u);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_listen_address(const mskv_ucx_desc *desc, mskv_ucx **out) {
+    mskv_ucx *u;
+    mskv_ucs_status s;
+    mskv_result r;
+    if (!out) return MSKV_ERROR_NULL_POINTER;
+    r = mskv__ucx_create(desc, &u);
+    if (r != MSKV_SUCCESS) return r;
+    u->hello = (unsigned char *)mskv__alloc(&u->al, MSKV__UCX_HELLO_MAX);
+    if (!u->hello) { mskv_ucx_destroy(u); return MSKV_ERROR_OUT_OF_MEMORY; }
+    s = u->fn.ucp_worker_get_address(u->worker, &u->my_addr, &u->my_addr_len);
+    if (s != MSKV_UCS_OK) {
+        u->my_addr = NULL;
+        r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_listen_address: no worker address: %s", mskv__ucx_status(u, s));
+        mskv_ucx_destroy(u);
+        return r;
+    }
+    u->is_listener = 1;
+    u->by_address = 1;
+    *out = u;
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_address(mskv_ucx *u, const void **address, size_t *bytes) {
+    if (!u || !address || !bytes) return MSKV_ERROR_NULL_POINTER;
+    if (!u->by_address || !u->my_addr) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_address: not made by mskv_ucx_listen_address");
+    *address = u->my_addr;
+    *bytes = u->my_addr_len;
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_connect_address(const mskv_ucx_desc *desc, const void *address, size_t bytes, mskv_ucx **out) {
+    mskv_ucx *u;
+    mskv_ucp_ep_params ep;
+    mskv_ucs_status s;
+    mskv_result r;
+    unsigned char *hello;
+    if (!out) return MSKV_ERROR_NULL_POINTER;
+    if (!address || bytes == 0 || bytes > MSKV__UCX_HELLO_MAX - 8) {
+        if (desc && desc->log) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "ucx_connect_address: an address of %zu bytes (1 to %u)", address ? bytes : (size_t)0, (unsigned)(MSKV__UCX_HELLO_MAX - 8));
+            desc->log(desc->log_user, MSKV_LOG_ERROR, msg);
+        }
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    }
+    r = mskv__ucx_create(desc, &u);
+    if (r != MSKV_SUCCESS) return r;
+    s = u->fn.ucp_worker_get_address(u->worker, &u->my_addr, &u->my_addr_len);
+    if (s != MSKV_UCS_OK || u->my_addr_len > MSKV__UCX_HELLO_MAX - 8) {
+        if (s != MSKV_UCS_OK) u->my_addr = NULL;
+        r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_connect_address: no worker address of ours: %s", mskv__ucx_status(u, s));
+        mskv_ucx_destroy(u);
+        return r;
+    }
+    memset(&ep, 0, sizeof ep);
+    ep.field_mask = MSKV_UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = address;
+    ep.err_mode = MSKV_UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = mskv__ucx_on_error;
+    ep.err_handler.arg = u;
+    s = u->fn.ucp_ep_create(u->worker, &ep, &u->ep);
+    if (s != MSKV_UCS_OK) {
+        u->ep = NULL;
+        r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_connect_address: no endpoint: %s", mskv__ucx_status(u, s));
+        mskv_ucx_destroy(u);
+        return r;
+    }
+    hello = (unsigned char *)mskv__alloc(&u->al, 8 + u->my_addr_len);
+    if (!hello) { mskv_ucx_destroy(u); return MSKV_ERROR_OUT_OF_MEMORY; }
+    mskv__ucx_put32(hello, MSKV__UCX_MAGIC);
+    mskv__ucx_put32(hello + 4, MSKV__UCX_PROTOCOL);
+    memcpy(hello + 8, u->my_addr, u->my_addr_len);
+    mskv__ucx_recv_op(u, &u->ops[MSKV__UCX_WINDOW + 2], MSKV__UCX_TAG(MSKV__UCX_CHALLENGE, 0), u->challenge, sizeof u->challenge,
+                      MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    mskv__ucx_send_op(u, &u->ops[MSKV__UCX_WINDOW], MSKV__UCX_TAG(MSKV__UCX_HELLO, 0), hello, 8 + u->my_addr_len, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    r = mskv__ucx_complete(u, &u->ops[MSKV__UCX_WINDOW], "sending the hello");
+    mskv__free(&u->al, hello);
+    if (r != MSKV_SUCCESS) { mskv_ucx_destroy(u); return r; }
+    *out = u;
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_ucx_accept(mskv_ucx *u) {
     mskv_result r;
     int64_t start;
     if (!u) return MSKV_ERROR_NULL_POINTER;
     if (!u->is_listener || u->ep || u->broken) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_accept: not a listener, or connected already");
+    if (u->by_address) {
+        /* the sender's hello: its worker address, so that replies have an endpoint */
+        mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW];
+        mskv_ucp_ep_params ep;
+        mskv_ucs_status s;
+        if (!op->busy) mskv__ucx_recv_op(u, op, MSKV__UCX_TAG(MSKV__UCX_HELLO, 0), u->hello, MSKV__UCX_HELLO_MAX, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+        r = mskv__ucx_complete(u, op, "waiting for a sender's hello");
+        if (r == MSKV_ERROR_TIMEOUT) return r;   /* the receive stays posted: call again */
+        if (r != MSKV_SUCCESS) return r;
+        if (op->info.length < 9 || mskv__ucx_get32(u->hello) != MSKV__UCX_MAGIC || mskv__ucx_get32(u->hello + 4) != MSKV__UCX_PROTOCOL)
+            return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_accept: a hello that is not this protocol's (version %u)", (unsigned)MSKV__UCX_PROTOCOL);
+        memset(&ep, 0, sizeof ep);
+        ep.field_mask = MSKV_UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        ep.address = u->hello + 8;
+        ep.err_mode = MSKV_UCP_ERR_HANDLING_MODE_PEER;
+        ep.err_handler.cb = mskv__ucx_on_error;
+        ep.err_handler.arg = u;
+        s = u->fn.ucp_ep_create(u->worker, &ep, &u->ep);
+        if (s != MSKV_UCS_OK) {
+            u->ep = NULL;
+            return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_accept: no endpoint to the sender's address: %s", mskv__ucx_status(u, s));
+        }
+        return mskv__ucx_send_challenge(u);
+    }
     start = mskv__ucx_now_ms();
     while (!u->pending) {
         unsigned spin;
@@ -1088,16 +1236,7 @@ MSKV_IMPL mskv_result mskv_ucx_accept(mskv_ucx *u) {
     }
     r = mskv__ucx_make_ep(u, u->pending);
     u->pending = NULL;
-    if (r == MSKV_SUCCESS) {
-        /* a fresh challenge per connection: every offer's MAC covers it, so none replays onto another connection */
-        mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW + 2];
-        mskv__ucx_put32(u->challenge, MSKV__UCX_MAGIC);
-        mskv__ucx_put32(u->challenge + 4, MSKV__UCX_PROTOCOL);
-        mskv__ucx_random(u->challenge + 8);
-        mskv__ucx_send_op(u, op, MSKV__UCX_TAG(MSKV__UCX_CHALLENGE, 0), u->challenge, sizeof u->challenge, MSKV_UCP_DATATYPE_CONTIG_BYTE);
-        r = mskv__ucx_complete(u, op, "sending the challenge");
-        if (r != MSKV_SUCCESS) mskv__ucx_break(u);
-    }
+    if (r == MSKV_SUCCESS) r = mskv__ucx_send_challenge(u);
     return r;
 }
 
@@ -1140,6 +1279,8 @@ MSKV_IMPL void mskv_ucx_destroy(mskv_ucx *u) {
     }
     mskv__ucx_break(u);
     if (u->pending) u->fn.ucp_listener_reject(u->listener, u->pending);
+    if (u->my_addr) u->fn.ucp_worker_release_address(u->worker, u->my_addr);
+    mskv__free(&al, u->hello);
     if (u->listener) u->fn.ucp_listener_destroy(u->listener);
     if (u->worker) u->fn.ucp_worker_destroy(u->worker);
     if (u->ctx) u->fn.ucp_cleanup(u->ctx);
