@@ -40,7 +40,8 @@ long mtu_format_count(void) { return mtu_formats; }
 #ifdef __cplusplus
 extern "C" {
 #endif
-uint64_t mtu_blob_checksum(const void *p, size_t n) { return mskv__checksum(p, n); }
+uint64_t mtu_blob_checksum(const void *p, size_t n) { return mskv__blob_checksum((const unsigned char *)p, n); }
+uint64_t mtu_blob_legacy_checksum(const void *p, size_t n) { return mskv__legacy_checksum(p, n); }
 
 /* ---- the platform, for tests that start threads or touch files ----------------
    Threads, locks and the once flag are the library's own wrappers (so these
