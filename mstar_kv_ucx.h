@@ -88,6 +88,8 @@ typedef uint64_t mskv_ucp_datatype;                     /* ucp_datatype_t */
 #define MSKV_UCS_THREAD_MODE_SINGLE 0
 #define MSKV_UCP_PARAM_FIELD_FEATURES (1ull << 0)
 #define MSKV_UCP_FEATURE_TAG (1ull << 0)
+#define MSKV_UCP_FEATURE_WAKEUP (1ull << 4)
+#define MSKV_UCS_ERR_BUSY (-15)
 #define MSKV_UCP_WORKER_PARAM_FIELD_THREAD_MODE (1ull << 0)
 #define MSKV_UCP_LISTENER_PARAM_FIELD_SOCK_ADDR (1ull << 0)
 #define MSKV_UCP_LISTENER_PARAM_FIELD_CONN_HANDLER (1ull << 2)
@@ -189,6 +191,8 @@ typedef struct mskv_ucp_request_param {
     X(void, ucp_worker_destroy, (mskv_ucp_worker worker))                                              \
     X(mskv_ucs_status, ucp_worker_get_address, (mskv_ucp_worker worker, void **address, size_t *length)) \
     X(void, ucp_worker_release_address, (mskv_ucp_worker worker, void *address))                      \
+    X(mskv_ucs_status, ucp_worker_get_efd, (mskv_ucp_worker worker, int *fd))                          \
+    X(mskv_ucs_status, ucp_worker_arm, (mskv_ucp_worker worker))                                       \
     X(unsigned, ucp_worker_progress, (mskv_ucp_worker worker))                                         \
     X(mskv_ucs_status, ucp_listener_create, (mskv_ucp_worker worker, const mskv_ucp_listener_params *params, mskv_ucp_listener *out)) \
     X(void, ucp_listener_destroy, (mskv_ucp_listener listener))                                        \
@@ -420,6 +424,7 @@ MSKV_API void mskv_ucx_destroy(mskv_ucx *u);
 #include <dlfcn.h>
 #include <sched.h>
 #include <sys/time.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
@@ -489,6 +494,20 @@ static int64_t mskv__ucx_now_ms(void) {
     struct timeval tv;
     gettimeofday(&tv, NULL);
     return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+#endif
+}
+
+/* Sleeps until fd is readable or ms pass (the worker's event fd). */
+static void mskv__ucx_sleep_on(int fd, int ms) {
+#ifndef _WIN32
+    struct pollfd p;
+    p.fd = fd;
+    p.events = POLLIN;
+    p.revents = 0;
+    (void)poll(&p, 1, ms);
+#else
+    (void)fd;
+    (void)ms;
 #endif
 }
 
@@ -782,6 +801,7 @@ struct mskv_ucx {
     size_t my_addr_len;
     unsigned char *hello;              /* receiver: the peer's worker address arrives here */
     mskv_ucs_status failed;            /* the endpoint's error (err handler), 0 while healthy */
+    int efd;                           /* the worker's event fd (UCP_FEATURE_WAKEUP), -1 without */
     int broken;                        /* the connection is gone: every later call is PEER */
     mskv__ucx_op ops[MSKV__UCX_WINDOW + 3];   /* the page window, the control messages' two, the challenge's */
     mskv_ucp_dt_iov *iov_mem;          /* MSKV__UCX_WINDOW lists of MSKV__UCX_MAX_RANGES */
@@ -890,14 +910,20 @@ static mskv_result mskv__ucx_create(const mskv_ucx_desc *desc, mskv_ucx **out) {
     for (i = 0; i < MSKV__UCX_WINDOW; i++) u->ops[i].iov = u->iov_mem + (size_t)i * MSKV__UCX_MAX_RANGES;
     memset(&cp, 0, sizeof cp);
     cp.field_mask = MSKV_UCP_PARAM_FIELD_FEATURES;
-    cp.features = MSKV_UCP_FEATURE_TAG;
+    cp.features = MSKV_UCP_FEATURE_TAG | MSKV_UCP_FEATURE_WAKEUP;   /* waits sleep on the event fd */
+    u->efd = -1;
     s = u->fn.ucp_init_version(1, 12, &cp, NULL, &u->ctx);
+    if (s != MSKV_UCS_OK) {
+        cp.features = MSKV_UCP_FEATURE_TAG;   /* no transport with events: spin and yield as before */
+        s = u->fn.ucp_init_version(1, 12, &cp, NULL, &u->ctx);
+    }
     if (s == MSKV_UCS_OK) {
         memset(&wp, 0, sizeof wp);
         wp.field_mask = MSKV_UCP_WORKER_PARAM_FIELD_THREAD_MODE;
         wp.thread_mode = MSKV_UCS_THREAD_MODE_SINGLE;
         s = u->fn.ucp_worker_create(u->ctx, &wp, &u->worker);
         if (s != MSKV_UCS_OK) { u->fn.ucp_cleanup(u->ctx); u->ctx = NULL; }
+        else if ((cp.features & MSKV_UCP_FEATURE_WAKEUP) && u->fn.ucp_worker_get_efd(u->worker, &u->efd) != MSKV_UCS_OK) u->efd = -1;
     }
     if (s != MSKV_UCS_OK) {
         r = mskv__ucx_err(u, MSKV_ERROR_UNSUPPORTED, "ucx: no UCP context/worker: %s", mskv__ucx_status(u, s));
@@ -910,24 +936,44 @@ static mskv_result mskv__ucx_create(const mskv_ucx_desc *desc, mskv_ucx **out) {
     return MSKV_SUCCESS;
 }
 
+#define MSKV__UCX_SPIN 64        /* idle polls before a wait sleeps on the event fd */
+#define MSKV__UCX_NAP_MS 20       /* the longest sleep between clock checks */
+
+/* One idle moment of a wait: after a brief spin, arm the worker and sleep
+   on its event fd until something arrives (or a short nap passes); without
+   an event fd, yield the processor. Returns whether it slept. */
+static int mskv__ucx_idle(mskv_ucx *u, unsigned idle) {
+    if (idle <= MSKV__UCX_SPIN) return 0;
+    if (u->efd >= 0) {
+        /* BUSY: events are pending, progress again at once */
+        if (u->fn.ucp_worker_arm(u->worker) == MSKV_UCS_OK) {
+            mskv__ucx_sleep_on(u->efd, MSKV__UCX_NAP_MS);
+            return 1;
+        }
+        return 0;
+    }
+    mskv__ucx_yield();
+    return 0;
+}
+
 /* Polls the worker until *flag is set, the endpoint fails, or timeout_ms
    pass with no progress (every op that completes counts as progress). */
 static mskv_result mskv__ucx_wait(mskv_ucx *u, const int *flag, const char *what) {
     int64_t last = mskv__ucx_now_ms();
     unsigned idle = 0;
     while (!*flag) {
-        if (u->fn.ucp_worker_progress(u->worker)) idle = 0;
+        int slept;
+        if (u->fn.ucp_worker_progress(u->worker)) {
+            idle = 0;
+            last = mskv__ucx_now_ms();
+        }
         if (*flag) break;
         if (u->failed)
             return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: %s: the connection failed: %s", what, mskv__ucx_status(u, u->failed));
-        if (idle > 64) mskv__ucx_yield();
-        /* the clock only now and then: reading it every spin costs more than the progress */
-        if (idle++ % 256 == 0) {
-            int64_t now = mskv__ucx_now_ms();
-            if (idle == 1) last = now;
-            else if (now - last > u->desc.timeout_ms)
-                return mskv__ucx_err(u, MSKV_ERROR_TIMEOUT, "ucx: %s: no progress for %d ms", what, (int)u->desc.timeout_ms);
-        }
+        slept = mskv__ucx_idle(u, ++idle);
+        /* the clock only after a sleep or now and then: reading it every spin costs more than the progress */
+        if ((slept || idle % 256 == 0) && mskv__ucx_now_ms() - last > u->desc.timeout_ms)
+            return mskv__ucx_err(u, MSKV_ERROR_TIMEOUT, "ucx: %s: no progress for %d ms", what, (int)u->desc.timeout_ms);
     }
     return MSKV_SUCCESS;
 }
@@ -1230,7 +1276,8 @@ MSKV_IMPL mskv_result mskv_ucx_accept(mskv_ucx *u) {
     start = mskv__ucx_now_ms();
     while (!u->pending) {
         unsigned spin;
-        for (spin = 0; spin < 256 && !u->pending; spin++) u->fn.ucp_worker_progress(u->worker);
+        for (spin = 0; spin <= MSKV__UCX_SPIN + 1 && !u->pending; spin++)
+            if (!u->fn.ucp_worker_progress(u->worker) && !u->pending) (void)mskv__ucx_idle(u, spin);
         if (!u->pending && mskv__ucx_now_ms() - start > u->desc.timeout_ms)
             return mskv__ucx_err(u, MSKV_ERROR_TIMEOUT, "ucx_accept: no peer connected within %d ms", (int)u->desc.timeout_ms);
     }

@@ -1221,3 +1221,71 @@ TEST(ucx_listener_on_a_port_survives_junk_connections_or_the_skip_says_why) {
         SKIP("UCX's tcp_sockcm aborted the listener on junk (UCX 1.13's assertion; no setting avoids it): use mskv_ucx_listen_address");
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
+
+/* ---- progress without spinning ---- */
+
+static double mtw_seconds(clockid_t id) {
+    struct timespec t;
+    clock_gettime(id, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+TEST(ucx_waiting_for_an_offer_sleeps_on_the_workers_event_fd_instead_of_spinning) {
+    int fds[2], status = 0;
+    pid_t pid;
+    mskv_ucx_desc d;
+    mskv_ucx *u = NULL;
+    mskv_arena *a = mts_arena(64, 16, 1);
+    mskv_request r;
+    uint16_t port = 0;
+    double cpu0, wall0, cpu, wall;
+    MTX_NEED_UCX();
+    ASSERT_TRUE(a != NULL);
+    setenv("UCX_TLS", "tcp", 1);
+    ASSERT_EQ(0, pipe(fds));
+    fflush(stdout);
+    pid = fork();
+    ASSERT_TRUE(pid >= 0);
+    if (pid == 0) {
+        /* a peer that connects and then says nothing for a while (its own
+           wait for an offer drives the connection and ends in TIMEOUT) */
+        mskv_ucx *s = NULL;
+        mskv_ucx_desc ds;
+        mskv_arena *b = mts_arena(64, 16, 1);
+        mskv_request q;
+        int ok;
+        memset(&ds, 0, sizeof ds);
+        ds.timeout_ms = 1500;
+        ok = b && read(fds[0], &port, sizeof port) == (ssize_t)sizeof port && mskv_ucx_connect(&ds, "127.0.0.1", port, &s) == MSKV_SUCCESS &&
+             mskv_ucx_recv(s, b, &q) != MSKV_SUCCESS;   /* TIMEOUT, or PEER once the receiver is gone */
+        mskv_ucx_destroy(s);
+        mskv_arena_destroy(b);
+        _exit(ok ? 0 : 1);
+    }
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 800;
+    d.log = mtx_log;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_ucx_listen(&d, "127.0.0.1", 0, &u));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_ucx_port(u, &port));
+    ASSERT_EQ((ssize_t)sizeof port, write(fds[1], &port, sizeof port));
+    {
+        mskv_result e = MSKV_ERROR_TIMEOUT;
+        int tries;
+        for (tries = 0; tries < 10 && e == MSKV_ERROR_TIMEOUT; tries++) e = mskv_ucx_accept(u);
+        ASSERT_EQ(MSKV_SUCCESS, e);
+    }
+    cpu0 = mtw_seconds(CLOCK_PROCESS_CPUTIME_ID);
+    wall0 = mtw_seconds(CLOCK_MONOTONIC);
+    EXPECT_EQ(MSKV_ERROR_TIMEOUT, mskv_ucx_recv(u, a, &r));
+    cpu = mtw_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
+    wall = mtw_seconds(CLOCK_MONOTONIC) - wall0;
+    printf("    waiting %.0f ms for an offer took %.1f ms of CPU (%.1f%%)\n", wall * 1e3, cpu * 1e3, 100.0 * cpu / wall);
+    EXPECT_TRUE(wall >= 0.7);
+    EXPECT_TRUE(cpu < 0.25 * wall);   /* a spinning wait takes all of it */
+    mskv_ucx_destroy(u);
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(fds[0]);
+    close(fds[1]);
+    mskv_arena_destroy(a);
+}
