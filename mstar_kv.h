@@ -161,11 +161,18 @@ typedef enum mskv_result {
     MSKV_ERROR_CUDA = -84,             /* a driver call failed */
     MSKV_ERROR_NVRTC = -85,            /* kernel compilation failed; the log went to the logger */
     MSKV_ERROR_PEER = -86,             /* the peer of a transfer failed, went away or dropped the connection */
-    MSKV_ERROR_TIMEOUT = -87           /* the peer of a transfer did not answer in time */
+    MSKV_ERROR_TIMEOUT = -87,          /* the peer of a transfer did not answer in time */
+    MSKV_ERROR_IN_DOUBT = -88,         /* a hand-over's outcome is unknown to this side: its copy stays frozen until resolved */
+    MSKV_ERROR_DENIED = -89            /* a peer without the shared secret, or an offer replayed */
 } mskv_result;
 
 /* A static, human-readable description; never NULL. */
 MSKV_API const char *mskv_result_string(mskv_result r);
+/* XXH64 (xxHash's 64-bit hash, exactly as its specification gives it) of n
+   bytes with seed: the checksum of blobs (seed 0; blob format version 4 on),
+   host copies and migration, so that xxhsum -H64 or any XXH64 can check a
+   blob: its last 8 bytes, little-endian, are XXH64 of everything before. */
+MSKV_API uint64_t mskv_xxh64(const void *data, size_t n, uint64_t seed);
 
 typedef enum mskv_log_level {
     MSKV_LOG_DEBUG = 0, MSKV_LOG_INFO = 1, MSKV_LOG_WARN = 2, MSKV_LOG_ERROR = 3
@@ -1514,6 +1521,8 @@ MSKV_IMPL const char *mskv_result_string(mskv_result r) {
     case MSKV_ERROR_NVRTC: return "NVRTC compilation failed";
     case MSKV_ERROR_PEER: return "the peer failed or the connection dropped";
     case MSKV_ERROR_TIMEOUT: return "the peer did not answer in time";
+    case MSKV_ERROR_IN_DOUBT: return "the hand-over's outcome is not known here (resolve it)";
+    case MSKV_ERROR_DENIED: return "the peer is not authenticated, or its offer was replayed";
     }
     return "unknown result";
 }
@@ -1565,8 +1574,10 @@ static void mskv__why(char *why, size_t cap, const char *fmt, ...) {
     va_end(ap);
 }
 
-/* 64-bit checksum / digest: four independent lanes over 8-byte words, then a
-   final avalanche. Fast enough to cover every byte of an offloaded request. */
+/* 64-bit digest: four independent lanes over 8-byte words, then a final
+   avalanche. Blob versions 1 to 3 were signed with it (mskv__legacy_checksum,
+   still read); the arena's state digest uses it. Blobs from version 4 on,
+   host copies and migration use XXH64 (below). */
 typedef struct mskv__hash { uint64_t v[4]; uint64_t len; unsigned char tail[32]; size_t ntail; } mskv__hash;
 #define MSKV__H1 0x9E3779B185EBCA87ull
 #define MSKV__H2 0xC2B2AE3D27D4EB4Full
@@ -1621,11 +1632,98 @@ static uint64_t mskv__hash_final(const mskv__hash *h) {
     x ^= x >> 33; x *= 0xFF51AFD7ED558CCDull; x ^= x >> 33; x *= 0xC4CEB9FE1A85EC53ull; x ^= x >> 33;
     return x;
 }
-static uint64_t mskv__checksum(const void *p, size_t n) {
+static uint64_t mskv__legacy_checksum(const void *p, size_t n) {
     mskv__hash h;
     mskv__hash_init(&h);
     mskv__hash_update(&h, p, n);
     return mskv__hash_final(&h);
+}
+
+/* XXH64 exactly, as xxHash's specification (XXH64 algorithm description)
+   gives it: four accumulators seeded from the seed over 32-byte stripes,
+   merged, plus the length, then the last 8-, 4- and 1-byte pieces and the
+   avalanche. Streaming: init, update any number of times, digest. */
+typedef struct mskv__xxh { uint64_t v[4], seed, len; unsigned char tail[32]; size_t ntail; } mskv__xxh;
+#define MSKV__XP1 0x9E3779B185EBCA87ull
+#define MSKV__XP2 0xC2B2AE3D27D4EB4Full
+#define MSKV__XP3 0x165667B19E3779F9ull
+#define MSKV__XP4 0x85EBCA77C2B2AE63ull
+#define MSKV__XP5 0x27D4EB2F165667C5ull
+static uint64_t mskv__xxh_round(uint64_t acc, uint64_t in) { return mskv__rotl(acc + in * MSKV__XP2, 31) * MSKV__XP1; }
+static uint64_t mskv__xxh_merge(uint64_t acc, uint64_t v) { return (acc ^ mskv__xxh_round(0, v)) * MSKV__XP1 + MSKV__XP4; }
+static void mskv__xxh_init(mskv__xxh *h, uint64_t seed) {
+    h->v[0] = seed + MSKV__XP1 + MSKV__XP2;
+    h->v[1] = seed + MSKV__XP2;
+    h->v[2] = seed;
+    h->v[3] = seed - MSKV__XP1;
+    h->seed = seed;
+    h->len = 0;
+    h->ntail = 0;
+}
+static void mskv__xxh_update(mskv__xxh *h, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    h->len += n;
+    if (h->ntail) {
+        size_t take = 32 - h->ntail;
+        if (take > n) take = n;
+        memcpy(h->tail + h->ntail, p, take);
+        h->ntail += take; p += take; n -= take;
+        if (h->ntail < 32) return;
+        h->v[0] = mskv__xxh_round(h->v[0], mskv__rd64(h->tail));
+        h->v[1] = mskv__xxh_round(h->v[1], mskv__rd64(h->tail + 8));
+        h->v[2] = mskv__xxh_round(h->v[2], mskv__rd64(h->tail + 16));
+        h->v[3] = mskv__xxh_round(h->v[3], mskv__rd64(h->tail + 24));
+        h->ntail = 0;
+    }
+    if (n >= 32) {
+        uint64_t v0 = h->v[0], v1 = h->v[1], v2 = h->v[2], v3 = h->v[3];
+        for (; n >= 32; p += 32, n -= 32) {
+            v0 = mskv__xxh_round(v0, mskv__rd64(p));
+            v1 = mskv__xxh_round(v1, mskv__rd64(p + 8));
+            v2 = mskv__xxh_round(v2, mskv__rd64(p + 16));
+            v3 = mskv__xxh_round(v3, mskv__rd64(p + 24));
+        }
+        h->v[0] = v0; h->v[1] = v1; h->v[2] = v2; h->v[3] = v3;
+    }
+    if (n) { memcpy(h->tail, p, n); h->ntail = n; }
+}
+static uint64_t mskv__xxh_digest(const mskv__xxh *h) {
+    uint64_t x;
+    const unsigned char *p = h->tail;
+    size_t n = h->ntail;
+    if (h->len >= 32) {
+        x = mskv__rotl(h->v[0], 1) + mskv__rotl(h->v[1], 7) + mskv__rotl(h->v[2], 12) + mskv__rotl(h->v[3], 18);
+        x = mskv__xxh_merge(x, h->v[0]);
+        x = mskv__xxh_merge(x, h->v[1]);
+        x = mskv__xxh_merge(x, h->v[2]);
+        x = mskv__xxh_merge(x, h->v[3]);
+    } else {
+        x = h->seed + MSKV__XP5;
+    }
+    x += h->len;
+    for (; n >= 8; p += 8, n -= 8) x = mskv__rotl(x ^ mskv__xxh_round(0, mskv__rd64(p)), 27) * MSKV__XP1 + MSKV__XP4;
+    if (n >= 4) {
+        uint64_t w = (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24;
+        x = mskv__rotl(x ^ (w * MSKV__XP1), 23) * MSKV__XP2 + MSKV__XP3;
+        p += 4;
+        n -= 4;
+    }
+    for (; n > 0; p++, n--) x = mskv__rotl(x ^ (*p * MSKV__XP5), 11) * MSKV__XP1;
+    x ^= x >> 33; x *= MSKV__XP2; x ^= x >> 29; x *= MSKV__XP3; x ^= x >> 32;
+    return x;
+}
+MSKV_IMPL uint64_t mskv_xxh64(const void *data, size_t n, uint64_t seed) {
+    mskv__xxh h;
+    mskv__xxh_init(&h, seed);
+    if (n) mskv__xxh_update(&h, data, n);
+    return mskv__xxh_digest(&h);
+}
+/* The checksum of blobs (version 4 on), host copies and migration: XXH64, seed 0. */
+static uint64_t mskv__checksum(const void *p, size_t n) { return mskv_xxh64(p, n, 0); }
+/* A blob's checksum as its version says: XXH64 from version 4, the legacy digest before. */
+static uint64_t mskv__blob_checksum(const unsigned char *b, size_t n) {
+    uint32_t v = n >= 12 ? (uint32_t)b[8] | (uint32_t)b[9] << 8 | (uint32_t)b[10] << 16 | (uint32_t)b[11] << 24 : 4u;
+    return v >= 1 && v <= 3 ? mskv__legacy_checksum(b, n) : mskv__checksum(b, n);
 }
 static void mskv__hash_u64(mskv__hash *h, uint64_t v) {
     unsigned char b[8];
@@ -3036,10 +3134,21 @@ MSKV_IMPL mskv_result mskv_request_reload(mskv_arena *a, mskv_request h) {
    release_point. Header bytes = 136 + 64 (G-1) + 8 + 8 G. Versions 1 and 2
    imply release_point = live_start when pages were released, else 0, and
    pos_shift 0; export writes them whenever that says it all.
-   The checksum is verified before the version, so a damaged header reads as corrupt. */
+   The checksum is verified before the version, so a damaged header reads as corrupt.
+   Versions 4, 5 and 6 are versions 1, 2 and 3 (the same layouts) with the
+   checksum XXH64 (seed 0) of everything before it, so any XXH64 (xxhsum
+   -H64, python's xxhash) verifies a blob; 1 to 3 carry the library's
+   earlier digest (mskv__legacy_checksum) and are still read. Export writes
+   4 to 6. */
 #define MSKV__BLOB_VERSION 1u
 #define MSKV__BLOB_VERSION_GROUPS 2u
 #define MSKV__BLOB_VERSION_POSITIONS 3u
+#define MSKV__BLOB_XXH64 3u            /* written version = layout + 3 (4, 5, 6): the checksum is XXH64 */
+#define MSKV__BLOB_VERSION_MAX 6u
+/* The layout (1 to 3) of a stored version; anything unknown stays as it is (and is refused). */
+static uint32_t mskv__blob_layout_version(uint32_t stored) {
+    return stored > MSKV__BLOB_VERSION_POSITIONS && stored <= MSKV__BLOB_VERSION_MAX ? stored - MSKV__BLOB_XXH64 : stored;
+}
 #define MSKV__BLOB_HEADER 128u
 #define MSKV__BLOB_GROUP 64u
 
@@ -3060,7 +3169,7 @@ static uint32_t mskv__blob_version_of(const mskv_arena *a, const mskv__req *q) {
     int extra = q->pos_shift != 0;
     /* an import's blob is the one that arrives: its ranges, and the header
        its checksum covers, follow that header, not the one export would write */
-    if (q->xfer == MSKV__XFER_IMPORT && q->xfer_version) return q->xfer_version;
+    if (q->xfer == MSKV__XFER_IMPORT && q->xfer_version) return mskv__blob_layout_version(q->xfer_version);
     for (g = 0; g < a->G; g++) extra |= q->t[g].release_point != mskv__implied_release_point(a, &q->t[g]);
     if (extra) return MSKV__BLOB_VERSION_POSITIONS;
     return a->G == 1 ? MSKV__BLOB_VERSION : MSKV__BLOB_VERSION_GROUPS;
@@ -3096,7 +3205,8 @@ static void mskv__blob_header_write(const mskv_arena *a, const mskv__req *q, uns
     size_t hdr = mskv__blob_header_v(a->G, version);
     memset(b, 0, hdr);
     memcpy(b, "MSKVBLOB", 8);
-    mskv__put32(b + 8, version);
+    /* as written: XXH64-signed (layout + 3), or, for an import in flight, the arriving blob's own version */
+    mskv__put32(b + 8, q->xfer == MSKV__XFER_IMPORT && q->xfer_version ? (uint32_t)q->xfer_version : version + MSKV__BLOB_XXH64);
     mskv__put32(b + 12, (uint32_t)hdr);
     mskv__put64(b + 16, (uint64_t)total);
     mskv__put32(b + 24, (uint32_t)a->P);
@@ -3245,7 +3355,7 @@ typedef struct mskv__blob_info {
    (not the checksum, which needs the payload): avail bytes are at b, at
    least the 128 of a version 1 header and the magic checked. */
 static mskv_result mskv__blob_header_check(mskv_arena *a, const unsigned char *b, size_t avail, const char *what, mskv__blob_info *o) {
-    uint32_t version = mskv__get32(b + 8), hdr = mskv__get32(b + 12);
+    uint32_t version = mskv__blob_layout_version(mskv__get32(b + 8)), hdr = mskv__get32(b + 12);
     size_t sum = 0;
     int32_t g, blob_groups = 1;
     const unsigned char *pos_at;
@@ -3260,8 +3370,8 @@ static mskv_result mskv__blob_header_check(mskv_arena *a, const unsigned char *b
         if (avail < hdr) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "%s: %zu header bytes, the header has %u", what, avail, (unsigned)hdr);
         blob_groups = (int32_t)ng;
     } else if (version != MSKV__BLOB_VERSION || hdr != MSKV__BLOB_HEADER) {
-        return mskv__err(a, MSKV_ERROR_BLOB_VERSION, "%s: blob version %u, this library reads %u to %u", what, (unsigned)version,
-                         MSKV__BLOB_VERSION, MSKV__BLOB_VERSION_POSITIONS);
+        return mskv__err(a, MSKV_ERROR_BLOB_VERSION, "%s: blob version %u, this library reads %u to %u", what, (unsigned)mskv__get32(b + 8),
+                         MSKV__BLOB_VERSION, MSKV__BLOB_VERSION_MAX);
     }
     o->hdr = mskv__blob_header_v(blob_groups, version);
     if (mskv__get32(b + 24) != (uint32_t)a->P || mskv__get32(b + 28) != (uint32_t)a->store.num_layers ||
@@ -3333,7 +3443,7 @@ MSKV_IMPL mskv_result mskv_request_import(mskv_arena *a, const void *blob, size_
     total = mskv__get64(b + 16);
     if (total > size) return mskv__err(a, MSKV_ERROR_BLOB_TRUNCATED, "import: blob says %llu bytes, got %zu", (unsigned long long)total, size);
     if (total < size || total < MSKV__BLOB_HEADER + 8) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: size field %llu does not match %zu", (unsigned long long)total, size);
-    if (mskv__checksum(b, size - 8) != mskv__get64(b + size - 8)) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: checksum mismatch");
+    if (mskv__blob_checksum(b, size - 8) != mskv__get64(b + size - 8)) return mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import: checksum mismatch");
     r = mskv__blob_header_check(a, b, size, "import", &x);
     if (r != MSKV_SUCCESS) return r;
     MSKV__LOCK(a);
@@ -3415,19 +3525,33 @@ static void mskv__ranges(mskv_arena *a, const mskv__req *q, int64_t first, int64
     }
 }
 
-/* The checksum of a streamed blob: its header, then every range in order. */
+/* The checksum of a streamed blob: its header, then every range in order;
+   the hash its header's version says (XXH64 from version 4). */
 static uint64_t mskv__stream_checksum(mskv_arena *a, const mskv__req *q, const unsigned char *header, size_t hdr) {
-    mskv__hash h;
     mskv_blob_range rg[64];
     int64_t k, n = mskv__range_count(a, q);
-    mskv__hash_init(&h);
-    mskv__hash_update(&h, header, hdr);
-    for (k = 0; k < n; k += 64) {
-        int64_t i, m = n - k < 64 ? n - k : 64;
-        mskv__ranges(a, q, k, m, rg);
-        for (i = 0; i < m; i++) mskv__hash_update(&h, rg[i].data, rg[i].bytes);
+    uint32_t v = mskv__get32(header + 8);
+    if (v >= 1 && v <= 3) {
+        mskv__hash h;
+        mskv__hash_init(&h);
+        mskv__hash_update(&h, header, hdr);
+        for (k = 0; k < n; k += 64) {
+            int64_t i, m = n - k < 64 ? n - k : 64;
+            mskv__ranges(a, q, k, m, rg);
+            for (i = 0; i < m; i++) mskv__hash_update(&h, rg[i].data, rg[i].bytes);
+        }
+        return mskv__hash_final(&h);
+    } else {
+        mskv__xxh h;
+        mskv__xxh_init(&h, 0);
+        mskv__xxh_update(&h, header, hdr);
+        for (k = 0; k < n; k += 64) {
+            int64_t i, m = n - k < 64 ? n - k : 64;
+            mskv__ranges(a, q, k, m, rg);
+            for (i = 0; i < m; i++) mskv__xxh_update(&h, rg[i].data, rg[i].bytes);
+        }
+        return mskv__xxh_digest(&h);
     }
-    return mskv__hash_final(&h);
 }
 
 static void mskv__layout(const mskv_arena *a, const mskv__req *q, size_t total, mskv_blob_layout *o) {
@@ -3531,7 +3655,7 @@ MSKV_IMPL mskv_result mskv_request_import_begin(mskv_arena *a, const void *heade
     }
     mskv__blob_apply(a, q, &x);
     q->xfer = MSKV__XFER_IMPORT;
-    q->xfer_version = (uint8_t)mskv__get32(b + 8);   /* checked: 1 to 3 */
+    q->xfer_version = (uint8_t)mskv__get32(b + 8);   /* checked: 1 to 6 */
     MSKV_ASSERT(mskv__blob_header_of(a, q) == x.hdr);
     mskv__layout(a, q, x.hdr + x.payload + 8, layout);
     *out = mskv__handle(a, ri);

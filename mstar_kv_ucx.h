@@ -88,10 +88,13 @@ typedef uint64_t mskv_ucp_datatype;                     /* ucp_datatype_t */
 #define MSKV_UCS_THREAD_MODE_SINGLE 0
 #define MSKV_UCP_PARAM_FIELD_FEATURES (1ull << 0)
 #define MSKV_UCP_FEATURE_TAG (1ull << 0)
+#define MSKV_UCP_FEATURE_WAKEUP (1ull << 4)
+#define MSKV_UCS_ERR_BUSY (-15)
 #define MSKV_UCP_WORKER_PARAM_FIELD_THREAD_MODE (1ull << 0)
 #define MSKV_UCP_LISTENER_PARAM_FIELD_SOCK_ADDR (1ull << 0)
 #define MSKV_UCP_LISTENER_PARAM_FIELD_CONN_HANDLER (1ull << 2)
 #define MSKV_UCP_LISTENER_ATTR_FIELD_SOCKADDR (1ull << 0)
+#define MSKV_UCP_EP_PARAM_FIELD_REMOTE_ADDRESS (1ull << 0)
 #define MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE (1ull << 1)
 #define MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLER (1ull << 2)
 #define MSKV_UCP_EP_PARAM_FIELD_SOCK_ADDR (1ull << 4)
@@ -186,6 +189,10 @@ typedef struct mskv_ucp_request_param {
     X(void, ucp_cleanup, (mskv_ucp_context context))                                                   \
     X(mskv_ucs_status, ucp_worker_create, (mskv_ucp_context context, const mskv_ucp_worker_params *params, mskv_ucp_worker *out)) \
     X(void, ucp_worker_destroy, (mskv_ucp_worker worker))                                              \
+    X(mskv_ucs_status, ucp_worker_get_address, (mskv_ucp_worker worker, void **address, size_t *length)) \
+    X(void, ucp_worker_release_address, (mskv_ucp_worker worker, void *address))                      \
+    X(mskv_ucs_status, ucp_worker_get_efd, (mskv_ucp_worker worker, int *fd))                          \
+    X(mskv_ucs_status, ucp_worker_arm, (mskv_ucp_worker worker))                                       \
     X(unsigned, ucp_worker_progress, (mskv_ucp_worker worker))                                         \
     X(mskv_ucs_status, ucp_listener_create, (mskv_ucp_worker worker, const mskv_ucp_listener_params *params, mskv_ucp_listener *out)) \
     X(void, ucp_listener_destroy, (mskv_ucp_listener listener))                                        \
@@ -212,11 +219,41 @@ typedef struct mskv_ucx mskv_ucx;
 
 /* Where a test hook runs: on the sender after message m of the pages was
    handed to UCX, on the receiver after message m landed (data: its first
-   range's bytes, which the hook may change). */
-typedef enum mskv_ucx_hook_point { MSKV_UCX_HOOK_SENT = 1, MSKV_UCX_HOOK_RECEIVED = 2 } mskv_ucx_hook_point;
+   range's bytes, which the hook may change); MSKV_UCX_HOOK_POSTING: on the
+   sender before page message m is handed to UCX; MSKV_UCX_HOOK_STEP: on
+   either side at hand-over step m (an MSKV_UCX_STEP_*; data NULL);
+   MSKV_UCX_HOOK_CONTROL: before the control message of kind m (an
+   MSKV_UCX_MSG_*) is sent. */
+typedef enum mskv_ucx_hook_point {
+    MSKV_UCX_HOOK_SENT = 1, MSKV_UCX_HOOK_RECEIVED = 2, MSKV_UCX_HOOK_POSTING = 3, MSKV_UCX_HOOK_STEP = 4, MSKV_UCX_HOOK_CONTROL = 5
+} mskv_ucx_hook_point;
 /* A hook returning MSKV_UCX_HOOK_DROP closes the connection right there, as
-   a dropped link would (the call returns MSKV_ERROR_PEER); 0 goes on. */
+   a dropped link would (the call returns MSKV_ERROR_PEER); at
+   MSKV_UCX_HOOK_CONTROL it loses that one message instead (it is not sent,
+   the connection stays). MSKV_UCX_HOOK_EMPTY at MSKV_UCX_HOOK_POSTING sends
+   the page message with no bytes (a lying sender). 0 goes on. */
 #define MSKV_UCX_HOOK_DROP 1
+#define MSKV_UCX_HOOK_EMPTY 2
+
+/* The hand-over's control messages (MSKV_UCX_HOOK_CONTROL) and steps
+   (MSKV_UCX_HOOK_STEP), in protocol order. */
+#define MSKV_UCX_MSG_OFFER 1      /* sender: the blob header, sizes, checksum */
+#define MSKV_UCX_MSG_ANSWER 2     /* receiver: pages taken (0) or the refusal's code */
+#define MSKV_UCX_MSG_PREPARED 4   /* receiver: imported, verified, held frozen (0) or why not */
+#define MSKV_UCX_MSG_COMMIT 5     /* sender: the decision; from here the move happens */
+#define MSKV_UCX_MSG_ACK 6        /* receiver: the request is usable here */
+#define MSKV_UCX_STEP_OFFER_SENT 1
+#define MSKV_UCX_STEP_ANSWER_RECEIVED 2
+#define MSKV_UCX_STEP_PAGES_SENT 3
+#define MSKV_UCX_STEP_PREPARED_RECEIVED 4
+#define MSKV_UCX_STEP_COMMIT_SENT 5
+#define MSKV_UCX_STEP_ACK_RECEIVED 6
+#define MSKV_UCX_STEP_OFFER_RECEIVED 11
+#define MSKV_UCX_STEP_ANSWER_SENT 12
+#define MSKV_UCX_STEP_PAGES_RECEIVED 13
+#define MSKV_UCX_STEP_PREPARED_SENT 14
+#define MSKV_UCX_STEP_COMMIT_RECEIVED 15
+#define MSKV_UCX_STEP_ACK_SENT 16
 typedef int (*mskv_ucx_hook_fn)(void *user, mskv_ucx_hook_point point, int64_t message, void *data, size_t bytes);
 
 typedef struct mskv_ucx_desc {
@@ -228,10 +265,20 @@ typedef struct mskv_ucx_desc {
     void *log_user;
     mskv_ucx_hook_fn hook;      /* tests: fault injection (NULL: none) */
     void *hook_user;
+    const void *secret;         /* NULL: no authentication. Else a shared secret (secret_bytes, 1 to 1024): a receiver
+                                   refuses (DENIED) every offer without a valid HMAC-SHA-256 under it, before it takes a page;
+                                   a sender signs its offers with it. Copied at listen/connect. */
+    size_t secret_bytes;
 } mskv_ucx_desc;
 
 /* Flags of mskv_ucx_send. */
 #define MSKV_UCX_KEEP 1u        /* keep the sender's request after the acknowledgement: a copy, not a move */
+
+/* SHA-256 (FIPS 180-4) of n bytes into out[32], and HMAC-SHA-256 (RFC 2104)
+   of data under key; the offer's MAC. NULL data/key with n = 0 is fine.
+   Thread safety: any thread. */
+MSKV_API void mskv_sha256(const void *data, size_t n, unsigned char out[32]);
+MSKV_API void mskv_hmac_sha256(const void *key, size_t key_bytes, const void *data, size_t n, unsigned char out[32]);
 
 /* Whether UCX can be loaded: SUCCESS, or UNSUPPORTED with the reason in why
    (the loader's message; "UCX is not available on Windows"). library NULL =
@@ -250,19 +297,74 @@ MSKV_API mskv_result mskv_ucx_port(mskv_ucx *u, uint16_t *port);
    the endpoint to it; later peers are rejected. TIMEOUT, PEER, BAD_STATE
    (already connected, or not a listener). */
 MSKV_API mskv_result mskv_ucx_accept(mskv_ucx *u);
+/* The rendezvous through worker addresses, with no listening socket of
+   UCX's connection manager: UCX 1.13's tcp_sockcm aborts the process (an
+   assertion in tcp_sockcm_ep.c) on a TCP connection whose first bytes claim
+   a short private-data length, and no UCX setting avoids it, so a port
+   scan can kill a receiver made by mskv_ucx_listen. The default for
+   untrusted networks: mskv_ucx_listen_address makes a receiver and gives
+   its worker address (mskv_ucx_address: bytes valid while u lives), which
+   the caller carries to the sender out of band; mskv_ucx_connect_address
+   makes the sender's endpoint from it and sends its own worker address;
+   mskv_ucx_accept then takes the first such hello and connects back. From
+   there everything is as with a listener (set desc.secret: anyone who
+   learns the address can still offer). UCX's transports keep their own
+   sockets (the tcp transport listens for its connections), which take
+   junk without aborting (tests/test_ucx.c sends junk to every listening
+   port of a receiver made this way). Return values as mskv_ucx_listen /
+   mskv_ucx_connect; INVALID_ARGUMENT for a NULL or empty address or one
+   over 64 KiB. */
+MSKV_API mskv_result mskv_ucx_listen_address(const mskv_ucx_desc *desc, mskv_ucx **out);
+MSKV_API mskv_result mskv_ucx_address(mskv_ucx *u, const void **address, size_t *bytes);
+MSKV_API mskv_result mskv_ucx_connect_address(const mskv_ucx_desc *desc, const void *address, size_t bytes, mskv_ucx **out);
 /* The sending side: a UCX context and worker with an endpoint to ip:port.
    The connection completes with the first message (a peer that is not
    there shows as PEER or TIMEOUT then). */
 MSKV_API mskv_result mskv_ucx_connect(const mskv_ucx_desc *desc, const char *ip, uint16_t port, mskv_ucx **out);
 
+/* The hand-over: at no moment do both sides hold a usable copy, and the
+   request is never lost.
+     sender                          receiver
+     OFFER  ---------------------->  takes the pages (all or nothing)
+            <----------------------  ANSWER (0, or the refusal)
+     pages  ---------------------->  lands them, verifies, holds the request FROZEN
+            <----------------------  PREPARED (0, or why not: nothing kept)
+     COMMIT ---------------------->  the decision: the request becomes usable here
+     (frozen until) <--------------  ACK
+     removes its copy
+   The sender's request is frozen from the offer on (export_begin: reads
+   work, changes are BAD_STATE); before it sends COMMIT, any failure gives
+   it back usable. A side whose wait times out (or whose connection fails)
+   after the outcome left its hands returns MSKV_ERROR_IN_DOUBT: the sender
+   after COMMIT (no ACK), the receiver after PREPARED (no COMMIT). Its copy
+   stays frozen, the connection is closed, and nothing else may happen on
+   this object until mskv_ucx_resolve says which way it went, decided from
+   the other side's result (learned out of band, e.g. by the program that
+   runs both):
+     the other side returned SUCCESS, or IN_DOUBT too    -> MSKV_UCX_COMMITTED
+     the other side returned any other code              -> MSKV_UCX_ABORTED
+     the other side's process is gone (its copy with it) -> keep ours:
+         a sender MSKV_UCX_ABORTED, a receiver MSKV_UCX_COMMITTED
+   (A receiver returns another code only before its PREPARED left, and a
+   sender only before its COMMIT did, so these rules never keep two.)
+   Pages behind store_ops (staged) cannot be frozen by the arena: there the
+   in-doubt copy is frozen by contract only (the sender's caller must not
+   use its handle; the receiver's handle is given out only by resolve). */
+#define MSKV_UCX_COMMITTED 1      /* the move happened: a sender drops its copy, a receiver keeps its */
+#define MSKV_UCX_ABORTED 2        /* it did not: a sender keeps its copy, a receiver drops its */
+
 /* Moves request req of arena to the peer (which calls mskv_ucx_recv): the
-   offer (blob header and checksum), the peer's answer, the pages, and the
-   peer's acknowledgement that it imported and verified them; then req is
-   removed (flags MSKV_UCX_KEEP: kept). The request is frozen meanwhile
-   (mskv_request_export_begin). On any failure the request is as it was
-   and usable, and the code says why:
+   offer (blob header and checksum), the peer's answer, the pages, the
+   peer's word that it imported and verified them, the commit and the
+   peer's acknowledgement; then req is removed (flags MSKV_UCX_KEEP: kept;
+   a copy). The request is frozen meanwhile (mskv_request_export_begin).
+   IN_DOUBT: see above (req frozen, mskv_ucx_resolve). On any other failure
+   the request is as it was and usable, and the code says why:
      PEER       the peer died, closed the connection, or sent nonsense
      TIMEOUT    no progress for timeout_ms
+     DENIED     the receiver has a secret and the offer's MAC did not match
+                it (no secret here, another one), or the offer was a replay;
+                the connection is closed
      OUT_OF_PAGES, BLOB_MISMATCH, DUPLICATE, TOO_MANY_REQUESTS,
      OUT_OF_MEMORY, BLOB_CORRUPT (the pages arrived changed)
                 the receiver refused or failed the import with this code
@@ -274,11 +376,29 @@ MSKV_API mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request 
    in *out (a streamed import: every page admitted at once, all or
    nothing). On any failure nothing was imported and the code says why:
    OUT_OF_PAGES and the other import codes (the sender gets the same code),
-   BLOB_CORRUPT (the checksum did not match what arrived), PEER, TIMEOUT.
+   DENIED (desc.secret set and the offer's HMAC-SHA-256 missing or wrong,
+   or its counter not past the last accepted one: a replay; refused before
+   a single page is taken, the connection is closed),
+   BLOB_CORRUPT (the checksum did not match what arrived), PEER (also a
+   page message that is not exactly its offered length), TIMEOUT.
+   IN_DOUBT: the request was verified and PREPARED sent, but no COMMIT came:
+   it stays frozen (*out holds its handle) until mskv_ucx_resolve.
    TIMEOUT before any offer arrived leaves the connection usable (call
    again to wait longer); after PEER or a later TIMEOUT it is closed. */
 MSKV_API mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request *out);
-/* Closes the connection and the listener, frees everything. NULL is a no-op. */
+/* Ends an IN_DOUBT hand-over the way outcome (MSKV_UCX_COMMITTED or
+   MSKV_UCX_ABORTED) says: a sender removes its request (COMMITTED; with
+   MSKV_UCX_KEEP it keeps it) or gives it back usable (ABORTED); a receiver
+   makes its request usable and returns it in *out (COMMITTED; out may be
+   NULL on a sender) or removes it (ABORTED). Return value: SUCCESS,
+   NULL_POINTER, INVALID_ARGUMENT (outcome neither; nothing changes),
+   BAD_STATE (nothing is in doubt), or the arena call's code. */
+MSKV_API mskv_result mskv_ucx_resolve(mskv_ucx *u, int outcome, mskv_request *out);
+/* Whether u holds a hand-over in doubt: 0 none, 1 as the sender, 2 as the
+   receiver; *req (may be NULL) gets the frozen request's handle. */
+MSKV_API int mskv_ucx_in_doubt(const mskv_ucx *u, mskv_request *req);
+/* Closes the connection and the listener, frees everything. NULL is a no-op.
+   A hand-over still in doubt stays as it is in the arena (frozen). */
 MSKV_API void mskv_ucx_destroy(mskv_ucx *u);
 
 #ifdef __cplusplus
@@ -304,6 +424,7 @@ MSKV_API void mskv_ucx_destroy(mskv_ucx *u);
 #include <dlfcn.h>
 #include <sched.h>
 #include <sys/time.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
@@ -376,6 +497,20 @@ static int64_t mskv__ucx_now_ms(void) {
 #endif
 }
 
+/* Sleeps until fd is readable or ms pass (the worker's event fd). */
+static void mskv__ucx_sleep_on(int fd, int ms) {
+#ifndef _WIN32
+    struct pollfd p;
+    p.fd = fd;
+    p.events = POLLIN;
+    p.revents = 0;
+    (void)poll(&p, 1, ms);
+#else
+    (void)fd;
+    (void)ms;
+#endif
+}
+
 /* Gives the processor away for a moment: a peer on the same busy cores
    gets to run instead of waiting for this process's time slice to end. */
 static void mskv__ucx_yield(void) {
@@ -411,6 +546,159 @@ static uint16_t mskv__ucx_sockaddr_port(const void *storage) {
     memcpy(&in, storage, sizeof in);
     return in.sin_family == AF_INET ? ntohs(in.sin_port) : 0;
 #endif
+}
+
+/* // >>sha256 -------------------------------------------------------------------
+   SHA-256 as FIPS 180-4 section 6.2 gives it (big-endian words, 64 rounds),
+   and HMAC (RFC 2104): H((K0 ^ opad) || H((K0 ^ ipad) || text)), K0 the key
+   padded to the 64-byte block (hashed first when longer). */
+
+typedef struct mskv__sha256 {
+    uint32_t h[8];
+    unsigned char buf[64];
+    size_t fill;
+    uint64_t bytes;
+} mskv__sha256;
+
+static const uint32_t mskv__sha256_k[64] = {
+    0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
+    0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u, 0xc19bf174u,
+    0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau,
+    0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u,
+    0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, 0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u,
+    0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u,
+    0x19a4c116u, 0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u,
+    0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u};
+
+#define MSKV__ROTR32(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void mskv__sha256_block(mskv__sha256 *c, const unsigned char *p) {
+    uint32_t w[64], a, b, d, e, f, g, h, cc, t1, t2;
+    int t;
+    for (t = 0; t < 16; t++) w[t] = (uint32_t)p[4 * t] << 24 | (uint32_t)p[4 * t + 1] << 16 | (uint32_t)p[4 * t + 2] << 8 | (uint32_t)p[4 * t + 3];
+    for (t = 16; t < 64; t++) {
+        uint32_t s0 = MSKV__ROTR32(w[t - 15], 7) ^ MSKV__ROTR32(w[t - 15], 18) ^ (w[t - 15] >> 3);
+        uint32_t s1 = MSKV__ROTR32(w[t - 2], 17) ^ MSKV__ROTR32(w[t - 2], 19) ^ (w[t - 2] >> 10);
+        w[t] = s1 + w[t - 7] + s0 + w[t - 16];
+    }
+    a = c->h[0]; b = c->h[1]; cc = c->h[2]; d = c->h[3]; e = c->h[4]; f = c->h[5]; g = c->h[6]; h = c->h[7];
+    for (t = 0; t < 64; t++) {
+        t1 = h + (MSKV__ROTR32(e, 6) ^ MSKV__ROTR32(e, 11) ^ MSKV__ROTR32(e, 25)) + ((e & f) ^ (~e & g)) + mskv__sha256_k[t] + w[t];
+        t2 = (MSKV__ROTR32(a, 2) ^ MSKV__ROTR32(a, 13) ^ MSKV__ROTR32(a, 22)) + ((a & b) ^ (a & cc) ^ (b & cc));
+        h = g; g = f; f = e; e = d + t1; d = cc; cc = b; b = a; a = t1 + t2;
+    }
+    c->h[0] += a; c->h[1] += b; c->h[2] += cc; c->h[3] += d; c->h[4] += e; c->h[5] += f; c->h[6] += g; c->h[7] += h;
+}
+
+static void mskv__sha256_init(mskv__sha256 *c) {
+    static const uint32_t h0[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au, 0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
+    memcpy(c->h, h0, sizeof h0);
+    c->fill = 0;
+    c->bytes = 0;
+}
+
+static void mskv__sha256_update(mskv__sha256 *c, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    c->bytes += n;
+    while (n > 0) {
+        size_t k = 64 - c->fill < n ? 64 - c->fill : n;
+        if (c->fill == 0 && n >= 64) {
+            mskv__sha256_block(c, p);
+            p += 64;
+            n -= 64;
+            continue;
+        }
+        memcpy(c->buf + c->fill, p, k);
+        c->fill += k;
+        p += k;
+        n -= k;
+        if (c->fill == 64) {
+            mskv__sha256_block(c, c->buf);
+            c->fill = 0;
+        }
+    }
+}
+
+static void mskv__sha256_final(mskv__sha256 *c, unsigned char out[32]) {
+    uint64_t bits = c->bytes * 8;
+    unsigned char pad[72];
+    size_t padn = (c->fill < 56 ? 56 : 120) - c->fill;
+    int i;
+    memset(pad, 0, sizeof pad);
+    pad[0] = 0x80;
+    for (i = 0; i < 8; i++) pad[padn + (size_t)i] = (unsigned char)(bits >> (56 - 8 * i));
+    mskv__sha256_update(c, pad, padn + 8);
+    for (i = 0; i < 8; i++) {
+        out[4 * i] = (unsigned char)(c->h[i] >> 24);
+        out[4 * i + 1] = (unsigned char)(c->h[i] >> 16);
+        out[4 * i + 2] = (unsigned char)(c->h[i] >> 8);
+        out[4 * i + 3] = (unsigned char)c->h[i];
+    }
+}
+
+MSKV_IMPL void mskv_sha256(const void *data, size_t n, unsigned char out[32]) {
+    mskv__sha256 c;
+    mskv__sha256_init(&c);
+    if (n) mskv__sha256_update(&c, data, n);
+    mskv__sha256_final(&c, out);
+}
+
+/* K0 of a key: the key padded with zeros to 64 bytes, or its hash when longer. */
+static void mskv__hmac_k0(const void *key, size_t kn, unsigned char k0[64]) {
+    memset(k0, 0, 64);
+    if (kn > 64) mskv_sha256(key, kn, k0);
+    else if (kn) memcpy(k0, key, kn);
+}
+
+/* HMAC over the concatenation of up to three pieces, from K0. */
+static void mskv__hmac3(const unsigned char k0[64], const void *a, size_t an, const void *b, size_t bn, const void *c3, size_t cn, unsigned char out[32]) {
+    unsigned char pad[64], inner[32];
+    mskv__sha256 c;
+    int i;
+    for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k0[i] ^ 0x36);
+    mskv__sha256_init(&c);
+    mskv__sha256_update(&c, pad, 64);
+    if (an) mskv__sha256_update(&c, a, an);
+    if (bn) mskv__sha256_update(&c, b, bn);
+    if (cn) mskv__sha256_update(&c, c3, cn);
+    mskv__sha256_final(&c, inner);
+    for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k0[i] ^ 0x5c);
+    mskv__sha256_init(&c);
+    mskv__sha256_update(&c, pad, 64);
+    mskv__sha256_update(&c, inner, 32);
+    mskv__sha256_final(&c, out);
+}
+
+MSKV_IMPL void mskv_hmac_sha256(const void *key, size_t key_bytes, const void *data, size_t n, unsigned char out[32]) {
+    unsigned char k0[64];
+    mskv__hmac_k0(key, key_bytes, k0);
+    mskv__hmac3(k0, data, n, NULL, 0, NULL, 0, out);
+}
+
+/* Compares two MACs in time that does not depend on where they differ. */
+static int mskv__mac_equal(const unsigned char *a, const unsigned char *b) {
+    unsigned d = 0;
+    int i;
+    for (i = 0; i < 32; i++) d |= (unsigned)(a[i] ^ b[i]);
+    return d == 0;
+}
+
+/* 16 unpredictable bytes (the receiver's challenge): /dev/urandom, else the clock and addresses mixed by SHA-256. */
+static void mskv__ucx_random(unsigned char out[16]) {
+    unsigned char h[32];
+    struct { int64_t t; const void *p; const void *q; unsigned char b[16]; } seed;
+    FILE *f = fopen("/dev/urandom", "rb");
+    memset(&seed, 0, sizeof seed);
+    if (f) {
+        size_t got = fread(seed.b, 1, sizeof seed.b, f);
+        fclose(f);
+        if (got == sizeof seed.b) { memcpy(out, seed.b, 16); return; }
+    }
+    seed.t = mskv__ucx_now_ms();
+    seed.p = (const void *)&seed;
+    seed.q = (const void *)out;
+    mskv_sha256(&seed, sizeof seed, h);
+    memcpy(out, h, 16);
 }
 
 /* // >>loader -------------------------------------------------------------------
@@ -464,6 +752,22 @@ MSKV_IMPL mskv_result mskv_ucx_probe(const char *library, char *why, size_t why_
     return r;
 }
 
+/* The protocol's constants (described in its section below) and byte order. */
+#define MSKV__UCX_MAGIC 0x55564B4Du     /* "MKVU" */
+#define MSKV__UCX_PROTOCOL 3u
+#define MSKV__UCX_OFFER_FIXED 128u
+#define MSKV__UCX_OFFER_MAX (MSKV__UCX_OFFER_FIXED + MSKV_BLOB_HEADER_MAX)
+#define MSKV__UCX_TAG(kind, n) ((mskv_ucp_tag)(kind) << 56 | ((mskv_ucp_tag)(n) & 0x00FFFFFFFFFFFFFFull))
+enum { MSKV__UCX_OFFER = MSKV_UCX_MSG_OFFER, MSKV__UCX_ANSWER = MSKV_UCX_MSG_ANSWER, MSKV__UCX_DATA = 3,
+       MSKV__UCX_DONE = MSKV_UCX_MSG_PREPARED, MSKV__UCX_COMMIT = MSKV_UCX_MSG_COMMIT, MSKV__UCX_ACK = MSKV_UCX_MSG_ACK,
+       MSKV__UCX_CHALLENGE = 7, MSKV__UCX_HELLO = 8 };
+#define MSKV__UCX_HELLO_MAX 65536u   /* a hello: magic, version, the sender's worker address */
+
+static void mskv__ucx_put32(unsigned char *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static void mskv__ucx_put64(unsigned char *p, uint64_t v) { int i; for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static uint32_t mskv__ucx_get32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t mskv__ucx_get64(const unsigned char *p) { return (uint64_t)mskv__ucx_get32(p) | (uint64_t)mskv__ucx_get32(p + 4) << 32; }
+
 /* // >>endpoint -----------------------------------------------------------------
    One context, one worker, at most one listener and one endpoint per
    object. Operations complete by polling the worker; a window of messages
@@ -492,12 +796,28 @@ struct mskv_ucx {
     mskv_ucp_ep ep;
     mskv_ucp_conn_request pending;     /* a connection request not yet accepted */
     int is_listener;
+    int by_address;                    /* a rendezvous through worker addresses (no listener) */
+    void *my_addr;                     /* this worker's address (ucp_worker_get_address), or NULL */
+    size_t my_addr_len;
+    unsigned char *hello;              /* receiver: the peer's worker address arrives here */
     mskv_ucs_status failed;            /* the endpoint's error (err handler), 0 while healthy */
+    int efd;                           /* the worker's event fd (UCP_FEATURE_WAKEUP), -1 without */
     int broken;                        /* the connection is gone: every later call is PEER */
-    mskv__ucx_op ops[MSKV__UCX_WINDOW + 2];   /* the page window, then the control messages' two */
+    mskv__ucx_op ops[MSKV__UCX_WINDOW + 3];   /* the page window, the control messages' two, the challenge's */
     mskv_ucp_dt_iov *iov_mem;          /* MSKV__UCX_WINDOW lists of MSKV__UCX_MAX_RANGES */
     unsigned char addr[128];
     unsigned addrlen;
+    int doubt;                         /* a hand-over in doubt: 0 none, 1 sender, 2 receiver */
+    mskv_arena *doubt_arena;
+    mskv_request doubt_req;
+    uint32_t doubt_flags;              /* the sender's mskv_ucx_send flags */
+    int doubt_frozen;                  /* the request's export is open (host pools) */
+    int authed;                        /* a secret was given: k0 is its HMAC key block */
+    unsigned char k0[64];
+    unsigned char challenge[24];
+    int challenge_sent;       /* the receiver's: magic, version, 16 random bytes, fresh per connection */
+    int have_challenge;
+    uint64_t offers_sent, last_counter;   /* the offers' counter: each must exceed the last one accepted */
 };
 
 static mskv_result mskv__ucx_err(mskv_ucx *u, mskv_result code, const char *fmt, ...) {
@@ -557,12 +877,26 @@ static mskv_result mskv__ucx_create(const mskv_ucx_desc *desc, mskv_ucx **out) {
     int i;
     if (desc) d = *desc;
     else memset(&d, 0, sizeof d);
+    if (d.secret && (d.secret_bytes < 1 || d.secret_bytes > 1024)) {
+        if (d.log) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "ucx: secret_bytes %zu is not within 1 to 1024", d.secret_bytes);
+            d.log(d.log_user, MSKV_LOG_ERROR, msg);
+        }
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    }
     if (d.timeout_ms <= 0) d.timeout_ms = 10000;
     if (d.message_bytes == 0) d.message_bytes = (size_t)1 << 20;
     al = d.allocator;
     u = (mskv_ucx *)mskv__alloc(&al, sizeof *u);
     if (!u) return MSKV_ERROR_OUT_OF_MEMORY;
     memset(u, 0, sizeof *u);
+    if (d.secret) {
+        mskv__hmac_k0(d.secret, d.secret_bytes, u->k0);
+        u->authed = 1;
+    }
+    d.secret = NULL;   /* only its key block is kept */
+    d.secret_bytes = 0;
     u->desc = d;
     u->al = al;
     r = mskv__ucx_load(d.library, &u->lib, &u->fn, why, sizeof why);
@@ -576,14 +910,20 @@ static mskv_result mskv__ucx_create(const mskv_ucx_desc *desc, mskv_ucx **out) {
     for (i = 0; i < MSKV__UCX_WINDOW; i++) u->ops[i].iov = u->iov_mem + (size_t)i * MSKV__UCX_MAX_RANGES;
     memset(&cp, 0, sizeof cp);
     cp.field_mask = MSKV_UCP_PARAM_FIELD_FEATURES;
-    cp.features = MSKV_UCP_FEATURE_TAG;
+    cp.features = MSKV_UCP_FEATURE_TAG | MSKV_UCP_FEATURE_WAKEUP;   /* waits sleep on the event fd */
+    u->efd = -1;
     s = u->fn.ucp_init_version(1, 12, &cp, NULL, &u->ctx);
+    if (s != MSKV_UCS_OK) {
+        cp.features = MSKV_UCP_FEATURE_TAG;   /* no transport with events: spin and yield as before */
+        s = u->fn.ucp_init_version(1, 12, &cp, NULL, &u->ctx);
+    }
     if (s == MSKV_UCS_OK) {
         memset(&wp, 0, sizeof wp);
         wp.field_mask = MSKV_UCP_WORKER_PARAM_FIELD_THREAD_MODE;
         wp.thread_mode = MSKV_UCS_THREAD_MODE_SINGLE;
         s = u->fn.ucp_worker_create(u->ctx, &wp, &u->worker);
         if (s != MSKV_UCS_OK) { u->fn.ucp_cleanup(u->ctx); u->ctx = NULL; }
+        else if ((cp.features & MSKV_UCP_FEATURE_WAKEUP) && u->fn.ucp_worker_get_efd(u->worker, &u->efd) != MSKV_UCS_OK) u->efd = -1;
     }
     if (s != MSKV_UCS_OK) {
         r = mskv__ucx_err(u, MSKV_ERROR_UNSUPPORTED, "ucx: no UCP context/worker: %s", mskv__ucx_status(u, s));
@@ -596,24 +936,44 @@ static mskv_result mskv__ucx_create(const mskv_ucx_desc *desc, mskv_ucx **out) {
     return MSKV_SUCCESS;
 }
 
+#define MSKV__UCX_SPIN 64        /* idle polls before a wait sleeps on the event fd */
+#define MSKV__UCX_NAP_MS 20       /* the longest sleep between clock checks */
+
+/* One idle moment of a wait: after a brief spin, arm the worker and sleep
+   on its event fd until something arrives (or a short nap passes); without
+   an event fd, yield the processor. Returns whether it slept. */
+static int mskv__ucx_idle(mskv_ucx *u, unsigned idle) {
+    if (idle <= MSKV__UCX_SPIN) return 0;
+    if (u->efd >= 0) {
+        /* BUSY: events are pending, progress again at once */
+        if (u->fn.ucp_worker_arm(u->worker) == MSKV_UCS_OK) {
+            mskv__ucx_sleep_on(u->efd, MSKV__UCX_NAP_MS);
+            return 1;
+        }
+        return 0;
+    }
+    mskv__ucx_yield();
+    return 0;
+}
+
 /* Polls the worker until *flag is set, the endpoint fails, or timeout_ms
    pass with no progress (every op that completes counts as progress). */
 static mskv_result mskv__ucx_wait(mskv_ucx *u, const int *flag, const char *what) {
     int64_t last = mskv__ucx_now_ms();
     unsigned idle = 0;
     while (!*flag) {
-        if (u->fn.ucp_worker_progress(u->worker)) idle = 0;
+        int slept;
+        if (u->fn.ucp_worker_progress(u->worker)) {
+            idle = 0;
+            last = mskv__ucx_now_ms();
+        }
         if (*flag) break;
         if (u->failed)
             return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: %s: the connection failed: %s", what, mskv__ucx_status(u, u->failed));
-        if (idle > 64) mskv__ucx_yield();
-        /* the clock only now and then: reading it every spin costs more than the progress */
-        if (idle++ % 256 == 0) {
-            int64_t now = mskv__ucx_now_ms();
-            if (idle == 1) last = now;
-            else if (now - last > u->desc.timeout_ms)
-                return mskv__ucx_err(u, MSKV_ERROR_TIMEOUT, "ucx: %s: no progress for %d ms", what, (int)u->desc.timeout_ms);
-        }
+        slept = mskv__ucx_idle(u, ++idle);
+        /* the clock only after a sleep or now and then: reading it every spin costs more than the progress */
+        if ((slept || idle % 256 == 0) && mskv__ucx_now_ms() - last > u->desc.timeout_ms)
+            return mskv__ucx_err(u, MSKV_ERROR_TIMEOUT, "ucx: %s: no progress for %d ms", what, (int)u->desc.timeout_ms);
     }
     return MSKV_SUCCESS;
 }
@@ -789,20 +1149,141 @@ static mskv_result mskv__ucx_make_ep(mskv_ucx *u, mskv_ucp_conn_request from) {
     return MSKV_SUCCESS;
 }
 
+/* A fresh challenge per connection: every offer's MAC covers it, so none replays onto another connection. */
+static mskv_result mskv__ucx_send_challenge(mskv_ucx *u) {
+    mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW + 2];
+    mskv_result r;
+    mskv__ucx_put32(u->challenge, MSKV__UCX_MAGIC);
+    mskv__ucx_put32(u->challenge + 4, MSKV__UCX_PROTOCOL);
+    mskv__ucx_random(u->challenge + 8);
+    mskv__ucx_send_op(u, op, MSKV__UCX_TAG(MSKV__UCX_CHALLENGE, 0), u->challenge, sizeof u->challenge, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    r = mskv__ucx_complete(u, op, "sending the challenge");
+    if (r != MSKV_SUCCESS) mskv__ucx_break(u);
+    return r;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_listen_address(const mskv_ucx_desc *desc, mskv_ucx **out) {
+    mskv_ucx *u;
+    mskv_ucs_status s;
+    mskv_result r;
+    if (!out) return MSKV_ERROR_NULL_POINTER;
+    r = mskv__ucx_create(desc, &u);
+    if (r != MSKV_SUCCESS) return r;
+    u->hello = (unsigned char *)mskv__alloc(&u->al, MSKV__UCX_HELLO_MAX);
+    if (!u->hello) { mskv_ucx_destroy(u); return MSKV_ERROR_OUT_OF_MEMORY; }
+    s = u->fn.ucp_worker_get_address(u->worker, &u->my_addr, &u->my_addr_len);
+    if (s != MSKV_UCS_OK) {
+        u->my_addr = NULL;
+        r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_listen_address: no worker address: %s", mskv__ucx_status(u, s));
+        mskv_ucx_destroy(u);
+        return r;
+    }
+    u->is_listener = 1;
+    u->by_address = 1;
+    *out = u;
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_address(mskv_ucx *u, const void **address, size_t *bytes) {
+    if (!u || !address || !bytes) return MSKV_ERROR_NULL_POINTER;
+    if (!u->by_address || !u->my_addr) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_address: not made by mskv_ucx_listen_address");
+    *address = u->my_addr;
+    *bytes = u->my_addr_len;
+    return MSKV_SUCCESS;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_connect_address(const mskv_ucx_desc *desc, const void *address, size_t bytes, mskv_ucx **out) {
+    mskv_ucx *u;
+    mskv_ucp_ep_params ep;
+    mskv_ucs_status s;
+    mskv_result r;
+    unsigned char *hello;
+    if (!out) return MSKV_ERROR_NULL_POINTER;
+    if (!address || bytes == 0 || bytes > MSKV__UCX_HELLO_MAX - 8) {
+        if (desc && desc->log) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "ucx_connect_address: an address of %zu bytes (1 to %u)", address ? bytes : (size_t)0, (unsigned)(MSKV__UCX_HELLO_MAX - 8));
+            desc->log(desc->log_user, MSKV_LOG_ERROR, msg);
+        }
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    }
+    r = mskv__ucx_create(desc, &u);
+    if (r != MSKV_SUCCESS) return r;
+    s = u->fn.ucp_worker_get_address(u->worker, &u->my_addr, &u->my_addr_len);
+    if (s != MSKV_UCS_OK || u->my_addr_len > MSKV__UCX_HELLO_MAX - 8) {
+        if (s != MSKV_UCS_OK) u->my_addr = NULL;
+        r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_connect_address: no worker address of ours: %s", mskv__ucx_status(u, s));
+        mskv_ucx_destroy(u);
+        return r;
+    }
+    memset(&ep, 0, sizeof ep);
+    ep.field_mask = MSKV_UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = address;
+    ep.err_mode = MSKV_UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = mskv__ucx_on_error;
+    ep.err_handler.arg = u;
+    s = u->fn.ucp_ep_create(u->worker, &ep, &u->ep);
+    if (s != MSKV_UCS_OK) {
+        u->ep = NULL;
+        r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_connect_address: no endpoint: %s", mskv__ucx_status(u, s));
+        mskv_ucx_destroy(u);
+        return r;
+    }
+    hello = (unsigned char *)mskv__alloc(&u->al, 8 + u->my_addr_len);
+    if (!hello) { mskv_ucx_destroy(u); return MSKV_ERROR_OUT_OF_MEMORY; }
+    mskv__ucx_put32(hello, MSKV__UCX_MAGIC);
+    mskv__ucx_put32(hello + 4, MSKV__UCX_PROTOCOL);
+    memcpy(hello + 8, u->my_addr, u->my_addr_len);
+    mskv__ucx_recv_op(u, &u->ops[MSKV__UCX_WINDOW + 2], MSKV__UCX_TAG(MSKV__UCX_CHALLENGE, 0), u->challenge, sizeof u->challenge,
+                      MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    mskv__ucx_send_op(u, &u->ops[MSKV__UCX_WINDOW], MSKV__UCX_TAG(MSKV__UCX_HELLO, 0), hello, 8 + u->my_addr_len, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    r = mskv__ucx_complete(u, &u->ops[MSKV__UCX_WINDOW], "sending the hello");
+    mskv__free(&u->al, hello);
+    if (r != MSKV_SUCCESS) { mskv_ucx_destroy(u); return r; }
+    *out = u;
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_ucx_accept(mskv_ucx *u) {
     mskv_result r;
     int64_t start;
     if (!u) return MSKV_ERROR_NULL_POINTER;
     if (!u->is_listener || u->ep || u->broken) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_accept: not a listener, or connected already");
+    if (u->by_address) {
+        /* the sender's hello: its worker address, so that replies have an endpoint */
+        mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW];
+        mskv_ucp_ep_params ep;
+        mskv_ucs_status s;
+        if (!op->busy) mskv__ucx_recv_op(u, op, MSKV__UCX_TAG(MSKV__UCX_HELLO, 0), u->hello, MSKV__UCX_HELLO_MAX, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+        r = mskv__ucx_complete(u, op, "waiting for a sender's hello");
+        if (r == MSKV_ERROR_TIMEOUT) return r;   /* the receive stays posted: call again */
+        if (r != MSKV_SUCCESS) return r;
+        if (op->info.length < 9 || mskv__ucx_get32(u->hello) != MSKV__UCX_MAGIC || mskv__ucx_get32(u->hello + 4) != MSKV__UCX_PROTOCOL)
+            return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_accept: a hello that is not this protocol's (version %u)", (unsigned)MSKV__UCX_PROTOCOL);
+        memset(&ep, 0, sizeof ep);
+        ep.field_mask = MSKV_UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        ep.address = u->hello + 8;
+        ep.err_mode = MSKV_UCP_ERR_HANDLING_MODE_PEER;
+        ep.err_handler.cb = mskv__ucx_on_error;
+        ep.err_handler.arg = u;
+        s = u->fn.ucp_ep_create(u->worker, &ep, &u->ep);
+        if (s != MSKV_UCS_OK) {
+            u->ep = NULL;
+            return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_accept: no endpoint to the sender's address: %s", mskv__ucx_status(u, s));
+        }
+        return mskv__ucx_send_challenge(u);
+    }
     start = mskv__ucx_now_ms();
     while (!u->pending) {
         unsigned spin;
-        for (spin = 0; spin < 256 && !u->pending; spin++) u->fn.ucp_worker_progress(u->worker);
+        for (spin = 0; spin <= MSKV__UCX_SPIN + 1 && !u->pending; spin++)
+            if (!u->fn.ucp_worker_progress(u->worker) && !u->pending) (void)mskv__ucx_idle(u, spin);
         if (!u->pending && mskv__ucx_now_ms() - start > u->desc.timeout_ms)
             return mskv__ucx_err(u, MSKV_ERROR_TIMEOUT, "ucx_accept: no peer connected within %d ms", (int)u->desc.timeout_ms);
     }
     r = mskv__ucx_make_ep(u, u->pending);
     u->pending = NULL;
+    if (r == MSKV_SUCCESS) r = mskv__ucx_send_challenge(u);
     return r;
 }
 
@@ -815,6 +1296,9 @@ MSKV_IMPL mskv_result mskv_ucx_connect(const mskv_ucx_desc *desc, const char *ip
     if (!mskv__ucx_sockaddr(ip, port, u->addr, &u->addrlen)) r = mskv__ucx_err(u, MSKV_ERROR_INVALID_ARGUMENT, "ucx_connect: \"%s\" is not an IPv4 address", ip);
     if (r == MSKV_SUCCESS) r = mskv__ucx_make_ep(u, NULL);
     if (r != MSKV_SUCCESS) { mskv_ucx_destroy(u); return r; }
+    /* the receiver's challenge comes first; the first send waits for it */
+    mskv__ucx_recv_op(u, &u->ops[MSKV__UCX_WINDOW + 2], MSKV__UCX_TAG(MSKV__UCX_CHALLENGE, 0), u->challenge, sizeof u->challenge,
+                      MSKV_UCP_DATATYPE_CONTIG_BYTE);
     *out = u;
     return MSKV_SUCCESS;
 }
@@ -842,6 +1326,8 @@ MSKV_IMPL void mskv_ucx_destroy(mskv_ucx *u) {
     }
     mskv__ucx_break(u);
     if (u->pending) u->fn.ucp_listener_reject(u->listener, u->pending);
+    if (u->my_addr) u->fn.ucp_worker_release_address(u->worker, u->my_addr);
+    mskv__free(&al, u->hello);
     if (u->listener) u->fn.ucp_listener_destroy(u->listener);
     if (u->worker) u->fn.ucp_worker_destroy(u->worker);
     if (u->ctx) u->fn.ucp_cleanup(u->ctx);
@@ -855,19 +1341,19 @@ MSKV_IMPL void mskv_ucx_destroy(mskv_ucx *u) {
    message number): the sender's OFFER (protocol header, the blob header,
    its size, range count and checksum), the receiver's ANSWER (0 = ready,
    else the mskv_result that refused it), the pages as DATA messages of
-   whole ranges each, and the receiver's DONE (0 = imported and verified,
-   else why not). Little-endian fields:
+   whole ranges each (before all that, once per connection, the receiver's
+   CHALLENGE: magic, version, 16 random bytes), the receiver's PREPARED (0 = imported, verified and
+   held frozen, else why not), the sender's COMMIT and the receiver's ACK
+   (both status 0). Every page message must arrive with exactly its
+   offered length. Little-endian fields:
      OFFER  0 u32 magic  4 u32 version  8 u64 header bytes  16 u64 blob bytes
             24 u64 ranges  32 u64 range bytes  40 u64 checksum
-            48 u64 ranges per message  56 u64 0  64 the blob header
-     ANSWER, DONE  0 u32 magic  4 i32 status */
-
-#define MSKV__UCX_MAGIC 0x55564B4Du     /* "MKVU" */
-#define MSKV__UCX_PROTOCOL 1u
-#define MSKV__UCX_OFFER_FIXED 64u
-#define MSKV__UCX_OFFER_MAX (MSKV__UCX_OFFER_FIXED + MSKV_BLOB_HEADER_MAX)
-#define MSKV__UCX_TAG(kind, n) ((mskv_ucp_tag)(kind) << 56 | ((mskv_ucp_tag)(n) & 0x00FFFFFFFFFFFFFFull))
-enum { MSKV__UCX_OFFER = 1, MSKV__UCX_ANSWER = 2, MSKV__UCX_DATA = 3, MSKV__UCX_DONE = 4 };
+            48 u64 ranges per message  56 u64 counter (1, 2, ...: each offer's
+            exceeds the last one accepted on the connection)
+            64 32 bytes HMAC-SHA-256 under the secret over bytes 0..63, the
+               challenge's 16 random bytes and the blob header (zero without
+               a secret)  96 32 bytes 0  128 the blob header
+     ANSWER, PREPARED, COMMIT, ACK  0 u32 magic  4 i32 status */
 
 /* What both sides know about a transfer once the offer is through. */
 typedef struct mskv__ucx_xfer {
@@ -879,10 +1365,6 @@ typedef struct mskv__ucx_xfer {
     mskv_blob_range *rg;        /* scratch: one message's ranges */
 } mskv__ucx_xfer;
 
-static void mskv__ucx_put32(unsigned char *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
-static void mskv__ucx_put64(unsigned char *p, uint64_t v) { int i; for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
-static uint32_t mskv__ucx_get32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
-static uint64_t mskv__ucx_get64(const unsigned char *p) { return (uint64_t)mskv__ucx_get32(p) | (uint64_t)mskv__ucx_get32(p + 4) << 32; }
 
 /* Message m's gather/scatter list in op->iov; returns its entry count and
    sets *bytes. Ranges that follow each other in memory share an entry, so
@@ -921,6 +1403,10 @@ static mskv_result mskv__ucx_post(mskv_ucx *u, mskv__ucx_xfer *x, int64_t m, msk
     mskv_ucp_tag tag = MSKV__UCX_TAG(MSKV__UCX_DATA, m);
     if (r != MSKV_SUCCESS) return r;
     op->message = m;
+    if (!recv && u->desc.hook && u->desc.hook(u->desc.hook_user, MSKV_UCX_HOOK_POSTING, m, op->iov[0].buffer, op->iov[0].length) == MSKV_UCX_HOOK_EMPTY) {
+        mskv__ucx_send_op(u, op, tag, op->iov[0].buffer, 0, MSKV_UCP_DATATYPE_CONTIG_BYTE);   /* tests: a lying sender */
+        return MSKV_SUCCESS;
+    }
     /* one contiguous piece goes as bytes: UCX's fastest path */
     if (recv) {
         if (c == 1) mskv__ucx_recv_op(u, op, tag, op->iov[0].buffer, bytes, MSKV_UCP_DATATYPE_CONTIG_BYTE);
@@ -935,6 +1421,11 @@ static mskv_result mskv__ucx_post(mskv_ucx *u, mskv__ucx_xfer *x, int64_t m, msk
 static int mskv__ucx_hook(mskv_ucx *u, mskv_ucx_hook_point at, int64_t m, const mskv__ucx_op *op) {
     if (!u->desc.hook) return 0;
     return u->desc.hook(u->desc.hook_user, at, m, op->iov[0].buffer, op->iov[0].length);
+}
+
+/* The test hook at a hand-over step (it may stop or kill this process there). */
+static void mskv__ucx_step(mskv_ucx *u, int step) {
+    if (u->desc.hook) (void)u->desc.hook(u->desc.hook_user, MSKV_UCX_HOOK_STEP, step, NULL, 0);
 }
 
 /* Streams every DATA message through a window of MSKV__UCX_WINDOW ops,
@@ -957,7 +1448,7 @@ static mskv_result mskv__ucx_pages(mskv_ucx *u, mskv__ucx_xfer *x, int recv) {
         for (i = 0; i < MSKV__UCX_WINDOW; i++)
             if (win[i].busy && win[i].message == done) break;
         r = mskv__ucx_complete(u, &win[i], recv ? "receiving pages" : "sending pages");
-        if (r == MSKV_SUCCESS && recv && win[i].info.length != 0 &&
+        if (r == MSKV_SUCCESS && recv &&
             win[i].info.length != (size_t)(done + 1 < x->messages ? x->per_msg : x->layout.range_count - done * x->per_msg) * x->layout.range_bytes)
             r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: message %lld has %zu bytes, not the offered size", (long long)done, win[i].info.length);
         if (r == MSKV_SUCCESS && recv && mskv__ucx_hook(u, MSKV_UCX_HOOK_RECEIVED, done, &win[i]) == MSKV_UCX_HOOK_DROP)
@@ -971,6 +1462,8 @@ static mskv_result mskv__ucx_pages(mskv_ucx *u, mskv__ucx_xfer *x, int recv) {
 static mskv_result mskv__ucx_send_status(mskv_ucx *u, int kind, int32_t status, const char *what) {
     unsigned char b[8];
     mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW];
+    if (u->desc.hook && u->desc.hook(u->desc.hook_user, MSKV_UCX_HOOK_CONTROL, kind, NULL, 0) == MSKV_UCX_HOOK_DROP)
+        return MSKV_SUCCESS;   /* tests: the message is lost on its way */
     mskv__ucx_put32(b, MSKV__UCX_MAGIC);
     mskv__ucx_put32(b + 4, (uint32_t)status);
     mskv__ucx_send_op(u, op, MSKV__UCX_TAG(kind, 0), b, sizeof b, MSKV_UCP_DATATYPE_CONTIG_BYTE);
@@ -1034,35 +1527,58 @@ static void mskv__ucx_offer_write(unsigned char *b, const mskv__ucx_xfer *x) {
     mskv__ucx_put64(b + 48, (uint64_t)x->per_msg);
 }
 
+/* The offer's MAC (fixed part's first 64 bytes, the challenge, the blob header). */
+static void mskv__ucx_offer_mac(const mskv_ucx *u, const unsigned char *b, size_t header_bytes, unsigned char mac[32]) {
+    mskv__hmac3(u->k0, b, 64, u->challenge + 8, 16, b + MSKV__UCX_OFFER_FIXED, header_bytes, mac);
+}
+
 /* A status the peer sent: a library code, or PEER for anything else. */
 static mskv_result mskv__ucx_peer_code(int32_t status) {
     return status < 0 && status > -128 ? (mskv_result)status : MSKV_ERROR_PEER;
 }
 
-/* Offer, answer, pages, acknowledgement; the request stays frozen throughout. */
-static mskv_result mskv__ucx_send_steps(mskv_ucx *u, mskv__ucx_xfer *x, unsigned char *offer) {
+/* Offer, answer, pages, PREPARED, COMMIT, ACK; the request stays frozen
+   throughout. *decided is set once COMMIT may have left: from then on a
+   failure leaves the outcome unknown here. */
+static mskv_result mskv__ucx_send_steps(mskv_ucx *u, mskv__ucx_xfer *x, unsigned char *offer, int *decided) {
     mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW], *st = &u->ops[MSKV__UCX_WINDOW + 1];
     unsigned char sb[8];
     int32_t status = 0;
-    mskv_result r;
+    mskv_result r = MSKV_SUCCESS;
     /* the answer's receive goes first, so it never waits in UCX's unexpected queue */
     mskv__ucx_recv_op(u, st, MSKV__UCX_TAG(MSKV__UCX_ANSWER, 0), sb, sizeof sb, MSKV_UCP_DATATYPE_CONTIG_BYTE);
-    mskv__ucx_send_op(u, op, MSKV__UCX_TAG(MSKV__UCX_OFFER, 0), offer, MSKV__UCX_OFFER_FIXED + x->layout.header_bytes,
-                      MSKV_UCP_DATATYPE_CONTIG_BYTE);
-    r = mskv__ucx_complete(u, op, "sending the offer");
+    if (!(u->desc.hook && u->desc.hook(u->desc.hook_user, MSKV_UCX_HOOK_CONTROL, MSKV__UCX_OFFER, offer,
+                                       MSKV__UCX_OFFER_FIXED + x->layout.header_bytes) == MSKV_UCX_HOOK_DROP)) {
+        mskv__ucx_send_op(u, op, MSKV__UCX_TAG(MSKV__UCX_OFFER, 0), offer, MSKV__UCX_OFFER_FIXED + x->layout.header_bytes,
+                          MSKV_UCP_DATATYPE_CONTIG_BYTE);
+        r = mskv__ucx_complete(u, op, "sending the offer");
+    }
+    if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_OFFER_SENT);
     if (r == MSKV_SUCCESS) r = mskv__ucx_recv_status(u, st, sb, MSKV__UCX_ANSWER, &status, "waiting for the answer");
     if (r != MSKV_SUCCESS) return r;
+    mskv__ucx_step(u, MSKV_UCX_STEP_ANSWER_RECEIVED);
     if (status != 0) {
         r = mskv__ucx_peer_code(status);
         return mskv__ucx_err(u, r, "ucx_send: the receiver refused the request: %s", mskv_result_string(r));
     }
     mskv__ucx_recv_op(u, st, MSKV__UCX_TAG(MSKV__UCX_DONE, 0), sb, sizeof sb, MSKV_UCP_DATATYPE_CONTIG_BYTE);
     r = mskv__ucx_pages(u, x, 0);
-    if (r == MSKV_SUCCESS) r = mskv__ucx_recv_status(u, st, sb, MSKV__UCX_DONE, &status, "waiting for the acknowledgement");
-    if (r == MSKV_SUCCESS && status != 0) {
+    if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_PAGES_SENT);
+    if (r == MSKV_SUCCESS) r = mskv__ucx_recv_status(u, st, sb, MSKV__UCX_DONE, &status, "waiting for PREPARED");
+    if (r != MSKV_SUCCESS) return r;
+    if (status != 0) {
         r = mskv__ucx_peer_code(status);
         return mskv__ucx_err(u, r, "ucx_send: the receiver did not import the request: %s", mskv_result_string(r));
     }
+    mskv__ucx_step(u, MSKV_UCX_STEP_PREPARED_RECEIVED);
+    /* the decision: the receiver holds a verified frozen copy, ours stays frozen until its ACK */
+    mskv__ucx_recv_op(u, st, MSKV__UCX_TAG(MSKV__UCX_ACK, 0), sb, sizeof sb, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    *decided = 1;
+    r = mskv__ucx_send_status(u, MSKV__UCX_COMMIT, 0, "sending COMMIT");
+    if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_COMMIT_SENT);
+    if (r == MSKV_SUCCESS) r = mskv__ucx_recv_status(u, st, sb, MSKV__UCX_ACK, &status, "waiting for the ACK");
+    if (r == MSKV_SUCCESS && status != 0) r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_send: an ACK with status %d", (int)status);
+    if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_ACK_RECEIVED);
     return r;
 }
 
@@ -1070,25 +1586,56 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
     unsigned char offer[MSKV__UCX_OFFER_MAX];
     mskv__ucx_xfer x;
     mskv_result r, e;
+    int decided = 0;
     if (!u || !arena) return MSKV_ERROR_NULL_POINTER;
+    if (u->doubt) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_send: a hand-over is in doubt (mskv_ucx_resolve first)");
     if (u->broken) return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_send: the connection is closed");
     if (!u->ep) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_send: not connected (mskv_ucx_accept first)");
     memset(&x, 0, sizeof x);
     x.arena = arena;
     x.req = req;
+    if (!u->have_challenge) {
+        mskv__ucx_op *ch = &u->ops[MSKV__UCX_WINDOW + 2];
+        r = ch->busy ? mskv__ucx_complete(u, ch, "waiting for the receiver's challenge")
+                     : mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_send: no challenge is on its way");
+        if (r == MSKV_SUCCESS && (ch->info.length != sizeof u->challenge || mskv__ucx_get32(u->challenge) != MSKV__UCX_MAGIC ||
+                                  mskv__ucx_get32(u->challenge + 4) != MSKV__UCX_PROTOCOL))
+            r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_send: the receiver's challenge is not this protocol's (version %u)", (unsigned)MSKV__UCX_PROTOCOL);
+        if (r != MSKV_SUCCESS) {
+            if (r != MSKV_ERROR_TIMEOUT || u->failed) mskv__ucx_break(u);
+            return r;
+        }
+        u->have_challenge = 1;
+    }
     r = mskv__ucx_export(u, &x, offer);
     if (r == MSKV_SUCCESS) {
         x.per_msg = mskv__ucx_ranges_per_msg(u, x.layout.range_bytes);
         x.messages = (x.layout.range_count + x.per_msg - 1) / x.per_msg;
         mskv__ucx_offer_write(offer, &x);
+        mskv__ucx_put64(offer + 56, ++u->offers_sent);
+        if (u->authed) mskv__ucx_offer_mac(u, offer, x.layout.header_bytes, offer + 64);
         if (!x.staged) {
             x.rg = (mskv_blob_range *)mskv__alloc(&u->al, sizeof(mskv_blob_range) * (size_t)x.per_msg);
             if (!x.rg) r = mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx_send: range list");
         }
         if (r == MSKV_SUCCESS) {
-            r = mskv__ucx_send_steps(u, &x, offer);
+            r = mskv__ucx_send_steps(u, &x, offer, &decided);
             /* a refusal or a failed import ends the exchange in step; anything else leaves it unknown */
-            if (r == MSKV_ERROR_PEER || r == MSKV_ERROR_TIMEOUT || mskv__ucx_any_busy(u)) mskv__ucx_break(u);
+            /* DENIED: the receiver ends the connection */
+            if (r == MSKV_ERROR_PEER || r == MSKV_ERROR_TIMEOUT || r == MSKV_ERROR_DENIED || mskv__ucx_any_busy(u) || (decided && r != MSKV_SUCCESS))
+                mskv__ucx_break(u);
+        }
+        if (decided && r != MSKV_SUCCESS) {
+            /* COMMIT may have arrived: the receiver may hold the request now, or may not. Ours stays frozen. */
+            u->doubt = 1;
+            u->doubt_arena = arena;
+            u->doubt_req = req;
+            u->doubt_flags = flags;
+            u->doubt_frozen = !x.staged;
+            mskv__free(&u->al, x.rg);
+            mskv__free(&u->al, x.staged);
+            return mskv__ucx_err(u, MSKV_ERROR_IN_DOUBT, "ucx_send: COMMIT sent, no ACK (%s): the request stays frozen until mskv_ucx_resolve",
+                                 mskv_result_string(r));
         }
         if (!x.staged) {
             /* the arena refuses every call that would end the export under us
@@ -1104,7 +1651,7 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
     mskv__free(&u->al, x.rg);
     mskv__free(&u->al, x.staged);
     if (r == MSKV_SUCCESS && !(flags & MSKV_UCX_KEEP)) {
-        /* acknowledged: the receiver holds a verified copy, ours may go */
+        /* acknowledged: the receiver holds a verified usable copy, ours may go */
         r = mskv_request_remove(arena, req);
         if (r != MSKV_SUCCESS) mskv__ucx_err(u, r, "ucx_send: the receiver has the request, removing ours failed");
     }
@@ -1116,8 +1663,20 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
 /* Reads an offer into x: the layout it announces, checked for sense. */
 static mskv_result mskv__ucx_offer_read(mskv_ucx *u, const unsigned char *b, size_t len, mskv__ucx_xfer *x) {
     uint64_t hb, bb, rc, rb, pm, want;
+    uint64_t counter;
     if (len < MSKV__UCX_OFFER_FIXED || mskv__ucx_get32(b) != MSKV__UCX_MAGIC || mskv__ucx_get32(b + 4) != MSKV__UCX_PROTOCOL)
         return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_recv: the offer is not this protocol's (version %u)", (unsigned)MSKV__UCX_PROTOCOL);
+    if (u->authed) {
+        /* before anything in it is believed: its header bytes are what the MAC covers */
+        unsigned char mac[32];
+        mskv__ucx_offer_mac(u, b, len - MSKV__UCX_OFFER_FIXED, mac);
+        if (!mskv__mac_equal(mac, b + 64))
+            return mskv__ucx_err(u, MSKV_ERROR_DENIED, "ucx_recv: the offer's HMAC-SHA-256 does not match (no secret, another secret, or changed bytes)");
+    }
+    counter = mskv__ucx_get64(b + 56);
+    if (counter <= u->last_counter)
+        return mskv__ucx_err(u, MSKV_ERROR_DENIED, "ucx_recv: offer counter %llu is not past %llu: a replayed offer", (unsigned long long)counter,
+                             (unsigned long long)u->last_counter);
     hb = mskv__ucx_get64(b + 8);
     bb = mskv__ucx_get64(b + 16);
     rc = mskv__ucx_get64(b + 24);
@@ -1135,6 +1694,7 @@ static mskv_result mskv__ucx_offer_read(mskv_ucx *u, const unsigned char *b, siz
     x->layout.checksum = mskv__ucx_get64(b + 40);
     x->per_msg = (int64_t)pm;
     x->messages = (x->layout.range_count + x->per_msg - 1) / x->per_msg;
+    u->last_counter = counter;
     return MSKV_SUCCESS;
 }
 
@@ -1185,14 +1745,32 @@ static void mskv__ucx_import_drop(mskv__ucx_xfer *x) {
     if (!x->staged) mskv_request_import_abort(x->arena, x->req);
 }
 
+/* Holds a verified import frozen (host pools: an open export) until COMMIT. */
+static mskv_result mskv__ucx_freeze(mskv_ucx *u, mskv__ucx_xfer *x) {
+    unsigned char hdr[MSKV_BLOB_HEADER_MAX];
+    mskv_blob_layout lay;
+    mskv_result r;
+    if (x->staged) return MSKV_SUCCESS;   /* store_ops: frozen by contract (the handle is not given out) */
+    r = mskv_request_export_begin(x->arena, x->req, hdr, sizeof hdr, &lay);
+    if (r != MSKV_SUCCESS) {
+        mskv_request_remove(x->arena, x->req);
+        return mskv__ucx_err(u, r, "ucx_recv: freezing the imported request failed: %s", mskv_result_string(r));
+    }
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request *out) {
-    unsigned char offer[MSKV__UCX_OFFER_MAX];
-    mskv__ucx_op *op = &u->ops[MSKV__UCX_WINDOW];
+    unsigned char offer[MSKV__UCX_OFFER_MAX], cb[8];
+    mskv__ucx_op *op, *cop;
     mskv__ucx_xfer x;
     mskv_result r, s;
+    int32_t status = 0;
     if (!u || !arena || !out) return MSKV_ERROR_NULL_POINTER;
+    if (u->doubt) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_recv: a hand-over is in doubt (mskv_ucx_resolve first)");
     if (u->broken) return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_recv: the connection is closed");
     if (!u->ep) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_recv: not connected (mskv_ucx_accept first)");
+    op = &u->ops[MSKV__UCX_WINDOW];
+    cop = &u->ops[MSKV__UCX_WINDOW + 1];
     memset(&x, 0, sizeof x);
     x.arena = arena;
     mskv__ucx_recv_op(u, op, MSKV__UCX_TAG(MSKV__UCX_OFFER, 0), offer, sizeof offer, MSKV_UCP_DATATYPE_CONTIG_BYTE);
@@ -1203,7 +1781,14 @@ MSKV_IMPL mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request
         return r;
     }
     if (r == MSKV_SUCCESS) r = mskv__ucx_offer_read(u, offer, op->info.length, &x);
+    if (r == MSKV_ERROR_DENIED) {
+        /* not a peer of ours, or a replay: no page was taken; it learns why, and the connection ends */
+        (void)mskv__ucx_send_status(u, MSKV__UCX_ANSWER, (int32_t)r, "refusing the offer");
+        mskv__ucx_break(u);
+        return r;
+    }
     if (r != MSKV_SUCCESS) { mskv__ucx_break(u); return r; }
+    mskv__ucx_step(u, MSKV_UCX_STEP_OFFER_RECEIVED);
     r = mskv__ucx_import(u, &x, offer + MSKV__UCX_OFFER_FIXED);
     if (r != MSKV_SUCCESS) {
         /* refused before any page moved: the sender learns why, the connection stays usable */
@@ -1214,24 +1799,84 @@ MSKV_IMPL mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request
         return r;
     }
     r = mskv__ucx_send_status(u, MSKV__UCX_ANSWER, 0, "answering the offer");
+    if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_ANSWER_SENT);
     if (r == MSKV_SUCCESS) r = mskv__ucx_pages(u, &x, 1);
+    if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_PAGES_RECEIVED);
     if (r != MSKV_SUCCESS) {
         mskv__ucx_break(u);
         mskv__ucx_import_drop(&x);
-    } else {
-        r = mskv__ucx_import_commit(u, &x);
-        s = mskv__ucx_send_status(u, MSKV__UCX_DONE, (int32_t)r, "acknowledging");
-        if (r == MSKV_SUCCESS && s != MSKV_SUCCESS) {
-            /* the sender never got the acknowledgement and keeps its copy: one copy, not two */
-            mskv_request_remove(arena, x.req);
-            r = s;
-        }
-        if (s != MSKV_SUCCESS) mskv__ucx_break(u);
+        goto done;
     }
+    r = mskv__ucx_import_commit(u, &x);
+    if (r == MSKV_SUCCESS) r = mskv__ucx_freeze(u, &x);
+    if (r != MSKV_SUCCESS) {
+        /* nothing kept: the sender learns why and keeps its copy */
+        s = mskv__ucx_send_status(u, MSKV__UCX_DONE, (int32_t)r, "answering the pages");
+        if (s != MSKV_SUCCESS) mskv__ucx_break(u);
+        goto done;
+    }
+    /* PREPARED: from here the decision is the sender's; the COMMIT's receive goes first */
+    mskv__ucx_recv_op(u, cop, MSKV__UCX_TAG(MSKV__UCX_COMMIT, 0), cb, sizeof cb, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    s = mskv__ucx_send_status(u, MSKV__UCX_DONE, 0, "sending PREPARED");
+    if (s == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_PREPARED_SENT);
+    if (s == MSKV_SUCCESS) s = mskv__ucx_recv_status(u, cop, cb, MSKV__UCX_COMMIT, &status, "waiting for COMMIT");
+    if (s == MSKV_SUCCESS && status != 0) s = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_recv: a COMMIT with status %d", (int)status);
+    if (s != MSKV_SUCCESS) {
+        /* the sender may have decided either way: hold the request frozen until resolved */
+        mskv__ucx_break(u);
+        u->doubt = 2;
+        u->doubt_arena = arena;
+        u->doubt_req = x.req;
+        u->doubt_flags = 0;
+        u->doubt_frozen = !x.staged;
+        *out = x.req;
+        r = mskv__ucx_err(u, MSKV_ERROR_IN_DOUBT, "ucx_recv: PREPARED sent, no COMMIT (%s): the request stays frozen until mskv_ucx_resolve",
+                          mskv_result_string(s));
+        goto done;
+    }
+    mskv__ucx_step(u, MSKV_UCX_STEP_COMMIT_RECEIVED);
+    if (!x.staged) {
+        r = mskv_request_export_end(arena, x.req);
+        if (r != MSKV_SUCCESS) mskv__ucx_err(u, r, "ucx_recv: unfreezing the request failed (it stays frozen)");
+    }
+    /* committed: the request is ours whether or not the ACK gets through (a sender left without it resolves COMMITTED) */
+    s = mskv__ucx_send_status(u, MSKV__UCX_ACK, 0, "sending the ACK");
+    if (s != MSKV_SUCCESS) mskv__ucx_break(u);
+    else mskv__ucx_step(u, MSKV_UCX_STEP_ACK_SENT);
+    *out = x.req;
+done:
     mskv__free(&u->al, x.rg);
     mskv__free(&u->al, x.staged);
-    if (r == MSKV_SUCCESS) *out = x.req;
     return r;
+}
+
+MSKV_IMPL int mskv_ucx_in_doubt(const mskv_ucx *u, mskv_request *req) {
+    if (!u) return 0;
+    if (req && u->doubt) *req = u->doubt_req;
+    return u->doubt;
+}
+
+MSKV_IMPL mskv_result mskv_ucx_resolve(mskv_ucx *u, int outcome, mskv_request *out) {
+    mskv_result r = MSKV_SUCCESS;
+    int drop;
+    if (!u) return MSKV_ERROR_NULL_POINTER;
+    if (outcome != MSKV_UCX_COMMITTED && outcome != MSKV_UCX_ABORTED)
+        return mskv__ucx_err(u, MSKV_ERROR_INVALID_ARGUMENT, "ucx_resolve: outcome %d is neither MSKV_UCX_COMMITTED (%d) nor MSKV_UCX_ABORTED (%d)",
+                             outcome, MSKV_UCX_COMMITTED, MSKV_UCX_ABORTED);
+    if (!u->doubt) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_resolve: no hand-over is in doubt");
+    if (u->doubt_frozen) {
+        r = mskv_request_export_end(u->doubt_arena, u->doubt_req);
+        if (r != MSKV_SUCCESS) return mskv__ucx_err(u, r, "ucx_resolve: unfreezing the request: %s", mskv_result_string(r));
+        u->doubt_frozen = 0;
+    }
+    drop = u->doubt == 1 ? outcome == MSKV_UCX_COMMITTED && !(u->doubt_flags & MSKV_UCX_KEEP) : outcome == MSKV_UCX_ABORTED;
+    if (drop) {
+        r = mskv_request_remove(u->doubt_arena, u->doubt_req);
+        if (r != MSKV_SUCCESS) return mskv__ucx_err(u, r, "ucx_resolve: removing the request: %s", mskv_result_string(r));
+    }
+    if (out && u->doubt == 2 && outcome == MSKV_UCX_COMMITTED) *out = u->doubt_req;
+    u->doubt = 0;
+    return MSKV_SUCCESS;
 }
 
 #ifdef __cplusplus

@@ -5,6 +5,10 @@
    pages straight from the pools into the receiver's, the receiver's
    checksum over them, acknowledgement); the sender keeps its copy
    (MSKV_UCX_KEEP) so every round moves the same request.
+   After each transport's migration rounds it runs UCX's own ucx_perftest
+   (Debian's ucx-utils; skipped, saying so, when it is not on PATH) on the
+   same UCX_TLS and message size, tag_bw with -e (endpoints with error
+   handling, as the layer's), and prints its bandwidth and the ratio.
    Usage: ucx_bench [tokens [message_bytes]]   (default 16384 tokens: 384 MiB
    of K/V; message_bytes: mskv_ucx_desc.message_bytes, default 1 MiB) */
 #if !defined(_POSIX_C_SOURCE)
@@ -21,6 +25,8 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <signal.h>
+#include <time.h>
 
 #define UB_ROUNDS 3
 
@@ -63,6 +69,48 @@ static int ub_receiver(int64_t tokens, int port_fd) {
 }
 
 static size_t ub_message_bytes;
+
+/* ucx_perftest tag_bw on tls, messages of msg bytes, bytes in all: its
+   overall bandwidth in GB/s (it prints MB/s of 2^20 bytes), or 0 and why. */
+static double ub_perftest(const char *tls, size_t msg, size_t bytes, char *why, size_t cap) {
+    char cmd[512], line[512];
+    FILE *f;
+    pid_t srv;
+    double mbs = 0;
+    int port = 20000 + (int)(getpid() % 20000), iters = (int)(bytes / (msg ? msg : 1));
+    if (iters < 512) iters = 512;   /* past its start-up: fewer give a figure far below its steady state */
+    if (system("command -v ucx_perftest >/dev/null 2>&1") != 0) {
+        snprintf(why, cap, "ucx_perftest not found (Debian: apt-get install ucx-utils)");
+        return 0;
+    }
+    fflush(stdout);
+    srv = fork();
+    if (srv == 0) {
+        char ps[16];
+        snprintf(ps, sizeof ps, "%d", port);
+        setenv("UCX_TLS", tls, 1);
+        if (!freopen("/dev/null", "w", stdout)) _exit(127);
+        execlp("ucx_perftest", "ucx_perftest", "-p", ps, (char *)NULL);
+        _exit(127);
+    }
+    {
+        struct timespec nap;   /* the server's listener up */
+        nap.tv_sec = 0;
+        nap.tv_nsec = 300 * 1000 * 1000L;
+        nanosleep(&nap, NULL);
+    }
+    snprintf(cmd, sizeof cmd, "UCX_TLS=%s ucx_perftest 127.0.0.1 -p %d -t tag_bw -e -s %zu -n %d 2>&1", tls, port, msg, iters);
+    f = popen(cmd, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        double it, p50, avg, ovh, bw_avg, bw_all;
+        if (sscanf(line, " Final: %lf %lf %lf %lf %lf %lf", &it, &p50, &avg, &ovh, &bw_avg, &bw_all) == 6) mbs = bw_all;
+    }
+    if (f) pclose(f);
+    kill(srv, SIGTERM);
+    waitpid(srv, NULL, 0);
+    if (mbs <= 0) snprintf(why, cap, "ucx_perftest printed no Final line");
+    return mbs * 1048576.0 * 1e-9;
+}
 
 static int ub_run(const char *tls, int64_t tokens) {
     int fds[2], status = 0, i;
@@ -123,6 +171,16 @@ static int ub_run(const char *tls, int64_t tokens) {
     printf("UCX_TLS=%-8s %lld tokens, %.1f MiB blob: migration %.2f GB/s (%.1f ms), memcpy %.2f GB/s (%.1f ms): %.0f%% of memcpy%s\n", tls,
            (long long)tokens, bytes / 1048576.0, bytes / best * 1e-9, best * 1e3, bytes / best_copy * 1e-9, best_copy * 1e3,
            100.0 * best_copy / best, dst[bytes / 2] == 0x5A ? "" : " (copy check failed)");
+    {
+        char why[200] = "";
+        size_t msg = ub_message_bytes ? ub_message_bytes : (size_t)1 << 20;
+        double pt = ub_perftest(tls, msg, bytes, why, sizeof why);
+        if (pt > 0)
+            printf("UCX_TLS=%-8s ucx_perftest tag_bw -e, %zu-byte messages: %.2f GB/s; migration / perftest = %.2f\n", tls, msg, pt,
+                   bytes / best * 1e-9 / pt);
+        else
+            printf("UCX_TLS=%-8s ucx_perftest: skipped: %s\n", tls, why);
+    }
     free(src);
     free(dst);
     mskv_arena_destroy(a);

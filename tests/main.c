@@ -40,7 +40,8 @@ long mtu_format_count(void) { return mtu_formats; }
 #ifdef __cplusplus
 extern "C" {
 #endif
-uint64_t mtu_blob_checksum(const void *p, size_t n) { return mskv__checksum(p, n); }
+uint64_t mtu_blob_checksum(const void *p, size_t n) { return mskv__blob_checksum((const unsigned char *)p, n); }
+uint64_t mtu_blob_legacy_checksum(const void *p, size_t n) { return mskv__legacy_checksum(p, n); }
 /* x / P the way the host core divides by its page size (no divide below 2^31) */
 int64_t mtu_page_div(int32_t P, int64_t x) {
     uint32_t magic;

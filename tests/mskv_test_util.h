@@ -31,7 +31,8 @@ static inline int mtu_audit_at(mskv_arena *a, const char *file, int line) {
 #ifdef __cplusplus
 extern "C" {
 #endif
-uint64_t mtu_blob_checksum(const void *p, size_t n);
+uint64_t mtu_blob_checksum(const void *p, size_t n);          /* as the blob's version says: XXH64 from 4 */
+uint64_t mtu_blob_legacy_checksum(const void *p, size_t n);   /* versions 1 to 3's digest */
 int64_t mtu_page_div(int32_t page_size, int64_t x);   /* the host core's x / page_size (tests/main.c) */
 /* The platform, for tests that start threads or touch files the same way on
    POSIX and Windows (tests/main.c: threads, locks and the once flag are the

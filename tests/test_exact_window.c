@@ -106,12 +106,12 @@ TEST(release_point_round_trips_through_export_and_import) {
     ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, 40));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 16, NULL));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(a, r, blob, sizeof blob, &size));
-    EXPECT_EQ(1, (int)blob[8]);
+    EXPECT_EQ(4, (int)blob[8]);   /* layout 1, XXH64-signed */
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_import(b, blob, size, &x));
     EXPECT_EQ(16, mtx_info(b, x).release_point);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_release_oldest(a, r, 3, NULL));
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(a, r, blob, sizeof blob, &size));
-    EXPECT_EQ(3, (int)blob[8]);
+    EXPECT_EQ(6, (int)blob[8]);   /* layout 3, XXH64-signed */
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_import(b, blob, size, &x));
     EXPECT_EQ(19, mtx_info(b, x).release_point);
     EXPECT_EQ(16, mtx_info(b, x).live_start);

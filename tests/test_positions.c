@@ -279,7 +279,7 @@ TEST(position_shift_survives_offload_reload_fork_and_export_import) {
     blob = (unsigned char *)malloc(size);
     ASSERT_TRUE(blob != NULL);
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_export(a, r, blob, size, &size));
-    EXPECT_EQ(3, (int)blob[8]);    /* versions 1 and 2 cannot say it */
+    EXPECT_EQ(6, (int)blob[8]);   /* layout 3, XXH64-signed */    /* versions 1 and 2 cannot say it */
     ASSERT_EQ(MSKV_SUCCESS, mskv_request_import(b, blob, size, &x));
     EXPECT_EQ(70, mtp_info(b, x).pos_shift);
     EXPECT_TRUE(mtu_audit(a));

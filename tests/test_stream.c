@@ -729,7 +729,7 @@ static unsigned char *mst_as_v3(const unsigned char *blob, size_t n, int32_t gro
     unsigned char *b = (unsigned char *)calloc(1, m);
     if (!b) return NULL;
     memcpy(b, blob, old_hdr);
-    mtu_put32(b + 8, 3);
+    mtu_put32(b + 8, 6);   /* layout 3, XXH64-signed */
     mtu_put32(b + 12, (uint32_t)hdr);
     mtu_put64(b + 16, (uint64_t)m);
     mtu_put32(b + 128, (uint32_t)groups);
@@ -763,7 +763,7 @@ TEST(streamed_import_of_a_version_3_header_an_older_version_could_say_lays_out_i
         ASSERT_EQ(MSKV_SUCCESS, mts_build(a, s, 32, 2, &r));
         blob = mst_export(a, r, &n);
         ASSERT_TRUE(blob != NULL);
-        ASSERT_EQ(groups, (int32_t)mst_get32(blob + 8));   /* version 1 or 2: what the rewrite starts from */
+        ASSERT_EQ(groups + 3, (int32_t)mst_get32(blob + 8));   /* version 4 or 5 (layouts 1, 2): what the rewrite starts from */
         v3 = mst_as_v3(blob, n, groups, &m);
         ASSERT_TRUE(v3 != NULL);
         EXPECT_EQ(MSKV_SUCCESS, mskv_request_import(b, v3, m, &whole));

@@ -116,7 +116,7 @@ static inline uint8_t *fz_blob_as_v3(const uint8_t *blob, size_t n, uint32_t gro
     fz_put32(b + 132, 0);
     for (g = 0; g < groups; g++) fz_put64(b + base + 8 + 8 * (size_t)g, fz_implied_rp(blob, g));
     memcpy(b + hdr, blob + old_hdr, n - old_hdr);
-    fz_put64(b + m - 8, mskv__checksum(b, m - 8));
+    fz_put64(b + m - 8, mskv__blob_checksum(b, m - 8));
     *out_n = m;
     return b;
 }
@@ -143,7 +143,7 @@ static inline uint8_t *fz_blob_canonical(const uint8_t *blob, size_t n, size_t *
     fz_put32(b + 12, (uint32_t)nh);
     fz_put64(b + 16, (uint64_t)m);
     memcpy(b + nh, blob + hdr, n - hdr);
-    fz_put64(b + m - 8, mskv__checksum(b, m - 8));
+    fz_put64(b + m - 8, mskv__blob_checksum(b, m - 8));
     *out_n = m;
     return b;
 }

@@ -116,7 +116,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         uint64_t c;
         int i;
         for (i = 0; i < 8; i++) blob[16 + i] = (uint8_t)((uint64_t)size >> (8 * i));
-        c = mskv__checksum(blob, size - 8);
+        c = mskv__blob_checksum(blob, size - 8);
         for (i = 0; i < 8; i++) blob[size - 8 + i] = (uint8_t)(c >> (8 * i));
     }
     /* a live neighbour, so a bad import could hurt someone else's state */

@@ -123,7 +123,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if ((data[0] & 0x80) && n >= 136) {
         uint64_t c;
         for (i = 0; i < 8; i++) S[16 + i] = (uint8_t)((uint64_t)n >> (8 * i));
-        c = mskv__checksum(S, n - 8);
+        c = mskv__blob_checksum(S, n - 8);
         for (i = 0; i < 8; i++) S[n - 8 + i] = (uint8_t)(c >> (8 * i));
     }
     fs_arena(&d, &A, &oa);

@@ -678,7 +678,7 @@ static void fo_step(fo_state *s) {
         memcpy(b, s->blob, sz);
         if (fz_u8(&s->in) < 100) {   /* a damaged copy, sometimes re-signed */
             b[fz_raw(&s->in, 2) % sz] ^= (unsigned char)(1u << (fz_u8(&s->in) % 8));
-            if (fz_u8(&s->in) & 1) { uint64_t c = mskv__checksum(b, sz - 8); mskv__put64(b + sz - 8, c); }
+            if (fz_u8(&s->in) & 1) { uint64_t c = mskv__blob_checksum(b, sz - 8); mskv__put64(b + sz - 8, c); }
         }
         FO_CALL(s, "import", mskv_request_import(s->a, b, fz_u8(&s->in) < 240 ? sz : sz - 1 - fz_u8(&s->in) % 8, &r));
         if (last == MSKV_SUCCESS) fo_keep(s, r);
