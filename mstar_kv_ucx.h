@@ -274,11 +274,11 @@ typedef struct mskv_ucx_desc {
 /* Flags of mskv_ucx_send. */
 #define MSKV_UCX_KEEP 1u        /* keep the sender's request after the acknowledgement: a copy, not a move */
 
-/* SHA-256 (FIPS 180-4) of n bytes into out[32], and HMAC-SHA-256 (RFC 2104)
+/* SHA-256 (FIPS 180-4) of n bytes into out (32 bytes), and HMAC-SHA-256 (RFC 2104)
    of data under key; the offer's MAC. NULL data/key with n = 0 is fine.
    Thread safety: any thread. */
-MSKV_API void mskv_sha256(const void *data, size_t n, unsigned char out[32]);
-MSKV_API void mskv_hmac_sha256(const void *key, size_t key_bytes, const void *data, size_t n, unsigned char out[32]);
+MSKV_API void mskv_sha256(const void *data, size_t n, unsigned char *out);
+MSKV_API void mskv_hmac_sha256(const void *key, size_t key_bytes, const void *data, size_t n, unsigned char *out);
 
 /* Whether UCX can be loaded: SUCCESS, or UNSUPPORTED with the reason in why
    (the loader's message; "UCX is not available on Windows"). library NULL =
@@ -636,7 +636,7 @@ static void mskv__sha256_final(mskv__sha256 *c, unsigned char out[32]) {
     }
 }
 
-MSKV_IMPL void mskv_sha256(const void *data, size_t n, unsigned char out[32]) {
+MSKV_IMPL void mskv_sha256(const void *data, size_t n, unsigned char *out) {
     mskv__sha256 c;
     mskv__sha256_init(&c);
     if (n) mskv__sha256_update(&c, data, n);
@@ -669,7 +669,7 @@ static void mskv__hmac3(const unsigned char k0[64], const void *a, size_t an, co
     mskv__sha256_final(&c, out);
 }
 
-MSKV_IMPL void mskv_hmac_sha256(const void *key, size_t key_bytes, const void *data, size_t n, unsigned char out[32]) {
+MSKV_IMPL void mskv_hmac_sha256(const void *key, size_t key_bytes, const void *data, size_t n, unsigned char *out) {
     unsigned char k0[64];
     mskv__hmac_k0(key, key_bytes, k0);
     mskv__hmac3(k0, data, n, NULL, 0, NULL, 0, out);

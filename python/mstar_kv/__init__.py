@@ -16,7 +16,7 @@ from ._enums import (AttnPath, CpuIsa, DebugFlags, Dtype, EventType, Location, L
                      PlanKind, PosMode, RetireMode, RopeStyle, Visibility)
 from ._graphs import CudaGraph
 from ._sched import LockstepGroup, PlanDesc, RequestGroup
-from ._stream import BlobLayout, BlobRange, ExportStream, ImportStream, Ucx, ucx_probe
+from ._stream import BlobLayout, BlobRange, ExportStream, ImportStream, Ucx, hmac_sha256, sha256, ucx_probe, xxh64
 from ._core import VISIBILITY, default_threads
 from ._backend import CpuBackend, CudaBackend, backend
 from ._research import CausalKVCache, LayerCache, pages_needed, retention_from_research

@@ -63,7 +63,7 @@ CONSTANTS.update({
     "MSKV_CPU_ISA_AUTO": 0, "MSKV_CPU_ISA_PORTABLE": 1, "MSKV_CPU_ISA_AVX2": 2, "MSKV_CPU_ISA_AVX512": 3,
     "MSKV_CPU_ISA_NEON": 4,
     "MSKV_CUDA_SELFTEST_ON": 0, "MSKV_CUDA_SELFTEST_OFF": 1,
-    "MSKV_UCX_KEEP": 1, "MSKV_UCX_HOOK_DROP": 1, "MSKV_UCX_HOOK_SENT": 1, "MSKV_UCX_HOOK_RECEIVED": 2,
+    "MSKV_UCX_KEEP": 1, "MSKV_UCX_COMMITTED": 1, "MSKV_UCX_ABORTED": 2, "MSKV_UCX_HOOK_DROP": 1, "MSKV_UCX_HOOK_SENT": 1, "MSKV_UCX_HOOK_RECEIVED": 2,
 })
 
 # ---- checked integers, owned pointers ------------------------------------------------
@@ -533,7 +533,7 @@ class mskv_ucx_desc(Structure):
     _nonneg_ = ("timeout_ms",)
     _fields_ = [("library", c_char_p), ("timeout_ms", c_int32), ("message_bytes", c_size_t),
                 ("allocator", mskv_allocator), ("log", c_void_p), ("log_user", c_void_p), ("hook", c_void_p),
-                ("hook_user", c_void_p)]
+                ("hook_user", c_void_p), ("secret", c_void_p), ("secret_bytes", c_size_t)]
 
 
 STRUCTS = [mskv_request, mskv_allocator, mskv_event, mskv_store_ops, mskv_arena_desc, mskv_arena_stats,
@@ -559,6 +559,7 @@ mskv_result mskv_arena_stats_get(mskv_arena *arena, mskv_arena_stats *out);
 mskv_result mskv_arena_audit(mskv_arena *arena, char *why, size_t why_cap);
 mskv_result mskv_arena_audit_bytes(mskv_arena *arena, char *why, size_t why_cap);
 uint64_t mskv_arena_digest(mskv_arena *arena);
+uint64_t mskv_xxh64(const void *data, size_t n, uint64_t seed);
 void mskv_arena_trim(mskv_arena *arena);
 mskv_result mskv_arena_retire(mskv_arena *arena, uint64_t completed);
 uint64_t mskv_arena_step(mskv_arena *arena);
@@ -726,6 +727,13 @@ mskv_result mskv_ucx_connect(const mskv_ucx_desc *desc, const char *ip, uint16_t
 mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request req, uint32_t flags);
 mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request *out);
 void mskv_ucx_destroy(mskv_ucx *u);
+mskv_result mskv_ucx_listen_address(const mskv_ucx_desc *desc, mskv_ucx **out);
+mskv_result mskv_ucx_address(mskv_ucx *u, const void **address, size_t *bytes);
+mskv_result mskv_ucx_connect_address(const mskv_ucx_desc *desc, const void *address, size_t bytes, mskv_ucx **out);
+mskv_result mskv_ucx_resolve(mskv_ucx *u, int outcome, mskv_request *out);
+int mskv_ucx_in_doubt(const mskv_ucx *u, mskv_request *req);
+void mskv_sha256(const void *data, size_t n, unsigned char *out);
+void mskv_hmac_sha256(const void *key, size_t key_bytes, const void *data, size_t n, unsigned char *out);
 """
 
 # Public functions of the three headers that have no Python binding, and why.

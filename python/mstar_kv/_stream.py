@@ -202,34 +202,101 @@ class Ucx:
 
     def __init__(self, _ptr: int, _desc: object):
         self._ptr, self._desc = _ptr, _desc
+        self._arena: Optional["_core.Arena"] = None   # the arena of the last send/recv (resolve's)
 
     @staticmethod
-    def _make_desc(library, timeout_ms, message_bytes):
+    def _make_desc(library, timeout_ms, message_bytes, secret=None):
         d = _ffi.mskv_ucx_desc()
         d.library = library.encode() if library else None
         d.timeout_ms, d.message_bytes = timeout_ms, message_bytes
+        if secret is not None:
+            if not isinstance(secret, (bytes, bytearray)):
+                raise TypeError("secret: expected bytes (1 to 1024 of them), got %s" % type(secret).__name__)
+            buf = ctypes.create_string_buffer(bytes(secret), len(secret))
+            d.secret, d.secret_bytes = ctypes.addressof(buf), len(secret)
+            d._secret_buf = buf   # alive as long as the desc (C copies it at listen/connect)
         return d
 
     @classmethod
     def listen(cls, ip: str = "127.0.0.1", port: int = 0, timeout_ms: int = 0, message_bytes: int = 0,
-               library: Optional[str] = None) -> "Ucx":
+               library: Optional[str] = None, secret: Optional[bytes] = None) -> "Ucx":
         """A listener on ip:port (port 0: any free port; see .port).
-        timeout_ms (0 = 10 s) bounds every wait for the peer."""
+        timeout_ms (0 = 10 s) bounds every wait for the peer. secret (bytes):
+        refuse every offer without a valid HMAC-SHA-256 under it
+        (DeniedError, before a page is taken). For untrusted networks use
+        listen_address(): a listening UCX socket can be aborted by junk."""
         _need_ucx()
-        d = cls._make_desc(library, timeout_ms, message_bytes)
+        d = cls._make_desc(library, timeout_ms, message_bytes, secret)
         out = ctypes.c_void_p()
         _ucx_check(_ffi.lib.mskv_ucx_listen(byref(d), ip.encode(), port, byref(out)), "mskv_ucx_listen", library)
         return cls(out.value, d)
 
     @classmethod
     def connect(cls, ip: str, port: int, timeout_ms: int = 0, message_bytes: int = 0,
-                library: Optional[str] = None) -> "Ucx":
-        """The sending side: an endpoint to ip:port (completes with the first message)."""
+                library: Optional[str] = None, secret: Optional[bytes] = None) -> "Ucx":
+        """The sending side: an endpoint to ip:port (completes with the first
+        message); secret signs its offers."""
         _need_ucx()
-        d = cls._make_desc(library, timeout_ms, message_bytes)
+        d = cls._make_desc(library, timeout_ms, message_bytes, secret)
         out = ctypes.c_void_p()
         _ucx_check(_ffi.lib.mskv_ucx_connect(byref(d), ip.encode(), port, byref(out)), "mskv_ucx_connect", library)
         return cls(out.value, d)
+
+    @classmethod
+    def listen_address(cls, timeout_ms: int = 0, message_bytes: int = 0, library: Optional[str] = None,
+                       secret: Optional[bytes] = None) -> "Ucx":
+        """A receiver reached through its worker address (.address, sent to
+        the peer out of band) instead of a listening socket: the rendezvous
+        for untrusted networks (mskv_ucx_listen_address)."""
+        _need_ucx()
+        d = cls._make_desc(library, timeout_ms, message_bytes, secret)
+        out = ctypes.c_void_p()
+        _ucx_check(_ffi.lib.mskv_ucx_listen_address(byref(d), byref(out)), "mskv_ucx_listen_address", library)
+        return cls(out.value, d)
+
+    @property
+    def address(self) -> bytes:
+        """This side's UCX worker address (mskv_ucx_address), for connect_address."""
+        p, n = ctypes.c_void_p(), ctypes.c_size_t()
+        _core._check(_ffi.lib.mskv_ucx_address(self.ptr, byref(p), byref(n)), "mskv_ucx_address")
+        return ctypes.string_at(p.value, n.value)
+
+    @classmethod
+    def connect_address(cls, address: bytes, timeout_ms: int = 0, message_bytes: int = 0,
+                        library: Optional[str] = None, secret: Optional[bytes] = None) -> "Ucx":
+        """The sending side, to a receiver's worker address (its .address)."""
+        _need_ucx()
+        if not isinstance(address, (bytes, bytearray)):
+            raise TypeError("address: expected bytes (a receiver's Ucx.address), got %s" % type(address).__name__)
+        d = cls._make_desc(library, timeout_ms, message_bytes, secret)
+        out = ctypes.c_void_p()
+        buf = ctypes.create_string_buffer(bytes(address), len(address))
+        _ucx_check(_ffi.lib.mskv_ucx_connect_address(byref(d), buf, len(address), byref(out)),
+                   "mskv_ucx_connect_address", library)
+        return cls(out.value, d)
+
+    def in_doubt(self) -> Tuple[int, Optional["_core.Request"]]:
+        """(0, None) when no hand-over is in doubt; (1, request) as the
+        sender, (2, request) as the receiver, the request frozen until
+        resolve() (mskv_ucx_in_doubt)."""
+        r = mskv_request()
+        side = _ffi.lib.mskv_ucx_in_doubt(self.ptr, byref(r))
+        if side == 0 or self._arena is None:
+            return side, None
+        return side, _core.Request(self._arena, r.id)
+
+    def resolve(self, committed: bool) -> Optional["_core.Request"]:
+        """Ends a hand-over in doubt (InDoubtError from send/recv): committed
+        True when the other side returned success or was in doubt too, False
+        when it returned another error (mskv_ucx_resolve; see mstar_kv_ucx.h
+        for the rule). A receiver gets its now usable request back
+        (committed) or None; a sender None."""
+        out = mskv_request()
+        outcome = _ffi.CONSTANTS["MSKV_UCX_COMMITTED" if committed else "MSKV_UCX_ABORTED"]
+        _core._check(_ffi.lib.mskv_ucx_resolve(self.ptr, outcome, byref(out)), "mskv_ucx_resolve")
+        if out.id and self._arena is not None:
+            return _core.Request(self._arena, out.id)
+        return None
 
     @property
     def ptr(self) -> int:
@@ -258,11 +325,13 @@ class Ucx:
         if not isinstance(request, _core.Request) or request.arena is not arena:
             raise TypeError("send: request: expected a Request of the arena, got %r" % (request,))
         flags = _ffi.CONSTANTS["MSKV_UCX_KEEP"] if keep else 0
+        self._arena = arena
         arena._call("mskv_ucx_send", self.ptr, arena.ptr, request._c, flags)
 
     def recv(self, arena: "_core.Arena") -> "_core.Request":
         """Receives one request into arena: a new, resident request."""
         out = mskv_request()
+        self._arena = arena
         arena._call("mskv_ucx_recv", self.ptr, arena.ptr, byref(out))
         return _core.Request(arena, out.id)
 
@@ -281,4 +350,26 @@ class Ucx:
         self.close()
 
 
-__all__ = ["BlobLayout", "BlobRange", "ExportStream", "ImportStream", "Ucx", "ucx_probe"]
+def sha256(data: bytes) -> bytes:
+    """SHA-256 (FIPS 180-4) of data, the library's own (mskv_sha256)."""
+    _need_ucx()
+    out = ctypes.create_string_buffer(32)
+    _ffi.lib.mskv_sha256(bytes(data), len(data), out)
+    return out.raw
+
+
+def hmac_sha256(key: bytes, data: bytes) -> bytes:
+    """HMAC-SHA-256 (RFC 2104) of data under key: what signs a UCX offer (mskv_hmac_sha256)."""
+    _need_ucx()
+    out = ctypes.create_string_buffer(32)
+    _ffi.lib.mskv_hmac_sha256(bytes(key), len(key), bytes(data), len(data), out)
+    return out.raw
+
+
+def xxh64(data: bytes, seed: int = 0) -> int:
+    """XXH64 of data (the blob and host-copy checksum, seed 0; mskv_xxh64)."""
+    return int(_ffi.lib.mskv_xxh64(bytes(data), len(data), seed))
+
+
+__all__ = ["BlobLayout", "BlobRange", "ExportStream", "ImportStream", "Ucx", "ucx_probe", "sha256", "hmac_sha256",
+           "xxh64"]
