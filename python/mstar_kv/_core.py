@@ -13,6 +13,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ._closing import Closing  # noqa: F401  (the owners' base, re-exported)
+
 from . import _ffi, _hints, _tensors
 from ._errors import MskvError, TensorError, error_for
 from ._sched import ArenaScheduling, RequestScheduling

@@ -13,6 +13,7 @@ import weakref
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from . import _ffi, _tensors
+from ._closing import Closing
 from ._core import DTYPES, POS_MODES, Arena, Plan, PrefixView, _attn_struct, _enum, _name, dtype_code
 from ._types import Choice, Segments, Tensor
 from ._errors import MskvError, TensorError, error_for
@@ -46,7 +47,7 @@ def cuda_probe(device: int = 0, driver_path: Optional[str] = None, nvrtc_path: O
     return code == 0, why.value.decode(errors="replace")
 
 
-class Cuda(CudaMemory):
+class Cuda(CudaMemory, Closing):
     """A GPU context (mskv_cuda). CudaUnavailableError, with what was tried,
     on a machine without a driver, a device or NVRTC. attn_path: "auto" (the
     sm_90a kernel for prefill on compute capability 9.0), "mma" or "wgmma"
@@ -91,12 +92,6 @@ class Cuda(CudaMemory):
             self._ptr = None
 
     __del__ = close
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _torch_stream(bufs):

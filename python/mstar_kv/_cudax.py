@@ -6,6 +6,7 @@ import collections
 import ctypes
 from typing import List, Optional, Sequence, Tuple
 
+from ._closing import Closing
 from . import _core, _cuda, _ffi
 from ._errors import MskvError, TensorError, error_for
 from ._types import Choice, Segments, Tensor
@@ -124,7 +125,7 @@ class _ShardStore(_cuda.CudaStore):
     __del__ = close
 
 
-class CudaShards:
+class CudaShards(Closing):
     """Head shards (mskv_cuda_shards): one arena over N device stores, the
     kv heads split evenly over contexts (one Cuda per device). Per step:
     plan_upload (every device), then write_kv / attention for each shard
@@ -263,10 +264,4 @@ class CudaShards:
             self._ptr = None
 
     __del__ = close
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 

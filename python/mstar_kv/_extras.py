@@ -8,6 +8,7 @@ from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
+from ._closing import Closing
 from . import _core, _ffi, _tensors
 from ._enums import Dtype
 from ._errors import MskvError, TensorError
@@ -124,7 +125,7 @@ _dense_check.__name__, _dense_check.__qualname__ = "dense_check", "PrefixView.de
 _core.PrefixView.dense_check = _dense_check   # added here: PrefixView's own lines stay as they are
 
 
-class DeviceBuffer:
+class DeviceBuffer(Closing):
     """Device memory from Cuda.malloc (mskv_cuda_malloc): .ptr (the device
     address), .nbytes; close() frees it (mskv_cuda_free), also when collected."""
 
@@ -147,12 +148,6 @@ class DeviceBuffer:
         self._ptr = None
 
     __del__ = close
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class CudaMemory:

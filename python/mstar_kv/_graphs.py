@@ -6,6 +6,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from . import _ffi
+from ._closing import Closing
 from ._errors import MskvError
 
 if TYPE_CHECKING:
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 byref = ctypes.byref
 
 
-class CudaGraph:
+class CudaGraph(Closing):
     """A captured step (mskv_cuda_graph): launch() replays it with the plan
     uploaded last (same batch and token count, no longer segment; plan
     smaller steps padded to the captured shape: plan_build(pad=...)).
@@ -41,12 +42,6 @@ class CudaGraph:
         self._ptr = None
 
     __del__ = close
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class CudaStoreGraphs:

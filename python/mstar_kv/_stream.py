@@ -13,6 +13,7 @@ from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from ._closing import Closing
 from . import _core, _ffi
 from ._errors import MskvError, UnsupportedError, error_for
 from ._ffi import mskv_blob_layout, mskv_blob_range, mskv_request
@@ -194,7 +195,7 @@ def _ucx_check(code, function, library):
         raise error_for(code, function, "" if ok else why)
 
 
-class Ucx:
+class Ucx(Closing):
     """One UCX connection (mskv_ucx) for moving requests between arenas in
     two processes or machines: Ucx.listen() then accept() and recv() on the
     receiving side, Ucx.connect() then send() on the sending side. Each
@@ -342,12 +343,6 @@ class Ucx:
             self._ptr = None
 
     __del__ = close
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def sha256(data: bytes) -> bytes:
