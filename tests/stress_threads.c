@@ -55,7 +55,7 @@ typedef struct mst_thread {
     long failures, ops_done, attn_calls, bytes_checked, imports;
     char first[256];
     /* plan arrays of a fixed capacity, reused by every call of this thread */
-    int32_t qo[2], kvp[2], idx[64], last[1], kvl[1], split[1], shift[1], pos[16];
+    int32_t qo[2], kvp[2], idx[64], last[1], kvl[1], split[1], shift[1], pos[16], vse[1], vws[1];
     int64_t tok[2], slots[16];
     mskv_request plan_reqs[1];   /* so a plan is stale only when its own request loses pages */
     float kbuf[16 * MST_DIM], vbuf[16 * MST_DIM], q[16 * 2 * MST_DIM], o[16 * 2 * MST_DIM], lse[16 * 2];
@@ -78,6 +78,7 @@ static void mst_plan_arrays(mst_thread *t, mskv_plan *p) {
     p->qo_indptr = t->qo; p->kv_indptr = t->kvp; p->kv_indices = t->idx; p->kv_last_page_len = t->last;
     p->kv_len = t->kvl; p->kv_pos_split = t->split; p->kv_pos_shift = t->shift; p->kv_token_indptr = t->tok;
     p->slot_mapping = t->slots; p->positions = t->pos; p->requests = t->plan_reqs;
+    p->vis_sink_end = t->vse; p->vis_window_start = t->vws;   /* exact visibility (the default) may need them */
     p->cap_batch = 1; p->cap_tokens = 16; p->cap_page_ids = 64;
 }
 
