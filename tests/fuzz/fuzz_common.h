@@ -120,26 +120,49 @@ static inline uint8_t *fz_blob_as_v3(const uint8_t *blob, size_t n, uint32_t gro
     *out_n = m;
     return b;
 }
-/* The inverse: a version-3 blob whose positions record is the implied one,
-   as this library exports it (version 1 or 2, malloc'd); NULL otherwise. */
+/* What this library exports for a blob it imported (malloc'd; NULL when
+   that is the blob itself): versions 1 to 3 (the old digest) come back as 4
+   to 6 (the same layouts signed with XXH64), and a version 3 or 6 whose
+   positions record is the implied one as 4 or 5 (the shorter layouts). */
 static inline uint8_t *fz_blob_canonical(const uint8_t *blob, size_t n, size_t *out_n) {
-    uint32_t G, g;
+    uint32_t G, g, v;
     size_t base, hdr, nh, m;
     uint8_t *b;
-    if (n < 160 || fz_get32(blob + 8) != 3) return NULL;
+    if (n < 136) return NULL;
+    v = fz_get32(blob + 8);
+    if (v == 1 || v == 2) {                      /* the same layout, the new version and hash */
+        b = (uint8_t *)malloc(n);
+        if (!b) return NULL;
+        memcpy(b, blob, n);
+        fz_put32(b + 8, v + 3);
+        fz_put64(b + n - 8, mskv__blob_checksum(b, n - 8));
+        *out_n = n;
+        return b;
+    }
+    if (n < 160 || (v != 3 && v != 6)) return NULL;
     G = fz_get32(blob + 128);
     if (G < 1 || G > MSKV_MAX_GROUPS) return NULL;
     base = 136 + 64 * (size_t)(G - 1);
     hdr = base + 8 + 8 * (size_t)G;
-    if (fz_get32(blob + 12) != hdr || n < hdr + 8 || fz_get64(blob + base) != 0) return NULL;
-    for (g = 0; g < G; g++)
-        if (fz_get64(blob + base + 8 + 8 * (size_t)g) != fz_implied_rp(blob, g)) return NULL;
+    if (fz_get32(blob + 12) != hdr || n < hdr + 8) return NULL;
+    for (g = 0; g < G && fz_get64(blob + base) == 0; g++)
+        if (fz_get64(blob + base + 8 + 8 * (size_t)g) != fz_implied_rp(blob, g)) break;
+    if (fz_get64(blob + base) != 0 || g < G) {   /* needs the positions layout: version 6 */
+        if (v == 6) return NULL;
+        b = (uint8_t *)malloc(n);
+        if (!b) return NULL;
+        memcpy(b, blob, n);
+        fz_put32(b + 8, 6);
+        fz_put64(b + n - 8, mskv__blob_checksum(b, n - 8));
+        *out_n = n;
+        return b;
+    }
     nh = G == 1 ? 128 : base;
     m = n - hdr + nh;
     b = (uint8_t *)malloc(m);
     if (!b) return NULL;
     memcpy(b, blob, nh);
-    fz_put32(b + 8, G == 1 ? 1u : 2u);
+    fz_put32(b + 8, G == 1 ? 4u : 5u);
     fz_put32(b + 12, (uint32_t)nh);
     fz_put64(b + 16, (uint64_t)m);
     memcpy(b + nh, blob + hdr, n - hdr);

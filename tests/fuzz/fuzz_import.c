@@ -75,7 +75,7 @@ static void fz_plan_and_attend(mskv_arena *a, mskv_request self, const mskv_requ
 
 static void fz_reexport_same(mskv_arena *a, mskv_request h, const uint8_t *blob, size_t size, const char *when) {
     size_t need = 0, cn = 0;
-    uint8_t *out, *canon = fz_blob_canonical(blob, size, &cn);   /* a version 3 that 1 or 2 could say exports as 1 or 2 */
+    uint8_t *out, *canon = fz_blob_canonical(blob, size, &cn);   /* what export writes for it */
     mskv_result r;
     if (canon) { blob = canon; size = cn; }
     r = mskv_request_export(a, h, NULL, 0, &need);
