@@ -54,12 +54,31 @@
    Timeouts: every wait for the peer ends after timeout_ms without progress
    (MSKV_ERROR_TIMEOUT), so nothing waits forever.
 
+   Endpoints: the connection's endpoint (listen/accept, connect, or the
+   worker-address rendezvous) uses UCP_ERR_HANDLING_MODE_PEER, so a peer that
+   dies or drops the connection fails it (PEER) instead of hanging it; every
+   control message (challenge, offer, answer, PREPARED, COMMIT, ACK) goes on
+   it. UCX 1.13 refuses its shared-memory transports (posix, sysv, cma) to
+   such an endpoint, so the pages go on a second, data endpoint to the peer's
+   worker, made with UCP_ERR_HANDLING_MODE_NONE, which they accept: on one
+   host with UCX_TLS=shm,tcp (or sm,tcp) the pages move through shared
+   memory, over TCP across hosts. Each side sends its worker address over
+   the connection when it is made (the rendezvous has them already); the
+   data endpoint is made at the first page sent. A transfer's liveness is
+   the connection endpoint's failure and the timeouts; on a failure the
+   connection endpoint is closed at once and the data endpoint flushed for
+   a moment and then given up (UCX refuses a forced close of a MODE_NONE
+   endpoint), so a dead or stopped peer costs no hang. desc.lanes = 1 keeps
+   everything on the one endpoint (and so on TCP, whatever UCX_TLS says).
+   mskv_ucx_lanes says which UCX transports each endpoint really uses.
+
    License: MIT, as mstar_kv.h.
 */
 #ifndef MSTAR_KV_UCX_H
 #define MSTAR_KV_UCX_H
 
 #include "mstar_kv.h"
+#include <stdio.h>   /* FILE: ucp_ep_print_info's stream */
 
 #ifdef __cplusplus
 extern "C" {
@@ -101,6 +120,7 @@ typedef uint64_t mskv_ucp_datatype;                     /* ucp_datatype_t */
 #define MSKV_UCP_EP_PARAM_FIELD_FLAGS (1ull << 5)
 #define MSKV_UCP_EP_PARAM_FIELD_CONN_REQUEST (1ull << 6)
 #define MSKV_UCP_EP_PARAMS_FLAGS_CLIENT_SERVER 1u
+#define MSKV_UCP_ERR_HANDLING_MODE_NONE 0
 #define MSKV_UCP_ERR_HANDLING_MODE_PEER 1
 #define MSKV_UCP_EP_CLOSE_FLAG_FORCE 1u
 #define MSKV_UCP_OP_ATTR_FIELD_CALLBACK (1u << 1)
@@ -205,6 +225,8 @@ typedef struct mskv_ucp_request_param {
     X(mskv_ucs_status, ucp_request_check_status, (void *request))                                      \
     X(void, ucp_request_cancel, (mskv_ucp_worker worker, void *request))                               \
     X(void, ucp_request_free, (void *request))                                                         \
+    X(void, ucp_ep_print_info, (mskv_ucp_ep ep, FILE *stream))                                         \
+    X(void, ucp_context_print_info, (mskv_ucp_context context, FILE *stream))                          \
     X(const char *, ucs_status_string, (mskv_ucs_status status))
 
 typedef struct mskv_ucx_functions {
@@ -269,6 +291,8 @@ typedef struct mskv_ucx_desc {
                                    refuses (DENIED) every offer without a valid HMAC-SHA-256 under it, before it takes a page;
                                    a sender signs its offers with it. Copied at listen/connect. */
     size_t secret_bytes;
+    int32_t lanes;              /* 0 = 2: pages go on a data endpoint of their own, every control message on the
+                                   connection's endpoint (see "Endpoints" below); 1: everything on one endpoint */
 } mskv_ucx_desc;
 
 /* Flags of mskv_ucx_send. */
@@ -397,6 +421,19 @@ MSKV_API mskv_result mskv_ucx_resolve(mskv_ucx *u, int outcome, mskv_request *ou
 /* Whether u holds a hand-over in doubt: 0 none, 1 as the sender, 2 as the
    receiver; *req (may be NULL) gets the frozen request's handle. */
 MSKV_API int mskv_ucx_in_doubt(const mskv_ucx *u, mskv_request *req);
+/* Which UCX transports carry the tag messages (eager, rendezvous: lanes
+   marked am, am_bw, rma_bw or tag_offload by ucp_ep_print_info) on each
+   endpoint, as one line in buf (cap bytes with the terminating 0), e.g.
+   "control tcp/lo; data posix/memory cma/memory" (UCX's transport/device
+   names), or "control tcp/lo; data tcp/lo (one endpoint)" with desc.lanes 1.
+   Makes the data endpoint if it is not there yet (waiting, timeout_ms at
+   most, for the peer's worker address). Call it once connected: before the
+   first message the connection's endpoint may still show its connection
+   manager only. Return value: SUCCESS, NULL_POINTER, BAD_STATE (not
+   connected, or the connection is closed), CAPACITY (cap too small: nothing
+   written; the message says how much is needed), IO (no temporary file for
+   UCX's report), PEER or TIMEOUT (no address from the peer). */
+MSKV_API mskv_result mskv_ucx_lanes(mskv_ucx *u, char *buf, size_t cap);
 /* Closes the connection and the listener, frees everything. NULL is a no-op.
    A hand-over still in doubt stays as it is in the arena (frozen). */
 MSKV_API void mskv_ucx_destroy(mskv_ucx *u);
@@ -760,8 +797,11 @@ MSKV_IMPL mskv_result mskv_ucx_probe(const char *library, char *why, size_t why_
 #define MSKV__UCX_TAG(kind, n) ((mskv_ucp_tag)(kind) << 56 | ((mskv_ucp_tag)(n) & 0x00FFFFFFFFFFFFFFull))
 enum { MSKV__UCX_OFFER = MSKV_UCX_MSG_OFFER, MSKV__UCX_ANSWER = MSKV_UCX_MSG_ANSWER, MSKV__UCX_DATA = 3,
        MSKV__UCX_DONE = MSKV_UCX_MSG_PREPARED, MSKV__UCX_COMMIT = MSKV_UCX_MSG_COMMIT, MSKV__UCX_ACK = MSKV_UCX_MSG_ACK,
-       MSKV__UCX_CHALLENGE = 7, MSKV__UCX_HELLO = 8 };
+       MSKV__UCX_CHALLENGE = 7, MSKV__UCX_HELLO = 8, MSKV__UCX_ADDRESS = 9 };
 #define MSKV__UCX_HELLO_MAX 65536u   /* a hello: magic, version, the sender's worker address */
+/* ADDRESS (either side, once, on the connection's endpoint after it is made
+   through UCX's connection manager): magic, version, the sender's worker
+   address, for the peer's data endpoint. Up to MSKV__UCX_HELLO_MAX bytes. */
 
 static void mskv__ucx_put32(unsigned char *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
 static void mskv__ucx_put64(unsigned char *p, uint64_t v) { int i; for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
@@ -769,9 +809,10 @@ static uint32_t mskv__ucx_get32(const unsigned char *p) { return (uint32_t)p[0] 
 static uint64_t mskv__ucx_get64(const unsigned char *p) { return (uint64_t)mskv__ucx_get32(p) | (uint64_t)mskv__ucx_get32(p + 4) << 32; }
 
 /* // >>endpoint -----------------------------------------------------------------
-   One context, one worker, at most one listener and one endpoint per
-   object. Operations complete by polling the worker; a window of messages
-   is in flight at a time. */
+   One context, one worker, at most one listener, the connection's endpoint
+   and the data endpoint per object (see "Endpoints" at the top).
+   Operations complete by polling the worker; a window of messages is in
+   flight at a time. */
 
 #define MSKV__UCX_WINDOW 16             /* page messages in flight */
 #define MSKV__UCX_MAX_RANGES 1024      /* ranges per message (its gather list) */
@@ -783,6 +824,7 @@ typedef struct mskv__ucx_op {
     mskv_ucp_tag_recv_info info;
     mskv_ucp_dt_iov *iov;       /* the message's gather/scatter list */
     int64_t message;
+    mskv_result why;            /* failed before UCX had it (no data endpoint): the code to return */
 } mskv__ucx_op;
 
 struct mskv_ucx {
@@ -818,6 +860,15 @@ struct mskv_ucx {
     int challenge_sent;       /* the receiver's: magic, version, 16 random bytes, fresh per connection */
     int have_challenge;
     uint64_t offers_sent, last_counter;   /* the offers' counter: each must exceed the last one accepted */
+    int lanes;                         /* 2: a data endpoint for the pages, 1: everything on ep */
+    mskv_ucp_ep data_ep;               /* the pages' endpoint (ERR_HANDLING_MODE_NONE), made at the first page sent */
+    unsigned char *peer_addr;          /* the peer's worker address (its ADDRESS message, or the rendezvous), or NULL */
+    size_t peer_addr_len;
+    int have_peer_addr;
+    int data_lane;                     /* where the pages go: 0 not decided yet, 1 on ep (no shared memory to the peer), 2 on data_ep */
+    int stuck;                         /* the data endpoint did not drain when the connection broke: the worker cannot be destroyed */
+    unsigned char *addr_msg;           /* our ADDRESS message while it is sent */
+    mskv__ucx_op addr_ops[2];          /* our ADDRESS's send, the peer's ADDRESS's receive: not in ops (no transfer waits on them) */
 };
 
 static mskv_result mskv__ucx_err(mskv_ucx *u, mskv_result code, const char *fmt, ...) {
@@ -885,6 +936,15 @@ static mskv_result mskv__ucx_create(const mskv_ucx_desc *desc, mskv_ucx **out) {
         }
         return MSKV_ERROR_INVALID_ARGUMENT;
     }
+    if (d.lanes < 0 || d.lanes > 2) {
+        if (d.log) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "ucx: lanes %d is none of 0 (= 2), 1 (one endpoint) and 2 (a data endpoint for the pages)", (int)d.lanes);
+            d.log(d.log_user, MSKV_LOG_ERROR, msg);
+        }
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    }
+    if (d.lanes == 0) d.lanes = 2;
     if (d.timeout_ms <= 0) d.timeout_ms = 10000;
     if (d.message_bytes == 0) d.message_bytes = (size_t)1 << 20;
     al = d.allocator;
@@ -899,6 +959,7 @@ static mskv_result mskv__ucx_create(const mskv_ucx_desc *desc, mskv_ucx **out) {
     d.secret_bytes = 0;
     u->desc = d;
     u->al = al;
+    u->lanes = (int)d.lanes;
     r = mskv__ucx_load(d.library, &u->lib, &u->fn, why, sizeof why);
     if (r != MSKV_SUCCESS) {
         mskv__ucx_err(u, r, "ucx: %s", why);
@@ -1015,18 +1076,38 @@ static void mskv__ucx_param(mskv_ucp_request_param *p, mskv__ucx_op *op, int rec
     p->datatype = dt;
 }
 
+static mskv_result mskv__ucx_data_ep(mskv_ucx *u);
+
+/* The endpoint a message goes on: the pages on the data endpoint (made
+   now if it is not there yet), everything else on the connection's. */
 static void mskv__ucx_send_op(mskv_ucx *u, mskv__ucx_op *op, mskv_ucp_tag tag, const void *buf, size_t count, mskv_ucp_datatype dt) {
     mskv_ucp_request_param p;
+    mskv_ucp_ep ep = u->ep;
     memset(&op->info, 0, sizeof op->info);
     op->done = 0;
+    op->why = MSKV_SUCCESS;
+    if (u->lanes == 2 && u->data_lane != 1 && (tag >> 56) == MSKV__UCX_DATA) {
+        mskv_result r = u->data_lane ? MSKV_SUCCESS : mskv__ucx_data_ep(u);
+        if (r != MSKV_SUCCESS) {
+            /* as an op that failed at once: its wait returns r */
+            op->busy = 1;
+            op->req = NULL;
+            op->done = 1;
+            op->status = MSKV_UCS_ERR_CANCELED;
+            op->why = r;
+            return;
+        }
+        if (u->data_lane == 2) ep = u->data_ep;
+    }
     mskv__ucx_param(&p, op, 0, dt);
-    mskv__ucx_started(u, op, u->fn.ucp_tag_send_nbx(u->ep, buf, count, tag, &p));
+    mskv__ucx_started(u, op, u->fn.ucp_tag_send_nbx(ep, buf, count, tag, &p));
 }
 
 static void mskv__ucx_recv_op(mskv_ucx *u, mskv__ucx_op *op, mskv_ucp_tag tag, void *buf, size_t count, mskv_ucp_datatype dt) {
     mskv_ucp_request_param p;
     memset(&op->info, 0, sizeof op->info);
     op->done = 0;
+    op->why = MSKV_SUCCESS;
     mskv__ucx_param(&p, op, 1, dt);
     mskv__ucx_started(u, op, u->fn.ucp_tag_recv_nbx(u->worker, buf, count, tag, ~(mskv_ucp_tag)0, &p));
 }
@@ -1036,6 +1117,7 @@ static mskv_result mskv__ucx_complete(mskv_ucx *u, mskv__ucx_op *op, const char 
     mskv_result r = mskv__ucx_wait(u, &op->done, what);
     if (r != MSKV_SUCCESS) return r;
     mskv__ucx_finish(u, op);
+    if (op->why != MSKV_SUCCESS) return op->why;   /* already logged */
     if (op->status != MSKV_UCS_OK)
         return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: %s: %s", what, mskv__ucx_status(u, op->status));
     return MSKV_SUCCESS;
@@ -1058,27 +1140,284 @@ static int mskv__ucx_any_busy(const mskv_ucx *u) {
     return 0;
 }
 
-/* The connection is given up: the endpoint closed at once (in-flight sends
-   complete with an error), pending receives cancelled, and every op's
-   callback run before its memory may be reused. */
-static void mskv__ucx_break(mskv_ucx *u) {
-    int i, spins;
-    if (u->ep) {
-        mskv_ucp_request_param p;
-        mskv_ucs_status_ptr c;
-        memset(&p, 0, sizeof p);
+/* Closes an endpoint: forced (PEER mode: in-flight sends complete with an
+   error at once) or flushed (the data endpoint: UCX refuses to force a
+   MODE_NONE one), waiting ms at most; a close that does not finish in
+   time is left to the worker's destruction. Returns whether it finished. */
+static int mskv__ucx_close_ep(mskv_ucx *u, mskv_ucp_ep ep, int force, int ms) {
+    mskv_ucp_request_param p;
+    mskv_ucs_status_ptr c;
+    int64_t start = mskv__ucx_now_ms();
+    unsigned spins = 0;
+    memset(&p, 0, sizeof p);
+    if (force) {
         p.op_attr_mask = MSKV_UCP_OP_ATTR_FIELD_FLAGS;
         p.flags = MSKV_UCP_EP_CLOSE_FLAG_FORCE;
-        c = u->fn.ucp_ep_close_nbx(u->ep, &p);
-        if (c && (uintptr_t)c < (uintptr_t)(intptr_t)MSKV_UCS_ERR_LAST) {
-            for (spins = 0; spins < 1000000 && u->fn.ucp_request_check_status(c) == MSKV_UCS_INPROGRESS; spins++)
-                u->fn.ucp_worker_progress(u->worker);
-            u->fn.ucp_request_free(c);
-        }
+    }
+    c = u->fn.ucp_ep_close_nbx(ep, &p);
+    if (c && (uintptr_t)c < (uintptr_t)(intptr_t)MSKV_UCS_ERR_LAST) {
+        int done;
+        while (u->fn.ucp_request_check_status(c) == MSKV_UCS_INPROGRESS && (++spins % 64 != 0 || mskv__ucx_now_ms() - start <= ms))
+            u->fn.ucp_worker_progress(u->worker);
+        done = u->fn.ucp_request_check_status(c) != MSKV_UCS_INPROGRESS;
+        u->fn.ucp_request_free(c);   /* released by UCX when it completes, if it has not */
+        return done;
+    }
+    return 1;
+}
+
+#define MSKV__UCX_GIVE_UP_MS 200   /* how long a broken connection's sends may take to come back */
+
+/* The connection is given up: the connection's endpoint closed at once (in-flight sends
+   complete with an error), the data endpoint flushed for a moment, pending
+   receives cancelled, and every op's callback run before its memory may be
+   reused; an op UCX does not give back in MSKV__UCX_GIVE_UP_MS (a send on
+   the data endpoint to a stopped peer) is abandoned: its callback may still
+   run, into this object, until the worker is destroyed. */
+static void mskv__ucx_break(mskv_ucx *u) {
+    int i, busy;
+    int64_t start;
+    unsigned spins = 0;
+    mskv__ucx_op *all[MSKV__UCX_WINDOW + 5];
+    int n = 0;
+    if (u->ep) {
+        mskv__ucx_close_ep(u, u->ep, 1, (int)u->desc.timeout_ms);   /* a forced close needs no peer: it finishes */
         u->ep = NULL;
     }
-    for (i = 0; i < (int)(sizeof u->ops / sizeof u->ops[0]); i++) mskv__ucx_cancel(u, &u->ops[i]);
+    if (u->data_ep) {
+        /* sends that the transport cannot take (a stopped or dead peer's full FIFO) stay queued on it, and
+           UCX 1.13 aborts the process (ucs_bug) when it destroys a worker with such a queue: then the
+           worker is left as it is (mskv_ucx_destroy) */
+        if (!mskv__ucx_close_ep(u, u->data_ep, 0, MSKV__UCX_GIVE_UP_MS)) u->stuck = 1;
+        u->data_ep = NULL;
+    }
+    for (i = 0; i < (int)(sizeof u->ops / sizeof u->ops[0]); i++) all[n++] = &u->ops[i];
+    all[n++] = &u->addr_ops[0];
+    all[n++] = &u->addr_ops[1];
+    for (i = 0; i < n; i++)
+        if (all[i]->busy && all[i]->req && !all[i]->done) u->fn.ucp_request_cancel(u->worker, all[i]->req);
+    start = mskv__ucx_now_ms();
+    do {
+        busy = 0;
+        for (i = 0; i < n; i++) {
+            if (all[i]->busy && all[i]->done) mskv__ucx_finish(u, all[i]);
+            busy |= all[i]->busy;
+        }
+        if (busy) u->fn.ucp_worker_progress(u->worker);
+    } while (busy && (++spins % 64 != 0 || mskv__ucx_now_ms() - start <= MSKV__UCX_GIVE_UP_MS));
+    for (i = 0; i < n; i++) all[i]->busy = 0;   /* not given back: leaked rather than freed under UCX */
     u->broken = 1;
+}
+
+/* The transports (UCX's "transport/device" names, each once, in lane
+   order) of ep's lanes that carry tag messages, from ucp_ep_print_info's
+   report: lines "lane[i]: r:tl/dev.path md[m] -> md[m]/comp/sysdev[s] am
+   am_bw#0 ...", where am, am_bw#, rma_bw# and tag_offload are the tag
+   protocols' lanes (eager, rendezvous) and a cm lane is the connection
+   manager's. "none" when no lane is one (yet). */
+static mskv_result mskv__ucx_ep_lanes(mskv_ucx *u, mskv_ucp_ep ep, char *out, size_t cap) {
+    FILE *f = tmpfile();
+    char line[1024];
+    size_t n = 0;
+    if (!f) return mskv__ucx_err(u, MSKV_ERROR_IO, "ucx_lanes: no temporary file for UCX's endpoint report");
+    out[0] = 0;
+    u->fn.ucp_ep_print_info(ep, f);
+    rewind(f);
+    while (fgets(line, sizeof line, f)) {
+        char *p = strstr(line, "lane["), *name, *end, *tok;
+        int tag = 0;
+        size_t k;
+        if (!p || !(p = strchr(p, ':'))) continue;
+        for (p++; *p == ' '; p++) {}
+        if (strncmp(p, "cm ", 3) == 0 || !(p = strchr(p, ':'))) continue;   /* the connection manager's lane; else "r:" */
+        name = p + 1;
+        end = strchr(name, ' ');
+        tok = strstr(name, "->");
+        if (!end || !tok) continue;
+        *end = 0;
+        k = strlen(name);
+        while (k > 0 && name[k - 1] >= '0' && name[k - 1] <= '9') k--;   /* ".path" */
+        if (k > 0 && name[k - 1] == '.') name[k - 1] = 0;
+        for (tok += 2; *tok;) {   /* the words after "->" (no strtok: its state is shared by every thread) */
+            size_t w;
+            while (*tok == ' ' || *tok == '\t' || *tok == '\r' || *tok == '\n') tok++;
+            for (w = 0; tok[w] && tok[w] != ' ' && tok[w] != '\t' && tok[w] != '\r' && tok[w] != '\n'; w++) {}
+            if ((w == 2 && strncmp(tok, "am", 2) == 0) || (w > 6 && strncmp(tok, "am_bw#", 6) == 0) || (w > 7 && strncmp(tok, "rma_bw#", 7) == 0) ||
+                (w == 11 && strncmp(tok, "tag_offload", 11) == 0))
+                tag = 1;
+            tok += w;
+        }
+        if (!tag || !*name) continue;
+        {
+            /* once each: a whole word of out already? */
+            const char *at = out;
+            size_t nl = strlen(name);
+            int seen = 0;
+            while ((at = strstr(at, name)) != NULL) {
+                if ((at == out || at[-1] == ' ') && (at[nl] == 0 || at[nl] == ' ')) { seen = 1; break; }
+                at += nl;
+            }
+            if (seen || n + (n ? 1 : 0) + nl + 1 > cap) continue;
+            if (n) out[n++] = ' ';
+            memcpy(out + n, name, nl + 1);
+            n += nl;
+        }
+    }
+    fclose(f);
+    if (n == 0) mskv__ucx_copystr(out, cap, "none");
+    return MSKV_SUCCESS;
+}
+
+/* Whether a list of "transport/device" words names one of UCX's
+   shared-memory transports. */
+static int mskv__ucx_has_shm(const char *lanes) {
+    static const char *const shm[] = {"posix/", "sysv/", "cma/", "knem/", "xpmem/"};
+    const char *p = lanes;
+    while (*p) {
+        size_t i;
+        while (*p == ' ') p++;
+        for (i = 0; i < sizeof shm / sizeof shm[0]; i++)
+            if (strncmp(p, shm[i], strlen(shm[i])) == 0) return 1;
+        while (*p && *p != ' ') p++;
+    }
+    return 0;
+}
+
+/* Whether this context has a shared-memory transport at all (UCX_TLS
+   allows one): ucp_context_print_info's "resource" lines end in
+   "transport/device". */
+static int mskv__ucx_context_shm(mskv_ucx *u) {
+    FILE *f = tmpfile();
+    char line[512];
+    int shm = 0;
+    if (!f) return 1;   /* no way to tell: let the data endpoint's lanes decide */
+    u->fn.ucp_context_print_info(u->ctx, f);
+    rewind(f);
+    while (!shm && fgets(line, sizeof line, f)) {
+        char *w;
+        size_t k = strlen(line);
+        if (!strstr(line, "resource")) continue;
+        while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r' || line[k - 1] == ' ')) line[--k] = 0;
+        w = strrchr(line, ' ');
+        if (w && mskv__ucx_has_shm(w + 1)) shm = 1;
+    }
+    fclose(f);
+    return shm;
+}
+
+/* Which machine this is, as far as shared memory goes: SHA-256 of the
+   running kernel's boot id (Linux), zeros when unknown. */
+static void mskv__ucx_host_id(unsigned char out[32]) {
+    char id[128];
+    size_t n = 0;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    memset(out, 0, 32);
+    if (f) {
+        n = fread(id, 1, sizeof id, f);
+        fclose(f);
+    }
+    if (n > 0) mskv_sha256(id, n, out);
+}
+
+#define MSKV__UCX_ADDRESS_FIXED 40u   /* ADDRESS: magic, version, the host id; then the worker address, or none */
+
+/* Our ADDRESS to the peer, and the peer's awaited, on the connection's
+   endpoint just made through the connection manager: a data endpoint is
+   made from them when both sides are on one host and have shared memory.
+   Sent whatever our lanes (the peer's may be 2), with no worker address
+   when we have no shared-memory transport (the peer then sends its pages
+   on the connection); the peer's is received only when ours are 2. */
+static mskv_result mskv__ucx_exchange_addresses(mskv_ucx *u) {
+    mskv_ucs_status s = MSKV_UCS_OK;
+    size_t n = 0;
+    int shm = mskv__ucx_context_shm(u);
+    if (shm && !u->my_addr) s = u->fn.ucp_worker_get_address(u->worker, &u->my_addr, &u->my_addr_len);
+    if (s != MSKV_UCS_OK || (shm && u->my_addr_len > MSKV__UCX_HELLO_MAX - MSKV__UCX_ADDRESS_FIXED)) {
+        if (s != MSKV_UCS_OK) u->my_addr = NULL;
+        return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: no worker address of ours (%zu bytes, at most %u): %s", s == MSKV_UCS_OK ? u->my_addr_len : (size_t)0,
+                             (unsigned)(MSKV__UCX_HELLO_MAX - MSKV__UCX_ADDRESS_FIXED), mskv__ucx_status(u, s));
+    }
+    if (shm) n = u->my_addr_len;
+    u->addr_msg = (unsigned char *)mskv__alloc(&u->al, MSKV__UCX_ADDRESS_FIXED + n);
+    if (!u->addr_msg) return mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx: %zu bytes for our worker address", MSKV__UCX_ADDRESS_FIXED + n);
+    if (u->lanes == 2 && shm) {
+        u->peer_addr = (unsigned char *)mskv__alloc(&u->al, MSKV__UCX_HELLO_MAX);
+        if (!u->peer_addr) return mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx: %u bytes for the peer's worker address", (unsigned)MSKV__UCX_HELLO_MAX);
+        mskv__ucx_recv_op(u, &u->addr_ops[1], MSKV__UCX_TAG(MSKV__UCX_ADDRESS, 0), u->peer_addr, MSKV__UCX_HELLO_MAX, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    } else {
+        u->data_lane = 1;   /* nothing to gain: no shared memory here, or one endpoint asked for */
+    }
+    mskv__ucx_put32(u->addr_msg, MSKV__UCX_MAGIC);
+    mskv__ucx_put32(u->addr_msg + 4, MSKV__UCX_PROTOCOL);
+    mskv__ucx_host_id(u->addr_msg + 8);
+    if (n) memcpy(u->addr_msg + MSKV__UCX_ADDRESS_FIXED, u->my_addr, n);
+    mskv__ucx_send_op(u, &u->addr_ops[0], MSKV__UCX_TAG(MSKV__UCX_ADDRESS, 0), u->addr_msg, MSKV__UCX_ADDRESS_FIXED + n, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    return MSKV_SUCCESS;
+}
+
+/* The rendezvous: the peer's worker address is known already (its host
+   is not: the data endpoint's lanes decide). */
+static mskv_result mskv__ucx_keep_peer_address(mskv_ucx *u, const void *address, size_t bytes) {
+    if (u->lanes != 2 || !mskv__ucx_context_shm(u)) {
+        u->data_lane = 1;
+        return MSKV_SUCCESS;
+    }
+    u->peer_addr = (unsigned char *)mskv__alloc(&u->al, bytes);
+    if (!u->peer_addr) return mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx: %zu bytes for the peer's worker address", bytes);
+    memcpy(u->peer_addr, address, bytes);
+    u->peer_addr_len = bytes;
+    u->have_peer_addr = 1;
+    return MSKV_SUCCESS;
+}
+
+/* Decides where the pages go (u->data_lane), once: a data endpoint to the
+   peer's worker (MODE_NONE: the shared-memory transports take it) when
+   the peer sent a worker address from this host (waiting for its ADDRESS
+   if it has not come yet) and UCX gives the endpoint a shared-memory
+   transport; else the connection's endpoint, whose failure detection a
+   MODE_NONE endpoint over TCP would only lose (a data endpoint made
+   anyway, by worker address to another host, stays unused: closing it
+   could wait on its wireup, and the worker's destruction removes it).
+   PEER or TIMEOUT when the ADDRESS is bad or does not come in timeout_ms. */
+static mskv_result mskv__ucx_data_ep(mskv_ucx *u) {
+    mskv_ucp_ep_params ep;
+    mskv_ucs_status s;
+    mskv_result r;
+    char lanes[256];
+    mskv_ucp_ep made = NULL;
+    if (u->data_lane) return MSKV_SUCCESS;
+    if (!u->ep) return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: the connection is closed");
+    if (!u->have_peer_addr) {
+        mskv__ucx_op *op = &u->addr_ops[1];
+        unsigned char here[32];
+        r = op->busy ? mskv__ucx_complete(u, op, "waiting for the peer's worker address")
+                     : mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: no worker address of the peer is on its way");
+        if (r == MSKV_SUCCESS && (op->info.length < MSKV__UCX_ADDRESS_FIXED || mskv__ucx_get32(u->peer_addr) != MSKV__UCX_MAGIC ||
+                                  mskv__ucx_get32(u->peer_addr + 4) != MSKV__UCX_PROTOCOL))
+            r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: the peer's ADDRESS message is not this protocol's (%zu bytes; version %u)", op->info.length,
+                              (unsigned)MSKV__UCX_PROTOCOL);
+        if (r != MSKV_SUCCESS) return r;
+        mskv__ucx_host_id(here);
+        if (op->info.length == MSKV__UCX_ADDRESS_FIXED || memcmp(here, u->peer_addr + 8, 32) != 0) {
+            u->data_lane = 1;   /* no shared memory there, or another host */
+            return MSKV_SUCCESS;
+        }
+        u->peer_addr_len = op->info.length - MSKV__UCX_ADDRESS_FIXED;
+        memmove(u->peer_addr, u->peer_addr + MSKV__UCX_ADDRESS_FIXED, u->peer_addr_len);
+        u->have_peer_addr = 1;
+    }
+    memset(&ep, 0, sizeof ep);
+    ep.field_mask = MSKV_UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = u->peer_addr;
+    ep.err_mode = MSKV_UCP_ERR_HANDLING_MODE_NONE;   /* a transport error still reaches the handler: the connection fails */
+    ep.err_handler.cb = mskv__ucx_on_error;
+    ep.err_handler.arg = u;
+    s = u->fn.ucp_ep_create(u->worker, &ep, &made);
+    if (s != MSKV_UCS_OK) return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: no data endpoint to the peer's worker: %s", mskv__ucx_status(u, s));
+    r = mskv__ucx_ep_lanes(u, made, lanes, sizeof lanes);
+    u->data_lane = r == MSKV_SUCCESS && mskv__ucx_has_shm(lanes) ? 2 : 1;
+    if (u->data_lane == 2) u->data_ep = made;
+    return r;
 }
 
 MSKV_IMPL mskv_result mskv_ucx_listen(const mskv_ucx_desc *desc, const char *ip, uint16_t port, mskv_ucx **out) {
@@ -1216,6 +1555,8 @@ MSKV_IMPL mskv_result mskv_ucx_connect_address(const mskv_ucx_desc *desc, const 
         mskv_ucx_destroy(u);
         return r;
     }
+    r = mskv__ucx_keep_peer_address(u, address, bytes);
+    if (r != MSKV_SUCCESS) { mskv_ucx_destroy(u); return r; }
     memset(&ep, 0, sizeof ep);
     ep.field_mask = MSKV_UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | MSKV_UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = address;
@@ -1266,6 +1607,8 @@ MSKV_IMPL mskv_result mskv_ucx_accept(mskv_ucx *u) {
         ep.err_mode = MSKV_UCP_ERR_HANDLING_MODE_PEER;
         ep.err_handler.cb = mskv__ucx_on_error;
         ep.err_handler.arg = u;
+        r = mskv__ucx_keep_peer_address(u, u->hello + 8, op->info.length - 8);
+        if (r != MSKV_SUCCESS) return r;
         s = u->fn.ucp_ep_create(u->worker, &ep, &u->ep);
         if (s != MSKV_UCS_OK) {
             u->ep = NULL;
@@ -1284,6 +1627,10 @@ MSKV_IMPL mskv_result mskv_ucx_accept(mskv_ucx *u) {
     r = mskv__ucx_make_ep(u, u->pending);
     u->pending = NULL;
     if (r == MSKV_SUCCESS) r = mskv__ucx_send_challenge(u);
+    if (r == MSKV_SUCCESS) {
+        r = mskv__ucx_exchange_addresses(u);
+        if (r != MSKV_SUCCESS) mskv__ucx_break(u);
+    }
     return r;
 }
 
@@ -1299,6 +1646,8 @@ MSKV_IMPL mskv_result mskv_ucx_connect(const mskv_ucx_desc *desc, const char *ip
     /* the receiver's challenge comes first; the first send waits for it */
     mskv__ucx_recv_op(u, &u->ops[MSKV__UCX_WINDOW + 2], MSKV__UCX_TAG(MSKV__UCX_CHALLENGE, 0), u->challenge, sizeof u->challenge,
                       MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    r = mskv__ucx_exchange_addresses(u);
+    if (r != MSKV_SUCCESS) { mskv_ucx_destroy(u); return r; }
     *out = u;
     return MSKV_SUCCESS;
 }
@@ -1307,24 +1656,28 @@ MSKV_IMPL void mskv_ucx_destroy(mskv_ucx *u) {
     mskv_allocator al;
     if (!u) return;
     al = u->al;
-    if (u->ep) {
-        /* a graceful close flushes what was sent; a peer that is gone makes it fail, which is fine */
-        mskv_ucp_request_param p;
-        mskv_ucs_status_ptr c;
-        int64_t start = mskv__ucx_now_ms();
-        memset(&p, 0, sizeof p);
-        c = u->fn.ucp_ep_close_nbx(u->ep, &p);
-        if (c && (uintptr_t)c < (uintptr_t)(intptr_t)MSKV_UCS_ERR_LAST) {
-            while (u->fn.ucp_request_check_status(c) == MSKV_UCS_INPROGRESS && mskv__ucx_now_ms() - start < u->desc.timeout_ms)
-                u->fn.ucp_worker_progress(u->worker);
-            if (u->fn.ucp_request_check_status(c) == MSKV_UCS_INPROGRESS) {
-                u->fn.ucp_request_cancel(u->worker, c);
-            }
-            u->fn.ucp_request_free(c);
-        }
+    if (u->data_ep) {
+        /* every page it carried was acknowledged on the connection (or the connection broke, which closed it) */
+        if (!mskv__ucx_close_ep(u, u->data_ep, 0, (int)u->desc.timeout_ms)) u->stuck = 1;
+        u->data_ep = NULL;
+    }
+    if (u->ep && !(u->addr_ops[0].busy && !u->addr_ops[0].done)) {
+        /* a graceful close flushes what was sent; a peer that is gone makes it fail, which is fine. An endpoint
+           whose first message never left (it never connected) is closed by force instead (mskv__ucx_break): a
+           flush would wait for a connection that does not come, and leave the message queued */
+        (void)mskv__ucx_close_ep(u, u->ep, 0, (int)u->desc.timeout_ms);
         u->ep = NULL;
     }
     mskv__ucx_break(u);
+    if (u->stuck) {
+        /* UCX 1.13 aborts the process (ucs_bug) destroying a worker with sends queued on a MODE_NONE endpoint
+           it cannot drain (a stopped or dead peer's full shared-memory FIFO): the worker, and this object that
+           its callbacks may still write, are left rather than the process killed */
+        if (u->desc.log)
+            u->desc.log(u->desc.log_user, MSKV_LOG_WARN, "ucx_destroy: the data endpoint to a stopped or dead peer did not drain: its UCX worker "
+                                                         "and this object are left allocated (UCX 1.13 aborts destroying them)");
+        return;
+    }
     if (u->pending) u->fn.ucp_listener_reject(u->listener, u->pending);
     if (u->my_addr) u->fn.ucp_worker_release_address(u->worker, u->my_addr);
     mskv__free(&al, u->hello);
@@ -1333,7 +1686,28 @@ MSKV_IMPL void mskv_ucx_destroy(mskv_ucx *u) {
     if (u->ctx) u->fn.ucp_cleanup(u->ctx);
     mskv__ucx_lib_close(u->lib);
     mskv__free(&al, u->iov_mem);
+    mskv__free(&al, u->addr_msg);
+    mskv__free(&al, u->peer_addr);
     mskv__free(&al, u);
+}
+
+MSKV_IMPL mskv_result mskv_ucx_lanes(mskv_ucx *u, char *buf, size_t cap) {
+    char control[256], data[256], line[600];
+    mskv_result r;
+    size_t need;
+    if (!u || !buf) return MSKV_ERROR_NULL_POINTER;
+    if (u->broken) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_lanes: the connection is closed");
+    if (!u->ep) return mskv__ucx_err(u, MSKV_ERROR_BAD_STATE, "ucx_lanes: not connected (mskv_ucx_accept or a connect first)");
+    r = mskv__ucx_ep_lanes(u, u->ep, control, sizeof control);
+    if (r == MSKV_SUCCESS && u->lanes == 2) r = mskv__ucx_data_ep(u);   /* a failure here leaves the connection as it is */
+    if (r == MSKV_SUCCESS && u->data_lane == 2) r = mskv__ucx_ep_lanes(u, u->data_ep, data, sizeof data);
+    if (r != MSKV_SUCCESS) return r;
+    if (u->data_lane == 2) snprintf(line, sizeof line, "control %s; data %s", control, data);
+    else snprintf(line, sizeof line, "control %s; data %s (one endpoint%s)", control, control, u->lanes == 2 ? ": no shared memory to the peer" : "");
+    need = strlen(line) + 1;
+    if (need > cap) return mskv__ucx_err(u, MSKV_ERROR_CAPACITY, "ucx_lanes: cap %zu is too small for \"%s\" (%zu bytes)", cap, line, need);
+    memcpy(buf, line, need);
+    return MSKV_SUCCESS;
 }
 
 /* // >>protocol -----------------------------------------------------------------

@@ -1289,3 +1289,124 @@ TEST(ucx_waiting_for_an_offer_sleeps_on_the_workers_event_fd_instead_of_spinning
     close(fds[1]);
     mskv_arena_destroy(a);
 }
+
+/* ---- which lanes UCX really uses: shared memory for the pages on one host ---- */
+
+/* Sends one request from a forked sender (lanes as given, to a listener
+   or by worker address) and returns both sides' mskv_ucx_lanes lines. The
+   child forks before either side loads UCX. */
+static int mtl_lanes(const char *tls, int32_t lanes, int by_address, char *snd, char *rcv, size_t cap) {
+    int to_child[2], back[2], status = 0, ok = 1;
+    pid_t pid;
+    mskv_ucx_desc d;
+    mskv_ucx *u = NULL;
+    mskv_arena *a;
+    mskv_request r;
+    uint16_t port = 0;
+    const void *addr = NULL;
+    size_t addr_len = 0;
+    uint32_t n32;
+    mskv_result e;
+    char line[512];
+    snd[0] = rcv[0] = 0;
+    if (setenv("UCX_TLS", tls, 1) != 0 || pipe(to_child) != 0 || pipe(back) != 0) return 0;
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = MTX_TIMEOUT_MS;
+    d.log = mtx_log;
+    d.lanes = lanes;
+    fflush(stdout);
+    pid = fork();
+    if (pid < 0) return 0;
+    if (pid == 0) {
+        /* the sender: the port, or the address's length and bytes, from the parent */
+        mskv_arena *b = mts_arena(256, 16, 1);
+        mskv_ucx *s = NULL;
+        mskv_request q;
+        unsigned char *ab = NULL;
+        int good = b && mts_build(b, MTS_GAP, 700, 5, &q) == MSKV_SUCCESS;
+        memset(line, 0, sizeof line);
+        if (by_address) {
+            good = good && read(to_child[0], &n32, sizeof n32) == (ssize_t)sizeof n32 && (ab = (unsigned char *)malloc(n32)) != NULL &&
+                   read(to_child[0], ab, n32) == (ssize_t)n32 && mskv_ucx_connect_address(&d, ab, n32, &s) == MSKV_SUCCESS;
+        } else {
+            good = good && read(to_child[0], &port, sizeof port) == (ssize_t)sizeof port && mskv_ucx_connect(&d, "127.0.0.1", port, &s) == MSKV_SUCCESS;
+        }
+        good = good && mskv_ucx_send(s, b, q, 0) == MSKV_SUCCESS && mskv_ucx_lanes(s, line, sizeof line) == MSKV_SUCCESS;
+        if (write(back[1], line, sizeof line) != (ssize_t)sizeof line) good = 0;
+        mskv_ucx_destroy(s);
+        mskv_arena_destroy(b);
+        free(ab);
+        _exit(good ? 0 : 1);
+    }
+    a = mts_arena(256, 16, 1);
+    e = a ? (by_address ? mskv_ucx_listen_address(&d, &u) : mskv_ucx_listen(&d, "127.0.0.1", 0, &u)) : MSKV_ERROR_OUT_OF_MEMORY;
+    if (e == MSKV_SUCCESS) e = by_address ? mskv_ucx_address(u, &addr, &addr_len) : mskv_ucx_port(u, &port);
+    if (e == MSKV_SUCCESS && by_address) {
+        n32 = (uint32_t)addr_len;
+        if (write(to_child[1], &n32, sizeof n32) != (ssize_t)sizeof n32 || write(to_child[1], addr, addr_len) != (ssize_t)addr_len) e = MSKV_ERROR_IO;
+    } else if (e == MSKV_SUCCESS && write(to_child[1], &port, sizeof port) != (ssize_t)sizeof port) {
+        e = MSKV_ERROR_IO;
+    }
+    if (e == MSKV_SUCCESS) {
+        int tries;
+        e = MSKV_ERROR_TIMEOUT;
+        for (tries = 0; tries < 3 && e == MSKV_ERROR_TIMEOUT; tries++) e = mskv_ucx_accept(u);
+    }
+    if (e == MSKV_SUCCESS) e = mskv_ucx_recv(u, a, &r);
+    if (e != MSKV_SUCCESS || mskv_ucx_lanes(u, rcv, cap) != MSKV_SUCCESS) ok = 0;
+    close(to_child[1]);   /* a child still waiting for its port gives up */
+    if (read(back[0], line, sizeof line) != (ssize_t)sizeof line) ok = 0;
+    else mskv__ucx_copystr(snd, cap, line);
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ok = 0;
+    mskv_ucx_destroy(u);
+    if (a) mskv_arena_destroy(a);
+    close(to_child[0]); close(back[0]); close(back[1]);
+    return ok;
+}
+
+/* Whether every transport named in the part of line after prefix (up to
+   ';' or the end) is one of the given kind: "tcp", or shared memory. */
+static int mtl_all(const char *line, const char *prefix, int shm) {
+    const char *p = strstr(line, prefix);
+    int n = 0;
+    if (!p) return 0;
+    p += strlen(prefix);
+    while (*p && *p != ';' && *p != '(') {
+        char w[64];
+        size_t k = 0;
+        while (*p == ' ') p++;
+        if (*p == '(') break;
+        while (*p && *p != ' ' && *p != ';' && k + 1 < sizeof w) w[k++] = *p++;
+        w[k] = 0;
+        if (!k) continue;
+        n++;
+        if (shm ? !(strncmp(w, "posix/", 6) == 0 || strncmp(w, "sysv/", 5) == 0 || strncmp(w, "cma/", 4) == 0 || strncmp(w, "knem/", 5) == 0 ||
+                    strncmp(w, "xpmem/", 6) == 0)
+                : strncmp(w, "tcp/", 4) != 0)
+            return 0;
+    }
+    return n > 0;
+}
+
+TEST(ucx_lanes_say_the_pages_go_through_shared_memory_with_shm_and_over_tcp_with_tcp) {
+    char s[512], r[512];
+    int by_address;
+    MTX_NEED_UCX();
+    for (by_address = 0; by_address < 2; by_address++) {
+        EXPECT_TRUE(mtl_lanes("shm,tcp", 0, by_address, s, r, sizeof s));
+        printf("    shm,tcp%s: sender \"%s\", receiver \"%s\"\n", by_address ? " by address" : "", s, r);
+        EXPECT_TRUE(mtl_all(s, "control ", 0));   /* failure detection needs the peer-mode endpoint: TCP */
+        EXPECT_TRUE(mtl_all(s, "data ", 1));      /* no silent fall-back to TCP */
+        EXPECT_TRUE(mtl_all(r, "data ", 1));
+        EXPECT_TRUE(mtl_lanes("tcp", 0, by_address, s, r, sizeof s));
+        printf("    tcp%s: sender \"%s\", receiver \"%s\"\n", by_address ? " by address" : "", s, r);
+        EXPECT_TRUE(mtl_all(s, "control ", 0));
+        EXPECT_TRUE(mtl_all(s, "data ", 0));
+    }
+    /* one endpoint: everything on TCP, whatever UCX_TLS says */
+    EXPECT_TRUE(mtl_lanes("shm,tcp", 1, 0, s, r, sizeof s));
+    printf("    shm,tcp, lanes 1: sender \"%s\"\n", s);
+    EXPECT_TRUE(mtl_all(s, "data ", 0));
+    EXPECT_TRUE(strstr(s, "(one endpoint)") != NULL);
+}
