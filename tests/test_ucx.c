@@ -9,6 +9,9 @@
    killed (SIGKILL) at every protocol step, each protocol message lost, and
    page messages sent empty; afterwards (in-doubt sides resolved by the
    documented rule) exactly one side holds a usable, byte-identical request.
+   Every fault runs over UCX_TLS=tcp and over UCX_TLS=shm,tcp, where the pages
+   take the shared-memory data endpoint (a test checks the lanes UCX really
+   used through mskv_ucx_lanes, so a fall-back to TCP fails it).
    Without libucp.so.0 the tests skip, saying why.
    POSIX only (fork); the Windows build of the layer is a compile check. */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
@@ -314,11 +317,20 @@ TEST(ucx_moves_100000_tokens_over_tcp_and_shared_memory) {
     mtx_expect_moved(&c);
 }
 
+/* Every fault runs over both: TCP, and shared memory for the pages (the
+   connection's endpoint on TCP; the lanes test below checks which). */
+static const char *const mtx_tls[2] = { "tcp", "shm,tcp" };
+#define MTX_EACH_TLS(i) for ((i) = 0; (i) < 2; (i)++)
+
 TEST(ucx_send_with_KEEP_leaves_the_sender_its_copy) {
     mtx_case c = mtx_make(MTS_PREFIX, 300, "tcp");
+    int t;
     MTX_NEED_UCX();
     c.flags = MSKV_UCX_KEEP;
-    mtx_expect_moved(&c);
+    MTX_EACH_TLS(t) {
+        c.tls = mtx_tls[t];
+        mtx_expect_moved(&c);
+    }
 }
 
 /* A fault: both codes as expected, both sides' checks passed (the sender's
@@ -341,67 +353,73 @@ static void mtx_expect_fault(const mtx_case *c, mskv_result sender_wants, mskv_r
 }
 
 TEST(ucx_stages_pages_behind_store_ops_through_host_memory_on_that_side_only) {
-    mtx_case c = mtx_make(MTS_GAP, 3000, "tcp");
+    int t;
     MTX_NEED_UCX();
-    c.sender_ops = 1;
-    mtx_expect_moved(&c);
-    c.sender_ops = 0;
-    c.receiver_ops = 1;
-    c.state = MTS_GROUPS;
-    mtx_expect_moved(&c);
-    c.sender_ops = 1;
-    c.state = MTS_KEYED;
-    mtx_expect_moved(&c);
+    MTX_EACH_TLS(t) {
+        mtx_case c = mtx_make(MTS_GAP, 3000, mtx_tls[t]);
+        c.sender_ops = 1;
+        mtx_expect_moved(&c);
+        c.sender_ops = 0;
+        c.receiver_ops = 1;
+        c.state = MTS_GROUPS;
+        mtx_expect_moved(&c);
+        c.sender_ops = 1;
+        c.state = MTS_KEYED;
+        mtx_expect_moved(&c);
+    }
 }
 
 TEST(ucx_receiver_staging_through_host_memory_still_keeps_nothing_on_a_fault) {
-    mtx_case c = mtx_make(MTS_PLAIN, 3000, "tcp");
+    int t;
     MTX_NEED_UCX();
-    c.receiver_ops = 1;
-    c.fault = MTX_FLIP;
-    mtx_expect_fault(&c, MSKV_ERROR_BLOB_CORRUPT, MSKV_ERROR_BLOB_CORRUPT, __LINE__);
-    c.fault = MTX_FEW_PAGES;
-    mtx_expect_fault(&c, MSKV_ERROR_OUT_OF_PAGES, MSKV_ERROR_OUT_OF_PAGES, __LINE__);
+    MTX_EACH_TLS(t) {
+        mtx_case c = mtx_make(MTS_PLAIN, 3000, mtx_tls[t]);
+        c.receiver_ops = 1;
+        c.fault = MTX_FLIP;
+        mtx_expect_fault(&c, MSKV_ERROR_BLOB_CORRUPT, MSKV_ERROR_BLOB_CORRUPT, __LINE__);
+        c.fault = MTX_FEW_PAGES;
+        mtx_expect_fault(&c, MSKV_ERROR_OUT_OF_PAGES, MSKV_ERROR_OUT_OF_PAGES, __LINE__);
+    }
 }
 
 TEST(ucx_receiver_killed_mid_transfer_is_PEER_for_the_sender_whose_request_stays_intact) {
-    mtx_case c = mtx_make(MTS_GAP, 2000, "tcp");
+    int t;
     MTX_NEED_UCX();
-    c.fault = MTX_KILL_RECEIVER;
-    mtx_expect_fault(&c, MSKV_ERROR_PEER, MSKV_SUCCESS, __LINE__);
+    MTX_EACH_TLS(t) {
+        mtx_case c = mtx_make(MTS_GAP, 2000, mtx_tls[t]);
+        c.fault = MTX_KILL_RECEIVER;
+        mtx_expect_fault(&c, MSKV_ERROR_PEER, MSKV_SUCCESS, __LINE__);
+    }
 }
 
-TEST(ucx_sender_killed_mid_transfer_is_PEER_for_the_receiver_which_keeps_nothing) {
-    mtx_case c = mtx_make(MTS_GAP, 2000, "tcp");
+TEST(ucx_sender_killed_mid_transfer_is_PEER_for_the_receiver_which_keeps_nothing_never_a_hang) {
+    int t;
     MTX_NEED_UCX();
-    c.fault = MTX_KILL_SENDER;
-    mtx_expect_fault(&c, MSKV_SUCCESS, MSKV_ERROR_PEER, __LINE__);
-}
-
-TEST(ucx_peer_killed_over_shared_memory_is_PEER_or_TIMEOUT_never_a_hang) {
-    mtx_report s, r;
-    mtx_case c = mtx_make(MTS_PLAIN, 2000, "shm,tcp");
-    int st;
-    MTX_NEED_UCX();
-    c.fault = MTX_KILL_SENDER;
-    st = mtx_run(&c, &s, &r);
-    EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-    EXPECT_TRUE(r.result == MSKV_ERROR_PEER || r.result == MSKV_ERROR_TIMEOUT);
-    if (!r.ok) mt_fail(__FILE__, __LINE__, "%s", r.why);
+    MTX_EACH_TLS(t) {
+        mtx_case c = mtx_make(t ? MTS_PLAIN : MTS_GAP, 2000, mtx_tls[t]);
+        c.fault = MTX_KILL_SENDER;
+        mtx_expect_fault(&c, MSKV_SUCCESS, MSKV_ERROR_PEER, __LINE__);
+    }
 }
 
 TEST(ucx_connection_dropped_by_the_receiver_is_PEER_on_both_sides) {
-    mtx_case c = mtx_make(MTS_RETENTION, 2000, "tcp");
+    int t;
     MTX_NEED_UCX();
-    c.fault = MTX_DROP_RECEIVER;
-    mtx_expect_fault(&c, MSKV_ERROR_PEER, MSKV_ERROR_PEER, __LINE__);
+    MTX_EACH_TLS(t) {
+        mtx_case c = mtx_make(MTS_RETENTION, 2000, mtx_tls[t]);
+        c.fault = MTX_DROP_RECEIVER;
+        mtx_expect_fault(&c, MSKV_ERROR_PEER, MSKV_ERROR_PEER, __LINE__);
+    }
 }
 
 TEST(ucx_connection_dropped_by_the_sender_is_PEER_on_both_sides) {
-    mtx_case c = mtx_make(MTS_OFFLOADED, 2000, "tcp");
+    int t;
     MTX_NEED_UCX();
-    c.fault = MTX_DROP_SENDER;
-    mtx_expect_fault(&c, MSKV_ERROR_PEER, MSKV_ERROR_PEER, __LINE__);
+    MTX_EACH_TLS(t) {
+        mtx_case c = mtx_make(MTS_OFFLOADED, 2000, mtx_tls[t]);
+        c.fault = MTX_DROP_SENDER;
+        mtx_expect_fault(&c, MSKV_ERROR_PEER, MSKV_ERROR_PEER, __LINE__);
+    }
 }
 
 TEST(ucx_bytes_changed_in_flight_are_BLOB_CORRUPT_on_both_sides) {
@@ -415,10 +433,13 @@ TEST(ucx_bytes_changed_in_flight_are_BLOB_CORRUPT_on_both_sides) {
 }
 
 TEST(ucx_receiver_short_of_pages_is_OUT_OF_PAGES_on_both_sides) {
-    mtx_case c = mtx_make(MTS_PREFIX, 2000, "tcp");
+    int t;
     MTX_NEED_UCX();
-    c.fault = MTX_FEW_PAGES;
-    mtx_expect_fault(&c, MSKV_ERROR_OUT_OF_PAGES, MSKV_ERROR_OUT_OF_PAGES, __LINE__);
+    MTX_EACH_TLS(t) {
+        mtx_case c = mtx_make(MTS_PREFIX, 2000, mtx_tls[t]);
+        c.fault = MTX_FEW_PAGES;
+        mtx_expect_fault(&c, MSKV_ERROR_OUT_OF_PAGES, MSKV_ERROR_OUT_OF_PAGES, __LINE__);
+    }
 }
 
 TEST(ucx_missing_library_is_UNSUPPORTED_with_the_loaders_reason) {
@@ -437,7 +458,7 @@ TEST(ucx_missing_library_is_UNSUPPORTED_with_the_loaders_reason) {
     EXPECT_TRUE(strstr(why, "no symbol") != NULL);
 }
 
-TEST(ucx_connect_to_nobody_fails_with_PEER_or_TIMEOUT) {
+static void ucx_connect_to_nobody_fails_with_PEER_or_TIMEOUT_on(const char *tls) {
     mskv_ucx_desc d;
     mskv_ucx *u = NULL;
     mskv_arena *a = mts_arena(64, 16, 1);
@@ -452,7 +473,7 @@ TEST(ucx_connect_to_nobody_fails_with_PEER_or_TIMEOUT) {
     memset(&d, 0, sizeof d);
     d.timeout_ms = 1500;
     d.log = mtx_log;
-    setenv("UCX_TLS", "tcp", 1);
+    setenv("UCX_TLS", tls, 1);
     e = mskv_ucx_connect(&d, "127.0.0.1", 9 /* discard: nothing listens here */, &u);
     if (e == MSKV_SUCCESS) e = mskv_ucx_send(u, a, r, 0);
     EXPECT_TRUE(e == MSKV_ERROR_PEER || e == MSKV_ERROR_TIMEOUT);
@@ -465,6 +486,11 @@ TEST(ucx_connect_to_nobody_fails_with_PEER_or_TIMEOUT) {
     mskv_arena_destroy(a);
 }
 
+TEST(ucx_connect_to_nobody_fails_with_PEER_or_TIMEOUT) {
+    int t;
+    MTX_EACH_TLS(t) ucx_connect_to_nobody_fails_with_PEER_or_TIMEOUT_on(mtx_tls[t]);
+}
+
 TEST(ucx_listen_refuses_what_is_not_an_ipv4_address) {
     mskv_ucx *u = NULL;
     MTX_NEED_UCX();
@@ -472,7 +498,7 @@ TEST(ucx_listen_refuses_what_is_not_an_ipv4_address) {
     EXPECT_TRUE(u == NULL);
 }
 
-TEST(ucx_recv_with_no_offer_in_time_is_TIMEOUT_and_the_connection_stays_usable) {
+static void ucx_recv_with_no_offer_in_time_is_TIMEOUT_and_the_connection_stays_usable_on(const char *tls) {
     int fds[2], status = 0;
     pid_t pid;
     mskv_ucx_desc d;
@@ -482,7 +508,7 @@ TEST(ucx_recv_with_no_offer_in_time_is_TIMEOUT_and_the_connection_stays_usable) 
     uint16_t port = 0;
     MTX_NEED_UCX();
     ASSERT_TRUE(a != NULL);
-    setenv("UCX_TLS", "tcp", 1);
+    setenv("UCX_TLS", tls, 1);
     ASSERT_EQ(0, pipe(fds));
     fflush(stdout);
     pid = fork();
@@ -542,6 +568,11 @@ TEST(ucx_recv_with_no_offer_in_time_is_TIMEOUT_and_the_connection_stays_usable) 
         EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(a, why, sizeof why));
     }
     mskv_arena_destroy(a);
+}
+
+TEST(ucx_recv_with_no_offer_in_time_is_TIMEOUT_and_the_connection_stays_usable) {
+    int t;
+    MTX_EACH_TLS(t) ucx_recv_with_no_offer_in_time_is_TIMEOUT_and_the_connection_stays_usable_on(mtx_tls[t]);
 }
 
 /* ---- the hand-over: a side stopped or killed at each step, each message lost ----
@@ -795,40 +826,31 @@ static void mth_every_step(mth_kind kind, const char *tls) {
         }
 }
 
-TEST(ucx_handover_either_side_stopped_at_every_step_leaves_exactly_one_usable_copy_over_tcp) {
+TEST(ucx_handover_either_side_stopped_at_every_step_leaves_exactly_one_usable_copy_over_tcp_and_shared_memory) {
+    int t;
     MTX_NEED_UCX();
-    mth_every_step(MTH_STOP, "tcp");
+    MTX_EACH_TLS(t) mth_every_step(MTH_STOP, mtx_tls[t]);
 }
 
-TEST(ucx_handover_either_side_killed_at_every_step_leaves_exactly_one_usable_copy_over_tcp) {
+TEST(ucx_handover_either_side_killed_at_every_step_leaves_exactly_one_usable_copy_over_tcp_and_shared_memory) {
+    int t;
     MTX_NEED_UCX();
-    mth_every_step(MTH_KILL, "tcp");
-}
-
-TEST(ucx_handover_over_shared_memory_stopped_or_killed_at_the_commit_leaves_one_copy) {
-    mth_case c;
-    mth_report s, r;
-    MTX_NEED_UCX();
-    c.tls = "shm,tcp";
-    c.kind = MTH_STOP; c.child_sends = 0; c.at = MSKV_UCX_STEP_PREPARED_SENT;
-    mth_run(&c, &s, &r);
-    mth_expect_one_copy(&c, &s, &r, __LINE__);
-    c.kind = MTH_KILL; c.child_sends = 1; c.at = MSKV_UCX_STEP_COMMIT_SENT;
-    mth_run(&c, &s, &r);
-    mth_expect_one_copy(&c, &s, &r, __LINE__);
+    MTX_EACH_TLS(t) mth_every_step(MTH_KILL, mtx_tls[t]);
 }
 
 TEST(ucx_handover_each_lost_protocol_message_leaves_exactly_one_usable_copy) {
     static const int kinds[] = { MSKV_UCX_MSG_OFFER, MSKV_UCX_MSG_ANSWER, MSKV_UCX_MSG_PREPARED, MSKV_UCX_MSG_COMMIT, MSKV_UCX_MSG_ACK };
     size_t i;
+    int t;
     MTX_NEED_UCX();
+    MTX_EACH_TLS(t)
     for (i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         mth_case c;
         mth_report s, r;
         c.kind = MTH_LOSE;
         c.at = kinds[i];
         c.child_sends = kinds[i] == MSKV_UCX_MSG_OFFER || kinds[i] == MSKV_UCX_MSG_COMMIT;   /* the side that sends it */
-        c.tls = "tcp";
+        c.tls = mtx_tls[t];
         mth_run(&c, &s, &r);
         mth_expect_one_copy(&c, &s, &r, __LINE__);
         /* where the outcome is certain, so are the codes */
@@ -855,16 +877,19 @@ TEST(ucx_handover_each_lost_protocol_message_leaves_exactly_one_usable_copy) {
 TEST(ucx_empty_page_messages_are_PEER_not_a_verified_import) {
     mth_case c;
     mth_report s, r;
+    int t;
     MTX_NEED_UCX();
-    c.kind = MTH_EMPTY;
-    c.at = 0;
-    c.child_sends = 1;
-    c.tls = "tcp";
-    mth_run(&c, &s, &r);
-    mth_expect_one_copy(&c, &s, &r, __LINE__);
-    EXPECT_EQ(MSKV_ERROR_PEER, r.result);   /* the length check, not the checksum (BLOB_CORRUPT) */
-    EXPECT_EQ(0, r.holds);
-    EXPECT_TRUE(s.result == MSKV_ERROR_PEER || s.result == MSKV_ERROR_TIMEOUT);
+    MTX_EACH_TLS(t) {
+        c.kind = MTH_EMPTY;
+        c.at = 0;
+        c.child_sends = 1;
+        c.tls = mtx_tls[t];
+        mth_run(&c, &s, &r);
+        mth_expect_one_copy(&c, &s, &r, __LINE__);
+        EXPECT_EQ(MSKV_ERROR_PEER, r.result);   /* the length check, not the checksum (BLOB_CORRUPT) */
+        EXPECT_EQ(0, r.holds);
+        EXPECT_TRUE(s.result == MSKV_ERROR_PEER || s.result == MSKV_ERROR_TIMEOUT);
+    }
 }
 
 TEST(ucx_resolve_refuses_bad_arguments_and_an_object_with_nothing_in_doubt) {
@@ -941,22 +966,28 @@ TEST(hmac_sha256_matches_rfc_4231_test_cases_1_to_7) {
 }
 
 TEST(ucx_with_the_same_secret_on_both_sides_moves_the_request) {
-    mtx_case c = mtx_make(MTS_KEYED, 500, "tcp");
+    int t;
     MTX_NEED_UCX();
-    c.send_secret = c.recv_secret = "an invitation to the arena";
-    mtx_expect_moved(&c);
+    MTX_EACH_TLS(t) {
+        mtx_case c = mtx_make(MTS_KEYED, 500, mtx_tls[t]);
+        c.send_secret = c.recv_secret = "an invitation to the arena";
+        mtx_expect_moved(&c);
+    }
 }
 
 TEST(ucx_offer_without_or_with_a_wrong_or_changed_MAC_is_DENIED_before_a_page_is_taken) {
-    mtx_case c = mtx_make(MTS_GAP, 800, "tcp");
+    int t;
     MTX_NEED_UCX();
-    c.recv_secret = "the receiver's secret";
-    mtx_expect_fault(&c, MSKV_ERROR_DENIED, MSKV_ERROR_DENIED, __LINE__);   /* no secret: unauthenticated */
-    c.send_secret = "another secret";
-    mtx_expect_fault(&c, MSKV_ERROR_DENIED, MSKV_ERROR_DENIED, __LINE__);
-    c.send_secret = c.recv_secret;
-    c.fault = MTX_TAMPER;
-    mtx_expect_fault(&c, MSKV_ERROR_DENIED, MSKV_ERROR_DENIED, __LINE__);
+    MTX_EACH_TLS(t) {
+        mtx_case c = mtx_make(MTS_GAP, 800, mtx_tls[t]);
+        c.recv_secret = "the receiver's secret";
+        mtx_expect_fault(&c, MSKV_ERROR_DENIED, MSKV_ERROR_DENIED, __LINE__);   /* no secret: unauthenticated */
+        c.send_secret = "another secret";
+        mtx_expect_fault(&c, MSKV_ERROR_DENIED, MSKV_ERROR_DENIED, __LINE__);
+        c.send_secret = c.recv_secret;
+        c.fault = MTX_TAMPER;
+        mtx_expect_fault(&c, MSKV_ERROR_DENIED, MSKV_ERROR_DENIED, __LINE__);
+    }
 }
 
 TEST(ucx_secret_of_a_bad_length_is_INVALID_ARGUMENT) {
@@ -987,7 +1018,7 @@ static int mta_replay_hook(void *user, mskv_ucx_hook_point at, int64_t m, void *
     return 0;
 }
 
-TEST(ucx_replayed_offer_is_DENIED_on_the_same_and_on_a_new_connection_with_no_page_held) {
+static void ucx_replayed_offer_is_DENIED_on_the_same_and_on_a_new_connection_with_no_page_held_on(const char *tls) {
     static const char secret[] = "replays are refused";
     int fds[2], status = 0;
     pid_t pid;
@@ -999,7 +1030,7 @@ TEST(ucx_replayed_offer_is_DENIED_on_the_same_and_on_a_new_connection_with_no_pa
     uint16_t ports[2] = {0, 0};
     MTX_NEED_UCX();
     ASSERT_TRUE(a != NULL);
-    setenv("UCX_TLS", "tcp", 1);
+    setenv("UCX_TLS", tls, 1);
     ASSERT_EQ(0, pipe(fds));
     fflush(stdout);
     pid = fork();
@@ -1067,6 +1098,11 @@ TEST(ucx_replayed_offer_is_DENIED_on_the_same_and_on_a_new_connection_with_no_pa
     mskv_arena_destroy(a);
 }
 
+TEST(ucx_replayed_offer_is_DENIED_on_the_same_and_on_a_new_connection_with_no_page_held) {
+    int t;
+    MTX_EACH_TLS(t) ucx_replayed_offer_is_DENIED_on_the_same_and_on_a_new_connection_with_no_page_held_on(mtx_tls[t]);
+}
+
 /* ---- junk connections: the rendezvous through worker addresses ---- */
 
 /* The TCP ports this process listens on (from /proc: its socket inodes in /proc/net/tcp). */
@@ -1119,7 +1155,7 @@ static void mtj_junk(uint16_t port, unsigned seed) {
     }
 }
 
-TEST(ucx_receiver_by_worker_address_survives_junk_on_every_port_it_listens_on) {
+static void ucx_receiver_by_worker_address_survives_junk_on_every_port_it_listens_on_on(const char *tls) {
     int fds[2], status = 0, nports, i;
     pid_t pid;
     mskv_ucx_desc d;
@@ -1137,7 +1173,7 @@ TEST(ucx_receiver_by_worker_address_survives_junk_on_every_port_it_listens_on) {
     ASSERT_TRUE(a && ref);
     ASSERT_EQ(MSKV_SUCCESS, mts_build(ref, MTS_GAP, 900, 11, &want));
     expect = mtx_export(ref, want, &n0);
-    setenv("UCX_TLS", "tcp", 1);
+    setenv("UCX_TLS", tls, 1);
     memset(&d, 0, sizeof d);
     d.timeout_ms = MTX_TIMEOUT_MS;
     d.log = mtx_log;
@@ -1186,6 +1222,11 @@ TEST(ucx_receiver_by_worker_address_survives_junk_on_every_port_it_listens_on) {
     free(got);
     mskv_arena_destroy(a);
     mskv_arena_destroy(ref);
+}
+
+TEST(ucx_receiver_by_worker_address_survives_junk_on_every_port_it_listens_on) {
+    int t;
+    MTX_EACH_TLS(t) ucx_receiver_by_worker_address_survives_junk_on_every_port_it_listens_on_on(mtx_tls[t]);
 }
 
 TEST(ucx_listener_on_a_port_survives_junk_connections_or_the_skip_says_why) {
