@@ -1326,7 +1326,7 @@ static void mskv__ucx_host_id(unsigned char out[32]) {
    made from them when both sides are on one host and have shared memory.
    Sent whatever our lanes (the peer's may be 2), with no worker address
    when we have no shared-memory transport (the peer then sends its pages
-   on the connection); the peer's is received only when ours are 2. */
+   on the connection). */
 static mskv_result mskv__ucx_exchange_addresses(mskv_ucx *u) {
     mskv_ucs_status s = MSKV_UCS_OK;
     size_t n = 0;
@@ -1340,13 +1340,11 @@ static mskv_result mskv__ucx_exchange_addresses(mskv_ucx *u) {
     if (shm) n = u->my_addr_len;
     u->addr_msg = (unsigned char *)mskv__alloc(&u->al, MSKV__UCX_ADDRESS_FIXED + n);
     if (!u->addr_msg) return mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx: %zu bytes for our worker address", MSKV__UCX_ADDRESS_FIXED + n);
-    if (u->lanes == 2 && shm) {
-        u->peer_addr = (unsigned char *)mskv__alloc(&u->al, MSKV__UCX_HELLO_MAX);
-        if (!u->peer_addr) return mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx: %u bytes for the peer's worker address", (unsigned)MSKV__UCX_HELLO_MAX);
-        mskv__ucx_recv_op(u, &u->addr_ops[1], MSKV__UCX_TAG(MSKV__UCX_ADDRESS, 0), u->peer_addr, MSKV__UCX_HELLO_MAX, MSKV_UCP_DATATYPE_CONTIG_BYTE);
-    } else {
-        u->data_lane = 1;   /* nothing to gain: no shared memory here, or one endpoint asked for */
-    }
+    /* received even when unused: UCX warns about an unexpected message left at the worker's destruction */
+    u->peer_addr = (unsigned char *)mskv__alloc(&u->al, MSKV__UCX_HELLO_MAX);
+    if (!u->peer_addr) return mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx: %u bytes for the peer's worker address", (unsigned)MSKV__UCX_HELLO_MAX);
+    mskv__ucx_recv_op(u, &u->addr_ops[1], MSKV__UCX_TAG(MSKV__UCX_ADDRESS, 0), u->peer_addr, MSKV__UCX_HELLO_MAX, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+    if (u->lanes != 2 || !shm) u->data_lane = 1;   /* nothing to gain: no shared memory here, or one endpoint asked for */
     mskv__ucx_put32(u->addr_msg, MSKV__UCX_MAGIC);
     mskv__ucx_put32(u->addr_msg + 4, MSKV__UCX_PROTOCOL);
     mskv__ucx_host_id(u->addr_msg + 8);

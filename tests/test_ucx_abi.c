@@ -74,6 +74,7 @@ TEST(ucx_ep_params_mirror_ucp_ep_params_t) {
     MTA_SAME(mskv_ucp_ep_params, ucp_ep_params_t, name);
     MTA_SAME(mskv_ucp_ep_params, ucp_ep_params_t, local_sockaddr);
     EXPECT_EQ(MSKV_UCP_ERR_HANDLING_MODE_PEER, (int)UCP_ERR_HANDLING_MODE_PEER);
+    EXPECT_EQ(MSKV_UCP_ERR_HANDLING_MODE_NONE, (int)UCP_ERR_HANDLING_MODE_NONE);   /* the data endpoint's */
 }
 
 TEST(ucx_request_param_mirrors_ucp_request_param_t) {

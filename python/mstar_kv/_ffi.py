@@ -533,7 +533,7 @@ class mskv_ucx_desc(Structure):
     _nonneg_ = ("timeout_ms",)
     _fields_ = [("library", c_char_p), ("timeout_ms", c_int32), ("message_bytes", c_size_t),
                 ("allocator", mskv_allocator), ("log", c_void_p), ("log_user", c_void_p), ("hook", c_void_p),
-                ("hook_user", c_void_p), ("secret", c_void_p), ("secret_bytes", c_size_t)]
+                ("hook_user", c_void_p), ("secret", c_void_p), ("secret_bytes", c_size_t), ("lanes", c_int32)]
 
 
 STRUCTS = [mskv_request, mskv_allocator, mskv_event, mskv_store_ops, mskv_arena_desc, mskv_arena_stats,
@@ -732,6 +732,7 @@ mskv_result mskv_ucx_address(mskv_ucx *u, const void **address, size_t *bytes);
 mskv_result mskv_ucx_connect_address(const mskv_ucx_desc *desc, const void *address, size_t bytes, mskv_ucx **out);
 mskv_result mskv_ucx_resolve(mskv_ucx *u, int outcome, mskv_request *out);
 int mskv_ucx_in_doubt(const mskv_ucx *u, mskv_request *req);
+mskv_result mskv_ucx_lanes(mskv_ucx *u, char *buf, size_t cap);
 void mskv_sha256(const void *data, size_t n, unsigned char *out);
 void mskv_hmac_sha256(const void *key, size_t key_bytes, const void *data, size_t n, unsigned char *out);
 """

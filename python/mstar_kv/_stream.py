@@ -206,10 +206,13 @@ class Ucx(Closing):
         self._arena: Optional["_core.Arena"] = None   # the arena of the last send/recv (resolve's)
 
     @staticmethod
-    def _make_desc(library, timeout_ms, message_bytes, secret=None):
+    def _make_desc(library, timeout_ms, message_bytes, secret=None, lanes=0):
         d = _ffi.mskv_ucx_desc()
         d.library = library.encode() if library else None
         d.timeout_ms, d.message_bytes = timeout_ms, message_bytes
+        if lanes not in (0, 1, 2):
+            raise ValueError("lanes: expected 0 or 2 (a data endpoint for the pages) or 1 (one endpoint), got %r" % (lanes,))
+        d.lanes = lanes
         if secret is not None:
             if not isinstance(secret, (bytes, bytearray)):
                 raise TypeError("secret: expected bytes (1 to 1024 of them), got %s" % type(secret).__name__)
@@ -220,37 +223,40 @@ class Ucx(Closing):
 
     @classmethod
     def listen(cls, ip: str = "127.0.0.1", port: int = 0, timeout_ms: int = 0, message_bytes: int = 0,
-               library: Optional[str] = None, secret: Optional[bytes] = None) -> "Ucx":
+               library: Optional[str] = None, secret: Optional[bytes] = None, lanes: int = 0) -> "Ucx":
         """A listener on ip:port (port 0: any free port; see .port).
         timeout_ms (0 = 10 s) bounds every wait for the peer. secret (bytes):
         refuse every offer without a valid HMAC-SHA-256 under it
         (DeniedError, before a page is taken). For untrusted networks use
-        listen_address(): a listening UCX socket can be aborted by junk."""
+        listen_address(): a listening UCX socket can be aborted by junk.
+        lanes (every constructor): 0 or 2 sends the pages on a data endpoint
+        of their own (shared memory on one host), 1 keeps everything on the
+        connection's endpoint (mskv_ucx_desc.lanes; see .lanes())."""
         _need_ucx()
-        d = cls._make_desc(library, timeout_ms, message_bytes, secret)
+        d = cls._make_desc(library, timeout_ms, message_bytes, secret, lanes)
         out = ctypes.c_void_p()
         _ucx_check(_ffi.lib.mskv_ucx_listen(byref(d), ip.encode(), port, byref(out)), "mskv_ucx_listen", library)
         return cls(out.value, d)
 
     @classmethod
     def connect(cls, ip: str, port: int, timeout_ms: int = 0, message_bytes: int = 0,
-                library: Optional[str] = None, secret: Optional[bytes] = None) -> "Ucx":
+                library: Optional[str] = None, secret: Optional[bytes] = None, lanes: int = 0) -> "Ucx":
         """The sending side: an endpoint to ip:port (completes with the first
         message); secret signs its offers."""
         _need_ucx()
-        d = cls._make_desc(library, timeout_ms, message_bytes, secret)
+        d = cls._make_desc(library, timeout_ms, message_bytes, secret, lanes)
         out = ctypes.c_void_p()
         _ucx_check(_ffi.lib.mskv_ucx_connect(byref(d), ip.encode(), port, byref(out)), "mskv_ucx_connect", library)
         return cls(out.value, d)
 
     @classmethod
     def listen_address(cls, timeout_ms: int = 0, message_bytes: int = 0, library: Optional[str] = None,
-                       secret: Optional[bytes] = None) -> "Ucx":
+                       secret: Optional[bytes] = None, lanes: int = 0) -> "Ucx":
         """A receiver reached through its worker address (.address, sent to
         the peer out of band) instead of a listening socket: the rendezvous
         for untrusted networks (mskv_ucx_listen_address)."""
         _need_ucx()
-        d = cls._make_desc(library, timeout_ms, message_bytes, secret)
+        d = cls._make_desc(library, timeout_ms, message_bytes, secret, lanes)
         out = ctypes.c_void_p()
         _ucx_check(_ffi.lib.mskv_ucx_listen_address(byref(d), byref(out)), "mskv_ucx_listen_address", library)
         return cls(out.value, d)
@@ -264,12 +270,12 @@ class Ucx(Closing):
 
     @classmethod
     def connect_address(cls, address: bytes, timeout_ms: int = 0, message_bytes: int = 0,
-                        library: Optional[str] = None, secret: Optional[bytes] = None) -> "Ucx":
+                        library: Optional[str] = None, secret: Optional[bytes] = None, lanes: int = 0) -> "Ucx":
         """The sending side, to a receiver's worker address (its .address)."""
         _need_ucx()
         if not isinstance(address, (bytes, bytearray)):
             raise TypeError("address: expected bytes (a receiver's Ucx.address), got %s" % type(address).__name__)
-        d = cls._make_desc(library, timeout_ms, message_bytes, secret)
+        d = cls._make_desc(library, timeout_ms, message_bytes, secret, lanes)
         out = ctypes.c_void_p()
         buf = ctypes.create_string_buffer(bytes(address), len(address))
         _ucx_check(_ffi.lib.mskv_ucx_connect_address(byref(d), buf, len(address), byref(out)),
@@ -314,6 +320,14 @@ class Ucx(Closing):
 
     def __repr__(self) -> str:
         return "Ucx(%s)" % ("closed" if not self._ptr else "0x%x" % self._ptr)
+
+    def lanes(self) -> str:
+        """Which UCX transports carry the tag messages on each endpoint, e.g.
+        "control tcp/lo; data posix/memory cma/memory" (mskv_ucx_lanes): call
+        it once connected. It makes the data endpoint if it is not there yet."""
+        buf = ctypes.create_string_buffer(1024)
+        _core._check(_ffi.lib.mskv_ucx_lanes(self.ptr, buf, len(buf)), "mskv_ucx_lanes")
+        return buf.value.decode(errors="replace")
 
     def accept(self) -> None:
         """Waits (timeout_ms) for one peer to connect to the listener."""
