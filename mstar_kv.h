@@ -3603,7 +3603,9 @@ static void mskv__layout(const mskv_arena *a, const mskv__req *q, size_t total, 
     o->checksum = 0;
 }
 
-MSKV_IMPL mskv_result mskv_request_export_begin(mskv_arena *a, mskv_request h, void *header, size_t cap, mskv_blob_layout *layout) {
+/* export_begin; sum 0 leaves layout->checksum 0 instead of hashing every
+   byte first (mstar_kv_ucx.h hashes each message as it goes out). */
+static mskv_result mskv__export_begin(mskv_arena *a, mskv_request h, void *header, size_t cap, mskv_blob_layout *layout, int sum) {
     int32_t ri;
     int64_t bad;
     mskv__req *q;
@@ -3627,11 +3629,15 @@ MSKV_IMPL mskv_result mskv_request_export_begin(mskv_arena *a, mskv_request h, v
     if (r == MSKV_SUCCESS) {
         mskv__blob_header_write(a, q, (unsigned char *)header, total);
         mskv__layout(a, q, total, layout);
-        layout->checksum = mskv__stream_checksum(a, q, (const unsigned char *)header, hdr);
+        if (sum) layout->checksum = mskv__stream_checksum(a, q, (const unsigned char *)header, hdr);
         q->xfer = MSKV__XFER_EXPORT;
     }
     MSKV__UNLOCK(a);
     return r;
+}
+
+MSKV_IMPL mskv_result mskv_request_export_begin(mskv_arena *a, mskv_request h, void *header, size_t cap, mskv_blob_layout *layout) {
+    return mskv__export_begin(a, h, header, cap, layout, 1);
 }
 
 MSKV_IMPL mskv_result mskv_request_export_end(mskv_arena *a, mskv_request h) {
@@ -3646,21 +3652,36 @@ MSKV_IMPL mskv_result mskv_request_export_end(mskv_arena *a, mskv_request h) {
     return r;
 }
 
-MSKV_IMPL mskv_result mskv_request_blob_ranges(mskv_arena *a, mskv_request h, int64_t first, int64_t n, mskv_blob_range *out) {
+/* Ranges first, first + stride, ... (n of them) of an open export or
+   import; stride 1 is mskv_request_blob_ranges. The streamed transfer's
+   messages take one pool's pages in a run (stride = 2 * layers). */
+static mskv_result mskv__blob_ranges_strided(mskv_arena *a, mskv_request h, int64_t first, int64_t stride, int64_t n, mskv_blob_range *out) {
     int32_t ri;
     const mskv__req *q;
+    int64_t i, count;
     mskv_result r = MSKV_SUCCESS;
     if (!a || (!out && n > 0)) return MSKV_ERROR_NULL_POINTER;
     MSKV__LOCK(a);
     MSKV__GET_ANY(a, h, ri);
     q = &a->reqs[ri];
+    count = mskv__range_count(a, q);
     if (!q->xfer) r = mskv__err(a, MSKV_ERROR_BAD_STATE, "blob_ranges: the request is neither being exported nor imported");
-    else if (first < 0 || n < 0 || first > mskv__range_count(a, q) - n)
+    else if (stride == 1 && (first < 0 || n < 0 || first > count - n))
         r = mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "blob_ranges: [%lld, +%lld) is not within %lld ranges", (long long)first, (long long)n,
-                      (long long)mskv__range_count(a, q));
-    else mskv__ranges(a, q, first, n, out);
+                      (long long)count);
+    else if (stride < 1 || first < 0 || n < 0 || (n == 0 ? first > count : first >= count || (count - 1 - first) / stride < n - 1))
+        r = mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "blob_ranges: %lld ranges from %lld in steps of %lld are not within %lld ranges", (long long)n,
+                      (long long)first, (long long)stride, (long long)count);
+    else if (stride == 1)
+        mskv__ranges(a, q, first, n, out);
+    else
+        for (i = 0; i < n; i++) mskv__ranges(a, q, first + i * stride, 1, out + i);
     MSKV__UNLOCK(a);
     return r;
+}
+
+MSKV_IMPL mskv_result mskv_request_blob_ranges(mskv_arena *a, mskv_request h, int64_t first, int64_t n, mskv_blob_range *out) {
+    return mskv__blob_ranges_strided(a, h, first, 1, n, out);
 }
 
 MSKV_IMPL mskv_result mskv_request_import_begin(mskv_arena *a, const void *header, size_t header_size, mskv_request *out,
@@ -3704,7 +3725,10 @@ MSKV_IMPL mskv_result mskv_request_import_begin(mskv_arena *a, const void *heade
     return MSKV_SUCCESS;
 }
 
-MSKV_IMPL mskv_result mskv_request_import_commit(mskv_arena *a, mskv_request h, uint64_t checksum) {
+/* import_commit; verified 1 says the caller checked every byte itself
+   (mstar_kv_ucx.h, message by message as they landed): every other check
+   is the same, only the pass over the bytes is skipped. */
+static mskv_result mskv__import_commit(mskv_arena *a, mskv_request h, uint64_t checksum, int verified) {
     int32_t ri, g;
     mskv__req *q;
     unsigned char hdr[MSKV_BLOB_HEADER_MAX];
@@ -3719,7 +3743,7 @@ MSKV_IMPL mskv_result mskv_request_import_commit(mskv_arena *a, mskv_request h, 
         /* the header this request exports is the one that arrived: begin checked every field of it */
         payload = (size_t)mskv__held_pages(a, q) * a->record_bytes;
         mskv__blob_header_write(a, q, hdr, mskv__blob_header_of(a, q) + payload + 8);
-        if (mskv__stream_checksum(a, q, hdr, mskv__blob_header_of(a, q)) != checksum)
+        if (!verified && mskv__stream_checksum(a, q, hdr, mskv__blob_header_of(a, q)) != checksum)
             r = mskv__err(a, MSKV_ERROR_BLOB_CORRUPT, "import_commit: checksum mismatch (the import stays open: abort it)");
     }
     if (r == MSKV_SUCCESS) {
@@ -3730,6 +3754,10 @@ MSKV_IMPL mskv_result mskv_request_import_commit(mskv_arena *a, mskv_request h, 
     }
     MSKV__UNLOCK(a);
     return r;
+}
+
+MSKV_IMPL mskv_result mskv_request_import_commit(mskv_arena *a, mskv_request h, uint64_t checksum) {
+    return mskv__import_commit(a, h, checksum, 0);
 }
 
 MSKV_IMPL mskv_result mskv_request_import_abort(mskv_arena *a, mskv_request h) {
