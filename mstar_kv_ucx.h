@@ -4,8 +4,10 @@
    A request (its blob: token counts, prefix, released window, retention,
    key, and every page's bytes) goes from a sender's arena to a receiver's in
    two phases: the receiver admits every page it needs (all or nothing),
-   takes the bytes straight into its pools, verifies the checksum and
-   acknowledges; only then does the sender remove its copy (or keep it: a
+   takes the bytes straight into its pools (runs of one pool's adjacent
+   pages, up to message_bytes a message), verifies each message's XXH64 as
+   it lands (the sender hashes each as it posts it, so no pass over the
+   blob stands between the request and the wire) and acknowledges; only then does the sender remove its copy (or keep it: a
    copy, not a move). A failure at any point, on either side, loses nothing:
    the receiver keeps nothing half-imported and the sender keeps its request
    intact and usable. UCX (the Unified Communication X library: TCP, shared
