@@ -4,8 +4,10 @@
    A request (its blob: token counts, prefix, released window, retention,
    key, and every page's bytes) goes from a sender's arena to a receiver's in
    two phases: the receiver admits every page it needs (all or nothing),
-   takes the bytes straight into its pools, verifies the checksum and
-   acknowledges; only then does the sender remove its copy (or keep it: a
+   takes the bytes straight into its pools (runs of one pool's adjacent
+   pages, up to message_bytes a message), verifies each message's XXH64 as
+   it lands (the sender hashes each as it posts it, so no pass over the
+   blob stands between the request and the wire) and acknowledges; only then does the sender remove its copy (or keep it: a
    copy, not a move). A failure at any point, on either side, loses nothing:
    the receiver keeps nothing half-imported and the sender keeps its request
    intact and usable. UCX (the Unified Communication X library: TCP, shared
@@ -128,6 +130,7 @@ typedef uint64_t mskv_ucp_datatype;                     /* ucp_datatype_t */
 #define MSKV_UCP_OP_ATTR_FIELD_DATATYPE (1u << 3)
 #define MSKV_UCP_OP_ATTR_FIELD_FLAGS (1u << 4)
 #define MSKV_UCP_OP_ATTR_FIELD_RECV_INFO (1u << 7)
+#define MSKV_UCP_OP_ATTR_FLAG_NO_IMM_CMPL (1u << 16)
 #define MSKV_UCP_DATATYPE_CONTIG_BYTE ((mskv_ucp_datatype)1 << 3)   /* ucp_dt_make_contig(1) */
 #define MSKV_UCP_DATATYPE_IOV ((mskv_ucp_datatype)2)                /* ucp_dt_make_iov() */
 
@@ -262,6 +265,7 @@ typedef enum mskv_ucx_hook_point {
 #define MSKV_UCX_MSG_OFFER 1      /* sender: the blob header, sizes, checksum */
 #define MSKV_UCX_MSG_ANSWER 2     /* receiver: pages taken (0) or the refusal's code */
 #define MSKV_UCX_MSG_PREPARED 4   /* receiver: imported, verified, held frozen (0) or why not */
+#define MSKV_UCX_MSG_DIGEST 9     /* sender, after the pages: every message's XXH64 (and their MAC under the secret) */
 #define MSKV_UCX_MSG_COMMIT 5     /* sender: the decision; from here the move happens */
 #define MSKV_UCX_MSG_ACK 6        /* receiver: the request is usable here */
 #define MSKV_UCX_STEP_OFFER_SENT 1
@@ -281,7 +285,8 @@ typedef int (*mskv_ucx_hook_fn)(void *user, mskv_ucx_hook_point point, int64_t m
 typedef struct mskv_ucx_desc {
     const char *library;        /* NULL: "libucp.so.0" through the loader's search path */
     int32_t timeout_ms;         /* 0 = 10000: a wait for the peer that makes no progress this long is TIMEOUT */
-    size_t message_bytes;       /* 0 = 1 MiB: page bytes per message (the sender's choice; whole pages) */
+    size_t message_bytes;       /* 0 = 4 MiB; else 4096 to 256 MiB (INVALID_ARGUMENT outside): page bytes per message
+                                   (the sender's choice; whole pages, at least one, at most 1024 a message) */
     mskv_allocator allocator;
     mskv_log_fn log;
     void *log_user;
@@ -791,13 +796,13 @@ MSKV_IMPL mskv_result mskv_ucx_probe(const char *library, char *why, size_t why_
 
 /* The protocol's constants (described in its section below) and byte order. */
 #define MSKV__UCX_MAGIC 0x55564B4Du     /* "MKVU" */
-#define MSKV__UCX_PROTOCOL 3u
+#define MSKV__UCX_PROTOCOL 4u   /* 4: messages run along one pool, per-message XXH64 in a DIGEST */
 #define MSKV__UCX_OFFER_FIXED 128u
 #define MSKV__UCX_OFFER_MAX (MSKV__UCX_OFFER_FIXED + MSKV_BLOB_HEADER_MAX)
 #define MSKV__UCX_TAG(kind, n) ((mskv_ucp_tag)(kind) << 56 | ((mskv_ucp_tag)(n) & 0x00FFFFFFFFFFFFFFull))
 enum { MSKV__UCX_OFFER = MSKV_UCX_MSG_OFFER, MSKV__UCX_ANSWER = MSKV_UCX_MSG_ANSWER, MSKV__UCX_DATA = 3,
        MSKV__UCX_DONE = MSKV_UCX_MSG_PREPARED, MSKV__UCX_COMMIT = MSKV_UCX_MSG_COMMIT, MSKV__UCX_ACK = MSKV_UCX_MSG_ACK,
-       MSKV__UCX_CHALLENGE = 7, MSKV__UCX_HELLO = 8, MSKV__UCX_ADDRESS = 9 };
+       MSKV__UCX_CHALLENGE = 7, MSKV__UCX_HELLO = 8, MSKV__UCX_DIGEST = MSKV_UCX_MSG_DIGEST, MSKV__UCX_ADDRESS = 10 };
 #define MSKV__UCX_HELLO_MAX 65536u   /* a hello: magic, version, the sender's worker address */
 /* ADDRESS (either side, once, on the connection's endpoint after it is made
    through UCX's connection manager): magic, version, the sender's worker
@@ -816,6 +821,8 @@ static uint64_t mskv__ucx_get64(const unsigned char *p) { return (uint64_t)mskv_
 
 #define MSKV__UCX_WINDOW 16             /* page messages in flight */
 #define MSKV__UCX_MAX_RANGES 1024      /* ranges per message (its gather list) */
+#define MSKV__UCX_MESSAGE_MIN ((size_t)4096)       /* mskv_ucx_desc.message_bytes' range */
+#define MSKV__UCX_MESSAGE_MAX ((size_t)256 << 20)
 
 typedef struct mskv__ucx_op {
     void *req;                  /* UCX's request while in flight */
@@ -823,6 +830,7 @@ typedef struct mskv__ucx_op {
     mskv_ucs_status status;
     mskv_ucp_tag_recv_info info;
     mskv_ucp_dt_iov *iov;       /* the message's gather/scatter list */
+    int niov;                   /* its entries */
     int64_t message;
     mskv_result why;            /* failed before UCX had it (no data endpoint): the code to return */
 } mskv__ucx_op;
@@ -944,9 +952,18 @@ static mskv_result mskv__ucx_create(const mskv_ucx_desc *desc, mskv_ucx **out) {
         }
         return MSKV_ERROR_INVALID_ARGUMENT;
     }
+    if (d.message_bytes != 0 && (d.message_bytes < MSKV__UCX_MESSAGE_MIN || d.message_bytes > MSKV__UCX_MESSAGE_MAX)) {
+        if (d.log) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "ucx: message_bytes %zu is not within %zu to %zu (or 0: 4 MiB)", d.message_bytes,
+                     (size_t)MSKV__UCX_MESSAGE_MIN, (size_t)MSKV__UCX_MESSAGE_MAX);
+            d.log(d.log_user, MSKV_LOG_ERROR, msg);
+        }
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    }
     if (d.lanes == 0) d.lanes = 2;
     if (d.timeout_ms <= 0) d.timeout_ms = 10000;
-    if (d.message_bytes == 0) d.message_bytes = (size_t)1 << 20;
+    if (d.message_bytes == 0) d.message_bytes = (size_t)4 << 20;
     al = d.allocator;
     u = (mskv_ucx *)mskv__alloc(&al, sizeof *u);
     if (!u) return MSKV_ERROR_OUT_OF_MEMORY;
@@ -1067,8 +1084,10 @@ static void mskv__ucx_param(mskv_ucp_request_param *p, mskv__ucx_op *op, int rec
     p->op_attr_mask = MSKV_UCP_OP_ATTR_FIELD_CALLBACK | MSKV_UCP_OP_ATTR_FIELD_USER_DATA | MSKV_UCP_OP_ATTR_FIELD_DATATYPE;
     if (recv) {
         p->cb.recv = mskv__ucx_on_recv;
-        p->op_attr_mask |= MSKV_UCP_OP_ATTR_FIELD_RECV_INFO;
-        p->recv_info.tag_info = &op->info;   /* written on immediate completion */
+        /* always through the callback: UCX 1.13 completing a receive at once from its
+           unexpected queue (an eager message after rendezvous ones) left the length 0 */
+        p->op_attr_mask |= MSKV_UCP_OP_ATTR_FIELD_RECV_INFO | MSKV_UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        p->recv_info.tag_info = &op->info;
     } else {
         p->cb.send = mskv__ucx_on_send;
     }
@@ -1714,23 +1733,45 @@ MSKV_IMPL mskv_result mskv_ucx_lanes(mskv_ucx *u, char *buf, size_t cap) {
    its size, range count and checksum), the receiver's ANSWER (0 = ready,
    else the mskv_result that refused it), the pages as DATA messages of
    whole ranges each (before all that, once per connection, the receiver's
-   CHALLENGE: magic, version, 16 random bytes), the receiver's PREPARED (0 = imported, verified and
+   CHALLENGE: magic, version, 16 random bytes), the sender's DIGEST after
+   the last page, the receiver's PREPARED (0 = imported, verified and
    held frozen, else why not), the sender's COMMIT and the receiver's ACK
    (both status 0). Every page message must arrive with exactly its
-   offered length. Little-endian fields:
+   offered length.
+   The pages' order: with P = pools per entry (2 * layers) and E = ranges
+   / P entries (pages of all groups in turn), position j = p * E + e holds
+   range e * P + p (entry e of pool p), and message m positions
+   [m * per, (m + 1) * per): so a message is a run of consecutive pages
+   of one pool (two pools' where it crosses one's end), which each side
+   gathers or scatters with one iov entry per piece adjacent in its own
+   memory. The sender hashes each message (XXH64, seed 0, over its bytes
+   in that order) as it posts it, the receiver each as it lands; the DIGEST
+   carries the sender's, so no pass over the blob waits for the transfer
+   or the transfer for one. Little-endian fields:
      OFFER  0 u32 magic  4 u32 version  8 u64 header bytes  16 u64 blob bytes
-            24 u64 ranges  32 u64 range bytes  40 u64 checksum
+            24 u64 ranges  32 u64 range bytes  40 u64 0
             48 u64 ranges per message  56 u64 counter (1, 2, ...: each offer's
             exceeds the last one accepted on the connection)
             64 32 bytes HMAC-SHA-256 under the secret over bytes 0..63, the
                challenge's 16 random bytes and the blob header (zero without
-               a secret)  96 32 bytes 0  128 the blob header
+               a secret)  96 u64 pools per entry P  104 24 bytes 0
+            128 the blob header
+     DIGEST 0 u32 magic  4 u32 version  8 u64 messages M  16 u64 XXH64 of the
+            blob header  24 M u64 XXH64 of message 0, 1, ...  then 32 bytes
+            HMAC-SHA-256 under the secret over the offer's bytes 0..63, the
+            challenge's random bytes and this message before the MAC (zero
+            without a secret: pages and hashes cannot be replaced together)
      ANSWER, PREPARED, COMMIT, ACK  0 u32 magic  4 i32 status */
 
 /* What both sides know about a transfer once the offer is through. */
 typedef struct mskv__ucx_xfer {
     mskv_blob_layout layout;
     int64_t per_msg, messages;
+    int64_t pools, entries;     /* the pages' order (see above): P and E */
+    uint64_t *sums;             /* each message's XXH64 (this side's, as it posted or received it) */
+    unsigned char *digest;      /* the DIGEST message (sender: to send; receiver: as it arrived) */
+    size_t digest_bytes;
+    unsigned char offer64[64];  /* the offer's bytes 0..63 (the DIGEST's MAC covers them) */
     mskv_arena *arena;
     mskv_request req;
     unsigned char *staged;      /* the whole blob in host memory (a store_ops arena), else NULL */
@@ -1738,22 +1779,31 @@ typedef struct mskv__ucx_xfer {
 } mskv__ucx_xfer;
 
 
-/* Message m's gather/scatter list in op->iov; returns its entry count and
-   sets *bytes. Ranges that follow each other in memory share an entry, so
-   a host copy or a staged blob is one entry. */
-static mskv_result mskv__ucx_message(mskv_ucx *u, mskv__ucx_xfer *x, int64_t m, mskv__ucx_op *op, int *count, size_t *bytes) {
-    int64_t first = m * x->per_msg, n = x->layout.range_count - first < x->per_msg ? x->layout.range_count - first : x->per_msg, k;
+/* Message m's gather/scatter list in op->iov (op->niov entries); sets
+   *bytes. Its ranges in the order above; ranges that follow each other in
+   this side's memory share an entry, so a run of one pool's adjacent pages
+   is one entry. */
+static mskv_result mskv__ucx_message(mskv_ucx *u, mskv__ucx_xfer *x, int64_t m, mskv__ucx_op *op, size_t *bytes) {
+    int64_t j = m * x->per_msg, n = x->layout.range_count - j < x->per_msg ? x->layout.range_count - j : x->per_msg, k, got = 0;
+    size_t rb = x->layout.range_bytes;
     int c = 0;
-    mskv_result r = MSKV_SUCCESS;
-    *bytes = (size_t)n * x->layout.range_bytes;
-    if (x->staged) {
-        op->iov[0].buffer = x->staged + x->layout.header_bytes + (size_t)first * x->layout.range_bytes;
-        op->iov[0].length = *bytes;
-        *count = 1;
-        return MSKV_SUCCESS;
+    mskv_result r;
+    *bytes = (size_t)n * rb;
+    while (got < n) {
+        /* one pool's run: entries e .. e + t of pool p */
+        int64_t p = j / x->entries, e = j % x->entries, t = x->entries - e < n - got ? x->entries - e : n - got;
+        if (x->staged) {
+            for (k = 0; k < t; k++) {
+                x->rg[got + k].data = x->staged + x->layout.header_bytes + (size_t)((e + k) * x->pools + p) * rb;
+                x->rg[got + k].bytes = rb;
+            }
+        } else {
+            r = mskv__blob_ranges_strided(x->arena, x->req, e * x->pools + p, x->pools, t, x->rg + got);
+            if (r != MSKV_SUCCESS) return mskv__ucx_err(u, r, "ucx: the ranges of message %lld", (long long)m);
+        }
+        got += t;
+        j += t;
     }
-    r = mskv_request_blob_ranges(x->arena, x->req, first, n, x->rg);
-    if (r != MSKV_SUCCESS) return mskv__ucx_err(u, r, "ucx: the ranges of message %lld", (long long)m);
     for (k = 0; k < n; k++) {
         if (c > 0 && (unsigned char *)op->iov[c - 1].buffer + op->iov[c - 1].length == (unsigned char *)x->rg[k].data) {
             op->iov[c - 1].length += x->rg[k].bytes;
@@ -1763,15 +1813,24 @@ static mskv_result mskv__ucx_message(mskv_ucx *u, mskv__ucx_xfer *x, int64_t m, 
         op->iov[c].length = x->rg[k].bytes;
         c++;
     }
-    *count = c;
+    op->niov = c;
     return MSKV_SUCCESS;
+}
+
+/* XXH64 of the message in op (its bytes in order). */
+static uint64_t mskv__ucx_sum(const mskv__ucx_op *op) {
+    mskv__xxh h;
+    int i;
+    mskv__xxh_init(&h, 0);
+    for (i = 0; i < op->niov; i++) mskv__xxh_update(&h, op->iov[i].buffer, op->iov[i].length);
+    return mskv__xxh_digest(&h);
 }
 
 /* Posts message m as a send or a receive. */
 static mskv_result mskv__ucx_post(mskv_ucx *u, mskv__ucx_xfer *x, int64_t m, mskv__ucx_op *op, int recv) {
-    int c = 0;
     size_t bytes = 0;
-    mskv_result r = mskv__ucx_message(u, x, m, op, &c, &bytes);
+    mskv_result r = mskv__ucx_message(u, x, m, op, &bytes);
+    int c = op->niov;
     mskv_ucp_tag tag = MSKV__UCX_TAG(MSKV__UCX_DATA, m);
     if (r != MSKV_SUCCESS) return r;
     op->message = m;
@@ -1813,6 +1872,8 @@ static mskv_result mskv__ucx_pages(mskv_ucx *u, mskv__ucx_xfer *x, int recv) {
             r = mskv__ucx_post(u, x, next, &win[i], recv);
             if (r == MSKV_SUCCESS && !recv && mskv__ucx_hook(u, MSKV_UCX_HOOK_SENT, next, &win[i]) == MSKV_UCX_HOOK_DROP)
                 r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: send: the connection was dropped (test hook) after message %lld", (long long)next);
+            /* hashed while it (and the ones before it) are on their way: the request is frozen */
+            if (r == MSKV_SUCCESS && !recv) x->sums[next] = mskv__ucx_sum(&win[i]);
             next++;
         }
         if (r != MSKV_SUCCESS) break;
@@ -1825,6 +1886,8 @@ static mskv_result mskv__ucx_pages(mskv_ucx *u, mskv__ucx_xfer *x, int recv) {
             r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: message %lld has %zu bytes, not the offered size", (long long)done, win[i].info.length);
         if (r == MSKV_SUCCESS && recv && mskv__ucx_hook(u, MSKV_UCX_HOOK_RECEIVED, done, &win[i]) == MSKV_UCX_HOOK_DROP)
             r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: receive: the connection was dropped (test hook) after message %lld", (long long)done);
+        /* hashed while the later messages land; compared with the DIGEST's when it comes */
+        if (r == MSKV_SUCCESS && recv) x->sums[done] = mskv__ucx_sum(&win[i]);
         done++;
     }
     return r;
@@ -1869,7 +1932,13 @@ static int64_t mskv__ucx_ranges_per_msg(const mskv_ucx *u, size_t range_bytes) {
 static mskv_result mskv__ucx_export(mskv_ucx *u, mskv__ucx_xfer *x, unsigned char *offer) {
     mskv_store_info si;
     size_t size = 0;
-    mskv_result r = mskv_request_export_begin(x->arena, x->req, offer + MSKV__UCX_OFFER_FIXED, MSKV_BLOB_HEADER_MAX, &x->layout);
+    /* no pass over the bytes first: each message is hashed as it goes out */
+    mskv_result r = mskv__export_begin(x->arena, x->req, offer + MSKV__UCX_OFFER_FIXED, MSKV_BLOB_HEADER_MAX, &x->layout, 0);
+    if (r == MSKV_SUCCESS) r = mskv_store_info_get(x->arena, &si);
+    if (r == MSKV_SUCCESS) {
+        x->pools = 2 * (int64_t)si.num_layers;
+        return MSKV_SUCCESS;
+    }
     if (r != MSKV_ERROR_UNSUPPORTED) return r;
     r = mskv_store_info_get(x->arena, &si);
     if (r == MSKV_SUCCESS) r = mskv_request_export(x->arena, x->req, NULL, 0, &size);
@@ -1882,7 +1951,8 @@ static mskv_result mskv__ucx_export(mskv_ucx *u, mskv__ucx_xfer *x, unsigned cha
     x->layout.blob_bytes = size;
     x->layout.range_bytes = si.page_bytes;
     x->layout.range_count = si.page_bytes ? (int64_t)((size - x->layout.header_bytes - 8) / si.page_bytes) : 0;
-    x->layout.checksum = mskv__ucx_get64(x->staged + size - 8);
+    x->layout.checksum = 0;
+    x->pools = 2 * (int64_t)si.num_layers;
     memcpy(offer + MSKV__UCX_OFFER_FIXED, x->staged, x->layout.header_bytes);
     return MSKV_SUCCESS;
 }
@@ -1895,8 +1965,72 @@ static void mskv__ucx_offer_write(unsigned char *b, const mskv__ucx_xfer *x) {
     mskv__ucx_put64(b + 16, (uint64_t)x->layout.blob_bytes);
     mskv__ucx_put64(b + 24, (uint64_t)x->layout.range_count);
     mskv__ucx_put64(b + 32, (uint64_t)x->layout.range_bytes);
-    mskv__ucx_put64(b + 40, x->layout.checksum);
     mskv__ucx_put64(b + 48, (uint64_t)x->per_msg);
+    mskv__ucx_put64(b + 96, (uint64_t)x->pools);
+}
+
+/* The order of the pages and the per-message hashes' room, from the
+   layout, per_msg and pools (checked by the caller). */
+static mskv_result mskv__ucx_plan(mskv_ucx *u, mskv__ucx_xfer *x) {
+    x->messages = (x->layout.range_count + x->per_msg - 1) / x->per_msg;
+    x->entries = x->pools ? x->layout.range_count / x->pools : 0;
+    x->digest_bytes = 24 + 8 * (size_t)x->messages + 32;
+    x->sums = (uint64_t *)mskv__alloc(&u->al, sizeof(uint64_t) * (size_t)(x->messages + 1));
+    x->digest = (unsigned char *)mskv__alloc(&u->al, x->digest_bytes);
+    x->rg = (mskv_blob_range *)mskv__alloc(&u->al, sizeof(mskv_blob_range) * (size_t)x->per_msg);
+    if (!x->sums || !x->digest || !x->rg) return mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx: %zu bytes of message hashes", x->digest_bytes);
+    return MSKV_SUCCESS;
+}
+
+static void mskv__ucx_unplan(mskv_ucx *u, mskv__ucx_xfer *x) {
+    mskv__free(&u->al, x->sums);
+    mskv__free(&u->al, x->digest);
+    mskv__free(&u->al, x->rg);
+    mskv__free(&u->al, x->staged);
+    x->sums = NULL;
+    x->digest = NULL;
+    x->rg = NULL;
+    x->staged = NULL;
+}
+
+/* The DIGEST's MAC (see the protocol above). */
+static void mskv__ucx_digest_mac(const mskv_ucx *u, const mskv__ucx_xfer *x, unsigned char mac[32]) {
+    mskv__hmac3(u->k0, x->offer64, 64, u->challenge + 8, 16, x->digest, x->digest_bytes - 32, mac);
+}
+
+/* The sender's DIGEST: the header's hash and each message's, as posted. */
+static void mskv__ucx_digest_write(const mskv_ucx *u, mskv__ucx_xfer *x, const unsigned char *header) {
+    int64_t m;
+    mskv__ucx_put32(x->digest, MSKV__UCX_MAGIC);
+    mskv__ucx_put32(x->digest + 4, MSKV__UCX_PROTOCOL);
+    mskv__ucx_put64(x->digest + 8, (uint64_t)x->messages);
+    mskv__ucx_put64(x->digest + 16, mskv_xxh64(header, x->layout.header_bytes, 0));
+    for (m = 0; m < x->messages; m++) mskv__ucx_put64(x->digest + 24 + 8 * m, x->sums[m]);
+    memset(x->digest + x->digest_bytes - 32, 0, 32);
+    if (u->authed) mskv__ucx_digest_mac(u, x, x->digest + x->digest_bytes - 32);
+}
+
+/* The receiver's check of the DIGEST against what landed: BLOB_CORRUPT
+   naming the first message (or the header) whose bytes differ. */
+static mskv_result mskv__ucx_digest_check(mskv_ucx *u, mskv__ucx_xfer *x, const unsigned char *header) {
+    int64_t m;
+    if (mskv__ucx_get32(x->digest) != MSKV__UCX_MAGIC || mskv__ucx_get32(x->digest + 4) != MSKV__UCX_PROTOCOL ||
+        mskv__ucx_get64(x->digest + 8) != (uint64_t)x->messages)
+        return mskv__ucx_err(u, MSKV_ERROR_BLOB_CORRUPT, "ucx_recv: the DIGEST is not this protocol's or not for %lld messages", (long long)x->messages);
+    if (u->authed) {
+        unsigned char mac[32];
+        mskv__ucx_digest_mac(u, x, mac);
+        if (!mskv__mac_equal(mac, x->digest + x->digest_bytes - 32))
+            return mskv__ucx_err(u, MSKV_ERROR_BLOB_CORRUPT, "ucx_recv: the DIGEST's HMAC-SHA-256 does not match (its hashes were changed)");
+    }
+    if (mskv__ucx_get64(x->digest + 16) != mskv_xxh64(header, x->layout.header_bytes, 0))
+        return mskv__ucx_err(u, MSKV_ERROR_BLOB_CORRUPT, "ucx_recv: the blob header's XXH64 differs from the sender's");
+    for (m = 0; m < x->messages; m++)
+        if (mskv__ucx_get64(x->digest + 24 + 8 * m) != x->sums[m])
+            return mskv__ucx_err(u, MSKV_ERROR_BLOB_CORRUPT, "ucx_recv: message %lld of %lld arrived changed (its XXH64 %016llx, the sender's %016llx)",
+                                 (long long)m, (long long)x->messages, (unsigned long long)x->sums[m],
+                                 (unsigned long long)mskv__ucx_get64(x->digest + 24 + 8 * m));
+    return MSKV_SUCCESS;
 }
 
 /* The offer's MAC (fixed part's first 64 bytes, the challenge, the blob header). */
@@ -1935,6 +2069,13 @@ static mskv_result mskv__ucx_send_steps(mskv_ucx *u, mskv__ucx_xfer *x, unsigned
     }
     mskv__ucx_recv_op(u, st, MSKV__UCX_TAG(MSKV__UCX_DONE, 0), sb, sizeof sb, MSKV_UCP_DATATYPE_CONTIG_BYTE);
     r = mskv__ucx_pages(u, x, 0);
+    if (r == MSKV_SUCCESS) {
+        mskv__ucx_digest_write(u, x, offer + MSKV__UCX_OFFER_FIXED);
+        if (!(u->desc.hook && u->desc.hook(u->desc.hook_user, MSKV_UCX_HOOK_CONTROL, MSKV__UCX_DIGEST, x->digest, x->digest_bytes) == MSKV_UCX_HOOK_DROP)) {
+            mskv__ucx_send_op(u, op, MSKV__UCX_TAG(MSKV__UCX_DIGEST, 0), x->digest, x->digest_bytes, MSKV_UCP_DATATYPE_CONTIG_BYTE);
+            r = mskv__ucx_complete(u, op, "sending the DIGEST");
+        }
+    }
     if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_PAGES_SENT);
     if (r == MSKV_SUCCESS) r = mskv__ucx_recv_status(u, st, sb, MSKV__UCX_DONE, &status, "waiting for PREPARED");
     if (r != MSKV_SUCCESS) return r;
@@ -1982,14 +2123,11 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
     r = mskv__ucx_export(u, &x, offer);
     if (r == MSKV_SUCCESS) {
         x.per_msg = mskv__ucx_ranges_per_msg(u, x.layout.range_bytes);
-        x.messages = (x.layout.range_count + x.per_msg - 1) / x.per_msg;
+        r = mskv__ucx_plan(u, &x);
         mskv__ucx_offer_write(offer, &x);
         mskv__ucx_put64(offer + 56, ++u->offers_sent);
+        memcpy(x.offer64, offer, 64);
         if (u->authed) mskv__ucx_offer_mac(u, offer, x.layout.header_bytes, offer + 64);
-        if (!x.staged) {
-            x.rg = (mskv_blob_range *)mskv__alloc(&u->al, sizeof(mskv_blob_range) * (size_t)x.per_msg);
-            if (!x.rg) r = mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx_send: range list");
-        }
         if (r == MSKV_SUCCESS) {
             r = mskv__ucx_send_steps(u, &x, offer, &decided);
             /* a refusal or a failed import ends the exchange in step; anything else leaves it unknown */
@@ -2004,8 +2142,7 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
             u->doubt_req = req;
             u->doubt_flags = flags;
             u->doubt_frozen = !x.staged;
-            mskv__free(&u->al, x.rg);
-            mskv__free(&u->al, x.staged);
+            mskv__ucx_unplan(u, &x);
             return mskv__ucx_err(u, MSKV_ERROR_IN_DOUBT, "ucx_send: COMMIT sent, no ACK (%s): the request stays frozen until mskv_ucx_resolve",
                                  mskv_result_string(r));
         }
@@ -2020,8 +2157,7 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
             }
         }
     }
-    mskv__free(&u->al, x.rg);
-    mskv__free(&u->al, x.staged);
+    mskv__ucx_unplan(u, &x);
     if (r == MSKV_SUCCESS && !(flags & MSKV_UCX_KEEP)) {
         /* acknowledged: the receiver holds a verified usable copy, ours may go */
         r = mskv_request_remove(arena, req);
@@ -2034,7 +2170,7 @@ MSKV_IMPL mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request
 
 /* Reads an offer into x: the layout it announces, checked for sense. */
 static mskv_result mskv__ucx_offer_read(mskv_ucx *u, const unsigned char *b, size_t len, mskv__ucx_xfer *x) {
-    uint64_t hb, bb, rc, rb, pm, want;
+    uint64_t hb, bb, rc, rb, pm, want, pools;
     uint64_t counter;
     if (len < MSKV__UCX_OFFER_FIXED || mskv__ucx_get32(b) != MSKV__UCX_MAGIC || mskv__ucx_get32(b + 4) != MSKV__UCX_PROTOCOL)
         return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_recv: the offer is not this protocol's (version %u)", (unsigned)MSKV__UCX_PROTOCOL);
@@ -2054,18 +2190,21 @@ static mskv_result mskv__ucx_offer_read(mskv_ucx *u, const unsigned char *b, siz
     rc = mskv__ucx_get64(b + 24);
     rb = mskv__ucx_get64(b + 32);
     pm = mskv__ucx_get64(b + 48);
+    pools = mskv__ucx_get64(b + 96);
     want = hb + 8;
     if (hb > MSKV_BLOB_HEADER_MAX || len != MSKV__UCX_OFFER_FIXED + hb || pm < 1 || pm > MSKV__UCX_MAX_RANGES ||
         rc > ((uint64_t)1 << 40) || (rb != 0 && rc > (((uint64_t)-1 >> 1) - want) / rb) || want + rc * rb != bb ||
-        bb > (uint64_t)(size_t)-1)
+        bb > (uint64_t)(size_t)-1 || pools < 1 || pools > (uint64_t)INT32_MAX || rc % pools != 0)
         return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_recv: the offer's sizes do not add up");
     x->layout.header_bytes = (size_t)hb;
     x->layout.blob_bytes = (size_t)bb;
     x->layout.range_count = (int64_t)rc;
     x->layout.range_bytes = (size_t)rb;
-    x->layout.checksum = mskv__ucx_get64(b + 40);
+    x->layout.checksum = 0;
     x->per_msg = (int64_t)pm;
+    x->pools = (int64_t)pools;
     x->messages = (x->layout.range_count + x->per_msg - 1) / x->per_msg;
+    memcpy(x->offer64, b, 64);
     u->last_counter = counter;
     return MSKV_SUCCESS;
 }
@@ -2080,29 +2219,30 @@ static mskv_result mskv__ucx_import(mskv_ucx *u, mskv__ucx_xfer *x, const unsign
             mskv_request_import_abort(x->arena, x->req);
             return mskv__ucx_err(u, MSKV_ERROR_BLOB_CORRUPT, "ucx_recv: the offer's sizes differ from its blob header's");
         }
-        x->rg = (mskv_blob_range *)mskv__alloc(&u->al, sizeof(mskv_blob_range) * (size_t)x->per_msg);
-        if (!x->rg) {
-            mskv_request_import_abort(x->arena, x->req);
-            return mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx_recv: range list");
-        }
-        return MSKV_SUCCESS;
+        r = mskv__ucx_plan(u, x);
+        if (r != MSKV_SUCCESS) mskv_request_import_abort(x->arena, x->req);
+        return r;
     }
     if (r != MSKV_ERROR_UNSUPPORTED) return r;
     x->staged = (unsigned char *)mskv__alloc(&u->al, x->layout.blob_bytes);
     if (!x->staged) return mskv__ucx_err(u, MSKV_ERROR_OUT_OF_MEMORY, "ucx_recv: %zu bytes to stage the blob", x->layout.blob_bytes);
     memcpy(x->staged, header, x->layout.header_bytes);
-    return MSKV_SUCCESS;
+    return mskv__ucx_plan(u, x);
 }
 
-/* Verifies what arrived and makes the request exist, or leaves nothing. */
-static mskv_result mskv__ucx_import_commit(mskv_ucx *u, mskv__ucx_xfer *x) {
-    mskv_result r;
+/* Verifies what arrived (each message's hash against the DIGEST's) and
+   makes the request exist, or leaves nothing. */
+static mskv_result mskv__ucx_import_commit(mskv_ucx *u, mskv__ucx_xfer *x, const unsigned char *header) {
+    mskv_result r = mskv__ucx_digest_check(u, x, header);
     if (!x->staged) {
-        r = mskv_request_import_commit(x->arena, x->req, x->layout.checksum);
+        /* every byte is checked: import_commit's other checks, not its pass over the bytes */
+        if (r == MSKV_SUCCESS) r = mskv__import_commit(x->arena, x->req, 0, 1);
         if (r != MSKV_SUCCESS) mskv_request_import_abort(x->arena, x->req);
         return r;
     }
-    mskv__ucx_put64(x->staged + x->layout.blob_bytes - 8, x->layout.checksum);
+    if (r != MSKV_SUCCESS) return r;
+    /* the staged blob's own checksum, which mskv_request_import checks again (store_ops: the slow path) */
+    mskv__ucx_put64(x->staged + x->layout.blob_bytes - 8, mskv__blob_checksum(x->staged, x->layout.blob_bytes - 8));
     r = mskv_request_import(x->arena, x->staged, x->layout.blob_bytes, &x->req);
     if (r == MSKV_SUCCESS) {
         r = mskv_request_reload(x->arena, x->req);
@@ -2123,7 +2263,7 @@ static mskv_result mskv__ucx_freeze(mskv_ucx *u, mskv__ucx_xfer *x) {
     mskv_blob_layout lay;
     mskv_result r;
     if (x->staged) return MSKV_SUCCESS;   /* store_ops: frozen by contract (the handle is not given out) */
-    r = mskv_request_export_begin(x->arena, x->req, hdr, sizeof hdr, &lay);
+    r = mskv__export_begin(x->arena, x->req, hdr, sizeof hdr, &lay, 0);   /* frozen only: no checksum wanted */
     if (r != MSKV_SUCCESS) {
         mskv_request_remove(x->arena, x->req);
         return mskv__ucx_err(u, r, "ucx_recv: freezing the imported request failed: %s", mskv_result_string(r));
@@ -2166,20 +2306,24 @@ MSKV_IMPL mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request
         /* refused before any page moved: the sender learns why, the connection stays usable */
         s = mskv__ucx_send_status(u, MSKV__UCX_ANSWER, (int32_t)r, "answering the offer");
         if (s != MSKV_SUCCESS) mskv__ucx_break(u);
-        mskv__free(&u->al, x.rg);
-        mskv__free(&u->al, x.staged);
+        mskv__ucx_unplan(u, &x);
         return r;
     }
+    /* the DIGEST's receive goes first, so it never waits in UCX's unexpected queue */
+    mskv__ucx_recv_op(u, cop, MSKV__UCX_TAG(MSKV__UCX_DIGEST, 0), x.digest, x.digest_bytes, MSKV_UCP_DATATYPE_CONTIG_BYTE);
     r = mskv__ucx_send_status(u, MSKV__UCX_ANSWER, 0, "answering the offer");
     if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_ANSWER_SENT);
     if (r == MSKV_SUCCESS) r = mskv__ucx_pages(u, &x, 1);
+    if (r == MSKV_SUCCESS) r = mskv__ucx_complete(u, cop, "waiting for the DIGEST");
+    if (r == MSKV_SUCCESS && cop->info.length != x.digest_bytes)
+        r = mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx_recv: a DIGEST of %zu bytes, not %zu", cop->info.length, x.digest_bytes);
     if (r == MSKV_SUCCESS) mskv__ucx_step(u, MSKV_UCX_STEP_PAGES_RECEIVED);
     if (r != MSKV_SUCCESS) {
         mskv__ucx_break(u);
         mskv__ucx_import_drop(&x);
         goto done;
     }
-    r = mskv__ucx_import_commit(u, &x);
+    r = mskv__ucx_import_commit(u, &x, offer + MSKV__UCX_OFFER_FIXED);
     if (r == MSKV_SUCCESS) r = mskv__ucx_freeze(u, &x);
     if (r != MSKV_SUCCESS) {
         /* nothing kept: the sender learns why and keeps its copy */
@@ -2217,8 +2361,7 @@ MSKV_IMPL mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request
     else mskv__ucx_step(u, MSKV_UCX_STEP_ACK_SENT);
     *out = x.req;
 done:
-    mskv__free(&u->al, x.rg);
-    mskv__free(&u->al, x.staged);
+    mskv__ucx_unplan(u, &x);
     return r;
 }
 

@@ -44,7 +44,11 @@ typedef enum mtx_fault {
     MTX_DROP_SENDER,       /* the sender closes the connection after message 1 */
     MTX_FLIP,              /* one bit of message 1 changes on its way */
     MTX_FEW_PAGES,         /* the receiver's arena is too small */
-    MTX_TAMPER             /* one byte of the offer's blob header changes after it was signed */
+    MTX_TAMPER,            /* one byte of the offer's blob header changes after it was signed */
+    MTX_FLIP_AT,           /* one bit of message c->at changes on its way */
+    MTX_DIGEST_TAMPER,     /* message 0's hash in the DIGEST changes on its way */
+    MTX_OLD_VERSION,       /* the offer says protocol version 3 */
+    MTX_RECORD             /* the sender records each message's first gather piece (mtx_rec_*) */
 } mtx_fault;
 
 typedef struct mtx_case {
@@ -56,6 +60,8 @@ typedef struct mtx_case {
     uint32_t flags;        /* mskv_ucx_send's */
     int sender_ops, receiver_ops;   /* that side's pages behind store_ops (staged through host memory) */
     const char *send_secret, *recv_secret;   /* mskv_ucx_desc.secret of each side (NULL: none) */
+    int64_t at;            /* MTX_FLIP_AT: the message */
+    size_t message_bytes;  /* 0: 4096 under a fault, else the default */
 } mtx_case;
 
 /* What one side saw, sent from the child to the parent through a pipe. */
@@ -64,20 +70,31 @@ typedef struct mtx_report {
     mskv_result result;
     int ok;                /* its own checks passed */
     char why[240];
+    char last_error[240];  /* the last error its mskv_ucx logged */
 } mtx_report;
 
 #define MTX_TIMEOUT_MS 4000
 #define MTX_UCX_LOG (getenv("MTX_UCX_LOG") != NULL)
 
+static char mtx_last_error[240];   /* this process's */
+static int64_t mtx_rec_count;      /* MTX_RECORD, in the sender's process */
+static size_t mtx_rec_bytes[8192];
+
 static void mtx_log(void *user, mskv_log_level level, const char *msg) {
     (void)user;
-    (void)level;
+    if (level == MSKV_LOG_ERROR) snprintf(mtx_last_error, sizeof mtx_last_error, "%s", msg);
     if (MTX_UCX_LOG) fprintf(stderr, "    [pid %d] %s\n", (int)getpid(), msg);
 }
 
 static int mtx_hook(void *user, mskv_ucx_hook_point at, int64_t m, void *data, size_t bytes) {
     const mtx_case *c = (const mtx_case *)user;
     if (at == MSKV_UCX_HOOK_CONTROL && m == MSKV_UCX_MSG_OFFER && c->fault == MTX_TAMPER && bytes > 140) ((unsigned char *)data)[140] ^= 1;
+    if (at == MSKV_UCX_HOOK_CONTROL && m == MSKV_UCX_MSG_OFFER && c->fault == MTX_OLD_VERSION && bytes > 8) ((unsigned char *)data)[4] = 3;
+    if (at == MSKV_UCX_HOOK_CONTROL && m == MSKV_UCX_MSG_DIGEST && c->fault == MTX_DIGEST_TAMPER && bytes > 24) ((unsigned char *)data)[24] ^= 1;
+    if (at == MSKV_UCX_HOOK_RECEIVED && m == c->at && c->fault == MTX_FLIP_AT && bytes > 0) ((unsigned char *)data)[bytes - 1] ^= 0x80;
+    if (at == MSKV_UCX_HOOK_SENT && c->fault == MTX_RECORD && mtx_rec_count < (int64_t)(sizeof mtx_rec_bytes / sizeof mtx_rec_bytes[0]) &&
+        m == mtx_rec_count)
+        mtx_rec_bytes[mtx_rec_count++] = bytes;
     if (m != 1 || (at != MSKV_UCX_HOOK_SENT && at != MSKV_UCX_HOOK_RECEIVED)) return 0;
     if (at == MSKV_UCX_HOOK_RECEIVED) {
         if (c->fault == MTX_KILL_RECEIVER) kill(getpid(), SIGKILL);
@@ -103,6 +120,7 @@ static mskv_ucx_desc mtx_desc(const mtx_case *c, int sender) {
     d.hook = mtx_hook;
     d.hook_user = (void *)c;
     if (c->fault != MTX_NONE) d.message_bytes = 4096;   /* several messages, so a fault lands mid-transfer */
+    if (c->message_bytes) d.message_bytes = c->message_bytes;
     return d;
 }
 
@@ -158,6 +176,7 @@ static void mtx_sender(const mtx_case *c, uint16_t port, mtx_report *rep) {
         }
     }
     mtx_audit(a, rep, "sender");
+    snprintf(rep->last_error, sizeof rep->last_error, "%s", mtx_last_error);
 out:
     mskv_ucx_destroy(u);
     free(before);
@@ -199,6 +218,7 @@ static void mtx_receiver(const mtx_case *c, int port_fd, mtx_report *rep) {
             mtx_fail(rep, "receiver: something was imported after all");
     }
     mtx_audit(a, rep, "receiver");
+    snprintf(rep->last_error, sizeof rep->last_error, "%s", mtx_last_error);
 out:
     mskv_ucx_destroy(u);
     free(expect);
@@ -211,7 +231,7 @@ out:
    (the child's ran = 0 when it died) and returns the child's wait status. */
 static int mtx_run(const mtx_case *c, mtx_report *snd, mtx_report *rcv) {
     int to_parent[2], status = 0;
-    int child_receives = c->fault == MTX_KILL_RECEIVER;
+    int child_receives = c->fault == MTX_KILL_RECEIVER || c->fault == MTX_RECORD;   /* the sender's records stay in this process */
     pid_t pid;
     memset(snd, 0, sizeof *snd);
     memset(rcv, 0, sizeof *rcv);
@@ -335,7 +355,7 @@ TEST(ucx_send_with_KEEP_leaves_the_sender_its_copy) {
 
 /* A fault: both codes as expected, both sides' checks passed (the sender's
    request intact, the receiver holding nothing). */
-static void mtx_expect_fault(const mtx_case *c, mskv_result sender_wants, mskv_result receiver_wants, int line) {
+static void mtx_expect_fault_r(const mtx_case *c, mskv_result sender_wants, mskv_result receiver_wants, int line, mtx_report *sp, mtx_report *rp) {
     mtx_report s, r;
     int st = mtx_run(c, &s, &r);
     int receiver_killed = c->fault == MTX_KILL_RECEIVER, sender_killed = c->fault == MTX_KILL_SENDER;
@@ -350,6 +370,11 @@ static void mtx_expect_fault(const mtx_case *c, mskv_result sender_wants, mskv_r
     if (!receiver_killed && (r.result != receiver_wants || !r.ok))
         mt_fail(__FILE__, line, "UCX_TLS=%s: receiver got %s (%s), wanted %s", c->tls, mskv_result_string(r.result), r.ok ? "checks ok" : r.why,
                 mskv_result_string(receiver_wants));
+    if (sp) *sp = s;
+    if (rp) *rp = r;
+}
+static void mtx_expect_fault(const mtx_case *c, mskv_result sender_wants, mskv_result receiver_wants, int line) {
+    mtx_expect_fault_r(c, sender_wants, receiver_wants, line, NULL, NULL);
 }
 
 TEST(ucx_stages_pages_behind_store_ops_through_host_memory_on_that_side_only) {
@@ -430,6 +455,108 @@ TEST(ucx_bytes_changed_in_flight_are_BLOB_CORRUPT_on_both_sides) {
     c.tls = "shm,tcp";
     c.state = MTS_KEYED;
     mtx_expect_fault(&c, MSKV_ERROR_BLOB_CORRUPT, MSKV_ERROR_BLOB_CORRUPT, __LINE__);
+}
+
+TEST(ucx_a_bit_changed_in_any_one_message_is_BLOB_CORRUPT_naming_that_message_on_both_sides) {
+    /* 2000 tokens in two groups, 4096-byte messages of 8 pages: 127 messages */
+    mtx_case c = mtx_make(MTS_GROUPS, 2000, "tcp");
+    unsigned seed = (unsigned)time(NULL);
+    int i;
+    MTX_NEED_UCX();
+    printf("    message seed %u\n", seed);
+    c.fault = MTX_FLIP_AT;
+    for (i = 0; i < 3; i++) {
+        mtx_report s, r;
+        char want[64];
+        c.at = i == 0 ? 0 : (int64_t)((seed = seed * 1103515245u + 12345u) >> 16) % 126;
+        c.receiver_ops = i == 2;   /* a staged receiver hashes its host copy's messages the same way */
+        mtx_expect_fault_r(&c, MSKV_ERROR_BLOB_CORRUPT, MSKV_ERROR_BLOB_CORRUPT, __LINE__, &s, &r);
+        snprintf(want, sizeof want, "message %lld of ", (long long)c.at);
+        if (!strstr(r.last_error, want)) mt_fail(__FILE__, __LINE__, "the receiver's error does not name %s: %s", want, r.last_error);
+    }
+}
+
+TEST(ucx_a_changed_hash_in_the_DIGEST_is_BLOB_CORRUPT_and_with_a_secret_its_MAC_catches_it) {
+    mtx_case c = mtx_make(MTS_PLAIN, 2000, "tcp");
+    mtx_report s, r;
+    MTX_NEED_UCX();
+    c.fault = MTX_DIGEST_TAMPER;
+    mtx_expect_fault_r(&c, MSKV_ERROR_BLOB_CORRUPT, MSKV_ERROR_BLOB_CORRUPT, __LINE__, &s, &r);
+    EXPECT_TRUE(strstr(r.last_error, "message 0 of ") != NULL);
+    c.send_secret = c.recv_secret = "the same secret";
+    mtx_expect_fault_r(&c, MSKV_ERROR_BLOB_CORRUPT, MSKV_ERROR_BLOB_CORRUPT, __LINE__, &s, &r);
+    EXPECT_TRUE(strstr(r.last_error, "DIGEST's HMAC-SHA-256") != NULL);
+}
+
+TEST(ucx_an_offer_of_another_protocol_version_is_refused_with_nothing_imported) {
+    mtx_case c = mtx_make(MTS_PREFIX, 500, "tcp");
+    mtx_report s, r;
+    int st;
+    MTX_NEED_UCX();
+    c.fault = MTX_OLD_VERSION;
+    st = mtx_run(&c, &s, &r);
+    EXPECT_EQ(0, st);
+    EXPECT_EQ(MSKV_ERROR_PEER, r.result);
+    EXPECT_TRUE(r.ok);   /* nothing imported */
+    EXPECT_TRUE(strstr(r.last_error, "not this protocol's (version 4)") != NULL);
+    EXPECT_TRUE(s.result == MSKV_ERROR_PEER || s.result == MSKV_ERROR_TIMEOUT);
+    EXPECT_TRUE(s.ok);   /* the sender's request intact and usable */
+}
+
+static char mtx_desc_log[240];
+static void mtx_desc_logger(void *user, mskv_log_level level, const char *msg) {
+    (void)user;
+    (void)level;
+    snprintf(mtx_desc_log, sizeof mtx_desc_log, "%s", msg);
+}
+
+TEST(ucx_message_bytes_outside_4096_to_256_MiB_is_INVALID_ARGUMENT_naming_the_value) {
+    static const size_t bad[] = { 1, 4095, ((size_t)256 << 20) + 1 };
+    mskv_ucx_desc d;
+    mskv_ucx *u = NULL;
+    char want[64];
+    size_t i;
+    MTX_NEED_UCX();
+    memset(&d, 0, sizeof d);
+    d.log = mtx_desc_logger;
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        d.message_bytes = bad[i];
+        mtx_desc_log[0] = 0;
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_ucx_listen(&d, "127.0.0.1", 0, &u));
+        EXPECT_TRUE(u == NULL);
+        snprintf(want, sizeof want, "message_bytes %zu is not within 4096 to 268435456", bad[i]);
+        EXPECT_TRUE(strstr(mtx_desc_log, want) != NULL);
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_ucx_connect(&d, "127.0.0.1", 1, &u));
+        EXPECT_TRUE(u == NULL);
+    }
+    d.message_bytes = 4096;   /* both ends of the range are fine */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_listen(&d, "127.0.0.1", 0, &u));
+    mskv_ucx_destroy(u);
+    u = NULL;
+    d.message_bytes = (size_t)256 << 20;
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_listen(&d, "127.0.0.1", 0, &u));
+    mskv_ucx_destroy(u);
+}
+
+TEST(ucx_a_large_request_goes_as_whole_runs_of_one_pools_adjacent_pages) {
+    /* 20000 tokens: 1250 pages of 512 bytes in each of 4 pools; 64 KiB
+       messages of 128 pages, so 40 messages, each one gather piece except
+       where it crosses from one pool's end into the next pool */
+    mtx_case c = mtx_make(MTS_PLAIN, 20000, "tcp");
+    int64_t m, whole = 0, total_pages = 1250 * 4, per = 128, e = 1250;
+    MTX_NEED_UCX();
+    c.fault = MTX_RECORD;
+    c.message_bytes = (size_t)64 << 10;
+    mtx_rec_count = 0;
+    mtx_expect_moved(&c);
+    EXPECT_EQ((total_pages + per - 1) / per, mtx_rec_count);
+    for (m = 0; m < mtx_rec_count; m++) {
+        int64_t j = m * per, n = total_pages - j < per ? total_pages - j : per, first = e - j % e < n ? e - j % e : n;
+        if (mtx_rec_bytes[m] != (size_t)first * 512)
+            mt_fail(__FILE__, __LINE__, "message %lld's first piece is %zu bytes, not %lld pages' worth", (long long)m, mtx_rec_bytes[m], (long long)first);
+        whole += first == n;
+    }
+    EXPECT_TRUE(whole >= mtx_rec_count - 3);
 }
 
 TEST(ucx_receiver_short_of_pages_is_OUT_OF_PAGES_on_both_sides) {
@@ -839,7 +966,8 @@ TEST(ucx_handover_either_side_killed_at_every_step_leaves_exactly_one_usable_cop
 }
 
 TEST(ucx_handover_each_lost_protocol_message_leaves_exactly_one_usable_copy) {
-    static const int kinds[] = { MSKV_UCX_MSG_OFFER, MSKV_UCX_MSG_ANSWER, MSKV_UCX_MSG_PREPARED, MSKV_UCX_MSG_COMMIT, MSKV_UCX_MSG_ACK };
+    static const int kinds[] = { MSKV_UCX_MSG_OFFER, MSKV_UCX_MSG_ANSWER, MSKV_UCX_MSG_DIGEST, MSKV_UCX_MSG_PREPARED, MSKV_UCX_MSG_COMMIT,
+                                 MSKV_UCX_MSG_ACK };
     size_t i;
     int t;
     MTX_NEED_UCX();
@@ -849,7 +977,7 @@ TEST(ucx_handover_each_lost_protocol_message_leaves_exactly_one_usable_copy) {
         mth_report s, r;
         c.kind = MTH_LOSE;
         c.at = kinds[i];
-        c.child_sends = kinds[i] == MSKV_UCX_MSG_OFFER || kinds[i] == MSKV_UCX_MSG_COMMIT;   /* the side that sends it */
+        c.child_sends = kinds[i] == MSKV_UCX_MSG_OFFER || kinds[i] == MSKV_UCX_MSG_DIGEST || kinds[i] == MSKV_UCX_MSG_COMMIT;   /* the side that sends it */
         c.tls = mtx_tls[t];
         mth_run(&c, &s, &r);
         mth_expect_one_copy(&c, &s, &r, __LINE__);

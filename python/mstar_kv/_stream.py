@@ -225,7 +225,9 @@ class Ucx(Closing):
     def listen(cls, ip: str = "127.0.0.1", port: int = 0, timeout_ms: int = 0, message_bytes: int = 0,
                library: Optional[str] = None, secret: Optional[bytes] = None, lanes: int = 0) -> "Ucx":
         """A listener on ip:port (port 0: any free port; see .port).
-        timeout_ms (0 = 10 s) bounds every wait for the peer. secret (bytes):
+        timeout_ms (0 = 10 s) bounds every wait for the peer. message_bytes:
+        page bytes per message, 0 = 4 MiB, else 4096 to 256 MiB
+        (InvalidArgumentError outside). secret (bytes):
         refuse every offer without a valid HMAC-SHA-256 under it
         (DeniedError, before a page is taken). For untrusted networks use
         listen_address(): a listening UCX socket can be aborted by junk.

@@ -122,3 +122,13 @@ def test_nothing_in_doubt_after_a_clean_transfer_and_resolve_says_so():
         assert u.in_doubt() == (0, None)
         with pytest.raises(mk.BadStateError):
             u.resolve(True)
+
+
+def test_message_bytes_outside_4096_to_256_mib_is_refused_and_its_ends_are_fine():
+    _need_ucx()
+    for bad in (1, 4095, (256 << 20) + 1):
+        with pytest.raises(mk.InvalidArgumentError):
+            mk.Ucx.listen("127.0.0.1", 0, message_bytes=bad)
+    for good in (0, 4096, 256 << 20):
+        with mk.Ucx.listen("127.0.0.1", 0, message_bytes=good) as u:
+            assert u.port > 0
