@@ -6028,6 +6028,15 @@ typedef void (*mskv__cpu_pv_rows_fn)(float *MSKV__CPU_RESTRICT O, const float *M
                                      int32_t nrp, int32_t kb, int32_t dp, int32_t ks);
 /* s[j] = exp(s[j] - m), exactly 0 where s = -inf, for j < n (multiple of 16); returns the sum. */
 typedef float (*mskv__cpu_exp_row_fn)(float *MSKV__CPU_RESTRICT s, float m, int32_t n);
+/* qk_rows and pv_rows over 16-bit K/V rows read where they lie (bf16 when
+   bf16 is set, else f16), each converted in registers: the rows hold d
+   elements (any d; nothing past it is read, the vector tails see zeros), Q
+   and O rows dp floats (O's dims past d stay 0). */
+typedef void (*mskv__cpu_qk_rows16_fn)(const float *MSKV__CPU_RESTRICT Q, const uint16_t *const *MSKV__CPU_RESTRICT krow, int bf16,
+                                       float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t d, int32_t dp, int32_t ks);
+typedef void (*mskv__cpu_pv_rows16_fn)(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                       const uint16_t *const *MSKV__CPU_RESTRICT vrow, int bf16, const float *MSKV__CPU_RESTRICT alpha,
+                                       int32_t nrp, int32_t kb, int32_t d, int32_t dp, int32_t ks);
 
 typedef struct mskv__cpu_kern {
     mskv_cpu_isa isa;
@@ -6038,6 +6047,8 @@ typedef struct mskv__cpu_kern {
     mskv__cpu_qk_rows_fn qk_rows;
     mskv__cpu_pv_rows_fn pv_rows;
     mskv__cpu_exp_row_fn exp_row;
+    mskv__cpu_qk_rows16_fn qk_rows16;
+    mskv__cpu_pv_rows16_fn pv_rows16;
 } mskv__cpu_kern;
 
 /* e^x for x <= 0: 2^k * e^r with k = round(x / ln 2), |r| <= ln2/2 and e^r by
@@ -6140,9 +6151,36 @@ static float mskv__cpu_exp_row_portable(float *MSKV__CPU_RESTRICT s, float m, in
     return sum;
 }
 
+static float mskv__cpu_h2f(const uint16_t *p, int bf16) { return bf16 ? mskv__cpu_bitsf((uint32_t)*p << 16) : mskv_f16_to_f32(*p); }
+
+static void mskv__cpu_qk_rows16_portable(const float *MSKV__CPU_RESTRICT Q, const uint16_t *const *MSKV__CPU_RESTRICT krow, int bf16,
+                                         float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dim, int32_t dp, int32_t ks) {
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r++)
+        for (j = 0; j < kbe; j++) {
+            float acc = 0.0f;
+            for (d = 0; d < dim; d++) acc += Q[(size_t)r * dp + d] * mskv__cpu_h2f(krow[j] + d, bf16);
+            S[(size_t)r * ks + j] = acc;
+        }
+}
+
+static void mskv__cpu_pv_rows16_portable(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                         const uint16_t *const *MSKV__CPU_RESTRICT vrow, int bf16, const float *MSKV__CPU_RESTRICT alpha,
+                                         int32_t nrp, int32_t kb, int32_t dim, int32_t dp, int32_t ks) {
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r++) {
+        float *orow = O + (size_t)r * dp;
+        const float *prow = P + (size_t)r * ks;
+        for (d = 0; d < dim; d++) orow[d] *= alpha[r];
+        for (j = 0; j < kb; j++)
+            for (d = 0; d < dim; d++) orow[d] += prow[j] * mskv__cpu_h2f(vrow[j] + d, bf16);
+    }
+}
+
 static const mskv__cpu_kern mskv__cpu_kern_portable = {
     MSKV_CPU_ISA_PORTABLE, 4, mskv__cpu_cvt_portable, mskv__cpu_gemm_portable, mskv__cpu_softmax_portable,
-    mskv__cpu_qk_rows_portable, mskv__cpu_pv_rows_portable, mskv__cpu_exp_row_portable};
+    mskv__cpu_qk_rows_portable, mskv__cpu_pv_rows_portable, mskv__cpu_exp_row_portable,
+    mskv__cpu_qk_rows16_portable, mskv__cpu_pv_rows16_portable};
 
 /* ---- AVX-512 path (16 floats a vector) ---- */
 #if MSKV__CPU_X86
@@ -6374,9 +6412,75 @@ static MSKV__CPU_AVX512 float mskv__cpu_exp_row_avx512(float *MSKV__CPU_RESTRICT
     return _mm512_reduce_add_ps(acc);
 }
 
+/* Elements [at, at + 16) of a 16-bit row of dim elements as floats; those
+   past dim read as 0 (and are not read). */
+static MSKV__CPU_AVX512 __m512 mskv__cpu_h16_avx512(const uint16_t *row, int32_t at, int32_t dim, int bf16) {
+    __m256i h;
+    if (at + 16 <= dim) {
+        h = _mm256_loadu_si256((const __m256i *)(const void *)(row + at));
+    } else {
+        uint16_t t[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        if (at < dim) memcpy(t, row + at, (size_t)(dim - at) * 2);
+        h = _mm256_loadu_si256((const __m256i *)(const void *)t);
+    }
+    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+/* As qk_rows_avx512, each K element converted once for the 4 rows. */
+static MSKV__CPU_AVX512 void mskv__cpu_qk_rows16_avx512(const float *MSKV__CPU_RESTRICT Q, const uint16_t *const *MSKV__CPU_RESTRICT krow, int bf16,
+                                                        float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dim, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) __m512 c##u##0 = _mm512_setzero_ps(), c##u##1 = c##u##0, c##u##2 = c##u##0, c##u##3 = c##u##0;
+#define MSKV__STEP(u) { __m512 q = _mm512_loadu_ps(Q + (size_t)(r + (u)) * dp + d); \
+    c##u##0 = _mm512_fmadd_ps(q, x0, c##u##0); c##u##1 = _mm512_fmadd_ps(q, x1, c##u##1); \
+    c##u##2 = _mm512_fmadd_ps(q, x2, c##u##2); c##u##3 = _mm512_fmadd_ps(q, x3, c##u##3); }
+#define MSKV__STORE(u) _mm_storeu_ps(S + (size_t)(r + (u)) * ks + j, mskv__cpu_sum4x512(c##u##0, c##u##1, c##u##2, c##u##3));
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (j = 0; j < kbe; j += 4) {
+            const uint16_t *k0 = krow[j], *k1 = krow[j + 1], *k2 = krow[j + 2], *k3 = krow[j + 3];
+            MSKV__M4(MSKV__DECL)
+            for (d = 0; d < dim; d += 16) {
+                __m512 x0 = mskv__cpu_h16_avx512(k0, d, dim, bf16), x1 = mskv__cpu_h16_avx512(k1, d, dim, bf16);
+                __m512 x2 = mskv__cpu_h16_avx512(k2, d, dim, bf16), x3 = mskv__cpu_h16_avx512(k3, d, dim, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+/* As pv_rows_avx512, each V element converted once for the 4 rows. */
+static MSKV__CPU_AVX512 void mskv__cpu_pv_rows16_avx512(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                                        const uint16_t *const *MSKV__CPU_RESTRICT vrow, int bf16, const float *MSKV__CPU_RESTRICT alpha,
+                                                        int32_t nrp, int32_t kb, int32_t dim, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) __m512 c##u##0 = _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)(r + (u)) * dp + d), _mm512_set1_ps(alpha[r + (u)])), \
+    c##u##1 = two ? _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)(r + (u)) * dp + d + 16), _mm512_set1_ps(alpha[r + (u)])) : c##u##0;
+#define MSKV__STEP(u) { __m512 p = _mm512_set1_ps(P[(size_t)(r + (u)) * ks + j]); \
+    c##u##0 = _mm512_fmadd_ps(p, y0, c##u##0); c##u##1 = _mm512_fmadd_ps(p, y1, c##u##1); }
+#define MSKV__STORE(u) _mm512_storeu_ps(O + (size_t)(r + (u)) * dp + d, c##u##0); \
+    if (two) _mm512_storeu_ps(O + (size_t)(r + (u)) * dp + d + 16, c##u##1);
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (d = 0; d < dim; d += 32) {
+            const int two = d + 16 < dim;  /* else only the first 16 dims (c*1 then run spare) */
+            MSKV__M4(MSKV__DECL)
+            for (j = 0; j < kb; j++) {
+                __m512 y0 = mskv__cpu_h16_avx512(vrow[j], d, dim, bf16), y1 = two ? mskv__cpu_h16_avx512(vrow[j], d + 16, dim, bf16) : y0;
+                MSKV__M4(MSKV__STEP)
+            }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
 static const mskv__cpu_kern mskv__cpu_kern_avx512 = {
     MSKV_CPU_ISA_AVX512, 16, mskv__cpu_cvt_avx512, mskv__cpu_gemm_avx512, mskv__cpu_softmax_avx512,
-    mskv__cpu_qk_rows_avx512, mskv__cpu_pv_rows_avx512, mskv__cpu_exp_row_avx512};
+    mskv__cpu_qk_rows_avx512, mskv__cpu_pv_rows_avx512, mskv__cpu_exp_row_avx512,
+    mskv__cpu_qk_rows16_avx512, mskv__cpu_pv_rows16_avx512};
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -6597,9 +6701,83 @@ static MSKV__CPU_AVX2 float mskv__cpu_exp_row_avx2(float *MSKV__CPU_RESTRICT s, 
     return mskv__cpu_hsum256(acc);
 }
 
+/* Elements [at, at + 8) of a 16-bit row of dim elements as floats; those
+   past dim read as 0 (and are not read). */
+static MSKV__CPU_AVX2 __m256 mskv__cpu_h8_avx2(const uint16_t *row, int32_t at, int32_t dim, int bf16) {
+    __m128i h;
+    if (at + 8 <= dim) {
+        h = _mm_loadu_si128((const __m128i *)(const void *)(row + at));
+    } else {
+        uint16_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (at < dim) memcpy(t, row + at, (size_t)(dim - at) * 2);
+        h = _mm_loadu_si128((const __m128i *)(const void *)t);
+    }
+    return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+
+/* As qk_rows_avx2, each K element converted once for the 4 rows. */
+static MSKV__CPU_AVX2 void mskv__cpu_qk_rows16_avx2(const float *MSKV__CPU_RESTRICT Q, const uint16_t *const *MSKV__CPU_RESTRICT krow, int bf16,
+                                                    float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dim, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) __m256 c##u##0 = _mm256_setzero_ps(), c##u##1 = c##u##0;
+#define MSKV__STEP(u) { __m256 q = _mm256_loadu_ps(Q + (size_t)(r + (u)) * dp + d); \
+    c##u##0 = _mm256_fmadd_ps(q, x0, c##u##0); c##u##1 = _mm256_fmadd_ps(q, x1, c##u##1); }
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (j = 0; j < kbe; j += 2) {
+            const uint16_t *k0 = krow[j], *k1 = krow[j + 1];
+            __m256 g0, g1;
+            __m128 s0, s1;
+            float t[8];
+            MSKV__M4(MSKV__DECL)
+            for (d = 0; d < dim; d += 8) {
+                __m256 x0 = mskv__cpu_h8_avx2(k0, d, dim, bf16), x1 = mskv__cpu_h8_avx2(k1, d, dim, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            g0 = _mm256_hadd_ps(_mm256_hadd_ps(c00, c01), _mm256_hadd_ps(c10, c11));
+            g1 = _mm256_hadd_ps(_mm256_hadd_ps(c20, c21), _mm256_hadd_ps(c30, c31));
+            s0 = _mm_add_ps(_mm256_castps256_ps128(g0), _mm256_extractf128_ps(g0, 1));
+            s1 = _mm_add_ps(_mm256_castps256_ps128(g1), _mm256_extractf128_ps(g1, 1));
+            _mm_storeu_ps(t, s0);
+            _mm_storeu_ps(t + 4, s1);
+            S[(size_t)r * ks + j] = t[0]; S[(size_t)r * ks + j + 1] = t[1];
+            S[(size_t)(r + 1) * ks + j] = t[2]; S[(size_t)(r + 1) * ks + j + 1] = t[3];
+            S[(size_t)(r + 2) * ks + j] = t[4]; S[(size_t)(r + 2) * ks + j + 1] = t[5];
+            S[(size_t)(r + 3) * ks + j] = t[6]; S[(size_t)(r + 3) * ks + j + 1] = t[7];
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+}
+
+/* As pv_rows_avx2, each V element converted once for the 4 rows. */
+static MSKV__CPU_AVX2 void mskv__cpu_pv_rows16_avx2(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                                    const uint16_t *const *MSKV__CPU_RESTRICT vrow, int bf16, const float *MSKV__CPU_RESTRICT alpha,
+                                                    int32_t nrp, int32_t kb, int32_t dim, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) __m256 c##u##0 = _mm256_mul_ps(_mm256_loadu_ps(O + (size_t)(r + (u)) * dp + d), _mm256_set1_ps(alpha[r + (u)])), \
+    c##u##1 = _mm256_mul_ps(_mm256_loadu_ps(O + (size_t)(r + (u)) * dp + d + 8), _mm256_set1_ps(alpha[r + (u)]));
+#define MSKV__STEP(u) { __m256 p = _mm256_broadcast_ss(P + (size_t)(r + (u)) * ks + j); \
+    c##u##0 = _mm256_fmadd_ps(p, y0, c##u##0); c##u##1 = _mm256_fmadd_ps(p, y1, c##u##1); }
+#define MSKV__STORE(u) _mm256_storeu_ps(O + (size_t)(r + (u)) * dp + d, c##u##0); \
+    _mm256_storeu_ps(O + (size_t)(r + (u)) * dp + d + 8, c##u##1);
+    int32_t r, j, d;
+    (void)dp;
+    for (r = 0; r < nrp; r += 4)
+        for (d = 0; d < dim; d += 16) {
+            MSKV__M4(MSKV__DECL)
+            for (j = 0; j < kb; j++) {
+                __m256 y0 = mskv__cpu_h8_avx2(vrow[j], d, dim, bf16), y1 = mskv__cpu_h8_avx2(vrow[j], d + 8, dim, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
 static const mskv__cpu_kern mskv__cpu_kern_avx2 = {
     MSKV_CPU_ISA_AVX2, 8, mskv__cpu_cvt_avx2, mskv__cpu_gemm_avx2, mskv__cpu_softmax_avx2,
-    mskv__cpu_qk_rows_avx2, mskv__cpu_pv_rows_avx2, mskv__cpu_exp_row_avx2};
+    mskv__cpu_qk_rows_avx2, mskv__cpu_pv_rows_avx2, mskv__cpu_exp_row_avx2,
+    mskv__cpu_qk_rows16_avx2, mskv__cpu_pv_rows16_avx2};
 
 /* GCC ends target-attributed AVX functions without vzeroupper, so a call on
    an AVX path returned with the upper halves of the vector registers dirty,
@@ -6815,9 +6993,80 @@ static float mskv__cpu_exp_row_neon(float *MSKV__CPU_RESTRICT s, float m, int32_
     return vaddvq_f32(acc);
 }
 
+/* Elements [at, at + 4) of a 16-bit row of dim elements as floats; those
+   past dim read as 0 (and are not read). */
+static float32x4_t mskv__cpu_h4_neon(const uint16_t *row, int32_t at, int32_t dim, int bf16) {
+    uint16x4_t h;
+    if (at + 4 <= dim) {
+        h = vld1_u16(row + at);
+    } else {
+        uint16_t t[4] = {0, 0, 0, 0};
+        if (at < dim) memcpy(t, row + at, (size_t)(dim - at) * 2);
+        h = vld1_u16(t);
+    }
+    return bf16 ? vreinterpretq_f32_u32(vshll_n_u16(h, 16)) : vcvt_f32_f16(vreinterpret_f16_u16(h));
+}
+
+/* As qk_rows_neon, each K element converted once for the 4 rows. */
+static void mskv__cpu_qk_rows16_neon(const float *MSKV__CPU_RESTRICT Q, const uint16_t *const *MSKV__CPU_RESTRICT krow, int bf16,
+                                     float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dim, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) float32x4_t c##u##0 = vdupq_n_f32(0.0f), c##u##1 = c##u##0;
+#define MSKV__STEP(u) { float32x4_t q = vld1q_f32(Q + (size_t)(r + (u)) * dp + d); \
+    c##u##0 = vfmaq_f32(c##u##0, q, x0); c##u##1 = vfmaq_f32(c##u##1, q, x1); }
+#define MSKV__STORE(u) S[(size_t)(r + (u)) * ks + j] = vaddvq_f32(c##u##0); \
+    S[(size_t)(r + (u)) * ks + j + 1] = vaddvq_f32(c##u##1);
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (j = 0; j < kbe; j += 2) {
+            const uint16_t *k0 = krow[j], *k1 = krow[j + 1];
+            MSKV__M4(MSKV__DECL)
+            for (d = 0; d < dim; d += 4) {
+                float32x4_t x0 = mskv__cpu_h4_neon(k0, d, dim, bf16), x1 = mskv__cpu_h4_neon(k1, d, dim, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+/* As pv_rows_neon, each V element converted once for the 4 rows. */
+static void mskv__cpu_pv_rows16_neon(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                     const uint16_t *const *MSKV__CPU_RESTRICT vrow, int bf16, const float *MSKV__CPU_RESTRICT alpha,
+                                     int32_t nrp, int32_t kb, int32_t dim, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) float32x4_t c##u##0 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d), alpha[r + (u)]), \
+    c##u##1 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d + 4), alpha[r + (u)]), \
+    c##u##2 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d + 8), alpha[r + (u)]), \
+    c##u##3 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d + 12), alpha[r + (u)]);
+#define MSKV__STEP(u) { float p = P[(size_t)(r + (u)) * ks + j]; \
+    c##u##0 = vfmaq_n_f32(c##u##0, y0, p); c##u##1 = vfmaq_n_f32(c##u##1, y1, p); \
+    c##u##2 = vfmaq_n_f32(c##u##2, y2, p); c##u##3 = vfmaq_n_f32(c##u##3, y3, p); }
+#define MSKV__STORE(u) vst1q_f32(O + (size_t)(r + (u)) * dp + d, c##u##0); \
+    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 4, c##u##1); \
+    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 8, c##u##2); \
+    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 12, c##u##3);
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (d = 0; d < dim; d += 16) {
+            MSKV__M4(MSKV__DECL)
+            for (j = 0; j < kb; j++) {
+                const uint16_t *vr = vrow[j];
+                float32x4_t y0 = mskv__cpu_h4_neon(vr, d, dim, bf16), y1 = mskv__cpu_h4_neon(vr, d + 4, dim, bf16);
+                float32x4_t y2 = mskv__cpu_h4_neon(vr, d + 8, dim, bf16), y3 = mskv__cpu_h4_neon(vr, d + 12, dim, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
 static const mskv__cpu_kern mskv__cpu_kern_neon = {
     MSKV_CPU_ISA_NEON, 4, mskv__cpu_cvt_neon, mskv__cpu_gemm_neon, mskv__cpu_softmax_neon,
-    mskv__cpu_qk_rows_neon, mskv__cpu_pv_rows_neon, mskv__cpu_exp_row_neon};
+    mskv__cpu_qk_rows_neon, mskv__cpu_pv_rows_neon, mskv__cpu_exp_row_neon,
+    mskv__cpu_qk_rows16_neon, mskv__cpu_pv_rows16_neon};
 #endif /* MSKV__CPU_NEON */
 
 /* ---- choosing a path ---- */
@@ -6938,6 +7187,7 @@ typedef struct mskv__cpu_ws {
     int32_t *a, *z;      /* the same, relative to the current block */
     size_t *el;          /* element offset of each key row of the block */
     const float **vrow, **krow;
+    const uint16_t **vrow16, **krow16;  /* 16-bit pool rows read where they lie (few-row items) */
     float *part;         /* partial states of one split unit: chunks x MSKV__CPU_PART floats */
     int32_t rows, keys, chunks;  /* tile capacities */
 } mskv__cpu_ws;
@@ -6956,7 +7206,7 @@ static size_t mskv__cpu_ws_bytes(int32_t rows, int32_t keys, int32_t chunks) {
     size_t f = 2 * (size_t)rows * MSKV__CPU_MAX_DIM + 2 * (size_t)keys * MSKV__CPU_MAX_DIM +
                (size_t)MSKV__CPU_MAX_ROWS * (size_t)keys + 3 * (size_t)MSKV__CPU_MAX_ROWS + (size_t)chunks * MSKV__CPU_PART;
     return f * 4 + (size_t)MSKV__CPU_MAX_ROWS * (2 * 8 + 2 * 4) + 2 * ((size_t)keys + 4) * sizeof(float *) +
-           (size_t)keys * sizeof(size_t) + 64;
+           2 * ((size_t)keys + 4) * sizeof(uint16_t *) + (size_t)keys * sizeof(size_t) + 64;
 }
 
 static void mskv__cpu_ws_carve(mskv__cpu_ws *w, void *mem, int32_t rows, int32_t keys, int32_t chunks) {
@@ -6980,6 +7230,8 @@ static void mskv__cpu_ws_carve(mskv__cpu_ws *w, void *mem, int32_t rows, int32_t
     w->z = (int32_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
     w->vrow = (const float **)(void *)p; p += ((size_t)keys + 4) * sizeof(float *);
     w->krow = (const float **)(void *)p; p += ((size_t)keys + 4) * sizeof(float *);  /* + spares for key groups */
+    w->vrow16 = (const uint16_t **)(void *)p; p += ((size_t)keys + 4) * sizeof(uint16_t *);
+    w->krow16 = (const uint16_t **)(void *)p; p += ((size_t)keys + 4) * sizeof(uint16_t *);
     w->el = (size_t *)(void *)p;
 }
 
@@ -7510,6 +7762,7 @@ static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
     const int32_t D = job->dim, Dp = job->dimp, KS = ws->keys, nrp = (nr + 3) & ~3;
     const int32_t KB = nrp <= 8 ? job->row_keys : KS;  /* the same blocks for any ng: results do not depend on grouping */
     const int direct = pools->dtype == MSKV_DTYPE_F32 && D == Dp; /* pool rows usable as they are */
+    const int half = pools->dtype != MSKV_DTYPE_F32, bf16 = pools->dtype == MSKV_DTYPE_BF16; /* 16-bit rows, converted in registers */
     int64_t lo = khi, hi = klo, j0, end;
     int32_t r, d, gi, jj, run;
     for (gi = 0; gi < ng; gi++)
@@ -7541,7 +7794,7 @@ static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
         int32_t kb = (int32_t)(end - j0 < KB ? end - j0 : KB), full;
         mskv__cpu_block_rows(job, sg, j0, kb, end, g0, ng, ws->el);
         full = mskv__cpu_block_mask(ws->klo, ws->khi, nr, nrp, j0, kb, ws->a, ws->z);
-        if (!direct)
+        if (!direct && !half)
             /* all heads' rows of each slot in address order (one contiguous
                run per slot), so the hardware streams them */
             for (jj = 0; jj < kb; jj++)
@@ -7555,18 +7808,29 @@ static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
             const size_t goff = (size_t)(g0 + gi) * job->hstride;
             float *S = ws->s + (size_t)gi * nrp * KS, *M = ws->m + gi * nrp, *L = ws->l + gi * nrp;
             float *A = ws->alpha + gi * nrp;
-            for (jj = 0; jj < kb; jj++) {
-                if (direct) {
-                    ws->krow[jj] = (const float *)pools->k + ws->el[jj] + goff;
-                    ws->vrow[jj] = (const float *)pools->v + ws->el[jj] + goff;
-                } else {
-                    ws->krow[jj] = ws->k + ((size_t)gi * KB + (size_t)jj) * Dp;
-                    ws->vrow[jj] = ws->v + ((size_t)gi * KB + (size_t)jj) * Dp;
+            if (half) {
+                /* straight from the pool: el already holds each page's base plus the slot */
+                const uint16_t *kp = (const uint16_t *)pools->k + goff, *vp = (const uint16_t *)pools->v + goff;
+                for (jj = 0; jj < kb; jj++) {
+                    ws->krow16[jj] = kp + ws->el[jj];
+                    ws->vrow16[jj] = vp + ws->el[jj];
                 }
+                for (jj = kb; jj < ((kb + 3) & ~3); jj++) ws->krow16[jj] = ws->krow16[kb - 1];
+                kn->qk_rows16(ws->q + (size_t)gi * nrp * Dp, ws->krow16, bf16, S, nrp, (kb + 3) & ~3, D, Dp, KS);
+            } else {
+                for (jj = 0; jj < kb; jj++) {
+                    if (direct) {
+                        ws->krow[jj] = (const float *)pools->k + ws->el[jj] + goff;
+                        ws->vrow[jj] = (const float *)pools->v + ws->el[jj] + goff;
+                    } else {
+                        ws->krow[jj] = ws->k + ((size_t)gi * KB + (size_t)jj) * Dp;
+                        ws->vrow[jj] = ws->v + ((size_t)gi * KB + (size_t)jj) * Dp;
+                    }
+                }
+                /* up to 3 spare scores fill the kernels' key groups, masked below like the padding */
+                for (jj = kb; jj < ((kb + 3) & ~3); jj++) ws->krow[jj] = ws->krow[kb - 1];
+                kn->qk_rows(ws->q + (size_t)gi * nrp * Dp, ws->krow, S, nrp, (kb + 3) & ~3, Dp, KS);
             }
-            /* up to 3 spare scores fill the kernels' key groups, masked below like the padding */
-            for (jj = kb; jj < ((kb + 3) & ~3); jj++) ws->krow[jj] = ws->krow[kb - 1];
-            kn->qk_rows(ws->q + (size_t)gi * nrp * Dp, ws->krow, S, nrp, (kb + 3) & ~3, Dp, KS);
             /* online softmax: running max M and sum L per row; A rescales O */
             for (r = 0; r < nrp; r++) {
                 float *srow = S + (size_t)r * KS, mx = -INFINITY, mnew, sum;
@@ -7585,7 +7849,8 @@ static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
                 L[r] = L[r] * A[r] + sum;
                 M[r] = mnew;
             }
-            kn->pv_rows(ws->o + (size_t)gi * nrp * Dp, S, ws->vrow, A, nrp, kb, Dp, KS);
+            if (half) kn->pv_rows16(ws->o + (size_t)gi * nrp * Dp, S, ws->vrow16, bf16, A, nrp, kb, D, Dp, KS);
+            else kn->pv_rows(ws->o + (size_t)gi * nrp * Dp, S, ws->vrow, A, nrp, kb, Dp, KS);
         }
     }
 
@@ -7802,12 +8067,14 @@ static void mskv__cpu_run(mskv_cpu *cpu, mskv__cpu_job *job, double work) {
         int64_t lo_t[ROWS], hi_t[ROWS];
         int32_t ba_t[ROWS], bz_t[ROWS];
         const float *vr_t[KEYS + 4], *kr_t[KEYS + 4];
+        const uint16_t *vh_t[KEYS + 4], *kh_t[KEYS + 4];
         size_t el_t[KEYS];
         char why[160];
         mskv__cpu_ws ws;
         memset(&ws, 0, sizeof ws);
         ws.q = q_t; ws.o = o_t; ws.k = k_t; ws.v = v_t; ws.s = s_t; ws.m = m_t; ws.l = l_t; ws.alpha = a_t;
         ws.klo = lo_t; ws.khi = hi_t; ws.a = ba_t; ws.z = bz_t; ws.vrow = vr_t; ws.krow = kr_t; ws.el = el_t;
+        ws.vrow16 = vh_t; ws.krow16 = kh_t;
         ws.rows = ROWS;
         ws.keys = KEYS;
         job->kern = mskv__cpu_kern_of(mskv__cpu_resolve_auto(why, sizeof why));

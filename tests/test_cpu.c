@@ -817,6 +817,41 @@ TEST(decode_batches_of_one_query_per_sequence_match_reference) {
     mskv_cpu_destroy(cpu);
 }
 
+/* 16-bit K/V are read where they lie in the pool (converted in registers,
+   nothing past a row's head_dim read): every odd page size and a head_dim
+   that is not a multiple of the vector width (72, 80, 100: tails of 8, 16
+   and 4 elements), decode rows (groups of 1 and 4) and many-row segments
+   (the transposed tiles, several per item), with and without a pool. */
+TEST(sixteen_bit_pools_match_reference_for_odd_pages_head_dims_and_groups) {
+    static const int32_t Ps[4] = {1, 3, 7, 16}, dims[4] = {72, 80, 100, 128}, ratios[2] = {1, 4};
+    static const mskv_dtype types[2] = {MSKV_DTYPE_F16, MSKV_DTYPE_BF16};
+    tcpu_seq seqs[4] = {{1, 200, 200, 0}, {1, 37, 20, 7}, {45, 300, 300, 0}, {1, 1, 1, 0}};
+    uint64_t seed = mt_seed();
+    mskv_cpu *cpu = NULL;
+    mskv_cpu_desc cd;
+    int pi, di, ti, ri;
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 2;
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
+    for (ti = 0; ti < 2; ti++)
+        for (pi = 0; pi < 4; pi++)
+            for (di = 0; di < 4; di++)
+                for (ri = 0; ri < 2; ri++) {
+                    tcpu_fix f;
+                    mskv_mask mask = (mskv_mask)((pi + di + ri) % 3);
+                    mskv_attn at = tcpu_attn(2 * ratios[ri], mask, 50, types[ti]);
+                    char what[112];
+                    ASSERT_TRUE(tcpu_fix_init(&f, Ps[pi], 2, dims[di], types[ti], seqs, 4, 1, 1, 1,
+                                              seed + (uint64_t)(((ti * 4 + pi) * 4 + di) * 2 + ri)));
+                    snprintf(what, sizeof what, "%s pool, page size %d, head_dim %d, group %d, mask %s, %s",
+                             ti ? "bf16" : "f16", (int)Ps[pi], (int)dims[di], (int)ratios[ri], tcpu_mask_name(mask),
+                             (di + ri) & 1 ? "2-thread pool" : "small pool");
+                    tcpu_check_case(what, (di + ri) & 1 ? cpu : NULL, &f, &at, seed, __LINE__);
+                    tcpu_fix_free(&f);
+                }
+    mskv_cpu_destroy(cpu);
+}
+
 TEST(attention_applies_a_custom_scale) {
     tcpu_seq seqs[1] = {{4, 50, 50, 0}};
     tcpu_fix f;
@@ -1839,6 +1874,7 @@ static void tcpu_suite_on(mskv_cpu_isa isa) {
     attention_matches_reference_in_f16_and_bf16();
     attention_matches_reference_over_long_sequences();
     decode_batches_of_one_query_per_sequence_match_reference();
+    sixteen_bit_pools_match_reference_for_odd_pages_head_dims_and_groups();
     attention_applies_a_custom_scale();
     shuffled_page_table_gives_the_same_result_as_contiguous();
     unused_pages_filled_with_nan_change_no_output();
