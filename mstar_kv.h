@@ -7195,6 +7195,10 @@ typedef struct mskv__cpu_ws {
 /* Q and O hold rows * MAX_DIM floats: more rows at a smaller head_dim, up to
    MSKV__CPU_MAX_ROWS, for which the scores and row state are sized. */
 #define MSKV__CPU_MAX_ROWS 64
+/* Most row tiles of one many-row item: each key block is converted once and
+   used by all of them (their Q^T and O^T share the Q and O tiles, their row
+   state is sized for this many). */
+#define MSKV__CPU_MAX_TILES 4
 /* A split segment's rows per kv head (few-row segments only) and the floats
    of one chunk's partial state: O rows, then m and l per row. */
 #define MSKV__CPU_SPLIT_ROWS 8
@@ -7204,8 +7208,9 @@ typedef struct mskv__cpu_ws {
 
 static size_t mskv__cpu_ws_bytes(int32_t rows, int32_t keys, int32_t chunks) {
     size_t f = 2 * (size_t)rows * MSKV__CPU_MAX_DIM + 2 * (size_t)keys * MSKV__CPU_MAX_DIM +
-               (size_t)MSKV__CPU_MAX_ROWS * (size_t)keys + 3 * (size_t)MSKV__CPU_MAX_ROWS + (size_t)chunks * MSKV__CPU_PART;
-    return f * 4 + (size_t)MSKV__CPU_MAX_ROWS * (2 * 8 + 2 * 4) + 2 * ((size_t)keys + 4) * sizeof(float *) +
+               (size_t)MSKV__CPU_MAX_ROWS * (size_t)keys + (2 * MSKV__CPU_MAX_TILES + 1) * (size_t)MSKV__CPU_MAX_ROWS +
+               (size_t)chunks * MSKV__CPU_PART;
+    return f * 4 + (size_t)MSKV__CPU_MAX_ROWS * (2 * 8 * MSKV__CPU_MAX_TILES + 2 * 4) + 2 * ((size_t)keys + 4) * sizeof(float *) +
            2 * ((size_t)keys + 4) * sizeof(uint16_t *) + (size_t)keys * sizeof(size_t) + 64;
 }
 
@@ -7221,10 +7226,10 @@ static void mskv__cpu_ws_carve(mskv__cpu_ws *w, void *mem, int32_t rows, int32_t
     w->v = (float *)(void *)p; p += (size_t)keys * MSKV__CPU_MAX_DIM * 4;
     w->part = (float *)(void *)p; p += (size_t)chunks * MSKV__CPU_PART * 4;
     w->s = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * (size_t)keys * 4;
-    w->klo = (int64_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 8;
-    w->khi = (int64_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 8;
-    w->m = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
-    w->l = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
+    w->klo = (int64_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * MSKV__CPU_MAX_TILES * 8;
+    w->khi = (int64_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * MSKV__CPU_MAX_TILES * 8;
+    w->m = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * MSKV__CPU_MAX_TILES * 4;
+    w->l = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * MSKV__CPU_MAX_TILES * 4;
     w->alpha = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
     w->a = (int32_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
     w->z = (int32_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
@@ -7422,7 +7427,8 @@ typedef struct mskv__cpu_job {
     size_t tstride, hstride; /* elements from a key row to the next (dense) and from a kv head to the next */
     uint32_t p_magic;   /* key j's page is (j * p_magic) >> p_shift (mskv__pdiv_init; 0 below 2^31) */
     int32_t p_shift;
-    int32_t rows;       /* rows per item */
+    int32_t rows;       /* rows per item (per row tile of a many-row item) */
+    int32_t tiles;      /* row tiles per many-row item (1 unless wide); results do not depend on it */
     int32_t wide;       /* items of more than 8 rows use the transposed tiles (rows a multiple of kern->rw) */
     int32_t heads_cap;  /* most kv heads per item (few-row segments), so threads still get items */
     int32_t row_keys;   /* keys per block of few-row items, whatever their kv heads */
@@ -7592,7 +7598,7 @@ static int mskv__cpu_next(mskv__cpu_job *job, mskv__cpu_work *w) {
                 if (step < 1) step = 1;
             }
         } else {
-            nrb = (rows + job->rows - 1) / job->rows;
+            nrb = ((rows + job->rows - 1) / job->rows + job->tiles - 1) / job->tiles;
         }
         if (job->cur_rb >= nrb) { job->cur_b++; job->cur_rb = 0; job->cur_g = 0; continue; }
         w->b = job->cur_b; w->rb = job->cur_rb; w->g0 = job->cur_g; w->c = job->cur_c; w->nch = nch; w->slot = -1;
@@ -7707,48 +7713,81 @@ static void mskv__cpu_block_rows(const mskv__cpu_job *job, const mskv__cpu_seg *
 #endif
 }
 
+static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t r0, int32_t nr,
+                                int32_t g0, int32_t ng, int64_t klo, int64_t khi, float *part);
+
 /* Many rows (video): Q and O transposed (a row per lane), so scores, softmax
    and P.V are all wide over rows and K/V rows are read as they are stored.
-   Rows r < nr are t = r0 + r of the segment, for kv head g. */
+   Rows r < nr are t = r0 + r of the segment, for kv head g, in row tiles of
+   job->rows: each key block is converted once and used by every tile (the
+   tiles' Q^T, O^T and row state side by side in the workspace). Blocks lie
+   on a grid of the key tile from each run's start and a tile skips a block
+   none of its rows sees, so a row's arithmetic is the same whatever tiles
+   share its item (and so on any number of threads). A last tile of 8 rows or
+   fewer goes to the few-row kernels, as it would alone. */
 static void mskv__cpu_item_wide(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t r0, int32_t nr, int32_t g) {
     const mskv__cpu_kern *kn = job->kern;
-    const int32_t D = job->dim, Dp = job->dimp, KS = ws->keys, rp = (nr + kn->rw - 1) / kn->rw * kn->rw;
-    const size_t goff = (size_t)g * job->hstride;
-    int64_t lo = INT64_MAX, hi = 0, j0, end;
-    int32_t r, d, jj, run;
-    for (r = 0; r < rp; r++) {
-        if (r < nr) {
-            mskv__cpu_query(job, sg, r0 + r, g, ws->v);
-            mskv__cpu_row_keys(job, sg, (r0 + r) / job->group, &ws->klo[r], &ws->khi[r]);
-            if (ws->klo[r] < ws->khi[r]) {
-                lo = ws->klo[r] < lo ? ws->klo[r] : lo;
-                hi = ws->khi[r] > hi ? ws->khi[r] : hi;
+    const int32_t D = job->dim, Dp = job->dimp, KS = ws->keys, TR = job->rows;
+    const size_t goff = (size_t)g * job->hstride, tq = (size_t)D * (size_t)TR;
+    int64_t lo = INT64_MAX, hi = 0, j0, end, tlo[MSKV__CPU_MAX_TILES], thi[MSKV__CPU_MAX_TILES];
+    int32_t r, d, jj, run, t, nt = (nr + TR - 1) / TR, nw = nr, small = 0;
+    if (nt > 1 && nr - (nt - 1) * TR <= 8) { small = nr - (nt - 1) * TR; nt--; nw = nt * TR; }
+    for (t = 0; t < nt; t++) {
+        const int32_t tnr = nw - t * TR < TR ? nw - t * TR : TR, rp = (tnr + kn->rw - 1) / kn->rw * kn->rw;
+        float *q = ws->q + (size_t)t * tq;
+        int64_t *klo = ws->klo + t * TR, *khi = ws->khi + t * TR;
+        tlo[t] = INT64_MAX;
+        thi[t] = 0;
+        for (r = 0; r < rp; r++) {
+            if (r < tnr) {
+                mskv__cpu_query(job, sg, r0 + t * TR + r, g, ws->v);
+                mskv__cpu_row_keys(job, sg, (r0 + t * TR + r) / job->group, &klo[r], &khi[r]);
+                if (klo[r] < khi[r]) {
+                    tlo[t] = klo[r] < tlo[t] ? klo[r] : tlo[t];
+                    thi[t] = khi[r] > thi[t] ? khi[r] : thi[t];
+                }
+            } else {
+                for (d = 0; d < D; d++) ws->v[d] = 0.0f;
             }
-        } else {
-            for (d = 0; d < D; d++) ws->v[d] = 0.0f;
+            for (d = 0; d < D; d++) q[(size_t)d * rp + r] = ws->v[d];
+            ws->m[t * TR + r] = -INFINITY;
+            ws->l[t * TR + r] = 0.0f;
         }
-        for (d = 0; d < D; d++) ws->q[(size_t)d * rp + r] = ws->v[d];
-        ws->m[r] = -INFINITY;
-        ws->l[r] = 0.0f;
+        memset(ws->o + (size_t)t * tq, 0, (size_t)D * (size_t)rp * sizeof(float));
+        lo = tlo[t] < lo ? tlo[t] : lo;
+        hi = thi[t] > hi ? thi[t] : hi;
     }
-    memset(ws->o, 0, (size_t)D * (size_t)rp * sizeof(float));
-    for (run = 0; run < sg->nruns; run++)
-    for (j0 = lo > sg->run_lo[run] ? lo : sg->run_lo[run], end = hi < sg->run_hi[run] ? hi : sg->run_hi[run]; j0 < end; j0 += KS) {
-        int32_t kb = (int32_t)(end - j0 < KS ? end - j0 : KS), full;
-        mskv__cpu_block_rows(job, sg, j0, kb, end, g, 1, ws->el);
-        for (jj = 0; jj < kb; jj++) {
-            mskv__cpu_key_row(job, job->pools->k, ws->el[jj] + goff, ws->k + (size_t)jj * Dp);
-            mskv__cpu_key_row(job, job->pools->v, ws->el[jj] + goff, ws->v + (size_t)jj * Dp);
+    for (run = 0; run < sg->nruns; run++) {
+        int64_t first = lo > sg->run_lo[run] ? lo : sg->run_lo[run];
+        end = hi < sg->run_hi[run] ? hi : sg->run_hi[run];
+        if (first >= end) continue;
+        for (j0 = sg->run_lo[run] + (first - sg->run_lo[run]) / KS * KS; j0 < end; j0 += KS) {
+            int32_t kb = (int32_t)(end - j0 < KS ? end - j0 : KS), full;
+            mskv__cpu_block_rows(job, sg, j0, kb, end, g, 1, ws->el);
+            for (jj = 0; jj < kb; jj++) {  /* converted once, for every tile */
+                mskv__cpu_key_row(job, job->pools->k, ws->el[jj] + goff, ws->k + (size_t)jj * Dp);
+                mskv__cpu_key_row(job, job->pools->v, ws->el[jj] + goff, ws->v + (size_t)jj * Dp);
+            }
+            for (t = 0; t < nt; t++) {
+                const int32_t tnr = nw - t * TR < TR ? nw - t * TR : TR, rp = (tnr + kn->rw - 1) / kn->rw * kn->rw;
+                float *m = ws->m + t * TR, *l = ws->l + t * TR, *o = ws->o + (size_t)t * tq;
+                if (thi[t] <= j0 || tlo[t] >= j0 + kb) continue;  /* no row of this tile sees the block */
+                full = mskv__cpu_block_mask(ws->klo + t * TR, ws->khi + t * TR, tnr, rp, j0, kb, ws->a, ws->z);
+                kn->gemm(ws->k, Dp, 1, ws->q + (size_t)t * tq, ws->s, NULL, kb, D, rp);   /* S^T = K Q^T */
+                kn->softmax(ws->s, rp, kb, ws->a, ws->z, full, m, l, ws->alpha);
+                kn->gemm(ws->v, 1, Dp, ws->s, o, ws->alpha, D, kb, rp);                   /* O^T = alpha O^T + V^T P^T */
+            }
         }
-        full = mskv__cpu_block_mask(ws->klo, ws->khi, nr, rp, j0, kb, ws->a, ws->z);
-        kn->gemm(ws->k, Dp, 1, ws->q, ws->s, NULL, kb, D, rp);          /* S^T = K Q^T */
-        kn->softmax(ws->s, rp, kb, ws->a, ws->z, full, ws->m, ws->l, ws->alpha);
-        kn->gemm(ws->v, 1, Dp, ws->s, ws->o, ws->alpha, D, kb, rp);     /* O^T = alpha O^T + V^T P^T */
     }
-    for (r = 0; r < nr; r++) {
-        for (d = 0; d < D; d++) ws->v[d] = ws->o[(size_t)d * rp + r];
-        mskv__cpu_emit(job, sg, r0 + r, g, ws->v, ws->m[r], ws->l[r]);
+    for (t = 0; t < nt; t++) {
+        const int32_t tnr = nw - t * TR < TR ? nw - t * TR : TR, rp = (tnr + kn->rw - 1) / kn->rw * kn->rw;
+        const float *o = ws->o + (size_t)t * tq;
+        for (r = 0; r < tnr; r++) {
+            for (d = 0; d < D; d++) ws->v[d] = o[(size_t)d * rp + r];
+            mskv__cpu_emit(job, sg, r0 + t * TR + r, g, ws->v, ws->m[t * TR + r], ws->l[t * TR + r]);
+        }
     }
+    if (small) mskv__cpu_item_rows(job, ws, sg, r0 + nw, small, g, 1, 0, sg->kv_len, NULL);
 }
 
 /* Few rows (decode, small GQA groups): scores as dot products over K rows
@@ -7894,10 +7933,10 @@ static void mskv__cpu_merge_unit(const mskv__cpu_job *job, mskv__cpu_ws *ws, con
 
 static void mskv__cpu_item(mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_work *w) {
     mskv__cpu_seg sg;
-    int32_t r0 = w->rb * job->rows, nr;
+    int32_t r0 = w->rb * job->rows * job->tiles, nr;
     mskv__cpu_seg_of(job, w->b, &sg);
     nr = sg.qo_len * job->group - r0;
-    if (nr > job->rows) nr = job->rows;
+    if (nr > job->rows * job->tiles) nr = job->rows * job->tiles;
     if (w->nch > 1) {
         float *part = job->all_ws[w->slot].part;
         int64_t v0 = mskv__cpu_chunk_at(sg.visible, w->c, w->nch), v1 = mskv__cpu_chunk_at(sg.visible, w->c + 1, w->nch);
@@ -8036,6 +8075,26 @@ static void mskv__cpu_job_tiles(mskv__cpu_job *job, const mskv__cpu_ws *ws, int 
     job->chunks = split_ok && ws->chunks > 1 && units < MSKV__CPU_SPLIT_UNITS ? ws->chunks : 1;
 }
 
+/* Row tiles per many-row item: as many as the Q and O tiles hold (each key
+   block is then converted once for all of them), while the call keeps at
+   least 3 items per thread to balance. A row's result does not depend on
+   this choice (see mskv__cpu_item_wide), so it may look at the threads. */
+static void mskv__cpu_job_wide_tiles(mskv__cpu_job *job, const mskv__cpu_ws *ws, int32_t threads) {
+    const int64_t kvh = job->pools->kv_heads;
+    int32_t t = (int32_t)((size_t)ws->rows * MSKV__CPU_MAX_DIM / ((size_t)job->dimp * (size_t)job->rows)), b;
+    job->tiles = 1;
+    if (!job->wide) return;
+    if (t > MSKV__CPU_MAX_TILES) t = MSKV__CPU_MAX_TILES;
+    for (; t > 1; t--) {
+        int64_t items = 0;
+        for (b = 0; b < job->plan->batch; b++) {
+            int32_t rows = mskv__cpu_rows_of(job, b);
+            items += (rows <= 8 ? 1 : ((rows + job->rows - 1) / job->rows + t - 1) / t) * kvh;
+        }
+        if (items >= 3 * (int64_t)threads) { job->tiles = t; return; }
+    }
+}
+
 /* The call's arguments other than the plan (pools stands for dense K/V too). */
 static mskv_result mskv__cpu_check_args(const mskv_pools *pools, const mskv_attn *attn) {
     if (!mskv__cpu_dtype_ok(pools->dtype) || !mskv__cpu_dtype_ok(attn->q_dtype)) return MSKV_ERROR_INVALID_ARGUMENT;
@@ -8092,6 +8151,7 @@ static void mskv__cpu_run(mskv_cpu *cpu, mskv__cpu_job *job, double work) {
     /* grouping kv heads must still leave about 4 items per thread */
     job->heads_cap = (int32_t)((int64_t)job->plan->batch * pools->kv_heads / (4 * (int64_t)cpu->num_threads));
     mskv__cpu_job_tiles(job, &cpu->ws[0], 1);
+    mskv__cpu_job_wide_tiles(job, &cpu->ws[0], cpu->num_threads);
 #ifndef MSKV_NO_THREADS
     if (cpu->num_threads > 1 && flops >= MSKV__CPU_SMALL_FLOPS) {
         mskv__mutex_lock(&cpu->call_lock);
@@ -8139,6 +8199,7 @@ static void mskv__cpu_job_init(mskv__cpu_job *job, const mskv_pools *pools, cons
     job->scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)pools->head_dim);
     job->tstride = (size_t)pools->kv_heads * (size_t)pools->head_dim;
     job->hstride = (size_t)pools->head_dim;
+    job->tiles = 1;
     job->p_magic = 0;
     job->p_shift = 31;
     if (pools->page_size > 0) mskv__pdiv_init(pools->page_size, &job->p_magic, &job->p_shift);

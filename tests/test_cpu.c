@@ -1321,6 +1321,50 @@ static void *tcpu_alloc_sized(void *u, size_t n) { (void)u; if (n > tcpu_largest
 static void *tcpu_realloc_sized(void *u, void *p, size_t n) { (void)u; if (n > tcpu_largest_alloc) tcpu_largest_alloc = n; return realloc(p, n); }
 static void tcpu_free_sized(void *u, void *p) { (void)u; free(p); }
 
+/* A many-row item covers several row tiles, each key block converted once
+   for all of them; how many depends on the thread count (enough items to
+   balance), and a row's result must not: one thread (few items of several
+   tiles) against 16 (an item per tile) gives the same bits, and matches the
+   oracle. Masked segments whose tiles start at different keys, a run split
+   by released positions, and a last tile of 8 rows (the few-row kernels). */
+TEST(many_row_items_of_several_tiles_give_the_same_bits_as_one_tile_each) {
+    tcpu_seq seqs[3] = {{200, 700, 700, 0}, {150, 400, 120, 30}, {36, 100, 100, 0}};
+    static const mskv_mask masks[2] = {MSKV_MASK_CAUSAL, MSKV_MASK_WINDOW};
+    uint64_t seed = mt_seed();
+    mskv_cpu *one = NULL, *many = NULL;
+    mskv_cpu_desc cd;
+    mskv_cpu_info i1, im;
+    int mi;
+    memset(&cd, 0, sizeof cd);
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &one));
+    cd.num_threads = 16;
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &many));
+    for (mi = 0; mi < 2; mi++) {
+        tcpu_fix f;
+        mskv_attn at = tcpu_attn(4, masks[mi], 90, MSKV_DTYPE_BF16);
+        float *o1 = NULL, *l1 = NULL, *om = NULL, *lm = NULL;
+        size_t rows;
+        void *q;
+        ASSERT_TRUE(tcpu_fix_init(&f, 7, 2, 64, MSKV_DTYPE_BF16, seqs, 3, 1, 1, 0, seed + (uint64_t)mi));
+        rows = (size_t)f.plan.total_q * 4;
+        q = tcpu_queries(&f, 4, MSKV_DTYPE_BF16, seed);
+        ASSERT_TRUE(q != NULL);
+        EXPECT_TRUE(tcpu_run(one, &f, &at, q, &o1, &l1));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(one, &i1));
+        EXPECT_TRUE(tcpu_run(many, &f, &at, q, &om, &lm));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(many, &im));
+        /* the one-thread call grouped tiles into fewer items */
+        EXPECT_LT((long long)i1.last_call_items, (long long)im.last_call_items);
+        EXPECT_TRUE(o1 && om && memcmp(o1, om, rows * 64 * tcpu_esize(at.q_dtype)) == 0);  /* o holds bf16 */
+        EXPECT_TRUE(l1 && lm && memcmp(l1, lm, rows * sizeof(float)) == 0);
+        tcpu_check_case(tcpu_mask_name(at.mask), one, &f, &at, seed, __LINE__);
+        free(q); free(o1); free(l1); free(om); free(lm);
+        tcpu_fix_free(&f);
+    }
+    mskv_cpu_destroy(one);
+    mskv_cpu_destroy(many);
+}
+
 TEST(a_small_workspace_budget_picks_smaller_tiles) {
     tcpu_seq seqs[1] = {{20, 150, 150, 0}};
     tcpu_fix f;
@@ -1886,6 +1930,7 @@ static void tcpu_suite_on(mskv_cpu_isa isa) {
     causal_split_at_any_point_merges_to_the_unsplit_result();
     dense_attention_matches_reference_in_packed_and_head_major_layouts();
     threaded_attention_is_bit_identical_to_one_thread();
+    many_row_items_of_several_tiles_give_the_same_bits_as_one_tile_each();
     a_small_workspace_budget_picks_smaller_tiles();
     one_long_decode_sequence_splits_its_keys_into_chunks_and_matches_reference();
     split_decode_gives_the_same_bits_on_any_number_of_threads();
