@@ -6426,6 +6426,10 @@ static MSKV__CPU_AVX512 __m512 mskv__cpu_h16_avx512(const uint16_t *row, int32_t
     return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
 }
 
+/* 16 whole elements at p, converted in line (the helper above is for tails). */
+#define MSKV__H16_AVX512(p, bf16) ((bf16) ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32( \
+    _mm256_loadu_si256((const __m256i *)(const void *)(p))), 16)) : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p))))
+
 /* As qk_rows_avx512, each K element converted once for the 4 rows. */
 static MSKV__CPU_AVX512 void mskv__cpu_qk_rows16_avx512(const float *MSKV__CPU_RESTRICT Q, const uint16_t *const *MSKV__CPU_RESTRICT krow, int bf16,
                                                         float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dim, int32_t dp, int32_t ks) {
@@ -6439,7 +6443,12 @@ static MSKV__CPU_AVX512 void mskv__cpu_qk_rows16_avx512(const float *MSKV__CPU_R
         for (j = 0; j < kbe; j += 4) {
             const uint16_t *k0 = krow[j], *k1 = krow[j + 1], *k2 = krow[j + 2], *k3 = krow[j + 3];
             MSKV__M4(MSKV__DECL)
-            for (d = 0; d < dim; d += 16) {
+            for (d = 0; d + 16 <= dim; d += 16) {
+                __m512 x0 = MSKV__H16_AVX512(k0 + d, bf16), x1 = MSKV__H16_AVX512(k1 + d, bf16);
+                __m512 x2 = MSKV__H16_AVX512(k2 + d, bf16), x3 = MSKV__H16_AVX512(k3 + d, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            if (d < dim) {
                 __m512 x0 = mskv__cpu_h16_avx512(k0, d, dim, bf16), x1 = mskv__cpu_h16_avx512(k1, d, dim, bf16);
                 __m512 x2 = mskv__cpu_h16_avx512(k2, d, dim, bf16), x3 = mskv__cpu_h16_avx512(k3, d, dim, bf16);
                 MSKV__M4(MSKV__STEP)
@@ -6466,10 +6475,16 @@ static MSKV__CPU_AVX512 void mskv__cpu_pv_rows16_avx512(float *MSKV__CPU_RESTRIC
         for (d = 0; d < dim; d += 32) {
             const int two = d + 16 < dim;  /* else only the first 16 dims (c*1 then run spare) */
             MSKV__M4(MSKV__DECL)
-            for (j = 0; j < kb; j++) {
-                __m512 y0 = mskv__cpu_h16_avx512(vrow[j], d, dim, bf16), y1 = two ? mskv__cpu_h16_avx512(vrow[j], d + 16, dim, bf16) : y0;
-                MSKV__M4(MSKV__STEP)
-            }
+            if (d + 32 <= dim)
+                for (j = 0; j < kb; j++) {
+                    __m512 y0 = MSKV__H16_AVX512(vrow[j] + d, bf16), y1 = MSKV__H16_AVX512(vrow[j] + d + 16, bf16);
+                    MSKV__M4(MSKV__STEP)
+                }
+            else  /* the last dims: whole and partial vectors through the helper */
+                for (j = 0; j < kb; j++) {
+                    __m512 y0 = mskv__cpu_h16_avx512(vrow[j], d, dim, bf16), y1 = two ? mskv__cpu_h16_avx512(vrow[j], d + 16, dim, bf16) : y0;
+                    MSKV__M4(MSKV__STEP)
+                }
             MSKV__M4(MSKV__STORE)
         }
 #undef MSKV__DECL
@@ -6715,6 +6730,10 @@ static MSKV__CPU_AVX2 __m256 mskv__cpu_h8_avx2(const uint16_t *row, int32_t at, 
     return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
 }
 
+/* 8 whole elements at p, converted in line (the helper above is for tails). */
+#define MSKV__H8_AVX2(p, bf16) ((bf16) ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32( \
+    _mm_loadu_si128((const __m128i *)(const void *)(p))), 16)) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p))))
+
 /* As qk_rows_avx2, each K element converted once for the 4 rows. */
 static MSKV__CPU_AVX2 void mskv__cpu_qk_rows16_avx2(const float *MSKV__CPU_RESTRICT Q, const uint16_t *const *MSKV__CPU_RESTRICT krow, int bf16,
                                                     float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dim, int32_t dp, int32_t ks) {
@@ -6729,7 +6748,11 @@ static MSKV__CPU_AVX2 void mskv__cpu_qk_rows16_avx2(const float *MSKV__CPU_RESTR
             __m128 s0, s1;
             float t[8];
             MSKV__M4(MSKV__DECL)
-            for (d = 0; d < dim; d += 8) {
+            for (d = 0; d + 8 <= dim; d += 8) {
+                __m256 x0 = MSKV__H8_AVX2(k0 + d, bf16), x1 = MSKV__H8_AVX2(k1 + d, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            if (d < dim) {
                 __m256 x0 = mskv__cpu_h8_avx2(k0, d, dim, bf16), x1 = mskv__cpu_h8_avx2(k1, d, dim, bf16);
                 MSKV__M4(MSKV__STEP)
             }
@@ -6763,10 +6786,16 @@ static MSKV__CPU_AVX2 void mskv__cpu_pv_rows16_avx2(float *MSKV__CPU_RESTRICT O,
     for (r = 0; r < nrp; r += 4)
         for (d = 0; d < dim; d += 16) {
             MSKV__M4(MSKV__DECL)
-            for (j = 0; j < kb; j++) {
-                __m256 y0 = mskv__cpu_h8_avx2(vrow[j], d, dim, bf16), y1 = mskv__cpu_h8_avx2(vrow[j], d + 8, dim, bf16);
-                MSKV__M4(MSKV__STEP)
-            }
+            if (d + 16 <= dim)
+                for (j = 0; j < kb; j++) {
+                    __m256 y0 = MSKV__H8_AVX2(vrow[j] + d, bf16), y1 = MSKV__H8_AVX2(vrow[j] + d + 8, bf16);
+                    MSKV__M4(MSKV__STEP)
+                }
+            else  /* the last dims: whole and partial vectors through the helper */
+                for (j = 0; j < kb; j++) {
+                    __m256 y0 = mskv__cpu_h8_avx2(vrow[j], d, dim, bf16), y1 = mskv__cpu_h8_avx2(vrow[j], d + 8, dim, bf16);
+                    MSKV__M4(MSKV__STEP)
+                }
             MSKV__M4(MSKV__STORE)
         }
 #undef MSKV__DECL
@@ -7007,6 +7036,10 @@ static float32x4_t mskv__cpu_h4_neon(const uint16_t *row, int32_t at, int32_t di
     return bf16 ? vreinterpretq_f32_u32(vshll_n_u16(h, 16)) : vcvt_f32_f16(vreinterpret_f16_u16(h));
 }
 
+/* 4 whole elements at p, converted in line (the helper above is for tails). */
+#define MSKV__H4_NEON(p, bf16) ((bf16) ? vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)) \
+                                       : vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))))
+
 /* As qk_rows_neon, each K element converted once for the 4 rows. */
 static void mskv__cpu_qk_rows16_neon(const float *MSKV__CPU_RESTRICT Q, const uint16_t *const *MSKV__CPU_RESTRICT krow, int bf16,
                                      float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dim, int32_t dp, int32_t ks) {
@@ -7020,7 +7053,11 @@ static void mskv__cpu_qk_rows16_neon(const float *MSKV__CPU_RESTRICT Q, const ui
         for (j = 0; j < kbe; j += 2) {
             const uint16_t *k0 = krow[j], *k1 = krow[j + 1];
             MSKV__M4(MSKV__DECL)
-            for (d = 0; d < dim; d += 4) {
+            for (d = 0; d + 4 <= dim; d += 4) {
+                float32x4_t x0 = MSKV__H4_NEON(k0 + d, bf16), x1 = MSKV__H4_NEON(k1 + d, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            if (d < dim) {
                 float32x4_t x0 = mskv__cpu_h4_neon(k0, d, dim, bf16), x1 = mskv__cpu_h4_neon(k1, d, dim, bf16);
                 MSKV__M4(MSKV__STEP)
             }
@@ -7050,12 +7087,20 @@ static void mskv__cpu_pv_rows16_neon(float *MSKV__CPU_RESTRICT O, const float *M
     for (r = 0; r < nrp; r += 4)
         for (d = 0; d < dim; d += 16) {
             MSKV__M4(MSKV__DECL)
-            for (j = 0; j < kb; j++) {
-                const uint16_t *vr = vrow[j];
-                float32x4_t y0 = mskv__cpu_h4_neon(vr, d, dim, bf16), y1 = mskv__cpu_h4_neon(vr, d + 4, dim, bf16);
-                float32x4_t y2 = mskv__cpu_h4_neon(vr, d + 8, dim, bf16), y3 = mskv__cpu_h4_neon(vr, d + 12, dim, bf16);
-                MSKV__M4(MSKV__STEP)
-            }
+            if (d + 16 <= dim)
+                for (j = 0; j < kb; j++) {
+                    const uint16_t *vr = vrow[j] + d;
+                    float32x4_t y0 = MSKV__H4_NEON(vr, bf16), y1 = MSKV__H4_NEON(vr + 4, bf16);
+                    float32x4_t y2 = MSKV__H4_NEON(vr + 8, bf16), y3 = MSKV__H4_NEON(vr + 12, bf16);
+                    MSKV__M4(MSKV__STEP)
+                }
+            else  /* the last dims: whole and partial vectors through the helper */
+                for (j = 0; j < kb; j++) {
+                    const uint16_t *vr = vrow[j];
+                    float32x4_t y0 = mskv__cpu_h4_neon(vr, d, dim, bf16), y1 = mskv__cpu_h4_neon(vr, d + 4, dim, bf16);
+                    float32x4_t y2 = mskv__cpu_h4_neon(vr, d + 8, dim, bf16), y3 = mskv__cpu_h4_neon(vr, d + 12, dim, bf16);
+                    MSKV__M4(MSKV__STEP)
+                }
             MSKV__M4(MSKV__STORE)
         }
 #undef MSKV__DECL
@@ -8064,7 +8109,9 @@ static void mskv__cpu_job_tiles(mskv__cpu_job *job, const mskv__cpu_ws *ws, int 
     job->row_keys = (int32_t)(((size_t)ws->keys * MSKV__CPU_MAX_DIM / ((size_t)job->dimp * (size_t)kvh)) & ~(size_t)1);
     if (job->row_keys > ws->keys) job->row_keys = ws->keys;
     if (job->row_keys < 2) job->row_keys = 2;
-    /* the heads whose blocks fit the key tiles together */
+    /* the heads whose blocks fit the key tiles together (also with 16-bit
+       rows read in place: a longer block of the same heads would outrun the
+       next block's prefetch) */
     if (job->heads_cap > ws->keys * MSKV__CPU_MAX_DIM / (job->row_keys * job->dimp))
         job->heads_cap = ws->keys * MSKV__CPU_MAX_DIM / (job->row_keys * job->dimp);
     if (job->heads_cap < 1) job->heads_cap = 1;
