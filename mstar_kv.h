@@ -6097,6 +6097,15 @@ typedef void (*mskv__cpu_pv_rows_fn)(float *MSKV__CPU_RESTRICT O, const float *M
                                      int32_t nrp, int32_t kb, int32_t dp, int32_t ks);
 /* s[j] = exp(s[j] - m), exactly 0 where s = -inf, for j < n (multiple of 16); returns the sum. */
 typedef float (*mskv__cpu_exp_row_fn)(float *MSKV__CPU_RESTRICT s, float m, int32_t n);
+/* qk_rows and pv_rows over 16-bit K/V rows read where they lie (bf16 when
+   bf16 is set, else f16), each converted in registers: the rows hold d
+   elements (any d; nothing past it is read, the vector tails see zeros), Q
+   and O rows dp floats (O's dims past d stay 0). */
+typedef void (*mskv__cpu_qk_rows16_fn)(const float *MSKV__CPU_RESTRICT Q, const uint16_t *const *MSKV__CPU_RESTRICT krow, int bf16,
+                                       float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t d, int32_t dp, int32_t ks);
+typedef void (*mskv__cpu_pv_rows16_fn)(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                       const uint16_t *const *MSKV__CPU_RESTRICT vrow, int bf16, const float *MSKV__CPU_RESTRICT alpha,
+                                       int32_t nrp, int32_t kb, int32_t d, int32_t dp, int32_t ks);
 
 typedef struct mskv__cpu_kern {
     mskv_cpu_isa isa;
@@ -6107,6 +6116,8 @@ typedef struct mskv__cpu_kern {
     mskv__cpu_qk_rows_fn qk_rows;
     mskv__cpu_pv_rows_fn pv_rows;
     mskv__cpu_exp_row_fn exp_row;
+    mskv__cpu_qk_rows16_fn qk_rows16;
+    mskv__cpu_pv_rows16_fn pv_rows16;
 } mskv__cpu_kern;
 
 /* e^x for x <= 0: 2^k * e^r with k = round(x / ln 2), |r| <= ln2/2 and e^r by
@@ -6209,9 +6220,36 @@ static float mskv__cpu_exp_row_portable(float *MSKV__CPU_RESTRICT s, float m, in
     return sum;
 }
 
+static float mskv__cpu_h2f(const uint16_t *p, int bf16) { return bf16 ? mskv__cpu_bitsf((uint32_t)*p << 16) : mskv_f16_to_f32(*p); }
+
+static void mskv__cpu_qk_rows16_portable(const float *MSKV__CPU_RESTRICT Q, const uint16_t *const *MSKV__CPU_RESTRICT krow, int bf16,
+                                         float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dim, int32_t dp, int32_t ks) {
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r++)
+        for (j = 0; j < kbe; j++) {
+            float acc = 0.0f;
+            for (d = 0; d < dim; d++) acc += Q[(size_t)r * dp + d] * mskv__cpu_h2f(krow[j] + d, bf16);
+            S[(size_t)r * ks + j] = acc;
+        }
+}
+
+static void mskv__cpu_pv_rows16_portable(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                         const uint16_t *const *MSKV__CPU_RESTRICT vrow, int bf16, const float *MSKV__CPU_RESTRICT alpha,
+                                         int32_t nrp, int32_t kb, int32_t dim, int32_t dp, int32_t ks) {
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r++) {
+        float *orow = O + (size_t)r * dp;
+        const float *prow = P + (size_t)r * ks;
+        for (d = 0; d < dim; d++) orow[d] *= alpha[r];
+        for (j = 0; j < kb; j++)
+            for (d = 0; d < dim; d++) orow[d] += prow[j] * mskv__cpu_h2f(vrow[j] + d, bf16);
+    }
+}
+
 static const mskv__cpu_kern mskv__cpu_kern_portable = {
     MSKV_CPU_ISA_PORTABLE, 4, mskv__cpu_cvt_portable, mskv__cpu_gemm_portable, mskv__cpu_softmax_portable,
-    mskv__cpu_qk_rows_portable, mskv__cpu_pv_rows_portable, mskv__cpu_exp_row_portable};
+    mskv__cpu_qk_rows_portable, mskv__cpu_pv_rows_portable, mskv__cpu_exp_row_portable,
+    mskv__cpu_qk_rows16_portable, mskv__cpu_pv_rows16_portable};
 
 /* ---- AVX-512 path (16 floats a vector) ---- */
 #if MSKV__CPU_X86
@@ -6443,9 +6481,90 @@ static MSKV__CPU_AVX512 float mskv__cpu_exp_row_avx512(float *MSKV__CPU_RESTRICT
     return _mm512_reduce_add_ps(acc);
 }
 
+/* Elements [at, at + 16) of a 16-bit row of dim elements as floats; those
+   past dim read as 0 (and are not read). */
+static MSKV__CPU_AVX512 __m512 mskv__cpu_h16_avx512(const uint16_t *row, int32_t at, int32_t dim, int bf16) {
+    __m256i h;
+    if (at + 16 <= dim) {
+        h = _mm256_loadu_si256((const __m256i *)(const void *)(row + at));
+    } else {
+        uint16_t t[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        if (at < dim) memcpy(t, row + at, (size_t)(dim - at) * 2);
+        h = _mm256_loadu_si256((const __m256i *)(const void *)t);
+    }
+    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+/* 16 whole elements at p, converted in line (the helper above is for tails). */
+#define MSKV__H16_AVX512(p, bf16) ((bf16) ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32( \
+    _mm256_loadu_si256((const __m256i *)(const void *)(p))), 16)) : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p))))
+
+/* As qk_rows_avx512, each K element converted once for the 4 rows. */
+static MSKV__CPU_AVX512 void mskv__cpu_qk_rows16_avx512(const float *MSKV__CPU_RESTRICT Q, const uint16_t *const *MSKV__CPU_RESTRICT krow, int bf16,
+                                                        float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dim, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) __m512 c##u##0 = _mm512_setzero_ps(), c##u##1 = c##u##0, c##u##2 = c##u##0, c##u##3 = c##u##0;
+#define MSKV__STEP(u) { __m512 q = _mm512_loadu_ps(Q + (size_t)(r + (u)) * dp + d); \
+    c##u##0 = _mm512_fmadd_ps(q, x0, c##u##0); c##u##1 = _mm512_fmadd_ps(q, x1, c##u##1); \
+    c##u##2 = _mm512_fmadd_ps(q, x2, c##u##2); c##u##3 = _mm512_fmadd_ps(q, x3, c##u##3); }
+#define MSKV__STORE(u) _mm_storeu_ps(S + (size_t)(r + (u)) * ks + j, mskv__cpu_sum4x512(c##u##0, c##u##1, c##u##2, c##u##3));
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (j = 0; j < kbe; j += 4) {
+            const uint16_t *k0 = krow[j], *k1 = krow[j + 1], *k2 = krow[j + 2], *k3 = krow[j + 3];
+            MSKV__M4(MSKV__DECL)
+            for (d = 0; d + 16 <= dim; d += 16) {
+                __m512 x0 = MSKV__H16_AVX512(k0 + d, bf16), x1 = MSKV__H16_AVX512(k1 + d, bf16);
+                __m512 x2 = MSKV__H16_AVX512(k2 + d, bf16), x3 = MSKV__H16_AVX512(k3 + d, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            if (d < dim) {
+                __m512 x0 = mskv__cpu_h16_avx512(k0, d, dim, bf16), x1 = mskv__cpu_h16_avx512(k1, d, dim, bf16);
+                __m512 x2 = mskv__cpu_h16_avx512(k2, d, dim, bf16), x3 = mskv__cpu_h16_avx512(k3, d, dim, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+/* As pv_rows_avx512, each V element converted once for the 4 rows. */
+static MSKV__CPU_AVX512 void mskv__cpu_pv_rows16_avx512(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                                        const uint16_t *const *MSKV__CPU_RESTRICT vrow, int bf16, const float *MSKV__CPU_RESTRICT alpha,
+                                                        int32_t nrp, int32_t kb, int32_t dim, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) __m512 c##u##0 = _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)(r + (u)) * dp + d), _mm512_set1_ps(alpha[r + (u)])), \
+    c##u##1 = two ? _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)(r + (u)) * dp + d + 16), _mm512_set1_ps(alpha[r + (u)])) : c##u##0;
+#define MSKV__STEP(u) { __m512 p = _mm512_set1_ps(P[(size_t)(r + (u)) * ks + j]); \
+    c##u##0 = _mm512_fmadd_ps(p, y0, c##u##0); c##u##1 = _mm512_fmadd_ps(p, y1, c##u##1); }
+#define MSKV__STORE(u) _mm512_storeu_ps(O + (size_t)(r + (u)) * dp + d, c##u##0); \
+    if (two) _mm512_storeu_ps(O + (size_t)(r + (u)) * dp + d + 16, c##u##1);
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (d = 0; d < dim; d += 32) {
+            const int two = d + 16 < dim;  /* else only the first 16 dims (c*1 then run spare) */
+            MSKV__M4(MSKV__DECL)
+            if (d + 32 <= dim)
+                for (j = 0; j < kb; j++) {
+                    __m512 y0 = MSKV__H16_AVX512(vrow[j] + d, bf16), y1 = MSKV__H16_AVX512(vrow[j] + d + 16, bf16);
+                    MSKV__M4(MSKV__STEP)
+                }
+            else  /* the last dims: whole and partial vectors through the helper */
+                for (j = 0; j < kb; j++) {
+                    __m512 y0 = mskv__cpu_h16_avx512(vrow[j], d, dim, bf16), y1 = two ? mskv__cpu_h16_avx512(vrow[j], d + 16, dim, bf16) : y0;
+                    MSKV__M4(MSKV__STEP)
+                }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
 static const mskv__cpu_kern mskv__cpu_kern_avx512 = {
     MSKV_CPU_ISA_AVX512, 16, mskv__cpu_cvt_avx512, mskv__cpu_gemm_avx512, mskv__cpu_softmax_avx512,
-    mskv__cpu_qk_rows_avx512, mskv__cpu_pv_rows_avx512, mskv__cpu_exp_row_avx512};
+    mskv__cpu_qk_rows_avx512, mskv__cpu_pv_rows_avx512, mskv__cpu_exp_row_avx512,
+    mskv__cpu_qk_rows16_avx512, mskv__cpu_pv_rows16_avx512};
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -6666,9 +6785,97 @@ static MSKV__CPU_AVX2 float mskv__cpu_exp_row_avx2(float *MSKV__CPU_RESTRICT s, 
     return mskv__cpu_hsum256(acc);
 }
 
+/* Elements [at, at + 8) of a 16-bit row of dim elements as floats; those
+   past dim read as 0 (and are not read). */
+static MSKV__CPU_AVX2 __m256 mskv__cpu_h8_avx2(const uint16_t *row, int32_t at, int32_t dim, int bf16) {
+    __m128i h;
+    if (at + 8 <= dim) {
+        h = _mm_loadu_si128((const __m128i *)(const void *)(row + at));
+    } else {
+        uint16_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (at < dim) memcpy(t, row + at, (size_t)(dim - at) * 2);
+        h = _mm_loadu_si128((const __m128i *)(const void *)t);
+    }
+    return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+
+/* 8 whole elements at p, converted in line (the helper above is for tails). */
+#define MSKV__H8_AVX2(p, bf16) ((bf16) ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32( \
+    _mm_loadu_si128((const __m128i *)(const void *)(p))), 16)) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p))))
+
+/* As qk_rows_avx2, each K element converted once for the 4 rows. */
+static MSKV__CPU_AVX2 void mskv__cpu_qk_rows16_avx2(const float *MSKV__CPU_RESTRICT Q, const uint16_t *const *MSKV__CPU_RESTRICT krow, int bf16,
+                                                    float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dim, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) __m256 c##u##0 = _mm256_setzero_ps(), c##u##1 = c##u##0;
+#define MSKV__STEP(u) { __m256 q = _mm256_loadu_ps(Q + (size_t)(r + (u)) * dp + d); \
+    c##u##0 = _mm256_fmadd_ps(q, x0, c##u##0); c##u##1 = _mm256_fmadd_ps(q, x1, c##u##1); }
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (j = 0; j < kbe; j += 2) {
+            const uint16_t *k0 = krow[j], *k1 = krow[j + 1];
+            __m256 g0, g1;
+            __m128 s0, s1;
+            float t[8];
+            MSKV__M4(MSKV__DECL)
+            for (d = 0; d + 8 <= dim; d += 8) {
+                __m256 x0 = MSKV__H8_AVX2(k0 + d, bf16), x1 = MSKV__H8_AVX2(k1 + d, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            if (d < dim) {
+                __m256 x0 = mskv__cpu_h8_avx2(k0, d, dim, bf16), x1 = mskv__cpu_h8_avx2(k1, d, dim, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            g0 = _mm256_hadd_ps(_mm256_hadd_ps(c00, c01), _mm256_hadd_ps(c10, c11));
+            g1 = _mm256_hadd_ps(_mm256_hadd_ps(c20, c21), _mm256_hadd_ps(c30, c31));
+            s0 = _mm_add_ps(_mm256_castps256_ps128(g0), _mm256_extractf128_ps(g0, 1));
+            s1 = _mm_add_ps(_mm256_castps256_ps128(g1), _mm256_extractf128_ps(g1, 1));
+            _mm_storeu_ps(t, s0);
+            _mm_storeu_ps(t + 4, s1);
+            S[(size_t)r * ks + j] = t[0]; S[(size_t)r * ks + j + 1] = t[1];
+            S[(size_t)(r + 1) * ks + j] = t[2]; S[(size_t)(r + 1) * ks + j + 1] = t[3];
+            S[(size_t)(r + 2) * ks + j] = t[4]; S[(size_t)(r + 2) * ks + j + 1] = t[5];
+            S[(size_t)(r + 3) * ks + j] = t[6]; S[(size_t)(r + 3) * ks + j + 1] = t[7];
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+}
+
+/* As pv_rows_avx2, each V element converted once for the 4 rows. */
+static MSKV__CPU_AVX2 void mskv__cpu_pv_rows16_avx2(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                                    const uint16_t *const *MSKV__CPU_RESTRICT vrow, int bf16, const float *MSKV__CPU_RESTRICT alpha,
+                                                    int32_t nrp, int32_t kb, int32_t dim, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) __m256 c##u##0 = _mm256_mul_ps(_mm256_loadu_ps(O + (size_t)(r + (u)) * dp + d), _mm256_set1_ps(alpha[r + (u)])), \
+    c##u##1 = _mm256_mul_ps(_mm256_loadu_ps(O + (size_t)(r + (u)) * dp + d + 8), _mm256_set1_ps(alpha[r + (u)]));
+#define MSKV__STEP(u) { __m256 p = _mm256_broadcast_ss(P + (size_t)(r + (u)) * ks + j); \
+    c##u##0 = _mm256_fmadd_ps(p, y0, c##u##0); c##u##1 = _mm256_fmadd_ps(p, y1, c##u##1); }
+#define MSKV__STORE(u) _mm256_storeu_ps(O + (size_t)(r + (u)) * dp + d, c##u##0); \
+    _mm256_storeu_ps(O + (size_t)(r + (u)) * dp + d + 8, c##u##1);
+    int32_t r, j, d;
+    (void)dp;
+    for (r = 0; r < nrp; r += 4)
+        for (d = 0; d < dim; d += 16) {
+            MSKV__M4(MSKV__DECL)
+            if (d + 16 <= dim)
+                for (j = 0; j < kb; j++) {
+                    __m256 y0 = MSKV__H8_AVX2(vrow[j] + d, bf16), y1 = MSKV__H8_AVX2(vrow[j] + d + 8, bf16);
+                    MSKV__M4(MSKV__STEP)
+                }
+            else  /* the last dims: whole and partial vectors through the helper */
+                for (j = 0; j < kb; j++) {
+                    __m256 y0 = mskv__cpu_h8_avx2(vrow[j], d, dim, bf16), y1 = mskv__cpu_h8_avx2(vrow[j], d + 8, dim, bf16);
+                    MSKV__M4(MSKV__STEP)
+                }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
 static const mskv__cpu_kern mskv__cpu_kern_avx2 = {
     MSKV_CPU_ISA_AVX2, 8, mskv__cpu_cvt_avx2, mskv__cpu_gemm_avx2, mskv__cpu_softmax_avx2,
-    mskv__cpu_qk_rows_avx2, mskv__cpu_pv_rows_avx2, mskv__cpu_exp_row_avx2};
+    mskv__cpu_qk_rows_avx2, mskv__cpu_pv_rows_avx2, mskv__cpu_exp_row_avx2,
+    mskv__cpu_qk_rows16_avx2, mskv__cpu_pv_rows16_avx2};
 
 /* GCC ends target-attributed AVX functions without vzeroupper, so a call on
    an AVX path returned with the upper halves of the vector registers dirty,
@@ -6884,9 +7091,96 @@ static float mskv__cpu_exp_row_neon(float *MSKV__CPU_RESTRICT s, float m, int32_
     return vaddvq_f32(acc);
 }
 
+/* Elements [at, at + 4) of a 16-bit row of dim elements as floats; those
+   past dim read as 0 (and are not read). */
+static float32x4_t mskv__cpu_h4_neon(const uint16_t *row, int32_t at, int32_t dim, int bf16) {
+    uint16x4_t h;
+    if (at + 4 <= dim) {
+        h = vld1_u16(row + at);
+    } else {
+        uint16_t t[4] = {0, 0, 0, 0};
+        if (at < dim) memcpy(t, row + at, (size_t)(dim - at) * 2);
+        h = vld1_u16(t);
+    }
+    return bf16 ? vreinterpretq_f32_u32(vshll_n_u16(h, 16)) : vcvt_f32_f16(vreinterpret_f16_u16(h));
+}
+
+/* 4 whole elements at p, converted in line (the helper above is for tails). */
+#define MSKV__H4_NEON(p, bf16) ((bf16) ? vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)) \
+                                       : vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))))
+
+/* As qk_rows_neon, each K element converted once for the 4 rows. */
+static void mskv__cpu_qk_rows16_neon(const float *MSKV__CPU_RESTRICT Q, const uint16_t *const *MSKV__CPU_RESTRICT krow, int bf16,
+                                     float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dim, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) float32x4_t c##u##0 = vdupq_n_f32(0.0f), c##u##1 = c##u##0;
+#define MSKV__STEP(u) { float32x4_t q = vld1q_f32(Q + (size_t)(r + (u)) * dp + d); \
+    c##u##0 = vfmaq_f32(c##u##0, q, x0); c##u##1 = vfmaq_f32(c##u##1, q, x1); }
+#define MSKV__STORE(u) S[(size_t)(r + (u)) * ks + j] = vaddvq_f32(c##u##0); \
+    S[(size_t)(r + (u)) * ks + j + 1] = vaddvq_f32(c##u##1);
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (j = 0; j < kbe; j += 2) {
+            const uint16_t *k0 = krow[j], *k1 = krow[j + 1];
+            MSKV__M4(MSKV__DECL)
+            for (d = 0; d + 4 <= dim; d += 4) {
+                float32x4_t x0 = MSKV__H4_NEON(k0 + d, bf16), x1 = MSKV__H4_NEON(k1 + d, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            if (d < dim) {
+                float32x4_t x0 = mskv__cpu_h4_neon(k0, d, dim, bf16), x1 = mskv__cpu_h4_neon(k1, d, dim, bf16);
+                MSKV__M4(MSKV__STEP)
+            }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+/* As pv_rows_neon, each V element converted once for the 4 rows. */
+static void mskv__cpu_pv_rows16_neon(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
+                                     const uint16_t *const *MSKV__CPU_RESTRICT vrow, int bf16, const float *MSKV__CPU_RESTRICT alpha,
+                                     int32_t nrp, int32_t kb, int32_t dim, int32_t dp, int32_t ks) {
+#define MSKV__DECL(u) float32x4_t c##u##0 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d), alpha[r + (u)]), \
+    c##u##1 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d + 4), alpha[r + (u)]), \
+    c##u##2 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d + 8), alpha[r + (u)]), \
+    c##u##3 = vmulq_n_f32(vld1q_f32(O + (size_t)(r + (u)) * dp + d + 12), alpha[r + (u)]);
+#define MSKV__STEP(u) { float p = P[(size_t)(r + (u)) * ks + j]; \
+    c##u##0 = vfmaq_n_f32(c##u##0, y0, p); c##u##1 = vfmaq_n_f32(c##u##1, y1, p); \
+    c##u##2 = vfmaq_n_f32(c##u##2, y2, p); c##u##3 = vfmaq_n_f32(c##u##3, y3, p); }
+#define MSKV__STORE(u) vst1q_f32(O + (size_t)(r + (u)) * dp + d, c##u##0); \
+    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 4, c##u##1); \
+    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 8, c##u##2); \
+    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 12, c##u##3);
+    int32_t r, j, d;
+    for (r = 0; r < nrp; r += 4)
+        for (d = 0; d < dim; d += 16) {
+            MSKV__M4(MSKV__DECL)
+            if (d + 16 <= dim)
+                for (j = 0; j < kb; j++) {
+                    const uint16_t *vr = vrow[j] + d;
+                    float32x4_t y0 = MSKV__H4_NEON(vr, bf16), y1 = MSKV__H4_NEON(vr + 4, bf16);
+                    float32x4_t y2 = MSKV__H4_NEON(vr + 8, bf16), y3 = MSKV__H4_NEON(vr + 12, bf16);
+                    MSKV__M4(MSKV__STEP)
+                }
+            else  /* the last dims: whole and partial vectors through the helper */
+                for (j = 0; j < kb; j++) {
+                    const uint16_t *vr = vrow[j];
+                    float32x4_t y0 = mskv__cpu_h4_neon(vr, d, dim, bf16), y1 = mskv__cpu_h4_neon(vr, d + 4, dim, bf16);
+                    float32x4_t y2 = mskv__cpu_h4_neon(vr, d + 8, dim, bf16), y3 = mskv__cpu_h4_neon(vr, d + 12, dim, bf16);
+                    MSKV__M4(MSKV__STEP)
+                }
+            MSKV__M4(MSKV__STORE)
+        }
+#undef MSKV__DECL
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
 static const mskv__cpu_kern mskv__cpu_kern_neon = {
     MSKV_CPU_ISA_NEON, 4, mskv__cpu_cvt_neon, mskv__cpu_gemm_neon, mskv__cpu_softmax_neon,
-    mskv__cpu_qk_rows_neon, mskv__cpu_pv_rows_neon, mskv__cpu_exp_row_neon};
+    mskv__cpu_qk_rows_neon, mskv__cpu_pv_rows_neon, mskv__cpu_exp_row_neon,
+    mskv__cpu_qk_rows16_neon, mskv__cpu_pv_rows16_neon};
 #endif /* MSKV__CPU_NEON */
 
 /* ---- choosing a path ---- */
@@ -7007,6 +7301,7 @@ typedef struct mskv__cpu_ws {
     int32_t *a, *z;      /* the same, relative to the current block */
     size_t *el;          /* element offset of each key row of the block */
     const float **vrow, **krow;
+    const uint16_t **vrow16, **krow16;  /* 16-bit pool rows read where they lie (few-row items) */
     float *part;         /* partial states of one split unit: chunks x MSKV__CPU_PART floats */
     int32_t rows, keys, chunks;  /* tile capacities */
 } mskv__cpu_ws;
@@ -7014,6 +7309,10 @@ typedef struct mskv__cpu_ws {
 /* Q and O hold rows * MAX_DIM floats: more rows at a smaller head_dim, up to
    MSKV__CPU_MAX_ROWS, for which the scores and row state are sized. */
 #define MSKV__CPU_MAX_ROWS 64
+/* Most row tiles of one many-row item: each key block is converted once and
+   used by all of them (their Q^T and O^T share the Q and O tiles, their row
+   state is sized for this many). */
+#define MSKV__CPU_MAX_TILES 4
 /* A split segment's rows per kv head (few-row segments only) and the floats
    of one chunk's partial state: O rows, then m and l per row. */
 #define MSKV__CPU_SPLIT_ROWS 8
@@ -7023,9 +7322,10 @@ typedef struct mskv__cpu_ws {
 
 static size_t mskv__cpu_ws_bytes(int32_t rows, int32_t keys, int32_t chunks) {
     size_t f = 2 * (size_t)rows * MSKV__CPU_MAX_DIM + 2 * (size_t)keys * MSKV__CPU_MAX_DIM +
-               (size_t)MSKV__CPU_MAX_ROWS * (size_t)keys + 3 * (size_t)MSKV__CPU_MAX_ROWS + (size_t)chunks * MSKV__CPU_PART;
-    return f * 4 + (size_t)MSKV__CPU_MAX_ROWS * (2 * 8 + 2 * 4) + 2 * ((size_t)keys + 4) * sizeof(float *) +
-           (size_t)keys * sizeof(size_t) + 64;
+               (size_t)MSKV__CPU_MAX_ROWS * (size_t)keys + (2 * MSKV__CPU_MAX_TILES + 1) * (size_t)MSKV__CPU_MAX_ROWS +
+               (size_t)chunks * MSKV__CPU_PART;
+    return f * 4 + (size_t)MSKV__CPU_MAX_ROWS * (2 * 8 * MSKV__CPU_MAX_TILES + 2 * 4) + 2 * ((size_t)keys + 4) * sizeof(float *) +
+           2 * ((size_t)keys + 4) * sizeof(uint16_t *) + (size_t)keys * sizeof(size_t) + 64;
 }
 
 static void mskv__cpu_ws_carve(mskv__cpu_ws *w, void *mem, int32_t rows, int32_t keys, int32_t chunks) {
@@ -7040,15 +7340,17 @@ static void mskv__cpu_ws_carve(mskv__cpu_ws *w, void *mem, int32_t rows, int32_t
     w->v = (float *)(void *)p; p += (size_t)keys * MSKV__CPU_MAX_DIM * 4;
     w->part = (float *)(void *)p; p += (size_t)chunks * MSKV__CPU_PART * 4;
     w->s = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * (size_t)keys * 4;
-    w->klo = (int64_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 8;
-    w->khi = (int64_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 8;
-    w->m = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
-    w->l = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
+    w->klo = (int64_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * MSKV__CPU_MAX_TILES * 8;
+    w->khi = (int64_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * MSKV__CPU_MAX_TILES * 8;
+    w->m = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * MSKV__CPU_MAX_TILES * 4;
+    w->l = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * MSKV__CPU_MAX_TILES * 4;
     w->alpha = (float *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
     w->a = (int32_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
     w->z = (int32_t *)(void *)p; p += (size_t)MSKV__CPU_MAX_ROWS * 4;
     w->vrow = (const float **)(void *)p; p += ((size_t)keys + 4) * sizeof(float *);
     w->krow = (const float **)(void *)p; p += ((size_t)keys + 4) * sizeof(float *);  /* + spares for key groups */
+    w->vrow16 = (const uint16_t **)(void *)p; p += ((size_t)keys + 4) * sizeof(uint16_t *);
+    w->krow16 = (const uint16_t **)(void *)p; p += ((size_t)keys + 4) * sizeof(uint16_t *);
     w->el = (size_t *)(void *)p;
 }
 
@@ -7239,7 +7541,8 @@ typedef struct mskv__cpu_job {
     size_t tstride, hstride; /* elements from a key row to the next (dense) and from a kv head to the next */
     uint32_t p_magic;   /* key j's page is (j * p_magic) >> p_shift (mskv__pdiv_init; 0 below 2^31) */
     int32_t p_shift;
-    int32_t rows;       /* rows per item */
+    int32_t rows;       /* rows per item (per row tile of a many-row item) */
+    int32_t tiles;      /* row tiles per many-row item (1 unless wide); results do not depend on it */
     int32_t wide;       /* items of more than 8 rows use the transposed tiles (rows a multiple of kern->rw) */
     int32_t heads_cap;  /* most kv heads per item (few-row segments), so threads still get items */
     int32_t row_keys;   /* keys per block of few-row items, whatever their kv heads */
@@ -7409,7 +7712,7 @@ static int mskv__cpu_next(mskv__cpu_job *job, mskv__cpu_work *w) {
                 if (step < 1) step = 1;
             }
         } else {
-            nrb = (rows + job->rows - 1) / job->rows;
+            nrb = ((rows + job->rows - 1) / job->rows + job->tiles - 1) / job->tiles;
         }
         if (job->cur_rb >= nrb) { job->cur_b++; job->cur_rb = 0; job->cur_g = 0; continue; }
         w->b = job->cur_b; w->rb = job->cur_rb; w->g0 = job->cur_g; w->c = job->cur_c; w->nch = nch; w->slot = -1;
@@ -7524,48 +7827,81 @@ static void mskv__cpu_block_rows(const mskv__cpu_job *job, const mskv__cpu_seg *
 #endif
 }
 
+static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t r0, int32_t nr,
+                                int32_t g0, int32_t ng, int64_t klo, int64_t khi, float *part);
+
 /* Many rows (video): Q and O transposed (a row per lane), so scores, softmax
    and P.V are all wide over rows and K/V rows are read as they are stored.
-   Rows r < nr are t = r0 + r of the segment, for kv head g. */
+   Rows r < nr are t = r0 + r of the segment, for kv head g, in row tiles of
+   job->rows: each key block is converted once and used by every tile (the
+   tiles' Q^T, O^T and row state side by side in the workspace). Blocks lie
+   on a grid of the key tile from each run's start and a tile skips a block
+   none of its rows sees, so a row's arithmetic is the same whatever tiles
+   share its item (and so on any number of threads). A last tile of 8 rows or
+   fewer goes to the few-row kernels, as it would alone. */
 static void mskv__cpu_item_wide(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t r0, int32_t nr, int32_t g) {
     const mskv__cpu_kern *kn = job->kern;
-    const int32_t D = job->dim, Dp = job->dimp, KS = ws->keys, rp = (nr + kn->rw - 1) / kn->rw * kn->rw;
-    const size_t goff = (size_t)g * job->hstride;
-    int64_t lo = INT64_MAX, hi = 0, j0, end;
-    int32_t r, d, jj, run;
-    for (r = 0; r < rp; r++) {
-        if (r < nr) {
-            mskv__cpu_query(job, sg, r0 + r, g, ws->v);
-            mskv__cpu_row_keys(job, sg, (r0 + r) / job->group, &ws->klo[r], &ws->khi[r]);
-            if (ws->klo[r] < ws->khi[r]) {
-                lo = ws->klo[r] < lo ? ws->klo[r] : lo;
-                hi = ws->khi[r] > hi ? ws->khi[r] : hi;
+    const int32_t D = job->dim, Dp = job->dimp, KS = ws->keys, TR = job->rows;
+    const size_t goff = (size_t)g * job->hstride, tq = (size_t)D * (size_t)TR;
+    int64_t lo = INT64_MAX, hi = 0, j0, end, tlo[MSKV__CPU_MAX_TILES], thi[MSKV__CPU_MAX_TILES];
+    int32_t r, d, jj, run, t, nt = (nr + TR - 1) / TR, nw = nr, small = 0;
+    if (nt > 1 && nr - (nt - 1) * TR <= 8) { small = nr - (nt - 1) * TR; nt--; nw = nt * TR; }
+    for (t = 0; t < nt; t++) {
+        const int32_t tnr = nw - t * TR < TR ? nw - t * TR : TR, rp = (tnr + kn->rw - 1) / kn->rw * kn->rw;
+        float *q = ws->q + (size_t)t * tq;
+        int64_t *klo = ws->klo + t * TR, *khi = ws->khi + t * TR;
+        tlo[t] = INT64_MAX;
+        thi[t] = 0;
+        for (r = 0; r < rp; r++) {
+            if (r < tnr) {
+                mskv__cpu_query(job, sg, r0 + t * TR + r, g, ws->v);
+                mskv__cpu_row_keys(job, sg, (r0 + t * TR + r) / job->group, &klo[r], &khi[r]);
+                if (klo[r] < khi[r]) {
+                    tlo[t] = klo[r] < tlo[t] ? klo[r] : tlo[t];
+                    thi[t] = khi[r] > thi[t] ? khi[r] : thi[t];
+                }
+            } else {
+                for (d = 0; d < D; d++) ws->v[d] = 0.0f;
             }
-        } else {
-            for (d = 0; d < D; d++) ws->v[d] = 0.0f;
+            for (d = 0; d < D; d++) q[(size_t)d * rp + r] = ws->v[d];
+            ws->m[t * TR + r] = -INFINITY;
+            ws->l[t * TR + r] = 0.0f;
         }
-        for (d = 0; d < D; d++) ws->q[(size_t)d * rp + r] = ws->v[d];
-        ws->m[r] = -INFINITY;
-        ws->l[r] = 0.0f;
+        memset(ws->o + (size_t)t * tq, 0, (size_t)D * (size_t)rp * sizeof(float));
+        lo = tlo[t] < lo ? tlo[t] : lo;
+        hi = thi[t] > hi ? thi[t] : hi;
     }
-    memset(ws->o, 0, (size_t)D * (size_t)rp * sizeof(float));
-    for (run = 0; run < sg->nruns; run++)
-    for (j0 = lo > sg->run_lo[run] ? lo : sg->run_lo[run], end = hi < sg->run_hi[run] ? hi : sg->run_hi[run]; j0 < end; j0 += KS) {
-        int32_t kb = (int32_t)(end - j0 < KS ? end - j0 : KS), full;
-        mskv__cpu_block_rows(job, sg, j0, kb, end, g, 1, ws->el);
-        for (jj = 0; jj < kb; jj++) {
-            mskv__cpu_key_row(job, job->pools->k, ws->el[jj] + goff, ws->k + (size_t)jj * Dp);
-            mskv__cpu_key_row(job, job->pools->v, ws->el[jj] + goff, ws->v + (size_t)jj * Dp);
+    for (run = 0; run < sg->nruns; run++) {
+        int64_t first = lo > sg->run_lo[run] ? lo : sg->run_lo[run];
+        end = hi < sg->run_hi[run] ? hi : sg->run_hi[run];
+        if (first >= end) continue;
+        for (j0 = sg->run_lo[run] + (first - sg->run_lo[run]) / KS * KS; j0 < end; j0 += KS) {
+            int32_t kb = (int32_t)(end - j0 < KS ? end - j0 : KS), full;
+            mskv__cpu_block_rows(job, sg, j0, kb, end, g, 1, ws->el);
+            for (jj = 0; jj < kb; jj++) {  /* converted once, for every tile */
+                mskv__cpu_key_row(job, job->pools->k, ws->el[jj] + goff, ws->k + (size_t)jj * Dp);
+                mskv__cpu_key_row(job, job->pools->v, ws->el[jj] + goff, ws->v + (size_t)jj * Dp);
+            }
+            for (t = 0; t < nt; t++) {
+                const int32_t tnr = nw - t * TR < TR ? nw - t * TR : TR, rp = (tnr + kn->rw - 1) / kn->rw * kn->rw;
+                float *m = ws->m + t * TR, *l = ws->l + t * TR, *o = ws->o + (size_t)t * tq;
+                if (thi[t] <= j0 || tlo[t] >= j0 + kb) continue;  /* no row of this tile sees the block */
+                full = mskv__cpu_block_mask(ws->klo + t * TR, ws->khi + t * TR, tnr, rp, j0, kb, ws->a, ws->z);
+                kn->gemm(ws->k, Dp, 1, ws->q + (size_t)t * tq, ws->s, NULL, kb, D, rp);   /* S^T = K Q^T */
+                kn->softmax(ws->s, rp, kb, ws->a, ws->z, full, m, l, ws->alpha);
+                kn->gemm(ws->v, 1, Dp, ws->s, o, ws->alpha, D, kb, rp);                   /* O^T = alpha O^T + V^T P^T */
+            }
         }
-        full = mskv__cpu_block_mask(ws->klo, ws->khi, nr, rp, j0, kb, ws->a, ws->z);
-        kn->gemm(ws->k, Dp, 1, ws->q, ws->s, NULL, kb, D, rp);          /* S^T = K Q^T */
-        kn->softmax(ws->s, rp, kb, ws->a, ws->z, full, ws->m, ws->l, ws->alpha);
-        kn->gemm(ws->v, 1, Dp, ws->s, ws->o, ws->alpha, D, kb, rp);     /* O^T = alpha O^T + V^T P^T */
     }
-    for (r = 0; r < nr; r++) {
-        for (d = 0; d < D; d++) ws->v[d] = ws->o[(size_t)d * rp + r];
-        mskv__cpu_emit(job, sg, r0 + r, g, ws->v, ws->m[r], ws->l[r]);
+    for (t = 0; t < nt; t++) {
+        const int32_t tnr = nw - t * TR < TR ? nw - t * TR : TR, rp = (tnr + kn->rw - 1) / kn->rw * kn->rw;
+        const float *o = ws->o + (size_t)t * tq;
+        for (r = 0; r < tnr; r++) {
+            for (d = 0; d < D; d++) ws->v[d] = o[(size_t)d * rp + r];
+            mskv__cpu_emit(job, sg, r0 + t * TR + r, g, ws->v, ws->m[t * TR + r], ws->l[t * TR + r]);
+        }
     }
+    if (small) mskv__cpu_item_rows(job, ws, sg, r0 + nw, small, g, 1, 0, sg->kv_len, NULL);
 }
 
 /* Few rows (decode, small GQA groups): scores as dot products over K rows
@@ -7579,6 +7915,7 @@ static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
     const int32_t D = job->dim, Dp = job->dimp, KS = ws->keys, nrp = (nr + 3) & ~3;
     const int32_t KB = nrp <= 8 ? job->row_keys : KS;  /* the same blocks for any ng: results do not depend on grouping */
     const int direct = pools->dtype == MSKV_DTYPE_F32 && D == Dp; /* pool rows usable as they are */
+    const int half = pools->dtype != MSKV_DTYPE_F32, bf16 = pools->dtype == MSKV_DTYPE_BF16; /* 16-bit rows, converted in registers */
     int64_t lo = khi, hi = klo, j0, end;
     int32_t r, d, gi, jj, run;
     for (gi = 0; gi < ng; gi++)
@@ -7610,7 +7947,7 @@ static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
         int32_t kb = (int32_t)(end - j0 < KB ? end - j0 : KB), full;
         mskv__cpu_block_rows(job, sg, j0, kb, end, g0, ng, ws->el);
         full = mskv__cpu_block_mask(ws->klo, ws->khi, nr, nrp, j0, kb, ws->a, ws->z);
-        if (!direct)
+        if (!direct && !half)
             /* all heads' rows of each slot in address order (one contiguous
                run per slot), so the hardware streams them */
             for (jj = 0; jj < kb; jj++)
@@ -7624,18 +7961,29 @@ static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
             const size_t goff = (size_t)(g0 + gi) * job->hstride;
             float *S = ws->s + (size_t)gi * nrp * KS, *M = ws->m + gi * nrp, *L = ws->l + gi * nrp;
             float *A = ws->alpha + gi * nrp;
-            for (jj = 0; jj < kb; jj++) {
-                if (direct) {
-                    ws->krow[jj] = (const float *)pools->k + ws->el[jj] + goff;
-                    ws->vrow[jj] = (const float *)pools->v + ws->el[jj] + goff;
-                } else {
-                    ws->krow[jj] = ws->k + ((size_t)gi * KB + (size_t)jj) * Dp;
-                    ws->vrow[jj] = ws->v + ((size_t)gi * KB + (size_t)jj) * Dp;
+            if (half) {
+                /* straight from the pool: el already holds each page's base plus the slot */
+                const uint16_t *kp = (const uint16_t *)pools->k + goff, *vp = (const uint16_t *)pools->v + goff;
+                for (jj = 0; jj < kb; jj++) {
+                    ws->krow16[jj] = kp + ws->el[jj];
+                    ws->vrow16[jj] = vp + ws->el[jj];
                 }
+                for (jj = kb; jj < ((kb + 3) & ~3); jj++) ws->krow16[jj] = ws->krow16[kb - 1];
+                kn->qk_rows16(ws->q + (size_t)gi * nrp * Dp, ws->krow16, bf16, S, nrp, (kb + 3) & ~3, D, Dp, KS);
+            } else {
+                for (jj = 0; jj < kb; jj++) {
+                    if (direct) {
+                        ws->krow[jj] = (const float *)pools->k + ws->el[jj] + goff;
+                        ws->vrow[jj] = (const float *)pools->v + ws->el[jj] + goff;
+                    } else {
+                        ws->krow[jj] = ws->k + ((size_t)gi * KB + (size_t)jj) * Dp;
+                        ws->vrow[jj] = ws->v + ((size_t)gi * KB + (size_t)jj) * Dp;
+                    }
+                }
+                /* up to 3 spare scores fill the kernels' key groups, masked below like the padding */
+                for (jj = kb; jj < ((kb + 3) & ~3); jj++) ws->krow[jj] = ws->krow[kb - 1];
+                kn->qk_rows(ws->q + (size_t)gi * nrp * Dp, ws->krow, S, nrp, (kb + 3) & ~3, Dp, KS);
             }
-            /* up to 3 spare scores fill the kernels' key groups, masked below like the padding */
-            for (jj = kb; jj < ((kb + 3) & ~3); jj++) ws->krow[jj] = ws->krow[kb - 1];
-            kn->qk_rows(ws->q + (size_t)gi * nrp * Dp, ws->krow, S, nrp, (kb + 3) & ~3, Dp, KS);
             /* online softmax: running max M and sum L per row; A rescales O */
             for (r = 0; r < nrp; r++) {
                 float *srow = S + (size_t)r * KS, mx = -INFINITY, mnew, sum;
@@ -7654,7 +8002,8 @@ static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
                 L[r] = L[r] * A[r] + sum;
                 M[r] = mnew;
             }
-            kn->pv_rows(ws->o + (size_t)gi * nrp * Dp, S, ws->vrow, A, nrp, kb, Dp, KS);
+            if (half) kn->pv_rows16(ws->o + (size_t)gi * nrp * Dp, S, ws->vrow16, bf16, A, nrp, kb, D, Dp, KS);
+            else kn->pv_rows(ws->o + (size_t)gi * nrp * Dp, S, ws->vrow, A, nrp, kb, Dp, KS);
         }
     }
 
@@ -7698,10 +8047,10 @@ static void mskv__cpu_merge_unit(const mskv__cpu_job *job, mskv__cpu_ws *ws, con
 
 static void mskv__cpu_item(mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_work *w) {
     mskv__cpu_seg sg;
-    int32_t r0 = w->rb * job->rows, nr;
+    int32_t r0 = w->rb * job->rows * job->tiles, nr;
     mskv__cpu_seg_of(job, w->b, &sg);
     nr = sg.qo_len * job->group - r0;
-    if (nr > job->rows) nr = job->rows;
+    if (nr > job->rows * job->tiles) nr = job->rows * job->tiles;
     if (w->nch > 1) {
         float *part = job->all_ws[w->slot].part;
         int64_t v0 = mskv__cpu_chunk_at(sg.visible, w->c, w->nch), v1 = mskv__cpu_chunk_at(sg.visible, w->c + 1, w->nch);
@@ -7829,7 +8178,9 @@ static void mskv__cpu_job_tiles(mskv__cpu_job *job, const mskv__cpu_ws *ws, int 
     job->row_keys = (int32_t)(((size_t)ws->keys * MSKV__CPU_MAX_DIM / ((size_t)job->dimp * (size_t)kvh)) & ~(size_t)1);
     if (job->row_keys > ws->keys) job->row_keys = ws->keys;
     if (job->row_keys < 2) job->row_keys = 2;
-    /* the heads whose blocks fit the key tiles together */
+    /* the heads whose blocks fit the key tiles together (also with 16-bit
+       rows read in place: a longer block of the same heads would outrun the
+       next block's prefetch) */
     if (job->heads_cap > ws->keys * MSKV__CPU_MAX_DIM / (job->row_keys * job->dimp))
         job->heads_cap = ws->keys * MSKV__CPU_MAX_DIM / (job->row_keys * job->dimp);
     if (job->heads_cap < 1) job->heads_cap = 1;
@@ -7838,6 +8189,26 @@ static void mskv__cpu_job_tiles(mskv__cpu_job *job, const mskv__cpu_ws *ws, int 
         units += (rows <= 8 ? 1 : (rows + job->rows - 1) / job->rows) * (int64_t)kvh;
     }
     job->chunks = split_ok && ws->chunks > 1 && units < MSKV__CPU_SPLIT_UNITS ? ws->chunks : 1;
+}
+
+/* Row tiles per many-row item: as many as the Q and O tiles hold (each key
+   block is then converted once for all of them), while the call keeps at
+   least 3 items per thread to balance. A row's result does not depend on
+   this choice (see mskv__cpu_item_wide), so it may look at the threads. */
+static void mskv__cpu_job_wide_tiles(mskv__cpu_job *job, const mskv__cpu_ws *ws, int32_t threads) {
+    const int64_t kvh = job->pools->kv_heads;
+    int32_t t = (int32_t)((size_t)ws->rows * MSKV__CPU_MAX_DIM / ((size_t)job->dimp * (size_t)job->rows)), b;
+    job->tiles = 1;
+    if (!job->wide) return;
+    if (t > MSKV__CPU_MAX_TILES) t = MSKV__CPU_MAX_TILES;
+    for (; t > 1; t--) {
+        int64_t items = 0;
+        for (b = 0; b < job->plan->batch; b++) {
+            int32_t rows = mskv__cpu_rows_of(job, b);
+            items += (rows <= 8 ? 1 : ((rows + job->rows - 1) / job->rows + t - 1) / t) * kvh;
+        }
+        if (items >= 3 * (int64_t)threads) { job->tiles = t; return; }
+    }
 }
 
 /* The call's arguments other than the plan (pools stands for dense K/V too). */
@@ -7871,12 +8242,14 @@ static void mskv__cpu_run(mskv_cpu *cpu, mskv__cpu_job *job, double work) {
         int64_t lo_t[ROWS], hi_t[ROWS];
         int32_t ba_t[ROWS], bz_t[ROWS];
         const float *vr_t[KEYS + 4], *kr_t[KEYS + 4];
+        const uint16_t *vh_t[KEYS + 4], *kh_t[KEYS + 4];
         size_t el_t[KEYS];
         char why[160];
         mskv__cpu_ws ws;
         memset(&ws, 0, sizeof ws);
         ws.q = q_t; ws.o = o_t; ws.k = k_t; ws.v = v_t; ws.s = s_t; ws.m = m_t; ws.l = l_t; ws.alpha = a_t;
         ws.klo = lo_t; ws.khi = hi_t; ws.a = ba_t; ws.z = bz_t; ws.vrow = vr_t; ws.krow = kr_t; ws.el = el_t;
+        ws.vrow16 = vh_t; ws.krow16 = kh_t;
         ws.rows = ROWS;
         ws.keys = KEYS;
         job->kern = mskv__cpu_kern_of(mskv__cpu_resolve_auto(why, sizeof why));
@@ -7894,6 +8267,7 @@ static void mskv__cpu_run(mskv_cpu *cpu, mskv__cpu_job *job, double work) {
     /* grouping kv heads must still leave about 4 items per thread */
     job->heads_cap = (int32_t)((int64_t)job->plan->batch * pools->kv_heads / (4 * (int64_t)cpu->num_threads));
     mskv__cpu_job_tiles(job, &cpu->ws[0], 1);
+    mskv__cpu_job_wide_tiles(job, &cpu->ws[0], cpu->num_threads);
 #ifndef MSKV_NO_THREADS
     if (cpu->num_threads > 1 && flops >= MSKV__CPU_SMALL_FLOPS) {
         mskv__mutex_lock(&cpu->call_lock);
@@ -7941,6 +8315,7 @@ static void mskv__cpu_job_init(mskv__cpu_job *job, const mskv_pools *pools, cons
     job->scale = attn->scale > 0.0f ? attn->scale : 1.0f / sqrtf((float)pools->head_dim);
     job->tstride = (size_t)pools->kv_heads * (size_t)pools->head_dim;
     job->hstride = (size_t)pools->head_dim;
+    job->tiles = 1;
     job->p_magic = 0;
     job->p_shift = 31;
     if (pools->page_size > 0) mskv__pdiv_init(pools->page_size, &job->p_magic, &job->p_shift);

@@ -817,6 +817,41 @@ TEST(decode_batches_of_one_query_per_sequence_match_reference) {
     mskv_cpu_destroy(cpu);
 }
 
+/* 16-bit K/V are read where they lie in the pool (converted in registers,
+   nothing past a row's head_dim read): every odd page size and a head_dim
+   that is not a multiple of the vector width (72, 80, 100: tails of 8, 16
+   and 4 elements), decode rows (groups of 1 and 4) and many-row segments
+   (the transposed tiles, several per item), with and without a pool. */
+TEST(sixteen_bit_pools_match_reference_for_odd_pages_head_dims_and_groups) {
+    static const int32_t Ps[4] = {1, 3, 7, 16}, dims[4] = {72, 80, 100, 128}, ratios[2] = {1, 4};
+    static const mskv_dtype types[2] = {MSKV_DTYPE_F16, MSKV_DTYPE_BF16};
+    tcpu_seq seqs[4] = {{1, 200, 200, 0}, {1, 37, 20, 7}, {45, 300, 300, 0}, {1, 1, 1, 0}};
+    uint64_t seed = mt_seed();
+    mskv_cpu *cpu = NULL;
+    mskv_cpu_desc cd;
+    int pi, di, ti, ri;
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 2;
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &cpu));
+    for (ti = 0; ti < 2; ti++)
+        for (pi = 0; pi < 4; pi++)
+            for (di = 0; di < 4; di++)
+                for (ri = 0; ri < 2; ri++) {
+                    tcpu_fix f;
+                    mskv_mask mask = (mskv_mask)((pi + di + ri) % 3);
+                    mskv_attn at = tcpu_attn(2 * ratios[ri], mask, 50, types[ti]);
+                    char what[112];
+                    ASSERT_TRUE(tcpu_fix_init(&f, Ps[pi], 2, dims[di], types[ti], seqs, 4, 1, 1, 1,
+                                              seed + (uint64_t)(((ti * 4 + pi) * 4 + di) * 2 + ri)));
+                    snprintf(what, sizeof what, "%s pool, page size %d, head_dim %d, group %d, mask %s, %s",
+                             ti ? "bf16" : "f16", (int)Ps[pi], (int)dims[di], (int)ratios[ri], tcpu_mask_name(mask),
+                             (di + ri) & 1 ? "2-thread pool" : "small pool");
+                    tcpu_check_case(what, (di + ri) & 1 ? cpu : NULL, &f, &at, seed, __LINE__);
+                    tcpu_fix_free(&f);
+                }
+    mskv_cpu_destroy(cpu);
+}
+
 TEST(attention_applies_a_custom_scale) {
     tcpu_seq seqs[1] = {{4, 50, 50, 0}};
     tcpu_fix f;
@@ -1285,6 +1320,50 @@ static size_t tcpu_largest_alloc;
 static void *tcpu_alloc_sized(void *u, size_t n) { (void)u; if (n > tcpu_largest_alloc) tcpu_largest_alloc = n; return malloc(n); }
 static void *tcpu_realloc_sized(void *u, void *p, size_t n) { (void)u; if (n > tcpu_largest_alloc) tcpu_largest_alloc = n; return realloc(p, n); }
 static void tcpu_free_sized(void *u, void *p) { (void)u; free(p); }
+
+/* A many-row item covers several row tiles, each key block converted once
+   for all of them; how many depends on the thread count (enough items to
+   balance), and a row's result must not: one thread (few items of several
+   tiles) against 16 (an item per tile) gives the same bits, and matches the
+   oracle. Masked segments whose tiles start at different keys, a run split
+   by released positions, and a last tile of 8 rows (the few-row kernels). */
+TEST(many_row_items_of_several_tiles_give_the_same_bits_as_one_tile_each) {
+    tcpu_seq seqs[3] = {{200, 700, 700, 0}, {150, 400, 120, 30}, {36, 100, 100, 0}};
+    static const mskv_mask masks[2] = {MSKV_MASK_CAUSAL, MSKV_MASK_WINDOW};
+    uint64_t seed = mt_seed();
+    mskv_cpu *one = NULL, *many = NULL;
+    mskv_cpu_desc cd;
+    mskv_cpu_info i1, im;
+    int mi;
+    memset(&cd, 0, sizeof cd);
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &one));
+    cd.num_threads = 16;
+    ASSERT_EQ(MSKV_SUCCESS, tcpu_create(&cd, &many));
+    for (mi = 0; mi < 2; mi++) {
+        tcpu_fix f;
+        mskv_attn at = tcpu_attn(4, masks[mi], 90, MSKV_DTYPE_BF16);
+        float *o1 = NULL, *l1 = NULL, *om = NULL, *lm = NULL;
+        size_t rows;
+        void *q;
+        ASSERT_TRUE(tcpu_fix_init(&f, 7, 2, 64, MSKV_DTYPE_BF16, seqs, 3, 1, 1, 0, seed + (uint64_t)mi));
+        rows = (size_t)f.plan.total_q * 4;
+        q = tcpu_queries(&f, 4, MSKV_DTYPE_BF16, seed);
+        ASSERT_TRUE(q != NULL);
+        EXPECT_TRUE(tcpu_run(one, &f, &at, q, &o1, &l1));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(one, &i1));
+        EXPECT_TRUE(tcpu_run(many, &f, &at, q, &om, &lm));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_info_get(many, &im));
+        /* the one-thread call grouped tiles into fewer items */
+        EXPECT_LT((long long)i1.last_call_items, (long long)im.last_call_items);
+        EXPECT_TRUE(o1 && om && memcmp(o1, om, rows * 64 * tcpu_esize(at.q_dtype)) == 0);  /* o holds bf16 */
+        EXPECT_TRUE(l1 && lm && memcmp(l1, lm, rows * sizeof(float)) == 0);
+        tcpu_check_case(tcpu_mask_name(at.mask), one, &f, &at, seed, __LINE__);
+        free(q); free(o1); free(l1); free(om); free(lm);
+        tcpu_fix_free(&f);
+    }
+    mskv_cpu_destroy(one);
+    mskv_cpu_destroy(many);
+}
 
 TEST(a_small_workspace_budget_picks_smaller_tiles) {
     tcpu_seq seqs[1] = {{20, 150, 150, 0}};
@@ -1839,6 +1918,7 @@ static void tcpu_suite_on(mskv_cpu_isa isa) {
     attention_matches_reference_in_f16_and_bf16();
     attention_matches_reference_over_long_sequences();
     decode_batches_of_one_query_per_sequence_match_reference();
+    sixteen_bit_pools_match_reference_for_odd_pages_head_dims_and_groups();
     attention_applies_a_custom_scale();
     shuffled_page_table_gives_the_same_result_as_contiguous();
     unused_pages_filled_with_nan_change_no_output();
@@ -1850,6 +1930,7 @@ static void tcpu_suite_on(mskv_cpu_isa isa) {
     causal_split_at_any_point_merges_to_the_unsplit_result();
     dense_attention_matches_reference_in_packed_and_head_major_layouts();
     threaded_attention_is_bit_identical_to_one_thread();
+    many_row_items_of_several_tiles_give_the_same_bits_as_one_tile_each();
     a_small_workspace_budget_picks_smaller_tiles();
     one_long_decode_sequence_splits_its_keys_into_chunks_and_matches_reference();
     split_decode_gives_the_same_bits_on_any_number_of_threads();
