@@ -1257,7 +1257,7 @@ typedef struct mskv_cpu mskv_cpu;
 typedef struct mskv_cpu_desc {
     int32_t num_threads;      /* 0 = 1 (MSKV_NO_THREADS: always 1) */
     size_t workspace_bytes;   /* per thread; 0 = the largest tiles (about 350 KB); a
-                                 smaller budget picks smaller tiles (at least about 72 KB) */
+                                 smaller budget picks smaller tiles (at least about 76 KB) */
     mskv_allocator allocator;
     mskv_cpu_isa isa;         /* 0 = AUTO; another path must be available (else UNSUPPORTED) */
     mskv_log_fn log;          /* optional: why a path was refused or MSKV_CPU_ISA ignored */
