@@ -262,7 +262,7 @@ typedef enum mskv_ucx_hook_point {
 
 /* The hand-over's control messages (MSKV_UCX_HOOK_CONTROL) and steps
    (MSKV_UCX_HOOK_STEP), in protocol order. */
-#define MSKV_UCX_MSG_OFFER 1      /* sender: the blob header, sizes, checksum */
+#define MSKV_UCX_MSG_OFFER 1      /* sender: the blob header and sizes */
 #define MSKV_UCX_MSG_ANSWER 2     /* receiver: pages taken (0) or the refusal's code */
 #define MSKV_UCX_MSG_PREPARED 4   /* receiver: imported, verified, held frozen (0) or why not */
 #define MSKV_UCX_MSG_DIGEST 9     /* sender, after the pages: every message's XXH64 (and their MAC under the secret) */
@@ -383,8 +383,8 @@ MSKV_API mskv_result mskv_ucx_connect(const mskv_ucx_desc *desc, const char *ip,
 #define MSKV_UCX_ABORTED 2        /* it did not: a sender keeps its copy, a receiver drops its */
 
 /* Moves request req of arena to the peer (which calls mskv_ucx_recv): the
-   offer (blob header and checksum), the peer's answer, the pages, the
-   peer's word that it imported and verified them, the commit and the
+   offer (blob header and sizes), the peer's answer, the pages and their
+   per-message XXH64 hashes (the DIGEST), the peer's word that it imported and verified them, the commit and the
    peer's acknowledgement; then req is removed (flags MSKV_UCX_KEEP: kept;
    a copy). The request is frozen meanwhile (mskv_request_export_begin).
    IN_DOUBT: see above (req frozen, mskv_ucx_resolve). On any other failure
@@ -408,7 +408,9 @@ MSKV_API mskv_result mskv_ucx_send(mskv_ucx *u, mskv_arena *arena, mskv_request 
    DENIED (desc.secret set and the offer's HMAC-SHA-256 missing or wrong,
    or its counter not past the last accepted one: a replay; refused before
    a single page is taken, the connection is closed),
-   BLOB_CORRUPT (the checksum did not match what arrived), PEER (also a
+   BLOB_CORRUPT (a message's XXH64 did not match the sender's DIGEST, or
+   with a secret the DIGEST's MAC did not match; the log names the
+   message), PEER (also a
    page message that is not exactly its offered length), TIMEOUT.
    IN_DOUBT: the request was verified and PREPARED sent, but no COMMIT came:
    it stays frozen (*out holds its handle) until mskv_ucx_resolve.
