@@ -1232,9 +1232,10 @@ MSKV_API mskv_result mskv_rope_apply(const mskv_rope *rope, void *x, mskv_dtype 
    rounded to bf16 and the products of bf16 pairs summed in f32 (vdpbf16ps;
    bf16_emu runs the same packing and order in plain C, at a fraction of the
    speed, so the path is testable on any CPU); other calls run the AVX-512
-   (avx512_bf16) or portable (bf16_emu) kernels. A build needs no flag for any path: x86
-   kernels carry their own target attributes. MSKV_CPU_NO_SIMD compiles the
-   portable path only. Every path gives the same results within the
+   (avx512_bf16) or portable (bf16_emu) kernels. A build needs no flag for
+   any path: x86 kernels carry their own target attributes. MSKV_CPU_NO_SIMD
+   compiles the portable path (and bf16_emu) only; MSKV_CPU_NO_BF16 leaves
+   out avx512_bf16 (built by GCC 10 / Clang 9 on, never by MSVC). Every path gives the same results within the
    tolerances of the tests (f32 1e-5, f16 1e-3, bf16 1e-2 of a double
    reference), not bit-identical ones. */
 typedef enum mskv_cpu_isa {
@@ -6449,8 +6450,11 @@ static const mskv__cpu_kern mskv__cpu_kern_bf16_emu = {
     MSKV_CPU_ISA_BF16_EMU, 16, mskv__cpu_cvt_portable, mskv__cpu_gemm_portable, mskv__cpu_softmax_portable,
     mskv__cpu_qk_rows_portable, mskv__cpu_pv_rows_portable, mskv__cpu_exp_row_portable, mskv__cpu_gemm_bf16_emu};
 
-/* The real instruction (GCC and Clang; MSVC builds lack the path). */
-#if MSKV__CPU_X86 && (defined(__GNUC__) || defined(__clang__))
+/* The real instruction: GCC 10 and Clang 9 on (their first with the
+   AVX512_BF16 intrinsics); MSVC builds, older compilers and MSKV_CPU_NO_BF16
+   lack the path. */
+#if MSKV__CPU_X86 && !defined(MSKV_CPU_NO_BF16) && \
+    ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
 #define MSKV__CPU_BF16_X86 1
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push  /* GCC 12 and the AVX-512 intrinsics, as above */

@@ -89,7 +89,9 @@ __attribute__((target("avx512f"))) static double ab_fma_avx512(long n) {
     return out[0] > 1e30f ? 0 : (double)n * 12 * 32;
 }
 /* The bf16 dot peak of the avx512_bf16 path: 12 chains of vdpbf16ps, each
-   16 lanes x 2 products x (multiply + add) = 64 flops. */
+   16 lanes x 2 products x (multiply + add) = 64 flops. Built where the
+   library builds that path (MSKV__CPU_BF16_X86). */
+#if MSKV__CPU_BF16_X86
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) static double ab_dpbf16_avx512(long n) {
     const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = (__m512bh)_mm512_set1_epi32(0x3a803a80); /* 1.0, ~1e-3 */
     float out[16];
@@ -111,6 +113,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static double ab_dpbf16_a
 #undef AB_SUM
     return out[0] > 1e30f ? 0 : (double)n * 12 * 64;
 }
+#endif
 __attribute__((target("avx2,fma"))) static double ab_fma_avx2(long n) {
     const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-3f);
     float out[8];
@@ -198,7 +201,7 @@ static void *ab_fma_thread(void *p) {
 static void *ab_dp_thread(void *p) {
     ab_thread_arg *a = (ab_thread_arg *)p;
     a->flops = 0;
-#if defined(__x86_64__) || defined(__i386__)
+#if MSKV__CPU_BF16_X86
     if (a->isa == MSKV_CPU_ISA_AVX512_BF16) a->flops = ab_dpbf16_avx512((long)a->n);
 #endif
     return NULL;

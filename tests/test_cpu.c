@@ -1797,14 +1797,14 @@ static int tcpu_xinuse(uint64_t *out) {
    which made the caller's SSE code after each call several times slower. */
 TEST(attention_on_an_avx_path_returns_with_the_upper_vector_halves_clear) {
 #ifdef TCPU_XINUSE
-    static const mskv_cpu_isa isas[2] = {MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_AVX512};
+    static const mskv_cpu_isa isas[3] = {MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_AVX512, MSKV_CPU_ISA_AVX512_BF16};
     tcpu_seq seqs[2] = {{9, 97, 97, 0}, {1, 700, 700, 0}};
     uint64_t seed = mt_seed(), state = 0;
     int i, ran = 0;
     __asm__ volatile("vzeroupper");
     if (!tcpu_xinuse(&state)) SKIP("this CPU cannot report which register state is in use (no XGETBV with ecx = 1)");
     if (state & 0x44u) SKIP("this CPU reports the upper vector halves in use even right after vzeroupper (XINUSE 0x%llx)", (unsigned long long)state);
-    for (i = 0; i < 2; i++) {
+    for (i = 0; i < 3; i++) {
         mskv_cpu_desc cd;
         mskv_cpu *cpu = NULL;
         tcpu_fix f;
