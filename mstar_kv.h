@@ -1223,12 +1223,20 @@ typedef struct mskv_rope {
 MSKV_API mskv_result mskv_rope_apply(const mskv_rope *rope, void *x, mskv_dtype dtype, int64_t n, int32_t heads, int32_t head_dim, const int32_t *positions);
 
 /* The instruction-set path of the attention kernels. AUTO picks, once per
-   mskv_cpu_create, the best one this CPU runs (AVX-512, then AVX2, NEON on
-   arm64, else portable), unless the environment variable MSKV_CPU_ISA names
-   another (portable | avx2 | avx512 | neon | auto); a value that cannot be
-   honoured is logged and ignored. A build needs no flag for any path: x86
-   kernels carry their own target attributes. MSKV_CPU_NO_SIMD compiles the
-   portable path only. Every path gives the same results within the
+   mskv_cpu_create, the best f32-arithmetic one this CPU runs (AVX-512, then
+   AVX2, NEON on arm64, else portable; the bf16-arithmetic paths only when
+   named, as their results are bf16-rounded), unless the environment variable
+   MSKV_CPU_ISA names another (portable | avx2 | avx512 | neon | avx512_bf16
+   | bf16_emu | auto); a value that cannot be honoured is logged and ignored.
+   The two bf16 paths differ from the others on bf16 pools only, and there
+   in calls of more than 8 rows per kv head (video): Q (scaled) and P are
+   rounded to bf16 and the products of bf16 pairs summed in f32 (vdpbf16ps;
+   bf16_emu runs the same packing and order in plain C, at a fraction of the
+   speed, so the path is testable on any CPU); other calls run the AVX-512
+   (avx512_bf16) or portable (bf16_emu) kernels. A build needs no flag for
+   any path: x86 kernels carry their own target attributes. MSKV_CPU_NO_SIMD
+   compiles the portable path (and bf16_emu) only; MSKV_CPU_NO_BF16 leaves
+   out avx512_bf16 (built by GCC 10 / Clang 9 on, never by MSVC). Every path gives the same results within the
    tolerances of the tests (f32 1e-5, f16 1e-3, bf16 1e-2 of a double
    reference), not bit-identical ones. */
 typedef enum mskv_cpu_isa {
@@ -1236,10 +1244,13 @@ typedef enum mskv_cpu_isa {
     MSKV_CPU_ISA_PORTABLE = 1,  /* plain C loops */
     MSKV_CPU_ISA_AVX2 = 2,      /* x86 with AVX2, FMA and F16C */
     MSKV_CPU_ISA_AVX512 = 3,    /* x86 with AVX-512 F */
-    MSKV_CPU_ISA_NEON = 4       /* arm64 */
+    MSKV_CPU_ISA_NEON = 4,      /* arm64 */
+    MSKV_CPU_ISA_AVX512_BF16 = 5, /* x86 with AVX-512 F, BW and AVX512_BF16 (vdpbf16ps) */
+    MSKV_CPU_ISA_BF16_EMU = 6   /* the bf16 path's arithmetic in plain C (tests; any CPU) */
 } mskv_cpu_isa;
 
-/* "auto", "portable", "avx2", "avx512", "neon"; never NULL. */
+/* "auto", "portable", "avx2", "avx512", "neon", "avx512_bf16", "bf16_emu";
+   never NULL. */
 MSKV_API const char *mskv_cpu_isa_name(mskv_cpu_isa isa);
 /* 1 when this build and CPU can run the path (AUTO: always). */
 MSKV_API int mskv_cpu_isa_available(mskv_cpu_isa isa);
@@ -6106,6 +6117,13 @@ typedef void (*mskv__cpu_qk_rows16_fn)(const float *MSKV__CPU_RESTRICT Q, const 
 typedef void (*mskv__cpu_pv_rows16_fn)(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
                                        const uint16_t *const *MSKV__CPU_RESTRICT vrow, int bf16, const float *MSKV__CPU_RESTRICT alpha,
                                        int32_t nrp, int32_t kb, int32_t d, int32_t dp, int32_t ks);
+/* C[i][r] = (alpha ? alpha[r] * C[i][r] : 0) + sum_{k < kp} dot2(A[i * ais + k], B[k * rp + r])
+   for i < n, r < rp (a multiple of the path's row width): A and B hold bf16
+   pairs (element 2k in the low half, as a bf16 array reads on little-endian
+   machines), dot2 is vdpbf16ps on one lane (see "bf16 arithmetic"). */
+typedef void (*mskv__cpu_gemm_bf16_fn)(const uint32_t *MSKV__CPU_RESTRICT A, ptrdiff_t ais, const uint32_t *MSKV__CPU_RESTRICT B,
+                                       float *MSKV__CPU_RESTRICT C, const float *MSKV__CPU_RESTRICT alpha, int32_t n,
+                                       int32_t kp, int32_t rp);
 
 typedef struct mskv__cpu_kern {
     mskv_cpu_isa isa;
@@ -6118,6 +6136,7 @@ typedef struct mskv__cpu_kern {
     mskv__cpu_exp_row_fn exp_row;
     mskv__cpu_qk_rows16_fn qk_rows16;
     mskv__cpu_pv_rows16_fn pv_rows16;
+    mskv__cpu_gemm_bf16_fn gemm_bf16;  /* NULL: no bf16 arithmetic (bf16 pools run the f32 kernels) */
 } mskv__cpu_kern;
 
 /* e^x for x <= 0: 2^k * e^r with k = round(x / ln 2), |r| <= ln2/2 and e^r by
@@ -6249,7 +6268,7 @@ static void mskv__cpu_pv_rows16_portable(float *MSKV__CPU_RESTRICT O, const floa
 static const mskv__cpu_kern mskv__cpu_kern_portable = {
     MSKV_CPU_ISA_PORTABLE, 4, mskv__cpu_cvt_portable, mskv__cpu_gemm_portable, mskv__cpu_softmax_portable,
     mskv__cpu_qk_rows_portable, mskv__cpu_pv_rows_portable, mskv__cpu_exp_row_portable,
-    mskv__cpu_qk_rows16_portable, mskv__cpu_pv_rows16_portable};
+    mskv__cpu_qk_rows16_portable, mskv__cpu_pv_rows16_portable, NULL};
 
 /* ---- AVX-512 path (16 floats a vector) ---- */
 #if MSKV__CPU_X86
@@ -6564,11 +6583,151 @@ static MSKV__CPU_AVX512 void mskv__cpu_pv_rows16_avx512(float *MSKV__CPU_RESTRIC
 static const mskv__cpu_kern mskv__cpu_kern_avx512 = {
     MSKV_CPU_ISA_AVX512, 16, mskv__cpu_cvt_avx512, mskv__cpu_gemm_avx512, mskv__cpu_softmax_avx512,
     mskv__cpu_qk_rows_avx512, mskv__cpu_pv_rows_avx512, mskv__cpu_exp_row_avx512,
-    mskv__cpu_qk_rows16_avx512, mskv__cpu_pv_rows16_avx512};
+    mskv__cpu_qk_rows16_avx512, mskv__cpu_pv_rows16_avx512, NULL};
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
 #endif /* MSKV__CPU_X86 */
+
+/* ---- bf16 arithmetic: vdpbf16ps (AVX512_BF16), and the same in plain C ---- */
+
+/* The contract of vdpbf16ps on one f32 lane, as Intel's description states
+   it: acc += a.hi * b.hi, then acc += a.lo * b.lo (the odd element of each
+   pair first), each step a fused multiply-add rounded to nearest even
+   whatever MXCSR says; denormal inputs (the bf16 elements and, assumed
+   here, the accumulator) count as zeros of their sign and a denormal result
+   is flushed to zero. The plain C version below assumes a bf16 x bf16
+   product is exact in f32 (two 8-bit significands), which holds unless it
+   falls under 2^-126, so its unfused sum is the fused one for every
+   product of at least that size (smaller ones may differ by far less than
+   any tolerance); NaN payloads are not reproduced (a NaN still gives a NaN). */
+static float mskv__cpu_bf16_ftz(float x) {
+    uint32_t u = mskv__cpu_fbits(x);
+    return (u & 0x7f800000u) ? x : mskv__cpu_bitsf(u & 0x80000000u);
+}
+/* Element hi (1) or lo (0) of a pair as f32, a denormal as zero. */
+static float mskv__cpu_bf16_elem(uint32_t pair, int hi) {
+    uint32_t u = hi ? pair & 0xffff0000u : pair << 16;
+    return mskv__cpu_bitsf((u & 0x7f800000u) ? u : u & 0x80000000u);
+}
+static float mskv__cpu_dot2_emu(float acc, uint32_t a, uint32_t b) {
+    acc = mskv__cpu_bf16_ftz(acc);
+    acc = mskv__cpu_bf16_ftz(acc + mskv__cpu_bf16_elem(a, 1) * mskv__cpu_bf16_elem(b, 1));
+    return mskv__cpu_bf16_ftz(acc + mskv__cpu_bf16_elem(a, 0) * mskv__cpu_bf16_elem(b, 0));
+}
+
+/* One accumulator per (i, r), pairs in order k = 0, 1, ...: the order the
+   AVX-512 kernel keeps in each lane. */
+static void mskv__cpu_gemm_bf16_emu(const uint32_t *MSKV__CPU_RESTRICT A, ptrdiff_t ais, const uint32_t *MSKV__CPU_RESTRICT B,
+                                    float *MSKV__CPU_RESTRICT C, const float *MSKV__CPU_RESTRICT alpha, int32_t n,
+                                    int32_t kp, int32_t rp) {
+    int32_t i, k, r;
+    for (i = 0; i < n; i++) {
+        float *c = C + (size_t)i * (size_t)rp;
+        const uint32_t *a = A + i * ais;
+        for (r = 0; r < rp; r++) c[r] = alpha ? c[r] * alpha[r] : 0.0f;
+        for (k = 0; k < kp; k++) {
+            const uint32_t x = a[k], *b = B + (size_t)k * (size_t)rp;
+            for (r = 0; r < rp; r++) c[r] = mskv__cpu_dot2_emu(c[r], x, b[r]);
+        }
+    }
+}
+
+/* The emulation runs the portable kernels elsewhere, with the AVX-512 path's
+   row width so its tiles are the real path's. */
+static const mskv__cpu_kern mskv__cpu_kern_bf16_emu = {
+    MSKV_CPU_ISA_BF16_EMU, 16, mskv__cpu_cvt_portable, mskv__cpu_gemm_portable, mskv__cpu_softmax_portable,
+    mskv__cpu_qk_rows_portable, mskv__cpu_pv_rows_portable, mskv__cpu_exp_row_portable,
+    mskv__cpu_qk_rows16_portable, mskv__cpu_pv_rows16_portable, mskv__cpu_gemm_bf16_emu};
+
+/* The real instruction: GCC 10 and Clang 9 on (their first with the
+   AVX512_BF16 intrinsics); MSVC builds, older compilers and MSKV_CPU_NO_BF16
+   lack the path. */
+#if MSKV__CPU_X86 && !defined(MSKV_CPU_NO_BF16) && \
+    ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
+#define MSKV__CPU_BF16_X86 1
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push  /* GCC 12 and the AVX-512 intrinsics, as above */
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#define MSKV__CPU_AVX512BF16 MSKV__CPU_TARGET("avx512f,avx512bw,avx512bf16,avx2,fma,f16c")
+#define MSKV__BF16_BCAST(x) ((__m512bh)_mm512_set1_epi32((int)(x)))
+#define MSKV__BF16_LOAD(p) ((__m512bh)_mm512_loadu_si512((const void *)(p)))
+
+/* 4 outputs x 64 rows (4 vectors): 16 accumulators. */
+static MSKV__CPU_AVX512BF16 void mskv__cpu_gemmbf16_4x4(const uint32_t *MSKV__CPU_RESTRICT A, ptrdiff_t ais,
+                                                        const uint32_t *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                                        const float *MSKV__CPU_RESTRICT alpha, int32_t kp, int32_t rp) {
+#define MSKV__DECL(u) __m512 c##u##0, c##u##1, c##u##2, c##u##3;
+#define MSKV__INIT(u) \
+    c##u##0 = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp), a0) : z; \
+    c##u##1 = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp + 16), a1) : z; \
+    c##u##2 = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp + 32), a2) : z; \
+    c##u##3 = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C + (u) * rp + 48), a3) : z;
+#define MSKV__STEP(u) { __m512bh s = MSKV__BF16_BCAST(A[(u) * ais + k]); \
+    c##u##0 = _mm512_dpbf16_ps(c##u##0, s, y0); c##u##1 = _mm512_dpbf16_ps(c##u##1, s, y1); \
+    c##u##2 = _mm512_dpbf16_ps(c##u##2, s, y2); c##u##3 = _mm512_dpbf16_ps(c##u##3, s, y3); }
+#define MSKV__STORE(u) \
+    _mm512_storeu_ps(C + (u) * rp, c##u##0); _mm512_storeu_ps(C + (u) * rp + 16, c##u##1); \
+    _mm512_storeu_ps(C + (u) * rp + 32, c##u##2); _mm512_storeu_ps(C + (u) * rp + 48, c##u##3);
+    const __m512 z = _mm512_setzero_ps();
+    const __m512 a0 = alpha ? _mm512_loadu_ps(alpha) : z, a1 = alpha ? _mm512_loadu_ps(alpha + 16) : z;
+    const __m512 a2 = alpha ? _mm512_loadu_ps(alpha + 32) : z, a3 = alpha ? _mm512_loadu_ps(alpha + 48) : z;
+    int32_t k;
+    MSKV__M4(MSKV__DECL)
+    MSKV__M4(MSKV__INIT)
+    for (k = 0; k < kp; k++) {
+        const uint32_t *b = B + (size_t)k * rp;
+        __m512bh y0 = MSKV__BF16_LOAD(b), y1 = MSKV__BF16_LOAD(b + 16), y2 = MSKV__BF16_LOAD(b + 32), y3 = MSKV__BF16_LOAD(b + 48);
+        MSKV__M4(MSKV__STEP)
+    }
+    MSKV__M4(MSKV__STORE)
+#undef MSKV__DECL
+#undef MSKV__INIT
+#undef MSKV__STEP
+#undef MSKV__STORE
+}
+
+/* One output, one vector of rows (the tails). */
+static MSKV__CPU_AVX512BF16 void mskv__cpu_gemmbf16_1x1(const uint32_t *MSKV__CPU_RESTRICT A, const uint32_t *MSKV__CPU_RESTRICT B,
+                                                        float *MSKV__CPU_RESTRICT C, const float *MSKV__CPU_RESTRICT alpha,
+                                                        int32_t kp, int32_t rp) {
+    __m512 c = alpha ? _mm512_mul_ps(_mm512_loadu_ps(C), _mm512_loadu_ps(alpha)) : _mm512_setzero_ps();
+    int32_t k;
+    for (k = 0; k < kp; k++) c = _mm512_dpbf16_ps(c, MSKV__BF16_BCAST(A[k]), MSKV__BF16_LOAD(B + (size_t)k * rp));
+    _mm512_storeu_ps(C, c);
+}
+
+static MSKV__CPU_AVX512BF16 void mskv__cpu_gemm_bf16_avx512(const uint32_t *MSKV__CPU_RESTRICT A, ptrdiff_t ais,
+                                                            const uint32_t *MSKV__CPU_RESTRICT B, float *MSKV__CPU_RESTRICT C,
+                                                            const float *MSKV__CPU_RESTRICT alpha, int32_t n, int32_t kp, int32_t rp) {
+    int32_t v = 0, i, x;
+    for (; v + 64 <= rp; v += 64) {
+        for (i = 0; i + 4 <= n; i += 4)
+            mskv__cpu_gemmbf16_4x4(A + i * ais, ais, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kp, rp);
+        for (; i < n; i++)
+            for (x = 0; x < 64; x += 16)
+                mskv__cpu_gemmbf16_1x1(A + i * ais, B + v + x, C + (size_t)i * rp + v + x, alpha ? alpha + v + x : NULL, kp, rp);
+    }
+    for (; v < rp; v += 16)
+        for (i = 0; i < n; i++)
+            mskv__cpu_gemmbf16_1x1(A + i * ais, B + v, C + (size_t)i * rp + v, alpha ? alpha + v : NULL, kp, rp);
+}
+#undef MSKV__BF16_BCAST
+#undef MSKV__BF16_LOAD
+
+/* The AVX-512 path with the bf16 products for bf16 pools' video items. */
+static const mskv__cpu_kern mskv__cpu_kern_avx512_bf16 = {
+    MSKV_CPU_ISA_AVX512_BF16, 16, mskv__cpu_cvt_avx512, mskv__cpu_gemm_avx512, mskv__cpu_softmax_avx512,
+    mskv__cpu_qk_rows_avx512, mskv__cpu_pv_rows_avx512, mskv__cpu_exp_row_avx512,
+    mskv__cpu_qk_rows16_avx512, mskv__cpu_pv_rows16_avx512, mskv__cpu_gemm_bf16_avx512};
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#else
+#define MSKV__CPU_BF16_X86 0
+#endif
 
 /* ---- AVX2 path (8 floats a vector; needs FMA and F16C, which every AVX2 CPU has) ---- */
 #if MSKV__CPU_X86
@@ -6875,7 +7034,7 @@ static MSKV__CPU_AVX2 void mskv__cpu_pv_rows16_avx2(float *MSKV__CPU_RESTRICT O,
 static const mskv__cpu_kern mskv__cpu_kern_avx2 = {
     MSKV_CPU_ISA_AVX2, 8, mskv__cpu_cvt_avx2, mskv__cpu_gemm_avx2, mskv__cpu_softmax_avx2,
     mskv__cpu_qk_rows_avx2, mskv__cpu_pv_rows_avx2, mskv__cpu_exp_row_avx2,
-    mskv__cpu_qk_rows16_avx2, mskv__cpu_pv_rows16_avx2};
+    mskv__cpu_qk_rows16_avx2, mskv__cpu_pv_rows16_avx2, NULL};
 
 /* GCC ends target-attributed AVX functions without vzeroupper, so a call on
    an AVX path returned with the upper halves of the vector registers dirty,
@@ -7180,7 +7339,7 @@ static void mskv__cpu_pv_rows16_neon(float *MSKV__CPU_RESTRICT O, const float *M
 static const mskv__cpu_kern mskv__cpu_kern_neon = {
     MSKV_CPU_ISA_NEON, 4, mskv__cpu_cvt_neon, mskv__cpu_gemm_neon, mskv__cpu_softmax_neon,
     mskv__cpu_qk_rows_neon, mskv__cpu_pv_rows_neon, mskv__cpu_exp_row_neon,
-    mskv__cpu_qk_rows16_neon, mskv__cpu_pv_rows16_neon};
+    mskv__cpu_qk_rows16_neon, mskv__cpu_pv_rows16_neon, NULL};
 #endif /* MSKV__CPU_NEON */
 
 /* ---- choosing a path ---- */
@@ -7210,7 +7369,20 @@ static uint64_t mskv__cpu_xgetbv0(void) {
 #endif
 
 static int mskv__cpu_has(mskv_cpu_isa isa) {
-    if (isa == MSKV_CPU_ISA_PORTABLE) return 1;
+    if (isa == MSKV_CPU_ISA_PORTABLE || isa == MSKV_CPU_ISA_BF16_EMU) return 1;
+#if MSKV__CPU_BF16_X86
+    if (isa == MSKV_CPU_ISA_AVX512_BF16) {
+        /* the AVX-512 path's needs, AVX-512 BW (leaf 7 EBX bit 30: the target
+           the kernels are built for implies it) and AVX512_BF16 (leaf 7
+           subleaf 1 EAX bit 5; subleaf 1 exists when subleaf 0's EAX >= 1) */
+        uint32_t r7[4], r71[4];
+        if (!mskv__cpu_has(MSKV_CPU_ISA_AVX512)) return 0;
+        mskv__cpu_cpuid(7, 0, r7);
+        if (!(r7[1] & (1u << 30)) || r7[0] < 1) return 0;
+        mskv__cpu_cpuid(7, 1, r71);
+        return (r71[0] & (1u << 5)) != 0;
+    }
+#endif
 #if MSKV__CPU_X86
     if (isa == MSKV_CPU_ISA_AVX2 || isa == MSKV_CPU_ISA_AVX512) {
         uint32_t r0[4], r1[4], r7[4];
@@ -7234,6 +7406,10 @@ static int mskv__cpu_has(mskv_cpu_isa isa) {
 }
 
 static const mskv__cpu_kern *mskv__cpu_kern_of(mskv_cpu_isa isa) {
+    if (isa == MSKV_CPU_ISA_BF16_EMU) return &mskv__cpu_kern_bf16_emu;
+#if MSKV__CPU_BF16_X86
+    if (isa == MSKV_CPU_ISA_AVX512_BF16) return &mskv__cpu_kern_avx512_bf16;
+#endif
 #if MSKV__CPU_X86
     if (isa == MSKV_CPU_ISA_AVX512) return &mskv__cpu_kern_avx512;
     if (isa == MSKV_CPU_ISA_AVX2) return &mskv__cpu_kern_avx2;
@@ -7245,7 +7421,12 @@ static const mskv__cpu_kern *mskv__cpu_kern_of(mskv_cpu_isa isa) {
     return &mskv__cpu_kern_portable;
 }
 
+#define MSKV__CPU_ISA_LAST MSKV_CPU_ISA_BF16_EMU  /* the highest mskv_cpu_isa */
+
 static mskv_cpu_isa mskv__cpu_best(void) {
+    /* f32 arithmetic unless asked: avx512_bf16 rounds Q and P to bf16 (errors
+       near 1e-3 of the f32 paths' 1e-7), so it is chosen by name only, like
+       bf16_emu (MSKV_CPU_ISA=avx512_bf16 or mskv_cpu_desc.isa) */
     static const mskv_cpu_isa order[3] = {MSKV_CPU_ISA_AVX512, MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_NEON};
     int i;
     for (i = 0; i < 3; i++)
@@ -7260,6 +7441,8 @@ MSKV_IMPL const char *mskv_cpu_isa_name(mskv_cpu_isa isa) {
     case MSKV_CPU_ISA_AVX2: return "avx2";
     case MSKV_CPU_ISA_AVX512: return "avx512";
     case MSKV_CPU_ISA_NEON: return "neon";
+    case MSKV_CPU_ISA_AVX512_BF16: return "avx512_bf16";
+    case MSKV_CPU_ISA_BF16_EMU: return "bf16_emu";
     }
     return "unknown";
 }
@@ -7276,10 +7459,10 @@ static mskv_cpu_isa mskv__cpu_resolve_auto(char *why, size_t cap) {
     mskv_cpu_isa best = mskv__cpu_best(), isa;
     why[0] = 0;
     if (!env || !env[0] || strcmp(env, "auto") == 0) return best;
-    for (isa = MSKV_CPU_ISA_PORTABLE; isa <= MSKV_CPU_ISA_NEON; isa = (mskv_cpu_isa)(isa + 1))
+    for (isa = MSKV_CPU_ISA_PORTABLE; isa <= MSKV__CPU_ISA_LAST; isa = (mskv_cpu_isa)(isa + 1))
         if (strcmp(env, mskv_cpu_isa_name(isa)) == 0) break;
-    if (isa > MSKV_CPU_ISA_NEON) {
-        mskv__why(why, cap, "MSKV_CPU_ISA=%.32s is not one of portable, avx2, avx512, neon, auto; using %s", env,
+    if (isa > MSKV__CPU_ISA_LAST) {
+        mskv__why(why, cap, "MSKV_CPU_ISA=%.32s is not one of portable, avx2, avx512, neon, avx512_bf16, bf16_emu, auto; using %s", env,
                   mskv_cpu_isa_name(best));
         return best;
     }
@@ -7439,14 +7622,21 @@ MSKV_IMPL mskv_result mskv_cpu_create(const mskv_cpu_desc *desc, mskv_cpu **out)
     mskv_cpu_isa isa;
     size_t per = 0, stride;
     int32_t i, rows = 0, keys = 0, chunks = 0;
-    char why[160];
+    char why[200];
     if (!out) return MSKV_ERROR_NULL_POINTER;
     *out = NULL;
     if (desc) d = *desc; else memset(&d, 0, sizeof d);
     if (d.num_threads < 0 || d.num_threads > 1024) return MSKV_ERROR_INVALID_ARGUMENT;
     if ((d.allocator.alloc || d.allocator.free) && !(d.allocator.alloc && d.allocator.free))
         return MSKV_ERROR_INVALID_ARGUMENT;
-    if (d.isa < MSKV_CPU_ISA_AUTO || d.isa > MSKV_CPU_ISA_NEON) return MSKV_ERROR_INVALID_ARGUMENT;
+    if (d.isa < MSKV_CPU_ISA_AUTO || d.isa > MSKV__CPU_ISA_LAST) {
+        if (d.log) {
+            mskv__why(why, sizeof why, "mskv_cpu_create: desc->isa = %d is not a path (0 = auto .. %d = %s)", (int)d.isa,
+                      (int)MSKV__CPU_ISA_LAST, mskv_cpu_isa_name(MSKV__CPU_ISA_LAST));
+            d.log(d.log_user, MSKV_LOG_ERROR, why);
+        }
+        return MSKV_ERROR_INVALID_ARGUMENT;
+    }
     if (d.isa == MSKV_CPU_ISA_AUTO) {
         isa = mskv__cpu_resolve_auto(why, sizeof why);
         if (why[0] && d.log) d.log(d.log_user, MSKV_LOG_WARN, why);
@@ -7829,6 +8019,74 @@ static void mskv__cpu_block_rows(const mskv__cpu_job *job, const mskv__cpu_seg *
 
 static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t r0, int32_t nr,
                                 int32_t g0, int32_t ng, int64_t klo, int64_t khi, float *part);
+/* ---- bf16 items (paths with kern->gemm_bf16, bf16 pools) ---- */
+
+/* The transposed tiles of mskv__cpu_item_wide with bf16 products, packed for
+   vdpbf16ps: Q^T as pairs along head_dim ([D/2][rp] pairs, Q scaled then
+   rounded), K rows as they are stored (pairs along head_dim),
+   P (the softmax, f32) rounded into pairs along the key axis ([kb/2][rp], in
+   the K tile once the scores are made) and V^T into pairs along the key
+   axis ([D][kb/2]). An odd head_dim or block ends in a pair whose second
+   element is 0. Scores and O accumulate in f32; the packing is the same
+   for every path with gemm_bf16, only the product kernel differs. */
+static uint32_t mskv__cpu_bf16_pair(float lo, float hi) {
+    return (uint32_t)mskv_f32_to_bf16(lo) | (uint32_t)mskv_f32_to_bf16(hi) << 16;
+}
+
+static void mskv__cpu_item_wide_bf16(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t r0, int32_t nr, int32_t g) {
+    const mskv__cpu_kern *kn = job->kern;
+    const int32_t D = job->dim, Dh = (D + 1) / 2, KS = ws->keys, rp = (nr + kn->rw - 1) / kn->rw * kn->rw;
+    const size_t goff = (size_t)g * job->hstride;
+    const uint16_t *kpool = (const uint16_t *)job->pools->k, *vpool = (const uint16_t *)job->pools->v;
+    uint32_t *qt = (uint32_t *)(void *)ws->q, *kt = (uint32_t *)(void *)ws->k, *vt = (uint32_t *)(void *)ws->v;
+    int64_t lo = INT64_MAX, hi = 0, j0, end;
+    int32_t r, d, jj, p, run;
+    for (r = 0; r < rp; r++) {
+        float *row = ws->v;  /* scratch for one query row, D + 1 floats */
+        if (r < nr) {
+            mskv__cpu_query(job, sg, r0 + r, g, row);
+            mskv__cpu_row_keys(job, sg, (r0 + r) / job->group, &ws->klo[r], &ws->khi[r]);
+            if (ws->klo[r] < ws->khi[r]) {
+                lo = ws->klo[r] < lo ? ws->klo[r] : lo;
+                hi = ws->khi[r] > hi ? ws->khi[r] : hi;
+            }
+        } else {
+            for (d = 0; d < D; d++) row[d] = 0.0f;
+        }
+        row[D] = 0.0f;
+        for (p = 0; p < Dh; p++) qt[(size_t)p * rp + r] = mskv__cpu_bf16_pair(row[2 * p], row[2 * p + 1]);
+        ws->m[r] = -INFINITY;
+        ws->l[r] = 0.0f;
+    }
+    memset(ws->o, 0, (size_t)D * (size_t)rp * sizeof(float));
+    for (run = 0; run < sg->nruns; run++)
+    for (j0 = lo > sg->run_lo[run] ? lo : sg->run_lo[run], end = hi < sg->run_hi[run] ? hi : sg->run_hi[run]; j0 < end; j0 += KS) {
+        int32_t kb = (int32_t)(end - j0 < KS ? end - j0 : KS), kh = (kb + 1) / 2, full;
+        mskv__cpu_block_rows(job, sg, j0, kb, end, g, 1, ws->el);
+        for (jj = 0; jj < kb; jj++) {  /* pairs spelt out: any byte order, nothing read past the row */
+            const uint16_t *kr = kpool + ws->el[jj] + goff;
+            uint32_t *kd = kt + (size_t)jj * Dh;
+            for (p = 0; p < D / 2; p++) kd[p] = (uint32_t)kr[2 * p] | (uint32_t)kr[2 * p + 1] << 16;
+            if (D & 1) kd[Dh - 1] = kr[D - 1];
+        }
+        for (p = 0; p < kh; p++) {
+            const uint16_t *va = vpool + ws->el[2 * p] + goff, *vb = 2 * p + 1 < kb ? vpool + ws->el[2 * p + 1] + goff : NULL;
+            for (d = 0; d < D; d++) vt[(size_t)d * kh + p] = (uint32_t)va[d] | (vb ? (uint32_t)vb[d] << 16 : 0u);
+        }
+        full = mskv__cpu_block_mask(ws->klo, ws->khi, nr, rp, j0, kb, ws->a, ws->z);
+        kn->gemm_bf16(kt, Dh, qt, ws->s, NULL, kb, Dh, rp);              /* S^T = K Q^T */
+        kn->softmax(ws->s, rp, kb, ws->a, ws->z, full, ws->m, ws->l, ws->alpha);
+        for (p = 0; p < kh; p++) {                                       /* P^T into pairs of keys */
+            const float *sa = ws->s + (size_t)(2 * p) * rp, *sb = 2 * p + 1 < kb ? sa + rp : NULL;
+            for (r = 0; r < rp; r++) kt[(size_t)p * rp + r] = mskv__cpu_bf16_pair(sa[r], sb ? sb[r] : 0.0f);
+        }
+        kn->gemm_bf16(vt, kh, kt, ws->o, ws->alpha, D, kh, rp);         /* O^T = alpha O^T + V^T P^T */
+    }
+    for (r = 0; r < nr; r++) {
+        for (d = 0; d < D; d++) ws->v[d] = ws->o[(size_t)d * rp + r];
+        mskv__cpu_emit(job, sg, r0 + r, g, ws->v, ws->m[r], ws->l[r]);
+    }
+}
 
 /* Many rows (video): Q and O transposed (a row per lane), so scores, softmax
    and P.V are all wide over rows and K/V rows are read as they are stored.
@@ -7846,6 +8104,12 @@ static void mskv__cpu_item_wide(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
     int64_t lo = INT64_MAX, hi = 0, j0, end, tlo[MSKV__CPU_MAX_TILES], thi[MSKV__CPU_MAX_TILES];
     int32_t r, d, jj, run, t, nt = (nr + TR - 1) / TR, nw = nr, small = 0;
     if (nt > 1 && nr - (nt - 1) * TR <= 8) { small = nr - (nt - 1) * TR; nt--; nw = nt * TR; }
+    if (kn->gemm_bf16 && job->pools->dtype == MSKV_DTYPE_BF16) {
+        /* bf16 products: the same tiles, each packing its blocks itself */
+        for (t = 0; t < nt; t++) mskv__cpu_item_wide_bf16(job, ws, sg, r0 + t * TR, nw - t * TR < TR ? nw - t * TR : TR, g);
+        if (small) mskv__cpu_item_rows(job, ws, sg, r0 + nw, small, g, 1, 0, sg->kv_len, NULL);
+        return;
+    }
     for (t = 0; t < nt; t++) {
         const int32_t tnr = nw - t * TR < TR ? nw - t * TR : TR, rp = (tnr + kn->rw - 1) / kn->rw * kn->rw;
         float *q = ws->q + (size_t)t * tq;
@@ -8078,7 +8342,8 @@ static void mskv__cpu_attn_task(void *ctx, mskv__cpu_ws *ws) {
     mskv__cpu_work w;
     while (mskv__cpu_next(job, &w)) mskv__cpu_item(job, ws, &w);
 #if MSKV__CPU_X86
-    if (job->kern->isa == MSKV_CPU_ISA_AVX2 || job->kern->isa == MSKV_CPU_ISA_AVX512) mskv__cpu_zeroupper();
+    if (job->kern->isa == MSKV_CPU_ISA_AVX2 || job->kern->isa == MSKV_CPU_ISA_AVX512 || job->kern->isa == MSKV_CPU_ISA_AVX512_BF16)
+        mskv__cpu_zeroupper();
 #endif
 }
 

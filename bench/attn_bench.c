@@ -18,7 +18,10 @@
 
    Build and run:  make bench   (or: cc -std=c99 -O2 bench/attn_bench.c -lpthread -lm,
    the README's own build line: no -march flag is needed for the fast paths)
-   MSKV_CPU_ISA=portable|avx2|avx512|neon forces a path (the limits follow it).
+   MSKV_CPU_ISA=portable|avx2|avx512|neon|avx512_bf16|bf16_emu forces a path (the limits
+   follow it). On the avx512_bf16 path the bf16 dot peak (vdpbf16ps, 12 chains a
+   thread) is measured beside the FMA peak and video shapes print both ratios;
+   elsewhere the bench says why it is not measured.
    FLOPs count 4 * head_dim per (query head, visible key): Q.K and P.V.
    "cores busy" is process CPU time over wall time during the all-thread
    calls: on a shared machine it shows how many cores the threads got. */
@@ -85,6 +88,32 @@ __attribute__((target("avx512f"))) static double ab_fma_avx512(long n) {
 #undef AB_SUM
     return out[0] > 1e30f ? 0 : (double)n * 12 * 32;
 }
+/* The bf16 dot peak of the avx512_bf16 path: 12 chains of vdpbf16ps, each
+   16 lanes x 2 products x (multiply + add) = 64 flops. Built where the
+   library builds that path (MSKV__CPU_BF16_X86). */
+#if MSKV__CPU_BF16_X86
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static double ab_dpbf16_avx512(long n) {
+    const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = (__m512bh)_mm512_set1_epi32(0x3a803a80); /* 1.0, ~1e-3 */
+    float out[16];
+    long i;
+#define AB_DECL(c) __m512 a##c = _mm512_set1_ps((float)(c));
+#define AB_DP(c) a##c = _mm512_dpbf16_ps(a##c, x, y);
+#define AB_SUM(c) s = _mm512_add_ps(s, a##c);
+    AB_12(AB_DECL)
+    __m512 s = _mm512_setzero_ps();
+    for (i = 0; i < n; i++) {
+        AB_12(AB_DP)
+        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5),
+                              "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+    }
+    AB_12(AB_SUM)
+    _mm512_storeu_ps(out, s);
+#undef AB_DECL
+#undef AB_DP
+#undef AB_SUM
+    return out[0] > 1e30f ? 0 : (double)n * 12 * 64;
+}
+#endif
 __attribute__((target("avx2,fma"))) static double ab_fma_avx2(long n) {
     const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-3f);
     float out[8];
@@ -158,13 +187,23 @@ static void *ab_fma_thread(void *p) {
     ab_thread_arg *a = (ab_thread_arg *)p;
     long n = (long)a->n;
 #if defined(__x86_64__) || defined(__i386__)
-    if (a->isa == MSKV_CPU_ISA_AVX512) { a->flops = ab_fma_avx512(n); return NULL; }
+    if (a->isa == MSKV_CPU_ISA_AVX512 || a->isa == MSKV_CPU_ISA_AVX512_BF16) { a->flops = ab_fma_avx512(n); return NULL; }
     if (a->isa == MSKV_CPU_ISA_AVX2) { a->flops = ab_fma_avx2(n); return NULL; }
 #endif
 #if defined(__aarch64__)
     if (a->isa == MSKV_CPU_ISA_NEON) { a->flops = ab_fma_neon(n); return NULL; }
 #endif
     a->flops = ab_fma_scalar(n / 4);
+    return NULL;
+}
+
+/* The bf16 dot peak, on the avx512_bf16 path only (ab_limits.bf16_why says why not). */
+static void *ab_dp_thread(void *p) {
+    ab_thread_arg *a = (ab_thread_arg *)p;
+    a->flops = 0;
+#if MSKV__CPU_BF16_X86
+    if (a->isa == MSKV_CPU_ISA_AVX512_BF16) a->flops = ab_dpbf16_avx512((long)a->n);
+#endif
     return NULL;
 }
 
@@ -221,7 +260,7 @@ static void *ab_read_thread(void *p) {
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
     size_t i;
 #if defined(__x86_64__) || defined(__i386__)
-    if (a->isa == MSKV_CPU_ISA_AVX512) { a->sum = ab_read_avx512(b, a->n); return NULL; }
+    if (a->isa == MSKV_CPU_ISA_AVX512 || a->isa == MSKV_CPU_ISA_AVX512_BF16) { a->sum = ab_read_avx512(b, a->n); return NULL; }
     if (a->isa == MSKV_CPU_ISA_AVX2) { a->sum = ab_read_avx2(b, a->n); return NULL; }
 #endif
 #if defined(__aarch64__)
@@ -269,6 +308,8 @@ typedef struct ab_limits {
     float *buf;          /* the read-bandwidth buffer */
     size_t bytes;
     double fma, fma_core, bw;
+    double bf16;         /* the bf16 dot peak (avx512_bf16 path), GFLOP/s; 0 when bf16_why */
+    const char *bf16_why;
     int runs;
 } ab_limits;
 
@@ -279,6 +320,10 @@ static void ab_limits_round(ab_limits *l) {
     c = ab_cpu_now() - c;
     if (flops / t * 1e-9 > l->fma) l->fma = flops / t * 1e-9;
     if (c > 0 && flops / c * 1e-9 > l->fma_core) l->fma_core = flops / c * 1e-9;
+    if (!l->bf16_why) {
+        t = ab_parallel(ab_dp_thread, l->threads, l->isa, NULL, (size_t)4000000 * (size_t)l->threads, &flops);
+        if (flops / t * 1e-9 > l->bf16) l->bf16 = flops / t * 1e-9;
+    }
     if (l->buf) {
         t = ab_parallel(ab_read_thread, l->threads, l->isa, l->buf, l->bytes / 4, NULL);
         if ((double)l->bytes / t * 1e-9 > l->bw) l->bw = (double)l->bytes / t * 1e-9;
@@ -294,6 +339,12 @@ static int ab_limits_init(ab_limits *l, int32_t threads, mskv_cpu_isa isa) {
     memset(l, 0, sizeof *l);
     l->threads = threads;
     l->isa = isa;
+    if (isa == MSKV_CPU_ISA_BF16_EMU)
+        l->bf16_why = "the bf16_emu path emulates vdpbf16ps in plain C: no instruction peak to compare with";
+    else if (isa != MSKV_CPU_ISA_AVX512_BF16)
+        l->bf16_why = mskv_cpu_isa_available(MSKV_CPU_ISA_AVX512_BF16)
+                          ? "the path in use has no bf16 products (MSKV_CPU_ISA forces another)"
+                          : "this CPU or build lacks AVX512_BF16 (vdpbf16ps): speed on such hardware is unmeasured";
 #ifdef _SC_LEVEL3_CACHE_SIZE
     llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
 #endif
@@ -587,15 +638,17 @@ int main(void) {
     if (mskv_cpu_create(NULL, &probe) != MSKV_SUCCESS || mskv_cpu_info_get(probe, &info) != MSKV_SUCCESS) return 1;
     mskv_cpu_destroy(probe);
 #if defined(__x86_64__) || defined(__i386__)
-    base_simd = info.isa == MSKV_CPU_ISA_AVX2 || info.isa == MSKV_CPU_ISA_AVX512;
+    base_simd = info.isa == MSKV_CPU_ISA_AVX2 || info.isa == MSKV_CPU_ISA_AVX512 || info.isa == MSKV_CPU_ISA_AVX512_BF16;
 #endif
     if (!ab_limits_init(&lim, threads, info.isa)) { fprintf(stderr, "out of memory\n"); return 1; }
     printf("attn_bench: paged attention, bf16 storage and Q/O, f32 accumulation; %d threads; ISA path %s\n", (int)threads,
            mskv_cpu_isa_name(info.isa));
     printf("limits, measured in the same run on the same %d threads with the path's vector width (%s): f32 FMA peak "
            "(12 chains a thread) and a streaming read of %.0f MiB, best of %d short runs alternating with each shape's "
-           "calls\n", (int)threads, info.isa == MSKV_CPU_ISA_PORTABLE ? "scalar" : mskv_cpu_isa_name(info.isa),
+           "calls\n", (int)threads, info.isa == MSKV_CPU_ISA_PORTABLE || info.isa == MSKV_CPU_ISA_BF16_EMU ? "scalar" : mskv_cpu_isa_name(info.isa),
            (double)lim.bytes / 1048576.0, rounds);
+    if (lim.bf16_why) printf("bf16 dot peak: not measured (%s)\n", lim.bf16_why);
+    else printf("bf16 dot peak: vdpbf16ps, 12 chains a thread, same threads and runs as the FMA peak\n");
     printf("baseline: row-at-a-time f16 dot attention written here (llama.cpp-style; %s), same threads, same pages\n",
            base_simd ? "F16C + FMA, 8 lanes" : "scalar");
     for (si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -663,6 +716,7 @@ int main(void) {
         printf("\n%s\n", s->name);
         printf("  limits in this window: f32 FMA peak %.1f GFLOP/s (%.1f per CPU-second), read %.1f GB/s\n", lim.fma,
                lim.fma_core, lim.bw);
+        if (!lim.bf16_why) printf("  bf16 dot peak in this window: %.1f GFLOP/s\n", lim.bf16);
         printf("  %-28s %8s %10s %10s %10s %12s\n", "", "threads", "ms/call", "GFLOP/s", "x baseline",
                decode ? "of read bw" : "of FMA peak");
         if (decode) {
@@ -679,6 +733,9 @@ int main(void) {
             /* and per second of CPU time, against the peak's: the fraction a busy machine distorts least */
             printf("  %-28s %8d %10.2f %10.2f %9.2fx %11.0f%%   (mean per CPU-second: %.0f%%)\n", "mstar_kv", (int)threads,
                    tn * 1e3, gf, tb / tn, 100.0 * gf / lim.fma, 100.0 * flops * reps / cpu_s * 1e-9 / lim.fma_core);
+            if (!lim.bf16_why && lim.bf16 > 0)
+                printf("  %-28s %8s %10s %10s %10s %11.0f%%   of the bf16 dot peak (bf16 pool: Q.K and P.V as bf16 products)\n",
+                       "", "", "", "", "", 100.0 * gf / lim.bf16);
         }
         printf("  cores busy %.2f; max |mstar_kv - naive| %.2g, max |baseline - naive| %.2g (%lld of %lld rows)\n", util,
                maxdiff, basediff, (long long)naive_rows, (long long)rows);

@@ -1659,7 +1659,9 @@ TEST(one_thread_cpu_serialises_concurrent_callers) {
 
 /* ---- instruction-set paths --------------------------------------------------------- */
 
-static const mskv_cpu_isa tcpu_paths[4] = {MSKV_CPU_ISA_PORTABLE, MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_AVX512, MSKV_CPU_ISA_NEON};
+#define TCPU_NPATHS 6
+static const mskv_cpu_isa tcpu_paths[TCPU_NPATHS] = {MSKV_CPU_ISA_PORTABLE, MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_AVX512, MSKV_CPU_ISA_NEON,
+                                                     MSKV_CPU_ISA_AVX512_BF16, MSKV_CPU_ISA_BF16_EMU};
 
 /* Keeps the last message a pool's logger received. */
 static char tcpu_logged[256];
@@ -1686,7 +1688,7 @@ TEST(cpu_info_names_the_path_in_use) {
     EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cpu_info_get(NULL, &info));
     EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_cpu_info_get(cpu, NULL));
     mskv_cpu_destroy(cpu);
-    for (i = 0; i < 4; i++) {
+    for (i = 0; i < TCPU_NPATHS; i++) {
         if (!mskv_cpu_isa_available(tcpu_paths[i])) continue;
         cd.isa = tcpu_paths[i];
         ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
@@ -1697,13 +1699,17 @@ TEST(cpu_info_names_the_path_in_use) {
     EXPECT_TRUE(mskv_cpu_isa_available(MSKV_CPU_ISA_PORTABLE));  /* everywhere */
     EXPECT_TRUE(strcmp(mskv_cpu_isa_name(MSKV_CPU_ISA_AVX512), "avx512") == 0);
     EXPECT_TRUE(strcmp(mskv_cpu_isa_name(MSKV_CPU_ISA_PORTABLE), "portable") == 0);
+    EXPECT_TRUE(strcmp(mskv_cpu_isa_name(MSKV_CPU_ISA_AVX512_BF16), "avx512_bf16") == 0);
+    EXPECT_TRUE(strcmp(mskv_cpu_isa_name(MSKV_CPU_ISA_BF16_EMU), "bf16_emu") == 0);
+    EXPECT_TRUE(mskv_cpu_isa_available(MSKV_CPU_ISA_BF16_EMU));  /* plain C: everywhere */
+    EXPECT_TRUE(strcmp(mskv_cpu_isa_name((mskv_cpu_isa)7), "unknown") == 0);
 }
 
 TEST(cpu_create_refuses_a_path_this_machine_lacks_and_logs_why) {
     mskv_cpu_desc cd;
     mskv_cpu *cpu = (mskv_cpu *)&cd;
     int i, lacking = -1;
-    for (i = 1; i < 4; i++)
+    for (i = 1; i < TCPU_NPATHS; i++)
         if (!mskv_cpu_isa_available(tcpu_paths[i])) lacking = i;
     if (lacking < 0) SKIP("this machine runs every path (an x86 lacks NEON and an arm64 AVX2: not expected here)");
     memset(&cd, 0, sizeof cd);
@@ -1713,8 +1719,11 @@ TEST(cpu_create_refuses_a_path_this_machine_lacks_and_logs_why) {
     EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cpu_create(&cd, &cpu));
     EXPECT_TRUE(cpu == NULL);
     EXPECT_TRUE(strstr(tcpu_logged, mskv_cpu_isa_name(tcpu_paths[lacking])) != NULL);
-    cd.isa = (mskv_cpu_isa)7;
+    cd.isa = (mskv_cpu_isa)(MSKV_CPU_ISA_BF16_EMU + 1);
+    tcpu_logged[0] = 0;
     EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_create(&cd, &cpu));
+    EXPECT_TRUE(cpu == NULL);
+    EXPECT_TRUE(strstr(tcpu_logged, "desc->isa = 7") != NULL);  /* the field and its value */
 }
 
 #if !defined(_WIN32)
@@ -1751,7 +1760,7 @@ TEST(mskv_cpu_isa_in_the_environment_forces_a_path_and_a_bad_value_is_logged_and
     EXPECT_EQ((int)best, (int)tcpu_isa_with_env("auto"));
     EXPECT_EQ((int)best, (int)tcpu_isa_with_env("sse9"));
     EXPECT_TRUE(strstr(tcpu_logged, "sse9") != NULL);
-    for (i = 1; i < 4; i++) {
+    for (i = 1; i < TCPU_NPATHS; i++) {
         const char *name = mskv_cpu_isa_name(tcpu_paths[i]);
         if (mskv_cpu_isa_available(tcpu_paths[i])) {
             EXPECT_EQ((int)tcpu_paths[i], (int)tcpu_isa_with_env(name));
@@ -1867,14 +1876,14 @@ static int tcpu_xinuse(uint64_t *out) {
    which made the caller's SSE code after each call several times slower. */
 TEST(attention_on_an_avx_path_returns_with_the_upper_vector_halves_clear) {
 #ifdef TCPU_XINUSE
-    static const mskv_cpu_isa isas[2] = {MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_AVX512};
+    static const mskv_cpu_isa isas[3] = {MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_AVX512, MSKV_CPU_ISA_AVX512_BF16};
     tcpu_seq seqs[2] = {{9, 97, 97, 0}, {1, 700, 700, 0}};
     uint64_t seed = mt_seed(), state = 0;
     int i, ran = 0;
     __asm__ volatile("vzeroupper");
     if (!tcpu_xinuse(&state)) SKIP("this CPU cannot report which register state is in use (no XGETBV with ecx = 1)");
     if (state & 0x44u) SKIP("this CPU reports the upper vector halves in use even right after vzeroupper (XINUSE 0x%llx)", (unsigned long long)state);
-    for (i = 0; i < 2; i++) {
+    for (i = 0; i < 3; i++) {
         mskv_cpu_desc cd;
         mskv_cpu *cpu = NULL;
         tcpu_fix f;
@@ -1954,8 +1963,156 @@ TEST(avx512_path_passes_the_attention_tests) {
     tcpu_suite_on(MSKV_CPU_ISA_AVX512);
 }
 
+TEST(bf16_emulation_path_passes_the_attention_tests) { tcpu_suite_on(MSKV_CPU_ISA_BF16_EMU); }
+
+TEST(avx512_bf16_path_passes_the_attention_tests) {
+    if (!mskv_cpu_isa_available(MSKV_CPU_ISA_AVX512_BF16))
+        SKIP("the AVX512_BF16 path cannot run here: this CPU lacks AVX-512 F, BW or AVX512_BF16, or the build has no x86 kernels (not x86 with GCC or Clang, or MSKV_CPU_NO_SIMD)");
+    tcpu_suite_on(MSKV_CPU_ISA_AVX512_BF16);
+}
+
 TEST(neon_path_passes_the_attention_tests) {
     if (!mskv_cpu_isa_available(MSKV_CPU_ISA_NEON))
         SKIP("the NEON path cannot run here: not an arm64 build (or MSKV_CPU_NO_SIMD)");
     tcpu_suite_on(MSKV_CPU_ISA_NEON);
+}
+
+/* ---- bf16 arithmetic (the bf16_emu and avx512_bf16 paths) ---------------------------- */
+
+static uint32_t tcpu_fbits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+
+/* The bf16 paths' scores follow vdpbf16ps as Intel describes it: per pair,
+   the odd element's product is added first, then the even one's, each
+   rounded to nearest even; denormal inputs count as zero and denormal
+   results are flushed; Q is rounded to bf16 first. With one key the softmax
+   is exactly 1 and lse is the score itself, so each of the 16 query heads
+   (a video-sized row block: the wide kernels) reads out one case exactly.
+   K = [2^-12, 1, 2^-12, 2^100]; the portable f32 path is the control. */
+TEST(bf16_paths_add_each_pair_odd_element_first_and_treat_denormals_as_zero) {
+    static const mskv_cpu_isa isas[3] = {MSKV_CPU_ISA_PORTABLE, MSKV_CPU_ISA_BF16_EMU, MSKV_CPU_ISA_AVX512_BF16};
+    /* q per case, and the score a bf16 path / the f32 path must give */
+    const float t12 = ldexpf(1.0f, -12), t24 = ldexpf(1.0f, -24);
+    const float qs[6][4] = {
+        {t12, 1.0f, -4096.0f, ldexpf(1.0f, -124)}, /* terms 2^-24, 1, -1, 2^-24: odd first gives 1, 1, 0, 0 */
+        {0.0f, 1.0f + ldexpf(1.0f, -10), 0.0f, 0.0f}, /* q rounds to 1 in bf16 */
+        {ldexpf(1.0f, -120), 0.0f, 0.0f, 0.0f},    /* a product of 2^-132 (first pair): a denormal result */
+        {0.0f, 0.0f, ldexpf(1.0f, -120), 0.0f},    /* the same as the last step of the last pair */
+        {0.0f, 0.0f, 0.0f, ldexpf(1.0f, -130)},    /* a denormal input (times 2^100 = 2^-30) */
+        {0.0f, 2.0f, 3.0f, 0.0f}};                 /* plain: 2 + 3 * 2^-12, exact */
+    const float want_bf16[6] = {0.0f, 1.0f, 0.0f, 0.0f, 0.0f, 2.0f + 3.0f * t12};
+    const float want_f32[6] = {t24, 1.0f + ldexpf(1.0f, -10), ldexpf(1.0f, -132), ldexpf(1.0f, -132), ldexpf(1.0f, -30), 2.0f + 3.0f * t12};
+    const float kv[2][4] = {{t12, 1.0f, t12, ldexpf(1.0f, 100)}, {1.0f, 2.0f, 3.0f, 4.0f}};
+    tcpu_seq seqs[1] = {{1, 1, 1, 0}};
+    uint64_t seed = mt_seed();
+    float q[16 * 4];
+    int i, h, d, ran = 0;
+    for (h = 0; h < 16; h++)
+        for (d = 0; d < 4; d++) q[h * 4 + d] = qs[h < 6 ? h : 5][d];
+    for (i = 0; i < 3; i++) {
+        mskv_cpu_desc cd;
+        mskv_cpu *cpu = NULL;
+        tcpu_fix f;
+        mskv_attn at = tcpu_attn(16, MSKV_MASK_NONE, 0, MSKV_DTYPE_F32);
+        mskv_pools pools;
+        float o[16 * 4], lse[16];
+        size_t slot;
+        if (!mskv_cpu_isa_available(isas[i])) continue;
+        memset(&cd, 0, sizeof cd);
+        cd.isa = isas[i];
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &cpu));
+        ASSERT_TRUE(tcpu_fix_init(&f, 16, 1, 4, MSKV_DTYPE_BF16, seqs, 1, 0, 0, 0, seed));
+        slot = (size_t)f.indices[0] * 16 * 4;  /* the one key: slot 0 of its page */
+        for (d = 0; d < 4; d++) {
+            ((uint16_t *)f.k)[slot + d] = mskv_f32_to_bf16(kv[0][d]);
+            ((uint16_t *)f.v)[slot + d] = mskv_f32_to_bf16(kv[1][d]);
+        }
+        at.scale = 1.0f;
+        pools = tcpu_pools(&f);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(cpu, &pools, &f.plan, &at, q, o, lse));
+        for (h = 0; h < 16; h++) {
+            float want = i == 0 ? want_f32[h < 6 ? h : 5] : want_bf16[h < 6 ? h : 5], w32 = want_f32[h < 6 ? h : 5];
+            if (i == 2) {
+                /* the instruction itself: the emulation's bits are Intel's description, which no run here has
+                   compared with the hardware; the hardware must be within bf16 rounding of the f32 score */
+                if (!(fabsf(lse[h] - w32) <= ldexpf(1.0f, -8) * fabsf(w32) + ldexpf(1.0f, -20)))
+                    mt_fail(__FILE__, __LINE__, "%s path, head %d: score %.9g, f32 %.9g (emulation %.9g)", mskv_cpu_isa_name(isas[i]), h,
+                            lse[h], w32, want);
+                else if (memcmp(&lse[h], &want, sizeof want) != 0)
+                    printf("  note: %s head %d gives %.9g (bits 0x%08x) where the emulation gives %.9g\n", mskv_cpu_isa_name(isas[i]), h,
+                           lse[h], (unsigned)tcpu_fbits(lse[h]), want);
+            } else if (memcmp(&lse[h], &want, sizeof want) != 0)
+                mt_fail(__FILE__, __LINE__, "%s path, head %d: score %.9g (bits 0x%08x), expected %.9g", mskv_cpu_isa_name(isas[i]), h,
+                        lse[h], (unsigned)tcpu_fbits(lse[h]), want);
+            for (d = 0; d < 4; d++) EXPECT_TRUE(o[h * 4 + d] == kv[1][d]);  /* the one value, P = 1 */
+        }
+        ran += i > 0;
+        tcpu_fix_free(&f);
+        mskv_cpu_destroy(cpu);
+    }
+    EXPECT_GT(ran, 0);  /* bf16_emu runs everywhere */
+}
+
+/* A bf16 video call on bf16_emu: within the bf16 tolerance of the float64
+   reference (1e-2 relative: Q and P rounded to bf16 add at most 2^-9 relative
+   each to a product whose K or V is already bf16, far under it), not the
+   portable path's bits (the bf16 arithmetic ran), and on an f32 pool exactly
+   the portable path's bits (nothing changes outside bf16 pools). An odd
+   head_dim (63) and an odd last key block (301 keys) take the padded pairs. */
+TEST(bf16_emulation_rounds_q_and_p_on_bf16_pools_only_and_stays_within_the_bf16_tolerance) {
+    static const int32_t dims[2] = {64, 63};
+    static const mskv_dtype pts[2] = {MSKV_DTYPE_BF16, MSKV_DTYPE_F32};
+    tcpu_seq seqs[2] = {{40, 301, 301, 0}, {24, 150, 90, 20}};
+    uint64_t seed = mt_seed();  /* printed by the harness */
+    int di, pi;
+    for (di = 0; di < 2; di++)
+        for (pi = 0; pi < 2; pi++) {
+            const int32_t D = dims[di];
+            mskv_cpu_desc cd;
+            mskv_cpu *emu = NULL, *port = NULL;
+            tcpu_fix f;
+            mskv_attn at = tcpu_attn(4, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
+            float *oe = NULL, *le = NULL, *op = NULL, *lp = NULL;
+            double *ro, *rl, err_e = 0, err_p = 0;
+            size_t rows, n, x;
+            void *q;
+            memset(&cd, 0, sizeof cd);
+            cd.num_threads = 2;
+            cd.isa = MSKV_CPU_ISA_BF16_EMU;
+            ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &emu));
+            cd.isa = MSKV_CPU_ISA_PORTABLE;
+            ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &port));
+            ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, D, pts[pi], seqs, 2, 1, 1, 2, seed + (uint64_t)(di * 2 + pi)));
+            rows = (size_t)f.plan.total_q * 4;
+            n = rows * (size_t)D;
+            q = tcpu_queries(&f, 4, MSKV_DTYPE_F32, seed + 7);
+            ro = (double *)malloc(n * sizeof(double) + 8);
+            rl = (double *)malloc(rows * sizeof(double) + 8);
+            ASSERT_TRUE(q != NULL && ro != NULL && rl != NULL);
+            EXPECT_TRUE(tcpu_run(emu, &f, &at, q, &oe, &le));
+            EXPECT_TRUE(tcpu_run(port, &f, &at, q, &op, &lp));
+            tcpu_reference(&f, &at, q, ro, rl);
+            for (x = 0; x < n; x++) {
+                double ee = fabs(oe[x] - ro[x]) / (fabs(ro[x]) > 1 ? fabs(ro[x]) : 1), ep = fabs(op[x] - ro[x]) / (fabs(ro[x]) > 1 ? fabs(ro[x]) : 1);
+                err_e = ee > err_e ? ee : err_e;
+                err_p = ep > err_p ? ep : err_p;
+            }
+            for (x = 0; x < rows; x++) {
+                double ee = fabs(le[x] - rl[x]) / (fabs(rl[x]) > 1 ? fabs(rl[x]) : 1);
+                err_e = ee > err_e ? ee : err_e;
+            }
+            printf("  %s pool, head_dim %d: max error vs float64, bf16_emu %.3g, portable %.3g\n",
+                   pts[pi] == MSKV_DTYPE_BF16 ? "bf16" : "f32", (int)D, err_e, err_p);
+            if (pts[pi] == MSKV_DTYPE_BF16) {
+                EXPECT_TRUE(err_e <= tcpu_tol(MSKV_DTYPE_BF16));
+                EXPECT_TRUE(memcmp(oe, op, n * sizeof(float)) != 0);
+                EXPECT_TRUE(err_e > err_p);  /* Q and P rounded: a larger error than f32 products */
+            } else {
+                EXPECT_TRUE(memcmp(oe, op, n * sizeof(float)) == 0);
+                EXPECT_TRUE(memcmp(le, lp, rows * sizeof(float)) == 0);
+            }
+            free(q); free(ro); free(rl); free(oe); free(le); free(op); free(lp);
+            tcpu_fix_free(&f);
+            mskv_cpu_destroy(emu);
+            mskv_cpu_destroy(port);
+        }
 }

@@ -181,3 +181,19 @@ def test_cpu_defaults_to_the_machines_cores():
         assert c.num_threads == max(1, want) == mk.default_threads()
     with mk.Cpu(num_threads=1) as c:
         assert c.num_threads == 1
+
+
+def test_the_bf16_paths_are_named_and_the_emulation_is_chosen_by_the_environment(monkeypatch):
+    assert mk.cpu_isa_name(mk.CpuIsa.AVX512_BF16) == "avx512_bf16"
+    assert mk.cpu_isa_name("bf16_emu") == "bf16_emu" and mk.cpu_isas()["bf16_emu"]   # plain C: everywhere
+    monkeypatch.setenv("MSKV_CPU_ISA", "bf16_emu")
+    with mk.Cpu(num_threads=1) as cpu:
+        assert cpu.info().isa == mk.CpuIsa.BF16_EMU
+        # 24 queries x 2 q heads per kv head: 48 rows, the wide (video) kernels with bf16 products
+        o, lse, ref, ref_lse = _run("bf16", n_kv=70, n_q=24, cpu=cpu)
+    monkeypatch.setenv("MSKV_CPU_ISA", "portable")
+    with mk.Cpu(num_threads=1) as cpu:
+        assert cpu.info().isa == mk.CpuIsa.PORTABLE
+        o_f32 = _run("bf16", n_kv=70, n_q=24, cpu=cpu)[0]
+    assert np.abs(o - ref).max() <= 2e-2 and np.abs(lse - ref_lse).max() <= 2e-2
+    assert not np.array_equal(o, o_f32)   # Q and P were rounded to bf16: not the f32 products' result
