@@ -59,16 +59,25 @@
    dies or drops the connection fails it (PEER) instead of hanging it; every
    control message (challenge, offer, answer, PREPARED, COMMIT, ACK) goes on
    it. UCX 1.13 refuses its shared-memory transports (posix, sysv, cma) to
-   such an endpoint, so the pages go on a second, data endpoint to the peer's
-   worker, made with UCP_ERR_HANDLING_MODE_NONE, which they accept: on one
-   host with UCX_TLS=shm,tcp (or sm,tcp) the pages move through shared
-   memory, over TCP across hosts. Each side sends its worker address over
-   the connection when it is made (the rendezvous has them already); the
-   data endpoint is made at the first page sent. A transfer's liveness is
-   the connection endpoint's failure and the timeouts; on a failure the
+   such an endpoint, so on one host the pages go on a second, data endpoint
+   to the peer's worker made with UCP_ERR_HANDLING_MODE_NONE, which they
+   accept: with UCX_TLS=shm,tcp (or sm,tcp) the pages move through shared
+   memory and the control messages over TCP. Each side sends its worker
+   address over the connection when it is made, tagged with its host (the
+   kernel's boot id) and left out when it has no shared-memory transport;
+   the sender makes the data endpoint at its first page and keeps it only
+   when UCX gave it a shared-memory lane. Otherwise (UCX_TLS=tcp, another
+   host) everything stays on the one endpoint: a MODE_NONE endpoint over TCP
+   would only lose the failure detection. A transfer's liveness is the
+   connection endpoint's failure and the timeouts; on a failure the
    connection endpoint is closed at once and the data endpoint flushed for
-   a moment and then given up (UCX refuses a forced close of a MODE_NONE
-   endpoint), so a dead or stopped peer costs no hang. desc.lanes = 1 keeps
+   200 ms at most (UCX refuses a forced close of a MODE_NONE endpoint).
+   Should sends stay queued on it (a stopped or dead peer's full FIFO),
+   mskv_ucx_destroy leaves the worker and the object allocated, with a
+   warning to the logger, because UCX 1.13 aborts the process destroying
+   such a worker. While pages are in flight on a context with shared memory
+   a wait yields the processor instead of sleeping on the worker's event fd
+   (which does not reliably wake for shared memory). desc.lanes = 1 keeps
    everything on the one endpoint (and so on TCP, whatever UCX_TLS says).
    mskv_ucx_lanes says which UCX transports each endpoint really uses.
 
@@ -291,8 +300,9 @@ typedef struct mskv_ucx_desc {
                                    refuses (DENIED) every offer without a valid HMAC-SHA-256 under it, before it takes a page;
                                    a sender signs its offers with it. Copied at listen/connect. */
     size_t secret_bytes;
-    int32_t lanes;              /* 0 = 2: pages go on a data endpoint of their own, every control message on the
-                                   connection's endpoint (see "Endpoints" below); 1: everything on one endpoint */
+    int32_t lanes;              /* 0 = 2: pages go on a data endpoint of their own when the peer is on this host and both
+                                   have shared memory, every control message on the connection's endpoint (see
+                                   "Endpoints" at the top); 1: everything on one endpoint. Else INVALID_ARGUMENT. */
 } mskv_ucx_desc;
 
 /* Flags of mskv_ucx_send. */
@@ -1418,10 +1428,10 @@ static mskv_result mskv__ucx_data_ep(mskv_ucx *u) {
     ep.err_handler.arg = u;
     s = u->fn.ucp_ep_create(u->worker, &ep, &made);
     if (s != MSKV_UCS_OK) return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: no data endpoint to the peer's worker: %s", mskv__ucx_status(u, s));
-    r = mskv__ucx_ep_lanes(u, made, lanes, sizeof lanes);
+    r = mskv__ucx_ep_lanes(u, made, lanes, sizeof lanes);   /* IO (no temporary file): the connection's endpoint then */
     u->data_lane = r == MSKV_SUCCESS && mskv__ucx_has_shm(lanes) ? 2 : 1;
     if (u->data_lane == 2) u->data_ep = made;
-    return r;
+    return MSKV_SUCCESS;
 }
 
 MSKV_IMPL mskv_result mskv_ucx_listen(const mskv_ucx_desc *desc, const char *ip, uint16_t port, mskv_ucx **out) {

@@ -1395,6 +1395,13 @@ static int mtl_lanes(const char *tls, int32_t lanes, int by_address, char *snd, 
     }
     if (e == MSKV_SUCCESS) e = mskv_ucx_recv(u, a, &r);
     if (e != MSKV_SUCCESS || mskv_ucx_lanes(u, rcv, cap) != MSKV_SUCCESS) ok = 0;
+    {
+        /* a buffer one byte short: CAPACITY, nothing written */
+        char small[512];
+        size_t need = strlen(rcv) + 1;
+        memset(small, 'x', sizeof small);
+        if (need > sizeof small || mskv_ucx_lanes(u, small, need - 1) != MSKV_ERROR_CAPACITY || small[0] != 'x' || small[need - 2] != 'x') ok = 0;
+    }
     close(to_child[1]);   /* a child still waiting for its port gives up */
     if (read(back[0], line, sizeof line) != (ssize_t)sizeof line) ok = 0;
     else mskv__ucx_copystr(snd, cap, line);
@@ -1444,6 +1451,23 @@ TEST(ucx_lanes_say_the_pages_go_through_shared_memory_with_shm_and_over_tcp_with
         printf("    tcp%s: sender \"%s\", receiver \"%s\"\n", by_address ? " by address" : "", s, r);
         EXPECT_TRUE(mtl_all(s, "control ", 0));
         EXPECT_TRUE(mtl_all(s, "data ", 0));
+    }
+    {
+        /* bad arguments change nothing */
+        mskv_ucx_desc d;
+        mskv_ucx *u = NULL;
+        char buf[64];
+        memset(&d, 0, sizeof d);
+        d.lanes = 3;
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_ucx_listen(&d, "127.0.0.1", 0, &u));
+        d.lanes = -1;
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_ucx_connect(&d, "127.0.0.1", 1, &u));
+        EXPECT_TRUE(u == NULL);
+        EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_ucx_lanes(NULL, buf, sizeof buf));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_ucx_listen(NULL, "127.0.0.1", 0, &u));
+        EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_ucx_lanes(u, NULL, 10));
+        EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_ucx_lanes(u, buf, sizeof buf));   /* not connected */
+        mskv_ucx_destroy(u);
     }
     /* one endpoint: everything on TCP, whatever UCX_TLS says */
     EXPECT_TRUE(mtl_lanes("shm,tcp", 1, 0, s, r, sizeof s));
