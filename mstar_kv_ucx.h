@@ -61,16 +61,25 @@
    dies or drops the connection fails it (PEER) instead of hanging it; every
    control message (challenge, offer, answer, PREPARED, COMMIT, ACK) goes on
    it. UCX 1.13 refuses its shared-memory transports (posix, sysv, cma) to
-   such an endpoint, so the pages go on a second, data endpoint to the peer's
-   worker, made with UCP_ERR_HANDLING_MODE_NONE, which they accept: on one
-   host with UCX_TLS=shm,tcp (or sm,tcp) the pages move through shared
-   memory, over TCP across hosts. Each side sends its worker address over
-   the connection when it is made (the rendezvous has them already); the
-   data endpoint is made at the first page sent. A transfer's liveness is
-   the connection endpoint's failure and the timeouts; on a failure the
+   such an endpoint, so on one host the pages go on a second, data endpoint
+   to the peer's worker made with UCP_ERR_HANDLING_MODE_NONE, which they
+   accept: with UCX_TLS=shm,tcp (or sm,tcp) the pages move through shared
+   memory and the control messages over TCP. Each side sends its worker
+   address over the connection when it is made, tagged with its host (the
+   kernel's boot id) and left out when it has no shared-memory transport;
+   the sender makes the data endpoint at its first page and keeps it only
+   when UCX gave it a shared-memory lane. Otherwise (UCX_TLS=tcp, another
+   host) everything stays on the one endpoint: a MODE_NONE endpoint over TCP
+   would only lose the failure detection. A transfer's liveness is the
+   connection endpoint's failure and the timeouts; on a failure the
    connection endpoint is closed at once and the data endpoint flushed for
-   a moment and then given up (UCX refuses a forced close of a MODE_NONE
-   endpoint), so a dead or stopped peer costs no hang. desc.lanes = 1 keeps
+   200 ms at most (UCX refuses a forced close of a MODE_NONE endpoint).
+   Should sends stay queued on it (a stopped or dead peer's full FIFO),
+   mskv_ucx_destroy leaves the worker and the object allocated, with a
+   warning to the logger, because UCX 1.13 aborts the process destroying
+   such a worker. While pages are in flight on a context with shared memory
+   a wait yields the processor instead of sleeping on the worker's event fd
+   (which does not reliably wake for shared memory). desc.lanes = 1 keeps
    everything on the one endpoint (and so on TCP, whatever UCX_TLS says).
    mskv_ucx_lanes says which UCX transports each endpoint really uses.
 
@@ -296,8 +305,9 @@ typedef struct mskv_ucx_desc {
                                    refuses (DENIED) every offer without a valid HMAC-SHA-256 under it, before it takes a page;
                                    a sender signs its offers with it. Copied at listen/connect. */
     size_t secret_bytes;
-    int32_t lanes;              /* 0 = 2: pages go on a data endpoint of their own, every control message on the
-                                   connection's endpoint (see "Endpoints" below); 1: everything on one endpoint */
+    int32_t lanes;              /* 0 = 2: pages go on a data endpoint of their own when the peer is on this host and both
+                                   have shared memory, every control message on the connection's endpoint (see
+                                   "Endpoints" at the top); 1: everything on one endpoint. Else INVALID_ARGUMENT. */
 } mskv_ucx_desc;
 
 /* Flags of mskv_ucx_send. */
@@ -877,6 +887,7 @@ struct mskv_ucx {
     int have_peer_addr;
     int data_lane;                     /* where the pages go: 0 not decided yet, 1 on ep (no shared memory to the peer), 2 on data_ep */
     int stuck;                         /* the data endpoint did not drain when the connection broke: the worker cannot be destroyed */
+    int ctx_shm;                       /* this context has a shared-memory transport (UCX_TLS allows one) */
     unsigned char *addr_msg;           /* our ADDRESS message while it is sent */
     mskv__ucx_op addr_ops[2];          /* our ADDRESS's send, the peer's ADDRESS's receive: not in ops (no transfer waits on them) */
 };
@@ -1023,8 +1034,12 @@ static mskv_result mskv__ucx_create(const mskv_ucx_desc *desc, mskv_ucx **out) {
    on its event fd until something arrives (or a short nap passes); without
    an event fd, yield the processor. Returns whether it slept. */
 static int mskv__ucx_idle(mskv_ucx *u, unsigned idle) {
+    int i, pages = 0;
     if (idle <= MSKV__UCX_SPIN) return 0;
-    if (u->efd >= 0) {
+    /* pages in flight that may come or go by shared memory: the worker's event fd does not reliably wake for
+       them (UCX 1.13; a 384 MiB move took 6 s instead of 0.4 in the 20 ms naps), so yield to the peer instead */
+    for (i = 0; u->ctx_shm && !pages && i < MSKV__UCX_WINDOW; i++) pages = u->ops[i].busy;
+    if (u->efd >= 0 && !pages) {
         /* BUSY: events are pending, progress again at once */
         if (u->fn.ucp_worker_arm(u->worker) == MSKV_UCS_OK) {
             mskv__ucx_sleep_on(u->efd, MSKV__UCX_NAP_MS);
@@ -1351,7 +1366,7 @@ static void mskv__ucx_host_id(unsigned char out[32]) {
 static mskv_result mskv__ucx_exchange_addresses(mskv_ucx *u) {
     mskv_ucs_status s = MSKV_UCS_OK;
     size_t n = 0;
-    int shm = mskv__ucx_context_shm(u);
+    int shm = u->ctx_shm = mskv__ucx_context_shm(u);
     if (shm && !u->my_addr) s = u->fn.ucp_worker_get_address(u->worker, &u->my_addr, &u->my_addr_len);
     if (s != MSKV_UCS_OK || (shm && u->my_addr_len > MSKV__UCX_HELLO_MAX - MSKV__UCX_ADDRESS_FIXED)) {
         if (s != MSKV_UCS_OK) u->my_addr = NULL;
@@ -1377,7 +1392,8 @@ static mskv_result mskv__ucx_exchange_addresses(mskv_ucx *u) {
 /* The rendezvous: the peer's worker address is known already (its host
    is not: the data endpoint's lanes decide). */
 static mskv_result mskv__ucx_keep_peer_address(mskv_ucx *u, const void *address, size_t bytes) {
-    if (u->lanes != 2 || !mskv__ucx_context_shm(u)) {
+    u->ctx_shm = mskv__ucx_context_shm(u);
+    if (u->lanes != 2 || !u->ctx_shm) {
         u->data_lane = 1;
         return MSKV_SUCCESS;
     }
@@ -1433,10 +1449,10 @@ static mskv_result mskv__ucx_data_ep(mskv_ucx *u) {
     ep.err_handler.arg = u;
     s = u->fn.ucp_ep_create(u->worker, &ep, &made);
     if (s != MSKV_UCS_OK) return mskv__ucx_err(u, MSKV_ERROR_PEER, "ucx: no data endpoint to the peer's worker: %s", mskv__ucx_status(u, s));
-    r = mskv__ucx_ep_lanes(u, made, lanes, sizeof lanes);
+    r = mskv__ucx_ep_lanes(u, made, lanes, sizeof lanes);   /* IO (no temporary file): the connection's endpoint then */
     u->data_lane = r == MSKV_SUCCESS && mskv__ucx_has_shm(lanes) ? 2 : 1;
     if (u->data_lane == 2) u->data_ep = made;
-    return r;
+    return MSKV_SUCCESS;
 }
 
 MSKV_IMPL mskv_result mskv_ucx_listen(const mskv_ucx_desc *desc, const char *ip, uint16_t port, mskv_ucx **out) {

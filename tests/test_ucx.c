@@ -1523,6 +1523,13 @@ static int mtl_lanes(const char *tls, int32_t lanes, int by_address, char *snd, 
     }
     if (e == MSKV_SUCCESS) e = mskv_ucx_recv(u, a, &r);
     if (e != MSKV_SUCCESS || mskv_ucx_lanes(u, rcv, cap) != MSKV_SUCCESS) ok = 0;
+    {
+        /* a buffer one byte short: CAPACITY, nothing written */
+        char small[512];
+        size_t need = strlen(rcv) + 1;
+        memset(small, 'x', sizeof small);
+        if (need > sizeof small || mskv_ucx_lanes(u, small, need - 1) != MSKV_ERROR_CAPACITY || small[0] != 'x' || small[need - 2] != 'x') ok = 0;
+    }
     close(to_child[1]);   /* a child still waiting for its port gives up */
     if (read(back[0], line, sizeof line) != (ssize_t)sizeof line) ok = 0;
     else mskv__ucx_copystr(snd, cap, line);
@@ -1573,9 +1580,105 @@ TEST(ucx_lanes_say_the_pages_go_through_shared_memory_with_shm_and_over_tcp_with
         EXPECT_TRUE(mtl_all(s, "control ", 0));
         EXPECT_TRUE(mtl_all(s, "data ", 0));
     }
+    {
+        /* bad arguments change nothing */
+        mskv_ucx_desc d;
+        mskv_ucx *u = NULL;
+        char buf[64];
+        memset(&d, 0, sizeof d);
+        d.lanes = 3;
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_ucx_listen(&d, "127.0.0.1", 0, &u));
+        d.lanes = -1;
+        EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_ucx_connect(&d, "127.0.0.1", 1, &u));
+        EXPECT_TRUE(u == NULL);
+        EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_ucx_lanes(NULL, buf, sizeof buf));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_ucx_listen(NULL, "127.0.0.1", 0, &u));
+        EXPECT_EQ(MSKV_ERROR_NULL_POINTER, mskv_ucx_lanes(u, NULL, 10));
+        EXPECT_EQ(MSKV_ERROR_BAD_STATE, mskv_ucx_lanes(u, buf, sizeof buf));   /* not connected */
+        mskv_ucx_destroy(u);
+    }
     /* one endpoint: everything on TCP, whatever UCX_TLS says */
     EXPECT_TRUE(mtl_lanes("shm,tcp", 1, 0, s, r, sizeof s));
     printf("    shm,tcp, lanes 1: sender \"%s\"\n", s);
     EXPECT_TRUE(mtl_all(s, "data ", 0));
     EXPECT_TRUE(strstr(s, "(one endpoint)") != NULL);
+}
+
+/* The data endpoint (MODE_NONE) has pages in flight when the receiver dies
+   (its hook kills it after the second request's message 1 landed): the
+   sender learns it from the connection, keeps its request, and its
+   destroy neither hangs nor makes UCX abort the process. */
+TEST(ucx_sender_with_a_shared_memory_data_lane_neither_hangs_nor_aborts_when_the_receiver_dies) {
+    int to_child[2], back[2], status = 0;
+    mtx_case kill_at_1;
+    pid_t pid;
+    mskv_ucx_desc d;
+    mskv_ucx *u = NULL;
+    mskv_arena *a;
+    mskv_request q1, q2;
+    uint16_t port = 0;
+    char line[512] = "", got = 0;
+    unsigned char *before = NULL, *after = NULL;
+    size_t n0 = 0, n1 = 0;
+    double t0, destroy_s;
+    mskv_result e;
+    MTX_NEED_UCX();
+    setenv("UCX_TLS", "shm,tcp", 1);
+    ASSERT_EQ(0, pipe(to_child));
+    ASSERT_EQ(0, pipe(back));
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 1500;
+    d.log = mtx_log;
+    d.message_bytes = 4096;   /* the second request in many messages; the first in one */
+    memset(&kill_at_1, 0, sizeof kill_at_1);
+    kill_at_1.fault = MTX_KILL_RECEIVER;
+    fflush(stdout);
+    pid = fork();
+    ASSERT_TRUE(pid >= 0);
+    if (pid == 0) {
+        /* the receiver: takes the first request, says so, and dies in the second */
+        mskv_arena *b = mts_arena(256, 16, 1);
+        mskv_ucx *r = NULL;
+        mskv_request x;
+        char one = 1;
+        d.hook = mtx_hook;
+        d.hook_user = &kill_at_1;
+        if (!b || mskv_ucx_listen(&d, "127.0.0.1", 0, &r) != MSKV_SUCCESS || mskv_ucx_port(r, &port) != MSKV_SUCCESS) _exit(2);
+        if (write(to_child[1], &port, sizeof port) != (ssize_t)sizeof port) _exit(3);
+        if (mskv_ucx_accept(r) != MSKV_SUCCESS || mskv_ucx_recv(r, b, &x) != MSKV_SUCCESS) _exit(4);
+        if (write(back[1], &one, 1) != 1) _exit(5);
+        (void)mskv_ucx_recv(r, b, &x);
+        _exit(6);   /* not reached: the hook kills this process */
+    }
+    a = mts_arena(256, 16, 1);
+    ASSERT_TRUE(a != NULL);
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_PLAIN, 10, 5, &q1));
+    ASSERT_EQ(MSKV_SUCCESS, mts_build(a, MTS_PLAIN, 900, 6, &q2));
+    before = mtx_export(a, q2, &n0);
+    ASSERT_EQ((ssize_t)sizeof port, read(to_child[0], &port, sizeof port));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_connect(&d, "127.0.0.1", port, &u));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_send(u, a, q1, 0));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_ucx_lanes(u, line, sizeof line));
+    printf("    lanes before the receiver dies: %s\n", line);
+    EXPECT_TRUE(mtl_all(line, "data ", 1));
+    EXPECT_EQ(1, (int)read(back[0], &got, 1));
+    e = mskv_ucx_send(u, a, q2, 0);   /* pages into a dead peer's shared memory: the connection says it is gone */
+    EXPECT_EQ(MSKV_ERROR_PEER, e);
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    after = mtx_export(a, q2, &n1);
+    EXPECT_TRUE(before && after && n0 == n1 && memcmp(before, after, n0) == 0);
+    t0 = mtw_seconds(CLOCK_MONOTONIC);
+    mskv_ucx_destroy(u);
+    destroy_s = mtw_seconds(CLOCK_MONOTONIC) - t0;
+    printf("    send after the death: %s; destroy took %.0f ms\n", mskv_result_string(e), destroy_s * 1e3);
+    EXPECT_TRUE(destroy_s < 1.0);
+    {
+        char why[200];
+        EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(a, why, sizeof why));
+    }
+    free(before);
+    free(after);
+    mskv_arena_destroy(a);
+    close(to_child[0]); close(to_child[1]); close(back[0]); close(back[1]);
 }
