@@ -233,6 +233,8 @@ static void ub_print(const char *tls, const ub_row *row, double lib_median) {
 
 static int ub_run(const char *tls, const char *perf_tls, int shm, int64_t tokens) {
     int fds[2], status = 0, i;
+    char lanes[256] = "not known (no transfer)";
+    mskv_result le;
     pid_t pid;
     uint16_t port = 0;
     mskv_arena *a;
@@ -268,8 +270,6 @@ static int ub_run(const char *tls, const char *perf_tls, int shm, int64_t tokens
     mskv_request_export(a, big, NULL, 0, &bytes);
     mskv_request_export(a, one_page, NULL, 0, &small_bytes);
     e = mskv_ucx_connect(&d, "127.0.0.1", port, &u);
-    /* INTEGRATOR: print mskv_ucx_lanes(u, buf, sizeof buf) here (branch h22-shm), e.g. "  lanes: %s" */
-    printf("  %-8s lanes: (mskv_ucx_lanes is not on this branch)\n", tls);
     src = (unsigned char *)malloc(bytes);
     dst = (unsigned char *)malloc(bytes);
     if (!src || !dst) return 1;
@@ -296,6 +296,9 @@ static int ub_run(const char *tls, const char *perf_tls, int shm, int64_t tokens
         t = ub_now() - t0;
         copy.v[copy.n++] = bytes / t * 1e-9;
     }
+    /* what UCX really used, once the pages went (the data endpoint is made at the first page) */
+    if (e == MSKV_SUCCESS && (le = mskv_ucx_lanes(u, lanes, sizeof lanes)) != MSKV_SUCCESS)
+        snprintf(lanes, sizeof lanes, "not known (%s)", mskv_result_string(le));
     if (ub_quick) {
         snprintf(tag.why, sizeof tag.why, "--quick");
         snprintf(put.why, sizeof put.why, "--quick");
@@ -321,6 +324,7 @@ static int ub_run(const char *tls, const char *perf_tls, int shm, int64_t tokens
     if (!ub_quick) perf_lat = ub_perftest(perf_tls, "tag_lat", !shm, small_bytes, 2000, 0, lat_why, sizeof lat_why);
     printf("  %-8s %lld tokens, %.1f MiB blob, %zu-byte messages, %d rounds (UCX_TLS=%s for the library, %s for ucx_perftest)\n", tls,
            (long long)tokens, bytes / 1048576.0, msg, lib.n, tls, perf_tls);
+    printf("  %-8s lanes the library used (mskv_ucx_lanes): %s\n", tls, lanes);
     {
         double v[UB_MAX_ROUNDS];
         memcpy(v, lib.v, sizeof v);
