@@ -409,8 +409,17 @@ int main(int argc, char **argv) {
         tokens = 1024;
         argi = 2;
     }
-    if (argc > argi) tokens = atoll(argv[argi]);
-    ub_message_bytes = argc > argi + 1 ? (size_t)atoll(argv[argi + 1]) : 0;
+    if (argc > argi) {
+        char *end = NULL, *end2 = NULL;
+        long long t = strtoll(argv[argi], &end, 10), m = 0;
+        if (argc > argi + 1) m = strtoll(argv[argi + 1], &end2, 10);
+        if (t < 1 || t > 1000000 || m < 0 || *end || (end2 && *end2) || argc > argi + 2) {
+            fprintf(stderr, "usage: %s [--quick] [TOKENS (1 to 1000000; default 16384) [MESSAGE_BYTES (0: 4 MiB)]]\n", argv[0]);
+            return 2;
+        }
+        tokens = t;
+        ub_message_bytes = (size_t)m;
+    }
     ub_machine();
     if (mskv_ucx_probe(NULL, why, sizeof why) != MSKV_SUCCESS) {
         printf("ucx_bench: skipped: %s\n", why);

@@ -458,9 +458,11 @@ TEST(ucx_bytes_changed_in_flight_are_BLOB_CORRUPT_on_both_sides) {
 }
 
 TEST(ucx_a_bit_changed_in_any_one_message_is_BLOB_CORRUPT_naming_that_message_on_both_sides) {
-    /* 2000 tokens in two groups, 4096-byte messages of 8 pages: 127 messages */
+    /* 2000 tokens in two groups, 4096-byte messages: dozens of messages; the
+       first run (message 0) says how many, the others pick one of them */
     mtx_case c = mtx_make(MTS_GROUPS, 2000, "tcp");
     unsigned seed = (unsigned)time(NULL);
+    long long count = 0;
     int i;
     MTX_NEED_UCX();
     printf("    message seed %u\n", seed);
@@ -468,11 +470,16 @@ TEST(ucx_a_bit_changed_in_any_one_message_is_BLOB_CORRUPT_naming_that_message_on
     for (i = 0; i < 3; i++) {
         mtx_report s, r;
         char want[64];
-        c.at = i == 0 ? 0 : (int64_t)((seed = seed * 1103515245u + 12345u) >> 16) % 126;
+        c.at = i == 0 ? 0 : (int64_t)((seed = seed * 1103515245u + 12345u) >> 16) % count;
         c.receiver_ops = i == 2;   /* a staged receiver hashes its host copy's messages the same way */
         mtx_expect_fault_r(&c, MSKV_ERROR_BLOB_CORRUPT, MSKV_ERROR_BLOB_CORRUPT, __LINE__, &s, &r);
         snprintf(want, sizeof want, "message %lld of ", (long long)c.at);
         if (!strstr(r.last_error, want)) mt_fail(__FILE__, __LINE__, "the receiver's error does not name %s: %s", want, r.last_error);
+        if (i == 0) {
+            const char *at = strstr(r.last_error, "message 0 of ");
+            ASSERT_TRUE(at != NULL && sscanf(at, "message 0 of %lld", &count) == 1);
+            ASSERT_GT(count, 8);   /* a fault lands mid-transfer */
+        }
     }
 }
 
