@@ -1027,9 +1027,7 @@ static mskv_result mskv__ucx_create(const mskv_ucx_desc *desc, mskv_ucx **out) {
     return MSKV_SUCCESS;
 }
 
-#ifndef MSKV__UCX_SPIN
 #define MSKV__UCX_SPIN 64        /* idle polls before a wait sleeps on the event fd */
-#endif
 #define MSKV__UCX_NAP_MS 20       /* the longest sleep between clock checks */
 
 /* One idle moment of a wait: after a brief spin, arm the worker and sleep
