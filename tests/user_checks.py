@@ -3,7 +3,8 @@
 code, zero-initialise the library's structs, install the headers and build
 against them with pkg-config.
 
-  * Every ```c block of README.md and python/README.md is compiled as C99
+  * Every ```c block of README.md, python/README.md, demo/README.md and
+    docs/*.md is compiled as C99
     (gcc) and as C++17 (g++) with -Wall -Wextra -pedantic -Werror, run, and
     what it prints is compared with its "prints:" comment (if it has one).
     A block with a main function is a whole program. A block whose first
@@ -32,7 +33,10 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-READMES = ["README.md", "python/README.md"]
+# every page a user reads: the README, the manual in docs/, the demo's and the package's
+READMES = ["README.md", "python/README.md", "demo/README.md"] + sorted(
+    "docs/" + f for f in os.listdir(os.path.join(ROOT, "docs"))
+    if f.endswith(".md") and f != "api.md")   # api.md: generated declarations, checked by tools/gen_api.py
 HEADERS = ["mstar_kv.h", "mstar_kv_cuda.h", "mstar_kv_ucx.h"]   # what make install puts in include/
 FRAGMENT_MARK = "/* fragment: runs inside main() of app.c */"
 # what the README's app.c has above main: the include idiom
