@@ -7,6 +7,8 @@
 #                 its headers and libraries (tests-cuda-abi, tests-cuda-sig)
 #   make demo     build and run the video demo (writes demo.mp4)
 #   make bench    build and run the benchmarks
+#   make api      regenerate docs/api.md from the headers (tools/gen_api.py; make test
+#                 fails while it is stale or a public declaration has no doc comment)
 #   make gpu-check  the GPU check (needs an NVIDIA GPU; stages and budgets: tests/gpu_check.sh)
 #   make gpu-warm   no GPU needed: builds the check's programs and fills the kernel cache
 #                 (build/nvrtc-cache, or $MSKV_CACHE_DIR) with every variant the check loads
@@ -104,7 +106,7 @@ PY_SRC  := $(wildcard python/mstar_kv/*.py python/mstar_kv/*.c) python/setup.py 
 .PHONY: all test tests demo bench gpu-check embed clean python install uninstall install-python check-neon fuzz stress fuzz-corpus kernel-stats cuda-tools
 all: tests $(B)/demo
 
-tests: $(TEST_BINS) $(B)/tests-clang-cxx.checked $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx \
+tests: $(TEST_BINS) $(B)/tests-api $(B)/tests-clang-cxx.checked $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx \
        $(WIN_TEST) $(WIN_CHECKS) $(LOADER_AIDS) $(HARDEN_BINS)
 
 $(B):
@@ -230,6 +232,16 @@ $(B)/tests-python: $(B)/python-installed
 	chmod +x $@
 python: $(B)/python-installed
 
+# docs/api.md against the headers: tools/gen_api.py --check (fresh, every
+# public function, type and constant documented, the generator's fixture)
+$(B)/tests-api: tools/gen_api.py | $(B)
+	printf '#!/bin/sh\n# made by make: tools/gen_api.py --check (docs/api.md, doc comments, the generator)\ncd "%s" && exec "%s" tools/gen_api.py --check\n' \
+	    "$(CURDIR)" "$(PYTHON)" > $@
+	chmod +x $@
+.PHONY: api
+api:
+	$(PYTHON) tools/gen_api.py
+
 # README blocks, struct initialisation and make install, as a user meets them
 $(B)/tests-user: tests/user_checks.py | $(B)
 	printf '#!/bin/sh\n# made by make: tests/user_checks.py (README C blocks, struct initialisation, make install)\ncd "%s" && exec "%s" tests/user_checks.py "$$@"\n' \
@@ -247,7 +259,7 @@ $(B)/tests-user: tests/user_checks.py | $(B)
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 RUN_FIRST := $(B)/tests-gcc-c99
 RUN_ORDER := $(RUN_FIRST) tests/fuzz/run.sh $(B)/tests-tsan $(filter-out $(RUN_FIRST),$(TEST_BINS)) $(VIDEO_TEST) $(WIN_TEST) \
-             tests/test_sdpa_peer.py $(B)/alloc-fail $(B)/sync-fail
+             tests/test_sdpa_peer.py $(B)/tests-api $(B)/alloc-fail $(B)/sync-fail
 test:
 	@mkdir -p $(B); date +%s.%N > $(B)/build-start; \
 	  bash -c 'TIMEFORMAT="%U %S"; { time $(MAKE) -k -j$(JOBS) -Otarget --no-print-directory tests 2>&1; } 2> $(B)/build-cpu'; \

@@ -87,6 +87,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The library's version: major, minor and patch numbers. */
 #define MSKV_VERSION_MAJOR 0
 #define MSKV_VERSION_MINOR 2
 #define MSKV_VERSION_PATCH 0
@@ -118,8 +119,9 @@ extern "C" {
 
 /* // >>results ------------------------------------------------------------ */
 
+/* What every fallible call returns: MSKV_SUCCESS (0) or a negative code, grouped by kind. */
 typedef enum mskv_result {
-    MSKV_SUCCESS = 0,
+    MSKV_SUCCESS = 0,   /* the call did what it says */
     /* the caller's arguments */
     MSKV_ERROR_INVALID_ARGUMENT = -1,  /* a value out of its domain (zero page size, bad enum, ...) */
     MSKV_ERROR_NULL_POINTER = -2,      /* a required pointer is NULL */
@@ -144,9 +146,9 @@ typedef enum mskv_result {
     MSKV_ERROR_OUT_OF_PAGES = -40,     /* not enough free pages: nothing was allocated */
     MSKV_ERROR_OUT_OF_MEMORY = -41,    /* the allocator returned NULL */
     MSKV_ERROR_OVERFLOW = -42,         /* a size product does not fit */
-    MSKV_ERROR_TOO_MANY_REQUESTS = -43,
+    MSKV_ERROR_TOO_MANY_REQUESTS = -43,   /* every request slot (mskv_arena_desc.max_requests) is in use */
     /* data */
-    MSKV_ERROR_BLOB_TRUNCATED = -60,
+    MSKV_ERROR_BLOB_TRUNCATED = -60,   /* the blob is shorter than its header says */
     MSKV_ERROR_BLOB_CORRUPT = -61,     /* bad magic or checksum */
     MSKV_ERROR_BLOB_VERSION = -62,     /* written by an incompatible version */
     MSKV_ERROR_BLOB_MISMATCH = -63,    /* page size, layers, heads, dim or dtype differ from the arena */
@@ -154,9 +156,9 @@ typedef enum mskv_result {
     MSKV_ERROR_HOST_COPY_CORRUPT = -65, /* a host copy's bytes changed since offload or import (debug checksums) */
     MSKV_ERROR_DIVERGED = -66,         /* ranks that must make the same decisions did not (mskv_rank_check) */
     /* platform */
-    MSKV_ERROR_UNSUPPORTED = -80,
-    MSKV_ERROR_THREAD = -81,
-    MSKV_ERROR_IO = -82,
+    MSKV_ERROR_UNSUPPORTED = -80,   /* not possible here (a CPU path, a library, host pools: each call's list says) */
+    MSKV_ERROR_THREAD = -81,   /* a thread or a lock could not be created */
+    MSKV_ERROR_IO = -82,   /* a file could not be created, read or written */
     MSKV_ERROR_CUDA_UNAVAILABLE = -83, /* no driver, no device or no NVRTC: use the CPU backend */
     MSKV_ERROR_CUDA = -84,             /* a driver call failed */
     MSKV_ERROR_NVRTC = -85,            /* kernel compilation failed; the log went to the logger */
@@ -174,10 +176,12 @@ MSKV_API const char *mskv_result_string(mskv_result r);
    blob: its last 8 bytes, little-endian, are XXH64 of everything before. */
 MSKV_API uint64_t mskv_xxh64(const void *data, size_t n, uint64_t seed);
 
+/* The severity of a message to the logger (mskv_log_fn). */
 typedef enum mskv_log_level {
-    MSKV_LOG_DEBUG = 0, MSKV_LOG_INFO = 1, MSKV_LOG_WARN = 2, MSKV_LOG_ERROR = 3
+    MSKV_LOG_DEBUG = 0, MSKV_LOG_INFO = 1, MSKV_LOG_WARN = 2, MSKV_LOG_ERROR = 3   /* least to most severe */
 } mskv_log_level;
 
+/* The logger: gets every message with its level; user is the descriptor's log_user. */
 typedef void (*mskv_log_fn)(void *user, mskv_log_level level, const char *message);
 
 /* Run-time allocator. All three functions or none (NULL = MSKV_MALLOC etc.). */
@@ -188,6 +192,7 @@ typedef struct mskv_allocator {
     void (*free)(void *user, void *ptr);
 } mskv_allocator;
 
+/* The element type of the K/V store and of Q and O. */
 typedef enum mskv_dtype {
     MSKV_DTYPE_F32 = 0,   /* the default */
     MSKV_DTYPE_F16 = 1,   /* IEEE binary16 */
@@ -198,6 +203,7 @@ MSKV_API size_t mskv_dtype_size(mskv_dtype t);   /* 4, 2, 2; 0 for an unknown dt
 
 /* // >>arena -------------------------------------------------------------- */
 
+/* A KV cache: its pages, requests and bookkeeping (opaque; mskv_arena_create). */
 typedef struct mskv_arena mskv_arena;
 
 #define MSKV_MAX_GROUPS 32     /* layer groups per arena (mskv_arena_desc.num_groups) */
@@ -207,11 +213,13 @@ typedef struct mskv_arena mskv_arena;
    handle is never valid. */
 typedef struct mskv_request { uint32_t id; } mskv_request;
 
+/* What an event (mskv_event.type) reports. */
 typedef enum mskv_event_type {
     MSKV_EVENT_PAGE_STORED = 1,   /* a page became full of committed tokens (published) */
     MSKV_EVENT_PAGE_REMOVED = 2   /* a request dropped its reference to a page */
 } mskv_event_type;
 
+/* One event, passed to mskv_arena_desc.on_event. */
 typedef struct mskv_event {
     int32_t type;          /* an mskv_event_type (an enum first would make {0} an error in C++) */
     mskv_request request;
@@ -221,6 +229,7 @@ typedef struct mskv_event {
     int32_t group;         /* the layer group whose table held the page */
 } mskv_event;
 
+/* The event callback (mskv_arena_desc.on_event); it runs with the arena's lock held. */
 typedef void (*mskv_event_fn)(void *user, const mskv_event *event);
 
 /* Where the K/V bytes of pages live when they are not in the arena's own host
@@ -243,6 +252,7 @@ typedef struct mskv_store_ops {
     mskv_result (*fill_pages)(void *user, const int32_t *pages, int32_t n, unsigned char byte);
 } mskv_store_ops;
 
+/* When freed pages become reusable (mskv_arena_desc.retire_mode). */
 typedef enum mskv_retire_mode {
     MSKV_RETIRE_IMMEDIATE = 0, /* freed pages are reusable at once (CPU backend) */
     MSKV_RETIRE_FENCED = 1     /* freed pages wait until mskv_arena_retire(fence) (GPU) */
@@ -263,6 +273,7 @@ typedef enum mskv_retire_mode {
 #define MSKV_DEBUG_ALL 3u
 #define MSKV_POISON_BYTE 0xFFu   /* 0xFFFFFFFF (f32) and 0xFFFF (f16, bf16) are NaNs */
 
+/* What mskv_arena_create builds; zero fields mean defaults. */
 typedef struct mskv_arena_desc {
     int32_t num_pages;      /* pages in all, including the null page 0; >= 2 */
     int32_t page_size;      /* tokens per page; >= 1, any value */
@@ -294,6 +305,7 @@ typedef struct mskv_arena_desc {
     uint32_t debug;                   /* MSKV_DEBUG_* checks (0 = none, unless MSKV_DEBUG) */
 } mskv_arena_desc;
 
+/* An arena's page and request counts (mskv_arena_stats_get). */
 typedef struct mskv_arena_stats {
     int32_t num_pages;        /* total, including the null page */
     int32_t free_pages;
@@ -317,7 +329,9 @@ typedef struct mskv_arena_stats {
    OUT_OF_MEMORY (the pools did not fit; nothing is kept).
    Thread safety: the arena's functions may be called from several threads. */
 MSKV_API mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena **out);
+/* Frees the arena with its pools, requests and host copies; NULL is a no-op. */
 MSKV_API void mskv_arena_destroy(mskv_arena *arena);
+/* Fills out with the arena's counts as they are now. */
 MSKV_API mskv_result mskv_arena_stats_get(mskv_arena *arena, mskv_arena_stats *out);
 /* Checks every invariant; on failure returns MSKV_ERROR_AUDIT_FAILED and writes
    which one broke into why (why may be NULL). */
@@ -364,7 +378,9 @@ MSKV_API uint64_t mskv_arena_digest(mskv_arena *arena);
    arena's lock. Cost: one pass over the bookkeeping (pages and tables),
    and one collective of about 4 KiB when it compares. */
 #define MSKV_RANK_STEPS 64
+/* mskv_rank_check's all-reduce: replaces each of the count values by its minimum over all ranks. */
 typedef mskv_result (*mskv_allreduce_min_fn)(void *user, uint64_t *values, int32_t count);
+/* Records the arena's digest at step and, with allreduce, compares the ranks' records (see above). */
 MSKV_API mskv_result mskv_rank_check(mskv_arena *arena, uint64_t step, mskv_allreduce_min_fn allreduce, void *user,
                                      uint64_t *first_divergent);
 /* Frees the host memory the arena keeps for reuse (the last host copy a
@@ -410,14 +426,16 @@ typedef struct mskv_store_info {
     size_t pool_bytes;    /* num_pages * page_bytes */
 } mskv_store_info;
 
+/* Fills out with the host store's geometry and pool sizes. */
 MSKV_API mskv_result mskv_store_info_get(mskv_arena *arena, mskv_store_info *out);
 /* Pool of one layer, layout [page][slot][kv_head][dim]. kind 0 = K, 1 = V. */
 MSKV_API void *mskv_store_pool(mskv_arena *arena, int32_t layer, int kind);
 
 /* // >>requests ----------------------------------------------------------- */
 
-typedef enum mskv_location { MSKV_RESIDENT = 0, MSKV_OFFLOADED = 1 } mskv_location;
+typedef enum mskv_location { MSKV_RESIDENT = 0, MSKV_OFFLOADED = 1 } mskv_location;   /* where a request's K/V are: its pages, or a host copy */
 
+/* A request's state (mskv_request_info_get). */
 typedef struct mskv_request_info {
     int64_t committed;      /* tokens 0..committed-1 are part of the sequence */
     int64_t reserved;       /* tokens reserved by an open admit, after committed */
@@ -474,10 +492,12 @@ MSKV_API mskv_result mskv_request_fork(mskv_arena *arena, mskv_request parent, m
    one that is not, is BAD_STATE. Pausing is scheduling state: a fork or an
    imported blob starts unpaused. */
 MSKV_API mskv_result mskv_request_pause(mskv_arena *arena, mskv_request req);
+/* Ends a pause: admit takes the request again. */
 MSKV_API mskv_result mskv_request_resume(mskv_arena *arena, mskv_request req);
 /* Size the request's page table for `tokens` tokens now, so steps up to that
    length never allocate. Changes no state. */
 MSKV_API mskv_result mskv_request_reserve(mskv_arena *arena, mskv_request req, int64_t tokens);
+/* Fills out with the request's tokens, prefix, pages and state (group 0). */
 MSKV_API mskv_result mskv_request_info_get(mskv_arena *arena, mskv_request req, mskv_request_info *out);
 /* The page table, [prefix pages][live pages]; *count is set to the number of
    entries even when cap is too small (then MSKV_ERROR_CAPACITY); pages == NULL
@@ -536,9 +556,13 @@ MSKV_API mskv_result mskv_request_slot(mskv_arena *arena, mskv_request req, int6
    INVALID_ARGUMENT for a group outside [0, num_groups).
    Thread safety: like every arena call. */
 MSKV_API mskv_result mskv_request_info_in_group(mskv_arena *arena, mskv_request req, int32_t group, mskv_request_info *out);
+/* mskv_request_pages of one layer group. */
 MSKV_API mskv_result mskv_request_pages_in_group(mskv_arena *arena, mskv_request req, int32_t group, int32_t *pages, int32_t cap, int32_t *count);
+/* mskv_request_slot of one layer group. */
 MSKV_API mskv_result mskv_request_slot_in_group(mskv_arena *arena, mskv_request req, int32_t group, int64_t pos, int64_t *slot);
+/* mskv_request_protect_prefix of one layer group. */
 MSKV_API mskv_result mskv_request_protect_prefix_in_group(mskv_arena *arena, mskv_request req, int32_t group, int64_t n);
+/* mskv_request_release_oldest of one layer group. */
 MSKV_API mskv_result mskv_request_release_oldest_in_group(mskv_arena *arena, mskv_request req, int32_t group, int64_t n, int64_t *released);
 
 /* // >>offload ------------------------------------------------------------ */
@@ -599,6 +623,7 @@ MSKV_API mskv_result mskv_request_import(mskv_arena *arena, const void *blob, si
    request holds. */
 #define MSKV_BLOB_HEADER_MAX 2384   /* the largest header: 32 layer groups with the positions record (version 3) */
 
+/* Where a blob's header, page ranges and checksum lie (streamed export and import). */
 typedef struct mskv_blob_layout {
     size_t header_bytes;    /* the blob's first header_bytes */
     size_t blob_bytes;      /* header + ranges + checksum: mskv_request_export's size */
@@ -672,6 +697,7 @@ typedef struct mskv_schedule {
     int64_t total, window, overlap, stride, count;
 } mskv_schedule;
 
+/* One window of a schedule (mskv_schedule_window). */
 typedef struct mskv_window {
     int64_t index;
     int64_t start, end;             /* [start, end): what the window denoises; end may pass total */
@@ -680,6 +706,7 @@ typedef struct mskv_window {
     int64_t pad;                    /* end - total when the last window passes the end, else 0 */
 } mskv_window;
 
+/* What a causal decoder decodes for one window (mskv_schedule_decode_span). */
 typedef struct mskv_decode_span {
     int64_t in_start, in_end;  /* units to decode: the commit span plus up to ctx units of left context */
     int64_t trim;              /* units of context in front of the commit span: commit_start - in_start */
@@ -785,12 +812,14 @@ MSKV_API mskv_result mskv_publish(mskv_arena *arena, const mskv_segment *segs, i
    OUT_OF_PAGES. Return value: as mskv_admit's checks (no OUT_OF_PAGES). */
 MSKV_API mskv_result mskv_admit_query(mskv_arena *arena, const mskv_segment *segs, int32_t n, int64_t *pages);
 
+/* Which RoPE positions a plan carries (mskv_plan_desc.pos_mode). */
 typedef enum mskv_pos_mode {
     MSKV_POS_NONE = 0,   /* no position plan */
     MSKV_POS_1D = 1,     /* positions[i] = absolute position - pos_offset + the request's pos_shift */
     MSKV_POS_3D = 2      /* positions[3i..3i+2] = (frame, row, col) of that on a grid_h x grid_w frame */
 } mskv_pos_mode;
 
+/* What a plan's segments attend over (mskv_plan_desc.kind). */
 typedef enum mskv_plan_kind {
     MSKV_PLAN_SELF = 0,   /* each segment attends over its own request's stream (incl. its reserved tokens) */
     MSKV_PLAN_CROSS = 1,  /* each segment attends over the keyed entry `cross` */
@@ -814,6 +843,7 @@ typedef enum mskv_visibility {
     MSKV_VIS_CALLER = 2  /* the caller's bounds: mskv_plan_desc.vis_sink_end / vis_window_start */
 } mskv_visibility;
 
+/* How mskv_plan_build plans a step; zero means SELF, no positions, token-exact visibility. */
 typedef struct mskv_plan_desc {
     int32_t kind;                /* an mskv_plan_kind (an enum first would make {0} an error in C++) */
     mskv_request cross;          /* for MSKV_PLAN_CROSS */
@@ -935,10 +965,12 @@ typedef struct mskv_plan {
     int32_t pad_segments;
 } mskv_plan;
 
+/* The array sizes a plan of a step needs (mskv_plan_query). */
 typedef struct mskv_plan_size {
     int32_t batch, total_q, num_page_ids;
 } mskv_plan_size;
 
+/* The sizes mskv_plan_build needs for these segments, into out; nothing changes. */
 MSKV_API mskv_result mskv_plan_query(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan_size *out);
 /* Fills the plan's arrays for this step's segments. Return value: CAPACITY
    (nothing written) when a cap is too small, NULL_POINTER for a missing
@@ -955,6 +987,7 @@ MSKV_API mskv_result mskv_plan_query(mskv_arena *arena, const mskv_segment *segs
 MSKV_API mskv_result mskv_plan_build(mskv_arena *arena, const mskv_segment *segs, int32_t n, const mskv_plan_desc *desc, mskv_plan *plan);
 /* Allocate arrays of the given capacities (through the arena's allocator). */
 MSKV_API mskv_result mskv_plan_alloc(mskv_arena *arena, int32_t cap_batch, int32_t cap_tokens, int32_t cap_page_ids, mskv_plan *plan);
+/* Frees the arrays mskv_plan_alloc allocated. */
 MSKV_API void mskv_plan_free(mskv_arena *arena, mskv_plan *plan);
 /* Checks the CSR invariants: monotone indptrs, indices in [1, num_pages),
    last_page_len rule, kv_len consistent with pages, and that features
@@ -1034,8 +1067,11 @@ MSKV_API mskv_result mskv_prefix_view_check(mskv_arena *arena, const mskv_prefix
    with its tokens reserved, written through a plan, sealed, then read by any
    number of requests' plans. Removal waits for the fence like any free. */
 MSKV_API mskv_result mskv_keyed_create(mskv_arena *arena, uint64_t key, int64_t n_tokens, mskv_request *out);
+/* Seals a keyed entry once its K/V are written: plans may read it, nothing may change it. */
 MSKV_API mskv_result mskv_keyed_seal(mskv_arena *arena, mskv_request entry);
+/* The keyed entry of key, into out (NOT_FOUND when there is none). */
 MSKV_API mskv_result mskv_keyed_find(mskv_arena *arena, uint64_t key, mskv_request *out);
+/* Removes the keyed entry of key; its pages wait for the fence like any free. */
 MSKV_API mskv_result mskv_keyed_remove(mskv_arena *arena, uint64_t key);
 
 /* Keyed scratch: a rewritable keyed entry for a small model that runs a short
@@ -1071,6 +1107,7 @@ MSKV_API mskv_result mskv_keyed_remove(mskv_arena *arena, uint64_t key);
    mskv_plan_check says STALE_PLAN.
    Thread safety: like every arena call. */
 MSKV_API mskv_result mskv_scratch_create(mskv_arena *arena, uint64_t key, int64_t cap_tokens, mskv_request *out);
+/* Drops a scratch entry's tokens before the next step (see above). */
 MSKV_API mskv_result mskv_scratch_reset(mskv_arena *arena, mskv_request entry);
 
 /* Windowed session: binds a request to a retention policy and does the
@@ -1089,10 +1126,15 @@ typedef struct mskv_session {
     int64_t released_total; /* tokens released so far */
 } mskv_session;
 
+/* Binds policy r to request req (mskv_request_set_retention) and starts session s on it. */
 MSKV_API mskv_result mskv_session_init(mskv_session *s, mskv_arena *arena, mskv_request req, const mskv_retention *r);
+/* Reserves the next chunk's n_tokens tokens (an admit). */
 MSKV_API mskv_result mskv_session_begin_chunk(mskv_session *s, int64_t n_tokens);
+/* Plans the open chunk (mskv_plan_build of its one segment). */
 MSKV_API mskv_result mskv_session_plan(mskv_session *s, const mskv_plan_desc *desc, mskv_plan *plan);
+/* Commits the open chunk and publishes, protecting the sink and releasing the window's past (see above). */
 MSKV_API mskv_result mskv_session_commit_chunk(mskv_session *s, uint64_t *step_out);
+/* Drops the open chunk's reservation (an abort). */
 MSKV_API mskv_result mskv_session_abort_chunk(mskv_session *s);
 
 /* // >>scheduling --------------------------------------------------------- */
@@ -1193,10 +1235,14 @@ MSKV_API mskv_result mskv_make_room(mskv_arena *arena, int64_t pages_needed, uin
 /* Half <-> float conversions used by the store (round to nearest even;
    inf and NaN are kept, overflow goes to inf). */
 MSKV_API uint16_t mskv_f32_to_f16(float x);
+/* f16 bits to float. */
 MSKV_API float mskv_f16_to_f32(uint16_t h);
+/* Float to bf16 bits. */
 MSKV_API uint16_t mskv_f32_to_bf16(float x);
+/* bf16 bits to float. */
 MSKV_API float mskv_bf16_to_f32(uint16_t h);
 
+/* Which dims RoPE rotates together (mskv_rope.style). */
 typedef enum mskv_rope_style {
     MSKV_ROPE_HALF = 0,        /* pairs (x[i], x[i + w/2]) within a part of width w */
     MSKV_ROPE_INTERLEAVED = 1  /* pairs (x[2i], x[2i + 1]) within a part */
@@ -1240,7 +1286,7 @@ MSKV_API mskv_result mskv_rope_apply(const mskv_rope *rope, void *x, mskv_dtype 
    tolerances of the tests (f32 1e-5, f16 1e-3, bf16 1e-2 of a double
    reference), not bit-identical ones. */
 typedef enum mskv_cpu_isa {
-    MSKV_CPU_ISA_AUTO = 0,
+    MSKV_CPU_ISA_AUTO = 0,   /* the best f32-arithmetic path here, or MSKV_CPU_ISA's */
     MSKV_CPU_ISA_PORTABLE = 1,  /* plain C loops */
     MSKV_CPU_ISA_AVX2 = 2,      /* x86 with AVX2, FMA and F16C */
     MSKV_CPU_ISA_AVX512 = 3,    /* x86 with AVX-512 F */
@@ -1265,6 +1311,7 @@ MSKV_API int mskv_cpu_isa_available(mskv_cpu_isa isa);
    items and merged by LSE. The split depends on the plan, not on the thread
    count, so a call gives the same bits on any number of threads. */
 typedef struct mskv_cpu mskv_cpu;
+/* What mskv_cpu_create builds: threads, workspace, instruction-set path. */
 typedef struct mskv_cpu_desc {
     int32_t num_threads;      /* 0 = 1 (MSKV_NO_THREADS: always 1) */
     size_t workspace_bytes;   /* per thread; 0 = the largest tiles (about 350 KB); a
@@ -1277,6 +1324,7 @@ typedef struct mskv_cpu_desc {
 /* Return value: SUCCESS, NULL_POINTER, INVALID_ARGUMENT, OVERFLOW, OUT_OF_MEMORY,
    THREAD, UNSUPPORTED (desc->isa not available here). */
 MSKV_API mskv_result mskv_cpu_create(const mskv_cpu_desc *desc, mskv_cpu **out);
+/* Stops the pool's threads and frees it; NULL is a no-op. */
 MSKV_API void mskv_cpu_destroy(mskv_cpu *cpu);
 
 /* What a pool runs on. */
@@ -1300,12 +1348,14 @@ MSKV_API mskv_result mskv_cpu_info_get(const mskv_cpu *cpu, mskv_cpu_info *out);
    built (mskv_plan_check). */
 MSKV_API mskv_result mskv_cpu_write_kv(mskv_arena *arena, int32_t layer, const mskv_plan *plan, const void *k, const void *v, mskv_dtype src_dtype, const mskv_rope *rope);
 
+/* Which keys a query sees by position (mskv_attn.mask). */
 typedef enum mskv_mask {
     MSKV_MASK_NONE = 0,    /* bidirectional: every query sees its whole sequence */
     MSKV_MASK_CAUSAL = 1,  /* key position <= query position (absolute positions) */
     MSKV_MASK_WINDOW = 2   /* causal and query - key <= window_left */
 } mskv_mask;
 
+/* One attention call's heads, scale, mask and Q/O dtype. */
 typedef struct mskv_attn {
     int32_t q_heads;          /* a multiple of the store's kv_heads (GQA: q head h reads kv head h / (q_heads / kv_heads)) */
     float scale;              /* 0 = 1/sqrt(head_dim) */
@@ -1338,6 +1388,7 @@ typedef struct mskv_pools {
     mskv_dtype dtype;
     int32_t num_pages, page_size, kv_heads, head_dim;
 } mskv_pools;
+/* mskv_cpu_attention over raw pools (no arena, so no stale-plan check). */
 MSKV_API mskv_result mskv_cpu_attention_pools(mskv_cpu *cpu, const mskv_pools *pools, const mskv_plan *plan, const mskv_attn *attn, const void *q, void *o, float *lse);
 /* mskv_cpu_write_kv on raw pools: pools->k and pools->v must point at writable memory. */
 MSKV_API mskv_result mskv_cpu_write_kv_pools(const mskv_pools *pools, const mskv_plan *plan, const void *k, const void *v, mskv_dtype src_dtype, const mskv_rope *rope);

@@ -219,6 +219,7 @@ typedef struct mskv_nvrtc_prog_st *mskv_nvrtc_program; /* nvrtcProgram */
     X(mskv_cu_result, cuGraphDestroy, "cuGraphDestroy", (mskv_cu_graph g))                    \
     X(mskv_cu_result, cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled", (void *map, int dtype, unsigned int rank, void *gaddr, const unsigned long long *dims, const unsigned long long *strides, const unsigned int *box, const unsigned int *element_strides, int interleave, int swizzle, int l2_promotion, int oob_fill))
 
+/* The NVRTC functions, in the same X form. */
 #define MSKV_CUDA_NVRTC_FUNCTIONS(X)                                                           \
     X(mskv_nvrtc_result, nvrtcVersion, "nvrtcVersion", (int *major, int *minor))               \
     X(const char *, nvrtcGetErrorString, "nvrtcGetErrorString", (mskv_nvrtc_result r))         \
@@ -247,6 +248,7 @@ typedef struct mskv_cuda_functions {
 
 /* // >>context ------------------------------------------------------------- */
 
+/* A GPU context: one device, the loaded libraries and kernels (opaque; mskv_cuda_create). */
 typedef struct mskv_cuda mskv_cuda;
 
 /* Which kernel computes attention. The sm_90a kernel (mskv_attn_sm90:
@@ -259,6 +261,7 @@ typedef enum mskv_cuda_attn_path {
                                    devices, its compile or load errors returned */
 } mskv_cuda_attn_path;
 
+/* What mskv_cuda_create opens: device, libraries, kernel source, cache, logger, kernel path. */
 typedef struct mskv_cuda_desc {
     int32_t device;                 /* ordinal */
     const char *driver_path;        /* a libcuda to open instead of the default names (development) */
@@ -277,8 +280,9 @@ typedef struct mskv_cuda_desc {
                                        MSKV_CUDA_SELFTEST_OFF skips the check */
 } mskv_cuda_desc;
 
-enum { MSKV_CUDA_SELFTEST_ON = 0, MSKV_CUDA_SELFTEST_OFF = 1 };
+enum { MSKV_CUDA_SELFTEST_ON = 0, MSKV_CUDA_SELFTEST_OFF = 1 };   /* mskv_cuda_desc.selftest: check each variant on first load, or not */
 
+/* What a context runs on and what it compiled (mskv_cuda_info_get). */
 typedef struct mskv_cuda_info {
     char name[128];
     int32_t device;
@@ -320,6 +324,7 @@ MSKV_API mskv_result mskv_cuda_probe_driver(const mskv_cuda_desc *desc, int32_t 
 MSKV_API mskv_result mskv_cuda_create(const mskv_cuda_desc *desc, mskv_cuda **out);
 /* Destroy every store of the context first. */
 MSKV_API void mskv_cuda_destroy(mskv_cuda *cu);
+/* Fills out with the device, versions, kernel path and self-test results. */
 MSKV_API mskv_result mskv_cuda_info_get(mskv_cuda *cu, mskv_cuda_info *out);
 /* Details of the last failure of a call on this context (NVRTC log, driver
    error name); "" when none. Valid until the next call. */
@@ -327,6 +332,7 @@ MSKV_API const char *mskv_cuda_last_error(mskv_cuda *cu);
 
 /* Device memory for the caller's own tensors (q, k, v, o, ...). */
 MSKV_API mskv_result mskv_cuda_malloc(mskv_cuda *cu, size_t bytes, mskv_cu_ptr *out);
+/* Frees memory from mskv_cuda_malloc. */
 MSKV_API void mskv_cuda_free(mskv_cuda *cu, mskv_cu_ptr ptr);
 
 /* // >>jit ----------------------------------------------------------------- */
@@ -340,6 +346,7 @@ typedef struct mskv_cuda_compile_info {
     int32_t num_options;
 } mskv_cuda_compile_info;
 
+/* A compiled kernel image (mskv_cuda_compile). */
 typedef struct mskv_cuda_image {
     void *data;                     /* CUBIN or NUL-terminated PTX */
     size_t size;
@@ -354,6 +361,7 @@ typedef struct mskv_cuda_image {
    through the disk cache. On MSKV_ERROR_NVRTC, out->log holds the log (also
    sent to the logger). Free out with mskv_cuda_image_free in every case. */
 MSKV_API mskv_result mskv_cuda_compile(const mskv_cuda_desc *desc, const mskv_cuda_compile_info *info, mskv_cuda_image *out);
+/* Frees an image's data and log. */
 MSKV_API void mskv_cuda_image_free(const mskv_cuda_desc *desc, mskv_cuda_image *img);
 /* Register spills reported by ptxas (--ptxas-options=-v) in a log: the sum of
    "bytes spill stores" and "bytes spill loads"; -1 when the log has no report. */
@@ -365,8 +373,10 @@ MSKV_API mskv_result mskv_cuda_embedded_source(char *buf, size_t cap, size_t *si
 
 /* // >>device store --------------------------------------------------------- */
 
+/* One device's K/V pools with their stream, plan buffers and fences (opaque; mskv_cuda_store_create). */
 typedef struct mskv_cuda_store mskv_cuda_store;
 
+/* What mskv_cuda_store_create allocates or adopts: geometry, plan capacities, staging. */
 typedef struct mskv_cuda_store_desc {
     int32_t num_pages, page_size, num_layers, kv_heads, head_dim;
     mskv_dtype dtype;
@@ -413,8 +423,11 @@ MSKV_API void mskv_cuda_store_destroy(mskv_cuda_store *st);
 MSKV_API mskv_result mskv_cuda_store_arena_desc(mskv_cuda_store *st, mskv_arena_desc *desc);
 /* The arena whose fences this store retires (created with the desc above). */
 MSKV_API mskv_result mskv_cuda_store_bind(mskv_cuda_store *st, mskv_arena *arena);
+/* The store ops mskv_cuda_store_arena_desc puts into a descriptor. */
 MSKV_API const mskv_store_ops *mskv_cuda_store_ops(mskv_cuda_store *st);
+/* The device address of one layer's pool (kind 0 = K, 1 = V); 0 for a bad argument. */
 MSKV_API mskv_cu_ptr mskv_cuda_store_pool(mskv_cuda_store *st, int32_t layer, int kind);
+/* The stream the store's launches and copies run on now. */
 MSKV_API mskv_cu_stream mskv_cuda_store_stream(mskv_cuda_store *st);
 /* The legacy default stream (handle 0 in the runtime API, e.g. PyTorch's
    default stream), for mskv_cuda_store_set_stream. */
@@ -429,7 +442,9 @@ MSKV_API mskv_cu_stream mskv_cuda_store_stream(mskv_cuda_store *st);
 MSKV_API mskv_result mskv_cuda_store_set_stream(mskv_cuda_store *st, mskv_cu_stream stream);
 /* Copies on the store's stream; return when the bytes have arrived. */
 MSKV_API mskv_result mskv_cuda_upload(mskv_cuda_store *st, mskv_cu_ptr dst, const void *src, size_t bytes);
+/* The same from the device into host memory. */
 MSKV_API mskv_result mskv_cuda_download(mskv_cuda_store *st, void *dst, mskv_cu_ptr src, size_t bytes);
+/* Waits until the store's stream has run everything queued on it. */
 MSKV_API mskv_result mskv_cuda_store_sync(mskv_cuda_store *st);
 
 /* // >>fences --------------------------------------------------------------- */
@@ -477,6 +492,7 @@ MSKV_API mskv_result mskv_cuda_plan_upload(mskv_cuda_store *st, const mskv_plan 
    check, look the kernel up by an integer key and launch (no allocation, no
    string, one cuCtxSetCurrent). The same holds for the wrappers below. */
 MSKV_API mskv_result mskv_cuda_write_kv(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan, mskv_cu_ptr k, mskv_cu_ptr v, const mskv_rope *rope);
+/* mskv_cuda_write_kv with k and v in src_dtype (see above). */
 MSKV_API mskv_result mskv_cuda_write_kv_ex(mskv_cuda_store *st, int32_t layer, const mskv_cuda_dplan *plan, mskv_cu_ptr k,
                                           mskv_cu_ptr v, mskv_dtype src_dtype, const mskv_rope *rope);
 
@@ -499,9 +515,13 @@ MSKV_API mskv_result mskv_cuda_write_kv_ex(mskv_cuda_store *st, int32_t layer, c
    the capture, even in place, needs a new capture; at most 8 views per
    graph, CAPACITY at the capture otherwise). */
 typedef struct mskv_cuda_graph mskv_cuda_graph;
+/* Begins capturing the store's launches into a graph. */
 MSKV_API mskv_result mskv_cuda_capture_begin(mskv_cuda_store *st);
+/* Ends the capture; *out gets the graph. */
 MSKV_API mskv_result mskv_cuda_capture_end(mskv_cuda_store *st, mskv_cuda_graph **out);
+/* Replays a graph over the plan uploaded last (see above). */
 MSKV_API mskv_result mskv_cuda_graph_launch(mskv_cuda_store *st, mskv_cuda_graph *g);
+/* Frees a graph. */
 MSKV_API void mskv_cuda_graph_destroy(mskv_cuda_store *st, mskv_cuda_graph *g);
 
 /* // >>attention wrappers ---------------------------------------------------- */
@@ -670,10 +690,12 @@ MSKV_API mskv_result mskv_cuda_rope(mskv_cuda_store *st, const mskv_rope *rope, 
    any store_ops arena: blobs go through mskv_request_export/import.
    One process per GPU instead (each rank its own arena, the same
    decisions): see mskv_rank_check in mstar_kv.h. */
-#define MSKV_CUDA_MAX_SHARDS 16
+#define MSKV_CUDA_MAX_SHARDS 16   /* devices one sharded arena may span */
 
+/* N device stores behind one arena's store ops (opaque; mskv_cuda_shards_create). */
 typedef struct mskv_cuda_shards mskv_cuda_shards;
 
+/* What mskv_cuda_shards_create builds: the devices and the whole model's geometry. */
 typedef struct mskv_cuda_shard_desc {
     int32_t num_shards;             /* N: 1 ... MSKV_CUDA_MAX_SHARDS */
     mskv_cuda *const *devices;      /* N contexts, shard s on devices[s] (one per device, or shared for tests) */
@@ -698,6 +720,7 @@ MSKV_API mskv_result mskv_cuda_shards_arena_desc(mskv_cuda_shards *sh, mskv_aren
 /* The arena whose fences the shards retire and whose plans they check
    (created with the desc above). INVALID_ARGUMENT: another geometry. */
 MSKV_API mskv_result mskv_cuda_shards_bind(mskv_cuda_shards *sh, mskv_arena *arena);
+/* The number of shards, N. */
 MSKV_API int32_t mskv_cuda_shards_count(const mskv_cuda_shards *sh);
 /* Shard s's device store (NULL past the count). */
 MSKV_API mskv_cuda_store *mskv_cuda_shards_store(mskv_cuda_shards *sh, int32_t shard);

@@ -111,6 +111,7 @@ typedef void *mskv_ucs_status_ptr;                      /* ucs_status_ptr_t */
 typedef uint64_t mskv_ucp_tag;                          /* ucp_tag_t */
 typedef uint64_t mskv_ucp_datatype;                     /* ucp_datatype_t */
 
+/* UCS status codes and UCP field, feature and flag bits, with the values of UCP API 1.13. */
 #define MSKV_UCS_OK 0
 #define MSKV_UCS_INPROGRESS 1
 #define MSKV_UCS_ERR_CANCELED (-16)
@@ -144,13 +145,14 @@ typedef uint64_t mskv_ucp_datatype;                     /* ucp_datatype_t */
 #define MSKV_UCP_DATATYPE_IOV ((mskv_ucp_datatype)2)                /* ucp_dt_make_iov() */
 
 typedef struct mskv_ucs_sock_addr { const void *addr; unsigned int addrlen; } mskv_ucs_sock_addr;  /* struct sockaddr *, socklen_t */
-typedef struct mskv_ucp_dt_iov { void *buffer; size_t length; } mskv_ucp_dt_iov;
-typedef struct mskv_ucp_tag_recv_info { mskv_ucp_tag sender_tag; size_t length; } mskv_ucp_tag_recv_info;
-typedef void (*mskv_ucp_send_cb)(void *request, mskv_ucs_status status, void *user_data);
-typedef void (*mskv_ucp_recv_cb)(void *request, mskv_ucs_status status, const mskv_ucp_tag_recv_info *info, void *user_data);
-typedef void (*mskv_ucp_err_cb)(void *arg, mskv_ucp_ep ep, mskv_ucs_status status);
-typedef void (*mskv_ucp_conn_cb)(mskv_ucp_conn_request request, void *arg);
+typedef struct mskv_ucp_dt_iov { void *buffer; size_t length; } mskv_ucp_dt_iov;   /* ucp_dt_iov_t */
+typedef struct mskv_ucp_tag_recv_info { mskv_ucp_tag sender_tag; size_t length; } mskv_ucp_tag_recv_info;   /* ucp_tag_recv_info_t */
+typedef void (*mskv_ucp_send_cb)(void *request, mskv_ucs_status status, void *user_data);   /* ucp_send_nbx_callback_t */
+typedef void (*mskv_ucp_recv_cb)(void *request, mskv_ucs_status status, const mskv_ucp_tag_recv_info *info, void *user_data);   /* ucp_tag_recv_nbx_callback_t */
+typedef void (*mskv_ucp_err_cb)(void *arg, mskv_ucp_ep ep, mskv_ucs_status status);   /* ucp_err_handler_cb_t */
+typedef void (*mskv_ucp_conn_cb)(mskv_ucp_conn_request request, void *arg);   /* ucp_listener_conn_callback_t */
 
+/* ucp_params_t */
 typedef struct mskv_ucp_params {
     uint64_t field_mask, features;
     size_t request_size;
@@ -162,6 +164,7 @@ typedef struct mskv_ucp_params {
     const char *name;
 } mskv_ucp_params;
 
+/* ucp_worker_params_t */
 typedef struct mskv_ucp_worker_params {
     uint64_t field_mask;
     int thread_mode;
@@ -175,6 +178,7 @@ typedef struct mskv_ucp_worker_params {
     uint64_t client_id;
 } mskv_ucp_worker_params;
 
+/* ucp_listener_params_t */
 typedef struct mskv_ucp_listener_params {
     uint64_t field_mask;
     mskv_ucs_sock_addr sockaddr;
@@ -182,11 +186,13 @@ typedef struct mskv_ucp_listener_params {
     struct { mskv_ucp_conn_cb cb; void *arg; } conn_handler;
 } mskv_ucp_listener_params;
 
+/* ucp_listener_attr_t */
 typedef struct mskv_ucp_listener_attr {
     uint64_t field_mask;
     union { unsigned char bytes[128]; uint64_t align; } sockaddr;   /* struct sockaddr_storage */
 } mskv_ucp_listener_attr;
 
+/* ucp_ep_params_t */
 typedef struct mskv_ucp_ep_params {
     uint64_t field_mask;
     const void *address;
@@ -200,6 +206,7 @@ typedef struct mskv_ucp_ep_params {
     mskv_ucs_sock_addr local_sockaddr;
 } mskv_ucp_ep_params;
 
+/* ucp_request_param_t */
 typedef struct mskv_ucp_request_param {
     uint32_t op_attr_mask;
     uint32_t flags;
@@ -241,6 +248,7 @@ typedef struct mskv_ucp_request_param {
     X(void, ucp_context_print_info, (mskv_ucp_context context, FILE *stream))                          \
     X(const char *, ucs_status_string, (mskv_ucs_status status))
 
+/* The function table, one member per MSKV_UCX_FUNCTIONS entry (filled by the loader). */
 typedef struct mskv_ucx_functions {
 #define MSKV__UCX_MEMBER(ret, name, params) ret (*name) params;
     MSKV_UCX_FUNCTIONS(MSKV__UCX_MEMBER)
@@ -249,6 +257,7 @@ typedef struct mskv_ucx_functions {
 
 /* // >>migration ------------------------------------------------------------ */
 
+/* One side of a migration connection: UCX context, worker and endpoints (opaque; mskv_ucx_listen, mskv_ucx_connect). */
 typedef struct mskv_ucx mskv_ucx;
 
 /* Where a test hook runs: on the sender after message m of the pages was
@@ -259,7 +268,7 @@ typedef struct mskv_ucx mskv_ucx;
    MSKV_UCX_HOOK_CONTROL: before the control message of kind m (an
    MSKV_UCX_MSG_*) is sent. */
 typedef enum mskv_ucx_hook_point {
-    MSKV_UCX_HOOK_SENT = 1, MSKV_UCX_HOOK_RECEIVED = 2, MSKV_UCX_HOOK_POSTING = 3, MSKV_UCX_HOOK_STEP = 4, MSKV_UCX_HOOK_CONTROL = 5
+    MSKV_UCX_HOOK_SENT = 1, MSKV_UCX_HOOK_RECEIVED = 2, MSKV_UCX_HOOK_POSTING = 3, MSKV_UCX_HOOK_STEP = 4, MSKV_UCX_HOOK_CONTROL = 5   /* where a test hook runs, as the comment above says */
 } mskv_ucx_hook_point;
 /* A hook returning MSKV_UCX_HOOK_DROP closes the connection right there, as
    a dropped link would (the call returns MSKV_ERROR_PEER); at
@@ -289,8 +298,10 @@ typedef enum mskv_ucx_hook_point {
 #define MSKV_UCX_STEP_PREPARED_SENT 14
 #define MSKV_UCX_STEP_COMMIT_RECEIVED 15
 #define MSKV_UCX_STEP_ACK_SENT 16
+/* A test hook, called at point with message (see mskv_ucx_hook_point); returns 0 or an MSKV_UCX_HOOK_* action. */
 typedef int (*mskv_ucx_hook_fn)(void *user, mskv_ucx_hook_point point, int64_t message, void *data, size_t bytes);
 
+/* What mskv_ucx_listen and mskv_ucx_connect set up: library, timeout, message size, secret, lanes. */
 typedef struct mskv_ucx_desc {
     const char *library;        /* NULL: "libucp.so.0" through the loader's search path */
     int32_t timeout_ms;         /* 0 = 10000: a wait for the peer that makes no progress this long is TIMEOUT */
@@ -317,6 +328,7 @@ typedef struct mskv_ucx_desc {
    of data under key; the offer's MAC. NULL data/key with n = 0 is fine.
    Thread safety: any thread. */
 MSKV_API void mskv_sha256(const void *data, size_t n, unsigned char *out);
+/* HMAC-SHA-256 of data under key into out (32 bytes). */
 MSKV_API void mskv_hmac_sha256(const void *key, size_t key_bytes, const void *data, size_t n, unsigned char *out);
 
 /* Whether UCX can be loaded: SUCCESS, or UNSUPPORTED with the reason in why
@@ -354,7 +366,9 @@ MSKV_API mskv_result mskv_ucx_accept(mskv_ucx *u);
    mskv_ucx_connect; INVALID_ARGUMENT for a NULL or empty address or one
    over 64 KiB. */
 MSKV_API mskv_result mskv_ucx_listen_address(const mskv_ucx_desc *desc, mskv_ucx **out);
+/* The receiver's worker address, for the sender (the bytes stay valid while u lives). */
 MSKV_API mskv_result mskv_ucx_address(mskv_ucx *u, const void **address, size_t *bytes);
+/* The sender's endpoint from a receiver's worker address (see above). */
 MSKV_API mskv_result mskv_ucx_connect_address(const mskv_ucx_desc *desc, const void *address, size_t bytes, mskv_ucx **out);
 /* The sending side: a UCX context and worker with an endpoint to ip:port.
    The connection completes with the first message (a peer that is not
