@@ -68,6 +68,10 @@ ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
 TEST_BINS += $(B)/tests-python $(B)/tests-user
+# the headers as a shared library through MSKV_API/MSKV_DLL: ELF under gcc,
+# g++, clang, clang++; a mingw-w64 DLL and its consumer under wine (each
+# skips, saying why, without mingw-w64 or wine)
+TEST_BINS += $(B)/tests-dll
 # UCX migration: two processes over loopback (skips without libucp.so.0), and
 # the mirrored UCP types against the real headers (skips without libucx-dev)
 TEST_BINS += $(B)/tests-ucx $(B)/tests-ucx-abi
@@ -231,6 +235,11 @@ $(B)/tests-python: $(B)/python-installed
 	    "$(VENV)" "$(CURDIR)" "$(CURDIR)/$(VENV)" > $@
 	chmod +x $@
 python: $(B)/python-installed
+
+$(B)/tests-dll: tests/dll_check.py | $(B)
+	printf '#!/bin/sh\n# made by make: tests/dll_check.py (the headers as a shared library and a Windows DLL)\ncd "%s" && exec "%s" tests/dll_check.py "$$@"\n' \
+	    "$(CURDIR)" "$(PYTHON)" > $@
+	chmod +x $@
 
 # README blocks, struct initialisation and make install, as a user meets them
 $(B)/tests-user: tests/user_checks.py | $(B)
