@@ -32,10 +32,16 @@
                        $VIRTUAL_ENV, $CONDA_PREFIX or $PYTHONPATH, the system's
                        libnvrtc.so.13/.12/.11.2/.so (/usr/local/cuda/lib64 too),
                        and the wheels in the user's and system's site-packages
-                       (Windows: nvrtc64_130_0.dll, nvrtc64_120_0.dll,
-                       nvrtc64_112_0.dll, also under %CUDA_PATH%\bin\x64 and
-                       %CUDA_PATH%\bin). A context takes the newest NVRTC
-                       whose CUDA major is not above the driver's
+                       (Windows: the wheels' nvidia\cu13\bin\x86_64 and
+                       nvidia\cuda_nvrtc\bin in %VIRTUAL_ENV%, %CONDA_PREFIX%
+                       (each \Lib\site-packages) or %PYTHONPATH%, then
+                       nvrtc64_130_0.dll, nvrtc64_120_0.dll, nvrtc64_112_0.dll
+                       on PATH, under %CUDA_PATH%\bin\x64 and %CUDA_PATH%\bin,
+                       then the wheels in %APPDATA%\Python\Python3X\site-packages
+                       and the installer's Python3X\Lib\site-packages in
+                       %LOCALAPPDATA%\Programs\Python and %ProgramFiles%).
+                       A context takes the newest NVRTC whose CUDA major is
+                       not above the driver's
                        (cuDriverGetVersion / 1000), the first found among
                        equals: what a newer NVRTC compiles that driver does not
                        load (CUDA 13's CUBINs need R580 or newer). A named one
@@ -942,44 +948,47 @@ static void mskv__cuda_default_cache_dir(char *out, size_t cap) {
 #endif
 }
 
-/* NVRTC's names after the caller's choices (at most MSKV__CUDA_NVRTC_MAX).
-   Windows: the bare DLL names (the loader's search: PATH), then the
-   toolkit's folders. POSIX: PyPI's wheels in the active Python environment
-   ($VIRTUAL_ENV, $CONDA_PREFIX, $PYTHONPATH: what that environment's other
-   CUDA code runs with), the bare names (the loader's search path), the
-   toolkit's default place, then the wheels in the user's and the system's
-   site-packages. Only wheel files that exist are listed, so absent wheels
-   add nothing to the reasons. */
+/* NVRTC's names after the caller's choices (at most MSKV__CUDA_NVRTC_MAX):
+   PyPI's wheels in the active Python environment ($VIRTUAL_ENV,
+   $CONDA_PREFIX, $PYTHONPATH: what that environment's other CUDA code runs
+   with), the bare names (the loader's search: PATH on Windows, the loader's
+   path elsewhere), the toolkit's folders, then the wheels in the user's and
+   the system's site-packages. Only wheel files that exist are listed, so
+   absent wheels add nothing to the reasons. */
 #define MSKV__CUDA_NVRTC_MAX 24
+/* Where PyPI's NVRTC wheels put the library below a site-packages
+   directory: nvidia-cuda-nvrtc 13.x, then nvidia-cuda-nvrtc-cu12 (each
+   library finds its builtins beside it: $ORIGIN run path; on Windows the
+   folder of a DLL opened by its full path). */
 #ifdef _WIN32
-#define MSKV__CUDA_NVRTC_NOT_FOUND " (no NVRTC)"
-static int mskv__cuda_nvrtc_candidates(char (*paths)[512], int max) {
-    /* CUDA 13 keeps its DLLs in bin\x64, earlier releases in bin; the
-       installer puts them on PATH, but not every environment keeps it */
-    static const char *const sub[2] = { "\\bin\\x64", "\\bin" };
-    char root[400];
-    int n = 0, i, s, have_root = mskv__cuda_getenv("CUDA_PATH", root, sizeof(root));
-    for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && n < max; i++)
-        mskv__cuda_copystr(paths[n++], sizeof(paths[0]), mskv__cuda_nvrtc_names[i]);
-    for (s = 0; s < 2 && have_root; s++)
-        for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && n < max; i++)
-            mskv__cuda_format(paths[n++], sizeof(paths[0]), "%s%s\\%s", root, sub[s], mskv__cuda_nvrtc_names[i]);
-    return n;
-}
+#define MSKV__CUDA_PATH_LIST_SEP ';'
+static const char *const mskv__cuda_nvrtc_wheels[2] = {
+    "nvidia\\cu13\\bin\\x86_64\\nvrtc64_130_0.dll", "nvidia\\cuda_nvrtc\\bin\\nvrtc64_120_0.dll" };
+#define MSKV__CUDA_NVRTC_NOT_FOUND \
+    "; no NVRTC wheel (nvidia\\cu13\\bin\\x86_64\\nvrtc64_130_0.dll, nvidia\\cuda_nvrtc\\bin\\nvrtc64_120_0.dll) in " \
+    "%VIRTUAL_ENV%, %CONDA_PREFIX%, %PYTHONPATH% or the user and system site-packages (no NVRTC)"
 #else
+#define MSKV__CUDA_PATH_LIST_SEP ':'
+static const char *const mskv__cuda_nvrtc_wheels[2] = {
+    "nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12" };
 #define MSKV__CUDA_NVRTC_NOT_FOUND \
     "; no NVRTC wheel (nvidia/cu13/lib/libnvrtc.so.13, nvidia/cuda_nvrtc/lib/libnvrtc.so.12) in " \
     "$VIRTUAL_ENV, $CONDA_PREFIX, $PYTHONPATH or the user and system site-packages (no NVRTC)"
-/* Where PyPI's NVRTC wheels put the library below a site-packages
-   directory: nvidia-cuda-nvrtc 13.x, then nvidia-cuda-nvrtc-cu12 (each
-   library finds its builtins beside it through its $ORIGIN run path). */
-static const char *const mskv__cuda_nvrtc_wheels[2] = {
-    "nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12" };
+#endif
 
 typedef struct mskv__cuda_paths { char (*p)[512]; int n, max; } mskv__cuda_paths;
 
 static void mskv__cuda_paths_add(mskv__cuda_paths *ps, const char *path) {
     if (ps->n < ps->max && strlen(path) < sizeof(ps->p[0])) mskv__cuda_copystr(ps->p[ps->n++], sizeof(ps->p[0]), path);
+}
+
+static int mskv__cuda_file_exists(const char *path) {
+#ifdef _WIN32
+    DWORD at = GetFileAttributesA(path);
+    return at != INVALID_FILE_ATTRIBUTES && !(at & FILE_ATTRIBUTE_DIRECTORY);
+#else
+    return access(path, F_OK) == 0;
+#endif
 }
 
 /* The wheels' libraries that exist in one site-packages directory (len bytes of site). */
@@ -990,12 +999,80 @@ static void mskv__cuda_paths_site(mskv__cuda_paths *ps, const char *site, size_t
         size_t w = strlen(mskv__cuda_nvrtc_wheels[i]);
         if (len == 0 || len + w + 2 > sizeof(path)) continue;
         memcpy(path, site, len);
-        path[len] = '/';
+        path[len] = MSKV__CUDA_SEP[0];
         memcpy(path + len + 1, mskv__cuda_nvrtc_wheels[i], w + 1);
-        if (access(path, F_OK) == 0) mskv__cuda_paths_add(ps, path);
+        if (mskv__cuda_file_exists(path)) mskv__cuda_paths_add(ps, path);
     }
 }
 
+/* Each entry of a PATH-like list (':' or ';' between entries) as a site-packages directory. */
+static void mskv__cuda_paths_list(mskv__cuda_paths *ps, const char *list) {
+    const char *e;
+    for (e = list; *e; e += *e == MSKV__CUDA_PATH_LIST_SEP) {
+        size_t n = 0;
+        while (e[n] && e[n] != MSKV__CUDA_PATH_LIST_SEP) n++;
+        mskv__cuda_paths_site(ps, e, n);
+        e += n;
+    }
+}
+
+#ifdef _WIN32
+/* <dir>\<Python3X><leaf> for each Python version X present: the user's
+   site-packages (%APPDATA%\Python\Python3X\site-packages) and the
+   installer's per-user and all-users places (...\Python3X\Lib\site-packages).
+   One directory read per folder. */
+static void mskv__cuda_paths_pythons(mskv__cuda_paths *ps, const char *dir, const char *leaf) {
+    char pattern[512], site[512];
+    WIN32_FIND_DATAA fd;
+    HANDLE h;
+    if (!dir || !*dir || strlen(dir) + 10 >= sizeof(pattern)) return;
+    mskv__cuda_format(pattern, sizeof(pattern), "%s\\Python3*", dir);
+    if ((h = FindFirstFileA(pattern, &fd)) == INVALID_HANDLE_VALUE) return;
+    do {
+        if (!(fd.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY)) continue;
+        if (strlen(dir) + strlen(fd.cFileName) + strlen(leaf) + 3 > sizeof(site)) continue;
+        mskv__cuda_format(site, sizeof(site), "%s\\%s%s", dir, fd.cFileName, leaf);
+        mskv__cuda_paths_site(ps, site, strlen(site));
+    } while (FindNextFileA(h, &fd));
+    FindClose(h);
+}
+
+/* <prefix>\Lib\site-packages: a venv's or a conda environment's. */
+static void mskv__cuda_paths_env_site(mskv__cuda_paths *ps, const char *var) {
+    char env[512], site[512];
+    if (!mskv__cuda_getenv(var, env, sizeof(env)) || strlen(env) + 18 >= sizeof(site)) return;
+    mskv__cuda_format(site, sizeof(site), "%s\\Lib\\site-packages", env);
+    mskv__cuda_paths_site(ps, site, strlen(site));
+}
+
+static int mskv__cuda_nvrtc_candidates(char (*paths)[512], int max) {
+    /* CUDA 13 keeps its DLLs in bin\x64, earlier releases in bin; the
+       installer puts them on PATH, but not every environment keeps it */
+    static const char *const sub[2] = { "\\bin\\x64", "\\bin" };
+    mskv__cuda_paths ps;
+    char env[8192], dir[512];
+    int i, s;
+    ps.p = paths; ps.n = 0; ps.max = max;
+    mskv__cuda_paths_env_site(&ps, "VIRTUAL_ENV");
+    mskv__cuda_paths_env_site(&ps, "CONDA_PREFIX");
+    if (mskv__cuda_getenv("PYTHONPATH", env, sizeof(env))) mskv__cuda_paths_list(&ps, env);
+    for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names); i++) mskv__cuda_paths_add(&ps, mskv__cuda_nvrtc_names[i]);
+    if (mskv__cuda_getenv("CUDA_PATH", env, 400))
+        for (s = 0; s < 2; s++)
+            for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && ps.n < max; i++)
+                mskv__cuda_format(paths[ps.n++], sizeof(paths[0]), "%s%s\\%s", env, sub[s], mskv__cuda_nvrtc_names[i]);
+    if (mskv__cuda_getenv("APPDATA", env, 400)) {
+        mskv__cuda_format(dir, sizeof(dir), "%s\\Python", env);
+        mskv__cuda_paths_pythons(&ps, dir, "\\site-packages");
+    }
+    if (mskv__cuda_getenv("LOCALAPPDATA", env, 400)) {
+        mskv__cuda_format(dir, sizeof(dir), "%s\\Programs\\Python", env);
+        mskv__cuda_paths_pythons(&ps, dir, "\\Lib\\site-packages");
+    }
+    if (mskv__cuda_getenv("ProgramFiles", env, 400)) mskv__cuda_paths_pythons(&ps, env, "\\Lib\\site-packages");
+    return ps.n;
+}
+#else
 /* <prefix>/lib/python3.X/<leaf> for each Python version X present: a venv, a
    conda environment, ~/.local, /usr/local, /usr. One directory read per prefix. */
 static void mskv__cuda_paths_prefix(mskv__cuda_paths *ps, const char *prefix, const char *leaf) {
@@ -1017,18 +1094,11 @@ static void mskv__cuda_paths_prefix(mskv__cuda_paths *ps, const char *prefix, co
 static int mskv__cuda_nvrtc_candidates(char (*paths)[512], int max) {
     mskv__cuda_paths ps;
     char env[1024], home[512];
-    const char *e;
     int i;
     ps.p = paths; ps.n = 0; ps.max = max;
     if (mskv__cuda_getenv("VIRTUAL_ENV", env, sizeof(env))) mskv__cuda_paths_prefix(&ps, env, "site-packages");
     if (mskv__cuda_getenv("CONDA_PREFIX", env, sizeof(env))) mskv__cuda_paths_prefix(&ps, env, "site-packages");
-    if (mskv__cuda_getenv("PYTHONPATH", env, sizeof(env))) {
-        for (e = env; *e; e += *e == ':') {
-            size_t n = strcspn(e, ":");
-            mskv__cuda_paths_site(&ps, e, n);
-            e += n;
-        }
-    }
+    if (mskv__cuda_getenv("PYTHONPATH", env, sizeof(env))) mskv__cuda_paths_list(&ps, env);
     for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names); i++) mskv__cuda_paths_add(&ps, mskv__cuda_nvrtc_names[i]);
     for (i = 0; i < MSKV__CUDA_COUNT(mskv__cuda_nvrtc_names) && ps.n < max; i++)
         mskv__cuda_format(paths[ps.n++], sizeof(paths[0]), "/usr/local/cuda/lib64/%s", mskv__cuda_nvrtc_names[i]);
