@@ -16,8 +16,10 @@
 #   make python   install the Python package into build/venv (make test runs its tests);
 #                 MSKV_TORCH=1 adds PyTorch from PyPI (what CI does), so the torch
 #                 tests and the example model run instead of skipping with the reason
-#   make install PREFIX=/usr/local   the three headers into $(PREFIX)/include and
-#                 mstar_kv.pc into $(PREFIX)/lib/pkgconfig (DESTDIR is honoured);
+#   make install PREFIX=/usr/local   the three headers into $(PREFIX)/include,
+#                 mstar_kv.pc into $(PREFIX)/lib/pkgconfig and the CMake package
+#                 (find_package(mstar_kv): the INTERFACE target mstar_kv::mstar_kv)
+#                 into $(PREFIX)/lib/cmake/mstar_kv (DESTDIR is honoured);
 #                 make uninstall removes them
 #   make install-python   pip install ./python (into the active venv; PIP_FLAGS adds options)
 #   make check-neon the CPU backend's NEON path, cross-built and run under qemu
@@ -68,6 +70,10 @@ ifneq ($(strip $(EMU_SRC)),)
 TEST_BINS += $(B)/tests-emu
 endif
 TEST_BINS += $(B)/tests-python $(B)/tests-user
+# the headers as a shared library through MSKV_API/MSKV_DLL: ELF under gcc,
+# g++, clang, clang++; a mingw-w64 DLL and its consumer under wine (each
+# skips, saying why, without mingw-w64 or wine)
+TEST_BINS += $(B)/tests-dll
 # UCX migration: two processes over loopback (skips without libucp.so.0), and
 # the mirrored UCP types against the real headers (skips without libucx-dev)
 TEST_BINS += $(B)/tests-ucx $(B)/tests-ucx-abi
@@ -241,6 +247,10 @@ $(B)/tests-api: tools/gen_api.py | $(B)
 .PHONY: api
 api:
 	$(PYTHON) tools/gen_api.py
+$(B)/tests-dll: tests/dll_check.py | $(B)
+	printf '#!/bin/sh\n# made by make: tests/dll_check.py (the headers as a shared library and a Windows DLL)\ncd "%s" && exec "%s" tests/dll_check.py "$$@"\n' \
+	    "$(CURDIR)" "$(PYTHON)" > $@
+	chmod +x $@
 
 # README blocks, struct initialisation and make install, as a user meets them
 $(B)/tests-user: tests/user_checks.py | $(B)
@@ -348,21 +358,27 @@ gpu-warm: $(B)/gpu_check $(B)/demo-gpu $(B)/demo-warm
 PREFIX ?= /usr/local
 INCLUDEDIR ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(PREFIX)/lib/pkgconfig
+# find_package(mstar_kv) looks in <prefix>/lib/cmake/mstar_kv (CMAKE_PREFIX_PATH)
+CMAKEDIR ?= $(PREFIX)/lib/cmake/mstar_kv
 VERSION := $(shell awk '/^.define MSKV_VERSION_(MAJOR|MINOR|PATCH) /{v = v (v == "" ? "" : ".") $$3} END {print v}' mstar_kv.h)
 PIP_FLAGS ?=
 # relative to prefix when it can be (a relocated tree still works)
 PC_INCLUDEDIR = $(if $(filter $(PREFIX)/include,$(INCLUDEDIR)),$${prefix}/include,$(INCLUDEDIR))
 
 install:
-	mkdir -p "$(DESTDIR)$(INCLUDEDIR)" "$(DESTDIR)$(PKGCONFIGDIR)"
+	mkdir -p "$(DESTDIR)$(INCLUDEDIR)" "$(DESTDIR)$(PKGCONFIGDIR)" "$(DESTDIR)$(CMAKEDIR)"
 	cp mstar_kv.h mstar_kv_cuda.h mstar_kv_ucx.h "$(DESTDIR)$(INCLUDEDIR)/"
 	printf 'prefix=%s\nincludedir=%s\n\nName: mstar_kv\nDescription: %s\nVersion: %s\nCflags: -I$${includedir}\nLibs: -ldl -lpthread -lm\n' \
 	    "$(PREFIX)" '$(PC_INCLUDEDIR)' "paged KV cache for windowed video diffusion and LLM decode (single-header C, optional CUDA and UCX layers)" \
 	    "$(VERSION)" > "$(DESTDIR)$(PKGCONFIGDIR)/mstar_kv.pc"
+	sed -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' tools/cmake/mstar_kvConfig.cmake.in > "$(DESTDIR)$(CMAKEDIR)/mstar_kvConfig.cmake"
+	sed -e 's|@VERSION@|$(VERSION)|g' tools/cmake/mstar_kvConfigVersion.cmake.in > "$(DESTDIR)$(CMAKEDIR)/mstar_kvConfigVersion.cmake"
 
 uninstall:
 	rm -f "$(DESTDIR)$(INCLUDEDIR)/mstar_kv.h" "$(DESTDIR)$(INCLUDEDIR)/mstar_kv_cuda.h" "$(DESTDIR)$(INCLUDEDIR)/mstar_kv_ucx.h" \
-	    "$(DESTDIR)$(PKGCONFIGDIR)/mstar_kv.pc"
+	    "$(DESTDIR)$(PKGCONFIGDIR)/mstar_kv.pc" "$(DESTDIR)$(CMAKEDIR)/mstar_kvConfig.cmake" \
+	    "$(DESTDIR)$(CMAKEDIR)/mstar_kvConfigVersion.cmake"
+	-rmdir "$(DESTDIR)$(CMAKEDIR)" 2>/dev/null
 
 install-python:
 	$(PYTHON) -m pip install $(PIP_FLAGS) ./python

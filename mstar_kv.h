@@ -22,6 +22,12 @@
 
    Options, defined before the implementation include:
      MSKV_STATIC                 make every function static (private copy per file)
+     MSKV_DLL                    (in every file, the library's and its users')
+                                 a shared library: a Windows DLL exports the
+                                 functions where MSKV_BUILD_DLL or the
+                                 implementation is defined and imports them
+                                 elsewhere (see MSKV_API below; defining
+                                 MSKV_API yourself overrides it all)
      MSKV_MALLOC(sz,u) / MSKV_REALLOC(p,sz,u) / MSKV_FREE(p,u)
                                  compile-time allocator; define all three or none.
                                  A run-time allocator (mskv_allocator) in a
@@ -92,14 +98,36 @@
 #define MSKV_VERSION_MINOR 2
 #define MSKV_VERSION_PATCH 0
 
-#ifdef MSKV_STATIC
+/* MSKV_API: what every public function of the three headers carries, on its
+   declaration and (mstar_kv_cuda.h, mstar_kv_ucx.h) on its definition.
+   Defined before the first include, it is used as it is. Otherwise:
+     MSKV_STATIC     static: a private copy in each file that defines it
+     MSKV_DLL        a shared library (define it in every file that includes
+                     the headers, the library's and its users'): on Windows
+                     (_WIN32, __CYGWIN__) __declspec(dllexport) where the
+                     library is built (MSKV_BUILD_DLL or MSTAR_KV_IMPLEMENTATION
+                     defined) and __declspec(dllimport) elsewhere; with gcc or
+                     clang elsewhere visibility("default"), so a library built
+                     with -fvisibility=hidden still exports them
+     neither         extern */
+#ifndef MSKV_API
+#if defined(MSKV_STATIC)
 #if defined(__GNUC__) || defined(__clang__)
 #define MSKV_API static __attribute__((unused)) /* a private copy need not use every function */
 #else
 #define MSKV_API static
 #endif
+#elif defined(MSKV_DLL) && (defined(_WIN32) || defined(__CYGWIN__))
+#if defined(MSKV_BUILD_DLL) || defined(MSTAR_KV_IMPLEMENTATION)
+#define MSKV_API __declspec(dllexport) extern
+#else
+#define MSKV_API __declspec(dllimport) extern
+#endif
+#elif defined(MSKV_DLL) && ((defined(__GNUC__) && __GNUC__ >= 4) || defined(__clang__))
+#define MSKV_API extern __attribute__((visibility("default")))
 #else
 #define MSKV_API extern
+#endif
 #endif
 
 /* Zero-initialises any struct of this library (zero means defaults):

@@ -21,6 +21,8 @@
        #define MSTAR_KV_UCX_IMPLEMENTATION
        #include "mstar_kv_ucx.h"
    Build: cc -std=c99 -O2 app.c -ldl -lpthread -lm
+   Its functions carry mstar_kv.h's MSKV_API (MSKV_STATIC, MSKV_DLL for a
+   shared library or Windows DLL, or your own MSKV_API: see mstar_kv.h).
    Run time: libucp.so.0 (Debian: apt-get install libucx0). UCX's own
    variables choose the transports, e.g. UCX_TLS=tcp or UCX_TLS=shm,tcp.
 

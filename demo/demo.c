@@ -192,6 +192,21 @@ static int demo_default_threads(void) {
     return n < 1 ? 1 : n > 8 ? 8 : (int)n;
 }
 
+/* The options that take a value (as --name VALUE or --name=VALUE): a name
+   known here is checked before the argument after it is taken as its value,
+   so a misspelt flag is reported as unknown, whatever follows it. */
+static const char *const demo_valued_options[] = {
+    "-o", "--output", "--dump-raw", "--progress", "--mode", "--backend", "--dtype", "--cfg", "--seed", "--frames",
+    "--width", "--height", "--window", "--overlap", "--sink", "--context", "--steps", "--threads", "--page-size" };
+static const char *const demo_flag_options[] = { "--help", "-h", "-q", "--quiet", "--check", "--offload", "--timeline" };
+
+static int demo_known(const char *const *names, size_t n, const char *name) {
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (!strcmp(names[i], name)) return 1;
+    return 0;
+}
+
 /* 0 = run, 1 = --help shown, 2 = usage error (already reported) */
 static int demo_parse(int argc, char **argv, demo_cfg *c) {
     int i;
@@ -217,8 +232,17 @@ static int demo_parse(int argc, char **argv, demo_cfg *c) {
             memcpy(name, a, (size_t)(eq - a));
             name[eq - a] = 0;
             val = eq + 1;
+        } else if (eq) {
+            return demo_usage("unknown option '%.*s'", (int)(eq - a), a);
         } else {
             snprintf(name, sizeof(name), "%s", a);
+        }
+        if (!demo_known(demo_valued_options, sizeof(demo_valued_options) / sizeof(demo_valued_options[0]), name)) {
+            if (val && demo_known(demo_flag_options, sizeof(demo_flag_options) / sizeof(demo_flag_options[0]), name))
+                return demo_usage("%s takes no value", name);
+            return demo_usage("unknown option '%s'", val ? name : a);
+        }
+        if (!val) {
             if (i + 1 >= argc) return demo_usage("%s needs a value", a);
             val = argv[++i];
         }

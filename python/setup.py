@@ -6,6 +6,7 @@ drive the platform's C compiler; the library has no Python API in it.
 The headers come from python/include/ (an sdist carries them there) or from
 the repository root, one folder up (`pip install ./python`)."""
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -32,16 +33,42 @@ def header_dir():
              "in place; an older pip copies python/ away from the headers), or install an sdist")
 
 
+def public_functions(d):
+    """The MSKV_API functions each header declares before its implementation
+    part: what the library exports (the same reading as the package's API
+    coverage test)."""
+    names = set()
+    for h in HEADERS:
+        text = (d / h).read_text(encoding="utf-8")
+        cut = re.search(r"^#ifdef MSTAR_KV_\w*IMPLEMENTATION\b", text, re.M)
+        api = text[:cut.start()] if cut else text
+        names.update(m.group(2) for m in re.finditer(r"^MSKV_API\b([^;{]*?)\b(mskv_\w+)\s*\(", api, re.M))
+    return sorted(names)
+
+
+def windows_compiler(compiler_type):
+    return compiler_type in ("msvc", "mingw32", "cygwin")
+
+
 class build_shared_library(build_ext):
+    def platform_options(self, ext):
+        """What this platform's compiler needs beyond the sources."""
+        ctype = self.compiler.compiler_type
+        if ctype == "unix":
+            ext.extra_compile_args += ["-std=c99"]
+            ext.libraries += ["dl", "pthread", "m"]
+        if windows_compiler(ctype):
+            # a DLL exports only what is marked: MSKV_DLL with MSKV_BUILD_DLL
+            # makes every MSKV_API function __declspec(dllexport)
+            ext.define_macros += [("MSKV_DLL", None), ("MSKV_BUILD_DLL", None)]
+
     def build_extension(self, ext):
         d = header_dir()
         ext.include_dirs.append(str(d))
         # _lib.c only includes the headers: name them, or a build directory
         # left from another checkout's headers counts as up to date
         ext.depends += [str(d / h) for h in HEADERS]
-        if self.compiler.compiler_type == "unix":
-            ext.extra_compile_args += ["-std=c99"]
-            ext.libraries += ["dl", "pthread", "m"]
+        self.platform_options(ext)
         # a build directory from before the library lost its interpreter tag
         # holds a stale _libmstar_kv.cpython-*.so that would ship beside it
         target = Path(self.get_ext_fullpath(ext.name))
@@ -57,7 +84,14 @@ class build_shared_library(build_ext):
         return os.path.join(*ext_name.split(".")) + importlib.machinery.EXTENSION_SUFFIXES[-1]
 
     def get_export_symbols(self, ext):
-        return []  # not a Python extension module: there is no PyInit_ function to export
+        # not a Python extension module: no PyInit_ function to export (the
+        # default would ask the linker for one). MSVC's link is also given
+        # every public function by name (/EXPORT:), beside the headers'
+        # __declspec(dllexport), so the DLL exports the C API either way;
+        # ELF shared objects export every extern function as they are.
+        if self.compiler is not None and self.compiler.compiler_type == "msvc":
+            return public_functions(header_dir())
+        return []
 
 
 class bdist_wheel_ctypes(bdist_wheel):

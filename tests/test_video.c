@@ -737,6 +737,26 @@ TEST(a_negative_seed_is_a_usage_error) {
     tv_expect_usage_error("--seed 18446744073709551616 -o /nonexistent-dir/usage.mp4", "--seed");
 }
 
+/* A misspelt flag is unknown whatever follows it: the parser used to take
+   the next argument (or its absence) as the value of any unknown --name and
+   said "--bogus needs a value" */
+TEST(an_unknown_option_is_reported_as_unknown_whatever_follows_it) {
+    static const char *const cases[][2] = {
+        { "--bogus", "unknown option '--bogus'" },
+        { "--bogus x -o /nonexistent-dir/usage.mp4", "unknown option '--bogus'" },
+        { "--chek", "unknown option '--chek'" },
+        { "--chek --frames 9 -o /nonexistent-dir/usage.mp4", "unknown option '--chek'" },
+        { "--bogus=3 -o /nonexistent-dir/usage.mp4", "unknown option '--bogus'" },
+        { "--check=1 -o /nonexistent-dir/usage.mp4", "--check takes no value" },
+        { "--frames", "--frames needs a value" } };
+    size_t i;
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        tv_expect_usage_error(cases[i][0], cases[i][1]);
+        if (tv_has("needs a value") && !strstr(cases[i][1], "needs a value"))
+            mt_fail(__FILE__, __LINE__, "demo %s: %s", cases[i][0], tv_out);
+    }
+}
+
 TEST(an_empty_output_name_is_a_usage_error) {
     tv_expect_usage_error("-o ''", "-o");
     tv_expect_usage_error("--output= --frames 9", "--output");

@@ -16,9 +16,11 @@ against them with pkg-config.
     and C++17 under gcc and clang, and the C idiom {0} as well (in C++ only
     the two warnings C++ compilers give for {0} in any struct are allowed:
     -Wmissing-field-initializers, -Wmissing-braces).
-  * make install PREFIX=<temporary directory> puts the headers and
-    mstar_kv.pc there; a program built with `pkg-config --cflags --libs
-    mstar_kv` against them runs; make uninstall removes every file again.
+  * make install PREFIX=<temporary directory> puts the headers, mstar_kv.pc
+    and the CMake package there; a program built with `pkg-config --cflags
+    --libs mstar_kv` against them runs, and so does one built by cmake with
+    find_package(mstar_kv) and the target mstar_kv::mstar_kv; make uninstall
+    removes every file again.
 
 One test per README block, each named after the section it sits in. Output
 follows tests/mskv_test.h: "[ RUN  ]", "[  OK  ]", "[ FAIL ]", "[ SKIP ]"
@@ -250,7 +252,7 @@ def test_make_install_puts_headers_and_a_pkg_config_file_that_builds_a_program()
         if r.returncode != 0:
             raise Failure("make install failed:\n" + r.stdout + r.stderr)
         got = files_under(prefix)
-        want = sorted(["include/" + h for h in HEADERS] + ["lib/pkgconfig/mstar_kv.pc"])
+        want = sorted(["include/" + h for h in HEADERS] + ["lib/pkgconfig/mstar_kv.pc"] + CMAKE_FILES)
         if got != want:
             raise Failure("make install put %s, expected %s" % (got, want))
         for h in HEADERS:
@@ -287,6 +289,80 @@ def test_make_install_puts_headers_and_a_pkg_config_file_that_builds_a_program()
         left = files_under(prefix)
         if left:
             raise Failure("make uninstall left %s" % left)
+
+
+CMAKE_FILES = ["lib/cmake/mstar_kv/mstar_kvConfig.cmake", "lib/cmake/mstar_kv/mstar_kvConfigVersion.cmake"]
+CMAKE_PROJECT = """cmake_minimum_required(VERSION 3.10)
+project(mskv_consumer C)
+find_package(mstar_kv %s REQUIRED)
+add_executable(app app.c)
+target_link_libraries(app PRIVATE mstar_kv::mstar_kv)
+set_target_properties(app PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
+target_compile_options(app PRIVATE -Wall -Wextra -pedantic -Werror)
+"""
+
+
+def header_version():
+    with open(os.path.join(ROOT, "mstar_kv.h"), encoding="utf-8") as f:
+        text = f.read()
+    return tuple(int(re.search(r"^#define MSKV_VERSION_%s (\d+)" % k, text, re.M).group(1))
+                 for k in ("MAJOR", "MINOR", "PATCH"))
+
+
+def cmake_configure(prefix, tmp, version):
+    """Configures (and on success builds) the consumer requesting `version`."""
+    src, bld = os.path.join(tmp, "src"), os.path.join(tmp, "build-" + version)
+    os.makedirs(src, exist_ok=True)
+    with open(os.path.join(src, "CMakeLists.txt"), "w") as f:
+        f.write(CMAKE_PROJECT % version)
+    with open(os.path.join(src, "app.c"), "w") as f:
+        f.write(INSTALLED_PROGRAM)
+    env = dict(make_env(), CC=CC)
+    r = run(["cmake", "-S", src, "-B", bld, "-DCMAKE_PREFIX_PATH=" + prefix, "-DCMAKE_BUILD_TYPE=Release"], env=env)
+    return r, bld
+
+
+def test_make_install_puts_a_cmake_package_that_builds_a_program():
+    """find_package(mstar_kv VERSION) with CMAKE_PREFIX_PATH=<prefix>: the
+    INTERFACE target mstar_kv::mstar_kv builds and links a program (only
+    what the package says: no -I into the repository), and a later minor
+    release than the installed one is refused."""
+    if not shutil.which("make") or not shutil.which("cmake"):
+        raise Skip("make or cmake is not installed (Debian: apt-get install cmake)")
+    major, minor, patch = header_version()
+    with tempfile.TemporaryDirectory(prefix="mskv_prefix_") as prefix, \
+            tempfile.TemporaryDirectory(prefix="mskv_cmake_") as tmp:
+        r = run(["make", "-s", "-C", ROOT, "install", "PREFIX=" + prefix], env=make_env())
+        if r.returncode != 0:
+            raise Failure("make install failed:\n" + r.stdout + r.stderr)
+        for f in CMAKE_FILES:
+            if not os.path.isfile(os.path.join(prefix, f)):
+                raise Failure("make install did not write %s" % f)
+        r, bld = cmake_configure(prefix, tmp, "%d.%d" % (major, minor))
+        if r.returncode != 0:
+            raise Failure("cmake could not configure the consumer:\n" + (r.stdout + r.stderr)[-3000:])
+        r = run(["cmake", "--build", bld], env=make_env())
+        if r.returncode != 0:
+            raise Failure("cmake --build failed:\n" + (r.stdout + r.stderr)[-3000:])
+        with open(os.path.join(bld, "CMakeCache.txt")) as f:
+            cache = f.read()
+        found = re.search(r"^mstar_kv_DIR:PATH=(.*)$", cache, re.M)
+        if not found or os.path.realpath(found.group(1)) != os.path.realpath(os.path.join(prefix, "lib/cmake/mstar_kv")):
+            raise Failure("find_package found mstar_kv at %s, not in the prefix" % (found and found.group(1)))
+        r = run([os.path.join(bld, "app")])
+        want = "installed mstar_kv %d.%d.%d" % (major, minor, patch)
+        if r.returncode != 0 or not r.stdout.startswith(want):
+            raise Failure("the CMake-built program exited with %d and printed %r" % (r.returncode, r.stdout))
+        print("  " + r.stdout.strip() + " (cmake: find_package(mstar_kv %d.%d), mstar_kv::mstar_kv)" % (major, minor))
+        later = "%d.%d" % (major, minor + 1)
+        r, _ = cmake_configure(prefix, tmp, later)
+        if r.returncode == 0 or "mstar_kv" not in r.stderr:
+            raise Failure("find_package(mstar_kv %s) accepted version %d.%d.%d:\n%s"
+                          % (later, major, minor, patch, (r.stdout + r.stderr)[-2000:]))
+        r = run(["make", "-s", "-C", ROOT, "uninstall", "PREFIX=" + prefix], env=make_env())
+        left = files_under(prefix)
+        if r.returncode != 0 or left:
+            raise Failure("make uninstall failed or left %s:\n%s" % (left, r.stdout + r.stderr))
 
 
 # >>harness ----------------------------------------------------------------------

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Regenerates the embedded copy of kernels.cu inside mstar_kv_cuda.h: the
-# lines between "/* >>kernels-begin */" and "/* >>kernels-end */" become one C
-# string literal per source line (C99 only promises 4095-character literals).
+# lines between "/* >>kernels-begin */" and "/* >>kernels-end */" (the fenced
+# block at the end of the header, after all of its code) become one C string
+# literal per source line (C99 only promises 4095-character literals).
 # Deterministic: same kernels.cu, same output. POSIX sh + awk, C locale.
 #   usage: sh tools/embed_kernels.sh [kernels.cu [mstar_kv_cuda.h]]
 #   --check: exit 1 (and change nothing) when the embedded copy is stale.
