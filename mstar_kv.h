@@ -1,4 +1,4 @@
-/* mstar_kv.h - v0.1.0 - a paged KV cache for windowed autoregressive video
+/* mstar_kv.h - v0.2.0 - a paged KV cache for windowed autoregressive video
    diffusion and LLM decode, in one C99 header.
 
    It owns the whole life of a KV cache: which physical pages hold which tokens

@@ -1,4 +1,4 @@
-/* mstar_kv_cuda.h - v0.1.0 - the GPU layer of mstar_kv: a run-time loader for
+/* mstar_kv_cuda.h - v0.2.0 - the GPU layer of mstar_kv: a run-time loader for
    the CUDA driver and NVRTC, a JIT with an in-memory and on-disk kernel cache,
    a device K/V store that plugs into the arena of mstar_kv.h, fences, and the
    launch wrappers of the kernels in kernels.cu (embedded below).

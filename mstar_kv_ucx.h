@@ -1,4 +1,4 @@
-/* mstar_kv_ucx.h - v0.1.0 - moving a request of mstar_kv.h between processes
+/* mstar_kv_ucx.h - v0.2.0 - moving a request of mstar_kv.h between processes
    and machines over UCX, in one C99 header.
 
    A request (its blob: token counts, prefix, released window, retention,
