@@ -8233,6 +8233,20 @@ static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
                     ws->vrow16[jj] = vp + ws->el[jj];
                 }
                 for (jj = kb; jj < ((kb + 3) & ~3); jj++) ws->krow16[jj] = ws->krow16[kb - 1];
+                /* a head's rows lie a slot apart (a few KB), too far for the
+                   hardware to follow: the next head's K and V rows are asked
+                   for while this head's are used (its 2 to 4 cache lines a
+                   row), one head's work ahead, in L1 by the time it starts */
+#if defined(__GNUC__)
+                if (gi + 1 < ng) {
+                    size_t at;
+                    for (jj = 0; jj < kb; jj++)
+                        for (at = 0; at < (size_t)D; at += 32) {
+                            __builtin_prefetch(kp + job->hstride + ws->el[jj] + at);
+                            __builtin_prefetch(vp + job->hstride + ws->el[jj] + at);
+                        }
+                }
+#endif
                 kn->qk_rows16(ws->q + (size_t)gi * nrp * Dp, ws->krow16, bf16, S, nrp, (kb + 3) & ~3, D, Dp, KS);
             } else {
                 for (jj = 0; jj < kb; jj++) {
