@@ -1523,11 +1523,13 @@ MSKV_API mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, 
 #if !defined(MSKV_CPU_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
 #define MSKV__CPU_X86 1
 #define MSKV__CPU_TARGET(t) __attribute__((target(t)))
+#define MSKV__CPU_INLINE __inline__ __attribute__((always_inline))
 #include <immintrin.h>
 #include <cpuid.h>
 #elif !defined(MSKV_CPU_NO_SIMD) && defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
 #define MSKV__CPU_X86 1
 #define MSKV__CPU_TARGET(t)
+#define MSKV__CPU_INLINE __forceinline
 #include <intrin.h>
 #include <immintrin.h>
 #else
@@ -1535,6 +1537,11 @@ MSKV_API mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, 
 #endif
 #if !defined(MSKV_CPU_NO_SIMD) && (defined(__aarch64__) || defined(_M_ARM64))
 #define MSKV__CPU_NEON 1
+#if !defined(MSKV__CPU_INLINE) && defined(_MSC_VER)
+#define MSKV__CPU_INLINE __forceinline
+#elif !defined(MSKV__CPU_INLINE)
+#define MSKV__CPU_INLINE __inline__ __attribute__((always_inline))
+#endif
 #include <arm_neon.h>
 #else
 #define MSKV__CPU_NEON 0
@@ -6515,6 +6522,33 @@ static MSKV__CPU_AVX512 __m128 mskv__cpu_sum4x512(__m512 a, __m512 b, __m512 c, 
     return _mm512_castps512_ps128(x);
 }
 
+/* The tail of the qk_rows kernels (f32 and 16-bit rows): 4 rows x 4 keys of
+   sums, c<row><key>, each row's four reduced together (mskv__cpu_sum4x512)
+   and stored at S[row * ks + key]. */
+static MSKV__CPU_AVX512 MSKV__CPU_INLINE void mskv__cpu_qk_tail_avx512(float *S, int32_t ks, __m512 c00, __m512 c01, __m512 c02, __m512 c03,
+                                                                       __m512 c10, __m512 c11, __m512 c12, __m512 c13, __m512 c20, __m512 c21,
+                                                                       __m512 c22, __m512 c23, __m512 c30, __m512 c31, __m512 c32, __m512 c33) {
+    _mm_storeu_ps(S, mskv__cpu_sum4x512(c00, c01, c02, c03));
+    _mm_storeu_ps(S + ks, mskv__cpu_sum4x512(c10, c11, c12, c13));
+    _mm_storeu_ps(S + 2 * (size_t)ks, mskv__cpu_sum4x512(c20, c21, c22, c23));
+    _mm_storeu_ps(S + 3 * (size_t)ks, mskv__cpu_sum4x512(c30, c31, c32, c33));
+}
+
+/* The tail of the pv_rows kernels: 4 rows' 32 dims of O (16 unless two),
+   c<row>0 and c<row>1, stored at O + row * dp. */
+static MSKV__CPU_AVX512 MSKV__CPU_INLINE void mskv__cpu_pv_tail_avx512(float *O, int32_t dp, int two, __m512 c00, __m512 c01, __m512 c10, __m512 c11,
+                                                                       __m512 c20, __m512 c21, __m512 c30, __m512 c31) {
+    _mm512_storeu_ps(O, c00);
+    _mm512_storeu_ps(O + (size_t)dp, c10);
+    _mm512_storeu_ps(O + 2 * (size_t)dp, c20);
+    _mm512_storeu_ps(O + 3 * (size_t)dp, c30);
+    if (!two) return;
+    _mm512_storeu_ps(O + 16, c01);
+    _mm512_storeu_ps(O + (size_t)dp + 16, c11);
+    _mm512_storeu_ps(O + 2 * (size_t)dp + 16, c21);
+    _mm512_storeu_ps(O + 3 * (size_t)dp + 16, c31);
+}
+
 /* 4 rows x 4 keys of dot products: 16 accumulators, then each row's four
    sums reduced together (unpack and add, then across the 128-bit lanes) at
    a third of the cost of four separate horizontal sums. kbe is a multiple of 4. */
@@ -6524,7 +6558,6 @@ static MSKV__CPU_AVX512 void mskv__cpu_qk_rows_avx512(const float *MSKV__CPU_RES
 #define MSKV__STEP(u) { __m512 q = _mm512_loadu_ps(Q + (size_t)(r + (u)) * dp + d); \
     c##u##0 = _mm512_fmadd_ps(q, x0, c##u##0); c##u##1 = _mm512_fmadd_ps(q, x1, c##u##1); \
     c##u##2 = _mm512_fmadd_ps(q, x2, c##u##2); c##u##3 = _mm512_fmadd_ps(q, x3, c##u##3); }
-#define MSKV__STORE(u) _mm_storeu_ps(S + (size_t)(r + (u)) * ks + j, mskv__cpu_sum4x512(c##u##0, c##u##1, c##u##2, c##u##3));
     int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (j = 0; j < kbe; j += 4) {
@@ -6535,11 +6568,11 @@ static MSKV__CPU_AVX512 void mskv__cpu_qk_rows_avx512(const float *MSKV__CPU_RES
                 __m512 x2 = _mm512_loadu_ps(k2 + d), x3 = _mm512_loadu_ps(k3 + d);
                 MSKV__M4(MSKV__STEP)
             }
-            MSKV__M4(MSKV__STORE)
+            mskv__cpu_qk_tail_avx512(S + (size_t)r * ks + j, ks, c00, c01, c02, c03, c10, c11, c12, c13,
+                                     c20, c21, c22, c23, c30, c31, c32, c33);
         }
 #undef MSKV__DECL
 #undef MSKV__STEP
-#undef MSKV__STORE
 }
 
 static MSKV__CPU_AVX512 void mskv__cpu_pv_rows_avx512(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
@@ -6549,8 +6582,6 @@ static MSKV__CPU_AVX512 void mskv__cpu_pv_rows_avx512(float *MSKV__CPU_RESTRICT 
     c##u##1 = two ? _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)(r + (u)) * dp + d + 16), _mm512_set1_ps(alpha[r + (u)])) : c##u##0;
 #define MSKV__STEP(u) { __m512 p = _mm512_set1_ps(P[(size_t)(r + (u)) * ks + j]); \
     c##u##0 = _mm512_fmadd_ps(p, y0, c##u##0); c##u##1 = _mm512_fmadd_ps(p, y1, c##u##1); }
-#define MSKV__STORE(u) _mm512_storeu_ps(O + (size_t)(r + (u)) * dp + d, c##u##0); \
-    if (two) _mm512_storeu_ps(O + (size_t)(r + (u)) * dp + d + 16, c##u##1);
     int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (d = 0; d < dp; d += 32) {
@@ -6561,11 +6592,10 @@ static MSKV__CPU_AVX512 void mskv__cpu_pv_rows_avx512(float *MSKV__CPU_RESTRICT 
                 __m512 y0 = _mm512_loadu_ps(vr), y1 = two ? _mm512_loadu_ps(vr + 16) : y0;
                 MSKV__M4(MSKV__STEP)
             }
-            MSKV__M4(MSKV__STORE)
+            mskv__cpu_pv_tail_avx512(O + (size_t)r * dp + d, dp, two, c00, c01, c10, c11, c20, c21, c30, c31);
         }
 #undef MSKV__DECL
 #undef MSKV__STEP
-#undef MSKV__STORE
 }
 
 static MSKV__CPU_AVX512 float mskv__cpu_exp_row_avx512(float *MSKV__CPU_RESTRICT s, float m, int32_t n) {
@@ -6604,7 +6634,6 @@ static MSKV__CPU_AVX512 void mskv__cpu_qk_rows16_avx512(const float *MSKV__CPU_R
 #define MSKV__STEP(u) { __m512 q = _mm512_loadu_ps(Q + (size_t)(r + (u)) * dp + d); \
     c##u##0 = _mm512_fmadd_ps(q, x0, c##u##0); c##u##1 = _mm512_fmadd_ps(q, x1, c##u##1); \
     c##u##2 = _mm512_fmadd_ps(q, x2, c##u##2); c##u##3 = _mm512_fmadd_ps(q, x3, c##u##3); }
-#define MSKV__STORE(u) _mm_storeu_ps(S + (size_t)(r + (u)) * ks + j, mskv__cpu_sum4x512(c##u##0, c##u##1, c##u##2, c##u##3));
     int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (j = 0; j < kbe; j += 4) {
@@ -6620,11 +6649,11 @@ static MSKV__CPU_AVX512 void mskv__cpu_qk_rows16_avx512(const float *MSKV__CPU_R
                 __m512 x2 = mskv__cpu_h16_avx512(k2, d, dim, bf16), x3 = mskv__cpu_h16_avx512(k3, d, dim, bf16);
                 MSKV__M4(MSKV__STEP)
             }
-            MSKV__M4(MSKV__STORE)
+            mskv__cpu_qk_tail_avx512(S + (size_t)r * ks + j, ks, c00, c01, c02, c03, c10, c11, c12, c13,
+                                     c20, c21, c22, c23, c30, c31, c32, c33);
         }
 #undef MSKV__DECL
 #undef MSKV__STEP
-#undef MSKV__STORE
 }
 
 /* As pv_rows_avx512, each V element converted once for the 4 rows. */
@@ -6635,8 +6664,6 @@ static MSKV__CPU_AVX512 void mskv__cpu_pv_rows16_avx512(float *MSKV__CPU_RESTRIC
     c##u##1 = two ? _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)(r + (u)) * dp + d + 16), _mm512_set1_ps(alpha[r + (u)])) : c##u##0;
 #define MSKV__STEP(u) { __m512 p = _mm512_set1_ps(P[(size_t)(r + (u)) * ks + j]); \
     c##u##0 = _mm512_fmadd_ps(p, y0, c##u##0); c##u##1 = _mm512_fmadd_ps(p, y1, c##u##1); }
-#define MSKV__STORE(u) _mm512_storeu_ps(O + (size_t)(r + (u)) * dp + d, c##u##0); \
-    if (two) _mm512_storeu_ps(O + (size_t)(r + (u)) * dp + d + 16, c##u##1);
     int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (d = 0; d < dim; d += 32) {
@@ -6652,11 +6679,10 @@ static MSKV__CPU_AVX512 void mskv__cpu_pv_rows16_avx512(float *MSKV__CPU_RESTRIC
                     __m512 y0 = mskv__cpu_h16_avx512(vrow[j], d, dim, bf16), y1 = two ? mskv__cpu_h16_avx512(vrow[j], d + 16, dim, bf16) : y0;
                     MSKV__M4(MSKV__STEP)
                 }
-            MSKV__M4(MSKV__STORE)
+            mskv__cpu_pv_tail_avx512(O + (size_t)r * dp + d, dp, two, c00, c01, c10, c11, c20, c21, c30, c31);
         }
 #undef MSKV__DECL
 #undef MSKV__STEP
-#undef MSKV__STORE
 }
 
 static const mskv__cpu_kern mskv__cpu_kern_avx512 = {
@@ -6952,6 +6978,32 @@ static MSKV__CPU_AVX2 void mskv__cpu_softmax_avx2(float *MSKV__CPU_RESTRICT S, i
     }
 }
 
+/* The tail of the qk_rows kernels (f32 and 16-bit rows): 4 rows x 2 keys of
+   sums, c<row><key>, reduced together with horizontal adds (rows 0,1 then
+   2,3: [r k0, r k1, r' k0, r' k1] per 128 bits, then the halves added) and
+   stored at S[row * ks + key]. */
+static MSKV__CPU_AVX2 MSKV__CPU_INLINE void mskv__cpu_qk_tail_avx2(float *S, int32_t ks, __m256 c00, __m256 c01, __m256 c10, __m256 c11,
+                                                                   __m256 c20, __m256 c21, __m256 c30, __m256 c31) {
+    __m256 g0 = _mm256_hadd_ps(_mm256_hadd_ps(c00, c01), _mm256_hadd_ps(c10, c11));
+    __m256 g1 = _mm256_hadd_ps(_mm256_hadd_ps(c20, c21), _mm256_hadd_ps(c30, c31));
+    __m128 s0 = _mm_add_ps(_mm256_castps256_ps128(g0), _mm256_extractf128_ps(g0, 1));
+    __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(g1), _mm256_extractf128_ps(g1, 1));
+    _mm_storel_pi((__m64 *)(void *)S, s0);
+    _mm_storeh_pi((__m64 *)(void *)(S + ks), s0);
+    _mm_storel_pi((__m64 *)(void *)(S + 2 * (size_t)ks), s1);
+    _mm_storeh_pi((__m64 *)(void *)(S + 3 * (size_t)ks), s1);
+}
+
+/* The tail of the pv_rows kernels (f32 and 16-bit rows): 4 rows' 16 dims
+   of O, c<row>0 and c<row>1, stored at O + row * dp. */
+static MSKV__CPU_AVX2 MSKV__CPU_INLINE void mskv__cpu_pv_tail_avx2(float *O, int32_t dp, __m256 c00, __m256 c01, __m256 c10, __m256 c11,
+                                                                   __m256 c20, __m256 c21, __m256 c30, __m256 c31) {
+    _mm256_storeu_ps(O, c00); _mm256_storeu_ps(O + 8, c01);
+    _mm256_storeu_ps(O + (size_t)dp, c10); _mm256_storeu_ps(O + (size_t)dp + 8, c11);
+    _mm256_storeu_ps(O + 2 * (size_t)dp, c20); _mm256_storeu_ps(O + 2 * (size_t)dp + 8, c21);
+    _mm256_storeu_ps(O + 3 * (size_t)dp, c30); _mm256_storeu_ps(O + 3 * (size_t)dp + 8, c31);
+}
+
 /* 4 rows x 2 keys of dot products; the 8 sums reduced together with
    horizontal adds. kbe is even. */
 static MSKV__CPU_AVX2 void mskv__cpu_qk_rows_avx2(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
@@ -6963,25 +7015,12 @@ static MSKV__CPU_AVX2 void mskv__cpu_qk_rows_avx2(const float *MSKV__CPU_RESTRIC
     for (r = 0; r < nrp; r += 4)
         for (j = 0; j < kbe; j += 2) {
             const float *k0 = krow[j], *k1 = krow[j + 1];
-            __m256 g0, g1;
-            __m128 s0, s1;
-            float t[8];
             MSKV__M4(MSKV__DECL)
             for (d = 0; d < dp; d += 8) {
                 __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
                 MSKV__M4(MSKV__STEP)
             }
-            /* rows 0,1 then 2,3: [r k0, r k1, r' k0, r' k1] per 128 bits, then the halves added */
-            g0 = _mm256_hadd_ps(_mm256_hadd_ps(c00, c01), _mm256_hadd_ps(c10, c11));
-            g1 = _mm256_hadd_ps(_mm256_hadd_ps(c20, c21), _mm256_hadd_ps(c30, c31));
-            s0 = _mm_add_ps(_mm256_castps256_ps128(g0), _mm256_extractf128_ps(g0, 1));
-            s1 = _mm_add_ps(_mm256_castps256_ps128(g1), _mm256_extractf128_ps(g1, 1));
-            _mm_storeu_ps(t, s0);
-            _mm_storeu_ps(t + 4, s1);
-            S[(size_t)r * ks + j] = t[0]; S[(size_t)r * ks + j + 1] = t[1];
-            S[(size_t)(r + 1) * ks + j] = t[2]; S[(size_t)(r + 1) * ks + j + 1] = t[3];
-            S[(size_t)(r + 2) * ks + j] = t[4]; S[(size_t)(r + 2) * ks + j + 1] = t[5];
-            S[(size_t)(r + 3) * ks + j] = t[6]; S[(size_t)(r + 3) * ks + j + 1] = t[7];
+            mskv__cpu_qk_tail_avx2(S + (size_t)r * ks + j, ks, c00, c01, c10, c11, c20, c21, c30, c31);
         }
 #undef MSKV__DECL
 #undef MSKV__STEP
@@ -6994,8 +7033,6 @@ static MSKV__CPU_AVX2 void mskv__cpu_pv_rows_avx2(float *MSKV__CPU_RESTRICT O, c
     c##u##1 = _mm256_mul_ps(_mm256_loadu_ps(O + (size_t)(r + (u)) * dp + d + 8), _mm256_set1_ps(alpha[r + (u)]));
 #define MSKV__STEP(u) { __m256 p = _mm256_broadcast_ss(P + (size_t)(r + (u)) * ks + j); \
     c##u##0 = _mm256_fmadd_ps(p, y0, c##u##0); c##u##1 = _mm256_fmadd_ps(p, y1, c##u##1); }
-#define MSKV__STORE(u) _mm256_storeu_ps(O + (size_t)(r + (u)) * dp + d, c##u##0); \
-    _mm256_storeu_ps(O + (size_t)(r + (u)) * dp + d + 8, c##u##1);
     int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (d = 0; d < dp; d += 16) {
@@ -7005,11 +7042,10 @@ static MSKV__CPU_AVX2 void mskv__cpu_pv_rows_avx2(float *MSKV__CPU_RESTRICT O, c
                 __m256 y0 = _mm256_loadu_ps(vr), y1 = _mm256_loadu_ps(vr + 8);
                 MSKV__M4(MSKV__STEP)
             }
-            MSKV__M4(MSKV__STORE)
+            mskv__cpu_pv_tail_avx2(O + (size_t)r * dp + d, dp, c00, c01, c10, c11, c20, c21, c30, c31);
         }
 #undef MSKV__DECL
 #undef MSKV__STEP
-#undef MSKV__STORE
 }
 
 static MSKV__CPU_AVX2 float mskv__cpu_exp_row_avx2(float *MSKV__CPU_RESTRICT s, float m, int32_t n) {
@@ -7051,9 +7087,6 @@ static MSKV__CPU_AVX2 void mskv__cpu_qk_rows16_avx2(const float *MSKV__CPU_RESTR
     for (r = 0; r < nrp; r += 4)
         for (j = 0; j < kbe; j += 2) {
             const uint16_t *k0 = krow[j], *k1 = krow[j + 1];
-            __m256 g0, g1;
-            __m128 s0, s1;
-            float t[8];
             MSKV__M4(MSKV__DECL)
             for (d = 0; d + 8 <= dim; d += 8) {
                 __m256 x0 = MSKV__H8_AVX2(k0 + d, bf16), x1 = MSKV__H8_AVX2(k1 + d, bf16);
@@ -7063,16 +7096,7 @@ static MSKV__CPU_AVX2 void mskv__cpu_qk_rows16_avx2(const float *MSKV__CPU_RESTR
                 __m256 x0 = mskv__cpu_h8_avx2(k0, d, dim, bf16), x1 = mskv__cpu_h8_avx2(k1, d, dim, bf16);
                 MSKV__M4(MSKV__STEP)
             }
-            g0 = _mm256_hadd_ps(_mm256_hadd_ps(c00, c01), _mm256_hadd_ps(c10, c11));
-            g1 = _mm256_hadd_ps(_mm256_hadd_ps(c20, c21), _mm256_hadd_ps(c30, c31));
-            s0 = _mm_add_ps(_mm256_castps256_ps128(g0), _mm256_extractf128_ps(g0, 1));
-            s1 = _mm_add_ps(_mm256_castps256_ps128(g1), _mm256_extractf128_ps(g1, 1));
-            _mm_storeu_ps(t, s0);
-            _mm_storeu_ps(t + 4, s1);
-            S[(size_t)r * ks + j] = t[0]; S[(size_t)r * ks + j + 1] = t[1];
-            S[(size_t)(r + 1) * ks + j] = t[2]; S[(size_t)(r + 1) * ks + j + 1] = t[3];
-            S[(size_t)(r + 2) * ks + j] = t[4]; S[(size_t)(r + 2) * ks + j + 1] = t[5];
-            S[(size_t)(r + 3) * ks + j] = t[6]; S[(size_t)(r + 3) * ks + j + 1] = t[7];
+            mskv__cpu_qk_tail_avx2(S + (size_t)r * ks + j, ks, c00, c01, c10, c11, c20, c21, c30, c31);
         }
 #undef MSKV__DECL
 #undef MSKV__STEP
@@ -7086,8 +7110,6 @@ static MSKV__CPU_AVX2 void mskv__cpu_pv_rows16_avx2(float *MSKV__CPU_RESTRICT O,
     c##u##1 = _mm256_mul_ps(_mm256_loadu_ps(O + (size_t)(r + (u)) * dp + d + 8), _mm256_set1_ps(alpha[r + (u)]));
 #define MSKV__STEP(u) { __m256 p = _mm256_broadcast_ss(P + (size_t)(r + (u)) * ks + j); \
     c##u##0 = _mm256_fmadd_ps(p, y0, c##u##0); c##u##1 = _mm256_fmadd_ps(p, y1, c##u##1); }
-#define MSKV__STORE(u) _mm256_storeu_ps(O + (size_t)(r + (u)) * dp + d, c##u##0); \
-    _mm256_storeu_ps(O + (size_t)(r + (u)) * dp + d + 8, c##u##1);
     int32_t r, j, d;
     (void)dp;
     for (r = 0; r < nrp; r += 4)
@@ -7103,11 +7125,10 @@ static MSKV__CPU_AVX2 void mskv__cpu_pv_rows16_avx2(float *MSKV__CPU_RESTRICT O,
                     __m256 y0 = mskv__cpu_h8_avx2(vrow[j], d, dim, bf16), y1 = mskv__cpu_h8_avx2(vrow[j], d + 8, dim, bf16);
                     MSKV__M4(MSKV__STEP)
                 }
-            MSKV__M4(MSKV__STORE)
+            mskv__cpu_pv_tail_avx2(O + (size_t)r * dp + d, dp, c00, c01, c10, c11, c20, c21, c30, c31);
         }
 #undef MSKV__DECL
 #undef MSKV__STEP
-#undef MSKV__STORE
 }
 
 static const mskv__cpu_kern mskv__cpu_kern_avx2 = {
@@ -7265,13 +7286,26 @@ static void mskv__cpu_softmax_neon(float *MSKV__CPU_RESTRICT S, int32_t rp, int3
     }
 }
 
+/* The tails of the qk_rows and pv_rows kernels (f32 and 16-bit rows): 4
+   rows x 2 keys of sums, c<row><key>, each summed across its lanes and
+   stored at S[row * ks + key]; one row's 16 dims of O stored at O. */
+static MSKV__CPU_INLINE void mskv__cpu_qk_tail_neon(float *S, int32_t ks, float32x4_t c00, float32x4_t c01, float32x4_t c10, float32x4_t c11,
+                                                    float32x4_t c20, float32x4_t c21, float32x4_t c30, float32x4_t c31) {
+    S[0] = vaddvq_f32(c00); S[1] = vaddvq_f32(c01);
+    S[ks] = vaddvq_f32(c10); S[ks + 1] = vaddvq_f32(c11);
+    S[2 * (size_t)ks] = vaddvq_f32(c20); S[2 * (size_t)ks + 1] = vaddvq_f32(c21);
+    S[3 * (size_t)ks] = vaddvq_f32(c30); S[3 * (size_t)ks + 1] = vaddvq_f32(c31);
+}
+
+static MSKV__CPU_INLINE void mskv__cpu_pv_tail_neon(float *O, float32x4_t c0, float32x4_t c1, float32x4_t c2, float32x4_t c3) {
+    vst1q_f32(O, c0); vst1q_f32(O + 4, c1); vst1q_f32(O + 8, c2); vst1q_f32(O + 12, c3);
+}
+
 static void mskv__cpu_qk_rows_neon(const float *MSKV__CPU_RESTRICT Q, const float *const *MSKV__CPU_RESTRICT krow,
                                    float *MSKV__CPU_RESTRICT S, int32_t nrp, int32_t kbe, int32_t dp, int32_t ks) {
 #define MSKV__DECL(u) float32x4_t c##u##0 = vdupq_n_f32(0.0f), c##u##1 = c##u##0;
 #define MSKV__STEP(u) { float32x4_t q = vld1q_f32(Q + (size_t)(r + (u)) * dp + d); \
     c##u##0 = vfmaq_f32(c##u##0, q, x0); c##u##1 = vfmaq_f32(c##u##1, q, x1); }
-#define MSKV__STORE(u) S[(size_t)(r + (u)) * ks + j] = vaddvq_f32(c##u##0); \
-    S[(size_t)(r + (u)) * ks + j + 1] = vaddvq_f32(c##u##1);
     int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (j = 0; j < kbe; j += 2) {
@@ -7281,11 +7315,10 @@ static void mskv__cpu_qk_rows_neon(const float *MSKV__CPU_RESTRICT Q, const floa
                 float32x4_t x0 = vld1q_f32(k0 + d), x1 = vld1q_f32(k1 + d);
                 MSKV__M4(MSKV__STEP)
             }
-            MSKV__M4(MSKV__STORE)
+            mskv__cpu_qk_tail_neon(S + (size_t)r * ks + j, ks, c00, c01, c10, c11, c20, c21, c30, c31);
         }
 #undef MSKV__DECL
 #undef MSKV__STEP
-#undef MSKV__STORE
 }
 
 static void mskv__cpu_pv_rows_neon(float *MSKV__CPU_RESTRICT O, const float *MSKV__CPU_RESTRICT P,
@@ -7298,10 +7331,7 @@ static void mskv__cpu_pv_rows_neon(float *MSKV__CPU_RESTRICT O, const float *MSK
 #define MSKV__STEP(u) { float p = P[(size_t)(r + (u)) * ks + j]; \
     c##u##0 = vfmaq_n_f32(c##u##0, y0, p); c##u##1 = vfmaq_n_f32(c##u##1, y1, p); \
     c##u##2 = vfmaq_n_f32(c##u##2, y2, p); c##u##3 = vfmaq_n_f32(c##u##3, y3, p); }
-#define MSKV__STORE(u) vst1q_f32(O + (size_t)(r + (u)) * dp + d, c##u##0); \
-    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 4, c##u##1); \
-    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 8, c##u##2); \
-    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 12, c##u##3);
+#define MSKV__STORE(u) mskv__cpu_pv_tail_neon(O + (size_t)(r + (u)) * dp + d, c##u##0, c##u##1, c##u##2, c##u##3);
     int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (d = 0; d < dp; d += 16) {
@@ -7353,8 +7383,6 @@ static void mskv__cpu_qk_rows16_neon(const float *MSKV__CPU_RESTRICT Q, const ui
 #define MSKV__DECL(u) float32x4_t c##u##0 = vdupq_n_f32(0.0f), c##u##1 = c##u##0;
 #define MSKV__STEP(u) { float32x4_t q = vld1q_f32(Q + (size_t)(r + (u)) * dp + d); \
     c##u##0 = vfmaq_f32(c##u##0, q, x0); c##u##1 = vfmaq_f32(c##u##1, q, x1); }
-#define MSKV__STORE(u) S[(size_t)(r + (u)) * ks + j] = vaddvq_f32(c##u##0); \
-    S[(size_t)(r + (u)) * ks + j + 1] = vaddvq_f32(c##u##1);
     int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (j = 0; j < kbe; j += 2) {
@@ -7368,11 +7396,10 @@ static void mskv__cpu_qk_rows16_neon(const float *MSKV__CPU_RESTRICT Q, const ui
                 float32x4_t x0 = mskv__cpu_h4_neon(k0, d, dim, bf16), x1 = mskv__cpu_h4_neon(k1, d, dim, bf16);
                 MSKV__M4(MSKV__STEP)
             }
-            MSKV__M4(MSKV__STORE)
+            mskv__cpu_qk_tail_neon(S + (size_t)r * ks + j, ks, c00, c01, c10, c11, c20, c21, c30, c31);
         }
 #undef MSKV__DECL
 #undef MSKV__STEP
-#undef MSKV__STORE
 }
 
 /* As pv_rows_neon, each V element converted once for the 4 rows. */
@@ -7386,10 +7413,7 @@ static void mskv__cpu_pv_rows16_neon(float *MSKV__CPU_RESTRICT O, const float *M
 #define MSKV__STEP(u) { float p = P[(size_t)(r + (u)) * ks + j]; \
     c##u##0 = vfmaq_n_f32(c##u##0, y0, p); c##u##1 = vfmaq_n_f32(c##u##1, y1, p); \
     c##u##2 = vfmaq_n_f32(c##u##2, y2, p); c##u##3 = vfmaq_n_f32(c##u##3, y3, p); }
-#define MSKV__STORE(u) vst1q_f32(O + (size_t)(r + (u)) * dp + d, c##u##0); \
-    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 4, c##u##1); \
-    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 8, c##u##2); \
-    vst1q_f32(O + (size_t)(r + (u)) * dp + d + 12, c##u##3);
+#define MSKV__STORE(u) mskv__cpu_pv_tail_neon(O + (size_t)(r + (u)) * dp + d, c##u##0, c##u##1, c##u##2, c##u##3);
     int32_t r, j, d;
     for (r = 0; r < nrp; r += 4)
         for (d = 0; d < dim; d += 16) {
@@ -8312,6 +8336,20 @@ static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
                     ws->vrow16[jj] = vp + ws->el[jj];
                 }
                 for (jj = kb; jj < ((kb + 3) & ~3); jj++) ws->krow16[jj] = ws->krow16[kb - 1];
+                /* a head's rows lie a slot apart (a few KB), too far for the
+                   hardware to follow: the next head's K and V rows are asked
+                   for while this head's are used (its 2 to 4 cache lines a
+                   row), one head's work ahead, in L1 by the time it starts */
+#if defined(__GNUC__)
+                if (gi + 1 < ng) {
+                    size_t at;
+                    for (jj = 0; jj < kb; jj++)
+                        for (at = 0; at < (size_t)D; at += 32) {
+                            __builtin_prefetch(kp + job->hstride + ws->el[jj] + at);
+                            __builtin_prefetch(vp + job->hstride + ws->el[jj] + at);
+                        }
+                }
+#endif
                 kn->qk_rows16(ws->q + (size_t)gi * nrp * Dp, ws->krow16, bf16, S, nrp, (kb + 3) & ~3, D, Dp, KS);
             } else {
                 for (jj = 0; jj < kb; jj++) {

@@ -18,6 +18,7 @@
 
    Build and run:  make bench   (or: cc -std=c99 -O2 bench/attn_bench.c -lpthread -lm,
    the README's own build line: no -march flag is needed for the fast paths)
+   An argument WORD runs only the shapes whose name holds it (decode, video, d64).
    MSKV_CPU_ISA=portable|avx2|avx512|neon|avx512_bf16|bf16_emu forces a path (the limits
    follow it). On the avx512_bf16 path the bf16 dot peak (vdpbf16ps, 12 chains a
    thread) is measured beside the FMA peak and video shapes print both ratios;
@@ -620,7 +621,7 @@ static double ab_kv_bytes(const ab_shape *s) {
     return 2.0 * (double)s->batch * (double)s->kv * (double)s->kv_heads * (double)s->dim * (double)mskv_dtype_size(s->dtype);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const ab_shape shapes[] = {
         {"video  d64   1 head,   720 q x 3840 k", 1, 720, 3840, 1, 1, 64, 16, MSKV_DTYPE_BF16, MSKV_MASK_NONE},
         {"video  d128  GQA 4:2, 1560 q x 4680 k", 1, 1560, 4680, 4, 2, 128, 40, MSKV_DTYPE_BF16, MSKV_MASK_NONE},
@@ -635,6 +636,10 @@ int main(void) {
     size_t si;
     int base_simd = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);   /* each line as it is made, into a pipe too */
+    if (argc > 2 || (argc == 2 && (argv[1][0] == '-' || !argv[1][0]))) {
+        fprintf(stderr, "usage: %s [WORD]   (only the shapes whose name holds WORD, e.g. decode, video, d64)\n", argv[0]);
+        return 2;
+    }
     if (mskv_cpu_create(NULL, &probe) != MSKV_SUCCESS || mskv_cpu_info_get(probe, &info) != MSKV_SUCCESS) return 1;
     mskv_cpu_destroy(probe);
 #if defined(__x86_64__) || defined(__i386__)
@@ -665,6 +670,7 @@ int main(void) {
         int decode = s->qo == 1, r, reps = 0;
         float *naive_o, *scores, *base_o;
         int64_t i;
+        if (argc == 2 && !strstr(s->name, argv[1])) continue;
         if (!ab_setup(s, &c)) { fprintf(stderr, "out of memory\n"); return 1; }
         memset(&cd, 0, sizeof cd);
         cd.num_threads = 1;
