@@ -1795,8 +1795,13 @@ static void mskv__hash_u64(mskv__hash *h, uint64_t v) {
 
 #if defined(__GNUC__) || defined(__clang__)
 #define MSKV__MAYBE_UNUSED __attribute__((unused))
+#define MSKV__ALWAYS_INLINE inline __attribute__((always_inline))   /* the host core's one-page paths */
+#elif defined(_MSC_VER)
+#define MSKV__MAYBE_UNUSED
+#define MSKV__ALWAYS_INLINE __forceinline
 #else
 #define MSKV__MAYBE_UNUSED
+#define MSKV__ALWAYS_INLINE
 #endif
 
 /* A thread runs fn(arg); the object must stay where it is until joined. */
@@ -1987,6 +1992,7 @@ struct mskv_arena {
     unsigned char *spare;      /* one freed host copy kept for the next offload */
     size_t spare_cap;
     uint32_t debug;            /* MSKV_DEBUG_* in force */
+    uint8_t free_now;          /* RETIRE_IMMEDIATE without POISON: a freed page goes straight onto the free stack */
     uint8_t *poisoned;         /* POISON: [num_pages], 1 while a free page holds the poison */
     unsigned char *dbg_rec;    /* POISON: a record of poison, then a record of scratch for the audit */
     /* mskv_rank_check: (step, digest) recorded since the last agreeing check */
@@ -2203,6 +2209,7 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
 #ifdef MSKV_DEBUG
     a->debug = MSKV_DEBUG_ALL;
 #endif
+    a->free_now = desc->retire_mode == MSKV_RETIRE_IMMEDIATE && !(a->debug & MSKV_DEBUG_POISON);
     if (a->debug & MSKV_DEBUG_POISON) {
         a->poisoned = (uint8_t *)mskv__alloc(&a->al, n);
         a->dbg_rec = (unsigned char *)mskv__alloc(&a->al, rec * 2);   /* checked above */
@@ -2334,7 +2341,7 @@ static mskv_result mskv__take(mskv_arena *a, int64_t n, int32_t *out) {
    straight onto the free stack, kept in a local for the run. */
 static void mskv__unref_run(mskv_arena *a, const int32_t *pages, int32_t count) {
     int32_t i;
-    if (a->desc.retire_mode == MSKV_RETIRE_IMMEDIATE && !(a->debug & MSKV_DEBUG_POISON)) {
+    if (a->free_now) {
         int32_t *stack = a->free_stack, *refcount = a->refcount, top = a->free_top;
         uint8_t *state = a->state;
         for (i = count - 1; i >= 0; i--) {
@@ -2602,8 +2609,12 @@ static int64_t mskv__entry_pos(const mskv_arena *a, const mskv__tab *t, int32_t 
    prefix pages, not the long live window). Pages are freed last-first, so the
    free stack hands them out again in table order: admit + abort + admit gives
    the same ids. */
+static MSKV__ALWAYS_INLINE void mskv__drop_tab(mskv_arena *a, int32_t ri, int32_t g, mskv__tab *t, int32_t from, int32_t count);
 static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t g, int32_t from, int32_t count) {
-    mskv__tab *t = &a->reqs[ri].t[g];
+    mskv__drop_tab(a, ri, g, &a->reqs[ri].t[g], from, count);
+}
+/* mskv__drop_pages of group table t (the request's t[g]), inline in release_oldest. */
+static MSKV__ALWAYS_INLINE void mskv__drop_tab(mskv_arena *a, int32_t ri, int32_t g, mskv__tab *t, int32_t from, int32_t count) {
     int32_t i, after;
     if (count <= 0) return;
     /* the one place pages leave a table: plans built before now that read them are stale */
@@ -2912,7 +2923,7 @@ static mskv_result mskv__check_release(mskv_arena *a, int32_t ri, int32_t g, int
    mskv__check_release and mskv__check_solo in their order and with their
    messages, the visible start read once and the pages dropped in one run
    (mskv__release_to's work, inline). */
-static mskv_result mskv__release_oldest_locked(mskv_arena *a, int32_t ri, int32_t g, int64_t n, int64_t *released) {
+static MSKV__ALWAYS_INLINE mskv_result mskv__release_oldest_locked(mskv_arena *a, int32_t ri, int32_t g, int64_t n, int64_t *released) {
     mskv__req *q = &a->reqs[ri];
     mskv__tab *t = &q->t[g];
     int64_t vis = mskv__visible_start(t), live = q->committed - vis, point, got = 0;
@@ -2930,7 +2941,7 @@ static mskv_result mskv__release_oldest_locked(mskv_arena *a, int32_t ri, int32_
     count = (int32_t)(mskv__pdiv(a, point) - mskv__pdiv(a, t->live_start));
     if (point > vis) t->release_point = point;  /* exact, even where no page goes */
     if (count > 0) {
-        mskv__drop_pages(a, ri, g, t->prefix_pages, count);
+        mskv__drop_tab(a, ri, g, t, t->prefix_pages, count);
         t->live_start += (int64_t)count * a->P;
         got = (int64_t)count * a->P;
     }
