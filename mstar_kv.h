@@ -1881,8 +1881,13 @@ static void mskv__hash_u64(mskv__hash *h, uint64_t v) {
 
 #if defined(__GNUC__) || defined(__clang__)
 #define MSKV__MAYBE_UNUSED __attribute__((unused))
+#define MSKV__ALWAYS_INLINE inline __attribute__((always_inline))   /* the host core's one-page paths */
+#elif defined(_MSC_VER)
+#define MSKV__MAYBE_UNUSED
+#define MSKV__ALWAYS_INLINE __forceinline
 #else
 #define MSKV__MAYBE_UNUSED
+#define MSKV__ALWAYS_INLINE
 #endif
 
 /* A thread runs fn(arg); the object must stay where it is until joined. */
@@ -2073,6 +2078,7 @@ struct mskv_arena {
     unsigned char *spare;      /* one freed host copy kept for the next offload */
     size_t spare_cap;
     uint32_t debug;            /* MSKV_DEBUG_* in force */
+    uint8_t free_now;          /* RETIRE_IMMEDIATE without POISON: a freed page goes straight onto the free stack */
     uint8_t *poisoned;         /* POISON: [num_pages], 1 while a free page holds the poison */
     unsigned char *dbg_rec;    /* POISON: a record of poison, then a record of scratch for the audit */
     /* mskv_rank_check: (step, digest) recorded since the last agreeing check */
@@ -2289,6 +2295,7 @@ MSKV_IMPL mskv_result mskv_arena_create(const mskv_arena_desc *desc, mskv_arena 
 #ifdef MSKV_DEBUG
     a->debug = MSKV_DEBUG_ALL;
 #endif
+    a->free_now = desc->retire_mode == MSKV_RETIRE_IMMEDIATE && !(a->debug & MSKV_DEBUG_POISON);
     if (a->debug & MSKV_DEBUG_POISON) {
         a->poisoned = (uint8_t *)mskv__alloc(&a->al, n);
         a->dbg_rec = (unsigned char *)mskv__alloc(&a->al, rec * 2);   /* checked above */
@@ -2387,20 +2394,53 @@ static void mskv__unref(mskv_arena *a, int32_t page) {
     }
 }
 
+/* The n pages on top of the free stack onto out (the top first), the stack
+   popped once; the caller checked n <= free_top. The arrays are read through
+   locals: the compiler cannot tell the int32 arrays apart, and the loop
+   would reload free_top and the array pointers per page. */
+static void mskv__take_checked(mskv_arena *a, int32_t n, int32_t *out) {
+    const int32_t *stack = a->free_stack + a->free_top - 1;
+    uint8_t *state = a->state;
+    int32_t *refcount = a->refcount, i;
+    for (i = 0; i < n; i++) {
+        int32_t p = stack[-i];
+        state[p] = MSKV__PAGE_LIVE;
+        refcount[p] = 1;
+        out[i] = p;
+    }
+    a->free_top -= n;
+    if (a->poisoned)
+        for (i = 0; i < n; i++) a->poisoned[out[i]] = 0;
+}
+
 /* The single allocation path: either all n pages, or none and OUT_OF_PAGES. */
 static mskv_result mskv__take(mskv_arena *a, int64_t n, int32_t *out) {
-    int64_t i;
     if (n > a->free_top)
         return mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "need %lld pages, %d free (%d pending)", (long long)n,
                          (int)a->free_top, (int)a->pend_count);
-    for (i = 0; i < n; i++) {
-        int32_t p = a->free_stack[--a->free_top];
-        a->state[p] = MSKV__PAGE_LIVE;
-        a->refcount[p] = 1;
-        if (a->poisoned) a->poisoned[p] = 0;
-        out[i] = p;
-    }
+    if (n > 0) mskv__take_checked(a, (int32_t)n, out);
     return MSKV_SUCCESS;
+}
+
+/* mskv__unref of pages[count-1] down to pages[0] (the free stack then hands
+   them out again in table order). Without fences or poison a freed page goes
+   straight onto the free stack, kept in a local for the run. */
+static void mskv__unref_run(mskv_arena *a, const int32_t *pages, int32_t count) {
+    int32_t i;
+    if (a->free_now) {
+        int32_t *stack = a->free_stack, *refcount = a->refcount, top = a->free_top;
+        uint8_t *state = a->state;
+        for (i = count - 1; i >= 0; i--) {
+            int32_t p = pages[i];
+            MSKV_ASSERT(p > 0 && p < a->num_pages && state[p] == MSKV__PAGE_LIVE && refcount[p] > 0);
+            if (--refcount[p] > 0) continue;
+            state[p] = MSKV__PAGE_FREE;
+            stack[top++] = p;
+        }
+        a->free_top = top;
+        return;
+    }
+    for (i = count - 1; i >= 0; i--) mskv__unref(a, pages[i]);
 }
 /* Undo the last mskv__take of n pages exactly (the free stack is restored). */
 static void mskv__untake(mskv_arena *a, int64_t n, const int32_t *pages) {
@@ -2655,15 +2695,19 @@ static int64_t mskv__entry_pos(const mskv_arena *a, const mskv__tab *t, int32_t 
    prefix pages, not the long live window). Pages are freed last-first, so the
    free stack hands them out again in table order: admit + abort + admit gives
    the same ids. */
+static MSKV__ALWAYS_INLINE void mskv__drop_tab(mskv_arena *a, int32_t ri, int32_t g, mskv__tab *t, int32_t from, int32_t count);
 static void mskv__drop_pages(mskv_arena *a, int32_t ri, int32_t g, int32_t from, int32_t count) {
-    mskv__tab *t = &a->reqs[ri].t[g];
+    mskv__drop_tab(a, ri, g, &a->reqs[ri].t[g], from, count);
+}
+/* mskv__drop_pages of group table t (the request's t[g]), inline in release_oldest. */
+static MSKV__ALWAYS_INLINE void mskv__drop_tab(mskv_arena *a, int32_t ri, int32_t g, mskv__tab *t, int32_t from, int32_t count) {
     int32_t i, after;
     if (count <= 0) return;
     /* the one place pages leave a table: plans built before now that read them are stale */
     t->shrunk = ++a->generation;
     for (i = from; a->desc.on_event && i < from + count; i++)
         mskv__emit(a, MSKV_EVENT_PAGE_REMOVED, ri, g, t->pages[i], mskv__entry_pos(a, t, i));
-    for (i = from + count - 1; i >= from; i--) mskv__unref(a, t->pages[i]);
+    mskv__unref_run(a, t->pages + from, count);
     after = t->num_pages - from - count;
     if (from <= after) {
         if (from) memmove(t->pages + count, t->pages, (size_t)from * sizeof(int32_t));
@@ -2961,23 +3005,56 @@ static mskv_result mskv__check_release(mskv_arena *a, int32_t ri, int32_t g, int
     return r;
 }
 
+/* release_oldest of a checked group under the lock: the checks of
+   mskv__check_release and mskv__check_solo in their order and with their
+   messages, the visible start read once and the pages dropped in one run
+   (mskv__release_to's work, inline). */
+static MSKV__ALWAYS_INLINE mskv_result mskv__release_oldest_locked(mskv_arena *a, int32_t ri, int32_t g, int64_t n, int64_t *released) {
+    mskv__req *q = &a->reqs[ri];
+    mskv__tab *t = &q->t[g];
+    int64_t vis = mskv__visible_start(t), live = q->committed - vis, point, got = 0;
+    int32_t count;
+    mskv_result r = mskv__check_mutable(a, q, "release");
+    if (r != MSKV_SUCCESS) return r;
+    if (live < 0) live = 0;
+    if (n < 0) return mskv__err(a, MSKV_ERROR_INVALID_ARGUMENT, "release: negative count");
+    if (n > live)
+        return mskv__err(a, MSKV_ERROR_OUT_OF_RANGE, "release %lld: only %lld committed tokens are still visible", (long long)n,
+                         (long long)live);
+    /* check_solo: check_mutable refused a transfer already */
+    if (q->lock) return mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: the request is a lockstep member (use mskv_lockstep_%s)", "release_oldest", "release_oldest");
+    point = vis + n;
+    count = (int32_t)(mskv__pdiv(a, point) - mskv__pdiv(a, t->live_start));
+    if (point > vis) t->release_point = point;  /* exact, even where no page goes */
+    if (count > 0) {
+        mskv__drop_tab(a, ri, g, t, t->prefix_pages, count);
+        t->live_start += (int64_t)count * a->P;
+        got = (int64_t)count * a->P;
+    }
+    if (released) *released = got;
+    return MSKV_SUCCESS;
+}
+
 MSKV_IMPL mskv_result mskv_request_release_oldest_in_group(mskv_arena *a, mskv_request h, int32_t g, int64_t n, int64_t *released) {
     int32_t ri;
     mskv_result r;
-    int64_t got = 0;
     if (!a) return MSKV_ERROR_NULL_POINTER;
     MSKV__CHECK_GROUP(a, g);
     MSKV__LOCK(a);
     MSKV__GET(a, h, ri);
-    r = mskv__check_release(a, ri, g, n);
-    if (r == MSKV_SUCCESS) r = mskv__check_solo(a, &a->reqs[ri], "release_oldest");
-    if (r == MSKV_SUCCESS) got = mskv__release(a, ri, g, n);
-    if (r == MSKV_SUCCESS && released) *released = got;
+    r = mskv__release_oldest_locked(a, ri, g, n, released);
     MSKV__UNLOCK(a);
     return r;
 }
 MSKV_IMPL mskv_result mskv_request_release_oldest(mskv_arena *a, mskv_request h, int64_t n, int64_t *released) {
-    return mskv_request_release_oldest_in_group(a, h, 0, n, released);
+    int32_t ri;
+    mskv_result r;
+    if (!a) return MSKV_ERROR_NULL_POINTER;
+    MSKV__LOCK(a);   /* group 0 is in every arena */
+    MSKV__GET(a, h, ri);
+    r = mskv__release_oldest_locked(a, ri, 0, n, released);
+    MSKV__UNLOCK(a);
+    return r;
 }
 
 MSKV_IMPL mskv_result mskv_request_shift_positions(mskv_arena *a, mskv_request h, int64_t delta) {
@@ -4110,7 +4187,7 @@ MSKV_IMPL mskv_result mskv_admit_query(mskv_arena *a, const mskv_segment *segs, 
    messages, the handle looked up once and nothing marked (one request cannot
    repeat; its lockstep group is whole only without other members). */
 static mskv_result mskv__admit_one(mskv_arena *a, const mskv_segment *seg) {
-    int32_t ri = mskv__lookup(a, seg->request), g, m;
+    int32_t ri = mskv__lookup(a, seg->request), g, m, ent[MSKV_MAX_GROUPS];
     int64_t need = 0, end;
     mskv__req *q;
     mskv_result r = MSKV_SUCCESS;
@@ -4134,17 +4211,20 @@ static mskv_result mskv__admit_one(mskv_arena *a, const mskv_segment *seg) {
     if (seg->n_tokens > (int64_t)INT32_MAX - a->P - q->committed)
         return mskv__err(a, MSKV_ERROR_OVERFLOW, "admit: segment %d would pass 2^31 tokens", 0);
     end = q->committed + seg->n_tokens;
-    for (g = 0; g < a->G; g++) need += mskv__entries_for(a, &q->t[g], end) - q->t[g].num_pages;
+    /* each group's entry count once; room in the tables before any page (growing changes no state) */
+    for (g = 0; g < a->G; g++) {
+        ent[g] = mskv__entries_for(a, &q->t[g], end);
+        need += ent[g] - q->t[g].num_pages;
+    }
     if (need > a->free_top)
         return mskv__err(a, MSKV_ERROR_OUT_OF_PAGES, "admit: need %lld pages, %d free (%d pending)", (long long)need, (int)a->free_top, (int)a->pend_count);
-    for (g = 0; r == MSKV_SUCCESS && g < a->G; g++) r = mskv__reserve_table(a, &q->t[g], mskv__entries_for(a, &q->t[g], end));
-    if (r != MSKV_SUCCESS) return r;
+    for (g = 0; g < a->G; g++)
+        if ((int64_t)q->t[g].head + ent[g] > q->t[g].cap_pages && (r = mskv__reserve_table(a, &q->t[g], ent[g])) != MSKV_SUCCESS) return r;
     a->admits++;
     for (g = 0; g < a->G; g++) {
         mskv__tab *t = &q->t[g];
-        int32_t add = mskv__entries_for(a, t, end) - t->num_pages;
-        if (add > 0) r = mskv__take(a, add, t->pages + t->num_pages);
-        MSKV_ASSERT(r == MSKV_SUCCESS); /* the total was checked above */
+        int32_t add = ent[g] - t->num_pages;
+        if (add > 0) mskv__take_checked(a, add, t->pages + t->num_pages);   /* the total was checked above */
         t->num_pages += add;
     }
     q->reserved = seg->n_tokens;
@@ -4194,15 +4274,38 @@ MSKV_IMPL mskv_result mskv_admit(mskv_arena *a, const mskv_segment *segs, int32_
     return r;
 }
 
+static mskv_result mskv__check_open_one(mskv_arena *a, const mskv_segment *seg, const char *what);
 static mskv_result mskv__check_open(mskv_arena *a, const mskv_segment *segs, int32_t n, const char *what) {
     int32_t i;
-    mskv_result r = mskv__resolve(a, segs, n, 1, what);
+    mskv_result r;
+    if (n == 1) return mskv__check_open_one(a, segs, what);
+    r = mskv__resolve(a, segs, n, 1, what);
     for (i = 0; r == MSKV_SUCCESS && i < n; i++) {
         const mskv__req *q = &a->reqs[a->seg_ri[i]];
         if (!q->has_res) r = mskv__err(a, MSKV_ERROR_NO_RESERVATION, "%s: segment %d's request has no reservation", what, (int)i);
         else if (q->keyed && !q->scratch_cap) r = mskv__err(a, MSKV_ERROR_READ_ONLY, "%s: segment %d is a keyed entry (use mskv_keyed_seal)", what, (int)i);
     }
     return r;
+}
+
+/* mskv__check_open of one segment: the checks of mskv__resolve and then its
+   own, in their order and with their messages, the handle looked up once and
+   nothing marked (as in mskv__admit_one). */
+static mskv_result mskv__check_open_one(mskv_arena *a, const mskv_segment *seg, const char *what) {
+    int32_t ri = mskv__lookup(a, seg->request), m;
+    const mskv__req *q;
+    if (ri < 0) return mskv__err(a, MSKV_ERROR_INVALID_HANDLE, "%s: segment %d has an unknown or removed request", what, 0);
+    q = &a->reqs[ri];
+    a->seg_ri[0] = ri;
+    if (q->xfer)
+        return mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: segment %d's request is being %s", what, 0,
+                         q->xfer == MSKV__XFER_IMPORT ? "imported" : "exported");
+    if (a->nls > 0 && q->lock)
+        for (m = a->ls[q->lock - 1].first; m >= 0; m = a->reqs[m].lock_next)
+            if (m != ri) return mskv__err(a, MSKV_ERROR_BAD_STATE, "%s: segment %d's lockstep group is not whole in the batch", what, 0);
+    if (!q->has_res) return mskv__err(a, MSKV_ERROR_NO_RESERVATION, "%s: segment %d's request has no reservation", what, 0);
+    if (q->keyed && !q->scratch_cap) return mskv__err(a, MSKV_ERROR_READ_ONLY, "%s: segment %d is a keyed entry (use mskv_keyed_seal)", what, 0);
+    return MSKV_SUCCESS;
 }
 
 static void mskv__commit_one(mskv__req *q) {

@@ -9,7 +9,8 @@
                          arena's run-time allocator
 
    Build and run:  make bench   (or: cc -std=c99 -O3 -march=native bench/host_bench.c -lpthread -lm)
-   Options:        --quick  fewer repetitions (a smoke run) */
+   Options:        --quick  fewer repetitions (a smoke run)
+                   --pages  the page operations only */
 #define _POSIX_C_SOURCE 200809L  /* clock_gettime under -std=c99 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +66,19 @@ static void hb_report(const char *what, double value, const char *unit, const ch
     int ok = cmp[0] == '<' ? value <= target : value >= target;
     if (!ok) hb_failed++;
     printf("  %-46s %12.3f %-8s target %s %-8g %s\n", what, value, unit, cmp, target, ok ? "ok" : "MISSED");
+}
+
+/* The line under a page-operation figure: its ratio to the mutex-locked
+   free list of the same run (the issue's target of 3x where `targeted`, the
+   one-page calls) and to the bare list. */
+static void hb_vs(double value, const char *base, double mx, double bare, int targeted) {
+    double x = value / mx;
+    int ok = x <= 3;
+    if (targeted && !ok) hb_failed++;
+    printf("    %-44s %12.2fx       ", base, x);
+    if (targeted) printf("target <= 3x       %s", ok ? "ok" : "MISSED");
+    else printf("(no target)");
+    printf("   (%.3f ns; bare list %.2fx)\n", mx, value / bare);
 }
 
 static int hb_cmp(const void *x, const void *y) {
@@ -197,17 +211,11 @@ static void hb_pages(int32_t live, int32_t batch) {
     printf("  %-46s %12.3f ns   (with a mutex: %.3f ns)\n", "a plain C free list, take: ns per page", fl_alloc, mx_alloc);
     printf("  %-46s %12.3f ns   (with a mutex: %.3f ns)\n", "a plain C free list, give back: ns per page", fl_rel, mx_rel);
     hb_report("allocate: ns per page (admit+commit)", best_alloc, "ns", "<=", alloc_target);
+    hb_vs(best_alloc, "the mutex free list's take", mx_alloc, fl_alloc, batch == 1);
     hb_report("allocate: ns per page (mskv_step)", best_step, "ns", "<=", alloc_target);
+    hb_vs(best_step, "the mutex free list's take", mx_alloc, fl_alloc, batch == 1);
     hb_report("release: ns per page (release_oldest)", best_rel, "ns", "<=", rel_target);
-    printf("  %-46s %12.2fx / %.2fx (bare / with a mutex)\n", "admit+commit against the free list's take", best_alloc / fl_alloc,
-           best_alloc / mx_alloc);
-    printf("  %-46s %12.2fx / %.2fx\n", "mskv_step against the free list's take", best_step / fl_alloc, best_step / mx_alloc);
-    printf("  %-46s %12.2fx / %.2fx\n", "release against the free list's give back", best_rel / fl_rel, best_rel / mx_rel);
-    if (batch == 1) {
-        hb_report("admit+commit / the mutex free list's take", best_alloc / mx_alloc, "x", "<=", 3);
-        hb_report("mskv_step / the mutex free list's take", best_step / mx_alloc, "x", "<=", 3);
-        hb_report("release / the mutex free list's give back", best_rel / mx_rel, "x", "<=", 3);
-    }
+    hb_vs(best_rel, "the mutex free list's give back", mx_rel, fl_rel, batch == 1);
     mskv_arena_destroy(a);
 }
 
@@ -436,15 +444,20 @@ static void hb_offload(int use_cache) {
 }
 
 int main(int argc, char **argv) {
-    int i;
+    int i, only_pages = 0;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) hb_quick = 1;
-        else { fprintf(stderr, "usage: %s [--quick]\n", argv[0]); return 2; }
+        else if (!strcmp(argv[i], "--pages")) only_pages = 1;
+        else { fprintf(stderr, "usage: %s [--quick] [--pages]\n", argv[0]); return 2; }
     }
     printf("mstar_kv host_bench (v%d.%d.%d)\n", MSKV_VERSION_MAJOR, MSKV_VERSION_MINOR, MSKV_VERSION_PATCH);
     hb_pages(1024, 1);
     hb_pages(1024, 64);
     hb_pages(32768, 64);
+    if (only_pages) {
+        printf("%d target(s) missed\n", hb_failed);
+        return 0;
+    }
     hb_steps(1, 60000, hb_quick ? 64 : 1024);
     hb_steps(64, 4000, hb_quick ? 32 : 512);
     hb_steps(256, 32000, hb_quick ? 4 : 32);

@@ -381,3 +381,131 @@ TEST(page_counts_are_exact_up_to_2_pow_31_tokens_for_any_page_size) {
         mskv_arena_destroy(a);
     }
 }
+
+/* The release path frees a run of pages onto the free stack in one loop
+   when nothing waits for a fence and no poison is written; with
+   MSKV_DEBUG_POISON it frees them one by one (mskv__unref). Two arenas fed
+   the same random calls, one each way, with a forked child sharing the
+   parent's pages (a page whose count stays above zero is not freed), keep
+   the same page ids, the same results, and a clean audit. */
+TEST(release_frees_the_same_pages_in_order_with_and_without_the_one_by_one_path) {
+    uint64_t seed = mt_seed(), rs = seed | 1;
+    mskv_arena_desc d;
+    mskv_arena *a = NULL, *b = NULL;
+    mskv_request ra[2], rb[2];
+    mtf_state sa, sb;
+    int round, freed = 0, stepped = 0;
+    printf("  release paths: seed %llu\n", (unsigned long long)seed);
+    memset(&d, 0, sizeof d);
+    d.num_pages = 97; d.page_size = 16; d.max_requests = 4;
+    d.num_layers = 1; d.kv_heads = 1; d.head_dim = 8; d.dtype = MSKV_DTYPE_F16;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+    d.debug = MSKV_DEBUG_POISON;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &b));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &ra[0]));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(b, &rb[0]));
+    {
+        mskv_segment s;
+        s.request = ra[0]; s.n_tokens = 16 * 6 + 3;
+        ASSERT_EQ(MSKV_SUCCESS, mskv_step(a, &s, 1));
+        s.request = rb[0];
+        ASSERT_EQ(MSKV_SUCCESS, mskv_step(b, &s, 1));
+    }
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_fork(a, ra[0], &ra[1]));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_fork(b, rb[0], &rb[1]));
+    for (round = 0; round < 400; round++) {
+        int32_t who = (int32_t)mtf_rand(&rs, 2);
+        mskv_result ea, eb;
+        int64_t ga = -1, gb = -1;
+        if (mtf_rand(&rs, 2) == 0) {
+            mskv_segment s;
+            s.n_tokens = 1 + mtf_rand(&rs, 40);
+            s.request = ra[who]; ea = mskv_step(a, &s, 1);
+            s.request = rb[who]; eb = mskv_step(b, &s, 1);
+        } else {
+            mskv_request_info info;
+            int64_t n;
+            ASSERT_EQ(MSKV_SUCCESS, mskv_request_info_get(a, ra[who], &info));
+            n = mtf_rand(&rs, 48);   /* past the visible tokens at times: OUT_OF_RANGE in both */
+            ea = mskv_request_release_oldest(a, ra[who], n, &ga);
+            eb = mskv_request_release_oldest(b, rb[who], n, &gb);
+        }
+        mtf_snap(a, ra, 2, &sa);
+        mtf_snap(b, rb, 2, &sb);
+        if (ea != eb || ga != gb || !mtf_same(&sa, &sb, 2, 1)) {
+            mt_fail(__FILE__, __LINE__, "round %d: results %d / %d, released %lld / %lld%s", round, (int)ea, (int)eb,
+                    (long long)ga, (long long)gb, mtf_same(&sa, &sb, 2, 1) ? "" : ", and the states differ");
+            break;
+        }
+        if (ea == MSKV_SUCCESS && ga > 0) freed++;
+        if (ea == MSKV_SUCCESS && ga < 0) stepped++;
+    }
+    EXPECT_TRUE(freed > 0 && stepped > 0);   /* both kinds of call did something */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(a, NULL, 0));
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(b, NULL, 0));
+    mskv_arena_destroy(a);
+    mskv_arena_destroy(b);
+}
+
+/* commit and abort of one segment check it without marking (the decode
+   step's path): each refusal has the code and the message the batch path
+   gives the same segment at index 0 beside a good one, and neither call
+   changes anything. */
+TEST(commit_and_abort_of_one_segment_refuse_as_the_batch_does) {
+    mtf_log log = {0, ""};
+    mskv_arena *a = mtf_make(33, 8, 8, &log);
+    mskv_request r[MTF_REQS], gone, e, l[2];
+    mskv_segment bad[5], pair[2];
+    mskv_lockstep ls;
+    mtf_state before, after;
+    int k, call;
+    ASSERT_TRUE(a != NULL);
+    for (k = 0; k < MTF_REQS; k++) ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r[k]));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &gone));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_remove(a, gone));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_keyed_create(a, 5, 4, &e));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &l[0]));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &l[1]));
+    ASSERT_EQ(MSKV_SUCCESS, mskv_lockstep_create(a, l, 2, &ls));
+    pair[0].request = l[0]; pair[0].n_tokens = 3;
+    pair[1].request = l[1]; pair[1].n_tokens = 3;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, pair, 2));   /* both hold a reservation */
+    pair[0].request = r[0]; pair[0].n_tokens = 5;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, pair, 1));   /* the good segment: r[0], reserved */
+    for (k = 0; k < 5; k++) bad[k].n_tokens = 1;
+    bad[0].request = gone;   /* unknown */
+    bad[1].request = r[1];   /* no reservation */
+    bad[2].request = e;      /* a keyed entry (being filled: it has a reservation) */
+    bad[3].request = l[0];   /* half a lockstep group */
+    bad[4].request = l[1];
+    for (k = 0; k < 5; k++)
+        for (call = 0; call < 2; call++) {
+            mskv_result one, batch;
+            char msg[256];
+            int one_logs;
+            pair[0] = bad[k];   /* the bad segment first, the good one second */
+            pair[1].request = r[0];
+            pair[1].n_tokens = 5;
+            mtf_snap(a, r, MTF_REQS, &before);
+            log.count = 0;
+            one = call == 0 ? mskv_commit(a, bad + k, 1) : mskv_abort(a, bad + k, 1);
+            one_logs = log.count;
+            snprintf(msg, sizeof msg, "%s", log.last);
+            log.count = 0;
+            batch = call == 0 ? mskv_commit(a, pair, 2) : mskv_abort(a, pair, 2);
+            mtf_snap(a, r, MTF_REQS, &after);
+            if (one == MSKV_SUCCESS || one != batch || one_logs != 1 || log.count != 1 || strcmp(msg, log.last) != 0 ||
+                !mtf_same(&before, &after, MTF_REQS, 1))
+                mt_fail(__FILE__, __LINE__, "%s, bad segment %d: one %d '%s', batch %d '%s'%s", call == 0 ? "commit" : "abort", k,
+                        (int)one, msg, (int)batch, log.last, mtf_same(&before, &after, MTF_REQS, 1) ? "" : ", and the state changed");
+        }
+    /* the good one alone commits, then has no reservation to commit again */
+    EXPECT_EQ(MSKV_SUCCESS, mskv_commit(a, pair + 1, 1));
+    log.count = 0;
+    EXPECT_EQ(MSKV_ERROR_NO_RESERVATION, mskv_commit(a, pair + 1, 1));
+    EXPECT_TRUE(log.count == 1 && strstr(log.last, "commit: segment 0's request has no reservation") != NULL);
+    mtf_snap(a, r, 1, &after);
+    EXPECT_EQ(5, after.info[0].committed);
+    EXPECT_EQ(MSKV_SUCCESS, mskv_arena_audit(a, NULL, 0));
+    mskv_arena_destroy(a);
+}
