@@ -65,12 +65,8 @@ int main(void) {
 """
 
 
-class Failure(Exception):
-    pass
-
-
-class Skip(Exception):
-    pass
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from user_checks import Failure, Skip, run_cases  # noqa: E402  (the same harness and its output)
 
 
 def run(cmd, **kw):
@@ -263,45 +259,8 @@ def test_mingw_gxx_dll_exports_the_public_functions_and_a_consumer_runs_under_wi
 # >>harness ----------------------------------------------------------------------
 
 def main(argv):
-    filt, listing = None, False
-    args = list(argv[1:])
-    while args:
-        a = args.pop(0)
-        if a == "--list":
-            listing = True
-        elif a == "--filter" and args:
-            filt = args.pop(0)
-        else:
-            print("usage: %s [--list] [--filter SUBSTRING]" % argv[0])
-            return 2
-    os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)
-    passed = failed = skipped = 0
-    for name in sorted(k for k in globals() if k.startswith("test_")):
-        short = name[5:]
-        if filt and filt not in short:
-            continue
-        if listing:
-            print(short)
-            continue
-        print("[ RUN  ] %s" % short, flush=True)
-        try:
-            globals()[name]()
-        except Skip as e:
-            skipped += 1
-            print("  skip [%s]: %s\n[ SKIP ] %s" % (short, e, short))
-        except Failure as e:
-            failed += 1
-            print("  %s\n[ FAIL ] %s" % (str(e).replace("\n", "\n  "), short))
-        except Exception as e:  # a bug here is a failure too, with its reason
-            failed += 1
-            print("  %s: %s\n[ FAIL ] %s" % (type(e).__name__, e, short))
-        else:
-            passed += 1
-            print("[  OK  ] %s" % short)
-        sys.stdout.flush()
-    if not listing:
-        print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
-    return min(failed, 255)
+    tests = [(name[5:], globals()[name]) for name in sorted(k for k in globals() if k.startswith("test_"))]
+    return run_cases(argv, tests, before=lambda: os.makedirs(os.path.join(ROOT, "build"), exist_ok=True))
 
 
 if __name__ == "__main__":

@@ -1378,8 +1378,9 @@ TEST(cuda_cache_filled_by_nvrtc_13_is_not_served_to_a_cuda_12_driver) {
     tcu_rm_dir(root);
 }
 #else
-/* PyPI's NVRTC wheels and their layouts are searched on POSIX only */
-#define TCU_WHEEL_SKIP SKIP("the NVRTC wheel layouts are searched on POSIX only (Windows uses PATH and %%CUDA_PATH%%)")
+/* These tests load stand-in NVRTC libraries from the Linux wheels' layouts (dlopen of .so files); the
+   Windows layouts are searched too, and tests/test_nvrtc_wheels.c checks their candidate paths there */
+#define TCU_WHEEL_SKIP SKIP("these load stand-in .so libraries from the Linux wheel layouts; the Windows layouts' paths are checked by tests/test_nvrtc_wheels.c")
 TEST(cuda_nvrtc_is_found_in_the_cu12_wheel_of_a_virtualenv) { TCU_WHEEL_SKIP; }
 TEST(cuda_nvrtc_is_found_in_the_cu13_wheel_of_a_conda_environment) { TCU_WHEEL_SKIP; }
 TEST(cuda_nvrtc_is_found_in_a_wheel_on_the_pythonpath) { TCU_WHEEL_SKIP; }

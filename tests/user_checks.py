@@ -376,7 +376,10 @@ def all_tests():
     return tests
 
 
-def main(argv):
+def run_cases(argv, tests, before=None):
+    """Runs (name, fn) cases in the harness's format: --list, --filter SUBSTRING, and the
+    closing totals line; fn raises Skip or Failure (any other exception is a failure too).
+    tests/dll_check.py runs its cases through this as well."""
     filt, listing = None, False
     args = list(argv[1:])
     while args:
@@ -388,7 +391,8 @@ def main(argv):
         else:
             print("usage: %s [--list] [--filter SUBSTRING]" % argv[0])
             return 2
-    tests = all_tests()
+    if before is not None:
+        before()
     passed = failed = skipped = 0
     for name, fn in tests:
         if filt and filt not in name:
@@ -415,6 +419,10 @@ def main(argv):
     if not listing:
         print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
     return min(failed, 255)
+
+
+def main(argv):
+    return run_cases(argv, all_tests())
 
 
 if __name__ == "__main__":
