@@ -1089,6 +1089,21 @@ static mskv_result mskv__ucx_wait(mskv_ucx *u, const int *flag, const char *what
     return MSKV_SUCCESS;
 }
 
+/* Before a refusing side ends the connection: the answer it just sent is only
+   handed to the transport, and a forced close (a reset, over TCP) can drop it
+   on the way or make the peer's system discard it unread, so the peer would see
+   a broken connection, not the refusal. The peer ends the connection itself
+   once it has read the answer; wait for that, ms at most (a peer that never
+   reads costs this much and no more). */
+static void mskv__ucx_linger(mskv_ucx *u, int ms) {
+    int64_t start = mskv__ucx_now_ms();
+    unsigned idle = 0;
+    while (!u->failed && mskv__ucx_now_ms() - start < ms) {
+        if (u->fn.ucp_worker_progress(u->worker)) idle = 0;
+        else (void)mskv__ucx_idle(u, ++idle);
+    }
+}
+
 /* An op after UCX took it: done now (NULL or an error) or in flight. */
 static void mskv__ucx_started(mskv_ucx *u, mskv__ucx_op *op, mskv_ucs_status_ptr p) {
     op->busy = 1;
@@ -2329,7 +2344,8 @@ MSKV_IMPL mskv_result mskv_ucx_recv(mskv_ucx *u, mskv_arena *arena, mskv_request
     if (r == MSKV_SUCCESS) r = mskv__ucx_offer_read(u, offer, op->info.length, &x);
     if (r == MSKV_ERROR_DENIED) {
         /* not a peer of ours, or a replay: no page was taken; it learns why, and the connection ends */
-        (void)mskv__ucx_send_status(u, MSKV__UCX_ANSWER, (int32_t)r, "refusing the offer");
+        if (mskv__ucx_send_status(u, MSKV__UCX_ANSWER, (int32_t)r, "refusing the offer") == MSKV_SUCCESS)
+            mskv__ucx_linger(u, u->desc.timeout_ms < 500 ? (int)u->desc.timeout_ms : 500);
         mskv__ucx_break(u);
         return r;
     }
