@@ -232,6 +232,9 @@ $(VENV)/torch-ready: $(VENV)/ready
 $(B)/python-installed: $(VENV)/ready $(TORCH_READY) $(PY_SRC) mstar_kv.h mstar_kv_cuda.h mstar_kv_ucx.h
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation ./python
 	touch $@
+# A test program that is a Python script, as a wrapper tests/run.sh can start:
+# $(call py_test,SCRIPT [FIXED ARGUMENTS],what it checks, without commas)
+py_test = printf '\#!/bin/sh\n\# made by make: %s (%s)\ncd "%s" && exec "%s" %s "$$@"\n' '$(1)' '$(2)' "$(CURDIR)" "$(PYTHON)" '$(1)' > $@ && chmod +x $@
 $(B)/tests-python: $(B)/python-installed
 	printf '#!/bin/sh\n# made by make: the Python package tests against the copy installed in %s\ncd "%s" && exec env -u MSKV_LIBRARY "%s/bin/python" -m pytest -q -p no:cacheprovider python/tests "$$@"\n' \
 	    "$(VENV)" "$(CURDIR)" "$(CURDIR)/$(VENV)" > $@
@@ -241,22 +244,16 @@ python: $(B)/python-installed
 # docs/api.md against the headers: tools/gen_api.py --check (fresh, every
 # public function, type and constant documented, the generator's fixture)
 $(B)/tests-api: tools/gen_api.py | $(B)
-	printf '#!/bin/sh\n# made by make: tools/gen_api.py --check (docs/api.md, doc comments, the generator)\ncd "%s" && exec "%s" tools/gen_api.py --check\n' \
-	    "$(CURDIR)" "$(PYTHON)" > $@
-	chmod +x $@
+	$(call py_test,tools/gen_api.py --check,docs/api.md; doc comments; the generator)
 .PHONY: api
 api:
 	$(PYTHON) tools/gen_api.py
 $(B)/tests-dll: tests/dll_check.py | $(B)
-	printf '#!/bin/sh\n# made by make: tests/dll_check.py (the headers as a shared library and a Windows DLL)\ncd "%s" && exec "%s" tests/dll_check.py "$$@"\n' \
-	    "$(CURDIR)" "$(PYTHON)" > $@
-	chmod +x $@
+	$(call py_test,tests/dll_check.py,the headers as a shared library and a Windows DLL)
 
 # README blocks, struct initialisation and make install, as a user meets them
 $(B)/tests-user: tests/user_checks.py | $(B)
-	printf '#!/bin/sh\n# made by make: tests/user_checks.py (README C blocks, struct initialisation, make install)\ncd "%s" && exec "%s" tests/user_checks.py "$$@"\n' \
-	    "$(CURDIR)" "$(PYTHON)" > $@
-	chmod +x $@
+	$(call py_test,tests/user_checks.py,README and manual C blocks; struct initialisation; make install)
 
 # Build what builds (-k), then run everything: a compile error is one more
 # failure in the totals line, not a run that ends without one. The build's

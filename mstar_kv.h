@@ -1518,18 +1518,25 @@ MSKV_API mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, 
 #elif !defined(MSKV_NO_THREADS)
 #include <pthread.h>
 #endif
+/* What must be inlined to be fast (the host core's one-page paths, the CPU
+   kernels' shared tails): compilers left them out of line, at a measured cost. */
+#if defined(__GNUC__) || defined(__clang__)
+#define MSKV__ALWAYS_INLINE __inline__ __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define MSKV__ALWAYS_INLINE __forceinline
+#else
+#define MSKV__ALWAYS_INLINE
+#endif
 /* The CPU backend's instruction-set paths (see "instruction sets" there):
    x86 kernels with GCC/Clang target attributes or MSVC, NEON on arm64. */
 #if !defined(MSKV_CPU_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
 #define MSKV__CPU_X86 1
 #define MSKV__CPU_TARGET(t) __attribute__((target(t)))
-#define MSKV__CPU_INLINE __inline__ __attribute__((always_inline))
 #include <immintrin.h>
 #include <cpuid.h>
 #elif !defined(MSKV_CPU_NO_SIMD) && defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
 #define MSKV__CPU_X86 1
 #define MSKV__CPU_TARGET(t)
-#define MSKV__CPU_INLINE __forceinline
 #include <intrin.h>
 #include <immintrin.h>
 #else
@@ -1537,11 +1544,6 @@ MSKV_API mskv_result mskv_cpu_merge(int64_t n, int32_t heads, int32_t head_dim, 
 #endif
 #if !defined(MSKV_CPU_NO_SIMD) && (defined(__aarch64__) || defined(_M_ARM64))
 #define MSKV__CPU_NEON 1
-#if !defined(MSKV__CPU_INLINE) && defined(_MSC_VER)
-#define MSKV__CPU_INLINE __forceinline
-#elif !defined(MSKV__CPU_INLINE)
-#define MSKV__CPU_INLINE __inline__ __attribute__((always_inline))
-#endif
 #include <arm_neon.h>
 #else
 #define MSKV__CPU_NEON 0
@@ -1881,13 +1883,8 @@ static void mskv__hash_u64(mskv__hash *h, uint64_t v) {
 
 #if defined(__GNUC__) || defined(__clang__)
 #define MSKV__MAYBE_UNUSED __attribute__((unused))
-#define MSKV__ALWAYS_INLINE inline __attribute__((always_inline))   /* the host core's one-page paths */
-#elif defined(_MSC_VER)
-#define MSKV__MAYBE_UNUSED
-#define MSKV__ALWAYS_INLINE __forceinline
 #else
 #define MSKV__MAYBE_UNUSED
-#define MSKV__ALWAYS_INLINE
 #endif
 
 /* A thread runs fn(arg); the object must stay where it is until joined. */
@@ -3047,14 +3044,7 @@ MSKV_IMPL mskv_result mskv_request_release_oldest_in_group(mskv_arena *a, mskv_r
     return r;
 }
 MSKV_IMPL mskv_result mskv_request_release_oldest(mskv_arena *a, mskv_request h, int64_t n, int64_t *released) {
-    int32_t ri;
-    mskv_result r;
-    if (!a) return MSKV_ERROR_NULL_POINTER;
-    MSKV__LOCK(a);   /* group 0 is in every arena */
-    MSKV__GET(a, h, ri);
-    r = mskv__release_oldest_locked(a, ri, 0, n, released);
-    MSKV__UNLOCK(a);
-    return r;
+    return mskv_request_release_oldest_in_group(a, h, 0, n, released);
 }
 
 MSKV_IMPL mskv_result mskv_request_shift_positions(mskv_arena *a, mskv_request h, int64_t delta) {
@@ -6628,9 +6618,9 @@ static MSKV__CPU_AVX512 __m128 mskv__cpu_sum4x512(__m512 a, __m512 b, __m512 c, 
 /* The tail of the qk_rows kernels (f32 and 16-bit rows): 4 rows x 4 keys of
    sums, c<row><key>, each row's four reduced together (mskv__cpu_sum4x512)
    and stored at S[row * ks + key]. */
-static MSKV__CPU_AVX512 MSKV__CPU_INLINE void mskv__cpu_qk_tail_avx512(float *S, int32_t ks, __m512 c00, __m512 c01, __m512 c02, __m512 c03,
-                                                                       __m512 c10, __m512 c11, __m512 c12, __m512 c13, __m512 c20, __m512 c21,
-                                                                       __m512 c22, __m512 c23, __m512 c30, __m512 c31, __m512 c32, __m512 c33) {
+static MSKV__CPU_AVX512 MSKV__ALWAYS_INLINE void mskv__cpu_qk_tail_avx512(float *S, int32_t ks, __m512 c00, __m512 c01, __m512 c02, __m512 c03,
+                                                                          __m512 c10, __m512 c11, __m512 c12, __m512 c13, __m512 c20, __m512 c21,
+                                                                          __m512 c22, __m512 c23, __m512 c30, __m512 c31, __m512 c32, __m512 c33) {
     _mm_storeu_ps(S, mskv__cpu_sum4x512(c00, c01, c02, c03));
     _mm_storeu_ps(S + ks, mskv__cpu_sum4x512(c10, c11, c12, c13));
     _mm_storeu_ps(S + 2 * (size_t)ks, mskv__cpu_sum4x512(c20, c21, c22, c23));
@@ -6639,8 +6629,8 @@ static MSKV__CPU_AVX512 MSKV__CPU_INLINE void mskv__cpu_qk_tail_avx512(float *S,
 
 /* The tail of the pv_rows kernels: 4 rows' 32 dims of O (16 unless two),
    c<row>0 and c<row>1, stored at O + row * dp. */
-static MSKV__CPU_AVX512 MSKV__CPU_INLINE void mskv__cpu_pv_tail_avx512(float *O, int32_t dp, int two, __m512 c00, __m512 c01, __m512 c10, __m512 c11,
-                                                                       __m512 c20, __m512 c21, __m512 c30, __m512 c31) {
+static MSKV__CPU_AVX512 MSKV__ALWAYS_INLINE void mskv__cpu_pv_tail_avx512(float *O, int32_t dp, int two, __m512 c00, __m512 c01, __m512 c10, __m512 c11,
+                                                                          __m512 c20, __m512 c21, __m512 c30, __m512 c31) {
     _mm512_storeu_ps(O, c00);
     _mm512_storeu_ps(O + (size_t)dp, c10);
     _mm512_storeu_ps(O + 2 * (size_t)dp, c20);
@@ -7085,8 +7075,8 @@ static MSKV__CPU_AVX2 void mskv__cpu_softmax_avx2(float *MSKV__CPU_RESTRICT S, i
    sums, c<row><key>, reduced together with horizontal adds (rows 0,1 then
    2,3: [r k0, r k1, r' k0, r' k1] per 128 bits, then the halves added) and
    stored at S[row * ks + key]. */
-static MSKV__CPU_AVX2 MSKV__CPU_INLINE void mskv__cpu_qk_tail_avx2(float *S, int32_t ks, __m256 c00, __m256 c01, __m256 c10, __m256 c11,
-                                                                   __m256 c20, __m256 c21, __m256 c30, __m256 c31) {
+static MSKV__CPU_AVX2 MSKV__ALWAYS_INLINE void mskv__cpu_qk_tail_avx2(float *S, int32_t ks, __m256 c00, __m256 c01, __m256 c10, __m256 c11,
+                                                                      __m256 c20, __m256 c21, __m256 c30, __m256 c31) {
     __m256 g0 = _mm256_hadd_ps(_mm256_hadd_ps(c00, c01), _mm256_hadd_ps(c10, c11));
     __m256 g1 = _mm256_hadd_ps(_mm256_hadd_ps(c20, c21), _mm256_hadd_ps(c30, c31));
     __m128 s0 = _mm_add_ps(_mm256_castps256_ps128(g0), _mm256_extractf128_ps(g0, 1));
@@ -7099,8 +7089,8 @@ static MSKV__CPU_AVX2 MSKV__CPU_INLINE void mskv__cpu_qk_tail_avx2(float *S, int
 
 /* The tail of the pv_rows kernels (f32 and 16-bit rows): 4 rows' 16 dims
    of O, c<row>0 and c<row>1, stored at O + row * dp. */
-static MSKV__CPU_AVX2 MSKV__CPU_INLINE void mskv__cpu_pv_tail_avx2(float *O, int32_t dp, __m256 c00, __m256 c01, __m256 c10, __m256 c11,
-                                                                   __m256 c20, __m256 c21, __m256 c30, __m256 c31) {
+static MSKV__CPU_AVX2 MSKV__ALWAYS_INLINE void mskv__cpu_pv_tail_avx2(float *O, int32_t dp, __m256 c00, __m256 c01, __m256 c10, __m256 c11,
+                                                                      __m256 c20, __m256 c21, __m256 c30, __m256 c31) {
     _mm256_storeu_ps(O, c00); _mm256_storeu_ps(O + 8, c01);
     _mm256_storeu_ps(O + (size_t)dp, c10); _mm256_storeu_ps(O + (size_t)dp + 8, c11);
     _mm256_storeu_ps(O + 2 * (size_t)dp, c20); _mm256_storeu_ps(O + 2 * (size_t)dp + 8, c21);
@@ -7392,15 +7382,15 @@ static void mskv__cpu_softmax_neon(float *MSKV__CPU_RESTRICT S, int32_t rp, int3
 /* The tails of the qk_rows and pv_rows kernels (f32 and 16-bit rows): 4
    rows x 2 keys of sums, c<row><key>, each summed across its lanes and
    stored at S[row * ks + key]; one row's 16 dims of O stored at O. */
-static MSKV__CPU_INLINE void mskv__cpu_qk_tail_neon(float *S, int32_t ks, float32x4_t c00, float32x4_t c01, float32x4_t c10, float32x4_t c11,
-                                                    float32x4_t c20, float32x4_t c21, float32x4_t c30, float32x4_t c31) {
+static MSKV__ALWAYS_INLINE void mskv__cpu_qk_tail_neon(float *S, int32_t ks, float32x4_t c00, float32x4_t c01, float32x4_t c10, float32x4_t c11,
+                                                       float32x4_t c20, float32x4_t c21, float32x4_t c30, float32x4_t c31) {
     S[0] = vaddvq_f32(c00); S[1] = vaddvq_f32(c01);
     S[ks] = vaddvq_f32(c10); S[ks + 1] = vaddvq_f32(c11);
     S[2 * (size_t)ks] = vaddvq_f32(c20); S[2 * (size_t)ks + 1] = vaddvq_f32(c21);
     S[3 * (size_t)ks] = vaddvq_f32(c30); S[3 * (size_t)ks + 1] = vaddvq_f32(c31);
 }
 
-static MSKV__CPU_INLINE void mskv__cpu_pv_tail_neon(float *O, float32x4_t c0, float32x4_t c1, float32x4_t c2, float32x4_t c3) {
+static MSKV__ALWAYS_INLINE void mskv__cpu_pv_tail_neon(float *O, float32x4_t c0, float32x4_t c1, float32x4_t c2, float32x4_t c3) {
     vst1q_f32(O, c0); vst1q_f32(O + 4, c1); vst1q_f32(O + 8, c2); vst1q_f32(O + 12, c3);
 }
 
