@@ -79,14 +79,30 @@ finish() {
   times="$times ${bin#"${B:-build}/"} ${dt}s (cpu ${cpu}s),"   # tests/fuzz/run.sh keeps its path
   if [ -z "$line" ]; then
     echo "!!! $bin exited with status $rc without a totals line (${dt} s, cpu ${cpu} s)"
+    { echo "  $bin: exited with status $rc without a totals line; its last lines:"
+      tail -n 8 "$work/$i.out" | sed 's/^/      /'; } >> "$work/failures"
     failed=$((failed + 1)); return
   fi
   read -r p _ f _ s _ <<<"${line//,/}"
   passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+  [ "$f" -eq 0 ] || failures "$bin" "$work/$i.out" >> "$work/failures"
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
     echo "!!! $bin exited with status $rc"; failed=$((failed + 1))
   fi
   echo "=== $bin: $line in ${dt} s (cpu ${cpu} s)"
+}
+
+# each failed test of a program with the last lines it printed, so that the
+# end of a long log (all that a CI page may keep) says what failed and why
+failures() {
+  awk -v bin="$1" '
+    /^\[ RUN  \]/ { n = 0; next }
+    /^\[ FAIL \]/ {
+      print "  " bin ": " $0
+      for (k = (n > 8 ? n - 8 : 0); k < n; k++) print "      " buf[k % 8]
+      n = 0; next
+    }
+    { buf[n % 8] = $0; n++ }' "$2"
 }
 
 # reports the programs that have finished; the others stay in "running"
@@ -144,6 +160,12 @@ if [ "$build_failed" -ne 0 ]; then
   failed=$((failed + 1))
 fi
 t_end=$(now)
+if [ -s "$work/failures" ]; then
+  echo "--- failed tests, each with the last lines it printed:"
+  head -n 100 "$work/failures"
+  total=$(wc -l < "$work/failures")
+  [ "$total" -le 100 ] || echo "  ... $((total - 100)) more lines: each program's whole output is above"
+fi
 echo "--- wall time per program:${times%,}; all in $(secs "$t_start" "$t_end") s (cpu ${cpu_total} s), $jobs at a time"
 if [ -n "$started" ]; then
   echo "--- build $(secs "$started" "$t_start") s${build_cpu:+ (cpu $build_cpu s)} + run $(secs "$t_start" "$t_end") s (cpu $cpu_total s) = $(secs "$started" "$t_end") s"
