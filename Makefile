@@ -308,6 +308,7 @@ $(B)/ucx_bench: bench/ucx_bench.c $(HDRS) | $(B)
 bench: $(B)/host_bench $(B)/attn_bench $(B)/cuda_host_bench $(B)/ucx_bench
 	./$(B)/host_bench
 	./$(B)/attn_bench
+	MSKV_CPU_ISA=amx_bf16 ./$(B)/attn_bench video
 	./$(B)/cuda_host_bench
 	./$(B)/ucx_bench
 

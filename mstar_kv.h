@@ -1301,16 +1301,22 @@ MSKV_API mskv_result mskv_rope_apply(const mskv_rope *rope, void *x, mskv_dtype 
    AVX2, NEON on arm64, else portable; the bf16-arithmetic paths only when
    named, as their results are bf16-rounded), unless the environment variable
    MSKV_CPU_ISA names another (portable | avx2 | avx512 | neon | avx512_bf16
-   | bf16_emu | auto); a value that cannot be honoured is logged and ignored.
-   The two bf16 paths differ from the others on bf16 pools only, and there
-   in calls of more than 8 rows per kv head (video): Q (scaled) and P are
-   rounded to bf16 and the products of bf16 pairs summed in f32 (vdpbf16ps;
-   bf16_emu runs the same packing and order in plain C, at a fraction of the
-   speed, so the path is testable on any CPU); other calls run the AVX-512
-   (avx512_bf16) or portable (bf16_emu) kernels. A build needs no flag for
-   any path: x86 kernels carry their own target attributes. MSKV_CPU_NO_SIMD
-   compiles the portable path (and bf16_emu) only; MSKV_CPU_NO_BF16 leaves
-   out avx512_bf16 (built by GCC 10 / Clang 9 on, never by MSVC). Every path gives the same results within the
+   | bf16_emu | amx_bf16 | auto); a value that cannot be honoured is logged
+   and ignored. The three bf16 paths differ from the others on bf16 pools
+   only, and there in calls of more than 8 rows per kv head (video): Q
+   (scaled) and P are rounded to bf16 and the products of bf16 pairs summed
+   in f32 (vdpbf16ps; bf16_emu runs the same packing and order in plain C, at
+   a fraction of the speed, so the path is testable on any CPU; amx_bf16
+   multiplies 16 x 16 tiles with AMX, TDPBF16PS, several times the f32 rate
+   where the CPU has it); other calls run the AVX-512 (avx512_bf16,
+   amx_bf16) or portable (bf16_emu) kernels. A build needs no flag for any
+   path: x86 kernels carry their own target attributes and the AMX tile
+   instructions are inline assembly. MSKV_CPU_NO_SIMD compiles the portable
+   path (and bf16_emu) only; MSKV_CPU_NO_BF16 leaves out avx512_bf16 (built
+   by GCC 10 / Clang 9 on, never by MSVC), MSKV_CPU_NO_AMX amx_bf16 (built
+   by GCC 11 / Clang 12 on, for x86-64 Linux, which lends a process the tile
+   registers when the first mskv_cpu_isa_available or mskv_cpu_create asks
+   for them). Every path gives the same results within the
    tolerances of the tests (f32 1e-5, f16 1e-3, bf16 1e-2 of a double
    reference), not bit-identical ones. */
 typedef enum mskv_cpu_isa {
@@ -1320,11 +1326,12 @@ typedef enum mskv_cpu_isa {
     MSKV_CPU_ISA_AVX512 = 3,    /* x86 with AVX-512 F */
     MSKV_CPU_ISA_NEON = 4,      /* arm64 */
     MSKV_CPU_ISA_AVX512_BF16 = 5, /* x86 with AVX-512 F, BW and AVX512_BF16 (vdpbf16ps) */
-    MSKV_CPU_ISA_BF16_EMU = 6   /* the bf16 path's arithmetic in plain C (tests; any CPU) */
+    MSKV_CPU_ISA_BF16_EMU = 6,  /* the bf16 path's arithmetic in plain C (tests; any CPU) */
+    MSKV_CPU_ISA_AMX_BF16 = 7   /* x86-64 Linux with AVX-512 F, BW, AMX-TILE and AMX-BF16 (tile products) */
 } mskv_cpu_isa;
 
-/* "auto", "portable", "avx2", "avx512", "neon", "avx512_bf16", "bf16_emu";
-   never NULL. */
+/* "auto", "portable", "avx2", "avx512", "neon", "avx512_bf16", "bf16_emu",
+   "amx_bf16"; never NULL. */
 MSKV_API const char *mskv_cpu_isa_name(mskv_cpu_isa isa);
 /* 1 when this build and CPU can run the path (AUTO: always). */
 MSKV_API int mskv_cpu_isa_available(mskv_cpu_isa isa);
@@ -6927,6 +6934,188 @@ static const mskv__cpu_kern mskv__cpu_kern_avx512_bf16 = {
 #define MSKV__CPU_BF16_X86 0
 #endif
 
+/* ---- AMX-BF16 path (x86-64 Linux; GCC 11 / Clang 12 on) ----
+   Q.K and P.V of bf16 pools' video items as AMX tile products (TDPBF16PS:
+   C[16][16] f32 += A[16][16 bf16 pairs] . B[16 pairs][16], each pair's two
+   products summed into C in f32, denormals as zero, round to nearest even);
+   everything else is the AVX-512 path. Linux lends a process the tile
+   registers only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA,
+   kernel 5.16 on): mskv__cpu_has asks once. The tile instructions are
+   written as inline assembly (AT&T and Intel spellings), so no compiler
+   flag or AMX intrinsic header is needed. MSKV_CPU_NO_AMX leaves it out. */
+#if MSKV__CPU_X86 && defined(__x86_64__) && defined(__linux__) && !defined(MSKV_CPU_NO_AMX) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define MSKV__CPU_AMX 1
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push  /* GCC 12 and the AVX-512 intrinsics, as above */
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#define MSKV__AMX_LOAD(t, p, s) \
+    __asm__ __volatile__("{tileloadd (%0,%1,1), %%tmm" #t "|tileloadd tmm" #t ", [%0+%1*1]}" ::"r"(p), "r"((long)(s)) : "memory")
+#define MSKV__AMX_STORE(t, p, s) \
+    __asm__ __volatile__("{tilestored %%tmm" #t ", (%0,%1,1)|tilestored [%0+%1*1], tmm" #t "}" ::"r"(p), "r"((long)(s)) : "memory")
+#define MSKV__AMX_ZERO(t) __asm__ __volatile__("tilezero %%tmm" #t ::)
+/* c += a . b (tile numbers) */
+#define MSKV__AMX_DP(c, a, b) __asm__ __volatile__("{tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c "|tdpbf16ps tmm" #c ", tmm" #a ", tmm" #b "}" ::)
+
+/* Every tile 16 rows of 64 bytes (palette 1): tmm0-3 hold C, tmm4-5 A,
+   tmm6-7 B. Callers pad every operand to whole tiles. */
+static void mskv__amx_on(void) {
+    static const unsigned char cfg[64] = {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                          64, 0, 64, 0, 64, 0, 64, 0, 64, 0, 64, 0, 64, 0, 64, 0,
+                                          0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                          16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0};
+    __asm__ __volatile__("{ldtilecfg (%0)|ldtilecfg [%0]}" ::"r"(cfg) : "memory");
+}
+/* Gives the tile state back (a thread's context switches save less). */
+static void mskv__amx_off(void) { __asm__ __volatile__("tilerelease" ::: "memory"); }
+
+/* C[16 mt][16 nt] = (acc ? C : 0) + A[16 mt][16 kt] . B[16 kt][16 nt] in
+   tiles, A and B bf16 pairs (uint32), C f32; lda, ldb, ldc in elements.
+   Two by two C tiles at a time (four independent accumulators). */
+static void mskv__amx_gemm(const uint32_t *A, size_t lda, const uint32_t *B, size_t ldb, float *C, size_t ldc, int32_t mt,
+                           int32_t nt, int32_t kt, int acc) {
+    const long sa = (long)lda * 4, sb = (long)ldb * 4, sc = (long)ldc * 4;
+    int32_t i, j, k;
+    for (i = 0; i < mt; i += 2)
+        for (j = 0; j < nt; j += 2) {
+            const int m2 = i + 1 < mt, n2 = j + 1 < nt;
+            float *c0 = C + (size_t)i * 16 * ldc + (size_t)j * 16, *c2 = c0 + 16 * ldc;
+            if (acc) {
+                MSKV__AMX_LOAD(0, c0, sc);
+                if (n2) MSKV__AMX_LOAD(1, c0 + 16, sc);
+                if (m2) MSKV__AMX_LOAD(2, c2, sc);
+                if (m2 && n2) MSKV__AMX_LOAD(3, c2 + 16, sc);
+            } else {
+                MSKV__AMX_ZERO(0);
+                MSKV__AMX_ZERO(1);
+                MSKV__AMX_ZERO(2);
+                MSKV__AMX_ZERO(3);
+            }
+            for (k = 0; k < kt; k++) {
+                const uint32_t *a = A + (size_t)i * 16 * lda + (size_t)k * 16, *b = B + (size_t)k * 16 * ldb + (size_t)j * 16;
+                MSKV__AMX_LOAD(4, a, sa);
+                MSKV__AMX_LOAD(6, b, sb);
+                MSKV__AMX_DP(0, 4, 6);
+                if (n2) { MSKV__AMX_LOAD(7, b + 16, sb); MSKV__AMX_DP(1, 4, 7); }
+                if (m2) { MSKV__AMX_LOAD(5, a + 16 * lda, sa); MSKV__AMX_DP(2, 5, 6); }
+                if (m2 && n2) MSKV__AMX_DP(3, 5, 7);
+            }
+            MSKV__AMX_STORE(0, c0, sc);
+            if (n2) MSKV__AMX_STORE(1, c0 + 16, sc);
+            if (m2) MSKV__AMX_STORE(2, c2, sc);
+            if (m2 && n2) MSKV__AMX_STORE(3, c2 + 16, sc);
+        }
+}
+
+/* f32 lanes to bf16 (round to nearest even, a NaN stays a quiet NaN) in the
+   upper 16 bits of each lane, the lower 16 bits left as they come. */
+static MSKV__CPU_AVX512 __m512i mskv__amx_bf16_hi(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                       _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+}
+
+/* P^T (f32 [kb][rp], the softmax) into bf16 pairs along the key axis, in
+   place: row p becomes pairs (P[2p], P[2p + 1]) (a missing 2p + 1 as 0),
+   rows kh .. kh16 - 1 zero. Row p is written after rows 2p and 2p + 1 are
+   read, and no later pair reads a row under p. */
+static MSKV__CPU_AVX512 void mskv__amx_pack_p(float *S, int32_t rp, int32_t kb, int32_t kh16) {
+    uint32_t *P = (uint32_t *)(void *)S;
+    const __m512i lo16 = _mm512_set1_epi32(0xffff), hi16 = _mm512_set1_epi32((int)0xffff0000u);
+    const int32_t kh = (kb + 1) / 2;
+    int32_t p, v;
+    for (p = 0; p < kh; p++) {
+        const float *sa = S + (size_t)(2 * p) * (size_t)rp, *sb = sa + rp;
+        const int odd = 2 * p + 1 < kb;
+        for (v = 0; v < rp; v += 16) {
+            __m512i a = _mm512_and_si512(_mm512_srli_epi32(mskv__amx_bf16_hi(_mm512_loadu_ps(sa + v)), 16), lo16);
+            __m512i b = odd ? _mm512_and_si512(mskv__amx_bf16_hi(_mm512_loadu_ps(sb + v)), hi16) : _mm512_setzero_si512();
+            _mm512_storeu_si512((void *)(P + (size_t)p * (size_t)rp + v), _mm512_or_si512(a, b));
+        }
+    }
+    for (; p < kh16; p++) memset(P + (size_t)p * (size_t)rp, 0, (size_t)rp * 4);
+}
+
+/* 16 x 16 32-bit transpose: r[i] holds row i; on return r[i] holds column i. */
+static MSKV__CPU_AVX512 MSKV__ALWAYS_INLINE void mskv__amx_transpose16(__m512i *r) {
+    __m512i t[16], u[16];
+    int i, e;
+    for (i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (i = 0; i < 16; i += 4) { /* u[i + e]: lane L holds column 4L + e of rows i .. i + 3 */
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (e = 0; e < 4; e++) {
+        __m512i v = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x88), w = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xdd);
+        __m512i v2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x88), w2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xdd);
+        r[e] = _mm512_shuffle_i32x4(v, v2, 0x88);
+        r[8 + e] = _mm512_shuffle_i32x4(v, v2, 0xdd);
+        r[4 + e] = _mm512_shuffle_i32x4(w, w2, 0x88);
+        r[12 + e] = _mm512_shuffle_i32x4(w, w2, 0xdd);
+    }
+}
+
+/* V^T of one key block into bf16 pairs along the key axis: vt[d][p] =
+   (V[2p][d], V[2p + 1][d]) for d < D16, p < kh16 (kh16 a multiple of 16),
+   zero past the block's keys and past D. vrow[j] is key j's row (kb rows). */
+static MSKV__CPU_AVX512 void mskv__amx_pack_vt(uint32_t *vt, const uint16_t *const *vrow, int32_t kb, int32_t D, int32_t kh16) {
+    const int32_t D16 = (D + 15) & ~15;
+    int32_t p0, d0, i;
+    for (p0 = 0; p0 < kh16; p0 += 16)
+        for (d0 = 0; d0 < D16; d0 += 16) {
+            __m512i r[16];
+            for (i = 0; i < 16; i++) {  /* r[i]: pair p0 + i over dims d0 .. d0 + 15 */
+                const int32_t ja = 2 * (p0 + i), jb = ja + 1;
+                if (d0 + 16 <= D) {
+                    __m512i a = ja < kb ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(vrow[ja] + d0)))
+                                        : _mm512_setzero_si512();
+                    __m512i b = jb < kb ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(vrow[jb] + d0)))
+                                        : _mm512_setzero_si512();
+                    r[i] = _mm512_or_si512(a, _mm512_slli_epi32(b, 16));
+                } else {  /* the last dims of a head_dim that is not a multiple of 16 */
+                    uint32_t w[16];
+                    int32_t d;
+                    for (d = 0; d < 16; d++)
+                        w[d] = d0 + d < D ? (ja < kb ? (uint32_t)vrow[ja][d0 + d] : 0u) | (jb < kb ? (uint32_t)vrow[jb][d0 + d] << 16 : 0u) : 0u;
+                    r[i] = _mm512_loadu_si512((const void *)w);
+                }
+            }
+            mskv__amx_transpose16(r);
+            for (i = 0; i < 16; i++) _mm512_storeu_si512((void *)(vt + (size_t)(d0 + i) * (size_t)kh16 + p0), r[i]);
+        }
+}
+
+/* O^T[d][r] *= alpha[r] for d < D. */
+static MSKV__CPU_AVX512 void mskv__amx_scale_o(float *O, const float *alpha, int32_t D, int32_t rp) {
+    int32_t d, v;
+    for (v = 0; v < rp; v += 16) {
+        const __m512 a = _mm512_loadu_ps(alpha + v);
+        for (d = 0; d < D; d++) _mm512_storeu_ps(O + (size_t)d * (size_t)rp + v, _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)d * (size_t)rp + v), a));
+    }
+}
+
+/* The AVX-512 path with AMX tile products for bf16 pools' video items
+   (mskv__cpu_item_wide_amx). */
+static const mskv__cpu_kern mskv__cpu_kern_amx_bf16 = {
+    MSKV_CPU_ISA_AMX_BF16, 16, mskv__cpu_cvt_avx512, mskv__cpu_gemm_avx512, mskv__cpu_softmax_avx512,
+    mskv__cpu_qk_rows_avx512, mskv__cpu_pv_rows_avx512, mskv__cpu_exp_row_avx512,
+    mskv__cpu_qk_rows16_avx512, mskv__cpu_pv_rows16_avx512, NULL};
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#else
+#define MSKV__CPU_AMX 0
+#endif
+
 /* ---- AVX2 path (8 floats a vector; needs FMA and F16C, which every AVX2 CPU has) ---- */
 #if MSKV__CPU_X86
 #define MSKV__CPU_AVX2 MSKV__CPU_TARGET("avx2,fma,f16c")
@@ -7579,6 +7768,34 @@ static int mskv__cpu_has(mskv_cpu_isa isa) {
         return (r71[0] & (1u << 5)) != 0;
     }
 #endif
+#if MSKV__CPU_AMX
+    if (isa == MSKV_CPU_ISA_AMX_BF16) {
+        /* the AVX-512 path's needs and AVX-512 BW (leaf 7 EBX bit 30), AMX-BF16
+           and AMX-TILE (leaf 7 EDX bits 22 and 24), the OS saving the tile
+           state (XCR0 bits 17 and 18), tiles of 16 rows of 64 bytes in
+           palette 1 (leaf 0x1d subleaf 1) and the tile registers lent to this
+           process (arch_prctl ARCH_REQ_XCOMP_PERM = 0x1023 for feature 18,
+           XTILEDATA; syscall 158), asked for once */
+        static int lent;  /* 0: not asked yet, 1: lent, -1: refused */
+        uint32_t r0[4], r7[4], r1d[4];
+        if (!mskv__cpu_has(MSKV_CPU_ISA_AVX512)) return 0;
+        mskv__cpu_cpuid(0, 0, r0);
+        if (r0[0] < 0x1d) return 0;
+        mskv__cpu_cpuid(7, 0, r7);
+        if (!(r7[1] & (1u << 30)) || !(r7[3] & (1u << 22)) || !(r7[3] & (1u << 24))) return 0;
+        if ((mskv__cpu_xgetbv0() & 0x60000u) != 0x60000u) return 0;
+        mskv__cpu_cpuid(0x1d, 0, r1d);
+        if (r1d[0] < 1) return 0;
+        mskv__cpu_cpuid(0x1d, 1, r1d);
+        if ((r1d[1] & 0xffffu) < 64 || (r1d[1] >> 16) < 8 || (r1d[2] & 0xffffu) < 16) return 0;
+        if (lent == 0) {
+            long rc;
+            __asm__ __volatile__("syscall" : "=a"(rc) : "0"(158L), "D"(0x1023L), "S"(18L) : "rcx", "r11", "memory");
+            lent = rc == 0 ? 1 : -1;
+        }
+        return lent == 1;
+    }
+#endif
 #if MSKV__CPU_X86
     if (isa == MSKV_CPU_ISA_AVX2 || isa == MSKV_CPU_ISA_AVX512) {
         uint32_t r0[4], r1[4], r7[4];
@@ -7606,6 +7823,9 @@ static const mskv__cpu_kern *mskv__cpu_kern_of(mskv_cpu_isa isa) {
 #if MSKV__CPU_BF16_X86
     if (isa == MSKV_CPU_ISA_AVX512_BF16) return &mskv__cpu_kern_avx512_bf16;
 #endif
+#if MSKV__CPU_AMX
+    if (isa == MSKV_CPU_ISA_AMX_BF16) return &mskv__cpu_kern_amx_bf16;
+#endif
 #if MSKV__CPU_X86
     if (isa == MSKV_CPU_ISA_AVX512) return &mskv__cpu_kern_avx512;
     if (isa == MSKV_CPU_ISA_AVX2) return &mskv__cpu_kern_avx2;
@@ -7617,7 +7837,7 @@ static const mskv__cpu_kern *mskv__cpu_kern_of(mskv_cpu_isa isa) {
     return &mskv__cpu_kern_portable;
 }
 
-#define MSKV__CPU_ISA_LAST MSKV_CPU_ISA_BF16_EMU  /* the highest mskv_cpu_isa */
+#define MSKV__CPU_ISA_LAST MSKV_CPU_ISA_AMX_BF16  /* the highest mskv_cpu_isa */
 
 static mskv_cpu_isa mskv__cpu_best(void) {
     /* f32 arithmetic unless asked: avx512_bf16 rounds Q and P to bf16 (errors
@@ -7639,6 +7859,7 @@ MSKV_IMPL const char *mskv_cpu_isa_name(mskv_cpu_isa isa) {
     case MSKV_CPU_ISA_NEON: return "neon";
     case MSKV_CPU_ISA_AVX512_BF16: return "avx512_bf16";
     case MSKV_CPU_ISA_BF16_EMU: return "bf16_emu";
+    case MSKV_CPU_ISA_AMX_BF16: return "amx_bf16";
     }
     return "unknown";
 }
@@ -7658,7 +7879,7 @@ static mskv_cpu_isa mskv__cpu_resolve_auto(char *why, size_t cap) {
     for (isa = MSKV_CPU_ISA_PORTABLE; isa <= MSKV__CPU_ISA_LAST; isa = (mskv_cpu_isa)(isa + 1))
         if (strcmp(env, mskv_cpu_isa_name(isa)) == 0) break;
     if (isa > MSKV__CPU_ISA_LAST) {
-        mskv__why(why, cap, "MSKV_CPU_ISA=%.32s is not one of portable, avx2, avx512, neon, avx512_bf16, bf16_emu, auto; using %s", env,
+        mskv__why(why, cap, "MSKV_CPU_ISA=%.32s is not one of portable, avx2, avx512, neon, avx512_bf16, bf16_emu, amx_bf16, auto; using %s", env,
                   mskv_cpu_isa_name(best));
         return best;
     }
@@ -8284,6 +8505,97 @@ static void mskv__cpu_item_wide_bf16(const mskv__cpu_job *job, mskv__cpu_ws *ws,
     }
 }
 
+#if MSKV__CPU_AMX
+/* A bf16 pool's many-row item on the AMX path: the tiles of
+   mskv__cpu_item_wide (row tiles of job->rows, each key block packed once
+   for all of them, blocks on the key tile's grid from each run's start, a
+   tile skipping a block none of its rows sees), with S^T = K Q^T and
+   O^T = alpha O^T + V^T P^T as tile products on operands padded to whole
+   tiles with zeros: Q^T as pairs along head_dim ([Dh16][rp], Q scaled then
+   rounded), K rows as stored ([kb16][Dh16] pairs), P^T rounded into pairs
+   of keys in place of the scores ([kh16][rp]) and V^T into pairs of keys
+   ([D16][kh16]); the softmax is the AVX-512 path's. */
+static void mskv__cpu_item_wide_amx(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t r0, int32_t nr,
+                                    int32_t g, int32_t nt) {
+    const mskv__cpu_kern *kn = job->kern;
+    const int32_t D = job->dim, Dh = (D + 1) / 2, Dh16 = (Dh + 15) & ~15, D16 = (D + 15) & ~15, KS = ws->keys, TR = job->rows;
+    const size_t goff = (size_t)g * job->hstride, tq = (size_t)Dh16 * (size_t)TR, to = (size_t)D16 * (size_t)TR;
+    const uint16_t *kpool = (const uint16_t *)job->pools->k, *vpool = (const uint16_t *)job->pools->v;
+    uint32_t *kt = (uint32_t *)(void *)ws->k, *vt = (uint32_t *)(void *)ws->v;
+    int64_t lo = INT64_MAX, hi = 0, j0, end, tlo[MSKV__CPU_MAX_TILES], thi[MSKV__CPU_MAX_TILES];
+    int32_t r, d, jj, p, run, t;
+    for (t = 0; t < nt; t++) {
+        const int32_t tnr = nr - t * TR < TR ? nr - t * TR : TR, rp = (tnr + 15) & ~15;
+        uint32_t *qt = (uint32_t *)(void *)ws->q + (size_t)t * tq;
+        int64_t *klo = ws->klo + t * TR, *khi = ws->khi + t * TR;
+        float *row = ws->v;  /* scratch for one query row, D + 1 floats */
+        tlo[t] = INT64_MAX;
+        thi[t] = 0;
+        for (r = 0; r < rp; r++) {
+            if (r < tnr) {
+                mskv__cpu_query(job, sg, r0 + t * TR + r, g, row);
+                mskv__cpu_row_keys(job, sg, (r0 + t * TR + r) / job->group, &klo[r], &khi[r]);
+                if (klo[r] < khi[r]) {
+                    tlo[t] = klo[r] < tlo[t] ? klo[r] : tlo[t];
+                    thi[t] = khi[r] > thi[t] ? khi[r] : thi[t];
+                }
+            } else {
+                for (d = 0; d < D; d++) row[d] = 0.0f;
+            }
+            row[D] = 0.0f;
+            for (p = 0; p < Dh; p++) qt[(size_t)p * rp + r] = mskv__cpu_bf16_pair(row[2 * p], row[2 * p + 1]);
+            for (; p < Dh16; p++) qt[(size_t)p * rp + r] = 0;
+            ws->m[t * TR + r] = -INFINITY;
+            ws->l[t * TR + r] = 0.0f;
+        }
+        memset(ws->o + (size_t)t * to, 0, (size_t)D16 * (size_t)rp * sizeof(float));
+        lo = tlo[t] < lo ? tlo[t] : lo;
+        hi = thi[t] > hi ? thi[t] : hi;
+    }
+    mskv__amx_on();
+    for (run = 0; run < sg->nruns; run++) {
+        int64_t first = lo > sg->run_lo[run] ? lo : sg->run_lo[run];
+        end = hi < sg->run_hi[run] ? hi : sg->run_hi[run];
+        if (first >= end) continue;
+        for (j0 = sg->run_lo[run] + (first - sg->run_lo[run]) / KS * KS; j0 < end; j0 += KS) {
+            const int32_t kb = (int32_t)(end - j0 < KS ? end - j0 : KS), kb16 = (kb + 15) & ~15, kh16 = ((kb + 1) / 2 + 15) & ~15;
+            mskv__cpu_block_rows(job, sg, j0, kb, end, g, 1, ws->el);
+            for (jj = 0; jj < kb; jj++) {  /* once, for every tile: K rows as stored, V^T */
+                uint32_t *kd = kt + (size_t)jj * (size_t)Dh16;
+                ws->vrow16[jj] = vpool + ws->el[jj] + goff;
+                memcpy(kd, kpool + ws->el[jj] + goff, (size_t)D * 2);
+                memset((unsigned char *)kd + (size_t)D * 2, 0, (size_t)Dh16 * 4 - (size_t)D * 2);
+            }
+            memset(kt + (size_t)kb * (size_t)Dh16, 0, (size_t)(kb16 - kb) * (size_t)Dh16 * 4);
+            mskv__amx_pack_vt(vt, ws->vrow16, kb, D, kh16);
+            for (t = 0; t < nt; t++) {
+                const int32_t tnr = nr - t * TR < TR ? nr - t * TR : TR, rp = (tnr + 15) & ~15;
+                float *m = ws->m + t * TR, *l = ws->l + t * TR, *o = ws->o + (size_t)t * to;
+                int full;
+                if (thi[t] <= j0 || tlo[t] >= j0 + kb) continue;  /* no row of this tile sees the block */
+                full = mskv__cpu_block_mask(ws->klo + t * TR, ws->khi + t * TR, tnr, rp, j0, kb, ws->a, ws->z);
+                mskv__amx_gemm(kt, (size_t)Dh16, (const uint32_t *)(void *)ws->q + (size_t)t * tq, (size_t)rp, ws->s, (size_t)rp,
+                               kb16 / 16, rp / 16, Dh16 / 16, 0);                      /* S^T = K Q^T */
+                kn->softmax(ws->s, rp, kb, ws->a, ws->z, full, m, l, ws->alpha);
+                mskv__amx_pack_p(ws->s, rp, kb, kh16);
+                mskv__amx_scale_o(o, ws->alpha, D, rp);
+                mskv__amx_gemm(vt, (size_t)kh16, (const uint32_t *)(void *)ws->s, (size_t)rp, o, (size_t)rp, D16 / 16, rp / 16,
+                               kh16 / 16, 1);                                          /* O^T = alpha O^T + V^T P^T */
+            }
+        }
+    }
+    mskv__amx_off();
+    for (t = 0; t < nt; t++) {
+        const int32_t tnr = nr - t * TR < TR ? nr - t * TR : TR, rp = (tnr + 15) & ~15;
+        const float *o = ws->o + (size_t)t * to;
+        for (r = 0; r < tnr; r++) {
+            for (d = 0; d < D; d++) ws->v[d] = o[(size_t)d * rp + r];
+            mskv__cpu_emit(job, sg, r0 + t * TR + r, g, ws->v, ws->m[t * TR + r], ws->l[t * TR + r]);
+        }
+    }
+}
+#endif
+
 /* Many rows (video): Q and O transposed (a row per lane), so scores, softmax
    and P.V are all wide over rows and K/V rows are read as they are stored.
    Rows r < nr are t = r0 + r of the segment, for kv head g, in row tiles of
@@ -8300,6 +8612,13 @@ static void mskv__cpu_item_wide(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
     int64_t lo = INT64_MAX, hi = 0, j0, end, tlo[MSKV__CPU_MAX_TILES], thi[MSKV__CPU_MAX_TILES];
     int32_t r, d, jj, run, t, nt = (nr + TR - 1) / TR, nw = nr, small = 0;
     if (nt > 1 && nr - (nt - 1) * TR <= 8) { small = nr - (nt - 1) * TR; nt--; nw = nt * TR; }
+#if MSKV__CPU_AMX
+    if (kn->isa == MSKV_CPU_ISA_AMX_BF16 && job->pools->dtype == MSKV_DTYPE_BF16) {
+        mskv__cpu_item_wide_amx(job, ws, sg, r0, nw, g, nt);
+        if (small) mskv__cpu_item_rows(job, ws, sg, r0 + nw, small, g, 1, 0, sg->kv_len, NULL);
+        return;
+    }
+#endif
     if (kn->gemm_bf16 && job->pools->dtype == MSKV_DTYPE_BF16) {
         /* bf16 products: the same tiles, each packing its blocks itself */
         for (t = 0; t < nt; t++) mskv__cpu_item_wide_bf16(job, ws, sg, r0 + t * TR, nw - t * TR < TR ? nw - t * TR : TR, g);
@@ -8552,7 +8871,8 @@ static void mskv__cpu_attn_task(void *ctx, mskv__cpu_ws *ws) {
     mskv__cpu_work w;
     while (mskv__cpu_next(job, &w)) mskv__cpu_item(job, ws, &w);
 #if MSKV__CPU_X86
-    if (job->kern->isa == MSKV_CPU_ISA_AVX2 || job->kern->isa == MSKV_CPU_ISA_AVX512 || job->kern->isa == MSKV_CPU_ISA_AVX512_BF16)
+    if (job->kern->isa == MSKV_CPU_ISA_AVX2 || job->kern->isa == MSKV_CPU_ISA_AVX512 || job->kern->isa == MSKV_CPU_ISA_AVX512_BF16 ||
+        job->kern->isa == MSKV_CPU_ISA_AMX_BF16)
         mskv__cpu_zeroupper();
 #endif
 }

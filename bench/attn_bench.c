@@ -19,10 +19,11 @@
    Build and run:  make bench   (or: cc -std=c99 -O2 bench/attn_bench.c -lpthread -lm,
    the README's own build line: no -march flag is needed for the fast paths)
    An argument WORD runs only the shapes whose name holds it (decode, video, d64).
-   MSKV_CPU_ISA=portable|avx2|avx512|neon|avx512_bf16|bf16_emu forces a path (the limits
-   follow it). On the avx512_bf16 path the bf16 dot peak (vdpbf16ps, 12 chains a
-   thread) is measured beside the FMA peak and video shapes print both ratios;
-   elsewhere the bench says why it is not measured.
+   MSKV_CPU_ISA=portable|avx2|avx512|neon|avx512_bf16|bf16_emu|amx_bf16 forces a path
+   (the limits follow it). On the avx512_bf16 path the bf16 dot peak (vdpbf16ps, 12
+   chains a thread), on amx_bf16 the tile peak (TDPBF16PS, 4 tiles a thread), is
+   measured beside the FMA peak and video shapes print both ratios; elsewhere
+   the bench says why it is not measured.
    FLOPs count 4 * head_dim per (query head, visible key): Q.K and P.V.
    "cores busy" is process CPU time over wall time during the all-thread
    calls: on a shared machine it shows how many cores the threads got. */
@@ -115,6 +116,34 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static double ab_dpbf16_a
     return out[0] > 1e30f ? 0 : (double)n * 12 * 64;
 }
 #endif
+/* The tile peak of the amx_bf16 path: 4 independent accumulator tiles, each
+   TDPBF16PS 16 x 16 outputs x 16 pairs x 2 products x (multiply + add) =
+   16,384 flops, on operands that stay in the tile registers. */
+#if MSKV__CPU_AMX
+static double ab_dp_amx(long n) {
+    static const uint32_t one[256] = {0};
+    float out[256];
+    long i;
+    mskv__amx_on();
+    MSKV__AMX_LOAD(4, one, 64);
+    MSKV__AMX_LOAD(5, one, 64);
+    MSKV__AMX_LOAD(6, one, 64);
+    MSKV__AMX_LOAD(7, one, 64);
+    MSKV__AMX_ZERO(0);
+    MSKV__AMX_ZERO(1);
+    MSKV__AMX_ZERO(2);
+    MSKV__AMX_ZERO(3);
+    for (i = 0; i < n / 8; i++) {
+        MSKV__AMX_DP(0, 4, 6);
+        MSKV__AMX_DP(1, 4, 7);
+        MSKV__AMX_DP(2, 5, 6);
+        MSKV__AMX_DP(3, 5, 7);
+    }
+    MSKV__AMX_STORE(0, out, 64);
+    mskv__amx_off();
+    return out[0] != 0.0f ? 0 : (double)(n / 8) * 4 * 16384;
+}
+#endif
 __attribute__((target("avx2,fma"))) static double ab_fma_avx2(long n) {
     const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-3f);
     float out[8];
@@ -188,7 +217,10 @@ static void *ab_fma_thread(void *p) {
     ab_thread_arg *a = (ab_thread_arg *)p;
     long n = (long)a->n;
 #if defined(__x86_64__) || defined(__i386__)
-    if (a->isa == MSKV_CPU_ISA_AVX512 || a->isa == MSKV_CPU_ISA_AVX512_BF16) { a->flops = ab_fma_avx512(n); return NULL; }
+    if (a->isa == MSKV_CPU_ISA_AVX512 || a->isa == MSKV_CPU_ISA_AVX512_BF16 || a->isa == MSKV_CPU_ISA_AMX_BF16) {
+        a->flops = ab_fma_avx512(n);
+        return NULL;
+    }
     if (a->isa == MSKV_CPU_ISA_AVX2) { a->flops = ab_fma_avx2(n); return NULL; }
 #endif
 #if defined(__aarch64__)
@@ -198,12 +230,15 @@ static void *ab_fma_thread(void *p) {
     return NULL;
 }
 
-/* The bf16 dot peak, on the avx512_bf16 path only (ab_limits.bf16_why says why not). */
+/* The bf16 peak, on the avx512_bf16 and amx_bf16 paths only (ab_limits.bf16_why says why not). */
 static void *ab_dp_thread(void *p) {
     ab_thread_arg *a = (ab_thread_arg *)p;
     a->flops = 0;
 #if MSKV__CPU_BF16_X86
     if (a->isa == MSKV_CPU_ISA_AVX512_BF16) a->flops = ab_dpbf16_avx512((long)a->n);
+#endif
+#if MSKV__CPU_AMX
+    if (a->isa == MSKV_CPU_ISA_AMX_BF16) a->flops = ab_dp_amx((long)a->n);
 #endif
     return NULL;
 }
@@ -261,7 +296,10 @@ static void *ab_read_thread(void *p) {
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
     size_t i;
 #if defined(__x86_64__) || defined(__i386__)
-    if (a->isa == MSKV_CPU_ISA_AVX512 || a->isa == MSKV_CPU_ISA_AVX512_BF16) { a->sum = ab_read_avx512(b, a->n); return NULL; }
+    if (a->isa == MSKV_CPU_ISA_AVX512 || a->isa == MSKV_CPU_ISA_AVX512_BF16 || a->isa == MSKV_CPU_ISA_AMX_BF16) {
+        a->sum = ab_read_avx512(b, a->n);
+        return NULL;
+    }
     if (a->isa == MSKV_CPU_ISA_AVX2) { a->sum = ab_read_avx2(b, a->n); return NULL; }
 #endif
 #if defined(__aarch64__)
@@ -309,7 +347,7 @@ typedef struct ab_limits {
     float *buf;          /* the read-bandwidth buffer */
     size_t bytes;
     double fma, fma_core, bw;
-    double bf16;         /* the bf16 dot peak (avx512_bf16 path), GFLOP/s; 0 when bf16_why */
+    double bf16;         /* the bf16 peak (avx512_bf16: vdpbf16ps, amx_bf16: tiles), GFLOP/s; 0 when bf16_why */
     const char *bf16_why;
     int runs;
 } ab_limits;
@@ -342,7 +380,7 @@ static int ab_limits_init(ab_limits *l, int32_t threads, mskv_cpu_isa isa) {
     l->isa = isa;
     if (isa == MSKV_CPU_ISA_BF16_EMU)
         l->bf16_why = "the bf16_emu path emulates vdpbf16ps in plain C: no instruction peak to compare with";
-    else if (isa != MSKV_CPU_ISA_AVX512_BF16)
+    else if (isa != MSKV_CPU_ISA_AVX512_BF16 && isa != MSKV_CPU_ISA_AMX_BF16)
         l->bf16_why = mskv_cpu_isa_available(MSKV_CPU_ISA_AVX512_BF16)
                           ? "the path in use has no bf16 products (MSKV_CPU_ISA forces another)"
                           : "this CPU or build lacks AVX512_BF16 (vdpbf16ps): speed on such hardware is unmeasured";
@@ -642,8 +680,17 @@ int main(int argc, char **argv) {
     }
     if (mskv_cpu_create(NULL, &probe) != MSKV_SUCCESS || mskv_cpu_info_get(probe, &info) != MSKV_SUCCESS) return 1;
     mskv_cpu_destroy(probe);
+    {   /* a path named but not run here (the library logs it and runs AUTO's): say so, measure nothing */
+        const char *want = getenv("MSKV_CPU_ISA");
+        if (want && *want && strcmp(want, "auto") != 0 && strcmp(want, mskv_cpu_isa_name(info.isa)) != 0) {
+            printf("attn_bench: MSKV_CPU_ISA=%s cannot run here (this CPU or build lacks the path; AUTO would run %s): nothing measured\n",
+                   want, mskv_cpu_isa_name(info.isa));
+            return 0;
+        }
+    }
 #if defined(__x86_64__) || defined(__i386__)
-    base_simd = info.isa == MSKV_CPU_ISA_AVX2 || info.isa == MSKV_CPU_ISA_AVX512 || info.isa == MSKV_CPU_ISA_AVX512_BF16;
+    base_simd = info.isa == MSKV_CPU_ISA_AVX2 || info.isa == MSKV_CPU_ISA_AVX512 || info.isa == MSKV_CPU_ISA_AVX512_BF16 ||
+                info.isa == MSKV_CPU_ISA_AMX_BF16;
 #endif
     if (!ab_limits_init(&lim, threads, info.isa)) { fprintf(stderr, "out of memory\n"); return 1; }
     printf("attn_bench: paged attention, bf16 storage and Q/O, f32 accumulation; %d threads; ISA path %s\n", (int)threads,
@@ -653,6 +700,8 @@ int main(int argc, char **argv) {
            "calls\n", (int)threads, info.isa == MSKV_CPU_ISA_PORTABLE || info.isa == MSKV_CPU_ISA_BF16_EMU ? "scalar" : mskv_cpu_isa_name(info.isa),
            (double)lim.bytes / 1048576.0, rounds);
     if (lim.bf16_why) printf("bf16 dot peak: not measured (%s)\n", lim.bf16_why);
+    else if (info.isa == MSKV_CPU_ISA_AMX_BF16)
+        printf("bf16 dot peak: AMX tiles (TDPBF16PS), 4 accumulator tiles a thread, same threads and runs as the FMA peak\n");
     else printf("bf16 dot peak: vdpbf16ps, 12 chains a thread, same threads and runs as the FMA peak\n");
     printf("baseline: row-at-a-time f16 dot attention written here (llama.cpp-style; %s), same threads, same pages\n",
            base_simd ? "F16C + FMA, 8 lanes" : "scalar");

@@ -1000,11 +1000,11 @@ TEST(bad_input_cpu_backend_functions_return_their_codes_and_write_nothing) {
     MTB_CD(MSKV_ERROR_INVALID_ARGUMENT, cd.allocator.alloc = mtb_calloc);
     MTB_CD(MSKV_ERROR_INVALID_ARGUMENT, cd.allocator.free = mtb_cfree);
     MTB_CD(MSKV_ERROR_INVALID_ARGUMENT, cd.isa = (mskv_cpu_isa)-1);
-    MTB_CD(MSKV_ERROR_INVALID_ARGUMENT, cd.isa = (mskv_cpu_isa)(MSKV_CPU_ISA_BF16_EMU + 1));  /* past the last path */
+    MTB_CD(MSKV_ERROR_INVALID_ARGUMENT, cd.isa = (mskv_cpu_isa)(MSKV_CPU_ISA_AMX_BF16 + 1));  /* past the last path */
     {   /* a path this build or CPU lacks (x86 has no NEON; arm64 no AVX2) */
         mskv_cpu_isa missing = MSKV_CPU_ISA_AUTO;
         int k;
-        for (k = MSKV_CPU_ISA_PORTABLE; k <= MSKV_CPU_ISA_BF16_EMU && missing == MSKV_CPU_ISA_AUTO; k++)
+        for (k = MSKV_CPU_ISA_PORTABLE; k <= MSKV_CPU_ISA_AMX_BF16 && missing == MSKV_CPU_ISA_AUTO; k++)
             if (!mskv_cpu_isa_available((mskv_cpu_isa)k)) missing = (mskv_cpu_isa)k;
         if (missing != MSKV_CPU_ISA_AUTO) MTB_CD(MSKV_ERROR_UNSUPPORTED, cd.isa = missing);
         else mt_fail(__FILE__, __LINE__, "every instruction-set path is available: no row for UNSUPPORTED");

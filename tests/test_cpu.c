@@ -1659,9 +1659,9 @@ TEST(one_thread_cpu_serialises_concurrent_callers) {
 
 /* ---- instruction-set paths --------------------------------------------------------- */
 
-#define TCPU_NPATHS 6
+#define TCPU_NPATHS 7
 static const mskv_cpu_isa tcpu_paths[TCPU_NPATHS] = {MSKV_CPU_ISA_PORTABLE, MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_AVX512, MSKV_CPU_ISA_NEON,
-                                                     MSKV_CPU_ISA_AVX512_BF16, MSKV_CPU_ISA_BF16_EMU};
+                                                     MSKV_CPU_ISA_AVX512_BF16, MSKV_CPU_ISA_BF16_EMU, MSKV_CPU_ISA_AMX_BF16};
 
 /* Keeps the last message a pool's logger received. */
 static char tcpu_logged[256];
@@ -1702,7 +1702,8 @@ TEST(cpu_info_names_the_path_in_use) {
     EXPECT_TRUE(strcmp(mskv_cpu_isa_name(MSKV_CPU_ISA_AVX512_BF16), "avx512_bf16") == 0);
     EXPECT_TRUE(strcmp(mskv_cpu_isa_name(MSKV_CPU_ISA_BF16_EMU), "bf16_emu") == 0);
     EXPECT_TRUE(mskv_cpu_isa_available(MSKV_CPU_ISA_BF16_EMU));  /* plain C: everywhere */
-    EXPECT_TRUE(strcmp(mskv_cpu_isa_name((mskv_cpu_isa)7), "unknown") == 0);
+    EXPECT_TRUE(strcmp(mskv_cpu_isa_name(MSKV_CPU_ISA_AMX_BF16), "amx_bf16") == 0);
+    EXPECT_TRUE(strcmp(mskv_cpu_isa_name((mskv_cpu_isa)8), "unknown") == 0);
 }
 
 TEST(cpu_create_refuses_a_path_this_machine_lacks_and_logs_why) {
@@ -1719,11 +1720,11 @@ TEST(cpu_create_refuses_a_path_this_machine_lacks_and_logs_why) {
     EXPECT_EQ(MSKV_ERROR_UNSUPPORTED, mskv_cpu_create(&cd, &cpu));
     EXPECT_TRUE(cpu == NULL);
     EXPECT_TRUE(strstr(tcpu_logged, mskv_cpu_isa_name(tcpu_paths[lacking])) != NULL);
-    cd.isa = (mskv_cpu_isa)(MSKV_CPU_ISA_BF16_EMU + 1);
+    cd.isa = (mskv_cpu_isa)(MSKV_CPU_ISA_AMX_BF16 + 1);
     tcpu_logged[0] = 0;
     EXPECT_EQ(MSKV_ERROR_INVALID_ARGUMENT, mskv_cpu_create(&cd, &cpu));
     EXPECT_TRUE(cpu == NULL);
-    EXPECT_TRUE(strstr(tcpu_logged, "desc->isa = 7") != NULL);  /* the field and its value */
+    EXPECT_TRUE(strstr(tcpu_logged, "desc->isa = 8") != NULL);  /* the field and its value */
 }
 
 #if !defined(_WIN32)
@@ -1876,14 +1877,14 @@ static int tcpu_xinuse(uint64_t *out) {
    which made the caller's SSE code after each call several times slower. */
 TEST(attention_on_an_avx_path_returns_with_the_upper_vector_halves_clear) {
 #ifdef TCPU_XINUSE
-    static const mskv_cpu_isa isas[3] = {MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_AVX512, MSKV_CPU_ISA_AVX512_BF16};
+    static const mskv_cpu_isa isas[4] = {MSKV_CPU_ISA_AVX2, MSKV_CPU_ISA_AVX512, MSKV_CPU_ISA_AVX512_BF16, MSKV_CPU_ISA_AMX_BF16};
     tcpu_seq seqs[2] = {{9, 97, 97, 0}, {1, 700, 700, 0}};
     uint64_t seed = mt_seed(), state = 0;
     int i, ran = 0;
     __asm__ volatile("vzeroupper");
     if (!tcpu_xinuse(&state)) SKIP("this CPU cannot report which register state is in use (no XGETBV with ecx = 1)");
     if (state & 0x44u) SKIP("this CPU reports the upper vector halves in use even right after vzeroupper (XINUSE 0x%llx)", (unsigned long long)state);
-    for (i = 0; i < 3; i++) {
+    for (i = 0; i < 4; i++) {
         mskv_cpu_desc cd;
         mskv_cpu *cpu = NULL;
         tcpu_fix f;
@@ -1900,6 +1901,8 @@ TEST(attention_on_an_avx_path_returns_with_the_upper_vector_halves_clear) {
         EXPECT_TRUE(tcpu_run(cpu, &f, &at, q, &o, &lse));
         ASSERT_TRUE(tcpu_xinuse(&state));
         if (state & 0x44u) mt_fail(__FILE__, __LINE__, "%s path: XINUSE 0x%llx after the call: upper vector halves left dirty", mskv_cpu_isa_name(isas[i]), (unsigned long long)state);
+        /* the AMX path gives its tiles back (tilerelease): no tile configuration or data in use */
+        if (state & 0x60000u) mt_fail(__FILE__, __LINE__, "%s path: XINUSE 0x%llx after the call: tile state left in use", mskv_cpu_isa_name(isas[i]), (unsigned long long)state);
         ran++;
         free(q); free(o); free(lse);
         tcpu_fix_free(&f);
@@ -1971,6 +1974,12 @@ TEST(avx512_bf16_path_passes_the_attention_tests) {
     tcpu_suite_on(MSKV_CPU_ISA_AVX512_BF16);
 }
 
+TEST(amx_bf16_path_passes_the_attention_tests) {
+    if (!mskv_cpu_isa_available(MSKV_CPU_ISA_AMX_BF16))
+        SKIP("the AMX-BF16 path cannot run here: this CPU lacks AVX-512 BW, AMX-TILE or AMX-BF16, the kernel did not lend the tile registers (Linux 5.16 on), or the build has none (x86-64 Linux with GCC 11 / Clang 12 on, not MSKV_CPU_NO_SIMD or MSKV_CPU_NO_AMX)");
+    tcpu_suite_on(MSKV_CPU_ISA_AMX_BF16);
+}
+
 TEST(neon_path_passes_the_attention_tests) {
     if (!mskv_cpu_isa_available(MSKV_CPU_ISA_NEON))
         SKIP("the NEON path cannot run here: not an arm64 build (or MSKV_CPU_NO_SIMD)");
@@ -1989,7 +1998,7 @@ static uint32_t tcpu_fbits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
    (a video-sized row block: the wide kernels) reads out one case exactly.
    K = [2^-12, 1, 2^-12, 2^100]; the portable f32 path is the control. */
 TEST(bf16_paths_add_each_pair_odd_element_first_and_treat_denormals_as_zero) {
-    static const mskv_cpu_isa isas[3] = {MSKV_CPU_ISA_PORTABLE, MSKV_CPU_ISA_BF16_EMU, MSKV_CPU_ISA_AVX512_BF16};
+    static const mskv_cpu_isa isas[4] = {MSKV_CPU_ISA_PORTABLE, MSKV_CPU_ISA_BF16_EMU, MSKV_CPU_ISA_AVX512_BF16, MSKV_CPU_ISA_AMX_BF16};
     /* q per case, and the score a bf16 path / the f32 path must give */
     const float t12 = ldexpf(1.0f, -12), t24 = ldexpf(1.0f, -24);
     const float qs[6][4] = {
@@ -2008,7 +2017,7 @@ TEST(bf16_paths_add_each_pair_odd_element_first_and_treat_denormals_as_zero) {
     int i, h, d, ran = 0;
     for (h = 0; h < 16; h++)
         for (d = 0; d < 4; d++) q[h * 4 + d] = qs[h < 6 ? h : 5][d];
-    for (i = 0; i < 3; i++) {
+    for (i = 0; i < 4; i++) {
         mskv_cpu_desc cd;
         mskv_cpu *cpu = NULL;
         tcpu_fix f;
@@ -2031,9 +2040,9 @@ TEST(bf16_paths_add_each_pair_odd_element_first_and_treat_denormals_as_zero) {
         ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_attention_pools(cpu, &pools, &f.plan, &at, q, o, lse));
         for (h = 0; h < 16; h++) {
             float want = i == 0 ? want_f32[h < 6 ? h : 5] : want_bf16[h < 6 ? h : 5], w32 = want_f32[h < 6 ? h : 5];
-            if (i == 2) {
-                /* the instruction itself: the emulation's bits are Intel's description, which no run here has
-                   compared with the hardware; the hardware must be within bf16 rounding of the f32 score */
+            if (i >= 2) {
+                /* the instructions themselves (vdpbf16ps, TDPBF16PS): the emulation's bits are Intel's description of
+                   the first; the hardware must be within bf16 rounding of the f32 score */
                 if (!(fabsf(lse[h] - w32) <= ldexpf(1.0f, -8) * fabsf(w32) + ldexpf(1.0f, -20)))
                     mt_fail(__FILE__, __LINE__, "%s path, head %d: score %.9g, f32 %.9g (emulation %.9g)", mskv_cpu_isa_name(isas[i]), h,
                             lse[h], w32, want);
@@ -2050,6 +2059,72 @@ TEST(bf16_paths_add_each_pair_odd_element_first_and_treat_denormals_as_zero) {
         mskv_cpu_destroy(cpu);
     }
     EXPECT_GT(ran, 0);  /* bf16_emu runs everywhere */
+}
+
+/* The AMX path on a bf16 video call: within the bf16 tolerance of the float64
+   reference, not the AVX-512 path's bits (the tiles ran), and on an f32 pool
+   exactly the AVX-512 path's bits (nothing else changes). Rows enough for
+   several tiles of an item and a partial last one, head dims that fill the
+   tiles (128, 64) and that leave them padded (63, 40, 8), an odd last key
+   block (301 keys) and a causal mask. */
+TEST(amx_bf16_path_stays_within_the_bf16_tolerance_and_changes_only_bf16_pools) {
+    static const int32_t dims[5] = {128, 64, 63, 40, 8};
+    static const mskv_dtype pts[2] = {MSKV_DTYPE_BF16, MSKV_DTYPE_F32};
+    tcpu_seq seqs[2] = {{300, 301, 301, 0}, {24, 150, 90, 20}};
+    uint64_t seed = mt_seed();  /* printed by the harness */
+    int di, pi;
+    if (!mskv_cpu_isa_available(MSKV_CPU_ISA_AMX_BF16))
+        SKIP("the AMX-BF16 path cannot run here (this CPU, kernel or build lacks it; see amx_bf16_path_passes_the_attention_tests)");
+    for (di = 0; di < 5; di++)
+        for (pi = 0; pi < 2; pi++) {
+            const int32_t D = dims[di];
+            mskv_cpu_desc cd;
+            mskv_cpu *amx = NULL, *ref = NULL;
+            tcpu_fix f;
+            mskv_attn at = tcpu_attn(4, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
+            float *oa = NULL, *la = NULL, *o5 = NULL, *l5 = NULL;
+            double *ro, *rl, err = 0, err5 = 0;
+            size_t rows, n, x;
+            void *q;
+            memset(&cd, 0, sizeof cd);
+            cd.num_threads = 2;
+            cd.isa = MSKV_CPU_ISA_AMX_BF16;
+            ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &amx));
+            cd.isa = MSKV_CPU_ISA_AVX512;
+            ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &ref));
+            ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, D, pts[pi], seqs, 2, 1, 1, 2, seed + (uint64_t)(di * 2 + pi)));
+            rows = (size_t)f.plan.total_q * 4;
+            n = rows * (size_t)D;
+            q = tcpu_queries(&f, 4, MSKV_DTYPE_F32, seed + 7);
+            ro = (double *)malloc(n * sizeof(double) + 8);
+            rl = (double *)malloc(rows * sizeof(double) + 8);
+            ASSERT_TRUE(q != NULL && ro != NULL && rl != NULL);
+            EXPECT_TRUE(tcpu_run(amx, &f, &at, q, &oa, &la));
+            EXPECT_TRUE(tcpu_run(ref, &f, &at, q, &o5, &l5));
+            tcpu_reference(&f, &at, q, ro, rl);
+            for (x = 0; x < n; x++) {
+                double s = fabs(ro[x]) > 1 ? fabs(ro[x]) : 1;
+                err = fabs(oa[x] - ro[x]) / s > err ? fabs(oa[x] - ro[x]) / s : err;
+                err5 = fabs(o5[x] - ro[x]) / s > err5 ? fabs(o5[x] - ro[x]) / s : err5;
+            }
+            for (x = 0; x < rows; x++) {
+                double s = fabs(rl[x]) > 1 ? fabs(rl[x]) : 1;
+                err = fabs(la[x] - rl[x]) / s > err ? fabs(la[x] - rl[x]) / s : err;
+            }
+            printf("  %s pool, head_dim %d: max error vs float64, amx_bf16 %.3g, avx512 %.3g\n",
+                   pts[pi] == MSKV_DTYPE_BF16 ? "bf16" : "f32", (int)D, err, err5);
+            if (pts[pi] == MSKV_DTYPE_BF16) {
+                EXPECT_TRUE(err <= tcpu_tol(MSKV_DTYPE_BF16));
+                EXPECT_TRUE(memcmp(oa, o5, n * sizeof(float)) != 0);  /* Q and P rounded: the tile products ran */
+            } else {
+                EXPECT_TRUE(memcmp(oa, o5, n * sizeof(float)) == 0);
+                EXPECT_TRUE(memcmp(la, l5, rows * sizeof(float)) == 0);
+            }
+            free(q); free(ro); free(rl); free(oa); free(la); free(o5); free(l5);
+            tcpu_fix_free(&f);
+            mskv_cpu_destroy(amx);
+            mskv_cpu_destroy(ref);
+        }
 }
 
 /* A bf16 video call on bf16_emu: within the bf16 tolerance of the float64

@@ -13,7 +13,7 @@ CpuInfo.__doc__ = ("mskv_cpu_info: num_threads, isa (the CpuIsa in use, never AU
 
 
 def cpu_isa_name(isa: Union[CpuIsa, int, str]) -> str:
-    """"auto", "portable", "avx2", "avx512", "neon", "avx512_bf16" or "bf16_emu" (mskv_cpu_isa_name)."""
+    """"auto", "portable", "avx2", "avx512", "neon", "avx512_bf16", "bf16_emu" or "amx_bf16" (mskv_cpu_isa_name)."""
     return _ffi.lib.mskv_cpu_isa_name(CpuIsa.parse(isa, "isa")).decode()
 
 

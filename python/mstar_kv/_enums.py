@@ -71,7 +71,7 @@ Location = _make("Location", enum.IntEnum, "MSKV_", ["RESIDENT", "OFFLOADED"],
 RopeStyle = _make("RopeStyle", enum.IntEnum, "MSKV_ROPE_", ["HALF", "INTERLEAVED"], doc="RoPE pair layouts")
 LogLevel = _make("LogLevel", enum.IntEnum, "MSKV_LOG_", ["DEBUG", "INFO", "WARN", "ERROR"], doc="Log levels")
 CpuIsa = _make("CpuIsa", enum.IntEnum, "MSKV_CPU_ISA_", ["AUTO", "PORTABLE", "AVX2", "AVX512", "NEON",
-                                                             "AVX512_BF16", "BF16_EMU"],
+                                                             "AVX512_BF16", "BF16_EMU", "AMX_BF16"],
                doc="Instruction-set paths of the CPU attention kernels")
 AttnPath = _make("AttnPath", enum.IntEnum, "MSKV_CUDA_ATTN_", ["AUTO", "MMA", "WGMMA"],
                  doc="Which GPU kernel computes attention")

@@ -818,7 +818,7 @@ static void fo_step(fo_state *s) {
     case 38: case 39: fo_cpu_calls(s, 0); break;
     case 40: case 41: fo_cpu_calls(s, 1); break;
     case 42: {
-        static const char *env[] = { "portable", "avx2", "avx512", "neon", "auto", "bogus", "", "avx512_bf16", "bf16_emu" };
+        static const char *env[] = { "portable", "avx2", "avx512", "neon", "auto", "bogus", "", "avx512_bf16", "bf16_emu", "amx_bf16" };
         mskv_cpu_desc cd;
         mskv_cpu_info ci;
         uint8_t e = fz_u8(&s->in);
@@ -827,7 +827,7 @@ static void fo_step(fo_state *s) {
         cd.allocator = fz_allocator();
         cd.num_threads = (int32_t)(fz_u8(&s->in) % 3);
         cd.workspace_bytes = fz_u8(&s->in) < 200 ? 0 : fz_wildsize(&s->in);
-        cd.isa = fz_u8(&s->in) < 200 ? (mskv_cpu_isa)(fz_u8(&s->in) % 8) : (mskv_cpu_isa)fz_wild32(&s->in);
+        cd.isa = fz_u8(&s->in) < 200 ? (mskv_cpu_isa)(fz_u8(&s->in) % 9) : (mskv_cpu_isa)fz_wild32(&s->in);
         cd.log = fo_on_log;
         /* the environment's choice too (AUTO reads it); reset for every input */
         if (e < 9 * 16) setenv("MSKV_CPU_ISA", env[e % 9], 1);
