@@ -7019,25 +7019,54 @@ static MSKV__CPU_AVX512 __m512i mskv__amx_bf16_hi(__m512 x) {
     return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
 }
 
-/* P^T (f32 [kb][rp], the softmax) into bf16 pairs along the key axis, in
-   place: row p becomes pairs (P[2p], P[2p + 1]) (a missing 2p + 1 as 0),
-   rows kh .. kh16 - 1 zero. Row p is written after rows 2p and 2p + 1 are
-   read, and no later pair reads a row under p. */
-static MSKV__CPU_AVX512 void mskv__amx_pack_p(float *S, int32_t rp, int32_t kb, int32_t kh16) {
+/* The online softmax of mskv__cpu_softmax_avx512 (running max m and sum l
+   per row, alpha the rescale of O) that leaves P^T as bf16 pairs along the
+   key axis in place of the scores: row p becomes pairs (P[2p], P[2p + 1])
+   (a missing 2p + 1 as 0) as soon as its two exponentials are made, rows kh
+   .. kh16 - 1 zero. Row p is written after rows 2p and 2p + 1 are read, and
+   no later pair reads a row under p. */
+static MSKV__CPU_AVX512 void mskv__amx_softmax_pack(float *S, int32_t rp, int32_t kb, int32_t kh16, const int32_t *a, const int32_t *z,
+                                                    int full, float *m, float *l, float *alpha) {
     uint32_t *P = (uint32_t *)(void *)S;
     const __m512i lo16 = _mm512_set1_epi32(0xffff), hi16 = _mm512_set1_epi32((int)0xffff0000u);
     const int32_t kh = (kb + 1) / 2;
-    int32_t p, v;
-    for (p = 0; p < kh; p++) {
-        const float *sa = S + (size_t)(2 * p) * (size_t)rp, *sb = sa + rp;
-        const int odd = 2 * p + 1 < kb;
-        for (v = 0; v < rp; v += 16) {
-            __m512i a = _mm512_and_si512(_mm512_srli_epi32(mskv__amx_bf16_hi(_mm512_loadu_ps(sa + v)), 16), lo16);
-            __m512i b = odd ? _mm512_and_si512(mskv__amx_bf16_hi(_mm512_loadu_ps(sb + v)), hi16) : _mm512_setzero_si512();
-            _mm512_storeu_si512((void *)(P + (size_t)p * (size_t)rp + v), _mm512_or_si512(a, b));
+    int32_t v, j, p;
+    for (v = 0; v < rp; v += 16) {
+        __m512 mo = _mm512_loadu_ps(m + v), mx = _mm512_set1_ps(-INFINITY), mn, al, sum = _mm512_setzero_ps();
+        __m512i av = full ? _mm512_setzero_si512() : _mm512_loadu_si512((const void *)(a + v));
+        __m512i zv = full ? _mm512_set1_epi32(kb) : _mm512_loadu_si512((const void *)(z + v));
+        if (full)
+            for (j = 0; j < kb; j++) mx = _mm512_max_ps(mx, _mm512_loadu_ps(S + (size_t)j * rp + v));
+        else
+            for (j = 0; j < kb; j++) {
+                __m512i jv = _mm512_set1_epi32(j);
+                __mmask16 vis = _mm512_cmp_epi32_mask(av, jv, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(jv, zv, _MM_CMPINT_LT);
+                mx = _mm512_mask_max_ps(mx, vis, mx, _mm512_loadu_ps(S + (size_t)j * rp + v));
+            }
+        mn = _mm512_max_ps(mo, mx);
+        al = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mo, mn, _CMP_EQ_OQ), mskv__cpu_exp512(_mm512_sub_ps(mo, mn)), _mm512_set1_ps(1.0f));
+        for (p = 0; p < kh; p++) {
+            const __m512i j0v = _mm512_set1_epi32(2 * p), j1v = _mm512_set1_epi32(2 * p + 1);
+            const __mmask16 vis0 = _mm512_cmp_epi32_mask(av, j0v, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(j0v, zv, _MM_CMPINT_LT);
+            const __mmask16 vis1 = _mm512_cmp_epi32_mask(av, j1v, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(j1v, zv, _MM_CMPINT_LT);
+            const float *s0 = S + (size_t)(2 * p) * rp + v;
+            __m512 p0 = _mm512_maskz_mov_ps(vis0, mskv__cpu_exp512(_mm512_sub_ps(_mm512_loadu_ps(s0), mn))), p1;
+            sum = _mm512_add_ps(sum, p0);
+            if (2 * p + 1 < kb) {
+                p1 = _mm512_maskz_mov_ps(vis1, mskv__cpu_exp512(_mm512_sub_ps(_mm512_loadu_ps(s0 + rp), mn)));
+                sum = _mm512_add_ps(sum, p1);
+            } else {
+                p1 = _mm512_setzero_ps();
+            }
+            _mm512_storeu_si512((void *)(P + (size_t)p * (size_t)rp + v),
+                                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(mskv__amx_bf16_hi(p0), 16), lo16),
+                                                _mm512_and_si512(mskv__amx_bf16_hi(p1), hi16)));
         }
+        for (; p < kh16; p++) _mm512_storeu_si512((void *)(P + (size_t)p * (size_t)rp + v), _mm512_setzero_si512());
+        _mm512_storeu_ps(l + v, _mm512_fmadd_ps(_mm512_loadu_ps(l + v), al, sum));
+        _mm512_storeu_ps(m + v, mn);
+        _mm512_storeu_ps(alpha + v, al);
     }
-    for (; p < kh16; p++) memset(P + (size_t)p * (size_t)rp, 0, (size_t)rp * 4);
 }
 
 /* 16 x 16 32-bit transpose: r[i] holds row i; on return r[i] holds column i. */
@@ -7094,11 +7123,13 @@ static MSKV__CPU_AVX512 void mskv__amx_pack_vt(uint32_t *vt, const uint16_t *con
         }
 }
 
-/* O^T[d][r] *= alpha[r] for d < D. */
+/* O^T[d][r] *= alpha[r] for d < D (nothing to do where alpha is 1: a row
+   whose running max did not move). */
 static MSKV__CPU_AVX512 void mskv__amx_scale_o(float *O, const float *alpha, int32_t D, int32_t rp) {
     int32_t d, v;
     for (v = 0; v < rp; v += 16) {
         const __m512 a = _mm512_loadu_ps(alpha + v);
+        if (_mm512_cmp_ps_mask(a, _mm512_set1_ps(1.0f), _CMP_EQ_OQ) == 0xffff) continue;
         for (d = 0; d < D; d++) _mm512_storeu_ps(O + (size_t)d * (size_t)rp + v, _mm512_mul_ps(_mm512_loadu_ps(O + (size_t)d * (size_t)rp + v), a));
     }
 }
@@ -8514,10 +8545,9 @@ static void mskv__cpu_item_wide_bf16(const mskv__cpu_job *job, mskv__cpu_ws *ws,
    tiles with zeros: Q^T as pairs along head_dim ([Dh16][rp], Q scaled then
    rounded), K rows as stored ([kb16][Dh16] pairs), P^T rounded into pairs
    of keys in place of the scores ([kh16][rp]) and V^T into pairs of keys
-   ([D16][kh16]); the softmax is the AVX-512 path's. */
+   ([D16][kh16]); the softmax is the AVX-512 path's, writing P^T's pairs. */
 static void mskv__cpu_item_wide_amx(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t r0, int32_t nr,
                                     int32_t g, int32_t nt) {
-    const mskv__cpu_kern *kn = job->kern;
     const int32_t D = job->dim, Dh = (D + 1) / 2, Dh16 = (Dh + 15) & ~15, D16 = (D + 15) & ~15, KS = ws->keys, TR = job->rows;
     const size_t goff = (size_t)g * job->hstride, tq = (size_t)Dh16 * (size_t)TR, to = (size_t)D16 * (size_t)TR;
     const uint16_t *kpool = (const uint16_t *)job->pools->k, *vpool = (const uint16_t *)job->pools->v;
@@ -8576,8 +8606,7 @@ static void mskv__cpu_item_wide_amx(const mskv__cpu_job *job, mskv__cpu_ws *ws, 
                 full = mskv__cpu_block_mask(ws->klo + t * TR, ws->khi + t * TR, tnr, rp, j0, kb, ws->a, ws->z);
                 mskv__amx_gemm(kt, (size_t)Dh16, (const uint32_t *)(void *)ws->q + (size_t)t * tq, (size_t)rp, ws->s, (size_t)rp,
                                kb16 / 16, rp / 16, Dh16 / 16, 0);                      /* S^T = K Q^T */
-                kn->softmax(ws->s, rp, kb, ws->a, ws->z, full, m, l, ws->alpha);
-                mskv__amx_pack_p(ws->s, rp, kb, kh16);
+                mskv__amx_softmax_pack(ws->s, rp, kb, kh16, ws->a, ws->z, full, m, l, ws->alpha);
                 mskv__amx_scale_o(o, ws->alpha, D, rp);
                 mskv__amx_gemm(vt, (size_t)kh16, (const uint32_t *)(void *)ws->s, (size_t)rp, o, (size_t)rp, D16 / 16, rp / 16,
                                kh16 / 16, 1);                                          /* O^T = alpha O^T + V^T P^T */
