@@ -109,7 +109,7 @@ PYTHON  ?= python3
 VENV    := $(B)/venv
 PY_SRC  := $(wildcard python/mstar_kv/*.py python/mstar_kv/*.c) python/setup.py python/pyproject.toml
 
-.PHONY: all test tests demo bench gpu-check embed clean python install uninstall install-python check-neon fuzz stress fuzz-corpus kernel-stats cuda-tools
+.PHONY: all test tests demo bench gpu-check embed clean python install uninstall install-python check-neon fuzz sweep stress fuzz-corpus kernel-stats cuda-tools
 all: tests $(B)/demo
 
 tests: $(TEST_BINS) $(B)/tests-api $(B)/tests-clang-cxx.checked $(VIDEO_TEST) $(B)/demo $(B)/demo-emu $(B)/static-check-c $(B)/static-check-cxx \
@@ -279,6 +279,11 @@ test:
 fuzz: $(FUZZ_BINS) $(B)/gen-corpus
 	FUZZ_SECONDS=$(FUZZ_SECONDS) B=$(B) bash tests/fuzz/run.sh
 
+# every kernel variant compiled for every architecture (make test: all for
+# sm_90, a drawn quarter for sm_80 and sm_89)
+sweep: $(B)/tests-gcc-c99
+	MSKV_TEST_SWEEP=full ./$(B)/tests-gcc-c99 --filter cuda_every_shipped_variant
+
 stress: $(B)/tests-tsan
 	MSKV_STRESS_OPS=1000000 ./$(B)/tests-tsan --filter stress
 
@@ -308,7 +313,7 @@ $(B)/ucx_bench: bench/ucx_bench.c $(HDRS) | $(B)
 bench: $(B)/host_bench $(B)/attn_bench $(B)/cuda_host_bench $(B)/ucx_bench
 	./$(B)/host_bench
 	./$(B)/attn_bench
-	MSKV_CPU_ISA=amx_bf16 ./$(B)/attn_bench video
+	MSKV_CPU_ISA=avx512 ./$(B)/attn_bench video
 	./$(B)/cuda_host_bench
 	./$(B)/ucx_bench
 
