@@ -583,3 +583,40 @@ TEST(import_refuses_a_correctly_signed_blob_with_an_impossible_state) {
     free(edit);
     mskv_arena_destroy(a);
 }
+
+/* A request of more than 4 MiB (the sizes offload is measured at) comes
+   back byte for byte, with pages whose bytes are a multiple of 64 and pages
+   of 1,110 bytes (copies that start and end inside a 16-byte unit), onto
+   page ids the reload changes. */
+TEST(offload_reload_of_a_request_over_4_mib_is_byte_exact) {
+    static const int32_t cfg[2][5] = {{2, 5, 3, 37, 1300}, {1, 8, 64, 16, 90}}; /* layers, heads, dim, page, pages */
+    static const mskv_dtype dts[2] = {MSKV_DTYPE_F16, MSKV_DTYPE_F32};
+    int c;
+    for (c = 0; c < 2; c++) {
+        mskv_arena_desc d;
+        mskv_arena *a = NULL;
+        mskv_request r, other;
+        mskv_store_info si;
+        int64_t tokens = (int64_t)cfg[c][3] * (cfg[c][4] - 10);
+        memset(&d, 0, sizeof d);
+        d.num_layers = cfg[c][0]; d.kv_heads = cfg[c][1]; d.head_dim = cfg[c][2];
+        d.page_size = cfg[c][3]; d.num_pages = cfg[c][4]; d.dtype = dts[c];
+        ASSERT_EQ(MSKV_SUCCESS, mskv_arena_create(&d, &a));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_store_info_get(a, &si));
+        ASSERT_TRUE((double)tokens * (double)si.slot_bytes * 2 * si.num_layers >= 4.0 * 1048576);
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &r));
+        ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, r, tokens));
+        ASSERT_TRUE(mto_write(a, r, 21 + (uint32_t)c, 0, tokens));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_offload(a, r));
+        mto_scribble_pools(a);
+        /* another request takes the first free pages, so the reload lands elsewhere */
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_add(a, &other));
+        ASSERT_EQ(MSKV_SUCCESS, mtu_grow(a, other, (int64_t)cfg[c][3] * 5));
+        ASSERT_TRUE(mto_write(a, other, 77, 0, (int64_t)cfg[c][3] * 5));
+        ASSERT_EQ(MSKV_SUCCESS, mskv_request_reload(a, r));
+        EXPECT_EQ(0, mto_check(a, r, 21 + (uint32_t)c, 0, tokens));
+        EXPECT_EQ(0, mto_check(a, other, 77, 0, (int64_t)cfg[c][3] * 5));
+        EXPECT_TRUE(mtu_audit(a));
+        mskv_arena_destroy(a);
+    }
+}
