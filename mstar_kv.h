@@ -6586,31 +6586,52 @@ static MSKV__CPU_AVX512 void mskv__cpu_gemm_avx512(const float *MSKV__CPU_RESTRI
     }
 }
 
+/* The lanes (rows v .. v + 15 of S^T) that see key j of the block: a <= j < z. */
+static MSKV__CPU_AVX512 MSKV__ALWAYS_INLINE __mmask16 mskv__cpu_vis512(__m512i av, __m512i zv, int32_t j) {
+    const __m512i jv = _mm512_set1_epi32(j);
+    return _mm512_cmp_epi32_mask(av, jv, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(jv, zv, _MM_CMPINT_LT);
+}
+/* The online softmax's first pass over rows v .. v + 15 of S^T ([kb][rp]):
+   the visible intervals (av, zv; every key when full), the new running max
+   mn and the rescale al of the old state. Shared by the AVX-512 softmax and
+   the AMX path's. */
+static MSKV__CPU_AVX512 MSKV__ALWAYS_INLINE void mskv__cpu_softmax_max512(const float *S, int32_t rp, int32_t kb, const int32_t *a,
+                                                                          const int32_t *z, int full, const float *m, int32_t v,
+                                                                          __m512i *av, __m512i *zv, __m512 *mn, __m512 *al) {
+    const __m512 mo = _mm512_loadu_ps(m + v);
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int32_t j;
+    *av = full ? _mm512_setzero_si512() : _mm512_loadu_si512((const void *)(a + v));
+    *zv = full ? _mm512_set1_epi32(kb) : _mm512_loadu_si512((const void *)(z + v));
+    if (full)
+        for (j = 0; j < kb; j++) mx = _mm512_max_ps(mx, _mm512_loadu_ps(S + (size_t)j * rp + v));
+    else
+        for (j = 0; j < kb; j++) mx = _mm512_mask_max_ps(mx, mskv__cpu_vis512(*av, *zv, j), mx, _mm512_loadu_ps(S + (size_t)j * rp + v));
+    *mn = _mm512_max_ps(mo, mx);
+    *al = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mo, *mn, _CMP_EQ_OQ), mskv__cpu_exp512(_mm512_sub_ps(mo, *mn)), _mm512_set1_ps(1.0f));
+}
+/* Its end: l = l al + sum, m = mn, alpha = al. */
+static MSKV__CPU_AVX512 MSKV__ALWAYS_INLINE void mskv__cpu_softmax_end512(float *m, float *l, float *alpha, int32_t v, __m512 mn,
+                                                                          __m512 al, __m512 sum) {
+    _mm512_storeu_ps(l + v, _mm512_fmadd_ps(_mm512_loadu_ps(l + v), al, sum));
+    _mm512_storeu_ps(m + v, mn);
+    _mm512_storeu_ps(alpha + v, al);
+}
+
 static MSKV__CPU_AVX512 void mskv__cpu_softmax_avx512(float *MSKV__CPU_RESTRICT S, int32_t rp, int32_t kb, const int32_t *a,
                                                       const int32_t *z, int full, float *m, float *l, float *alpha) {
     int32_t v, j;
     for (v = 0; v < rp; v += 16) {
-        __m512 mo = _mm512_loadu_ps(m + v), mx = _mm512_set1_ps(-INFINITY), mn, al, sum = _mm512_setzero_ps();
-        __m512i av = full ? _mm512_setzero_si512() : _mm512_loadu_si512((const void *)(a + v));
-        __m512i zv = full ? _mm512_set1_epi32(kb) : _mm512_loadu_si512((const void *)(z + v));
+        __m512 mn, al, sum = _mm512_setzero_ps();
+        __m512i av, zv;
+        mskv__cpu_softmax_max512(S, rp, kb, a, z, full, m, v, &av, &zv, &mn, &al);
         for (j = 0; j < kb; j++) {
-            __m512i jv = _mm512_set1_epi32(j);
-            __mmask16 vis = _mm512_cmp_epi32_mask(av, jv, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(jv, zv, _MM_CMPINT_LT);
-            mx = _mm512_mask_max_ps(mx, vis, mx, _mm512_loadu_ps(S + (size_t)j * rp + v));
-        }
-        mn = _mm512_max_ps(mo, mx);
-        al = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mo, mn, _CMP_EQ_OQ), mskv__cpu_exp512(_mm512_sub_ps(mo, mn)), _mm512_set1_ps(1.0f));
-        for (j = 0; j < kb; j++) {
-            __m512i jv = _mm512_set1_epi32(j);
-            __mmask16 vis = _mm512_cmp_epi32_mask(av, jv, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(jv, zv, _MM_CMPINT_LT);
             float *s = S + (size_t)j * rp + v;
-            __m512 p = _mm512_maskz_mov_ps(vis, mskv__cpu_exp512(_mm512_sub_ps(_mm512_loadu_ps(s), mn)));
+            __m512 p = _mm512_maskz_mov_ps(mskv__cpu_vis512(av, zv, j), mskv__cpu_exp512(_mm512_sub_ps(_mm512_loadu_ps(s), mn)));
             _mm512_storeu_ps(s, p);
             sum = _mm512_add_ps(sum, p);
         }
-        _mm512_storeu_ps(l + v, _mm512_fmadd_ps(_mm512_loadu_ps(l + v), al, sum));
-        _mm512_storeu_ps(m + v, mn);
-        _mm512_storeu_ps(alpha + v, al);
+        mskv__cpu_softmax_end512(m, l, alpha, v, mn, al, sum);
     }
 }
 
@@ -7033,30 +7054,17 @@ static MSKV__CPU_AVX512 void mskv__amx_softmax_pack(float *S, int32_t rp, int32_
     uint32_t *P = (uint32_t *)(void *)S;
     const __m512i lo16 = _mm512_set1_epi32(0xffff), hi16 = _mm512_set1_epi32((int)0xffff0000u);
     const int32_t kh = (kb + 1) / 2;
-    int32_t v, j, p;
+    int32_t v, p;
     for (v = 0; v < rp; v += 16) {
-        __m512 mo = _mm512_loadu_ps(m + v), mx = _mm512_set1_ps(-INFINITY), mn, al, sum = _mm512_setzero_ps();
-        __m512i av = full ? _mm512_setzero_si512() : _mm512_loadu_si512((const void *)(a + v));
-        __m512i zv = full ? _mm512_set1_epi32(kb) : _mm512_loadu_si512((const void *)(z + v));
-        if (full)
-            for (j = 0; j < kb; j++) mx = _mm512_max_ps(mx, _mm512_loadu_ps(S + (size_t)j * rp + v));
-        else
-            for (j = 0; j < kb; j++) {
-                __m512i jv = _mm512_set1_epi32(j);
-                __mmask16 vis = _mm512_cmp_epi32_mask(av, jv, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(jv, zv, _MM_CMPINT_LT);
-                mx = _mm512_mask_max_ps(mx, vis, mx, _mm512_loadu_ps(S + (size_t)j * rp + v));
-            }
-        mn = _mm512_max_ps(mo, mx);
-        al = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mo, mn, _CMP_EQ_OQ), mskv__cpu_exp512(_mm512_sub_ps(mo, mn)), _mm512_set1_ps(1.0f));
+        __m512 mn, al, sum = _mm512_setzero_ps();
+        __m512i av, zv;
+        mskv__cpu_softmax_max512(S, rp, kb, a, z, full, m, v, &av, &zv, &mn, &al);
         for (p = 0; p < kh; p++) {
-            const __m512i j0v = _mm512_set1_epi32(2 * p), j1v = _mm512_set1_epi32(2 * p + 1);
-            const __mmask16 vis0 = _mm512_cmp_epi32_mask(av, j0v, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(j0v, zv, _MM_CMPINT_LT);
-            const __mmask16 vis1 = _mm512_cmp_epi32_mask(av, j1v, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(j1v, zv, _MM_CMPINT_LT);
             const float *s0 = S + (size_t)(2 * p) * rp + v;
-            __m512 p0 = _mm512_maskz_mov_ps(vis0, mskv__cpu_exp512(_mm512_sub_ps(_mm512_loadu_ps(s0), mn))), p1;
+            __m512 p0 = _mm512_maskz_mov_ps(mskv__cpu_vis512(av, zv, 2 * p), mskv__cpu_exp512(_mm512_sub_ps(_mm512_loadu_ps(s0), mn))), p1;
             sum = _mm512_add_ps(sum, p0);
             if (2 * p + 1 < kb) {
-                p1 = _mm512_maskz_mov_ps(vis1, mskv__cpu_exp512(_mm512_sub_ps(_mm512_loadu_ps(s0 + rp), mn)));
+                p1 = _mm512_maskz_mov_ps(mskv__cpu_vis512(av, zv, 2 * p + 1), mskv__cpu_exp512(_mm512_sub_ps(_mm512_loadu_ps(s0 + rp), mn)));
                 sum = _mm512_add_ps(sum, p1);
             } else {
                 p1 = _mm512_setzero_ps();
@@ -7066,9 +7074,7 @@ static MSKV__CPU_AVX512 void mskv__amx_softmax_pack(float *S, int32_t rp, int32_
                                                 _mm512_and_si512(mskv__amx_bf16_hi(p1), hi16)));
         }
         for (; p < kh16; p++) _mm512_storeu_si512((void *)(P + (size_t)p * (size_t)rp + v), _mm512_setzero_si512());
-        _mm512_storeu_ps(l + v, _mm512_fmadd_ps(_mm512_loadu_ps(l + v), al, sum));
-        _mm512_storeu_ps(m + v, mn);
-        _mm512_storeu_ps(alpha + v, al);
+        mskv__cpu_softmax_end512(m, l, alpha, v, mn, al, sum);
     }
 }
 

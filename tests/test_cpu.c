@@ -2061,6 +2061,48 @@ TEST(bf16_paths_add_each_pair_odd_element_first_and_treat_denormals_as_zero) {
     EXPECT_GT(ran, 0);  /* bf16_emu runs everywhere */
 }
 
+/* One call of each of two pools x and y on the same fixture (2 kv heads,
+   pages of 16, the given segments, head_dim D, pool dtype pt, f32 Q, 4 q
+   heads, causal): the largest error of each against the float64 reference
+   (relative above 1; x's includes lse), and whether their O and lse bits
+   agree. */
+typedef struct tcpu_pair { double err_x, err_y; int same_o, same_lse; } tcpu_pair;
+static tcpu_pair tcpu_compare_paths(mskv_cpu *x, mskv_cpu *y, int32_t D, mskv_dtype pt, const tcpu_seq *seqs, uint64_t seed) {
+    tcpu_pair out = {1e30, 1e30, 0, 0};
+    tcpu_fix f;
+    mskv_attn at = tcpu_attn(4, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
+    float *ox = NULL, *lx = NULL, *oy = NULL, *ly = NULL;
+    double *ro, *rl;
+    size_t rows, n, i;
+    void *q;
+    if (!tcpu_fix_init(&f, 16, 2, D, pt, seqs, 2, 1, 1, 2, seed)) { mt_fail(__FILE__, __LINE__, "fixture"); return out; }
+    rows = (size_t)f.plan.total_q * 4;
+    n = rows * (size_t)D;
+    q = tcpu_queries(&f, 4, MSKV_DTYPE_F32, seed + 7);
+    ro = (double *)malloc(n * sizeof(double) + 8);
+    rl = (double *)malloc(rows * sizeof(double) + 8);
+    if (q && ro && rl && tcpu_run(x, &f, &at, q, &ox, &lx) && tcpu_run(y, &f, &at, q, &oy, &ly)) {
+        tcpu_reference(&f, &at, q, ro, rl);
+        out.err_x = out.err_y = 0;
+        for (i = 0; i < n; i++) {
+            double sc = fabs(ro[i]) > 1 ? fabs(ro[i]) : 1, ex = fabs(ox[i] - ro[i]) / sc, ey = fabs(oy[i] - ro[i]) / sc;
+            out.err_x = ex > out.err_x ? ex : out.err_x;
+            out.err_y = ey > out.err_y ? ey : out.err_y;
+        }
+        for (i = 0; i < rows; i++) {
+            double ex = fabs(lx[i] - rl[i]) / (fabs(rl[i]) > 1 ? fabs(rl[i]) : 1);
+            out.err_x = ex > out.err_x ? ex : out.err_x;
+        }
+        out.same_o = memcmp(ox, oy, n * sizeof(float)) == 0;
+        out.same_lse = memcmp(lx, ly, rows * sizeof(float)) == 0;
+    } else {
+        mt_fail(__FILE__, __LINE__, "the calls or their buffers failed");
+    }
+    free(q); free(ro); free(rl); free(ox); free(lx); free(oy); free(ly);
+    tcpu_fix_free(&f);
+    return out;
+}
+
 /* The AMX path on a bf16 video call: within the bf16 tolerance of the float64
    reference, not the AVX-512 path's bits (the tiles ran), and on an f32 pool
    exactly the AVX-512 path's bits (nothing else changes). Rows enough for
@@ -2072,59 +2114,32 @@ TEST(amx_bf16_path_stays_within_the_bf16_tolerance_and_changes_only_bf16_pools) 
     static const mskv_dtype pts[2] = {MSKV_DTYPE_BF16, MSKV_DTYPE_F32};
     tcpu_seq seqs[2] = {{300, 301, 301, 0}, {24, 150, 90, 20}};
     uint64_t seed = mt_seed();  /* printed by the harness */
+    mskv_cpu_desc cd;
+    mskv_cpu *amx = NULL, *ref = NULL;
     int di, pi;
     if (!mskv_cpu_isa_available(MSKV_CPU_ISA_AMX_BF16))
         SKIP("the AMX-BF16 path cannot run here (this CPU, kernel or build lacks it; see amx_bf16_path_passes_the_attention_tests)");
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 2;
+    cd.isa = MSKV_CPU_ISA_AMX_BF16;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &amx));
+    cd.isa = MSKV_CPU_ISA_AVX512;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &ref));
     for (di = 0; di < 5; di++)
         for (pi = 0; pi < 2; pi++) {
-            const int32_t D = dims[di];
-            mskv_cpu_desc cd;
-            mskv_cpu *amx = NULL, *ref = NULL;
-            tcpu_fix f;
-            mskv_attn at = tcpu_attn(4, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
-            float *oa = NULL, *la = NULL, *o5 = NULL, *l5 = NULL;
-            double *ro, *rl, err = 0, err5 = 0;
-            size_t rows, n, x;
-            void *q;
-            memset(&cd, 0, sizeof cd);
-            cd.num_threads = 2;
-            cd.isa = MSKV_CPU_ISA_AMX_BF16;
-            ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &amx));
-            cd.isa = MSKV_CPU_ISA_AVX512;
-            ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &ref));
-            ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, D, pts[pi], seqs, 2, 1, 1, 2, seed + (uint64_t)(di * 2 + pi)));
-            rows = (size_t)f.plan.total_q * 4;
-            n = rows * (size_t)D;
-            q = tcpu_queries(&f, 4, MSKV_DTYPE_F32, seed + 7);
-            ro = (double *)malloc(n * sizeof(double) + 8);
-            rl = (double *)malloc(rows * sizeof(double) + 8);
-            ASSERT_TRUE(q != NULL && ro != NULL && rl != NULL);
-            EXPECT_TRUE(tcpu_run(amx, &f, &at, q, &oa, &la));
-            EXPECT_TRUE(tcpu_run(ref, &f, &at, q, &o5, &l5));
-            tcpu_reference(&f, &at, q, ro, rl);
-            for (x = 0; x < n; x++) {
-                double s = fabs(ro[x]) > 1 ? fabs(ro[x]) : 1;
-                err = fabs(oa[x] - ro[x]) / s > err ? fabs(oa[x] - ro[x]) / s : err;
-                err5 = fabs(o5[x] - ro[x]) / s > err5 ? fabs(o5[x] - ro[x]) / s : err5;
-            }
-            for (x = 0; x < rows; x++) {
-                double s = fabs(rl[x]) > 1 ? fabs(rl[x]) : 1;
-                err = fabs(la[x] - rl[x]) / s > err ? fabs(la[x] - rl[x]) / s : err;
-            }
+            tcpu_pair c = tcpu_compare_paths(amx, ref, dims[di], pts[pi], seqs, seed + (uint64_t)(di * 2 + pi));
             printf("  %s pool, head_dim %d: max error vs float64, amx_bf16 %.3g, avx512 %.3g\n",
-                   pts[pi] == MSKV_DTYPE_BF16 ? "bf16" : "f32", (int)D, err, err5);
+                   pts[pi] == MSKV_DTYPE_BF16 ? "bf16" : "f32", (int)dims[di], c.err_x, c.err_y);
             if (pts[pi] == MSKV_DTYPE_BF16) {
-                EXPECT_TRUE(err <= tcpu_tol(MSKV_DTYPE_BF16));
-                EXPECT_TRUE(memcmp(oa, o5, n * sizeof(float)) != 0);  /* Q and P rounded: the tile products ran */
+                EXPECT_TRUE(c.err_x <= tcpu_tol(MSKV_DTYPE_BF16));
+                EXPECT_FALSE(c.same_o);  /* Q and P rounded: the tile products ran */
             } else {
-                EXPECT_TRUE(memcmp(oa, o5, n * sizeof(float)) == 0);
-                EXPECT_TRUE(memcmp(la, l5, rows * sizeof(float)) == 0);
+                EXPECT_TRUE(c.same_o);
+                EXPECT_TRUE(c.same_lse);
             }
-            free(q); free(ro); free(rl); free(oa); free(la); free(o5); free(l5);
-            tcpu_fix_free(&f);
-            mskv_cpu_destroy(amx);
-            mskv_cpu_destroy(ref);
         }
+    mskv_cpu_destroy(amx);
+    mskv_cpu_destroy(ref);
 }
 
 /* A bf16 video call on bf16_emu: within the bf16 tolerance of the float64
@@ -2138,56 +2153,29 @@ TEST(bf16_emulation_rounds_q_and_p_on_bf16_pools_only_and_stays_within_the_bf16_
     static const mskv_dtype pts[2] = {MSKV_DTYPE_BF16, MSKV_DTYPE_F32};
     tcpu_seq seqs[2] = {{40, 301, 301, 0}, {24, 150, 90, 20}};
     uint64_t seed = mt_seed();  /* printed by the harness */
+    mskv_cpu_desc cd;
+    mskv_cpu *emu = NULL, *port = NULL;
     int di, pi;
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 2;
+    cd.isa = MSKV_CPU_ISA_BF16_EMU;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &emu));
+    cd.isa = MSKV_CPU_ISA_PORTABLE;
+    ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &port));
     for (di = 0; di < 2; di++)
         for (pi = 0; pi < 2; pi++) {
-            const int32_t D = dims[di];
-            mskv_cpu_desc cd;
-            mskv_cpu *emu = NULL, *port = NULL;
-            tcpu_fix f;
-            mskv_attn at = tcpu_attn(4, MSKV_MASK_CAUSAL, 0, MSKV_DTYPE_F32);
-            float *oe = NULL, *le = NULL, *op = NULL, *lp = NULL;
-            double *ro, *rl, err_e = 0, err_p = 0;
-            size_t rows, n, x;
-            void *q;
-            memset(&cd, 0, sizeof cd);
-            cd.num_threads = 2;
-            cd.isa = MSKV_CPU_ISA_BF16_EMU;
-            ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &emu));
-            cd.isa = MSKV_CPU_ISA_PORTABLE;
-            ASSERT_EQ(MSKV_SUCCESS, mskv_cpu_create(&cd, &port));
-            ASSERT_TRUE(tcpu_fix_init(&f, 16, 2, D, pts[pi], seqs, 2, 1, 1, 2, seed + (uint64_t)(di * 2 + pi)));
-            rows = (size_t)f.plan.total_q * 4;
-            n = rows * (size_t)D;
-            q = tcpu_queries(&f, 4, MSKV_DTYPE_F32, seed + 7);
-            ro = (double *)malloc(n * sizeof(double) + 8);
-            rl = (double *)malloc(rows * sizeof(double) + 8);
-            ASSERT_TRUE(q != NULL && ro != NULL && rl != NULL);
-            EXPECT_TRUE(tcpu_run(emu, &f, &at, q, &oe, &le));
-            EXPECT_TRUE(tcpu_run(port, &f, &at, q, &op, &lp));
-            tcpu_reference(&f, &at, q, ro, rl);
-            for (x = 0; x < n; x++) {
-                double ee = fabs(oe[x] - ro[x]) / (fabs(ro[x]) > 1 ? fabs(ro[x]) : 1), ep = fabs(op[x] - ro[x]) / (fabs(ro[x]) > 1 ? fabs(ro[x]) : 1);
-                err_e = ee > err_e ? ee : err_e;
-                err_p = ep > err_p ? ep : err_p;
-            }
-            for (x = 0; x < rows; x++) {
-                double ee = fabs(le[x] - rl[x]) / (fabs(rl[x]) > 1 ? fabs(rl[x]) : 1);
-                err_e = ee > err_e ? ee : err_e;
-            }
+            tcpu_pair c = tcpu_compare_paths(emu, port, dims[di], pts[pi], seqs, seed + (uint64_t)(di * 2 + pi));
             printf("  %s pool, head_dim %d: max error vs float64, bf16_emu %.3g, portable %.3g\n",
-                   pts[pi] == MSKV_DTYPE_BF16 ? "bf16" : "f32", (int)D, err_e, err_p);
+                   pts[pi] == MSKV_DTYPE_BF16 ? "bf16" : "f32", (int)dims[di], c.err_x, c.err_y);
             if (pts[pi] == MSKV_DTYPE_BF16) {
-                EXPECT_TRUE(err_e <= tcpu_tol(MSKV_DTYPE_BF16));
-                EXPECT_TRUE(memcmp(oe, op, n * sizeof(float)) != 0);
-                EXPECT_TRUE(err_e > err_p);  /* Q and P rounded: a larger error than f32 products */
+                EXPECT_TRUE(c.err_x <= tcpu_tol(MSKV_DTYPE_BF16));
+                EXPECT_FALSE(c.same_o);
+                EXPECT_TRUE(c.err_x > c.err_y);  /* Q and P rounded: a larger error than f32 products */
             } else {
-                EXPECT_TRUE(memcmp(oe, op, n * sizeof(float)) == 0);
-                EXPECT_TRUE(memcmp(le, lp, rows * sizeof(float)) == 0);
+                EXPECT_TRUE(c.same_o);
+                EXPECT_TRUE(c.same_lse);
             }
-            free(q); free(ro); free(rl); free(oe); free(le); free(op); free(lp);
-            tcpu_fix_free(&f);
-            mskv_cpu_destroy(emu);
-            mskv_cpu_destroy(port);
         }
+    mskv_cpu_destroy(emu);
+    mskv_cpu_destroy(port);
 }
