@@ -7052,7 +7052,7 @@ static MSKV__CPU_AVX512 __m512i mskv__amx_bf16_hi(__m512 x) {
 static MSKV__CPU_AVX512 void mskv__amx_softmax_pack(float *S, int32_t rp, int32_t kb, int32_t kh16, const int32_t *a, const int32_t *z,
                                                     int full, float *m, float *l, float *alpha) {
     uint32_t *P = (uint32_t *)(void *)S;
-    const __m512i lo16 = _mm512_set1_epi32(0xffff), hi16 = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512i hi16 = _mm512_set1_epi32((int)0xffff0000u);
     const int32_t kh = (kb + 1) / 2;
     int32_t v, p;
     for (v = 0; v < rp; v += 16) {
@@ -7070,8 +7070,7 @@ static MSKV__CPU_AVX512 void mskv__amx_softmax_pack(float *S, int32_t rp, int32_
                 p1 = _mm512_setzero_ps();
             }
             _mm512_storeu_si512((void *)(P + (size_t)p * (size_t)rp + v),
-                                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(mskv__amx_bf16_hi(p0), 16), lo16),
-                                                _mm512_and_si512(mskv__amx_bf16_hi(p1), hi16)));
+                                _mm512_or_si512(_mm512_srli_epi32(mskv__amx_bf16_hi(p0), 16), _mm512_and_si512(mskv__amx_bf16_hi(p1), hi16)));
         }
         for (; p < kh16; p++) _mm512_storeu_si512((void *)(P + (size_t)p * (size_t)rp + v), _mm512_setzero_si512());
         mskv__cpu_softmax_end512(m, l, alpha, v, mn, al, sum);
@@ -8478,6 +8477,42 @@ static void mskv__cpu_block_rows(const mskv__cpu_job *job, const mskv__cpu_seg *
 
 static void mskv__cpu_item_rows(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t r0, int32_t nr,
                                 int32_t g0, int32_t ng, int64_t klo, int64_t khi, float *part);
+/* Row t of the segment in a row tile: its scaled query into row (zeros for
+   a padding row, !real) and, for a real row, its visible keys [klo, khi),
+   widening the tile's [lo, hi). Every many-row item starts its tiles so. */
+static void mskv__cpu_tile_row(const mskv__cpu_job *job, const mskv__cpu_seg *sg, int32_t t, int real, int32_t g, float *row,
+                               int64_t *klo, int64_t *khi, int64_t *lo, int64_t *hi) {
+    int32_t d;
+    if (!real) {
+        for (d = 0; d < job->dim; d++) row[d] = 0.0f;
+        return;
+    }
+    mskv__cpu_query(job, sg, t, g, row);
+    mskv__cpu_row_keys(job, sg, t / job->group, klo, khi);
+    if (*klo < *khi) {
+        *lo = *klo < *lo ? *klo : *lo;
+        *hi = *khi > *hi ? *khi : *hi;
+    }
+}
+
+/* The end of a many-row item: the rows of its nt row tiles of job->rows
+   (rows r0 .. r0 + nr - 1 of the segment), tile t's O^T at ws->o + t * ts
+   ([d][rp] floats, rp its rows rounded up to the path's row width) and its
+   row state at t * job->rows, normalised and written. */
+static void mskv__cpu_emit_tiles(const mskv__cpu_job *job, mskv__cpu_ws *ws, const mskv__cpu_seg *sg, int32_t r0, int32_t nr, int32_t g,
+                                 int32_t nt, size_t ts) {
+    const int32_t D = job->dim, TR = job->rows, rw = job->kern->rw;
+    int32_t t, r, d;
+    for (t = 0; t < nt; t++) {
+        const int32_t tnr = nr - t * TR < TR ? nr - t * TR : TR, rp = (tnr + rw - 1) / rw * rw;
+        const float *o = ws->o + (size_t)t * ts;
+        for (r = 0; r < tnr; r++) {
+            for (d = 0; d < D; d++) ws->v[d] = o[(size_t)d * rp + r];
+            mskv__cpu_emit(job, sg, r0 + t * TR + r, g, ws->v, ws->m[t * TR + r], ws->l[t * TR + r]);
+        }
+    }
+}
+
 /* ---- bf16 items (paths with kern->gemm_bf16, bf16 pools) ---- */
 
 /* The transposed tiles of mskv__cpu_item_wide with bf16 products, packed for
@@ -8502,16 +8537,7 @@ static void mskv__cpu_item_wide_bf16(const mskv__cpu_job *job, mskv__cpu_ws *ws,
     int32_t r, d, jj, p, run;
     for (r = 0; r < rp; r++) {
         float *row = ws->v;  /* scratch for one query row, D + 1 floats */
-        if (r < nr) {
-            mskv__cpu_query(job, sg, r0 + r, g, row);
-            mskv__cpu_row_keys(job, sg, (r0 + r) / job->group, &ws->klo[r], &ws->khi[r]);
-            if (ws->klo[r] < ws->khi[r]) {
-                lo = ws->klo[r] < lo ? ws->klo[r] : lo;
-                hi = ws->khi[r] > hi ? ws->khi[r] : hi;
-            }
-        } else {
-            for (d = 0; d < D; d++) row[d] = 0.0f;
-        }
+        mskv__cpu_tile_row(job, sg, r0 + r, r < nr, g, row, &ws->klo[r], &ws->khi[r], &lo, &hi);
         row[D] = 0.0f;
         for (p = 0; p < Dh; p++) qt[(size_t)p * rp + r] = mskv__cpu_bf16_pair(row[2 * p], row[2 * p + 1]);
         ws->m[r] = -INFINITY;
@@ -8541,10 +8567,7 @@ static void mskv__cpu_item_wide_bf16(const mskv__cpu_job *job, mskv__cpu_ws *ws,
         }
         kn->gemm_bf16(vt, kh, kt, ws->o, ws->alpha, D, kh, rp);         /* O^T = alpha O^T + V^T P^T */
     }
-    for (r = 0; r < nr; r++) {
-        for (d = 0; d < D; d++) ws->v[d] = ws->o[(size_t)d * rp + r];
-        mskv__cpu_emit(job, sg, r0 + r, g, ws->v, ws->m[r], ws->l[r]);
-    }
+    mskv__cpu_emit_tiles(job, ws, sg, r0, nr, g, 1, 0);
 }
 
 #if MSKV__CPU_AMX
@@ -8564,7 +8587,7 @@ static void mskv__cpu_item_wide_amx(const mskv__cpu_job *job, mskv__cpu_ws *ws, 
     const uint16_t *kpool = (const uint16_t *)job->pools->k, *vpool = (const uint16_t *)job->pools->v;
     uint32_t *kt = (uint32_t *)(void *)ws->k, *vt = (uint32_t *)(void *)ws->v;
     int64_t lo = INT64_MAX, hi = 0, j0, end, tlo[MSKV__CPU_MAX_TILES], thi[MSKV__CPU_MAX_TILES];
-    int32_t r, d, jj, p, run, t;
+    int32_t r, jj, p, run, t;
     for (t = 0; t < nt; t++) {
         const int32_t tnr = nr - t * TR < TR ? nr - t * TR : TR, rp = (tnr + 15) & ~15;
         uint32_t *qt = (uint32_t *)(void *)ws->q + (size_t)t * tq;
@@ -8573,16 +8596,7 @@ static void mskv__cpu_item_wide_amx(const mskv__cpu_job *job, mskv__cpu_ws *ws, 
         tlo[t] = INT64_MAX;
         thi[t] = 0;
         for (r = 0; r < rp; r++) {
-            if (r < tnr) {
-                mskv__cpu_query(job, sg, r0 + t * TR + r, g, row);
-                mskv__cpu_row_keys(job, sg, (r0 + t * TR + r) / job->group, &klo[r], &khi[r]);
-                if (klo[r] < khi[r]) {
-                    tlo[t] = klo[r] < tlo[t] ? klo[r] : tlo[t];
-                    thi[t] = khi[r] > thi[t] ? khi[r] : thi[t];
-                }
-            } else {
-                for (d = 0; d < D; d++) row[d] = 0.0f;
-            }
+            mskv__cpu_tile_row(job, sg, r0 + t * TR + r, r < tnr, g, row, &klo[r], &khi[r], &tlo[t], &thi[t]);
             row[D] = 0.0f;
             for (p = 0; p < Dh; p++) qt[(size_t)p * rp + r] = mskv__cpu_bf16_pair(row[2 * p], row[2 * p + 1]);
             for (; p < Dh16; p++) qt[(size_t)p * rp + r] = 0;
@@ -8625,14 +8639,7 @@ static void mskv__cpu_item_wide_amx(const mskv__cpu_job *job, mskv__cpu_ws *ws, 
         }
     }
     mskv__amx_off();
-    for (t = 0; t < nt; t++) {
-        const int32_t tnr = nr - t * TR < TR ? nr - t * TR : TR, rp = (tnr + 15) & ~15;
-        const float *o = ws->o + (size_t)t * to;
-        for (r = 0; r < tnr; r++) {
-            for (d = 0; d < D; d++) ws->v[d] = o[(size_t)d * rp + r];
-            mskv__cpu_emit(job, sg, r0 + t * TR + r, g, ws->v, ws->m[t * TR + r], ws->l[t * TR + r]);
-        }
-    }
+    mskv__cpu_emit_tiles(job, ws, sg, r0, nr, g, nt, to);
 }
 #endif
 
@@ -8672,16 +8679,7 @@ static void mskv__cpu_item_wide(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
         tlo[t] = INT64_MAX;
         thi[t] = 0;
         for (r = 0; r < rp; r++) {
-            if (r < tnr) {
-                mskv__cpu_query(job, sg, r0 + t * TR + r, g, ws->v);
-                mskv__cpu_row_keys(job, sg, (r0 + t * TR + r) / job->group, &klo[r], &khi[r]);
-                if (klo[r] < khi[r]) {
-                    tlo[t] = klo[r] < tlo[t] ? klo[r] : tlo[t];
-                    thi[t] = khi[r] > thi[t] ? khi[r] : thi[t];
-                }
-            } else {
-                for (d = 0; d < D; d++) ws->v[d] = 0.0f;
-            }
+            mskv__cpu_tile_row(job, sg, r0 + t * TR + r, r < tnr, g, ws->v, &klo[r], &khi[r], &tlo[t], &thi[t]);
             for (d = 0; d < D; d++) q[(size_t)d * rp + r] = ws->v[d];
             ws->m[t * TR + r] = -INFINITY;
             ws->l[t * TR + r] = 0.0f;
@@ -8712,14 +8710,7 @@ static void mskv__cpu_item_wide(const mskv__cpu_job *job, mskv__cpu_ws *ws, cons
             }
         }
     }
-    for (t = 0; t < nt; t++) {
-        const int32_t tnr = nw - t * TR < TR ? nw - t * TR : TR, rp = (tnr + kn->rw - 1) / kn->rw * kn->rw;
-        const float *o = ws->o + (size_t)t * tq;
-        for (r = 0; r < tnr; r++) {
-            for (d = 0; d < D; d++) ws->v[d] = o[(size_t)d * rp + r];
-            mskv__cpu_emit(job, sg, r0 + t * TR + r, g, ws->v, ws->m[t * TR + r], ws->l[t * TR + r]);
-        }
-    }
+    mskv__cpu_emit_tiles(job, ws, sg, r0, nw, g, nt, tq);
     if (small) mskv__cpu_item_rows(job, ws, sg, r0 + nw, small, g, 1, 0, sg->kv_len, NULL);
 }
 
