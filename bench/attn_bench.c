@@ -213,14 +213,18 @@ typedef struct ab_thread_arg {
     double flops, sum;
 } ab_thread_arg;
 
+#if defined(__x86_64__) || defined(__i386__)
+/* The paths whose kernels are 16-float AVX-512 vectors (the limits follow them). */
+static int ab_avx512_wide(mskv_cpu_isa isa) {
+    return isa == MSKV_CPU_ISA_AVX512 || isa == MSKV_CPU_ISA_AVX512_BF16 || isa == MSKV_CPU_ISA_AMX_BF16;
+}
+#endif
+
 static void *ab_fma_thread(void *p) {
     ab_thread_arg *a = (ab_thread_arg *)p;
     long n = (long)a->n;
 #if defined(__x86_64__) || defined(__i386__)
-    if (a->isa == MSKV_CPU_ISA_AVX512 || a->isa == MSKV_CPU_ISA_AVX512_BF16 || a->isa == MSKV_CPU_ISA_AMX_BF16) {
-        a->flops = ab_fma_avx512(n);
-        return NULL;
-    }
+    if (ab_avx512_wide(a->isa)) { a->flops = ab_fma_avx512(n); return NULL; }
     if (a->isa == MSKV_CPU_ISA_AVX2) { a->flops = ab_fma_avx2(n); return NULL; }
 #endif
 #if defined(__aarch64__)
@@ -296,10 +300,7 @@ static void *ab_read_thread(void *p) {
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
     size_t i;
 #if defined(__x86_64__) || defined(__i386__)
-    if (a->isa == MSKV_CPU_ISA_AVX512 || a->isa == MSKV_CPU_ISA_AVX512_BF16 || a->isa == MSKV_CPU_ISA_AMX_BF16) {
-        a->sum = ab_read_avx512(b, a->n);
-        return NULL;
-    }
+    if (ab_avx512_wide(a->isa)) { a->sum = ab_read_avx512(b, a->n); return NULL; }
     if (a->isa == MSKV_CPU_ISA_AVX2) { a->sum = ab_read_avx2(b, a->n); return NULL; }
 #endif
 #if defined(__aarch64__)
@@ -689,8 +690,7 @@ int main(int argc, char **argv) {
         }
     }
 #if defined(__x86_64__) || defined(__i386__)
-    base_simd = info.isa == MSKV_CPU_ISA_AVX2 || info.isa == MSKV_CPU_ISA_AVX512 || info.isa == MSKV_CPU_ISA_AVX512_BF16 ||
-                info.isa == MSKV_CPU_ISA_AMX_BF16;
+    base_simd = info.isa == MSKV_CPU_ISA_AVX2 || ab_avx512_wide(info.isa);
 #endif
     if (!ab_limits_init(&lim, threads, info.isa)) { fprintf(stderr, "out of memory\n"); return 1; }
     printf("attn_bench: paged attention, bf16 storage and Q/O, f32 accumulation; %d threads; ISA path %s\n", (int)threads,

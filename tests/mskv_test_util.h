@@ -4,6 +4,12 @@
 #include "mskv_test.h"
 #include "../mstar_kv.h"
 
+/* xorshift64: the next state of *s (never 0 when it starts non-zero), returned */
+static inline uint64_t mtu_xorshift(uint64_t *s) {
+    *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17;
+    return *s;
+}
+
 /* admit + commit n tokens for one request */
 static inline mskv_result mtu_grow(mskv_arena *a, mskv_request r, int64_t n) {
     mskv_segment s;

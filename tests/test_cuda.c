@@ -1011,8 +1011,8 @@ TEST(cuda_every_shipped_variant_compiles_to_cubin_without_spills) {
     memset(jobs, 0, sizeof jobs);
     for (i = 0; i < nv; i++)
         for (a = 0; a < 3; a++) {
-            draw ^= draw << 13; draw ^= draw >> 7; draw ^= draw << 17;   /* xorshift64 */
-            if (!full && archs[a] != 90 && (draw >> 32) % 4 != 0) continue;
+            uint64_t x = mtu_xorshift(&draw);
+            if (!full && archs[a] != 90 && (x >> 32) % 4 != 0) continue;
             jobs[n].v = vs[i]; jobs[n].arch = archs[a]; n++;
         }
     memset(&sweep, 0, sizeof sweep);

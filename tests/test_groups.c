@@ -24,11 +24,7 @@ static mskv_arena *mtg_make(int32_t num_pages, int32_t page_size, int32_t groups
     return a;
 }
 
-static uint64_t mtg_rng(uint64_t *s) {
-    *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17;
-    return *s;
-}
-static float mtg_uniform(uint64_t *s) { return (float)((mtg_rng(s) >> 40) / (double)(1u << 24)) * 2.0f - 1.0f; }
+static float mtg_uniform(uint64_t *s) { return (float)((mtu_xorshift(s) >> 40) / (double)(1u << 24)) * 2.0f - 1.0f; }
 
 static mskv_request_info mtg_info(mskv_arena *a, mskv_request r, int32_t g) {
     mskv_request_info i;

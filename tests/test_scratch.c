@@ -44,11 +44,7 @@ static int32_t msc_free_pages(mskv_arena *a) {
     return mskv_arena_stats_get(a, &st) == MSKV_SUCCESS ? st.free_pages : -1;
 }
 
-static uint64_t msc_rng(uint64_t *s) {
-    *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17;
-    return *s;
-}
-static float msc_val(uint64_t *s) { return (float)((int)(msc_rng(s) % 2001) - 1000) / 1000.0f; }
+static float msc_val(uint64_t *s) { return (float)((int)(mtu_xorshift(s) % 2001) - 1000) / 1000.0f; }
 
 /* causal attention of nq queries at positions base.. over keys [0, base + nq), computed directly */
 static void msc_reference(const float *k, const float *v, int64_t base, int32_t nq, const float *q, float *o) {
@@ -106,7 +102,7 @@ TEST(scratch_steps_reuse_pages_with_flat_memory) {
     at.mask = MSKV_MASK_CAUSAL;
     at.q_dtype = MSKV_DTYPE_F32;
     for (step = 0; step < STEPS && !mt_failed_now(); step++) {
-        int32_t sub, nsub = 1 + (int32_t)(msc_rng(&rng) % 4);
+        int32_t sub, nsub = 1 + (int32_t)(mtu_xorshift(&rng) % 4);
         int64_t len = 0;
         ASSERT_EQ(MSKV_SUCCESS, mskv_scratch_reset(a, scr));
         ASSERT_EQ(base_free, msc_free_pages(a));   /* every page of the last step is back */
@@ -114,7 +110,7 @@ TEST(scratch_steps_reuse_pages_with_flat_memory) {
             mskv_segment s;
             mskv_plan_desc pd;
             s.request = scr;
-            s.n_tokens = 1 + (int64_t)(msc_rng(&rng) % 5);
+            s.n_tokens = 1 + (int64_t)(mtu_xorshift(&rng) % 5);
             ASSERT_EQ(MSKV_SUCCESS, mskv_admit(a, &s, 1));
             memset(&pd, 0, sizeof pd);
             ASSERT_EQ(MSKV_SUCCESS, mskv_plan_build(a, &s, 1, &pd, &plan));
